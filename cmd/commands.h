@@ -1,0 +1,26 @@
+// Subcommands of remat-train. Each returns the process exit code; exceptions propagate to main,
+// which maps them (the only place exit codes are chosen).
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace remat::cli {
+
+struct TrainOptions {
+  std::string config_path;
+  std::vector<std::string> overrides;  // --set section.key=value
+  std::string metrics_path;            // --metrics FILE (overrides log.metrics)
+  bool quiet = false;
+};
+
+int run_train(const TrainOptions& opt);
+
+/// The multi-line --version text: version, backends built, BLAS and its CPU kernel.
+std::string version_text();
+
+/// Set by the SIGINT handler; the training loop stops after the current step.
+bool interrupted();
+void install_interrupt_handler();
+
+}  // namespace remat::cli

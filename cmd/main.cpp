@@ -1,0 +1,84 @@
+// remat-train entry point: parses the command line (CLI11), runs a subcommand, and maps
+// exceptions to exit codes — the only place that chooses them:
+//   0 ok, 1 runtime failure, 2 usage or config error, 3 does not fit the memory budget,
+//   130 interrupted.
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "cmd/commands.h"
+#include "engine/error.h"
+
+namespace {
+
+constexpr int kExitRuntime = 1;
+constexpr int kExitUsage = 2;
+constexpr int kExitOutOfMemory = 3;
+
+// `remat-train --config F` means `remat-train train --config F`.
+std::vector<std::string> with_default_subcommand(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  static const std::vector<std::string> kSubcommands = {"train"};
+  static const std::vector<std::string> kTopLevel = {"-h", "--help", "--version"};
+  if (args.empty()) return args;
+  for (const auto& s : kSubcommands)
+    if (args[0] == s) return args;
+  for (const auto& s : kTopLevel)
+    if (args[0] == s) return args;
+  args.insert(args.begin(), "train");
+  return args;
+}
+
+int run(int argc, char** argv) {
+  CLI::App app{"remat-train: train long-context Transformers with activation rematerialization "
+               "(gradient checkpointing) on one GPU or the CPU, and find the longest context "
+               "that fits."};
+  app.require_subcommand(1);
+  bool show_version = false;
+  app.add_flag("--version", show_version, "Print version, backends, BLAS and CPU kernel, then exit");
+
+  remat::cli::TrainOptions train;
+  CLI::App* train_cmd = app.add_subcommand("train", "Train a model from a TOML config (the default subcommand)");
+  train_cmd->add_option("-c,--config", train.config_path, "TOML config file (see configs/)")->required();
+  train_cmd->add_option("--set", train.overrides, "Override a config key: --set section.key=value (repeatable)")
+      ->type_name("SECTION.KEY=VALUE");
+  train_cmd->add_option("--metrics", train.metrics_path, "Write per-step metrics as JSONL to FILE");
+  train_cmd->add_flag("-q,--quiet", train.quiet, "No banner, progress or summary");
+
+  std::vector<std::string> args = with_default_subcommand(argc, argv);
+  std::reverse(args.begin(), args.end());  // CLI11 takes a reversed vector
+  try {
+    if (!args.empty() && args.back() == "--version") {
+      fmt::print("{}", remat::cli::version_text());
+      return 0;
+    }
+    app.parse(args);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    app.exit(e);
+    return kExitUsage;
+  }
+  if (train_cmd->parsed()) return remat::cli::run_train(train);
+  return kExitUsage;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const remat::ConfigError& e) {
+    fmt::print(stderr, "error: {}\n", e.what());
+    return kExitUsage;
+  } catch (const remat::OutOfMemory& e) {
+    fmt::print(stderr, "error: {}\n", e.what());
+    return kExitOutOfMemory;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "error: {}\n", e.what());
+    return kExitRuntime;
+  }
+}

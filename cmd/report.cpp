@@ -1,0 +1,134 @@
+// Banner, progress, summary and JSONL metrics (see cmd/report.h).
+#include "cmd/report.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "engine/error.h"
+#include "engine/units.h"
+
+namespace remat::cli {
+
+void print_banner(std::FILE* out, const RunInfo& info, const Config& cfg) {
+  fmt::print(out, "remat-train {} | {}\n", REMAT_VERSION, info.backend_line);
+  fmt::print(out, "model  {} | {:.2f}M params | data {}\n", info.model_line,
+             static_cast<double>(info.n_params) / 1e6, info.data_line);
+  fmt::print(out, "run    batch {} x seq_len {} | {} steps | remat {} | budget {}\n",
+             cfg.train.batch_size, cfg.train.seq_len, cfg.train.steps, info.policy_line,
+             format_bytes(info.budget_bytes));
+  std::fflush(out);
+}
+
+Progress::Progress(std::FILE* out, int64_t total_steps, int64_t every, bool quiet,
+                   std::string task_metric_name)
+    : out_(out), total_(total_steps), every_(every), quiet_(quiet),
+      tty_(isatty(fileno(out)) != 0), metric_name_(std::move(task_metric_name)) {}
+
+void Progress::update(const StepMetrics& m) {
+  if (quiet_) return;
+  if (m.step % every_ != 0 && m.step != total_ && m.step != 1) return;
+  std::string line = fmt::format("step {:>{}}/{} | loss {:.4f}", m.step,
+                                 std::to_string(total_).size(), total_, m.loss);
+  if (m.task_metric) line += fmt::format(" | {} {:.4f}", metric_name_, *m.task_metric);
+  line += fmt::format(" | lr {:.2e} | {:.1f} ms/step | {:.0f} tok/s | peak {:.1f} MiB", m.lr,
+                      m.step_ms, m.tokens_per_s, static_cast<double>(m.peak_bytes) / (1 << 20));
+  if (tty_) {
+    fmt::print(out_, "\r\033[K{}", line);
+    dirty_ = true;
+  } else {
+    fmt::print(out_, "{}\n", line);
+  }
+  std::fflush(out_);
+}
+
+void Progress::finish() {
+  if (dirty_) fmt::print(out_, "\n");
+  dirty_ = false;
+}
+
+void print_summary(std::FILE* out, const RunSummary& s) {
+  fmt::print(out, "summary{}: {} steps, policy {}, batch {} x seq_len {}\n",
+             s.interrupted ? " (interrupted)" : "", s.steps, s.policy, s.batch_size, s.seq_len);
+  fmt::print(out, "  final loss      {:.4f}", s.final_loss);
+  if (s.final_task_metric) fmt::print(out, " ({} {:.4f})", s.task_metric_name, *s.final_task_metric);
+  fmt::print(out, "\n  speed           {:.1f} ms/step (median), {:.0f} tokens/s\n", s.median_step_ms,
+             s.tokens_per_s);
+  fmt::print(out, "  peak memory     {} ({} B), reached during {}\n", format_bytes(s.peak.total_bytes),
+             s.peak.total_bytes, s.peak.phase);
+  for (int i = 0; i < kNumMemCategories; ++i) {
+    const uint64_t b = s.peak.by_category[static_cast<size_t>(i)];
+    if (b) fmt::print(out, "    {:<13} {:>12}\n", mem_category_name(static_cast<MemCategory>(i)), format_bytes(b));
+  }
+  if (!s.peak.largest.empty()) {
+    fmt::print(out, "  largest at peak");
+    for (size_t i = 0; i < std::min<size_t>(3, s.peak.largest.size()); ++i)
+      fmt::print(out, "{} {} {}", i ? "," : "", s.peak.largest[i].name, format_bytes(s.peak.largest[i].bytes));
+    fmt::print(out, "\n");
+  }
+  const auto& c = s.cost_per_step;
+  const double fwd = c[static_cast<size_t>(Phase::Forward)].flops + c[static_cast<size_t>(Phase::Loss)].flops;
+  const double bwd = c[static_cast<size_t>(Phase::Backward)].flops;
+  const double rec = c[static_cast<size_t>(Phase::Recompute)].flops;
+  fmt::print(out, "  FLOPs per step  forward+loss {}, backward {}, recompute {} (+{:.1f}%)\n",
+             format_flops(fwd), format_flops(bwd), format_flops(rec),
+             fwd + bwd > 0 ? 100.0 * rec / (fwd + bwd) : 0.0);
+  std::fflush(out);
+}
+
+MetricsWriter::MetricsWriter(std::string path) : path_(std::move(path)), tmp_(path_ + ".tmp") {
+  out_.open(tmp_, std::ios::trunc);
+  if (!out_)
+    throw IoError(fmt::format("[metrics] cannot write {}. Hint: check that the folder exists and is writable", tmp_));
+}
+
+MetricsWriter::~MetricsWriter() {
+  if (out_.is_open()) {  // an error path: keep what was written rather than lose it
+    out_.close();
+    std::error_code ec;
+    std::filesystem::rename(tmp_, path_, ec);
+  }
+}
+
+void MetricsWriter::step(const StepMetrics& m, const std::string& task_metric_name) {
+  nlohmann::json j = {{"step", m.step},           {"loss", m.loss},
+                      {"lr", m.lr},               {"grad_norm", m.grad_norm},
+                      {"step_ms", m.step_ms},     {"tokens_per_s", m.tokens_per_s},
+                      {"peak_bytes", m.peak_bytes}};
+  if (m.task_metric) j[task_metric_name] = *m.task_metric;
+  out_ << j.dump() << '\n';
+  out_.flush();
+}
+
+void MetricsWriter::summary(const RunSummary& s) {
+  nlohmann::json cats = nlohmann::json::object();
+  for (int i = 0; i < kNumMemCategories; ++i)
+    cats[mem_category_name(static_cast<MemCategory>(i))] = s.peak.by_category[static_cast<size_t>(i)];
+  nlohmann::json flops = nlohmann::json::object();
+  for (int i = 0; i < kNumPhases; ++i)
+    flops[phase_name(static_cast<Phase>(i))] = s.cost_per_step[static_cast<size_t>(i)].flops;
+  nlohmann::json j = {{"policy", s.policy},
+                      {"seq_len", s.seq_len},
+                      {"batch_size", s.batch_size},
+                      {"steps", s.steps},
+                      {"final_loss", s.final_loss},
+                      {"peak_bytes", s.peak.total_bytes},
+                      {"peak_phase", s.peak.phase},
+                      {"peak_by_category", cats},
+                      {"median_step_ms", s.median_step_ms},
+                      {"tokens_per_s", s.tokens_per_s},
+                      {"flops_per_step", flops},
+                      {"interrupted", s.interrupted}};
+  if (s.final_task_metric) j["final_" + s.task_metric_name] = *s.final_task_metric;
+  out_ << nlohmann::json{{"summary", j}}.dump() << '\n';
+}
+
+void MetricsWriter::close() {
+  out_.close();
+  std::filesystem::rename(tmp_, path_);
+}
+
+}  // namespace remat::cli

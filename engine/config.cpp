@@ -1,0 +1,329 @@
+// Config parsing and validation with toml++ (see engine/config.h). Every key is declared once in
+// kKeys (section, name, how to read it); cross-field checks run after all keys are read.
+#include "engine/config.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <map>
+#include <sstream>
+#include <toml++/toml.h>
+
+#include "engine/error.h"
+#include "engine/units.h"
+
+namespace remat {
+namespace {
+
+// Where a key came from: "configs/tiny.toml:12:1" or "--set model.n_head=5".
+struct Origin {
+  std::string where;
+  std::string key;  // "model.n_head"
+};
+
+[[noreturn]] void fail(const Origin& o, const std::string& problem, const std::string& fix) {
+  throw ConfigError(fmt::format("{}: [config] {}: {}. Fix: {}", o.where, o.key, problem, fix));
+}
+
+const char* type_name(const toml::node& n) {
+  switch (n.type()) {
+    case toml::node_type::string: return "a string";
+    case toml::node_type::integer: return "an integer";
+    case toml::node_type::floating_point: return "a float";
+    case toml::node_type::boolean: return "a boolean";
+    case toml::node_type::array: return "an array";
+    case toml::node_type::table: return "a table";
+    default: return "another type";
+  }
+}
+
+int64_t read_int(const toml::node& n, const Origin& o, int64_t lo, int64_t hi, bool allow_suffix) {
+  std::optional<int64_t> v;
+  if (n.is_integer()) v = n.value<int64_t>();
+  else if (allow_suffix && n.is_string()) {
+    v = parse_count(*n.value<std::string>());
+    if (!v) fail(o, fmt::format("'{}' is not a count", *n.value<std::string>()),
+                 "write an integer such as 4096, or 4k / 1M");
+  } else {
+    fail(o, fmt::format("expected an integer, got {}", type_name(n)),
+         allow_suffix ? "write an integer such as 4096 or a count such as \"4k\"" : "write an integer");
+  }
+  if (*v < lo || *v > hi)
+    fail(o, fmt::format("{} is out of range", *v),
+         hi == std::numeric_limits<int64_t>::max() ? fmt::format("use a value >= {}", lo)
+                                                   : fmt::format("use a value in [{}, {}]", lo, hi));
+  return *v;
+}
+
+double read_float(const toml::node& n, const Origin& o, double lo, double hi) {
+  if (!n.is_number()) fail(o, fmt::format("expected a number, got {}", type_name(n)), "write a number such as 3e-4");
+  double v = *n.value<double>();
+  if (!(v >= lo && v <= hi)) fail(o, fmt::format("{} is out of range", v), fmt::format("use a value in [{}, {}]", lo, hi));
+  return v;
+}
+
+std::string read_choice(const toml::node& n, const Origin& o, std::vector<std::string> choices) {
+  std::string quoted = fmt::format("\"{}\"", fmt::join(choices, "\" | \""));
+  if (!n.is_string()) fail(o, fmt::format("expected a string, got {}", type_name(n)), "use one of " + quoted);
+  std::string v = *n.value<std::string>();
+  for (const auto& c : choices)
+    if (v == c) return v;
+  fail(o, fmt::format("unknown value \"{}\"", v), "use one of " + quoted);
+}
+
+std::string read_string(const toml::node& n, const Origin& o) {
+  if (!n.is_string()) fail(o, fmt::format("expected a string, got {}", type_name(n)), "quote the value");
+  return *n.value<std::string>();
+}
+
+uint64_t read_size(const toml::node& n, const Origin& o) {
+  if (n.is_integer() && *n.value<int64_t>() >= 0) return static_cast<uint64_t>(*n.value<int64_t>());
+  if (n.is_string()) {
+    auto v = parse_size(*n.value<std::string>());
+    if (v && *v > 0) return *v;
+  }
+  fail(o, "not a size", "write a size such as \"512MiB\", \"80GiB\" or \"1.5GB\"");
+}
+
+std::vector<int64_t> read_int_list(const toml::node& n, const Origin& o) {
+  const toml::array* arr = n.as_array();
+  if (!arr) fail(o, fmt::format("expected an array of integers, got {}", type_name(n)), "write e.g. [0, 2, 3]");
+  std::vector<int64_t> out;
+  for (const toml::node& e : *arr) out.push_back(read_int(e, o, 0, std::numeric_limits<int64_t>::max(), false));
+  return out;
+}
+
+constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+
+struct KeySpec {
+  const char* section;
+  const char* key;
+  std::function<void(Config&, const toml::node&, const Origin&)> read;
+};
+
+// Every accepted key, once. Defaults live in engine/config.h.
+const std::vector<KeySpec>& key_specs() {
+  static const std::vector<KeySpec> specs = {
+      {"model", "kind", [](Config& c, auto& n, auto& o) { c.model.kind = read_choice(n, o, {"gpt", "mlp"}); }},
+      {"model", "n_layer", [](Config& c, auto& n, auto& o) { c.model.n_layer = read_int(n, o, 1, 4096, false); }},
+      {"model", "n_head", [](Config& c, auto& n, auto& o) { c.model.n_head = read_int(n, o, 1, 4096, false); }},
+      {"model", "n_embd", [](Config& c, auto& n, auto& o) { c.model.n_embd = read_int(n, o, 1, 1 << 20, true); }},
+      {"model", "vocab_size", [](Config& c, auto& n, auto& o) { c.model.vocab_size = read_int(n, o, 2, 1 << 24, true); }},
+      {"model", "n_ctx", [](Config& c, auto& n, auto& o) { c.model.n_ctx = read_int(n, o, 1, 1ll << 32, true); }},
+      {"model", "d_ff", [](Config& c, auto& n, auto& o) { c.model.d_ff = read_int(n, o, 0, 1 << 22, true); }},
+      {"model", "position", [](Config& c, auto& n, auto& o) { c.model.position = read_choice(n, o, {"learned", "rope"}); }},
+      {"model", "rope_theta", [](Config& c, auto& n, auto& o) { c.model.rope_theta = read_float(n, o, 1.0, 1e12); }},
+      {"model", "dropout", [](Config& c, auto& n, auto& o) { c.model.dropout = read_float(n, o, 0.0, 0.99); }},
+      {"train", "seq_len", [](Config& c, auto& n, auto& o) { c.train.seq_len = read_int(n, o, 1, 1ll << 32, true); }},
+      {"train", "batch_size", [](Config& c, auto& n, auto& o) { c.train.batch_size = read_int(n, o, 1, 1 << 20, true); }},
+      {"train", "steps", [](Config& c, auto& n, auto& o) { c.train.steps = read_int(n, o, 1, kMax, true); }},
+      {"train", "lr", [](Config& c, auto& n, auto& o) { c.train.lr = read_float(n, o, 0.0, 10.0); }},
+      {"train", "warmup_steps", [](Config& c, auto& n, auto& o) { c.train.warmup_steps = read_int(n, o, 0, kMax, true); }},
+      {"train", "min_lr_ratio", [](Config& c, auto& n, auto& o) { c.train.min_lr_ratio = read_float(n, o, 0.0, 1.0); }},
+      {"train", "weight_decay", [](Config& c, auto& n, auto& o) { c.train.weight_decay = read_float(n, o, 0.0, 10.0); }},
+      {"train", "grad_clip", [](Config& c, auto& n, auto& o) { c.train.grad_clip = read_float(n, o, 0.0, 1e9); }},
+      {"train", "seed", [](Config& c, auto& n, auto& o) { c.train.seed = static_cast<uint64_t>(read_int(n, o, 0, kMax, false)); }},
+      {"train", "loss_chunk", [](Config& c, auto& n, auto& o) { c.train.loss_chunk = read_int(n, o, 0, kMax, true); }},
+      {"data", "source", [](Config& c, auto& n, auto& o) { c.data.source = read_choice(n, o, {"synthetic"}); }},
+      {"data", "task", [](Config& c, auto& n, auto& o) { c.data.task = read_choice(n, o, {"random", "copy", "regression"}); }},
+      {"remat", "policy", [](Config& c, auto& n, auto& o) { c.remat.policy = read_choice(n, o, {"none", "full"}); }},
+      {"remat", "every", [](Config& c, auto& n, auto& o) { c.remat.every = read_int(n, o, 1, 4096, false); }},
+      {"remat", "blocks", [](Config& c, auto& n, auto& o) { c.remat.blocks = read_int_list(n, o); }},
+      {"device", "backend", [](Config& c, auto& n, auto& o) { c.device.backend = read_choice(n, o, {"auto", "cpu", "cuda"}); }},
+      {"device", "memory", [](Config& c, auto& n, auto& o) { c.device.memory_bytes = read_size(n, o); }},
+      {"device", "threads", [](Config& c, auto& n, auto& o) { c.device.threads = read_int(n, o, 0, 1024, false); }},
+      {"log", "every", [](Config& c, auto& n, auto& o) { c.log.every = read_int(n, o, 1, kMax, false); }},
+      {"log", "metrics", [](Config& c, auto& n, auto& o) { c.log.metrics = read_string(n, o); }},
+  };
+  return specs;
+}
+
+std::vector<std::string> keys_of(const std::string& section) {
+  std::vector<std::string> out;
+  for (const auto& s : key_specs())
+    if (section == s.section) out.emplace_back(s.key);
+  return out;
+}
+
+// Records where each key came from, so cross-field checks can point at the right place.
+class Origins {
+ public:
+  explicit Origins(std::string file) : file_(std::move(file)) {}
+  void set(const std::string& key, std::string where) { map_[key] = std::move(where); }
+  Origin of(const std::string& key) const {
+    auto it = map_.find(key);
+    return {it != map_.end() ? it->second : file_ + " (default)", key};
+  }
+  const std::string& file() const { return file_; }
+
+ private:
+  std::string file_;
+  std::map<std::string, std::string> map_;
+};
+
+std::string pos(const std::string& file, const toml::source_region& r) {
+  return fmt::format("{}:{}:{}", file, r.begin.line, r.begin.column);
+}
+
+// Reads one section table into the config.
+void read_section(Config& c, const std::string& section, const toml::table& tbl, Origins& origins,
+                  const std::function<std::string(const std::string&, const toml::node&)>& where) {
+  for (auto&& [k, node] : tbl) {
+    const std::string key(k.str());
+    const std::string full = section + "." + key;
+    const KeySpec* spec = nullptr;
+    for (const auto& s : key_specs())
+      if (section == s.section && key == s.key) spec = &s;
+    Origin o{where(full, node), full};
+    if (!spec)
+      fail(o, fmt::format("unknown key '{}' in [{}]", key, section),
+           fmt::format("valid keys are {}", fmt::join(keys_of(section), ", ")));
+    origins.set(full, o.where);
+    spec->read(c, node, o);
+  }
+}
+
+// Cross-field checks, each naming the key a user would change.
+void validate(const Config& c, const Origins& o) {
+  const auto& m = c.model;
+  const auto& t = c.train;
+  if (m.kind == "gpt") {
+    if (m.n_embd % m.n_head != 0)
+      fail(o.of("model.n_head"), fmt::format("n_embd = {} is not divisible by n_head = {}", m.n_embd, m.n_head),
+           "choose n_head dividing n_embd");
+    if (m.position == "rope" && (m.n_embd / m.n_head) % 2 != 0)
+      fail(o.of("model.n_head"), fmt::format("rope needs an even head size, got {}", m.n_embd / m.n_head),
+           "choose n_head so that n_embd / n_head is even");
+    if (m.position == "learned" && t.seq_len > m.n_ctx)
+      fail(o.of("train.seq_len"),
+           fmt::format("seq_len = {} exceeds model.n_ctx = {} with learned positions", t.seq_len, m.n_ctx),
+           "raise model.n_ctx, lower train.seq_len, or set model.position = \"rope\"");
+    if (c.data.task == "regression")
+      fail(o.of("data.task"), "the regression task is for model.kind = \"mlp\"", "use task = \"random\" or \"copy\"");
+    if (c.data.task == "copy" && t.seq_len < 4)
+      fail(o.of("train.seq_len"), "the copy task needs seq_len >= 4", "raise train.seq_len");
+  } else {
+    if (c.data.task != "regression")
+      fail(o.of("data.task"), fmt::format("model.kind = \"mlp\" trains on the regression task, not \"{}\"", c.data.task),
+           "set data.task = \"regression\"");
+    if (m.position == "rope")
+      fail(o.of("model.position"), "rope applies to model.kind = \"gpt\"", "remove model.position");
+  }
+  if (c.model.dropout > 0)
+    fail(o.of("model.dropout"), "dropout is not supported by this build", "set model.dropout = 0");
+  if (c.remat.every > m.n_layer)
+    fail(o.of("remat.every"), fmt::format("every = {} exceeds model.n_layer = {}", c.remat.every, m.n_layer),
+         fmt::format("use 1..{} (n_layer = whole model)", m.n_layer));
+  for (size_t i = 0; i < c.remat.blocks.size(); ++i) {
+    int64_t b = c.remat.blocks[i];
+    if (b >= m.n_layer)
+      fail(o.of("remat.blocks"), fmt::format("block {} does not exist (n_layer = {})", b, m.n_layer),
+           fmt::format("list blocks in 0..{}", m.n_layer - 1));
+    for (size_t j = 0; j < i; ++j)
+      if (c.remat.blocks[j] == b) fail(o.of("remat.blocks"), fmt::format("block {} is listed twice", b), "list each block once");
+  }
+  if (t.warmup_steps > t.steps)
+    fail(o.of("train.warmup_steps"), fmt::format("warmup_steps = {} exceeds steps = {}", t.warmup_steps, t.steps),
+         "lower train.warmup_steps");
+}
+
+// "section.key=value" -> inserts value (parsed as TOML, else as a bare string) into `root`.
+void apply_override(toml::table& root, const std::string& text, Origins& origins) {
+  const auto eq = text.find('=');
+  const auto dot = text.find('.');
+  Origin o{fmt::format("--set {}", text), text.substr(0, eq)};
+  if (eq == std::string::npos || dot == std::string::npos || dot > eq || dot == 0 || dot + 1 == eq)
+    fail(o, "malformed override", "write --set section.key=value, e.g. --set train.seq_len=4096");
+  const std::string section = text.substr(0, dot);
+  const std::string key = text.substr(dot + 1, eq - dot - 1);
+  const std::string value = text.substr(eq + 1);
+  static const std::vector<std::string> kSections = {"model", "train", "data", "remat", "device", "log"};
+  if (std::find(kSections.begin(), kSections.end(), section) == kSections.end())
+    fail(o, fmt::format("unknown section [{}]", section), fmt::format("use one of {}", fmt::join(kSections, ", ")));
+  toml::table parsed;
+  try {
+    parsed = toml::parse("v = " + value);
+  } catch (const toml::parse_error&) {
+    parsed.insert_or_assign("v", value);  // bare words: --set remat.policy=full
+  }
+  if (!root.contains(section)) root.insert_or_assign(section, toml::table{});
+  toml::table* sec = root[section].as_table();
+  if (!sec) fail(o, fmt::format("[{}] is not a table in the config file", section), "fix the config file");
+  sec->insert_or_assign(key, *parsed.get("v"));
+  origins.set(section + "." + key, o.where);
+}
+
+Config build(toml::table root, const std::string& name, const std::vector<std::string>& overrides) {
+  Origins origins(name);
+  std::map<std::string, std::string> from_set;
+  for (const auto& ov : overrides) {
+    apply_override(root, ov, origins);
+    auto eq = ov.find('=');
+    from_set[ov.substr(0, eq)] = "--set " + ov;
+  }
+  Config c;
+  c.path = name;
+  auto where = [&](const std::string& full, const toml::node& n) {
+    auto it = from_set.find(full);
+    return it != from_set.end() ? it->second : pos(name, n.source());
+  };
+  for (auto&& [k, node] : root) {
+    const std::string section(k.str());
+    const toml::table* tbl = node.as_table();
+    static const std::vector<std::string> kSections = {"model", "train", "data", "remat", "device", "log"};
+    Origin o{pos(name, node.source()), section};
+    if (std::find(kSections.begin(), kSections.end(), section) == kSections.end())
+      fail(o, fmt::format("unknown section [{}]", section), fmt::format("use one of {}", fmt::join(kSections, ", ")));
+    if (!tbl) fail(o, fmt::format("'{}' must be a table", section), fmt::format("write it as [{}]", section));
+    read_section(c, section, *tbl, origins, where);
+  }
+  if (c.model.kind == "mlp" && !root["data"]["task"]) c.data.task = "regression";
+  validate(c, origins);
+  return c;
+}
+
+}  // namespace
+
+Config parse_config(const std::string& toml_text, const std::string& name,
+                    const std::vector<std::string>& overrides) {
+  toml::table root;
+  try {
+    root = toml::parse(toml_text, name);
+  } catch (const toml::parse_error& e) {
+    throw ConfigError(fmt::format("{}:{}:{}: [config] TOML syntax error: {}. Fix: correct the syntax at that position",
+                                  name, e.source().begin.line, e.source().begin.column, e.description()));
+  }
+  return build(std::move(root), name, overrides);
+}
+
+Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  std::ifstream in(path);
+  if (!in)
+    throw ConfigError(fmt::format("{}: [config] cannot open the config file. Fix: check the path (configs/ has ready ones)", path));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return parse_config(ss.str(), path, overrides);
+}
+
+std::string config_to_toml(const Config& c) {
+  auto ints = [](const std::vector<int64_t>& v) { return fmt::format("[{}]", fmt::join(v, ", ")); };
+  return fmt::format(
+      "[model]\nkind = \"{}\"\nn_layer = {}\nn_head = {}\nn_embd = {}\nvocab_size = {}\nn_ctx = {}\n"
+      "d_ff = {}\nposition = \"{}\"\nrope_theta = {}\ndropout = {}\n\n"
+      "[train]\nseq_len = {}\nbatch_size = {}\nsteps = {}\nlr = {}\nwarmup_steps = {}\n"
+      "min_lr_ratio = {}\nweight_decay = {}\ngrad_clip = {}\nseed = {}\nloss_chunk = {}\n\n"
+      "[data]\nsource = \"{}\"\ntask = \"{}\"\n\n"
+      "[remat]\npolicy = \"{}\"\nevery = {}\nblocks = {}\n\n"
+      "[device]\nbackend = \"{}\"\nmemory = {}\nthreads = {}\n",
+      c.model.kind, c.model.n_layer, c.model.n_head, c.model.n_embd, c.model.vocab_size, c.model.n_ctx,
+      c.model.d_ff, c.model.position, c.model.rope_theta, c.model.dropout, c.train.seq_len,
+      c.train.batch_size, c.train.steps, c.train.lr, c.train.warmup_steps, c.train.min_lr_ratio,
+      c.train.weight_decay, c.train.grad_clip, c.train.seed, c.train.loss_chunk, c.data.source,
+      c.data.task, c.remat.policy, c.remat.every, ints(c.remat.blocks), c.device.backend,
+      c.device.memory_bytes, c.device.threads);
+}
+
+}  // namespace remat

@@ -1,0 +1,81 @@
+// The config tree: one struct per TOML section, with documented defaults. load_config() parses
+// a file, applies `--set section.key=value` overrides and validates everything; any problem is
+// a ConfigError naming the file:line:column (or the --set flag), the key, and the fix.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace remat {
+
+struct ModelConfig {
+  std::string kind = "gpt";           // "gpt" | "mlp" (the checkpointing tutorial's MLP)
+  int64_t n_layer = 2;                // blocks
+  int64_t n_head = 4;                 // attention heads (gpt)
+  int64_t n_embd = 64;                // channels; the MLP's width
+  int64_t vocab_size = 256;           // tokens (gpt)
+  int64_t n_ctx = 1024;               // learned position table length (gpt, position = learned)
+  int64_t d_ff = 0;                   // MLP hidden size; 0 = 4 * n_embd
+  std::string position = "learned";   // "learned" | "rope"
+  double rope_theta = 10000.0;        // RoPE base
+  double dropout = 0.0;               // attention-output and MLP-output dropout probability
+  int64_t ff() const { return d_ff > 0 ? d_ff : 4 * n_embd; }
+};
+
+struct TrainConfig {
+  int64_t seq_len = 256;
+  int64_t batch_size = 4;
+  int64_t steps = 20;
+  double lr = 1e-3;                // peak learning rate
+  int64_t warmup_steps = 0;        // linear warmup, then cosine decay to lr * min_lr_ratio
+  double min_lr_ratio = 0.1;
+  double weight_decay = 0.1;       // decoupled, on 2-D weights only
+  double grad_clip = 1.0;          // global-norm clip; 0 = off
+  uint64_t seed = 1337;
+  int64_t loss_chunk = 0;          // rows per fused LM-head chunk; 0 = chosen by the tool
+};
+
+struct DataConfig {
+  std::string source = "synthetic";  // "synthetic"
+  std::string task = "random";       // "random" | "copy" (gpt); "regression" (mlp)
+};
+
+struct RematConfig {
+  std::string policy = "none";       // "none" | "full"
+  int64_t every = 1;                 // blocks per checkpoint segment (n_layer = whole model)
+  std::vector<int64_t> blocks;       // blocks that are checkpointed; empty = all
+};
+
+struct DeviceConfig {
+  std::string backend = "auto";  // "auto" | "cpu" | "cuda"
+  uint64_t memory_bytes = 0;     // budget; 0 = what the machine has
+  int64_t threads = 0;           // CPU threads; 0 = all cores
+};
+
+struct LogConfig {
+  int64_t every = 1;    // progress line every N steps
+  std::string metrics;  // JSONL file; empty = none (--metrics overrides)
+};
+
+struct Config {
+  std::string path;  // where it came from, for messages
+  ModelConfig model;
+  TrainConfig train;
+  DataConfig data;
+  RematConfig remat;
+  DeviceConfig device;
+  LogConfig log;
+};
+
+/// Parses and validates `path`, then applies each "section.key=value" override with the same
+/// validation. Throws ConfigError (or IoError when the file cannot be read).
+Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+/// Same, from TOML text; `name` stands for the file in messages.
+Config parse_config(const std::string& toml_text, const std::string& name,
+                    const std::vector<std::string>& overrides = {});
+
+/// The config as TOML (what a checkpoint or the metrics summary records).
+std::string config_to_toml(const Config& c);
+
+}  // namespace remat

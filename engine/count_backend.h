@@ -1,0 +1,61 @@
+// The count backend: computes nothing. Its pool hands out fake addresses, and each op only
+// allocates what the target backend's op would allocate (its workspaces) and counts FLOPs and
+// bytes (engine/backend.cpp). Running the executor on it is a dry run of a training step: the
+// planner's peak-memory and FLOP figures come from exactly the code path a real run takes.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "engine/backend.h"
+
+namespace remat {
+
+/// The device a dry run stands in for.
+struct CountTarget {
+  std::string device = "cpu";  // "cpu" or "cuda"
+  DType act_dtype = DType::F32;
+  int threads = 1;             // cpu: OpenMP threads (sizes the per-thread attention workspace)
+};
+
+class CountBackend : public Backend {
+ public:
+  CountBackend(CountTarget target, uint64_t budget_bytes);
+  std::string name() const override { return "count"; }
+  std::string describe() const override;
+  DType act_dtype() const override { return target_.act_dtype; }
+  bool computes() const override { return false; }
+  const CountTarget& target() const { return target_; }
+
+  void upload(const Tensor&, const void*) override {}
+  void download(void* host, const Tensor& src) override;
+
+ protected:
+  void fill_impl(const Tensor&, float) override {}
+  void copy_impl(const Tensor&, const Tensor&) override {}
+  void linear_forward_impl(const LinearForwardArgs&) override {}
+  void linear_backward_impl(const LinearBackwardArgs&) override {}
+  void layernorm_forward_impl(const LayerNormForwardArgs&) override {}
+  void layernorm_backward_impl(const LayerNormBackwardArgs&) override {}
+  void attention_forward_impl(const AttentionForwardArgs& a) override;
+  void attention_backward_impl(const AttentionBackwardArgs& a) override;
+  void activation_forward_impl(const ActivationForwardArgs&) override {}
+  void activation_backward_impl(const ActivationBackwardArgs&) override {}
+  void add_impl(const Tensor&, const Tensor&, const Tensor&) override {}
+  void embedding_forward_impl(const EmbeddingForwardArgs&) override {}
+  void embedding_backward_impl(const EmbeddingBackwardArgs&) override {}
+  void lm_head_loss_impl(const LmHeadLossArgs& a) override;
+  void mse_loss_impl(const MseLossArgs&) override {}
+  double sum_squares_impl(std::span<const Tensor>) override { return 0.0; }
+  void adamw_update_impl(const AdamWArgs&) override {}
+
+ private:
+  void allocate_attention_workspace(const Tensor& qkv, int n_head, float rope_theta, bool backward);
+  CountTarget target_;
+};
+
+/// Attention workspace bytes of the CUDA backend (cuDNN's flash attention): none forward; an
+/// fp32 dQ accumulator backward. Shared with engine/cuda so that plan and run agree.
+uint64_t cuda_attention_workspace_bytes(int64_t B, int64_t T, int64_t C, bool backward);
+
+}  // namespace remat

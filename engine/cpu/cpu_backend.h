@@ -1,0 +1,69 @@
+// The CPU backend: fp32 everywhere, the reference every other backend is checked against.
+// GEMMs go to OpenBLAS (its OpenMP build, so BLAS and our kernels share one thread pool);
+// everything else is OpenMP loops that the compiler vectorizes (-march=x86-64-v3).
+// Deterministic: every reduction has a fixed order that does not depend on scheduling, so a
+// recomputed tensor is bitwise equal to the original (what remat equivalence relies on).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "engine/backend.h"
+
+namespace remat::cpu {
+
+/// BLAS build and the kernel it dispatches to on this CPU.
+struct BlasInfo {
+  std::string library;     // "OpenBLAS 0.3.21"
+  std::string core;        // "Haswell", "Zen", "SkylakeX", ...
+  bool is_generic = false; // an ancient fallback kernel (~3x slower here): warn the user
+};
+BlasInfo blas_info();
+
+/// Flash-attention tile sizes (queries x keys) and the per-thread workspace they need.
+constexpr int64_t kAttnTileQ = 64;
+constexpr int64_t kAttnTileK = 64;
+/// Floats of attention workspace: per-thread tiles (independent of T) plus, with RoPE, one
+/// shared (T, HS) table of cos/sin. Forward and backward use the same size; the count backend
+/// uses this too, so predicted bytes equal measured ones.
+int64_t attention_workspace_floats(int64_t T, int64_t HS, int threads, bool use_rope);
+
+/// Host memory, 256-byte aligned.
+std::unique_ptr<DeviceAllocator> make_host_allocator();
+
+class CpuBackend : public Backend {
+ public:
+  /// threads <= 0: all cores (OpenMP's default).
+  CpuBackend(uint64_t budget_bytes, int threads);
+  std::string name() const override { return "cpu"; }
+  std::string describe() const override;
+  DType act_dtype() const override { return DType::F32; }
+  int threads() const { return threads_; }
+
+  void upload(const Tensor& dst, const void* host) override;
+  void download(void* host, const Tensor& src) override;
+
+ protected:
+  void fill_impl(const Tensor& t, float value) override;
+  void copy_impl(const Tensor& dst, const Tensor& src) override;
+  void linear_forward_impl(const LinearForwardArgs& a) override;
+  void linear_backward_impl(const LinearBackwardArgs& a) override;
+  void layernorm_forward_impl(const LayerNormForwardArgs& a) override;
+  void layernorm_backward_impl(const LayerNormBackwardArgs& a) override;
+  void attention_forward_impl(const AttentionForwardArgs& a) override;
+  void attention_backward_impl(const AttentionBackwardArgs& a) override;
+  void activation_forward_impl(const ActivationForwardArgs& a) override;
+  void activation_backward_impl(const ActivationBackwardArgs& a) override;
+  void add_impl(const Tensor& out, const Tensor& a, const Tensor& b) override;
+  void embedding_forward_impl(const EmbeddingForwardArgs& a) override;
+  void embedding_backward_impl(const EmbeddingBackwardArgs& a) override;
+  void lm_head_loss_impl(const LmHeadLossArgs& a) override;
+  void mse_loss_impl(const MseLossArgs& a) override;
+  double sum_squares_impl(std::span<const Tensor> tensors) override;
+  void adamw_update_impl(const AdamWArgs& a) override;
+
+ private:
+  int threads_;
+};
+
+}  // namespace remat::cpu

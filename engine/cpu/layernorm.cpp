@@ -1,0 +1,89 @@
+// CPU LayerNorm forward/backward (eps 1e-5, biased variance, as GPT-2 / PyTorch).
+// reference: https://pytorch.org/docs/stable/generated/torch.nn.LayerNorm.html
+// Backward, with xhat = (x - mean) * rstd and g = dout * weight:
+//   dx = rstd * (g - mean(g) - xhat * mean(g * xhat)),  dweight += sum_rows dout * xhat,
+//   dbias += sum_rows dout.
+#include <algorithm>
+#include <cmath>
+
+#include "engine/cpu/cpu_backend.h"
+
+namespace remat::cpu {
+
+static constexpr float kLayerNormEps = 1e-5f;
+
+void CpuBackend::layernorm_forward_impl(const LayerNormForwardArgs& a) {
+  const int64_t N = a.inp.rows(), C = a.inp.dim(-1);
+  const float* x = a.inp.f32();
+  const float* w = a.weight.f32();
+  const float* b = a.bias.f32();
+  float* y = a.out.f32();
+  float* stats = a.stats.f32();
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < N; ++r) {
+    const float* xr = x + r * C;
+    float sum = 0;
+    for (int64_t c = 0; c < C; ++c) sum += xr[c];
+    const float mean = sum / static_cast<float>(C);
+    float var = 0;
+    for (int64_t c = 0; c < C; ++c) var += (xr[c] - mean) * (xr[c] - mean);
+    const float rstd = 1.0f / std::sqrt(var / static_cast<float>(C) + kLayerNormEps);
+    float* yr = y + r * C;
+    for (int64_t c = 0; c < C; ++c) yr[c] = (xr[c] - mean) * rstd * w[c] + b[c];
+    stats[2 * r] = mean;
+    stats[2 * r + 1] = rstd;
+  }
+}
+
+void CpuBackend::layernorm_backward_impl(const LayerNormBackwardArgs& a) {
+  const int64_t N = a.inp.rows(), C = a.inp.dim(-1);
+  const float* x = a.inp.f32();
+  const float* w = a.weight.f32();
+  const float* dy = a.dout.f32();
+  const float* stats = a.stats.f32();
+  float* dx = a.dinp.f32();
+  // Pass 1, rows in parallel: the input gradient (+= into the residual stream).
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < N; ++r) {
+    const float mean = stats[2 * r], rstd = stats[2 * r + 1];
+    const float* xr = x + r * C;
+    const float* dyr = dy + r * C;
+    float g_mean = 0, gx_mean = 0;
+    for (int64_t c = 0; c < C; ++c) {
+      const float g = dyr[c] * w[c];
+      g_mean += g;
+      gx_mean += g * (xr[c] - mean) * rstd;
+    }
+    g_mean /= static_cast<float>(C);
+    gx_mean /= static_cast<float>(C);
+    float* dxr = dx + r * C;
+    for (int64_t c = 0; c < C; ++c) {
+      const float xhat = (xr[c] - mean) * rstd;
+      dxr[c] += rstd * (dyr[c] * w[c] - g_mean - xhat * gx_mean);
+    }
+  }
+  // Pass 2, channel slices in parallel: parameter gradients summed over rows in a fixed order.
+  float* dw = a.dweight.f32();
+  float* db = a.dbias.f32();
+  constexpr int64_t kSlice = 32;
+  const int64_t n_slices = (C + kSlice - 1) / kSlice;
+#pragma omp parallel for schedule(static)
+  for (int64_t s = 0; s < n_slices; ++s) {
+    const int64_t c0 = s * kSlice, c1 = std::min(C, c0 + kSlice);
+    float acc_w[kSlice] = {}, acc_b[kSlice] = {};
+    for (int64_t r = 0; r < N; ++r) {
+      const float mean = stats[2 * r], rstd = stats[2 * r + 1];
+      for (int64_t c = c0; c < c1; ++c) {
+        const float d = dy[r * C + c];
+        acc_w[c - c0] += d * (x[r * C + c] - mean) * rstd;
+        acc_b[c - c0] += d;
+      }
+    }
+    for (int64_t c = c0; c < c1; ++c) {
+      dw[c] += acc_w[c - c0];
+      db[c] += acc_b[c - c0];
+    }
+  }
+}
+
+}  // namespace remat::cpu

@@ -1,0 +1,22 @@
+// The CUDA backend as the rest of the program sees it. engine/cuda/ implements these when the
+// build has CUDA; engine/no_cuda.cpp otherwise, turning every use into a clear runtime error.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "engine/backend.h"
+#include "engine/config.h"
+
+namespace remat::cuda {
+
+/// True when this binary was built with the CUDA backend.
+bool is_built();
+/// Number of usable CUDA devices (0 when none, or when built without CUDA).
+int device_count();
+/// "CUDA 13.0, cuBLASLt 13.1, cuDNN 9.19.0" or "built without CUDA".
+std::string version_string();
+/// The CUDA backend on device 0. Throws BackendError when it cannot be created.
+std::unique_ptr<Backend> make_backend(const DeviceConfig& cfg);
+
+}  // namespace remat::cuda

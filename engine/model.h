@@ -1,0 +1,95 @@
+// What the executor and the trainer need of a model, independent of its layers: named
+// parameters, a stem (inputs -> residual stream), a list of checkpointable blocks, and a head
+// (residual stream -> loss and its gradient). layers/ implements these; engine/ never includes
+// layers/.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/backend.h"
+#include "engine/memory_pool.h"
+
+namespace remat {
+
+/// One trainable tensor with its gradient and AdamW moments (all f32, all from the pool).
+struct Param {
+  std::string name;  // "blocks.3.attn.qkv.weight": the name used in checkpoint files
+  Buffer value;      // category weights
+  Buffer grad;       // category grads
+  Buffer m, v;       // category optimizer
+  bool use_decay = false;  // 2-D weights only
+};
+
+/// A batch on the device. GPT: inputs and targets are (B, T) i32 tokens. MLP: (B, D) f32.
+struct Batch {
+  Buffer inputs;
+  Buffer targets;
+  int64_t n_tokens = 0;  // what tokens/s counts (B*T for GPT, B for the MLP)
+};
+
+/// The saved activations of one block, by slot (the block's act_names() order; slot 0 is "x",
+/// the block input). The executor decides what stays; blocks only fill missing slots.
+class ActStore {
+ public:
+  ActStore() = default;
+  ActStore(std::string prefix, size_t n_slots, std::vector<MemCategory> categories);
+  bool has(size_t slot) const { return !slots_[slot].empty(); }
+  bool complete() const;
+  const Tensor& get(size_t slot) const;
+  /// Allocates slot `slot` if it is empty and returns its tensor; an existing tensor is returned
+  /// as is (recomputation then rewrites it with the same bits).
+  const Tensor& make(Backend& be, size_t slot, const std::vector<int64_t>& shape, DType dtype,
+                     const std::vector<std::string>& names);
+  void put(size_t slot, Buffer b) { slots_[slot] = std::move(b); }
+  Buffer take(size_t slot) { return std::move(slots_[slot]); }
+  void keep_only(const std::vector<bool>& keep);
+  void clear();
+
+ private:
+  std::string prefix_;
+  std::vector<Buffer> slots_;
+  std::vector<MemCategory> categories_;
+};
+
+/// A checkpointable unit. Forward computes every activation missing from the store (so a
+/// recompute reuses whatever was saved); backward needs them all.
+class Block {
+ public:
+  virtual ~Block() = default;
+  /// Activation names in computation order; [0] is "x". Stable: configs and plans use them.
+  virtual const std::vector<std::string>& act_names() const = 0;
+  /// Fills every missing slot of `acts` (slot 0 must be present); writes the block output to
+  /// `y` unless `y` is empty.
+  virtual void forward(Backend& be, ActStore& acts, const Tensor& y) = 0;
+  /// `dresid` holds dL/dy on entry and dL/dx on return (the residual-stream gradient, updated
+  /// in place); parameter gradients accumulate.
+  virtual void backward(Backend& be, ActStore& acts, const Tensor& dresid) = 0;
+};
+
+class Model {
+ public:
+  virtual ~Model() = default;
+  virtual std::string describe() const = 0;
+  std::vector<Param>& params() { return params_; }
+  int64_t n_params() const;
+  size_t n_blocks() const { return blocks_.size(); }
+  Block& block(size_t i) { return *blocks_[i]; }
+  /// Shape of the residual stream, e.g. (B, T, C).
+  virtual std::vector<int64_t> stream_shape() const = 0;
+  /// Inputs -> block 0's input, allocated with `category` under the name "blocks.0.x".
+  virtual Buffer stem_forward(Backend& be, const Batch& batch, MemCategory category) = 0;
+  virtual void stem_backward(Backend& be, const Batch& batch, const Tensor& dx) = 0;
+  /// Final stream -> per-row losses (N) f32 and dL/dx (written into dx) in one pass.
+  virtual void head_forward_backward(Backend& be, const Tensor& x, const Batch& batch,
+                                     const Tensor& losses, const Tensor& dx) = 0;
+  /// Rows of the loss (B*T for the GPT, B for the MLP) and the divisor of the mean.
+  virtual int64_t loss_rows() const = 0;
+
+ protected:
+  std::vector<Param> params_;
+  std::vector<std::unique_ptr<Block>> blocks_;
+};
+
+}  // namespace remat

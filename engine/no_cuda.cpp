@@ -1,0 +1,19 @@
+// Stand-in for engine/cuda/ in builds without CUDA: the program links, and asking for the CUDA
+// backend is a clear error instead of an #ifdef at every call site.
+#ifndef REMAT_HAVE_CUDA
+#include "engine/cuda_api.h"
+#include "engine/error.h"
+
+namespace remat::cuda {
+
+bool is_built() { return false; }
+int device_count() { return 0; }
+std::string version_string() { return "built without CUDA"; }
+std::unique_ptr<Backend> make_backend(const DeviceConfig&) {
+  throw BackendError(
+      "[device] device.backend = \"cuda\" but this binary was built without CUDA. Hint: install the "
+      "CUDA toolkit (nvcc on PATH) and rebuild, or set device.backend = \"cpu\"");
+}
+
+}  // namespace remat::cuda
+#endif

@@ -1,0 +1,169 @@
+// Remat plan resolution and the executor (see engine/remat.h).
+#include "engine/remat.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "engine/error.h"
+
+namespace remat {
+
+// ---- ActStore ----
+
+ActStore::ActStore(std::string prefix, size_t n_slots, std::vector<MemCategory> categories)
+    : prefix_(std::move(prefix)), slots_(n_slots), categories_(std::move(categories)) {}
+
+bool ActStore::complete() const {
+  return std::all_of(slots_.begin(), slots_.end(), [](const Buffer& b) { return !b.empty(); });
+}
+
+const Tensor& ActStore::get(size_t slot) const {
+  REMAT_ASSERT(!slots_[slot].empty(), "{}: activation slot {} used before it was computed",
+               prefix_, slot);
+  return slots_[slot].tensor();
+}
+
+const Tensor& ActStore::make(Backend& be, size_t slot, const std::vector<int64_t>& shape,
+                             DType dtype, const std::vector<std::string>& names) {
+  if (slots_[slot].empty())
+    slots_[slot] = be.pool().allocate(shape, dtype, categories_[slot],
+                                      fmt::format("{}.{}", prefix_, names[slot]));
+  return slots_[slot].tensor();
+}
+
+void ActStore::keep_only(const std::vector<bool>& keep) {
+  for (size_t i = 0; i < slots_.size(); ++i)
+    if (!keep[i]) slots_[i].reset();
+}
+
+void ActStore::clear() {
+  for (auto& s : slots_) s.reset();
+}
+
+// ---- plan ----
+
+std::string RematPlan::describe() const {
+  if (policy == "none") return "none (keep every activation)";
+  size_t n_ckpt = 0;
+  for (const auto& b : blocks) n_ckpt += b.checkpointed;
+  return fmt::format("{} (every {}, {} of {} blocks checkpointed, {} segments)", policy, every,
+                     n_ckpt, blocks.size(), segments.size());
+}
+
+RematPlan resolve_remat_plan(const RematConfig& cfg, Model& model) {
+  const size_t L = model.n_blocks();
+  RematPlan plan;
+  plan.policy = cfg.policy;
+  plan.every = cfg.every;
+  std::vector<bool> selected(L, cfg.blocks.empty());
+  for (int64_t b : cfg.blocks) selected[static_cast<size_t>(b)] = true;
+  if (cfg.policy == "none") std::fill(selected.begin(), selected.end(), false);
+
+  plan.blocks.resize(L);
+  for (size_t i = 0; i < L; ++i) {
+    const size_t n = model.block(i).act_names().size();
+    plan.blocks[i].keep.assign(n, !selected[i]);
+  }
+  // Runs of consecutive checkpointed blocks, cut every `every` blocks; each segment keeps only
+  // the input of its first block. Other blocks are segments of their own that keep everything.
+  size_t i = 0;
+  while (i < L) {
+    size_t j = i + 1;
+    if (selected[i]) {
+      while (j < L && selected[j] && j - i < static_cast<size_t>(cfg.every)) ++j;
+      plan.blocks[i].keep[0] = true;
+      for (size_t k = i; k < j; ++k) plan.blocks[k].checkpointed = true;
+    }
+    plan.segments.push_back({i, j});
+    i = j;
+  }
+  return plan;
+}
+
+// ---- executor ----
+
+namespace {
+
+std::vector<MemCategory> slot_categories(const BlockPlan& bp) {
+  std::vector<MemCategory> cats(bp.keep.size(), MemCategory::Activations);
+  if (bp.checkpointed && bp.keep[0]) cats[0] = MemCategory::Checkpoints;
+  return cats;
+}
+
+MemCategory input_category(const RematPlan& plan, size_t i) {
+  return i < plan.blocks.size() ? slot_categories(plan.blocks[i])[0] : MemCategory::Activations;
+}
+
+std::string input_name(size_t i, size_t L) {
+  return i < L ? fmt::format("blocks.{}.x", i) : std::string("final.x");
+}
+
+}  // namespace
+
+StepLoss forward_backward(Backend& be, Model& model, const RematPlan& plan, const Batch& batch) {
+  const size_t L = model.n_blocks();
+  REMAT_ASSERT(plan.blocks.size() == L, "plan has {} blocks, model {}", plan.blocks.size(), L);
+  MemoryPool& pool = be.pool();
+  const std::vector<int64_t> shape = model.stream_shape();
+
+  std::vector<ActStore> stores;
+  stores.reserve(L);
+  for (size_t i = 0; i < L; ++i)
+    stores.emplace_back(fmt::format("blocks.{}", i), model.block(i).act_names().size(),
+                        slot_categories(plan.blocks[i]));
+
+  // ---- forward ----
+  be.set_phase(Phase::Forward);
+  pool.set_phase("forward (embedding)");
+  Buffer x = model.stem_forward(be, batch, input_category(plan, 0));
+  for (size_t i = 0; i < L; ++i) {
+    pool.set_phase(fmt::format("forward block {}", i));
+    stores[i].put(0, std::move(x));
+    Buffer y = pool.allocate(shape, be.act_dtype(), input_category(plan, i + 1), input_name(i + 1, L));
+    model.block(i).forward(be, stores[i], y);
+    stores[i].keep_only(plan.blocks[i].keep);
+    x = std::move(y);
+  }
+
+  // ---- loss head: loss and dL/dx in one pass ----
+  be.set_phase(Phase::Loss);
+  pool.set_phase("loss");
+  Buffer dresid = pool.allocate(shape, be.act_dtype(), MemCategory::Transient, "dresid");
+  Buffer losses = pool.allocate({model.loss_rows()}, DType::F32, MemCategory::Transient, "losses");
+  model.head_forward_backward(be, x, batch, losses, dresid);
+  x.reset();
+  StepLoss result;
+  result.row_losses.resize(static_cast<size_t>(model.loss_rows()));
+  be.download(result.row_losses.data(), losses);
+  losses.reset();
+  double sum = 0;
+  for (float v : result.row_losses) sum += v;
+  result.mean = sum / static_cast<double>(result.row_losses.size());
+
+  // ---- backward, segment by segment ----
+  for (auto seg = plan.segments.rbegin(); seg != plan.segments.rend(); ++seg) {
+    for (size_t j = seg->begin; j < seg->end; ++j) {
+      if (stores[j].complete()) continue;
+      be.set_phase(Phase::Recompute);
+      pool.set_phase(fmt::format("recompute block {}", j));
+      Buffer y;
+      if (j + 1 < seg->end && !stores[j + 1].has(0))
+        y = pool.allocate(shape, be.act_dtype(), MemCategory::Activations, input_name(j + 1, L));
+      model.block(j).forward(be, stores[j], y);
+      if (!y.empty()) stores[j + 1].put(0, std::move(y));
+    }
+    for (size_t j = seg->end; j-- > seg->begin;) {
+      be.set_phase(Phase::Backward);
+      pool.set_phase(fmt::format("backward block {}", j));
+      model.block(j).backward(be, stores[j], dresid);
+      stores[j].clear();
+    }
+  }
+  be.set_phase(Phase::Backward);
+  pool.set_phase("backward (embedding)");
+  model.stem_backward(be, batch, dresid);
+  return result;
+}
+
+}  // namespace remat

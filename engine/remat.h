@@ -1,0 +1,48 @@
+// Rematerialization as data. A policy resolves to a RematPlan: per block, which activations
+// stay alive after the forward pass, and which blocks form a checkpoint segment. The executor
+// reads the plan; no layer ever asks which policy is active.
+//
+// Forward: each block computes all of its activations and keeps those the plan says (a segment
+// keeps its input "x" as the checkpoint). Backward, segment by segment from the last: the
+// segment's forward re-runs from its checkpoint, filling only what is missing (saved tensors
+// are reused), then each block's backward runs and everything of that block is freed.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "engine/config.h"
+#include "engine/model.h"
+
+namespace remat {
+
+struct BlockPlan {
+  std::vector<bool> keep;     // per activation slot of the block
+  bool checkpointed = false;  // recomputed in the backward pass (some slot not kept)
+};
+
+struct Segment {
+  size_t begin = 0, end = 0;  // blocks [begin, end)
+};
+
+struct RematPlan {
+  std::string policy;
+  int64_t every = 1;
+  std::vector<BlockPlan> blocks;
+  std::vector<Segment> segments;
+  std::string describe() const;
+};
+
+/// Resolves the [remat] config for `model`. Throws ConfigError for names it does not know.
+RematPlan resolve_remat_plan(const RematConfig& cfg, Model& model);
+
+struct StepLoss {
+  double mean = 0;               // mean loss over all rows
+  std::vector<float> row_losses; // per row (B*T for the GPT), for task-specific metrics
+};
+
+/// Runs one forward + backward of `model` under `plan` on `be`. Parameter gradients accumulate
+/// into the model's grad buffers (the caller zeroes them).
+StepLoss forward_backward(Backend& be, Model& model, const RematPlan& plan, const Batch& batch);
+
+}  // namespace remat

@@ -1,0 +1,42 @@
+// Tensor helpers: element counts, reshaped views, printing.
+#include "engine/tensor.h"
+
+#include <fmt/format.h>
+
+namespace remat {
+
+const char* dtype_name(DType t) {
+  switch (t) {
+    case DType::F32: return "f32";
+    case DType::BF16: return "bf16";
+    case DType::I32: return "i32";
+  }
+  return "?";
+}
+
+Tensor::Tensor(void* ptr, const std::vector<int64_t>& dims, DType type) : data(ptr), dtype(type) {
+  REMAT_ASSERT(dims.size() >= 1 && dims.size() <= 4, "tensor rank {} not in 1..4", dims.size());
+  for (int64_t d : dims) shape[static_cast<size_t>(ndim++)] = d;
+}
+
+int64_t Tensor::numel() const {
+  if (ndim == 0) return 0;
+  int64_t n = 1;
+  for (int i = 0; i < ndim; ++i) n *= shape[static_cast<size_t>(i)];
+  return n;
+}
+
+std::string Tensor::shape_str() const {
+  std::string s = "(";
+  for (int i = 0; i < ndim; ++i) s += fmt::format("{}{}", i ? "," : "", shape[static_cast<size_t>(i)]);
+  return s + ")";
+}
+
+Tensor Tensor::view(const std::vector<int64_t>& dims) const {
+  Tensor t(data, dims, dtype);
+  REMAT_ASSERT(t.numel() == numel(), "view {} of tensor {} changes the element count",
+               t.shape_str(), shape_str());
+  return t;
+}
+
+}  // namespace remat

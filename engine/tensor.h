@@ -1,0 +1,50 @@
+// Tensor: a non-owning view (pointer, shape, dtype). Storage comes from the memory pool
+// (engine/memory_pool.h), which owns; a Tensor only looks. Shapes are row-major, at most 4-D.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+#include <vector>
+
+#include "engine/error.h"
+
+namespace remat {
+
+enum class DType : uint8_t { F32, BF16, I32 };
+
+inline size_t dtype_size(DType t) { return t == DType::BF16 ? 2 : 4; }
+const char* dtype_name(DType t);
+
+struct Tensor {
+  void* data = nullptr;
+  std::array<int64_t, 4> shape{};
+  int ndim = 0;
+  DType dtype = DType::F32;
+
+  Tensor() = default;
+  Tensor(void* ptr, const std::vector<int64_t>& dims, DType type);
+
+  bool empty() const { return data == nullptr; }
+  int64_t dim(int i) const { return shape[static_cast<size_t>(i < 0 ? ndim + i : i)]; }
+  int64_t numel() const;
+  size_t bytes() const { return static_cast<size_t>(numel()) * dtype_size(dtype); }
+  /// Number of rows when the tensor is seen as a (rows, last dim) matrix.
+  int64_t rows() const { return ndim == 0 ? 0 : numel() / dim(-1); }
+  std::string shape_str() const;
+
+  float* f32() const {
+    REMAT_DCHECK(dtype == DType::F32, "tensor is {} not f32", dtype_name(dtype));
+    return static_cast<float*>(data);
+  }
+  int32_t* i32() const {
+    REMAT_DCHECK(dtype == DType::I32, "tensor is {} not i32", dtype_name(dtype));
+    return static_cast<int32_t*>(data);
+  }
+  /// Same storage, other shape (same element count).
+  Tensor view(const std::vector<int64_t>& dims) const;
+};
+
+}  // namespace remat

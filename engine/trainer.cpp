@@ -1,0 +1,65 @@
+// The training step (see engine/trainer.h).
+#include "engine/trainer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+namespace remat {
+
+double learning_rate(const TrainConfig& t, int64_t s) {
+  if (s < t.warmup_steps) return t.lr * static_cast<double>(s + 1) / static_cast<double>(t.warmup_steps);
+  const int64_t decay_steps = t.steps - t.warmup_steps;
+  if (decay_steps <= 1) return t.lr;
+  const double progress = static_cast<double>(s - t.warmup_steps) / static_cast<double>(decay_steps - 1);
+  const double min_lr = t.lr * t.min_lr_ratio;
+  return min_lr + 0.5 * (t.lr - min_lr) * (1.0 + std::cos(3.141592653589793 * progress));
+}
+
+Trainer::Trainer(const Config& cfg, Backend& be, Model& model, DataSource& data)
+    : cfg_(cfg), be_(be), model_(model), data_(data), plan_(resolve_remat_plan(cfg.remat, model)) {}
+
+StepMetrics Trainer::step() {
+  const auto t0 = std::chrono::steady_clock::now();
+  MemoryPool& pool = be_.pool();
+  StepMetrics m;
+  m.step = step_ + 1;
+  m.lr = learning_rate(cfg_.train, step_);
+
+  pool.set_phase("data");
+  Batch batch = data_.next(be_, step_);
+  const int64_t n_tokens = batch.n_tokens;
+  be_.set_phase(Phase::Backward);
+  for (Param& p : model_.params()) be_.fill(p.grad, 0.0f);
+  StepLoss loss = forward_backward(be_, model_, plan_, batch);
+  batch = Batch();
+  m.loss = loss.mean;
+  m.task_metric = data_.task_metric(loss.row_losses);
+
+  // Global-norm clipping folds into AdamW as a gradient scale.
+  be_.set_phase(Phase::Optimizer);
+  pool.set_phase("optimizer step");
+  std::vector<Tensor> grads;
+  grads.reserve(model_.params().size());
+  for (Param& p : model_.params()) grads.push_back(p.grad);
+  m.grad_norm = std::sqrt(be_.sum_squares(grads));
+  float grad_scale = 1.0f;
+  if (cfg_.train.grad_clip > 0 && m.grad_norm > cfg_.train.grad_clip)
+    grad_scale = static_cast<float>(cfg_.train.grad_clip / m.grad_norm);
+  for (Param& p : model_.params()) {
+    AdamWArgs a{p.value, p.grad, p.m, p.v};
+    a.lr = static_cast<float>(m.lr);
+    a.weight_decay = p.use_decay ? static_cast<float>(cfg_.train.weight_decay) : 0.0f;
+    a.grad_scale = grad_scale;
+    a.step = step_ + 1;
+    be_.adamw_update(a);
+  }
+  ++step_;
+  const auto t1 = std::chrono::steady_clock::now();
+  m.step_ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
+  m.tokens_per_s = static_cast<double>(n_tokens) * 1000.0 / std::max(m.step_ms, 1e-9);
+  m.peak_bytes = pool.peak_bytes();
+  return m;
+}
+
+}  // namespace remat

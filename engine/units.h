@@ -1,0 +1,24 @@
+// Sizes and counts as people write them: "512MiB", "80GiB", "1.5GB", "4k", "1M".
+// Parsing returns std::nullopt on malformed text; callers turn that into a ConfigError.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace remat {
+
+/// Bytes from "512MiB", "80GiB", "1.5GB", "4096" (plain bytes). Binary (KiB..TiB) and decimal
+/// (kB..TB) units; case-insensitive; optional space before the unit.
+std::optional<uint64_t> parse_size(std::string_view text);
+/// Counts from "4k", "32K", "1M", "1.5k" (k = 1024, M = 1024^2: sequence lengths are powers of 2).
+std::optional<int64_t> parse_count(std::string_view text);
+/// "1.50 GiB", "512.0 MiB", "640 B".
+std::string format_bytes(uint64_t bytes);
+/// Sequence lengths the way users say them: "64k", "1.5M", "1000".
+std::string format_count(int64_t n);
+/// "12.3 GFLOP", "1.20 TFLOP".
+std::string format_flops(double flops);
+
+}  // namespace remat

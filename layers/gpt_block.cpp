@@ -1,0 +1,89 @@
+// GPT block forward/backward against the backend interface (see layers/gpt_block.h).
+#include "layers/gpt_block.h"
+
+namespace remat {
+
+GptBlock::GptBlock(GptBlockParams p, int64_t B, int64_t T, int64_t C, int64_t NH, int64_t FF,
+                   float rope_theta)
+    : p_(p), B_(B), T_(T), C_(C), NH_(NH), FF_(FF), rope_theta_(rope_theta) {}
+
+const std::vector<std::string>& GptBlock::act_names() const {
+  static const std::vector<std::string> names = {"x",   "ln1", "ln1.stats", "qkv",       "attn", "attn.lse",
+                                                 "res", "ln2", "ln2.stats", "fc", "gelu"};
+  return names;
+}
+
+void GptBlock::forward(Backend& be, ActStore& a, const Tensor& y) {
+  const auto& names = act_names();
+  const DType act = be.act_dtype();
+  const int64_t N = B_ * T_;
+  auto make = [&](Slot s, std::vector<int64_t> shape, DType dt) -> const Tensor& {
+    return a.make(be, s, shape, dt, names);
+  };
+  // Each step runs only when one of its outputs is missing: a recompute reuses saved tensors.
+  if (!a.has(Ln1) || !a.has(Ln1Stats)) {
+    be.layernorm_forward({make(Ln1, {B_, T_, C_}, act), make(Ln1Stats, {N, 2}, DType::F32), a.get(X),
+                          p_.ln1_weight->value, p_.ln1_bias->value});
+  }
+  if (!a.has(Qkv)) {
+    be.linear_forward({make(Qkv, {B_, T_, 3 * C_}, act), a.get(Ln1), p_.attn_qkv_weight->value,
+                       p_.attn_qkv_bias->value});
+  }
+  if (!a.has(Attn) || !a.has(AttnLse)) {
+    be.attention_forward({make(Attn, {B_, T_, C_}, act), make(AttnLse, {B_, NH_, T_}, DType::F32),
+                          a.get(Qkv), static_cast<int>(NH_), rope_theta_});
+  }
+  if (!a.has(Res)) {
+    const Tensor& res = make(Res, {B_, T_, C_}, act);
+    be.copy(res, a.get(X));
+    be.linear_forward({res, a.get(Attn), p_.attn_proj_weight->value, p_.attn_proj_bias->value, true});
+  }
+  if (!a.has(Ln2) || !a.has(Ln2Stats)) {
+    be.layernorm_forward({make(Ln2, {B_, T_, C_}, act), make(Ln2Stats, {N, 2}, DType::F32), a.get(Res),
+                          p_.ln2_weight->value, p_.ln2_bias->value});
+  }
+  if (!a.has(Fc)) {
+    be.linear_forward({make(Fc, {B_, T_, FF_}, act), a.get(Ln2), p_.mlp_fc_weight->value,
+                       p_.mlp_fc_bias->value});
+  }
+  if (!a.has(Gelu)) {
+    be.activation_forward({make(Gelu, {B_, T_, FF_}, act), a.get(Fc), Activation::Gelu});
+  }
+  if (!y.empty()) {
+    be.copy(y, a.get(Res));
+    be.linear_forward({y, a.get(Gelu), p_.mlp_proj_weight->value, p_.mlp_proj_bias->value, true});
+  }
+}
+
+void GptBlock::backward(Backend& be, ActStore& a, const Tensor& dresid) {
+  MemoryPool& pool = be.pool();
+  const DType act = be.act_dtype();
+  // MLP branch: y = res + gelu Wp^T + bp
+  Buffer dgelu = pool.allocate({B_, T_, FF_}, act, MemCategory::Transient, "grad.gelu");
+  be.linear_backward({dgelu, p_.mlp_proj_weight->grad, p_.mlp_proj_bias->grad, dresid, a.get(Gelu),
+                      p_.mlp_proj_weight->value});
+  be.activation_backward({dgelu, dgelu, a.get(Fc), Activation::Gelu});  // in place: now d fc
+  Buffer dln2 = pool.allocate({B_, T_, C_}, act, MemCategory::Transient, "grad.ln2");
+  be.linear_backward({dln2, p_.mlp_fc_weight->grad, p_.mlp_fc_bias->grad, dgelu, a.get(Ln2),
+                      p_.mlp_fc_weight->value});
+  dgelu.reset();
+  be.layernorm_backward({dresid, p_.ln2_weight->grad, p_.ln2_bias->grad, dln2, a.get(Res),
+                         p_.ln2_weight->value, a.get(Ln2Stats)});
+  dln2.reset();
+  // Attention branch: res = x + attn Wo^T + bo
+  Buffer dattn = pool.allocate({B_, T_, C_}, act, MemCategory::Transient, "grad.attn");
+  be.linear_backward({dattn, p_.attn_proj_weight->grad, p_.attn_proj_bias->grad, dresid, a.get(Attn),
+                      p_.attn_proj_weight->value});
+  Buffer dqkv = pool.allocate({B_, T_, 3 * C_}, act, MemCategory::Transient, "grad.qkv");
+  be.attention_backward({dqkv, dattn, a.get(Qkv), a.get(Attn), a.get(AttnLse), static_cast<int>(NH_),
+                         rope_theta_});
+  dattn.reset();
+  Buffer dln1 = pool.allocate({B_, T_, C_}, act, MemCategory::Transient, "grad.ln1");
+  be.linear_backward({dln1, p_.attn_qkv_weight->grad, p_.attn_qkv_bias->grad, dqkv, a.get(Ln1),
+                      p_.attn_qkv_weight->value});
+  dqkv.reset();
+  be.layernorm_backward({dresid, p_.ln1_weight->grad, p_.ln1_bias->grad, dln1, a.get(X),
+                         p_.ln1_weight->value, a.get(Ln1Stats)});
+}
+
+}  // namespace remat

@@ -1,0 +1,39 @@
+// GPT-2 pre-LN Transformer block:
+//   res = x + proj(attention(ln1(x)))          attention: causal, multi-head, flash contract
+//   y   = res + mlp_proj(gelu(fc(ln2(res))))
+// Backward runs the chain in reverse; the residual-stream gradient flows through one (B,T,C)
+// buffer that each LayerNorm backward adds into (engine/backend.h's [+=] exception).
+// Saved activations and what needs them: layers/layer.h.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "engine/model.h"
+
+namespace remat {
+
+struct GptBlockParams {
+  Param *ln1_weight, *ln1_bias;
+  Param *attn_qkv_weight, *attn_qkv_bias;    // (3C, C), (3C)
+  Param *attn_proj_weight, *attn_proj_bias;  // (C, C), (C)
+  Param *ln2_weight, *ln2_bias;
+  Param *mlp_fc_weight, *mlp_fc_bias;        // (FF, C), (FF)
+  Param *mlp_proj_weight, *mlp_proj_bias;    // (C, FF), (C)
+};
+
+class GptBlock : public Block {
+ public:
+  enum Slot : size_t { X, Ln1, Ln1Stats, Qkv, Attn, AttnLse, Res, Ln2, Ln2Stats, Fc, Gelu, kNumSlots };
+  GptBlock(GptBlockParams p, int64_t B, int64_t T, int64_t C, int64_t NH, int64_t FF, float rope_theta);
+  const std::vector<std::string>& act_names() const override;
+  void forward(Backend& be, ActStore& acts, const Tensor& y) override;
+  void backward(Backend& be, ActStore& acts, const Tensor& dresid) override;
+
+ private:
+  GptBlockParams p_;
+  int64_t B_, T_, C_, NH_, FF_;
+  float rope_theta_;
+};
+
+}  // namespace remat

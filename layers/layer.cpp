@@ -1,0 +1,38 @@
+// Parameter creation: pool allocation of value, gradient and optimizer moments, and
+// initialization from a counter-based RNG keyed by (seed, parameter name).
+#include "layers/layer.h"
+
+#include "engine/rng.h"
+
+namespace remat {
+
+Param make_param(Backend& be, const std::string& name, const std::vector<int64_t>& shape,
+                 ParamInit init, uint64_t seed) {
+  MemoryPool& pool = be.pool();
+  Param p;
+  p.name = name;
+  p.value = pool.allocate(shape, DType::F32, MemCategory::Weights, name);
+  p.grad = pool.allocate(shape, DType::F32, MemCategory::Grads, name + ".grad");
+  p.m = pool.allocate(shape, DType::F32, MemCategory::Optimizer, name + ".adam_m");
+  p.v = pool.allocate(shape, DType::F32, MemCategory::Optimizer, name + ".adam_v");
+  p.use_decay = shape.size() >= 2;
+  be.fill(p.grad, 0.0f);
+  be.fill(p.m, 0.0f);
+  be.fill(p.v, 0.0f);
+  if (init.kind == ParamInit::Normal) {
+    if (be.computes()) {  // a dry run needs no values
+      const int64_t n = p.value.tensor().numel();
+      std::vector<float> host(static_cast<size_t>(n));
+      const uint64_t stream = hash_name(name.c_str());
+      for (int64_t i = 0; i < n; ++i)
+        host[static_cast<size_t>(i)] =
+            static_cast<float>(init.std * rng_normal(seed, stream, static_cast<uint64_t>(i)));
+      be.upload(p.value, host.data());
+    }
+  } else {
+    be.fill(p.value, init.kind == ParamInit::Ones ? 1.0f : 0.0f);
+  }
+  return p;
+}
+
+}  // namespace remat

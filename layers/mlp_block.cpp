@@ -1,0 +1,27 @@
+// MLP-tutorial block forward/backward (see layers/mlp_block.h).
+#include "layers/mlp_block.h"
+
+namespace remat {
+
+MlpBlock::MlpBlock(Param* fc_weight, Param* fc_bias, int64_t B, int64_t D)
+    : fc_weight_(fc_weight), fc_bias_(fc_bias), B_(B), D_(D) {}
+
+const std::vector<std::string>& MlpBlock::act_names() const {
+  static const std::vector<std::string> names = {"x", "fc"};
+  return names;
+}
+
+void MlpBlock::forward(Backend& be, ActStore& a, const Tensor& y) {
+  if (!a.has(Fc))
+    be.linear_forward({a.make(be, Fc, {B_, D_}, be.act_dtype(), act_names()), a.get(X),
+                       fc_weight_->value, fc_bias_->value});
+  if (!y.empty()) be.activation_forward({y, a.get(Fc), Activation::Relu});
+}
+
+void MlpBlock::backward(Backend& be, ActStore& a, const Tensor& dresid) {
+  Buffer dfc = be.pool().allocate({B_, D_}, be.act_dtype(), MemCategory::Transient, "grad.fc");
+  be.activation_backward({dfc, dresid, a.get(Fc), Activation::Relu});
+  be.linear_backward({dresid, fc_weight_->grad, fc_bias_->grad, dfc, a.get(X), fc_weight_->value});
+}
+
+}  // namespace remat

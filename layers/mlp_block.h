@@ -1,0 +1,27 @@
+// The checkpointing tutorial's MLP block: y = relu(x W^T + b), width D.
+//   backward: dfc = dy * [fc > 0];  dx = dfc W;  dW += dfc^T x;  db += sum_rows dfc.
+// Saves x (for dW) and fc (for the ReLU mask).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "engine/model.h"
+
+namespace remat {
+
+class MlpBlock : public Block {
+ public:
+  enum Slot : size_t { X, Fc, kNumSlots };
+  MlpBlock(Param* fc_weight, Param* fc_bias, int64_t B, int64_t D);
+  const std::vector<std::string>& act_names() const override;
+  void forward(Backend& be, ActStore& acts, const Tensor& y) override;
+  void backward(Backend& be, ActStore& acts, const Tensor& dresid) override;
+
+ private:
+  Param* fc_weight_;
+  Param* fc_bias_;
+  int64_t B_, D_;
+};
+
+}  // namespace remat

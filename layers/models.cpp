@@ -1,0 +1,145 @@
+// GptModel and MlpModel (see layers/models.h).
+#include "layers/models.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+
+#include "engine/units.h"
+#include "layers/gpt_block.h"
+#include "layers/layer.h"
+#include "layers/mlp_block.h"
+
+namespace remat {
+namespace {
+
+class GptModel : public Model {
+ public:
+  GptModel(const Config& cfg, Backend& be) : m_(cfg.model) {
+    B_ = cfg.train.batch_size;
+    T_ = cfg.train.seq_len;
+    const int64_t C = m_.n_embd, V = m_.vocab_size, FF = m_.ff(), L = m_.n_layer;
+    const uint64_t seed = cfg.train.seed;
+    loss_chunk_ = cfg.train.loss_chunk > 0 ? cfg.train.loss_chunk : default_loss_chunk_rows(B_ * T_, V);
+    // GPT-2 initialization: N(0, 0.02); residual projections scaled by 1/sqrt(2L).
+    const ParamInit normal{ParamInit::Normal, 0.02};
+    const ParamInit resid{ParamInit::Normal, 0.02 / std::sqrt(2.0 * static_cast<double>(L))};
+    const ParamInit ones{ParamInit::Ones}, zeros{ParamInit::Zeros};
+    params_.reserve(static_cast<size_t>(3 + 12 * L + 2));
+    auto add = [&](const std::string& name, std::vector<int64_t> shape, ParamInit init) {
+      params_.push_back(make_param(be, name, shape, init, seed));
+      return &params_.back();
+    };
+    wte_ = add("wte", {V, C}, normal);
+    if (m_.position == "learned") wpe_ = add("wpe", {m_.n_ctx, C}, ParamInit{ParamInit::Normal, 0.01});
+    for (int64_t l = 0; l < L; ++l) {
+      const std::string p = fmt::format("blocks.{}.", l);
+      GptBlockParams bp{};
+      bp.ln1_weight = add(p + "ln1.weight", {C}, ones);
+      bp.ln1_bias = add(p + "ln1.bias", {C}, zeros);
+      bp.attn_qkv_weight = add(p + "attn.qkv.weight", {3 * C, C}, normal);
+      bp.attn_qkv_bias = add(p + "attn.qkv.bias", {3 * C}, zeros);
+      bp.attn_proj_weight = add(p + "attn.proj.weight", {C, C}, resid);
+      bp.attn_proj_bias = add(p + "attn.proj.bias", {C}, zeros);
+      bp.ln2_weight = add(p + "ln2.weight", {C}, ones);
+      bp.ln2_bias = add(p + "ln2.bias", {C}, zeros);
+      bp.mlp_fc_weight = add(p + "mlp.fc.weight", {FF, C}, normal);
+      bp.mlp_fc_bias = add(p + "mlp.fc.bias", {FF}, zeros);
+      bp.mlp_proj_weight = add(p + "mlp.proj.weight", {C, FF}, resid);
+      bp.mlp_proj_bias = add(p + "mlp.proj.bias", {C}, zeros);
+      const float theta = m_.position == "rope" ? static_cast<float>(m_.rope_theta) : 0.0f;
+      blocks_.push_back(std::make_unique<GptBlock>(bp, B_, T_, C, m_.n_head, FF, theta));
+    }
+    lnf_weight_ = add("lnf.weight", {C}, ones);
+    lnf_bias_ = add("lnf.bias", {C}, zeros);
+  }
+
+  std::string describe() const override {
+    return fmt::format("gpt L={} H={} C={} V={} ({} positions)", m_.n_layer, m_.n_head, m_.n_embd,
+                       m_.vocab_size, m_.position);
+  }
+  std::vector<int64_t> stream_shape() const override { return {B_, T_, m_.n_embd}; }
+  int64_t loss_rows() const override { return B_ * T_; }
+
+  Buffer stem_forward(Backend& be, const Batch& batch, MemCategory category) override {
+    Buffer x = be.pool().allocate(stream_shape(), be.act_dtype(), category, "blocks.0.x");
+    be.embedding_forward({x, batch.inputs, wte_->value, wpe_ ? wpe_->value.tensor() : Tensor()});
+    return x;
+  }
+
+  void stem_backward(Backend& be, const Batch& batch, const Tensor& dx) override {
+    be.embedding_backward({wte_->grad, wpe_ ? wpe_->grad.tensor() : Tensor(), dx, batch.inputs});
+  }
+
+  // lnf -> fused LM head + cross-entropy (which yields d lnf_out) -> lnf backward.
+  void head_forward_backward(Backend& be, const Tensor& x, const Batch& batch, const Tensor& losses,
+                             const Tensor& dx) override {
+    MemoryPool& pool = be.pool();
+    const int64_t N = B_ * T_, C = m_.n_embd;
+    Buffer lnf = pool.allocate({N, C}, be.act_dtype(), MemCategory::Transient, "lnf");
+    Buffer stats = pool.allocate({N, 2}, DType::F32, MemCategory::Transient, "lnf.stats");
+    be.layernorm_forward({lnf, stats, x, lnf_weight_->value, lnf_bias_->value});
+    Buffer dlnf = pool.allocate({N, C}, be.act_dtype(), MemCategory::Transient, "grad.lnf");
+    be.lm_head_loss({losses, dlnf, wte_->grad, lnf, wte_->value, batch.targets.tensor().view({N}),
+                     1.0f / static_cast<float>(N), loss_chunk_});
+    lnf.reset();
+    be.fill(dx, 0.0f);
+    be.layernorm_backward({dx, lnf_weight_->grad, lnf_bias_->grad, dlnf, x, lnf_weight_->value, stats});
+  }
+
+ private:
+  ModelConfig m_;
+  int64_t B_ = 0, T_ = 0, loss_chunk_ = 0;
+  Param* wte_ = nullptr;
+  Param* wpe_ = nullptr;
+  Param* lnf_weight_ = nullptr;
+  Param* lnf_bias_ = nullptr;
+};
+
+class MlpModel : public Model {
+ public:
+  MlpModel(const Config& cfg, Backend& be) : L_(cfg.model.n_layer), D_(cfg.model.n_embd) {
+    B_ = cfg.train.batch_size;
+    params_.reserve(static_cast<size_t>(2 * L_));
+    // He initialization keeps the relu stack's activations at unit scale.
+    const ParamInit he{ParamInit::Normal, std::sqrt(2.0 / static_cast<double>(D_))};
+    for (int64_t l = 0; l < L_; ++l) {
+      params_.push_back(make_param(be, fmt::format("blocks.{}.fc.weight", l), {D_, D_}, he, cfg.train.seed));
+      Param* w = &params_.back();
+      params_.push_back(make_param(be, fmt::format("blocks.{}.fc.bias", l), {D_}, ParamInit{}, cfg.train.seed));
+      blocks_.push_back(std::make_unique<MlpBlock>(w, &params_.back(), B_, D_));
+    }
+  }
+  std::string describe() const override { return fmt::format("mlp L={} D={}", L_, D_); }
+  std::vector<int64_t> stream_shape() const override { return {B_, D_}; }
+  int64_t loss_rows() const override { return B_; }
+
+  Buffer stem_forward(Backend& be, const Batch& batch, MemCategory category) override {
+    Buffer x = be.pool().allocate(stream_shape(), be.act_dtype(), category, "blocks.0.x");
+    be.copy(x, batch.inputs);
+    return x;
+  }
+  void stem_backward(Backend&, const Batch&, const Tensor&) override {}
+  void head_forward_backward(Backend& be, const Tensor& x, const Batch& batch, const Tensor& losses,
+                             const Tensor& dx) override {
+    be.mse_loss({losses, dx, x, batch.targets, 1.0f / static_cast<float>(B_)});
+  }
+
+ private:
+  int64_t L_, D_, B_ = 0;
+};
+
+}  // namespace
+
+int64_t Model::n_params() const {
+  int64_t n = 0;
+  for (const auto& p : params_) n += p.value.tensor().numel();
+  return n;
+}
+
+std::unique_ptr<Model> make_model(const Config& cfg, Backend& be) {
+  if (cfg.model.kind == "mlp") return std::make_unique<MlpModel>(cfg, be);
+  return std::make_unique<GptModel>(cfg, be);
+}
+
+}  // namespace remat

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs the Debian packages remat-train builds against, and nothing else.
+# Idempotent: packages already present are skipped, so a second run takes well under a second.
+set -euo pipefail
+
+packages=(
+  build-essential cmake
+  libcli11-dev libtomlplusplus-dev catch2 nlohmann-json3-dev libfmt-dev
+  libopenblas-openmp-dev   # OpenBLAS on OpenMP: one thread pool shared with our kernels
+  python3-matplotlib       # scripts/plot_sweep.py
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+
+echo "[install-deps] installing: ${missing[*]}"
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+echo "[install-deps] done"
