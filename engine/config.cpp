@@ -225,9 +225,6 @@ void validate(const Config& c, const Origins& o) {
     for (size_t j = 0; j < i; ++j)
       if (c.remat.blocks[j] == b) fail(o.of("remat.blocks"), fmt::format("block {} is listed twice", b), "list each block once");
   }
-  if (t.warmup_steps > t.steps)
-    fail(o.of("train.warmup_steps"), fmt::format("warmup_steps = {} exceeds steps = {}", t.warmup_steps, t.steps),
-         "lower train.warmup_steps");
 }
 
 // "section.key=value" -> inserts value (parsed as TOML, else as a bare string) into `root`.

@@ -1,0 +1,128 @@
+// The real binary: exit codes, messages, outputs. Tagged [smoke] (ctest label smoke).
+#include <catch2/catch.hpp>
+#include <fmt/format.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+using Catch::Matchers::Contains;
+
+namespace {
+
+struct Result {
+  int code = -1;
+  std::string out;  // stdout and stderr together
+};
+
+Result run(const std::string& args) {
+  const std::string cmd = fmt::format("cd {} && {} {} 2>&1", REMAT_SOURCE_DIR, REMAT_BINARY, args);
+  Result r;
+  FILE* p = popen(cmd.c_str(), "r");
+  REQUIRE(p != nullptr);
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+  const int status = pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+std::vector<nlohmann::json> read_jsonl(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<nlohmann::json> rows;
+  std::string line;
+  while (std::getline(in, line)) rows.push_back(nlohmann::json::parse(line));
+  return rows;
+}
+
+std::string tmp_path(const std::string& name) { return fmt::format("/tmp/remat-test-{}-{}", getpid(), name); }
+
+}  // namespace
+
+TEST_CASE("--version names the backends, the BLAS and its CPU kernel", "[smoke]") {
+  Result r = run("--version");
+  CHECK(r.code == 0);
+  CHECK_THAT(r.out, Contains("remat-train") && Contains("backends: cpu") && Contains("BLAS: OpenBLAS") &&
+                        Contains("CPU kernel") && Contains("CUDA:"));
+}
+
+TEST_CASE("--help lists the train options", "[smoke]") {
+  Result r = run("train --help");
+  CHECK(r.code == 0);
+  CHECK_THAT(r.out, Contains("--config") && Contains("--set") && Contains("--metrics"));
+}
+
+TEST_CASE("usage errors exit 2", "[smoke]") {
+  CHECK(run("--config").code == 2);
+  CHECK(run("train").code == 2);
+  CHECK(run("--config configs/tiny.toml --bogus").code == 2);
+}
+
+TEST_CASE("tiny.toml trains, prints the summary and writes JSONL metrics", "[smoke]") {
+  const std::string m = tmp_path("tiny.jsonl");
+  Result r = run(fmt::format("--config configs/tiny.toml --set train.steps=12 --metrics {}", m));
+  REQUIRE(r.code == 0);
+  CHECK_THAT(r.out, Contains("remat-train") && Contains("step 12/12") && Contains("summary:") &&
+                        Contains("peak memory") && Contains("checkpoints") && Contains("tokens/s"));
+  auto rows = read_jsonl(m);
+  REQUIRE(rows.size() == 13);
+  for (int i = 0; i < 12; ++i)
+    for (const char* k : {"step", "loss", "lr", "step_ms", "tokens_per_s", "peak_bytes"}) CHECK(rows[static_cast<size_t>(i)].contains(k));
+  const auto& s = rows.back()["summary"];
+  for (const char* k : {"policy", "seq_len", "batch_size", "peak_bytes", "peak_by_category", "median_step_ms", "tokens_per_s"})
+    CHECK(s.contains(k));
+  CHECK(s["policy"] == "full");
+  std::remove(m.c_str());
+}
+
+TEST_CASE("mlp4.toml trains", "[smoke]") {
+  Result r = run("--config configs/mlp4.toml --set train.steps=5");
+  CHECK(r.code == 0);
+  CHECK_THAT(r.out, Contains("mlp L=4") && Contains("summary:"));
+}
+
+TEST_CASE("none and full log the same loss at every step, and full peaks lower", "[smoke]") {
+  const std::string a = tmp_path("a.jsonl"), b = tmp_path("b.jsonl");
+  REQUIRE(run(fmt::format("--config configs/tiny.toml --set train.steps=5 --set remat.policy=none --metrics {} -q", a)).code == 0);
+  REQUIRE(run(fmt::format("--config configs/tiny.toml --set train.steps=5 --set remat.policy=full --metrics {} -q", b)).code == 0);
+  auto ra = read_jsonl(a), rb = read_jsonl(b);
+  REQUIRE(ra.size() == rb.size());
+  for (size_t i = 0; i + 1 < ra.size(); ++i) CHECK(ra[i]["loss"].get<double>() == rb[i]["loss"].get<double>());
+  CHECK(rb.back()["summary"]["peak_bytes"].get<uint64_t>() < ra.back()["summary"]["peak_bytes"].get<uint64_t>());
+  std::remove(a.c_str());
+  std::remove(b.c_str());
+}
+
+TEST_CASE("config errors exit 2 with one line naming file, line and key", "[smoke]") {
+  const std::string cfg = tmp_path("bad.toml");
+  {
+    std::ofstream f(cfg);
+    f << "[model]\nn_embd = 64\nn_head = 5\n";
+  }
+  Result r = run("--config " + cfg);
+  CHECK(r.code == 2);
+  CHECK_THAT(r.out, Contains(cfg + ":3:") && Contains("model.n_head") && Contains("Fix:"));
+  r = run("--config configs/tiny.toml --set train.seq_len=4096");
+  CHECK(r.code == 2);
+  CHECK_THAT(r.out, Contains("--set train.seq_len=4096") && Contains("n_ctx"));
+  r = run("--config /nonexistent.toml");
+  CHECK(r.code == 2);
+  std::remove(cfg.c_str());
+}
+
+TEST_CASE("a memory budget too small exits 3 with the breakdown and no crash", "[smoke]") {
+  Result r = run("--config configs/tiny.toml --set device.memory=1MiB");
+  CHECK(r.code == 3);
+  CHECK_THAT(r.out, Contains("out of memory") && Contains("budget 1.00 MiB") && Contains("weights") && Contains("Hint:"));
+}
+
+TEST_CASE("asking for CUDA in a build without it is a clear runtime error", "[smoke]") {
+  Result v = run("--version");
+  if (v.out.find("built without CUDA") == std::string::npos) return;  // this build has CUDA
+  Result r = run("--config configs/tiny.toml --set device.backend=cuda");
+  CHECK(r.code == 1);
+  CHECK_THAT(r.out, Contains("built without CUDA"));
+}
