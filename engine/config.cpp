@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <fstream>
 #include <functional>
 #include <limits>
@@ -97,6 +98,15 @@ std::vector<int64_t> read_int_list(const toml::node& n, const Origin& o) {
 }
 
 constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+const std::vector<std::string> kPolicies = {"none", "full", "save_dots", "save_attn", "names"};
+
+std::vector<std::string> read_string_list(const toml::node& n, const Origin& o) {
+  const toml::array* arr = n.as_array();
+  if (!arr) fail(o, fmt::format("expected an array of strings, got {}", type_name(n)), "write e.g. [\"attn\", \"attn.lse\"]");
+  std::vector<std::string> out;
+  for (const toml::node& e : *arr) out.push_back(read_string(e, o));
+  return out;
+}
 
 struct KeySpec {
   const char* section;
@@ -129,7 +139,14 @@ const std::vector<KeySpec>& key_specs() {
       {"train", "loss_chunk", [](Config& c, auto& n, auto& o) { c.train.loss_chunk = read_int(n, o, 0, kMax, true); }},
       {"data", "source", [](Config& c, auto& n, auto& o) { c.data.source = read_choice(n, o, {"synthetic"}); }},
       {"data", "task", [](Config& c, auto& n, auto& o) { c.data.task = read_choice(n, o, {"random", "copy", "regression"}); }},
-      {"remat", "policy", [](Config& c, auto& n, auto& o) { c.remat.policy = read_choice(n, o, {"none", "full"}); }},
+      {"remat", "policy", [](Config& c, auto& n, auto& o) { c.remat.policy = read_choice(n, o, kPolicies); }},
+      {"remat", "save", [](Config& c, auto& n, auto& o) { c.remat.save = read_string_list(n, o); }},
+      {"remat", "plan", [](Config& c, auto& n, auto& o) {
+         c.remat.plan = read_string_list(n, o);
+         for (const auto& p : c.remat.plan)
+           if (std::find(kPolicies.begin(), kPolicies.end(), p) == kPolicies.end() || p == "names")
+             fail(o, fmt::format("unknown per-block policy \"{}\"", p), "use none, full, save_dots or save_attn per block");
+       }},
       {"remat", "every", [](Config& c, auto& n, auto& o) { c.remat.every = read_int(n, o, 1, 4096, false); }},
       {"remat", "blocks", [](Config& c, auto& n, auto& o) { c.remat.blocks = read_int_list(n, o); }},
       {"device", "backend", [](Config& c, auto& n, auto& o) { c.device.backend = read_choice(n, o, {"auto", "cpu", "cuda"}); }},
@@ -158,6 +175,7 @@ class Origins {
     return {it != map_.end() ? it->second : file_ + " (default)", key};
   }
   const std::string& file() const { return file_; }
+  const std::map<std::string, std::string>& all() const { return map_; }
 
  private:
   std::string file_;
@@ -214,6 +232,12 @@ void validate(const Config& c, const Origins& o) {
   }
   if (c.model.dropout > 0)
     fail(o.of("model.dropout"), "dropout is not supported by this build", "set model.dropout = 0");
+  if (!c.remat.plan.empty() && static_cast<int64_t>(c.remat.plan.size()) != m.n_layer)
+    fail(o.of("remat.plan"), fmt::format("{} entries for n_layer = {} blocks", c.remat.plan.size(), m.n_layer),
+         "give one policy per block");
+  if (c.remat.policy == "names" && c.remat.save.empty())
+    fail(o.of("remat.save"), "policy \"names\" needs the list of activations to keep",
+         "set remat.save = [\"attn\", \"attn.lse\"] (or other names), or choose another policy");
   if (c.remat.every > m.n_layer)
     fail(o.of("remat.every"), fmt::format("every = {} exceeds model.n_layer = {}", c.remat.every, m.n_layer),
          fmt::format("use 1..{} (n_layer = whole model)", m.n_layer));
@@ -279,6 +303,7 @@ Config build(toml::table root, const std::string& name, const std::vector<std::s
   }
   if (c.model.kind == "mlp" && !root["data"]["task"]) c.data.task = "regression";
   validate(c, origins);
+  c.origins = origins.all();
   return c;
 }
 
@@ -303,6 +328,11 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   std::stringstream ss;
   ss << in.rdbuf();
   return parse_config(ss.str(), path, overrides);
+}
+
+void throw_config_error(const Config& c, const std::string& key, const std::string& problem, const std::string& fix) {
+  auto it = c.origins.find(key);
+  fail({it != c.origins.end() ? it->second : c.path, key}, problem, fix);
 }
 
 std::string config_to_toml(const Config& c) {

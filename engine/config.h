@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -42,9 +43,11 @@ struct DataConfig {
 };
 
 struct RematConfig {
-  std::string policy = "none";       // "none" | "full"
-  int64_t every = 1;                 // blocks per checkpoint segment (n_layer = whole model)
-  std::vector<int64_t> blocks;       // blocks that are checkpointed; empty = all
+  std::string policy = "none";    // "none" | "full" | "save_dots" | "save_attn" | "names"
+  int64_t every = 1;              // blocks per checkpoint segment (n_layer = whole model)
+  std::vector<int64_t> blocks;    // blocks that are checkpointed; empty = all
+  std::vector<std::string> save;  // policy "names": activations to keep (JAX save_only_these_names)
+  std::vector<std::string> plan;  // one policy per block; overrides policy/blocks when set
 };
 
 struct DeviceConfig {
@@ -60,6 +63,8 @@ struct LogConfig {
 
 struct Config {
   std::string path;  // where it came from, for messages
+  /// "section.key" -> "file:line:col" or "--set ..." for every key that was given.
+  std::map<std::string, std::string> origins;
   ModelConfig model;
   TrainConfig train;
   DataConfig data;
@@ -74,6 +79,11 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
 /// Same, from TOML text; `name` stands for the file in messages.
 Config parse_config(const std::string& toml_text, const std::string& name,
                     const std::vector<std::string>& overrides = {});
+
+/// A ConfigError for a check made after parsing (e.g. activation names known only to the model),
+/// pointing at where `key` was set.
+[[noreturn]] void throw_config_error(const Config& c, const std::string& key, const std::string& problem,
+                                     const std::string& fix);
 
 /// The config as TOML (what a checkpoint or the metrics summary records).
 std::string config_to_toml(const Config& c);

@@ -53,6 +53,10 @@ class ActStore {
   std::vector<MemCategory> categories_;
 };
 
+/// What kind of computation produced a saved activation; remat policies select by kind
+/// (save_dots keeps Dot and Attention outputs, save_attn keeps Attention outputs).
+enum class ActKind : uint8_t { Input, Norm, Dot, Attention, Pointwise };
+
 /// A checkpointable unit. Forward computes every activation missing from the store (so a
 /// recompute reuses whatever was saved); backward needs them all.
 class Block {
@@ -60,6 +64,8 @@ class Block {
   virtual ~Block() = default;
   /// Activation names in computation order; [0] is "x". Stable: configs and plans use them.
   virtual const std::vector<std::string>& act_names() const = 0;
+  /// The kind of each activation, same order as act_names().
+  virtual const std::vector<ActKind>& act_kinds() const = 0;
   /// Fills every missing slot of `acts` (slot 0 must be present); writes the block output to
   /// `y` unless `y` is empty.
   virtual void forward(Backend& be, ActStore& acts, const Tensor& y) = 0;

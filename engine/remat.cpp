@@ -2,6 +2,7 @@
 #include "engine/remat.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 
@@ -51,29 +52,58 @@ std::string RematPlan::describe() const {
                      n_ckpt, blocks.size(), segments.size());
 }
 
-RematPlan resolve_remat_plan(const RematConfig& cfg, Model& model) {
+std::vector<bool> policy_keep_set(const std::string& policy, const std::vector<std::string>& save,
+                                  const Block& block) {
+  const auto& names = block.act_names();
+  const auto& kinds = block.act_kinds();
+  std::vector<bool> keep(names.size(), false);
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (policy == "none") keep[i] = true;
+    else if (policy == "save_dots") keep[i] = kinds[i] == ActKind::Dot || kinds[i] == ActKind::Attention;
+    else if (policy == "save_attn") keep[i] = kinds[i] == ActKind::Attention;
+    else if (policy == "names") keep[i] = std::find(save.begin(), save.end(), names[i]) != save.end();
+  }
+  return keep;
+}
+
+RematPlan resolve_remat_plan(const Config& cfg, Model& model) {
+  const RematConfig& rc = cfg.remat;
   const size_t L = model.n_blocks();
   RematPlan plan;
-  plan.policy = cfg.policy;
-  plan.every = cfg.every;
-  std::vector<bool> selected(L, cfg.blocks.empty());
-  for (int64_t b : cfg.blocks) selected[static_cast<size_t>(b)] = true;
-  if (cfg.policy == "none") std::fill(selected.begin(), selected.end(), false);
+  plan.policy = rc.plan.empty() ? rc.policy : "per-block";
+  plan.every = rc.every;
+
+  // The policy of each block: remat.plan, else remat.policy on the selected blocks.
+  std::vector<std::string> policy(L, rc.policy);
+  if (!rc.plan.empty()) {
+    policy = rc.plan;
+  } else if (!rc.blocks.empty()) {
+    std::vector<bool> selected(L, false);
+    for (int64_t b : rc.blocks) selected[static_cast<size_t>(b)] = true;
+    for (size_t i = 0; i < L; ++i)
+      if (!selected[i]) policy[i] = "none";
+  }
+  if (rc.policy == "names") {
+    const auto& names = model.block(0).act_names();
+    for (const auto& n : rc.save)
+      if (std::find(names.begin(), names.end(), n) == names.end())
+        throw_config_error(cfg, "remat.save", fmt::format("unknown activation name \"{}\"", n),
+                           fmt::format("use names from: {}", fmt::join(names, ", ")));
+  }
 
   plan.blocks.resize(L);
   for (size_t i = 0; i < L; ++i) {
-    const size_t n = model.block(i).act_names().size();
-    plan.blocks[i].keep.assign(n, !selected[i]);
+    plan.blocks[i].keep = policy_keep_set(policy[i], rc.save, model.block(i));
+    plan.blocks[i].checkpointed = policy[i] != "none";
   }
-  // Runs of consecutive checkpointed blocks, cut every `every` blocks; each segment keeps only
-  // the input of its first block. Other blocks are segments of their own that keep everything.
+  // Runs of consecutive checkpointed blocks, cut every `every` blocks; each segment keeps the
+  // input of its first block. Blocks under "none" are segments of their own.
   size_t i = 0;
   while (i < L) {
     size_t j = i + 1;
-    if (selected[i]) {
-      while (j < L && selected[j] && j - i < static_cast<size_t>(cfg.every)) ++j;
+    if (plan.blocks[i].checkpointed) {
+      while (j < L && plan.blocks[j].checkpointed && j - i < static_cast<size_t>(rc.every)) ++j;
       plan.blocks[i].keep[0] = true;
-      for (size_t k = i; k < j; ++k) plan.blocks[k].checkpointed = true;
     }
     plan.segments.push_back({i, j});
     i = j;

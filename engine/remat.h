@@ -33,8 +33,13 @@ struct RematPlan {
   std::string describe() const;
 };
 
-/// Resolves the [remat] config for `model`. Throws ConfigError for names it does not know.
-RematPlan resolve_remat_plan(const RematConfig& cfg, Model& model);
+/// Resolves the [remat] section of `cfg` for `model`. Throws ConfigError (pointing at the key)
+/// for activation names the model does not have.
+RematPlan resolve_remat_plan(const Config& cfg, Model& model);
+
+/// Keep-set of one block under a named policy ("none", "full", "save_dots", "save_attn",
+/// "names" with `save`), not counting the checkpoint input.
+std::vector<bool> policy_keep_set(const std::string& policy, const std::vector<std::string>& save, const Block& block);
 
 struct StepLoss {
   double mean = 0;               // mean loss over all rows

@@ -17,7 +17,7 @@ double learning_rate(const TrainConfig& t, int64_t s) {
 }
 
 Trainer::Trainer(const Config& cfg, Backend& be, Model& model, DataSource& data)
-    : cfg_(cfg), be_(be), model_(model), data_(data), plan_(resolve_remat_plan(cfg.remat, model)) {}
+    : cfg_(cfg), be_(be), model_(model), data_(data), plan_(resolve_remat_plan(cfg, model)) {}
 
 StepMetrics Trainer::step() {
   const auto t0 = std::chrono::steady_clock::now();

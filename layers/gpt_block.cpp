@@ -13,6 +13,14 @@ const std::vector<std::string>& GptBlock::act_names() const {
   return names;
 }
 
+// res is the attention projection GEMM's output (plus the residual), so it counts as a dot.
+const std::vector<ActKind>& GptBlock::act_kinds() const {
+  using K = ActKind;
+  static const std::vector<ActKind> kinds = {K::Input, K::Norm, K::Norm, K::Dot,  K::Attention, K::Attention,
+                                             K::Dot,   K::Norm, K::Norm, K::Dot, K::Pointwise};
+  return kinds;
+}
+
 void GptBlock::forward(Backend& be, ActStore& a, const Tensor& y) {
   const auto& names = act_names();
   const DType act = be.act_dtype();

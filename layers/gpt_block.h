@@ -27,6 +27,7 @@ class GptBlock : public Block {
   enum Slot : size_t { X, Ln1, Ln1Stats, Qkv, Attn, AttnLse, Res, Ln2, Ln2Stats, Fc, Gelu, kNumSlots };
   GptBlock(GptBlockParams p, int64_t B, int64_t T, int64_t C, int64_t NH, int64_t FF, float rope_theta);
   const std::vector<std::string>& act_names() const override;
+  const std::vector<ActKind>& act_kinds() const override;
   void forward(Backend& be, ActStore& acts, const Tensor& y) override;
   void backward(Backend& be, ActStore& acts, const Tensor& dresid) override;
 

@@ -11,6 +11,11 @@ const std::vector<std::string>& MlpBlock::act_names() const {
   return names;
 }
 
+const std::vector<ActKind>& MlpBlock::act_kinds() const {
+  static const std::vector<ActKind> kinds = {ActKind::Input, ActKind::Dot};
+  return kinds;
+}
+
 void MlpBlock::forward(Backend& be, ActStore& a, const Tensor& y) {
   if (!a.has(Fc))
     be.linear_forward({a.make(be, Fc, {B_, D_}, be.act_dtype(), act_names()), a.get(X),

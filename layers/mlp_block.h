@@ -15,6 +15,7 @@ class MlpBlock : public Block {
   enum Slot : size_t { X, Fc, kNumSlots };
   MlpBlock(Param* fc_weight, Param* fc_bias, int64_t B, int64_t D);
   const std::vector<std::string>& act_names() const override;
+  const std::vector<ActKind>& act_kinds() const override;
   void forward(Backend& be, ActStore& acts, const Tensor& y) override;
   void backward(Backend& be, ActStore& acts, const Tensor& dresid) override;
 

@@ -56,7 +56,7 @@ void gradcheck(const Config& cfg, float eps = kFdEps) {
   cpu::CpuBackend be(1ull << 30, 2);
   auto model = make_model(cfg, be);
   auto data = make_synthetic_data(cfg);
-  RematPlan plan = resolve_remat_plan(cfg.remat, *model);
+  RematPlan plan = resolve_remat_plan(cfg, *model);
   Batch batch = data->next(be, 0);
   loss_of(be, *model, plan, batch);
   // Copy the analytic gradients before the perturbed runs overwrite them.

@@ -3,12 +3,14 @@
 // memory that full remat saves is exactly what the activation arithmetic says.
 #include <catch2/catch.hpp>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <cstring>
 
 #include "data/synthetic.h"
 #include "engine/config.h"
 #include "engine/cpu/cpu_backend.h"
+#include "engine/error.h"
 #include "engine/remat.h"
 #include "engine/trainer.h"
 #include "layers/models.h"
@@ -78,6 +80,13 @@ TEST_CASE("losses, gradients and weights are bitwise identical under every remat
       {"remat.policy=full", "remat.every=4"},
       {"remat.policy=full", "remat.blocks=[0,2,3]"},
       {"remat.policy=full", "remat.blocks=[1,2]", "remat.every=2"},
+      {"remat.policy=save_dots"},
+      {"remat.policy=save_attn"},
+      {"remat.policy=save_attn", "remat.every=2"},
+      {"remat.policy=names", "remat.save=[\"qkv\",\"gelu\"]"},
+      {"remat.policy=names", "remat.save=[\"ln1\",\"ln1.stats\",\"fc\"]", "remat.every=2"},
+      {"remat.plan=[\"full\",\"save_attn\",\"none\",\"save_dots\"]"},
+      {"remat.plan=[\"save_dots\",\"full\",\"full\",\"none\"]", "remat.every=2"},
   };
   for (const auto& s : settings) {
     INFO(fmt::format("setting: {}", fmt::join(s, " ")));
@@ -124,4 +133,35 @@ TEST_CASE("full remat saves exactly (L-1) blocks of activations minus their chec
   CHECK(none.peak_phase == "backward block 3");
   CHECK(full.peak_phase == "backward block 3");
   CHECK(none.peak - full.peak == static_cast<uint64_t>(L - 1) * (saved - x));
+}
+
+TEST_CASE("policy keep-sets follow DESIGN.md", "[remat]") {
+  Config cfg = parse_config(kBase, "remat-test");
+  cpu::CpuBackend be(1ull << 30, 1);
+  auto model = make_model(cfg, be);
+  auto kept = [&](const std::string& policy, std::vector<std::string> save = {}) {
+    std::vector<bool> keep = policy_keep_set(policy, save, model->block(0));
+    std::vector<std::string> out;
+    for (size_t i = 0; i < keep.size(); ++i)
+      if (keep[i]) out.push_back(model->block(0).act_names()[i]);
+    return fmt::format("{}", fmt::join(out, " "));
+  };
+  CHECK(kept("none") == "x ln1 ln1.stats qkv attn attn.lse res ln2 ln2.stats fc gelu");
+  CHECK(kept("full") == "");
+  CHECK(kept("save_dots") == "qkv attn attn.lse res fc");
+  CHECK(kept("save_attn") == "attn attn.lse");
+  CHECK(kept("names", {"ln2", "gelu"}) == "ln2 gelu");
+}
+
+TEST_CASE("unknown activation names in remat.save are config errors listing the valid ones", "[remat]") {
+  Config cfg = parse_config(kBase, "remat-test", {"remat.policy=names", "remat.save=[\"attn\",\"softmax\"]"});
+  cpu::CpuBackend be(1ull << 30, 1);
+  auto model = make_model(cfg, be);
+  CHECK_THROWS_AS(resolve_remat_plan(cfg, *model), ConfigError);
+  CHECK_THROWS_WITH(resolve_remat_plan(cfg, *model),
+                    Catch::Matchers::Contains("--set remat.save=") && Catch::Matchers::Contains("\"softmax\"") &&
+                        Catch::Matchers::Contains("attn.lse"));
+  CHECK_THROWS_AS(parse_config(kBase, "remat-test", {"remat.plan=[\"full\"]"}), ConfigError);
+  CHECK_THROWS_AS(parse_config(kBase, "remat-test", {"remat.plan=[\"full\",\"full\",\"full\",\"sometimes\"]"}), ConfigError);
+  CHECK_THROWS_AS(parse_config(kBase, "remat-test", {"remat.policy=names"}), ConfigError);
 }
