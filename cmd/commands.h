@@ -2,6 +2,8 @@
 // which maps them (the only place exit codes are chosen).
 #pragma once
 
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -15,6 +17,18 @@ struct TrainOptions {
 };
 
 int run_train(const TrainOptions& opt);
+
+struct PlanOptions {
+  std::string config_path;
+  std::vector<std::string> overrides;
+  std::string gpu;                  // --gpu preset
+  std::optional<uint64_t> memory;   // --memory SIZE
+  std::optional<int64_t> seq_len;   // --seq-len N
+  std::optional<int64_t> batch_size;
+  bool json = false;
+};
+
+int run_plan(const PlanOptions& opt);
 
 /// The multi-line --version text: version, backends built, BLAS and its CPU kernel.
 std::string version_text();

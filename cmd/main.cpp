@@ -11,6 +11,7 @@
 
 #include "cmd/commands.h"
 #include "engine/error.h"
+#include "engine/units.h"
 
 namespace {
 
@@ -21,7 +22,7 @@ constexpr int kExitOutOfMemory = 3;
 // `remat-train --config F` means `remat-train train --config F`.
 std::vector<std::string> with_default_subcommand(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
-  static const std::vector<std::string> kSubcommands = {"train"};
+  static const std::vector<std::string> kSubcommands = {"train", "plan"};
   static const std::vector<std::string> kTopLevel = {"-h", "--help", "--version"};
   if (args.empty()) return args;
   for (const auto& s : kSubcommands)
@@ -48,6 +49,18 @@ int run(int argc, char** argv) {
   train_cmd->add_option("--metrics", train.metrics_path, "Write per-step metrics as JSONL to FILE");
   train_cmd->add_flag("-q,--quiet", train.quiet, "No banner, progress or summary");
 
+  remat::cli::PlanOptions plan;
+  std::string plan_memory, plan_seq_len, plan_batch;
+  CLI::App* plan_cmd = app.add_subcommand("plan", "Predict peak memory, FLOPs and the longest seq_len per policy (no compute)");
+  plan_cmd->add_option("-c,--config", plan.config_path, "TOML config file")->required();
+  plan_cmd->add_option("--set", plan.overrides, "Override a config key (repeatable)")->type_name("SECTION.KEY=VALUE");
+  auto* mem_opt = plan_cmd->add_option("--memory", plan_memory, "Memory budget, e.g. 80GiB (default: the config's device)");
+  plan_cmd->add_option("--gpu", plan.gpu, "Plan for a GPU preset: h200, h100-80gb, a100-80gb, a100-40gb, l4, rtx4090")
+      ->excludes(mem_opt);
+  plan_cmd->add_option("--seq-len", plan_seq_len, "Sequence length to plan for (4k, 32768, ...)");
+  plan_cmd->add_option("--batch-size", plan_batch, "Batch size to plan for");
+  plan_cmd->add_flag("--json", plan.json, "Machine-readable output");
+
   std::vector<std::string> args = with_default_subcommand(argc, argv);
   std::reverse(args.begin(), args.end());  // CLI11 takes a reversed vector
   try {
@@ -63,6 +76,21 @@ int run(int argc, char** argv) {
     return kExitUsage;
   }
   if (train_cmd->parsed()) return remat::cli::run_train(train);
+  if (plan_cmd->parsed()) {
+    if (!plan_memory.empty()) {
+      plan.memory = remat::parse_size(plan_memory);
+      if (!plan.memory) throw remat::ConfigError(fmt::format("--memory {}: not a size. Fix: write e.g. 80GiB or 512MiB", plan_memory));
+    }
+    if (!plan_seq_len.empty()) {
+      plan.seq_len = remat::parse_count(plan_seq_len);
+      if (!plan.seq_len || *plan.seq_len < 1) throw remat::ConfigError(fmt::format("--seq-len {}: not a count. Fix: write e.g. 4096 or 32k", plan_seq_len));
+    }
+    if (!plan_batch.empty()) {
+      plan.batch_size = remat::parse_count(plan_batch);
+      if (!plan.batch_size || *plan.batch_size < 1) throw remat::ConfigError(fmt::format("--batch-size {}: not a count. Fix: write e.g. 8", plan_batch));
+    }
+    return remat::cli::run_plan(plan);
+  }
   return kExitUsage;
 }
 

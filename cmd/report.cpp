@@ -17,9 +17,9 @@ void print_banner(std::FILE* out, const RunInfo& info, const Config& cfg) {
   fmt::print(out, "remat-train {} | {}\n", REMAT_VERSION, info.backend_line);
   fmt::print(out, "model  {} | {:.2f}M params | data {}\n", info.model_line,
              static_cast<double>(info.n_params) / 1e6, info.data_line);
-  fmt::print(out, "run    batch {} x seq_len {} | {} steps | remat {} | budget {}\n",
+  fmt::print(out, "run    batch {} x seq_len {} | {} steps | remat {} | predicted peak {} of budget {}\n",
              cfg.train.batch_size, cfg.train.seq_len, cfg.train.steps, info.policy_line,
-             format_bytes(info.budget_bytes));
+             format_bytes(info.predicted_peak_bytes), format_bytes(info.budget_bytes));
   std::fflush(out);
 }
 
@@ -59,6 +59,12 @@ void print_summary(std::FILE* out, const RunSummary& s) {
              s.tokens_per_s);
   fmt::print(out, "  peak memory     {} ({} B), reached during {}\n", format_bytes(s.peak.total_bytes),
              s.peak.total_bytes, s.peak.phase);
+  if (s.predicted_peak_bytes == s.peak.total_bytes)
+    fmt::print(out, "  predicted peak  {} B: equal to the measured peak\n", s.predicted_peak_bytes);
+  else
+    fmt::print(out, "  predicted peak  {} B: WARNING: differs from the measured {} B by {:+} B (please report)\n",
+               s.predicted_peak_bytes, s.peak.total_bytes,
+               static_cast<int64_t>(s.peak.total_bytes) - static_cast<int64_t>(s.predicted_peak_bytes));
   for (int i = 0; i < kNumMemCategories; ++i) {
     const uint64_t b = s.peak.by_category[static_cast<size_t>(i)];
     if (b) fmt::print(out, "    {:<13} {:>12}\n", mem_category_name(static_cast<MemCategory>(i)), format_bytes(b));
@@ -116,6 +122,7 @@ void MetricsWriter::summary(const RunSummary& s) {
                       {"steps", s.steps},
                       {"final_loss", s.final_loss},
                       {"peak_bytes", s.peak.total_bytes},
+                      {"predicted_peak_bytes", s.predicted_peak_bytes},
                       {"peak_phase", s.peak.phase},
                       {"peak_by_category", cats},
                       {"median_step_ms", s.median_step_ms},

@@ -20,6 +20,7 @@ struct RunInfo {
   int64_t n_params = 0;
   std::string policy_line;
   uint64_t budget_bytes = 0;
+  uint64_t predicted_peak_bytes = 0;
   std::string data_line;
 };
 
@@ -30,6 +31,7 @@ struct RunSummary {
   std::optional<double> final_task_metric;
   std::string task_metric_name;
   MemorySnapshot peak;
+  uint64_t predicted_peak_bytes = 0;
   double median_step_ms = 0;
   double tokens_per_s = 0;
   std::array<OpCost, kNumPhases> cost_per_step{};

@@ -12,6 +12,7 @@
 #include "engine/cpu/cpu_backend.h"
 #include "engine/cuda_api.h"
 #include "engine/devices.h"
+#include "engine/planner.h"
 #include "engine/trainer.h"
 #include "layers/models.h"
 
@@ -47,6 +48,13 @@ int run_train(const TrainOptions& opt) {
 
   BackendChoice choice = make_backend(cfg);
   Backend& be = *choice.backend;
+  // The plan of this very run: the same step on the count backend.
+  PlanTarget target;
+  target.name = be.name();
+  target.count = CountTarget{be.name(), be.act_dtype(), be.name() == "cpu" ? static_cast<cpu::CpuBackend&>(be).threads() : 1};
+  target.device_bytes = be.pool().budget_bytes();
+  const Planner planner(target, [](const Config& c, Backend& b) { return RunParts{make_model(c, b), make_synthetic_data(c)}; });
+  const DryRun predicted = planner.dry_run(cfg);
   std::unique_ptr<Model> model = make_model(cfg, be);
   std::unique_ptr<DataSource> data = make_synthetic_data(cfg);
   Trainer trainer(cfg, be, *model, *data);
@@ -57,6 +65,7 @@ int run_train(const TrainOptions& opt) {
   info.n_params = model->n_params();
   info.policy_line = trainer.plan().describe();
   info.budget_bytes = be.pool().budget_bytes();
+  info.predicted_peak_bytes = predicted.peak.total_bytes;
   info.data_line = data->describe();
   if (!opt.quiet) print_banner(stdout, info, cfg);
 
@@ -89,6 +98,7 @@ int run_train(const TrainOptions& opt) {
   summary.steps = trainer.steps_done();
   summary.task_metric_name = data->task_metric_name();
   summary.peak = be.pool().peak_snapshot();
+  summary.predicted_peak_bytes = predicted.peak.total_bytes;
   summary.median_step_ms = median(step_ms);
   summary.tokens_per_s = total_ms > 0 ? static_cast<double>(tokens) * 1000.0 / total_ms : 0;
   summary.interrupted = interrupted();

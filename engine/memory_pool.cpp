@@ -69,7 +69,7 @@ Buffer MemoryPool::allocate(const std::vector<int64_t>& shape, DType dtype,
     peak_.total_bytes = live_.total_bytes;
     peak_.by_category = live_.by_category;
     peak_.phase = phase_;
-    fill_largest(peak_);
+    if (track_largest_) fill_largest(peak_);
   }
 
   Buffer b;

@@ -115,6 +115,9 @@ class MemoryPool {
   const std::string& phase() const { return phase_; }
   /// Starts a new peak measurement from what is live now.
   void reset_peak();
+  /// Whether the peak snapshot lists the largest live tensors (costs O(live) per new peak;
+  /// the planner's binary searches turn it off).
+  void set_track_largest(bool on) { track_largest_ = on; }
 
  private:
   friend class Buffer;
@@ -137,6 +140,7 @@ class MemoryPool {
   MemorySnapshot live_;
   MemorySnapshot peak_;
   std::string phase_ = "setup";
+  bool track_largest_ = true;
 };
 
 }  // namespace remat

@@ -37,6 +37,8 @@ constexpr int64_t kGrain = 1 << 17;
 
 }  // namespace
 
+int default_threads() { return omp_get_num_procs(); }
+
 std::unique_ptr<DeviceAllocator> make_host_allocator() { return std::make_unique<HostAllocator>(); }
 
 BlasInfo blas_info() {
@@ -56,11 +58,9 @@ BlasInfo blas_info() {
 
 CpuBackend::CpuBackend(uint64_t budget_bytes, int threads)
     : Backend(std::make_unique<MemoryPool>(make_host_allocator(), budget_bytes)) {
-  if (threads > 0) {
-    omp_set_num_threads(threads);
-    openblas_set_num_threads(threads);
-  }
-  threads_ = omp_get_max_threads();
+  threads_ = threads > 0 ? threads : default_threads();
+  omp_set_num_threads(threads_);
+  openblas_set_num_threads(threads_);
 }
 
 std::string CpuBackend::describe() const {
