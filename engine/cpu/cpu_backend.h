@@ -28,6 +28,9 @@ constexpr int64_t kAttnTileK = 64;
 /// uses this too, so predicted bytes equal measured ones.
 int64_t attention_workspace_floats(int64_t T, int64_t HS, int threads, bool use_rope);
 
+/// Threads a CpuBackend uses when device.threads = 0 (OpenMP's default: all cores).
+int default_threads();
+
 /// Host memory, 256-byte aligned.
 std::unique_ptr<DeviceAllocator> make_host_allocator();
 
