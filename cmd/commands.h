@@ -30,6 +30,17 @@ struct PlanOptions {
 
 int run_plan(const PlanOptions& opt);
 
+struct CompareOptions {
+  std::string config_path;
+  std::vector<std::string> overrides;
+  std::vector<std::string> policies;  // --policies none,full,... (none is always first)
+  int64_t steps = 0;                  // --steps N (0: the config's)
+  bool json = false;
+};
+
+/// Exit 1 when a policy changed the losses or gradients on the CPU (a bug by definition).
+int run_compare(const CompareOptions& opt);
+
 /// The multi-line --version text: version, backends built, BLAS and its CPU kernel.
 std::string version_text();
 

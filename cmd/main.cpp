@@ -22,7 +22,7 @@ constexpr int kExitOutOfMemory = 3;
 // `remat-train --config F` means `remat-train train --config F`.
 std::vector<std::string> with_default_subcommand(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
-  static const std::vector<std::string> kSubcommands = {"train", "plan"};
+  static const std::vector<std::string> kSubcommands = {"train", "plan", "compare"};
   static const std::vector<std::string> kTopLevel = {"-h", "--help", "--version"};
   if (args.empty()) return args;
   for (const auto& s : kSubcommands)
@@ -61,6 +61,16 @@ int run(int argc, char** argv) {
   plan_cmd->add_option("--batch-size", plan_batch, "Batch size to plan for");
   plan_cmd->add_flag("--json", plan.json, "Machine-readable output");
 
+  remat::cli::CompareOptions compare;
+  CLI::App* compare_cmd = app.add_subcommand("compare", "Train the same steps under each policy and compare memory, time and results");
+  compare_cmd->add_option("-c,--config", compare.config_path, "TOML config file")->required();
+  compare_cmd->add_option("--set", compare.overrides, "Override a config key (repeatable)")->type_name("SECTION.KEY=VALUE");
+  compare_cmd->add_option("--policies", compare.policies, "Comma-separated policies (default: none,full,save_dots,save_attn)")
+      ->delimiter(',');
+  compare_cmd->add_option("--steps", compare.steps, "Steps per policy (default: the config's train.steps)")
+      ->check(CLI::PositiveNumber);
+  compare_cmd->add_flag("--json", compare.json, "Machine-readable output");
+
   std::vector<std::string> args = with_default_subcommand(argc, argv);
   std::reverse(args.begin(), args.end());  // CLI11 takes a reversed vector
   try {
@@ -76,6 +86,7 @@ int run(int argc, char** argv) {
     return kExitUsage;
   }
   if (train_cmd->parsed()) return remat::cli::run_train(train);
+  if (compare_cmd->parsed()) return remat::cli::run_compare(compare);
   if (plan_cmd->parsed()) {
     if (!plan_memory.empty()) {
       plan.memory = remat::parse_size(plan_memory);

@@ -126,3 +126,30 @@ TEST_CASE("asking for CUDA in a build without it is a clear runtime error", "[sm
   CHECK(r.code == 1);
   CHECK_THAT(r.out, Contains("built without CUDA"));
 }
+
+TEST_CASE("plan predicts every policy without computing, for the CPU and a GPU preset", "[smoke]") {
+  Result r = run("plan --config configs/tiny.toml");
+  CHECK(r.code == 0);
+  CHECK_THAT(r.out, Contains("none") && Contains("full") && Contains("save_dots") && Contains("save_attn") &&
+                        Contains("longest T") && Contains("peak during"));
+  r = run("plan --config configs/long.toml --gpu h200 --json");
+  CHECK(r.code == 0);
+  auto j = nlohmann::json::parse(r.out);
+  CHECK(j["target"] == "h200");
+  CHECK(j["activation_dtype"] == "bf16");
+  CHECK(j["policies"].size() == 5);
+  CHECK(j["policies"][1]["longest_seq_len"].get<int64_t>() > j["policies"][0]["longest_seq_len"].get<int64_t>());
+  CHECK(run("plan --config configs/tiny.toml --gpu h9000").code == 2);
+}
+
+TEST_CASE("compare runs each policy and reports bitwise-identical results", "[smoke]") {
+  Result r = run("compare --config configs/mlp4.toml --steps 2 --set train.batch_size=64 --json");
+  REQUIRE(r.code == 0);
+  auto j = nlohmann::json::parse(r.out.substr(r.out.find('[')));
+  REQUIRE(j.size() == 3);
+  for (const auto& row : j) {
+    CHECK(row["identical_to_none"] == true);
+    CHECK(row["measured_peak_bytes"] == row["predicted_peak_bytes"]);
+  }
+  CHECK(j[1]["measured_peak_bytes"].get<uint64_t>() < j[0]["measured_peak_bytes"].get<uint64_t>());
+}

@@ -1,0 +1,127 @@
+// `remat-train compare`: the checkpointing tutorial's exercise as a command. Trains the same
+// steps under each policy and prints one table: measured and predicted peak, median ms/step,
+// memory saved and time added relative to `none`, and whether losses and gradients were
+// bitwise identical to `none` (they must be on the CPU).
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "cmd/commands.h"
+#include "data/synthetic.h"
+#include "engine/cpu/cpu_backend.h"
+#include "engine/devices.h"
+#include "engine/planner.h"
+#include "engine/units.h"
+#include "layers/models.h"
+
+namespace remat::cli {
+namespace {
+
+struct CompareRow {
+  std::string policy;
+  uint64_t measured = 0, predicted = 0;
+  double median_ms = 0;
+  double recompute_overhead = 0;
+  std::vector<double> losses;
+  std::vector<float> grads;  // all parameter gradients of the last step, concatenated
+};
+
+RunParts make_parts(const Config& c, Backend& be) { return RunParts{make_model(c, be), make_synthetic_data(c)}; }
+
+CompareRow run_policy(const Config& base, const std::string& policy, int64_t steps) {
+  Config cfg = base;
+  cfg.remat.policy = policy;
+  cfg.remat.plan.clear();
+  if (policy == "names" && cfg.remat.save.empty()) cfg.remat.save = {"attn", "attn.lse"};
+  BackendChoice choice = make_backend(cfg);
+  Backend& be = *choice.backend;
+  PlanTarget target;
+  target.name = be.name();
+  target.count = CountTarget{be.name(), be.act_dtype(), static_cast<int>(cfg.device.threads > 0 ? cfg.device.threads : 0)};
+  if (target.count.threads <= 0) target.count.threads = cpu::default_threads();
+  target.device_bytes = be.pool().budget_bytes();
+  const DryRun plan = Planner(target, make_parts).dry_run(cfg, false);
+
+  RunParts parts = make_parts(cfg, be);
+  Trainer trainer(cfg, be, *parts.model, *parts.data);
+  CompareRow row;
+  row.policy = policy;
+  std::vector<double> ms;
+  for (int64_t s = 0; s < steps && !interrupted(); ++s) {
+    StepMetrics m = trainer.step();
+    row.losses.push_back(m.loss);
+    ms.push_back(m.step_ms);
+  }
+  for (Param& p : parts.model->params()) {
+    std::vector<float> g(static_cast<size_t>(p.grad.tensor().numel()));
+    be.download(g.data(), p.grad);
+    row.grads.insert(row.grads.end(), g.begin(), g.end());
+  }
+  std::sort(ms.begin(), ms.end());
+  row.median_ms = ms.empty() ? 0 : ms[ms.size() / 2];
+  row.measured = be.pool().peak_bytes();
+  row.predicted = plan.peak.total_bytes;
+  row.recompute_overhead = plan.recompute_overhead();
+  return row;
+}
+
+bool same_bits(const CompareRow& a, const CompareRow& b) {
+  return a.losses.size() == b.losses.size() && a.grads.size() == b.grads.size() &&
+         std::memcmp(a.losses.data(), b.losses.data(), a.losses.size() * sizeof(double)) == 0 &&
+         std::memcmp(a.grads.data(), b.grads.data(), a.grads.size() * sizeof(float)) == 0;
+}
+
+}  // namespace
+
+int run_compare(const CompareOptions& opt) {
+  std::vector<std::string> sets = opt.overrides;
+  if (opt.steps > 0) sets.push_back(fmt::format("train.steps={}", opt.steps));
+  const Config cfg = load_config(opt.config_path, sets);
+  std::vector<std::string> policies = opt.policies;
+  if (policies.empty()) policies = cfg.model.kind == "mlp" ? std::vector<std::string>{"none", "full", "save_dots"}
+                                                           : std::vector<std::string>{"none", "full", "save_dots", "save_attn"};
+  if (policies.front() != "none") policies.insert(policies.begin(), "none");
+  for (const auto& p : policies)
+    if (std::find(builtin_policies().begin(), builtin_policies().end(), p) == builtin_policies().end() && p != "names")
+      throw ConfigError(fmt::format("--policies: [compare] unknown policy \"{}\". Fix: use none, full, save_dots, save_attn, names", p));
+  install_interrupt_handler();
+
+  std::vector<CompareRow> rows;
+  for (const auto& p : policies) {
+    if (!opt.json) fmt::print(stderr, "compare: {} ({} steps)...\n", p, cfg.train.steps);
+    rows.push_back(run_policy(cfg, p, cfg.train.steps));
+  }
+  const CompareRow& ref = rows.front();
+  if (opt.json) {
+    nlohmann::json out = nlohmann::json::array();
+    for (const auto& r : rows)
+      out.push_back({{"policy", r.policy},
+                     {"measured_peak_bytes", r.measured},
+                     {"predicted_peak_bytes", r.predicted},
+                     {"median_step_ms", r.median_ms},
+                     {"memory_saved", 1.0 - static_cast<double>(r.measured) / static_cast<double>(ref.measured)},
+                     {"time_added", r.median_ms / ref.median_ms - 1.0},
+                     {"recompute_flops_overhead", r.recompute_overhead},
+                     {"identical_to_none", same_bits(r, ref)}});
+    fmt::print("{}\n", out.dump(2));
+  } else {
+    fmt::print("compare {} | {} steps | batch {}{}\n", cfg.path, cfg.train.steps, cfg.train.batch_size,
+               cfg.model.kind == "gpt" ? fmt::format(" x seq_len {}", cfg.train.seq_len) : std::string());
+    fmt::print("{:<10} {:>13} {:>13} {:>11} {:>8} {:>8} {:>10} {:>18}\n", "policy", "measured peak",
+               "predicted", "ms/step", "saved", "time", "recompute", "same as none");
+    for (const auto& r : rows) {
+      fmt::print("{:<10} {:>13} {:>13} {:>11.1f} {:>7.1f}% {:>+7.1f}% {:>9.1f}% {:>18}\n", r.policy,
+                 format_bytes(r.measured), r.predicted == r.measured ? "= measured" : format_bytes(r.predicted),
+                 r.median_ms, 100.0 * (1.0 - static_cast<double>(r.measured) / static_cast<double>(ref.measured)),
+                 100.0 * (r.median_ms / ref.median_ms - 1.0), 100.0 * r.recompute_overhead,
+                 same_bits(r, ref) ? "yes (bitwise)" : "NO");
+    }
+  }
+  for (const auto& r : rows)
+    if (!same_bits(r, ref) && cfg.device.backend != "cuda") return 1;
+  return interrupted() ? 130 : 0;
+}
+
+}  // namespace remat::cli
