@@ -12,6 +12,12 @@ if(NOT REMAT_CUDA STREQUAL "OFF")
 endif()
 
 if(REMAT_HAVE_CUDA AND EXISTS ${CMAKE_SOURCE_DIR}/engine/cuda/CMakeLists.txt)
+  # sm_80 (A100) and sm_90 (H100/H200) machine code plus sm_90 PTX for newer cards; nothing
+  # older (cuDNN's flash attention needs sm_80+). Set before enable_language so it is the default.
+  if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+    set(CMAKE_CUDA_ARCHITECTURES "80-real;90-real;90-virtual")
+  endif()
+  enable_language(CUDA)
   add_subdirectory(engine/cuda)
   target_link_libraries(remat_core PUBLIC remat_cuda)
   target_compile_definitions(remat_core PUBLIC REMAT_HAVE_CUDA=1)

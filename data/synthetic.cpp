@@ -26,8 +26,14 @@ class TokenTask : public DataSource {
   std::string describe() const override { return fmt::format("synthetic {} tokens (V={})", task_, V_); }
 
   Batch next(Backend& be, int64_t step) override {
+    Batch batch;
+    MemoryPool& pool = be.pool();
+    batch.inputs = pool.allocate({B_, T_}, DType::I32, MemCategory::Transient, "batch.inputs");
+    batch.targets = pool.allocate({B_, T_}, DType::I32, MemCategory::Transient, "batch.targets");
+    batch.n_tokens = B_ * T_;
+    if (!be.computes()) return batch;  // a dry run needs the shapes, not the tokens
     std::vector<int32_t> inputs(static_cast<size_t>(B_ * T_)), targets(inputs.size());
-    if (be.computes()) {
+    {
       const int64_t half = T_ / 2;
       for (int64_t b = 0; b < B_; ++b) {
         const uint64_t row = static_cast<uint64_t>(step * B_ + b);
@@ -43,19 +49,14 @@ class TokenTask : public DataSource {
         }
       }
     }
-    Batch batch;
-    MemoryPool& pool = be.pool();
-    batch.inputs = pool.allocate({B_, T_}, DType::I32, MemCategory::Transient, "batch.inputs");
-    batch.targets = pool.allocate({B_, T_}, DType::I32, MemCategory::Transient, "batch.targets");
     be.upload(batch.inputs, inputs.data());
     be.upload(batch.targets, targets.data());
-    batch.n_tokens = B_ * T_;
     return batch;
   }
 
   // Mean loss over the positions of the second half, whose next token repeats the first half.
   std::optional<double> task_metric(const std::vector<float>& row_losses) const override {
-    if (task_ != "copy") return std::nullopt;
+    if (task_ != "copy" || row_losses.empty()) return std::nullopt;
     double sum = 0;
     int64_t n = 0;
     for (int64_t b = 0; b < B_; ++b)
@@ -81,8 +82,14 @@ class RegressionTask : public DataSource {
   std::string describe() const override { return fmt::format("synthetic regression y = relu(x A^T), D={}", D_); }
 
   Batch next(Backend& be, int64_t step) override {
+    Batch batch;
+    MemoryPool& pool = be.pool();
+    batch.inputs = pool.allocate({B_, D_}, DType::F32, MemCategory::Transient, "batch.inputs");  // cast by the stem
+    batch.targets = pool.allocate({B_, D_}, DType::F32, MemCategory::Transient, "batch.targets");
+    batch.n_tokens = B_;
+    if (!be.computes()) return batch;
     std::vector<float> x(static_cast<size_t>(B_ * D_)), y(x.size());
-    if (be.computes()) {
+    {
       for (size_t i = 0; i < x.size(); ++i)
         x[i] = static_cast<float>(rng_normal(seed_, kInputStream, static_cast<uint64_t>(step) * x.size() + i));
       // y = relu(x A^T): one host SGEMM (the teacher lives on the host, like the data).
@@ -91,13 +98,8 @@ class RegressionTask : public DataSource {
                   static_cast<int>(D_), 0.0f, y.data(), static_cast<int>(D_));
       for (float& v : y) v = std::max(v, 0.0f);
     }
-    Batch batch;
-    MemoryPool& pool = be.pool();
-    batch.inputs = pool.allocate({B_, D_}, be.act_dtype(), MemCategory::Transient, "batch.inputs");
-    batch.targets = pool.allocate({B_, D_}, DType::F32, MemCategory::Transient, "batch.targets");
     be.upload(batch.inputs, x.data());
     be.upload(batch.targets, y.data());
-    batch.n_tokens = B_;
     return batch;
   }
 

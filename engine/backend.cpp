@@ -181,6 +181,13 @@ void Backend::mse_loss(const MseLossArgs& a) {
   mse_loss_impl(a);
 }
 
+void Backend::dropout(const DropoutArgs& a) {
+  REMAT_ASSERT(a.out.numel() == a.inp.numel(), "dropout: {} vs {}", a.out.shape_str(), a.inp.shape_str());
+  REMAT_ASSERT(a.p >= 0 && a.p < 1, "dropout: p = {}", a.p);
+  count(3.0 * a.inp.numel(), act_bytes(a.inp) + act_bytes(a.out));
+  dropout_impl(a);
+}
+
 double Backend::sum_squares(std::span<const Tensor> tensors) {
   double n = 0;
   for (const Tensor& t : tensors) n += static_cast<double>(t.numel());

@@ -142,6 +142,18 @@ struct MseLossArgs {
   float loss_scale = 1.0f;
 };
 
+/// Inverted dropout with a counter-based mask: keep element i iff
+/// rng_uniform(seed, stream, i) >= p, scaled by 1/(1-p). The mask is a pure function of
+/// (seed, stream, i), so a recompute or the backward pass (the same op on dout) reproduces it
+/// with no saved state. See engine/rng.h.
+struct DropoutArgs {
+  Tensor out;  // (N, D) act; may alias inp
+  Tensor inp;  // (N, D) act
+  float p = 0;
+  uint64_t seed = 0;
+  uint64_t stream = 0;  // derived from (step, block, site)
+};
+
 struct AdamWArgs {
   Tensor param;  // (...) f32, updated in place
   Tensor grad;   // (...) f32
@@ -165,6 +177,8 @@ class Backend {
   /// False for the count backend: its tensors have fake addresses and ops compute nothing.
   virtual bool computes() const { return true; }
   MemoryPool& pool() { return *pool_; }
+  /// Waits until every queued op has finished (step timing). Synchronous backends: no-op.
+  virtual void synchronize() {}
 
   // ---- data movement ----
   /// Sets every element to `value` (f32 or act tensors; i32 with an integral value).
@@ -190,6 +204,7 @@ class Backend {
   void embedding_backward(const EmbeddingBackwardArgs& a);
   void lm_head_loss(const LmHeadLossArgs& a);
   void mse_loss(const MseLossArgs& a);
+  void dropout(const DropoutArgs& a);
 
   // ---- optimizer ----
   /// Sum of squares of every element of every tensor (f32), in double.
@@ -220,6 +235,7 @@ class Backend {
   virtual void embedding_backward_impl(const EmbeddingBackwardArgs& a) = 0;
   virtual void lm_head_loss_impl(const LmHeadLossArgs& a) = 0;
   virtual void mse_loss_impl(const MseLossArgs& a) = 0;
+  virtual void dropout_impl(const DropoutArgs& a) = 0;
   virtual double sum_squares_impl(std::span<const Tensor> tensors) = 0;
   virtual void adamw_update_impl(const AdamWArgs& a) = 0;
 

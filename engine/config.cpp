@@ -230,8 +230,8 @@ void validate(const Config& c, const Origins& o) {
     if (m.position == "rope")
       fail(o.of("model.position"), "rope applies to model.kind = \"gpt\"", "remove model.position");
   }
-  if (c.model.dropout > 0)
-    fail(o.of("model.dropout"), "dropout is not supported by this build", "set model.dropout = 0");
+  if (c.model.dropout > 0 && m.kind != "gpt")
+    fail(o.of("model.dropout"), "dropout applies to model.kind = \"gpt\"", "set model.dropout = 0");
   if (!c.remat.plan.empty() && static_cast<int64_t>(c.remat.plan.size()) != m.n_layer)
     fail(o.of("remat.plan"), fmt::format("{} entries for n_layer = {} blocks", c.remat.plan.size(), m.n_layer),
          "give one policy per block");

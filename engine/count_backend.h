@@ -33,8 +33,8 @@ class CountBackend : public Backend {
  protected:
   void fill_impl(const Tensor&, float) override {}
   void copy_impl(const Tensor&, const Tensor&) override {}
-  void linear_forward_impl(const LinearForwardArgs&) override {}
-  void linear_backward_impl(const LinearBackwardArgs&) override {}
+  void linear_forward_impl(const LinearForwardArgs& a) override;
+  void linear_backward_impl(const LinearBackwardArgs& a) override;
   void layernorm_forward_impl(const LayerNormForwardArgs&) override {}
   void layernorm_backward_impl(const LayerNormBackwardArgs&) override {}
   void attention_forward_impl(const AttentionForwardArgs& a) override;
@@ -43,19 +43,79 @@ class CountBackend : public Backend {
   void activation_backward_impl(const ActivationBackwardArgs&) override {}
   void add_impl(const Tensor&, const Tensor&, const Tensor&) override {}
   void embedding_forward_impl(const EmbeddingForwardArgs&) override {}
-  void embedding_backward_impl(const EmbeddingBackwardArgs&) override {}
+  void embedding_backward_impl(const EmbeddingBackwardArgs& a) override;
   void lm_head_loss_impl(const LmHeadLossArgs& a) override;
   void mse_loss_impl(const MseLossArgs&) override {}
+  void dropout_impl(const DropoutArgs&) override {}
   double sum_squares_impl(std::span<const Tensor>) override { return 0.0; }
   void adamw_update_impl(const AdamWArgs&) override {}
 
  private:
   void allocate_attention_workspace(const Tensor& qkv, int n_head, float rope_theta, bool backward);
+  /// What a CUDA GEMM op allocates around its GEMMs (nothing on the CPU): see above.
+  void allocate_gemm_workspace(int64_t OC, int64_t C, bool needs_weight_copy);
+  bool is_cuda() const { return target_.device == "cuda"; }
   CountTarget target_;
 };
 
-/// Attention workspace bytes of the CUDA backend (cuDNN's flash attention): none forward; an
-/// fp32 dQ accumulator backward. Shared with engine/cuda so that plan and run agree.
-uint64_t cuda_attention_workspace_bytes(int64_t B, int64_t T, int64_t C, bool backward);
+// ---- the CUDA backend's op workspaces, shared with engine/cuda so that plan and run agree ----
+
+/// The CUDA attention workspace: one pool allocation "attn.workspace" (category workspace) that
+/// engine/cuda/attention.cpp carves into these parts, each rounded to MemoryPool::kAlignment.
+/// cuDNN's fused flash attention takes bf16 q/k/v only and RoPE must rotate q and k before it,
+/// hence the bf16 staging copies; its backward needs an fp32 dQ accumulator and the per-row
+/// sum(dO * O). cuDNN's own plan workspace (tens of bytes on Hopper) is known only once a plan is
+/// built on the GPU: it is a separate allocation "attn.cudnn_workspace" that this model omits.
+struct CudaAttentionWorkspace {
+  uint64_t qkv_bf16 = 0;     // (B, T, 3C) bf16: q, k rotated (RoPE) and/or cast from f32 acts
+  uint64_t out_bf16 = 0;     // (B, T, C) bf16: f32 activations only
+  uint64_t dout_bf16 = 0;    // (B, T, C) bf16: backward, f32 activations only
+  uint64_t dqkv_bf16 = 0;    // (B, T, 3C) bf16: backward, f32 activations only
+  uint64_t dq_accum = 0;     // (B, NH, T, HS) f32: backward
+  uint64_t softmax_sum = 0;  // (B, NH, T) f32: backward
+  uint64_t total() const {
+    return qkv_bf16 + out_bf16 + dout_bf16 + dqkv_bf16 + dq_accum + softmax_sum;
+  }
+};
+// The models are inline: remat_cuda uses them but does not link remat_core (which links it).
+inline CudaAttentionWorkspace cuda_attention_workspace(int64_t B, int64_t T, int64_t C,
+                                                       int64_t n_head, DType act_dtype,
+                                                       bool use_rope, bool backward) {
+  auto bytes = [](int64_t n, size_t elem) {
+    return MemoryPool::accounted_bytes(static_cast<size_t>(n) * elem);
+  };
+  const bool f32_acts = act_dtype == DType::F32;
+  CudaAttentionWorkspace w;
+  if (use_rope || f32_acts) w.qkv_bf16 = bytes(B * T * 3 * C, 2);
+  if (f32_acts) w.out_bf16 = bytes(B * T * C, 2);
+  if (backward) {
+    if (f32_acts) {
+      w.dout_bf16 = bytes(B * T * C, 2);
+      w.dqkv_bf16 = bytes(B * T * 3 * C, 2);
+    }
+    w.dq_accum = bytes(B * T * C, 4);
+    w.softmax_sum = bytes(B * n_head * T, 4);
+  }
+  return w;
+}
+inline uint64_t cuda_attention_workspace_bytes(int64_t B, int64_t T, int64_t C, int64_t n_head,
+                                               DType act_dtype, bool use_rope, bool backward) {
+  return cuda_attention_workspace(B, T, C, n_head, act_dtype, use_rope, backward).total();
+}
+
+/// cuBLASLt workspace, allocated through the pool around every GEMM-based op (32 MiB: the size
+/// cuBLAS documents for Hopper; "gemm.workspace").
+constexpr uint64_t kCudaGemmWorkspaceBytes = uint64_t{32} << 20;
+/// bf16 copy of an (OC, C) f32 weight made for the duration of one op when activations are bf16
+/// ("<op>.weight_bf16"); 0 with f32 activations.
+inline uint64_t cuda_weight_copy_bytes(int64_t OC, int64_t C, DType act_dtype) {
+  return act_dtype == DType::BF16 ? MemoryPool::accounted_bytes(static_cast<size_t>(OC * C) * 2)
+                                  : 0;
+}
+/// Embedding backward: tokens bucketed by id (positions (N) i32 + bucket starts (N+1) i32), so
+/// the scatter-add is deterministic without atomics ("embedding.buckets").
+inline uint64_t cuda_embedding_backward_workspace_bytes(int64_t N) {
+  return MemoryPool::accounted_bytes(static_cast<size_t>(2 * N + 1) * 4);
+}
 
 }  // namespace remat

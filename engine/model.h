@@ -72,6 +72,9 @@ class Block {
   /// `dresid` holds dL/dy on entry and dL/dx on return (the residual-stream gradient, updated
   /// in place); parameter gradients accumulate.
   virtual void backward(Backend& be, ActStore& acts, const Tensor& dresid) = 0;
+  /// Called before each step's forward pass: random streams (dropout) derive from the step,
+  /// so a recompute inside the same step reproduces them. Blocks without randomness ignore it.
+  virtual void begin_step(int64_t step) {}
 };
 
 class Model {
@@ -92,6 +95,9 @@ class Model {
                                      const Tensor& losses, const Tensor& dx) = 0;
   /// Rows of the loss (B*T for the GPT, B for the MLP) and the divisor of the mean.
   virtual int64_t loss_rows() const = 0;
+  void begin_step(int64_t step) {
+    for (auto& b : blocks_) b->begin_step(step);
+  }
 
  protected:
   std::vector<Param> params_;

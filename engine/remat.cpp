@@ -164,12 +164,14 @@ StepLoss forward_backward(Backend& be, Model& model, const RematPlan& plan, cons
   model.head_forward_backward(be, x, batch, losses, dresid);
   x.reset();
   StepLoss result;
-  result.row_losses.resize(static_cast<size_t>(model.loss_rows()));
-  be.download(result.row_losses.data(), losses);
+  if (be.computes()) {  // a dry run has no losses to read (and at 64M tokens they are not free)
+    result.row_losses.resize(static_cast<size_t>(model.loss_rows()));
+    be.download(result.row_losses.data(), losses);
+    double sum = 0;
+    for (float v : result.row_losses) sum += v;
+    result.mean = sum / static_cast<double>(result.row_losses.size());
+  }
   losses.reset();
-  double sum = 0;
-  for (float v : result.row_losses) sum += v;
-  result.mean = sum / static_cast<double>(result.row_losses.size());
 
   // ---- backward, segment by segment ----
   for (auto seg = plan.segments.rbegin(); seg != plan.segments.rend(); ++seg) {

@@ -6,22 +6,29 @@
 #include <cmath>
 #include <cstdint>
 
+// Usable in CUDA kernels too, so the CUDA backend draws bitwise the same dropout masks.
+#ifdef __CUDACC__
+#define REMAT_HOST_DEVICE __host__ __device__
+#else
+#define REMAT_HOST_DEVICE
+#endif
+
 namespace remat {
 
 /// splitmix64 finalizer: a bijective 64-bit mix with good avalanche.
-inline uint64_t mix64(uint64_t x) {
+REMAT_HOST_DEVICE inline uint64_t mix64(uint64_t x) {
   x += 0x9e3779b97f4a7c15ull;
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
   x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
   return x ^ (x >> 31);
 }
 
-inline uint64_t rng_bits(uint64_t seed, uint64_t stream, uint64_t index) {
+REMAT_HOST_DEVICE inline uint64_t rng_bits(uint64_t seed, uint64_t stream, uint64_t index) {
   return mix64(mix64(seed ^ mix64(stream)) + index);
 }
 
 /// Uniform in (0, 1).
-inline double rng_uniform(uint64_t seed, uint64_t stream, uint64_t index) {
+REMAT_HOST_DEVICE inline double rng_uniform(uint64_t seed, uint64_t stream, uint64_t index) {
   return (static_cast<double>(rng_bits(seed, stream, index) >> 11) + 0.5) * (1.0 / 9007199254740992.0);
 }
 

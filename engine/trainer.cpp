@@ -31,6 +31,7 @@ StepMetrics Trainer::step() {
   const int64_t n_tokens = batch.n_tokens;
   be_.set_phase(Phase::Backward);
   for (Param& p : model_.params()) be_.fill(p.grad, 0.0f);
+  model_.begin_step(step_);
   StepLoss loss = forward_backward(be_, model_, plan_, batch);
   batch = Batch();
   m.loss = loss.mean;
@@ -55,6 +56,7 @@ StepMetrics Trainer::step() {
     be_.adamw_update(a);
   }
   ++step_;
+  be_.synchronize();
   const auto t1 = std::chrono::steady_clock::now();
   m.step_ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
   m.tokens_per_s = static_cast<double>(n_tokens) * 1000.0 / std::max(m.step_ms, 1e-9);

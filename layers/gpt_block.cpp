@@ -1,11 +1,33 @@
 // GPT block forward/backward against the backend interface (see layers/gpt_block.h).
 #include "layers/gpt_block.h"
 
+#include "engine/rng.h"
+
 namespace remat {
 
 GptBlock::GptBlock(GptBlockParams p, int64_t B, int64_t T, int64_t C, int64_t NH, int64_t FF,
-                   float rope_theta)
-    : p_(p), B_(B), T_(T), C_(C), NH_(NH), FF_(FF), rope_theta_(rope_theta) {}
+                   float rope_theta, int64_t index, float dropout, uint64_t seed)
+    : p_(p), B_(B), T_(T), C_(C), NH_(NH), FF_(FF), rope_theta_(rope_theta), index_(index),
+      dropout_(dropout), seed_(seed) {}
+
+DropoutArgs GptBlock::dropout_args(const Tensor& out, const Tensor& inp, Site site) const {
+  const uint64_t stream = mix64(mix64(static_cast<uint64_t>(step_)) ^ (static_cast<uint64_t>(index_) << 8) ^ site);
+  return DropoutArgs{out, inp, dropout_, seed_, stream};
+}
+
+void GptBlock::branch_forward(Backend& be, const Tensor& out, const Tensor& base, const Tensor& inp,
+                              const Param* w, const Param* b, Site site) {
+  if (dropout_ == 0) {  // accumulate straight into the residual: no temporary
+    be.copy(out, base);
+    be.linear_forward({out, inp, w->value, b->value, true});
+    return;
+  }
+  Buffer proj = be.pool().allocate({B_, T_, C_}, be.act_dtype(), MemCategory::Transient,
+                                   site == AttnOut ? "attn.proj" : "mlp.proj");
+  be.linear_forward({proj, inp, w->value, b->value});
+  be.dropout(dropout_args(proj, proj, site));
+  be.add(out, base, proj);
+}
 
 const std::vector<std::string>& GptBlock::act_names() const {
   static const std::vector<std::string> names = {"x",   "ln1", "ln1.stats", "qkv",       "attn", "attn.lse",
@@ -42,9 +64,8 @@ void GptBlock::forward(Backend& be, ActStore& a, const Tensor& y) {
                           a.get(Qkv), static_cast<int>(NH_), rope_theta_});
   }
   if (!a.has(Res)) {
-    const Tensor& res = make(Res, {B_, T_, C_}, act);
-    be.copy(res, a.get(X));
-    be.linear_forward({res, a.get(Attn), p_.attn_proj_weight->value, p_.attn_proj_bias->value, true});
+    branch_forward(be, make(Res, {B_, T_, C_}, act), a.get(X), a.get(Attn), p_.attn_proj_weight,
+                   p_.attn_proj_bias, AttnOut);
   }
   if (!a.has(Ln2) || !a.has(Ln2Stats)) {
     be.layernorm_forward({make(Ln2, {B_, T_, C_}, act), make(Ln2Stats, {N, 2}, DType::F32), a.get(Res),
@@ -57,19 +78,26 @@ void GptBlock::forward(Backend& be, ActStore& a, const Tensor& y) {
   if (!a.has(Gelu)) {
     be.activation_forward({make(Gelu, {B_, T_, FF_}, act), a.get(Fc), Activation::Gelu});
   }
-  if (!y.empty()) {
-    be.copy(y, a.get(Res));
-    be.linear_forward({y, a.get(Gelu), p_.mlp_proj_weight->value, p_.mlp_proj_bias->value, true});
-  }
+  if (!y.empty()) branch_forward(be, y, a.get(Res), a.get(Gelu), p_.mlp_proj_weight, p_.mlp_proj_bias, MlpOut);
 }
 
 void GptBlock::backward(Backend& be, ActStore& a, const Tensor& dresid) {
   MemoryPool& pool = be.pool();
   const DType act = be.act_dtype();
-  // MLP branch: y = res + gelu Wp^T + bp
+  // The gradient reaching a branch's projection: dresid through the branch's dropout mask.
+  auto branch_grad = [&](Site site, Buffer& scratch) -> Tensor {
+    if (dropout_ == 0) return dresid;
+    scratch = pool.allocate({B_, T_, C_}, act, MemCategory::Transient, "grad.dropout");
+    be.dropout(dropout_args(scratch, dresid, site));
+    return scratch;
+  };
+  // MLP branch: y = res + dropout(gelu Wp^T + bp)
+  Buffer dmlp_scratch;
+  const Tensor dmlp = branch_grad(MlpOut, dmlp_scratch);
   Buffer dgelu = pool.allocate({B_, T_, FF_}, act, MemCategory::Transient, "grad.gelu");
-  be.linear_backward({dgelu, p_.mlp_proj_weight->grad, p_.mlp_proj_bias->grad, dresid, a.get(Gelu),
+  be.linear_backward({dgelu, p_.mlp_proj_weight->grad, p_.mlp_proj_bias->grad, dmlp, a.get(Gelu),
                       p_.mlp_proj_weight->value});
+  dmlp_scratch.reset();
   be.activation_backward({dgelu, dgelu, a.get(Fc), Activation::Gelu});  // in place: now d fc
   Buffer dln2 = pool.allocate({B_, T_, C_}, act, MemCategory::Transient, "grad.ln2");
   be.linear_backward({dln2, p_.mlp_fc_weight->grad, p_.mlp_fc_bias->grad, dgelu, a.get(Ln2),
@@ -78,10 +106,13 @@ void GptBlock::backward(Backend& be, ActStore& a, const Tensor& dresid) {
   be.layernorm_backward({dresid, p_.ln2_weight->grad, p_.ln2_bias->grad, dln2, a.get(Res),
                          p_.ln2_weight->value, a.get(Ln2Stats)});
   dln2.reset();
-  // Attention branch: res = x + attn Wo^T + bo
+  // Attention branch: res = x + dropout(attn Wo^T + bo)
+  Buffer dproj_scratch;
+  const Tensor dproj = branch_grad(AttnOut, dproj_scratch);
   Buffer dattn = pool.allocate({B_, T_, C_}, act, MemCategory::Transient, "grad.attn");
-  be.linear_backward({dattn, p_.attn_proj_weight->grad, p_.attn_proj_bias->grad, dresid, a.get(Attn),
+  be.linear_backward({dattn, p_.attn_proj_weight->grad, p_.attn_proj_bias->grad, dproj, a.get(Attn),
                       p_.attn_proj_weight->value});
+  dproj_scratch.reset();
   Buffer dqkv = pool.allocate({B_, T_, 3 * C_}, act, MemCategory::Transient, "grad.qkv");
   be.attention_backward({dqkv, dattn, a.get(Qkv), a.get(Attn), a.get(AttnLse), static_cast<int>(NH_),
                          rope_theta_});

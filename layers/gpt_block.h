@@ -3,12 +3,16 @@
 //   y   = res + mlp_proj(gelu(fc(ln2(res))))
 // Backward runs the chain in reverse; the residual-stream gradient flows through one (B,T,C)
 // buffer that each LayerNorm backward adds into (engine/backend.h's [+=] exception).
+// With dropout p > 0, the attention and MLP branch outputs are dropped (inverted dropout) before
+// the residual adds; masks come from a counter-based RNG keyed by (seed, step, block, site), so
+// recompute and backward reproduce them without saving anything.
 // Saved activations and what needs them: layers/layer.h.
 #pragma once
 
 #include <string>
 #include <vector>
 
+#include "engine/backend.h"
 #include "engine/model.h"
 
 namespace remat {
@@ -25,16 +29,27 @@ struct GptBlockParams {
 class GptBlock : public Block {
  public:
   enum Slot : size_t { X, Ln1, Ln1Stats, Qkv, Attn, AttnLse, Res, Ln2, Ln2Stats, Fc, Gelu, kNumSlots };
-  GptBlock(GptBlockParams p, int64_t B, int64_t T, int64_t C, int64_t NH, int64_t FF, float rope_theta);
+  GptBlock(GptBlockParams p, int64_t B, int64_t T, int64_t C, int64_t NH, int64_t FF, float rope_theta,
+           int64_t index, float dropout, uint64_t seed);
   const std::vector<std::string>& act_names() const override;
   const std::vector<ActKind>& act_kinds() const override;
   void forward(Backend& be, ActStore& acts, const Tensor& y) override;
   void backward(Backend& be, ActStore& acts, const Tensor& dresid) override;
+  void begin_step(int64_t step) override { step_ = step; }
 
  private:
+  enum Site : uint64_t { AttnOut = 1, MlpOut = 2 };
+  DropoutArgs dropout_args(const Tensor& out, const Tensor& inp, Site site) const;
+  // out = base + dropout(inp W^T + b): the residual add of one branch.
+  void branch_forward(Backend& be, const Tensor& out, const Tensor& base, const Tensor& inp, const Param* w,
+                      const Param* b, Site site);
   GptBlockParams p_;
   int64_t B_, T_, C_, NH_, FF_;
   float rope_theta_;
+  int64_t index_;
+  float dropout_;
+  uint64_t seed_;
+  int64_t step_ = 0;
 };
 
 }  // namespace remat

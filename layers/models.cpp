@@ -48,7 +48,8 @@ class GptModel : public Model {
       bp.mlp_proj_weight = add(p + "mlp.proj.weight", {C, FF}, resid);
       bp.mlp_proj_bias = add(p + "mlp.proj.bias", {C}, zeros);
       const float theta = m_.position == "rope" ? static_cast<float>(m_.rope_theta) : 0.0f;
-      blocks_.push_back(std::make_unique<GptBlock>(bp, B_, T_, C, m_.n_head, FF, theta));
+      blocks_.push_back(std::make_unique<GptBlock>(bp, B_, T_, C, m_.n_head, FF, theta, l,
+                                                   static_cast<float>(m_.dropout), seed));
     }
     lnf_weight_ = add("lnf.weight", {C}, ones);
     lnf_bias_ = add("lnf.bias", {C}, zeros);

@@ -42,14 +42,14 @@ std::string tmp_path(const std::string& name) { return fmt::format("/tmp/remat-t
 
 }  // namespace
 
-TEST_CASE("--version names the backends, the BLAS and its CPU kernel", "[smoke]") {
+TEST_CASE("version (--version) names the backends, the BLAS and its CPU kernel", "[smoke]") {
   Result r = run("--version");
   CHECK(r.code == 0);
   CHECK_THAT(r.out, Contains("remat-train") && Contains("backends: cpu") && Contains("BLAS: OpenBLAS") &&
                         Contains("CPU kernel") && Contains("CUDA:"));
 }
 
-TEST_CASE("--help lists the train options", "[smoke]") {
+TEST_CASE("help (--help) lists the train options", "[smoke]") {
   Result r = run("train --help");
   CHECK(r.code == 0);
   CHECK_THAT(r.out, Contains("--config") && Contains("--set") && Contains("--metrics"));

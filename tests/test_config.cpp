@@ -59,7 +59,7 @@ blocks = [0, 1]
   CHECK(c.train.batch_size == 4);  // default
 }
 
-TEST_CASE("--set overrides any key with the same validation", "[config]") {
+TEST_CASE("set overrides (--set) apply to any key with the same validation", "[config]") {
   Config c = parse_config("[train]\nseq_len = 64\n", "ok.toml",
                           {"train.seq_len=128", "remat.policy=full", "device.memory=1.5GB", "remat.blocks=[1]"});
   CHECK(c.train.seq_len == 128);

@@ -99,6 +99,12 @@ TEST_CASE("tiny GPT with rope gradients match central differences", "[model]") {
   gradcheck(tiny_gpt("none", "rope"));
 }
 
+TEST_CASE("tiny GPT with dropout: gradients match central differences for a fixed mask", "[model]") {
+  Config cfg = tiny_gpt("full");
+  cfg.model.dropout = 0.3;
+  gradcheck(cfg);
+}
+
 TEST_CASE("tutorial MLP gradients match central differences", "[model]") {
   gradcheck(parse_config(R"(
 [model]

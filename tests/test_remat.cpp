@@ -98,6 +98,23 @@ TEST_CASE("losses, gradients and weights are bitwise identical under every remat
   }
 }
 
+TEST_CASE("with dropout, recompute reproduces the masks: bitwise identical under every policy", "[remat]") {
+  const RunRecord ref = train3(kBase, {"remat.policy=none", "model.dropout=0.2"});
+  const RunRecord no_dropout = train3(kBase, {"remat.policy=none"});
+  CHECK(ref.losses != no_dropout.losses);  // dropout really is on
+  for (const auto& s : std::vector<std::vector<std::string>>{
+           {"remat.policy=full"}, {"remat.policy=full", "remat.every=2"}, {"remat.policy=save_dots"},
+           {"remat.policy=save_attn"}}) {
+    std::vector<std::string> sets = s;
+    sets.push_back("model.dropout=0.2");
+    INFO(fmt::format("setting: {}", fmt::join(sets, " ")));
+    const RunRecord r = train3(kBase, sets);
+    for (size_t i = 0; i < ref.losses.size(); ++i) CHECK(std::memcmp(&r.losses[i], &ref.losses[i], sizeof(double)) == 0);
+    CHECK(bitwise_equal(r.grads, ref.grads));
+    CHECK(bitwise_equal(r.params, ref.params));
+  }
+}
+
 TEST_CASE("the MLP gives bitwise identical results with and without remat", "[remat]") {
   const char* mlp = R"(
 [model]

@@ -3,6 +3,8 @@
 // attention.cpp.
 #include "engine/cpu/cpu_backend.h"
 
+#include "engine/rng.h"
+
 #include <cblas.h>
 #include <fmt/format.h>
 #include <omp.h>
@@ -208,6 +210,16 @@ void CpuBackend::mse_loss_impl(const MseLossArgs& a) {
     }
     loss[i] = static_cast<float>(acc / static_cast<double>(D));
   }
+}
+
+void CpuBackend::dropout_impl(const DropoutArgs& a) {
+  const int64_t n = a.inp.numel();
+  const float* x = a.inp.f32();
+  float* y = a.out.f32();
+  const float scale = 1.0f / (1.0f - a.p);
+#pragma omp parallel for schedule(static) if (n > kGrain)
+  for (int64_t i = 0; i < n; ++i)
+    y[i] = rng_uniform(a.seed, a.stream, static_cast<uint64_t>(i)) >= a.p ? x[i] * scale : 0.0f;
 }
 
 // Fixed chunking (independent of the thread count) and an in-order final sum: the result is

@@ -1,0 +1,66 @@
+// Causal flash attention through cuDNN's backend graph API (the composite graph of
+// shared/docs/cudnn-backend.md §3: matmul, scale, causal mask, softmax with stats, matmul; and
+// its 22-op backward). Internal header of engine/cuda.
+// Layout: q, k, v come from one bf16 (B, T, 3C) buffer (q | k | v, heads contiguous), read in
+// place through strides; out / dout are (B, T, C) bf16; lse (B, NH, T) f32 is cuDNN's "Stats"
+// (max + ln sum exp of the scaled, masked scores: the same quantity as the CPU's lse). dqkv is
+// written as (B, T, 3C) bf16. RoPE and f32<->bf16 staging happen in engine/cuda/cuda_backend.cpp.
+// Plans are built once per shape (0.1-1 s each) and cached.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <cudnn.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <tuple>
+
+#include "engine/memory_pool.h"
+
+namespace remat::cuda {
+
+struct AttentionShape {
+  int64_t B = 0, NH = 0, T = 0, HS = 0;
+  int64_t C() const { return NH * HS; }
+};
+
+struct AttentionForwardPtrs {
+  const void* qkv = nullptr;  // (B, T, 3C) bf16
+  void* out = nullptr;        // (B, T, C) bf16
+  float* lse = nullptr;       // (B, NH, T) f32
+};
+
+struct AttentionBackwardPtrs {
+  const void* qkv = nullptr;   // (B, T, 3C) bf16 (the same, rotated, q and k as the forward)
+  const void* out = nullptr;   // (B, T, C) bf16
+  const void* dout = nullptr;  // (B, T, C) bf16
+  const float* lse = nullptr;  // (B, NH, T) f32
+  void* dqkv = nullptr;        // (B, T, 3C) bf16 [=]
+  float* dq_accum = nullptr;   // (B, NH, T, HS) f32 scratch
+  float* softmax_sum = nullptr;  // (B, NH, T) f32 scratch
+};
+
+class AttentionEngine {
+ public:
+  /// Creates the cuDNN handle (needs a device) bound to `stream`.
+  explicit AttentionEngine(cudaStream_t stream);
+  ~AttentionEngine();
+  AttentionEngine(const AttentionEngine&) = delete;
+  AttentionEngine& operator=(const AttentionEngine&) = delete;
+
+  /// Runs the forward; cuDNN's plan workspace, if any, comes from `pool` ("attn.cudnn_workspace").
+  void forward(const AttentionShape& s, const AttentionForwardPtrs& p, MemoryPool& pool);
+  void backward(const AttentionShape& s, const AttentionBackwardPtrs& p, MemoryPool& pool);
+
+  struct Graph;  // descriptors of one finalized graph and its plan (attention.cpp)
+
+ private:
+  Graph& graph_for(const AttentionShape& s, bool backward);
+
+  cudaStream_t stream_;
+  cudnnHandle_t handle_ = nullptr;
+  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, bool>, std::unique_ptr<Graph>> graphs_;
+};
+
+}  // namespace remat::cuda

@@ -1,0 +1,38 @@
+// Error conversion for engine/cuda/check.h.
+#include "engine/cuda/check.h"
+
+#include <fmt/format.h>
+
+#include <cstdlib>
+#include <cstring>
+
+namespace remat::cuda::detail {
+
+void throw_cuda_error(cudaError_t e, const char* expr, const char* file, int line) {
+  throw BackendError(fmt::format("[cuda] {} failed at {}:{}: {} ({})", expr, file, line,
+                                 cudaGetErrorString(e), cudaGetErrorName(e)));
+}
+
+void throw_cublas_error(cublasStatus_t s, const char* expr, const char* file, int line) {
+  throw BackendError(fmt::format("[cublas] {} failed at {}:{}: {} ({})", expr, file, line,
+                                 cublasLtGetStatusString(s), cublasLtGetStatusName(s)));
+}
+
+void throw_cudnn_error(cudnnStatus_t s, const char* expr, const char* file, int line) {
+  char reason[1024] = {};
+  cudnnGetLastErrorString(reason, sizeof(reason));
+  throw BackendError(fmt::format(
+      "[cudnn] {} failed at {}:{}: {}{}{}. Hint: CUDNN_LOGLEVEL_DBG=2 CUDNN_LOGDEST_DBG=stderr "
+      "logs every cuDNN call",
+      expr, file, line, cudnnGetErrorString(s), reason[0] ? "; " : "", reason));
+}
+
+bool sync_after_each_op() {
+  static const bool on = [] {
+    const char* v = std::getenv("REMAT_CUDA_SYNC");
+    return v && std::strcmp(v, "0") != 0 && v[0] != '\0';
+  }();
+  return on;
+}
+
+}  // namespace remat::cuda::detail

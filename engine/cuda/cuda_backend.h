@@ -1,0 +1,87 @@
+// The CUDA backend: bf16 (or f32) activations with fp32 accumulation and fp32 master weights.
+// cuBLASLt for GEMMs (gemm.cpp), cuDNN's fused flash attention (attention.cpp), our own kernels
+// for LayerNorm and the pointwise ops (layernorm.cu, elementwise.cu). Everything runs in order on
+// one stream; device memory comes from the MemoryPool through a stream-ordered allocator
+// (cudaMallocAsync on a pool that keeps freed memory cached), so a Buffer freed on the host
+// while kernels still use it is safe: the free is ordered after them on the stream.
+//
+// Weights in bf16 mode: every GEMM op casts its f32 weight into a bf16 copy from the pool
+// (category workspace, "gemm.weight_bf16") for the duration of the op, instead of keeping a
+// persistent bf16 shadow per parameter. Why: a shadow can go stale through any path that writes
+// a weight (AdamW, upload, checkpoint load, fill), and keeping 2 bytes/param alive all the time
+// costs more memory than the largest single transient copy; the cast reads 6 bytes per weight per
+// use, negligible next to the GEMM at the sequence lengths this tool is for. The planner models
+// the copy (engine/count_backend.h), so predicted and measured peaks agree.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <memory>
+#include <string>
+
+#include "engine/backend.h"
+#include "engine/config.h"
+
+namespace remat::cuda {
+
+class GemmEngine;
+class AttentionEngine;
+struct DeviceState;
+
+class CudaBackend final : public Backend {
+ public:
+  /// Device 0. Budget: cfg.memory_bytes, or the device's free memory minus a reserve for the
+  /// libraries' own allocations. Throws BackendError without a usable device.
+  explicit CudaBackend(const DeviceConfig& cfg, DType act_dtype = DType::BF16);
+  ~CudaBackend() override;
+
+  std::string name() const override { return "cuda"; }
+  std::string describe() const override;
+  DType act_dtype() const override { return act_; }
+
+  /// Host -> device, ordered on the backend's stream; `host` may be reused on return.
+  void upload(const Tensor& dst, const void* host) override;
+  /// Device -> host; waits for every op enqueued before it.
+  void download(void* host, const Tensor& src) override;
+  /// Waits until every enqueued op has finished (timing, tests).
+  void synchronize() override;
+
+ protected:
+  void fill_impl(const Tensor& t, float value) override;
+  void copy_impl(const Tensor& dst, const Tensor& src) override;
+  void linear_forward_impl(const LinearForwardArgs& a) override;
+  void linear_backward_impl(const LinearBackwardArgs& a) override;
+  void layernorm_forward_impl(const LayerNormForwardArgs& a) override;
+  void layernorm_backward_impl(const LayerNormBackwardArgs& a) override;
+  void attention_forward_impl(const AttentionForwardArgs& a) override;
+  void attention_backward_impl(const AttentionBackwardArgs& a) override;
+  void activation_forward_impl(const ActivationForwardArgs& a) override;
+  void activation_backward_impl(const ActivationBackwardArgs& a) override;
+  void add_impl(const Tensor& out, const Tensor& a, const Tensor& b) override;
+  void embedding_forward_impl(const EmbeddingForwardArgs& a) override;
+  void embedding_backward_impl(const EmbeddingBackwardArgs& a) override;
+  void lm_head_loss_impl(const LmHeadLossArgs& a) override;
+  void mse_loss_impl(const MseLossArgs& a) override;
+  void dropout_impl(const DropoutArgs& a) override;
+  double sum_squares_impl(std::span<const Tensor> tensors) override;
+  void adamw_update_impl(const AdamWArgs& a) override;
+
+ private:
+  CudaBackend(DType act_dtype, std::shared_ptr<DeviceState> dev);
+  cudaStream_t stream() const;
+  /// Checks the launches of the op just enqueued; with REMAT_CUDA_SYNC=1 also waits for them.
+  void finish_op();
+  /// bf16 copy of an (OC, C) f32 weight for a bf16 GEMM ("gemm.weight_bf16"); *ptr is set to
+  /// the copy, or to the weight itself when no copy is needed (f32 GEMM).
+  Buffer gemm_weight(const Tensor& weight, bool bf16_gemm, const void** ptr);
+  Buffer gemm_workspace();
+
+  std::shared_ptr<DeviceState> dev_;
+  DType act_;
+  std::unique_ptr<GemmEngine> gemm_;
+  std::unique_ptr<AttentionEngine> attn_;
+  double* partials_ = nullptr;  // pinned, device-mapped host memory for sum_squares partials
+  size_t partials_capacity_ = 0;
+};
+
+}  // namespace remat::cuda

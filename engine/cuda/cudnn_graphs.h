@@ -1,0 +1,17 @@
+// Host-only checks of the CUDA backend's cuDNN operation graphs, for the CPU test binary:
+// operation graphs finalize without a GPU (shared/docs/cudnn-backend.md §7), which catches
+// wiring, dtype-enum and missing-attribute mistakes in CI machines that have no device.
+// Engine support, plans and numerics still need a GPU (tests/gpu).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace remat::cuda {
+
+/// Builds and finalizes the causal attention forward and backward operation graphs for this
+/// shape (no handle, no device). Returns a one-line summary ("fwd 14 ops, bwd 22 ops");
+/// throws BackendError with cuDNN's reason when a graph does not finalize.
+std::string check_attention_graphs_finalize(int64_t B, int64_t NH, int64_t T, int64_t HS);
+
+}  // namespace remat::cuda

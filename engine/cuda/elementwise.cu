@@ -1,0 +1,425 @@
+// The CUDA backend's small kernels: fill/cast, residual add, GELU/ReLU, bias broadcast and bias
+// gradient, embedding gather and deterministic scatter-add, MSE, the LM head's softmax
+// cross-entropy, AdamW, sum of squares and RoPE. Each is memory-bound and written for clarity:
+// grid-stride loops, float math on bf16 or float storage, fixed-order reductions (no atomics),
+// so a recomputed activation is bitwise equal to the original and gradients repeat run to run.
+// Semantics follow the CPU reference (engine/cpu/*.cpp) op by op.
+#include "engine/cuda/device_common.cuh"
+#include "engine/cuda/kernels.cuh"
+#include "engine/rng.h"
+
+namespace remat::cuda::kern {
+namespace {
+
+// ---- data movement and pointwise: one thread per element, grid-stride ----
+
+template <typename T>
+__global__ void fill_kernel(T* p, int64_t n, float value) {
+  const T v = from_f32<T>(value);
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
+    p[i] = v;
+}
+
+__global__ void fill_i32_kernel(int32_t* p, int64_t n, int32_t value) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
+    p[i] = value;
+}
+
+template <typename Td, typename Ts>
+__global__ void cast_kernel(Td* dst, const Ts* src, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
+    dst[i] = from_f32<Td>(to_f32(src[i]));
+}
+
+template <typename T>
+__global__ void add_kernel(T* out, const T* a, const T* b, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
+    out[i] = from_f32<T>(to_f32(a[i]) + to_f32(b[i]));
+}
+
+template <typename T>
+__global__ void dropout_kernel(T* out, const T* inp, int64_t n, float p, float scale, uint64_t seed,
+                               uint64_t stream) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
+    out[i] = from_f32<T>(rng_uniform(seed, stream, static_cast<uint64_t>(i)) >= p ? to_f32(inp[i]) * scale : 0.0f);
+}
+
+// GELU, tanh approximation (GPT-2), as engine/cpu/cpu_backend.cpp.
+constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2/pi)
+
+template <typename T>
+__global__ void activation_forward_kernel(T* out, const T* inp, int64_t n, bool gelu) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    const float x = to_f32(inp[i]);
+    float y;
+    if (gelu) {
+      const float u = kGeluScale * (x + 0.044715f * x * x * x);
+      y = 0.5f * x * (1.0f + tanhf(u));
+    } else {
+      y = x > 0 ? x : 0.0f;
+    }
+    out[i] = from_f32<T>(y);
+  }
+}
+
+template <typename T>
+__global__ void activation_backward_kernel(T* dinp, const T* dout, const T* inp, int64_t n, bool gelu) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    const float x = to_f32(inp[i]), dy = to_f32(dout[i]);  // read dout before writing dinp (alias)
+    float dx;
+    if (gelu) {
+      const float u = kGeluScale * (x + 0.044715f * x * x * x);
+      const float th = tanhf(u);
+      const float sech2 = 1.0f - th * th;
+      const float du = kGeluScale * (1.0f + 3.0f * 0.044715f * x * x);
+      dx = dy * (0.5f * (1.0f + th) + 0.5f * x * sech2 * du);
+    } else {
+      dx = x > 0 ? dy : 0.0f;
+    }
+    dinp[i] = from_f32<T>(dx);
+  }
+}
+
+template <typename T>
+__global__ void bias_rows_kernel(T* out, const float* bias, int64_t rows, int64_t cols, bool overwrite) {
+  const int64_t n = rows * cols;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    const float b = bias[i % cols];
+    out[i] = from_f32<T>(overwrite ? b : to_f32(out[i]) + b);
+  }
+}
+
+// Column sums. Block (32, 8): threadIdx.x picks a column of the block's 32-column slice,
+// threadIdx.y one of 8 row phases; the 8 partials are then added in a fixed order.
+template <typename T>
+__global__ void column_sum_add_kernel(float* dsum, const T* x, int64_t rows, int64_t cols) {
+  __shared__ float part[8][33];
+  const int64_t c = blockIdx.x * int64_t{32} + threadIdx.x;
+  float acc = 0;
+  if (c < cols)
+    for (int64_t r = threadIdx.y; r < rows; r += 8) acc += to_f32(x[r * cols + c]);
+  part[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < cols) {
+    float total = 0;
+    for (int k = 0; k < 8; ++k) total += part[k][threadIdx.x];
+    dsum[c] += total;
+  }
+}
+
+// ---- embedding ----
+
+template <typename T>
+__global__ void embedding_forward_kernel(T* out, const int32_t* tokens, const float* wte, const float* wpe,
+                                         int64_t BT, int64_t T_len, int64_t C, int64_t V) {
+  const int64_t n = BT * C;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t bt = i / C, c = i % C;
+    const int32_t id = tokens[bt];
+    // The CPU backend asserts; a device assert would kill the context, so a bad token poisons
+    // its row with NaN instead, which the loss then reports.
+    float v = (id >= 0 && id < V) ? wte[id * C + c] : CUDART_NAN_F;
+    if (wpe) v += wpe[(bt % T_len) * C + c];
+    out[i] = from_f32<T>(v);
+  }
+}
+
+// One block column per bucket (a distinct token): threads over channels sum the bucket's rows
+// in their listed (ascending) order, then add once into the token's row. No two blocks touch the
+// same row of dwte, so no atomics are needed and the sum order is fixed.
+template <typename T>
+__global__ void embedding_backward_wte_kernel(float* dwte, const T* dout, const int32_t* tokens,
+                                              const int32_t* order, const int32_t* starts, int64_t C) {
+  const int64_t c = blockIdx.y * int64_t{blockDim.x} + threadIdx.x;
+  if (c >= C) return;
+  const int32_t b0 = starts[blockIdx.x], b1 = starts[blockIdx.x + 1];
+  const int64_t token = tokens[order[b0]];
+  float acc = 0;
+  for (int32_t p = b0; p < b1; ++p) acc += to_f32(dout[int64_t{order[p]} * C + c]);
+  dwte[token * C + c] += acc;
+}
+
+template <typename T>
+__global__ void embedding_backward_wpe_kernel(float* dwpe, const T* dout, int64_t B, int64_t T_len, int64_t C) {
+  const int64_t n = T_len * C;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    float acc = 0;
+    for (int64_t b = 0; b < B; ++b) acc += to_f32(dout[b * n + i]);
+    dwpe[i] += acc;
+  }
+}
+
+// ---- losses ----
+
+// One warp per row; 8 rows per block.
+template <typename T>
+__global__ void mse_loss_kernel(float* losses, T* dinp, const T* inp, const float* target, int64_t N,
+                                int64_t D, float scale) {
+  const int64_t row = blockIdx.x * int64_t{8} + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (row >= N) return;
+  const float g = 2.0f * scale / static_cast<float>(D);
+  float acc = 0;
+  for (int64_t j = lane; j < D; j += 32) {
+    const float diff = to_f32(inp[row * D + j]) - target[row * D + j];
+    acc += diff * diff;
+    dinp[row * D + j] = from_f32<T>(g * diff);
+  }
+  acc = warp_sum(acc);
+  if (lane == 0) losses[row] = acc / static_cast<float>(D);
+}
+
+// One block per row of logits. Pass 1: max; pass 2: sum of exp(l - max) (the max keeps exp in
+// range); then the gradient. For the bf16 output the row is processed in tiles of blockDim
+// elements: a tile is read into registers, the block syncs, then writes bf16 values into bytes
+// that belong to f32 elements of this or earlier tiles only (bf16 j lives inside f32 j/2), so no
+// thread ever reads an element another thread has overwritten.
+constexpr int kXentThreads = 512;
+
+__global__ void softmax_xent_kernel(float* logits, const int32_t* targets, float* losses, int64_t V,
+                                    float scale, bool write_bf16) {
+  __shared__ float target_logit;
+  float* l = logits + blockIdx.x * V;
+  const int32_t t = targets[blockIdx.x];
+  const bool valid = t >= 0 && t < V;
+  if (threadIdx.x == 0) target_logit = valid ? l[t] : CUDART_NAN_F;
+  float mx = -CUDART_INF_F;
+  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) mx = fmaxf(mx, l[j]);
+  mx = block_reduce<true>(mx);
+  float sum = 0;
+  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) sum += expf(l[j] - mx);
+  sum = block_reduce<false>(sum);  // its internal __syncthreads also publishes target_logit
+  const float inv = 1.0f / sum;
+  if (threadIdx.x == 0) losses[blockIdx.x] = mx + logf(sum) - target_logit;
+  if (!write_bf16) {
+    for (int64_t j = threadIdx.x; j < V; j += blockDim.x)
+      l[j] = expf(l[j] - mx) * inv * scale - (j == t ? scale : 0.0f);
+    return;
+  }
+  bf16* d = reinterpret_cast<bf16*>(l);
+  for (int64_t j0 = 0; j0 < V; j0 += blockDim.x) {
+    const int64_t j = j0 + threadIdx.x;
+    float g = 0;
+    if (j < V) g = expf(l[j] - mx) * inv * scale - (j == t ? scale : 0.0f);
+    __syncthreads();
+    if (j < V) d[j] = __float2bfloat16(g);
+    __syncthreads();
+  }
+}
+
+// ---- optimizer ----
+
+// AdamW with decoupled weight decay, as engine/cpu/cpu_backend.cpp.
+__global__ void adamw_kernel(float* p, const float* g, float* m, float* v, int64_t n, float lr, float beta1,
+                             float beta2, float eps, float wd, float grad_scale, float bc1, float bc2) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    const float gi = g[i] * grad_scale;
+    const float mi = beta1 * m[i] + (1.0f - beta1) * gi;
+    const float vi = beta2 * v[i] + (1.0f - beta2) * gi * gi;
+    m[i] = mi;
+    v[i] = vi;
+    const float mhat = mi / bc1, vhat = vi / bc2;
+    p[i] -= lr * (mhat / (sqrtf(vhat) + eps) + wd * p[i]);
+  }
+}
+
+// Fixed grid (kSumSquaresBlocks x kThreads): each thread a grid-stride partial in double, then a
+// fixed-order tree in shared memory; the host adds the block partials in order.
+__global__ void sum_squares_kernel(const float* x, int64_t n, double* partials) {
+  __shared__ double part[kThreads];
+  double acc = 0;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
+    acc += static_cast<double>(x[i]) * x[i];
+  part[threadIdx.x] = acc;
+  __syncthreads();
+  for (int s = kThreads / 2; s > 0; s >>= 1) {
+    if (static_cast<int>(threadIdx.x) < s) part[threadIdx.x] += part[threadIdx.x + s];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) partials[blockIdx.x] = part[0];
+}
+
+// ---- RoPE ----
+
+// One thread per pair: per row, C/2 rotation pairs in q, C/2 in k, and C/2 element pairs of v
+// (copied). angle(t, i) = t * theta^(-2i/HS) in double (t * freq reaches 1e6 at long context),
+// as the CPU's table.
+template <typename Td, typename Ts>
+__global__ void rope_kernel(Td* dst, const Ts* src, int64_t BT, int64_t T_len, int64_t C, int64_t HS,
+                            float theta, bool inverse) {
+  const int64_t half_c = C / 2, per_row = 3 * half_c, n = BT * per_row, half = HS / 2;
+  for (int64_t w = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; w < n; w += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t row = w / per_row, r = w % per_row, part = r / half_c, k = r % half_c;
+    const int64_t base = row * 3 * C;
+    if (part == 2 || theta <= 0) {  // v, or no rotation: copy two elements
+      const int64_t i0 = base + part * C + 2 * k;
+      dst[i0] = from_f32<Td>(to_f32(src[i0]));
+      dst[i0 + 1] = from_f32<Td>(to_f32(src[i0 + 1]));
+      continue;
+    }
+    const int64_t h = k / half, i = k % half;
+    const int64_t i0 = base + part * C + h * HS + i, i1 = i0 + half;
+    const double freq = pow(static_cast<double>(theta), -2.0 * static_cast<double>(i) / static_cast<double>(HS));
+    double sn_d, cs_d;
+    sincos(static_cast<double>(row % T_len) * freq, &sn_d, &cs_d);
+    const float cs = static_cast<float>(cs_d), sn = static_cast<float>(sn_d);
+    const float a = to_f32(src[i0]), b = to_f32(src[i1]);
+    if (!inverse) {
+      dst[i0] = from_f32<Td>(a * cs - b * sn);
+      dst[i1] = from_f32<Td>(a * sn + b * cs);
+    } else {
+      dst[i0] = from_f32<Td>(a * cs + b * sn);
+      dst[i1] = from_f32<Td>(-a * sn + b * cs);
+    }
+  }
+}
+
+}  // namespace
+
+// ---- launchers ----
+
+void fill(void* p, int64_t n, float value, bool is_bf16, cudaStream_t s) {
+  dispatch_act(is_bf16, [&](auto tag) {
+    using T = decltype(tag);
+    fill_kernel<T><<<grid_for(n), kThreads, 0, s>>>(static_cast<T*>(p), n, value);
+  });
+}
+
+void fill_i32(int32_t* p, int64_t n, int32_t value, cudaStream_t s) {
+  fill_i32_kernel<<<grid_for(n), kThreads, 0, s>>>(p, n, value);
+}
+
+void cast(void* dst, bool dst_bf16, const void* src, bool src_bf16, int64_t n, cudaStream_t s) {
+  if (dst_bf16 == src_bf16) {  // same type: a device copy
+    cudaMemcpyAsync(dst, src, static_cast<size_t>(n) * (dst_bf16 ? 2 : 4), cudaMemcpyDeviceToDevice, s);
+    return;
+  }
+  if (dst_bf16)
+    cast_kernel<bf16, float><<<grid_for(n), kThreads, 0, s>>>(static_cast<bf16*>(dst), static_cast<const float*>(src), n);
+  else
+    cast_kernel<float, bf16><<<grid_for(n), kThreads, 0, s>>>(static_cast<float*>(dst), static_cast<const bf16*>(src), n);
+}
+
+void add(void* out, const void* a, const void* b, int64_t n, bool is_bf16, cudaStream_t s) {
+  dispatch_act(is_bf16, [&](auto tag) {
+    using T = decltype(tag);
+    add_kernel<T><<<grid_for(n), kThreads, 0, s>>>(static_cast<T*>(out), static_cast<const T*>(a),
+                                                   static_cast<const T*>(b), n);
+  });
+}
+
+void dropout(void* out, const void* inp, int64_t n, float p, uint64_t seed, uint64_t stream, bool is_bf16,
+             cudaStream_t s) {
+  dispatch_act(is_bf16, [&](auto tag) {
+    using T = decltype(tag);
+    dropout_kernel<T><<<grid_for(n), kThreads, 0, s>>>(static_cast<T*>(out), static_cast<const T*>(inp), n, p,
+                                                       1.0f / (1.0f - p), seed, stream);
+  });
+}
+
+void activation_forward(void* out, const void* inp, int64_t n, bool gelu, bool is_bf16, cudaStream_t s) {
+  dispatch_act(is_bf16, [&](auto tag) {
+    using T = decltype(tag);
+    activation_forward_kernel<T><<<grid_for(n), kThreads, 0, s>>>(static_cast<T*>(out),
+                                                                  static_cast<const T*>(inp), n, gelu);
+  });
+}
+
+void activation_backward(void* dinp, const void* dout, const void* inp, int64_t n, bool gelu,
+                         bool is_bf16, cudaStream_t s) {
+  dispatch_act(is_bf16, [&](auto tag) {
+    using T = decltype(tag);
+    activation_backward_kernel<T><<<grid_for(n), kThreads, 0, s>>>(
+        static_cast<T*>(dinp), static_cast<const T*>(dout), static_cast<const T*>(inp), n, gelu);
+  });
+}
+
+void bias_rows(void* out, const float* bias, int64_t rows, int64_t cols, bool overwrite, bool is_bf16,
+               cudaStream_t s) {
+  dispatch_act(is_bf16, [&](auto tag) {
+    using T = decltype(tag);
+    bias_rows_kernel<T><<<grid_for(rows * cols), kThreads, 0, s>>>(static_cast<T*>(out), bias, rows,
+                                                                   cols, overwrite);
+  });
+}
+
+void column_sum_add(float* dsum, const void* x, int64_t rows, int64_t cols, bool is_bf16, cudaStream_t s) {
+  const dim3 block(32, 8), grid(static_cast<unsigned>((cols + 31) / 32));
+  dispatch_act(is_bf16, [&](auto tag) {
+    using T = decltype(tag);
+    column_sum_add_kernel<T><<<grid, block, 0, s>>>(dsum, static_cast<const T*>(x), rows, cols);
+  });
+}
+
+void embedding_forward(void* out, const int32_t* tokens, const float* wte, const float* wpe, int64_t BT,
+                       int64_t T, int64_t C, int64_t V, bool is_bf16, cudaStream_t s) {
+  dispatch_act(is_bf16, [&](auto tag) {
+    using Tt = decltype(tag);
+    embedding_forward_kernel<Tt><<<grid_for(BT * C), kThreads, 0, s>>>(static_cast<Tt*>(out), tokens, wte,
+                                                                       wpe, BT, T, C, V);
+  });
+}
+
+void embedding_backward_wte(float* dwte, const void* dout, const int32_t* tokens, const int32_t* order,
+                            const int32_t* starts, int64_t n_buckets, int64_t C, bool is_bf16,
+                            cudaStream_t s) {
+  if (n_buckets == 0) return;
+  const dim3 grid(static_cast<unsigned>(n_buckets), static_cast<unsigned>((C + kThreads - 1) / kThreads));
+  dispatch_act(is_bf16, [&](auto tag) {
+    using T = decltype(tag);
+    embedding_backward_wte_kernel<T><<<grid, kThreads, 0, s>>>(dwte, static_cast<const T*>(dout), tokens,
+                                                               order, starts, C);
+  });
+}
+
+void embedding_backward_wpe(float* dwpe, const void* dout, int64_t B, int64_t T, int64_t C, bool is_bf16,
+                            cudaStream_t s) {
+  dispatch_act(is_bf16, [&](auto tag) {
+    using Tt = decltype(tag);
+    embedding_backward_wpe_kernel<Tt><<<grid_for(T * C), kThreads, 0, s>>>(dwpe, static_cast<const Tt*>(dout),
+                                                                           B, T, C);
+  });
+}
+
+void mse_loss(float* losses, void* dinp, const void* inp, const float* target, int64_t N, int64_t D,
+              float scale, bool is_bf16, cudaStream_t s) {
+  const unsigned grid = static_cast<unsigned>((N + 7) / 8);
+  dispatch_act(is_bf16, [&](auto tag) {
+    using T = decltype(tag);
+    mse_loss_kernel<T><<<grid, kThreads, 0, s>>>(losses, static_cast<T*>(dinp), static_cast<const T*>(inp),
+                                                 target, N, D, scale);
+  });
+}
+
+void softmax_xent(float* logits, const int32_t* targets, float* losses, int64_t rows, int64_t V,
+                  float scale, bool write_bf16, cudaStream_t s) {
+  softmax_xent_kernel<<<static_cast<unsigned>(rows), kXentThreads, 0, s>>>(logits, targets, losses, V,
+                                                                           scale, write_bf16);
+}
+
+void adamw(float* param, const float* grad, float* m, float* v, int64_t n, float lr, float beta1,
+           float beta2, float eps, float weight_decay, float grad_scale, float bias_corr1,
+           float bias_corr2, cudaStream_t s) {
+  adamw_kernel<<<grid_for(n), kThreads, 0, s>>>(param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay,
+                                                grad_scale, bias_corr1, bias_corr2);
+}
+
+void sum_squares_partials(const float* x, int64_t n, double* partials, cudaStream_t s) {
+  sum_squares_kernel<<<kSumSquaresBlocks, kThreads, 0, s>>>(x, n, partials);
+}
+
+void rope_apply(void* dst, bool dst_bf16, const void* src, bool src_bf16, int64_t BT, int64_t T,
+                int64_t C, int64_t NH, float theta, bool inverse, cudaStream_t s) {
+  const int64_t n = BT * 3 * (C / 2), HS = C / NH;
+  const unsigned g = grid_for(n);
+  if (dst_bf16 && src_bf16)
+    rope_kernel<bf16, bf16><<<g, kThreads, 0, s>>>(static_cast<bf16*>(dst), static_cast<const bf16*>(src), BT, T, C, HS, theta, inverse);
+  else if (dst_bf16)
+    rope_kernel<bf16, float><<<g, kThreads, 0, s>>>(static_cast<bf16*>(dst), static_cast<const float*>(src), BT, T, C, HS, theta, inverse);
+  else if (src_bf16)
+    rope_kernel<float, bf16><<<g, kThreads, 0, s>>>(static_cast<float*>(dst), static_cast<const bf16*>(src), BT, T, C, HS, theta, inverse);
+  else
+    rope_kernel<float, float><<<g, kThreads, 0, s>>>(static_cast<float*>(dst), static_cast<const float*>(src), BT, T, C, HS, theta, inverse);
+}
+
+}  // namespace remat::cuda::kern

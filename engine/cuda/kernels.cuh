@@ -1,0 +1,88 @@
+// Launchers of the CUDA backend's own kernels (elementwise.cu, layernorm.cu). Internal header
+// of engine/cuda, plain C++ so host files include it without CUDA device headers or fmt.
+// Conventions: every launcher enqueues on `stream` and returns at once; the caller checks
+// cudaGetLastError() after the op (CudaBackend::finish_op). `bf16` selects the storage type of
+// activation pointers (void*): __nv_bfloat16 when true, float when false. Parameters, their
+// gradients, statistics and losses are always float. Math is float; reductions run in a fixed
+// order (no atomics), so results are deterministic run to run.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace remat::cuda::kern {
+
+// ---- data movement ----
+void fill(void* p, int64_t n, float value, bool bf16, cudaStream_t s);
+void fill_i32(int32_t* p, int64_t n, int32_t value, cudaStream_t s);
+/// dst[i] = src[i] converted; dst and src of either type (same type: a plain copy).
+void cast(void* dst, bool dst_bf16, const void* src, bool src_bf16, int64_t n, cudaStream_t s);
+
+// ---- pointwise ----
+/// out = a + b; out may alias a or b.
+void add(void* out, const void* a, const void* b, int64_t n, bool bf16, cudaStream_t s);
+/// Inverted dropout with the counter-based mask of engine/rng.h (same masks as the CPU backend);
+/// out may alias inp.
+void dropout(void* out, const void* inp, int64_t n, float p, uint64_t seed, uint64_t stream, bool bf16,
+             cudaStream_t s);
+/// GELU (tanh approximation) or ReLU.
+void activation_forward(void* out, const void* inp, int64_t n, bool gelu, bool bf16, cudaStream_t s);
+/// dinp = dout * act'(inp); dinp may alias dout.
+void activation_backward(void* dinp, const void* dout, const void* inp, int64_t n, bool gelu,
+                         bool bf16, cudaStream_t s);
+/// out (rows, cols) {=, +=} bias (cols) broadcast over rows.
+void bias_rows(void* out, const float* bias, int64_t rows, int64_t cols, bool overwrite, bool bf16,
+               cudaStream_t s);
+/// dsum (cols) += sum over rows of x (rows, cols).
+void column_sum_add(float* dsum, const void* x, int64_t rows, int64_t cols, bool bf16, cudaStream_t s);
+
+// ---- embedding ----
+/// out (B*T, C) = wte[tokens] (+ wpe[t]); an out-of-vocabulary token yields a NaN row.
+void embedding_forward(void* out, const int32_t* tokens, const float* wte, const float* wpe,
+                       int64_t BT, int64_t T, int64_t C, int64_t V, bool bf16, cudaStream_t s);
+/// dwte[token of bucket] += sum of dout rows listed in the bucket, for n_buckets buckets:
+/// order (N) i32 lists row indices grouped by token, starts (n_buckets + 1) i32 bounds each group.
+void embedding_backward_wte(float* dwte, const void* dout, const int32_t* tokens, const int32_t* order,
+                            const int32_t* starts, int64_t n_buckets, int64_t C, bool bf16,
+                            cudaStream_t s);
+/// dwpe (T, C) += sum over b of dout (B, T, C).
+void embedding_backward_wpe(float* dwpe, const void* dout, int64_t B, int64_t T, int64_t C, bool bf16,
+                            cudaStream_t s);
+
+// ---- losses ----
+/// losses (N) = mean_j (inp - target)^2; dinp (N, D) = 2 scale (inp - target) / D.
+void mse_loss(float* losses, void* dinp, const void* inp, const float* target, int64_t N, int64_t D,
+              float scale, bool bf16, cudaStream_t s);
+/// Softmax cross-entropy over logits (rows, V) f32 in place: losses[r] = lse - logit[target];
+/// the gradient (softmax - onehot) * scale overwrites the logits: as f32 (write_bf16 false), or
+/// as bf16 stored at the start of each f32 row (bf16 element j of row r at byte 4 r V + 2 j,
+/// i.e. a (rows, V) bf16 matrix with leading dimension 2V).
+void softmax_xent(float* logits, const int32_t* targets, float* losses, int64_t rows, int64_t V,
+                  float scale, bool write_bf16, cudaStream_t s);
+
+// ---- optimizer ----
+void adamw(float* param, const float* grad, float* m, float* v, int64_t n, float lr, float beta1,
+           float beta2, float eps, float weight_decay, float grad_scale, float bias_corr1,
+           float bias_corr2, cudaStream_t s);
+constexpr int kSumSquaresBlocks = 256;
+/// partials[b] (kSumSquaresBlocks doubles, may be mapped host memory) = the block b's share of
+/// sum x^2, in double.
+void sum_squares_partials(const float* x, int64_t n, double* partials, cudaStream_t s);
+
+// ---- attention helpers ----
+/// dst (B*T, 3C) = src with q and k rotated by RoPE (NeoX half-split; angle t theta^(-2i/HS));
+/// inverse = true applies R^T (gradients back to the unrotated input). theta <= 0: plain copy.
+/// v is copied. dst may alias src (each thread owns a rotation pair).
+void rope_apply(void* dst, bool dst_bf16, const void* src, bool src_bf16, int64_t BT, int64_t T,
+                int64_t C, int64_t NH, float theta, bool inverse, cudaStream_t s);
+
+// ---- layernorm (layernorm.cu) ----
+void layernorm_forward(void* out, float* stats, const void* inp, const float* weight,
+                       const float* bias, int64_t N, int64_t C, bool bf16, cudaStream_t s);
+/// dinp += ...; dweight, dbias += ... (the backend's gradient contract).
+void layernorm_backward(void* dinp, float* dweight, float* dbias, const void* dout, const void* inp,
+                        const float* weight, const float* stats, int64_t N, int64_t C, bool bf16,
+                        cudaStream_t s);
+
+}  // namespace remat::cuda::kern
