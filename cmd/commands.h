@@ -41,6 +41,34 @@ struct CompareOptions {
 /// Exit 1 when a policy changed the losses or gradients on the CPU (a bug by definition).
 int run_compare(const CompareOptions& opt);
 
+struct FitOptions {
+  std::string config_path;
+  std::vector<std::string> overrides;
+  std::string gpu;                    // --gpu preset (excludes --memory and --measure)
+  std::optional<uint64_t> memory;     // --memory SIZE: the pool budget
+  std::optional<int64_t> batch_size;
+  std::vector<std::string> policies;  // default: none,full,save_dots,save_attn
+  bool measure = false;               // confirm each answer with real steps in child processes
+  bool json = false;
+};
+
+/// Exit 1 when --measure disagrees with the planner (loudly, with both numbers).
+int run_fit(const FitOptions& opt);
+
+struct SweepOptions {
+  std::string config_path;
+  std::vector<std::string> overrides;
+  std::string seq_lens;               // --seq-lens 1k,2k,4k | 1k..64k
+  std::vector<std::string> policies;  // default: none,full,save_dots,save_attn
+  int64_t steps = 0;                  // steps per point (0: 3)
+  std::string out_dir;                // default: out/sweep-<config name>
+  bool json = false;
+};
+
+/// Exit 0 when every point ran (fitting or out of memory), 1 when a point failed otherwise,
+/// 130 when interrupted (the finished points are written).
+int run_sweep(const SweepOptions& opt);
+
 /// The multi-line --version text: version, backends built, BLAS and its CPU kernel.
 std::string version_text();
 

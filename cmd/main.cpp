@@ -22,7 +22,7 @@ constexpr int kExitOutOfMemory = 3;
 // `remat-train --config F` means `remat-train train --config F`.
 std::vector<std::string> with_default_subcommand(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
-  static const std::vector<std::string> kSubcommands = {"train", "plan", "compare"};
+  static const std::vector<std::string> kSubcommands = {"train", "plan", "compare", "fit", "sweep"};
   static const std::vector<std::string> kTopLevel = {"-h", "--help", "--version"};
   if (args.empty()) return args;
   for (const auto& s : kSubcommands)
@@ -71,6 +71,32 @@ int run(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   compare_cmd->add_flag("--json", compare.json, "Machine-readable output");
 
+  remat::cli::FitOptions fit;
+  std::string fit_memory, fit_batch;
+  CLI::App* fit_cmd = app.add_subcommand("fit", "The longest seq_len that fits, per policy, and the fastest policy at yours");
+  fit_cmd->add_option("-c,--config", fit.config_path, "TOML config file")->required();
+  fit_cmd->add_option("--set", fit.overrides, "Override a config key (repeatable)")->type_name("SECTION.KEY=VALUE");
+  auto* fit_mem_opt = fit_cmd->add_option("--memory", fit_memory, "Memory budget, e.g. 80GiB (default: the config's device)");
+  auto* fit_gpu_opt = fit_cmd->add_option("--gpu", fit.gpu, "Fit a GPU preset: h200, h100-80gb, a100-80gb, a100-40gb, l4, rtx4090")
+      ->excludes(fit_mem_opt);
+  fit_cmd->add_option("--policies", fit.policies, "Comma-separated policies (default: none,full,save_dots,save_attn)")
+      ->delimiter(',');
+  fit_cmd->add_option("--batch-size", fit_batch, "Batch size to fit for");
+  fit_cmd->add_flag("--measure", fit.measure, "Confirm each answer with real steps (at the maximum and one above) in child processes")
+      ->excludes(fit_gpu_opt);
+  fit_cmd->add_flag("--json", fit.json, "Machine-readable output");
+
+  remat::cli::SweepOptions sweep;
+  CLI::App* sweep_cmd = app.add_subcommand("sweep", "Train a few steps at every (seq_len, policy) point; write sweep.csv and sweep.json");
+  sweep_cmd->add_option("-c,--config", sweep.config_path, "TOML config file")->required();
+  sweep_cmd->add_option("--set", sweep.overrides, "Override a config key (repeatable)")->type_name("SECTION.KEY=VALUE");
+  sweep_cmd->add_option("--seq-lens", sweep.seq_lens, "1k,2k,4k or 1k..64k (powers of two from 1k to 64k)")->required();
+  sweep_cmd->add_option("--policies", sweep.policies, "Comma-separated policies (default: none,full,save_dots,save_attn)")
+      ->delimiter(',');
+  sweep_cmd->add_option("--steps", sweep.steps, "Steps per point (default 3)")->check(CLI::PositiveNumber);
+  sweep_cmd->add_option("--out", sweep.out_dir, "Output folder (default: out/sweep-<config name>)");
+  sweep_cmd->add_flag("--json", sweep.json, "Machine-readable output (the sweep.json document)");
+
   std::vector<std::string> args = with_default_subcommand(argc, argv);
   std::reverse(args.begin(), args.end());  // CLI11 takes a reversed vector
   try {
@@ -87,6 +113,18 @@ int run(int argc, char** argv) {
   }
   if (train_cmd->parsed()) return remat::cli::run_train(train);
   if (compare_cmd->parsed()) return remat::cli::run_compare(compare);
+  if (sweep_cmd->parsed()) return remat::cli::run_sweep(sweep);
+  if (fit_cmd->parsed()) {
+    if (!fit_memory.empty()) {
+      fit.memory = remat::parse_size(fit_memory);
+      if (!fit.memory) throw remat::ConfigError(fmt::format("--memory {}: not a size. Fix: write e.g. 80GiB or 512MiB", fit_memory));
+    }
+    if (!fit_batch.empty()) {
+      fit.batch_size = remat::parse_count(fit_batch);
+      if (!fit.batch_size || *fit.batch_size < 1) throw remat::ConfigError(fmt::format("--batch-size {}: not a count. Fix: write e.g. 8", fit_batch));
+    }
+    return remat::cli::run_fit(fit);
+  }
   if (plan_cmd->parsed()) {
     if (!plan_memory.empty()) {
       plan.memory = remat::parse_size(plan_memory);

@@ -24,23 +24,32 @@ const std::vector<GpuPreset>& gpu_presets() {
 }
 
 PlanTarget plan_target(const Config& cfg, const std::string& gpu, std::optional<uint64_t> memory) {
+  // `memory` is the pool budget; device_bytes adds the runtime reserve on top.
   PlanTarget t;
-  if (!gpu.empty()) {
-    for (const auto& p : gpu_presets())
-      if (gpu == p.name) t.device_bytes = p.bytes;
-    if (!t.device_bytes) {
-      std::string names;
-      for (const auto& p : gpu_presets()) names += fmt::format("{}{}", names.empty() ? "" : ", ", p.name);
-      throw ConfigError(fmt::format("--gpu {}: [plan] unknown GPU. Fix: use one of {}, or --memory SIZE", gpu, names));
+  const bool cuda = !gpu.empty() || cfg.device.backend == "cuda";
+  if (cuda) {
+    if (!gpu.empty()) {
+      for (const auto& p : gpu_presets())
+        if (gpu == p.name) t.device_bytes = p.bytes;
+      if (!t.device_bytes) {
+        std::string names;
+        for (const auto& p : gpu_presets()) names += fmt::format("{}{}", names.empty() ? "" : ", ", p.name);
+        throw ConfigError(fmt::format("--gpu {}: [plan] unknown GPU. Fix: use one of {}, or --memory SIZE", gpu, names));
+      }
+    } else if (cfg.device.memory_bytes) {
+      memory = cfg.device.memory_bytes;  // the CUDA pool's budget, as in a run
+    } else if (!memory) {
+      throw ConfigError(fmt::format("{}: [plan] device.backend = \"cuda\" without a size. Fix: pass --gpu NAME "
+                                    "(h200, h100-80gb, ...) or --memory SIZE, or set device.memory", cfg.path));
     }
-    t.name = gpu;
+    t.name = gpu.empty() ? "cuda" : gpu;
     t.count = CountTarget{"cuda", DType::BF16, 1};
     // Outside the pool: the CUDA context with cuBLAS(Lt) and cuDNN loaded (~600 MiB measured on
     // Hopper-class cards with CUDA 12/13) plus the caching slack of the driver.
     t.reserve_bytes = 768ull << 20;
     t.reserve_note = "CUDA context + library handles ~600 MiB, driver slack ~168 MiB";
   } else {
-    t.name = cfg.device.backend == "cuda" ? "cuda" : "cpu";
+    t.name = "cpu";
     int threads = static_cast<int>(cfg.device.threads);
     if (threads <= 0) threads = cpu::default_threads();
     t.count = CountTarget{"cpu", DType::F32, threads};

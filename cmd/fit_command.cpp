@@ -1,0 +1,351 @@
+// `remat-train fit`: the longest seq_len that fits the memory budget, per policy, from the
+// planner (binary search over dry runs: instant), with the predicted peak, the recompute
+// overhead and an estimated tokens/s; then a recommendation. `--measure` confirms each answer
+// on this machine: one real step at the predicted maximum (must fit) and one at maximum + 1
+// (must run out of memory), each in a child process (cmd/trial.h).
+//
+// The tokens/s figure is an estimate, not a measurement: FLOPs of one dry-run step divided by
+// a rate. On the CPU the rate is this machine's SGEMM GFLOP/s, timed once here (an upper bound:
+// attention, LayerNorm and the small GEMMs of a narrow model run slower than a large SGEMM);
+// for a --gpu preset it is the card's nominal dense bf16 rate times kGpuEfficiency.
+#include <cblas.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "cmd/commands.h"
+#include "cmd/trial.h"
+#include "data/synthetic.h"
+#include "engine/config.h"
+#include "engine/error.h"
+#include "engine/planner.h"
+#include "engine/units.h"
+#include "layers/models.h"
+
+extern "C" void openblas_set_num_threads(int);
+
+namespace remat::cli {
+namespace {
+
+/// Fraction of the nominal dense bf16 rate a well-tuned training step sustains (model FLOPs
+/// utilization); 0.4 is typical of single-GPU Transformer training with flash attention.
+constexpr double kGpuEfficiency = 0.4;
+
+struct NominalRate {
+  const char* gpu;
+  double flops_per_s;  // dense bf16 tensor-core peak, no sparsity (vendor datasheets)
+};
+constexpr NominalRate kNominalRates[] = {
+    {"h200", 989e12},      {"h100-80gb", 989e12}, {"a100-80gb", 312e12},
+    {"a100-40gb", 312e12}, {"l4", 121e12},        {"rtx4090", 165e12},
+};
+
+struct Rate {
+  double flops_per_s = 0;  // 0: no estimate
+  std::string note;
+};
+
+/// Best of a few 1024^3 SGEMMs on `threads` threads: ~0.1 s on a laptop.
+double measure_sgemm_flops(int threads) {
+  constexpr int kN = 1024;
+  openblas_set_num_threads(threads);
+  std::vector<float> a(kN * kN, 0.5f), b(kN * kN, 0.25f), c(kN * kN, 0.0f);
+  double best_s = 1e30;
+  for (int rep = 0; rep < 4; ++rep) {  // the first one warms up threads and caches
+    const auto t0 = std::chrono::steady_clock::now();
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, kN, kN, kN, 1.0f, a.data(), kN, b.data(),
+                kN, 0.0f, c.data(), kN);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (rep > 0) best_s = std::min(best_s, s);
+  }
+  return 2.0 * kN * kN * kN / best_s;
+}
+
+Rate estimate_rate(const PlanTarget& t) {
+  for (const auto& n : kNominalRates)
+    if (t.name == n.gpu)
+      return {n.flops_per_s * kGpuEfficiency,
+              fmt::format("{} nominal {:.0f} TFLOP/s bf16 dense x efficiency {:.1f} (estimate)",
+                          n.gpu, n.flops_per_s / 1e12, kGpuEfficiency)};
+  if (t.count.device == "cpu" && t.name == "cpu") {
+    const double r = measure_sgemm_flops(t.count.threads);
+    return {
+        r,
+        fmt::format(
+            "this CPU's SGEMM {:.1f} GFLOP/s on {} threads, measured now (an optimistic estimate)",
+            r / 1e9, t.count.threads)};
+  }
+  return {0, "no rate known for this device: use --gpu NAME for an estimate"};
+}
+
+double step_flops(const DryRun& r) {
+  double f = 0;
+  for (const auto& c : r.cost) f += c.flops;
+  return f;
+}
+
+double est_tokens_per_s(const DryRun& r, const Config& c, const Rate& rate) {
+  const double f = step_flops(r);
+  if (rate.flops_per_s <= 0 || f <= 0) return 0;
+  return static_cast<double>(c.train.batch_size * c.train.seq_len) * rate.flops_per_s / f;
+}
+
+/// "19.1M tokens (20045011)": the size a person says, then the exact count when they differ.
+std::string say_tokens(int64_t n) {
+  std::string approx = format_count(n);
+  if (approx == std::to_string(n) && n >= 10 * 1024)
+    approx = n >= (1 << 20) ? fmt::format("{:.1f}M", static_cast<double>(n) / (1 << 20))
+                            : fmt::format("{:.1f}k", static_cast<double>(n) / 1024);
+  return approx == std::to_string(n) ? approx + " tokens"
+                                     : fmt::format("{} tokens ({})", approx, n);
+}
+
+std::string fmt_rate(double tok_s) {
+  return tok_s > 0 ? fmt::format("{:.0f}", tok_s) : std::string("-");
+}
+
+struct Measured {
+  bool done = false;
+  std::optional<int>
+      at_max_exit;  // exit code of the step at the predicted maximum (want 0); absent if it is 0
+  std::optional<int> above_exit;  // ... at maximum + 1 (want 3); absent when capped by n_ctx
+  uint64_t measured_peak_bytes = 0;
+  std::string message;  // the child's error when something else went wrong
+  bool agrees() const {
+    return (!at_max_exit || *at_max_exit == 0) && (!above_exit || *above_exit == 3);
+  }
+};
+
+struct FitRow {
+  std::string policy;
+  Config cfg;  // the policy's config at the configured seq_len
+  int64_t longest = 0;
+  bool capped = false;  // learned positions: longest == n_ctx, not the budget
+  DryRun at_longest;    // dry run at `longest` (when > 0)
+  DryRun at_configured;
+  bool fits_configured = false;
+  double tok_s_longest = 0, tok_s_configured = 0;
+  Measured measured;
+};
+
+RunParts make_parts(const Config& c, Backend& be) {
+  return RunParts{make_model(c, be), make_synthetic_data(c)};
+}
+
+/// The overrides that select `policy` (a per-block plan would override it, so it is cleared).
+std::vector<std::string> policy_overrides(const Config& cfg, const std::string& policy) {
+  std::vector<std::string> s = {"remat.policy=" + policy};
+  if (!cfg.remat.plan.empty()) s.emplace_back("remat.plan=[]");
+  return s;
+}
+
+std::vector<std::string> concat(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+int trial(const Config& cfg, const std::vector<std::string>& sets, int64_t seq_len, uint64_t budget,
+          Measured& m, bool record_peak) {
+  TrialSpec spec{cfg.path, concat(sets, {fmt::format("train.seq_len={}", seq_len), "train.steps=1",
+                                         fmt::format("device.memory={}", budget)})};
+  // The copy task needs 4 tokens; below that the planner's search uses random data, and so must
+  // the step that checks it.
+  if (seq_len < 4 && cfg.data.task == "copy") spec.overrides.emplace_back("data.task=random");
+  TrialResult r = run_trial(spec);
+  if (r.interrupted) return -2;
+  if (record_peak && r.summary) m.measured_peak_bytes = (*r.summary)["peak_bytes"].get<uint64_t>();
+  if (r.exit_code != 0 && r.exit_code != 3 && m.message.empty()) m.message = r.message;
+  return r.exit_code;
+}
+
+}  // namespace
+
+int run_fit(const FitOptions& opt) {
+  std::vector<std::string> sets = opt.overrides;
+  if (opt.batch_size) sets.push_back(fmt::format("train.batch_size={}", *opt.batch_size));
+  const Config base = load_config(opt.config_path, sets);
+  if (base.model.kind != "gpt")
+    throw ConfigError(fmt::format(
+        "{}: [fit] model.kind = \"{}\" has no sequence length to fit. Fix: use a gpt config",
+        base.path, base.model.kind));
+  if (opt.measure && !opt.gpu.empty())
+    throw ConfigError(
+        "--measure: [fit] measures on this machine, not on a --gpu preset. Fix: drop --gpu or "
+        "--measure");
+  std::vector<std::string> policies = opt.policies.empty() ? builtin_policies() : opt.policies;
+  for (const auto& p : policies)
+    if (std::find(builtin_policies().begin(), builtin_policies().end(), p) ==
+            builtin_policies().end() &&
+        p != "names")
+      throw ConfigError(
+          fmt::format("--policies: [fit] unknown policy \"{}\". Fix: use none, full, save_dots, "
+                      "save_attn, names",
+                      p));
+
+  const PlanTarget target = plan_target(base, opt.gpu, opt.memory);
+  const Planner planner(target, make_parts);
+  const uint64_t budget = target.pool_budget();
+  const Rate rate = estimate_rate(target);
+  install_interrupt_handler();
+
+  std::vector<FitRow> rows;
+  for (const auto& p : policies) {
+    FitRow r;
+    r.policy = p;
+    r.cfg = load_config(opt.config_path, concat(sets, policy_overrides(base, p)));
+    r.longest = planner.longest_seq_len(r.cfg);
+    r.capped = r.cfg.model.position == "learned" && r.longest == r.cfg.model.n_ctx;
+    if (r.longest > 0) {
+      Config c = r.cfg;
+      c.train.seq_len = r.longest;
+      r.at_longest = planner.dry_run(c, false);
+      r.tok_s_longest = est_tokens_per_s(r.at_longest, c, rate);
+    }
+    r.at_configured = planner.dry_run(r.cfg, false);
+    r.fits_configured = r.at_configured.peak.total_bytes <= budget;
+    r.tok_s_configured = est_tokens_per_s(r.at_configured, r.cfg, rate);
+    rows.push_back(std::move(r));
+  }
+
+  // --measure: a step at the maximum and one above it, each in a fresh process.
+  bool all_agree = true;
+  if (opt.measure) {
+    for (auto& r : rows) {
+      if (!opt.json)
+        fmt::print(stderr, "fit --measure: {}: {}{}...\n", r.policy,
+                   r.longest > 0 ? fmt::format("a step at seq_len {} (must fit)", r.longest) : "",
+                   r.capped ? " (the n_ctx cap: nothing above)"
+                            : fmt::format("{}a step at {} (must not fit)",
+                                          r.longest > 0 ? ", " : "", r.longest + 1));
+      const auto psets = concat(sets, policy_overrides(base, r.policy));
+      Measured& m = r.measured;
+      if (r.longest > 0) m.at_max_exit = trial(r.cfg, psets, r.longest, budget, m, true);
+      if (!interrupted() && !r.capped)
+        m.above_exit = trial(r.cfg, psets, r.longest + 1, budget, m, false);
+      if (interrupted()) return 130;
+      m.done = true;
+      if (!m.agrees()) all_agree = false;
+    }
+  }
+
+  // The recommendation: the longest context overall, and the fastest policy at the configured one.
+  const FitRow* longest = nullptr;
+  const FitRow* fastest = nullptr;
+  for (const auto& r : rows) {
+    if (!longest || r.longest > longest->longest ||
+        (r.longest == longest->longest &&
+         step_flops(r.at_longest) < step_flops(longest->at_longest)))
+      longest = &r;
+    if (r.fits_configured &&
+        (!fastest || step_flops(r.at_configured) < step_flops(fastest->at_configured) ||
+         (step_flops(r.at_configured) == step_flops(fastest->at_configured) &&
+          r.at_configured.peak.total_bytes < fastest->at_configured.peak.total_bytes)))
+      fastest = &r;
+  }
+  const std::string conf_t = format_count(base.train.seq_len);
+  std::string recommendation =
+      longest && longest->longest > 0
+          ? fmt::format("longest: {} with {}{}", say_tokens(longest->longest), longest->policy,
+                        longest->capped ? " (capped by model.n_ctx)" : "")
+          : std::string("longest: nothing fits, not even seq_len 1");
+  recommendation += fastest
+                        ? fmt::format("; at your configured {}, {} is the fastest policy that fits",
+                                      conf_t, fastest->policy)
+                        : fmt::format("; at your configured {}, no policy fits", conf_t);
+
+  if (opt.json) {
+    nlohmann::json out = {{"config", base.path},
+                          {"target", target.name},
+                          {"pool_budget_bytes", budget},
+                          {"batch_size", base.train.batch_size},
+                          {"configured_seq_len", base.train.seq_len},
+                          {"rate_flops_per_s", rate.flops_per_s},
+                          {"rate_note", rate.note},
+                          {"recommendation", recommendation},
+                          {"policies", nlohmann::json::array()}};
+    for (const auto& r : rows) {
+      nlohmann::json j = {{"policy", r.policy},
+                          {"longest_seq_len", r.longest},
+                          {"capped_by_n_ctx", r.capped},
+                          {"predicted_peak_bytes", r.at_longest.peak.total_bytes},
+                          {"recompute_overhead", r.at_longest.recompute_overhead()},
+                          {"est_tokens_per_s", r.tok_s_longest},
+                          {"at_configured",
+                           {{"fits", r.fits_configured},
+                            {"predicted_peak_bytes", r.at_configured.peak.total_bytes},
+                            {"recompute_overhead", r.at_configured.recompute_overhead()},
+                            {"est_tokens_per_s", r.tok_s_configured}}}};
+      if (r.measured.done) {
+        j["measured"] = {
+            {"exit_at_longest",
+             r.measured.at_max_exit ? nlohmann::json(*r.measured.at_max_exit) : nlohmann::json()},
+            {"exit_above_longest",
+             r.measured.above_exit ? nlohmann::json(*r.measured.above_exit) : nlohmann::json()},
+            {"measured_peak_bytes", r.measured.measured_peak_bytes},
+            {"agrees", r.measured.agrees()}};
+      }
+      out["policies"].push_back(j);
+    }
+    fmt::print("{}\n", out.dump(2));
+    return all_agree ? 0 : 1;
+  }
+
+  fmt::print("fit  {} on {} | pool budget {} | batch {} | configured seq_len {}\n", base.path,
+             target.name, format_bytes(budget), base.train.batch_size, conf_t);
+  fmt::print("     tokens/s estimated from step FLOPs / rate: {}\n\n", rate.note);
+  fmt::print("{:<10} {:>11} {:>12} {:>10} {:>11}   {:>12} {:>11}{}\n", "policy", "longest T",
+             "peak there", "recompute", "est. tok/s", fmt::format("at {}: peak", conf_t),
+             "est. tok/s", opt.measure ? "   measured" : "");
+  for (const auto& r : rows) {
+    std::string measured;
+    if (r.measured.done) {
+      const Measured& m = r.measured;
+      std::string fits, above;
+      if (m.at_max_exit)
+        fits = fmt::format("{} fits ({})", format_count(r.longest),
+                           m.measured_peak_bytes == r.at_longest.peak.total_bytes
+                               ? "peak = predicted"
+                               : "peak " + format_bytes(m.measured_peak_bytes));
+      if (m.above_exit)
+        above = fmt::format("{}{} out of memory", fits.empty() ? "" : ", ",
+                            format_count(r.longest + 1));
+      measured = m.agrees() ? "   ok: " + fits + above : std::string("   DISAGREES (below)");
+    }
+    fmt::print("{:<10} {:>11} {:>12} {:>9.1f}% {:>11}   {:>12} {:>11}{}\n", r.policy,
+               format_count(r.longest) + (r.capped ? "*" : ""),
+               r.longest ? format_bytes(r.at_longest.peak.total_bytes) : "-",
+               100.0 * r.at_longest.recompute_overhead(), fmt_rate(r.tok_s_longest),
+               (r.fits_configured ? "" : "NO ") + format_bytes(r.at_configured.peak.total_bytes),
+               r.fits_configured ? fmt_rate(r.tok_s_configured) : "-", measured);
+  }
+  for (const auto& r : rows)
+    if (r.capped) {
+      fmt::print("* capped by model.n_ctx = {} (learned positions), not by memory\n",
+                 r.cfg.model.n_ctx);
+      break;
+    }
+  fmt::print("\n{}\n", recommendation);
+  for (const auto& r : rows) {
+    if (!r.measured.done || r.measured.agrees()) continue;
+    const Measured& m = r.measured;
+    fmt::print(stderr,
+               "\nMEASURE DISAGREES for policy {}: the planner predicts the longest seq_len is {} "
+               "(peak {} of budget {});\n"
+               "  {}{}{}\n",
+               r.policy, r.longest, r.at_longest.peak.total_bytes, budget,
+               m.at_max_exit ? fmt::format("a real step at seq_len {} exited {} (want 0: fits)",
+                                           r.longest, *m.at_max_exit)
+                             : "",
+               m.above_exit
+                   ? fmt::format("{}a real step at seq_len {} exited {} (want 3: out of memory)",
+                                 m.at_max_exit ? "; " : "", r.longest + 1, *m.above_exit)
+                   : "",
+               m.message.empty() ? "" : "\n  child said: " + m.message);
+  }
+  return all_agree ? 0 : 1;
+}
+
+}  // namespace remat::cli

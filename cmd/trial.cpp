@@ -1,0 +1,125 @@
+// Child-process trials (see cmd/trial.h).
+#include "cmd/trial.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "cmd/commands.h"
+#include "engine/error.h"
+
+extern char** environ;
+
+namespace remat::cli {
+namespace {
+
+std::string self_exe() {
+  std::error_code ec;
+  auto p = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (ec) throw Error(fmt::format("[trial] cannot resolve /proc/self/exe: {}", ec.message()));
+  return p.string();
+}
+
+std::string last_line(const std::string& path) {
+  std::ifstream in(path);
+  std::string line, last;
+  while (std::getline(in, line))
+    if (!line.empty()) last = line;
+  // Progress lines rewritten in place leave carriage returns; keep the final text.
+  if (auto cr = last.rfind('\r'); cr != std::string::npos) last = last.substr(cr + 1);
+  return last;
+}
+
+std::optional<nlohmann::json> read_summary(const std::string& path) {
+  std::ifstream in(path);
+  std::string line;
+  std::optional<nlohmann::json> out;
+  while (std::getline(in, line)) {
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (!j.is_discarded() && j.is_object() && j.contains("summary")) out = j["summary"];
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string trial_status(int exit_code) {
+  if (exit_code == 0) return "ok";
+  if (exit_code == 3) return "oom";
+  return "error";
+}
+
+TrialResult run_trial(const TrialSpec& spec, const std::function<void()>& tick) {
+  static const std::string exe = self_exe();
+  char dir_template[] = "/tmp/remat-trial-XXXXXX";
+  if (!mkdtemp(dir_template))
+    throw IoError(
+        fmt::format("[trial] cannot create a temporary folder: {}", std::strerror(errno)));
+  const std::string dir = dir_template;
+  const std::string metrics = dir + "/metrics.jsonl", err = dir + "/stderr.txt";
+
+  std::vector<std::string> args = {exe, "train", "--config", spec.config_path};
+  for (const auto& s : spec.overrides) {
+    args.push_back("--set");
+    args.push_back(s);
+  }
+  for (const char* a : {"--metrics", metrics.c_str(), "-q"}) args.emplace_back(a);
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
+  posix_spawn_file_actions_addopen(&fa, STDERR_FILENO, err.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
+                                   0644);
+  pid_t pid = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  const int rc = posix_spawn(&pid, exe.c_str(), &fa, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  if (rc != 0) {
+    std::filesystem::remove_all(dir);
+    throw Error(fmt::format("[trial] cannot start {}: {}", exe, std::strerror(rc)));
+  }
+
+  TrialResult r;
+  int status = 0;
+  bool stopped = false;
+  int sleep_ms = 2;  // short trials end in milliseconds; long ones are polled 5 times a second
+  for (;;) {
+    const pid_t w = waitpid(pid, &status, WNOHANG);
+    if (w == pid) break;
+    if (w < 0 && errno != EINTR) break;
+    if (interrupted() && !stopped) {
+      // The point is discarded anyway: stop the child now rather than after its step.
+      kill(pid, SIGTERM);
+      stopped = true;
+    }
+    if (tick) tick();
+    std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms));
+    sleep_ms = std::min(sleep_ms * 2, 200);
+  }
+  r.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.interrupted = stopped || interrupted();
+  r.summary = read_summary(metrics);
+  r.message = last_line(err);
+  if (r.message.rfind("error: ", 0) == 0) r.message = r.message.substr(7);
+  if (WIFSIGNALED(status) && !stopped)
+    r.message =
+        fmt::format("killed by signal {} ({})", WTERMSIG(status), strsignal(WTERMSIG(status)));
+  std::filesystem::remove_all(dir);
+  return r;
+}
+
+}  // namespace remat::cli

@@ -1,0 +1,176 @@
+// `fit` and `sweep` on the real binary, with a tiny RoPE model (so seq_len is not capped by
+// n_ctx) under a 4 MiB budget, where the longest seq_len per policy is a few hundred tokens.
+// Every trial is one step in a child process. Tagged [smoke].
+#include <fmt/format.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+using Catch::Matchers::Contains;
+
+namespace {
+
+struct Result {
+  int code = -1;
+  std::string out;  // stdout only
+};
+
+Result run(const std::string& args, bool with_stderr = false) {
+  const std::string cmd = fmt::format("cd {} && {} {} {}", REMAT_SOURCE_DIR, REMAT_BINARY, args,
+                                      with_stderr ? "2>&1" : "2>/dev/null");
+  Result r;
+  FILE* p = popen(cmd.c_str(), "r");
+  REQUIRE(p != nullptr);
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+  const int status = pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+// tiny.toml with RoPE and batch 1: ~1.6 MiB of weights, grads and AdamW state, the rest
+// activations.
+const std::string kTiny =
+    "--config configs/tiny.toml --set model.position=rope --set train.batch_size=1";
+
+std::string tmp_dir(const std::string& name) {
+  return fmt::format("/tmp/remat-test-{}-{}", getpid(), name);
+}
+
+std::vector<std::string> split(const std::string& line, char sep) {
+  std::vector<std::string> out;
+  std::stringstream ss(line);
+  std::string f;
+  while (std::getline(ss, f, sep)) out.push_back(f);
+  if (!line.empty() && line.back() == sep) out.emplace_back();
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("fit's predicted longest seq_len is what real steps find (--measure)", "[smoke]") {
+  Result r = run("fit " + kTiny + " --memory 4MiB --measure --json");
+  REQUIRE(r.code == 0);
+  const auto j = nlohmann::json::parse(r.out);
+  CHECK(j["pool_budget_bytes"] == 4u << 20);
+  CHECK(j["rate_flops_per_s"].get<double>() > 0);
+  REQUIRE(j["policies"].size() == 4);
+  for (const auto& p : j["policies"]) {
+    INFO(p.dump());
+    const int64_t longest = p["longest_seq_len"];
+    CHECK(longest > 100);
+    CHECK(longest < 2000);
+    CHECK_FALSE(p["capped_by_n_ctx"].get<bool>());
+    CHECK(p["predicted_peak_bytes"].get<uint64_t>() <= 4u << 20);
+    CHECK(p["est_tokens_per_s"].get<double>() > 0);
+    const auto& m = p["measured"];
+    CHECK(m["exit_at_longest"] == 0);     // a step at the predicted maximum fits ...
+    CHECK(m["exit_above_longest"] == 3);  // ... and one token more does not
+    CHECK(m["measured_peak_bytes"] == p["predicted_peak_bytes"]);
+    CHECK(m["agrees"] == true);
+  }
+  CHECK_THAT(j["recommendation"].get<std::string>(),
+             Contains("longest:") && Contains("at your configured 64"));
+}
+
+TEST_CASE("fit prints the table and the recommendation; --measure rejects a --gpu preset",
+          "[smoke]") {
+  Result r = run("fit --config configs/long.toml --gpu h200", true);
+  REQUIRE(r.code == 0);
+  CHECK_THAT(r.out, Contains("longest T") && Contains("save_attn") && Contains("989 TFLOP/s") &&
+                        Contains("longest: ") && Contains("is the fastest policy that fits"));
+  CHECK(run("fit --config configs/long.toml --gpu h200 --measure").code == 2);
+  CHECK(run("fit --config configs/mlp4.toml").code == 2);
+}
+
+TEST_CASE("sweep records an out-of-memory point and goes on; CSV and JSON follow the schema",
+          "[smoke]") {
+  const std::string dir = tmp_dir("sweep");
+  // At 256 tokens `none` needs 4.05 MiB (> 4 MiB) and `full` 3.10 MiB.
+  Result r = run(
+      "sweep " + kTiny +
+      " --set device.memory=4MiB --seq-lens 128,256 --policies none,full --steps 1 --out " + dir);
+  REQUIRE(r.code == 0);
+  CHECK_THAT(r.out, Contains("seq_len") && Contains("oom") && Contains("sweep.csv"));
+
+  std::ifstream csv(dir + "/sweep.csv");
+  std::string header;
+  REQUIRE(std::getline(csv, header));
+  CHECK(header ==
+        "seq_len,policy,status,exit_code,predicted_peak_bytes,measured_peak_bytes,median_step_ms,"
+        "tokens_per_s,"
+        "recompute_overhead,wall_s,message");
+  std::vector<std::vector<std::string>> rows;
+  for (std::string line; std::getline(csv, line);) rows.push_back(split(line, ','));
+  REQUIRE(rows.size() == 4);
+  CHECK(rows[0][0] == "128");
+  CHECK(rows[0][1] == "none");
+  CHECK(rows[0][2] == "ok");
+  CHECK(rows[0][4] == rows[0][5]);  // predicted == measured peak on the CPU
+  CHECK(rows[2][0] == "256");
+  CHECK(rows[2][1] == "none");
+  CHECK(rows[2][2] == "oom");
+  CHECK(rows[2][3] == "3");
+  CHECK(rows[2][5].empty());
+  CHECK(rows[3][1] == "full");
+  CHECK(rows[3][2] == "ok");  // the sweep went on after the out-of-memory point
+
+  std::ifstream jf(dir + "/sweep.json");
+  const auto j = nlohmann::json::parse(jf);
+  for (const char* k : {"config", "target", "budget_bytes", "batch_size", "steps", "seq_lens",
+                        "policies", "interrupted", "points"})
+    CHECK(j.contains(k));
+  CHECK(j["budget_bytes"] == 4u << 20);
+  CHECK(j["interrupted"] == false);
+  REQUIRE(j["points"].size() == 4);
+  for (const auto& p : j["points"]) {
+    for (const char* k :
+         {"seq_len", "policy", "status", "exit_code", "predicted_peak_bytes", "measured_peak_bytes",
+          "median_step_ms", "tokens_per_s", "recompute_overhead", "wall_s", "message"})
+      CHECK(p.contains(k));
+    if (p["status"] == "ok") {
+      CHECK(p["measured_peak_bytes"] == p["predicted_peak_bytes"]);
+      CHECK(p["tokens_per_s"].get<double>() > 0);
+    } else {
+      CHECK(p["status"] == "oom");
+      CHECK(p["measured_peak_bytes"].is_null());
+      CHECK(p["predicted_peak_bytes"].get<uint64_t>() > 4u << 20);
+      CHECK_THAT(p["message"].get<std::string>(), Contains("out of memory"));
+    }
+  }
+  CHECK(j["points"][1]["recompute_overhead"].get<double>() > 0.1);  // full recomputes
+
+  SECTION("the plot script draws sweep.png") {
+    // Debian's matplotlib is in /usr/bin/python3, which a python3 on the PATH may shadow.
+    std::string python;
+    for (const char* py : {"python3", "/usr/bin/python3"})
+      if (python.empty() &&
+          std::system(fmt::format("{} -c 'import matplotlib' >/dev/null 2>&1", py).c_str()) == 0)
+        python = py;
+    if (python.empty()) {
+      WARN("skipped: matplotlib not available (install python3-matplotlib)");
+      std::filesystem::remove_all(dir);
+      return;
+    }
+    const std::string cmd = fmt::format("{} {}/scripts/plot_sweep.py {} >/dev/null 2>&1", python,
+                                        REMAT_SOURCE_DIR, dir);
+    CHECK(std::system(cmd.c_str()) == 0);
+    CHECK(std::filesystem::file_size(dir + "/sweep.png") > 1000);
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("sweep rejects malformed --seq-lens and seq_lens beyond a learned n_ctx", "[smoke]") {
+  CHECK(run("sweep --config configs/tiny.toml --seq-lens 4k..1k").code == 2);
+  CHECK(run("sweep --config configs/tiny.toml --seq-lens abc").code == 2);
+  CHECK(run("sweep --config configs/tiny.toml --seq-lens 64..256").code == 2);  // n_ctx = 128
+}
