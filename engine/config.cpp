@@ -98,7 +98,7 @@ std::vector<int64_t> read_int_list(const toml::node& n, const Origin& o) {
 }
 
 constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
-const std::vector<std::string> kPolicies = {"none", "full", "save_dots", "save_attn", "names"};
+const std::vector<std::string> kPolicies = {"none", "full", "save_dots", "save_attn", "names", "auto"};
 
 std::vector<std::string> read_string_list(const toml::node& n, const Origin& o) {
   const toml::array* arr = n.as_array();
@@ -143,14 +143,19 @@ const std::vector<KeySpec>& key_specs() {
       {"remat", "save", [](Config& c, auto& n, auto& o) { c.remat.save = read_string_list(n, o); }},
       {"remat", "plan", [](Config& c, auto& n, auto& o) {
          c.remat.plan = read_string_list(n, o);
-         for (const auto& p : c.remat.plan)
+         for (const auto& p : c.remat.plan) {
+           if (p == "auto")
+             fail(o, "\"auto\" is not a per-block policy: it chooses the whole plan",
+                  "set remat.policy = \"auto\" without remat.plan, or use none, full, save_dots or save_attn per block");
            if (std::find(kPolicies.begin(), kPolicies.end(), p) == kPolicies.end() || p == "names")
              fail(o, fmt::format("unknown per-block policy \"{}\"", p), "use none, full, save_dots or save_attn per block");
+         }
        }},
       {"remat", "every", [](Config& c, auto& n, auto& o) { c.remat.every = read_int(n, o, 1, 4096, false); }},
       {"remat", "blocks", [](Config& c, auto& n, auto& o) { c.remat.blocks = read_int_list(n, o); }},
       {"device", "backend", [](Config& c, auto& n, auto& o) { c.device.backend = read_choice(n, o, {"auto", "cpu", "cuda"}); }},
       {"device", "memory", [](Config& c, auto& n, auto& o) { c.device.memory_bytes = read_size(n, o); }},
+      {"device", "precision", [](Config& c, auto& n, auto& o) { c.device.precision = read_choice(n, o, {"bf16", "fp32"}); }},
       {"device", "threads", [](Config& c, auto& n, auto& o) { c.device.threads = read_int(n, o, 0, 1024, false); }},
       {"log", "every", [](Config& c, auto& n, auto& o) { c.log.every = read_int(n, o, 1, kMax, false); }},
       {"log", "metrics", [](Config& c, auto& n, auto& o) { c.log.metrics = read_string(n, o); }},
@@ -238,6 +243,11 @@ void validate(const Config& c, const Origins& o) {
   if (c.remat.policy == "names" && c.remat.save.empty())
     fail(o.of("remat.save"), "policy \"names\" needs the list of activations to keep",
          "set remat.save = [\"attn\", \"attn.lse\"] (or other names), or choose another policy");
+  if (c.remat.policy == "auto")  // auto chooses these itself; a value set beside it would be ignored
+    for (const char* key : {"remat.plan", "remat.every", "remat.blocks"})
+      if (o.all().count(key) && !(key == std::string("remat.plan") && c.remat.plan.empty()))  // plan = [] is no plan
+        fail(o.of(key), fmt::format("{} cannot be set with policy \"auto\", which chooses a plan per block itself", key),
+             fmt::format("remove {}, or choose a named policy", key));
   if (c.remat.every > m.n_layer)
     fail(o.of("remat.every"), fmt::format("every = {} exceeds model.n_layer = {}", c.remat.every, m.n_layer),
          fmt::format("use 1..{} (n_layer = whole model)", m.n_layer));

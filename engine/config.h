@@ -43,7 +43,8 @@ struct DataConfig {
 };
 
 struct RematConfig {
-  std::string policy = "none";    // "none" | "full" | "save_dots" | "save_attn" | "names"
+  std::string policy = "none";    // "none" | "full" | "save_dots" | "save_attn" | "names" |
+                                  // "auto" (the planner's per-block plan; see engine/planner.h)
   int64_t every = 1;              // blocks per checkpoint segment (n_layer = whole model)
   std::vector<int64_t> blocks;    // blocks that are checkpointed; empty = all
   std::vector<std::string> save;  // policy "names": activations to keep (JAX save_only_these_names)
@@ -54,6 +55,7 @@ struct DeviceConfig {
   std::string backend = "auto";  // "auto" | "cpu" | "cuda"
   uint64_t memory_bytes = 0;     // budget; 0 = what the machine has
   int64_t threads = 0;           // CPU threads; 0 = all cores
+  std::string precision = "bf16";  // CUDA activations: "bf16" (fp32 master weights) | "fp32"
 };
 
 struct LogConfig {

@@ -3,11 +3,15 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <functional>
+#include <map>
+#include <utility>
 
 #include "engine/cpu/cpu_backend.h"
 #include "engine/devices.h"
 #include "engine/error.h"
+#include "engine/units.h"
 
 namespace remat {
 
@@ -43,7 +47,7 @@ PlanTarget plan_target(const Config& cfg, const std::string& gpu, std::optional<
                                     "(h200, h100-80gb, ...) or --memory SIZE, or set device.memory", cfg.path));
     }
     t.name = gpu.empty() ? "cuda" : gpu;
-    t.count = CountTarget{"cuda", DType::BF16, 1};
+    t.count = CountTarget{"cuda", cfg.device.precision == "fp32" ? DType::F32 : DType::BF16, 1};
     // Outside the pool: the CUDA context with cuBLAS(Lt) and cuDNN loaded (~600 MiB measured on
     // Hopper-class cards with CUDA 12/13) plus the caching slack of the driver.
     t.reserve_bytes = 768ull << 20;
@@ -126,6 +130,178 @@ int64_t Planner::largest_batch(const Config& cfg) const {
 const std::vector<std::string>& builtin_policies() {
   static const std::vector<std::string> p = {"none", "full", "save_dots", "save_attn"};
   return p;
+}
+
+// ---- auto ----
+
+namespace {
+
+// From the most memory (no recompute) to the least (the most recompute): each policy keeps a
+// subset of the previous one's tensors.
+constexpr std::array<const char*, 4> kAutoPolicies = {"none", "save_dots", "save_attn", "full"};
+constexpr size_t kNumAuto = kAutoPolicies.size();
+constexpr int64_t kMaxCompositions = 2000;
+using Counts = std::array<int64_t, kNumAuto>;  // blocks per policy of kAutoPolicies
+
+// The blocks of a composition, lightest memory first: "full" blocks come first and the
+// memory-heavier policies go to the LAST blocks. The backward pass runs from the last block
+// down and frees each block's tensors once it is done, and the block being back-propagated is
+// fully live whatever its policy (recomputed if checkpointed). So the peak while block k is
+// back-propagated counts the saved tensors of blocks 0..k-1 only: a block's saved tensors weigh
+// on the backward of every block after it, and the later a block is, the shorter they live.
+// Sorting ascending by memory makes every such prefix as small as it can be.
+std::vector<std::string> arrange(const Counts& counts) {
+  std::vector<std::string> out;
+  for (size_t p = kNumAuto; p-- > 0;)
+    out.insert(out.end(), static_cast<size_t>(counts[p]), kAutoPolicies[p]);
+  return out;
+}
+
+int64_t n_compositions(int64_t n_layer) {
+  // C(L + 3, 3) = (L+1)(L+2)(L+3)/6; saturate rather than overflow for huge L.
+  if (n_layer > 100000) return kMaxCompositions + 1;
+  return (n_layer + 1) * (n_layer + 2) * (n_layer + 3) / 6;
+}
+
+}  // namespace
+
+std::string AutoPlan::mix() const {
+  std::string out;
+  for (const char* p : kAutoPolicies) {
+    const auto n = std::count(policies.begin(), policies.end(), p);
+    if (n) out += fmt::format("{}{} x {}", out.empty() ? "" : ", ", n, p);
+  }
+  return out;
+}
+
+std::string AutoPlan::summary() const {
+  return fmt::format("chose {} (recompute +{:.2f}%, predicted peak {} of budget {})", mix(), 100.0 * recompute_overhead,
+                     format_bytes(peak_bytes), format_bytes(budget_bytes));
+}
+
+std::string AutoPlan::infeasible_message() const {
+  return fmt::format(
+      "[planner] remat.policy = \"auto\": no plan fits the budget of {} ({} B); the smallest "
+      "achievable peak is {} ({} B, every block \"full\"). Hint: set device.memory = {} or more, or "
+      "lower train.batch_size or train.seq_len; `remat-train plan` shows what fits.",
+      format_bytes(budget_bytes), budget_bytes, format_bytes(min_peak_bytes), min_peak_bytes, min_peak_bytes);
+}
+
+Config with_block_plan(const Config& cfg, const std::vector<std::string>& policies) {
+  Config c = cfg;
+  c.remat.policy = "none";  // remat.plan overrides it; "none" keeps the config free of "auto"
+  c.remat.plan = policies;
+  c.remat.every = 1;
+  c.remat.blocks.clear();
+  c.remat.save.clear();
+  return c;
+}
+
+AutoPlan choose_auto_plan(const Planner& planner, const Config& cfg) {
+  const int64_t L = cfg.model.n_layer;
+  AutoPlan best;
+  best.budget_bytes = planner.target().pool_budget();
+  std::map<Counts, DryRun> runs;  // each composition is dry-run once
+  auto evaluate = [&](const Counts& counts) {
+    auto it = runs.find(counts);
+    if (it == runs.end()) {
+      ++best.n_dry_runs;
+      it = runs.emplace(counts, planner.dry_run(with_block_plan(cfg, arrange(counts)), false)).first;
+    }
+    return it->second;
+  };
+  auto take = [&](const Counts& counts, const DryRun& r) {
+    best.policies = arrange(counts);
+    best.fits = r.peak.total_bytes <= best.budget_bytes;
+    best.peak_bytes = r.peak.total_bytes;
+    best.recompute_flops = r.cost[static_cast<size_t>(Phase::Recompute)].flops;
+    best.recompute_overhead = r.recompute_overhead();
+  };
+
+  // The uniform plans: the cost of each policy per block, and the two ends of the search.
+  std::array<DryRun, kNumAuto> uniform;
+  for (size_t p = 0; p < kNumAuto; ++p) {
+    Counts c{};
+    c[p] = L;
+    uniform[p] = evaluate(c);
+  }
+  const auto fits = [&](const DryRun& r) { return r.peak.total_bytes <= best.budget_bytes; };
+  best.min_peak_bytes = uniform[kNumAuto - 1].peak.total_bytes;
+  if (fits(uniform[0]) || !fits(uniform[kNumAuto - 1])) {  // nothing to trade, or nothing fits
+    const size_t p = fits(uniform[0]) ? 0 : kNumAuto - 1;
+    Counts c{};
+    c[p] = L;
+    take(c, uniform[p]);
+    return best;
+  }
+  // Recompute FLOPs per block of each policy: blocks are identical, so they add up.
+  std::array<double, kNumAuto> per_block{};
+  for (size_t p = 0; p < kNumAuto; ++p)
+    per_block[p] = uniform[p].cost[static_cast<size_t>(Phase::Recompute)].flops / static_cast<double>(L);
+  auto estimate = [&](const Counts& c) {
+    double f = 0;
+    for (size_t p = 0; p < kNumAuto; ++p) f += static_cast<double>(c[p]) * per_block[p];
+    return f;
+  };
+  // Among candidates of equal recompute, the lower peak wins.
+  std::optional<std::pair<double, uint64_t>> best_key;
+  auto consider = [&](const Counts& c, const DryRun& r) {
+    if (!fits(r)) return;
+    const std::pair<double, uint64_t> key{estimate(c), r.peak.total_bytes};
+    if (!best_key || key < *best_key) {
+      best_key = key;
+      take(c, r);
+    }
+  };
+
+  if (n_compositions(L) <= kMaxCompositions) {
+    // Every composition, cheapest recompute first; the first estimate level with a fitting
+    // candidate is the optimum (all candidates of that level are evaluated for the tie-break).
+    std::vector<std::pair<double, Counts>> all;
+    for (int64_t a = 0; a <= L; ++a)
+      for (int64_t b = 0; a + b <= L; ++b)
+        for (int64_t d = 0; a + b + d <= L; ++d) {
+          const Counts c{a, b, d, L - a - b - d};
+          all.emplace_back(estimate(c), c);
+        }
+    std::stable_sort(all.begin(), all.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
+    for (size_t i = 0; i < all.size(); ++i) {
+      if (best_key && all[i].first > best_key->first) break;
+      consider(all[i].second, evaluate(all[i].second));
+    }
+  } else {
+    // Mixtures of a heavier policy h (on the last n blocks) and a lighter one l (on the first
+    // L - n): the peak grows with n, so the largest fitting n is found by bisection.
+    for (size_t h = 0; h < kNumAuto; ++h)
+      for (size_t l = h + 1; l < kNumAuto; ++l) {
+        if (!fits(uniform[l])) continue;
+        auto mixture = [&](int64_t n) {
+          Counts c{};
+          c[h] = n;
+          c[l] = L - n;
+          return c;
+        };
+        int64_t ok = 0, bad = L + 1;  // fits(ok) holds; fits(bad) does not (or is out of range)
+        DryRun ok_run = uniform[l];
+        if (fits(uniform[h])) {
+          ok = L;
+          ok_run = uniform[h];
+        }
+        while (bad - ok > 1 && ok < L) {
+          const int64_t mid = ok + (bad - ok) / 2;
+          DryRun r = evaluate(mixture(mid));
+          if (fits(r)) {
+            ok = mid;
+            ok_run = std::move(r);
+          } else {
+            bad = mid;
+          }
+        }
+        consider(mixture(ok), ok_run);
+      }
+  }
+  REMAT_ASSERT(best_key.has_value(), "auto: uniform \"full\" fits but no candidate was taken");
+  return best;
 }
 
 }  // namespace remat

@@ -141,8 +141,7 @@ std::string version_string() {
 }
 
 std::unique_ptr<Backend> make_backend(const DeviceConfig& cfg) {
-  // TODO(lead): take the activation dtype from device.precision once DeviceConfig has it (#5).
-  return std::make_unique<CudaBackend>(cfg, DType::BF16);
+  return std::make_unique<CudaBackend>(cfg, cfg.precision == "fp32" ? DType::F32 : DType::BF16);
 }
 
 // ---- construction ----

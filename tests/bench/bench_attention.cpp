@@ -1,0 +1,93 @@
+// Attention throughput against the machine's SGEMM rate (issue 4: at least half of it at
+// T >= 4096, head size 64). Prints the best of several runs, since the cores may be shared.
+//
+//   remat_bench_attention [threads]    (default: all cores, as the trainer uses)
+//
+// GFLOP/s count causal FLOPs only, as Backend::attention_forward/backward do: 4*HS per
+// (query, key <= query) pair forward, 10*HS backward.
+#include <cblas.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <vector>
+
+#include "engine/cpu/cpu_backend.h"
+#include "engine/rng.h"
+
+using namespace remat;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Best wall time in seconds of `reps` runs of fn (after one warm-up run).
+template <class F>
+double best_seconds(int reps, F&& fn) {
+  fn();
+  double best = 1e30;
+  for (int r = 0; r < reps; ++r) {
+    const auto t0 = Clock::now();
+    fn();
+    best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  return best;
+}
+
+void fill_randn(const Buffer& b, uint64_t stream) {
+  for (int64_t i = 0; i < b.tensor().numel(); ++i)
+    b.f32()[i] = static_cast<float>(rng_normal(1234, stream, static_cast<uint64_t>(i)));
+}
+
+double sgemm_gflops(cpu::CpuBackend& be) {
+  constexpr int n = 2048;
+  Buffer a = be.pool().allocate({n, n}, DType::F32, MemCategory::Transient, "bench.a");
+  Buffer b = be.pool().allocate({n, n}, DType::F32, MemCategory::Transient, "bench.b");
+  Buffer c = be.pool().allocate({n, n}, DType::F32, MemCategory::Transient, "bench.c");
+  fill_randn(a, 1);
+  fill_randn(b, 2);
+  const double s = best_seconds(3, [&] {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.f32(), n, b.f32(), n,
+                0.0f, c.f32(), n);
+  });
+  return 2.0 * n * n * n / s / 1e9;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int threads = argc > 1 ? std::atoi(argv[1]) : 0;
+  cpu::CpuBackend be(64ull << 30, threads);
+  fmt::print("{}\n", be.describe());
+  fmt::print("sgemm 2048^3: {:.1f} GFLOP/s\n", sgemm_gflops(be));
+  // Each row's percentages are of an SGEMM rate measured just before that row, so that other
+  // work on shared cores, which comes and goes, slows both sides of the ratio alike.
+  fmt::print("{:>6} {:>4} {:>10} {:>10} {:>7} {:>10} {:>7}\n", "T", "HS", "sgemm GF/s", "fwd GF/s",
+             "% sgemm", "bwd GF/s", "% sgemm");
+  const int64_t B = 1, NH = 4;
+  for (const int64_t T : {1024, 4096, 8192}) {
+    for (const int64_t HS : {64, 128}) {
+      const int64_t C = NH * HS;
+      auto alloc = [&](std::vector<int64_t> shape) {
+        return be.pool().allocate(shape, DType::F32, MemCategory::Transient, "bench");
+      };
+      Buffer qkv = alloc({B, T, 3 * C}), dout = alloc({B, T, C}), out = alloc({B, T, C});
+      Buffer lse = alloc({B, NH, T}), dqkv = alloc({B, T, 3 * C});
+      fill_randn(qkv, 3);
+      fill_randn(dout, 4);
+      const AttentionForwardArgs fa{.out = out, .lse = lse, .qkv = qkv, .n_head = NH};
+      const AttentionBackwardArgs ba{.dqkv = dqkv, .dout = dout, .qkv = qkv, .out = out,
+                                     .lse = lse, .n_head = NH};
+      const double peak = sgemm_gflops(be);
+      const int reps = T <= 1024 ? 10 : 3;
+      const double fwd_s = best_seconds(reps, [&] { be.attention_forward(fa); });
+      const double bwd_s = best_seconds(reps, [&] { be.attention_backward(ba); });
+      const double pairs = static_cast<double>(B * NH) * T * (T + 1) / 2;
+      const double fwd = 4.0 * HS * pairs / fwd_s / 1e9, bwd = 10.0 * HS * pairs / bwd_s / 1e9;
+      fmt::print("{:>6} {:>4} {:>10.1f} {:>10.1f} {:>6.0f}% {:>10.1f} {:>6.0f}%\n", T, HS, peak,
+                 fwd, 100 * fwd / peak, bwd, 100 * bwd / peak);
+    }
+  }
+  return 0;
+}
