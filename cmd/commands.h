@@ -26,8 +26,10 @@ struct PlanOptions {
   std::optional<int64_t> seq_len;   // --seq-len N
   std::optional<int64_t> batch_size;
   bool json = false;
+  bool emit_config = false;         // --emit-config: print only auto's plan as a [remat] table
 };
 
+/// With --emit-config, exit 3 (OutOfMemory) when no plan fits the budget.
 int run_plan(const PlanOptions& opt);
 
 struct CompareOptions {

@@ -12,6 +12,7 @@
 #include "data/synthetic.h"
 #include "engine/cpu/cpu_backend.h"
 #include "engine/devices.h"
+#include "engine/error.h"
 #include "engine/planner.h"
 #include "engine/units.h"
 #include "layers/models.h"
@@ -42,7 +43,13 @@ CompareRow run_policy(const Config& base, const std::string& policy, int64_t ste
   target.count = CountTarget{be.name(), be.act_dtype(), static_cast<int>(cfg.device.threads > 0 ? cfg.device.threads : 0)};
   if (target.count.threads <= 0) target.count.threads = cpu::default_threads();
   target.device_bytes = be.pool().budget_bytes();
-  const DryRun plan = Planner(target, make_parts).dry_run(cfg, false);
+  const Planner planner(target, make_parts);
+  if (policy == "auto") {  // the plan `train` would run with this budget
+    const AutoPlan chosen = choose_auto_plan(planner, cfg);
+    if (!chosen.fits) throw OutOfMemory(chosen.infeasible_message());
+    cfg.remat.plan = chosen.policies;
+  }
+  const DryRun plan = planner.dry_run(cfg, false);
 
   RunParts parts = make_parts(cfg, be);
   Trainer trainer(cfg, be, *parts.model, *parts.data);
@@ -84,8 +91,9 @@ int run_compare(const CompareOptions& opt) {
                                                            : std::vector<std::string>{"none", "full", "save_dots", "save_attn"};
   if (policies.front() != "none") policies.insert(policies.begin(), "none");
   for (const auto& p : policies)
-    if (std::find(builtin_policies().begin(), builtin_policies().end(), p) == builtin_policies().end() && p != "names")
-      throw ConfigError(fmt::format("--policies: [compare] unknown policy \"{}\". Fix: use none, full, save_dots, save_attn, names", p));
+    if (std::find(builtin_policies().begin(), builtin_policies().end(), p) == builtin_policies().end() && p != "names" &&
+        p != "auto")
+      throw ConfigError(fmt::format("--policies: [compare] unknown policy \"{}\". Fix: use none, full, save_dots, save_attn, names, auto", p));
   install_interrupt_handler();
 
   std::vector<CompareRow> rows;

@@ -176,7 +176,12 @@ int run_fit(const FitOptions& opt) {
         "--measure: [fit] measures on this machine, not on a --gpu preset. Fix: drop --gpu or "
         "--measure");
   std::vector<std::string> policies = opt.policies.empty() ? builtin_policies() : opt.policies;
-  for (const auto& p : policies)
+  for (const auto& p : policies) {
+    if (p == "auto")
+      throw ConfigError(
+          "--policies: [fit] \"auto\" is not one policy: at each seq_len it picks the cheapest per-block mix "
+          "that fits, so its longest seq_len is that of \"full\". Fix: drop auto from --policies (the "
+          "recommendation names the fastest policy that fits), or see `remat-train plan` for auto's plan");
     if (std::find(builtin_policies().begin(), builtin_policies().end(), p) ==
             builtin_policies().end() &&
         p != "names")
@@ -184,6 +189,7 @@ int run_fit(const FitOptions& opt) {
           fmt::format("--policies: [fit] unknown policy \"{}\". Fix: use none, full, save_dots, "
                       "save_attn, names",
                       p));
+  }
 
   const PlanTarget target = plan_target(base, opt.gpu, opt.memory);
   const Planner planner(target, make_parts);

@@ -59,7 +59,10 @@ int run(int argc, char** argv) {
       ->excludes(mem_opt);
   plan_cmd->add_option("--seq-len", plan_seq_len, "Sequence length to plan for (4k, 32768, ...)");
   plan_cmd->add_option("--batch-size", plan_batch, "Batch size to plan for");
-  plan_cmd->add_flag("--json", plan.json, "Machine-readable output");
+  auto* plan_json = plan_cmd->add_flag("--json", plan.json, "Machine-readable output");
+  plan_cmd->add_flag("--emit-config", plan.emit_config,
+                     "Print only the plan remat.policy = \"auto\" chooses, as a [remat] table to paste into the config")
+      ->excludes(plan_json);
 
   remat::cli::CompareOptions compare;
   CLI::App* compare_cmd = app.add_subcommand("compare", "Train the same steps under each policy and compare memory, time and results");

@@ -1,5 +1,6 @@
 // `remat-train plan`: predict peak memory, FLOPs and the longest context per policy without
-// computing anything (the executor on the count backend; engine/planner.h).
+// computing anything (the executor on the count backend; engine/planner.h), including the plan
+// remat.policy = "auto" chooses; --emit-config prints only that plan, as a [remat] table.
 #include <fmt/format.h>
 
 #include <nlohmann/json.hpp>
@@ -7,6 +8,7 @@
 #include "cmd/commands.h"
 #include "data/synthetic.h"
 #include "engine/config.h"
+#include "engine/error.h"
 #include "engine/planner.h"
 #include "engine/units.h"
 #include "layers/models.h"
@@ -48,6 +50,21 @@ nlohmann::json row_json(const PolicyRow& r, const PlanTarget& t) {
           {"largest_batch", r.max_batch}};
 }
 
+// What `plan --emit-config` prints: a [remat] table that runs auto's plan as a fixed one.
+std::string remat_table(const AutoPlan& a, const PlanTarget& t) {
+  // One line when short; deep models get one array line per 6 blocks (TOML arrays may span lines).
+  std::string quoted;
+  const bool wrap = a.policies.size() > 8;
+  for (size_t i = 0; i < a.policies.size(); ++i)
+    quoted += fmt::format("{}\"{}\"", i == 0 ? (wrap ? "\n  " : "") : (wrap && i % 6 == 0 ? ",\n  " : ", "),
+                          a.policies[i]);
+  if (wrap) quoted += ",\n";
+  return fmt::format("[remat]\n# remat.policy = \"auto\" on {} with a budget of {}: predicted peak {} ({} B), "
+                     "recompute +{:.2f}%\nplan = [{}]\n",
+                     t.name, format_bytes(a.budget_bytes), format_bytes(a.peak_bytes), a.peak_bytes,
+                     100.0 * a.recompute_overhead, quoted);
+}
+
 }  // namespace
 
 int run_plan(const PlanOptions& opt) {
@@ -58,6 +75,12 @@ int run_plan(const PlanOptions& opt) {
   const Config cfg = load_config(opt.config_path, sets);
   const PlanTarget target = plan_target(cfg, opt.gpu, opt.memory);
   const Planner planner(target, make_run_parts);
+  const AutoPlan chosen = choose_auto_plan(planner, cfg);
+  if (opt.emit_config) {
+    if (!chosen.fits) throw OutOfMemory(chosen.infeasible_message());
+    fmt::print("{}", remat_table(chosen, target));
+    return 0;
+  }
 
   std::vector<PolicyRow> rows;
   auto add_row = [&](const std::string& label, const Config& c) {
@@ -74,11 +97,18 @@ int run_plan(const PlanOptions& opt) {
     c.remat.every = 1;
     add_row(p, c);
   }
-  const std::string configured = cfg.remat.plan.empty()
-                                     ? fmt::format("{} (every {}{})", cfg.remat.policy, cfg.remat.every,
-                                                   cfg.remat.blocks.empty() ? "" : ", some blocks")
-                                     : "per-block plan";
-  add_row("configured: " + configured, cfg);
+  const bool configured_auto = cfg.remat.policy == "auto";
+  add_row(chosen.fits ? (configured_auto ? "auto (configured)" : "auto") : "auto: nothing fits",
+          with_block_plan(cfg, chosen.policies));
+  if (!configured_auto) {
+    const std::string configured = cfg.remat.plan.empty()
+                                       ? fmt::format("{} (every {}{})", cfg.remat.policy, cfg.remat.every,
+                                                     cfg.remat.blocks.empty() ? "" : ", some blocks")
+                                       : "per-block plan";
+    add_row("configured: " + configured, cfg);
+  }
+  std::string auto_plan;
+  for (const auto& p : chosen.policies) auto_plan += fmt::format("{}\"{}\"", auto_plan.empty() ? "" : ", ", p);
 
   if (opt.json) {
     nlohmann::json out = {{"config", cfg.path},
@@ -93,6 +123,13 @@ int run_plan(const PlanOptions& opt) {
                           {"n_params", rows.front().run.n_params},
                           {"policies", nlohmann::json::array()}};
     for (const auto& r : rows) out["policies"].push_back(row_json(r, target));
+    out["auto"] = {{"plan", chosen.policies},
+                   {"fits", chosen.fits},
+                   {"peak_bytes", chosen.peak_bytes},
+                   {"min_peak_bytes", chosen.min_peak_bytes},
+                   {"recompute_flops", chosen.recompute_flops},
+                   {"recompute_overhead", chosen.recompute_overhead},
+                   {"dry_runs", chosen.n_dry_runs}};
     fmt::print("{}\n", out.dump(2));
     return 0;
   }
@@ -114,6 +151,12 @@ int run_plan(const PlanOptions& opt) {
                100.0 * r.run.recompute_overhead(), pk.total_bytes <= target.pool_budget() ? "yes" : "NO", pk.phase,
                cfg.model.kind == "gpt" ? format_count(r.longest) : std::string("-"), r.max_batch);
   }
+  if (chosen.fits)
+    fmt::print("\nauto: {}\n      plan = [{}] (--emit-config prints it as a [remat] table)\n", chosen.summary(),
+               auto_plan);
+  else
+    fmt::print("\nauto: nothing fits: the smallest achievable peak is {} (every block \"full\"), over the budget of {}\n",
+               format_bytes(chosen.min_peak_bytes), format_bytes(chosen.budget_bytes));
   const PolicyRow& c = rows.back();
   fmt::print("\nconfigured policy in detail: peak {} ({} B) during {}\n", format_bytes(c.run.peak.total_bytes),
              c.run.peak.total_bytes, c.run.peak.phase);

@@ -212,10 +212,10 @@ int run_sweep(const SweepOptions& opt) {
   for (const auto& p : policies)
     if (std::find(builtin_policies().begin(), builtin_policies().end(), p) ==
             builtin_policies().end() &&
-        p != "names")
+        p != "names" && p != "auto")
       throw ConfigError(
           fmt::format("--policies: [sweep] unknown policy \"{}\". Fix: use none, full, save_dots, "
-                      "save_attn, names",
+                      "save_attn, names, auto",
                       p));
   const int64_t steps = opt.steps > 0 ? opt.steps : 3;
   const PlanTarget target = plan_target(base, "", std::nullopt);
@@ -237,7 +237,10 @@ int run_sweep(const SweepOptions& opt) {
             fmt::format("train.steps={}", steps), fmt::format("device.memory={}", budget)})
         p.overrides.push_back(s);
       if (!base.remat.plan.empty()) p.overrides.emplace_back("remat.plan=[]");
-      const Config c = load_config(opt.config_path, p.overrides);
+      Config c = load_config(opt.config_path, p.overrides);
+      // auto: the child's `train` chooses the same plan for the same budget (or exits 3, when
+      // the prediction is the all-"full" plan's peak, the smallest achievable).
+      if (pol == "auto") c = with_block_plan(c, choose_auto_plan(planner, c).policies);
       const DryRun d = planner.dry_run(c, false);
       p.predicted_peak_bytes = d.peak.total_bytes;
       p.recompute_overhead = d.recompute_overhead();

@@ -12,6 +12,7 @@
 #include "engine/cpu/cpu_backend.h"
 #include "engine/cuda_api.h"
 #include "engine/devices.h"
+#include "engine/error.h"
 #include "engine/planner.h"
 #include "engine/trainer.h"
 #include "layers/models.h"
@@ -54,6 +55,12 @@ int run_train(const TrainOptions& opt) {
   target.count = CountTarget{be.name(), be.act_dtype(), be.name() == "cpu" ? static_cast<cpu::CpuBackend&>(be).threads() : 1};
   target.device_bytes = be.pool().budget_bytes();
   const Planner planner(target, [](const Config& c, Backend& b) { return RunParts{make_model(c, b), make_synthetic_data(c)}; });
+  if (cfg.remat.policy == "auto") {  // resolved here, for this very budget; the Trainer sees a per-block plan
+    const AutoPlan chosen = choose_auto_plan(planner, cfg);
+    if (!chosen.fits) throw OutOfMemory(chosen.infeasible_message());
+    cfg.remat.plan = chosen.policies;
+    if (!opt.quiet) fmt::print("auto: {}\n", chosen.summary());
+  }
   const DryRun predicted = planner.dry_run(cfg);
   std::unique_ptr<Model> model = make_model(cfg, be);
   std::unique_ptr<DataSource> data = make_synthetic_data(cfg);

@@ -80,4 +80,42 @@ class Planner {
 /// The built-in policies a plan or a comparison covers, in order.
 const std::vector<std::string>& builtin_policies();
 
+// ---- remat.policy = "auto" ----
+//
+// "auto" is a planner feature: it resolves to a per-block plan (remat.plan) before anything
+// runs, and the executor never sees it. It picks, per block, one of none, save_dots, save_attn,
+// full (each keeps a subset of the previous one's tensors), minimizing the step's recompute
+// FLOPs -- our estimate of recompute time -- subject to the dry-run peak <= pool_budget().
+// Blocks are identical, so the search is over compositions (how many blocks get each policy),
+// with the memory-heavier policies on the last blocks (planner.cpp says why). When there are at
+// most 2000 compositions (C(L+3, 3), i.e. L <= 20) all are tried, cheapest recompute first, and
+// the first that fits wins; deeper models try each mixture of two policies, with a binary
+// search on how many blocks get the heavier one (fits is monotone in that count). Feasibility
+// and the reported peak and FLOPs come from real dry runs (track_largest off), never a model.
+// tests/test_auto.cpp checks the result against every one of the 4^L plans on small models.
+
+struct AutoPlan {
+  std::vector<std::string> policies;  // one per block; every block "full" when nothing fits
+  bool fits = false;
+  uint64_t peak_bytes = 0;         // predicted peak of `policies`
+  double recompute_flops = 0;      // per step
+  double recompute_overhead = 0;   // recompute / (forward + loss + backward) FLOPs
+  uint64_t min_peak_bytes = 0;     // every block "full", every = 1: the smallest peak of any plan
+  uint64_t budget_bytes = 0;       // the target's pool budget
+  int64_t n_dry_runs = 0;          // how many candidates the search evaluated
+  /// The mix, heaviest memory first: "2 x none, 1 x save_attn, 1 x full".
+  std::string mix() const;
+  /// "chose 3 x none, 1 x full (recompute +4.2%, predicted peak 1.10 GiB of budget 1.20 GiB)".
+  std::string summary() const;
+  /// The one-line OutOfMemory message when nothing fits (smallest peak, budget, hint).
+  std::string infeasible_message() const;
+};
+
+/// `cfg` with its [remat] section replaced by the per-block plan `policies` (every = 1).
+Config with_block_plan(const Config& cfg, const std::vector<std::string>& policies);
+
+/// The plan remat.policy = "auto" runs for `cfg` on the planner's target (see above). Only the
+/// model, train and data sections of `cfg` matter; its [remat] section is ignored.
+AutoPlan choose_auto_plan(const Planner& planner, const Config& cfg);
+
 }  // namespace remat

@@ -72,6 +72,11 @@ RematPlan resolve_remat_plan(const Config& cfg, Model& model) {
   RematPlan plan;
   plan.policy = rc.plan.empty() ? rc.policy : "per-block";
   plan.every = rc.every;
+  // "auto" is the planner's: commands resolve it to a per-block plan (choose_auto_plan) first.
+  if (rc.plan.empty() && rc.policy == "auto")
+    throw_config_error(cfg, "remat.policy", "\"auto\" is chosen by the planner and this command does not resolve it",
+                       "choose a named policy (none, full, save_dots, save_attn) here; `remat-train plan "
+                       "--emit-config` prints the plan auto would choose");
 
   // The policy of each block: remat.plan, else remat.policy on the selected blocks.
   std::vector<std::string> policy(L, rc.policy);

@@ -137,7 +137,7 @@ TEST_CASE("plan predicts every policy without computing, for the CPU and a GPU p
   auto j = nlohmann::json::parse(r.out);
   CHECK(j["target"] == "h200");
   CHECK(j["activation_dtype"] == "bf16");
-  CHECK(j["policies"].size() == 5);
+  CHECK(j["policies"].size() == 6);  // four built-in, auto, configured
   CHECK(j["policies"][1]["longest_seq_len"].get<int64_t>() > j["policies"][0]["longest_seq_len"].get<int64_t>());
   CHECK(run("plan --config configs/tiny.toml --gpu h9000").code == 2);
 }

@@ -1,0 +1,261 @@
+// remat.policy = "auto": on small models its plan is the one with the least recompute among ALL
+// 4^L per-block plans (every ordering) that fit, found by brute force over dry runs; it never
+// exceeds its budget; infeasible budgets exit 3 naming the smallest achievable peak; and
+// `plan --emit-config` prints a [remat] table that parses back and trains bitwise like the
+// hand-written plan.
+#include <catch2/catch.hpp>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <set>
+
+#include "data/synthetic.h"
+#include "engine/cpu/cpu_backend.h"
+#include "engine/error.h"
+#include "engine/planner.h"
+#include "engine/remat.h"
+#include "engine/units.h"
+#include "layers/models.h"
+
+using namespace remat;
+using Catch::Matchers::Contains;
+
+namespace {
+
+constexpr int kThreads = 2;  // the planner's CPU target and the test configs' device.threads
+
+RunParts parts(const Config& c, Backend& be) { return RunParts{make_model(c, be), make_synthetic_data(c)}; }
+
+Planner cpu_planner(uint64_t budget) {
+  PlanTarget t;
+  t.name = "cpu";
+  t.count = CountTarget{"cpu", DType::F32, kThreads};
+  t.device_bytes = budget;
+  return Planner(t, parts);
+}
+
+// A tiny GPT: rope, so seq_len is free of n_ctx; small enough that 4^4 dry runs take no time.
+std::string tiny_gpt(int n_layer) {
+  return fmt::format(
+      "[model]\nn_layer = {}\nn_head = 2\nn_embd = 32\nvocab_size = 64\nposition = \"rope\"\n"
+      "[train]\nseq_len = 64\nbatch_size = 2\nsteps = 2\nloss_chunk = 32\n"
+      "[data]\ntask = \"copy\"\n[device]\nbackend = \"cpu\"\nthreads = {}\n",
+      n_layer, kThreads);
+}
+
+struct PlanCost {
+  uint64_t peak = 0;
+  double recompute = 0;
+};
+
+// Every per-block plan over {none, save_dots, save_attn, full}, in every order.
+std::map<std::vector<std::string>, PlanCost> brute_force(const Config& cfg) {
+  static const char* kChoices[] = {"none", "save_dots", "save_attn", "full"};
+  const Planner planner = cpu_planner(UINT64_MAX);
+  const auto L = static_cast<size_t>(cfg.model.n_layer);
+  size_t n = 1;
+  for (size_t i = 0; i < L; ++i) n *= 4;
+  std::map<std::vector<std::string>, PlanCost> out;
+  for (size_t code = 0; code < n; ++code) {
+    std::vector<std::string> plan;
+    for (size_t i = 0, c = code; i < L; ++i, c /= 4) plan.emplace_back(kChoices[c % 4]);
+    const DryRun r = planner.dry_run(with_block_plan(cfg, plan), false);
+    out[plan] = {r.peak.total_bytes, r.cost[static_cast<size_t>(Phase::Recompute)].flops};
+  }
+  return out;
+}
+
+std::vector<double> train_losses(const Config& cfg, int steps) {
+  cpu::CpuBackend be(1ull << 32, kThreads);
+  RunParts p = parts(cfg, be);
+  Trainer trainer(cfg, be, *p.model, *p.data);
+  std::vector<double> losses;
+  for (int s = 0; s < steps; ++s) losses.push_back(trainer.step().loss);
+  return losses;
+}
+
+struct Result {
+  int code = -1;
+  std::string out;  // stdout and stderr together
+};
+
+Result run(const std::string& args, bool with_stderr = true) {
+  const std::string cmd =
+      fmt::format("cd {} && {} {}{}", REMAT_SOURCE_DIR, REMAT_BINARY, args, with_stderr ? " 2>&1" : " 2>/dev/null");
+  Result r;
+  FILE* p = popen(cmd.c_str(), "r");
+  REQUIRE(p != nullptr);
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+  const int status = pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+std::string write_tmp(const std::string& name, const std::string& text) {
+  const std::string path = fmt::format("/tmp/remat-test-{}-{}", getpid(), name);
+  std::ofstream(path) << text;
+  return path;
+}
+
+}  // namespace
+
+TEST_CASE("auto chooses the least recompute of all per-block plans that fit (brute force)", "[planner]") {
+  // The MLP has no attention, so save_attn and full tie: the tie-break must still be optimal.
+  const std::string mlp = fmt::format("[model]\nkind = \"mlp\"\nn_layer = 4\nn_embd = 24\n[train]\nbatch_size = 8\n"
+                                      "[device]\nthreads = {}\n", kThreads);
+  for (const std::string& text : {tiny_gpt(3), tiny_gpt(4), tiny_gpt(5), mlp}) {
+    const Config cfg = parse_config(text, "auto-test", {"remat.policy=auto"});
+    const auto all = brute_force(cfg);
+    uint64_t min_peak = UINT64_MAX, max_peak = 0;
+    std::set<uint64_t> peaks;
+    for (const auto& [plan, c] : all) {
+      min_peak = std::min(min_peak, c.peak);
+      max_peak = std::max(max_peak, c.peak);
+      peaks.insert(c.peak);
+    }
+    // The budgets where the answer changes are exactly the plans' peaks: try each and one byte
+    // below it, plus the ends.
+    std::vector<uint64_t> budgets;
+    for (uint64_t p : peaks) {
+      budgets.push_back(p);
+      budgets.push_back(p - 1);
+    }
+    budgets.push_back(max_peak);
+    budgets.push_back(max_peak + 12345);
+    for (uint64_t budget : budgets) {
+      INFO(fmt::format("{} n_layer {}, budget {} B (all-full peak {} B, all-none peak {} B)", cfg.model.kind, cfg.model.n_layer, budget,
+                       min_peak, max_peak));
+      const AutoPlan a = choose_auto_plan(cpu_planner(budget), cfg);
+      CHECK(a.min_peak_bytes == min_peak);  // every block "full" is the smallest peak of any plan
+      CHECK(a.budget_bytes == budget);
+      REQUIRE(a.policies.size() == static_cast<size_t>(cfg.model.n_layer));
+      const PlanCost& mine = all.at(a.policies);  // the predicted numbers are the plan's dry run
+      CHECK(a.peak_bytes == mine.peak);
+      CHECK(a.recompute_flops == mine.recompute);
+      if (budget < min_peak) {
+        CHECK_FALSE(a.fits);
+        continue;
+      }
+      double best = std::numeric_limits<double>::infinity();
+      for (const auto& [plan, c] : all)
+        if (c.peak <= budget) best = std::min(best, c.recompute);
+      INFO(fmt::format("auto chose [{}]", fmt::join(a.policies, ", ")));
+      REQUIRE(a.fits);
+      CHECK(a.peak_bytes <= budget);
+      CHECK(a.recompute_flops == best);
+    }
+  }
+}
+
+TEST_CASE("auto on a deep model (two-policy mixtures) stays within its budget and beats every uniform policy",
+          "[planner]") {
+  const Config cfg = parse_config(
+      "[model]\nn_layer = 24\nn_head = 2\nn_embd = 16\nvocab_size = 32\nposition = \"rope\"\n"
+      "[train]\nseq_len = 32\nbatch_size = 1\n[device]\nthreads = 2\n",
+      "auto-deep", {"remat.policy=auto"});
+  const Planner unlimited = cpu_planner(UINT64_MAX);
+  std::map<std::string, DryRun> uniform;
+  for (const char* p : {"none", "save_dots", "save_attn", "full"})
+    uniform[p] = unlimited.dry_run(with_block_plan(cfg, std::vector<std::string>(24, p)), false);
+  const uint64_t lo = uniform["full"].peak.total_bytes, hi = uniform["none"].peak.total_bytes;
+  for (int i = 0; i <= 8; ++i) {
+    const uint64_t budget = lo + (hi - lo) * static_cast<uint64_t>(i) / 8;
+    INFO(fmt::format("budget {} B", budget));
+    const AutoPlan a = choose_auto_plan(cpu_planner(budget), cfg);
+    REQUIRE(a.fits);
+    CHECK(a.peak_bytes <= budget);
+    CHECK(a.n_dry_runs <= 4 + 6 * 6);  // uniform plans + six bisections over 0..24
+    const DryRun check = unlimited.dry_run(with_block_plan(cfg, a.policies), false);
+    CHECK(check.peak.total_bytes == a.peak_bytes);
+    for (const auto& [p, r] : uniform)
+      if (r.peak.total_bytes <= budget) CHECK(a.recompute_flops <= r.cost[static_cast<size_t>(Phase::Recompute)].flops);
+  }
+  CHECK_FALSE(choose_auto_plan(cpu_planner(lo - 1), cfg).fits);
+}
+
+TEST_CASE("auto is a whole-model policy: every, blocks and plan beside it, or auto per block, are config errors",
+          "[planner][config]") {
+  const std::string base = tiny_gpt(3);
+  CHECK(parse_config(base, "t", {"remat.policy=auto"}).remat.policy == "auto");
+  CHECK(parse_config(base, "t", {"remat.policy=auto", "remat.plan=[]"}).remat.plan.empty());
+  CHECK_THROWS_WITH(parse_config(base, "t", {"remat.policy=auto", "remat.every=1"}),
+                    Contains("remat.every") && Contains("\"auto\"") && Contains("Fix:"));
+  CHECK_THROWS_WITH(parse_config(base, "t", {"remat.policy=auto", "remat.blocks=[0]"}),
+                    Contains("remat.blocks") && Contains("\"auto\""));
+  CHECK_THROWS_WITH(parse_config(base, "t", {"remat.policy=auto", "remat.plan=[\"full\",\"none\",\"none\"]"}),
+                    Contains("remat.plan") && Contains("\"auto\""));
+  CHECK_THROWS_WITH(parse_config(base, "t", {"remat.plan=[\"full\",\"auto\",\"none\"]"}),
+                    Contains("remat.plan") && Contains("not a per-block policy"));
+  // The executor never sees "auto": an unresolved one is a clear error, not a silent "full".
+  const Config cfg = parse_config(base, "t", {"remat.policy=auto"});
+  cpu::CpuBackend be(1ull << 30, kThreads);
+  auto model = make_model(cfg, be);
+  CHECK_THROWS_AS(resolve_remat_plan(cfg, *model), ConfigError);
+}
+
+TEST_CASE("train with auto prints its plan, and an infeasible budget exits 3 naming the smallest peak", "[smoke]") {
+  const std::string text = tiny_gpt(4);
+  const std::string path = write_tmp("auto.toml", text);
+  const Config cfg = parse_config(text, path, {"remat.policy=auto"});
+  const AutoPlan fitting = choose_auto_plan(cpu_planner(UINT64_MAX), cfg);
+  const uint64_t min_peak = fitting.min_peak_bytes;
+
+  Result r = run(fmt::format("--config {} --set remat.policy=auto --set device.memory={}", path, min_peak - 1));
+  CHECK(r.code == 3);
+  CHECK_THAT(r.out, Contains("[planner]") && Contains("\"auto\"") &&
+                        Contains(fmt::format("smallest achievable peak is {} ({} B", format_bytes(min_peak), min_peak)) &&
+                        Contains(fmt::format("budget of {}", format_bytes(min_peak - 1))) && Contains("Hint:"));
+  CHECK(std::count(r.out.begin(), r.out.end(), '\n') == 1);  // one line
+
+  const uint64_t budget = min_peak + 4096;
+  const AutoPlan a = choose_auto_plan(cpu_planner(budget), cfg);
+  r = run(fmt::format("--config {} --set remat.policy=auto --set device.memory={} --set train.steps=2", path, budget));
+  CHECK(r.code == 0);
+  CHECK_THAT(r.out, Contains("auto: chose " + a.mix()) && Contains(format_bytes(a.peak_bytes)) &&
+                        Contains("summary:"));
+  std::remove(path.c_str());
+}
+
+TEST_CASE("plan --emit-config prints a [remat] table that parses back and trains like the hand-written plan",
+          "[smoke]") {
+  const std::string text = tiny_gpt(4);
+  const std::string path = write_tmp("emit.toml", text);
+  const Config cfg = parse_config(text, path, {"remat.policy=auto"});
+  const Planner unlimited = cpu_planner(UINT64_MAX);
+  const uint64_t lo = unlimited.dry_run(with_block_plan(cfg, std::vector<std::string>(4, "full")), false).peak.total_bytes;
+  const uint64_t hi = unlimited.dry_run(with_block_plan(cfg, std::vector<std::string>(4, "none")), false).peak.total_bytes;
+  const uint64_t budget = lo + (hi - lo) / 2;
+  const AutoPlan a = choose_auto_plan(cpu_planner(budget), cfg);
+  REQUIRE(a.fits);
+  REQUIRE(std::set<std::string>(a.policies.begin(), a.policies.end()).size() >= 2);  // a real mix
+
+  const Result r = run(fmt::format("plan --config {} --memory {} --emit-config", path, budget), false);
+  REQUIRE(r.code == 0);
+  CHECK(r.out.rfind("[remat]\n# ", 0) == 0);  // the table and nothing else
+  CHECK_THAT(r.out, Contains(format_bytes(a.peak_bytes)) && Contains("recompute +"));
+  const Config emitted = parse_config(text + "\n" + r.out, "emitted");
+  CHECK(emitted.remat.plan == a.policies);
+  CHECK(emitted.remat.policy == "none");
+
+  const Config by_hand = parse_config(text, "by-hand", {fmt::format("remat.plan=[\"{}\"]", fmt::join(a.policies, "\",\""))});
+  const std::vector<double> x = train_losses(emitted, 2), y = train_losses(by_hand, 2);
+  REQUIRE(x.size() == 2);
+  CHECK(std::memcmp(x.data(), y.data(), x.size() * sizeof(double)) == 0);
+
+  // The plan table has an auto row; infeasible --emit-config exits 3.
+  const Result table = run(fmt::format("plan --config {} --memory {}", path, budget));
+  CHECK(table.code == 0);
+  CHECK_THAT(table.out, Contains("\nauto ") && Contains("auto: chose " + a.mix()));
+  CHECK(run(fmt::format("plan --config {} --memory {} --emit-config", path, lo - 1)).code == 3);
+  std::remove(path.c_str());
+}
