@@ -4,6 +4,8 @@
 // `plan --emit-config` prints a [remat] table that parses back and trains bitwise like the
 // hand-written plan.
 #include <catch2/catch.hpp>
+
+#include "tests/cli_util.h"
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <sys/wait.h>
@@ -82,23 +84,10 @@ std::vector<double> train_losses(const Config& cfg, int steps) {
   return losses;
 }
 
-struct Result {
-  int code = -1;
-  std::string out;  // stdout and stderr together
-};
+using Result = remat::test::CliResult;
 
 Result run(const std::string& args, bool with_stderr = true) {
-  const std::string cmd =
-      fmt::format("cd {} && {} {}{}", REMAT_SOURCE_DIR, REMAT_BINARY, args, with_stderr ? " 2>&1" : " 2>/dev/null");
-  Result r;
-  FILE* p = popen(cmd.c_str(), "r");
-  REQUIRE(p != nullptr);
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  const int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
+  return remat::test::run_binary(args, with_stderr);
 }
 
 std::string write_tmp(const std::string& name, const std::string& text) {

@@ -1,5 +1,7 @@
 // The real binary: exit codes, messages, outputs. Tagged [smoke] (ctest label smoke).
 #include <catch2/catch.hpp>
+
+#include "tests/cli_util.h"
 #include <fmt/format.h>
 #include <sys/wait.h>
 
@@ -12,22 +14,10 @@ using Catch::Matchers::Contains;
 
 namespace {
 
-struct Result {
-  int code = -1;
-  std::string out;  // stdout and stderr together
-};
+using Result = remat::test::CliResult;
 
-Result run(const std::string& args) {
-  const std::string cmd = fmt::format("cd {} && {} {} 2>&1", REMAT_SOURCE_DIR, REMAT_BINARY, args);
-  Result r;
-  FILE* p = popen(cmd.c_str(), "r");
-  REQUIRE(p != nullptr);
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  const int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
+Result run(const std::string& args, bool with_stderr = true) {
+  return remat::test::run_binary(args, with_stderr);
 }
 
 std::vector<nlohmann::json> read_jsonl(const std::string& path) {

@@ -6,6 +6,8 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+
+#include "tests/cli_util.h"
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -18,23 +20,10 @@ using Catch::Matchers::Contains;
 
 namespace {
 
-struct Result {
-  int code = -1;
-  std::string out;  // stdout only
-};
+using Result = remat::test::CliResult;
 
 Result run(const std::string& args, bool with_stderr = false) {
-  const std::string cmd = fmt::format("cd {} && {} {} {}", REMAT_SOURCE_DIR, REMAT_BINARY, args,
-                                      with_stderr ? "2>&1" : "2>/dev/null");
-  Result r;
-  FILE* p = popen(cmd.c_str(), "r");
-  REQUIRE(p != nullptr);
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  const int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
+  return remat::test::run_binary(args, with_stderr);
 }
 
 // tiny.toml with RoPE and batch 1: ~1.6 MiB of weights, grads and AdamW state, the rest
