@@ -3,7 +3,7 @@
 #   scripts/sweep.sh CONFIG [sweep args...]
 # Builds remat-train if needed (`make build`), runs `remat-train sweep --config CONFIG` into
 # out/sweep-<config name> (or the --out DIR among the args), then scripts/plot_sweep.py DIR.
-# Without --seq-lens it sweeps 512..8k (powers of two); without --steps, 2 steps per point.
+# Without --seq-lens it sweeps 128..2k (powers of two); without --steps, 2 steps per point.
 # Environment: BUILD (build folder, default build), REMAT (a remat-train binary to use instead).
 set -euo pipefail
 
@@ -37,7 +37,7 @@ if [ -z "$out" ]; then
   out="out/sweep-$(basename "$config" .toml)"
   args+=(--out "$out")
 fi
-[ $has_seq_lens -eq 1 ] || args+=(--seq-lens 512..8k)
+[ $has_seq_lens -eq 1 ] || args+=(--seq-lens 128..2k)
 [ $has_steps -eq 1 ] || args+=(--steps 2)
 
 status=0
