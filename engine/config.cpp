@@ -345,22 +345,4 @@ void throw_config_error(const Config& c, const std::string& key, const std::stri
   fail({it != c.origins.end() ? it->second : c.path, key}, problem, fix);
 }
 
-std::string config_to_toml(const Config& c) {
-  auto ints = [](const std::vector<int64_t>& v) { return fmt::format("[{}]", fmt::join(v, ", ")); };
-  return fmt::format(
-      "[model]\nkind = \"{}\"\nn_layer = {}\nn_head = {}\nn_embd = {}\nvocab_size = {}\nn_ctx = {}\n"
-      "d_ff = {}\nposition = \"{}\"\nrope_theta = {}\ndropout = {}\n\n"
-      "[train]\nseq_len = {}\nbatch_size = {}\nsteps = {}\nlr = {}\nwarmup_steps = {}\n"
-      "min_lr_ratio = {}\nweight_decay = {}\ngrad_clip = {}\nseed = {}\nloss_chunk = {}\n\n"
-      "[data]\nsource = \"{}\"\ntask = \"{}\"\n\n"
-      "[remat]\npolicy = \"{}\"\nevery = {}\nblocks = {}\n\n"
-      "[device]\nbackend = \"{}\"\nmemory = {}\nthreads = {}\n",
-      c.model.kind, c.model.n_layer, c.model.n_head, c.model.n_embd, c.model.vocab_size, c.model.n_ctx,
-      c.model.d_ff, c.model.position, c.model.rope_theta, c.model.dropout, c.train.seq_len,
-      c.train.batch_size, c.train.steps, c.train.lr, c.train.warmup_steps, c.train.min_lr_ratio,
-      c.train.weight_decay, c.train.grad_clip, c.train.seed, c.train.loss_chunk, c.data.source,
-      c.data.task, c.remat.policy, c.remat.every, ints(c.remat.blocks), c.device.backend,
-      c.device.memory_bytes, c.device.threads);
-}
-
 }  // namespace remat

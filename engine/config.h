@@ -87,7 +87,5 @@ Config parse_config(const std::string& toml_text, const std::string& name,
 [[noreturn]] void throw_config_error(const Config& c, const std::string& key, const std::string& problem,
                                      const std::string& fix);
 
-/// The config as TOML (what a checkpoint or the metrics summary records).
-std::string config_to_toml(const Config& c);
 
 }  // namespace remat
