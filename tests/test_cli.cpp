@@ -95,7 +95,7 @@ TEST_CASE("config errors exit 2 with one line naming file, line and key", "[smok
   Result r = run("--config " + cfg);
   CHECK(r.code == 2);
   CHECK_THAT(r.out, Contains(cfg + ":3:") && Contains("model.n_head") && Contains("Fix:"));
-  r = run("--config configs/tiny.toml --set train.seq_len=4096");
+  r = run("--config configs/tiny.toml --set model.position=learned --set train.seq_len=4096");
   CHECK(r.code == 2);
   CHECK_THAT(r.out, Contains("--set train.seq_len=4096") && Contains("n_ctx"));
   r = run("--config /nonexistent.toml");
