@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,21 @@ std::vector<std::string> with_default_subcommand(int argc, char** argv) {
     if (args[0] == s) return args;
   args.insert(args.begin(), "train");
   return args;
+}
+
+// Optional size / count flags ("80GiB", "32k"): empty means not given; malformed is a usage error.
+std::optional<uint64_t> size_flag(const char* flag, const std::string& text) {
+  if (text.empty()) return std::nullopt;
+  auto v = remat::parse_size(text);
+  if (!v) throw remat::ConfigError(fmt::format("{} {}: not a size. Fix: write e.g. 80GiB or 512MiB", flag, text));
+  return v;
+}
+
+std::optional<int64_t> count_flag(const char* flag, const std::string& text, const char* example) {
+  if (text.empty()) return std::nullopt;
+  auto v = remat::parse_count(text);
+  if (!v || *v < 1) throw remat::ConfigError(fmt::format("{} {}: not a count. Fix: write e.g. {}", flag, text, example));
+  return v;
 }
 
 int run(int argc, char** argv) {
@@ -118,29 +134,14 @@ int run(int argc, char** argv) {
   if (compare_cmd->parsed()) return remat::cli::run_compare(compare);
   if (sweep_cmd->parsed()) return remat::cli::run_sweep(sweep);
   if (fit_cmd->parsed()) {
-    if (!fit_memory.empty()) {
-      fit.memory = remat::parse_size(fit_memory);
-      if (!fit.memory) throw remat::ConfigError(fmt::format("--memory {}: not a size. Fix: write e.g. 80GiB or 512MiB", fit_memory));
-    }
-    if (!fit_batch.empty()) {
-      fit.batch_size = remat::parse_count(fit_batch);
-      if (!fit.batch_size || *fit.batch_size < 1) throw remat::ConfigError(fmt::format("--batch-size {}: not a count. Fix: write e.g. 8", fit_batch));
-    }
+    fit.memory = size_flag("--memory", fit_memory);
+    fit.batch_size = count_flag("--batch-size", fit_batch, "8");
     return remat::cli::run_fit(fit);
   }
   if (plan_cmd->parsed()) {
-    if (!plan_memory.empty()) {
-      plan.memory = remat::parse_size(plan_memory);
-      if (!plan.memory) throw remat::ConfigError(fmt::format("--memory {}: not a size. Fix: write e.g. 80GiB or 512MiB", plan_memory));
-    }
-    if (!plan_seq_len.empty()) {
-      plan.seq_len = remat::parse_count(plan_seq_len);
-      if (!plan.seq_len || *plan.seq_len < 1) throw remat::ConfigError(fmt::format("--seq-len {}: not a count. Fix: write e.g. 4096 or 32k", plan_seq_len));
-    }
-    if (!plan_batch.empty()) {
-      plan.batch_size = remat::parse_count(plan_batch);
-      if (!plan.batch_size || *plan.batch_size < 1) throw remat::ConfigError(fmt::format("--batch-size {}: not a count. Fix: write e.g. 8", plan_batch));
-    }
+    plan.memory = size_flag("--memory", plan_memory);
+    plan.seq_len = count_flag("--seq-len", plan_seq_len, "4096 or 32k");
+    plan.batch_size = count_flag("--batch-size", plan_batch, "8");
     return remat::cli::run_plan(plan);
   }
   return kExitUsage;
