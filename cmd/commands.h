@@ -7,12 +7,25 @@
 #include <string>
 #include <vector>
 
+namespace remat {
+struct RunParts;
+class Backend;
+struct Config;
+}  // namespace remat
+
 namespace remat::cli {
+
+/// The model and data source of `cfg` on `be` (what the planner and every command build). File
+/// data is not opened: dry runs need shapes only; a command that trains calls data->open().
+RunParts make_run_parts(const Config& cfg, Backend& be);
 
 struct TrainOptions {
   std::string config_path;
   std::vector<std::string> overrides;  // --set section.key=value
   std::string metrics_path;            // --metrics FILE (overrides log.metrics)
+  std::string resume;                  // --resume DIR | latest (the newest in checkpoint.dir)
+  std::string init_path;               // --init FILE: weights only (model.safetensors or a folder)
+  int64_t stop_at = 0;  // --stop-at STEP: stop (and checkpoint) after this step; 0 = train.steps
   bool quiet = false;
 };
 
@@ -21,12 +34,12 @@ int run_train(const TrainOptions& opt);
 struct PlanOptions {
   std::string config_path;
   std::vector<std::string> overrides;
-  std::string gpu;                  // --gpu preset
-  std::optional<uint64_t> memory;   // --memory SIZE
-  std::optional<int64_t> seq_len;   // --seq-len N
+  std::string gpu;                 // --gpu preset
+  std::optional<uint64_t> memory;  // --memory SIZE
+  std::optional<int64_t> seq_len;  // --seq-len N
   std::optional<int64_t> batch_size;
   bool json = false;
-  bool emit_config = false;         // --emit-config: print only auto's plan as a [remat] table
+  bool emit_config = false;  // --emit-config: print only auto's plan as a [remat] table
 };
 
 /// With --emit-config, exit 3 (OutOfMemory) when no plan fits the budget.
@@ -46,8 +59,8 @@ int run_compare(const CompareOptions& opt);
 struct FitOptions {
   std::string config_path;
   std::vector<std::string> overrides;
-  std::string gpu;                    // --gpu preset (excludes --memory and --measure)
-  std::optional<uint64_t> memory;     // --memory SIZE: the pool budget
+  std::string gpu;                 // --gpu preset (excludes --memory and --measure)
+  std::optional<uint64_t> memory;  // --memory SIZE: the pool budget
   std::optional<int64_t> batch_size;
   std::vector<std::string> policies;  // default: none,full,save_dots,save_attn
   bool measure = false;               // confirm each answer with real steps in child processes
@@ -71,11 +84,27 @@ struct SweepOptions {
 /// 130 when interrupted (the finished points are written).
 int run_sweep(const SweepOptions& opt);
 
+struct SampleOptions {
+  std::string checkpoint;    // --checkpoint DIR (a step_* folder, or a checkpoint.dir: its newest)
+  std::string prompt;        // --prompt TEXT (byte models: text; token models: ids "50256 464")
+  std::string prompt_file;   // --prompt-file F
+  std::string tokenizer;     // --tokenizer gpt2_tokenizer.bin (llm.c): print token models as text
+  int64_t tokens = 256;      // --tokens N to generate
+  double temperature = 1.0;  // --temperature T (0: greedy)
+  int64_t top_k = 0;         // --top-k K (0: all)
+  uint64_t seed = 1337;      // --seed S
+};
+
+/// Generates from a checkpoint with KV-cached decoding on the CPU; prints to stdout.
+int run_sample(const SampleOptions& opt);
+
 /// The multi-line --version text: version, backends built, BLAS and its CPU kernel.
 std::string version_text();
 
-/// Set by the SIGINT handler; the training loop stops after the current step.
+/// Set by the SIGINT, SIGTERM and SIGHUP handlers; the training loop stops after the current
+/// step. interrupt_signal() is the signal that arrived (0: none), for the 128+signal exit code.
 bool interrupted();
+int interrupt_signal();
 void install_interrupt_handler();
 
 }  // namespace remat::cli

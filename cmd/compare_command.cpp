@@ -9,7 +9,6 @@
 #include <nlohmann/json.hpp>
 
 #include "cmd/commands.h"
-#include "data/synthetic.h"
 #include "engine/cpu/cpu_backend.h"
 #include "engine/devices.h"
 #include "engine/error.h"
@@ -29,8 +28,6 @@ struct CompareRow {
   std::vector<float> grads;  // all parameter gradients of the last step, concatenated
 };
 
-RunParts make_parts(const Config& c, Backend& be) { return RunParts{make_model(c, be), make_synthetic_data(c)}; }
-
 CompareRow run_policy(const Config& base, const std::string& policy, int64_t steps) {
   Config cfg = base;
   cfg.remat.policy = policy;
@@ -40,10 +37,11 @@ CompareRow run_policy(const Config& base, const std::string& policy, int64_t ste
   Backend& be = *choice.backend;
   PlanTarget target;
   target.name = be.name();
-  target.count = CountTarget{be.name(), be.act_dtype(), static_cast<int>(cfg.device.threads > 0 ? cfg.device.threads : 0)};
+  target.count = CountTarget{be.name(), be.act_dtype(),
+                             static_cast<int>(cfg.device.threads > 0 ? cfg.device.threads : 0)};
   if (target.count.threads <= 0) target.count.threads = cpu::default_threads();
   target.device_bytes = be.pool().budget_bytes();
-  const Planner planner(target, make_parts);
+  const Planner planner(target, make_run_parts);
   if (policy == "auto") {  // the plan `train` would run with this budget
     const AutoPlan chosen = choose_auto_plan(planner, cfg);
     if (!chosen.fits) throw OutOfMemory(chosen.infeasible_message());
@@ -51,7 +49,8 @@ CompareRow run_policy(const Config& base, const std::string& policy, int64_t ste
   }
   const DryRun plan = planner.dry_run(cfg, false);
 
-  RunParts parts = make_parts(cfg, be);
+  RunParts parts = make_run_parts(cfg, be);
+  parts.data->open();
   Trainer trainer(cfg, be, *parts.model, *parts.data);
   CompareRow row;
   row.policy = policy;
@@ -87,13 +86,19 @@ int run_compare(const CompareOptions& opt) {
   if (opt.steps > 0) sets.push_back(fmt::format("train.steps={}", opt.steps));
   const Config cfg = load_config(opt.config_path, sets);
   std::vector<std::string> policies = opt.policies;
-  if (policies.empty()) policies = cfg.model.kind == "mlp" ? std::vector<std::string>{"none", "full", "save_dots"}
-                                                           : std::vector<std::string>{"none", "full", "save_dots", "save_attn"};
+  if (policies.empty())
+    policies = cfg.model.kind == "mlp"
+                   ? std::vector<std::string>{"none", "full", "save_dots"}
+                   : std::vector<std::string>{"none", "full", "save_dots", "save_attn"};
   if (policies.front() != "none") policies.insert(policies.begin(), "none");
   for (const auto& p : policies)
-    if (std::find(builtin_policies().begin(), builtin_policies().end(), p) == builtin_policies().end() && p != "names" &&
-        p != "auto")
-      throw ConfigError(fmt::format("--policies: [compare] unknown policy \"{}\". Fix: use none, full, save_dots, save_attn, names, auto", p));
+    if (std::find(builtin_policies().begin(), builtin_policies().end(), p) ==
+            builtin_policies().end() &&
+        p != "names" && p != "auto")
+      throw ConfigError(
+          fmt::format("--policies: [compare] unknown policy \"{}\". Fix: use none, full, "
+                      "save_dots, save_attn, names, auto",
+                      p));
   install_interrupt_handler();
 
   std::vector<CompareRow> rows;
@@ -109,27 +114,31 @@ int run_compare(const CompareOptions& opt) {
                      {"measured_peak_bytes", r.measured},
                      {"predicted_peak_bytes", r.predicted},
                      {"median_step_ms", r.median_ms},
-                     {"memory_saved", 1.0 - static_cast<double>(r.measured) / static_cast<double>(ref.measured)},
+                     {"memory_saved",
+                      1.0 - static_cast<double>(r.measured) / static_cast<double>(ref.measured)},
                      {"time_added", r.median_ms / ref.median_ms - 1.0},
                      {"recompute_flops_overhead", r.recompute_overhead},
                      {"identical_to_none", same_bits(r, ref)}});
     fmt::print("{}\n", out.dump(2));
   } else {
-    fmt::print("compare {} | {} steps | batch {}{}\n", cfg.path, cfg.train.steps, cfg.train.batch_size,
-               cfg.model.kind == "gpt" ? fmt::format(" x seq_len {}", cfg.train.seq_len) : std::string());
+    fmt::print(
+        "compare {} | {} steps | batch {}{}\n", cfg.path, cfg.train.steps, cfg.train.batch_size,
+        cfg.model.kind == "gpt" ? fmt::format(" x seq_len {}", cfg.train.seq_len) : std::string());
     fmt::print("{:<10} {:>13} {:>13} {:>11} {:>8} {:>8} {:>10} {:>18}\n", "policy", "measured peak",
                "predicted", "ms/step", "saved", "time", "recompute", "same as none");
     for (const auto& r : rows) {
-      fmt::print("{:<10} {:>13} {:>13} {:>11.1f} {:>7.1f}% {:>+7.1f}% {:>9.1f}% {:>18}\n", r.policy,
-                 format_bytes(r.measured), r.predicted == r.measured ? "= measured" : format_bytes(r.predicted),
-                 r.median_ms, 100.0 * (1.0 - static_cast<double>(r.measured) / static_cast<double>(ref.measured)),
-                 100.0 * (r.median_ms / ref.median_ms - 1.0), 100.0 * r.recompute_overhead,
-                 same_bits(r, ref) ? "yes (bitwise)" : "NO");
+      fmt::print(
+          "{:<10} {:>13} {:>13} {:>11.1f} {:>7.1f}% {:>+7.1f}% {:>9.1f}% {:>18}\n", r.policy,
+          format_bytes(r.measured),
+          r.predicted == r.measured ? "= measured" : format_bytes(r.predicted), r.median_ms,
+          100.0 * (1.0 - static_cast<double>(r.measured) / static_cast<double>(ref.measured)),
+          100.0 * (r.median_ms / ref.median_ms - 1.0), 100.0 * r.recompute_overhead,
+          same_bits(r, ref) ? "yes (bitwise)" : "NO");
     }
   }
   for (const auto& r : rows)
     if (!same_bits(r, ref) && cfg.device.backend != "cuda") return 1;
-  return interrupted() ? 130 : 0;
+  return interrupted() ? 128 + interrupt_signal() : 0;
 }
 
 }  // namespace remat::cli

@@ -18,7 +18,6 @@
 
 #include "cmd/commands.h"
 #include "cmd/trial.h"
-#include "data/synthetic.h"
 #include "engine/config.h"
 #include "engine/error.h"
 #include "engine/planner.h"
@@ -131,10 +130,6 @@ struct FitRow {
   Measured measured;
 };
 
-RunParts make_parts(const Config& c, Backend& be) {
-  return RunParts{make_model(c, be), make_synthetic_data(c)};
-}
-
 /// The overrides that select `policy` (a per-block plan would override it, so it is cleared).
 std::vector<std::string> policy_overrides(const Config& cfg, const std::string& policy) {
   std::vector<std::string> s = {"remat.policy=" + policy};
@@ -179,9 +174,12 @@ int run_fit(const FitOptions& opt) {
   for (const auto& p : policies) {
     if (p == "auto")
       throw ConfigError(
-          "--policies: [fit] \"auto\" is not one policy: at each seq_len it picks the cheapest per-block mix "
-          "that fits, so its longest seq_len is that of \"full\". Fix: drop auto from --policies (the "
-          "recommendation names the fastest policy that fits), or see `remat-train plan` for auto's plan");
+          "--policies: [fit] \"auto\" is not one policy: at each seq_len it picks the cheapest "
+          "per-block mix "
+          "that fits, so its longest seq_len is that of \"full\". Fix: drop auto from --policies "
+          "(the "
+          "recommendation names the fastest policy that fits), or see `remat-train plan` for "
+          "auto's plan");
     if (std::find(builtin_policies().begin(), builtin_policies().end(), p) ==
             builtin_policies().end() &&
         p != "names")
@@ -192,7 +190,7 @@ int run_fit(const FitOptions& opt) {
   }
 
   const PlanTarget target = plan_target(base, opt.gpu, opt.memory);
-  const Planner planner(target, make_parts);
+  const Planner planner(target, make_run_parts);
   const uint64_t budget = target.pool_budget();
   const Rate rate = estimate_rate(target);
   install_interrupt_handler();
@@ -231,7 +229,7 @@ int run_fit(const FitOptions& opt) {
       if (r.longest > 0) m.at_max_exit = trial(r.cfg, psets, r.longest, budget, m, true);
       if (!interrupted() && !r.capped)
         m.above_exit = trial(r.cfg, psets, r.longest + 1, budget, m, false);
-      if (interrupted()) return 130;
+      if (interrupted()) return 128 + interrupt_signal();
       m.done = true;
       if (!m.agrees()) all_agree = false;
     }

@@ -1,10 +1,10 @@
 // remat-train entry point: parses the command line (CLI11), runs a subcommand, and maps
 // exceptions to exit codes — the only place that chooses them:
-//   0 ok, 1 runtime failure, 2 usage or config error, 3 does not fit the memory budget,
-//   130 interrupted.
-#include <CLI/CLI.hpp>
+//   0 ok, 1 runtime failure, 2 usage, config, data or checkpoint error, 3 does not fit the memory
+//   budget, 128 + signal when stopped by SIGINT (130), SIGTERM (143) or SIGHUP (129).
 #include <fmt/format.h>
 
+#include <CLI/CLI.hpp>
 #include <cstdio>
 #include <optional>
 #include <string>
@@ -23,7 +23,8 @@ constexpr int kExitOutOfMemory = 3;
 // `remat-train --config F` means `remat-train train --config F`.
 std::vector<std::string> with_default_subcommand(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
-  static const std::vector<std::string> kSubcommands = {"train", "plan", "compare", "fit", "sweep"};
+  static const std::vector<std::string> kSubcommands = {"train", "plan",  "compare",
+                                                        "fit",   "sweep", "sample"};
   static const std::vector<std::string> kTopLevel = {"-h", "--help", "--version"};
   if (args.empty()) return args;
   for (const auto& s : kSubcommands)
@@ -38,83 +39,162 @@ std::vector<std::string> with_default_subcommand(int argc, char** argv) {
 std::optional<uint64_t> size_flag(const char* flag, const std::string& text) {
   if (text.empty()) return std::nullopt;
   auto v = remat::parse_size(text);
-  if (!v) throw remat::ConfigError(fmt::format("{} {}: not a size. Fix: write e.g. 80GiB or 512MiB", flag, text));
+  if (!v)
+    throw remat::ConfigError(
+        fmt::format("{} {}: not a size. Fix: write e.g. 80GiB or 512MiB", flag, text));
   return v;
 }
 
 std::optional<int64_t> count_flag(const char* flag, const std::string& text, const char* example) {
   if (text.empty()) return std::nullopt;
   auto v = remat::parse_count(text);
-  if (!v || *v < 1) throw remat::ConfigError(fmt::format("{} {}: not a count. Fix: write e.g. {}", flag, text, example));
+  if (!v || *v < 1)
+    throw remat::ConfigError(
+        fmt::format("{} {}: not a count. Fix: write e.g. {}", flag, text, example));
   return v;
 }
 
 int run(int argc, char** argv) {
-  CLI::App app{"remat-train: train long-context Transformers with activation rematerialization "
-               "(gradient checkpointing) on one GPU or the CPU, and find the longest context "
-               "that fits."};
+  CLI::App app{
+      "remat-train: train long-context Transformers with activation rematerialization "
+      "(gradient checkpointing) on one GPU or the CPU, and find the longest context "
+      "that fits."};
   app.require_subcommand(1);
   bool show_version = false;
-  app.add_flag("--version", show_version, "Print version, backends, BLAS and CPU kernel, then exit");
+  app.add_flag("--version", show_version,
+               "Print version, backends, BLAS and CPU kernel, then exit");
 
   remat::cli::TrainOptions train;
-  CLI::App* train_cmd = app.add_subcommand("train", "Train a model from a TOML config (the default subcommand)");
-  train_cmd->add_option("-c,--config", train.config_path, "TOML config file (see configs/)")->required();
-  train_cmd->add_option("--set", train.overrides, "Override a config key: --set section.key=value (repeatable)")
+  CLI::App* train_cmd =
+      app.add_subcommand("train", "Train a model from a TOML config (the default subcommand)");
+  train_cmd->add_option("-c,--config", train.config_path, "TOML config file (see configs/)")
+      ->required();
+  train_cmd
+      ->add_option("--set", train.overrides,
+                   "Override a config key: --set section.key=value (repeatable)")
       ->type_name("SECTION.KEY=VALUE");
   train_cmd->add_option("--metrics", train.metrics_path, "Write per-step metrics as JSONL to FILE");
+  auto* resume_opt = train_cmd->add_option(
+      "--resume", train.resume,
+      "Continue bit-for-bit from a checkpoint folder, or 'latest' (the newest in checkpoint.dir)");
+  train_cmd
+      ->add_option("--init", train.init_path,
+                   "Start from these weights only (model.safetensors or a checkpoint folder)")
+      ->excludes(resume_opt);
+  train_cmd
+      ->add_option("--stop-at", train.stop_at,
+                   "Stop after this step, write a checkpoint and exit 0; the schedule still runs "
+                   "to train.steps")
+      ->check(CLI::PositiveNumber);
   train_cmd->add_flag("-q,--quiet", train.quiet, "No banner, progress or summary");
 
   remat::cli::PlanOptions plan;
   std::string plan_memory, plan_seq_len, plan_batch;
-  CLI::App* plan_cmd = app.add_subcommand("plan", "Predict peak memory, FLOPs and the longest seq_len per policy (no compute)");
+  CLI::App* plan_cmd = app.add_subcommand(
+      "plan", "Predict peak memory, FLOPs and the longest seq_len per policy (no compute)");
   plan_cmd->add_option("-c,--config", plan.config_path, "TOML config file")->required();
-  plan_cmd->add_option("--set", plan.overrides, "Override a config key (repeatable)")->type_name("SECTION.KEY=VALUE");
-  auto* mem_opt = plan_cmd->add_option("--memory", plan_memory, "Memory budget, e.g. 80GiB (default: the config's device)");
-  plan_cmd->add_option("--gpu", plan.gpu, "Plan for a GPU preset: h200, h100-80gb, a100-80gb, a100-40gb, l4, rtx4090")
+  plan_cmd->add_option("--set", plan.overrides, "Override a config key (repeatable)")
+      ->type_name("SECTION.KEY=VALUE");
+  auto* mem_opt = plan_cmd->add_option("--memory", plan_memory,
+                                       "Memory budget, e.g. 80GiB (default: the config's device)");
+  plan_cmd
+      ->add_option("--gpu", plan.gpu,
+                   "Plan for a GPU preset: h200, h100-80gb, a100-80gb, a100-40gb, l4, rtx4090")
       ->excludes(mem_opt);
   plan_cmd->add_option("--seq-len", plan_seq_len, "Sequence length to plan for (4k, 32768, ...)");
   plan_cmd->add_option("--batch-size", plan_batch, "Batch size to plan for");
   auto* plan_json = plan_cmd->add_flag("--json", plan.json, "Machine-readable output");
-  plan_cmd->add_flag("--emit-config", plan.emit_config,
-                     "Print only the plan remat.policy = \"auto\" chooses, as a [remat] table to paste into the config")
+  plan_cmd
+      ->add_flag("--emit-config", plan.emit_config,
+                 "Print only the plan remat.policy = \"auto\" chooses, as a [remat] table to paste "
+                 "into the config")
       ->excludes(plan_json);
 
   remat::cli::CompareOptions compare;
-  CLI::App* compare_cmd = app.add_subcommand("compare", "Train the same steps under each policy and compare memory, time and results");
+  CLI::App* compare_cmd = app.add_subcommand(
+      "compare", "Train the same steps under each policy and compare memory, time and results");
   compare_cmd->add_option("-c,--config", compare.config_path, "TOML config file")->required();
-  compare_cmd->add_option("--set", compare.overrides, "Override a config key (repeatable)")->type_name("SECTION.KEY=VALUE");
-  compare_cmd->add_option("--policies", compare.policies, "Comma-separated policies (default: none,full,save_dots,save_attn)")
+  compare_cmd->add_option("--set", compare.overrides, "Override a config key (repeatable)")
+      ->type_name("SECTION.KEY=VALUE");
+  compare_cmd
+      ->add_option("--policies", compare.policies,
+                   "Comma-separated policies (default: none,full,save_dots,save_attn)")
       ->delimiter(',');
-  compare_cmd->add_option("--steps", compare.steps, "Steps per policy (default: the config's train.steps)")
+  compare_cmd
+      ->add_option("--steps", compare.steps, "Steps per policy (default: the config's train.steps)")
       ->check(CLI::PositiveNumber);
   compare_cmd->add_flag("--json", compare.json, "Machine-readable output");
 
   remat::cli::FitOptions fit;
   std::string fit_memory, fit_batch;
-  CLI::App* fit_cmd = app.add_subcommand("fit", "The longest seq_len that fits, per policy, and the fastest policy at yours");
+  CLI::App* fit_cmd = app.add_subcommand(
+      "fit", "The longest seq_len that fits, per policy, and the fastest policy at yours");
   fit_cmd->add_option("-c,--config", fit.config_path, "TOML config file")->required();
-  fit_cmd->add_option("--set", fit.overrides, "Override a config key (repeatable)")->type_name("SECTION.KEY=VALUE");
-  auto* fit_mem_opt = fit_cmd->add_option("--memory", fit_memory, "Memory budget, e.g. 80GiB (default: the config's device)");
-  auto* fit_gpu_opt = fit_cmd->add_option("--gpu", fit.gpu, "Fit a GPU preset: h200, h100-80gb, a100-80gb, a100-40gb, l4, rtx4090")
-      ->excludes(fit_mem_opt);
-  fit_cmd->add_option("--policies", fit.policies, "Comma-separated policies (default: none,full,save_dots,save_attn)")
+  fit_cmd->add_option("--set", fit.overrides, "Override a config key (repeatable)")
+      ->type_name("SECTION.KEY=VALUE");
+  auto* fit_mem_opt = fit_cmd->add_option(
+      "--memory", fit_memory, "Memory budget, e.g. 80GiB (default: the config's device)");
+  auto* fit_gpu_opt =
+      fit_cmd
+          ->add_option("--gpu", fit.gpu,
+                       "Fit a GPU preset: h200, h100-80gb, a100-80gb, a100-40gb, l4, rtx4090")
+          ->excludes(fit_mem_opt);
+  fit_cmd
+      ->add_option("--policies", fit.policies,
+                   "Comma-separated policies (default: none,full,save_dots,save_attn)")
       ->delimiter(',');
   fit_cmd->add_option("--batch-size", fit_batch, "Batch size to fit for");
-  fit_cmd->add_flag("--measure", fit.measure, "Confirm each answer with real steps (at the maximum and one above) in child processes")
+  fit_cmd
+      ->add_flag(
+          "--measure", fit.measure,
+          "Confirm each answer with real steps (at the maximum and one above) in child processes")
       ->excludes(fit_gpu_opt);
   fit_cmd->add_flag("--json", fit.json, "Machine-readable output");
 
   remat::cli::SweepOptions sweep;
-  CLI::App* sweep_cmd = app.add_subcommand("sweep", "Train a few steps at every (seq_len, policy) point; write sweep.csv and sweep.json");
+  CLI::App* sweep_cmd = app.add_subcommand(
+      "sweep",
+      "Train a few steps at every (seq_len, policy) point; write sweep.csv and sweep.json");
   sweep_cmd->add_option("-c,--config", sweep.config_path, "TOML config file")->required();
-  sweep_cmd->add_option("--set", sweep.overrides, "Override a config key (repeatable)")->type_name("SECTION.KEY=VALUE");
-  sweep_cmd->add_option("--seq-lens", sweep.seq_lens, "1k,2k,4k or 1k..64k (powers of two from 1k to 64k)")->required();
-  sweep_cmd->add_option("--policies", sweep.policies, "Comma-separated policies (default: none,full,save_dots,save_attn)")
+  sweep_cmd->add_option("--set", sweep.overrides, "Override a config key (repeatable)")
+      ->type_name("SECTION.KEY=VALUE");
+  sweep_cmd
+      ->add_option("--seq-lens", sweep.seq_lens,
+                   "1k,2k,4k or 1k..64k (powers of two from 1k to 64k)")
+      ->required();
+  sweep_cmd
+      ->add_option("--policies", sweep.policies,
+                   "Comma-separated policies (default: none,full,save_dots,save_attn)")
       ->delimiter(',');
-  sweep_cmd->add_option("--steps", sweep.steps, "Steps per point (default 3)")->check(CLI::PositiveNumber);
+  sweep_cmd->add_option("--steps", sweep.steps, "Steps per point (default 3)")
+      ->check(CLI::PositiveNumber);
   sweep_cmd->add_option("--out", sweep.out_dir, "Output folder (default: out/sweep-<config name>)");
   sweep_cmd->add_flag("--json", sweep.json, "Machine-readable output (the sweep.json document)");
+
+  remat::cli::SampleOptions sample;
+  CLI::App* sample_cmd =
+      app.add_subcommand("sample", "Generate text (byte models) or tokens from a checkpoint");
+  sample_cmd
+      ->add_option("--checkpoint", sample.checkpoint,
+                   "Checkpoint folder, or a checkpoint.dir (its newest)")
+      ->required();
+  auto* prompt_opt = sample_cmd->add_option(
+      "--prompt", sample.prompt, "Prompt: text for byte models, token ids for token models");
+  sample_cmd->add_option("--prompt-file", sample.prompt_file, "Read the prompt from a file")
+      ->excludes(prompt_opt);
+  sample_cmd->add_option("--tokenizer", sample.tokenizer,
+                         "llm.c gpt2_tokenizer.bin: print a token model's output as text");
+  sample_cmd->add_option("--tokens", sample.tokens, "Tokens to generate (default 256)")
+      ->check(CLI::PositiveNumber);
+  sample_cmd
+      ->add_option("--temperature", sample.temperature,
+                   "Sampling temperature; 0 = greedy (default 1)")
+      ->check(CLI::Range(0.0, 100.0));
+  sample_cmd
+      ->add_option("--top-k", sample.top_k,
+                   "Sample from the K most likely tokens; 0 = all (default)")
+      ->check(CLI::NonNegativeNumber);
+  sample_cmd->add_option("--seed", sample.seed, "Random seed (default 1337)");
 
   std::vector<std::string> args = with_default_subcommand(argc, argv);
   std::reverse(args.begin(), args.end());  // CLI11 takes a reversed vector
@@ -132,6 +212,7 @@ int run(int argc, char** argv) {
   }
   if (train_cmd->parsed()) return remat::cli::run_train(train);
   if (compare_cmd->parsed()) return remat::cli::run_compare(compare);
+  if (sample_cmd->parsed()) return remat::cli::run_sample(sample);
   if (sweep_cmd->parsed()) return remat::cli::run_sweep(sweep);
   if (fit_cmd->parsed()) {
     fit.memory = size_flag("--memory", fit_memory);
@@ -153,6 +234,12 @@ int main(int argc, char** argv) {
   try {
     return run(argc, argv);
   } catch (const remat::ConfigError& e) {
+    fmt::print(stderr, "error: {}\n", e.what());
+    return kExitUsage;
+  } catch (const remat::DataError& e) {
+    fmt::print(stderr, "error: {}\n", e.what());
+    return kExitUsage;
+  } catch (const remat::CheckpointError& e) {
     fmt::print(stderr, "error: {}\n", e.what());
     return kExitUsage;
   } catch (const remat::OutOfMemory& e) {

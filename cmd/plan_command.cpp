@@ -6,7 +6,6 @@
 #include <nlohmann/json.hpp>
 
 #include "cmd/commands.h"
-#include "data/synthetic.h"
 #include "engine/config.h"
 #include "engine/error.h"
 #include "engine/planner.h"
@@ -16,10 +15,6 @@
 namespace remat::cli {
 namespace {
 
-RunParts make_run_parts(const Config& cfg, Backend& be) {
-  return RunParts{make_model(cfg, be), make_synthetic_data(cfg)};
-}
-
 struct PolicyRow {
   std::string label;
   DryRun run;
@@ -27,16 +22,21 @@ struct PolicyRow {
   int64_t max_batch = 0;
 };
 
-double phase_flops(const DryRun& r, Phase p) { return r.cost[static_cast<size_t>(p)].flops; }
+double phase_flops(const DryRun& r, Phase p) {
+  return r.cost[static_cast<size_t>(p)].flops;
+}
 
 nlohmann::json row_json(const PolicyRow& r, const PlanTarget& t) {
   nlohmann::json cats = nlohmann::json::object();
   for (int i = 0; i < kNumMemCategories; ++i)
-    cats[mem_category_name(static_cast<MemCategory>(i))] = r.run.peak.by_category[static_cast<size_t>(i)];
+    cats[mem_category_name(static_cast<MemCategory>(i))] =
+        r.run.peak.by_category[static_cast<size_t>(i)];
   nlohmann::json largest = nlohmann::json::array();
-  for (const auto& l : r.run.peak.largest) largest.push_back({{"name", l.name}, {"bytes", l.bytes}});
+  for (const auto& l : r.run.peak.largest)
+    largest.push_back({{"name", l.name}, {"bytes", l.bytes}});
   nlohmann::json flops = nlohmann::json::object();
-  for (int i = 0; i < kNumPhases; ++i) flops[phase_name(static_cast<Phase>(i))] = phase_flops(r.run, static_cast<Phase>(i));
+  for (int i = 0; i < kNumPhases; ++i)
+    flops[phase_name(static_cast<Phase>(i))] = phase_flops(r.run, static_cast<Phase>(i));
   return {{"policy", r.label},
           {"peak_bytes", r.run.peak.total_bytes},
           {"predicted_device_bytes", r.run.peak.total_bytes + t.reserve_bytes},
@@ -56,13 +56,15 @@ std::string remat_table(const AutoPlan& a, const PlanTarget& t) {
   std::string quoted;
   const bool wrap = a.policies.size() > 8;
   for (size_t i = 0; i < a.policies.size(); ++i)
-    quoted += fmt::format("{}\"{}\"", i == 0 ? (wrap ? "\n  " : "") : (wrap && i % 6 == 0 ? ",\n  " : ", "),
+    quoted += fmt::format("{}\"{}\"",
+                          i == 0 ? (wrap ? "\n  " : "") : (wrap && i % 6 == 0 ? ",\n  " : ", "),
                           a.policies[i]);
   if (wrap) quoted += ",\n";
-  return fmt::format("[remat]\n# remat.policy = \"auto\" on {} with a budget of {}: predicted peak {} ({} B), "
-                     "recompute +{:.2f}%\nplan = [{}]\n",
-                     t.name, format_bytes(a.budget_bytes), format_bytes(a.peak_bytes), a.peak_bytes,
-                     100.0 * a.recompute_overhead, quoted);
+  return fmt::format(
+      "[remat]\n# remat.policy = \"auto\" on {} with a budget of {}: predicted peak {} ({} B), "
+      "recompute +{:.2f}%\nplan = [{}]\n",
+      t.name, format_bytes(a.budget_bytes), format_bytes(a.peak_bytes), a.peak_bytes,
+      100.0 * a.recompute_overhead, quoted);
 }
 
 }  // namespace
@@ -71,7 +73,8 @@ int run_plan(const PlanOptions& opt) {
   std::vector<std::string> sets = opt.overrides;
   if (opt.seq_len) sets.push_back(fmt::format("train.seq_len={}", *opt.seq_len));
   if (opt.batch_size) sets.push_back(fmt::format("train.batch_size={}", *opt.batch_size));
-  if (!opt.gpu.empty() && opt.seq_len) sets.push_back("model.n_ctx=" + std::to_string(std::max<int64_t>(*opt.seq_len, 1)));
+  if (!opt.gpu.empty() && opt.seq_len)
+    sets.push_back("model.n_ctx=" + std::to_string(std::max<int64_t>(*opt.seq_len, 1)));
   const Config cfg = load_config(opt.config_path, sets);
   const PlanTarget target = plan_target(cfg, opt.gpu, opt.memory);
   const Planner planner(target, make_run_parts);
@@ -101,14 +104,15 @@ int run_plan(const PlanOptions& opt) {
   add_row(chosen.fits ? (configured_auto ? "auto (configured)" : "auto") : "auto: nothing fits",
           with_block_plan(cfg, chosen.policies));
   if (!configured_auto) {
-    const std::string configured = cfg.remat.plan.empty()
-                                       ? fmt::format("{} (every {}{})", cfg.remat.policy, cfg.remat.every,
-                                                     cfg.remat.blocks.empty() ? "" : ", some blocks")
-                                       : "per-block plan";
+    const std::string configured =
+        cfg.remat.plan.empty() ? fmt::format("{} (every {}{})", cfg.remat.policy, cfg.remat.every,
+                                             cfg.remat.blocks.empty() ? "" : ", some blocks")
+                               : "per-block plan";
     add_row("configured: " + configured, cfg);
   }
   std::string auto_plan;
-  for (const auto& p : chosen.policies) auto_plan += fmt::format("{}\"{}\"", auto_plan.empty() ? "" : ", ", p);
+  for (const auto& p : chosen.policies)
+    auto_plan += fmt::format("{}\"{}\"", auto_plan.empty() ? "" : ", ", p);
 
   if (opt.json) {
     nlohmann::json out = {{"config", cfg.path},
@@ -134,42 +138,54 @@ int run_plan(const PlanOptions& opt) {
     return 0;
   }
 
-  fmt::print("plan  {} on {} | device {} - reserve {} = budget {} | {} activations\n", cfg.path, target.name,
-             format_bytes(target.device_bytes), format_bytes(target.reserve_bytes), format_bytes(target.pool_budget()),
-             dtype_name(target.count.act_dtype));
+  fmt::print("plan  {} on {} | device {} - reserve {} = budget {} | {} activations\n", cfg.path,
+             target.name, format_bytes(target.device_bytes), format_bytes(target.reserve_bytes),
+             format_bytes(target.pool_budget()), dtype_name(target.count.act_dtype));
   fmt::print("      reserve: {}\n", target.reserve_note);
-  fmt::print("model {} L={} C={} | {:.2f}M params | batch {} x seq_len {}\n\n", cfg.model.kind, cfg.model.n_layer,
-             cfg.model.n_embd, static_cast<double>(rows.front().run.n_params) / 1e6, cfg.train.batch_size,
+  fmt::print("model {} L={} C={} | {:.2f}M params | batch {} x seq_len {}\n\n", cfg.model.kind,
+             cfg.model.n_layer, cfg.model.n_embd,
+             static_cast<double>(rows.front().run.n_params) / 1e6, cfg.train.batch_size,
              cfg.train.seq_len);
-  fmt::print("{:<28} {:>11} {:>11} {:>11} {:>10} {:>5}  {:<22} {:>12} {:>9}\n", "policy", "peak", "activations",
-             "checkpoints", "recompute", "fits", "peak during", "longest T", "max batch");
+  fmt::print("{:<28} {:>11} {:>11} {:>11} {:>10} {:>5}  {:<22} {:>12} {:>9}\n", "policy", "peak",
+             "activations", "checkpoints", "recompute", "fits", "peak during", "longest T",
+             "max batch");
   for (const auto& r : rows) {
     const auto& pk = r.run.peak;
     fmt::print("{:<28} {:>11} {:>11} {:>11} {:>9.1f}% {:>5}  {:<22} {:>12} {:>9}\n", r.label,
-               format_bytes(pk.total_bytes), format_bytes(pk.by_category[static_cast<size_t>(MemCategory::Activations)]),
+               format_bytes(pk.total_bytes),
+               format_bytes(pk.by_category[static_cast<size_t>(MemCategory::Activations)]),
                format_bytes(pk.by_category[static_cast<size_t>(MemCategory::Checkpoints)]),
-               100.0 * r.run.recompute_overhead(), pk.total_bytes <= target.pool_budget() ? "yes" : "NO", pk.phase,
+               100.0 * r.run.recompute_overhead(),
+               pk.total_bytes <= target.pool_budget() ? "yes" : "NO", pk.phase,
                cfg.model.kind == "gpt" ? format_count(r.longest) : std::string("-"), r.max_batch);
   }
   if (chosen.fits)
-    fmt::print("\nauto: {}\n      plan = [{}] (--emit-config prints it as a [remat] table)\n", chosen.summary(),
-               auto_plan);
+    fmt::print("\nauto: {}\n      plan = [{}] (--emit-config prints it as a [remat] table)\n",
+               chosen.summary(), auto_plan);
   else
-    fmt::print("\nauto: nothing fits: the smallest achievable peak is {} (every block \"full\"), over the budget of {}\n",
-               format_bytes(chosen.min_peak_bytes), format_bytes(chosen.budget_bytes));
+    fmt::print(
+        "\nauto: nothing fits: the smallest achievable peak is {} (every block \"full\"), over the "
+        "budget of {}\n",
+        format_bytes(chosen.min_peak_bytes), format_bytes(chosen.budget_bytes));
   const PolicyRow& c = rows.back();
-  fmt::print("\nconfigured policy in detail: peak {} ({} B) during {}\n", format_bytes(c.run.peak.total_bytes),
-             c.run.peak.total_bytes, c.run.peak.phase);
+  fmt::print("\nconfigured policy in detail: peak {} ({} B) during {}\n",
+             format_bytes(c.run.peak.total_bytes), c.run.peak.total_bytes, c.run.peak.phase);
   for (int i = 0; i < kNumMemCategories; ++i) {
     const uint64_t b = c.run.peak.by_category[static_cast<size_t>(i)];
-    if (b) fmt::print("  {:<13} {:>12}\n", mem_category_name(static_cast<MemCategory>(i)), format_bytes(b));
+    if (b)
+      fmt::print("  {:<13} {:>12}\n", mem_category_name(static_cast<MemCategory>(i)),
+                 format_bytes(b));
   }
   fmt::print("  largest live at the peak:");
   for (const auto& l : c.run.peak.largest) fmt::print(" {} {};", l.name, format_bytes(l.bytes));
-  fmt::print("\n  FLOPs per step: forward {}, loss {}, backward {}, recompute {} (+{:.1f}%), optimizer {}\n",
-             format_flops(phase_flops(c.run, Phase::Forward)), format_flops(phase_flops(c.run, Phase::Loss)),
-             format_flops(phase_flops(c.run, Phase::Backward)), format_flops(phase_flops(c.run, Phase::Recompute)),
-             100.0 * c.run.recompute_overhead(), format_flops(phase_flops(c.run, Phase::Optimizer)));
+  fmt::print(
+      "\n  FLOPs per step: forward {}, loss {}, backward {}, recompute {} (+{:.1f}%), optimizer "
+      "{}\n",
+      format_flops(phase_flops(c.run, Phase::Forward)),
+      format_flops(phase_flops(c.run, Phase::Loss)),
+      format_flops(phase_flops(c.run, Phase::Backward)),
+      format_flops(phase_flops(c.run, Phase::Recompute)), 100.0 * c.run.recompute_overhead(),
+      format_flops(phase_flops(c.run, Phase::Optimizer)));
   if (!target.reserve_bytes) fmt::print("  (on the CPU a real run measures exactly this peak)\n");
   return 0;
 }

@@ -21,7 +21,9 @@ struct RunInfo {
   std::string policy_line;
   uint64_t budget_bytes = 0;
   uint64_t predicted_peak_bytes = 0;
+  std::optional<uint64_t> none_peak_bytes;  // the same run without remat (when a policy is set)
   std::string data_line;
+  std::string resume_line;  // "resumed from DIR at step N", or empty
 };
 
 struct RunSummary {
@@ -36,6 +38,8 @@ struct RunSummary {
   double tokens_per_s = 0;
   std::array<OpCost, kNumPhases> cost_per_step{};
   bool interrupted = false;
+  std::optional<double> final_val_loss;
+  std::string checkpoint_path;  // the last checkpoint written, or empty
 };
 
 void print_banner(std::FILE* out, const RunInfo& info, const Config& cfg);
@@ -43,8 +47,13 @@ void print_banner(std::FILE* out, const RunInfo& info, const Config& cfg);
 /// Progress lines: rewritten in place on a terminal, plain lines otherwise.
 class Progress {
  public:
-  Progress(std::FILE* out, int64_t total_steps, int64_t every, bool quiet, std::string task_metric_name);
+  Progress(std::FILE* out, int64_t total_steps, int64_t every, bool quiet,
+           std::string task_metric_name);
   void update(const StepMetrics& m);
+  /// A validation result (always shown, on its own line).
+  void eval(int64_t step, double val_loss);
+  /// A message on its own line (checkpoints), without breaking a live progress line.
+  void note(const std::string& text);
   void finish();
 
  private:
@@ -60,13 +69,20 @@ void print_summary(std::FILE* out, const RunSummary& s);
 /// renamed at close, so an interrupted run never leaves a half-written line.
 class MetricsWriter {
  public:
-  explicit MetricsWriter(std::string path);
+  /// With `keep_existing` (a resumed run), the lines of an earlier run's FILE (or its FILE.tmp
+  /// when it was killed) are carried over, so resuming never loses metrics.
+  MetricsWriter(std::string path, bool keep_existing = false);
   ~MetricsWriter();
-  void step(const StepMetrics& m, const std::string& task_metric_name);
+  /// One step's line; `val_loss` when the step ended with an evaluation.
+  void step(const StepMetrics& m, const std::string& task_metric_name,
+            std::optional<double> val_loss = {});
+  /// {"event": "checkpoint" | "resume", "step": N, "path": P, ...}
+  void event(const std::string& kind, int64_t step, const std::string& path, double ms = -1);
   void summary(const RunSummary& s);
   void close();
 
  private:
+  void write_line(const std::string& line);
   std::string path_, tmp_;
   std::ofstream out_;
 };

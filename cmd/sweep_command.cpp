@@ -15,7 +15,6 @@
 
 #include "cmd/commands.h"
 #include "cmd/trial.h"
-#include "data/synthetic.h"
 #include "engine/config.h"
 #include "engine/error.h"
 #include "engine/planner.h"
@@ -40,10 +39,6 @@ struct Point {
   double wall_s = 0;
   std::string message;  // the child's error line (oom, error)
 };
-
-RunParts make_parts(const Config& c, Backend& be) {
-  return RunParts{make_model(c, be), make_synthetic_data(c)};
-}
 
 std::string csv_field(const std::string& s) {
   if (s.find_first_of(",\"\n") == std::string::npos) return s;
@@ -219,7 +214,7 @@ int run_sweep(const SweepOptions& opt) {
                       p));
   const int64_t steps = opt.steps > 0 ? opt.steps : 3;
   const PlanTarget target = plan_target(base, "", std::nullopt);
-  const Planner planner(target, make_parts);
+  const Planner planner(target, make_run_parts);
   const uint64_t budget = target.pool_budget();
 
   // Every point's config is loaded (and so validated) before anything runs: a seq_len beyond a

@@ -1,14 +1,20 @@
-// `remat-train train`: build the backend, model and data from the config, train, report.
+// `remat-train train`: build the backend, model and data from the config, train, evaluate, write
+// checkpoints, report. Resume continues bit-for-bit: every random stream and the data order are
+// pure functions of (seed, step), so a checkpoint's step is all the state a run needs besides its
+// tensors.
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <cmath>
 #include <csignal>
 #include <memory>
 
 #include "cmd/commands.h"
 #include "cmd/report.h"
-#include "data/synthetic.h"
+#include "data/dataset.h"
+#include "engine/checkpoint.h"
 #include "engine/cpu/cpu_backend.h"
 #include "engine/cuda_api.h"
 #include "engine/devices.h"
@@ -20,8 +26,14 @@
 namespace remat::cli {
 namespace {
 
-std::atomic<bool> g_interrupted{false};
-extern "C" void on_sigint(int) { g_interrupted = true; }
+std::atomic<int> g_signal{0};
+// The first SIGINT/SIGTERM/SIGHUP asks the loop to stop after the current step (and write a
+// checkpoint); the handler then steps aside, so a second one ends the process at once. A
+// checkpoint being written at that moment is left as a .tmp folder, never as a step_* one.
+extern "C" void on_stop_signal(int sig) {
+  g_signal = sig;
+  std::signal(sig, SIG_DFL);
+}
 
 double median(std::vector<double> v) {
   if (v.empty()) return 0;
@@ -30,32 +42,203 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+// The checkpoint --resume names: a folder, or "latest" (the newest in checkpoint.dir).
+std::string resume_path(const std::string& resume, const Config& cfg) {
+  if (resume != "latest") return resume;
+  if (cfg.checkpoint.dir.empty())
+    throw ConfigError(
+        "--resume latest: checkpoint.dir is not set. Fix: set it in [checkpoint] or give a "
+        "checkpoint folder");
+  const std::string path = latest_checkpoint(cfg.checkpoint.dir);
+  if (path.empty())
+    throw CheckpointError(
+        fmt::format("[checkpoint] --resume latest: no complete checkpoint in {}. Fix: check "
+                    "checkpoint.dir, or start without --resume",
+                    cfg.checkpoint.dir));
+  return path;
+}
+
+// Shapes and the model's function must match the checkpoint; the schedule, remat policy, data
+// and steps may change (remat changes nothing numerically: that is the point of the tool).
+void check_same_model(const Config& run, const Checkpoint& ckpt) {
+  const Config saved = parse_config(ckpt.state().config_toml, ckpt.path() + "/state.json");
+  const ModelConfig &a = saved.model, &b = run.model;
+  const std::vector<std::tuple<const char*, std::string, std::string>> keys = {
+      {"model.kind", a.kind, b.kind},
+      {"model.n_layer", std::to_string(a.n_layer), std::to_string(b.n_layer)},
+      {"model.n_head", std::to_string(a.n_head), std::to_string(b.n_head)},
+      {"model.n_embd", std::to_string(a.n_embd), std::to_string(b.n_embd)},
+      {"model.vocab_size", std::to_string(a.vocab_size), std::to_string(b.vocab_size)},
+      {"model.n_ctx", std::to_string(a.n_ctx), std::to_string(b.n_ctx)},
+      {"model.d_ff", std::to_string(a.ff()), std::to_string(b.ff())},
+      {"model.position", a.position, b.position},
+      {"model.rope_theta", fmt::format("{}", a.rope_theta), fmt::format("{}", b.rope_theta)}};
+  for (const auto& [key, saved_value, run_value] : keys)
+    if (saved_value != run_value)
+      throw_config_error(run, key,
+                         fmt::format("is {} here but {} in the checkpoint {}", run_value,
+                                     saved_value, ckpt.path()),
+                         fmt::format("resume with {} = {} (a checkpoint continues the same model)",
+                                     key, saved_value));
+}
+
+// One training run: the loop, its evaluations and checkpoints, and what it reports.
+class TrainRun {
+ public:
+  TrainRun(const TrainOptions& opt, Config& cfg, Backend& be, Model& model, DataSource& data,
+           Trainer& trainer)
+      : opt_(opt),
+        cfg_(cfg),
+        be_(be),
+        model_(model),
+        data_(data),
+        trainer_(trainer),
+        progress_(stdout, cfg.train.steps, cfg.log.every, opt.quiet, data.task_metric_name()) {}
+
+  void open_metrics(bool resumed, const std::string& from) {
+    if (cfg_.log.metrics.empty()) return;
+    metrics_ = std::make_unique<MetricsWriter>(cfg_.log.metrics, resumed);
+    if (resumed) metrics_->event("resume", trainer_.steps_done(), from);
+  }
+
+  RunSummary run(int64_t stop_at, uint64_t predicted_peak_bytes) {
+    summary_.predicted_peak_bytes = predicted_peak_bytes;
+    const int64_t last = std::min(cfg_.train.steps, stop_at > 0 ? stop_at : cfg_.train.steps);
+    while (trainer_.steps_done() < last && !interrupted()) one_step(last);
+    progress_.finish();
+    const bool stopped = interrupted();
+    if (!cfg_.checkpoint.dir.empty() && trainer_.steps_done() != last_checkpoint_step_ &&
+        (!stopped || cfg_.checkpoint.on_interrupt) && trainer_.steps_done() > 0)
+      save_checkpoint();
+    summary_.interrupted = stopped;
+    return finish_summary();
+  }
+
+  void close_metrics() {
+    if (!metrics_) return;
+    metrics_->summary(summary_);
+    metrics_->close();
+  }
+
+ private:
+  void one_step(int64_t last) {
+    be_.reset_cost();
+    StepMetrics m = trainer_.step();
+    for (int i = 0; i < kNumPhases; ++i)
+      summary_.cost_per_step[static_cast<size_t>(i)] = be_.cost(static_cast<Phase>(i));
+    progress_.update(m);
+    std::optional<double> val;
+    const int64_t every = cfg_.train.eval_every;
+    if (every > 0 && (m.step % every == 0 || m.step == last)) val = evaluate(m.step);
+    if (metrics_) metrics_->step(m, data_.task_metric_name(), val);
+    step_ms_.push_back(m.step_ms);
+    total_ms_ += m.step_ms;
+    tokens_ += static_cast<int64_t>(m.tokens_per_s * m.step_ms / 1000.0 + 0.5);
+    summary_.final_loss = m.loss;
+    summary_.final_task_metric = m.task_metric;
+    const int64_t ck = cfg_.checkpoint.every;
+    if (!cfg_.checkpoint.dir.empty() && ck > 0 && m.step % ck == 0 && m.step != last)
+      save_checkpoint();
+  }
+
+  std::optional<double> evaluate(int64_t step) {
+    const double v = trainer_.evaluate(cfg_.train.eval_tokens);
+    if (std::isnan(v)) return std::nullopt;
+    progress_.eval(step, v);
+    summary_.final_val_loss = v;
+    return v;
+  }
+
+  void save_checkpoint() {
+    const auto t0 = std::chrono::steady_clock::now();
+    be_.pool().set_phase("checkpoint");
+    CheckpointState state;
+    state.step = trainer_.steps_done();
+    state.config_toml = config_to_toml(cfg_);
+    state.data_cursor = data_.cursor(state.step);
+    if (summary_.final_val_loss) state.extra["val_loss"] = *summary_.final_val_loss;
+    const std::string path = write_checkpoint(cfg_.checkpoint.dir, be_, model_, state);
+    prune_checkpoints(cfg_.checkpoint.dir, cfg_.checkpoint.keep_last);
+    const double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    progress_.note(fmt::format("checkpoint {} ({:.0f} ms)", path, ms));
+    if (metrics_) metrics_->event("checkpoint", state.step, path, ms);
+    summary_.checkpoint_path = path;
+    last_checkpoint_step_ = state.step;
+  }
+
+  RunSummary finish_summary() {
+    summary_.policy = cfg_.remat.policy;
+    summary_.seq_len = cfg_.train.seq_len;
+    summary_.batch_size = cfg_.train.batch_size;
+    summary_.steps = trainer_.steps_done();
+    summary_.task_metric_name = data_.task_metric_name();
+    summary_.peak = be_.pool().peak_snapshot();
+    summary_.median_step_ms = median(step_ms_);
+    summary_.tokens_per_s = total_ms_ > 0 ? static_cast<double>(tokens_) * 1000.0 / total_ms_ : 0;
+    return summary_;
+  }
+
+  const TrainOptions& opt_;
+  Config& cfg_;
+  Backend& be_;
+  Model& model_;
+  DataSource& data_;
+  Trainer& trainer_;
+  Progress progress_;
+  std::unique_ptr<MetricsWriter> metrics_;
+  RunSummary summary_;
+  std::vector<double> step_ms_;
+  int64_t tokens_ = 0;
+  double total_ms_ = 0;
+  int64_t last_checkpoint_step_ = -1;
+};
+
 }  // namespace
 
-bool interrupted() { return g_interrupted; }
-void install_interrupt_handler() { std::signal(SIGINT, on_sigint); }
+RunParts make_run_parts(const Config& c, Backend& b) {
+  return RunParts{make_model(c, b), make_data_source(c)};
+}
+
+bool interrupted() {
+  return g_signal != 0;
+}
+int interrupt_signal() {
+  return g_signal;
+}
+void install_interrupt_handler() {
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) std::signal(sig, on_stop_signal);
+}
 
 std::string version_text() {
   const cpu::BlasInfo blas = cpu::blas_info();
-  return fmt::format(
-      "remat-train {}\nbackends: cpu{}\nBLAS: {}, CPU kernel {}{}\nCUDA: {}\n", REMAT_VERSION,
-      cuda::is_built() ? ", cuda" : "", blas.library, blas.core,
-      blas.is_generic ? " (generic fallback: slow; set OPENBLAS_CORETYPE)" : "", cuda::version_string());
+  return fmt::format("remat-train {}\nbackends: cpu{}\nBLAS: {}, CPU kernel {}{}\nCUDA: {}\n",
+                     REMAT_VERSION, cuda::is_built() ? ", cuda" : "", blas.library, blas.core,
+                     blas.is_generic ? " (generic fallback: slow; set OPENBLAS_CORETYPE)" : "",
+                     cuda::version_string());
 }
 
 int run_train(const TrainOptions& opt) {
   Config cfg = load_config(opt.config_path, opt.overrides);
   if (!opt.metrics_path.empty()) cfg.log.metrics = opt.metrics_path;
+  // The checkpoint is opened (and verified) before anything is built, so a bad one fails fast.
+  std::unique_ptr<Checkpoint> resume;
+  if (!opt.resume.empty()) {
+    resume = std::make_unique<Checkpoint>(resume_path(opt.resume, cfg));
+    check_same_model(cfg, *resume);
+  }
 
   BackendChoice choice = make_backend(cfg);
   Backend& be = *choice.backend;
   // The plan of this very run: the same step on the count backend.
   PlanTarget target;
   target.name = be.name();
-  target.count = CountTarget{be.name(), be.act_dtype(), be.name() == "cpu" ? static_cast<cpu::CpuBackend&>(be).threads() : 1};
+  target.count = CountTarget{be.name(), be.act_dtype(),
+                             be.name() == "cpu" ? static_cast<cpu::CpuBackend&>(be).threads() : 1};
   target.device_bytes = be.pool().budget_bytes();
-  const Planner planner(target, [](const Config& c, Backend& b) { return RunParts{make_model(c, b), make_synthetic_data(c)}; });
-  if (cfg.remat.policy == "auto") {  // resolved here, for this very budget; the Trainer sees a per-block plan
+  const Planner planner(target, make_run_parts);
+  if (cfg.remat.policy ==
+      "auto") {  // resolved here, for this very budget; the Trainer sees a per-block plan
     const AutoPlan chosen = choose_auto_plan(planner, cfg);
     if (!chosen.fits) throw OutOfMemory(chosen.infeasible_message());
     cfg.remat.plan = chosen.policies;
@@ -63,58 +246,43 @@ int run_train(const TrainOptions& opt) {
   }
   const DryRun predicted = planner.dry_run(cfg);
   std::unique_ptr<Model> model = make_model(cfg, be);
-  std::unique_ptr<DataSource> data = make_synthetic_data(cfg);
+  std::unique_ptr<DataSource> data = make_data_source(cfg);
+  data->open();
   Trainer trainer(cfg, be, *model, *data);
 
   RunInfo info;
+  if (resume) {
+    resume->load_into(be, *model, /*with_optimizer=*/true);
+    trainer.set_steps_done(resume->state().step);
+    info.resume_line =
+        fmt::format("resumed from {} at step {}", resume->path(), resume->state().step);
+  } else if (!opt.init_path.empty()) {
+    load_weights(opt.init_path, be, *model);
+    info.resume_line =
+        fmt::format("weights from {} (optimizer state and step start fresh)", opt.init_path);
+  }
   info.backend_line = fmt::format("{} ({})", be.describe(), choice.why);
   info.model_line = model->describe();
   info.n_params = model->n_params();
   info.policy_line = trainer.plan().describe();
   info.budget_bytes = be.pool().budget_bytes();
   info.predicted_peak_bytes = predicted.peak.total_bytes;
+  if (cfg.remat.policy != "none") {  // what remat buys here: the peak without it
+    Config none = cfg;
+    none.remat = RematConfig{};
+    info.none_peak_bytes = planner.dry_run(none, false).peak.total_bytes;
+  }
   info.data_line = data->describe();
   if (!opt.quiet) print_banner(stdout, info, cfg);
 
-  std::unique_ptr<MetricsWriter> metrics;
-  if (!cfg.log.metrics.empty()) metrics = std::make_unique<MetricsWriter>(cfg.log.metrics);
-
-  Progress progress(stdout, cfg.train.steps, cfg.log.every, opt.quiet, data->task_metric_name());
-  RunSummary summary;
-  std::vector<double> step_ms;
-  int64_t tokens = 0;
-  double total_ms = 0;
+  TrainRun run(opt, cfg, be, *model, *data, trainer);
+  run.open_metrics(resume != nullptr, resume ? resume->path() : std::string());
+  resume.reset();  // unmaps the checkpoint's files before training
   install_interrupt_handler();
-  for (int64_t s = 0; s < cfg.train.steps && !interrupted(); ++s) {
-    be.reset_cost();
-    StepMetrics m = trainer.step();
-    for (int i = 0; i < kNumPhases; ++i) summary.cost_per_step[static_cast<size_t>(i)] = be.cost(static_cast<Phase>(i));
-    progress.update(m);
-    if (metrics) metrics->step(m, data->task_metric_name());
-    step_ms.push_back(m.step_ms);
-    total_ms += m.step_ms;
-    tokens += static_cast<int64_t>(m.tokens_per_s * m.step_ms / 1000.0 + 0.5);
-    summary.final_loss = m.loss;
-    summary.final_task_metric = m.task_metric;
-  }
-  progress.finish();
-
-  summary.policy = cfg.remat.policy;
-  summary.seq_len = cfg.train.seq_len;
-  summary.batch_size = cfg.train.batch_size;
-  summary.steps = trainer.steps_done();
-  summary.task_metric_name = data->task_metric_name();
-  summary.peak = be.pool().peak_snapshot();
-  summary.predicted_peak_bytes = predicted.peak.total_bytes;
-  summary.median_step_ms = median(step_ms);
-  summary.tokens_per_s = total_ms > 0 ? static_cast<double>(tokens) * 1000.0 / total_ms : 0;
-  summary.interrupted = interrupted();
+  const RunSummary summary = run.run(opt.stop_at, predicted.peak.total_bytes);
   if (!opt.quiet) print_summary(stdout, summary);
-  if (metrics) {
-    metrics->summary(summary);
-    metrics->close();
-  }
-  return summary.interrupted ? 130 : 0;
+  run.close_metrics();
+  return summary.interrupted ? 128 + interrupt_signal() : 0;
 }
 
 }  // namespace remat::cli

@@ -73,9 +73,9 @@ struct LayerNormBackwardArgs {
 /// and the per-row log-sum-exp, never a T x T matrix. With rope_theta > 0, rotary position
 /// embedding is applied to q and k inside the op (qkv is saved unrotated).
 struct AttentionForwardArgs {
-  Tensor out;   // (B, T, C) act
-  Tensor lse;   // (B, NH, T) f32: log-sum-exp of each row of scaled scores
-  Tensor qkv;   // (B, T, 3C) act: q | k | v, heads contiguous inside each
+  Tensor out;  // (B, T, C) act
+  Tensor lse;  // (B, NH, T) f32: log-sum-exp of each row of scaled scores
+  Tensor qkv;  // (B, T, 3C) act: q | k | v, heads contiguous inside each
   int n_head = 1;
   float rope_theta = 0;  // 0: no rotary embedding
 };
@@ -176,6 +176,9 @@ class Backend {
   virtual DType act_dtype() const = 0;
   /// False for the count backend: its tensors have fake addresses and ops compute nothing.
   virtual bool computes() const { return true; }
+  /// True when device memory is host memory (the CPU backend, and dry runs for it): host-side
+  /// buffers such as checkpoint staging then count against the device budget, through the pool.
+  virtual bool device_is_host() const { return false; }
   MemoryPool& pool() { return *pool_; }
   /// Waits until every queued op has finished (step timing). Synchronous backends: no-op.
   virtual void synchronize() {}

@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <toml++/toml.h>
 
 #include <algorithm>
 #include <fstream>
@@ -11,7 +12,6 @@
 #include <limits>
 #include <map>
 #include <sstream>
-#include <toml++/toml.h>
 
 #include "engine/error.h"
 #include "engine/units.h"
@@ -31,44 +31,58 @@ struct Origin {
 
 const char* type_name(const toml::node& n) {
   switch (n.type()) {
-    case toml::node_type::string: return "a string";
-    case toml::node_type::integer: return "an integer";
-    case toml::node_type::floating_point: return "a float";
-    case toml::node_type::boolean: return "a boolean";
-    case toml::node_type::array: return "an array";
-    case toml::node_type::table: return "a table";
-    default: return "another type";
+    case toml::node_type::string:
+      return "a string";
+    case toml::node_type::integer:
+      return "an integer";
+    case toml::node_type::floating_point:
+      return "a float";
+    case toml::node_type::boolean:
+      return "a boolean";
+    case toml::node_type::array:
+      return "an array";
+    case toml::node_type::table:
+      return "a table";
+    default:
+      return "another type";
   }
 }
 
 int64_t read_int(const toml::node& n, const Origin& o, int64_t lo, int64_t hi, bool allow_suffix) {
   std::optional<int64_t> v;
-  if (n.is_integer()) v = n.value<int64_t>();
+  if (n.is_integer())
+    v = n.value<int64_t>();
   else if (allow_suffix && n.is_string()) {
     v = parse_count(*n.value<std::string>());
-    if (!v) fail(o, fmt::format("'{}' is not a count", *n.value<std::string>()),
-                 "write an integer such as 4096, or 4k / 1M");
+    if (!v)
+      fail(o, fmt::format("'{}' is not a count", *n.value<std::string>()),
+           "write an integer such as 4096, or 4k / 1M");
   } else {
     fail(o, fmt::format("expected an integer, got {}", type_name(n)),
-         allow_suffix ? "write an integer such as 4096 or a count such as \"4k\"" : "write an integer");
+         allow_suffix ? "write an integer such as 4096 or a count such as \"4k\""
+                      : "write an integer");
   }
   if (*v < lo || *v > hi)
     fail(o, fmt::format("{} is out of range", *v),
-         hi == std::numeric_limits<int64_t>::max() ? fmt::format("use a value >= {}", lo)
-                                                   : fmt::format("use a value in [{}, {}]", lo, hi));
+         hi == std::numeric_limits<int64_t>::max()
+             ? fmt::format("use a value >= {}", lo)
+             : fmt::format("use a value in [{}, {}]", lo, hi));
   return *v;
 }
 
 double read_float(const toml::node& n, const Origin& o, double lo, double hi) {
-  if (!n.is_number()) fail(o, fmt::format("expected a number, got {}", type_name(n)), "write a number such as 3e-4");
+  if (!n.is_number())
+    fail(o, fmt::format("expected a number, got {}", type_name(n)), "write a number such as 3e-4");
   double v = *n.value<double>();
-  if (!(v >= lo && v <= hi)) fail(o, fmt::format("{} is out of range", v), fmt::format("use a value in [{}, {}]", lo, hi));
+  if (!(v >= lo && v <= hi))
+    fail(o, fmt::format("{} is out of range", v), fmt::format("use a value in [{}, {}]", lo, hi));
   return v;
 }
 
 std::string read_choice(const toml::node& n, const Origin& o, std::vector<std::string> choices) {
   std::string quoted = fmt::format("\"{}\"", fmt::join(choices, "\" | \""));
-  if (!n.is_string()) fail(o, fmt::format("expected a string, got {}", type_name(n)), "use one of " + quoted);
+  if (!n.is_string())
+    fail(o, fmt::format("expected a string, got {}", type_name(n)), "use one of " + quoted);
   std::string v = *n.value<std::string>();
   for (const auto& c : choices)
     if (v == c) return v;
@@ -76,7 +90,8 @@ std::string read_choice(const toml::node& n, const Origin& o, std::vector<std::s
 }
 
 std::string read_string(const toml::node& n, const Origin& o) {
-  if (!n.is_string()) fail(o, fmt::format("expected a string, got {}", type_name(n)), "quote the value");
+  if (!n.is_string())
+    fail(o, fmt::format("expected a string, got {}", type_name(n)), "quote the value");
   return *n.value<std::string>();
 }
 
@@ -91,18 +106,51 @@ uint64_t read_size(const toml::node& n, const Origin& o) {
 
 std::vector<int64_t> read_int_list(const toml::node& n, const Origin& o) {
   const toml::array* arr = n.as_array();
-  if (!arr) fail(o, fmt::format("expected an array of integers, got {}", type_name(n)), "write e.g. [0, 2, 3]");
+  if (!arr)
+    fail(o, fmt::format("expected an array of integers, got {}", type_name(n)),
+         "write e.g. [0, 2, 3]");
   std::vector<int64_t> out;
-  for (const toml::node& e : *arr) out.push_back(read_int(e, o, 0, std::numeric_limits<int64_t>::max(), false));
+  for (const toml::node& e : *arr)
+    out.push_back(read_int(e, o, 0, std::numeric_limits<int64_t>::max(), false));
+  return out;
+}
+
+bool read_bool(const toml::node& n, const Origin& o) {
+  if (!n.is_boolean())
+    fail(o, fmt::format("expected a boolean, got {}", type_name(n)), "write true or false");
+  return *n.value<bool>();
+}
+
+// One path or a list of them: "data/*.bin" or ["a.bin", "b.bin"].
+std::vector<std::string> read_path_list(const toml::node& n, const Origin& o) {
+  std::vector<std::string> out;
+  if (n.is_string()) {
+    out.push_back(*n.value<std::string>());
+  } else if (const toml::array* arr = n.as_array()) {
+    for (const toml::node& e : *arr) {
+      if (!e.is_string())
+        fail(o, fmt::format("expected strings in the list, got {}", type_name(e)),
+             "quote each path");
+      out.push_back(*e.value<std::string>());
+    }
+  } else {
+    fail(o, fmt::format("expected a path or a list of paths, got {}", type_name(n)),
+         "write e.g. \"data/shard_*.bin\" or [\"a.bin\", \"b.bin\"]");
+  }
+  for (const auto& p : out)
+    if (p.empty()) fail(o, "empty path", "give a file, a directory or a glob");
   return out;
 }
 
 constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
-const std::vector<std::string> kPolicies = {"none", "full", "save_dots", "save_attn", "names", "auto"};
+const std::vector<std::string> kPolicies = {"none",      "full",  "save_dots",
+                                            "save_attn", "names", "auto"};
 
 std::vector<std::string> read_string_list(const toml::node& n, const Origin& o) {
   const toml::array* arr = n.as_array();
-  if (!arr) fail(o, fmt::format("expected an array of strings, got {}", type_name(n)), "write e.g. [\"attn\", \"attn.lse\"]");
+  if (!arr)
+    fail(o, fmt::format("expected an array of strings, got {}", type_name(n)),
+         "write e.g. [\"attn\", \"attn.lse\"]");
   std::vector<std::string> out;
   for (const toml::node& e : *arr) out.push_back(read_string(e, o));
   return out;
@@ -117,48 +165,118 @@ struct KeySpec {
 // Every accepted key, once. Defaults live in engine/config.h.
 const std::vector<KeySpec>& key_specs() {
   static const std::vector<KeySpec> specs = {
-      {"model", "kind", [](Config& c, auto& n, auto& o) { c.model.kind = read_choice(n, o, {"gpt", "mlp"}); }},
-      {"model", "n_layer", [](Config& c, auto& n, auto& o) { c.model.n_layer = read_int(n, o, 1, 4096, false); }},
-      {"model", "n_head", [](Config& c, auto& n, auto& o) { c.model.n_head = read_int(n, o, 1, 4096, false); }},
-      {"model", "n_embd", [](Config& c, auto& n, auto& o) { c.model.n_embd = read_int(n, o, 1, 1 << 20, true); }},
-      {"model", "vocab_size", [](Config& c, auto& n, auto& o) { c.model.vocab_size = read_int(n, o, 2, 1 << 24, true); }},
-      {"model", "n_ctx", [](Config& c, auto& n, auto& o) { c.model.n_ctx = read_int(n, o, 1, 1ll << 32, true); }},
-      {"model", "d_ff", [](Config& c, auto& n, auto& o) { c.model.d_ff = read_int(n, o, 0, 1 << 22, true); }},
-      {"model", "position", [](Config& c, auto& n, auto& o) { c.model.position = read_choice(n, o, {"learned", "rope"}); }},
-      {"model", "rope_theta", [](Config& c, auto& n, auto& o) { c.model.rope_theta = read_float(n, o, 1.0, 1e12); }},
-      {"model", "dropout", [](Config& c, auto& n, auto& o) { c.model.dropout = read_float(n, o, 0.0, 0.99); }},
-      {"train", "seq_len", [](Config& c, auto& n, auto& o) { c.train.seq_len = read_int(n, o, 1, 1ll << 32, true); }},
-      {"train", "batch_size", [](Config& c, auto& n, auto& o) { c.train.batch_size = read_int(n, o, 1, 1 << 20, true); }},
-      {"train", "steps", [](Config& c, auto& n, auto& o) { c.train.steps = read_int(n, o, 1, kMax, true); }},
-      {"train", "lr", [](Config& c, auto& n, auto& o) { c.train.lr = read_float(n, o, 0.0, 10.0); }},
-      {"train", "warmup_steps", [](Config& c, auto& n, auto& o) { c.train.warmup_steps = read_int(n, o, 0, kMax, true); }},
-      {"train", "min_lr_ratio", [](Config& c, auto& n, auto& o) { c.train.min_lr_ratio = read_float(n, o, 0.0, 1.0); }},
-      {"train", "weight_decay", [](Config& c, auto& n, auto& o) { c.train.weight_decay = read_float(n, o, 0.0, 10.0); }},
-      {"train", "grad_clip", [](Config& c, auto& n, auto& o) { c.train.grad_clip = read_float(n, o, 0.0, 1e9); }},
-      {"train", "seed", [](Config& c, auto& n, auto& o) { c.train.seed = static_cast<uint64_t>(read_int(n, o, 0, kMax, false)); }},
-      {"train", "loss_chunk", [](Config& c, auto& n, auto& o) { c.train.loss_chunk = read_int(n, o, 0, kMax, true); }},
-      {"data", "source", [](Config& c, auto& n, auto& o) { c.data.source = read_choice(n, o, {"synthetic"}); }},
-      {"data", "task", [](Config& c, auto& n, auto& o) { c.data.task = read_choice(n, o, {"random", "copy", "regression"}); }},
-      {"remat", "policy", [](Config& c, auto& n, auto& o) { c.remat.policy = read_choice(n, o, kPolicies); }},
+      {"model", "kind",
+       [](Config& c, auto& n, auto& o) {
+         c.model.kind = read_choice(n, o, {"gpt", "mlp"});
+       }},
+      {"model", "n_layer",
+       [](Config& c, auto& n, auto& o) { c.model.n_layer = read_int(n, o, 1, 4096, false); }},
+      {"model", "n_head",
+       [](Config& c, auto& n, auto& o) { c.model.n_head = read_int(n, o, 1, 4096, false); }},
+      {"model", "n_embd",
+       [](Config& c, auto& n, auto& o) { c.model.n_embd = read_int(n, o, 1, 1 << 20, true); }},
+      {"model", "vocab_size",
+       [](Config& c, auto& n, auto& o) { c.model.vocab_size = read_int(n, o, 2, 1 << 24, true); }},
+      {"model", "n_ctx",
+       [](Config& c, auto& n, auto& o) { c.model.n_ctx = read_int(n, o, 1, 1ll << 32, true); }},
+      {"model", "d_ff",
+       [](Config& c, auto& n, auto& o) { c.model.d_ff = read_int(n, o, 0, 1 << 22, true); }},
+      {"model", "position",
+       [](Config& c, auto& n, auto& o) {
+         c.model.position = read_choice(n, o, {"learned", "rope"});
+       }},
+      {"model", "rope_theta",
+       [](Config& c, auto& n, auto& o) { c.model.rope_theta = read_float(n, o, 1.0, 1e12); }},
+      {"model", "dropout",
+       [](Config& c, auto& n, auto& o) { c.model.dropout = read_float(n, o, 0.0, 0.99); }},
+      {"train", "seq_len",
+       [](Config& c, auto& n, auto& o) { c.train.seq_len = read_int(n, o, 1, 1ll << 32, true); }},
+      {"train", "batch_size",
+       [](Config& c, auto& n, auto& o) { c.train.batch_size = read_int(n, o, 1, 1 << 20, true); }},
+      {"train", "steps",
+       [](Config& c, auto& n, auto& o) { c.train.steps = read_int(n, o, 1, kMax, true); }},
+      {"train", "lr",
+       [](Config& c, auto& n, auto& o) { c.train.lr = read_float(n, o, 0.0, 10.0); }},
+      {"train", "warmup_steps",
+       [](Config& c, auto& n, auto& o) { c.train.warmup_steps = read_int(n, o, 0, kMax, true); }},
+      {"train", "min_lr_ratio",
+       [](Config& c, auto& n, auto& o) { c.train.min_lr_ratio = read_float(n, o, 0.0, 1.0); }},
+      {"train", "weight_decay",
+       [](Config& c, auto& n, auto& o) { c.train.weight_decay = read_float(n, o, 0.0, 10.0); }},
+      {"train", "grad_clip",
+       [](Config& c, auto& n, auto& o) { c.train.grad_clip = read_float(n, o, 0.0, 1e9); }},
+      {"train", "seed",
+       [](Config& c, auto& n, auto& o) {
+         c.train.seed = static_cast<uint64_t>(read_int(n, o, 0, kMax, false));
+       }},
+      {"train", "loss_chunk",
+       [](Config& c, auto& n, auto& o) { c.train.loss_chunk = read_int(n, o, 0, kMax, true); }},
+      {"train", "eval_every",
+       [](Config& c, auto& n, auto& o) { c.train.eval_every = read_int(n, o, 0, kMax, true); }},
+      {"train", "eval_tokens",
+       [](Config& c, auto& n, auto& o) { c.train.eval_tokens = read_int(n, o, 0, kMax, true); }},
+      {"data", "source",
+       [](Config& c, auto& n, auto& o) {
+         c.data.source = read_choice(n, o, {"synthetic", "tokens", "text"});
+       }},
+      {"data", "path", [](Config& c, auto& n, auto& o) { c.data.path = read_path_list(n, o); }},
+      {"data", "val_path",
+       [](Config& c, auto& n, auto& o) { c.data.val_path = read_path_list(n, o); }},
+      {"data", "val_fraction",
+       [](Config& c, auto& n, auto& o) { c.data.val_fraction = read_float(n, o, 0.0, 0.5); }},
+      {"data", "order",
+       [](Config& c, auto& n, auto& o) {
+         c.data.order = read_choice(n, o, {"random", "sequential"});
+       }},
+      {"data", "task",
+       [](Config& c, auto& n, auto& o) {
+         c.data.task = read_choice(n, o, {"random", "copy", "regression"});
+       }},
+      {"remat", "policy",
+       [](Config& c, auto& n, auto& o) { c.remat.policy = read_choice(n, o, kPolicies); }},
       {"remat", "save", [](Config& c, auto& n, auto& o) { c.remat.save = read_string_list(n, o); }},
-      {"remat", "plan", [](Config& c, auto& n, auto& o) {
+      {"remat", "plan",
+       [](Config& c, auto& n, auto& o) {
          c.remat.plan = read_string_list(n, o);
          for (const auto& p : c.remat.plan) {
            if (p == "auto")
              fail(o, "\"auto\" is not a per-block policy: it chooses the whole plan",
-                  "set remat.policy = \"auto\" without remat.plan, or use none, full, save_dots or save_attn per block");
+                  "set remat.policy = \"auto\" without remat.plan, or use none, full, save_dots or "
+                  "save_attn per block");
            if (std::find(kPolicies.begin(), kPolicies.end(), p) == kPolicies.end() || p == "names")
-             fail(o, fmt::format("unknown per-block policy \"{}\"", p), "use none, full, save_dots or save_attn per block");
+             fail(o, fmt::format("unknown per-block policy \"{}\"", p),
+                  "use none, full, save_dots or save_attn per block");
          }
        }},
-      {"remat", "every", [](Config& c, auto& n, auto& o) { c.remat.every = read_int(n, o, 1, 4096, false); }},
-      {"remat", "blocks", [](Config& c, auto& n, auto& o) { c.remat.blocks = read_int_list(n, o); }},
-      {"device", "backend", [](Config& c, auto& n, auto& o) { c.device.backend = read_choice(n, o, {"auto", "cpu", "cuda"}); }},
-      {"device", "memory", [](Config& c, auto& n, auto& o) { c.device.memory_bytes = read_size(n, o); }},
-      {"device", "precision", [](Config& c, auto& n, auto& o) { c.device.precision = read_choice(n, o, {"bf16", "fp32"}); }},
-      {"device", "threads", [](Config& c, auto& n, auto& o) { c.device.threads = read_int(n, o, 0, 1024, false); }},
-      {"log", "every", [](Config& c, auto& n, auto& o) { c.log.every = read_int(n, o, 1, kMax, false); }},
+      {"remat", "every",
+       [](Config& c, auto& n, auto& o) { c.remat.every = read_int(n, o, 1, 4096, false); }},
+      {"remat", "blocks",
+       [](Config& c, auto& n, auto& o) { c.remat.blocks = read_int_list(n, o); }},
+      {"device", "backend",
+       [](Config& c, auto& n, auto& o) {
+         c.device.backend = read_choice(n, o, {"auto", "cpu", "cuda"});
+       }},
+      {"device", "memory",
+       [](Config& c, auto& n, auto& o) { c.device.memory_bytes = read_size(n, o); }},
+      {"device", "precision",
+       [](Config& c, auto& n, auto& o) {
+         c.device.precision = read_choice(n, o, {"bf16", "fp32"});
+       }},
+      {"device", "threads",
+       [](Config& c, auto& n, auto& o) { c.device.threads = read_int(n, o, 0, 1024, false); }},
+      {"log", "every",
+       [](Config& c, auto& n, auto& o) { c.log.every = read_int(n, o, 1, kMax, false); }},
       {"log", "metrics", [](Config& c, auto& n, auto& o) { c.log.metrics = read_string(n, o); }},
+      {"checkpoint", "dir",
+       [](Config& c, auto& n, auto& o) { c.checkpoint.dir = read_string(n, o); }},
+      {"checkpoint", "every",
+       [](Config& c, auto& n, auto& o) { c.checkpoint.every = read_int(n, o, 0, kMax, true); }},
+      {"checkpoint", "keep_last",
+       [](Config& c, auto& n, auto& o) {
+         c.checkpoint.keep_last = read_int(n, o, 0, kMax, false);
+       }},
+      {"checkpoint", "on_interrupt",
+       [](Config& c, auto& n, auto& o) { c.checkpoint.on_interrupt = read_bool(n, o); }},
   };
   return specs;
 }
@@ -215,49 +333,86 @@ void validate(const Config& c, const Origins& o) {
   const auto& t = c.train;
   if (m.kind == "gpt") {
     if (m.n_embd % m.n_head != 0)
-      fail(o.of("model.n_head"), fmt::format("n_embd = {} is not divisible by n_head = {}", m.n_embd, m.n_head),
+      fail(o.of("model.n_head"),
+           fmt::format("n_embd = {} is not divisible by n_head = {}", m.n_embd, m.n_head),
            "choose n_head dividing n_embd");
     if (m.position == "rope" && (m.n_embd / m.n_head) % 2 != 0)
-      fail(o.of("model.n_head"), fmt::format("rope needs an even head size, got {}", m.n_embd / m.n_head),
+      fail(o.of("model.n_head"),
+           fmt::format("rope needs an even head size, got {}", m.n_embd / m.n_head),
            "choose n_head so that n_embd / n_head is even");
     if (m.position == "learned" && t.seq_len > m.n_ctx)
       fail(o.of("train.seq_len"),
-           fmt::format("seq_len = {} exceeds model.n_ctx = {} with learned positions", t.seq_len, m.n_ctx),
+           fmt::format("seq_len = {} exceeds model.n_ctx = {} with learned positions", t.seq_len,
+                       m.n_ctx),
            "raise model.n_ctx, lower train.seq_len, or set model.position = \"rope\"");
     if (c.data.task == "regression")
-      fail(o.of("data.task"), "the regression task is for model.kind = \"mlp\"", "use task = \"random\" or \"copy\"");
-    if (c.data.task == "copy" && t.seq_len < 4)
+      fail(o.of("data.task"), "the regression task is for model.kind = \"mlp\"",
+           "use task = \"random\" or \"copy\"");
+    if (c.data.source == "text" && m.vocab_size < 256)
+      fail(o.of("model.vocab_size"),
+           fmt::format("text data is read as bytes (256 symbols), vocab_size is {}", m.vocab_size),
+           "set model.vocab_size = 256");
+    if (c.data.source == "synthetic" && c.data.task == "copy" && t.seq_len < 4)
       fail(o.of("train.seq_len"), "the copy task needs seq_len >= 4", "raise train.seq_len");
   } else {
+    if (c.data.source != "synthetic")
+      fail(o.of("data.source"), "model.kind = \"mlp\" trains on the synthetic regression task",
+           "set data.source = \"synthetic\"");
     if (c.data.task != "regression")
-      fail(o.of("data.task"), fmt::format("model.kind = \"mlp\" trains on the regression task, not \"{}\"", c.data.task),
+      fail(o.of("data.task"),
+           fmt::format("model.kind = \"mlp\" trains on the regression task, not \"{}\"",
+                       c.data.task),
            "set data.task = \"regression\"");
     if (m.position == "rope")
       fail(o.of("model.position"), "rope applies to model.kind = \"gpt\"", "remove model.position");
   }
+  const bool file_data = c.data.source != "synthetic";
+  if (file_data && c.data.path.empty())
+    fail(o.of("data.path"), fmt::format("data.source = \"{}\" needs files to read", c.data.source),
+         "set data.path to a file, a directory or a glob, e.g. \"data/*.bin\"");
+  for (const char* key : {"data.path", "data.val_path", "data.val_fraction", "data.order"})
+    if (!file_data && o.all().count(key))
+      fail(o.of(key), fmt::format("{} applies to file data (source = \"tokens\" or \"text\")", key),
+           "remove it, or set data.source");
+  if (file_data && o.all().count("data.task"))
+    fail(o.of("data.task"), "data.task selects a synthetic task",
+         "remove data.task, or set data.source = \"synthetic\"");
+  if (!c.data.val_path.empty() && c.data.val_fraction > 0)
+    fail(o.of("data.val_fraction"), "both data.val_path and data.val_fraction are set",
+         "keep one of them");
   if (c.model.dropout > 0 && m.kind != "gpt")
     fail(o.of("model.dropout"), "dropout applies to model.kind = \"gpt\"", "set model.dropout = 0");
   if (!c.remat.plan.empty() && static_cast<int64_t>(c.remat.plan.size()) != m.n_layer)
-    fail(o.of("remat.plan"), fmt::format("{} entries for n_layer = {} blocks", c.remat.plan.size(), m.n_layer),
+    fail(o.of("remat.plan"),
+         fmt::format("{} entries for n_layer = {} blocks", c.remat.plan.size(), m.n_layer),
          "give one policy per block");
   if (c.remat.policy == "names" && c.remat.save.empty())
     fail(o.of("remat.save"), "policy \"names\" needs the list of activations to keep",
          "set remat.save = [\"attn\", \"attn.lse\"] (or other names), or choose another policy");
-  if (c.remat.policy == "auto")  // auto chooses these itself; a value set beside it would be ignored
+  if (c.remat.policy ==
+      "auto")  // auto chooses these itself; a value set beside it would be ignored
     for (const char* key : {"remat.plan", "remat.every", "remat.blocks"})
-      if (o.all().count(key) && !(key == std::string("remat.plan") && c.remat.plan.empty()))  // plan = [] is no plan
-        fail(o.of(key), fmt::format("{} cannot be set with policy \"auto\", which chooses a plan per block itself", key),
+      if (o.all().count(key) &&
+          !(key == std::string("remat.plan") && c.remat.plan.empty()))  // plan = [] is no plan
+        fail(o.of(key),
+             fmt::format(
+                 "{} cannot be set with policy \"auto\", which chooses a plan per block itself",
+                 key),
              fmt::format("remove {}, or choose a named policy", key));
   if (c.remat.every > m.n_layer)
-    fail(o.of("remat.every"), fmt::format("every = {} exceeds model.n_layer = {}", c.remat.every, m.n_layer),
+    fail(o.of("remat.every"),
+         fmt::format("every = {} exceeds model.n_layer = {}", c.remat.every, m.n_layer),
          fmt::format("use 1..{} (n_layer = whole model)", m.n_layer));
   for (size_t i = 0; i < c.remat.blocks.size(); ++i) {
     int64_t b = c.remat.blocks[i];
     if (b >= m.n_layer)
-      fail(o.of("remat.blocks"), fmt::format("block {} does not exist (n_layer = {})", b, m.n_layer),
+      fail(o.of("remat.blocks"),
+           fmt::format("block {} does not exist (n_layer = {})", b, m.n_layer),
            fmt::format("list blocks in 0..{}", m.n_layer - 1));
     for (size_t j = 0; j < i; ++j)
-      if (c.remat.blocks[j] == b) fail(o.of("remat.blocks"), fmt::format("block {} is listed twice", b), "list each block once");
+      if (c.remat.blocks[j] == b)
+        fail(o.of("remat.blocks"), fmt::format("block {} is listed twice", b),
+             "list each block once");
   }
 }
 
@@ -271,9 +426,11 @@ void apply_override(toml::table& root, const std::string& text, Origins& origins
   const std::string section = text.substr(0, dot);
   const std::string key = text.substr(dot + 1, eq - dot - 1);
   const std::string value = text.substr(eq + 1);
-  static const std::vector<std::string> kSections = {"model", "train", "data", "remat", "device", "log"};
+  static const std::vector<std::string> kSections = {"model",  "train", "data",      "remat",
+                                                     "device", "log",   "checkpoint"};
   if (std::find(kSections.begin(), kSections.end(), section) == kSections.end())
-    fail(o, fmt::format("unknown section [{}]", section), fmt::format("use one of {}", fmt::join(kSections, ", ")));
+    fail(o, fmt::format("unknown section [{}]", section),
+         fmt::format("use one of {}", fmt::join(kSections, ", ")));
   toml::table parsed;
   try {
     parsed = toml::parse("v = " + value);
@@ -282,7 +439,8 @@ void apply_override(toml::table& root, const std::string& text, Origins& origins
   }
   if (!root.contains(section)) root.insert_or_assign(section, toml::table{});
   toml::table* sec = root[section].as_table();
-  if (!sec) fail(o, fmt::format("[{}] is not a table in the config file", section), "fix the config file");
+  if (!sec)
+    fail(o, fmt::format("[{}] is not a table in the config file", section), "fix the config file");
   sec->insert_or_assign(key, *parsed.get("v"));
   origins.set(section + "." + key, o.where);
 }
@@ -304,11 +462,15 @@ Config build(toml::table root, const std::string& name, const std::vector<std::s
   for (auto&& [k, node] : root) {
     const std::string section(k.str());
     const toml::table* tbl = node.as_table();
-    static const std::vector<std::string> kSections = {"model", "train", "data", "remat", "device", "log"};
+    static const std::vector<std::string> kSections = {"model",  "train", "data",      "remat",
+                                                       "device", "log",   "checkpoint"};
     Origin o{pos(name, node.source()), section};
     if (std::find(kSections.begin(), kSections.end(), section) == kSections.end())
-      fail(o, fmt::format("unknown section [{}]", section), fmt::format("use one of {}", fmt::join(kSections, ", ")));
-    if (!tbl) fail(o, fmt::format("'{}' must be a table", section), fmt::format("write it as [{}]", section));
+      fail(o, fmt::format("unknown section [{}]", section),
+           fmt::format("use one of {}", fmt::join(kSections, ", ")));
+    if (!tbl)
+      fail(o, fmt::format("'{}' must be a table", section),
+           fmt::format("write it as [{}]", section));
     read_section(c, section, *tbl, origins, where);
   }
   if (c.model.kind == "mlp" && !root["data"]["task"]) c.data.task = "regression";
@@ -325,8 +487,9 @@ Config parse_config(const std::string& toml_text, const std::string& name,
   try {
     root = toml::parse(toml_text, name);
   } catch (const toml::parse_error& e) {
-    throw ConfigError(fmt::format("{}:{}:{}: [config] TOML syntax error: {}. Fix: correct the syntax at that position",
-                                  name, e.source().begin.line, e.source().begin.column, e.description()));
+    throw ConfigError(fmt::format(
+        "{}:{}:{}: [config] TOML syntax error: {}. Fix: correct the syntax at that position", name,
+        e.source().begin.line, e.source().begin.column, e.description()));
   }
   return build(std::move(root), name, overrides);
 }
@@ -334,13 +497,82 @@ Config parse_config(const std::string& toml_text, const std::string& name,
 Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
   std::ifstream in(path);
   if (!in)
-    throw ConfigError(fmt::format("{}: [config] cannot open the config file. Fix: check the path (configs/ has ready ones)", path));
+    throw ConfigError(fmt::format(
+        "{}: [config] cannot open the config file. Fix: check the path (configs/ has ready ones)",
+        path));
   std::stringstream ss;
   ss << in.rdbuf();
   return parse_config(ss.str(), path, overrides);
 }
 
-void throw_config_error(const Config& c, const std::string& key, const std::string& problem, const std::string& fix) {
+std::string config_to_toml(const Config& c) {
+  auto strings = [](const std::vector<std::string>& v) {
+    toml::array a;
+    for (const auto& s : v) a.push_back(s);
+    return a;
+  };
+  auto ints = [](const std::vector<int64_t>& v) {
+    toml::array a;
+    for (int64_t x : v) a.push_back(x);
+    return a;
+  };
+  toml::table model{{"kind", c.model.kind},
+                    {"n_layer", c.model.n_layer},
+                    {"n_head", c.model.n_head},
+                    {"n_embd", c.model.n_embd},
+                    {"vocab_size", c.model.vocab_size},
+                    {"n_ctx", c.model.n_ctx},
+                    {"d_ff", c.model.d_ff},
+                    {"position", c.model.position},
+                    {"rope_theta", c.model.rope_theta},
+                    {"dropout", c.model.dropout}};
+  toml::table train{{"seq_len", c.train.seq_len},
+                    {"batch_size", c.train.batch_size},
+                    {"steps", c.train.steps},
+                    {"lr", c.train.lr},
+                    {"warmup_steps", c.train.warmup_steps},
+                    {"min_lr_ratio", c.train.min_lr_ratio},
+                    {"weight_decay", c.train.weight_decay},
+                    {"grad_clip", c.train.grad_clip},
+                    {"seed", static_cast<int64_t>(c.train.seed)},
+                    {"loss_chunk", c.train.loss_chunk},
+                    {"eval_every", c.train.eval_every},
+                    {"eval_tokens", c.train.eval_tokens}};
+  toml::table data{{"source", c.data.source}};
+  if (c.data.source == "synthetic") {
+    data.insert("task", c.data.task);
+  } else {
+    data.insert("path", strings(c.data.path));
+    if (!c.data.val_path.empty()) data.insert("val_path", strings(c.data.val_path));
+    data.insert("val_fraction", c.data.val_fraction);
+    data.insert("order", c.data.order);
+  }
+  toml::table remat{{"policy", c.remat.policy}, {"every", c.remat.every}};
+  if (!c.remat.blocks.empty()) remat.insert("blocks", ints(c.remat.blocks));
+  if (!c.remat.save.empty()) remat.insert("save", strings(c.remat.save));
+  if (!c.remat.plan.empty()) remat.insert("plan", strings(c.remat.plan));
+  if (c.remat.policy == "auto") {  // auto refuses every/blocks/plan beside it
+    remat.erase("every");
+    remat.erase("plan");
+  }
+  toml::table device{{"backend", c.device.backend},
+                     {"threads", c.device.threads},
+                     {"precision", c.device.precision}};
+  if (c.device.memory_bytes) device.insert("memory", static_cast<int64_t>(c.device.memory_bytes));
+  toml::table log{{"every", c.log.every}};
+  toml::table ckpt{{"every", c.checkpoint.every},
+                   {"keep_last", c.checkpoint.keep_last},
+                   {"on_interrupt", c.checkpoint.on_interrupt}};
+  if (!c.checkpoint.dir.empty()) ckpt.insert("dir", c.checkpoint.dir);
+  toml::table root{{"model", model},   {"train", train}, {"data", data},      {"remat", remat},
+                   {"device", device}, {"log", log},     {"checkpoint", ckpt}};
+  std::ostringstream out;
+  out << root << '\n';
+  return out.str();
+}
+
+void throw_config_error(const Config& c, const std::string& key, const std::string& problem,
+                        const std::string& fix) {
   auto it = c.origins.find(key);
   fail({it != c.origins.end() ? it->second : c.path, key}, problem, fix);
 }

@@ -11,16 +11,16 @@
 namespace remat {
 
 struct ModelConfig {
-  std::string kind = "gpt";           // "gpt" | "mlp" (the checkpointing tutorial's MLP)
-  int64_t n_layer = 2;                // blocks
-  int64_t n_head = 4;                 // attention heads (gpt)
-  int64_t n_embd = 64;                // channels; the MLP's width
-  int64_t vocab_size = 256;           // tokens (gpt)
-  int64_t n_ctx = 1024;               // learned position table length (gpt, position = learned)
-  int64_t d_ff = 0;                   // MLP hidden size; 0 = 4 * n_embd
-  std::string position = "learned";   // "learned" | "rope"
-  double rope_theta = 10000.0;        // RoPE base
-  double dropout = 0.0;               // attention-output and MLP-output dropout probability
+  std::string kind = "gpt";          // "gpt" | "mlp" (the checkpointing tutorial's MLP)
+  int64_t n_layer = 2;               // blocks
+  int64_t n_head = 4;                // attention heads (gpt)
+  int64_t n_embd = 64;               // channels; the MLP's width
+  int64_t vocab_size = 256;          // tokens (gpt)
+  int64_t n_ctx = 1024;              // learned position table length (gpt, position = learned)
+  int64_t d_ff = 0;                  // MLP hidden size; 0 = 4 * n_embd
+  std::string position = "learned";  // "learned" | "rope"
+  double rope_theta = 10000.0;       // RoPE base
+  double dropout = 0.0;              // attention-output and MLP-output dropout probability
   int64_t ff() const { return d_ff > 0 ? d_ff : 4 * n_embd; }
 };
 
@@ -28,18 +28,25 @@ struct TrainConfig {
   int64_t seq_len = 256;
   int64_t batch_size = 4;
   int64_t steps = 20;
-  double lr = 1e-3;                // peak learning rate
-  int64_t warmup_steps = 0;        // linear warmup, then cosine decay to lr * min_lr_ratio
+  double lr = 1e-3;          // peak learning rate
+  int64_t warmup_steps = 0;  // linear warmup, then cosine decay to lr * min_lr_ratio
   double min_lr_ratio = 0.1;
-  double weight_decay = 0.1;       // decoupled, on 2-D weights only
-  double grad_clip = 1.0;          // global-norm clip; 0 = off
+  double weight_decay = 0.1;  // decoupled, on 2-D weights only
+  double grad_clip = 1.0;     // global-norm clip; 0 = off
   uint64_t seed = 1337;
-  int64_t loss_chunk = 0;          // rows per fused LM-head chunk; 0 = chosen by the tool
+  int64_t loss_chunk = 0;   // rows per fused LM-head chunk; 0 = chosen by the tool
+  int64_t eval_every = 0;   // validation loss every N steps (and after the last); 0 = off
+  int64_t eval_tokens = 0;  // tokens per evaluation; 0 = 8 batches' worth
 };
 
 struct DataConfig {
-  std::string source = "synthetic";  // "synthetic"
-  std::string task = "random";       // "random" | "copy" (gpt); "regression" (mlp)
+  std::string source = "synthetic";  // "synthetic" | "tokens" (llm.c .bin shards) | "text" (bytes)
+  std::string task = "random";       // synthetic: "random" | "copy" (gpt); "regression" (mlp)
+  std::vector<std::string> path;  // tokens/text: files, directories or globs (relative to the cwd)
+  std::vector<std::string>
+      val_path;                  // validation files (same format); empty = none or val_fraction
+  double val_fraction = 0.0;     // hold out this tail of the training data for validation
+  std::string order = "random";  // "random" windows keyed by (seed, step, row) | "sequential"
 };
 
 struct RematConfig {
@@ -52,15 +59,22 @@ struct RematConfig {
 };
 
 struct DeviceConfig {
-  std::string backend = "auto";  // "auto" | "cpu" | "cuda"
-  uint64_t memory_bytes = 0;     // budget; 0 = what the machine has
-  int64_t threads = 0;           // CPU threads; 0 = all cores
+  std::string backend = "auto";    // "auto" | "cpu" | "cuda"
+  uint64_t memory_bytes = 0;       // budget; 0 = what the machine has
+  int64_t threads = 0;             // CPU threads; 0 = all cores
   std::string precision = "bf16";  // CUDA activations: "bf16" (fp32 master weights) | "fp32"
 };
 
 struct LogConfig {
   int64_t every = 1;    // progress line every N steps
   std::string metrics;  // JSONL file; empty = none (--metrics overrides)
+};
+
+struct CheckpointConfig {
+  std::string dir;           // where step_NNNNNNNN/ folders go; empty = no checkpoints
+  int64_t every = 0;         // write one every N steps (and after the last); 0 = only at the end
+  int64_t keep_last = 0;     // delete older ones once a new one is complete; 0 = keep all
+  bool on_interrupt = true;  // SIGINT/SIGTERM/SIGHUP write one before exit
 };
 
 struct Config {
@@ -73,7 +87,11 @@ struct Config {
   RematConfig remat;
   DeviceConfig device;
   LogConfig log;
+  CheckpointConfig checkpoint;
 };
+
+/// The config as a TOML document (every key, resolved): what state.json keeps of a run.
+std::string config_to_toml(const Config& c);
 
 /// Parses and validates `path`, then applies each "section.key=value" override with the same
 /// validation. Throws ConfigError (or IoError when the file cannot be read).
@@ -84,8 +102,7 @@ Config parse_config(const std::string& toml_text, const std::string& name,
 
 /// A ConfigError for a check made after parsing (e.g. activation names known only to the model),
 /// pointing at where `key` was set.
-[[noreturn]] void throw_config_error(const Config& c, const std::string& key, const std::string& problem,
-                                     const std::string& fix);
-
+[[noreturn]] void throw_config_error(const Config& c, const std::string& key,
+                                     const std::string& problem, const std::string& fix);
 
 }  // namespace remat

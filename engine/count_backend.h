@@ -15,7 +15,7 @@ namespace remat {
 struct CountTarget {
   std::string device = "cpu";  // "cpu" or "cuda"
   DType act_dtype = DType::F32;
-  int threads = 1;             // cpu: OpenMP threads (sizes the per-thread attention workspace)
+  int threads = 1;  // cpu: OpenMP threads (sizes the per-thread attention workspace)
 };
 
 class CountBackend : public Backend {
@@ -25,6 +25,7 @@ class CountBackend : public Backend {
   std::string describe() const override;
   DType act_dtype() const override { return target_.act_dtype; }
   bool computes() const override { return false; }
+  bool device_is_host() const override { return target_.device == "cpu"; }
   const CountTarget& target() const { return target_; }
 
   void upload(const Tensor&, const void*) override {}

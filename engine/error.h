@@ -22,6 +22,20 @@ class ConfigError : public Error {
   using Error::Error;
 };
 
+/// Bad input data (a token or text file): names the file and the byte offset or token index, and
+/// the fix. Exit code 2, like a config error: the run cannot start until the input is fixed.
+class DataError : public Error {
+ public:
+  using Error::Error;
+};
+
+/// A checkpoint that cannot be resumed from: missing, truncated, corrupt, or made by a model of
+/// another shape. Names the file (and the key or tensor). Exit code 2.
+class CheckpointError : public Error {
+ public:
+  using Error::Error;
+};
+
 /// A file could not be read or written. Exit code 1.
 class IoError : public Error {
  public:

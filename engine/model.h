@@ -15,10 +15,10 @@ namespace remat {
 
 /// One trainable tensor with its gradient and AdamW moments (all f32, all from the pool).
 struct Param {
-  std::string name;  // "blocks.3.attn.qkv.weight": the name used in checkpoint files
-  Buffer value;      // category weights
-  Buffer grad;       // category grads
-  Buffer m, v;       // category optimizer
+  std::string name;        // "blocks.3.attn.qkv.weight": the name used in checkpoint files
+  Buffer value;            // category weights
+  Buffer grad;             // category grads
+  Buffer m, v;             // category optimizer
   bool use_decay = false;  // 2-D weights only
 };
 
@@ -75,6 +75,8 @@ class Block {
   /// Called before each step's forward pass: random streams (dropout) derive from the step,
   /// so a recompute inside the same step reproduces them. Blocks without randomness ignore it.
   virtual void begin_step(int64_t step) {}
+  /// Training mode (default) or evaluation (dropout off).
+  virtual void set_training(bool training) {}
 };
 
 class Model {
@@ -97,6 +99,9 @@ class Model {
   virtual int64_t loss_rows() const = 0;
   void begin_step(int64_t step) {
     for (auto& b : blocks_) b->begin_step(step);
+  }
+  void set_training(bool training) {
+    for (auto& b : blocks_) b->set_training(training);
   }
 
  protected:

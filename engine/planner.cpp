@@ -8,6 +8,7 @@
 #include <map>
 #include <utility>
 
+#include "engine/checkpoint.h"
 #include "engine/cpu/cpu_backend.h"
 #include "engine/devices.h"
 #include "engine/error.h"
@@ -17,12 +18,12 @@ namespace remat {
 
 const std::vector<GpuPreset>& gpu_presets() {
   static const std::vector<GpuPreset> presets = {
-      {"h200", 150754820096ull},       // 143771 MiB
-      {"h100-80gb", 85045231616ull},   // 81105 MiB
-      {"a100-80gb", 85097660416ull},   // 81155 MiB
-      {"a100-40gb", 42505273344ull},   // 40536 MiB
-      {"l4", 23580639232ull},          // 22488 MiB
-      {"rtx4090", 25393692672ull},     // 24217 MiB
+      {"h200", 150754820096ull},      // 143771 MiB
+      {"h100-80gb", 85045231616ull},  // 81105 MiB
+      {"a100-80gb", 85097660416ull},  // 81155 MiB
+      {"a100-40gb", 42505273344ull},  // 40536 MiB
+      {"l4", 23580639232ull},         // 22488 MiB
+      {"rtx4090", 25393692672ull},    // 24217 MiB
   };
   return presets;
 }
@@ -37,14 +38,18 @@ PlanTarget plan_target(const Config& cfg, const std::string& gpu, std::optional<
         if (gpu == p.name) t.device_bytes = p.bytes;
       if (!t.device_bytes) {
         std::string names;
-        for (const auto& p : gpu_presets()) names += fmt::format("{}{}", names.empty() ? "" : ", ", p.name);
-        throw ConfigError(fmt::format("--gpu {}: [plan] unknown GPU. Fix: use one of {}, or --memory SIZE", gpu, names));
+        for (const auto& p : gpu_presets())
+          names += fmt::format("{}{}", names.empty() ? "" : ", ", p.name);
+        throw ConfigError(fmt::format(
+            "--gpu {}: [plan] unknown GPU. Fix: use one of {}, or --memory SIZE", gpu, names));
       }
     } else if (cfg.device.memory_bytes) {
       memory = cfg.device.memory_bytes;  // the CUDA pool's budget, as in a run
     } else if (!memory) {
-      throw ConfigError(fmt::format("{}: [plan] device.backend = \"cuda\" without a size. Fix: pass --gpu NAME "
-                                    "(h200, h100-80gb, ...) or --memory SIZE, or set device.memory", cfg.path));
+      throw ConfigError(
+          fmt::format("{}: [plan] device.backend = \"cuda\" without a size. Fix: pass --gpu NAME "
+                      "(h200, h100-80gb, ...) or --memory SIZE, or set device.memory",
+                      cfg.path));
     }
     t.name = gpu.empty() ? "cuda" : gpu;
     t.count = CountTarget{"cuda", cfg.device.precision == "fp32" ? DType::F32 : DType::BF16, 1};
@@ -65,7 +70,8 @@ PlanTarget plan_target(const Config& cfg, const std::string& gpu, std::optional<
 }
 
 double DryRun::recompute_overhead() const {
-  const double base = cost[static_cast<size_t>(Phase::Forward)].flops + cost[static_cast<size_t>(Phase::Loss)].flops +
+  const double base = cost[static_cast<size_t>(Phase::Forward)].flops +
+                      cost[static_cast<size_t>(Phase::Loss)].flops +
                       cost[static_cast<size_t>(Phase::Backward)].flops;
   return base > 0 ? cost[static_cast<size_t>(Phase::Recompute)].flops / base : 0.0;
 }
@@ -78,10 +84,14 @@ DryRun Planner::dry_run(const Config& cfg, bool track_largest) const {
   Trainer trainer(cfg, be, model, *parts.data);
   be.reset_cost();
   trainer.step();
+  be.pool().set_phase("checkpoint");
+  if (!cfg.checkpoint.dir.empty())
+    allocate_checkpoint_staging(be, model);  // freed at once, as in a run
   DryRun r;
   r.policy = cfg.remat.plan.empty() ? cfg.remat.policy : "per-block";
   r.peak = be.pool().peak_snapshot();
-  for (int i = 0; i < kNumPhases; ++i) r.cost[static_cast<size_t>(i)] = be.cost(static_cast<Phase>(i));
+  for (int i = 0; i < kNumPhases; ++i)
+    r.cost[static_cast<size_t>(i)] = be.cost(static_cast<Phase>(i));
   r.n_params = model.n_params();
   return r;
 }
@@ -109,7 +119,8 @@ int64_t search_largest(int64_t hi, const std::function<bool(int64_t)>& fits) {
 }  // namespace
 
 int64_t Planner::longest_seq_len(const Config& cfg) const {
-  const int64_t hi = (cfg.model.kind == "gpt" && cfg.model.position == "learned") ? cfg.model.n_ctx : (1ll << 26);
+  const int64_t hi =
+      (cfg.model.kind == "gpt" && cfg.model.position == "learned") ? cfg.model.n_ctx : (1ll << 26);
   if (cfg.model.kind != "gpt") return 0;
   return search_largest(hi, [&](int64_t t) {
     Config c = cfg;
@@ -175,16 +186,19 @@ std::string AutoPlan::mix() const {
 }
 
 std::string AutoPlan::summary() const {
-  return fmt::format("chose {} (recompute +{:.2f}%, predicted peak {} of budget {})", mix(), 100.0 * recompute_overhead,
-                     format_bytes(peak_bytes), format_bytes(budget_bytes));
+  return fmt::format("chose {} (recompute +{:.2f}%, predicted peak {} of budget {})", mix(),
+                     100.0 * recompute_overhead, format_bytes(peak_bytes),
+                     format_bytes(budget_bytes));
 }
 
 std::string AutoPlan::infeasible_message() const {
   return fmt::format(
       "[planner] remat.policy = \"auto\": no plan fits the budget of {} ({} B); the smallest "
-      "achievable peak is {} ({} B, every block \"full\"). Hint: set device.memory = {} or more, or "
+      "achievable peak is {} ({} B, every block \"full\"). Hint: set device.memory = {} or more, "
+      "or "
       "lower train.batch_size or train.seq_len; `remat-train plan` shows what fits.",
-      format_bytes(budget_bytes), budget_bytes, format_bytes(min_peak_bytes), min_peak_bytes, min_peak_bytes);
+      format_bytes(budget_bytes), budget_bytes, format_bytes(min_peak_bytes), min_peak_bytes,
+      min_peak_bytes);
 }
 
 Config with_block_plan(const Config& cfg, const std::vector<std::string>& policies) {
@@ -206,7 +220,8 @@ AutoPlan choose_auto_plan(const Planner& planner, const Config& cfg) {
     auto it = runs.find(counts);
     if (it == runs.end()) {
       ++best.n_dry_runs;
-      it = runs.emplace(counts, planner.dry_run(with_block_plan(cfg, arrange(counts)), false)).first;
+      it =
+          runs.emplace(counts, planner.dry_run(with_block_plan(cfg, arrange(counts)), false)).first;
     }
     return it->second;
   };
@@ -237,7 +252,8 @@ AutoPlan choose_auto_plan(const Planner& planner, const Config& cfg) {
   // Recompute FLOPs per block of each policy: blocks are identical, so they add up.
   std::array<double, kNumAuto> per_block{};
   for (size_t p = 0; p < kNumAuto; ++p)
-    per_block[p] = uniform[p].cost[static_cast<size_t>(Phase::Recompute)].flops / static_cast<double>(L);
+    per_block[p] =
+        uniform[p].cost[static_cast<size_t>(Phase::Recompute)].flops / static_cast<double>(L);
   auto estimate = [&](const Counts& c) {
     double f = 0;
     for (size_t p = 0; p < kNumAuto; ++p) f += static_cast<double>(c[p]) * per_block[p];
@@ -264,7 +280,8 @@ AutoPlan choose_auto_plan(const Planner& planner, const Config& cfg) {
           const Counts c{a, b, d, L - a - b - d};
           all.emplace_back(estimate(c), c);
         }
-    std::stable_sort(all.begin(), all.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
+    std::stable_sort(all.begin(), all.end(),
+                     [](const auto& x, const auto& y) { return x.first < y.first; });
     for (size_t i = 0; i < all.size(); ++i) {
       if (best_key && all[i].first > best_key->first) break;
       consider(all[i].second, evaluate(all[i].second));

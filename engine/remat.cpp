@@ -20,8 +20,8 @@ bool ActStore::complete() const {
 }
 
 const Tensor& ActStore::get(size_t slot) const {
-  REMAT_ASSERT(!slots_[slot].empty(), "{}: activation slot {} used before it was computed",
-               prefix_, slot);
+  REMAT_ASSERT(!slots_[slot].empty(), "{}: activation slot {} used before it was computed", prefix_,
+               slot);
   return slots_[slot].tensor();
 }
 
@@ -58,10 +58,14 @@ std::vector<bool> policy_keep_set(const std::string& policy, const std::vector<s
   const auto& kinds = block.act_kinds();
   std::vector<bool> keep(names.size(), false);
   for (size_t i = 0; i < names.size(); ++i) {
-    if (policy == "none") keep[i] = true;
-    else if (policy == "save_dots") keep[i] = kinds[i] == ActKind::Dot || kinds[i] == ActKind::Attention;
-    else if (policy == "save_attn") keep[i] = kinds[i] == ActKind::Attention;
-    else if (policy == "names") keep[i] = std::find(save.begin(), save.end(), names[i]) != save.end();
+    if (policy == "none")
+      keep[i] = true;
+    else if (policy == "save_dots")
+      keep[i] = kinds[i] == ActKind::Dot || kinds[i] == ActKind::Attention;
+    else if (policy == "save_attn")
+      keep[i] = kinds[i] == ActKind::Attention;
+    else if (policy == "names")
+      keep[i] = std::find(save.begin(), save.end(), names[i]) != save.end();
   }
   return keep;
 }
@@ -74,9 +78,11 @@ RematPlan resolve_remat_plan(const Config& cfg, Model& model) {
   plan.every = rc.every;
   // "auto" is the planner's: commands resolve it to a per-block plan (choose_auto_plan) first.
   if (rc.plan.empty() && rc.policy == "auto")
-    throw_config_error(cfg, "remat.policy", "\"auto\" is chosen by the planner and this command does not resolve it",
-                       "choose a named policy (none, full, save_dots, save_attn) here; `remat-train plan "
-                       "--emit-config` prints the plan auto would choose");
+    throw_config_error(
+        cfg, "remat.policy",
+        "\"auto\" is chosen by the planner and this command does not resolve it",
+        "choose a named policy (none, full, save_dots, save_attn) here; `remat-train plan "
+        "--emit-config` prints the plan auto would choose");
 
   // The policy of each block: remat.plan, else remat.policy on the selected blocks.
   std::vector<std::string> policy(L, rc.policy);
@@ -134,6 +140,19 @@ std::string input_name(size_t i, size_t L) {
   return i < L ? fmt::format("blocks.{}.x", i) : std::string("final.x");
 }
 
+// Per-row losses to the host and their mean. A dry run has none to read (and at 64M tokens they
+// are not free).
+StepLoss read_losses(Backend& be, const Tensor& losses) {
+  StepLoss result;
+  if (!be.computes()) return result;
+  result.row_losses.resize(static_cast<size_t>(losses.numel()));
+  be.download(result.row_losses.data(), losses);
+  double sum = 0;
+  for (float v : result.row_losses) sum += v;
+  result.mean = sum / static_cast<double>(result.row_losses.size());
+  return result;
+}
+
 }  // namespace
 
 StepLoss forward_backward(Backend& be, Model& model, const RematPlan& plan, const Batch& batch) {
@@ -155,7 +174,8 @@ StepLoss forward_backward(Backend& be, Model& model, const RematPlan& plan, cons
   for (size_t i = 0; i < L; ++i) {
     pool.set_phase(fmt::format("forward block {}", i));
     stores[i].put(0, std::move(x));
-    Buffer y = pool.allocate(shape, be.act_dtype(), input_category(plan, i + 1), input_name(i + 1, L));
+    Buffer y =
+        pool.allocate(shape, be.act_dtype(), input_category(plan, i + 1), input_name(i + 1, L));
     model.block(i).forward(be, stores[i], y);
     stores[i].keep_only(plan.blocks[i].keep);
     x = std::move(y);
@@ -168,14 +188,7 @@ StepLoss forward_backward(Backend& be, Model& model, const RematPlan& plan, cons
   Buffer losses = pool.allocate({model.loss_rows()}, DType::F32, MemCategory::Transient, "losses");
   model.head_forward_backward(be, x, batch, losses, dresid);
   x.reset();
-  StepLoss result;
-  if (be.computes()) {  // a dry run has no losses to read (and at 64M tokens they are not free)
-    result.row_losses.resize(static_cast<size_t>(model.loss_rows()));
-    be.download(result.row_losses.data(), losses);
-    double sum = 0;
-    for (float v : result.row_losses) sum += v;
-    result.mean = sum / static_cast<double>(result.row_losses.size());
-  }
+  StepLoss result = read_losses(be, losses);
   losses.reset();
 
   // ---- backward, segment by segment ----
@@ -201,6 +214,31 @@ StepLoss forward_backward(Backend& be, Model& model, const RematPlan& plan, cons
   pool.set_phase("backward (embedding)");
   model.stem_backward(be, batch, dresid);
   return result;
+}
+
+StepLoss forward_loss(Backend& be, Model& model, const Batch& batch) {
+  const size_t L = model.n_blocks();
+  MemoryPool& pool = be.pool();
+  const std::vector<int64_t> shape = model.stream_shape();
+  be.set_phase(Phase::Forward);
+  pool.set_phase("eval forward");
+  Buffer x = model.stem_forward(be, batch, MemCategory::Activations);
+  for (size_t i = 0; i < L; ++i) {
+    const Block& block = model.block(i);
+    ActStore store(fmt::format("blocks.{}", i), block.act_names().size(),
+                   std::vector<MemCategory>(block.act_names().size(), MemCategory::Activations));
+    store.put(0, std::move(x));
+    Buffer y = pool.allocate(shape, be.act_dtype(), MemCategory::Activations, input_name(i + 1, L));
+    model.block(i).forward(be, store, y);
+    store.clear();
+    x = std::move(y);
+  }
+  be.set_phase(Phase::Loss);
+  pool.set_phase("eval loss");
+  Buffer dx = pool.allocate(shape, be.act_dtype(), MemCategory::Transient, "dresid");
+  Buffer losses = pool.allocate({model.loss_rows()}, DType::F32, MemCategory::Transient, "losses");
+  model.head_forward_backward(be, x, batch, losses, dx);
+  return read_losses(be, losses);
 }
 
 }  // namespace remat

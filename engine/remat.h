@@ -39,15 +39,22 @@ RematPlan resolve_remat_plan(const Config& cfg, Model& model);
 
 /// Keep-set of one block under a named policy ("none", "full", "save_dots", "save_attn",
 /// "names" with `save`), not counting the checkpoint input.
-std::vector<bool> policy_keep_set(const std::string& policy, const std::vector<std::string>& save, const Block& block);
+std::vector<bool> policy_keep_set(const std::string& policy, const std::vector<std::string>& save,
+                                  const Block& block);
 
 struct StepLoss {
-  double mean = 0;               // mean loss over all rows
-  std::vector<float> row_losses; // per row (B*T for the GPT), for task-specific metrics
+  double mean = 0;                // mean loss over all rows
+  std::vector<float> row_losses;  // per row (B*T for the GPT), for task-specific metrics
 };
 
 /// Runs one forward + backward of `model` under `plan` on `be`. Parameter gradients accumulate
 /// into the model's grad buffers (the caller zeroes them).
 StepLoss forward_backward(Backend& be, Model& model, const RematPlan& plan, const Batch& batch);
+
+/// The loss of `batch` with no backward pass (evaluation): each block's activations are freed as
+/// soon as its output exists, so this never needs more memory than a training step. The fused
+/// loss head still adds into the LM-head weight's gradient; the caller zeroes gradients before
+/// the next step as usual.
+StepLoss forward_loss(Backend& be, Model& model, const Batch& batch);
 
 }  // namespace remat

@@ -8,10 +8,12 @@
 namespace remat {
 
 double learning_rate(const TrainConfig& t, int64_t s) {
-  if (s < t.warmup_steps) return t.lr * static_cast<double>(s + 1) / static_cast<double>(t.warmup_steps);
+  if (s < t.warmup_steps)
+    return t.lr * static_cast<double>(s + 1) / static_cast<double>(t.warmup_steps);
   const int64_t decay_steps = t.steps - t.warmup_steps;
   if (decay_steps <= 1) return t.lr;
-  const double progress = static_cast<double>(s - t.warmup_steps) / static_cast<double>(decay_steps - 1);
+  const double progress =
+      static_cast<double>(s - t.warmup_steps) / static_cast<double>(decay_steps - 1);
   const double min_lr = t.lr * t.min_lr_ratio;
   return min_lr + 0.5 * (t.lr - min_lr) * (1.0 + std::cos(3.141592653589793 * progress));
 }
@@ -62,6 +64,23 @@ StepMetrics Trainer::step() {
   m.tokens_per_s = static_cast<double>(n_tokens) * 1000.0 / std::max(m.step_ms, 1e-9);
   m.peak_bytes = pool.peak_bytes();
   return m;
+}
+
+double Trainer::evaluate(int64_t eval_tokens) {
+  const int64_t n = data_.validation_batches(eval_tokens);
+  if (n == 0) return std::nan("");
+  struct TrainingAgain {  // dropout back on, also when a batch throws
+    Model& m;
+    ~TrainingAgain() { m.set_training(true); }
+  } restore{model_};
+  model_.set_training(false);
+  double sum = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    be_.pool().set_phase("eval data");
+    Batch batch = data_.validation_batch(be_, i);
+    sum += forward_loss(be_, model_, batch).mean;
+  }
+  return sum / static_cast<double>(n);
 }
 
 }  // namespace remat

@@ -2,6 +2,7 @@
 // AdamW -> learning-rate schedule (linear warmup, cosine decay), one call per step.
 #pragma once
 
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
@@ -13,13 +14,23 @@
 
 namespace remat {
 
-/// Where batches come from (data/ implements it). Deterministic in (seed, step).
+/// Where batches come from (data/ implements it). Deterministic in (seed, step): the batch of a
+/// step is a pure function of them, so a resumed run draws exactly what an uninterrupted one would.
 class DataSource {
  public:
   virtual ~DataSource() = default;
   virtual std::string describe() const = 0;
-  /// The batch of step `step`, allocated on `be` (category transient).
+  /// Opens and checks every input file (file-backed sources); throws DataError naming the file
+  /// and the fix. Dry runs never call it: the planner needs the shapes, not the tokens.
+  virtual void open() {}
+  /// The batch of step `step` (0-based), allocated on `be` (category transient).
   virtual Batch next(Backend& be, int64_t step) = 0;
+  /// Validation: how many fixed batches make up `eval_tokens` tokens (0: no validation data), and
+  /// batch `index` of them. The same batches at every evaluation, so the curve is comparable.
+  virtual int64_t validation_batches(int64_t eval_tokens) const { return 0; }
+  virtual Batch validation_batch(Backend& be, int64_t index);
+  /// Where the stream stands after `steps` steps (epoch, rows drawn, ...), for state.json.
+  virtual nlohmann::json cursor(int64_t steps) const { return nlohmann::json::object(); }
   /// A task-specific metric from the per-row losses (the copy task's second-half loss), if any.
   virtual std::optional<double> task_metric(const std::vector<float>& row_losses) const {
     return std::nullopt;
@@ -45,8 +56,14 @@ class Trainer {
  public:
   Trainer(const Config& cfg, Backend& be, Model& model, DataSource& data);
   StepMetrics step();
+  /// Mean validation loss over the data's fixed validation batches (forward only in effect:
+  /// the gradients it leaves are zeroed by the next step). Dropout is off during evaluation.
+  double evaluate(int64_t eval_tokens);
   const RematPlan& plan() const { return plan_; }
   int64_t steps_done() const { return step_; }
+  /// Continues after `steps` steps (resume): the LR schedule, AdamW bias correction and the data
+  /// stream pick up there.
+  void set_steps_done(int64_t steps) { step_ = steps; }
 
  private:
   const Config& cfg_;

@@ -7,17 +7,26 @@ namespace remat {
 
 GptBlock::GptBlock(GptBlockParams p, int64_t B, int64_t T, int64_t C, int64_t NH, int64_t FF,
                    float rope_theta, int64_t index, float dropout, uint64_t seed)
-    : p_(p), B_(B), T_(T), C_(C), NH_(NH), FF_(FF), rope_theta_(rope_theta), index_(index),
-      dropout_(dropout), seed_(seed) {}
+    : p_(p),
+      B_(B),
+      T_(T),
+      C_(C),
+      NH_(NH),
+      FF_(FF),
+      rope_theta_(rope_theta),
+      index_(index),
+      dropout_(dropout),
+      seed_(seed) {}
 
 DropoutArgs GptBlock::dropout_args(const Tensor& out, const Tensor& inp, Site site) const {
-  const uint64_t stream = mix64(mix64(static_cast<uint64_t>(step_)) ^ (static_cast<uint64_t>(index_) << 8) ^ site);
-  return DropoutArgs{out, inp, dropout_, seed_, stream};
+  const uint64_t stream =
+      mix64(mix64(static_cast<uint64_t>(step_)) ^ (static_cast<uint64_t>(index_) << 8) ^ site);
+  return DropoutArgs{out, inp, active_dropout(), seed_, stream};
 }
 
 void GptBlock::branch_forward(Backend& be, const Tensor& out, const Tensor& base, const Tensor& inp,
                               const Param* w, const Param* b, Site site) {
-  if (dropout_ == 0) {  // accumulate straight into the residual: no temporary
+  if (active_dropout() == 0) {  // accumulate straight into the residual: no temporary
     be.copy(out, base);
     be.linear_forward({out, inp, w->value, b->value, true});
     return;
@@ -30,16 +39,17 @@ void GptBlock::branch_forward(Backend& be, const Tensor& out, const Tensor& base
 }
 
 const std::vector<std::string>& GptBlock::act_names() const {
-  static const std::vector<std::string> names = {"x",   "ln1", "ln1.stats", "qkv",       "attn", "attn.lse",
-                                                 "res", "ln2", "ln2.stats", "fc", "gelu"};
+  static const std::vector<std::string> names = {
+      "x", "ln1", "ln1.stats", "qkv", "attn", "attn.lse", "res", "ln2", "ln2.stats", "fc", "gelu"};
   return names;
 }
 
 // res is the attention projection GEMM's output (plus the residual), so it counts as a dot.
 const std::vector<ActKind>& GptBlock::act_kinds() const {
   using K = ActKind;
-  static const std::vector<ActKind> kinds = {K::Input, K::Norm, K::Norm, K::Dot,  K::Attention, K::Attention,
-                                             K::Dot,   K::Norm, K::Norm, K::Dot, K::Pointwise};
+  static const std::vector<ActKind> kinds = {K::Input,     K::Norm,      K::Norm,     K::Dot,
+                                             K::Attention, K::Attention, K::Dot,      K::Norm,
+                                             K::Norm,      K::Dot,       K::Pointwise};
   return kinds;
 }
 
@@ -52,8 +62,8 @@ void GptBlock::forward(Backend& be, ActStore& a, const Tensor& y) {
   };
   // Each step runs only when one of its outputs is missing: a recompute reuses saved tensors.
   if (!a.has(Ln1) || !a.has(Ln1Stats)) {
-    be.layernorm_forward({make(Ln1, {B_, T_, C_}, act), make(Ln1Stats, {N, 2}, DType::F32), a.get(X),
-                          p_.ln1_weight->value, p_.ln1_bias->value});
+    be.layernorm_forward({make(Ln1, {B_, T_, C_}, act), make(Ln1Stats, {N, 2}, DType::F32),
+                          a.get(X), p_.ln1_weight->value, p_.ln1_bias->value});
   }
   if (!a.has(Qkv)) {
     be.linear_forward({make(Qkv, {B_, T_, 3 * C_}, act), a.get(Ln1), p_.attn_qkv_weight->value,
@@ -68,17 +78,18 @@ void GptBlock::forward(Backend& be, ActStore& a, const Tensor& y) {
                    p_.attn_proj_bias, AttnOut);
   }
   if (!a.has(Ln2) || !a.has(Ln2Stats)) {
-    be.layernorm_forward({make(Ln2, {B_, T_, C_}, act), make(Ln2Stats, {N, 2}, DType::F32), a.get(Res),
-                          p_.ln2_weight->value, p_.ln2_bias->value});
+    be.layernorm_forward({make(Ln2, {B_, T_, C_}, act), make(Ln2Stats, {N, 2}, DType::F32),
+                          a.get(Res), p_.ln2_weight->value, p_.ln2_bias->value});
   }
   if (!a.has(Fc)) {
-    be.linear_forward({make(Fc, {B_, T_, FF_}, act), a.get(Ln2), p_.mlp_fc_weight->value,
-                       p_.mlp_fc_bias->value});
+    be.linear_forward(
+        {make(Fc, {B_, T_, FF_}, act), a.get(Ln2), p_.mlp_fc_weight->value, p_.mlp_fc_bias->value});
   }
   if (!a.has(Gelu)) {
     be.activation_forward({make(Gelu, {B_, T_, FF_}, act), a.get(Fc), Activation::Gelu});
   }
-  if (!y.empty()) branch_forward(be, y, a.get(Res), a.get(Gelu), p_.mlp_proj_weight, p_.mlp_proj_bias, MlpOut);
+  if (!y.empty())
+    branch_forward(be, y, a.get(Res), a.get(Gelu), p_.mlp_proj_weight, p_.mlp_proj_bias, MlpOut);
 }
 
 void GptBlock::backward(Backend& be, ActStore& a, const Tensor& dresid) {
@@ -86,7 +97,7 @@ void GptBlock::backward(Backend& be, ActStore& a, const Tensor& dresid) {
   const DType act = be.act_dtype();
   // The gradient reaching a branch's projection: dresid through the branch's dropout mask.
   auto branch_grad = [&](Site site, Buffer& scratch) -> Tensor {
-    if (dropout_ == 0) return dresid;
+    if (active_dropout() == 0) return dresid;
     scratch = pool.allocate({B_, T_, C_}, act, MemCategory::Transient, "grad.dropout");
     be.dropout(dropout_args(scratch, dresid, site));
     return scratch;
@@ -114,8 +125,8 @@ void GptBlock::backward(Backend& be, ActStore& a, const Tensor& dresid) {
                       p_.attn_proj_weight->value});
   dproj_scratch.reset();
   Buffer dqkv = pool.allocate({B_, T_, 3 * C_}, act, MemCategory::Transient, "grad.qkv");
-  be.attention_backward({dqkv, dattn, a.get(Qkv), a.get(Attn), a.get(AttnLse), static_cast<int>(NH_),
-                         rope_theta_});
+  be.attention_backward(
+      {dqkv, dattn, a.get(Qkv), a.get(Attn), a.get(AttnLse), static_cast<int>(NH_), rope_theta_});
   dattn.reset();
   Buffer dln1 = pool.allocate({B_, T_, C_}, act, MemCategory::Transient, "grad.ln1");
   be.linear_backward({dln1, p_.attn_qkv_weight->grad, p_.attn_qkv_bias->grad, dqkv, a.get(Ln1),

@@ -22,27 +22,42 @@ struct GptBlockParams {
   Param *attn_qkv_weight, *attn_qkv_bias;    // (3C, C), (3C)
   Param *attn_proj_weight, *attn_proj_bias;  // (C, C), (C)
   Param *ln2_weight, *ln2_bias;
-  Param *mlp_fc_weight, *mlp_fc_bias;        // (FF, C), (FF)
-  Param *mlp_proj_weight, *mlp_proj_bias;    // (C, FF), (C)
+  Param *mlp_fc_weight, *mlp_fc_bias;      // (FF, C), (FF)
+  Param *mlp_proj_weight, *mlp_proj_bias;  // (C, FF), (C)
 };
 
 class GptBlock : public Block {
  public:
-  enum Slot : size_t { X, Ln1, Ln1Stats, Qkv, Attn, AttnLse, Res, Ln2, Ln2Stats, Fc, Gelu, kNumSlots };
-  GptBlock(GptBlockParams p, int64_t B, int64_t T, int64_t C, int64_t NH, int64_t FF, float rope_theta,
-           int64_t index, float dropout, uint64_t seed);
+  enum Slot : size_t {
+    X,
+    Ln1,
+    Ln1Stats,
+    Qkv,
+    Attn,
+    AttnLse,
+    Res,
+    Ln2,
+    Ln2Stats,
+    Fc,
+    Gelu,
+    kNumSlots
+  };
+  GptBlock(GptBlockParams p, int64_t B, int64_t T, int64_t C, int64_t NH, int64_t FF,
+           float rope_theta, int64_t index, float dropout, uint64_t seed);
   const std::vector<std::string>& act_names() const override;
   const std::vector<ActKind>& act_kinds() const override;
   void forward(Backend& be, ActStore& acts, const Tensor& y) override;
   void backward(Backend& be, ActStore& acts, const Tensor& dresid) override;
   void begin_step(int64_t step) override { step_ = step; }
+  void set_training(bool training) override { training_ = training; }
 
  private:
   enum Site : uint64_t { AttnOut = 1, MlpOut = 2 };
+  float active_dropout() const { return training_ ? dropout_ : 0.0f; }
   DropoutArgs dropout_args(const Tensor& out, const Tensor& inp, Site site) const;
   // out = base + dropout(inp W^T + b): the residual add of one branch.
-  void branch_forward(Backend& be, const Tensor& out, const Tensor& base, const Tensor& inp, const Param* w,
-                      const Param* b, Site site);
+  void branch_forward(Backend& be, const Tensor& out, const Tensor& base, const Tensor& inp,
+                      const Param* w, const Param* b, Site site);
   GptBlockParams p_;
   int64_t B_, T_, C_, NH_, FF_;
   float rope_theta_;
@@ -50,6 +65,7 @@ class GptBlock : public Block {
   float dropout_;
   uint64_t seed_;
   int64_t step_ = 0;
+  bool training_ = true;
 };
 
 }  // namespace remat

@@ -6,6 +6,7 @@ set -euo pipefail
 packages=(
   build-essential cmake
   libcli11-dev libtomlplusplus-dev catch2 nlohmann-json3-dev libfmt-dev
+  libxxhash-dev            # XXH3-64 checksums of checkpoint files
   libopenblas-openmp-dev   # OpenBLAS on OpenMP: one thread pool shared with our kernels
   python3-matplotlib       # scripts/plot_sweep.py
 )

@@ -3,15 +3,13 @@
 // exceeds its budget; infeasible budgets exit 3 naming the smallest achievable peak; and
 // `plan --emit-config` prints a [remat] table that parses back and trains bitwise like the
 // hand-written plan.
-#include <catch2/catch.hpp>
-
-#include "tests/cli_util.h"
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -26,6 +24,7 @@
 #include "engine/remat.h"
 #include "engine/units.h"
 #include "layers/models.h"
+#include "tests/cli_util.h"
 
 using namespace remat;
 using Catch::Matchers::Contains;
@@ -34,7 +33,9 @@ namespace {
 
 constexpr int kThreads = 2;  // the planner's CPU target and the test configs' device.threads
 
-RunParts parts(const Config& c, Backend& be) { return RunParts{make_model(c, be), make_synthetic_data(c)}; }
+RunParts parts(const Config& c, Backend& be) {
+  return RunParts{make_model(c, be), make_synthetic_data(c)};
+}
 
 Planner cpu_planner(uint64_t budget) {
   PlanTarget t;
@@ -98,10 +99,13 @@ std::string write_tmp(const std::string& name, const std::string& text) {
 
 }  // namespace
 
-TEST_CASE("auto chooses the least recompute of all per-block plans that fit (brute force)", "[planner]") {
+TEST_CASE("auto chooses the least recompute of all per-block plans that fit (brute force)",
+          "[planner]") {
   // The MLP has no attention, so save_attn and full tie: the tie-break must still be optimal.
-  const std::string mlp = fmt::format("[model]\nkind = \"mlp\"\nn_layer = 4\nn_embd = 24\n[train]\nbatch_size = 8\n"
-                                      "[device]\nthreads = {}\n", kThreads);
+  const std::string mlp = fmt::format(
+      "[model]\nkind = \"mlp\"\nn_layer = 4\nn_embd = 24\n[train]\nbatch_size = 8\n"
+      "[device]\nthreads = {}\n",
+      kThreads);
   for (const std::string& text : {tiny_gpt(3), tiny_gpt(4), tiny_gpt(5), mlp}) {
     const Config cfg = parse_config(text, "auto-test", {"remat.policy=auto"});
     const auto all = brute_force(cfg);
@@ -122,8 +126,8 @@ TEST_CASE("auto chooses the least recompute of all per-block plans that fit (bru
     budgets.push_back(max_peak);
     budgets.push_back(max_peak + 12345);
     for (uint64_t budget : budgets) {
-      INFO(fmt::format("{} n_layer {}, budget {} B (all-full peak {} B, all-none peak {} B)", cfg.model.kind, cfg.model.n_layer, budget,
-                       min_peak, max_peak));
+      INFO(fmt::format("{} n_layer {}, budget {} B (all-full peak {} B, all-none peak {} B)",
+                       cfg.model.kind, cfg.model.n_layer, budget, min_peak, max_peak));
       const AutoPlan a = choose_auto_plan(cpu_planner(budget), cfg);
       CHECK(a.min_peak_bytes == min_peak);  // every block "full" is the smallest peak of any plan
       CHECK(a.budget_bytes == budget);
@@ -146,8 +150,10 @@ TEST_CASE("auto chooses the least recompute of all per-block plans that fit (bru
   }
 }
 
-TEST_CASE("auto on a deep model (two-policy mixtures) stays within its budget and beats every uniform policy",
-          "[planner]") {
+TEST_CASE(
+    "auto on a deep model (two-policy mixtures) stays within its budget and beats every uniform "
+    "policy",
+    "[planner]") {
   const Config cfg = parse_config(
       "[model]\nn_layer = 24\nn_head = 2\nn_embd = 16\nvocab_size = 32\nposition = \"rope\"\n"
       "[train]\nseq_len = 32\nbatch_size = 1\n[device]\nthreads = 2\n",
@@ -167,13 +173,16 @@ TEST_CASE("auto on a deep model (two-policy mixtures) stays within its budget an
     const DryRun check = unlimited.dry_run(with_block_plan(cfg, a.policies), false);
     CHECK(check.peak.total_bytes == a.peak_bytes);
     for (const auto& [p, r] : uniform)
-      if (r.peak.total_bytes <= budget) CHECK(a.recompute_flops <= r.cost[static_cast<size_t>(Phase::Recompute)].flops);
+      if (r.peak.total_bytes <= budget)
+        CHECK(a.recompute_flops <= r.cost[static_cast<size_t>(Phase::Recompute)].flops);
   }
   CHECK_FALSE(choose_auto_plan(cpu_planner(lo - 1), cfg).fits);
 }
 
-TEST_CASE("auto is a whole-model policy: every, blocks and plan beside it, or auto per block, are config errors",
-          "[planner][config]") {
+TEST_CASE(
+    "auto is a whole-model policy: every, blocks and plan beside it, or auto per block, are config "
+    "errors",
+    "[planner][config]") {
   const std::string base = tiny_gpt(3);
   CHECK(parse_config(base, "t", {"remat.policy=auto"}).remat.policy == "auto");
   CHECK(parse_config(base, "t", {"remat.policy=auto", "remat.plan=[]"}).remat.plan.empty());
@@ -181,8 +190,9 @@ TEST_CASE("auto is a whole-model policy: every, blocks and plan beside it, or au
                     Contains("remat.every") && Contains("\"auto\"") && Contains("Fix:"));
   CHECK_THROWS_WITH(parse_config(base, "t", {"remat.policy=auto", "remat.blocks=[0]"}),
                     Contains("remat.blocks") && Contains("\"auto\""));
-  CHECK_THROWS_WITH(parse_config(base, "t", {"remat.policy=auto", "remat.plan=[\"full\",\"none\",\"none\"]"}),
-                    Contains("remat.plan") && Contains("\"auto\""));
+  CHECK_THROWS_WITH(
+      parse_config(base, "t", {"remat.policy=auto", "remat.plan=[\"full\",\"none\",\"none\"]"}),
+      Contains("remat.plan") && Contains("\"auto\""));
   CHECK_THROWS_WITH(parse_config(base, "t", {"remat.plan=[\"full\",\"auto\",\"none\"]"}),
                     Contains("remat.plan") && Contains("not a per-block policy"));
   // The executor never sees "auto": an unresolved one is a clear error, not a silent "full".
@@ -192,43 +202,57 @@ TEST_CASE("auto is a whole-model policy: every, blocks and plan beside it, or au
   CHECK_THROWS_AS(resolve_remat_plan(cfg, *model), ConfigError);
 }
 
-TEST_CASE("train with auto prints its plan, and an infeasible budget exits 3 naming the smallest peak", "[smoke]") {
+TEST_CASE(
+    "train with auto prints its plan, and an infeasible budget exits 3 naming the smallest peak",
+    "[smoke]") {
   const std::string text = tiny_gpt(4);
   const std::string path = write_tmp("auto.toml", text);
   const Config cfg = parse_config(text, path, {"remat.policy=auto"});
   const AutoPlan fitting = choose_auto_plan(cpu_planner(UINT64_MAX), cfg);
   const uint64_t min_peak = fitting.min_peak_bytes;
 
-  Result r = run(fmt::format("--config {} --set remat.policy=auto --set device.memory={}", path, min_peak - 1));
+  Result r = run(fmt::format("--config {} --set remat.policy=auto --set device.memory={}", path,
+                             min_peak - 1));
   CHECK(r.code == 3);
   CHECK_THAT(r.out, Contains("[planner]") && Contains("\"auto\"") &&
-                        Contains(fmt::format("smallest achievable peak is {} ({} B", format_bytes(min_peak), min_peak)) &&
-                        Contains(fmt::format("budget of {}", format_bytes(min_peak - 1))) && Contains("Hint:"));
+                        Contains(fmt::format("smallest achievable peak is {} ({} B",
+                                             format_bytes(min_peak), min_peak)) &&
+                        Contains(fmt::format("budget of {}", format_bytes(min_peak - 1))) &&
+                        Contains("Hint:"));
   CHECK(std::count(r.out.begin(), r.out.end(), '\n') == 1);  // one line
 
   const uint64_t budget = min_peak + 4096;
   const AutoPlan a = choose_auto_plan(cpu_planner(budget), cfg);
-  r = run(fmt::format("--config {} --set remat.policy=auto --set device.memory={} --set train.steps=2", path, budget));
+  r = run(
+      fmt::format("--config {} --set remat.policy=auto --set device.memory={} --set train.steps=2",
+                  path, budget));
   CHECK(r.code == 0);
   CHECK_THAT(r.out, Contains("auto: chose " + a.mix()) && Contains(format_bytes(a.peak_bytes)) &&
                         Contains("summary:"));
   std::remove(path.c_str());
 }
 
-TEST_CASE("plan --emit-config prints a [remat] table that parses back and trains like the hand-written plan",
-          "[smoke]") {
+TEST_CASE(
+    "plan --emit-config prints a [remat] table that parses back and trains like the hand-written "
+    "plan",
+    "[smoke]") {
   const std::string text = tiny_gpt(4);
   const std::string path = write_tmp("emit.toml", text);
   const Config cfg = parse_config(text, path, {"remat.policy=auto"});
   const Planner unlimited = cpu_planner(UINT64_MAX);
-  const uint64_t lo = unlimited.dry_run(with_block_plan(cfg, std::vector<std::string>(4, "full")), false).peak.total_bytes;
-  const uint64_t hi = unlimited.dry_run(with_block_plan(cfg, std::vector<std::string>(4, "none")), false).peak.total_bytes;
+  const uint64_t lo =
+      unlimited.dry_run(with_block_plan(cfg, std::vector<std::string>(4, "full")), false)
+          .peak.total_bytes;
+  const uint64_t hi =
+      unlimited.dry_run(with_block_plan(cfg, std::vector<std::string>(4, "none")), false)
+          .peak.total_bytes;
   const uint64_t budget = lo + (hi - lo) / 2;
   const AutoPlan a = choose_auto_plan(cpu_planner(budget), cfg);
   REQUIRE(a.fits);
   REQUIRE(std::set<std::string>(a.policies.begin(), a.policies.end()).size() >= 2);  // a real mix
 
-  const Result r = run(fmt::format("plan --config {} --memory {} --emit-config", path, budget), false);
+  const Result r =
+      run(fmt::format("plan --config {} --memory {} --emit-config", path, budget), false);
   REQUIRE(r.code == 0);
   CHECK(r.out.rfind("[remat]\n# ", 0) == 0);  // the table and nothing else
   CHECK_THAT(r.out, Contains(format_bytes(a.peak_bytes)) && Contains("recompute +"));
@@ -236,7 +260,8 @@ TEST_CASE("plan --emit-config prints a [remat] table that parses back and trains
   CHECK(emitted.remat.plan == a.policies);
   CHECK(emitted.remat.policy == "none");
 
-  const Config by_hand = parse_config(text, "by-hand", {fmt::format("remat.plan=[\"{}\"]", fmt::join(a.policies, "\",\""))});
+  const Config by_hand = parse_config(
+      text, "by-hand", {fmt::format("remat.plan=[\"{}\"]", fmt::join(a.policies, "\",\""))});
   const std::vector<double> x = train_losses(emitted, 2), y = train_losses(by_hand, 2);
   REQUIRE(x.size() == 2);
   CHECK(std::memcmp(x.data(), y.data(), x.size() * sizeof(double)) == 0);

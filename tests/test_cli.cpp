@@ -1,14 +1,14 @@
 // The real binary: exit codes, messages, outputs. Tagged [smoke] (ctest label smoke).
-#include <catch2/catch.hpp>
-
-#include "tests/cli_util.h"
 #include <fmt/format.h>
 #include <sys/wait.h>
 
+#include <catch2/catch.hpp>
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
+
+#include "tests/cli_util.h"
 
 using Catch::Matchers::Contains;
 
@@ -28,15 +28,17 @@ std::vector<nlohmann::json> read_jsonl(const std::string& path) {
   return rows;
 }
 
-std::string tmp_path(const std::string& name) { return fmt::format("/tmp/remat-test-{}-{}", getpid(), name); }
+std::string tmp_path(const std::string& name) {
+  return fmt::format("/tmp/remat-test-{}-{}", getpid(), name);
+}
 
 }  // namespace
 
 TEST_CASE("version (--version) names the backends, the BLAS and its CPU kernel", "[smoke]") {
   Result r = run("--version");
   CHECK(r.code == 0);
-  CHECK_THAT(r.out, Contains("remat-train") && Contains("backends: cpu") && Contains("BLAS: OpenBLAS") &&
-                        Contains("CPU kernel") && Contains("CUDA:"));
+  CHECK_THAT(r.out, Contains("remat-train") && Contains("backends: cpu") &&
+                        Contains("BLAS: OpenBLAS") && Contains("CPU kernel") && Contains("CUDA:"));
 }
 
 TEST_CASE("help (--help) lists the train options", "[smoke]") {
@@ -60,9 +62,11 @@ TEST_CASE("tiny.toml trains, prints the summary and writes JSONL metrics", "[smo
   auto rows = read_jsonl(m);
   REQUIRE(rows.size() == 13);
   for (int i = 0; i < 12; ++i)
-    for (const char* k : {"step", "loss", "lr", "step_ms", "tokens_per_s", "peak_bytes"}) CHECK(rows[static_cast<size_t>(i)].contains(k));
+    for (const char* k : {"step", "loss", "lr", "step_ms", "tokens_per_s", "peak_bytes"})
+      CHECK(rows[static_cast<size_t>(i)].contains(k));
   const auto& s = rows.back()["summary"];
-  for (const char* k : {"policy", "seq_len", "batch_size", "peak_bytes", "peak_by_category", "median_step_ms", "tokens_per_s"})
+  for (const char* k : {"policy", "seq_len", "batch_size", "peak_bytes", "peak_by_category",
+                        "median_step_ms", "tokens_per_s"})
     CHECK(s.contains(k));
   CHECK(s["policy"] == "full");
   std::remove(m.c_str());
@@ -76,12 +80,20 @@ TEST_CASE("mlp4.toml trains", "[smoke]") {
 
 TEST_CASE("none and full log the same loss at every step, and full peaks lower", "[smoke]") {
   const std::string a = tmp_path("a.jsonl"), b = tmp_path("b.jsonl");
-  REQUIRE(run(fmt::format("--config configs/tiny.toml --set train.steps=5 --set remat.policy=none --metrics {} -q", a)).code == 0);
-  REQUIRE(run(fmt::format("--config configs/tiny.toml --set train.steps=5 --set remat.policy=full --metrics {} -q", b)).code == 0);
+  REQUIRE(run(fmt::format("--config configs/tiny.toml --set train.steps=5 --set remat.policy=none "
+                          "--metrics {} -q",
+                          a))
+              .code == 0);
+  REQUIRE(run(fmt::format("--config configs/tiny.toml --set train.steps=5 --set remat.policy=full "
+                          "--metrics {} -q",
+                          b))
+              .code == 0);
   auto ra = read_jsonl(a), rb = read_jsonl(b);
   REQUIRE(ra.size() == rb.size());
-  for (size_t i = 0; i + 1 < ra.size(); ++i) CHECK(ra[i]["loss"].get<double>() == rb[i]["loss"].get<double>());
-  CHECK(rb.back()["summary"]["peak_bytes"].get<uint64_t>() < ra.back()["summary"]["peak_bytes"].get<uint64_t>());
+  for (size_t i = 0; i + 1 < ra.size(); ++i)
+    CHECK(ra[i]["loss"].get<double>() == rb[i]["loss"].get<double>());
+  CHECK(rb.back()["summary"]["peak_bytes"].get<uint64_t>() <
+        ra.back()["summary"]["peak_bytes"].get<uint64_t>());
   std::remove(a.c_str());
   std::remove(b.c_str());
 }
@@ -106,7 +118,8 @@ TEST_CASE("config errors exit 2 with one line naming file, line and key", "[smok
 TEST_CASE("a memory budget too small exits 3 with the breakdown and no crash", "[smoke]") {
   Result r = run("--config configs/tiny.toml --set device.memory=1MiB");
   CHECK(r.code == 3);
-  CHECK_THAT(r.out, Contains("out of memory") && Contains("budget 1.00 MiB") && Contains("weights") && Contains("Hint:"));
+  CHECK_THAT(r.out, Contains("out of memory") && Contains("budget 1.00 MiB") &&
+                        Contains("weights") && Contains("Hint:"));
 }
 
 TEST_CASE("asking for CUDA in a build without it is a clear runtime error", "[smoke]") {
@@ -120,15 +133,16 @@ TEST_CASE("asking for CUDA in a build without it is a clear runtime error", "[sm
 TEST_CASE("plan predicts every policy without computing, for the CPU and a GPU preset", "[smoke]") {
   Result r = run("plan --config configs/tiny.toml");
   CHECK(r.code == 0);
-  CHECK_THAT(r.out, Contains("none") && Contains("full") && Contains("save_dots") && Contains("save_attn") &&
-                        Contains("longest T") && Contains("peak during"));
+  CHECK_THAT(r.out, Contains("none") && Contains("full") && Contains("save_dots") &&
+                        Contains("save_attn") && Contains("longest T") && Contains("peak during"));
   r = run("plan --config configs/long.toml --gpu h200 --json");
   CHECK(r.code == 0);
   auto j = nlohmann::json::parse(r.out);
   CHECK(j["target"] == "h200");
   CHECK(j["activation_dtype"] == "bf16");
   CHECK(j["policies"].size() == 6);  // four built-in, auto, configured
-  CHECK(j["policies"][1]["longest_seq_len"].get<int64_t>() > j["policies"][0]["longest_seq_len"].get<int64_t>());
+  CHECK(j["policies"][1]["longest_seq_len"].get<int64_t>() >
+        j["policies"][0]["longest_seq_len"].get<int64_t>());
   CHECK(run("plan --config configs/tiny.toml --gpu h9000").code == 2);
 }
 

@@ -50,7 +50,8 @@ memory = "2GiB"
 policy = "full"
 every = 3
 blocks = [0, 1]
-)", "ok.toml");
+)",
+                          "ok.toml");
   CHECK(c.model.n_layer == 3);
   CHECK(c.model.ff() == 192);
   CHECK(c.train.seq_len == 1024);
@@ -60,14 +61,17 @@ blocks = [0, 1]
 }
 
 TEST_CASE("set overrides (--set) apply to any key with the same validation", "[config]") {
-  Config c = parse_config("[train]\nseq_len = 64\n", "ok.toml",
-                          {"train.seq_len=128", "remat.policy=full", "device.memory=1.5GB", "remat.blocks=[1]"});
+  Config c = parse_config(
+      "[train]\nseq_len = 64\n", "ok.toml",
+      {"train.seq_len=128", "remat.policy=full", "device.memory=1.5GB", "remat.blocks=[1]"});
   CHECK(c.train.seq_len == 128);
   CHECK(c.remat.policy == "full");
   CHECK(c.device.memory_bytes == 1500000000ull);
   CHECK(c.remat.blocks == std::vector<int64_t>{1});
-  CHECK_THAT(error_of("", {"train.seq_len=abc"}), Contains("--set train.seq_len=abc") && Contains("train.seq_len"));
-  CHECK_THAT(error_of("", {"model.n_layers=3"}), Contains("unknown key 'n_layers'") && Contains("n_layer"));
+  CHECK_THAT(error_of("", {"train.seq_len=abc"}),
+             Contains("--set train.seq_len=abc") && Contains("train.seq_len"));
+  CHECK_THAT(error_of("", {"model.n_layers=3"}),
+             Contains("unknown key 'n_layers'") && Contains("n_layer"));
   CHECK_THAT(error_of("", {"nosection"}), Contains("malformed override"));
   CHECK_THAT(error_of("", {"optim.lr=1"}), Contains("unknown section [optim]"));
 }
@@ -75,29 +79,37 @@ TEST_CASE("set overrides (--set) apply to any key with the same validation", "[c
 TEST_CASE("config errors name file, line, key and the fix", "[config]") {
   // unknown key, with line and column
   CHECK_THAT(error_of("[model]\nn_layer = 2\nn_heads = 4\n"),
-             Contains("bad.toml:3:1") && Contains("model.n_heads") && Contains("unknown key") && Contains("Fix:"));
+             Contains("bad.toml:3:1") && Contains("model.n_heads") && Contains("unknown key") &&
+                 Contains("Fix:"));
   // wrong type
-  CHECK_THAT(error_of("[train]\nseq_len = 1.5\n"), Contains("bad.toml:2:") && Contains("train.seq_len") &&
+  CHECK_THAT(error_of("[train]\nseq_len = 1.5\n"), Contains("bad.toml:2:") &&
+                                                       Contains("train.seq_len") &&
                                                        Contains("expected an integer"));
   // out of range
-  CHECK_THAT(error_of("[train]\nbatch_size = 0\n"), Contains("train.batch_size") && Contains("out of range"));
+  CHECK_THAT(error_of("[train]\nbatch_size = 0\n"),
+             Contains("train.batch_size") && Contains("out of range"));
   CHECK_THAT(error_of("[train]\nlr = -1.0\n"), Contains("train.lr") && Contains("out of range"));
   // bad choice
-  CHECK_THAT(error_of("[remat]\npolicy = \"sometimes\"\n"),
-             Contains("remat.policy") && Contains("unknown value \"sometimes\"") && Contains("\"full\""));
+  CHECK_THAT(
+      error_of("[remat]\npolicy = \"sometimes\"\n"),
+      Contains("remat.policy") && Contains("unknown value \"sometimes\"") && Contains("\"full\""));
   // inconsistent values, pointing at the key to change
   CHECK_THAT(error_of("[model]\nn_embd = 64\nn_head = 5\n"),
              Contains("bad.toml:3:") && Contains("model.n_head") && Contains("not divisible"));
   CHECK_THAT(error_of("[model]\nn_ctx = 128\n[train]\nseq_len = 256\n"),
              Contains("bad.toml:4:") && Contains("train.seq_len") && Contains("n_ctx"));
   CHECK_THAT(error_of("[model]\nn_layer = 2\n[remat]\nevery = 3\n"), Contains("remat.every"));
-  CHECK_THAT(error_of("[model]\nn_layer = 2\n[remat]\nblocks = [0, 5]\n"), Contains("remat.blocks") && Contains("block 5"));
-  CHECK_THAT(error_of("[device]\nmemory = \"lots\"\n"), Contains("device.memory") && Contains("512MiB"));
+  CHECK_THAT(error_of("[model]\nn_layer = 2\n[remat]\nblocks = [0, 5]\n"),
+             Contains("remat.blocks") && Contains("block 5"));
+  CHECK_THAT(error_of("[device]\nmemory = \"lots\"\n"),
+             Contains("device.memory") && Contains("512MiB"));
   CHECK_THAT(error_of("[model]\nkind = \"mlp\"\n[data]\ntask = \"copy\"\n"), Contains("data.task"));
-  CHECK_THAT(error_of("[model]\nposition = \"rope\"\nn_embd = 12\nn_head = 4\n"), Contains("even head size"));
+  CHECK_THAT(error_of("[model]\nposition = \"rope\"\nn_embd = 12\nn_head = 4\n"),
+             Contains("even head size"));
   // unknown section and syntax errors
   CHECK_THAT(error_of("[optimizer]\nlr = 1\n"), Contains("unknown section [optimizer]"));
-  CHECK_THAT(error_of("[model\nn_layer = 2\n"), Contains("bad.toml:1:") && Contains("TOML syntax error"));
+  CHECK_THAT(error_of("[model\nn_layer = 2\n"),
+             Contains("bad.toml:1:") && Contains("TOML syntax error"));
   // each message is one line
   CHECK(error_of("[model]\nn_heads = 4\n").find('\n') == std::string::npos);
 }
@@ -108,6 +120,7 @@ TEST_CASE("a missing config file is a config error naming the path", "[config]")
 }
 
 TEST_CASE("rope lifts the n_ctx bound on seq_len", "[config]") {
-  Config c = parse_config("[model]\nposition = \"rope\"\nn_ctx = 128\n[train]\nseq_len = 4096\n", "ok.toml");
+  Config c = parse_config("[model]\nposition = \"rope\"\nn_ctx = 128\n[train]\nseq_len = 4096\n",
+                          "ok.toml");
   CHECK(c.train.seq_len == 4096);
 }

@@ -3,7 +3,6 @@
 // Compiles to nothing in builds without CUDA.
 #ifdef REMAT_HAVE_CUDA
 #include <catch2/catch.hpp>
-
 #include <string>
 
 #include "engine/cuda/cudnn_graphs.h"

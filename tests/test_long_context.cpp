@@ -1,7 +1,8 @@
 // Long context: with flash attention (O(T) statistics) and the chunked LM-head loss (no T x V
 // logits), peak memory under full remat grows linearly in T, even with a 50k vocabulary.
-#include <catch2/catch.hpp>
 #include <fmt/format.h>
+
+#include <catch2/catch.hpp>
 
 #include "data/synthetic.h"
 #include "engine/cpu/cpu_backend.h"
@@ -13,13 +14,16 @@ using namespace remat;
 namespace {
 
 Config long_gpt(int64_t T) {
-  return parse_config("", "long-test",
-                      {"model.n_layer=2", "model.n_head=2", "model.n_embd=64", "model.vocab_size=50257",
-                       "model.position=\"rope\"", "train.batch_size=1", fmt::format("train.seq_len={}", T),
-                       "remat.policy=full", "data.task=\"random\"", "device.threads=2"});
+  return parse_config(
+      "", "long-test",
+      {"model.n_layer=2", "model.n_head=2", "model.n_embd=64", "model.vocab_size=50257",
+       "model.position=\"rope\"", "train.batch_size=1", fmt::format("train.seq_len={}", T),
+       "remat.policy=full", "data.task=\"random\"", "device.threads=2"});
 }
 
-RunParts parts(const Config& c, Backend& be) { return RunParts{make_model(c, be), make_synthetic_data(c)}; }
+RunParts parts(const Config& c, Backend& be) {
+  return RunParts{make_model(c, be), make_synthetic_data(c)};
+}
 
 uint64_t predicted(int64_t T) {
   PlanTarget t;
@@ -39,7 +43,8 @@ uint64_t measured(int64_t T) {
 
 }  // namespace
 
-TEST_CASE("peak memory at 2T is at most 2.05x the peak at T (50k vocabulary, full remat)", "[long]") {
+TEST_CASE("peak memory at 2T is at most 2.05x the peak at T (50k vocabulary, full remat)",
+          "[long]") {
   for (int64_t T : {4096, 32768, 262144}) {
     const uint64_t a = predicted(T), b = predicted(2 * T);
     INFO(fmt::format("predicted peak at T={}: {} B, at 2T: {} B, ratio {:.4f}", T, a, b,

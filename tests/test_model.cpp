@@ -1,8 +1,8 @@
 // Whole-model tests: finite-difference gradient checks of the tiny GPT and the tutorial MLP
 // through the remat executor, and the copy task actually being learned.
-#include <catch2/catch.hpp>
 #include <fmt/format.h>
 
+#include <catch2/catch.hpp>
 #include <cmath>
 
 #include "data/synthetic.h"
@@ -44,7 +44,9 @@ task = "random"
 policy = "{}"
 [device]
 threads = 2
-)", position, policy), "tiny-gradcheck");
+)",
+                                  position, policy),
+                      "tiny-gradcheck");
 }
 
 double loss_of(Backend& be, Model& model, const RematPlan& plan, const Batch& batch) {
@@ -99,7 +101,8 @@ TEST_CASE("tiny GPT with rope gradients match central differences", "[model]") {
   gradcheck(tiny_gpt("none", "rope"));
 }
 
-TEST_CASE("tiny GPT with dropout: gradients match central differences for a fixed mask", "[model]") {
+TEST_CASE("tiny GPT with dropout: gradients match central differences for a fixed mask",
+          "[model]") {
   Config cfg = tiny_gpt("full");
   cfg.model.dropout = 0.3;
   gradcheck(cfg);
@@ -117,10 +120,13 @@ batch_size = 5
 policy = "full"
 [device]
 threads = 2
-)", "mlp-gradcheck"), kFdEpsRelu);
+)",
+                         "mlp-gradcheck"),
+            kFdEpsRelu);
 }
 
-TEST_CASE("copy task: the second half's loss falls well below chance on the tiny config", "[model]") {
+TEST_CASE("copy task: the second half's loss falls well below chance on the tiny config",
+          "[model]") {
   Config cfg = load_config(std::string(REMAT_SOURCE_DIR) + "/configs/tiny.toml");
   cpu::CpuBackend be(1ull << 30, 2);
   auto model = make_model(cfg, be);
@@ -130,7 +136,8 @@ TEST_CASE("copy task: the second half's loss falls well below chance on the tiny
   for (int64_t s = 0; s < cfg.train.steps; ++s) m = trainer.step();
   const double chance = std::log(static_cast<double>(cfg.model.vocab_size));
   REQUIRE(m.task_metric.has_value());
-  INFO(fmt::format("copy_loss after {} steps: {:.4f} (chance {:.4f})", cfg.train.steps, *m.task_metric, chance));
+  INFO(fmt::format("copy_loss after {} steps: {:.4f} (chance {:.4f})", cfg.train.steps,
+                   *m.task_metric, chance));
   // A model that copies from T/2 back drives this toward 0; the threshold is a quarter of chance.
   CHECK(*m.task_metric < 0.25 * chance);
 }

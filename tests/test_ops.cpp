@@ -224,10 +224,10 @@ TEST_CASE("linear backward matches central differences", "[ops]") {
   Buffer dinp = make_tensor(be, {N, C});
   Buffer dweight = make_filled(be, {OC, C}, 0.0f);
   Buffer dbias = make_filled(be, {OC}, 0.0f);
-  be.linear_backward({.dinp = dinp, .dweight = dweight, .dbias = dbias, .dout = r, .inp = inp,
-                      .weight = weight});
-  CHECK(allclose(to_host(dinp), central_differences(inp.f32(), N * C, kFdEps, loss),
-                 kTolGradcheck, "dinp"));
+  be.linear_backward(
+      {.dinp = dinp, .dweight = dweight, .dbias = dbias, .dout = r, .inp = inp, .weight = weight});
+  CHECK(allclose(to_host(dinp), central_differences(inp.f32(), N * C, kFdEps, loss), kTolGradcheck,
+                 "dinp"));
   CHECK(allclose(to_host(dweight), central_differences(weight.f32(), OC * C, kFdEps, loss),
                  kTolGradcheck, "dweight"));
   CHECK(allclose(to_host(dbias), central_differences(bias.f32(), OC, kFdEps, loss), kTolGradcheck,
@@ -276,14 +276,19 @@ TEST_CASE("layernorm backward matches central differences and adds into dinp", "
     be.layernorm_forward({.out = out, .stats = stats, .inp = inp, .weight = weight, .bias = bias});
     return weighted_sum(out, r);
   };
-  loss();  // stats of the unperturbed input
+  loss();                                       // stats of the unperturbed input
   Buffer dinp = make_filled(be, {N, C}, 0.5f);  // [+=] residual stream: the 0.5 must stay
   Buffer dweight = make_randn(be, {C}, kSeed, 35);
   Buffer dbias = make_randn(be, {C}, kSeed, 36);
   const std::vector<double> dinp0 = to_double(dinp), dweight0 = to_double(dweight),
                             dbias0 = to_double(dbias);
-  be.layernorm_backward({.dinp = dinp, .dweight = dweight, .dbias = dbias, .dout = r, .inp = inp,
-                         .weight = weight, .stats = stats});
+  be.layernorm_backward({.dinp = dinp,
+                         .dweight = dweight,
+                         .dbias = dbias,
+                         .dout = r,
+                         .inp = inp,
+                         .weight = weight,
+                         .stats = stats});
   CHECK(allclose(minus(dinp, dinp0), central_differences(inp.f32(), N * C, kFdEps, loss),
                  kTolGradcheck, "dinp added"));
   CHECK(allclose(minus(dweight, dweight0), central_differences(weight.f32(), C, kFdEps, loss),
@@ -306,8 +311,13 @@ TEST_CASE("layernorm backward matches a double reference on many rows and channe
   Buffer dinp = make_filled(be, {N, C}, 0.0f);
   Buffer dweight = make_filled(be, {C}, 0.0f);
   Buffer dbias = make_filled(be, {C}, 0.0f);
-  be.layernorm_backward({.dinp = dinp, .dweight = dweight, .dbias = dbias, .dout = dout,
-                         .inp = inp, .weight = weight, .stats = stats});
+  be.layernorm_backward({.dinp = dinp,
+                         .dweight = dweight,
+                         .dbias = dbias,
+                         .dout = dout,
+                         .inp = inp,
+                         .weight = weight,
+                         .stats = stats});
   std::vector<double> want_dx(static_cast<size_t>(N * C)), want_dw(static_cast<size_t>(C), 0.0),
       want_db(static_cast<size_t>(C), 0.0), xhat(static_cast<size_t>(C));
   for (int64_t n = 0; n < N; ++n) {
@@ -357,8 +367,13 @@ void check_attention_against_reference(int64_t B, int64_t NH, int64_t T, int64_t
   Buffer dqkv = make_filled(be, {B, T, 3 * C}, 7.0f);  // [=]: the 7s must disappear
   const int n_head = static_cast<int>(NH);
   be.attention_forward({.out = out, .lse = lse, .qkv = qkv, .n_head = n_head, .rope_theta = theta});
-  be.attention_backward({.dqkv = dqkv, .dout = dout, .qkv = qkv, .out = out, .lse = lse,
-                         .n_head = n_head, .rope_theta = theta});
+  be.attention_backward({.dqkv = dqkv,
+                         .dout = dout,
+                         .qkv = qkv,
+                         .out = out,
+                         .lse = lse,
+                         .n_head = n_head,
+                         .rope_theta = theta});
   const AttentionRef ref =
       attention_reference(to_double(qkv), to_double(dout), B, T, C, NH, static_cast<double>(theta));
   CHECK(allclose(to_host(out), ref.out, kTolAttention, "out"));
@@ -412,8 +427,13 @@ TEST_CASE("attention backward with and without rope matches central differences"
   };
   loss();
   Buffer dqkv = make_tensor(be, {B, T, 3 * C});
-  be.attention_backward({.dqkv = dqkv, .dout = r, .qkv = qkv, .out = out, .lse = lse,
-                         .n_head = 2, .rope_theta = theta});
+  be.attention_backward({.dqkv = dqkv,
+                         .dout = r,
+                         .qkv = qkv,
+                         .out = out,
+                         .lse = lse,
+                         .n_head = 2,
+                         .rope_theta = theta});
   CHECK(allclose(to_host(dqkv), central_differences(qkv.f32(), B * T * 3 * C, kFdEps, loss),
                  kTolGradcheck, "dqkv"));
 }
@@ -433,8 +453,13 @@ TEST_CASE("attention forward and backward are bitwise deterministic", "[ops]") {
     Buffer lse = make_tensor(be1, {B, NH, T});
     Buffer dqkv = make_tensor(be1, {B, T, 3 * C});
     be1.attention_forward({.out = out, .lse = lse, .qkv = qkv, .n_head = 3, .rope_theta = theta});
-    be1.attention_backward({.dqkv = dqkv, .dout = dout, .qkv = qkv, .out = out, .lse = lse,
-                            .n_head = 3, .rope_theta = theta});
+    be1.attention_backward({.dqkv = dqkv,
+                            .dout = dout,
+                            .qkv = qkv,
+                            .out = out,
+                            .lse = lse,
+                            .n_head = 3,
+                            .rope_theta = theta});
     out_1t = to_host(out);
     lse_1t = to_host(lse);
     dqkv_1t = to_host(dqkv);
@@ -448,8 +473,13 @@ TEST_CASE("attention forward and backward are bitwise deterministic", "[ops]") {
   for (int run = 0; run < 2; ++run) {
     be.attention_forward(
         {.out = out[run], .lse = lse[run], .qkv = qkv, .n_head = 3, .rope_theta = theta});
-    be.attention_backward({.dqkv = dqkv[run], .dout = dout, .qkv = qkv, .out = out[0],
-                           .lse = lse[0], .n_head = 3, .rope_theta = theta});
+    be.attention_backward({.dqkv = dqkv[run],
+                           .dout = dout,
+                           .qkv = qkv,
+                           .out = out[0],
+                           .lse = lse[0],
+                           .n_head = 3,
+                           .rope_theta = theta});
   }
   CHECK(same_bits(out[0], out[1]));
   CHECK(same_bits(lse[0], lse[1]));
@@ -466,9 +496,7 @@ TEST_CASE("attention stays in its workspace after another backend raised the Ope
   // (Without that, the second thread writes past the workspace: ASan reports it, release builds
   // may corrupt the heap silently.)
   CpuBackend one(kTestBudgetBytes, 1);
-  {
-    CpuBackend two(kTestBudgetBytes, 2);
-  }
+  { CpuBackend two(kTestBudgetBytes, 2); }
   const int64_t B = 2, NH = 2, T = 129, HS = 64, C = NH * HS;
   Buffer qkv = make_randn(one, {B, T, 3 * C}, kSeed, 75);
   Buffer dout = make_randn(one, {B, T, C}, kSeed, 76);
@@ -497,8 +525,8 @@ TEST_CASE("attention workspace measured by the pool is the stated formula and ha
     Buffer out = make_tensor(be, {B, T, C});
     Buffer lse = make_tensor(be, {B, NH, T});
     Buffer dqkv = make_tensor(be, {B, T, 3 * C});
-    const uint64_t want = MemoryPool::accounted_bytes(static_cast<size_t>(
-        4 * cpu::attention_workspace_floats(T, HS, be.threads(), use_rope)));
+    const uint64_t want = MemoryPool::accounted_bytes(
+        static_cast<size_t>(4 * cpu::attention_workspace_floats(T, HS, be.threads(), use_rope)));
     const uint64_t live = be.pool().live_bytes();
     const size_t ws = static_cast<size_t>(MemCategory::Workspace);
 
@@ -509,8 +537,13 @@ TEST_CASE("attention workspace measured by the pool is the stated formula and ha
     CHECK(be.pool().live_bytes() == live);  // the workspace is returned
 
     be.pool().reset_peak();
-    be.attention_backward({.dqkv = dqkv, .dout = dout, .qkv = qkv, .out = out, .lse = lse,
-                           .n_head = 1, .rope_theta = theta});
+    be.attention_backward({.dqkv = dqkv,
+                           .dout = dout,
+                           .qkv = qkv,
+                           .out = out,
+                           .lse = lse,
+                           .n_head = 1,
+                           .rope_theta = theta});
     CHECK(be.pool().peak_bytes() - live == want);
     CHECK(be.pool().live_bytes() == live);
   }
@@ -553,8 +586,7 @@ TEST_CASE("activation forward matches double references of GELU (tanh) and ReLU"
   CHECK(allclose(to_host(y), want_relu, kTolExact, "relu"));
 }
 
-TEST_CASE("activation backward matches the analytic derivative and central differences",
-          "[ops]") {
+TEST_CASE("activation backward matches the analytic derivative and central differences", "[ops]") {
   CpuBackend be(kTestBudgetBytes, kTestThreads);
   const int64_t N = 7, D = 129;
   Buffer x = make_activation_input(be, N, D);
@@ -572,8 +604,8 @@ TEST_CASE("activation backward matches the analytic derivative and central diffe
     be.activation_forward({.out = y, .inp = x, .kind = Activation::Gelu});
     return weighted_sum(y, dout);
   };
-  CHECK(allclose(to_host(dx), central_differences(x.f32(), N * D, kFdEps, gelu_loss),
-                 kTolGradcheck, "gelu dinp vs central differences"));
+  CHECK(allclose(to_host(dx), central_differences(x.f32(), N * D, kFdEps, gelu_loss), kTolGradcheck,
+                 "gelu dinp vs central differences"));
   be.fill(dx, 7.0f);
   be.activation_backward({.dinp = dx, .dout = dout, .inp = x, .kind = Activation::Relu});
   CHECK(allclose(to_host(dx), want_relu, kTolExact, "relu dinp"));
@@ -629,10 +661,8 @@ TEST_CASE("embedding backward scatter-adds repeated tokens into dwte and dwpe", 
   Buffer dwte = make_randn(be, {V, C}, kSeed, 113);
   Buffer dwpe = make_randn(be, {maxT, C}, kSeed, 114);
   std::vector<double> want_wte = to_double(dwte), want_wpe = to_double(dwpe);  // [+=]
-  be.embedding_backward({.dwte = dwte,
-                         .dwpe = use_wpe ? dwpe.tensor() : Tensor(),
-                         .dout = dout,
-                         .tokens = tokens});
+  be.embedding_backward(
+      {.dwte = dwte, .dwpe = use_wpe ? dwpe.tensor() : Tensor(), .dout = dout, .tokens = tokens});
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t < T; ++t)
       for (int64_t c = 0; c < C; ++c) {
@@ -707,7 +737,8 @@ TEST_CASE("lm head loss matches a naive double reference", "[ops]") {
     const int32_t t = c.targets.tensor().i32()[n];
     want_loss[static_cast<size_t>(n)] = lse - logits[static_cast<size_t>(t)];
     for (int64_t v = 0; v < kLmV; ++v) {
-      const double g = (std::exp(logits[static_cast<size_t>(v)] - lse) - (v == t ? 1.0 : 0.0)) * scale;
+      const double g =
+          (std::exp(logits[static_cast<size_t>(v)] - lse) - (v == t ? 1.0 : 0.0)) * scale;
       for (int64_t k = 0; k < kLmC; ++k) {
         want_dinp[static_cast<size_t>(n * kLmC + k)] += g * c.weight.f32()[v * kLmC + k];
         want_dw[static_cast<size_t>(v * kLmC + k)] += g * c.inp.f32()[n * kLmC + k];
@@ -730,9 +761,9 @@ TEST_CASE("chunked lm head loss equals the unchunked one for dividing and non-di
   const uint64_t live = be.pool().live_bytes();
   be.pool().reset_peak();
   const LmHeadResult got = run_lm_head(be, c, chunk);
-  const uint64_t outputs = MemoryPool::accounted_bytes(kLmN * 4) +          // losses
-                           MemoryPool::accounted_bytes(kLmN * kLmC * 4) +   // dinp
-                           MemoryPool::accounted_bytes(kLmV * kLmC * 4);    // dweight
+  const uint64_t outputs = MemoryPool::accounted_bytes(kLmN * 4) +         // losses
+                           MemoryPool::accounted_bytes(kLmN * kLmC * 4) +  // dinp
+                           MemoryPool::accounted_bytes(kLmV * kLmC * 4);   // dweight
   CHECK(be.pool().peak_bytes() - live - outputs ==
         MemoryPool::accounted_bytes(static_cast<size_t>(std::min(chunk, kLmN) * kLmV * 4)));
   CHECK(allclose(got.losses, whole.losses, kTolChunkedLoss, "losses"));
@@ -740,8 +771,7 @@ TEST_CASE("chunked lm head loss equals the unchunked one for dividing and non-di
   CHECK(allclose(got.dweight, whole.dweight, kTolChunkedLoss, "dweight"));
 }
 
-TEST_CASE("lm head loss gradients match central differences of the mean cross-entropy",
-          "[ops]") {
+TEST_CASE("lm head loss gradients match central differences of the mean cross-entropy", "[ops]") {
   CpuBackend be(kTestBudgetBytes, kFdThreads);
   LmHeadCase c(be);
   Buffer losses = make_tensor(be, {kLmN});
@@ -769,8 +799,8 @@ TEST_CASE("lm head loss gradients match central differences of the mean cross-en
   CHECK(allclose(got_dinp, central_differences(c.inp.f32(), kLmN * kLmC, kFdEps, mean_loss),
                  kTolGradcheck, "dinp"));
   CHECK(allclose(to_host(dweight),
-                 central_differences(c.weight.f32(), kLmV * kLmC, kFdEps, mean_loss),
-                 kTolGradcheck, "dweight"));
+                 central_differences(c.weight.f32(), kLmV * kLmC, kFdEps, mean_loss), kTolGradcheck,
+                 "dweight"));
 }
 
 // ---- MSE, sum of squares, AdamW ----
@@ -783,8 +813,7 @@ TEST_CASE("mse loss matches a double reference", "[ops]") {
   Buffer target = make_randn(be, {N, D}, kSeed, 132);
   Buffer losses = make_filled(be, {N}, 7.0f);
   Buffer dinp = make_filled(be, {N, D}, 7.0f);
-  be.mse_loss(
-      {.losses = losses, .dinp = dinp, .inp = inp, .target = target, .loss_scale = scale});
+  be.mse_loss({.losses = losses, .dinp = dinp, .inp = inp, .target = target, .loss_scale = scale});
   std::vector<double> want_loss(N, 0.0), want_dinp;
   for (int64_t n = 0; n < N; ++n)
     for (int64_t j = 0; j < D; ++j) {
@@ -833,7 +862,8 @@ TEST_CASE("adamw update matches a scalar reference with decoupled decay and bias
     CAPTURE(step);
     // Gradients of every size: O(1), tiny (where eps matters next to sqrt(v)) and zero.
     for (int64_t i = 0; i < n; ++i) {
-      const double g = rng_normal(kSeed, 152 + static_cast<uint64_t>(step), static_cast<uint64_t>(i));
+      const double g =
+          rng_normal(kSeed, 152 + static_cast<uint64_t>(step), static_cast<uint64_t>(i));
       grad.f32()[i] = static_cast<float>(i % 5 == 0 ? 0.0 : i % 5 == 1 ? 1e-8 * g : g);
     }
     a.param = param;
@@ -848,9 +878,9 @@ TEST_CASE("adamw update matches a scalar reference with decoupled decay and bias
       v_ref[i] = b2 * v_ref[i] + (1 - b2) * g * g;
       const double mhat = m_ref[i] / (1 - std::pow(b1, static_cast<double>(step)));
       const double vhat = v_ref[i] / (1 - std::pow(b2, static_cast<double>(step)));
-      p_ref[i] -= static_cast<double>(a.lr) *
-                  (mhat / (std::sqrt(vhat) + static_cast<double>(a.eps)) +
-                   static_cast<double>(a.weight_decay) * p_ref[i]);
+      p_ref[i] -=
+          static_cast<double>(a.lr) * (mhat / (std::sqrt(vhat) + static_cast<double>(a.eps)) +
+                                       static_cast<double>(a.weight_decay) * p_ref[i]);
     }
     CHECK(allclose(to_host(m), m_ref, kTolPointwise, "m"));
     CHECK(allclose(to_host(v), v_ref, kTolPointwise, "v"));

@@ -1,8 +1,9 @@
 // The planner: a dry run on the count backend predicts the measured peak of a real CPU run to
 // the byte, for every policy, granularity and several shapes; its searches agree with dry runs.
-#include <catch2/catch.hpp>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+
+#include <catch2/catch.hpp>
 
 #include "data/synthetic.h"
 #include "engine/cpu/cpu_backend.h"
@@ -13,7 +14,9 @@ using namespace remat;
 
 namespace {
 
-RunParts parts(const Config& c, Backend& be) { return RunParts{make_model(c, be), make_synthetic_data(c)}; }
+RunParts parts(const Config& c, Backend& be) {
+  return RunParts{make_model(c, be), make_synthetic_data(c)};
+}
 
 Planner cpu_planner(int threads, uint64_t budget) {
   PlanTarget t;
@@ -34,15 +37,21 @@ uint64_t measured_peak(const Config& cfg, int threads) {
 
 }  // namespace
 
-TEST_CASE("predicted peak equals the measured peak to the byte across policies and shapes", "[planner]") {
+TEST_CASE("predicted peak equals the measured peak to the byte across policies and shapes",
+          "[planner]") {
   const std::vector<std::string> shapes[] = {
-      {"model.n_layer=3", "model.n_embd=32", "model.n_head=2", "train.seq_len=37", "train.batch_size=2", "model.vocab_size=50"},
-      {"model.n_layer=4", "model.n_embd=48", "model.n_head=4", "train.seq_len=130", "train.batch_size=1", "model.position=\"rope\"", "train.loss_chunk=33"},
+      {"model.n_layer=3", "model.n_embd=32", "model.n_head=2", "train.seq_len=37",
+       "train.batch_size=2", "model.vocab_size=50"},
+      {"model.n_layer=4", "model.n_embd=48", "model.n_head=4", "train.seq_len=130",
+       "train.batch_size=1", "model.position=\"rope\"", "train.loss_chunk=33"},
       {"model.kind=\"mlp\"", "model.n_layer=5", "model.n_embd=40", "train.batch_size=9"},
   };
   const std::vector<std::string> policies[] = {
-      {"remat.policy=none"}, {"remat.policy=full"}, {"remat.policy=full", "remat.every=2"},
-      {"remat.policy=save_dots"}, {"remat.policy=save_attn", "remat.blocks=[0,2]"},
+      {"remat.policy=none"},
+      {"remat.policy=full"},
+      {"remat.policy=full", "remat.every=2"},
+      {"remat.policy=save_dots"},
+      {"remat.policy=save_attn", "remat.blocks=[0,2]"},
       {"remat.policy=names", "remat.save=[\"x\",\"fc\"]"},
   };
   for (const auto& shape : shapes) {
@@ -60,10 +69,12 @@ TEST_CASE("predicted peak equals the measured peak to the byte across policies a
   }
 }
 
-TEST_CASE("longest seq_len and largest batch are the largest values whose dry run fits", "[planner]") {
-  const Config cfg = parse_config("", "planner-test",
-                                  {"model.n_layer=2", "model.n_embd=32", "model.n_head=2", "model.position=\"rope\"",
-                                   "train.seq_len=64", "remat.policy=full"});
+TEST_CASE("longest seq_len and largest batch are the largest values whose dry run fits",
+          "[planner]") {
+  const Config cfg =
+      parse_config("", "planner-test",
+                   {"model.n_layer=2", "model.n_embd=32", "model.n_head=2",
+                    "model.position=\"rope\"", "train.seq_len=64", "remat.policy=full"});
   const Planner planner = cpu_planner(2, 3ull << 20);
   const int64_t t = planner.longest_seq_len(cfg);
   REQUIRE(t > 64);

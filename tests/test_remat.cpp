@@ -1,10 +1,10 @@
 // Remat equivalence: losses, gradients and weights are bitwise identical under every policy and
 // granularity (the CPU backend is deterministic and recompute reuses the same kernels), and the
 // memory that full remat saves is exactly what the activation arithmetic says.
-#include <catch2/catch.hpp>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <catch2/catch.hpp>
 #include <cstring>
 
 #include "data/synthetic.h"
@@ -61,17 +61,20 @@ RunRecord train3(const std::string& text, const std::vector<std::string>& sets) 
   return r;
 }
 
-bool bitwise_equal(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
+bool bitwise_equal(const std::vector<std::vector<float>>& a,
+                   const std::vector<std::vector<float>>& b) {
   if (a.size() != b.size()) return false;
   for (size_t i = 0; i < a.size(); ++i)
-    if (a[i].size() != b[i].size() || std::memcmp(a[i].data(), b[i].data(), a[i].size() * sizeof(float)) != 0)
+    if (a[i].size() != b[i].size() ||
+        std::memcmp(a[i].data(), b[i].data(), a[i].size() * sizeof(float)) != 0)
       return false;
   return true;
 }
 
 }  // namespace
 
-TEST_CASE("losses, gradients and weights are bitwise identical under every remat setting", "[remat]") {
+TEST_CASE("losses, gradients and weights are bitwise identical under every remat setting",
+          "[remat]") {
   const RunRecord ref = train3(kBase, {"remat.policy=none"});
   const std::vector<std::vector<std::string>> settings = {
       {"remat.policy=full"},
@@ -91,25 +94,29 @@ TEST_CASE("losses, gradients and weights are bitwise identical under every remat
   for (const auto& s : settings) {
     INFO(fmt::format("setting: {}", fmt::join(s, " ")));
     const RunRecord r = train3(kBase, s);
-    for (size_t i = 0; i < ref.losses.size(); ++i) CHECK(std::memcmp(&r.losses[i], &ref.losses[i], sizeof(double)) == 0);
+    for (size_t i = 0; i < ref.losses.size(); ++i)
+      CHECK(std::memcmp(&r.losses[i], &ref.losses[i], sizeof(double)) == 0);
     CHECK(bitwise_equal(r.grads, ref.grads));
     CHECK(bitwise_equal(r.params, ref.params));
     CHECK(r.peak <= ref.peak);  // every = n_layer recomputes the whole model: same peak as none
   }
 }
 
-TEST_CASE("with dropout, recompute reproduces the masks: bitwise identical under every policy", "[remat]") {
+TEST_CASE("with dropout, recompute reproduces the masks: bitwise identical under every policy",
+          "[remat]") {
   const RunRecord ref = train3(kBase, {"remat.policy=none", "model.dropout=0.2"});
   const RunRecord no_dropout = train3(kBase, {"remat.policy=none"});
   CHECK(ref.losses != no_dropout.losses);  // dropout really is on
-  for (const auto& s : std::vector<std::vector<std::string>>{
-           {"remat.policy=full"}, {"remat.policy=full", "remat.every=2"}, {"remat.policy=save_dots"},
-           {"remat.policy=save_attn"}}) {
+  for (const auto& s : std::vector<std::vector<std::string>>{{"remat.policy=full"},
+                                                             {"remat.policy=full", "remat.every=2"},
+                                                             {"remat.policy=save_dots"},
+                                                             {"remat.policy=save_attn"}}) {
     std::vector<std::string> sets = s;
     sets.push_back("model.dropout=0.2");
     INFO(fmt::format("setting: {}", fmt::join(sets, " ")));
     const RunRecord r = train3(kBase, sets);
-    for (size_t i = 0; i < ref.losses.size(); ++i) CHECK(std::memcmp(&r.losses[i], &ref.losses[i], sizeof(double)) == 0);
+    for (size_t i = 0; i < ref.losses.size(); ++i)
+      CHECK(std::memcmp(&r.losses[i], &ref.losses[i], sizeof(double)) == 0);
     CHECK(bitwise_equal(r.grads, ref.grads));
     CHECK(bitwise_equal(r.params, ref.params));
   }
@@ -138,15 +145,20 @@ threads = 2
 // the same 11 tensors. Both peaks fall in the backward of the last block, so
 //   peak(none) - peak(full) = (L - 1) * (saved bytes per block - bytes of x)
 // exactly, with every tensor rounded up to the pool's 256-byte unit.
-TEST_CASE("full remat saves exactly (L-1) blocks of activations minus their checkpoints", "[remat]") {
+TEST_CASE("full remat saves exactly (L-1) blocks of activations minus their checkpoints",
+          "[remat]") {
   const int64_t L = 4, B = 2, T = 45, C = 32, NH = 2, FF = 4 * C, N = B * T;
-  auto bytes = [](int64_t floats) { return MemoryPool::accounted_bytes(static_cast<size_t>(floats) * 4); };
+  auto bytes = [](int64_t floats) {
+    return MemoryPool::accounted_bytes(static_cast<size_t>(floats) * 4);
+  };
   const uint64_t x = bytes(N * C);
   const uint64_t saved = x /*x*/ + x /*ln1*/ + bytes(N * 2) + bytes(N * 3 * C) + x /*attn*/ +
-                         bytes(B * NH * T) + x /*res*/ + x /*ln2*/ + bytes(N * 2) + 2 * bytes(N * FF);
+                         bytes(B * NH * T) + x /*res*/ + x /*ln2*/ + bytes(N * 2) +
+                         2 * bytes(N * FF);
   const RunRecord none = train3(kBase, {"remat.policy=none"});
   const RunRecord full = train3(kBase, {"remat.policy=full"});
-  INFO(fmt::format("none peak {} at {}, full peak {} at {}", none.peak, none.peak_phase, full.peak, full.peak_phase));
+  INFO(fmt::format("none peak {} at {}, full peak {} at {}", none.peak, none.peak_phase, full.peak,
+                   full.peak_phase));
   CHECK(none.peak_phase == "backward block 3");
   CHECK(full.peak_phase == "backward block 3");
   CHECK(none.peak - full.peak == static_cast<uint64_t>(L - 1) * (saved - x));
@@ -170,15 +182,20 @@ TEST_CASE("policy keep-sets follow DESIGN.md", "[remat]") {
   CHECK(kept("names", {"ln2", "gelu"}) == "ln2 gelu");
 }
 
-TEST_CASE("unknown activation names in remat.save are config errors listing the valid ones", "[remat]") {
-  Config cfg = parse_config(kBase, "remat-test", {"remat.policy=names", "remat.save=[\"attn\",\"softmax\"]"});
+TEST_CASE("unknown activation names in remat.save are config errors listing the valid ones",
+          "[remat]") {
+  Config cfg = parse_config(kBase, "remat-test",
+                            {"remat.policy=names", "remat.save=[\"attn\",\"softmax\"]"});
   cpu::CpuBackend be(1ull << 30, 1);
   auto model = make_model(cfg, be);
   CHECK_THROWS_AS(resolve_remat_plan(cfg, *model), ConfigError);
   CHECK_THROWS_WITH(resolve_remat_plan(cfg, *model),
-                    Catch::Matchers::Contains("--set remat.save=") && Catch::Matchers::Contains("\"softmax\"") &&
+                    Catch::Matchers::Contains("--set remat.save=") &&
+                        Catch::Matchers::Contains("\"softmax\"") &&
                         Catch::Matchers::Contains("attn.lse"));
   CHECK_THROWS_AS(parse_config(kBase, "remat-test", {"remat.plan=[\"full\"]"}), ConfigError);
-  CHECK_THROWS_AS(parse_config(kBase, "remat-test", {"remat.plan=[\"full\",\"full\",\"full\",\"sometimes\"]"}), ConfigError);
+  CHECK_THROWS_AS(
+      parse_config(kBase, "remat-test", {"remat.plan=[\"full\",\"full\",\"full\",\"sometimes\"]"}),
+      ConfigError);
   CHECK_THROWS_AS(parse_config(kBase, "remat-test", {"remat.policy=names"}), ConfigError);
 }

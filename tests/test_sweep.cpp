@@ -6,8 +6,6 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
-
-#include "tests/cli_util.h"
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -15,6 +13,8 @@
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include "tests/cli_util.h"
 
 using Catch::Matchers::Contains;
 
@@ -161,5 +161,6 @@ TEST_CASE("sweep records an out-of-memory point and goes on; CSV and JSON follow
 TEST_CASE("sweep rejects malformed --seq-lens and seq_lens beyond a learned n_ctx", "[smoke]") {
   CHECK(run("sweep --config configs/tiny.toml --seq-lens 4k..1k").code == 2);
   CHECK(run("sweep --config configs/tiny.toml --seq-lens abc").code == 2);
-  CHECK(run("sweep --config configs/tiny.toml --set model.position=learned --seq-lens 64..256").code == 2);  // n_ctx = 128
+  CHECK(run("sweep --config configs/tiny.toml --set model.position=learned --seq-lens 64..256")
+            .code == 2);  // n_ctx = 128
 }

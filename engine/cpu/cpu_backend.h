@@ -14,9 +14,9 @@ namespace remat::cpu {
 
 /// BLAS build and the kernel it dispatches to on this CPU.
 struct BlasInfo {
-  std::string library;     // "OpenBLAS 0.3.21"
-  std::string core;        // "Haswell", "Zen", "SkylakeX", ...
-  bool is_generic = false; // an ancient fallback kernel (~3x slower here): warn the user
+  std::string library;      // "OpenBLAS 0.3.21"
+  std::string core;         // "Haswell", "Zen", "SkylakeX", ...
+  bool is_generic = false;  // an ancient fallback kernel (~3x slower here): warn the user
 };
 BlasInfo blas_info();
 
@@ -42,6 +42,7 @@ class CpuBackend : public Backend {
   std::string name() const override { return "cpu"; }
   std::string describe() const override;
   DType act_dtype() const override { return DType::F32; }
+  bool device_is_host() const override { return true; }
   int threads() const { return threads_; }
 
   void upload(const Tensor& dst, const void* host) override;

@@ -1,0 +1,287 @@
+// `remat-train sample`: generation from a checkpoint on the CPU with the KV-cached GptDecoder.
+// Byte models (data.source = "text") take and print text; token models take token ids and print
+// ids, or text through llm.c's GPT-2 tokenizer. Random draws come from the counter-based RNG
+// keyed by (seed, token index), so a seed reproduces the output exactly.
+//
+// An empty prompt still needs one token to condition on: byte models start from '\n' (text files
+// are lines, so a newline is the most neutral context); token models start from the tokenizer's
+// end-of-text token when --tokenizer is given (GPT-2 documents are separated by it), else from
+// token 0. That start token is not printed.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <charconv>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <numeric>
+#include <optional>
+
+#include "cmd/commands.h"
+#include "data/gpt2_tokenizer.h"
+#include "engine/checkpoint.h"
+#include "engine/config.h"
+#include "engine/error.h"
+#include "engine/rng.h"
+#include "layers/gpt_decoder.h"
+
+namespace remat::cli {
+namespace {
+
+constexpr int32_t kByteStartToken = '\n';
+constexpr int64_t kByteVocab = 256;
+
+// --checkpoint names a step_* folder (it has a state.json) or a checkpoint.dir (its newest).
+std::string resolve_checkpoint(const std::string& arg) {
+  namespace fs = std::filesystem;
+  if (fs::exists(fs::path(arg) / "state.json")) return arg;
+  if (!fs::is_directory(arg))
+    throw CheckpointError(
+        fmt::format("[sample] --checkpoint {}: no such folder. Fix: pass a step_* checkpoint "
+                    "folder, or the checkpoint.dir of a training run",
+                    arg));
+  const std::string latest = latest_checkpoint(arg);
+  if (latest.empty())
+    throw CheckpointError(
+        fmt::format("[sample] --checkpoint {}: no state.json and no complete step_* checkpoint in "
+                    "it. Fix: pass a step_* folder, or train with checkpoint.dir set first",
+                    arg));
+  return latest;
+}
+
+std::string read_prompt(const SampleOptions& opt) {
+  if (opt.prompt_file.empty()) return opt.prompt;
+  std::ifstream f(opt.prompt_file, std::ios::binary);
+  if (!f) throw IoError(fmt::format("[sample] cannot read --prompt-file {}", opt.prompt_file));
+  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+}
+
+std::string prompt_source(const SampleOptions& opt) {
+  return opt.prompt_file.empty() ? std::string("--prompt") : "--prompt-file " + opt.prompt_file;
+}
+
+// Token ids separated by whitespace and/or commas: "50256 464, 318".
+std::vector<int32_t> parse_token_ids(const std::string& text, int64_t vocab,
+                                     const std::string& source) {
+  std::vector<int32_t> ids;
+  size_t i = 0;
+  auto is_sep = [](char c) { return c == ',' || c == ' ' || c == '\t' || c == '\n' || c == '\r'; };
+  while (i < text.size()) {
+    if (is_sep(text[i])) {
+      ++i;
+      continue;
+    }
+    size_t j = i;
+    while (j < text.size() && !is_sep(text[j])) ++j;
+    const std::string word = text.substr(i, j - i);
+    int64_t id = -1;
+    const auto [end, ec] = std::from_chars(word.data(), word.data() + word.size(), id);
+    if (ec != std::errc() || end != word.data() + word.size() || id < 0)
+      throw ConfigError(
+          fmt::format("[sample] {}: \"{}\" is not a token id. Fix: this is a token model; give ids "
+                      "like \"50256 464 318\"",
+                      source, word));
+    if (id >= vocab)
+      throw ConfigError(fmt::format(
+          "[sample] {}: token id {} is outside the model's vocabulary of {}", source, id, vocab));
+    ids.push_back(static_cast<int32_t>(id));
+    i = j;
+  }
+  return ids;
+}
+
+// Picks the next token among ids [0, n) of `logits`: argmax at temperature 0, else a draw from
+// softmax(logits / T) over the top-k (all when k is 0 or >= n).
+class Sampler {
+ public:
+  Sampler(double temperature, int64_t top_k, uint64_t seed)
+      : temperature_(temperature), top_k_(top_k), seed_(seed) {}
+
+  int32_t pick(const std::vector<float>& logits, int64_t n, uint64_t index) {
+    if (temperature_ == 0)
+      return static_cast<int32_t>(std::max_element(logits.begin(), logits.begin() + n) -
+                                  logits.begin());
+    candidates(logits, n);
+    const float mx = logits[static_cast<size_t>(
+        *std::max_element(ids_.begin(), ids_.end(), [&](int32_t a, int32_t b) {
+          return logits[static_cast<size_t>(a)] < logits[static_cast<size_t>(b)];
+        }))];
+    // Subtracting the max before exp() keeps every weight in (0, 1]: stable at any temperature.
+    weights_.resize(ids_.size());
+    double total = 0;
+    for (size_t i = 0; i < ids_.size(); ++i) {
+      weights_[i] =
+          std::exp(static_cast<double>(logits[static_cast<size_t>(ids_[i])] - mx) / temperature_);
+      total += weights_[i];
+    }
+    const double u = rng_uniform(seed_, kStream, index) * total;
+    double acc = 0;
+    for (size_t i = 0; i < ids_.size(); ++i) {
+      acc += weights_[i];
+      if (u < acc) return ids_[i];
+    }
+    return ids_.back();  // u rounded up to the total
+  }
+
+ private:
+  // ids_ = the candidate ids in increasing order (a fixed order, so a seed means one output).
+  void candidates(const std::vector<float>& logits, int64_t n) {
+    ids_.resize(static_cast<size_t>(n));
+    std::iota(ids_.begin(), ids_.end(), 0);
+    if (top_k_ > 0 && top_k_ < n) {
+      auto by_logit = [&](int32_t a, int32_t b) {
+        const float la = logits[static_cast<size_t>(a)], lb = logits[static_cast<size_t>(b)];
+        return la > lb || (la == lb && a < b);
+      };
+      std::nth_element(ids_.begin(), ids_.begin() + top_k_ - 1, ids_.end(), by_logit);
+      ids_.resize(static_cast<size_t>(top_k_));
+      std::sort(ids_.begin(), ids_.end());
+    }
+  }
+
+  static constexpr uint64_t kStream = 0x73616d706c65ull;  // "sample"
+  double temperature_;
+  int64_t top_k_;
+  uint64_t seed_;
+  std::vector<int32_t> ids_;
+  std::vector<double> weights_;
+};
+
+// Writes tokens to stdout as they come, flushed so a slow generation shows progress.
+class Printer {
+ public:
+  Printer(bool bytes, const Gpt2Tokenizer* tok) : bytes_(bytes), tok_(tok) {}
+  void prompt(const std::vector<int32_t>& ids) {
+    // Generated ids print alone (they are data to pipe on); text prints as a continuation.
+    if (bytes_ || tok_)
+      for (int32_t id : ids) put(id);
+  }
+  void put(int32_t id) {
+    if (bytes_) {
+      std::fputc(id, stdout);
+    } else if (tok_) {
+      const std::string& s = tok_->decode(id);
+      std::fwrite(s.data(), 1, s.size(), stdout);
+    } else {
+      fmt::print("{}{}", first_ ? "" : " ", id);
+      first_ = false;
+    }
+    std::fflush(stdout);
+  }
+  void end() {
+    std::fputc('\n', stdout);
+    std::fflush(stdout);
+  }
+
+ private:
+  bool bytes_;
+  const Gpt2Tokenizer* tok_;
+  bool first_ = true;
+};
+
+// The prompt as token ids, and whether the first one is an implied start token (not printed).
+struct Prompt {
+  std::vector<int32_t> ids;
+  bool implied_start = false;
+};
+
+Prompt make_prompt(const SampleOptions& opt, const Config& cfg, bool bytes,
+                   const Gpt2Tokenizer* tok) {
+  const std::string text = read_prompt(opt);
+  Prompt p;
+  if (bytes)
+    for (unsigned char c : text) p.ids.push_back(c);
+  else
+    p.ids = parse_token_ids(text, cfg.model.vocab_size, prompt_source(opt));
+  if (!p.ids.empty()) return p;
+  const int64_t start = bytes ? kByteStartToken : tok ? tok->eot_token() : 0;
+  if (start >= cfg.model.vocab_size)
+    throw ConfigError(fmt::format(
+        "[sample] the empty prompt starts from end-of-text token {}, outside the model's "
+        "vocabulary of {}. Fix: give a --prompt",
+        start, cfg.model.vocab_size));
+  p.ids.push_back(static_cast<int32_t>(start));
+  p.implied_start = true;
+  return p;
+}
+
+// Positions the run needs: the prompt, then every generated token but the last is fed back.
+int64_t positions_needed(const Config& cfg, int64_t prompt_len, int64_t tokens) {
+  const int64_t needed = prompt_len + tokens - 1;
+  const int64_t n_ctx = cfg.model.n_ctx;
+  if (cfg.model.position != "learned") return needed;
+  if (prompt_len > n_ctx)
+    throw ConfigError(fmt::format(
+        "[sample] the prompt is {} tokens, longer than the model's {} learned positions "
+        "(model.n_ctx). Fix: shorten the prompt",
+        prompt_len, n_ctx));
+  if (needed > n_ctx)
+    throw ConfigError(fmt::format(
+        "[sample] prompt ({} tokens) + --tokens {} needs {} positions; the model has {} "
+        "learned positions (model.n_ctx). Fix: lower --tokens to at most {}",
+        prompt_len, tokens, needed, n_ctx, n_ctx - prompt_len + 1));
+  return needed;
+}
+
+}  // namespace
+
+int run_sample(const SampleOptions& opt) {
+  const std::string path = resolve_checkpoint(opt.checkpoint);
+  const Checkpoint ckpt(path);
+  const Config cfg = parse_config(ckpt.state().config_toml, path + "/state.json");
+  if (cfg.model.kind != "gpt")
+    throw ConfigError(
+        fmt::format("[sample] {}/state.json: model.kind = \"{}\"; only GPT models generate. Fix: "
+                    "sample from a checkpoint of a model.kind = \"gpt\" run",
+                    path, cfg.model.kind));
+  const bool bytes = cfg.data.source == "text";
+  std::optional<Gpt2Tokenizer> tok;
+  if (!opt.tokenizer.empty()) {
+    if (bytes)
+      throw ConfigError(
+          "[sample] --tokenizer is for token models; this model reads bytes (data.source = "
+          "\"text\") "
+          "and prints text already. Fix: drop --tokenizer");
+    tok.emplace(opt.tokenizer);
+    if (tok->vocab_size() > cfg.model.vocab_size)
+      throw ConfigError(fmt::format(
+          "[sample] --tokenizer {} has {} tokens, more than the model's vocabulary of {}. "
+          "Fix: use the tokenizer the training data was made with",
+          opt.tokenizer, tok->vocab_size(), cfg.model.vocab_size));
+  }
+  const Prompt prompt = make_prompt(opt, cfg, bytes, tok ? &*tok : nullptr);
+  const int64_t n_prompt = static_cast<int64_t>(prompt.ids.size());
+  const int64_t capacity = positions_needed(cfg, n_prompt, opt.tokens);
+  GptDecoder dec(
+      cfg.model,
+      [&](const std::string& name, std::vector<int64_t>* shape) {
+        return ckpt.weight(name, shape);
+      },
+      capacity);
+  // Only ids the output can show: bytes, or the tokenizer's table (llm.c pads the model's
+  // vocabulary past it with never-seen ids).
+  const int64_t n_candidates = bytes ? kByteVocab : tok ? tok->vocab_size() : cfg.model.vocab_size;
+
+  Printer out(bytes, tok ? &*tok : nullptr);
+  if (!prompt.implied_start) out.prompt(prompt.ids);
+  Sampler sampler(opt.temperature, opt.top_k, opt.seed);
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<float> logits;
+  for (int32_t id : prompt.ids) logits = dec.forward(id);
+  for (int64_t i = 0; i < opt.tokens; ++i) {
+    const int32_t next = sampler.pick(logits, n_candidates, static_cast<uint64_t>(i));
+    out.put(next);
+    if (i + 1 < opt.tokens) logits = dec.forward(next);
+  }
+  out.end();
+  const double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  fmt::print(stderr, "sampled {} tokens in {:.1f} ms ({:.1f} tok/s) from {}\n", opt.tokens, ms,
+             ms > 0 ? 1000.0 * static_cast<double>(opt.tokens) / ms : 0.0, path);
+  return 0;
+}
+
+}  // namespace remat::cli

@@ -1,0 +1,269 @@
+// Token shards, text files and data.path expansion (see data/token_corpus.h).
+#include "data/token_corpus.h"
+
+#include <glob.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <set>
+#include <system_error>
+
+#include "engine/error.h"
+
+namespace remat {
+namespace fs = std::filesystem;
+namespace {
+
+const char* kTokensFix =
+    "regenerate the shard with an llm.c-format tokenizer, or set data.source = \"text\"";
+
+[[noreturn]] void path_error(const std::string& key, const std::string& problem,
+                             const std::string& fix) {
+  throw DataError(fmt::format("[data] {}: {}. Fix: {}", key, problem, fix));
+}
+
+std::string cwd_note() {
+  std::error_code ec;
+  return fmt::format("relative paths start at the working directory, {}",
+                     fs::current_path(ec).string());
+}
+
+bool is_glob(const std::string& s) {
+  return s.find_first_of("*?[") != std::string::npos;
+}
+bool is_hidden(const fs::path& p) {
+  return p.filename().string().starts_with('.');
+}
+
+// glob(3) without its locale-dependent sort: the caller sorts bytewise.
+std::vector<std::string> glob_matches(const std::string& key, const std::string& pattern) {
+  glob_t g{};
+  const int rc = ::glob(pattern.c_str(), GLOB_NOSORT, nullptr, &g);
+  std::vector<std::string> out;
+  if (rc == 0)
+    for (size_t i = 0; i < g.gl_pathc; ++i) out.emplace_back(g.gl_pathv[i]);
+  ::globfree(&g);
+  if (rc == GLOB_NOMATCH || (rc == 0 && out.empty()))
+    path_error(key, fmt::format("no file matches '{}'", pattern),
+               fmt::format("correct the pattern ({})", cwd_note()));
+  if (rc != 0)
+    path_error(key, fmt::format("cannot expand '{}' (a directory could not be read)", pattern),
+               "check the directories' permissions");
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// Tokens: the *.bin files directly in `dir`; text: every regular file under it. Hidden entries
+// are skipped (and hidden directories not entered).
+std::vector<std::string> directory_files(const std::string& key, const std::string& dir,
+                                         DataFormat format) {
+  std::vector<std::string> out;
+  auto take = [&](const fs::directory_entry& e) {
+    std::error_code ec;
+    if (is_hidden(e.path()) || !e.is_regular_file(ec)) return;
+    if (format == DataFormat::Tokens && e.path().extension() != ".bin") return;
+    out.push_back(e.path().string());
+  };
+  std::error_code ec;
+  if (format == DataFormat::Tokens) {
+    for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) take(*it);
+  } else {
+    fs::recursive_directory_iterator it(dir, ec), end;
+    for (; !ec && it != end; it.increment(ec)) {
+      if (is_hidden(it->path()) && it->is_directory(ec)) it.disable_recursion_pending();
+      take(*it);
+    }
+  }
+  if (ec)
+    path_error(key, fmt::format("cannot read directory '{}' ({})", dir, ec.message()),
+               "check its permissions");
+  if (out.empty())
+    path_error(key,
+               fmt::format("directory '{}' has no {}", dir,
+                           format == DataFormat::Tokens ? "*.bin files" : "regular files"),
+               format == DataFormat::Tokens
+                   ? "put the token shards (*.bin) there, or name the files or a glob"
+                   : "put the text files there, or name the files or a glob");
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// One path (given or matched by a glob): itself if a file, its files if a directory.
+void expand_one(const std::string& key, const std::string& path, DataFormat format,
+                std::vector<std::string>& out) {
+  std::error_code ec;
+  const fs::file_status st = fs::status(path, ec);
+  if (!fs::exists(st))
+    path_error(key, fmt::format("'{}' does not exist", path),
+               fmt::format("correct the path ({})", cwd_note()));
+  if (fs::is_directory(st)) {
+    for (std::string& f : directory_files(key, path, format)) out.push_back(std::move(f));
+  } else if (fs::is_regular_file(st)) {
+    out.push_back(path);
+  } else {
+    path_error(key, fmt::format("'{}' is not a regular file or a directory", path),
+               "name data files, directories of them, or a glob");
+  }
+}
+
+}  // namespace
+
+std::vector<std::string> expand_data_paths(const std::vector<std::string>& entries,
+                                           DataFormat format, const std::string& key) {
+  if (entries.empty()) path_error(key, "no files given", "set it to a file, a directory or a glob");
+  std::vector<std::string> files;
+  for (const std::string& e : entries) {
+    if (is_glob(e)) {
+      for (const std::string& m : glob_matches(key, e)) expand_one(key, m, format, files);
+    } else {
+      expand_one(key, e, format, files);
+    }
+  }
+  // Overlapping entries ("a.bin" and "*.bin") would train on a file twice as often: keep one.
+  std::set<fs::path> seen;
+  std::vector<std::string> unique;
+  for (std::string& f : files) {
+    std::error_code ec;
+    if (seen.insert(fs::weakly_canonical(f, ec)).second) unique.push_back(std::move(f));
+  }
+  return unique;
+}
+
+// ---- Shard ----
+
+namespace {
+
+int32_t header_word(const uint8_t* p, int i) {
+  const uint8_t* w = p + 4 * i;
+  return static_cast<int32_t>(static_cast<uint32_t>(w[0]) | static_cast<uint32_t>(w[1]) << 8 |
+                              static_cast<uint32_t>(w[2]) << 16 |
+                              static_cast<uint32_t>(w[3]) << 24);
+}
+
+[[noreturn]] void shard_error(const std::string& path, const std::string& problem,
+                              const std::string& fix) {
+  throw DataError(fmt::format("[data] {}: {}. Fix: {}", path, problem, fix));
+}
+
+}  // namespace
+
+Shard::Shard(const std::string& path, DataFormat format) : file_(path), format_(format) {
+  const uint64_t size = file_.size();
+  if (size == 0)
+    shard_error(path, "the file is empty", "remove it from the data paths, or fill it");
+  if (format == DataFormat::Text) {
+    tokens_ = file_.data();
+    n_tokens_ = static_cast<int64_t>(size);
+    return;
+  }
+  if (size < static_cast<uint64_t>(kShardHeaderBytes))
+    shard_error(path,
+                fmt::format("{} bytes, shorter than the {}-byte header of a token shard", size,
+                            kShardHeaderBytes),
+                kTokensFix);
+  const uint8_t* h = file_.data();
+  if (header_word(h, 0) != kShardMagic)
+    shard_error(path,
+                fmt::format("bad magic number {} (a token shard starts with {})", header_word(h, 0),
+                            kShardMagic),
+                kTokensFix);
+  if (header_word(h, 1) != kShardVersion)
+    shard_error(path,
+                fmt::format("unsupported version {} (expected {}: uint16 tokens)",
+                            header_word(h, 1), kShardVersion),
+                "regenerate the shard with uint16 tokens (version 1)");
+  const int64_t count = header_word(h, 2);
+  if (count < 0)
+    shard_error(path, fmt::format("negative token count {} in the header", count), kTokensFix);
+  const uint64_t expected = static_cast<uint64_t>(kShardHeaderBytes + 2 * count);
+  if (size < expected)
+    shard_error(
+        path,
+        fmt::format(
+            "truncated: the header declares {} tokens ({} bytes with the header), the file has {} "
+            "bytes ({} missing)",
+            count, expected, size, expected - size),
+        "re-download or regenerate the shard");
+  if (size > expected)
+    shard_error(
+        path,
+        fmt::format(
+            "{} trailing bytes after the {} tokens the header declares ({} bytes expected, {} "
+            "found)",
+            size - expected, count, expected, size),
+        "regenerate the shard, or fix the token count in its header");
+  tokens_ = h + kShardHeaderBytes;
+  n_tokens_ = count;
+}
+
+void Shard::bad_token(int64_t index, int64_t vocab) const {
+  const int32_t v = token(index);
+  throw DataError(fmt::format(
+      "[data] {}: token index {} (byte offset {}) is {}, outside the vocabulary (model.vocab_size "
+      "= {}). "
+      "Fix: raise "
+      "model.vocab_size to at least {}, or re-tokenize the data with a vocabulary of {}",
+      path(), index, format_ == DataFormat::Text ? index : kShardHeaderBytes + 2 * index, v, vocab,
+      v + 1, vocab));
+}
+
+void Shard::read(int64_t start, int64_t n, int32_t* out, int64_t vocab) const {
+  int32_t largest = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    out[i] = token(start + i);
+    largest = std::max(largest, out[i]);
+  }
+  if (largest < vocab) return;  // the common case: one compare per window, not per token
+  for (int64_t i = 0; i < n; ++i)
+    if (out[i] >= vocab) bad_token(start + i, vocab);
+}
+
+void Shard::check_tokens(int64_t vocab) const {
+  if (format_ == DataFormat::Text && vocab >= 256) return;  // a byte is always in range
+  constexpr int64_t kChunk = 1 << 16;  // the max of a chunk vectorizes; the index is found after
+  for (int64_t begin = 0; begin < n_tokens_; begin += kChunk) {
+    const int64_t end = std::min(n_tokens_, begin + kChunk);
+    int32_t largest = 0;
+    for (int64_t i = begin; i < end; ++i) largest = std::max(largest, token(i));
+    if (largest < vocab) continue;
+    for (int64_t i = begin; i < end; ++i)
+      if (token(i) >= vocab) bad_token(i, vocab);
+  }
+}
+
+// ---- TokenCorpus ----
+
+TokenCorpus TokenCorpus::open(const std::vector<std::string>& entries, DataFormat format,
+                              int64_t vocab, const std::string& key) {
+  TokenCorpus c;
+  c.format_ = format;
+  for (const std::string& path : expand_data_paths(entries, format, key)) {
+    Shard s(path, format);
+    s.advise(MappedFile::Access::Sequential);
+    s.check_tokens(vocab);
+    c.shards_.push_back(std::move(s));
+  }
+  return c;
+}
+
+int64_t TokenCorpus::total_tokens() const {
+  int64_t n = 0;
+  for (const Shard& s : shards_) n += s.size();
+  return n;
+}
+
+uint64_t TokenCorpus::total_bytes() const {
+  uint64_t n = 0;
+  for (const Shard& s : shards_) n += s.bytes();
+  return n;
+}
+
+std::string TokenCorpus::list_files(size_t max_names) const {
+  std::string out;
+  for (size_t i = 0; i < shards_.size() && i < max_names; ++i)
+    out += fmt::format("{}{} ({} tokens)", i ? ", " : "", shards_[i].path(), shards_[i].size());
+  if (shards_.size() > max_names) out += fmt::format(" and {} more", shards_.size() - max_names);
+  return out;
+}
+
+}  // namespace remat

@@ -1,0 +1,85 @@
+// The files a file-backed source reads, memory-mapped (data/mapped_file.h):
+//   tokens  llm.c token shards: a header of 256 little-endian int32 (magic 20240520, version 1,
+//           token count, the rest unused), then `count` little-endian uint16 tokens
+//   text    any file, one token per byte (vocabulary 256)
+// Every problem is a one-line DataError that names the file (or the data.path entry) and the fix.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "data/mapped_file.h"
+
+namespace remat {
+
+enum class DataFormat { Tokens, Text };
+
+inline constexpr int32_t kShardMagic = 20240520;
+inline constexpr int32_t kShardVersion = 1;  // uint16 tokens
+inline constexpr int64_t kShardHeaderBytes = 256 * 4;
+
+/// The files named by a data.path-style list, in a deterministic order: the entries in the order
+/// given, each expanded and sorted by path (byte order, independent of the locale):
+///   a file      itself
+///   a glob      glob(3) matches, each expanded like a path (so a matched directory expands too)
+///   a directory tokens: its *.bin files (not recursive: llm.c keeps train and val shards side by
+///               side, a glob picks between them); text: every regular file under it, recursively.
+///               Hidden entries (".name") are skipped in both, so .git and editor files stay out.
+/// A file reached twice (two entries overlap) is kept once, at its first position. `key`
+/// ("data.path", "data.val_path") names the config key in messages. Throws DataError when an
+/// entry matches nothing, does not exist, or is neither a regular file nor a directory.
+std::vector<std::string> expand_data_paths(const std::vector<std::string>& entries,
+                                           DataFormat format, const std::string& key);
+
+/// One mapped and validated file of tokens.
+class Shard {
+ public:
+  /// Maps `path` and checks its size and header (tokens) or that it is not empty (text).
+  Shard(const std::string& path, DataFormat format);
+  const std::string& path() const { return file_.path(); }
+  int64_t size() const { return n_tokens_; }       // tokens
+  uint64_t bytes() const { return file_.size(); }  // the whole file
+  int32_t token(int64_t i) const {
+    if (format_ == DataFormat::Text) return tokens_[i];
+    return tokens_[2 * i] | (tokens_[2 * i + 1] << 8);  // little-endian on every host
+  }
+  /// Copies tokens [start, start + n) to `out`, checking each against `vocab` (DataError naming the
+  /// file, the token index and value, and the fix).
+  void read(int64_t start, int64_t n, int32_t* out, int64_t vocab) const;
+  /// The same check over the whole shard (one sequential pass).
+  void check_tokens(int64_t vocab) const;
+  void advise(MappedFile::Access access) const { file_.advise(access); }
+
+ private:
+  [[noreturn]] void bad_token(int64_t index, int64_t vocab) const;
+  MappedFile file_;
+  DataFormat format_;
+  const uint8_t* tokens_ = nullptr;  // first token in the mapping
+  int64_t n_tokens_ = 0;
+};
+
+/// Every shard named by a data.path-style list.
+class TokenCorpus {
+ public:
+  TokenCorpus() = default;
+  /// Expands `entries`, maps and validates every file, and scans every token against `vocab`.
+  /// The full scan costs one sequential pass over the data at open (seconds for the GB-scale
+  /// corpora this tool trains on), and in exchange a bad token is reported before training starts
+  /// instead of at whatever step first draws it; windows are still checked as they are read.
+  static TokenCorpus open(const std::vector<std::string>& entries, DataFormat format, int64_t vocab,
+                          const std::string& key);
+
+  DataFormat format() const { return format_; }
+  const std::vector<Shard>& shards() const { return shards_; }
+  int64_t total_tokens() const;
+  uint64_t total_bytes() const;
+  /// "a.bin (500 tokens), b.bin (12 tokens) and 3 more": for messages about the whole corpus.
+  std::string list_files(size_t max_names = 3) const;
+
+ private:
+  DataFormat format_ = DataFormat::Tokens;
+  std::vector<Shard> shards_;
+};
+
+}  // namespace remat

@@ -1,0 +1,73 @@
+// GptDecoder: the trained GPT (layers/models.cpp, layers/gpt_block.cpp) run one token at a time
+// on the host for generation, with a key/value cache per layer so each new token costs one pass
+// of matrix-vector products plus attention over the cached positions — not a re-run of the whole
+// prefix. It reproduces the training forward exactly in structure (pre-LN blocks, tanh GELU,
+// LayerNorm eps 1e-5, RoPE in the half-split layout with the same angle table, LM head tied to
+// wte), so its per-position losses equal the trainer's within float rounding
+// (tests/test_sample.cpp checks this). No dropout: this is inference.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "engine/config.h"
+
+namespace remat {
+
+/// Supplies one named weight as host f32 and writes its shape (e.g. Checkpoint::weight). Throws
+/// (CheckpointError) when the weight does not exist.
+using WeightSource =
+    std::function<std::vector<float>(const std::string& name, std::vector<int64_t>* shape)>;
+
+class GptDecoder {
+ public:
+  static constexpr int64_t kDefaultParallelMacs = 1 << 20;
+
+  /// Loads every weight of `model` (kind "gpt") from `weights`, checking each shape against the
+  /// config (CheckpointError naming the tensor when one differs). `max_positions` is the KV
+  /// cache's capacity; with learned positions it is capped at model.n_ctx. A product of at
+  /// least `parallel_macs` multiply-adds runs on all OpenMP threads, smaller ones on one (the
+  /// default is ~0.1 ms of work, below which waking threads costs more than it saves; tests pass
+  /// 0 to exercise the threaded paths). Results do not depend on the thread count.
+  GptDecoder(const ModelConfig& model, const WeightSource& weights, int64_t max_positions,
+             int64_t parallel_macs = kDefaultParallelMacs);
+
+  /// Appends `token` at the next position and returns the logits (vocab_size) that predict the
+  /// token after it. Throws Error past the capacity, DataError for a token outside the vocabulary.
+  std::vector<float> forward(int32_t token);
+  /// Empties the cache: the next forward() is position 0 again.
+  void reset() { pos_ = 0; }
+
+  int64_t position() const { return pos_; }       // tokens in the cache
+  int64_t capacity() const { return capacity_; }  // positions the cache holds
+  int64_t vocab_size() const { return V_; }
+
+ private:
+  struct Layer {
+    std::vector<float> ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b;
+    std::vector<float> ln2_w, ln2_b, fc_w, fc_b, mlp_proj_w, mlp_proj_b;
+    std::vector<float> k_cache, v_cache;  // (capacity, C): keys after RoPE, values
+  };
+
+  void load(const WeightSource& weights);
+  void fill_rope_table(float theta);
+  void rope(float* head_vec) const;  // rotates one head's q or k at position pos_
+  void attention(const Layer& l, const float* q, float* out);
+  void block(Layer& l, std::vector<float>& x);
+
+  ModelConfig m_;
+  int64_t C_ = 0, NH_ = 0, HS_ = 0, FF_ = 0, V_ = 0;
+  int64_t capacity_ = 0, pos_ = 0;
+  int64_t parallel_macs_ = kDefaultParallelMacs;
+  bool learned_ = true;
+  std::vector<float> wte_, wpe_, lnf_w_, lnf_b_;
+  std::vector<Layer> layers_;
+  std::vector<float> rope_cos_, rope_sin_;  // (capacity, HS/2)
+  // Scratch of one step, kept to avoid allocating per token.
+  std::vector<float> h_, qkv_, att_, fc_;
+  std::vector<float> scores_;  // (n_head, capacity): one row of attention weights per head
+};
+
+}  // namespace remat

@@ -1,0 +1,298 @@
+// Generation: the KV-cached decoder reproduces the training forward position by position (the
+// proof that its weight layout, RoPE and cache match the trained model), llm.c's tokenizer file
+// is read and validated, and (smoke) `sample` continues the string a tiny byte model learned.
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "data/gpt2_tokenizer.h"
+#include "engine/config.h"
+#include "engine/cpu/cpu_backend.h"
+#include "engine/error.h"
+#include "engine/remat.h"
+#include "layers/gpt_decoder.h"
+#include "layers/models.h"
+#include "temp_dir.h"
+#include "tests/cli_util.h"
+#include "tests/test_util.h"
+
+using namespace remat;
+namespace fs = std::filesystem;
+using Catch::Matchers::Contains;
+
+namespace {
+
+using test::TempDir;
+
+// T = 37 is no multiple of the attention tiles, so the training kernel's partial tiles and the
+// decoder's one-row attention are compared at every boundary position.
+Config parity_config(const std::string& position) {
+  return parse_config(fmt::format(R"(
+[model]
+n_layer = 2
+n_head = 4
+n_embd = 32
+vocab_size = 61
+n_ctx = 40
+position = "{}"
+[train]
+seq_len = 37
+batch_size = 2
+[device]
+threads = 2
+)",
+                                  position),
+                      "sample-parity");
+}
+
+// Moves every parameter off its initial value (LayerNorm weights off 1, biases off 0), so a
+// swapped or misread tensor changes the logits.
+void perturb(Model& model) {
+  uint64_t stream = 1;
+  for (Param& p : model.params()) {
+    float* v = p.value.f32();
+    for (int64_t i = 0; i < p.value.tensor().numel(); ++i)
+      v[i] += static_cast<float>(0.05 * rng_normal(99, stream, static_cast<uint64_t>(i)));
+    ++stream;
+  }
+}
+
+// The model's parameters as a WeightSource: on the CPU backend they are host memory.
+WeightSource weights_of(Model& model) {
+  return [&model](const std::string& name, std::vector<int64_t>* shape) {
+    for (Param& p : model.params())
+      if (p.name == name) {
+        const Tensor& t = p.value.tensor();
+        if (shape) *shape = std::vector<int64_t>(t.shape.begin(), t.shape.begin() + t.ndim);
+        return std::vector<float>(t.f32(), t.f32() + t.numel());
+      }
+    throw CheckpointError("no tensor " + name);
+  };
+}
+
+double cross_entropy(const std::vector<float>& logits, int32_t target) {
+  double mx = logits[0];
+  for (float l : logits) mx = std::max(mx, static_cast<double>(l));
+  double sum = 0;
+  for (float l : logits) sum += std::exp(static_cast<double>(l) - mx);
+  return mx + std::log(sum) - static_cast<double>(logits[static_cast<size_t>(target)]);
+}
+
+void check_decoder_parity(const std::string& position) {
+  const Config cfg = parity_config(position);
+  const int64_t B = cfg.train.batch_size, T = cfg.train.seq_len;
+  cpu::CpuBackend be(1ull << 30, test::kTestThreads);
+  auto model = make_model(cfg, be);
+  perturb(*model);
+  Batch batch{test::make_ids(be, {B, T}, 61, 5, 1), test::make_ids(be, {B, T}, 61, 5, 2), B * T};
+  const StepLoss want = forward_backward(be, *model, resolve_remat_plan(cfg, *model), batch);
+  REQUIRE(static_cast<int64_t>(want.row_losses.size()) == B * T);
+
+  // Serial, and with every product split across threads (threshold 0): the same bits.
+  GptDecoder serial(cfg.model, weights_of(*model), T);
+  GptDecoder threaded(cfg.model, weights_of(*model), T, 0);
+  const int32_t* in = batch.inputs.tensor().i32();
+  const int32_t* tgt = batch.targets.tensor().i32();
+  for (int64_t b = 0; b < B; ++b) {
+    serial.reset();  // each row is its own sequence, as in training
+    threaded.reset();
+    std::vector<double> got;
+    bool same_bits = true;
+    for (int64_t t = 0; t < T; ++t) {
+      const std::vector<float> logits = serial.forward(in[b * T + t]);
+      same_bits = same_bits && logits == threaded.forward(in[b * T + t]);
+      got.push_back(cross_entropy(logits, tgt[b * T + t]));
+    }
+    const std::vector<float> row(want.row_losses.begin() + b * T,
+                                 want.row_losses.begin() + (b + 1) * T);
+    CHECK(test::allclose(got, row, test::Tolerance{1e-4, 1e-6},
+                         fmt::format("{} row {}", position, b)));
+    CHECK(same_bits);
+  }
+}
+
+// A tokenizer file as llm.c writes it: 256 little-endian uint32 of header, then length-prefixed
+// tokens. (The test machine is little-endian, like every platform this builds for.)
+std::string tokenizer_bytes(uint32_t version, const std::vector<std::string>& tokens,
+                            uint32_t eot) {
+  std::vector<uint32_t> header(256, 0);
+  header[0] = 20240328;
+  header[1] = version;
+  header[2] = static_cast<uint32_t>(tokens.size());
+  if (version == 2) header[3] = eot;
+  std::string out(reinterpret_cast<const char*>(header.data()), header.size() * sizeof(uint32_t));
+  for (const std::string& t : tokens) {
+    out.push_back(static_cast<char>(t.size()));
+    out += t;
+  }
+  return out;
+}
+
+void write_file(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary) << bytes;
+}
+
+// The DataError message of opening `path`, or "" when it opened.
+std::string tokenizer_error(const std::string& path) {
+  try {
+    Gpt2Tokenizer tok(path);
+  } catch (const DataError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("decoder logits match the training forward at every position (learned positions)",
+          "[sample]") {
+  check_decoder_parity("learned");
+}
+
+TEST_CASE("decoder logits match the training forward at every position (rope)", "[sample]") {
+  check_decoder_parity("rope");
+}
+
+TEST_CASE("decoder checks weight shapes and the learned-position limit", "[sample]") {
+  const Config cfg = parity_config("learned");
+  cpu::CpuBackend be(1ull << 30, test::kTestThreads);
+  auto model = make_model(cfg, be);
+  SECTION("a tensor of another shape is named") {
+    const WeightSource inner = weights_of(*model);
+    const WeightSource bad = [&](const std::string& name, std::vector<int64_t>* shape) {
+      std::vector<float> w = inner(name, shape);
+      if (name == "blocks.1.mlp.fc.bias") {
+        shape->back() -= 1;
+        w.pop_back();
+      }
+      return w;
+    };
+    CHECK_THROWS_WITH(GptDecoder(cfg.model, bad, 8), Contains("blocks.1.mlp.fc.bias"));
+  }
+  SECTION("positions past n_ctx tell the user to lower --tokens") {
+    GptDecoder dec(cfg.model, weights_of(*model), 1000);
+    CHECK(dec.capacity() == cfg.model.n_ctx);
+    for (int64_t t = 0; t < cfg.model.n_ctx; ++t) dec.forward(1);
+    CHECK_THROWS_WITH(dec.forward(1), Contains("--tokens"));
+    dec.reset();
+    CHECK(dec.forward(1).size() == 61);
+  }
+  SECTION("a token outside the vocabulary") {
+    GptDecoder dec(cfg.model, weights_of(*model), 4);
+    CHECK_THROWS_AS(dec.forward(61), DataError);
+  }
+}
+
+TEST_CASE("gpt2 tokenizer files (v1, v2) decode; bad ones are DataErrors naming the file",
+          "[sample]") {
+  TempDir tmp("tok");
+  const std::vector<std::string> tokens = {
+      "a", "b", " the", "\xe2\x80", std::string(255, 'x'), "<|endoftext|>"};
+  SECTION("version 2 with its end-of-text id") {
+    write_file(tmp / "v2.bin", tokenizer_bytes(2, tokens, 5));
+    Gpt2Tokenizer tok(tmp / "v2.bin");
+    CHECK(tok.version() == 2);
+    CHECK(tok.vocab_size() == 6);
+    CHECK(tok.eot_token() == 5);
+    CHECK(tok.decode(2) == " the");
+    CHECK(tok.decode(3) == "\xe2\x80");
+    CHECK(tok.decode(4).size() == 255);
+    CHECK_THROWS_AS(tok.decode(6), DataError);
+    CHECK_THROWS_AS(tok.decode(-1), DataError);
+  }
+  SECTION("version 1 implies GPT-2's end-of-text id") {
+    write_file(tmp / "v1.bin", tokenizer_bytes(1, tokens, 0));
+    Gpt2Tokenizer tok(tmp / "v1.bin");
+    CHECK(tok.eot_token() == 50256);
+    CHECK(tok.decode(0) == "a");
+  }
+  SECTION("bad magic, bad version, truncation, leftovers, empty tokens") {
+    std::string bad_magic = tokenizer_bytes(2, tokens, 5);
+    bad_magic[0] ^= 1;
+    write_file(tmp / "magic.bin", bad_magic);
+    CHECK_THAT(tokenizer_error(tmp / "magic.bin"),
+               Contains(tmp / "magic.bin") && Contains("magic"));
+
+    write_file(tmp / "version.bin", tokenizer_bytes(3, tokens, 5));
+    CHECK_THAT(tokenizer_error(tmp / "version.bin"), Contains("version 3"));
+
+    const std::string full = tokenizer_bytes(2, tokens, 5);
+    write_file(tmp / "cut.bin", full.substr(0, full.size() - 4));
+    CHECK_THAT(tokenizer_error(tmp / "cut.bin"),
+               Contains(tmp / "cut.bin") && Contains("truncated"));
+    write_file(tmp / "header.bin", full.substr(0, 100));
+    CHECK_THAT(tokenizer_error(tmp / "header.bin"), Contains("header"));
+
+    write_file(tmp / "extra.bin", full + "zz");
+    CHECK_THAT(tokenizer_error(tmp / "extra.bin"), Contains("left"));
+
+    write_file(tmp / "empty.bin", tokenizer_bytes(2, {"a", ""}, 0));
+    CHECK_THAT(tokenizer_error(tmp / "empty.bin"), Contains("length 0"));
+
+    write_file(tmp / "eot.bin", tokenizer_bytes(2, tokens, 6));
+    CHECK_THAT(tokenizer_error(tmp / "eot.bin"), Contains("end-of-text"));
+  }
+  SECTION("a missing file is an IoError") {
+    CHECK_THROWS_AS(Gpt2Tokenizer(tmp / "none.bin"), IoError);
+  }
+}
+
+// Needs `train` to read text data and write checkpoints: trains a tiny byte model on one repeated
+// sentence, then greedy sampling from its start must continue it (100 steps suffice; 150 leave a
+// margin). One thread: on a loaded 2-core machine two OpenMP threads made each step of this tiny
+// model 20x slower (540 ms instead of 25 ms) in barriers; one thread trains it in ~4 s.
+TEST_CASE("sample continues the sentence a tiny byte model memorized", "[sample][smoke]") {
+  TempDir tmp("e2e");
+  {
+    std::ofstream text(tmp / "fox.txt", std::ios::binary);
+    for (int i = 0; i < 400; ++i) text << "the quick brown fox jumps over the lazy dog. ";
+  }
+  std::ofstream(tmp / "fox.toml") << fmt::format(R"(
+[model]
+n_layer = 2
+n_head = 4
+n_embd = 64
+vocab_size = 256
+position = "rope"
+[train]
+seq_len = 64
+batch_size = 8
+steps = 150
+lr = 3e-3
+warmup_steps = 10
+[data]
+source = "text"
+path = "{}"
+[device]
+backend = "cpu"
+threads = 1
+[checkpoint]
+dir = "{}"
+)",
+                                                 tmp / "fox.txt", tmp / "ckpt");
+  const auto train = test::run_binary(fmt::format("train --config {} -q", tmp / "fox.toml"), true);
+  INFO(train.out);
+  REQUIRE(train.code == 0);
+  const auto sample = test::run_binary(
+      fmt::format("sample --checkpoint {} --prompt \"the quick brown\" --tokens 40 --temperature 0",
+                  tmp / "ckpt"),
+      true);
+  INFO(sample.out);
+  REQUIRE(sample.code == 0);
+  CHECK_THAT(sample.out, Contains("the quick brown fox jumps over the lazy dog") &&
+                             Contains("sampled 40 tokens"));
+}
+
+// Sampling errors exit 2 with a fix; this needs only a checkpoint folder that is not there.
+TEST_CASE("sample without a checkpoint exits 2 with a fix", "[sample][smoke]") {
+  TempDir tmp("none");
+  const auto r =
+      test::run_binary(fmt::format("sample --checkpoint {} --prompt x", tmp / "ckpt"), true);
+  CHECK(r.code == 2);
+  CHECK_THAT(r.out, Contains("--checkpoint") && Contains("Fix"));
+}
