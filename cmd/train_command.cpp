@@ -58,6 +58,19 @@ std::string resume_path(const std::string& resume, const Config& cfg) {
   return path;
 }
 
+// A fresh run would write over (and prune) another run's checkpoints: never silently.
+void refuse_to_overwrite(const Config& cfg) {
+  if (cfg.checkpoint.dir.empty()) return;
+  const std::string newest = latest_checkpoint(cfg.checkpoint.dir);
+  if (!newest.empty())
+    throw CheckpointError(
+        fmt::format("[checkpoint] checkpoint.dir {} already holds checkpoints of another run "
+                    "(newest {}). Fix: continue it "
+                    "with --resume latest, or choose another checkpoint.dir (or remove that "
+                    "folder) to start over",
+                    cfg.checkpoint.dir, newest));
+}
+
 // Shapes and the model's function must match the checkpoint; the schedule, remat policy, data
 // and steps may change (remat changes nothing numerically: that is the point of the tool).
 void check_same_model(const Config& run, const Checkpoint& ckpt) {
@@ -226,6 +239,8 @@ int run_train(const TrainOptions& opt) {
   if (!opt.resume.empty()) {
     resume = std::make_unique<Checkpoint>(resume_path(opt.resume, cfg));
     check_same_model(cfg, *resume);
+  } else {
+    refuse_to_overwrite(cfg);
   }
 
   BackendChoice choice = make_backend(cfg);

@@ -73,6 +73,10 @@ TrialResult run_trial(const TrialSpec& spec, const std::function<void()>& tick) 
     args.push_back("--set");
     args.push_back(s);
   }
+  // A trial measures steps: it writes no checkpoint (nor touches the run's checkpoint.dir) and
+  // spends no time on validation.
+  for (const char* a : {"--set", "checkpoint.dir=", "--set", "train.eval_every=0"})
+    args.emplace_back(a);
   for (const char* a : {"--metrics", metrics.c_str(), "-q"}) args.emplace_back(a);
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());

@@ -260,6 +260,19 @@ TEST_CASE(
     CHECK(bad.code == 2);
     CHECK_THAT(bad.out, Catch::Matchers::Contains("model.n_embd"));
   }
+  SECTION("a fresh run never writes over another run's checkpoints") {
+    const auto fresh = run(fmt::format("train --config {}", tmp / "b.toml"));
+    CHECK(fresh.code == 2);
+    CHECK_THAT(fresh.out, Catch::Matchers::Contains("already holds checkpoints"));
+    CHECK(fs::exists(tmp / "b/step_00000020/state.json"));
+  }
+  SECTION("a corrupt checkpoint is refused, naming the file") {
+    const std::string model = tmp / "b/step_00000020/model.safetensors";
+    fs::resize_file(model, fs::file_size(model) - 7);
+    const auto bad = run(fmt::format("train --config {} --resume latest", tmp / "b.toml"));
+    CHECK(bad.code == 2);
+    CHECK_THAT(bad.out, Catch::Matchers::Contains("model.safetensors"));
+  }
   SECTION("no checkpoint to resume from") {
     const auto none = run(fmt::format("train --config {} --resume latest --set checkpoint.dir={}",
                                       tmp / "b.toml", tmp / "empty"));
@@ -352,4 +365,21 @@ TEST_CASE(
   INFO(res.out);
   CHECK(res.code == 0);
   CHECK(Checkpoint(latest_checkpoint(tmp / "c")).state().step == last_step + 2);
+}
+
+TEST_CASE("the make run job trains at 4096 tokens in a budget that policy none does not fit",
+          "[resume][smoke]") {
+  TempDir tmp("long");
+  const auto r =
+      test::run_binary(fmt::format("train --config configs/long.toml --set train.steps=1 --set "
+                                   "train.eval_every=1 --set checkpoint.dir={}",
+                                   tmp / "ckpt"),
+                       true);
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  CHECK_THAT(r.out, Catch::Matchers::Contains("seq_len 4096") &&
+                        Catch::Matchers::Contains("does NOT fit the budget") &&
+                        Catch::Matchers::Contains("equal to the measured peak") &&
+                        Catch::Matchers::Contains("val_loss"));
+  CHECK_FALSE(latest_checkpoint(tmp / "ckpt").empty());
 }
