@@ -383,3 +383,22 @@ TEST_CASE("the make run job trains at 4096 tokens in a budget that policy none d
                         Catch::Matchers::Contains("val_loss"));
   CHECK_FALSE(latest_checkpoint(tmp / "ckpt").empty());
 }
+
+TEST_CASE(
+    "the planner counts checkpoint staging: predicted equals measured when staging sets the peak",
+    "[resume][smoke]") {
+  // A 50k vocabulary at 4 tokens: the (V, C) staging buffer of a checkpoint write outweighs
+  // every activation of the step, so the peak is reached while writing the checkpoint.
+  TempDir tmp("staging");
+  const auto r = test::run_binary(
+      fmt::format(
+          "train --config configs/tiny.toml --set data.task=random --set model.vocab_size=50257 "
+          "--set train.seq_len=4 --set train.batch_size=1 --set train.steps=2 --set "
+          "checkpoint.dir={}",
+          tmp / "ckpt"),
+      true);
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  CHECK_THAT(r.out, Catch::Matchers::Contains("reached during checkpoint") &&
+                        Catch::Matchers::Contains("equal to the measured peak"));
+}
