@@ -4,12 +4,17 @@
 #   make test      same set-up, build, run every test (ctest)
 #   make sanitize  ASan + UBSan build, runs the cpu tests
 #   make format    clang-format every source file
+#   make fuzz      libFuzzer targets (clang, ASan + UBSan) in build-fuzz, each run FUZZ_TIME
+#                  seconds, two at a time; `make test` ends with this step when clang++ is present
 BUILD    ?= build
 JOBS     ?= $(shell nproc)
 WERROR   ?= $(or $(REMAT_WERROR),OFF)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps build run test sanitize format clean
+FUZZ_TIME ?= 60
+FUZZ_TARGETS := config shard safetensors gpt2_tokenizer
+
+.PHONY: all deps build run test sanitize format clean fuzz
 
 all: build
 
@@ -28,6 +33,16 @@ run: build
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j 1
+	@if command -v clang++ >/dev/null; then $(MAKE) --no-print-directory fuzz; \
+	else echo "[fuzz] clang++ not found: fuzz step skipped"; fi
+
+# A separate clang build of only the parsers (tests/fuzz/CMakeLists.txt), then every target for
+# FUZZ_TIME seconds, two at a time (CI has two cores). Seeds: tests/fuzz/<target>/.
+fuzz: deps
+	@cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_COMPILER=clang++ -DREMAT_FUZZ=ON \
+	  -DREMAT_CUDA=OFF -DREMAT_WERROR=$(WERROR) >/dev/null
+	@cmake --build build-fuzz -j $(JOBS) --target $(addprefix fuzz_,$(FUZZ_TARGETS))
+	@bash tests/fuzz/run.sh build-fuzz/tests/fuzz $(FUZZ_TIME) $(FUZZ_TARGETS)
 
 sanitize: deps
 	@cmake -S . -B build-sanitize -DCMAKE_BUILD_TYPE=RelWithDebInfo -DREMAT_SANITIZE=ON -DREMAT_WERROR=$(WERROR) -DREMAT_CUDA=OFF >/dev/null
@@ -38,4 +53,10 @@ format:
 	@git ls-files '*.h' '*.cpp' '*.cu' '*.cuh' | xargs clang-format -i
 
 clean:
-	rm -rf $(BUILD) build-sanitize
+	rm -rf $(BUILD) build-sanitize build-fuzz
+
+# The prebuilt folder scripts/device-check.sh runs on a GPU machine that cannot build
+# (device-bundle/: binaries + non-system libraries, RUNPATH $$ORIGIN/lib; see the script).
+.PHONY: bundle
+bundle: build
+	@bash scripts/device-bundle.sh --build $(BUILD)

@@ -81,7 +81,8 @@ struct SweepOptions {
 };
 
 /// Exit 0 when every point ran (fitting or out of memory), 1 when a point failed otherwise,
-/// 130 when interrupted (the finished points are written).
+/// 128 + signal when interrupted (the finished points are written, sweep.json says
+/// "interrupted": true).
 int run_sweep(const SweepOptions& opt);
 
 struct SampleOptions {
@@ -102,9 +103,14 @@ int run_sample(const SampleOptions& opt);
 std::string version_text();
 
 /// Set by the SIGINT, SIGTERM and SIGHUP handlers; the training loop stops after the current
-/// step. interrupt_signal() is the signal that arrived (0: none), for the 128+signal exit code.
+/// step. interrupt_signal() is the first signal that arrived (0: none), for the 128+signal exit
+/// code; interrupt_count() how many arrived.
 bool interrupted();
 int interrupt_signal();
-void install_interrupt_handler();
+int interrupt_count();
+/// With `second_signal_exits` (train), a second signal ends the process at once; without it
+/// (sweep, fit --measure: parents of trials), every signal is only counted, so the parent can stop
+/// its child and clean up (cmd/trial.cpp).
+void install_interrupt_handler(bool second_signal_exits = true);
 
 }  // namespace remat::cli

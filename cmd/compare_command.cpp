@@ -24,9 +24,13 @@ struct CompareRow {
   uint64_t measured = 0, predicted = 0;
   double median_ms = 0;
   double recompute_overhead = 0;
+  bool oom = false;     // did not fit the budget: recorded with its predicted peak, not fatal
+  std::string message;  // the out-of-memory error
   std::vector<double> losses;
   std::vector<float> grads;  // all parameter gradients of the last step, concatenated
 };
+
+void train_policy(const Config& cfg, Backend& be, int64_t steps, CompareRow& row);
 
 CompareRow run_policy(const Config& base, const std::string& policy, int64_t steps) {
   Config cfg = base;
@@ -42,18 +46,35 @@ CompareRow run_policy(const Config& base, const std::string& policy, int64_t ste
   if (target.count.threads <= 0) target.count.threads = cpu::default_threads();
   target.device_bytes = be.pool().budget_bytes();
   const Planner planner(target, make_run_parts);
+  CompareRow row;
+  row.policy = policy;
   if (policy == "auto") {  // the plan `train` would run with this budget
     const AutoPlan chosen = choose_auto_plan(planner, cfg);
-    if (!chosen.fits) throw OutOfMemory(chosen.infeasible_message());
+    if (!chosen.fits) {
+      row.oom = true;
+      row.predicted = chosen.min_peak_bytes;
+      row.message = chosen.infeasible_message();
+      return row;
+    }
     cfg.remat.plan = chosen.policies;
   }
   const DryRun plan = planner.dry_run(cfg, false);
+  row.predicted = plan.peak.total_bytes;
+  row.recompute_overhead = plan.recompute_overhead();
+  // The policy that does not fit is the one a comparison most needs to show: a row, not an exit.
+  try {
+    train_policy(cfg, be, steps, row);
+  } catch (const OutOfMemory& e) {
+    row.oom = true;
+    row.message = e.what();
+  }
+  return row;
+}
 
+void train_policy(const Config& cfg, Backend& be, int64_t steps, CompareRow& row) {
   RunParts parts = make_run_parts(cfg, be);
   parts.data->open();
   Trainer trainer(cfg, be, *parts.model, *parts.data);
-  CompareRow row;
-  row.policy = policy;
   std::vector<double> ms;
   for (int64_t s = 0; s < steps && !interrupted(); ++s) {
     StepMetrics m = trainer.step();
@@ -68,15 +89,62 @@ CompareRow run_policy(const Config& base, const std::string& policy, int64_t ste
   std::sort(ms.begin(), ms.end());
   row.median_ms = ms.empty() ? 0 : ms[ms.size() / 2];
   row.measured = be.pool().peak_bytes();
-  row.predicted = plan.peak.total_bytes;
-  row.recompute_overhead = plan.recompute_overhead();
-  return row;
 }
 
 bool same_bits(const CompareRow& a, const CompareRow& b) {
+  if (a.oom || b.oom) return false;
   return a.losses.size() == b.losses.size() && a.grads.size() == b.grads.size() &&
          std::memcmp(a.losses.data(), b.losses.data(), a.losses.size() * sizeof(double)) == 0 &&
          std::memcmp(a.grads.data(), b.grads.data(), a.grads.size() * sizeof(float)) == 0;
+}
+
+void print_json(const std::vector<CompareRow>& rows, const CompareRow& ref, double none_peak) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& r : rows) {
+    nlohmann::json j = {{"policy", r.policy},
+                        {"status", r.oom ? "oom" : "ok"},
+                        {"predicted_peak_bytes", r.predicted},
+                        {"recompute_flops_overhead", r.recompute_overhead}};
+    if (r.oom) {
+      j["message"] = r.message;
+    } else {
+      j["measured_peak_bytes"] = r.measured;
+      j["median_step_ms"] = r.median_ms;
+      j["memory_saved"] = 1.0 - static_cast<double>(r.measured) / none_peak;
+      j["time_added"] = r.median_ms / ref.median_ms - 1.0;
+      j["identical_to_none"] = same_bits(r, ref);
+      if (&ref != &rows.front()) j["compared_with"] = ref.policy;
+    }
+    out.push_back(j);
+  }
+  fmt::print("{}\n", out.dump(2));
+}
+
+void print_table(const Config& cfg, const std::vector<CompareRow>& rows, const CompareRow& ref,
+                 double none_peak) {
+  fmt::print(
+      "compare {} | {} steps | batch {}{}\n", cfg.path, cfg.train.steps, cfg.train.batch_size,
+      cfg.model.kind == "gpt" ? fmt::format(" x seq_len {}", cfg.train.seq_len) : std::string());
+  const std::string same_as = &ref == &rows.front() ? "none" : ref.policy;
+  fmt::print("{:<10} {:>13} {:>13} {:>11} {:>8} {:>8} {:>10} {:>18}\n", "policy", "measured peak",
+             "predicted", "ms/step", "saved", "time", "recompute", "same as " + same_as);
+  for (const auto& r : rows) {
+    if (r.oom) {
+      fmt::print("{:<10} {:>13} {:>13} {:>11} {:>8} {:>8} {:>9.1f}% {:>18}\n", r.policy,
+                 "out of memory", format_bytes(r.predicted), "-", "-", "-",
+                 100.0 * r.recompute_overhead, "-");
+      continue;
+    }
+    fmt::print("{:<10} {:>13} {:>13} {:>11.1f} {:>7.1f}% {:>+7.1f}% {:>9.1f}% {:>18}\n", r.policy,
+               format_bytes(r.measured),
+               r.predicted == r.measured ? "= measured" : format_bytes(r.predicted), r.median_ms,
+               100.0 * (1.0 - static_cast<double>(r.measured) / none_peak),
+               100.0 * (r.median_ms / ref.median_ms - 1.0), 100.0 * r.recompute_overhead,
+               same_bits(r, ref) ? "yes (bitwise)" : "NO");
+  }
+  if (rows.front().oom)
+    fmt::print("none does not fit the budget (predicted peak {}); saved is relative to that\n",
+               format_bytes(rows.front().predicted));
 }
 
 }  // namespace
@@ -106,38 +174,21 @@ int run_compare(const CompareOptions& opt) {
     if (!opt.json) fmt::print(stderr, "compare: {} ({} steps)...\n", p, cfg.train.steps);
     rows.push_back(run_policy(cfg, p, cfg.train.steps));
   }
-  const CompareRow& ref = rows.front();
-  if (opt.json) {
-    nlohmann::json out = nlohmann::json::array();
-    for (const auto& r : rows)
-      out.push_back({{"policy", r.policy},
-                     {"measured_peak_bytes", r.measured},
-                     {"predicted_peak_bytes", r.predicted},
-                     {"median_step_ms", r.median_ms},
-                     {"memory_saved",
-                      1.0 - static_cast<double>(r.measured) / static_cast<double>(ref.measured)},
-                     {"time_added", r.median_ms / ref.median_ms - 1.0},
-                     {"recompute_flops_overhead", r.recompute_overhead},
-                     {"identical_to_none", same_bits(r, ref)}});
-    fmt::print("{}\n", out.dump(2));
-  } else {
-    fmt::print(
-        "compare {} | {} steps | batch {}{}\n", cfg.path, cfg.train.steps, cfg.train.batch_size,
-        cfg.model.kind == "gpt" ? fmt::format(" x seq_len {}", cfg.train.seq_len) : std::string());
-    fmt::print("{:<10} {:>13} {:>13} {:>11} {:>8} {:>8} {:>10} {:>18}\n", "policy", "measured peak",
-               "predicted", "ms/step", "saved", "time", "recompute", "same as none");
-    for (const auto& r : rows) {
-      fmt::print(
-          "{:<10} {:>13} {:>13} {:>11.1f} {:>7.1f}% {:>+7.1f}% {:>9.1f}% {:>18}\n", r.policy,
-          format_bytes(r.measured),
-          r.predicted == r.measured ? "= measured" : format_bytes(r.predicted), r.median_ms,
-          100.0 * (1.0 - static_cast<double>(r.measured) / static_cast<double>(ref.measured)),
-          100.0 * (r.median_ms / ref.median_ms - 1.0), 100.0 * r.recompute_overhead,
-          same_bits(r, ref) ? "yes (bitwise)" : "NO");
-    }
-  }
+  // Bits and time are compared with the first policy that ran (none, when it fits); memory with
+  // none's peak, measured or, when it does not fit, predicted.
+  const auto ran =
+      std::find_if(rows.begin(), rows.end(), [](const CompareRow& r) { return !r.oom; });
+  if (ran == rows.end())
+    throw OutOfMemory(fmt::format("[compare] no policy fits the budget: {}", rows.back().message));
+  const CompareRow& ref = *ran;
+  const double none_peak =
+      static_cast<double>(rows.front().oom ? rows.front().predicted : rows.front().measured);
+  if (opt.json)
+    print_json(rows, ref, none_peak);
+  else
+    print_table(cfg, rows, ref, none_peak);
   for (const auto& r : rows)
-    if (!same_bits(r, ref) && cfg.device.backend != "cuda") return 1;
+    if (!r.oom && !same_bits(r, ref) && cfg.device.backend != "cuda") return 1;
   return interrupted() ? 128 + interrupt_signal() : 0;
 }
 

@@ -134,6 +134,7 @@ struct FitRow {
 std::vector<std::string> policy_overrides(const Config& cfg, const std::string& policy) {
   std::vector<std::string> s = {"remat.policy=" + policy};
   if (!cfg.remat.plan.empty()) s.emplace_back("remat.plan=[]");
+  if (!cfg.remat.save.empty() && policy != "names") s.emplace_back("remat.save=[]");
   return s;
 }
 
@@ -193,7 +194,7 @@ int run_fit(const FitOptions& opt) {
   const Planner planner(target, make_run_parts);
   const uint64_t budget = target.pool_budget();
   const Rate rate = estimate_rate(target);
-  install_interrupt_handler();
+  install_interrupt_handler(/*second_signal_exits=*/false);  // --measure's trials are stopped
 
   std::vector<FitRow> rows;
   for (const auto& p : policies) {

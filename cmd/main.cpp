@@ -3,9 +3,12 @@
 //   0 ok, 1 runtime failure, 2 usage, config, data or checkpoint error, 3 does not fit the memory
 //   budget, 128 + signal when stopped by SIGINT (130), SIGTERM (143) or SIGHUP (129).
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <CLI/CLI.hpp>
+#include <charconv>
 #include <cstdio>
+#include <new>
 #include <optional>
 #include <string>
 #include <vector>
@@ -31,6 +34,12 @@ std::vector<std::string> with_default_subcommand(int argc, char** argv) {
     if (args[0] == s) return args;
   for (const auto& s : kTopLevel)
     if (args[0] == s) return args;
+  // Only flags imply `train`; a word is a subcommand, and a misspelt one must not turn into
+  // "--config is required".
+  if (args[0].empty() || args[0][0] != '-')
+    throw remat::ConfigError(fmt::format(
+        "unknown subcommand '{}'. Fix: use one of {} (or `remat-train --config FILE` to train)",
+        args[0], fmt::join(kSubcommands, ", ")));
   args.insert(args.begin(), "train");
   return args;
 }
@@ -42,6 +51,9 @@ std::optional<uint64_t> size_flag(const char* flag, const std::string& text) {
   if (!v)
     throw remat::ConfigError(
         fmt::format("{} {}: not a size. Fix: write e.g. 80GiB or 512MiB", flag, text));
+  if (auto problem = remat::memory_budget_problem(*v))
+    throw remat::ConfigError(
+        fmt::format("{} {}: {}. Fix: {}", flag, text, *problem, remat::kMemoryBudgetFix));
   return v;
 }
 
@@ -52,6 +64,22 @@ std::optional<int64_t> count_flag(const char* flag, const std::string& text, con
     throw remat::ConfigError(
         fmt::format("{} {}: not a count. Fix: write e.g. {}", flag, text, example));
   return v;
+}
+
+// CLI11's PositiveNumber states its range with a 309-digit bound; this says what is meant.
+CLI::Validator at_least(int64_t lo) {
+  return CLI::Validator(
+      [lo](std::string& text) -> std::string {
+        int64_t v = 0;
+        const char* end = text.data() + text.size();
+        const auto [ptr, ec] = std::from_chars(text.data(), end, v);
+        if (ec == std::errc::result_out_of_range)
+          return "out of range: must be >= " + std::to_string(lo);
+        if (ec != std::errc() || ptr != end) return "must be an integer >= " + std::to_string(lo);
+        if (v < lo) return "must be >= " + std::to_string(lo);
+        return "";
+      },
+      ">= " + std::to_string(lo));
 }
 
 int run(int argc, char** argv) {
@@ -85,7 +113,7 @@ int run(int argc, char** argv) {
       ->add_option("--stop-at", train.stop_at,
                    "Stop after this step, write a checkpoint and exit 0; the schedule still runs "
                    "to train.steps")
-      ->check(CLI::PositiveNumber);
+      ->check(at_least(1));
   train_cmd->add_flag("-q,--quiet", train.quiet, "No banner, progress or summary");
 
   remat::cli::PlanOptions plan;
@@ -122,7 +150,7 @@ int run(int argc, char** argv) {
       ->delimiter(',');
   compare_cmd
       ->add_option("--steps", compare.steps, "Steps per policy (default: the config's train.steps)")
-      ->check(CLI::PositiveNumber);
+      ->check(at_least(1));
   compare_cmd->add_flag("--json", compare.json, "Machine-readable output");
 
   remat::cli::FitOptions fit;
@@ -166,8 +194,7 @@ int run(int argc, char** argv) {
       ->add_option("--policies", sweep.policies,
                    "Comma-separated policies (default: none,full,save_dots,save_attn)")
       ->delimiter(',');
-  sweep_cmd->add_option("--steps", sweep.steps, "Steps per point (default 3)")
-      ->check(CLI::PositiveNumber);
+  sweep_cmd->add_option("--steps", sweep.steps, "Steps per point (default 3)")->check(at_least(1));
   sweep_cmd->add_option("--out", sweep.out_dir, "Output folder (default: out/sweep-<config name>)");
   sweep_cmd->add_flag("--json", sweep.json, "Machine-readable output (the sweep.json document)");
 
@@ -185,7 +212,7 @@ int run(int argc, char** argv) {
   sample_cmd->add_option("--tokenizer", sample.tokenizer,
                          "llm.c gpt2_tokenizer.bin: print a token model's output as text");
   sample_cmd->add_option("--tokens", sample.tokens, "Tokens to generate (default 256)")
-      ->check(CLI::PositiveNumber);
+      ->check(at_least(1));
   sample_cmd
       ->add_option("--temperature", sample.temperature,
                    "Sampling temperature; 0 = greedy (default 1)")
@@ -193,10 +220,17 @@ int run(int argc, char** argv) {
   sample_cmd
       ->add_option("--top-k", sample.top_k,
                    "Sample from the K most likely tokens; 0 = all (default)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(at_least(0));
   sample_cmd->add_option("--seed", sample.seed, "Random seed (default 1337)");
 
-  std::vector<std::string> args = with_default_subcommand(argc, argv);
+  std::vector<std::string> args;
+  try {
+    args = with_default_subcommand(argc, argv);
+  } catch (const remat::ConfigError& e) {
+    fmt::print(stderr, "error: {}\n", e.what());
+    fmt::print(stderr, "Run with --help for more information.\n");
+    return kExitUsage;
+  }
   std::reverse(args.begin(), args.end());  // CLI11 takes a reversed vector
   try {
     if (!args.empty() && args.back() == "--version") {
@@ -245,8 +279,21 @@ int main(int argc, char** argv) {
   } catch (const remat::OutOfMemory& e) {
     fmt::print(stderr, "error: {}\n", e.what());
     return kExitOutOfMemory;
-  } catch (const std::exception& e) {
+  } catch (const std::bad_alloc&) {
+    // The pool checks every device allocation against the budget; what is left is host memory
+    // (a buffer beside the pool), which is out of memory all the same.
+    fmt::print(stderr,
+               "error: [memory] out of host memory: the model or a buffer does not fit this "
+               "machine's RAM. Hint: `remat-train plan` shows the peak; choose a smaller model, "
+               "train.batch_size or train.seq_len\n");
+    return kExitOutOfMemory;
+  } catch (const remat::Error& e) {
     fmt::print(stderr, "error: {}\n", e.what());
+    return kExitRuntime;
+  } catch (const std::exception& e) {
+    fmt::print(stderr,
+               "error: [internal] unexpected failure ({}). This is a bug: please report it\n",
+               e.what());
     return kExitRuntime;
   }
 }

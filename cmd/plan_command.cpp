@@ -73,9 +73,12 @@ int run_plan(const PlanOptions& opt) {
   std::vector<std::string> sets = opt.overrides;
   if (opt.seq_len) sets.push_back(fmt::format("train.seq_len={}", *opt.seq_len));
   if (opt.batch_size) sets.push_back(fmt::format("train.batch_size={}", *opt.batch_size));
-  if (!opt.gpu.empty() && opt.seq_len)
+  Config cfg = load_config(opt.config_path, sets);
+  // A GPU plan at a --seq-len sizes a learned position table to it; the MLP has none.
+  if (!opt.gpu.empty() && opt.seq_len && cfg.model.kind == "gpt") {
     sets.push_back("model.n_ctx=" + std::to_string(std::max<int64_t>(*opt.seq_len, 1)));
-  const Config cfg = load_config(opt.config_path, sets);
+    cfg = load_config(opt.config_path, sets);
+  }
   const PlanTarget target = plan_target(cfg, opt.gpu, opt.memory);
   const Planner planner(target, make_run_parts);
   const AutoPlan chosen = choose_auto_plan(planner, cfg);

@@ -1,11 +1,15 @@
 // Banner, progress, summary and JSONL metrics (see cmd/report.h).
 #include "cmd/report.h"
 
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "engine/error.h"
@@ -129,7 +133,8 @@ void print_summary(std::FILE* out, const RunSummary& s) {
 namespace {
 
 // The lines of an earlier run's metrics, minus its summary (the resumed run writes its own).
-std::string earlier_lines(const std::string& path, const std::string& tmp) {
+std::string earlier_lines(const std::string& path) {
+  const std::string tmp = path + ".tmp";  // what versions before direct writes left when killed
   std::ifstream in(std::filesystem::exists(path) ? path : tmp);
   std::string kept, line;
   while (std::getline(in, line))
@@ -137,26 +142,84 @@ std::string earlier_lines(const std::string& path, const std::string& tmp) {
   return kept;
 }
 
+bool write_all(int fd, const char* data, size_t n) {
+  while (n > 0) {
+    const ssize_t w = ::write(fd, data, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return false;
+    data += w;
+    n -= static_cast<size_t>(w);
+  }
+  return true;
+}
+
+// Replaces `path` with `text` atomically (tmp, fsync, rename): a resumed run's carried-over lines
+// are never lost to a crash between truncating the file and writing them back.
+void replace_file(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  const bool ok = fd >= 0 && write_all(fd, text.data(), text.size()) && ::fsync(fd) == 0;
+  const int err = errno;
+  if (fd >= 0) ::close(fd);
+  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
+    ::unlink(tmp.c_str());
+    throw MetricsWriteError(
+        fmt::format("[metrics] cannot write {}: {}. Fix: free space or choose "
+                    "another --metrics path",
+                    path, std::strerror(ok ? errno : err)));
+  }
+}
+
 }  // namespace
 
-MetricsWriter::MetricsWriter(std::string path, bool keep_existing)
-    : path_(std::move(path)), tmp_(path_ + ".tmp") {
-  const std::string earlier = keep_existing ? earlier_lines(path_, tmp_) : std::string();
-  out_.open(tmp_, std::ios::trunc);
-  if (!out_)
-    throw IoError(fmt::format(
-        "[metrics] cannot write {}. Hint: check that the folder exists and is writable", tmp_));
-  if (!earlier.empty()) write_line(earlier.substr(0, earlier.size() - 1));
+void check_metrics_path(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::file_status st = fs::status(path, ec);
+  if (fs::exists(st) && !fs::is_regular_file(st))
+    throw ConfigError(fmt::format(
+        "--metrics {}: [metrics] exists and is not a regular file (a directory, device or pipe). "
+        "Fix: give a file name, e.g. {}/metrics.jsonl",
+        path, fs::is_directory(st) ? path : std::string("run")));
+  const fs::path parent = fs::path(path).parent_path();
+  if (!parent.empty() && !fs::is_directory(parent, ec))
+    throw ConfigError(fmt::format(
+        "--metrics {}: [metrics] the folder {} does not exist. Fix: create it, or choose another "
+        "path",
+        path, parent.string()));
+}
+
+MetricsWriter::MetricsWriter(std::string path, bool keep_existing) : path_(std::move(path)) {
+  const std::string earlier = keep_existing ? earlier_lines(path_) : std::string();
+  if (!earlier.empty()) replace_file(path_, earlier);
+  const int flags = earlier.empty() ? O_TRUNC : O_APPEND;
+  fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | flags, 0644);
+  if (fd_ < 0)
+    throw IoError(
+        fmt::format("[metrics] cannot write {}: {}. Hint: check that the folder exists "
+                    "and is writable",
+                    path_, std::strerror(errno)));
+  good_bytes_ = earlier.size();
+  std::error_code ec;
+  std::filesystem::remove(path_ + ".tmp", ec);  // an older version's leftover, now carried over
+}
+
+void MetricsWriter::fail(const std::string& what, int err) {
+  throw MetricsWriteError(
+      fmt::format("[metrics] {} {} failed: {}. Fix: free space or choose another --metrics path",
+                  what, path_, std::strerror(err)));
 }
 
 void MetricsWriter::write_line(const std::string& line) {
-  out_ << line << '\n';
-  out_.flush();
-  if (!out_)
-    throw IoError(
-        fmt::format("[metrics] writing {} failed (disk full?). Fix: free space or choose another "
-                    "--metrics path",
-                    tmp_));
+  if (fd_ < 0) fail("writing", EBADF);
+  const std::string text = line + '\n';
+  if (!write_all(fd_, text.data(), text.size())) {
+    const int err = errno ? errno : EIO;
+    // Cut a partial line off, so the file still parses line by line.
+    [[maybe_unused]] const int cut = ::ftruncate(fd_, static_cast<off_t>(good_bytes_));
+    fail("writing", err);
+  }
+  good_bytes_ += text.size();
 }
 
 void MetricsWriter::event(const std::string& kind, int64_t step, const std::string& path,
@@ -167,11 +230,7 @@ void MetricsWriter::event(const std::string& kind, int64_t step, const std::stri
 }
 
 MetricsWriter::~MetricsWriter() {
-  if (out_.is_open()) {  // an error path: keep what was written rather than lose it
-    out_.close();
-    std::error_code ec;
-    std::filesystem::rename(tmp_, path_, ec);
-  }
+  if (fd_ >= 0) ::close(fd_);  // an error path: every finished line is already in the file
 }
 
 void MetricsWriter::step(const StepMetrics& m, const std::string& task_metric_name,
@@ -216,11 +275,12 @@ void MetricsWriter::summary(const RunSummary& s) {
 }
 
 void MetricsWriter::close() {
-  out_.close();
-  std::error_code ec;
-  std::filesystem::rename(tmp_, path_, ec);
-  if (ec)
-    throw IoError(fmt::format("[metrics] cannot rename {} to {}: {}", tmp_, path_, ec.message()));
+  if (fd_ < 0) return;
+  const bool synced = ::fsync(fd_) == 0 || errno == EINVAL;  // EINVAL: a file that cannot sync
+  const int err = errno;
+  const bool closed = ::close(fd_) == 0;
+  fd_ = -1;
+  if (!synced || !closed) fail("closing", synced ? errno : err);
 }
 
 }  // namespace remat::cli

@@ -3,13 +3,13 @@
 #pragma once
 
 #include <cstdio>
-#include <fstream>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "engine/backend.h"
 #include "engine/config.h"
+#include "engine/error.h"
 #include "engine/trainer.h"
 
 namespace remat::cli {
@@ -65,26 +65,46 @@ class Progress {
 
 void print_summary(std::FILE* out, const RunSummary& s);
 
-/// JSONL: one object per step, then {"summary": {...}}. Written through a temporary file and
-/// renamed at close, so an interrupted run never leaves a half-written line.
+/// A write to the metrics file failed (disk full, quota, I/O error). The training loop catches it
+/// to save a checkpoint before the run exits 1.
+class MetricsWriteError : public IoError {
+ public:
+  using IoError::IoError;
+};
+
+/// Refuses (ConfigError, exit 2) a --metrics path that cannot become a regular file: an existing
+/// directory, device or pipe, or a path whose folder does not exist. Called before the first step.
+void check_metrics_path(const std::string& path);
+
+/// JSONL: one object per step, then {"summary": {...}}. Written straight to FILE (truncated when a
+/// fresh run opens it, so an earlier run's file never stays looking current), one write(2) per
+/// line: a run killed even by SIGKILL leaves every finished step readable under the name the user
+/// gave, and a file without a summary line is a run that did not finish. A failed write is
+/// MetricsWriteError naming the file; the file is cut back to its last whole line.
 class MetricsWriter {
  public:
-  /// With `keep_existing` (a resumed run), the lines of an earlier run's FILE (or its FILE.tmp
-  /// when it was killed) are carried over, so resuming never loses metrics.
+  /// With `keep_existing` (a resumed run), the lines of an earlier run's FILE (or its FILE.tmp, as
+  /// older versions left it) are carried over, minus its summary, so resuming never loses metrics.
   MetricsWriter(std::string path, bool keep_existing = false);
   ~MetricsWriter();
+  MetricsWriter(const MetricsWriter&) = delete;
+  MetricsWriter& operator=(const MetricsWriter&) = delete;
   /// One step's line; `val_loss` when the step ended with an evaluation.
   void step(const StepMetrics& m, const std::string& task_metric_name,
             std::optional<double> val_loss = {});
-  /// {"event": "checkpoint" | "resume", "step": N, "path": P, ...}
+  /// {"event": "checkpoint" | "resume" | "diverged", "step": N, "path": P, ...}
   void event(const std::string& kind, int64_t step, const std::string& path, double ms = -1);
   void summary(const RunSummary& s);
+  /// Flushes the file to disk and closes it; throws MetricsWriteError when that fails.
   void close();
+  const std::string& path() const { return path_; }
 
  private:
   void write_line(const std::string& line);
-  std::string path_, tmp_;
-  std::ofstream out_;
+  [[noreturn]] void fail(const std::string& what, int err);
+  std::string path_;
+  int fd_ = -1;
+  uint64_t good_bytes_ = 0;  // the file's length after its last complete line
 };
 
 }  // namespace remat::cli

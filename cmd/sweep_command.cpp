@@ -164,6 +164,11 @@ class SweepProgress {
   std::chrono::steady_clock::time_point t0_;
 };
 
+// train.seq_len's own bound, and how many lengths one sweep may list: a range is checked before
+// it is expanded, so a typo cannot allocate without bound.
+constexpr int64_t kMaxSeqLen = 1ll << 32;
+constexpr size_t kMaxSeqLens = 64;
+
 /// "1k,2k,4k" or "1k..64k" (doubling from a to b), or a mix; sorted, without duplicates.
 std::vector<int64_t> parse_seq_lens(const std::string& text) {
   std::vector<int64_t> out;
@@ -172,6 +177,18 @@ std::vector<int64_t> parse_seq_lens(const std::string& text) {
         fmt::format("--seq-lens {}: \"{}\" is not a sequence length or a range. Fix: write e.g. "
                     "1k,2k,4k or 1k..64k (powers of two from 1k to 64k)",
                     text, part));
+  };
+  auto check_bound = [&](int64_t t) {
+    if (t > kMaxSeqLen)
+      throw ConfigError(
+          fmt::format("--seq-lens {}: {} is out of range. Fix: use lengths from 1 to "
+                      "{} (train.seq_len's limit)",
+                      text, t, format_count(kMaxSeqLen)));
+  };
+  auto check_count = [&] {
+    if (out.size() > kMaxSeqLens)
+      throw ConfigError(fmt::format("--seq-lens {}: more than {} lengths. Fix: sweep fewer points",
+                                    text, kMaxSeqLens));
   };
   size_t start = 0;
   while (start <= text.size()) {
@@ -183,11 +200,17 @@ std::vector<int64_t> parse_seq_lens(const std::string& text) {
     if (auto dots = part.find(".."); dots != std::string::npos) {
       auto a = parse_count(part.substr(0, dots)), b = parse_count(part.substr(dots + 2));
       if (!a || !b || *a < 1 || *b < *a) throw bad(part);
-      for (int64_t t = *a; t <= *b; t *= 2) out.push_back(t);
+      check_bound(*b);
+      for (int64_t t = *a; t <= *b; t *= 2) {
+        out.push_back(t);
+        check_count();
+      }
     } else {
       auto t = parse_count(part);
       if (!t || *t < 1) throw bad(part);
+      check_bound(*t);
       out.push_back(*t);
+      check_count();
     }
   }
   std::sort(out.begin(), out.end());
@@ -232,6 +255,7 @@ int run_sweep(const SweepOptions& opt) {
             fmt::format("train.steps={}", steps), fmt::format("device.memory={}", budget)})
         p.overrides.push_back(s);
       if (!base.remat.plan.empty()) p.overrides.emplace_back("remat.plan=[]");
+      if (!base.remat.save.empty() && pol != "names") p.overrides.emplace_back("remat.save=[]");
       Config c = load_config(opt.config_path, p.overrides);
       // auto: the child's `train` chooses the same plan for the same budget (or exits 3, when
       // the prediction is the all-"full" plan's peak, the smallest achievable).
@@ -263,7 +287,9 @@ int run_sweep(const SweepOptions& opt) {
                                {"seq_lens", seq_lens},
                                {"policies", policies}};
 
-  install_interrupt_handler();
+  // A signal is forwarded to the running trial (cmd/trial.cpp); this process stays to clean up and
+  // to write sweep.json marked interrupted, also on a second signal.
+  install_interrupt_handler(/*second_signal_exits=*/false);
   SweepProgress progress(opt.json, total_weight);
   if (!opt.json)
     fmt::print(stderr,
@@ -322,7 +348,7 @@ int run_sweep(const SweepOptions& opt) {
         fmt::print("error at seq_len {} {}: {}\n", p.seq_len, p.policy, p.message);
     fmt::print("wrote {} and {}\n", (dir / "sweep.csv").string(), (dir / "sweep.json").string());
   }
-  if (stopped) return 130;
+  if (stopped) return 128 + interrupt_signal();
   for (const auto& p : points)
     if (p.status == "error") return 1;
   return 0;

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cmath>
 #include <csignal>
+#include <filesystem>
 #include <memory>
 
 #include "cmd/commands.h"
@@ -27,12 +28,21 @@ namespace remat::cli {
 namespace {
 
 std::atomic<int> g_signal{0};
+std::atomic<int> g_signal_count{0};
 // The first SIGINT/SIGTERM/SIGHUP asks the loop to stop after the current step (and write a
 // checkpoint); the handler then steps aside, so a second one ends the process at once. A
 // checkpoint being written at that moment is left as a .tmp folder, never as a step_* one.
 extern "C" void on_stop_signal(int sig) {
-  g_signal = sig;
+  int none = 0;
+  g_signal.compare_exchange_strong(none, sig);
+  ++g_signal_count;
   std::signal(sig, SIG_DFL);
+}
+// The same for a parent of trials, which must outlive every signal to stop its child.
+extern "C" void on_stop_signal_counted(int sig) {
+  int none = 0;
+  g_signal.compare_exchange_strong(none, sig);
+  ++g_signal_count;
 }
 
 double median(std::vector<double> v) {
@@ -56,6 +66,19 @@ std::string resume_path(const std::string& resume, const Config& cfg) {
                     "checkpoint.dir, or start without --resume",
                     cfg.checkpoint.dir));
   return path;
+}
+
+// Output paths are checked before anything is built: a run must not train for hours and then find
+// that it cannot write what it produced.
+void check_output_paths(const Config& cfg) {
+  if (!cfg.log.metrics.empty()) check_metrics_path(cfg.log.metrics);
+  std::error_code ec;
+  const auto& dir = cfg.checkpoint.dir;
+  if (!dir.empty() && std::filesystem::exists(dir, ec) && !std::filesystem::is_directory(dir, ec))
+    throw ConfigError(fmt::format(
+        "{}: [checkpoint] checkpoint.dir exists and is not a folder. Fix: choose another "
+        "checkpoint.dir",
+        dir));
 }
 
 // A fresh run would write over (and prune) another run's checkpoints: never silently.
@@ -117,14 +140,29 @@ class TrainRun {
   RunSummary run(int64_t stop_at, uint64_t predicted_peak_bytes) {
     summary_.predicted_peak_bytes = predicted_peak_bytes;
     const int64_t last = std::min(cfg_.train.steps, stop_at > 0 ? stop_at : cfg_.train.steps);
+    try {
+      train_until(last);
+    } catch (const MetricsWriteError& e) {
+      progress_.finish();
+      throw MetricsWriteError(e.what() + save_state_after_failure());
+    } catch (const Diverged&) {
+      // No checkpoint is written (save_checkpoint refuses non-finite weights) and none is pruned:
+      // the newest one on disk stays the last finite state.
+      progress_.finish();
+      note_divergence();
+      throw;
+    }
+    summary_.interrupted = interrupted();
+    return finish_summary();
+  }
+
+  void train_until(int64_t last) {
     while (trainer_.steps_done() < last && !interrupted()) one_step(last);
     progress_.finish();
     const bool stopped = interrupted();
     if (!cfg_.checkpoint.dir.empty() && trainer_.steps_done() != last_checkpoint_step_ &&
         (!stopped || cfg_.checkpoint.on_interrupt) && trainer_.steps_done() > 0)
       save_checkpoint();
-    summary_.interrupted = stopped;
-    return finish_summary();
   }
 
   void close_metrics() {
@@ -154,6 +192,33 @@ class TrainRun {
       save_checkpoint();
   }
 
+  // A metrics write failed: the steps trained so far are saved anyway (when checkpoints are on),
+  // and the returned text tells where, or why not.
+  std::string save_state_after_failure() {
+    metrics_.reset();  // the file is what failed: the checkpoint is not logged there
+    if (cfg_.checkpoint.dir.empty())
+      return ". Training state was not saved: checkpoint.dir is not set";
+    if (trainer_.steps_done() == 0) return "";
+    if (trainer_.steps_done() == last_checkpoint_step_)
+      return fmt::format(". Training state is in {}", summary_.checkpoint_path);
+    try {
+      save_checkpoint();
+    } catch (const std::exception& ce) {
+      return fmt::format(". Saving a checkpoint failed too: {}", ce.what());
+    }
+    return fmt::format(". Training state was saved: {} (continue with --resume latest)",
+                       summary_.checkpoint_path);
+  }
+
+  void note_divergence() {
+    if (!metrics_) return;
+    try {
+      metrics_->event("diverged", trainer_.steps_done() + 1, summary_.checkpoint_path);
+      metrics_->close();
+    } catch (const MetricsWriteError&) {  // the divergence is the error to report
+    }
+  }
+
   std::optional<double> evaluate(int64_t step) {
     const double v = trainer_.evaluate(cfg_.train.eval_tokens);
     if (std::isnan(v)) return std::nullopt;
@@ -163,6 +228,7 @@ class TrainRun {
   }
 
   void save_checkpoint() {
+    trainer_.check_weights_finite();  // a checkpoint of NaN weights would replace a good one
     const auto t0 = std::chrono::steady_clock::now();
     be_.pool().set_phase("checkpoint");
     CheckpointState state;
@@ -219,8 +285,12 @@ bool interrupted() {
 int interrupt_signal() {
   return g_signal;
 }
-void install_interrupt_handler() {
-  for (int sig : {SIGINT, SIGTERM, SIGHUP}) std::signal(sig, on_stop_signal);
+int interrupt_count() {
+  return g_signal_count;
+}
+void install_interrupt_handler(bool second_signal_exits) {
+  for (int sig : {SIGINT, SIGTERM, SIGHUP})
+    std::signal(sig, second_signal_exits ? on_stop_signal : on_stop_signal_counted);
 }
 
 std::string version_text() {
@@ -234,6 +304,7 @@ std::string version_text() {
 int run_train(const TrainOptions& opt) {
   Config cfg = load_config(opt.config_path, opt.overrides);
   if (!opt.metrics_path.empty()) cfg.log.metrics = opt.metrics_path;
+  check_output_paths(cfg);
   // The checkpoint is opened (and verified) before anything is built, so a bad one fails fast.
   std::unique_ptr<Checkpoint> resume;
   if (!opt.resume.empty()) {

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <csignal>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -87,10 +88,17 @@ TrialResult run_trial(const TrialSpec& spec, const std::function<void()>& tick) 
   posix_spawn_file_actions_addopen(&fa, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
   posix_spawn_file_actions_addopen(&fa, STDERR_FILENO, err.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
                                    0644);
+  // The child leads its own process group, so the parent can signal all of it, and a signal meant
+  // for the parent (Ctrl-C reaches the whole foreground group) is forwarded exactly once.
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
+  posix_spawnattr_setpgroup(&attr, 0);
   pid_t pid = 0;
   const auto t0 = std::chrono::steady_clock::now();
-  const int rc = posix_spawn(&pid, exe.c_str(), &fa, nullptr, argv.data(), environ);
+  const int rc = posix_spawn(&pid, exe.c_str(), &fa, &attr, argv.data(), environ);
   posix_spawn_file_actions_destroy(&fa);
+  posix_spawnattr_destroy(&attr);
   if (rc != 0) {
     std::filesystem::remove_all(dir);
     throw Error(fmt::format("[trial] cannot start {}: {}", exe, std::strerror(rc)));
@@ -99,14 +107,17 @@ TrialResult run_trial(const TrialSpec& spec, const std::function<void()>& tick) 
   TrialResult r;
   int status = 0;
   bool stopped = false;
-  int sleep_ms = 2;  // short trials end in milliseconds; long ones are polled 5 times a second
+  int forwarded = 0;  // signals passed on to the child's group
+  int sleep_ms = 2;   // short trials end in milliseconds; long ones are polled 5 times a second
   for (;;) {
     const pid_t w = waitpid(pid, &status, WNOHANG);
     if (w == pid) break;
     if (w < 0 && errno != EINTR) break;
-    if (interrupted() && !stopped) {
-      // The point is discarded anyway: stop the child now rather than after its step.
-      kill(pid, SIGTERM);
+    if (interrupted() && forwarded < interrupt_count()) {
+      // The point is discarded anyway. The first signal is passed on (the child stops after its
+      // step); a second one means "now", for the child too.
+      kill(-pid, forwarded == 0 ? interrupt_signal() : SIGKILL);
+      forwarded = interrupt_count();
       stopped = true;
     }
     if (tick) tick();

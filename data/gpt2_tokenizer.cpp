@@ -6,6 +6,7 @@
 
 #include <array>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 
@@ -21,6 +22,12 @@ constexpr size_t kHeaderBytes = kHeaderWords * sizeof(uint32_t);
 constexpr int64_t kGpt2Eot = 50256;
 
 std::string read_file_bytes(const std::string& path) {
+  // A device or pipe (/dev/zero) would be read forever: only a regular file is a tokenizer.
+  std::error_code ec;
+  if (std::filesystem::exists(path, ec) && !std::filesystem::is_regular_file(path, ec))
+    throw DataError(fmt::format("[tokenizer] {}: not a regular file. Fix: pass llm.c's "
+                                "gpt2_tokenizer.bin to --tokenizer",
+                                path));
   std::ifstream f(path, std::ios::binary);
   if (!f) throw IoError(fmt::format("[tokenizer] cannot open {}: {}", path, std::strerror(errno)));
   std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
@@ -62,6 +69,12 @@ Gpt2Tokenizer::Gpt2Tokenizer(const std::string& path) : path_(path) {
   eot_ = version_ == 1 ? kGpt2Eot : static_cast<int64_t>(h[3]);
   if (version_ == 2 && eot_ >= vocab)
     fail(fmt::format("end-of-text token {} is outside the vocabulary of {}", eot_, vocab));
+  // Each record takes at least its length byte: a header claiming more records than the file has
+  // bytes is refused before the table is reserved (a corrupt count must not become a huge
+  // allocation). Records are checked one by one below (a zero length is its own error).
+  if (vocab > bytes.size() - kHeaderBytes)
+    fail(fmt::format("truncated: the header declares {} tokens, the file holds at most {}", vocab,
+                     bytes.size() - kHeaderBytes));
   table_.reserve(vocab);
   size_t off = kHeaderBytes;
   for (uint32_t i = 0; i < vocab; ++i) {

@@ -73,7 +73,11 @@ class TokenTask : public DataSource {
 
 class RegressionTask : public DataSource {
  public:
-  explicit RegressionTask(const Config& cfg) : B_(cfg.train.batch_size), D_(cfg.model.n_embd), seed_(cfg.train.seed) {
+  explicit RegressionTask(const Config& cfg) : B_(cfg.train.batch_size), D_(cfg.model.n_embd), seed_(cfg.train.seed) {}
+  // The D x D teacher is made when the data is opened, not built: dry runs never need it, and a
+  // model too wide for the budget must meet the pool's out-of-memory error, not a bad_alloc here.
+  void open() override {
+    if (!teacher_.empty()) return;
     teacher_.resize(static_cast<size_t>(D_ * D_));
     const double std = 1.0 / std::sqrt(static_cast<double>(D_));
     for (size_t i = 0; i < teacher_.size(); ++i)
@@ -88,6 +92,7 @@ class RegressionTask : public DataSource {
     batch.targets = pool.allocate({B_, D_}, DType::F32, MemCategory::Transient, "batch.targets");
     batch.n_tokens = B_;
     if (!be.computes()) return batch;
+    open();
     std::vector<float> x(static_cast<size_t>(B_ * D_)), y(x.size());
     {
       for (size_t i = 0; i < x.size(); ++i)

@@ -7,6 +7,7 @@
 #include <toml++/toml.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <limits>
@@ -48,7 +49,21 @@ const char* type_name(const toml::node& n) {
   }
 }
 
+// "99999999999999999999": digits that overflowed TOML's 64-bit integer (a --set value falls back
+// to a string then), so the user hears "out of range", not "got a string".
+bool is_digit_string(const toml::node& n) {
+  const std::string* s = n.as_string() ? &n.as_string()->get() : nullptr;
+  if (!s) return false;
+  const size_t first = !s->empty() && ((*s)[0] == '-' || (*s)[0] == '+') ? 1 : 0;
+  return s->size() > first && s->find_first_not_of("0123456789_", first) == std::string::npos;
+}
+
 int64_t read_int(const toml::node& n, const Origin& o, int64_t lo, int64_t hi, bool allow_suffix) {
+  if (is_digit_string(n))
+    fail(o, fmt::format("{} is out of range", *n.value<std::string>()),
+         hi == std::numeric_limits<int64_t>::max()
+             ? fmt::format("use a value >= {}", lo)
+             : fmt::format("use a value in [{}, {}]", lo, hi));
   std::optional<int64_t> v;
   if (n.is_integer())
     v = n.value<int64_t>();
@@ -96,12 +111,12 @@ std::string read_string(const toml::node& n, const Origin& o) {
 }
 
 uint64_t read_size(const toml::node& n, const Origin& o) {
-  if (n.is_integer() && *n.value<int64_t>() >= 0) return static_cast<uint64_t>(*n.value<int64_t>());
-  if (n.is_string()) {
-    auto v = parse_size(*n.value<std::string>());
-    if (v && *v > 0) return *v;
-  }
-  fail(o, "not a size", "write a size such as \"512MiB\", \"80GiB\" or \"1.5GB\"");
+  std::optional<uint64_t> v;
+  if (n.is_integer() && *n.value<int64_t>() >= 0) v = static_cast<uint64_t>(*n.value<int64_t>());
+  if (n.is_string()) v = parse_size(*n.value<std::string>());
+  if (!v) fail(o, "not a size", "write a size such as \"512MiB\", \"80GiB\" or \"1.5GB\"");
+  if (auto problem = memory_budget_problem(*v)) fail(o, *problem, kMemoryBudgetFix);
+  return *v;
 }
 
 std::vector<int64_t> read_int_list(const toml::node& n, const Origin& o) {
@@ -363,8 +378,16 @@ void validate(const Config& c, const Origins& o) {
            fmt::format("model.kind = \"mlp\" trains on the regression task, not \"{}\"",
                        c.data.task),
            "set data.task = \"regression\"");
-    if (m.position == "rope")
-      fail(o.of("model.position"), "rope applies to model.kind = \"gpt\"", "remove model.position");
+    for (const char* key : {"model.n_head", "model.vocab_size", "model.n_ctx", "model.d_ff",
+                            "model.position", "model.rope_theta", "model.dropout"})
+      // In the file it is a mistake; from --set it is harmless (ignored), so one list of
+      // overrides can sweep shapes across both kinds. A value that would change the model
+      // (rope, dropout) is an error from anywhere.
+      if (o.all().count(key) && (o.of(key).where.rfind("--set ", 0) != 0 ||
+                                 (key == std::string("model.position") && m.position == "rope") ||
+                                 (key == std::string("model.dropout") && m.dropout > 0)))
+        fail(o.of(key), fmt::format("{} applies to model.kind = \"gpt\", not \"mlp\"", key),
+             fmt::format("remove {} (the MLP's width is model.n_embd)", key));
   }
   const bool file_data = c.data.source != "synthetic";
   if (file_data && c.data.path.empty())
@@ -380,15 +403,23 @@ void validate(const Config& c, const Origins& o) {
   if (!c.data.val_path.empty() && c.data.val_fraction > 0)
     fail(o.of("data.val_fraction"), "both data.val_path and data.val_fraction are set",
          "keep one of them");
-  if (c.model.dropout > 0 && m.kind != "gpt")
-    fail(o.of("model.dropout"), "dropout applies to model.kind = \"gpt\"", "set model.dropout = 0");
+  if (!c.remat.save.empty() && c.remat.policy != "names")
+    fail(o.of("remat.save"),
+         fmt::format("remat.save applies to policy \"names\", and the policy is \"{}\"",
+                     c.remat.policy),
+         "remove remat.save (or set remat.save = []), or set remat.policy = \"names\"");
   if (!c.remat.plan.empty() && static_cast<int64_t>(c.remat.plan.size()) != m.n_layer)
     fail(o.of("remat.plan"),
          fmt::format("{} entries for n_layer = {} blocks", c.remat.plan.size(), m.n_layer),
          "give one policy per block");
   if (c.remat.policy == "names" && c.remat.save.empty())
-    fail(o.of("remat.save"), "policy \"names\" needs the list of activations to keep",
-         "set remat.save = [\"attn\", \"attn.lse\"] (or other names), or choose another policy");
+    fail({o.of("remat.policy").where, "remat.save"},
+         fmt::format("missing: policy \"names\" needs the list of activations to keep, and {} "
+                     "has no remat.save",
+                     o.file()),
+         fmt::format("add save = [\"attn\", \"attn.lse\"] (or other names) under [remat] in {}, "
+                     "or --set remat.save='[\"attn\"]', or choose another policy",
+                     o.file()));
   if (c.remat.policy ==
       "auto")  // auto chooses these itself; a value set beside it would be ignored
     for (const char* key : {"remat.plan", "remat.every", "remat.blocks"})
@@ -421,6 +452,9 @@ void apply_override(toml::table& root, const std::string& text, Origins& origins
   const auto eq = text.find('=');
   const auto dot = text.find('.');
   Origin o{fmt::format("--set {}", text), text.substr(0, eq)};
+  if (text.find_first_of("\n\r") != std::string::npos)
+    fail(o, "a line break in an override (one --set sets one key)",
+         "give each key its own --set section.key=value");
   if (eq == std::string::npos || dot == std::string::npos || dot > eq || dot == 0 || dot + 1 == eq)
     fail(o, "malformed override", "write --set section.key=value, e.g. --set train.seq_len=4096");
   const std::string section = text.substr(0, dot);
@@ -435,8 +469,12 @@ void apply_override(toml::table& root, const std::string& text, Origins& origins
   try {
     parsed = toml::parse("v = " + value);
   } catch (const toml::parse_error&) {
+    parsed = toml::table{};
     parsed.insert_or_assign("v", value);  // bare words: --set remat.policy=full
   }
+  if (parsed.size() != 1 || !parsed.contains("v"))
+    fail(o, "the value holds more than one TOML key (one --set sets one key)",
+         "give each key its own --set section.key=value");
   if (!root.contains(section)) root.insert_or_assign(section, toml::table{});
   toml::table* sec = root[section].as_table();
   if (!sec)
@@ -479,30 +517,66 @@ Config build(toml::table root, const std::string& name, const std::vector<std::s
   return c;
 }
 
-}  // namespace
+constexpr size_t kMaxConfigBytes = 1 << 20;
 
-Config parse_config(const std::string& toml_text, const std::string& name,
-                    const std::vector<std::string>& overrides) {
-  toml::table root;
+toml::table parse_toml(const std::string& toml_text, const std::string& name) {
   try {
-    root = toml::parse(toml_text, name);
+    return toml::parse(toml_text, name);
   } catch (const toml::parse_error& e) {
     throw ConfigError(fmt::format(
         "{}:{}:{}: [config] TOML syntax error: {}. Fix: correct the syntax at that position", name,
         e.source().begin.line, e.source().begin.column, e.description()));
   }
-  return build(std::move(root), name, overrides);
 }
 
-Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
-  std::ifstream in(path);
-  if (!in)
+// A config file is a small regular file: a device (/dev/zero), a FIFO or a directory is refused
+// before a byte is read, and so is a file too large to be a config (reading it could not end).
+std::string read_config_file(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::file_status st = fs::status(path, ec);
+  if (ec || !fs::exists(st))
     throw ConfigError(fmt::format(
         "{}: [config] cannot open the config file. Fix: check the path (configs/ has ready ones)",
         path));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return parse_config(ss.str(), path, overrides);
+  if (!fs::is_regular_file(st))
+    throw ConfigError(fmt::format(
+        "{}: [config] not a regular file (a directory, device or pipe). Fix: give a .toml file",
+        path));
+  std::ifstream in(path, std::ios::binary);
+  std::string text(kMaxConfigBytes + 1, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  if (in.bad())
+    throw ConfigError(
+        fmt::format("{}: [config] cannot read the config file. Fix: check its "
+                    "permissions",
+                    path));
+  text.resize(static_cast<size_t>(in.gcount()));
+  if (text.size() > kMaxConfigBytes)
+    throw ConfigError(
+        fmt::format("{}: [config] larger than {} bytes: not a config. Fix: give a .toml file", path,
+                    kMaxConfigBytes));
+  return text;
+}
+
+}  // namespace
+
+Config parse_config(const std::string& toml_text, const std::string& name,
+                    const std::vector<std::string>& overrides) {
+  return build(parse_toml(toml_text, name), name, overrides);
+}
+
+Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  toml::table root = parse_toml(read_config_file(path), path);
+  // An empty, comment-only or truncated file must not train the built-in defaults: the file
+  // says at least which model it trains, in a [model] table with at least one key.
+  const toml::table* model = root["model"].as_table();
+  if (!model || model->empty())
+    throw ConfigError(fmt::format(
+        "{}: [config] [model]: missing: a config names at least the model it trains. Fix: add "
+        "[model] with kind = \"gpt\" or \"mlp\" (configs/ has complete examples)",
+        path));
+  return build(std::move(root), path, overrides);
 }
 
 std::string config_to_toml(const Config& c) {
@@ -526,6 +600,10 @@ std::string config_to_toml(const Config& c) {
                     {"position", c.model.position},
                     {"rope_theta", c.model.rope_theta},
                     {"dropout", c.model.dropout}};
+  if (c.model.kind != "gpt")  // the MLP refuses the GPT's keys, so its state.json omits them
+    for (const char* key :
+         {"n_head", "vocab_size", "n_ctx", "d_ff", "position", "rope_theta", "dropout"})
+      model.erase(key);
   toml::table train{{"seq_len", c.train.seq_len},
                     {"batch_size", c.train.batch_size},
                     {"steps", c.train.steps},

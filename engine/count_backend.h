@@ -62,11 +62,10 @@ class CountBackend : public Backend {
 // ---- the CUDA backend's op workspaces, shared with engine/cuda so that plan and run agree ----
 
 /// The CUDA attention workspace: one pool allocation "attn.workspace" (category workspace) that
-/// engine/cuda/attention.cpp carves into these parts, each rounded to MemoryPool::kAlignment.
+/// engine/cuda/cuda_backend.cpp carves into these parts, each rounded to MemoryPool::kAlignment.
 /// cuDNN's fused flash attention takes bf16 q/k/v only and RoPE must rotate q and k before it,
 /// hence the bf16 staging copies; its backward needs an fp32 dQ accumulator and the per-row
-/// sum(dO * O). cuDNN's own plan workspace (tens of bytes on Hopper) is known only once a plan is
-/// built on the GPU: it is a separate allocation "attn.cudnn_workspace" that this model omits.
+/// sum(dO * O). The last part is cuDNN's own plan workspace, a fixed reserve (see below).
 struct CudaAttentionWorkspace {
   uint64_t qkv_bf16 = 0;     // (B, T, 3C) bf16: q, k rotated (RoPE) and/or cast from f32 acts
   uint64_t out_bf16 = 0;     // (B, T, C) bf16: f32 activations only
@@ -74,11 +73,23 @@ struct CudaAttentionWorkspace {
   uint64_t dqkv_bf16 = 0;    // (B, T, 3C) bf16: backward, f32 activations only
   uint64_t dq_accum = 0;     // (B, NH, T, HS) f32: backward
   uint64_t softmax_sum = 0;  // (B, NH, T) f32: backward
+  uint64_t cudnn_plan = 0;   // kCudnnPlanWorkspaceBytes: the plan's own workspace
   uint64_t total() const {
-    return qkv_bf16 + out_bf16 + dout_bf16 + dqkv_bf16 + dq_accum + softmax_sum;
+    return qkv_bf16 + out_bf16 + dout_bf16 + dqkv_bf16 + dq_accum + softmax_sum + cudnn_plan;
   }
 };
-// The models are inline: remat_cuda uses them but does not link remat_core (which links it).
+
+/// cuDNN's plan workspace for the attention graphs, as a fixed reserve. Its real size is known
+/// only once a plan is built on a GPU (the count backend has none), and it is tiny for these
+/// graphs (llm.c reports ~16 bytes on H100; the dQ accumulator and sum(dO * O) are our own
+/// tensors above, not part of it). So the CUDA backend always reserves exactly this much and
+/// accepts only engine configs whose plan needs at most this much (engine/cuda/attention.cpp
+/// skips the others and names them if none is left): planned and measured peaks then agree to
+/// the byte, whatever the plan needs. 32 MiB (the cuBLASLt workspace's size) is orders of
+/// magnitude of headroom at a negligible cost next to a GPU's memory; tests/gpu prints the real
+/// sizes for the GPT-2 shapes and checks them against it.
+constexpr uint64_t kCudnnPlanWorkspaceBytes = uint64_t{32} << 20;
+// The models are inline: engine/cuda compiles the same declaration the count backend uses.
 inline CudaAttentionWorkspace cuda_attention_workspace(int64_t B, int64_t T, int64_t C,
                                                        int64_t n_head, DType act_dtype,
                                                        bool use_rope, bool backward) {
@@ -97,6 +108,7 @@ inline CudaAttentionWorkspace cuda_attention_workspace(int64_t B, int64_t T, int
     w.dq_accum = bytes(B * T * C, 4);
     w.softmax_sum = bytes(B * n_head * T, 4);
   }
+  w.cudnn_plan = kCudnnPlanWorkspaceBytes;
   return w;
 }
 inline uint64_t cuda_attention_workspace_bytes(int64_t B, int64_t T, int64_t C, int64_t n_head,

@@ -48,6 +48,14 @@ class BackendError : public Error {
   using Error::Error;
 };
 
+/// Training diverged: the loss or the gradient norm is not finite. The message names the step and
+/// the first parameter whose gradient is non-finite. Exit code 1; no checkpoint is written over
+/// the last finite one.
+class Diverged : public Error {
+ public:
+  using Error::Error;
+};
+
 /// The run does not fit the memory budget. The message carries the per-category breakdown.
 /// Exit code 3, so scripts can retry with another policy.
 class OutOfMemory : public Error {

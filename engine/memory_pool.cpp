@@ -47,7 +47,8 @@ MemoryPool::MemoryPool(std::unique_ptr<DeviceAllocator> allocator, uint64_t budg
 MemoryPool::~MemoryPool() {
   // Buffers must not outlive their pool; a leak here is a programmer error, but destructors
   // must not abort, so free what is left.
-  for (auto& [id, r] : records_) allocator_->deallocate(r.ptr, r.raw_bytes);
+  for (auto& r : records_)
+    if (r.live) allocator_->deallocate(r.ptr, r.raw_bytes);
 }
 
 Buffer MemoryPool::allocate(const std::vector<int64_t>& shape, DType dtype,
@@ -61,8 +62,16 @@ Buffer MemoryPool::allocate(const std::vector<int64_t>& shape, DType dtype,
   if (!ptr) throw_oom(name, t, category, bytes, true);
   t.data = ptr;
 
-  uint64_t id = next_id_++;
-  records_.emplace(id, Record{ptr, static_cast<size_t>(bytes), bytes, category, std::move(name)});
+  uint64_t id = records_.size();
+  if (!free_slots_.empty()) {
+    id = free_slots_.back();
+    free_slots_.pop_back();
+  } else {
+    records_.emplace_back();
+  }
+  const uint64_t seq = next_seq_++;
+  records_[id] = Record{ptr, static_cast<size_t>(bytes), bytes, category, std::move(name), seq, true};
+  if (track_largest_) by_size_.insert({bytes, seq, id});
   live_.total_bytes += bytes;
   live_.by_category[static_cast<size_t>(category)] += bytes;
   if (live_.total_bytes > peak_.total_bytes) {
@@ -80,25 +89,48 @@ Buffer MemoryPool::allocate(const std::vector<int64_t>& shape, DType dtype,
 }
 
 void MemoryPool::release(uint64_t id) {
-  auto it = records_.find(id);
-  REMAT_ASSERT(it != records_.end(), "double free of pool allocation {}", id);
-  const Record& r = it->second;
+  REMAT_ASSERT(id < records_.size() && records_[id].live, "double free of pool allocation {}", id);
+  Record& r = records_[id];
   live_.total_bytes -= r.bytes;
   live_.by_category[static_cast<size_t>(r.category)] -= r.bytes;
   allocator_->deallocate(r.ptr, r.raw_bytes);
-  records_.erase(it);
+  if (track_largest_) by_size_.erase({r.bytes, r.seq, id});
+  r.live = false;
+  r.name.clear();
+  free_slots_.push_back(id);
 }
 
 void MemoryPool::fill_largest(MemorySnapshot& snap) const {
+  if (!track_largest_) return scan_largest(snap);
   snap.largest.clear();
-  for (const auto& [id, r] : records_) {
-    LiveTensorInfo info{r.name, r.category, r.bytes};
-    auto pos = std::find_if(snap.largest.begin(), snap.largest.end(),
-                            [&](const LiveTensorInfo& x) { return x.bytes < info.bytes; });
-    if (pos == snap.largest.end() && snap.largest.size() >= kLargestTracked) continue;
-    snap.largest.insert(pos, std::move(info));
-    if (snap.largest.size() > kLargestTracked) snap.largest.pop_back();
+  for (const SizeKey& k : by_size_) {
+    if (snap.largest.size() >= kLargestTracked) break;
+    const Record& r = records_[k.slot];
+    snap.largest.push_back({r.name, r.category, r.bytes});
   }
+}
+
+// Without the index (the planner's binary searches): one pass, for the rare snapshot they take.
+void MemoryPool::scan_largest(MemorySnapshot& snap) const {
+  std::vector<const Record*> live;
+  for (const Record& r : records_)
+    if (r.live) live.push_back(&r);
+  const size_t n = std::min(live.size(), kLargestTracked);
+  std::partial_sort(live.begin(), live.begin() + static_cast<std::ptrdiff_t>(n), live.end(),
+                    [](const Record* a, const Record* b) {
+                      return SizeKey{a->bytes, a->seq, 0} < SizeKey{b->bytes, b->seq, 0};
+                    });
+  snap.largest.clear();
+  for (size_t i = 0; i < n; ++i) snap.largest.push_back({live[i]->name, live[i]->category, live[i]->bytes});
+}
+
+void MemoryPool::set_track_largest(bool on) {
+  if (on == track_largest_) return;
+  track_largest_ = on;
+  by_size_.clear();
+  if (on)
+    for (uint64_t slot = 0; slot < records_.size(); ++slot)
+      if (records_[slot].live) by_size_.insert({records_[slot].bytes, records_[slot].seq, slot});
 }
 
 MemorySnapshot MemoryPool::live_snapshot() const {

@@ -13,6 +13,7 @@
 #include <initializer_list>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -115,9 +116,9 @@ class MemoryPool {
   const std::string& phase() const { return phase_; }
   /// Starts a new peak measurement from what is live now.
   void reset_peak();
-  /// Whether the peak snapshot lists the largest live tensors (costs O(live) per new peak;
-  /// the planner's binary searches turn it off).
-  void set_track_largest(bool on) { track_largest_ = on; }
+  /// Whether the peak snapshot lists the largest live tensors (costs O(kLargestTracked) per new
+  /// peak; the planner's binary searches turn it off).
+  void set_track_largest(bool on);
 
  private:
   friend class Buffer;
@@ -127,16 +128,32 @@ class MemoryPool {
                               uint64_t bytes, bool device_refused) const;
 
   struct Record {
-    void* ptr;
-    size_t raw_bytes;
-    uint64_t bytes;
-    MemCategory category;
+    void* ptr = nullptr;
+    size_t raw_bytes = 0;
+    uint64_t bytes = 0;
+    MemCategory category = MemCategory::Transient;
     std::string name;
+    uint64_t seq = 0;  // allocation order: ties in "largest" list the older tensor first
+    bool live = false;
   };
+  // The largest-first index of live allocations: (bytes descending, seq ascending) -> slot.
+  struct SizeKey {
+    uint64_t bytes, seq, slot;
+    bool operator<(const SizeKey& o) const {
+      return bytes != o.bytes ? bytes > o.bytes : seq < o.seq;
+    }
+  };
+  void scan_largest(MemorySnapshot& snap) const;
   std::unique_ptr<DeviceAllocator> allocator_;
   uint64_t budget_;
-  uint64_t next_id_ = 1;
-  std::map<uint64_t, Record> records_;
+  // Records live in slots (a Buffer's id is its slot) reused through a free list: O(1) per
+  // allocation and release. While the largest tensors are tracked, by_size_ indexes the live
+  // ones largest first, so a new peak lists them in O(kLargestTracked) and allocate/release stay
+  // O(log n). (Scanning every record at each new peak made setup quadratic in n_layer.)
+  std::vector<Record> records_;
+  std::vector<uint64_t> free_slots_;
+  uint64_t next_seq_ = 0;
+  std::set<SizeKey> by_size_;
   MemorySnapshot live_;
   MemorySnapshot peak_;
   std::string phase_ = "setup";

@@ -5,6 +5,8 @@
 #include <chrono>
 #include <cmath>
 
+#include "engine/error.h"
+
 namespace remat {
 
 double learning_rate(const TrainConfig& t, int64_t s) {
@@ -20,6 +22,35 @@ double learning_rate(const TrainConfig& t, int64_t s) {
 
 Trainer::Trainer(const Config& cfg, Backend& be, Model& model, DataSource& data)
     : cfg_(cfg), be_(be), model_(model), data_(data), plan_(resolve_remat_plan(cfg, model)) {}
+
+std::string Trainer::divergence_message(const StepMetrics& m) {
+  std::string first = "none (the loss itself)";
+  for (Param& p : model_.params()) {
+    const Tensor g = p.grad;
+    if (!std::isfinite(be_.sum_squares(std::span<const Tensor>(&g, 1)))) {
+      first = p.name;
+      break;
+    }
+  }
+  return fmt::format(
+      "[train] diverged at step {}: loss {}, gradient norm {}; first non-finite gradient: {}. "
+      "Training stopped before the update; no checkpoint was written for this step. Fix: lower "
+      "train.lr, raise train.warmup_steps or set train.grad_clip (e.g. 1.0), then resume from the "
+      "last checkpoint",
+      m.step, m.loss, m.grad_norm, first);
+}
+
+void Trainer::check_weights_finite() {
+  for (Param& p : model_.params()) {
+    const Tensor w = p.value;
+    if (!std::isfinite(be_.sum_squares(std::span<const Tensor>(&w, 1))))
+      throw Diverged(fmt::format(
+          "[train] diverged by step {}: the weights are not finite (first: {}); no checkpoint was "
+          "written for this step. Fix: lower train.lr, raise train.warmup_steps or set "
+          "train.grad_clip (e.g. 1.0), then resume from the last checkpoint",
+          step_, p.name));
+  }
+}
 
 StepMetrics Trainer::step() {
   const auto t0 = std::chrono::steady_clock::now();
@@ -46,6 +77,9 @@ StepMetrics Trainer::step() {
   grads.reserve(model_.params().size());
   for (Param& p : model_.params()) grads.push_back(p.grad);
   m.grad_norm = std::sqrt(be_.sum_squares(grads));
+  // Before AdamW: an update with a NaN or infinite gradient would poison every weight, and all
+  // later steps would report "loss nan" while burning compute.
+  if (!std::isfinite(m.loss) || !std::isfinite(m.grad_norm)) throw Diverged(divergence_message(m));
   float grad_scale = 1.0f;
   if (cfg_.train.grad_clip > 0 && m.grad_norm > cfg_.train.grad_clip)
     grad_scale = static_cast<float>(cfg_.train.grad_clip / m.grad_norm);

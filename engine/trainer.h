@@ -55,7 +55,12 @@ double learning_rate(const TrainConfig& t, int64_t s);
 class Trainer {
  public:
   Trainer(const Config& cfg, Backend& be, Model& model, DataSource& data);
+  /// One step. Throws Diverged (before the optimizer update) when the loss or the gradient norm
+  /// is not finite.
   StepMetrics step();
+  /// Throws Diverged naming the first parameter whose value is not finite (an update can overflow
+  /// the weights while the step's loss was still finite). Run before a checkpoint is written.
+  void check_weights_finite();
   /// Mean validation loss over the data's fixed validation batches (forward only in effect:
   /// the gradients it leaves are zeroed by the next step). Dropout is off during evaluation.
   double evaluate(int64_t eval_tokens);
@@ -66,6 +71,7 @@ class Trainer {
   void set_steps_done(int64_t steps) { step_ = steps; }
 
  private:
+  std::string divergence_message(const StepMetrics& m);
   const Config& cfg_;
   Backend& be_;
   Model& model_;

@@ -70,6 +70,14 @@ std::optional<int64_t> parse_count(std::string_view text) {
   return static_cast<int64_t>(n);
 }
 
+std::optional<std::string> memory_budget_problem(uint64_t bytes) {
+  if (bytes == 0) return std::string("a budget of 0 bytes holds nothing");
+  if (bytes > kMaxMemoryBytes)
+    return fmt::format("{} is out of range (at most {})", format_bytes(bytes),
+                       format_bytes(kMaxMemoryBytes));
+  return std::nullopt;
+}
+
 std::string format_bytes(uint64_t bytes) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
   double v = static_cast<double>(bytes);

@@ -14,6 +14,15 @@ namespace remat {
 std::optional<uint64_t> parse_size(std::string_view text);
 /// Counts from "4k", "32K", "1M", "1.5k" (k = 1024, M = 1024^2: sequence lengths are powers of 2).
 std::optional<int64_t> parse_count(std::string_view text);
+/// The largest memory budget accepted anywhere (device.memory, --memory): 1 PiB, far above any
+/// device, far below where byte arithmetic overflows.
+constexpr uint64_t kMaxMemoryBytes = 1ull << 50;
+/// Why `bytes` is not a memory budget (0, or over kMaxMemoryBytes), or nullopt when it is one.
+/// The config key and the --memory flag share it, so a budget means the same in both.
+std::optional<std::string> memory_budget_problem(uint64_t bytes);
+inline constexpr const char* kMemoryBudgetFix =
+    "give a budget between 1 B and 1 PiB, e.g. \"512MiB\" or \"80GiB\", or leave it out for the "
+    "machine's memory";
 /// "1.50 GiB", "512.0 MiB", "640 B".
 std::string format_bytes(uint64_t bytes);
 /// Sequence lengths the way users say them: "64k", "1.5M", "1000".

@@ -1,77 +1,296 @@
 #!/usr/bin/env bash
-# The one command for a machine with a GPU (built for an H200 with CUDA 13 and PyTorch's cuDNN
-# wheel; no network): locate cuDNN, build Release with the CUDA backend into build-device, run
-# the gpu tests, then time short training runs of the GPT-2 124M and 350M shapes at seq_len 4096
-# and 32768 under each remat policy and print a table (tokens/s, model TFLOP/s, MFU, peak memory).
-# Finishes in under 8 minutes (every step is under `timeout`). With $OUT set, writes the full
-# log to $OUT/device-check.log and the table to $OUT/device-check.json.
-# An out-of-memory run (exit 3) is recorded as "OOM", not as a failure.
-# MFU = model FLOPs (recompute excluded) per second / the bf16 GEMM rate measured on this card by
-# remat_bench_gemm. Last, the longest seq_len that fits with full remat in FIT_MEMORY is
-# predicted by `fit` and confirmed by one real step (and one step above it must not fit).
-#   env: CUDNN_ROOT (cuDNN folder), JOBS (build jobs, default nproc),
-#        POLICIES ("none save_attn save_dots full"), FIT_MEMORY (pool budget for the fit, 64GiB)
+# The one command for a machine with a GPU: turns a few minutes of it into verified numbers.
+# Built for an H200 with CUDA 13, cuDNN/cuBLAS/NVRTC as Python wheels, no compiler packages and
+# no network, so it runs the prebuilt bundle (scripts/device-bundle.sh) and builds nothing.
+#
+# Send along: the working tree plus the ignored folder `device-bundle` (about 50 MiB; make it
+# here with `make bundle`). Run, from the repository root:
+#     OUT=/some/folder bash scripts/device-check.sh
+# and bring back $OUT: device-check.rows.jsonl (one JSON object per line, appended as soon as
+# each result is measured, so a run killed by a time limit still returns everything done so far),
+# device-check.json (the summary, written last), device-check.log (everything printed), logs/.
+#
+# Rows, in order (each has "stage" and "status"; "t_s" is seconds since the start):
+#   start, binaries, libraries, versions (cuDNN: header built with, runtime, wheel header),
+#   plan (the bundle's prediction for GPT-2 124M at 32k on an h200, no GPU needed),
+#   gpu ("no_gpu" ends the check here, exit 0: what a dry run on a machine without one shows),
+#   gpu_test per test binary tag (parity vs the CPU in fp32 and bf16, bitwise policies on the
+#   MLP, cuDNN's tolerance on the GPT, plan workspaces, planner vs measured peak), gemm (bf16
+#   peak: the MFU denominator), train per GPT-2 124M/350M x 4k/32k x policy (ms/step, tokens/s,
+#   MFU, measured vs predicted peak), fit (fit --measure, full, FIT_MEMORY), longest (one step of
+#   124M at the planner's maximum for the whole card, or "skipped" with the estimated step time),
+#   summary.
+# Time: stops starting work after BUDGET_S (420) seconds and caps every step with `timeout`, so
+# the whole check stays under 8 minutes.
+#   env: OUT (results folder; default a new temp folder), BUNDLE (default device-bundle),
+#        BUDGET_S, POLICIES ("none save_attn save_dots full"), FIT_MEMORY (pool budget of the
+#        fit --measure stage, 6GiB: its longest context, ~77k tokens, takes seconds a step),
+#        DRY_RUN=1 (stop before using any GPU, as if there were none), CUDNN_ROOT, CUDA_HOME.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 START=$(date +%s)
-BUDGET_S=450  # stop starting new work after this; the whole script must stay under 8 minutes
-LOG_DIR=${OUT:-$(mktemp -d)}
-mkdir -p "$LOG_DIR"
-LOG="$LOG_DIR/device-check.log"
-JSON="$LOG_DIR/device-check.json"
+BUDGET_S=${BUDGET_S:-420}
+OUT=${OUT:-$(mktemp -d)}
+mkdir -p "$OUT/logs" "$OUT/configs"
+LOG=$OUT/device-check.log
+ROWS=$OUT/device-check.rows.jsonl
+SUMMARY=$OUT/device-check.json
+: > "$ROWS"
+CFG=$OUT/configs
+PY=$(command -v python3 || command -v python) || { echo "[device-check] needs python3 (JSON rows)" >&2; exit 1; }
+
+# Everything printed also goes to the log. The tee is waited for on exit, so its last lines
+# are on disk before the script returns.
+exec 3>&1 4>&2
 exec > >(tee "$LOG") 2>&1
-elapsed() { echo $(( $(date +%s) - START )); }
-left() { echo $(( BUDGET_S - $(elapsed) )); }
+TEE_PID=$!
+finish() {
+  local rc=$?
+  exec 1>&3 2>&4 3>&- 4>&-
+  wait "$TEE_PID" 2>/dev/null || while kill -0 "$TEE_PID" 2>/dev/null; do sleep 0.1; done
+  exit "$rc"
+}
+trap finish EXIT
+
+elapsed() { echo $(($(date +%s) - START)); }
+left() { echo $((BUDGET_S - $(elapsed))); }
 say() { echo "[device-check $(elapsed)s] $*"; }
+cap() { local l; l=$(left); echo $((l < $1 ? (l > 5 ? l : 5) : $1)); }  # timeout: at most $1 s
 
-# ---- 1. cuDNN ----
-if [ -z "${CUDNN_ROOT:-}" ]; then
-  CUDNN_ROOT=$(python3 -c 'import nvidia.cudnn as m; print(list(m.__path__)[0])' 2>/dev/null || true)
-fi
-if [ -n "${CUDNN_ROOT:-}" ]; then
-  say "cuDNN from $CUDNN_ROOT"
-  export LD_LIBRARY_PATH="$CUDNN_ROOT/lib:${LD_LIBRARY_PATH:-}"  # its sub-libraries are dlopen'ed
-  CUDNN_ARG=(-DCUDNN_ROOT="$CUDNN_ROOT")
-else
-  say "cuDNN: CUDNN_ROOT unset and no nvidia.cudnn wheel; trying the CUDA toolkit folder"
-  CUDNN_ARG=()
-fi
-export PATH="/usr/local/cuda/bin:$PATH"
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+# ---- rows ----
+emit() {  # one finished JSON line: appended to the rows file at once, and logged
+  printf '%s\n' "$1" >> "$ROWS"
+  say "row $1"
+}
+row() {  # row key=value ... key:=<json value>
+  emit "$("$PY" - "$(elapsed)" "$@" <<'PY'
+import json, sys
+out = {}
+for a in sys.argv[2:]:
+    k, sep, v = a.partition(":=")
+    if not sep:
+        k, _, v = a.partition("=")
+    out[k] = json.loads(v) if sep else v
+out["t_s"] = int(sys.argv[1])
+print(json.dumps(out))
+PY
+)"
+}
+summary() {  # the last row, device-check.json and a table; $1: overall status
+  "$PY" - "$ROWS" "$SUMMARY" "$1" "$(elapsed)" <<'PY'
+import json, sys
+rows_path, summary_path, status, elapsed = sys.argv[1:5]
+rows = [json.loads(l) for l in open(rows_path) if l.strip()]
+tests = [r for r in rows if r["stage"] == "gpu_test"]
+runs = [r for r in rows if r["stage"] == "train"]
+failed = [r for r in rows if r.get("status") in ("failed", "timeout", "missing", "disagrees")]
+gemm = next((r for r in rows if r["stage"] == "gemm"), {})
+def label(r):
+    parts = [r["stage"], r.get("tag"), r.get("model"), r.get("seq_len"), r.get("policy")]
+    return " ".join(str(p) for p in parts if p not in (None, "")) + ": " + r["status"]
+out = {"stage": "summary", "status": status if status != "auto" else ("ok" if not failed else "failures"),
+       "elapsed_s": int(elapsed), "gpu": next((r.get("name") for r in rows if r["stage"] == "gpu"), None),
+       "gpu_tests": {s: sum(r["status"] == s for r in tests) for s in ("passed", "failed", "timeout", "skipped")},
+       "train_runs": {s: sum(r["status"] == s for r in runs) for s in ("ok", "OOM", "failed", "timeout", "skipped")},
+       "peaks_agree": sum(bool(r.get("peak_agrees")) for r in runs),
+       "bf16_gemm_peak_tflops": gemm.get("peak_tflops"),
+       "failures": [label(r) for r in failed]}
+with open(rows_path, "a") as f:
+    f.write(json.dumps(out) + "\n")
+with open(summary_path, "w") as f:
+    json.dump(dict(out, rows=rows), f, indent=1)
+cols = [("model", "<10"), ("seq_len", ">7"), ("policy", "<9"), ("status", "<8"), ("step_ms", ">8"),
+        ("tokens_per_s", ">9"), ("model_tflops", ">7"), ("mfu", ">6"), ("peak_gib", ">8"),
+        ("predicted_peak_gib", ">8"), ("peak_agrees", ">6")]
+if runs:
+    print(" ".join(format(k[:9], f) for k, f in cols))
+    for r in runs:
+        print(" ".join(format(str(r.get(k, "-")), f) for k, f in cols))
+print(json.dumps(out))
+PY
+}
 
-# ---- 2. build ----
-say "configure + build (Release, REMAT_CUDA=ON)"
-if ! timeout 60 cmake -S . -B build-device -DCMAKE_BUILD_TYPE=Release -DREMAT_CUDA=ON "${CUDNN_ARG[@]}" >/dev/null; then
-  say "FAILED: cmake configure"; exit 1
-fi
-if ! timeout 240 cmake --build build-device -j "${JOBS:-$(nproc)}" --target remat-train remat_gpu_tests remat_bench_gemm; then
-  say "FAILED: build"; exit 1
-fi
-./build-device/remat-train --version
+# ---- 1. binaries: the bundle, or a build where the machine can make one ----
+BUNDLE=${BUNDLE:-device-bundle}
+locate_binaries() {
+  if [ -x "$BUNDLE/remat-train" ]; then
+    RT=$BUNDLE/remat-train GT=$BUNDLE/remat_gpu_tests GB=$BUNDLE/remat_bench_gemm
+    row stage=binaries status=ok source=bundle bundle="$BUNDLE" \
+      manifest="$(sed -n '1,2p' "$BUNDLE/MANIFEST.txt" 2>/dev/null | paste -sd' ')"
+    return 0
+  fi
+  say "no $BUNDLE/remat-train: building into build-device (needs the Debian packages)"
+  local cudnn=()
+  if [ -n "${CUDNN_ROOT:-}" ]; then cudnn=(-DCUDNN_ROOT="$CUDNN_ROOT"); fi
+  if timeout "$(cap 60)" cmake -S . -B build-device -DCMAKE_BUILD_TYPE=Release -DREMAT_CUDA=ON "${cudnn[@]}" >/dev/null &&
+    timeout "$(cap 240)" cmake --build build-device -j "$(nproc)" --target remat-train remat_gpu_tests remat_bench_gemm; then
+    RT=build-device/remat-train GT=build-device/tests/gpu/remat_gpu_tests GB=build-device/tests/gpu/remat_bench_gemm
+    row stage=binaries status=ok source=build
+    return 0
+  fi
+  row stage=binaries status=failed source=build \
+    note="no bundle and no build: make the bundle where the packages are (make bundle) and send device-bundle along"
+  return 1
+}
 
-# ---- 3. gpu tests ----
-say "gpu tests"
-TESTS_RC=0
-(cd build-device && timeout "$(( $(left) > 200 ? 200 : $(left) ))" ctest -L gpu --output-on-failure) || TESTS_RC=$?
-say "gpu tests exit code $TESTS_RC"
+# ---- 2. libraries: cuDNN, cuBLAS, NVRTC and the CUDA runtime from the wheels or CUDA_HOME ----
+site_dirs() {
+  "$PY" - <<'PY' 2>/dev/null
+import site, sysconfig
+dirs = list(site.getsitepackages()) + [site.getusersitepackages(), sysconfig.get_paths()["purelib"]]
+print("\n".join(dict.fromkeys(dirs)))
+PY
+}
+library_dirs() {  # candidate folders, most specific first
+  if [ -n "${CUDNN_ROOT:-}" ]; then echo "$CUDNN_ROOT/lib"; fi
+  local sp d
+  while read -r sp; do
+    for d in "$sp"/nvidia/*/lib; do [ -d "$d" ] && echo "$d"; done
+  done < <(site_dirs)
+  for d in "${CUDA_HOME:-/usr/local/cuda}"/lib64 /usr/local/cuda/lib64; do [ -d "$d" ] && echo "$d"; done
+}
+dir_of() {  # the first folder in $LD_LIBRARY_PATH holding a file matching $1
+  local d f
+  IFS=: read -ra dirs <<< "$LD_LIBRARY_PATH"
+  for d in "${dirs[@]}"; do
+    for f in "$d"/$1; do [ -e "$f" ] && { echo "$d"; return; }; done
+  done
+}
+missing_libs() {  # sonames ldd cannot resolve for the three binaries
+  local b
+  for b in "$RT" "$GT" "$GB"; do ldd "$b" 2>&1 | awk '/not found/ {print $1}'; done | sort -u | paste -sd' '
+}
+setup_libraries() {
+  local dirs
+  dirs=$(library_dirs | awk '!seen[$0]++' | paste -sd:)
+  local bundle_lib
+  bundle_lib="$(cd "$(dirname "$RT")" && pwd)/lib"  # absolute: the binaries may run elsewhere
+  LD_LIBRARY_PATH="$bundle_lib${dirs:+:$dirs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  export LD_LIBRARY_PATH
+  # The bundled libstdc++ only if the machine's is too old for the binaries (one libstdc++ per
+  # process, shared with cuDNN: the newer system one is preferred).
+  local compat=no
+  if ! "$RT" --version >/dev/null 2>"$OUT/logs/version.err" && grep -q 'GLIBCXX\|CXXABI\|libstdc' "$OUT/logs/version.err" &&
+    [ -d "$bundle_lib/compat" ]; then
+    LD_LIBRARY_PATH="$bundle_lib/compat:$LD_LIBRARY_PATH"
+    compat=yes
+  fi
+  local missing
+  missing=$(missing_libs)
+  row stage=libraries status="$([ -z "$missing" ] && echo ok || echo missing)" missing="$missing" \
+    cudnn_dir="$(dir_of 'libcudnn.so.9*')" cublas_dir="$(dir_of 'libcublasLt.so.*')" \
+    nvrtc_dir="$(dir_of 'libnvrtc.so.*')" cudart_dir="$(dir_of 'libcudart.so.*')" \
+    compat_libstdcxx="$compat" glibc="$(ldd --version 2>&1 | head -1 | grep -o '[0-9.]*$')" \
+    ld_library_path="$LD_LIBRARY_PATH"
+  [ -z "$missing" ]
+}
 
-# ---- 4. the measured bf16 GEMM peak (MFU denominator) ----
-PEAK_LINE=$(timeout 60 ./build-device/tests/gpu/remat_bench_gemm || true)
-say "$PEAK_LINE"
-PEAK_TFLOPS=$(echo "$PEAK_LINE" | sed -n 's/^bf16 GEMM peak: \([0-9.]*\).*/\1/p')
-if [ -z "$PEAK_TFLOPS" ]; then PEAK_TFLOPS=989; say "GEMM benchmark failed: MFU against the 989 TFLOP/s datasheet value"; fi
+# ---- 3. versions: the cuDNN headers built against, the runtime loaded, the wheel's headers ----
+check_versions() {
+  local v built runtime header="" hdr
+  v=$("$RT" --version 2>&1)
+  echo "$v"
+  runtime=$(echo "$v" | sed -n 's/.*cuDNN \([0-9.]*\) (built with.*/\1/p')
+  built=$(echo "$v" | sed -n 's/.*(built with \([0-9.]*\)).*/\1/p')
+  hdr=$(dirname "$(dir_of 'libcudnn.so.9*')")/include/cudnn_version.h
+  if [ -f "$hdr" ]; then
+    header=$(awk '/#define CUDNN_(MAJOR|MINOR|PATCHLEVEL) / {print $3}' "$hdr" | paste -sd.)
+  fi
+  local status=ok
+  if [ -z "$runtime" ]; then status=failed; elif [ "$runtime" != "$built" ]; then status=differs; fi
+  row stage=versions status="$status" cudnn_runtime="$runtime" cudnn_built_with="$built" \
+    cudnn_wheel_header="$header" version="$(echo "$v" | paste -sd';')"
+  [ "$status" != failed ]
+}
 
-# ---- 5. benchmarks ----
-TMP=$(mktemp -d)
+# The bundle plans without a GPU: GPT-2 124M at 32k on the h200 preset (what a run compares with).
+plan_smoke() {
+  local out
+  out=$("$RT" plan --config configs/gpt2-124m.toml --gpu h200 --json 2>"$OUT/logs/plan.err")
+  local rc=$?
+  emit "$("$PY" - "$rc" "$(elapsed)" "$out" <<'PY'
+import json, sys
+rc, t, text = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+row = {"stage": "plan", "status": "ok" if rc == 0 else "failed", "exit_code": rc,
+       "config": "configs/gpt2-124m.toml", "target": "h200"}
+try:
+    row["predicted_peak_bytes"] = {p["policy"]: p["peak_bytes"] for p in json.loads(text)["policies"]}
+except (ValueError, KeyError):
+    row["status"] = "failed"
+row["t_s"] = t
+print(json.dumps(row))
+PY
+)"
+}
+
+# ---- 4. the GPU ----
+GPU_NAME="" GPU_FREE_MIB=0
+detect_gpu() {
+  local q
+  q=$(nvidia-smi --query-gpu=name,memory.total,memory.free,driver_version --format=csv,noheader,nounits 2>/dev/null | head -1)
+  if [ "${DRY_RUN:-0}" = 1 ]; then
+    row stage=gpu status=dry_run nvidia_smi="$q"
+    return 1
+  fi
+  if [ -z "$q" ]; then
+    row stage=gpu status=no_gpu note="nvidia-smi found no GPU$(command -v nvidia-smi >/dev/null || echo ' (not installed)')"
+    return 1
+  fi
+  IFS=, read -r GPU_NAME total GPU_FREE_MIB driver <<< "$q"
+  GPU_FREE_MIB=${GPU_FREE_MIB// /}
+  row stage=gpu status=ok name="${GPU_NAME}" memory_total_mib:="${total// /}" \
+    memory_free_mib:="$GPU_FREE_MIB" driver="${driver// /}"
+}
+
+# ---- 5. gpu tests, one tag at a time ----
+run_gpu_tests() {
+  local tags tag rc t0 out
+  # An array, not word splitting: "[linear]" unquoted would be a glob.
+  mapfile -t tags < <("$GT" --list-tags 2>/dev/null | sed -n 's/^ *[0-9]\+ \+\(\[[^]]*\]\).*/\1/p' | grep -v '^\[gpu\]$')
+  [ ${#tags[@]} -gt 0 ] || { row stage=gpu_test status=failed tag=list note="--list-tags gave nothing"; return; }
+  for tag in "${tags[@]}"; do
+    if [ "$(left)" -lt 30 ]; then row stage=gpu_test tag="$tag" status=skipped note="time budget"; continue; fi
+    out=$OUT/logs/gpu_test-${tag//[^a-z_0-9]/}.txt
+    t0=$(date +%s)
+    timeout -k 5 "$(cap 120)" "$GT" "$tag" > "$out" 2>&1
+    rc=$?
+    cat "$out"
+    local status
+    case $rc in 0) status=passed ;; 77) status=skipped ;; 124 | 137) status=timeout ;; *) status=failed ;; esac
+    # Passing tests print their measurements (workspace sizes, loss differences): keep those;
+    # a failure keeps the end of its output.
+    local notes
+    if [ $rc -eq 0 ]; then notes=$(grep -E '^(cuDNN plan workspace|policies )' "$out"); else notes=$(tail -40 "$out"); fi
+    row stage=gpu_test tag="$tag" status="$status" exit_code:="$rc" seconds:="$(($(date +%s) - t0))" \
+      output="$notes"
+  done
+}
+
+# ---- 6. bf16 GEMM peak ----
+PEAK_TFLOPS=""
+run_gemm() {
+  local out peak mlp
+  out=$(timeout -k 5 "$(cap 90)" "$GB" 2>&1)
+  echo "$out"
+  peak=$(echo "$out" | sed -n 's/^bf16 GEMM peak: \([0-9.]*\).*/\1/p')
+  mlp=$(echo "$out" | sed -n 's/^bf16 GEMM 3072x32768x768: \([0-9.]*\).*/\1/p')
+  if [ -n "$peak" ]; then
+    PEAK_TFLOPS=$peak
+    row stage=gemm status=ok peak_tflops:="$peak" gpt2_mlp_32k_tflops:="${mlp:-null}" shape="M=N=K=8192, random bf16, GEMM only"
+  else
+    row stage=gemm status=failed output="$(echo "$out" | tail -20)"
+  fi
+}
+
+# ---- 7. training runs ----
 write_config() {  # name n_layer n_head n_embd
-  cat > "$TMP/$1.toml" <<TOML
+  cat > "$CFG/$1.toml" <<TOML
 [model]
 kind = "gpt"
 n_layer = $2
 n_head = $3
 n_embd = $4
 vocab_size = 50304
-n_ctx = 32768
 position = "rope"
 [train]
 seq_len = 4096
@@ -87,77 +306,147 @@ policy = "none"
 backend = "cuda"
 TOML
 }
-write_config gpt2-124m 12 12 768
-write_config gpt2-350m 24 16 1024
 
-ROWS=()
-for model in gpt2-124m gpt2-350m; do
-  for seq in 4096 32768; do
-    for policy in ${POLICIES:-none save_attn save_dots full}; do
-      if [ "$(left)" -lt 20 ]; then
-        say "time budget spent: skipping $model T=$seq $policy"
-        ROWS+=("{\"model\":\"$model\",\"seq_len\":$seq,\"policy\":\"$policy\",\"status\":\"skipped\"}")
-        continue
-      fi
-      M="$TMP/$model-$seq-$policy.jsonl"
-      say "run $model seq_len=$seq policy=$policy"
-      timeout "$(( $(left) > 60 ? 60 : $(left) ))" ./build-device/remat-train --config "$TMP/$model.toml" \
-        --set device.backend=cuda --set train.steps=3 --set train.seq_len=$seq \
-        --set remat.policy=$policy --metrics "$M" -q
-      rc=$?
-      case $rc in
-        0) status=ok ;; 3) status=OOM ;; 124) status=timeout ;; *) status="failed($rc)" ;;
-      esac
-      summary=$( [ -f "$M" ] && grep '"summary"' "$M" | tail -1 )
-      ROWS+=("$(python3 - "$model" "$seq" "$policy" "$status" "$PEAK_TFLOPS" "$summary" <<'PY'
-import json, sys
-model, seq, policy, status, peak, summary = sys.argv[1:7]
-row = {"model": model, "seq_len": int(seq), "policy": policy, "status": status}
+train_row() {  # model seq policy status exit_code wall_s metrics_file
+  "$PY" - "$@" "${PEAK_TFLOPS:-989}" "$([ -n "$PEAK_TFLOPS" ] && echo measured || echo datasheet)" "$(elapsed)" <<'PY'
+import json, os, sys
+model, seq, policy, status, rc, wall, metrics, peak, basis, t = sys.argv[1:11]
+row = {"stage": "train", "model": model, "seq_len": int(seq), "policy": policy, "status": status,
+       "exit_code": int(rc), "wall_s": int(wall)}
+summary = None
+if os.path.exists(metrics):
+    for line in open(metrics):
+        if '"summary"' in line:
+            summary = json.loads(line)["summary"]
 if summary:
-    s = json.loads(summary)["summary"]
-    f = s.get("flops_per_step", {})
-    flops = sum(v for k, v in f.items() if k != "recompute")  # model FLOPs: recompute excluded
-    ms = s.get("median_step_ms", 0) or 0
-    row.update(tokens_per_s=round(s.get("tokens_per_s", 0), 1), median_step_ms=round(ms, 1),
-               peak_gib=round(s.get("peak_bytes", 0) / 2**30, 2),
-               predicted_peak_gib=round(s.get("predicted_peak_bytes", 0) / 2**30, 2))
+    flops = summary.get("flops_per_step", {})
+    model_flops = sum(v for k, v in flops.items() if k != "recompute")  # MFU counts no recompute
+    ms = summary.get("median_step_ms") or 0
+    peak_b, pred_b = summary.get("peak_bytes", 0), summary.get("predicted_peak_bytes", 0)
+    row.update(step_ms=round(ms, 1), tokens_per_s=round(summary.get("tokens_per_s", 0)),
+               peak_bytes=peak_b, predicted_peak_bytes=pred_b, peak_agrees=peak_b == pred_b,
+               peak_gib=round(peak_b / 2**30, 2), predicted_peak_gib=round(pred_b / 2**30, 2),
+               flops_per_step=sum(flops.values()), recompute_flops=flops.get("recompute", 0))
     if ms > 0:
-        tflops = flops / (ms / 1000) / 1e12
-        row.update(model_tflops=round(tflops, 1), mfu=round(tflops / float(peak), 3))
+        tflops = model_flops / (ms / 1000) / 1e12
+        row.update(model_tflops=round(tflops, 1), mfu=round(tflops / float(peak), 3), mfu_basis=basis)
+row["t_s"] = int(t)
 print(json.dumps(row))
 PY
-)")
-    done
-  done
-done
-# ---- 6. longest seq_len with full remat: predicted, then confirmed by one real step ----
-FIT_RC=skipped
-if [ "$(left)" -gt 60 ]; then
-  say "fit: gpt2-124m, full, budget ${FIT_MEMORY:-64GiB}"
-  timeout "$(( $(left) - 10 ))" ./build-device/remat-train fit --config "$TMP/gpt2-124m.toml" \
-    --set device.backend=cuda --set device.memory="${FIT_MEMORY:-64GiB}" --policies full --measure
-  FIT_RC=$?
-  say "fit --measure exit code $FIT_RC (0: prediction confirmed)"
-fi
-rm -rf "$TMP"
+}
 
-# ---- 7. table ----
-ROWS_FILE="$LOG_DIR/device-check.rows.jsonl"
-printf '%s\n' "${ROWS[@]}" > "$ROWS_FILE"
-python3 - "$TESTS_RC" "$JSON" "$ROWS_FILE" "$PEAK_TFLOPS" "$FIT_RC" <<'PY'
+train_one() {  # model seq policy [extra --set ...]: one run, one row
+  local model=$1 seq=$2 policy=$3 rc status t0
+  shift 3
+  local m=$OUT/logs/train-$model-$seq-$policy.jsonl
+  if [ "$(left)" -lt 20 ]; then
+    row stage=train model="$model" seq_len:="$seq" policy="$policy" status=skipped note="time budget"
+    return
+  fi
+  say "train $model seq_len=$seq policy=$policy"
+  t0=$(date +%s)
+  timeout -k 5 "$(cap 90)" "$RT" --config "$CFG/$model.toml" --set train.seq_len="$seq" \
+    --set remat.policy="$policy" --metrics "$m" -q "$@"
+  rc=$?
+  case $rc in 0) status=ok ;; 3) status=OOM ;; 124 | 137) status=timeout ;; *) status=failed ;; esac
+  emit "$(train_row "$model" "$seq" "$policy" "$status" "$rc" "$(($(date +%s) - t0))" "$m")"
+}
+
+train_model() {  # model: 4k and 32k under each policy
+  local seq policy
+  for seq in 4096 32768; do
+    for policy in ${POLICIES:-none save_attn save_dots full}; do train_one "$1" "$seq" "$policy"; done
+  done
+}
+
+# ---- 8. fit --measure at a small budget: predicted maximum fits, one token more does not ----
+run_fit() {
+  local mem=${FIT_MEMORY:-6GiB} out=$OUT/logs/fit.json rc
+  if [ "$(left)" -lt 60 ]; then row stage=fit status=skipped note="time budget"; return; fi
+  say "fit --measure: gpt2-124m, full, pool budget $mem"
+  timeout -k 5 "$(cap 150)" "$RT" fit --config "$CFG/gpt2-124m.toml" --memory "$mem" \
+    --policies full --measure --json > "$out"
+  rc=$?
+  cat "$out"
+  emit "$("$PY" - "$out" "$rc" "$mem" "$(elapsed)" <<'PY'
 import json, sys
-rows = [json.loads(l) for l in open(sys.argv[3]) if l.strip()]
-cols = [("model", "model", "<10"), ("seq_len", "seq_len", ">7"), ("policy", "policy", "<6"),
-        ("status", "status", "<10"), ("tokens_per_s", "tok/s", ">9"), ("median_step_ms", "ms/step", ">9"),
-        ("model_tflops", "TFLOP/s", ">8"), ("mfu", "MFU", ">6"), ("peak_gib", "peak GiB", ">9"),
-        ("predicted_peak_gib", "pred GiB", ">9")]
-print(" ".join(format(title, fmt) for _, title, fmt in cols))
-for r in rows:
-    print(" ".join(format(str(r.get(key, "-")), fmt) for key, _, fmt in cols))
-with open(sys.argv[2], "w") as f:
-    json.dump({"gpu_tests_exit_code": int(sys.argv[1]), "bf16_gemm_peak_tflops": float(sys.argv[4]),
-               "fit_measure_exit_code": sys.argv[5], "runs": rows}, f, indent=1)
-print(f"MFU against the measured bf16 GEMM peak of {sys.argv[4]} TFLOP/s; fit --measure exit code {sys.argv[5]}")
+path, rc, mem, t = sys.argv[1:5]
+row = {"stage": "fit", "memory": mem, "exit_code": int(rc),
+       "status": {0: "agrees", 1: "disagrees", 124: "timeout", 137: "timeout"}.get(int(rc), "failed")}
+try:
+    p = json.load(open(path))["policies"][0]
+    m = p.get("measured", {})
+    row.update(longest_seq_len=p["longest_seq_len"], predicted_peak_bytes=p["predicted_peak_bytes"],
+               measured_peak_bytes=m.get("measured_peak_bytes"), exit_at_longest=m.get("exit_at_longest"),
+               exit_above_longest=m.get("exit_above_longest"),
+               peak_agrees=m.get("measured_peak_bytes") == p["predicted_peak_bytes"])
+except (OSError, ValueError, KeyError, IndexError) as e:
+    row["note"] = f"no fit JSON: {e}"
+row["t_s"] = int(t)
+print(json.dumps(row))
 PY
-say "done; log $LOG, table $JSON"
-exit "$TESTS_RC"
+)"
+}
+
+# ---- 9. the longest context for the whole card: one real step, if it can finish in time ----
+plan_field() {  # budget_mib seq_len jq-like python expression on the plan JSON
+  "$RT" plan --config "$CFG/gpt2-124m.toml" --memory "$1MiB" --seq-len "$2" --json 2>/dev/null |
+    "$PY" -c "import json,sys; j=json.load(sys.stdin); p=next(p for p in j['policies'] if p['policy']=='full'); print($3)"
+}
+run_longest() {
+  local budget=$((GPU_FREE_MIB - 1024)) ref=$OUT/logs/train-gpt2-124m-32768-full.jsonl longest est
+  longest=$(plan_field "$budget" 32768 "p['longest_seq_len']")
+  if [ -z "$longest" ] || [ ! -f "$ref" ]; then
+    row stage=longest status=skipped note="no plan or no 32k reference run" budget_mib:="$budget"
+    return
+  fi
+  # Step time at the maximum: the measured 32k step scaled by the planner's FLOPs (attention
+  # grows with T^2, so this is close); plus ~20 s of start-up (weights, cuDNN plans).
+  est=$("$PY" - "$ref" "$(plan_field "$budget" "$longest" "sum(p['flops'].values())")" <<'PY'
+import json, sys
+s = next(json.loads(l)["summary"] for l in open(sys.argv[1]) if '"summary"' in l)
+print(round(s["median_step_ms"] / 1000 * float(sys.argv[2]) / sum(s["flops_per_step"].values()) + 20))
+PY
+)
+  # cuDNN indexes (B, T, 3C) with 32-bit offsets in places: past 2^31 elements a step may fail.
+  local note="" elems=$((longest * 3 * 768))
+  if [ "$elems" -ge $((1 << 31)) ]; then note="T x 3C = $elems elements, past 2^31"; fi
+  if [ -z "$est" ] || [ "$est" -gt "$(($(left) - 10))" ]; then
+    row stage=longest status=skipped model=gpt2-124m policy=full seq_len:="$longest" \
+      budget_mib:="$budget" est_seconds:="${est:-null}" seconds_left:="$(left)" \
+      note="estimated step time exceeds the time left${note:+; $note}"
+    return
+  fi
+  local m=$OUT/logs/train-longest.jsonl rc t0
+  t0=$(date +%s)
+  timeout -k 5 "$(cap $((est + 30)))" "$RT" --config "$CFG/gpt2-124m.toml" --set train.seq_len="$longest" \
+    --set remat.policy=full --set train.steps=1 --set device.memory="${budget}MiB" --metrics "$m" -q
+  rc=$?
+  local status
+  case $rc in 0) status=ok ;; 3) status=OOM ;; 124 | 137) status=timeout ;; *) status=failed ;; esac
+  local r
+  r=$(train_row gpt2-124m "$longest" full "$status" "$rc" "$(($(date +%s) - t0))" "$m")
+  emit "$("$PY" -c 'import json,sys; r=json.loads(sys.argv[1]); r.update(stage="longest", budget_mib=int(sys.argv[2]), est_seconds=int(sys.argv[3]), note=sys.argv[4]); print(json.dumps(r))' \
+    "$r" "$budget" "$est" "$note")"
+}
+
+# ---- the check ----
+row stage=start status=ok host="$(uname -n)" out="$OUT" budget_s:="$BUDGET_S"
+locate_binaries || { summary failed; exit 1; }
+setup_libraries || say "libraries missing (row above): the runs below will say what fails"
+check_versions || { summary failed; exit 1; }
+plan_smoke
+if ! detect_gpu; then
+  summary "$(tail -1 "$ROWS" | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["status"])')"
+  exit 0
+fi
+write_config gpt2-124m 12 12 768
+write_config gpt2-350m 24 16 1024
+run_gpu_tests
+run_gemm
+train_model gpt2-124m
+run_fit
+train_model gpt2-350m
+run_longest
+summary auto
+! grep -qE '"status": "(failed|timeout|missing|disagrees)"' "$ROWS"

@@ -9,6 +9,8 @@ packages=(
   libxxhash-dev            # XXH3-64 checksums of checkpoint files
   libopenblas-openmp-dev   # OpenBLAS on OpenMP: one thread pool shared with our kernels
   python3-matplotlib       # scripts/plot_sweep.py
+  patchelf                 # scripts/device-bundle.sh: RUNPATH of the bundled binaries
+  clang libclang-rt-14-dev # libFuzzer + sanitizers: `make fuzz`, and the fuzz step of `make test`
 )
 
 missing=()

@@ -264,7 +264,7 @@ TEST_CASE("directories and globs expand in a deterministic order", "[data]") {
   }
 }
 
-TEST_CASE("windows are a pure function of (seed, step, row); targets are inputs shifted by one",
+TEST_CASE("windows are a pure function of (seed, step, row), and targets are inputs shifted by one",
           "[data]") {
   TempDir dir;
   write_bytes(dir / "a.bin", shard_bytes(tagged_tokens(1, 300)));

@@ -188,7 +188,7 @@ TEST_CASE("decoder checks weight shapes and the learned-position limit", "[sampl
   }
 }
 
-TEST_CASE("gpt2 tokenizer files (v1, v2) decode; bad ones are DataErrors naming the file",
+TEST_CASE("gpt2 tokenizer files (v1, v2) decode, and bad ones are DataErrors naming the file",
           "[sample]") {
   TempDir tmp("tok");
   const std::vector<std::string> tokens = {

@@ -71,7 +71,7 @@ TEST_CASE("fit's predicted longest seq_len is what real steps find (--measure)",
              Contains("longest:") && Contains("at your configured 64"));
 }
 
-TEST_CASE("fit prints the table and the recommendation; --measure rejects a --gpu preset",
+TEST_CASE("fit prints the table and the recommendation, and --measure rejects a --gpu preset",
           "[smoke]") {
   Result r = run("fit --config configs/long.toml --gpu h200", true);
   REQUIRE(r.code == 0);
@@ -81,7 +81,7 @@ TEST_CASE("fit prints the table and the recommendation; --measure rejects a --gp
   CHECK(run("fit --config configs/mlp4.toml").code == 2);
 }
 
-TEST_CASE("sweep records an out-of-memory point and goes on; CSV and JSON follow the schema",
+TEST_CASE("sweep records an out-of-memory point and goes on, and CSV and JSON follow the schema",
           "[smoke]") {
   const std::string dir = tmp_dir("sweep");
   // At 256 tokens `none` needs 4.05 MiB (> 4 MiB) and `full` 3.10 MiB.

@@ -7,9 +7,10 @@
 // values) and frozen by cudnnBackendFinalize. Tensors carry a unique id (UID); the variant pack
 // binds device pointers (or host pointers, for by-value scalars) to UIDs at execution. A graph
 // is a list of finalized ops; heuristics rank engine configs for it, and the first config whose
-// execution plan finalizes is used. Every descriptor stays alive as long as the plan.
-// cuDNN's sdpa backward is non-deterministic (dQ accumulates atomically): results repeat only
-// to within bf16 rounding, which the gpu tests' tolerances allow for.
+// execution plan finalizes and whose workspace fits the planner's reserve is used. Every descriptor
+// stays alive as long as the plan. cuDNN's sdpa backward is non-deterministic (dQ accumulates
+// atomically): results repeat only to within bf16 rounding, which the gpu tests' tolerances allow
+// for.
 #include "engine/cuda/attention.h"
 
 #include <fmt/format.h>
@@ -62,8 +63,20 @@ class Desc {
 
 // UIDs of the graph's real (non-virtual) tensors: the variant pack binds pointers to these.
 enum Uid : int64_t {
-  kQ = 1, kKt, kV, kO, kStats, kScale, kNegInf,  // forward (kV is V^T in the backward)
-  kdO, kdQ, kdK, kdV, kOne, kSoftmaxSum, kdQAccum,  // backward
+  kQ = 1,
+  kKt,
+  kV,
+  kO,
+  kStats,
+  kScale,
+  kNegInf,  // forward (kV is V^T in the backward)
+  kdO,
+  kdQ,
+  kdK,
+  kdV,
+  kOne,
+  kSoftmaxSum,
+  kdQAccum,  // backward
   kFirstVirtual = 100,
 };
 
@@ -131,7 +144,8 @@ class GraphBuilder {
     add_op(std::move(op));
   }
   /// y = reduce(x) over the axes where y has extent 1.
-  void reduction(cudnnReduceTensorOp_t mode, cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t y) {
+  void reduction(cudnnReduceTensorOp_t mode, cudnnBackendDescriptor_t x,
+                 cudnnBackendDescriptor_t y) {
     Desc red(CUDNN_BACKEND_REDUCTION_DESCRIPTOR);
     red.set(CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &mode);
     red.set_dtype(CUDNN_ATTR_REDUCTION_COMP_TYPE, kF32);
@@ -186,7 +200,8 @@ struct Strides {
 
 // ops 3-6 of the forward table: keep scores where row >= col, -inf elsewhere.
 cudnnBackendDescriptor_t causal_mask(GraphBuilder& g, const AttentionShape& s, const Strides& st,
-                                     cudnnBackendDescriptor_t scores, cudnnBackendDescriptor_t neg_inf) {
+                                     cudnnBackendDescriptor_t scores,
+                                     cudnnBackendDescriptor_t neg_inf) {
   const Dims sd = {s.B, s.NH, s.T, s.T};
   auto row = g.virt(sd, st.scores, CUDNN_DATA_INT32);
   g.pointwise(CUDNN_POINTWISE_GEN_INDEX, scores, nullptr, row, nullptr, CUDNN_DATA_INT32, 2);
@@ -326,65 +341,111 @@ std::unique_ptr<AttentionEngine::Graph> make_graph(const AttentionShape& s, bool
   return graph;
 }
 
-// Heuristics mode A, then FALLBACK; the first engine config whose plan finalizes wins
-// (NOT_SUPPORTED on finalize is normal: the next config is tried).
-void build_plan(AttentionEngine::Graph& graph, cudnnHandle_t handle, const AttentionShape& s,
-                bool backward) {
-  for (cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
-    Desc heur(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
-    heur.set_desc(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, graph.op_graph->get());
-    heur.set(CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode);
-    heur.finalize();
-    int64_t n = 0;
-    REMAT_CUDNN_CHECK(cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
-                                               CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &n, nullptr));
-    if (n <= 0) continue;
-    std::vector<std::unique_ptr<Desc>> cfgs;
-    std::vector<cudnnBackendDescriptor_t> raw;
-    for (int64_t i = 0; i < n; ++i) {
-      cfgs.push_back(std::make_unique<Desc>(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR));
-      raw.push_back(cfgs.back()->get());
-    }
-    int64_t got = 0;
-    REMAT_CUDNN_CHECK(cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
-                                               CUDNN_TYPE_BACKEND_DESCRIPTOR, n, &got, raw.data()));
-    for (int64_t i = 0; i < got; ++i) {
-      auto plan = std::make_unique<Desc>(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
-      plan->set_desc(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, raw[static_cast<size_t>(i)]);
-      plan->set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle);
-      if (cudnnBackendFinalize(plan->get()) != CUDNN_STATUS_SUCCESS) continue;
-      int64_t ws = 0, cnt = 0;
-      REMAT_CUDNN_CHECK(cudnnBackendGetAttribute(plan->get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
-                                                 CUDNN_TYPE_INT64, 1, &cnt, &ws));
-      graph.workspace_bytes = ws;
-      graph.plan = std::move(plan);
-      graph.engine_cfg = std::move(cfgs[static_cast<size_t>(i)]);
-      return;
-    }
-  }
-  char reason[1024] = {};
-  cudnnGetLastErrorString(reason, sizeof(reason));
-  throw BackendError(fmt::format(
-      "[attention] no cuDNN engine supports causal flash attention {} for B={} heads={} T={} "
-      "head size={} (bf16){}{}. Hint: cuDNN needs an sm_80+ GPU and a head size that is a "
-      "multiple of 8 and at most 128 (256 on Hopper)",
-      backward ? "backward" : "forward", s.B, s.NH, s.T, s.HS, reason[0] ? ": " : "", reason));
+// The engine's global index, to name a config in messages (-1 if cuDNN does not say).
+int64_t engine_index(cudnnBackendDescriptor_t cfg) {
+  Desc engine(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
+  cudnnBackendDescriptor_t raw = engine.get();
+  int64_t n = 0, index = -1;
+  if (cudnnBackendGetAttribute(cfg, CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
+                               &n, &raw) != CUDNN_STATUS_SUCCESS ||
+      cudnnBackendGetAttribute(raw, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &n,
+                               &index) != CUDNN_STATUS_SUCCESS)
+    return -1;
+  return index;
 }
 
-void execute(cudnnHandle_t handle, const AttentionEngine::Graph& g, const std::vector<int64_t>& uids,
-             const std::vector<void*>& ptrs, MemoryPool& pool) {
-  Buffer ws;
-  void* ws_ptr = nullptr;  // null when the plan needs none (a pointer for 0 bytes has failed)
-  if (g.workspace_bytes > 0) {
-    ws = pool.allocate({(g.workspace_bytes + 1) / 2}, DType::BF16,
-                       MemCategory::Workspace, "attn.cudnn_workspace");
-    ws_ptr = ws.tensor().data;
+// The ranked engine configs of one heuristics mode; none (and a reason) if the query fails.
+std::vector<std::unique_ptr<Desc>> heuristic_configs(const AttentionEngine::Graph& graph,
+                                                     cudnnBackendHeurMode_t mode,
+                                                     std::vector<std::string>& reasons) {
+  const char* name = mode == CUDNN_HEUR_MODE_A ? "heuristics A" : "heuristics FALLBACK";
+  Desc heur(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
+  heur.set_desc(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, graph.op_graph->get());
+  heur.set(CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode);
+  int64_t n = 0;
+  cudnnStatus_t st = cudnnBackendFinalize(heur.get());
+  if (st == CUDNN_STATUS_SUCCESS)
+    st = cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
+                                  CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &n, nullptr);
+  std::vector<std::unique_ptr<Desc>> cfgs;
+  std::vector<cudnnBackendDescriptor_t> raw;
+  for (int64_t i = 0; st == CUDNN_STATUS_SUCCESS && i < n; ++i) {
+    cfgs.push_back(std::make_unique<Desc>(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR));
+    raw.push_back(cfgs.back()->get());
   }
+  int64_t got = 0;
+  if (st == CUDNN_STATUS_SUCCESS && n > 0)
+    st = cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
+                                  CUDNN_TYPE_BACKEND_DESCRIPTOR, n, &got, raw.data());
+  if (st != CUDNN_STATUS_SUCCESS) {
+    reasons.push_back(
+        fmt::format("{}: {} {}", name, cudnnGetErrorString(st), detail::cudnn_last_error()));
+    return {};
+  }
+  if (got == 0) reasons.push_back(fmt::format("{}: no engine configs", name));
+  cfgs.resize(static_cast<size_t>(got));
+  return cfgs;
+}
+
+// Tries one config: true (and the plan stored in `graph`) when its plan finalizes and its
+// workspace fits the limit; otherwise appends why not.
+bool try_config(AttentionEngine::Graph& graph, std::unique_ptr<Desc>& cfg, cudnnHandle_t handle,
+                int64_t ws_limit, const std::string& label, std::vector<std::string>& reasons) {
+  auto plan = std::make_unique<Desc>(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
+  plan->set_desc(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, cfg->get());
+  plan->set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle);
+  const std::string who = fmt::format("{} (engine {})", label, engine_index(cfg->get()));
+  const cudnnStatus_t st = cudnnBackendFinalize(plan->get());
+  if (st != CUDNN_STATUS_SUCCESS) {  // NOT_SUPPORTED is normal: the next config is tried
+    reasons.push_back(
+        fmt::format("{}: {} {}", who, cudnnGetErrorString(st), detail::cudnn_last_error()));
+    return false;
+  }
+  int64_t ws = 0, cnt = 0;
+  REMAT_CUDNN_CHECK(cudnnBackendGetAttribute(plan->get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
+                                             CUDNN_TYPE_INT64, 1, &cnt, &ws));
+  if (ws > ws_limit) {
+    reasons.push_back(
+        fmt::format("{}: needs {} bytes of workspace, over the {} reserved", who, ws, ws_limit));
+    return false;
+  }
+  graph.workspace_bytes = ws;
+  graph.plan = std::move(plan);
+  graph.engine_cfg = std::move(cfg);
+  return true;
+}
+
+// Heuristics mode A, then FALLBACK; the first engine config whose plan finalizes within the
+// workspace limit wins. Failing that, the error lists every config tried and why it was not used.
+void build_plan(AttentionEngine::Graph& graph, cudnnHandle_t handle, const AttentionShape& s,
+                bool backward, int64_t ws_limit) {
+  std::vector<std::string> reasons;
+  for (cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
+    auto cfgs = heuristic_configs(graph, mode, reasons);
+    for (size_t i = 0; i < cfgs.size(); ++i) {
+      const std::string label =
+          fmt::format("{} #{}", mode == CUDNN_HEUR_MODE_A ? "A" : "FALLBACK", i);
+      if (try_config(graph, cfgs[i], handle, ws_limit, label, reasons)) return;
+    }
+  }
+  std::string all;
+  for (const auto& r : reasons) all += "\n  " + r;
+  throw BackendError(fmt::format(
+      "[attention] no cuDNN engine supports causal flash attention {} for B={} heads={} T={} "
+      "head size={} (bf16). Hint: cuDNN needs an sm_80+ GPU and a head size that is a multiple "
+      "of 8 and at most 128 (256 on Hopper). Engine configs tried ({}):{}",
+      backward ? "backward" : "forward", s.B, s.NH, s.T, s.HS, reasons.size(), all));
+}
+
+void execute(cudnnHandle_t handle, const AttentionEngine::Graph& g,
+             const std::vector<int64_t>& uids, const std::vector<void*>& ptrs, void* workspace) {
+  // Null when the plan needs none (a pointer for 0 bytes has made cuDNN fail elsewhere).
+  void* ws_ptr = g.workspace_bytes > 0 ? workspace : nullptr;
   Desc pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
   pack.set(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, static_cast<int64_t>(uids.size()),
            uids.data());
-  pack.set(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, static_cast<int64_t>(ptrs.size()),
-           ptrs.data());
+  pack.set(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR,
+           static_cast<int64_t>(ptrs.size()), ptrs.data());
   pack.set(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &ws_ptr);
   pack.finalize();
   REMAT_CUDNN_CHECK(cudnnBackendExecute(handle, g.plan->get(), pack.get()));
@@ -392,7 +453,8 @@ void execute(cudnnHandle_t handle, const AttentionEngine::Graph& g, const std::v
 
 }  // namespace
 
-AttentionEngine::AttentionEngine(cudaStream_t stream) : stream_(stream) {
+AttentionEngine::AttentionEngine(cudaStream_t stream, int64_t workspace_limit)
+    : stream_(stream), workspace_limit_(workspace_limit) {
   REMAT_CUDNN_CHECK(cudnnCreate(&handle_));
   REMAT_CUDNN_CHECK(cudnnSetStream(handle_, stream_));
 }
@@ -407,36 +469,43 @@ AttentionEngine::Graph& AttentionEngine::graph_for(const AttentionShape& s, bool
   auto it = graphs_.find(key);
   if (it != graphs_.end()) return *it->second;
   auto g = make_graph(s, backward, handle_);
-  build_plan(*g, handle_, s, backward);
+  build_plan(*g, handle_, s, backward, workspace_limit_);
   return *graphs_.emplace(key, std::move(g)).first->second;
+}
+
+int64_t AttentionEngine::plan_workspace_bytes(const AttentionShape& s, bool backward) {
+  return graph_for(s, backward).workspace_bytes;
 }
 
 // Scalars bound by value: the variant pack holds host pointers to these, read at execution.
 static const float kOneValue = 1.0f;
 static const float kNegInfValue = -std::numeric_limits<float>::infinity();
 
-void AttentionEngine::forward(const AttentionShape& s, const AttentionForwardPtrs& p, MemoryPool& pool) {
+void AttentionEngine::forward(const AttentionShape& s, const AttentionForwardPtrs& p,
+                              void* workspace) {
   Graph& g = graph_for(s, false);
   const int64_t C = s.C();
   float scale = 1.0f / std::sqrt(static_cast<float>(s.HS));
   auto* qkv = static_cast<char*>(const_cast<void*>(p.qkv));
   std::vector<int64_t> uids = {kQ, kKt, kV, kO, kStats, kScale, kNegInf};
-  std::vector<void*> ptrs = {qkv, qkv + C * 2, qkv + 2 * C * 2, p.out, p.lse, &scale,
-                             const_cast<float*>(&kNegInfValue)};
-  execute(handle_, g, uids, ptrs, pool);
+  std::vector<void*> ptrs = {
+      qkv, qkv + C * 2, qkv + 2 * C * 2, p.out, p.lse, &scale, const_cast<float*>(&kNegInfValue)};
+  execute(handle_, g, uids, ptrs, workspace);
 }
 
-void AttentionEngine::backward(const AttentionShape& s, const AttentionBackwardPtrs& p, MemoryPool& pool) {
+void AttentionEngine::backward(const AttentionShape& s, const AttentionBackwardPtrs& p,
+                               void* workspace) {
   Graph& g = graph_for(s, true);
   const int64_t C = s.C();
   float scale = 1.0f / std::sqrt(static_cast<float>(s.HS));
   // cuDNN >= 9.6 initialises the dQ accumulator itself; older 9.x expect zeros (the frontend
   // zero-fills it only for those), so do the same.
   if (cudnnGetVersion() < 90600)
-    REMAT_CUDA_CHECK(cudaMemsetAsync(p.dq_accum, 0, static_cast<size_t>(s.B * s.T * C) * 4, stream_));
+    REMAT_CUDA_CHECK(
+        cudaMemsetAsync(p.dq_accum, 0, static_cast<size_t>(s.B * s.T * C) * 4, stream_));
   auto* qkv = static_cast<char*>(const_cast<void*>(p.qkv));
   auto* dqkv = static_cast<char*>(p.dqkv);
-  std::vector<int64_t> uids = {kQ,  kKt, kV,  kO,     kdO,         kStats,  kdQ,
+  std::vector<int64_t> uids = {kQ,  kKt, kV,     kO,      kdO,  kStats,      kdQ,
                                kdK, kdV, kScale, kNegInf, kOne, kSoftmaxSum, kdQAccum};
   std::vector<void*> ptrs = {qkv,
                              qkv + C * 2,
@@ -452,7 +521,7 @@ void AttentionEngine::backward(const AttentionShape& s, const AttentionBackwardP
                              const_cast<float*>(&kOneValue),
                              p.softmax_sum,
                              p.dq_accum};
-  execute(handle_, g, uids, ptrs, pool);
+  execute(handle_, g, uids, ptrs, workspace);
 }
 
 std::string check_attention_graphs_finalize(int64_t B, int64_t NH, int64_t T, int64_t HS) {

@@ -16,8 +16,6 @@
 #include <memory>
 #include <tuple>
 
-#include "engine/memory_pool.h"
-
 namespace remat::cuda {
 
 struct AttentionShape {
@@ -32,26 +30,32 @@ struct AttentionForwardPtrs {
 };
 
 struct AttentionBackwardPtrs {
-  const void* qkv = nullptr;   // (B, T, 3C) bf16 (the same, rotated, q and k as the forward)
-  const void* out = nullptr;   // (B, T, C) bf16
-  const void* dout = nullptr;  // (B, T, C) bf16
-  const float* lse = nullptr;  // (B, NH, T) f32
-  void* dqkv = nullptr;        // (B, T, 3C) bf16 [=]
-  float* dq_accum = nullptr;   // (B, NH, T, HS) f32 scratch
+  const void* qkv = nullptr;     // (B, T, 3C) bf16 (the same, rotated, q and k as the forward)
+  const void* out = nullptr;     // (B, T, C) bf16
+  const void* dout = nullptr;    // (B, T, C) bf16
+  const float* lse = nullptr;    // (B, NH, T) f32
+  void* dqkv = nullptr;          // (B, T, 3C) bf16 [=]
+  float* dq_accum = nullptr;     // (B, NH, T, HS) f32 scratch
   float* softmax_sum = nullptr;  // (B, NH, T) f32 scratch
 };
 
 class AttentionEngine {
  public:
-  /// Creates the cuDNN handle (needs a device) bound to `stream`.
-  explicit AttentionEngine(cudaStream_t stream);
+  /// Creates the cuDNN handle (needs a device) bound to `stream`. Only plans whose workspace is
+  /// at most `workspace_limit` bytes are used (the backend passes kCudnnPlanWorkspaceBytes, the
+  /// reserve the planner counts: engine/count_backend.h).
+  AttentionEngine(cudaStream_t stream, int64_t workspace_limit);
   ~AttentionEngine();
   AttentionEngine(const AttentionEngine&) = delete;
   AttentionEngine& operator=(const AttentionEngine&) = delete;
 
-  /// Runs the forward; cuDNN's plan workspace, if any, comes from `pool` ("attn.cudnn_workspace").
-  void forward(const AttentionShape& s, const AttentionForwardPtrs& p, MemoryPool& pool);
-  void backward(const AttentionShape& s, const AttentionBackwardPtrs& p, MemoryPool& pool);
+  /// Enqueue the forward / backward; `workspace` is device memory of workspace_limit bytes.
+  /// The first call per shape builds the plan; when no engine config yields one, throws
+  /// BackendError naming every config's reason.
+  void forward(const AttentionShape& s, const AttentionForwardPtrs& p, void* workspace);
+  void backward(const AttentionShape& s, const AttentionBackwardPtrs& p, void* workspace);
+  /// Builds (or finds) the plan for this shape; returns the workspace it needs in bytes.
+  int64_t plan_workspace_bytes(const AttentionShape& s, bool backward);
 
   struct Graph;  // descriptors of one finalized graph and its plan (attention.cpp)
 
@@ -59,6 +63,7 @@ class AttentionEngine {
   Graph& graph_for(const AttentionShape& s, bool backward);
 
   cudaStream_t stream_;
+  int64_t workspace_limit_;
   cudnnHandle_t handle_ = nullptr;
   std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, bool>, std::unique_ptr<Graph>> graphs_;
 };

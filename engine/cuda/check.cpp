@@ -18,13 +18,19 @@ void throw_cublas_error(cublasStatus_t s, const char* expr, const char* file, in
                                  cublasLtGetStatusString(s), cublasLtGetStatusName(s)));
 }
 
+std::string cudnn_last_error() {
+  std::string reason(size_t{64} << 10, '\0');
+  cudnnGetLastErrorString(reason.data(), reason.size());
+  reason.resize(std::strlen(reason.c_str()));
+  return reason;
+}
+
 void throw_cudnn_error(cudnnStatus_t s, const char* expr, const char* file, int line) {
-  char reason[1024] = {};
-  cudnnGetLastErrorString(reason, sizeof(reason));
+  const std::string reason = cudnn_last_error();
   throw BackendError(fmt::format(
       "[cudnn] {} failed at {}:{}: {}{}{}. Hint: CUDNN_LOGLEVEL_DBG=2 CUDNN_LOGDEST_DBG=stderr "
       "logs every cuDNN call",
-      expr, file, line, cudnnGetErrorString(s), reason[0] ? "; " : "", reason));
+      expr, file, line, cudnnGetErrorString(s), reason.empty() ? "" : "; ", reason));
 }
 
 bool sync_after_each_op() {

@@ -31,6 +31,7 @@ struct DeviceState {
   cudaDeviceProp prop{};
   uint64_t budget_bytes = 0;
   uint64_t total_bytes = 0;
+  bool use_mem_pools = true;  // cudaDevAttrMemoryPoolsSupported: else cudaMalloc/cudaFree
   ~DeviceState() {
     if (stream) {
       cudaStreamSynchronize(stream);
@@ -45,14 +46,22 @@ namespace {
 // local memory) when device.memory is not set.
 constexpr uint64_t kLibraryReserveBytes = uint64_t{512} << 20;
 
+// Partial sums of the two-pass column reductions (bias and LayerNorm parameter gradients):
+// 1 MiB outside the pool, like the libraries' own handles (kLibraryReserveBytes), because it
+// is allocated once and never changes size. kern::column_chunks never asks for more.
+constexpr int64_t kReduceScratchFloats = int64_t{1} << 18;
+
 // Stream-ordered allocation from the device's default memory pool, with its release threshold
 // at the maximum so freed blocks stay cached (no cudaMalloc/cudaFree synchronisation per step).
+// Devices without memory pools (cudaDevAttrMemoryPoolsSupported = 0: some vGPU and MIG setups,
+// older drivers) get cudaMalloc/cudaFree; the MemoryPool above accounts the same bytes either way.
 class CudaAllocator : public DeviceAllocator {
  public:
   explicit CudaAllocator(std::shared_ptr<DeviceState> dev) : dev_(std::move(dev)) {}
   void* allocate(size_t bytes) override {
     void* p = nullptr;
-    const cudaError_t e = cudaMallocAsync(&p, bytes, dev_->stream);
+    const cudaError_t e =
+        dev_->use_mem_pools ? cudaMallocAsync(&p, bytes, dev_->stream) : cudaMalloc(&p, bytes);
     if (e == cudaErrorMemoryAllocation) {
       (void)cudaGetLastError();  // clear it: the pool reports OutOfMemory, the context is fine
       return nullptr;
@@ -61,7 +70,15 @@ class CudaAllocator : public DeviceAllocator {
     return p;
   }
   // Called from destructors: must not throw; a failure here shows up at the next checked call.
-  void deallocate(void* ptr, size_t) override { (void)cudaFreeAsync(ptr, dev_->stream); }
+  void deallocate(void* ptr, size_t) override {
+    if (dev_->use_mem_pools) {
+      (void)cudaFreeAsync(ptr, dev_->stream);
+      return;
+    }
+    // cudaFree is not ordered on our stream: kernels still using the buffer must finish first.
+    (void)cudaStreamSynchronize(dev_->stream);
+    (void)cudaFree(ptr);
+  }
 
  private:
   std::shared_ptr<DeviceState> dev_;
@@ -71,10 +88,24 @@ std::string version_triplet(int v, int major_div, int minor_div) {
   return fmt::format("{}.{}.{}", v / major_div, (v % major_div) / minor_div, v % minor_div);
 }
 
+// Keeps freed blocks of the device's default pool cached; false when the device has no memory
+// pools (cudaMallocAsync would fail there).
+bool setup_mem_pool(int device) {
+  int supported = 0;
+  REMAT_CUDA_CHECK(cudaDeviceGetAttribute(&supported, cudaDevAttrMemoryPoolsSupported, device));
+  if (!supported) return false;
+  cudaMemPool_t mem_pool = nullptr;
+  REMAT_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&mem_pool, device));
+  uint64_t threshold = UINT64_MAX;
+  REMAT_CUDA_CHECK(cudaMemPoolSetAttribute(mem_pool, cudaMemPoolAttrReleaseThreshold, &threshold));
+  return true;
+}
+
 std::shared_ptr<DeviceState> open_device(const DeviceConfig& cfg) {
   if (device_count() == 0)
-    throw BackendError("[cuda] no CUDA device found (cudaGetDeviceCount). Hint: check nvidia-smi, "
-                       "or set device.backend = \"cpu\"");
+    throw BackendError(
+        "[cuda] no CUDA device found (cudaGetDeviceCount). Hint: check nvidia-smi, "
+        "or set device.backend = \"cpu\"");
   const size_t cudnn_v = cudnnGetVersion();
   if (cudnn_v < 90000)
     throw BackendError(fmt::format(
@@ -82,30 +113,31 @@ std::shared_ptr<DeviceState> open_device(const DeviceConfig& cfg) {
         "Hint: point LD_LIBRARY_PATH at a cuDNN 9 install, e.g. PyTorch's nvidia/cudnn/lib",
         version_triplet(static_cast<int>(cudnn_v), 10000, 100)));
   if (cudnn_v == 91000 || cudnn_v == 91001)
-    throw BackendError("[cuda] cuDNN 9.10.0/9.10.1 have known bugs in bf16 fused attention "
-                       "(cudnn-frontend blocks them). Hint: use another cuDNN 9 release");
+    throw BackendError(
+        "[cuda] cuDNN 9.10.0/9.10.1 have known bugs in bf16 fused attention "
+        "(cudnn-frontend blocks them). Hint: use another cuDNN 9 release");
   auto dev = std::make_shared<DeviceState>();
   REMAT_CUDA_CHECK(cudaSetDevice(dev->device));
   REMAT_CUDA_CHECK(cudaGetDeviceProperties(&dev->prop, dev->device));
   if (dev->prop.major < 8)
-    throw BackendError(fmt::format("[cuda] {} is sm_{}{}; the CUDA backend needs sm_80 or newer "
-                                   "(cuDNN flash attention, bf16). Hint: device.backend = \"cpu\"",
-                                   dev->prop.name, dev->prop.major, dev->prop.minor));
+    throw BackendError(
+        fmt::format("[cuda] {} is sm_{}{}; the CUDA backend needs sm_80 or newer "
+                    "(cuDNN flash attention, bf16). Hint: device.backend = \"cpu\"",
+                    dev->prop.name, dev->prop.major, dev->prop.minor));
   REMAT_CUDA_CHECK(cudaStreamCreateWithFlags(&dev->stream, cudaStreamNonBlocking));
-  cudaMemPool_t mem_pool = nullptr;
-  REMAT_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&mem_pool, dev->device));
-  uint64_t threshold = UINT64_MAX;
-  REMAT_CUDA_CHECK(cudaMemPoolSetAttribute(mem_pool, cudaMemPoolAttrReleaseThreshold, &threshold));
+  dev->use_mem_pools = setup_mem_pool(dev->device);
   size_t free_b = 0, total_b = 0;
   REMAT_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
   dev->total_bytes = total_b;
-  dev->budget_bytes = cfg.memory_bytes
-                          ? cfg.memory_bytes
-                          : (free_b > kLibraryReserveBytes ? free_b - kLibraryReserveBytes : free_b);
+  dev->budget_bytes =
+      cfg.memory_bytes ? cfg.memory_bytes
+                       : (free_b > kLibraryReserveBytes ? free_b - kLibraryReserveBytes : free_b);
   return dev;
 }
 
-bool is_bf16(const Tensor& t) { return t.dtype == DType::BF16; }
+bool is_bf16(const Tensor& t) {
+  return t.dtype == DType::BF16;
+}
 
 char* byte_ptr(const Tensor& t, int64_t elem_offset) {
   return static_cast<char*>(t.data) + elem_offset * static_cast<int64_t>(dtype_size(t.dtype));
@@ -115,7 +147,9 @@ char* byte_ptr(const Tensor& t, int64_t elem_offset) {
 
 // ---- the cuda_api.h entry points ----
 
-bool is_built() { return true; }
+bool is_built() {
+  return true;
+}
 
 int device_count() {
   int n = 0;
@@ -150,26 +184,40 @@ CudaBackend::CudaBackend(const DeviceConfig& cfg, DType act_dtype)
     : CudaBackend(act_dtype, open_device(cfg)) {}
 
 CudaBackend::CudaBackend(DType act_dtype, std::shared_ptr<DeviceState> dev)
-    : Backend(std::make_unique<MemoryPool>(std::make_unique<CudaAllocator>(dev), dev->budget_bytes)),
+    : Backend(
+          std::make_unique<MemoryPool>(std::make_unique<CudaAllocator>(dev), dev->budget_bytes)),
       dev_(std::move(dev)),
       act_(act_dtype) {
   REMAT_ASSERT(act_ == DType::BF16 || act_ == DType::F32, "cuda: activations must be bf16 or f32");
   gemm_ = std::make_unique<GemmEngine>(dev_->stream);
-  attn_ = std::make_unique<AttentionEngine>(dev_->stream);
+  attn_ = std::make_unique<AttentionEngine>(dev_->stream,
+                                            static_cast<int64_t>(kCudnnPlanWorkspaceBytes));
+  REMAT_CUDA_CHECK(cudaMalloc(&reduce_.scratch, kReduceScratchFloats * sizeof(float)));
+  reduce_.floats = kReduceScratchFloats;
+  reduce_.target_blocks = 4 * dev_->prop.multiProcessorCount;  // a few waves' worth per SM
 }
 
 CudaBackend::~CudaBackend() {
   cudaStreamSynchronize(dev_->stream);
   if (partials_) cudaFreeHost(partials_);
+  if (reduce_.scratch) cudaFree(reduce_.scratch);
 }
 
-cudaStream_t CudaBackend::stream() const { return dev_->stream; }
+int64_t CudaBackend::attention_plan_workspace_bytes(int64_t B, int64_t NH, int64_t T, int64_t HS,
+                                                    bool backward) {
+  return attn_->plan_workspace_bytes({B, NH, T, HS}, backward);
+}
+
+cudaStream_t CudaBackend::stream() const {
+  return dev_->stream;
+}
 
 std::string CudaBackend::describe() const {
   const cudaDeviceProp& p = dev_->prop;
-  return fmt::format("cuda:{} {} (sm_{}{}, {} SMs, {}), {} activations, {}", dev_->device, p.name,
+  return fmt::format("cuda:{} {} (sm_{}{}, {} SMs, {}{}), {} activations, {}", dev_->device, p.name,
                      p.major, p.minor, p.multiProcessorCount, format_bytes(dev_->total_bytes),
-                     dtype_name(act_), version_string());
+                     dev_->use_mem_pools ? "" : ", no memory pools: cudaMalloc", dtype_name(act_),
+                     version_string());
 }
 
 void CudaBackend::finish_op() {
@@ -177,7 +225,9 @@ void CudaBackend::finish_op() {
   if (detail::sync_after_each_op()) REMAT_CUDA_CHECK(cudaStreamSynchronize(stream()));
 }
 
-void CudaBackend::synchronize() { REMAT_CUDA_CHECK(cudaStreamSynchronize(stream())); }
+void CudaBackend::synchronize() {
+  REMAT_CUDA_CHECK(cudaStreamSynchronize(stream()));
+}
 
 void CudaBackend::upload(const Tensor& dst, const void* host) {
   // From pageable memory the call returns once `host` has been staged, so it may be reused.
@@ -202,7 +252,8 @@ void CudaBackend::fill_impl(const Tensor& t, float value) {
 
 void CudaBackend::copy_impl(const Tensor& dst, const Tensor& src) {
   if (dst.dtype == src.dtype) {
-    REMAT_CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, src.bytes(), cudaMemcpyDeviceToDevice, stream()));
+    REMAT_CUDA_CHECK(
+        cudaMemcpyAsync(dst.data, src.data, src.bytes(), cudaMemcpyDeviceToDevice, stream()));
   } else {
     REMAT_ASSERT(dst.dtype != DType::I32 && src.dtype != DType::I32, "copy: {} into {}",
                  dtype_name(src.dtype), dtype_name(dst.dtype));
@@ -263,8 +314,8 @@ void CudaBackend::linear_forward_impl(const LinearForwardArgs& a) {
     kern::bias_rows(a.out.data, a.bias.f32(), N, OC, !a.accumulate, is_bf16(a.out), stream());
     beta = 1.0f;
   }
-  gemm_->matmul(OC, N, C, {w, bf, C, true}, {a.inp.data, bf, C, false}, a.out.data, is_bf16(a.out), OC,
-                beta, ws.tensor().data, kCudaGemmWorkspaceBytes);
+  gemm_->matmul(OC, N, C, {w, bf, C, true}, {a.inp.data, bf, C, false}, a.out.data, is_bf16(a.out),
+                OC, beta, ws.tensor().data, kCudaGemmWorkspaceBytes);
   finish_op();
 }
 
@@ -281,7 +332,8 @@ void CudaBackend::linear_backward_impl(const LinearBackwardArgs& a) {
   // f32 output, beta 1: the weight gradient accumulates in fp32 straight from bf16 operands.
   gemm_->matmul(C, OC, N, {a.inp.data, bf, C, false}, {a.dout.data, bf, OC, true}, a.dweight.data,
                 false, C, 1.0f, wsp, kCudaGemmWorkspaceBytes);
-  if (!a.dbias.empty()) kern::column_sum_add(a.dbias.f32(), a.dout.data, N, OC, bf, stream());
+  if (!a.dbias.empty())
+    kern::column_sum_add(a.dbias.f32(), a.dout.data, N, OC, bf, reduce_, stream());
   finish_op();
 }
 
@@ -305,10 +357,10 @@ void CudaBackend::lm_head_loss_impl(const LmHeadLossArgs& a) {
                   kCudaGemmWorkspaceBytes);
     kern::softmax_xent(logits, a.targets.i32() + r0, a.losses.f32() + r0, rows, V, a.loss_scale, bf,
                        stream());
-    gemm_->matmul(C, rows, V, {w, bf, C, false}, {logits, bf, ld_grad, false}, byte_ptr(a.dinp, r0 * C),
-                  is_bf16(a.dinp), C, 0.0f, wsp, kCudaGemmWorkspaceBytes);
-    gemm_->matmul(C, V, rows, {x, bf, C, false}, {logits, bf, ld_grad, true}, a.dweight.data, false, C,
-                  1.0f, wsp, kCudaGemmWorkspaceBytes);
+    gemm_->matmul(C, rows, V, {w, bf, C, false}, {logits, bf, ld_grad, false},
+                  byte_ptr(a.dinp, r0 * C), is_bf16(a.dinp), C, 0.0f, wsp, kCudaGemmWorkspaceBytes);
+    gemm_->matmul(C, V, rows, {x, bf, C, false}, {logits, bf, ld_grad, true}, a.dweight.data, false,
+                  C, 1.0f, wsp, kCudaGemmWorkspaceBytes);
   }
   finish_op();
 }
@@ -323,8 +375,8 @@ void CudaBackend::layernorm_forward_impl(const LayerNormForwardArgs& a) {
 
 void CudaBackend::layernorm_backward_impl(const LayerNormBackwardArgs& a) {
   kern::layernorm_backward(a.dinp.data, a.dweight.f32(), a.dbias.f32(), a.dout.data, a.inp.data,
-                           a.weight.f32(), a.stats.f32(), a.inp.rows(), a.inp.dim(-1), is_bf16(a.inp),
-                           stream());
+                           a.weight.f32(), a.stats.f32(), a.inp.rows(), a.inp.dim(-1),
+                           is_bf16(a.inp), reduce_, stream());
   finish_op();
 }
 
@@ -340,6 +392,7 @@ namespace {
 struct AttnScratch {
   void *qkv = nullptr, *out = nullptr, *dout = nullptr, *dqkv = nullptr;
   float *dq_accum = nullptr, *softmax_sum = nullptr;
+  void* cudnn_plan = nullptr;  // kCudnnPlanWorkspaceBytes for cuDNN's plan
   Buffer buf;
 };
 
@@ -360,6 +413,7 @@ AttnScratch carve(MemoryPool& pool, const CudaAttentionWorkspace& w) {
   s.dqkv = take(w.dqkv_bf16);
   s.dq_accum = static_cast<float*>(take(w.dq_accum));
   s.softmax_sum = static_cast<float*>(take(w.softmax_sum));
+  s.cudnn_plan = take(w.cudnn_plan);
   return s;
 }
 
@@ -375,7 +429,7 @@ void CudaBackend::attention_forward_impl(const AttentionForwardArgs& a) {
     qkv = s.qkv;
   }
   void* out = s.out ? s.out : a.out.data;
-  attn_->forward({B, NH, T, C / NH}, {qkv, out, a.lse.f32()}, pool());
+  attn_->forward({B, NH, T, C / NH}, {qkv, out, a.lse.f32()}, s.cudnn_plan);
   if (s.out) kern::cast(a.out.data, is_bf16(a.out), s.out, true, B * T * C, stream());
   finish_op();
 }
@@ -401,7 +455,7 @@ void CudaBackend::attention_backward_impl(const AttentionBackwardArgs& a) {
   }
   void* dqkv = s.dqkv ? s.dqkv : a.dqkv.data;
   attn_->backward({B, NH, T, C / NH},
-                  {qkv, out, dout, a.lse.f32(), dqkv, s.dq_accum, s.softmax_sum}, pool());
+                  {qkv, out, dout, a.lse.f32(), dqkv, s.dq_accum, s.softmax_sum}, s.cudnn_plan);
   // dq, dk are gradients with respect to the rotated q, k: apply R^T (in place when dqkv is
   // bf16); with f32 activations this is also the cast out of the bf16 staging buffer.
   if (rope || s.dqkv)
@@ -414,8 +468,9 @@ void CudaBackend::attention_backward_impl(const AttentionBackwardArgs& a) {
 
 void CudaBackend::embedding_forward_impl(const EmbeddingForwardArgs& a) {
   const int64_t B = a.tokens.dim(0), T = a.tokens.dim(1), C = a.wte.dim(1), V = a.wte.dim(0);
-  kern::embedding_forward(a.out.data, a.tokens.i32(), a.wte.f32(), a.wpe.empty() ? nullptr : a.wpe.f32(),
-                          B * T, T, C, V, is_bf16(a.out), stream());
+  kern::embedding_forward(a.out.data, a.tokens.i32(), a.wte.f32(),
+                          a.wpe.empty() ? nullptr : a.wpe.f32(), B * T, T, C, V, is_bf16(a.out),
+                          stream());
   finish_op();
 }
 
@@ -448,15 +503,15 @@ void CudaBackend::embedding_backward_impl(const EmbeddingBackwardArgs& a) {
   for (int64_t i = 0; i < N; ++i)  // ascending i: each bucket lists its rows in order
     host[static_cast<size_t>(next[static_cast<size_t>(tokens[static_cast<size_t>(i)])]++)] =
         static_cast<int32_t>(i);
-  Buffer buckets = pool().allocate(
-      {static_cast<int64_t>(cuda_embedding_backward_workspace_bytes(N) / 4)}, DType::I32,
-      MemCategory::Workspace, "embedding.buckets");
+  Buffer buckets =
+      pool().allocate({static_cast<int64_t>(cuda_embedding_backward_workspace_bytes(N) / 4)},
+                      DType::I32, MemCategory::Workspace, "embedding.buckets");
   REMAT_CUDA_CHECK(cudaMemcpyAsync(buckets.tensor().data, host.data(),
-                                   static_cast<size_t>(N + n_buckets + 1) * 4, cudaMemcpyHostToDevice,
-                                   stream()));
+                                   static_cast<size_t>(N + n_buckets + 1) * 4,
+                                   cudaMemcpyHostToDevice, stream()));
   const int32_t* order = static_cast<const int32_t*>(buckets.tensor().data);
-  kern::embedding_backward_wte(a.dwte.f32(), a.dout.data, a.tokens.i32(), order, order + N, n_buckets, C,
-                               is_bf16(a.dout), stream());
+  kern::embedding_backward_wte(a.dwte.f32(), a.dout.data, a.tokens.i32(), order, order + N,
+                               n_buckets, C, is_bf16(a.dout), stream());
   if (!a.dwpe.empty())
     kern::embedding_backward_wpe(a.dwpe.f32(), a.dout.data, B, T, C, is_bf16(a.dout), stream());
   finish_op();
@@ -465,13 +520,14 @@ void CudaBackend::embedding_backward_impl(const EmbeddingBackwardArgs& a) {
 // ---- losses and optimizer ----
 
 void CudaBackend::mse_loss_impl(const MseLossArgs& a) {
-  kern::mse_loss(a.losses.f32(), a.dinp.data, a.inp.data, a.target.f32(), a.inp.rows(), a.inp.dim(-1),
-                 a.loss_scale, is_bf16(a.inp), stream());
+  kern::mse_loss(a.losses.f32(), a.dinp.data, a.inp.data, a.target.f32(), a.inp.rows(),
+                 a.inp.dim(-1), a.loss_scale, is_bf16(a.inp), stream());
   finish_op();
 }
 
 void CudaBackend::dropout_impl(const DropoutArgs& a) {
-  kern::dropout(a.out.data, a.inp.data, a.inp.numel(), a.p, a.seed, a.stream, is_bf16(a.inp), stream());
+  kern::dropout(a.out.data, a.inp.data, a.inp.numel(), a.p, a.seed, a.stream, is_bf16(a.inp),
+                stream());
   finish_op();
 }
 
@@ -501,8 +557,8 @@ double CudaBackend::sum_squares_impl(std::span<const Tensor> tensors) {
 void CudaBackend::adamw_update_impl(const AdamWArgs& a) {
   const float bc1 = 1.0f - std::pow(a.beta1, static_cast<float>(a.step));
   const float bc2 = 1.0f - std::pow(a.beta2, static_cast<float>(a.step));
-  kern::adamw(a.param.f32(), a.grad.f32(), a.m.f32(), a.v.f32(), a.param.numel(), a.lr, a.beta1, a.beta2,
-              a.eps, a.weight_decay, a.grad_scale, bc1, bc2, stream());
+  kern::adamw(a.param.f32(), a.grad.f32(), a.m.f32(), a.v.f32(), a.param.numel(), a.lr, a.beta1,
+              a.beta2, a.eps, a.weight_decay, a.grad_scale, bc1, bc2, stream());
   finish_op();
 }
 

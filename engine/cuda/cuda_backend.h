@@ -3,7 +3,9 @@
 // for LayerNorm and the pointwise ops (layernorm.cu, elementwise.cu). Everything runs in order on
 // one stream; device memory comes from the MemoryPool through a stream-ordered allocator
 // (cudaMallocAsync on a pool that keeps freed memory cached), so a Buffer freed on the host
-// while kernels still use it is safe: the free is ordered after them on the stream.
+// while kernels still use it is safe: the free is ordered after them on the stream. (Devices
+// without memory pools fall back to cudaMalloc, and cudaFree after a stream sync.) Outside the
+// pool: the libraries' handles and 1 MiB of reduction scratch, within kLibraryReserveBytes.
 //
 // Weights in bf16 mode: every GEMM op casts its f32 weight into a bf16 copy from the pool
 // (category workspace, "gemm.weight_bf16") for the duration of the op, instead of keeping a
@@ -21,6 +23,7 @@
 
 #include "engine/backend.h"
 #include "engine/config.h"
+#include "engine/cuda/kernels.cuh"
 
 namespace remat::cuda {
 
@@ -45,6 +48,10 @@ class CudaBackend final : public Backend {
   void download(void* host, const Tensor& src) override;
   /// Waits until every enqueued op has finished (timing, tests).
   void synchronize() override;
+  /// The workspace cuDNN's attention plan for this shape needs, in bytes (builds the plan once;
+  /// the tests compare it with kCudnnPlanWorkspaceBytes).
+  int64_t attention_plan_workspace_bytes(int64_t B, int64_t NH, int64_t T, int64_t HS,
+                                         bool backward);
 
  protected:
   void fill_impl(const Tensor& t, float value) override;
@@ -82,6 +89,7 @@ class CudaBackend final : public Backend {
   std::unique_ptr<AttentionEngine> attn_;
   double* partials_ = nullptr;  // pinned, device-mapped host memory for sum_squares partials
   size_t partials_capacity_ = 0;
+  kern::ColumnReduce reduce_;  // scratch of the bias / LayerNorm parameter-gradient reductions
 };
 
 }  // namespace remat::cuda

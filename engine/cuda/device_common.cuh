@@ -3,8 +3,8 @@
 #pragma once
 
 #include <cuda_bf16.h>
-#include <math_constants.h>
 #include <cuda_runtime.h>
+#include <math_constants.h>
 
 #include <cstdint>
 
@@ -12,14 +12,22 @@ namespace remat::cuda::kern {
 
 using bf16 = __nv_bfloat16;
 
-__device__ __forceinline__ float to_f32(float x) { return x; }
-__device__ __forceinline__ float to_f32(bf16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_f32(float x) {
+  return x;
+}
+__device__ __forceinline__ float to_f32(bf16 x) {
+  return __bfloat162float(x);
+}
 template <typename T>
 __device__ __forceinline__ T from_f32(float x);
 template <>
-__device__ __forceinline__ float from_f32<float>(float x) { return x; }
+__device__ __forceinline__ float from_f32<float>(float x) {
+  return x;
+}
 template <>
-__device__ __forceinline__ bf16 from_f32<bf16>(float x) { return __float2bfloat16(x); }
+__device__ __forceinline__ bf16 from_f32<bf16>(float x) {
+  return __float2bfloat16(x);
+}
 
 constexpr int kThreads = 256;
 
@@ -37,6 +45,22 @@ __device__ __forceinline__ float warp_max(float v) {
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
 }
+
+/// Rows [begin, end) of chunk k when `rows` rows are split into n_chunks near-equal chunks
+/// (the column reductions' first pass: kernels.cuh, ColumnReduce).
+struct RowRange {
+  int64_t begin, end;
+};
+__device__ __forceinline__ RowRange chunk_rows(int64_t rows, int64_t n_chunks, int64_t k) {
+  const int64_t per = (rows + n_chunks - 1) / n_chunks;
+  const int64_t begin = k * per < rows ? k * per : rows;
+  return {begin, begin + per < rows ? begin + per : rows};
+}
+/// Fewest rows per chunk worth a block of its own (8 row phases of 8 rows each).
+constexpr int64_t kMinChunkRows = 64;
+/// dst (cols) += sum over k of partials (chunks, cols), in chunk order (elementwise.cu).
+void add_chunk_partials(float* dst, const float* partials, int64_t chunks, int64_t cols,
+                        cudaStream_t s);
 
 /// Block-wide reduction (sum or max) of one float per thread; every thread gets the result.
 /// blockDim.x must be a multiple of 32 and at most 1024.
@@ -64,4 +88,3 @@ inline void dispatch_act(bool is_bf16, F&& f) {
 }
 
 }  // namespace remat::cuda::kern
-

@@ -4,6 +4,8 @@
 // grid-stride loops, float math on bf16 or float storage, fixed-order reductions (no atomics),
 // so a recomputed activation is bitwise equal to the original and gradients repeat run to run.
 // Semantics follow the CPU reference (engine/cpu/*.cpp) op by op.
+#include <algorithm>
+
 #include "engine/cuda/device_common.cuh"
 #include "engine/cuda/kernels.cuh"
 #include "engine/rng.h"
@@ -16,32 +18,38 @@ namespace {
 template <typename T>
 __global__ void fill_kernel(T* p, int64_t n, float value) {
   const T v = from_f32<T>(value);
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x)
     p[i] = v;
 }
 
 __global__ void fill_i32_kernel(int32_t* p, int64_t n, int32_t value) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x)
     p[i] = value;
 }
 
 template <typename Td, typename Ts>
 __global__ void cast_kernel(Td* dst, const Ts* src, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x)
     dst[i] = from_f32<Td>(to_f32(src[i]));
 }
 
 template <typename T>
 __global__ void add_kernel(T* out, const T* a, const T* b, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x)
     out[i] = from_f32<T>(to_f32(a[i]) + to_f32(b[i]));
 }
 
 template <typename T>
 __global__ void dropout_kernel(T* out, const T* inp, int64_t n, float p, float scale, uint64_t seed,
                                uint64_t stream) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
-    out[i] = from_f32<T>(rng_uniform(seed, stream, static_cast<uint64_t>(i)) >= p ? to_f32(inp[i]) * scale : 0.0f);
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x)
+    out[i] = from_f32<T>(
+        rng_uniform(seed, stream, static_cast<uint64_t>(i)) >= p ? to_f32(inp[i]) * scale : 0.0f);
 }
 
 // GELU, tanh approximation (GPT-2), as engine/cpu/cpu_backend.cpp.
@@ -49,7 +57,8 @@ constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2/pi)
 
 template <typename T>
 __global__ void activation_forward_kernel(T* out, const T* inp, int64_t n, bool gelu) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
     const float x = to_f32(inp[i]);
     float y;
     if (gelu) {
@@ -63,8 +72,10 @@ __global__ void activation_forward_kernel(T* out, const T* inp, int64_t n, bool 
 }
 
 template <typename T>
-__global__ void activation_backward_kernel(T* dinp, const T* dout, const T* inp, int64_t n, bool gelu) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+__global__ void activation_backward_kernel(T* dinp, const T* dout, const T* inp, int64_t n,
+                                           bool gelu) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
     const float x = to_f32(inp[i]), dy = to_f32(dout[i]);  // read dout before writing dinp (alias)
     float dx;
     if (gelu) {
@@ -81,39 +92,59 @@ __global__ void activation_backward_kernel(T* dinp, const T* dout, const T* inp,
 }
 
 template <typename T>
-__global__ void bias_rows_kernel(T* out, const float* bias, int64_t rows, int64_t cols, bool overwrite) {
+__global__ void bias_rows_kernel(T* out, const float* bias, int64_t rows, int64_t cols,
+                                 bool overwrite) {
   const int64_t n = rows * cols;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
     const float b = bias[i % cols];
     out[i] = from_f32<T>(overwrite ? b : to_f32(out[i]) + b);
   }
 }
 
-// Column sums. Block (32, 8): threadIdx.x picks a column of the block's 32-column slice,
-// threadIdx.y one of 8 row phases; the 8 partials are then added in a fixed order.
+// Column sums over one row chunk. Grid (column slices of 32, row chunks), block (32, 8):
+// threadIdx.x picks a column of the slice, threadIdx.y one of 8 row phases; the 8 partials are
+// added in a fixed order, then written to out[blockIdx.y * cols + c] (`accumulate`: added to
+// it, the single-chunk case writing straight into the gradient).
 template <typename T>
-__global__ void column_sum_add_kernel(float* dsum, const T* x, int64_t rows, int64_t cols) {
+__global__ void column_sum_kernel(float* out, const T* x, int64_t rows, int64_t cols,
+                                  bool accumulate) {
   __shared__ float part[8][33];
   const int64_t c = blockIdx.x * int64_t{32} + threadIdx.x;
+  const RowRange rr = chunk_rows(rows, gridDim.y, blockIdx.y);
   float acc = 0;
   if (c < cols)
-    for (int64_t r = threadIdx.y; r < rows; r += 8) acc += to_f32(x[r * cols + c]);
+    for (int64_t r = rr.begin + threadIdx.y; r < rr.end; r += 8) acc += to_f32(x[r * cols + c]);
   part[threadIdx.y][threadIdx.x] = acc;
   __syncthreads();
   if (threadIdx.y == 0 && c < cols) {
     float total = 0;
     for (int k = 0; k < 8; ++k) total += part[k][threadIdx.x];
-    dsum[c] += total;
+    float* o = out + blockIdx.y * cols + c;
+    *o = accumulate ? *o + total : total;
+  }
+}
+
+// Second pass: one thread per column adds the chunks' partials (chunks, cols) in chunk order.
+__global__ void add_chunk_partials_kernel(float* dst, const float* partials, int64_t chunks,
+                                          int64_t cols) {
+  for (int64_t c = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; c < cols;
+       c += int64_t{gridDim.x} * blockDim.x) {
+    float total = 0;
+    for (int64_t k = 0; k < chunks; ++k) total += partials[k * cols + c];
+    dst[c] += total;
   }
 }
 
 // ---- embedding ----
 
 template <typename T>
-__global__ void embedding_forward_kernel(T* out, const int32_t* tokens, const float* wte, const float* wpe,
-                                         int64_t BT, int64_t T_len, int64_t C, int64_t V) {
+__global__ void embedding_forward_kernel(T* out, const int32_t* tokens, const float* wte,
+                                         const float* wpe, int64_t BT, int64_t T_len, int64_t C,
+                                         int64_t V) {
   const int64_t n = BT * C;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
     const int64_t bt = i / C, c = i % C;
     const int32_t id = tokens[bt];
     // The CPU backend asserts; a device assert would kill the context, so a bad token poisons
@@ -129,7 +160,8 @@ __global__ void embedding_forward_kernel(T* out, const int32_t* tokens, const fl
 // same row of dwte, so no atomics are needed and the sum order is fixed.
 template <typename T>
 __global__ void embedding_backward_wte_kernel(float* dwte, const T* dout, const int32_t* tokens,
-                                              const int32_t* order, const int32_t* starts, int64_t C) {
+                                              const int32_t* order, const int32_t* starts,
+                                              int64_t C) {
   const int64_t c = blockIdx.y * int64_t{blockDim.x} + threadIdx.x;
   if (c >= C) return;
   const int32_t b0 = starts[blockIdx.x], b1 = starts[blockIdx.x + 1];
@@ -140,9 +172,11 @@ __global__ void embedding_backward_wte_kernel(float* dwte, const T* dout, const 
 }
 
 template <typename T>
-__global__ void embedding_backward_wpe_kernel(float* dwpe, const T* dout, int64_t B, int64_t T_len, int64_t C) {
+__global__ void embedding_backward_wpe_kernel(float* dwpe, const T* dout, int64_t B, int64_t T_len,
+                                              int64_t C) {
   const int64_t n = T_len * C;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
     float acc = 0;
     for (int64_t b = 0; b < B; ++b) acc += to_f32(dout[b * n + i]);
     dwpe[i] += acc;
@@ -153,8 +187,8 @@ __global__ void embedding_backward_wpe_kernel(float* dwpe, const T* dout, int64_
 
 // One warp per row; 8 rows per block.
 template <typename T>
-__global__ void mse_loss_kernel(float* losses, T* dinp, const T* inp, const float* target, int64_t N,
-                                int64_t D, float scale) {
+__global__ void mse_loss_kernel(float* losses, T* dinp, const T* inp, const float* target,
+                                int64_t N, int64_t D, float scale) {
   const int64_t row = blockIdx.x * int64_t{8} + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (row >= N) return;
@@ -210,9 +244,11 @@ __global__ void softmax_xent_kernel(float* logits, const int32_t* targets, float
 // ---- optimizer ----
 
 // AdamW with decoupled weight decay, as engine/cpu/cpu_backend.cpp.
-__global__ void adamw_kernel(float* p, const float* g, float* m, float* v, int64_t n, float lr, float beta1,
-                             float beta2, float eps, float wd, float grad_scale, float bc1, float bc2) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+__global__ void adamw_kernel(float* p, const float* g, float* m, float* v, int64_t n, float lr,
+                             float beta1, float beta2, float eps, float wd, float grad_scale,
+                             float bc1, float bc2) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
     const float gi = g[i] * grad_scale;
     const float mi = beta1 * m[i] + (1.0f - beta1) * gi;
     const float vi = beta2 * v[i] + (1.0f - beta2) * gi * gi;
@@ -228,7 +264,8 @@ __global__ void adamw_kernel(float* p, const float* g, float* m, float* v, int64
 __global__ void sum_squares_kernel(const float* x, int64_t n, double* partials) {
   __shared__ double part[kThreads];
   double acc = 0;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x)
     acc += static_cast<double>(x[i]) * x[i];
   part[threadIdx.x] = acc;
   __syncthreads();
@@ -245,10 +282,11 @@ __global__ void sum_squares_kernel(const float* x, int64_t n, double* partials) 
 // (copied). angle(t, i) = t * theta^(-2i/HS) in double (t * freq reaches 1e6 at long context),
 // as the CPU's table.
 template <typename Td, typename Ts>
-__global__ void rope_kernel(Td* dst, const Ts* src, int64_t BT, int64_t T_len, int64_t C, int64_t HS,
-                            float theta, bool inverse) {
+__global__ void rope_kernel(Td* dst, const Ts* src, int64_t BT, int64_t T_len, int64_t C,
+                            int64_t HS, float theta, bool inverse) {
   const int64_t half_c = C / 2, per_row = 3 * half_c, n = BT * per_row, half = HS / 2;
-  for (int64_t w = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; w < n; w += int64_t{gridDim.x} * blockDim.x) {
+  for (int64_t w = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; w < n;
+       w += int64_t{gridDim.x} * blockDim.x) {
     const int64_t row = w / per_row, r = w % per_row, part = r / half_c, k = r % half_c;
     const int64_t base = row * 3 * C;
     if (part == 2 || theta <= 0) {  // v, or no rotation: copy two elements
@@ -259,7 +297,8 @@ __global__ void rope_kernel(Td* dst, const Ts* src, int64_t BT, int64_t T_len, i
     }
     const int64_t h = k / half, i = k % half;
     const int64_t i0 = base + part * C + h * HS + i, i1 = i0 + half;
-    const double freq = pow(static_cast<double>(theta), -2.0 * static_cast<double>(i) / static_cast<double>(HS));
+    const double freq =
+        pow(static_cast<double>(theta), -2.0 * static_cast<double>(i) / static_cast<double>(HS));
     double sn_d, cs_d;
     sincos(static_cast<double>(row % T_len) * freq, &sn_d, &cs_d);
     const float cs = static_cast<float>(cs_d), sn = static_cast<float>(sn_d);
@@ -291,13 +330,16 @@ void fill_i32(int32_t* p, int64_t n, int32_t value, cudaStream_t s) {
 
 void cast(void* dst, bool dst_bf16, const void* src, bool src_bf16, int64_t n, cudaStream_t s) {
   if (dst_bf16 == src_bf16) {  // same type: a device copy
-    cudaMemcpyAsync(dst, src, static_cast<size_t>(n) * (dst_bf16 ? 2 : 4), cudaMemcpyDeviceToDevice, s);
+    cudaMemcpyAsync(dst, src, static_cast<size_t>(n) * (dst_bf16 ? 2 : 4), cudaMemcpyDeviceToDevice,
+                    s);
     return;
   }
   if (dst_bf16)
-    cast_kernel<bf16, float><<<grid_for(n), kThreads, 0, s>>>(static_cast<bf16*>(dst), static_cast<const float*>(src), n);
+    cast_kernel<bf16, float><<<grid_for(n), kThreads, 0, s>>>(static_cast<bf16*>(dst),
+                                                              static_cast<const float*>(src), n);
   else
-    cast_kernel<float, bf16><<<grid_for(n), kThreads, 0, s>>>(static_cast<float*>(dst), static_cast<const bf16*>(src), n);
+    cast_kernel<float, bf16><<<grid_for(n), kThreads, 0, s>>>(static_cast<float*>(dst),
+                                                              static_cast<const bf16*>(src), n);
 }
 
 void add(void* out, const void* a, const void* b, int64_t n, bool is_bf16, cudaStream_t s) {
@@ -308,20 +350,21 @@ void add(void* out, const void* a, const void* b, int64_t n, bool is_bf16, cudaS
   });
 }
 
-void dropout(void* out, const void* inp, int64_t n, float p, uint64_t seed, uint64_t stream, bool is_bf16,
-             cudaStream_t s) {
+void dropout(void* out, const void* inp, int64_t n, float p, uint64_t seed, uint64_t stream,
+             bool is_bf16, cudaStream_t s) {
   dispatch_act(is_bf16, [&](auto tag) {
     using T = decltype(tag);
-    dropout_kernel<T><<<grid_for(n), kThreads, 0, s>>>(static_cast<T*>(out), static_cast<const T*>(inp), n, p,
-                                                       1.0f / (1.0f - p), seed, stream);
+    dropout_kernel<T><<<grid_for(n), kThreads, 0, s>>>(
+        static_cast<T*>(out), static_cast<const T*>(inp), n, p, 1.0f / (1.0f - p), seed, stream);
   });
 }
 
-void activation_forward(void* out, const void* inp, int64_t n, bool gelu, bool is_bf16, cudaStream_t s) {
+void activation_forward(void* out, const void* inp, int64_t n, bool gelu, bool is_bf16,
+                        cudaStream_t s) {
   dispatch_act(is_bf16, [&](auto tag) {
     using T = decltype(tag);
-    activation_forward_kernel<T><<<grid_for(n), kThreads, 0, s>>>(static_cast<T*>(out),
-                                                                  static_cast<const T*>(inp), n, gelu);
+    activation_forward_kernel<T><<<grid_for(n), kThreads, 0, s>>>(
+        static_cast<T*>(out), static_cast<const T*>(inp), n, gelu);
   });
 }
 
@@ -334,8 +377,8 @@ void activation_backward(void* dinp, const void* dout, const void* inp, int64_t 
   });
 }
 
-void bias_rows(void* out, const float* bias, int64_t rows, int64_t cols, bool overwrite, bool is_bf16,
-               cudaStream_t s) {
+void bias_rows(void* out, const float* bias, int64_t rows, int64_t cols, bool overwrite,
+               bool is_bf16, cudaStream_t s) {
   dispatch_act(is_bf16, [&](auto tag) {
     using T = decltype(tag);
     bias_rows_kernel<T><<<grid_for(rows * cols), kThreads, 0, s>>>(static_cast<T*>(out), bias, rows,
@@ -343,41 +386,61 @@ void bias_rows(void* out, const float* bias, int64_t rows, int64_t cols, bool ov
   });
 }
 
-void column_sum_add(float* dsum, const void* x, int64_t rows, int64_t cols, bool is_bf16, cudaStream_t s) {
-  const dim3 block(32, 8), grid(static_cast<unsigned>((cols + 31) / 32));
+int64_t column_chunks(int64_t rows, int64_t cols, int64_t n_sums, const ColumnReduce& r) {
+  const int64_t slices = (cols + 31) / 32;
+  int64_t chunks = (r.target_blocks + slices - 1) / slices;
+  chunks = std::min(chunks, (rows + kMinChunkRows - 1) / kMinChunkRows);
+  chunks = std::min(chunks, r.floats / std::max<int64_t>(1, n_sums * cols));
+  return std::max<int64_t>(chunks, 1);
+}
+
+void add_chunk_partials(float* dst, const float* partials, int64_t chunks, int64_t cols,
+                        cudaStream_t s) {
+  add_chunk_partials_kernel<<<grid_for(cols), kThreads, 0, s>>>(dst, partials, chunks, cols);
+}
+
+void column_sum_add(float* dsum, const void* x, int64_t rows, int64_t cols, bool is_bf16,
+                    const ColumnReduce& r, cudaStream_t s) {
+  const int64_t chunks = column_chunks(rows, cols, 1, r);
+  const dim3 block(32, 8),
+      grid(static_cast<unsigned>((cols + 31) / 32), static_cast<unsigned>(chunks));
+  float* out = chunks == 1 ? dsum : r.scratch;
   dispatch_act(is_bf16, [&](auto tag) {
     using T = decltype(tag);
-    column_sum_add_kernel<T><<<grid, block, 0, s>>>(dsum, static_cast<const T*>(x), rows, cols);
+    column_sum_kernel<T>
+        <<<grid, block, 0, s>>>(out, static_cast<const T*>(x), rows, cols, chunks == 1);
   });
+  if (chunks > 1) add_chunk_partials(dsum, r.scratch, chunks, cols, s);
 }
 
-void embedding_forward(void* out, const int32_t* tokens, const float* wte, const float* wpe, int64_t BT,
-                       int64_t T, int64_t C, int64_t V, bool is_bf16, cudaStream_t s) {
+void embedding_forward(void* out, const int32_t* tokens, const float* wte, const float* wpe,
+                       int64_t BT, int64_t T, int64_t C, int64_t V, bool is_bf16, cudaStream_t s) {
   dispatch_act(is_bf16, [&](auto tag) {
     using Tt = decltype(tag);
-    embedding_forward_kernel<Tt><<<grid_for(BT * C), kThreads, 0, s>>>(static_cast<Tt*>(out), tokens, wte,
-                                                                       wpe, BT, T, C, V);
+    embedding_forward_kernel<Tt><<<grid_for(BT * C), kThreads, 0, s>>>(
+        static_cast<Tt*>(out), tokens, wte, wpe, BT, T, C, V);
   });
 }
 
-void embedding_backward_wte(float* dwte, const void* dout, const int32_t* tokens, const int32_t* order,
-                            const int32_t* starts, int64_t n_buckets, int64_t C, bool is_bf16,
-                            cudaStream_t s) {
+void embedding_backward_wte(float* dwte, const void* dout, const int32_t* tokens,
+                            const int32_t* order, const int32_t* starts, int64_t n_buckets,
+                            int64_t C, bool is_bf16, cudaStream_t s) {
   if (n_buckets == 0) return;
-  const dim3 grid(static_cast<unsigned>(n_buckets), static_cast<unsigned>((C + kThreads - 1) / kThreads));
+  const dim3 grid(static_cast<unsigned>(n_buckets),
+                  static_cast<unsigned>((C + kThreads - 1) / kThreads));
   dispatch_act(is_bf16, [&](auto tag) {
     using T = decltype(tag);
-    embedding_backward_wte_kernel<T><<<grid, kThreads, 0, s>>>(dwte, static_cast<const T*>(dout), tokens,
-                                                               order, starts, C);
+    embedding_backward_wte_kernel<T>
+        <<<grid, kThreads, 0, s>>>(dwte, static_cast<const T*>(dout), tokens, order, starts, C);
   });
 }
 
-void embedding_backward_wpe(float* dwpe, const void* dout, int64_t B, int64_t T, int64_t C, bool is_bf16,
-                            cudaStream_t s) {
+void embedding_backward_wpe(float* dwpe, const void* dout, int64_t B, int64_t T, int64_t C,
+                            bool is_bf16, cudaStream_t s) {
   dispatch_act(is_bf16, [&](auto tag) {
     using Tt = decltype(tag);
-    embedding_backward_wpe_kernel<Tt><<<grid_for(T * C), kThreads, 0, s>>>(dwpe, static_cast<const Tt*>(dout),
-                                                                           B, T, C);
+    embedding_backward_wpe_kernel<Tt>
+        <<<grid_for(T * C), kThreads, 0, s>>>(dwpe, static_cast<const Tt*>(dout), B, T, C);
   });
 }
 
@@ -386,22 +449,22 @@ void mse_loss(float* losses, void* dinp, const void* inp, const float* target, i
   const unsigned grid = static_cast<unsigned>((N + 7) / 8);
   dispatch_act(is_bf16, [&](auto tag) {
     using T = decltype(tag);
-    mse_loss_kernel<T><<<grid, kThreads, 0, s>>>(losses, static_cast<T*>(dinp), static_cast<const T*>(inp),
-                                                 target, N, D, scale);
+    mse_loss_kernel<T><<<grid, kThreads, 0, s>>>(losses, static_cast<T*>(dinp),
+                                                 static_cast<const T*>(inp), target, N, D, scale);
   });
 }
 
 void softmax_xent(float* logits, const int32_t* targets, float* losses, int64_t rows, int64_t V,
                   float scale, bool write_bf16, cudaStream_t s) {
-  softmax_xent_kernel<<<static_cast<unsigned>(rows), kXentThreads, 0, s>>>(logits, targets, losses, V,
-                                                                           scale, write_bf16);
+  softmax_xent_kernel<<<static_cast<unsigned>(rows), kXentThreads, 0, s>>>(logits, targets, losses,
+                                                                           V, scale, write_bf16);
 }
 
 void adamw(float* param, const float* grad, float* m, float* v, int64_t n, float lr, float beta1,
            float beta2, float eps, float weight_decay, float grad_scale, float bias_corr1,
            float bias_corr2, cudaStream_t s) {
-  adamw_kernel<<<grid_for(n), kThreads, 0, s>>>(param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay,
-                                                grad_scale, bias_corr1, bias_corr2);
+  adamw_kernel<<<grid_for(n), kThreads, 0, s>>>(param, grad, m, v, n, lr, beta1, beta2, eps,
+                                                weight_decay, grad_scale, bias_corr1, bias_corr2);
 }
 
 void sum_squares_partials(const float* x, int64_t n, double* partials, cudaStream_t s) {
@@ -413,13 +476,17 @@ void rope_apply(void* dst, bool dst_bf16, const void* src, bool src_bf16, int64_
   const int64_t n = BT * 3 * (C / 2), HS = C / NH;
   const unsigned g = grid_for(n);
   if (dst_bf16 && src_bf16)
-    rope_kernel<bf16, bf16><<<g, kThreads, 0, s>>>(static_cast<bf16*>(dst), static_cast<const bf16*>(src), BT, T, C, HS, theta, inverse);
+    rope_kernel<bf16, bf16><<<g, kThreads, 0, s>>>(
+        static_cast<bf16*>(dst), static_cast<const bf16*>(src), BT, T, C, HS, theta, inverse);
   else if (dst_bf16)
-    rope_kernel<bf16, float><<<g, kThreads, 0, s>>>(static_cast<bf16*>(dst), static_cast<const float*>(src), BT, T, C, HS, theta, inverse);
+    rope_kernel<bf16, float><<<g, kThreads, 0, s>>>(
+        static_cast<bf16*>(dst), static_cast<const float*>(src), BT, T, C, HS, theta, inverse);
   else if (src_bf16)
-    rope_kernel<float, bf16><<<g, kThreads, 0, s>>>(static_cast<float*>(dst), static_cast<const bf16*>(src), BT, T, C, HS, theta, inverse);
+    rope_kernel<float, bf16><<<g, kThreads, 0, s>>>(
+        static_cast<float*>(dst), static_cast<const bf16*>(src), BT, T, C, HS, theta, inverse);
   else
-    rope_kernel<float, float><<<g, kThreads, 0, s>>>(static_cast<float*>(dst), static_cast<const float*>(src), BT, T, C, HS, theta, inverse);
+    rope_kernel<float, float><<<g, kThreads, 0, s>>>(
+        static_cast<float*>(dst), static_cast<const float*>(src), BT, T, C, HS, theta, inverse);
 }
 
 }  // namespace remat::cuda::kern

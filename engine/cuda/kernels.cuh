@@ -13,6 +13,19 @@
 
 namespace remat::cuda::kern {
 
+/// Scratch of the column reductions (bias and LayerNorm parameter gradients), owned by the
+/// backend. A sum over rows split into row chunks fills enough blocks to use every SM (one block
+/// per 32 columns alone gives 24 blocks for C = 768); a second pass adds the chunks' partials in
+/// chunk order, so results are deterministic for a given shape and SM count.
+struct ColumnReduce {
+  float* scratch = nullptr;  // device, `floats` partial sums
+  int64_t floats = 0;
+  int target_blocks = 1;  // blocks to aim for in the first pass
+};
+/// Row chunks for a reduction of `n_sums` (rows, cols) column sums: 1 means a single pass
+/// straight into the result (small inputs, or no room in the scratch).
+int64_t column_chunks(int64_t rows, int64_t cols, int64_t n_sums, const ColumnReduce& r);
+
 // ---- data movement ----
 void fill(void* p, int64_t n, float value, bool bf16, cudaStream_t s);
 void fill_i32(int32_t* p, int64_t n, int32_t value, cudaStream_t s);
@@ -24,10 +37,11 @@ void cast(void* dst, bool dst_bf16, const void* src, bool src_bf16, int64_t n, c
 void add(void* out, const void* a, const void* b, int64_t n, bool bf16, cudaStream_t s);
 /// Inverted dropout with the counter-based mask of engine/rng.h (same masks as the CPU backend);
 /// out may alias inp.
-void dropout(void* out, const void* inp, int64_t n, float p, uint64_t seed, uint64_t stream, bool bf16,
-             cudaStream_t s);
+void dropout(void* out, const void* inp, int64_t n, float p, uint64_t seed, uint64_t stream,
+             bool bf16, cudaStream_t s);
 /// GELU (tanh approximation) or ReLU.
-void activation_forward(void* out, const void* inp, int64_t n, bool gelu, bool bf16, cudaStream_t s);
+void activation_forward(void* out, const void* inp, int64_t n, bool gelu, bool bf16,
+                        cudaStream_t s);
 /// dinp = dout * act'(inp); dinp may alias dout.
 void activation_backward(void* dinp, const void* dout, const void* inp, int64_t n, bool gelu,
                          bool bf16, cudaStream_t s);
@@ -35,7 +49,8 @@ void activation_backward(void* dinp, const void* dout, const void* inp, int64_t 
 void bias_rows(void* out, const float* bias, int64_t rows, int64_t cols, bool overwrite, bool bf16,
                cudaStream_t s);
 /// dsum (cols) += sum over rows of x (rows, cols).
-void column_sum_add(float* dsum, const void* x, int64_t rows, int64_t cols, bool bf16, cudaStream_t s);
+void column_sum_add(float* dsum, const void* x, int64_t rows, int64_t cols, bool bf16,
+                    const ColumnReduce& r, cudaStream_t s);
 
 // ---- embedding ----
 /// out (B*T, C) = wte[tokens] (+ wpe[t]); an out-of-vocabulary token yields a NaN row.
@@ -43,12 +58,12 @@ void embedding_forward(void* out, const int32_t* tokens, const float* wte, const
                        int64_t BT, int64_t T, int64_t C, int64_t V, bool bf16, cudaStream_t s);
 /// dwte[token of bucket] += sum of dout rows listed in the bucket, for n_buckets buckets:
 /// order (N) i32 lists row indices grouped by token, starts (n_buckets + 1) i32 bounds each group.
-void embedding_backward_wte(float* dwte, const void* dout, const int32_t* tokens, const int32_t* order,
-                            const int32_t* starts, int64_t n_buckets, int64_t C, bool bf16,
-                            cudaStream_t s);
+void embedding_backward_wte(float* dwte, const void* dout, const int32_t* tokens,
+                            const int32_t* order, const int32_t* starts, int64_t n_buckets,
+                            int64_t C, bool bf16, cudaStream_t s);
 /// dwpe (T, C) += sum over b of dout (B, T, C).
-void embedding_backward_wpe(float* dwpe, const void* dout, int64_t B, int64_t T, int64_t C, bool bf16,
-                            cudaStream_t s);
+void embedding_backward_wpe(float* dwpe, const void* dout, int64_t B, int64_t T, int64_t C,
+                            bool bf16, cudaStream_t s);
 
 // ---- losses ----
 /// losses (N) = mean_j (inp - target)^2; dinp (N, D) = 2 scale (inp - target) / D.
@@ -83,6 +98,6 @@ void layernorm_forward(void* out, float* stats, const void* inp, const float* we
 /// dinp += ...; dweight, dbias += ... (the backend's gradient contract).
 void layernorm_backward(void* dinp, float* dweight, float* dbias, const void* dout, const void* inp,
                         const float* weight, const float* stats, int64_t N, int64_t C, bool bf16,
-                        cudaStream_t s);
+                        const ColumnReduce& r, cudaStream_t s);
 
 }  // namespace remat::cuda::kern

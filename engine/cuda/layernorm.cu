@@ -34,7 +34,8 @@ __global__ void layernorm_forward_kernel(T* out, float* stats, const T* inp, con
   }
   const float rstd = 1.0f / sqrtf(warp_sum(var) / static_cast<float>(C) + kLayerNormEps);
   T* y = out + row * C;
-  for (int64_t c = lane; c < C; c += 32) y[c] = from_f32<T>((to_f32(x[c]) - mean) * rstd * w[c] + b[c]);
+  for (int64_t c = lane; c < C; c += 32)
+    y[c] = from_f32<T>((to_f32(x[c]) - mean) * rstd * w[c] + b[c]);
   if (lane == 0) {
     stats[2 * row] = mean;
     stats[2 * row + 1] = rstd;
@@ -68,16 +69,20 @@ __global__ void layernorm_backward_dinp_kernel(T* dinp, const T* dout, const T* 
   }
 }
 
-// Parameter gradients: block (32, 8) owns 32 channels; threadIdx.y strides over rows; the 8
-// partials are added in a fixed order, then once into dweight/dbias (+=).
+// Parameter gradients over one row chunk (grid: 32-channel slices x row chunks, as
+// column_sum_kernel in elementwise.cu): block (32, 8) owns 32 channels; threadIdx.y strides over
+// the chunk's rows; the 8 partials are added in a fixed order, then written to row blockIdx.y of
+// the (chunks, C) partials dw, db (`accumulate`: added, when the one chunk writes the gradient).
 template <typename T>
 __global__ void layernorm_backward_params_kernel(float* dw, float* db, const T* dout, const T* inp,
-                                                 const float* stats, int64_t N, int64_t C) {
+                                                 const float* stats, int64_t N, int64_t C,
+                                                 bool accumulate) {
   __shared__ float part_w[8][33], part_b[8][33];
   const int64_t c = blockIdx.x * int64_t{32} + threadIdx.x;
+  const RowRange rr = chunk_rows(N, gridDim.y, blockIdx.y);
   float acc_w = 0, acc_b = 0;
   if (c < C) {
-    for (int64_t r = threadIdx.y; r < N; r += 8) {
+    for (int64_t r = rr.begin + threadIdx.y; r < rr.end; r += 8) {
       const float d = to_f32(dout[r * C + c]);
       acc_w += d * (to_f32(inp[r * C + c]) - stats[2 * r]) * stats[2 * r + 1];
       acc_b += d;
@@ -92,35 +97,46 @@ __global__ void layernorm_backward_params_kernel(float* dw, float* db, const T* 
       tw += part_w[k][threadIdx.x];
       tb += part_b[k][threadIdx.x];
     }
-    dw[c] += tw;
-    db[c] += tb;
+    const int64_t i = blockIdx.y * C + c;
+    dw[i] = accumulate ? dw[i] + tw : tw;
+    db[i] = accumulate ? db[i] + tb : tb;
   }
 }
 
 }  // namespace
 
-void layernorm_forward(void* out, float* stats, const void* inp, const float* weight, const float* bias,
-                       int64_t N, int64_t C, bool is_bf16, cudaStream_t s) {
+void layernorm_forward(void* out, float* stats, const void* inp, const float* weight,
+                       const float* bias, int64_t N, int64_t C, bool is_bf16, cudaStream_t s) {
   const unsigned grid = static_cast<unsigned>((N + kRowsPerBlock - 1) / kRowsPerBlock);
   dispatch_act(is_bf16, [&](auto tag) {
     using T = decltype(tag);
-    layernorm_forward_kernel<T><<<grid, kThreads, 0, s>>>(static_cast<T*>(out), stats,
-                                                          static_cast<const T*>(inp), weight, bias, N, C);
+    layernorm_forward_kernel<T><<<grid, kThreads, 0, s>>>(
+        static_cast<T*>(out), stats, static_cast<const T*>(inp), weight, bias, N, C);
   });
 }
 
+// The parameter gradients go through the backend's scratch as (chunks, C) partials of dweight
+// followed by those of dbias, then the second pass adds each in chunk order.
 void layernorm_backward(void* dinp, float* dweight, float* dbias, const void* dout, const void* inp,
                         const float* weight, const float* stats, int64_t N, int64_t C, bool is_bf16,
-                        cudaStream_t s) {
+                        const ColumnReduce& r, cudaStream_t s) {
   const unsigned grid = static_cast<unsigned>((N + kRowsPerBlock - 1) / kRowsPerBlock);
-  const dim3 pblock(32, 8), pgrid(static_cast<unsigned>((C + 31) / 32));
+  const int64_t chunks = column_chunks(N, C, 2, r);
+  const dim3 pblock(32, 8),
+      pgrid(static_cast<unsigned>((C + 31) / 32), static_cast<unsigned>(chunks));
+  float* pw = chunks == 1 ? dweight : r.scratch;
+  float* pb = chunks == 1 ? dbias : r.scratch + chunks * C;
   dispatch_act(is_bf16, [&](auto tag) {
     using T = decltype(tag);
-    layernorm_backward_dinp_kernel<T><<<grid, kThreads, 0, s>>>(
-        static_cast<T*>(dinp), static_cast<const T*>(dout), static_cast<const T*>(inp), weight, stats, N, C);
+    layernorm_backward_dinp_kernel<T>
+        <<<grid, kThreads, 0, s>>>(static_cast<T*>(dinp), static_cast<const T*>(dout),
+                                   static_cast<const T*>(inp), weight, stats, N, C);
     layernorm_backward_params_kernel<T><<<pgrid, pblock, 0, s>>>(
-        dweight, dbias, static_cast<const T*>(dout), static_cast<const T*>(inp), stats, N, C);
+        pw, pb, static_cast<const T*>(dout), static_cast<const T*>(inp), stats, N, C, chunks == 1);
   });
+  if (chunks == 1) return;
+  add_chunk_partials(dweight, pw, chunks, C, s);
+  add_chunk_partials(dbias, pb, chunks, C, s);
 }
 
 }  // namespace remat::cuda::kern

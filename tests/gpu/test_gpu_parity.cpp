@@ -1,11 +1,13 @@
 // GPU tests: every CUDA op against the CPU reference (f32 and bf16 activations, odd sizes, named
 // per-op tolerances), a 20-step training run on both backends, remat policy equivalence on the
-// GPU, and the planner's predicted device peak against the measured one.
-// Without a CUDA device the binary prints "skipped: no CUDA device" and exits 77 (ctest: skipped).
+// GPU, cuDNN's plan workspaces against the planner's reserve, and the planner's predicted device
+// peak against the measured one. Each test has a tag of its own besides [gpu], so that
+// scripts/device-check.sh runs (and reports) them one by one.
+// Without a CUDA device the binary prints "skipped: no CUDA device" and exits 77 (ctest: skipped);
+// listing (--list-tests, --list-tags, ...) works without one.
 #define CATCH_CONFIG_RUNNER
-#include <catch2/catch.hpp>
-
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -56,7 +58,9 @@ float from_bf16_bits(uint16_t h) {
   std::memcpy(&f, &u, 4);
   return f;
 }
-float round_bf16(float f) { return from_bf16_bits(to_bf16_bits(f)); }
+float round_bf16(float f) {
+  return from_bf16_bits(to_bf16_bits(f));
+}
 
 std::vector<float> randn(size_t n, uint64_t seed, float scale = 1.0f) {
   std::mt19937_64 rng(seed);
@@ -67,8 +71,8 @@ std::vector<float> randn(size_t n, uint64_t seed, float scale = 1.0f) {
 }
 
 /// Uploads host floats as `dtype` (bf16 rounded on the host).
-Buffer make(Backend& be, const std::vector<int64_t>& shape, DType dtype, const std::vector<float>& host,
-            MemCategory cat = MemCategory::Transient) {
+Buffer make(Backend& be, const std::vector<int64_t>& shape, DType dtype,
+            const std::vector<float>& host, MemCategory cat = MemCategory::Transient) {
   Buffer b = be.pool().allocate(shape, dtype, cat, "test");
   REQUIRE(static_cast<size_t>(b.tensor().numel()) == host.size());
   if (dtype == DType::BF16) {
@@ -100,8 +104,8 @@ std::vector<float> fetch(Backend& be, const Tensor& t) {
 }
 
 /// The one comparison helper: max abs / rel error, first mismatch and a few pairs.
-void allclose(const std::string& what, const std::vector<float>& got, const std::vector<float>& want,
-              Tol tol) {
+void allclose(const std::string& what, const std::vector<float>& got,
+              const std::vector<float>& want, Tol tol) {
   REQUIRE(got.size() == want.size());
   double max_abs = 0, max_rel = 0;
   int64_t first_bad = -1, n_bad = 0;
@@ -115,11 +119,13 @@ void allclose(const std::string& what, const std::vector<float>& got, const std:
     }
   }
   std::string pairs;
-  for (size_t i = first_bad < 0 ? 0 : static_cast<size_t>(first_bad), k = 0; i < got.size() && k < 4; ++i, ++k)
-    pairs += " [" + std::to_string(i) + "] " + std::to_string(got[i]) + " vs " + std::to_string(want[i]);
-  INFO(what << ": max abs " << max_abs << ", max rel " << max_rel << ", " << n_bad << "/" << got.size()
-            << " outside atol " << tol.atol << " rtol " << tol.rtol << "; first at " << first_bad << ":"
-            << pairs);
+  for (size_t i = first_bad < 0 ? 0 : static_cast<size_t>(first_bad), k = 0;
+       i < got.size() && k < 4; ++i, ++k)
+    pairs +=
+        " [" + std::to_string(i) + "] " + std::to_string(got[i]) + " vs " + std::to_string(want[i]);
+  INFO(what << ": max abs " << max_abs << ", max rel " << max_rel << ", " << n_bad << "/"
+            << got.size() << " outside atol " << tol.atol << " rtol " << tol.rtol << "; first at "
+            << first_bad << ":" << pairs);
   CHECK(n_bad == 0);
 }
 
@@ -129,7 +135,9 @@ struct Fixture {
   DType act;
   cpu::CpuBackend cpu{uint64_t{8} << 30, 0};
   std::unique_ptr<cuda::CudaBackend> gpu;
-  explicit Fixture(DType a) : act(a) { gpu = std::make_unique<cuda::CudaBackend>(DeviceConfig{}, a); }
+  explicit Fixture(DType a) : act(a) {
+    gpu = std::make_unique<cuda::CudaBackend>(DeviceConfig{}, a);
+  }
   bool bf() const { return act == DType::BF16; }
   Tol pick(Tol f32, Tol b16) const { return bf() ? b16 : f32; }
   std::vector<float> act_input(size_t n, uint64_t seed, float scale = 1.0f) const {
@@ -138,10 +146,12 @@ struct Fixture {
       for (float& x : v) x = round_bf16(x);
     return v;
   }
-  std::pair<Buffer, Buffer> act_pair(const std::vector<int64_t>& shape, const std::vector<float>& h) {
+  std::pair<Buffer, Buffer> act_pair(const std::vector<int64_t>& shape,
+                                     const std::vector<float>& h) {
     return {make(cpu, shape, DType::F32, h), make(*gpu, shape, act, h)};
   }
-  std::pair<Buffer, Buffer> f32_pair(const std::vector<int64_t>& shape, const std::vector<float>& h) {
+  std::pair<Buffer, Buffer> f32_pair(const std::vector<int64_t>& shape,
+                                     const std::vector<float>& h) {
     return {make(cpu, shape, DType::F32, h), make(*gpu, shape, DType::F32, h)};
   }
 };
@@ -150,7 +160,8 @@ const DType kActs[] = {DType::F32, DType::BF16};
 
 }  // namespace
 
-TEST_CASE("linear forward and backward match the CPU (bias, accumulate, odd sizes)", "[gpu]") {
+TEST_CASE("linear forward and backward match the CPU (bias, accumulate, odd sizes)",
+          "[gpu][linear]") {
   for (DType act : kActs) {
     Fixture f(act);
     INFO("activations " << dtype_name(act));
@@ -163,8 +174,8 @@ TEST_CASE("linear forward and backward match the CPU (bias, accumulate, odd size
       auto [y_c, y_g] = f.act_pair({N, OC}, res);
       f.cpu.linear_forward({y_c, x_c, w_c, b_c, acc});
       f.gpu->linear_forward({y_g, x_g, w_g, b_g, acc});
-      allclose(acc ? "linear out (accumulate)" : "linear out", fetch(*f.gpu, y_g), fetch(f.cpu, y_c),
-               f.pick(kF32Gemm, kBf16Gemm));
+      allclose(acc ? "linear out (accumulate)" : "linear out", fetch(*f.gpu, y_g),
+               fetch(f.cpu, y_c), f.pick(kF32Gemm, kBf16Gemm));
     }
     auto dy = f.act_input(N * OC, 5);
     auto [dy_c, dy_g] = f.act_pair({N, OC}, dy);
@@ -175,12 +186,14 @@ TEST_CASE("linear forward and backward match the CPU (bias, accumulate, odd size
     f.cpu.linear_backward({dx_c, dw_c, db_c, dy_c, x_c, w_c});
     f.gpu->linear_backward({dx_g, dw_g, db_g, dy_g, x_g, w_g});
     allclose("linear dinp", fetch(*f.gpu, dx_g), fetch(f.cpu, dx_c), f.pick(kF32Gemm, kBf16Gemm));
-    allclose("linear dweight", fetch(*f.gpu, dw_g), fetch(f.cpu, dw_c), f.pick(kF32Gemm, kBf16ParamGrad));
-    allclose("linear dbias", fetch(*f.gpu, db_g), fetch(f.cpu, db_c), f.pick(kF32Gemm, kBf16ParamGrad));
+    allclose("linear dweight", fetch(*f.gpu, dw_g), fetch(f.cpu, dw_c),
+             f.pick(kF32Gemm, kBf16ParamGrad));
+    allclose("linear dbias", fetch(*f.gpu, db_g), fetch(f.cpu, db_c),
+             f.pick(kF32Gemm, kBf16ParamGrad));
   }
 }
 
-TEST_CASE("layernorm forward and backward match the CPU (dinp accumulates)", "[gpu]") {
+TEST_CASE("layernorm forward and backward match the CPU (dinp accumulates)", "[gpu][layernorm]") {
   for (DType act : kActs) {
     Fixture f(act);
     INFO("activations " << dtype_name(act));
@@ -200,13 +213,59 @@ TEST_CASE("layernorm forward and backward match the CPU (dinp accumulates)", "[g
     auto [db_c, db_g] = f.f32_pair({C}, randn(C, 17));
     f.cpu.layernorm_backward({dx_c, dw_c, db_c, dy_c, x_c, w_c, s_c});
     f.gpu->layernorm_backward({dx_g, dw_g, db_g, dy_g, x_g, w_g, s_g});
-    allclose("layernorm dinp (+=)", fetch(*f.gpu, dx_g), fetch(f.cpu, dx_c), f.pick(kF32Gemm, kBf16Gemm));
-    allclose("layernorm dweight", fetch(*f.gpu, dw_g), fetch(f.cpu, dw_c), f.pick(kF32Gemm, kBf16ParamGrad));
-    allclose("layernorm dbias", fetch(*f.gpu, db_g), fetch(f.cpu, db_c), f.pick(kF32Gemm, kBf16ParamGrad));
+    allclose("layernorm dinp (+=)", fetch(*f.gpu, dx_g), fetch(f.cpu, dx_c),
+             f.pick(kF32Gemm, kBf16Gemm));
+    allclose("layernorm dweight", fetch(*f.gpu, dw_g), fetch(f.cpu, dw_c),
+             f.pick(kF32Gemm, kBf16ParamGrad));
+    allclose("layernorm dbias", fetch(*f.gpu, db_g), fetch(f.cpu, db_c),
+             f.pick(kF32Gemm, kBf16ParamGrad));
   }
 }
 
-TEST_CASE("causal attention forward and backward match the CPU, with and without RoPE", "[gpu]") {
+TEST_CASE("bias and layernorm parameter gradients over many rows match the CPU and repeat bitwise",
+          "[gpu][reductions]") {
+  // Enough rows for the two-pass (row chunks, then chunk order) reduction; 5000 is not a
+  // multiple of the chunk size, and 77 / 29 columns leave a partial 32-column slice.
+  for (DType act : kActs) {
+    Fixture f(act);
+    INFO("activations " << dtype_name(act));
+    const int64_t N = 5000, C = 77, OC = 29;
+    auto [x_c, x_g] = f.act_pair({N, C}, f.act_input(N * C, 81));
+    auto [w_c, w_g] = f.f32_pair({C}, randn(C, 82));
+    auto [s_c, s_g] = f.f32_pair({N, 2}, std::vector<float>(N * 2, 0.0f));
+    auto [y_c, y_g] = f.act_pair({N, C}, std::vector<float>(N * C, 0.0f));
+    f.cpu.layernorm_forward({y_c, s_c, x_c, w_c, w_c});
+    f.gpu->layernorm_forward({y_g, s_g, x_g, w_g, w_g});
+    auto [dy_c, dy_g] = f.act_pair({N, C}, f.act_input(N * C, 83));
+    auto [dx_c, dx_g] = f.act_pair({N, C}, std::vector<float>(N * C, 0.0f));
+    auto [dw_c, dw_g] = f.f32_pair({C}, randn(C, 84));
+    auto [db_c, db_g] = f.f32_pair({C}, randn(C, 85));
+    f.cpu.layernorm_backward({dx_c, dw_c, db_c, dy_c, x_c, w_c, s_c});
+    f.gpu->layernorm_backward({dx_g, dw_g, db_g, dy_g, x_g, w_g, s_g});
+    allclose("layernorm dweight (many rows)", fetch(*f.gpu, dw_g), fetch(f.cpu, dw_c),
+             f.pick(kF32Gemm, kBf16ParamGrad));
+    allclose("layernorm dbias (many rows)", fetch(*f.gpu, db_g), fetch(f.cpu, db_c),
+             f.pick(kF32Gemm, kBf16ParamGrad));
+
+    auto [lx_c, lx_g] = f.act_pair({N, C}, f.act_input(N * C, 86));
+    auto [lw_c, lw_g] = f.f32_pair({OC, C}, randn(OC * C, 87, 0.2f));
+    auto [ldy_c, ldy_g] = f.act_pair({N, OC}, f.act_input(N * OC, 88));
+    auto [ldw_c, ldw_g] = f.f32_pair({OC, C}, std::vector<float>(OC * C, 0.0f));
+    std::vector<std::vector<float>> dbias_runs;
+    for (int run = 0; run < 2; ++run) {  // from the same start, twice: the same bits
+      auto [ldb_c, ldb_g] = f.f32_pair({OC}, randn(OC, 89));
+      f.cpu.linear_backward({Tensor(), ldw_c, ldb_c, ldy_c, lx_c, lw_c});
+      f.gpu->linear_backward({Tensor(), ldw_g, ldb_g, ldy_g, lx_g, lw_g});
+      allclose("linear dbias (many rows)", fetch(*f.gpu, ldb_g), fetch(f.cpu, ldb_c),
+               f.pick(kF32Gemm, kBf16ParamGrad));
+      dbias_runs.push_back(fetch(*f.gpu, ldb_g));
+    }
+    CHECK(dbias_runs[0] == dbias_runs[1]);
+  }
+}
+
+TEST_CASE("causal attention forward and backward match the CPU, with and without RoPE",
+          "[gpu][attention]") {
   for (DType act : kActs) {
     for (float theta : {0.0f, 10000.0f}) {
       Fixture f(act);
@@ -229,7 +288,7 @@ TEST_CASE("causal attention forward and backward match the CPU, with and without
   }
 }
 
-TEST_CASE("pointwise ops match the CPU: gelu, relu, add, fill, copy", "[gpu]") {
+TEST_CASE("pointwise ops match the CPU: gelu, relu, add, fill, copy", "[gpu][pointwise]") {
   for (DType act : kActs) {
     Fixture f(act);
     INFO("activations " << dtype_name(act));
@@ -264,22 +323,26 @@ TEST_CASE("pointwise ops match the CPU: gelu, relu, add, fill, copy", "[gpu]") {
   }
 }
 
-TEST_CASE("embedding forward and deterministic scatter-add backward match the CPU", "[gpu]") {
+TEST_CASE("embedding forward and deterministic scatter-add backward match the CPU",
+          "[gpu][embedding]") {
   for (DType act : kActs) {
     for (bool with_wpe : {true, false}) {
       Fixture f(act);
       INFO("activations " << dtype_name(act) << ", wpe " << with_wpe);
       const int64_t B = 3, T = 13, C = 40, V = 57;
       std::vector<int32_t> tok(B * T);
-      for (size_t i = 0; i < tok.size(); ++i) tok[i] = static_cast<int32_t>((i * 7 + i / 5) % 11);  // repeats
+      for (size_t i = 0; i < tok.size(); ++i)
+        tok[i] = static_cast<int32_t>((i * 7 + i / 5) % 11);  // repeats
       Buffer t_c = make_i32(f.cpu, {B, T}, tok), t_g = make_i32(*f.gpu, {B, T}, tok);
       auto [wte_c, wte_g] = f.f32_pair({V, C}, randn(V * C, 41));
       auto [wpe_c, wpe_g] = f.f32_pair({T + 3, C}, randn((T + 3) * C, 42));
-      const Tensor wpe_cv = with_wpe ? wpe_c.tensor() : Tensor(), wpe_gv = with_wpe ? wpe_g.tensor() : Tensor();
+      const Tensor wpe_cv = with_wpe ? wpe_c.tensor() : Tensor(),
+                   wpe_gv = with_wpe ? wpe_g.tensor() : Tensor();
       auto [o_c, o_g] = f.act_pair({B, T, C}, std::vector<float>(B * T * C, 0.0f));
       f.cpu.embedding_forward({o_c, t_c, wte_c, wpe_cv});
       f.gpu->embedding_forward({o_g, t_g, wte_g, wpe_gv});
-      allclose("embedding out", fetch(*f.gpu, o_g), fetch(f.cpu, o_c), f.pick(kF32Pointwise, kBf16Pointwise));
+      allclose("embedding out", fetch(*f.gpu, o_g), fetch(f.cpu, o_c),
+               f.pick(kF32Pointwise, kBf16Pointwise));
       auto [d_c, d_g] = f.act_pair({B, T, C}, f.act_input(B * T * C, 43));
       f.cpu.embedding_backward({wte_c, wpe_cv, d_c, t_c});  // += onto the weights themselves
       f.gpu->embedding_backward({wte_g, wpe_gv, d_g, t_g});
@@ -289,7 +352,7 @@ TEST_CASE("embedding forward and deterministic scatter-add backward match the CP
   }
 }
 
-TEST_CASE("fused chunked LM head loss matches the CPU (partial last chunk)", "[gpu]") {
+TEST_CASE("fused chunked LM head loss matches the CPU (partial last chunk)", "[gpu][lm_head]") {
   for (DType act : kActs) {
     Fixture f(act);
     INFO("activations " << dtype_name(act));
@@ -297,7 +360,8 @@ TEST_CASE("fused chunked LM head loss matches the CPU (partial last chunk)", "[g
     auto [x_c, x_g] = f.act_pair({N, C}, f.act_input(N * C, 51));
     auto [w_c, w_g] = f.f32_pair({V, C}, randn(V * C, 52, 0.3f));
     std::vector<int32_t> tgt(N);
-    for (int64_t i = 0; i < N; ++i) tgt[static_cast<size_t>(i)] = static_cast<int32_t>((i * 13) % V);
+    for (int64_t i = 0; i < N; ++i)
+      tgt[static_cast<size_t>(i)] = static_cast<int32_t>((i * 13) % V);
     Buffer t_c = make_i32(f.cpu, {N}, tgt), t_g = make_i32(*f.gpu, {N}, tgt);
     auto [l_c, l_g] = f.f32_pair({N}, std::vector<float>(N, 0.0f));
     auto [dx_c, dx_g] = f.act_pair({N, C}, std::vector<float>(N * C, 0.0f));
@@ -307,11 +371,12 @@ TEST_CASE("fused chunked LM head loss matches the CPU (partial last chunk)", "[g
     f.gpu->lm_head_loss({l_g, dx_g, dw_g, x_g, w_g, t_g, scale, 16});
     allclose("lm_head losses", fetch(*f.gpu, l_g), fetch(f.cpu, l_c), f.pick(kF32Gemm, kBf16Gemm));
     allclose("lm_head dinp", fetch(*f.gpu, dx_g), fetch(f.cpu, dx_c), f.pick(kF32Gemm, kBf16Gemm));
-    allclose("lm_head dweight", fetch(*f.gpu, dw_g), fetch(f.cpu, dw_c), f.pick(kF32Gemm, kBf16ParamGrad));
+    allclose("lm_head dweight", fetch(*f.gpu, dw_g), fetch(f.cpu, dw_c),
+             f.pick(kF32Gemm, kBf16ParamGrad));
   }
 }
 
-TEST_CASE("mse loss, adamw and sum of squares match the CPU", "[gpu]") {
+TEST_CASE("mse loss, adamw and sum of squares match the CPU", "[gpu][optimizer]") {
   for (DType act : kActs) {
     Fixture f(act);
     INFO("activations " << dtype_name(act));
@@ -323,7 +388,8 @@ TEST_CASE("mse loss, adamw and sum of squares match the CPU", "[gpu]") {
     f.cpu.mse_loss({l_c, d_c, x_c, y_c, 0.5f});
     f.gpu->mse_loss({l_g, d_g, x_g, y_g, 0.5f});
     allclose("mse losses", fetch(*f.gpu, l_g), fetch(f.cpu, l_c), kF32Gemm);
-    allclose("mse dinp", fetch(*f.gpu, d_g), fetch(f.cpu, d_c), f.pick(kF32Pointwise, kBf16Pointwise));
+    allclose("mse dinp", fetch(*f.gpu, d_g), fetch(f.cpu, d_c),
+             f.pick(kF32Pointwise, kBf16Pointwise));
 
     const int64_t n = 1003;
     auto [p_c, p_g] = f.f32_pair({n}, randn(n, 63));
@@ -346,7 +412,7 @@ TEST_CASE("mse loss, adamw and sum of squares match the CPU", "[gpu]") {
     const Tensor ts_c[] = {p_c, g_c, m_c}, ts_g[] = {p_g, g_g, m_g};
     const double want = f.cpu.sum_squares(ts_c), got = f.gpu->sum_squares(ts_g);
     CHECK(std::fabs(got - want) <= 1e-9 * want);  // double accumulation both sides
-    CHECK(f.gpu->sum_squares(ts_g) == got);          // deterministic
+    CHECK(f.gpu->sum_squares(ts_g) == got);       // deterministic
   }
 }
 
@@ -383,8 +449,8 @@ std::vector<double> train_losses(Backend& be, const Config& cfg) {
   return losses;
 }
 
-void check_tracks(const std::string& what, const std::vector<double>& got, const std::vector<double>& want,
-                  Tol tol) {
+void check_tracks(const std::string& what, const std::vector<double>& got,
+                  const std::vector<double>& want, Tol tol) {
   REQUIRE(got.size() == want.size());
   for (size_t i = 0; i < got.size(); ++i) {
     INFO(what << " step " << i + 1 << ": " << got[i] << " vs " << want[i]);
@@ -401,7 +467,8 @@ constexpr Tol kPolicyRunToRun{2e-3, 2e-3};
 
 }  // namespace
 
-TEST_CASE("20 training steps on CUDA track the CPU losses (learned and rope positions)", "[gpu]") {
+TEST_CASE("20 training steps on CUDA track the CPU losses (learned and rope positions)",
+          "[gpu][training]") {
   for (const char* position : {"learned", "rope"}) {
     Config cfg = parse_config(kTinyToml, "tiny(test)", {std::string("model.position=") + position});
     cpu::CpuBackend cpu(uint64_t{8} << 30, 0);
@@ -414,31 +481,111 @@ TEST_CASE("20 training steps on CUDA track the CPU losses (learned and rope posi
   }
 }
 
-TEST_CASE("remat policies none and full give the same CUDA losses", "[gpu]") {
+namespace {
+
+const char* kMlpToml = R"(
+[model]
+kind = "mlp"
+n_layer = 4
+n_embd = 64
+[train]
+batch_size = 256
+steps = 8
+lr = 1e-3
+seed = 1337
+[data]
+task = "regression"
+[remat]
+policy = "none"
+)";
+
+double max_abs_diff(const std::vector<double>& a, const std::vector<double>& b) {
+  double m = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) m = std::max(m, std::fabs(a[i] - b[i]));
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE("remat policies give bitwise-identical CUDA losses where every op is deterministic (MLP)",
+          "[gpu][policies_bitwise]") {
+  // The MLP uses cuBLASLt GEMMs and our fixed-order kernels only: recomputing a block gives the
+  // same bits as the first forward, so every policy must give the same losses, bit for bit.
+  for (DType act : kActs) {
+    INFO("activations " << dtype_name(act));
+    Config none = parse_config(kMlpToml, "mlp(test)", {});
+    Config full = parse_config(kMlpToml, "mlp(test)", {"remat.policy=full"});
+    cuda::CudaBackend a(DeviceConfig{}, act), b(DeviceConfig{}, act);
+    const auto want = train_losses(a, none), got = train_losses(b, full);
+    CHECK(got == want);
+  }
+}
+
+TEST_CASE("remat policies none and full give the same CUDA losses within cuDNN's run-to-run noise",
+          "[gpu][policies]") {
+  // Not bitwise: cuDNN's attention backward accumulates dQ with atomics (the deterministic
+  // variant needs a workspace quadratic in T on Hopper), so even the same policy twice differs
+  // in the last bits; kPolicyRunToRun bounds that. The observed difference is printed.
   Config none = parse_config(kTinyToml, "tiny(test)", {"train.steps=8"});
   Config full = parse_config(kTinyToml, "tiny(test)", {"train.steps=8", "remat.policy=full"});
   cuda::CudaBackend a(DeviceConfig{}, DType::BF16), b(DeviceConfig{}, DType::BF16);
-  check_tracks("full vs none", train_losses(b, full), train_losses(a, none), kPolicyRunToRun);
+  const auto want = train_losses(a, none), got = train_losses(b, full);
+  std::printf("policies none vs full on CUDA (bf16): max |loss difference| over 8 steps %.3g\n",
+              max_abs_diff(got, want));
+  check_tracks("full vs none", got, want, kPolicyRunToRun);
 }
 
-TEST_CASE("the planner predicts the CUDA pool's peak (up to cuDNN's plan workspace)", "[gpu]") {
+TEST_CASE("cuDNN's attention plans need no more workspace than the planner reserves (GPT-2 shapes)",
+          "[gpu][cudnn_workspace]") {
+  cuda::CudaBackend gpu(DeviceConfig{}, DType::BF16);
+  struct Shape {
+    const char* model;
+    int64_t NH, HS;
+  };
+  for (const Shape& m : {Shape{"gpt2-124m", 12, 64}, Shape{"gpt2-350m", 16, 64}}) {
+    for (int64_t T : {int64_t{4096}, int64_t{32768}}) {
+      for (bool bwd : {false, true}) {
+        const int64_t ws = gpu.attention_plan_workspace_bytes(1, m.NH, T, m.HS, bwd);
+        std::printf("cuDNN plan workspace %s T=%lld %s: %lld bytes (reserve %llu)\n", m.model,
+                    static_cast<long long>(T), bwd ? "backward" : "forward",
+                    static_cast<long long>(ws),
+                    static_cast<unsigned long long>(kCudnnPlanWorkspaceBytes));
+        CHECK(ws <= static_cast<int64_t>(kCudnnPlanWorkspaceBytes));
+      }
+    }
+  }
+}
+
+TEST_CASE("the planner predicts the CUDA pool's peak to the byte", "[gpu][planner]") {
+  // cuDNN's plan workspace is a fixed reserve on both sides (engine/count_backend.h), so
+  // nothing the GPU decides at run time enters the peak.
   for (const char* policy : {"none", "full"}) {
-    Config cfg = parse_config(kTinyToml, "tiny(test)", {"train.steps=1", std::string("remat.policy=") + policy});
+    Config cfg = parse_config(kTinyToml, "tiny(test)",
+                              {"train.steps=1", std::string("remat.policy=") + policy});
     cuda::CudaBackend gpu(DeviceConfig{}, DType::BF16);
     CountBackend count(CountTarget{"cuda", DType::BF16, 1}, gpu.pool().budget_bytes());
     train_losses(gpu, cfg);
     train_losses(count, cfg);
     const uint64_t measured = gpu.pool().peak_bytes(), predicted = count.pool().peak_bytes();
     INFO(policy << ": measured " << measured << " predicted " << predicted);
-    CHECK(measured >= predicted);
-    CHECK(measured - predicted <= (uint64_t{1} << 20));  // cuDNN plan workspaces: tens of bytes
+    CHECK(measured == predicted);
   }
 }
 
 }  // namespace remat
 
+namespace {
+
+bool only_lists(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i)
+    if (std::strncmp(argv[i], "--list", 6) == 0) return true;
+  return false;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
-  if (remat::cuda::device_count() == 0) {
+  if (remat::cuda::device_count() == 0 && !only_lists(argc, argv)) {
     std::printf("skipped: no CUDA device\n");
     return 77;
   }

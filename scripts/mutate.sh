@@ -1,0 +1,202 @@
+#!/usr/bin/env bash
+# Mutation check (issue 17): applies each plausible bug kept in tests/mutants/ to a private copy of
+# the tree, rebuilds incrementally, runs `ctest -L cpu`, and prints killed/survived per mutant and
+# the score. Not part of `make test` (each mutant costs a rebuild and up to a full cpu test run).
+#
+#   scripts/mutate.sh [PATTERN...]       # all mutants, or those whose file name contains a PATTERN
+#   MUTATE_DIR=/tmp/m scripts/mutate.sh  # reuse a work directory (incremental builds across runs)
+#   MUTATE_JOBS=2 MUTATE_TIMEOUT=600     # build jobs; per-mutant ctest timeout in seconds
+#   MUTATE_TESTS='[loop]' scripts/mutate.sh clip   # run only these Catch2 tests instead of ctest
+#                                        # (does this test kill that mutant?)
+#   MUTATE_FIRST='[reference],[loop]'    # try these fast cpu-label tests first; ctest only when
+#                                        # they pass (same verdicts: they are part of ctest -L cpu)
+#   MUTATE_CTEST_ARGS='-j2 -E slow-test-regex'     # extra ctest arguments (a time-boxed run)
+#
+# The working tree is never modified: the tracked files and the untracked, non-ignored ones are
+# copied (with their modification times) into $MUTATE_DIR/src, which is mutated, built in
+# $MUTATE_DIR/build and restored after each mutant; an EXIT/INT/TERM trap restores the file being
+# mutated there too, so an interrupted run leaves the copy clean for the next one.
+#
+# A mutant file (tests/mutants/NN-name.mutant) is a comment line saying what bug it plants, then
+# one or more edits:
+#   @@ path/relative/to/the/repository
+#   - exact text to find (must occur exactly once; several "- " lines form a multi-line text)
+#   + its replacement (several "+ " lines likewise; a lone "+" deletes the text)
+# Outcomes: KILLED (some cpu test failed), SURVIVED (all passed: a test is missing), BUILD-FAILED
+# (the mutant does not compile: not counted), STALE (its text is not in the source any more: fix
+# the mutant). Exit status: 0 when every applicable mutant is killed, 1 otherwise.
+set -uo pipefail
+
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+work=${MUTATE_DIR:-$(mktemp -d "${TMPDIR:-/tmp}/remat-mutate.XXXXXX")}
+jobs=${MUTATE_JOBS:-2}
+timeout_s=${MUTATE_TIMEOUT:-600}
+src="$work/src"
+build="$work/build"
+logs="$work/logs"
+mkdir -p "$src" "$build" "$logs"
+
+# ---- the private copy ----
+echo "mutate: copying the tree into $src"
+(cd "$repo" && git ls-files -z --cached --others --exclude-standard |
+  while IFS= read -r -d '' f; do [ -f "$f" ] && printf '%s\0' "$f"; done |
+  tar --null -T - -cf -) | (cd "$src" && tar -xpf -)
+
+# ---- apply / restore, with a trap so an interrupted run restores the copy ----
+backup_dir="$work/backup"
+restore() {
+  if [ -d "$backup_dir" ]; then
+    (cd "$backup_dir" && find . -type f -print0) | while IFS= read -r -d '' f; do
+      cp "$backup_dir/$f" "$src/$f"  # a fresh mtime: the next build recompiles the original
+    done
+    rm -rf "$backup_dir"
+  fi
+}
+trap 'restore' EXIT
+trap 'echo; echo "mutate: interrupted; the copy is restored"; exit 130' INT TERM
+
+# Applies mutant $1 to $src (backing up every file it touches); returns 2 when its text is stale.
+apply_mutant() {
+  python3 - "$1" "$src" "$backup_dir" <<'PY'
+import os, shutil, sys
+path, src, backup = sys.argv[1:4]
+edits, cur = [], None
+for line in open(path).read().split("\n"):
+    if line.startswith("#") or not line.strip():
+        continue
+    if line.startswith("@@ "):
+        cur = {"file": line[3:].strip(), "find": [], "rep": []}
+        edits.append(cur)
+    elif line.startswith("- ") or line == "-":
+        cur["find"].append(line[2:])
+    elif line.startswith("+ ") or line == "+":
+        cur["rep"].append(line[2:])
+    else:
+        sys.exit(f"{path}: cannot parse line: {line!r}")
+texts = {}
+for e in edits:
+    f = os.path.join(src, e["file"])
+    if e["file"] not in texts:
+        texts[e["file"]] = open(f).read()
+    find, rep = "\n".join(e["find"]), "\n".join(e["rep"])
+    n = texts[e["file"]].count(find)
+    if n != 1:
+        print(f"{e['file']}: the text to mutate occurs {n} times: {find!r}")
+        sys.exit(2)
+    texts[e["file"]] = texts[e["file"]].replace(find, rep)
+for rel, text in texts.items():
+    b = os.path.join(backup, rel)
+    os.makedirs(os.path.dirname(b), exist_ok=True)
+    shutil.copy2(os.path.join(src, rel), b)
+    with open(os.path.join(src, rel), "w") as fh:
+        fh.write(text)
+PY
+}
+
+build_tree() {
+  cmake --build "$build" -j "$jobs" --target remat_tests remat-train >"$1" 2>&1
+}
+
+# ---- baseline ----
+echo "mutate: configuring and building the unmutated copy in $build"
+cmake -S "$src" -B "$build" -DCMAKE_BUILD_TYPE=Release -DREMAT_CUDA=OFF -DREMAT_WERROR=ON \
+  >"$logs/configure.log" 2>&1 || { echo "mutate: configure failed, see $logs/configure.log"; exit 2; }
+build_tree "$logs/baseline-build.log" || { echo "mutate: the unmutated tree does not build, see $logs/baseline-build.log"; exit 2; }
+# The tests a mutant must fail: `ctest -L cpu`, or the Catch2 tests named by MUTATE_TESTS.
+run_tests() {  # $1: log file; extra args: ctest options
+  local log=$1
+  shift
+  if [ -n "${MUTATE_TESTS:-}" ]; then
+    (cd "$build" && timeout "$timeout_s" tests/remat_tests "$MUTATE_TESTS" >"$log" 2>&1)
+  else
+    # shellcheck disable=SC2086  # MUTATE_CTEST_ARGS is a list of words
+    (cd "$build" && ctest -L cpu --timeout "$timeout_s" ${MUTATE_CTEST_ARGS:-} "$@" >"$log" 2>&1)
+  fi
+}
+tests_name=${MUTATE_TESTS:+remat_tests \"$MUTATE_TESTS\"}
+tests_name=${tests_name:-ctest -L cpu${MUTATE_CTEST_ARGS:+ $MUTATE_CTEST_ARGS}}
+if [ -z "${MUTATE_SKIP_BASELINE:-}" ]; then
+  echo "mutate: running $tests_name on the unmutated copy (it must pass)"
+  run_tests "$logs/baseline-tests.log" ||
+    { echo "mutate: the unmutated tree fails $tests_name, see $logs/baseline-tests.log"; exit 2; }
+fi
+
+# ---- mutants ----
+mutants=()
+for m in "$repo"/tests/mutants/*.mutant; do
+  name=$(basename "$m" .mutant)
+  if [ $# -gt 0 ]; then
+    keep=0
+    for pat in "$@"; do [[ "$name" == *"$pat"* ]] && keep=1; done
+    [ $keep = 1 ] || continue
+  fi
+  mutants+=("$m")
+done
+echo "mutate: ${#mutants[@]} mutants, each against $tests_name"
+
+killed=0 survived=0 broken=0 stale=0
+survivors=()
+results="$work/results.txt"
+: >"$results"
+for m in "${mutants[@]}"; do
+  name=$(basename "$m" .mutant)
+  what=$(sed -n '1s/^# *//p' "$m")
+  t0=$(date +%s)
+  apply_mutant "$m" >"$logs/$name.apply.log" 2>&1
+  rc=$?
+  if [ $rc -ne 0 ]; then
+    restore
+    stale=$((stale + 1))
+    line="STALE         $name: $(tail -1 "$logs/$name.apply.log")"
+  elif ! build_tree "$logs/$name.build.log"; then
+    restore
+    broken=$((broken + 1))
+    line="BUILD-FAILED  $name ($what)"
+  else
+    rc=0
+    if [ -n "${MUTATE_FIRST:-}" ] && [ -z "${MUTATE_TESTS:-}" ]; then
+      (cd "$build" && timeout "$timeout_s" tests/remat_tests "$MUTATE_FIRST" >"$logs/$name.first.log" 2>&1)
+      rc=$?
+    fi
+    if [ $rc -ne 0 ]; then
+      by="remat_tests \"$MUTATE_FIRST\": $(grep -m1 -A2 -E '^-{20,}' "$logs/$name.first.log" | sed -n '2p')"
+    else
+      by=""
+      run_tests "$logs/$name.tests.log" --stop-on-failure
+      rc=$?
+    fi
+    restore
+    if [ $rc -ne 0 ]; then
+      killed=$((killed + 1))
+      if [ -n "$by" ]; then
+        :
+      elif [ -n "${MUTATE_TESTS:-}" ]; then  # Catch2: the first failing test case's name
+        by=$(grep -m1 -A2 -E '^-{20,}' "$logs/$name.tests.log" | sed -n '2p')
+      else
+        by=$(grep -E '^ *[0-9]+/[0-9]+ Test' "$logs/$name.tests.log" | grep -vE ' Passed ' | head -1 |
+          sed -E 's/^ *[0-9]+\/[0-9]+ Test +#[0-9]+: //; s/ \.{2,}.*//')
+      fi
+      line="KILLED        $name ($(($(date +%s) - t0)) s) by: ${by:-?}"
+    else
+      survived=$((survived + 1))
+      survivors+=("$name")
+      line="SURVIVED      $name ($what)"
+    fi
+  fi
+  echo "$line" | tee -a "$results"
+done
+
+# Rebuild the restored copy so the next run starts from the unmutated objects.
+build_tree "$logs/final-build.log" >/dev/null 2>&1 || true
+
+total=$((killed + survived))
+echo
+if [ $total -gt 0 ]; then
+  echo "mutation score: $killed killed of $total ($((100 * killed / total))%); $survived survived," \
+    "$broken did not build, $stale stale" | tee -a "$results"
+else
+  echo "mutation score: no applicable mutant ($broken did not build, $stale stale)" | tee -a "$results"
+fi
+for s in "${survivors[@]+"${survivors[@]}"}"; do echo "  survivor: $s"; done
+echo "logs: $logs; results: $results"
+[ $survived -eq 0 ] && [ $stale -eq 0 ]
