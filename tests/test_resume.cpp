@@ -282,7 +282,7 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "the binary: SIGTERM stops after the step, writes a checkpoint, exits 143; resume finishes "
+    "the binary: SIGTERM stops after the step, writes a checkpoint, exits 143, and resume finishes "
     "bitwise",
     "[resume][smoke]") {
   TempDir tmp("sigterm");
