@@ -292,7 +292,7 @@ Json read_json(const fs::path& path) {
   text << in.rdbuf();
   try {
     return Json::parse(text.str());
-  } catch (const Json::parse_error& e) {
+  } catch (const Json::exception& e) {  // parse_error, and out_of_range for a number too large
     fail(path.string(), fmt::format("not valid JSON ({})", e.what()));
   }
 }

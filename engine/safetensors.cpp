@@ -325,7 +325,7 @@ Reader::Reader(MappedFile file) : file_(std::move(file)) {
   Json header;
   try {
     header = Json::parse(text, text + n);
-  } catch (const Json::parse_error& e) {
+  } catch (const Json::exception& e) {  // parse_error, and out_of_range for a number too large
     fail(path, fmt::format("the header is not valid JSON ({})", e.what()));
   }
   if (!header.is_object()) fail(path, "the header is not a JSON object");

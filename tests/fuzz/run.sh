@@ -2,6 +2,8 @@
 # Runs each fuzz target for SECONDS, two at a time: run.sh BIN_DIR SECONDS TARGET...
 # Seeds come from tests/fuzz/<target>/ (read only); what a run discovers goes to a scratch corpus.
 # A crashing input is saved as tests/fuzz/<target>/crash-<sha1>, to be fixed and kept as a seed.
+# FUZZ_SEED (default 1) fixes libFuzzer's random sequence, so `make test` explores the same inputs
+# on every machine and a red CI run is reproducible; FUZZ_SEED=0 draws a fresh seed (exploration).
 set -uo pipefail
 bin=$1 seconds=$2
 shift 2
@@ -12,7 +14,7 @@ trap 'rm -rf "$scratch"' EXIT
 run_one() {
   local t=$1
   mkdir -p "$scratch/$t"
-  "$bin/fuzz_$t" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
+  "$bin/fuzz_$t" -seed="${FUZZ_SEED:-1}" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
     -artifact_prefix="$here/$t/" "$scratch/$t" "$here/$t" >"$scratch/$t.log" 2>&1
   local rc=$?
   local runs
