@@ -124,3 +124,9 @@ TEST_CASE("rope lifts the n_ctx bound on seq_len", "[config]") {
                           "ok.toml");
   CHECK(c.train.seq_len == 4096);
 }
+
+TEST_CASE("with learned positions seq_len may equal n_ctx, and one more is an error", "[config]") {
+  const std::string learned = "[model]\nposition = \"learned\"\nn_ctx = 128\n[train]\nseq_len = ";
+  CHECK(parse_config(learned + "128\n", "edge.toml").train.seq_len == 128);
+  CHECK_THAT(error_of(learned + "129\n"), Contains("train.seq_len") && Contains("n_ctx = 128"));
+}
