@@ -1,6 +1,7 @@
 // cuDNN causal flash attention, forward and backward, through the raw backend API (no
-// cudnn-frontend). See engine/cuda/attention.h for the layout contract and
-// shared/docs/cudnn-backend.md §1 and §3 for the graphs, whose op order this file follows.
+// cudnn-frontend). See engine/cuda/attention.h for the layout contract. The graphs follow the op
+// order of cuDNN's composite causal SDPA (the one cudnn-frontend builds): forward Q K^T -> scale
+// -> causal mask -> softmax with stats -> P V; backward the matching 22-op graph.
 //
 // Backend API in brief (what the code below relies on): every object is a descriptor created by
 // cudnnBackendCreateDescriptor, filled with cudnnBackendSetAttribute(desc, name, type, count,

@@ -1,11 +1,10 @@
-// Causal flash attention through cuDNN's backend graph API (the composite graph of
-// shared/docs/cudnn-backend.md §3: matmul, scale, causal mask, softmax with stats, matmul; and
-// its 22-op backward). Internal header of engine/cuda.
-// Layout: q, k, v come from one bf16 (B, T, 3C) buffer (q | k | v, heads contiguous), read in
-// place through strides; out / dout are (B, T, C) bf16; lse (B, NH, T) f32 is cuDNN's "Stats"
-// (max + ln sum exp of the scaled, masked scores: the same quantity as the CPU's lse). dqkv is
-// written as (B, T, 3C) bf16. RoPE and f32<->bf16 staging happen in engine/cuda/cuda_backend.cpp.
-// Plans are built once per shape (0.1-1 s each) and cached.
+// Causal flash attention through cuDNN's backend graph API (cuDNN's composite causal SDPA graph:
+// matmul, scale, causal mask, softmax with stats, matmul; and its 22-op backward). Internal header
+// of engine/cuda. Layout: q, k, v come from one bf16 (B, T, 3C) buffer (q | k | v, heads
+// contiguous), read in place through strides; out / dout are (B, T, C) bf16; lse (B, NH, T) f32 is
+// cuDNN's "Stats" (max + ln sum exp of the scaled, masked scores: the same quantity as the CPU's
+// lse). dqkv is written as (B, T, 3C) bf16. RoPE and f32<->bf16 staging happen in
+// engine/cuda/cuda_backend.cpp. Plans are built once per shape (0.1-1 s each) and cached.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -1,6 +1,6 @@
 // Host-only checks of the CUDA backend's cuDNN operation graphs, for the CPU test binary:
-// operation graphs finalize without a GPU (shared/docs/cudnn-backend.md §7), which catches
-// wiring, dtype-enum and missing-attribute mistakes in CI machines that have no device.
+// operation graphs finalize without a GPU (finalizing needs only the cuDNN library, not a device),
+// which catches wiring, dtype-enum and missing-attribute mistakes on CI machines with no device.
 // Engine support, plans and numerics still need a GPU (tests/gpu).
 #pragma once
 
