@@ -14,6 +14,7 @@
 #include "engine/remat.h"
 #include "engine/trainer.h"
 #include "layers/models.h"
+#include "test_util.h"
 
 using namespace remat;
 
@@ -61,17 +62,9 @@ RunRecord train3(const std::string& text, const std::vector<std::string>& sets) 
   return r;
 }
 
-bool bitwise_equal(const std::vector<std::vector<float>>& a,
-                   const std::vector<std::vector<float>>& b) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i)
-    if (a[i].size() != b[i].size() ||
-        std::memcmp(a[i].data(), b[i].data(), a[i].size() * sizeof(float)) != 0)
-      return false;
-  return true;
-}
-
 }  // namespace
+
+using test::bitwise_equal;
 
 TEST_CASE("losses, gradients and weights are bitwise identical under every remat setting",
           "[remat]") {

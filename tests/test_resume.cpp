@@ -26,6 +26,7 @@
 #include "engine/trainer.h"
 #include "layers/models.h"
 #include "temp_dir.h"
+#include "test_util.h"
 
 using namespace remat;
 namespace fs = std::filesystem;
@@ -120,15 +121,6 @@ Snapshot train_range(const Config& cfg, int64_t from, int64_t to, const std::str
   return s;
 }
 
-bool same_bits(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i)
-    if (a[i].size() != b[i].size() ||
-        std::memcmp(a[i].data(), b[i].data(), a[i].size() * sizeof(float)) != 0)
-      return false;
-  return true;
-}
-
 }  // namespace
 
 TEST_CASE("2 x 10 steps with a checkpoint between equal 20 steps, bit for bit, with dropout",
@@ -146,14 +138,14 @@ TEST_CASE("2 x 10 steps with a checkpoint between equal 20 steps, bit for bit, w
     std::vector<double> losses = first.losses;
     losses.insert(losses.end(), second.losses.begin(), second.losses.end());
     CHECK(losses == whole.losses);
-    CHECK(same_bits(second.tensors, whole.tensors));
+    CHECK(test::bitwise_equal(second.tensors, whole.tensors));
   }
   SECTION("resumed under another policy: remat changes nothing") {
     const Config other = parse_config(config_text(tmp / "corpus.txt", tmp / "ckpt", 20),
                                       "resume-test", {"remat.policy=save_attn", "remat.every=1"});
     const Snapshot second = train_range(other, 10, 20, mid, "");
     CHECK(std::equal(second.losses.begin(), second.losses.end(), whole.losses.begin() + 10));
-    CHECK(same_bits(second.tensors, whole.tensors));
+    CHECK(test::bitwise_equal(second.tensors, whole.tensors));
   }
   SECTION("a mistake is caught: resuming without the optimizer state diverges") {
     cpu::CpuBackend be(1ull << 30, 2);
@@ -166,7 +158,7 @@ TEST_CASE("2 x 10 steps with a checkpoint between equal 20 steps, bit for bit, w
     while (trainer.steps_done() < 20) trainer.step();
     Snapshot s;
     snapshot_params(*model, s);
-    CHECK_FALSE(same_bits(s.tensors, whole.tensors));
+    CHECK_FALSE(test::bitwise_equal(s.tensors, whole.tensors));
   }
 }
 

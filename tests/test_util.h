@@ -7,12 +7,13 @@
 // (and with -s on success, which is how the tolerances below were calibrated).
 #pragma once
 
-#include <catch2/catch.hpp>
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <iterator>
 #include <ostream>
@@ -77,7 +78,9 @@ struct Closeness {
   std::string report;
   explicit operator bool() const { return ok; }
 };
-inline std::ostream& operator<<(std::ostream& os, const Closeness& c) { return os << c.report; }
+inline std::ostream& operator<<(std::ostream& os, const Closeness& c) {
+  return os << c.report;
+}
 
 /// Compares two ranges of numbers (float or double) elementwise under `tol`. NaN never matches.
 template <class Got, class Want>
@@ -92,7 +95,8 @@ Closeness allclose(const Got& got, const Want& want, Tolerance tol, std::string_
     return c;
   }
   double max_want = 0;
-  for (size_t i = 0; i < n; ++i) max_want = std::max(max_want, std::abs(static_cast<double>(want[i])));
+  for (size_t i = 0; i < n; ++i)
+    max_want = std::max(max_want, std::abs(static_cast<double>(want[i])));
   const double atol = tol.atol * (tol.atol_scaled_by_max ? max_want : 1.0);
   double max_abs = 0, max_rel = 0;
   size_t i_abs = 0, i_rel = 0, n_bad = 0;
@@ -101,7 +105,8 @@ Closeness allclose(const Got& got, const Want& want, Tolerance tol, std::string_
     const double g = static_cast<double>(got[i]), w = static_cast<double>(want[i]);
     const double d = std::abs(g - w);
     const bool bad = !(d <= atol + tol.rtol * std::abs(w));  // NaN: bad
-    if (bad && n_bad++ < kPairsShown) pairs += fmt::format("\n  [{}] got {:.9g} want {:.9g}", i, g, w);
+    if (bad && n_bad++ < kPairsShown)
+      pairs += fmt::format("\n  [{}] got {:.9g} want {:.9g}", i, g, w);
     if (!(d <= max_abs)) {
       max_abs = d;
       i_abs = i;
@@ -205,6 +210,17 @@ inline std::vector<double> central_differences(float* x, int64_t n, double eps,
     g[static_cast<size_t>(i)] = (lp - lm) / (static_cast<double>(xp) - static_cast<double>(xm));
   }
   return g;
+}
+
+/// Whether two lists of tensors (host copies) are equal bit for bit: what remat and resume promise.
+inline bool bitwise_equal(const std::vector<std::vector<float>>& a,
+                          const std::vector<std::vector<float>>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (a[i].size() != b[i].size() ||
+        std::memcmp(a[i].data(), b[i].data(), a[i].size() * sizeof(float)) != 0)
+      return false;
+  return true;
 }
 
 }  // namespace remat::test
