@@ -201,7 +201,8 @@ int run_fit(const FitOptions& opt) {
     FitRow r;
     r.policy = p;
     r.cfg = load_config(opt.config_path, concat(sets, policy_overrides(base, p)));
-    r.longest = planner.longest_seq_len(r.cfg);
+    r.at_configured = planner.dry_run(r.cfg, false);
+    r.longest = planner.longest_seq_len(r.cfg, &r.at_configured);
     r.capped = r.cfg.model.position == "learned" && r.longest == r.cfg.model.n_ctx;
     if (r.longest > 0) {
       Config c = r.cfg;
@@ -209,7 +210,6 @@ int run_fit(const FitOptions& opt) {
       r.at_longest = planner.dry_run(c, false);
       r.tok_s_longest = est_tokens_per_s(r.at_longest, c, rate);
     }
-    r.at_configured = planner.dry_run(r.cfg, false);
     r.fits_configured = r.at_configured.peak.total_bytes <= budget;
     r.tok_s_configured = est_tokens_per_s(r.at_configured, r.cfg, rate);
     rows.push_back(std::move(r));

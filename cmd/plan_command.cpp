@@ -5,6 +5,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+
 #include "cmd/commands.h"
 #include "engine/config.h"
 #include "engine/error.h"
@@ -91,8 +93,8 @@ int run_plan(const PlanOptions& opt) {
   std::vector<PolicyRow> rows;
   auto add_row = [&](const std::string& label, const Config& c) {
     PolicyRow r{label, planner.dry_run(c), 0, 0};
-    if (c.model.kind == "gpt") r.longest = planner.longest_seq_len(c);
-    r.max_batch = planner.largest_batch(c);
+    if (c.model.kind == "gpt") r.longest = planner.longest_seq_len(c, &r.run);
+    r.max_batch = planner.largest_batch(c, &r.run);
     rows.push_back(std::move(r));
   };
   for (const auto& p : builtin_policies()) {
@@ -111,7 +113,17 @@ int run_plan(const PlanOptions& opt) {
         cfg.remat.plan.empty() ? fmt::format("{} (every {}{})", cfg.remat.policy, cfg.remat.every,
                                              cfg.remat.blocks.empty() ? "" : ", some blocks")
                                : "per-block plan";
-    add_row("configured: " + configured, cfg);
+    const auto& builtins = builtin_policies();
+    const auto same = std::find(builtins.begin(), builtins.end(), cfg.remat.policy);
+    if (cfg.remat.plan.empty() && cfg.remat.blocks.empty() && cfg.remat.every == 1 &&
+        same != builtins.end()) {
+      // The configured policy is one of the rows above, run on the same config: reuse it.
+      PolicyRow r = rows[static_cast<size_t>(same - builtins.begin())];
+      r.label = "configured: " + configured;
+      rows.push_back(std::move(r));
+    } else {
+      add_row("configured: " + configured, cfg);
+    }
   }
   std::string auto_plan;
   for (const auto& p : chosen.policies)

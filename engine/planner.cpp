@@ -8,6 +8,7 @@
 #include <map>
 #include <utility>
 
+#include "engine/budget_search.h"
 #include "engine/checkpoint.h"
 #include "engine/cpu/cpu_backend.h"
 #include "engine/devices.h"
@@ -97,45 +98,29 @@ DryRun Planner::dry_run(const Config& cfg, bool track_largest) const {
 }
 
 namespace {
-
-// Largest v in [1, hi] with fits(v) (fits is monotone: true then false); 0 if fits(1) is false.
-int64_t search_largest(int64_t hi, const std::function<bool(int64_t)>& fits) {
-  if (!fits(1)) return 0;
-  int64_t lo = 1;
-  // Exponential probe to bracket, then bisection.
-  int64_t probe = 2;
-  while (probe <= hi && fits(probe)) {
-    lo = probe;
-    probe *= 2;
-  }
-  int64_t bad = std::min(probe, hi + 1);
-  while (bad - lo > 1) {
-    const int64_t mid = lo + (bad - lo) / 2;
-    (fits(mid) ? lo : bad) = mid;
-  }
-  return lo;
+std::optional<PeakProbe> known_probe(int64_t x, const DryRun* run) {
+  if (!run) return std::nullopt;
+  return PeakProbe{x, run->peak.total_bytes};
 }
-
 }  // namespace
 
-int64_t Planner::longest_seq_len(const Config& cfg) const {
-  const int64_t hi =
-      (cfg.model.kind == "gpt" && cfg.model.position == "learned") ? cfg.model.n_ctx : (1ll << 26);
+int64_t Planner::longest_seq_len(const Config& cfg, const DryRun* at_cfg) const {
   if (cfg.model.kind != "gpt") return 0;
-  return search_largest(hi, [&](int64_t t) {
+  const int64_t hi = cfg.model.position == "learned" ? cfg.model.n_ctx : (1ll << 26);
+  return largest_fitting(hi, target_.pool_budget(), [&](int64_t t) {
     Config c = cfg;
     c.train.seq_len = t;
     if (c.data.task == "copy" && t < 4) c.data.task = "random";
-    return fits(c);
-  });
+    return dry_run(c, false).peak.total_bytes;
+  }, known_probe(cfg.train.seq_len, at_cfg));
 }
 
-int64_t Planner::largest_batch(const Config& cfg) const {
-  return search_largest(1ll << 20, [&](int64_t b) {
+int64_t Planner::largest_batch(const Config& cfg, const DryRun* at_cfg) const {
+  return largest_fitting(1ll << 20, target_.pool_budget(), [&](int64_t b) {
     Config c = cfg;
     c.train.batch_size = b;
-    return fits(c);
-  });
+    return dry_run(c, false).peak.total_bytes;
+  }, known_probe(cfg.train.batch_size, at_cfg));
 }
 
 const std::vector<std::string>& builtin_policies() {
@@ -288,7 +273,8 @@ AutoPlan choose_auto_plan(const Planner& planner, const Config& cfg) {
     }
   } else {
     // Mixtures of a heavier policy h (on the last n blocks) and a lighter one l (on the first
-    // L - n): the peak grows with n, so the largest fitting n is found by bisection.
+    // L - n): the peak grows with n, so the largest fitting n is found by
+    // interpolation search (largest_fitting_between).
     for (size_t h = 0; h < kNumAuto; ++h)
       for (size_t l = h + 1; l < kNumAuto; ++l) {
         if (!fits(uniform[l])) continue;
@@ -298,22 +284,12 @@ AutoPlan choose_auto_plan(const Planner& planner, const Config& cfg) {
           c[l] = L - n;
           return c;
         };
-        int64_t ok = 0, bad = L + 1;  // fits(ok) holds; fits(bad) does not (or is out of range)
-        DryRun ok_run = uniform[l];
-        if (fits(uniform[h])) {
-          ok = L;
-          ok_run = uniform[h];
-        }
-        while (bad - ok > 1 && ok < L) {
-          const int64_t mid = ok + (bad - ok) / 2;
-          DryRun r = evaluate(mixture(mid));
-          if (fits(r)) {
-            ok = mid;
-            ok_run = std::move(r);
-          } else {
-            bad = mid;
-          }
-        }
+        int64_t ok = L;  // the largest fitting n
+        if (!fits(uniform[h]))
+          ok = largest_fitting_between({0, uniform[l].peak.total_bytes},
+                                       {L, uniform[h].peak.total_bytes}, best.budget_bytes,
+                                       [&](int64_t n) { return evaluate(mixture(n)).peak.total_bytes; });
+        const DryRun ok_run = evaluate(mixture(ok));
         consider(mixture(ok), ok_run);
       }
   }

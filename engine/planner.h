@@ -67,10 +67,11 @@ class Planner {
   DryRun dry_run(const Config& cfg, bool track_largest = true) const;
   bool fits(const Config& cfg) const { return dry_run(cfg, false).peak.total_bytes <= target_.pool_budget(); }
   /// Longest seq_len that fits (0 if even 1 does not); learned positions cap it at n_ctx.
-  /// Binary search over dry runs; computes nothing.
-  int64_t longest_seq_len(const Config& cfg) const;
+  /// Searches over dry runs (engine/budget_search.h); computes nothing.
+  /// `at_cfg`, when the caller has it, is cfg's own dry run: one probe fewer.
+  int64_t longest_seq_len(const Config& cfg, const DryRun* at_cfg = nullptr) const;
   /// Largest batch_size at the configured seq_len that fits (0 if none).
-  int64_t largest_batch(const Config& cfg) const;
+  int64_t largest_batch(const Config& cfg, const DryRun* at_cfg = nullptr) const;
 
  private:
   PlanTarget target_;
@@ -89,8 +90,9 @@ const std::vector<std::string>& builtin_policies();
 // Blocks are identical, so the search is over compositions (how many blocks get each policy),
 // with the memory-heavier policies on the last blocks (planner.cpp says why). When there are at
 // most 2000 compositions (C(L+3, 3), i.e. L <= 20) all are tried, cheapest recompute first, and
-// the first that fits wins; deeper models try each mixture of two policies, with a binary
-// search on how many blocks get the heavier one (fits is monotone in that count). Feasibility
+// the first that fits wins; deeper models try each mixture of two policies, with an exact
+// search (engine/budget_search.h) on how many blocks get the heavier one (the peak is monotone,
+// and nearly affine, in that count). Feasibility
 // and the reported peak and FLOPs come from real dry runs (track_largest off), never a model.
 // tests/test_auto.cpp checks the result against every one of the 4^L plans on small models.
 

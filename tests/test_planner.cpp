@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 
 #include "data/synthetic.h"
+#include "engine/budget_search.h"
 #include "engine/cpu/cpu_backend.h"
 #include "engine/planner.h"
 #include "layers/models.h"
@@ -90,4 +91,56 @@ TEST_CASE("longest seq_len and largest batch are the largest values whose dry ru
   CHECK(planner.fits(bb));
   bb.train.batch_size = b + 1;
   CHECK_FALSE(planner.fits(bb));
+}
+
+// ---- the searches themselves, on functions whose answer is known ----
+
+namespace {
+
+// The largest x in [1, hi] with f(x) <= budget, by looking at every x.
+int64_t brute_force_largest(int64_t hi, uint64_t budget, const std::function<uint64_t(int64_t)>& f) {
+  int64_t best = 0;
+  for (int64_t x = 1; x <= hi && f(x) <= budget; ++x) best = x;
+  return best;
+}
+
+}  // namespace
+
+TEST_CASE("largest_fitting finds the exact answer of a monotone peak, in few probes when it is "
+          "affine",
+          "[planner]") {
+  struct Shape {
+    const char* name;
+    std::function<uint64_t(int64_t)> peak;
+    int max_probes;  // for budgets in the middle of the range
+  };
+  const int64_t hi = 5000;
+  const std::vector<Shape> shapes = {
+      {"affine", [](int64_t x) { return 1000 + 48 * static_cast<uint64_t>(x); }, 5},
+      {"affine, rounded up to 256 B",
+       [](int64_t x) { return (1000 + 37 * static_cast<uint64_t>(x) + 255) / 256 * 256; }, 12},
+      {"saturating term (the loss chunk)",
+       [](int64_t x) { return 500 * static_cast<uint64_t>(std::min<int64_t>(x, 64)) + 40 * x; }, 9},
+      {"quadratic", [](int64_t x) { return static_cast<uint64_t>(x * x); }, 30},
+      {"steps", [](int64_t x) { return static_cast<uint64_t>(x / 100) * 1000; }, 40},
+  };
+  for (const Shape& s : shapes) {
+    for (uint64_t budget : {s.peak(1) - 1, s.peak(1), s.peak(37), s.peak(1234) + 5, s.peak(hi),
+                            s.peak(hi) * 2}) {
+      int probes = 0;
+      const int64_t got = largest_fitting(hi, budget, [&](int64_t x) {
+        REQUIRE(x >= 1);
+        REQUIRE(x <= hi);
+        ++probes;
+        return s.peak(x);
+      });
+      INFO(s.name << ", budget " << budget << ": " << probes << " probes");
+      CHECK(got == brute_force_largest(hi, budget, s.peak));
+      CHECK(probes <= s.max_probes);
+      // A probe the caller already has (at 300) gives the same answer.
+      const int64_t with_known =
+          largest_fitting(hi, budget, s.peak, PeakProbe{300, s.peak(300)});
+      CHECK(with_known == got);
+    }
+  }
 }
