@@ -569,12 +569,12 @@ Config parse_config(const std::string& toml_text, const std::string& name,
 Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
   toml::table root = parse_toml(read_config_file(path), path);
   // An empty, comment-only or truncated file must not train the built-in defaults: the file
-  // says at least which model it trains, in a [model] table with at least one key.
+  // says at least which model it trains, as [model] kind.
   const toml::table* model = root["model"].as_table();
-  if (!model || model->empty())
+  if (!model || !model->contains("kind"))
     throw ConfigError(fmt::format(
-        "{}: [config] [model]: missing: a config names at least the model it trains. Fix: add "
-        "[model] with kind = \"gpt\" or \"mlp\" (configs/ has complete examples)",
+        "{}: [config] model.kind: missing: a config names at least the model it trains. Fix: "
+        "add [model] with kind = \"gpt\" or \"mlp\" (configs/ has complete examples)",
         path));
   return build(std::move(root), path, overrides);
 }

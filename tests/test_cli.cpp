@@ -102,11 +102,11 @@ TEST_CASE("config errors exit 2 with one line naming file, line and key", "[smok
   const std::string cfg = tmp_path("bad.toml");
   {
     std::ofstream f(cfg);
-    f << "[model]\nn_embd = 64\nn_head = 5\n";
+    f << "[model]\nkind = \"gpt\"\nn_embd = 64\nn_head = 5\n";
   }
   Result r = run("--config " + cfg);
   CHECK(r.code == 2);
-  CHECK_THAT(r.out, Contains(cfg + ":3:") && Contains("model.n_head") && Contains("Fix:"));
+  CHECK_THAT(r.out, Contains(cfg + ":4:") && Contains("model.n_head") && Contains("Fix:"));
   r = run("--config configs/tiny.toml --set model.position=learned --set train.seq_len=4096");
   CHECK(r.code == 2);
   CHECK_THAT(r.out, Contains("--set train.seq_len=4096") && Contains("n_ctx"));

@@ -278,9 +278,11 @@ TEST_CASE("fault 9: an empty, comment-only or truncated config is not a config",
       dir / "cut.toml",
       read_text(std::string(REMAT_SOURCE_DIR) + "/configs/mlp4.toml")
           .substr(0, read_text(std::string(REMAT_SOURCE_DIR) + "/configs/mlp4.toml").find("kind")));
-  for (const char* f : {"empty.toml", "comments.toml", "cut.toml"})
+  // A [model] table without its kind would train the default GPT with those sizes.
+  write_text(dir / "nokind.toml", "[model]\nn_layer = 2\nn_embd = 32\n");
+  for (const char* f : {"empty.toml", "comments.toml", "cut.toml", "nokind.toml"})
     CHECK_THAT(config_error([&] { remat::load_config(dir / f); }),
-               Contains("[model]") && Contains("missing"));
+               Contains("model.kind: missing") && Contains("Fix:"));
   CHECK_THAT(config_error([] { remat::load_config("/dev/null"); }), Contains("not a regular file"));
   CHECK_NOTHROW(remat::load_config(std::string(REMAT_SOURCE_DIR) + "/configs/mlp4.toml"));
 }

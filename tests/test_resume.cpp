@@ -52,6 +52,7 @@ void write_corpus(const std::string& file, size_t bytes) {
 std::string config_text(const std::string& corpus, const std::string& ckpt_dir, int64_t steps) {
   return fmt::format(R"(
 [model]
+kind = "gpt"
 n_layer = 3
 n_head = 2
 n_embd = 32

@@ -34,6 +34,7 @@ using test::TempDir;
 Config parity_config(const std::string& position) {
   return parse_config(fmt::format(R"(
 [model]
+kind = "gpt"
 n_layer = 2
 n_head = 4
 n_embd = 32
@@ -254,6 +255,7 @@ TEST_CASE("sample continues the sentence a tiny byte model memorized", "[sample]
   }
   std::ofstream(tmp / "fox.toml") << fmt::format(R"(
 [model]
+kind = "gpt"
 n_layer = 2
 n_head = 4
 n_embd = 64
