@@ -12,7 +12,7 @@ WERROR   ?= $(or $(REMAT_WERROR),OFF)
 CMAKE_FLAGS ?=
 
 FUZZ_TIME ?= 60
-FUZZ_TARGETS := config shard safetensors gpt2_tokenizer
+FUZZ_TARGETS := config shard safetensors gpt2_tokenizer checkpoint_state
 
 .PHONY: all deps build run test sanitize format clean fuzz
 

@@ -23,15 +23,12 @@ namespace remat {
 
 namespace fs = std::filesystem;
 namespace st = safetensors;
-using Json = nlohmann::json;
 
 namespace {
 
-constexpr const char* kModelFile = "model.safetensors";
-constexpr const char* kOptimizerFile = "optimizer.safetensors";
-constexpr const char* kStateFile = "state.json";
-constexpr const char* kFormat = "remat-train checkpoint";
-constexpr int64_t kFormatVersion = 1;
+constexpr const char* kModelFile = kCheckpointModelFile;
+constexpr const char* kOptimizerFile = kCheckpointOptimizerFile;
+constexpr const char* kStateFile = kCheckpointStateFile;
 // Folders being written (or deleted) carry this prefix: readers never look at them, and the
 // next write or prune removes what a killed run left behind.
 constexpr std::string_view kTmpPrefix = ".tmp-";
@@ -106,11 +103,6 @@ void write_file_durably(const fs::path& path, const std::string& text) {
 
 // ---- writing ----
 
-struct FileRecord {
-  uint64_t bytes = 0;
-  uint64_t xxh3 = 0;
-};
-
 // Where a tensor's bytes come from on their way to the file: the pool staging buffer when the
 // device is the host (so the planner's count is what the run uses), else a reused host vector.
 class TensorSource {
@@ -161,28 +153,6 @@ FileRecord write_tensor_file(const fs::path& path, Model& model,
   return {w.bytes(), w.checksum()};
 }
 
-std::string state_json(const CheckpointState& s, const FileRecord& model_file,
-                       const FileRecord& optimizer_file) {
-  auto record = [](const FileRecord& r) {
-    return Json{{"bytes", r.bytes}, {"xxh3_64", st::hex64(r.xxh3)}};
-  };
-  const Json j = {
-      {"format", kFormat},
-      {"format_version", kFormatVersion},
-      {"remat_train_version", REMAT_VERSION},
-      {"step", s.step},
-      {"config", s.config_toml},
-      {"data_cursor", s.data_cursor},
-      {"extra", s.extra},
-      {"rng",
-       {{"kind", "counter"},
-        {"note",
-         "all random streams are pure functions of (train.seed, step); the step is the RNG "
-         "state"}}},
-      {"files", {{kModelFile, record(model_file)}, {kOptimizerFile, record(optimizer_file)}}}};
-  return j.dump(2) + "\n";
-}
-
 void write_contents(const fs::path& folder, Backend& be, Model& model,
                     const CheckpointState& state) {
   TensorSource source(be, allocate_checkpoint_staging(be, model));
@@ -191,7 +161,7 @@ void write_contents(const fs::path& folder, Backend& be, Model& model,
   const FileRecord o =
       write_tensor_file(folder / kOptimizerFile, model, kOptimizerFields, state.step, source);
   // Last: a folder with state.json has both tensor files complete.
-  write_file_durably(folder / kStateFile, state_json(state, m, o));
+  write_file_durably(folder / kStateFile, checkpoint_state_json(state, m, o));
 }
 
 // Puts the complete folder `tmp` at `final_path`. An existing checkpoint of the same step (a
@@ -256,74 +226,15 @@ std::vector<std::pair<int64_t, fs::path>> complete_checkpoints(const fs::path& d
 
 // ---- reading ----
 
-const Json& need(const std::string& path, const Json& j, const char* key, bool ok_type,
-                 const char* want) {
-  if (!j.contains(key))
-    fail(path, fmt::format("no \"{}\" key: the file is not a complete state", key));
-  if (!ok_type) fail(path, fmt::format("\"{}\" is {}, expected {}", key, j[key].dump(), want));
-  return j[key];
-}
-
-FileRecord parse_file_record(const std::string& path, const Json& files, const char* name) {
-  if (!files.contains(name)) fail(path, fmt::format("\"files\" has no entry for {}", name));
-  const Json& r = files[name];
-  if (!r.is_object() || !r.contains("bytes") || !r["bytes"].is_number_unsigned() ||
-      !r.contains("xxh3_64") || !r["xxh3_64"].is_string())
-    fail(path, fmt::format("\"files\".\"{}\" is not {{\"bytes\": N, \"xxh3_64\": hex}}", name));
-  const std::string hex = r["xxh3_64"].get<std::string>();
-  FileRecord rec{r["bytes"].get<uint64_t>(), 0};
-  auto [ptr, ec] = std::from_chars(hex.data(), hex.data() + hex.size(), rec.xxh3, 16);
-  if (hex.size() != 16 || ec != std::errc() || ptr != hex.data() + hex.size())
-    fail(path, fmt::format("\"files\".\"{}\".xxh3_64 \"{}\" is not 16 hex digits", name, hex));
-  return rec;
-}
-
-struct StateFile {
-  CheckpointState state;
-  std::map<std::string, FileRecord> files;
-};
-
-Json read_json(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
+CheckpointStateFile read_state(const fs::path& folder) {
+  const fs::path p = folder / kStateFile;
+  std::ifstream in(p, std::ios::binary);
   if (!in)
-    fail(path.string(), "missing: the folder is not a complete checkpoint",
+    fail(p.string(), "missing: the folder is not a complete checkpoint",
          "resume from an earlier checkpoint (a complete one has state.json)");
   std::stringstream text;
   text << in.rdbuf();
-  try {
-    return Json::parse(text.str());
-  } catch (const Json::exception& e) {  // parse_error, and out_of_range for a number too large
-    fail(path.string(), fmt::format("not valid JSON ({})", e.what()));
-  }
-}
-
-StateFile read_state(const fs::path& folder) {
-  const fs::path p = folder / kStateFile;
-  const std::string path = p.string();
-  const Json j = read_json(p);
-  if (!j.is_object()) fail(path, "not a JSON object");
-  need(path, j, "format", j.contains("format") && j["format"] == kFormat,
-       "\"remat-train checkpoint\"");
-  const Json& version =
-      need(path, j, "format_version",
-           j.contains("format_version") && j["format_version"].is_number_integer(), "an integer");
-  if (version.get<int64_t>() != kFormatVersion)
-    fail(path, fmt::format("format_version {} is not {}", version.dump(), kFormatVersion),
-         "use the remat-train version that wrote it (see remat_train_version)");
-  StateFile s;
-  s.state.step = need(path, j, "step", j.contains("step") && j["step"].is_number_unsigned(),
-                      "a non-negative integer")
-                     .get<int64_t>();
-  s.state.config_toml =
-      need(path, j, "config", j.contains("config") && j["config"].is_string(), "a string")
-          .get<std::string>();
-  if (j.contains("data_cursor")) s.state.data_cursor = j["data_cursor"];
-  if (j.contains("extra")) s.state.extra = j["extra"];
-  const Json& files =
-      need(path, j, "files", j.contains("files") && j["files"].is_object(), "an object");
-  for (const char* name : {kModelFile, kOptimizerFile})
-    s.files[name] = parse_file_record(path, files, name);
-  return s;
+  return parse_checkpoint_state(text.str(), p.string());
 }
 
 // Size and checksum against state.json first, then the safetensors checks.
@@ -452,7 +363,7 @@ std::string latest_checkpoint(const std::string& dir) {
 
 struct Checkpoint::Impl {
   std::string path;
-  StateFile state;
+  CheckpointStateFile state;
   st::Reader model;
   st::Reader optimizer;
 
@@ -524,7 +435,7 @@ void load_weights(const std::string& path, Backend& be, Model& model) {
   std::optional<st::Reader> file;
   if (is_dir(p) && path_exists(p / kStateFile)) {
     // Only the weights are needed: verify model.safetensors alone, not the optimizer file.
-    const StateFile s = read_state(p);
+    const CheckpointStateFile s = read_state(p);
     file.emplace(open_verified(p, kModelFile, s.files.at(kModelFile)));
   } else if (is_dir(p)) {
     file.emplace((p / kModelFile).string());

@@ -10,22 +10,14 @@
 #pragma once
 
 #include <cstdint>
-#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "engine/backend.h"
+#include "engine/checkpoint_state.h"
 #include "engine/model.h"
 
 namespace remat {
-
-/// What state.json records besides the tensors.
-struct CheckpointState {
-  int64_t step = 0;         // steps done
-  std::string config_toml;  // the run's resolved config (config_to_toml)
-  nlohmann::json data_cursor = nlohmann::json::object();  // DataSource::cursor(step)
-  nlohmann::json extra = nlohmann::json::object();        // e.g. last validation loss
-};
 
 /// Folder name of checkpoint `step`: "step_00000100".
 std::string checkpoint_folder_name(int64_t step);

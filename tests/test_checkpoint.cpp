@@ -379,6 +379,10 @@ TEST_CASE("checkpoint corruption is a CheckpointError naming the file", "[checkp
     j["files"]["optimizer.safetensors"]["xxh3_64"] = "xyz";
     write_bytes(state, j.dump());
     CHECK(has(open_error(), "16 hex digits"));
+    j = nlohmann::json::parse(good);
+    j["step"] = UINT64_MAX;  // a JSON unsigned that does not fit the step's int64
+    write_bytes(state, j.dump());
+    CHECK(has(open_error(), "\"step\""));
   }
   SECTION("a missing tensor file or folder") {
     fs::remove(folder / "optimizer.safetensors");
