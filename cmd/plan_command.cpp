@@ -3,9 +3,8 @@
 // remat.policy = "auto" chooses; --emit-config prints only that plan, as a [remat] table.
 #include <fmt/format.h>
 
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
+#include <nlohmann/json.hpp>
 
 #include "cmd/commands.h"
 #include "engine/config.h"

@@ -26,7 +26,8 @@ int64_t clamp_to(long double v, int64_t lo, int64_t hi) {
 
 }  // namespace
 
-int64_t largest_fitting_between(PeakProbe ok, PeakProbe bad, uint64_t budget, const PeakAt& peak_at) {
+int64_t largest_fitting_between(PeakProbe ok, PeakProbe bad, uint64_t budget,
+                                const PeakAt& peak_at) {
   REMAT_ASSERT(ok.x < bad.x && ok.peak <= budget && bad.peak > budget,
                "largest_fitting_between: not a bracket");
   // One interpolation probe lands next to the answer when the peak is close to affine; from
@@ -48,8 +49,10 @@ int64_t largest_fitting_between(PeakProbe ok, PeakProbe bad, uint64_t budget, co
       next = fits ? Next::GallopUp : Next::GallopDown;
     } else if (next != Next::Bisect) {
       const bool same_side = fits == (next == Next::GallopUp);
-      if (same_side) step *= 2;
-      else next = Next::Bisect;
+      if (same_side)
+        step *= 2;
+      else
+        next = Next::Bisect;
     }
   }
   return ok.x;

@@ -22,7 +22,8 @@ using PeakAt = std::function<uint64_t(int64_t)>;
 /// the straight line through the bracket first, so a peak that is affine in x (as the peak is
 /// in seq_len, batch size and block counts, up to allocation rounding) takes two or three
 /// probes where bisection takes log2 of the range.
-int64_t largest_fitting_between(PeakProbe ok, PeakProbe bad, uint64_t budget, const PeakAt& peak_at);
+int64_t largest_fitting_between(PeakProbe ok, PeakProbe bad, uint64_t budget,
+                                const PeakAt& peak_at);
 
 /// The largest x in [1, hi] with peak_at(x) <= budget; 0 when peak_at(1) > budget.
 /// Brackets the answer by extrapolating from the probes that fit (at least doubling x each

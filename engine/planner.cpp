@@ -107,20 +107,26 @@ std::optional<PeakProbe> known_probe(int64_t x, const DryRun* run) {
 int64_t Planner::longest_seq_len(const Config& cfg, const DryRun* at_cfg) const {
   if (cfg.model.kind != "gpt") return 0;
   const int64_t hi = cfg.model.position == "learned" ? cfg.model.n_ctx : (1ll << 26);
-  return largest_fitting(hi, target_.pool_budget(), [&](int64_t t) {
-    Config c = cfg;
-    c.train.seq_len = t;
-    if (c.data.task == "copy" && t < 4) c.data.task = "random";
-    return dry_run(c, false).peak.total_bytes;
-  }, known_probe(cfg.train.seq_len, at_cfg));
+  return largest_fitting(
+      hi, target_.pool_budget(),
+      [&](int64_t t) {
+        Config c = cfg;
+        c.train.seq_len = t;
+        if (c.data.task == "copy" && t < 4) c.data.task = "random";
+        return dry_run(c, false).peak.total_bytes;
+      },
+      known_probe(cfg.train.seq_len, at_cfg));
 }
 
 int64_t Planner::largest_batch(const Config& cfg, const DryRun* at_cfg) const {
-  return largest_fitting(1ll << 20, target_.pool_budget(), [&](int64_t b) {
-    Config c = cfg;
-    c.train.batch_size = b;
-    return dry_run(c, false).peak.total_bytes;
-  }, known_probe(cfg.train.batch_size, at_cfg));
+  return largest_fitting(
+      1ll << 20, target_.pool_budget(),
+      [&](int64_t b) {
+        Config c = cfg;
+        c.train.batch_size = b;
+        return dry_run(c, false).peak.total_bytes;
+      },
+      known_probe(cfg.train.batch_size, at_cfg));
 }
 
 const std::vector<std::string>& builtin_policies() {
@@ -286,9 +292,9 @@ AutoPlan choose_auto_plan(const Planner& planner, const Config& cfg) {
         };
         int64_t ok = L;  // the largest fitting n
         if (!fits(uniform[h]))
-          ok = largest_fitting_between({0, uniform[l].peak.total_bytes},
-                                       {L, uniform[h].peak.total_bytes}, best.budget_bytes,
-                                       [&](int64_t n) { return evaluate(mixture(n)).peak.total_bytes; });
+          ok = largest_fitting_between(
+              {0, uniform[l].peak.total_bytes}, {L, uniform[h].peak.total_bytes}, best.budget_bytes,
+              [&](int64_t n) { return evaluate(mixture(n)).peak.total_bytes; });
         const DryRun ok_run = evaluate(mixture(ok));
         consider(mixture(ok), ok_run);
       }

@@ -23,12 +23,14 @@ namespace remat {
 
 /// The device a plan is for, and how much of it the pool may use.
 struct PlanTarget {
-  std::string name;              // "cpu" or a GPU preset ("h200")
+  std::string name;  // "cpu" or a GPU preset ("h200")
   CountTarget count;
-  uint64_t device_bytes = 0;     // what the device has
-  uint64_t reserve_bytes = 0;    // outside the pool: CUDA context, allocator slack
-  std::string reserve_note;      // how the reserve was sized
-  uint64_t pool_budget() const { return device_bytes > reserve_bytes ? device_bytes - reserve_bytes : 0; }
+  uint64_t device_bytes = 0;   // what the device has
+  uint64_t reserve_bytes = 0;  // outside the pool: CUDA context, allocator slack
+  std::string reserve_note;    // how the reserve was sized
+  uint64_t pool_budget() const {
+    return device_bytes > reserve_bytes ? device_bytes - reserve_bytes : 0;
+  }
 };
 
 struct GpuPreset {
@@ -60,12 +62,15 @@ using RunFactory = std::function<RunParts(const Config&, Backend&)>;
 
 class Planner {
  public:
-  Planner(PlanTarget target, RunFactory factory) : target_(std::move(target)), factory_(std::move(factory)) {}
+  Planner(PlanTarget target, RunFactory factory)
+      : target_(std::move(target)), factory_(std::move(factory)) {}
   const PlanTarget& target() const { return target_; }
 
   /// One training step of `cfg` on the count backend for the target.
   DryRun dry_run(const Config& cfg, bool track_largest = true) const;
-  bool fits(const Config& cfg) const { return dry_run(cfg, false).peak.total_bytes <= target_.pool_budget(); }
+  bool fits(const Config& cfg) const {
+    return dry_run(cfg, false).peak.total_bytes <= target_.pool_budget();
+  }
   /// Longest seq_len that fits (0 if even 1 does not); learned positions cap it at n_ctx.
   /// Searches over dry runs (engine/budget_search.h); computes nothing.
   /// `at_cfg`, when the caller has it, is cfg's own dry run: one probe fewer.
@@ -99,12 +104,12 @@ const std::vector<std::string>& builtin_policies();
 struct AutoPlan {
   std::vector<std::string> policies;  // one per block; every block "full" when nothing fits
   bool fits = false;
-  uint64_t peak_bytes = 0;         // predicted peak of `policies`
-  double recompute_flops = 0;      // per step
-  double recompute_overhead = 0;   // recompute / (forward + loss + backward) FLOPs
-  uint64_t min_peak_bytes = 0;     // every block "full", every = 1: the smallest peak of any plan
-  uint64_t budget_bytes = 0;       // the target's pool budget
-  int64_t n_dry_runs = 0;          // how many candidates the search evaluated
+  uint64_t peak_bytes = 0;        // predicted peak of `policies`
+  double recompute_flops = 0;     // per step
+  double recompute_overhead = 0;  // recompute / (forward + loss + backward) FLOPs
+  uint64_t min_peak_bytes = 0;    // every block "full", every = 1: the smallest peak of any plan
+  uint64_t budget_bytes = 0;      // the target's pool budget
+  int64_t n_dry_runs = 0;         // how many candidates the search evaluated
   /// The mix, heaviest memory first: "2 x none, 1 x save_attn, 1 x full".
   std::string mix() const;
   /// "chose 3 x none, 1 x full (recompute +4.2%, predicted peak 1.10 GiB of budget 1.20 GiB)".

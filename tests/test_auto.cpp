@@ -48,7 +48,8 @@ Planner cpu_planner(uint64_t budget) {
 // A tiny GPT: rope, so seq_len is free of n_ctx; small enough that 4^4 dry runs take no time.
 std::string tiny_gpt(int n_layer) {
   return fmt::format(
-      "[model]\nkind = \"gpt\"\nn_layer = {}\nn_head = 2\nn_embd = 32\nvocab_size = 64\nposition = \"rope\"\n"
+      "[model]\nkind = \"gpt\"\nn_layer = {}\nn_head = 2\nn_embd = 32\nvocab_size = 64\nposition = "
+      "\"rope\"\n"
       "[train]\nseq_len = 64\nbatch_size = 2\nsteps = 2\nloss_chunk = 32\n"
       "[data]\ntask = \"copy\"\n[device]\nbackend = \"cpu\"\nthreads = {}\n",
       n_layer, kThreads);

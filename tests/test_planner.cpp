@@ -98,7 +98,8 @@ TEST_CASE("longest seq_len and largest batch are the largest values whose dry ru
 namespace {
 
 // The largest x in [1, hi] with f(x) <= budget, by looking at every x.
-int64_t brute_force_largest(int64_t hi, uint64_t budget, const std::function<uint64_t(int64_t)>& f) {
+int64_t brute_force_largest(int64_t hi, uint64_t budget,
+                            const std::function<uint64_t(int64_t)>& f) {
   int64_t best = 0;
   for (int64_t x = 1; x <= hi && f(x) <= budget; ++x) best = x;
   return best;
@@ -106,9 +107,10 @@ int64_t brute_force_largest(int64_t hi, uint64_t budget, const std::function<uin
 
 }  // namespace
 
-TEST_CASE("largest_fitting finds the exact answer of a monotone peak, in few probes when it is "
-          "affine",
-          "[planner]") {
+TEST_CASE(
+    "largest_fitting finds the exact answer of a monotone peak, in few probes when it is "
+    "affine",
+    "[planner]") {
   struct Shape {
     const char* name;
     std::function<uint64_t(int64_t)> peak;
@@ -125,8 +127,8 @@ TEST_CASE("largest_fitting finds the exact answer of a monotone peak, in few pro
       {"steps", [](int64_t x) { return static_cast<uint64_t>(x / 100) * 1000; }, 40},
   };
   for (const Shape& s : shapes) {
-    for (uint64_t budget : {s.peak(1) - 1, s.peak(1), s.peak(37), s.peak(1234) + 5, s.peak(hi),
-                            s.peak(hi) * 2}) {
+    for (uint64_t budget :
+         {s.peak(1) - 1, s.peak(1), s.peak(37), s.peak(1234) + 5, s.peak(hi), s.peak(hi) * 2}) {
       int probes = 0;
       const int64_t got = largest_fitting(hi, budget, [&](int64_t x) {
         REQUIRE(x >= 1);
@@ -138,8 +140,7 @@ TEST_CASE("largest_fitting finds the exact answer of a monotone peak, in few pro
       CHECK(got == brute_force_largest(hi, budget, s.peak));
       CHECK(probes <= s.max_probes);
       // A probe the caller already has (at 300) gives the same answer.
-      const int64_t with_known =
-          largest_fitting(hi, budget, s.peak, PeakProbe{300, s.peak(300)});
+      const int64_t with_known = largest_fitting(hi, budget, s.peak, PeakProbe{300, s.peak(300)});
       CHECK(with_known == got);
     }
   }
