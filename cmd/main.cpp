@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "cmd/commands.h"
+#include "engine/cpu/blas_kernel.h"
 #include "engine/error.h"
 #include "engine/units.h"
 
@@ -265,6 +266,7 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  remat::cpu::select_blas_kernel();  // before any BLAS call (engine/cpu/blas_kernel.h says why)
   try {
     return run(argc, argv);
   } catch (const remat::ConfigError& e) {

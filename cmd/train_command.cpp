@@ -295,10 +295,10 @@ void install_interrupt_handler(bool second_signal_exits) {
 
 std::string version_text() {
   const cpu::BlasInfo blas = cpu::blas_info();
-  return fmt::format("remat-train {}\nbackends: cpu{}\nBLAS: {}, CPU kernel {}{}\nCUDA: {}\n",
-                     REMAT_VERSION, cuda::is_built() ? ", cuda" : "", blas.library, blas.core,
-                     blas.is_generic ? " (generic fallback: slow; set OPENBLAS_CORETYPE)" : "",
-                     cuda::version_string());
+  return fmt::format(
+      "remat-train {}\nbackends: cpu{}\nBLAS: {}, CPU kernel {} (chosen by {}){}\nCUDA: {}\n",
+      REMAT_VERSION, cuda::is_built() ? ", cuda" : "", blas.library, blas.core, blas.chosen_by,
+      blas.warning.empty() ? "" : "\nwarning: " + blas.warning, cuda::version_string());
 }
 
 int run_train(const TrainOptions& opt) {

@@ -16,10 +16,13 @@ struct CliResult {
   std::string out;  // stdout, plus stderr when asked for
 };
 
-/// `remat-train ARGS` from the source folder (so configs/ paths work).
-inline CliResult run_binary(const std::string& args, bool with_stderr) {
-  const std::string cmd = fmt::format("cd {} && {} {} {}", REMAT_SOURCE_DIR, REMAT_BINARY, args,
-                                      with_stderr ? "2>&1" : "2>/dev/null");
+/// `remat-train ARGS` from the source folder (so configs/ paths work), with `env` (shell
+/// assignments, "NAME=value ...") in its environment.
+inline CliResult run_binary(const std::string& args, bool with_stderr,
+                            const std::string& env = "") {
+  const std::string cmd =
+      fmt::format("cd {} && {} {} {} {}", REMAT_SOURCE_DIR, env.empty() ? "" : "env " + env,
+                  REMAT_BINARY, args, with_stderr ? "2>&1" : "2>/dev/null");
   CliResult r;
   FILE* p = popen(cmd.c_str(), "r");
   REQUIRE(p != nullptr);

@@ -3,6 +3,7 @@
 // attention.cpp.
 #include "engine/cpu/cpu_backend.h"
 
+#include "engine/cpu/blas_kernel.h"
 #include "engine/rng.h"
 
 #include <cblas.h>
@@ -17,7 +18,6 @@
 extern "C" {
 // OpenBLAS extensions (declared in its cblas.h as well; repeated so other BLAS builds fail loudly
 // at link time rather than silently losing the kernel report).
-char* openblas_get_corename(void);
 char* openblas_get_config(void);
 void openblas_set_num_threads(int);
 }
@@ -44,32 +44,35 @@ int default_threads() { return omp_get_num_procs(); }
 std::unique_ptr<DeviceAllocator> make_host_allocator() { return std::make_unique<HostAllocator>(); }
 
 BlasInfo blas_info() {
+  const BlasKernelChoice& kernel = select_blas_kernel();
   BlasInfo info;
   std::string config = openblas_get_config();
   // "OpenBLAS 0.3.21 NO_LAPACKE DYNAMIC_ARCH NO_AFFINITY USE_OPENMP Zen MAX_THREADS=64"
   auto sp = config.find(' ', config.find(' ') + 1);
   info.library = config.substr(0, sp);
   if (config.find("USE_OPENMP") != std::string::npos) info.library += " (OpenMP)";
-  info.core = openblas_get_corename();
-  static const char* kGeneric[] = {"Prescott", "Core2", "Katmai", "Coppermine", "Northwood",
-                                   "Banias", "Atom", "Penryn", "Dunnington", "generic"};
-  for (const char* g : kGeneric)
-    if (info.core == g) info.is_generic = true;
+  info.core = kernel.core;
+  info.chosen_by = kernel.chosen_by;
+  if (kernel.below_cpu())
+    info.warning = fmt::format(
+        "BELOW THIS CPU: the {} kernel does not use the CPU's wider vectors (~2-5x slower); unset "
+        "OPENBLAS_CORETYPE",
+        kernel.core);
   return info;
 }
 
 CpuBackend::CpuBackend(uint64_t budget_bytes, int threads)
     : Backend(std::make_unique<MemoryPool>(make_host_allocator(), budget_bytes)) {
+  select_blas_kernel();  // before the first BLAS call
   threads_ = threads > 0 ? threads : default_threads();
   omp_set_num_threads(threads_);
   openblas_set_num_threads(threads_);
 }
 
 std::string CpuBackend::describe() const {
-  BlasInfo b = blas_info();
+  const BlasInfo b = blas_info();
   return fmt::format("cpu, {} threads, {} {} kernel{}", threads_, b.library, b.core,
-                     b.is_generic ? " (GENERIC FALLBACK: ~3x slow; set OPENBLAS_CORETYPE=Haswell)"
-                                  : "");
+                     b.warning.empty() ? "" : " (" + b.warning + ")");
 }
 
 void CpuBackend::upload(const Tensor& dst, const void* host) {
