@@ -92,14 +92,13 @@ double est_tokens_per_s(const DryRun& r, const Config& c, const Rate& rate) {
   return static_cast<double>(c.train.batch_size * c.train.seq_len) * rate.flops_per_s / f;
 }
 
-/// "19.1M tokens (20045011)": the size a person says, then the exact count when they differ.
+/// "2,598,161 tokens", or "64k tokens (65,536)": exact, with the k/M form (k = 1024) a
+/// --seq-len or --seq-lens would take when there is one. Never a rounded "2.5M".
 std::string say_tokens(int64_t n) {
-  std::string approx = format_count(n);
-  if (approx == std::to_string(n) && n >= 10 * 1024)
-    approx = n >= (1 << 20) ? fmt::format("{:.1f}M", static_cast<double>(n) / (1 << 20))
-                            : fmt::format("{:.1f}k", static_cast<double>(n) / 1024);
-  return approx == std::to_string(n) ? approx + " tokens"
-                                     : fmt::format("{} tokens ({})", approx, n);
+  const std::string exact = format_grouped(n);
+  const std::string short_form = format_count(n);
+  return short_form == std::to_string(n) ? exact + " tokens"
+                                         : fmt::format("{} tokens ({})", short_form, exact);
 }
 
 std::string fmt_rate(double tok_s) {

@@ -22,6 +22,7 @@
 #include "engine/error.h"
 #include "engine/planner.h"
 #include "engine/trainer.h"
+#include "engine/units.h"
 #include "layers/models.h"
 
 namespace remat::cli {
@@ -293,6 +294,42 @@ void install_interrupt_handler(bool second_signal_exits) {
     std::signal(sig, second_signal_exits ? on_stop_signal : on_stop_signal_counted);
 }
 
+namespace {
+
+// The planner knows before step 1 whether the run fits: fail then, not minutes in, and say
+// which policies would fit this very seq_len and batch.
+void refuse_plan_over_budget(const Planner& planner, const Config& cfg, const DryRun& predicted) {
+  const uint64_t budget = planner.target().pool_budget();
+  if (predicted.peak.total_bytes <= budget) return;
+  std::string cats;
+  for (int i = 0; i < kNumMemCategories; ++i)
+    if (const uint64_t b = predicted.peak.by_category[static_cast<size_t>(i)])
+      cats += fmt::format("{}{} {}", cats.empty() ? "" : ", ",
+                          mem_category_name(static_cast<MemCategory>(i)), format_bytes(b));
+  std::string fitting;
+  for (const std::string& p : builtin_policies()) {
+    if (p == cfg.remat.policy && cfg.remat.plan.empty()) continue;
+    Config c = cfg;
+    c.remat = RematConfig{};
+    c.remat.policy = p;
+    const uint64_t peak = planner.dry_run(c, false).peak.total_bytes;
+    if (peak <= budget)
+      fitting += fmt::format("{}{} ({})", fitting.empty() ? "" : ", ", p, format_bytes(peak));
+  }
+  throw OutOfMemory(fmt::format(
+      "[memory] out of memory before step 1: the plan of this run peaks at {} ({} B) during {}, "
+      "over the budget of {}: {}. {}; `remat-train plan` shows what fits.",
+      format_bytes(predicted.peak.total_bytes), predicted.peak.total_bytes, predicted.peak.phase,
+      format_bytes(budget), cats,
+      fitting.empty()
+          ? "Hint: no remat policy fits at this train.seq_len and train.batch_size: lower them, or "
+            "raise device.memory"
+          : "Hint: policies that fit: " + fitting +
+                " (set remat.policy), or lower train.batch_size or train.seq_len"));
+}
+
+}  // namespace
+
 std::string version_text() {
   const cpu::BlasInfo blas = cpu::blas_info();
   return fmt::format(
@@ -331,6 +368,7 @@ int run_train(const TrainOptions& opt) {
     if (!opt.quiet) fmt::print("auto: {}\n", chosen.summary());
   }
   const DryRun predicted = planner.dry_run(cfg);
+  refuse_plan_over_budget(planner, cfg, predicted);
   std::unique_ptr<Model> model = make_model(cfg, be);
   std::unique_ptr<DataSource> data = make_data_source(cfg);
   data->open();

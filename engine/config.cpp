@@ -420,11 +420,17 @@ void validate(const Config& c, const Origins& o) {
          fmt::format("add save = [\"attn\", \"attn.lse\"] (or other names) under [remat] in {}, "
                      "or --set remat.save='[\"attn\"]', or choose another policy",
                      o.file()));
-  if (c.remat.policy ==
-      "auto")  // auto chooses these itself; a value set beside it would be ignored
+  // auto chooses these itself, so a value set beside it would be ignored. The neutral values
+  // (plan = [], blocks = [], every = 1: every block, as auto's own plans) are accepted, so that
+  // `--set remat.policy=auto` works on a file that spells out the defaults.
+  const auto neutral = [&](const std::string& key) {
+    return (key == "remat.plan" && c.remat.plan.empty()) ||
+           (key == "remat.blocks" && c.remat.blocks.empty()) ||
+           (key == "remat.every" && c.remat.every == 1);
+  };
+  if (c.remat.policy == "auto")
     for (const char* key : {"remat.plan", "remat.every", "remat.blocks"})
-      if (o.all().count(key) &&
-          !(key == std::string("remat.plan") && c.remat.plan.empty()))  // plan = [] is no plan
+      if (o.all().count(key) && !neutral(key))
         fail(o.of(key),
              fmt::format(
                  "{} cannot be set with policy \"auto\", which chooses a plan per block itself",

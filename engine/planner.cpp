@@ -168,10 +168,13 @@ int64_t n_compositions(int64_t n_layer) {
 }  // namespace
 
 std::string AutoPlan::mix() const {
+  // In plan order, block 0 first, as `plan = [...]` lists them (runs of equal policies).
   std::string out;
-  for (const char* p : kAutoPolicies) {
-    const auto n = std::count(policies.begin(), policies.end(), p);
-    if (n) out += fmt::format("{}{} x {}", out.empty() ? "" : ", ", n, p);
+  for (size_t i = 0; i < policies.size();) {
+    size_t j = i;
+    while (j < policies.size() && policies[j] == policies[i]) ++j;
+    out += fmt::format("{}{} x {}", out.empty() ? "" : ", ", j - i, policies[i]);
+    i = j;
   }
   return out;
 }

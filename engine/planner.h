@@ -110,9 +110,9 @@ struct AutoPlan {
   uint64_t min_peak_bytes = 0;    // every block "full", every = 1: the smallest peak of any plan
   uint64_t budget_bytes = 0;      // the target's pool budget
   int64_t n_dry_runs = 0;         // how many candidates the search evaluated
-  /// The mix, heaviest memory first: "2 x none, 1 x save_attn, 1 x full".
+  /// The mix in plan order, block 0 first: "1 x full, 1 x save_attn, 2 x none".
   std::string mix() const;
-  /// "chose 3 x none, 1 x full (recompute +4.2%, predicted peak 1.10 GiB of budget 1.20 GiB)".
+  /// "chose 1 x full, 3 x none (recompute +4.2%, predicted peak 1.10 GiB of budget 1.20 GiB)".
   std::string summary() const;
   /// The one-line OutOfMemory message when nothing fits (smallest peak, budget, hint).
   std::string infeasible_message() const;

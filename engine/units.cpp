@@ -96,6 +96,16 @@ std::string format_count(int64_t n) {
   return fmt::format("{}", n);
 }
 
+std::string format_grouped(int64_t n) {
+  const std::string digits = std::to_string(n < 0 ? -n : n);
+  std::string out = n < 0 ? "-" : "";
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return out;
+}
+
 std::string format_flops(double flops) {
   if (flops >= 1e15) return fmt::format("{:.2f} PFLOP", flops / 1e15);
   if (flops >= 1e12) return fmt::format("{:.2f} TFLOP", flops / 1e12);

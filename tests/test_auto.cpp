@@ -187,7 +187,10 @@ TEST_CASE(
   const std::string base = tiny_gpt(3);
   CHECK(parse_config(base, "t", {"remat.policy=auto"}).remat.policy == "auto");
   CHECK(parse_config(base, "t", {"remat.policy=auto", "remat.plan=[]"}).remat.plan.empty());
-  CHECK_THROWS_WITH(parse_config(base, "t", {"remat.policy=auto", "remat.every=1"}),
+  // The neutral values are what a file that spells out the defaults holds (configs/long.toml).
+  CHECK(parse_config(base, "t", {"remat.policy=auto", "remat.every=1"}).remat.every == 1);
+  CHECK(parse_config(base, "t", {"remat.policy=auto", "remat.blocks=[]"}).remat.blocks.empty());
+  CHECK_THROWS_WITH(parse_config(base, "t", {"remat.policy=auto", "remat.every=2"}),
                     Contains("remat.every") && Contains("\"auto\"") && Contains("Fix:"));
   CHECK_THROWS_WITH(parse_config(base, "t", {"remat.policy=auto", "remat.blocks=[0]"}),
                     Contains("remat.blocks") && Contains("\"auto\""));
@@ -273,4 +276,10 @@ TEST_CASE(
   CHECK_THAT(table.out, Contains("\nauto ") && Contains("auto: chose " + a.mix()));
   CHECK(run(fmt::format("plan --config {} --memory {} --emit-config", path, lo - 1)).code == 3);
   std::remove(path.c_str());
+}
+
+TEST_CASE("auto's mix lists the blocks in plan order, block 0 first", "[planner]") {
+  AutoPlan a;
+  a.policies = {"full", "save_attn", "none", "none"};
+  CHECK(a.mix() == "1 x full, 1 x save_attn, 2 x none");
 }

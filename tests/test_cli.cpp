@@ -115,11 +115,20 @@ TEST_CASE("config errors exit 2 with one line naming file, line and key", "[smok
   std::remove(cfg.c_str());
 }
 
-TEST_CASE("a memory budget too small exits 3 with the breakdown and no crash", "[smoke]") {
+TEST_CASE("a memory budget too small exits 3 before step 1, with the breakdown and what fits",
+          "[smoke]") {
   Result r = run("--config configs/tiny.toml --set device.memory=1MiB");
   CHECK(r.code == 3);
-  CHECK_THAT(r.out, Contains("out of memory") && Contains("budget 1.00 MiB") &&
-                        Contains("weights") && Contains("Hint:"));
+  CHECK_THAT(r.out, Contains("out of memory before step 1") && Contains("budget of 1.00 MiB") &&
+                        Contains("weights") && Contains("no remat policy fits") &&
+                        Contains("Hint:"));
+  CHECK_THAT(r.out, !Contains("step 1/"));  // refused before training, not during it
+  // copy.toml without remat needs 20.73 MiB; full (13.17) and save_attn (13.70) fit 16 MiB.
+  r = run("--config configs/copy.toml --set device.memory=16MiB --set remat.policy=none");
+  CHECK(r.code == 3);
+  CHECK_THAT(r.out, Contains("(21737472 B)") &&
+                        Contains("policies that fit: full (13.17 MiB), save_attn (13.70 MiB)"));
+  CHECK_THAT(r.out, !Contains("step 1/"));
 }
 
 TEST_CASE("asking for CUDA in a build without it is a clear runtime error", "[smoke]") {

@@ -34,6 +34,14 @@ TEST_CASE("sizes and counts parse the way people write them", "[config]") {
   CHECK(parse_count("1.5k") == 1536);
   CHECK_FALSE(parse_count("1.3"));
   CHECK_FALSE(parse_count("4q"));
+  // ... and print back in the same units, or exactly.
+  CHECK(format_count(4096) == "4k");
+  CHECK(format_count(1 << 20) == "1M");
+  CHECK(format_count(2598161) == "2598161");
+  CHECK(format_grouped(2598161) == "2,598,161");
+  CHECK(format_grouped(999) == "999");
+  CHECK(format_grouped(1000) == "1,000");
+  CHECK(format_grouped(-1234567) == "-1,234,567");
 }
 
 TEST_CASE("a valid config reads every section and defaults the rest", "[config]") {
