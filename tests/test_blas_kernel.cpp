@@ -36,7 +36,7 @@ TEST_CASE("the kernel in use is as wide as the CPU's vectors unless OPENBLAS_COR
   }
 }
 
-TEST_CASE("--version names the kernel and who chose it, and warns of a forced generic kernel",
+TEST_CASE("remat-train --version names the kernel and who chose it, and warns of a forced generic kernel",
           "[blas][smoke]") {
   const remat::test::CliResult plain = remat::test::run_binary("--version", true);
   REQUIRE(plain.code == 0);
