@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cmd/commands.h"
+#include "cmd/report.h"
 #include "engine/cpu/cpu_backend.h"
 #include "engine/devices.h"
 #include "engine/error.h"
@@ -123,8 +124,9 @@ void print_json(const std::vector<CompareRow>& rows, const CompareRow& ref, doub
 void print_table(const Config& cfg, const std::vector<CompareRow>& rows, const CompareRow& ref,
                  double none_peak) {
   fmt::print(
-      "compare {} | {} steps | batch {}{}\n", cfg.path, cfg.train.steps, cfg.train.batch_size,
-      cfg.model.kind == "gpt" ? fmt::format(" x seq_len {}", cfg.train.seq_len) : std::string());
+      "compare {} | {} steps | batch {}{} | {}\n", cfg.path, cfg.train.steps, cfg.train.batch_size,
+      cfg.model.kind == "gpt" ? fmt::format(" x seq_len {}", cfg.train.seq_len) : std::string(),
+      load_note());
   const std::string same_as = &ref == &rows.front() ? "none" : ref.policy;
   fmt::print("{:<10} {:>13} {:>13} {:>11} {:>8} {:>8} {:>10} {:>18}\n", "policy", "measured peak",
              "predicted", "ms/step", "saved", "time", "recompute", "same as " + same_as);

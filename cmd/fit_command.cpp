@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "cmd/commands.h"
+#include "cmd/report.h"
 #include "cmd/trial.h"
 #include "engine/config.h"
 #include "engine/error.h"
@@ -71,11 +72,11 @@ Rate estimate_rate(const PlanTarget& t) {
                           n.gpu, n.flops_per_s / 1e12, kGpuEfficiency)};
   if (t.count.device == "cpu" && t.name == "cpu") {
     const double r = measure_sgemm_flops(t.count.threads);
-    return {
-        r,
-        fmt::format(
-            "this CPU's SGEMM {:.1f} GFLOP/s on {} threads, measured now (an optimistic estimate)",
-            r / 1e9, t.count.threads)};
+    return {r,
+            fmt::format(
+                "this CPU's SGEMM {:.1f} GFLOP/s on {} threads, measured now at {} (an optimistic "
+                "estimate)",
+                r / 1e9, t.count.threads, load_note())};
   }
   return {0, "no rate known for this device: use --gpu NAME for an estimate"};
 }

@@ -4,10 +4,12 @@
 //   budget, 128 + signal when stopped by SIGINT (130), SIGTERM (143) or SIGHUP (129).
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <charconv>
 #include <cstdio>
+#include <cstdlib>
 #include <new>
 #include <optional>
 #include <string>
@@ -88,6 +90,11 @@ int run(int argc, char** argv) {
       "remat-train: train long-context Transformers with activation rematerialization "
       "(gradient checkpointing) on one GPU or the CPU, and find the longest context "
       "that fits."};
+  app.name("remat-train");
+  app.footer(
+      "`remat-train --config FILE [--set ...]` is short for `remat-train train --config FILE`.\n"
+      "`remat-train SUBCOMMAND --help` lists a subcommand's flags; every config key, its default "
+      "and range are in README.md (\"Config keys\").");
   app.require_subcommand(1);
   bool show_version = false;
   app.add_flag("--version", show_version,
@@ -102,6 +109,9 @@ int run(int argc, char** argv) {
       ->add_option("--set", train.overrides,
                    "Override a config key: --set section.key=value (repeatable)")
       ->type_name("SECTION.KEY=VALUE");
+  int64_t train_steps = 0;
+  train_cmd->add_option("--steps", train_steps, "Steps to train (the same as --set train.steps=N)")
+      ->check(at_least(1));
   train_cmd->add_option("--metrics", train.metrics_path, "Write per-step metrics as JSONL to FILE");
   auto* resume_opt = train_cmd->add_option(
       "--resume", train.resume,
@@ -245,7 +255,10 @@ int run(int argc, char** argv) {
     app.exit(e);
     return kExitUsage;
   }
-  if (train_cmd->parsed()) return remat::cli::run_train(train);
+  if (train_cmd->parsed()) {
+    if (train_steps > 0) train.overrides.push_back(fmt::format("train.steps={}", train_steps));
+    return remat::cli::run_train(train);
+  }
   if (compare_cmd->parsed()) return remat::cli::run_compare(compare);
   if (sample_cmd->parsed()) return remat::cli::run_sample(sample);
   if (sweep_cmd->parsed()) return remat::cli::run_sweep(sweep);
@@ -265,7 +278,21 @@ int run(int argc, char** argv) {
 
 }  // namespace
 
+// OpenMP threads that spin at barriers turn one competing process into an 8-10x slowdown on
+// a 2-core machine (each barrier waits for a descheduled sibling). Measured here (copy.toml,
+// median ms/step, alone | beside one busy loop): default 63 | 272, OMP_WAIT_POLICY=passive
+// 68 | 134 (the 2x that losing half the cores costs). libgomp reads the variable once, when it
+// loads, and has no call to change it later; so when the user has not chosen a policy, the
+// process sets it and re-executes itself, before anything else has run.
+static void prefer_passive_openmp_wait(char** argv) {
+  if (std::getenv("OMP_WAIT_POLICY") || std::getenv("GOMP_SPINCOUNT")) return;
+  if (setenv("OMP_WAIT_POLICY", "passive", 1) != 0) return;
+  setenv("REMAT_TRAIN_SET_WAIT_POLICY", "1", 1);  // for --version: who chose the policy
+  execv("/proc/self/exe", argv);  // returns only on failure: then run with the default policy
+}
+
 int main(int argc, char** argv) {
+  prefer_passive_openmp_wait(argv);
   remat::cpu::select_blas_kernel();  // before any BLAS call (engine/cpu/blas_kernel.h says why)
   try {
     return run(argc, argv);

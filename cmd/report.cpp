@@ -7,6 +7,7 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -77,6 +78,12 @@ void Progress::eval(int64_t step, double val_loss) {
 void Progress::finish() {
   if (dirty_) fmt::print(out_, "\n");
   dirty_ = false;
+}
+
+std::string load_note() {
+  double load[1] = {0};
+  if (getloadavg(load, 1) != 1) return "load average unknown";
+  return fmt::format("load average {:.2f}", load[0]);
 }
 
 void print_summary(std::FILE* out, const RunSummary& s) {

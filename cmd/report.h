@@ -65,6 +65,10 @@ class Progress {
 
 void print_summary(std::FILE* out, const RunSummary& s);
 
+/// "load average 0.91": the machine's 1-minute load, printed beside every timing fit, compare and
+/// sweep report, since a competing process slows a step ~2x per busy core it takes.
+std::string load_note();
+
 /// A write to the metrics file failed (disk full, quota, I/O error). The training loop catches it
 /// to save a checkpoint before the run exits 1.
 class MetricsWriteError : public IoError {

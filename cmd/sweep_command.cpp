@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cmd/commands.h"
+#include "cmd/report.h"
 #include "cmd/trial.h"
 #include "engine/config.h"
 #include "engine/error.h"
@@ -294,9 +295,9 @@ int run_sweep(const SweepOptions& opt) {
   if (!opt.json)
     fmt::print(stderr,
                "sweep {} on {} | budget {} | {} points ({} seq_lens x {} policies), {} step{} each "
-               "-> {}\n",
+               "-> {} | {}\n",
                base.path, target.name, format_bytes(budget), points.size(), seq_lens.size(),
-               policies.size(), steps, steps == 1 ? "" : "s", dir.string());
+               policies.size(), steps, steps == 1 ? "" : "s", dir.string(), load_note());
   double done_weight = 0;
   for (size_t i = 0; i < points.size() && !interrupted(); ++i) {
     Point& p = points[i];
@@ -326,9 +327,10 @@ int run_sweep(const SweepOptions& opt) {
     std::ifstream in(dir / "sweep.json");
     fmt::print("{}", std::string(std::istreambuf_iterator<char>(in), {}));
   } else {
-    fmt::print("sweep {} on {} | budget {} | batch {} | {} step{} per point{}\n", base.path,
-               target.name, format_bytes(budget), base.train.batch_size, steps,
-               steps == 1 ? "" : "s", stopped ? " | INTERRUPTED: finished points only" : "");
+    fmt::print("sweep {} on {} | budget {} | batch {} | {} step{} per point{} | {} at the end\n",
+               base.path, target.name, format_bytes(budget), base.train.batch_size, steps,
+               steps == 1 ? "" : "s", stopped ? " | INTERRUPTED: finished points only" : "",
+               load_note());
     fmt::print("{:>8} {:<10} {:<6} {:>12} {:>12} {:>10} {:>11} {:>10}\n", "seq_len", "policy",
                "status", "predicted", "measured", "ms/step", "tokens/s", "recompute");
     for (const auto& p : points) {

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -330,12 +331,27 @@ void refuse_plan_over_budget(const Planner& planner, const Config& cfg, const Dr
 
 }  // namespace
 
+namespace {
+// cmd/main.cpp sets OMP_WAIT_POLICY=passive (and this marker) unless the user chose a policy.
+std::string openmp_wait_text() {
+  const char* policy = std::getenv("OMP_WAIT_POLICY");
+  if (!policy) return "wait policy default (spinning), from the environment";
+  if (std::getenv("REMAT_TRAIN_SET_WAIT_POLICY"))
+    return fmt::format("wait policy {} (chosen by remat-train: idle threads sleep, so a competing "
+                       "process costs ~2x, not ~4x; OMP_WAIT_POLICY=active spins)",
+                       policy);
+  return fmt::format("wait policy {} (OMP_WAIT_POLICY)", policy);
+}
+}  // namespace
+
 std::string version_text() {
   const cpu::BlasInfo blas = cpu::blas_info();
   return fmt::format(
-      "remat-train {}\nbackends: cpu{}\nBLAS: {}, CPU kernel {} (chosen by {}){}\nCUDA: {}\n",
+      "remat-train {}\nbackends: cpu{}\nBLAS: {}, CPU kernel {} (chosen by {}){}\nOpenMP: {}\n"
+      "CUDA: {}\n",
       REMAT_VERSION, cuda::is_built() ? ", cuda" : "", blas.library, blas.core, blas.chosen_by,
-      blas.warning.empty() ? "" : "\nwarning: " + blas.warning, cuda::version_string());
+      blas.warning.empty() ? "" : "\nwarning: " + blas.warning, openmp_wait_text(),
+      cuda::version_string());
 }
 
 int run_train(const TrainOptions& opt) {

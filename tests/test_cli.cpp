@@ -166,3 +166,23 @@ TEST_CASE("compare runs each policy and reports bitwise-identical results", "[sm
   }
   CHECK(j[1]["measured_peak_bytes"].get<uint64_t>() < j[0]["measured_peak_bytes"].get<uint64_t>());
 }
+
+TEST_CASE("the top-level help names the program and --config; train takes --steps", "[smoke]") {
+  Result help = run("--help");
+  CHECK(help.code == 0);
+  CHECK_THAT(help.out, Contains("Usage: remat-train") && Contains("--config FILE") &&
+                           Contains("SUBCOMMAND --help"));
+  Result r = run("--config configs/tiny.toml --steps 3");
+  CHECK(r.code == 0);
+  CHECK_THAT(r.out, Contains("summary: 3 steps"));
+  CHECK(run("--config configs/tiny.toml --steps 0").code == 2);
+}
+
+TEST_CASE("OpenMP threads sleep at barriers unless the user chose a wait policy", "[smoke]") {
+  // The re-executed process reports the policy it runs with (cmd/main.cpp says why passive).
+  auto chosen = remat::test::run_binary("--version", true, "-u OMP_WAIT_POLICY -u GOMP_SPINCOUNT");
+  CHECK_THAT(chosen.out, Contains("OpenMP: wait policy passive (chosen by remat-train"));
+  auto user = remat::test::run_binary("--version", true,
+                                      "-u REMAT_TRAIN_SET_WAIT_POLICY OMP_WAIT_POLICY=active");
+  CHECK_THAT(user.out, Contains("OpenMP: wait policy active (OMP_WAIT_POLICY)"));
+}

@@ -59,7 +59,9 @@ double sgemm_gflops(cpu::CpuBackend& be) {
 int main(int argc, char** argv) {
   const int threads = argc > 1 ? std::atoi(argv[1]) : 0;
   cpu::CpuBackend be(64ull << 30, threads);
-  fmt::print("{}\n", be.describe());
+  double load[1] = {0};
+  fmt::print("{} | load average {:.2f}\n", be.describe(),
+             getloadavg(load, 1) == 1 ? load[0] : -1.0);
   fmt::print("sgemm 2048^3: {:.1f} GFLOP/s\n", sgemm_gflops(be));
   // Each row's percentages are of an SGEMM rate measured just before that row, so that other
   // work on shared cores, which comes and goes, slows both sides of the ratio alike.
@@ -77,8 +79,8 @@ int main(int argc, char** argv) {
       fill_randn(qkv, 3);
       fill_randn(dout, 4);
       const AttentionForwardArgs fa{.out = out, .lse = lse, .qkv = qkv, .n_head = NH};
-      const AttentionBackwardArgs ba{.dqkv = dqkv, .dout = dout, .qkv = qkv, .out = out,
-                                     .lse = lse, .n_head = NH};
+      const AttentionBackwardArgs ba{
+          .dqkv = dqkv, .dout = dout, .qkv = qkv, .out = out, .lse = lse, .n_head = NH};
       const double peak = sgemm_gflops(be);
       const int reps = T <= 1024 ? 10 : 3;
       const double fwd_s = best_seconds(reps, [&] { be.attention_forward(fa); });
