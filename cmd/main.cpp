@@ -199,7 +199,7 @@ int run(int argc, char** argv) {
       ->type_name("SECTION.KEY=VALUE");
   sweep_cmd
       ->add_option("--seq-lens", sweep.seq_lens,
-                   "1k,2k,4k or 1k..64k (powers of two from 1k to 64k)")
+                   "1k,2k,4k, or 1k..64k: doubling from 1k, always ending at 64k (100..300 = 100,200,300)")
       ->required();
   sweep_cmd
       ->add_option("--policies", sweep.policies,

@@ -170,13 +170,14 @@ class SweepProgress {
 constexpr int64_t kMaxSeqLen = 1ll << 32;
 constexpr size_t kMaxSeqLens = 64;
 
-/// "1k,2k,4k" or "1k..64k" (doubling from a to b), or a mix; sorted, without duplicates.
+/// "1k,2k,4k" or "1k..64k" (a, 2a, 4a, ... below b, then b itself: the end a user names is
+/// always swept, so "100..300" is 100, 200, 300), or a mix; sorted, without duplicates.
 std::vector<int64_t> parse_seq_lens(const std::string& text) {
   std::vector<int64_t> out;
   auto bad = [&](const std::string& part) {
     return ConfigError(
         fmt::format("--seq-lens {}: \"{}\" is not a sequence length or a range. Fix: write e.g. "
-                    "1k,2k,4k or 1k..64k (powers of two from 1k to 64k)",
+                    "1k,2k,4k or 1k..64k (doubling from 1k, ending at 64k)",
                     text, part));
   };
   auto check_bound = [&](int64_t t) {
@@ -202,10 +203,12 @@ std::vector<int64_t> parse_seq_lens(const std::string& text) {
       auto a = parse_count(part.substr(0, dots)), b = parse_count(part.substr(dots + 2));
       if (!a || !b || *a < 1 || *b < *a) throw bad(part);
       check_bound(*b);
-      for (int64_t t = *a; t <= *b; t *= 2) {
+      for (int64_t t = *a; t < *b; t *= 2) {
         out.push_back(t);
         check_count();
       }
+      out.push_back(*b);
+      check_count();
     } else {
       auto t = parse_count(part);
       if (!t || *t < 1) throw bad(part);

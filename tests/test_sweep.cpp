@@ -158,6 +158,18 @@ TEST_CASE("sweep records an out-of-memory point and goes on, and CSV and JSON fo
   std::filesystem::remove_all(dir);
 }
 
+TEST_CASE("a --seq-lens range doubles from its start and always ends at its end", "[smoke]") {
+  const std::string dir = (std::filesystem::temp_directory_path() / "remat-sweep-range").string();
+  Result r = run("sweep --config configs/tiny.toml --seq-lens 100..300 --policies full --steps 1 "
+                 "--json --out " + dir);
+  REQUIRE(r.code == 0);
+  const auto j = nlohmann::json::parse(r.out);
+  std::vector<int64_t> lens;
+  for (const auto& p : j["points"]) lens.push_back(p["seq_len"].get<int64_t>());
+  CHECK(lens == std::vector<int64_t>{100, 200, 300});
+  std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("sweep rejects malformed --seq-lens and seq_lens beyond a learned n_ctx", "[smoke]") {
   CHECK(run("sweep --config configs/tiny.toml --seq-lens 4k..1k").code == 2);
   CHECK(run("sweep --config configs/tiny.toml --seq-lens abc").code == 2);
