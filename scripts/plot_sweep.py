@@ -10,7 +10,14 @@ import json
 import os
 import sys
 
-import matplotlib
+try:
+    import matplotlib
+except ImportError:
+    sys.exit(
+        f"plot_sweep.py: {sys.executable} has no matplotlib. Fix: install python3-matplotlib "
+        "(scripts/install-deps.sh) and run this script with /usr/bin/python3, or pip install "
+        "matplotlib for this interpreter"
+    )
 
 matplotlib.use("Agg")  # files only, no display needed
 import matplotlib.pyplot as plt  # noqa: E402

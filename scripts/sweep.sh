@@ -3,12 +3,17 @@
 #   scripts/sweep.sh CONFIG [sweep args...]
 # Builds remat-train if needed (`make build`), runs `remat-train sweep --config CONFIG` into
 # out/sweep-<config name> (or the --out DIR among the args), then scripts/plot_sweep.py DIR.
-# Without --seq-lens it sweeps 128..2k (powers of two); without --steps, 2 steps per point.
+# Without --seq-lens it sweeps 128..2k (doubling); without --steps, 2 steps per point.
 # Environment: BUILD (build folder, default build), REMAT (a remat-train binary to use instead).
 set -euo pipefail
 
-if [ $# -lt 1 ] || [ "$1" = "-h" ] || [ "$1" = "--help" ]; then
-  sed -n '2,7p' "$0" | sed 's/^# \{0,1\}//'
+usage() { sed -n '2,7p' "$0" | sed 's/^# \{0,1\}//'; }
+if [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then
+  usage
+  exit 0
+fi
+if [ $# -lt 1 ]; then
+  usage >&2
   exit 2
 fi
 config=$1

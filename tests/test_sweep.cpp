@@ -176,3 +176,27 @@ TEST_CASE("sweep rejects malformed --seq-lens and seq_lens beyond a learned n_ct
   CHECK(run("sweep --config configs/tiny.toml --set model.position=learned --seq-lens 64..256")
             .code == 2);  // n_ctx = 128
 }
+
+TEST_CASE("the sweep scripts: --help exits 0, a python without matplotlib gets a fix, not a "
+          "traceback",
+          "[smoke]") {
+  auto sh = [](const std::string& cmd) {
+    remat::test::CliResult r;
+    FILE* p = popen(fmt::format("cd {} && {} 2>&1", REMAT_SOURCE_DIR, cmd).c_str(), "r");
+    REQUIRE(p != nullptr);
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+    const int status = pclose(p);
+    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    return r;
+  };
+  auto help = sh("bash scripts/sweep.sh --help");
+  CHECK(help.code == 0);
+  CHECK_THAT(help.out, Contains("scripts/sweep.sh CONFIG"));
+  CHECK(sh("bash scripts/sweep.sh").code == 2);
+  // -S: no site-packages, so no matplotlib whichever python3 this is.
+  auto plot = sh("python3 -S scripts/plot_sweep.py /tmp");
+  CHECK(plot.code == 1);
+  CHECK_THAT(plot.out, Contains("has no matplotlib") && Contains("Fix:") && !Contains("Traceback"));
+}
