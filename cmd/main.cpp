@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "cmd/commands.h"
+#include "engine/config.h"
 #include "engine/cpu/blas_kernel.h"
 #include "engine/error.h"
 #include "engine/units.h"
@@ -29,8 +30,8 @@ constexpr int kExitOutOfMemory = 3;
 // `remat-train --config F` means `remat-train train --config F`.
 std::vector<std::string> with_default_subcommand(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
-  static const std::vector<std::string> kSubcommands = {"train", "plan",  "compare",
-                                                        "fit",   "sweep", "sample"};
+  static const std::vector<std::string> kSubcommands = {"train", "plan",   "compare", "fit",
+                                                        "sweep", "sample", "keys"};
   static const std::vector<std::string> kTopLevel = {"-h", "--help", "--version"};
   if (args.empty()) return args;
   for (const auto& s : kSubcommands)
@@ -198,8 +199,9 @@ int run(int argc, char** argv) {
   sweep_cmd->add_option("--set", sweep.overrides, "Override a config key (repeatable)")
       ->type_name("SECTION.KEY=VALUE");
   sweep_cmd
-      ->add_option("--seq-lens", sweep.seq_lens,
-                   "1k,2k,4k, or 1k..64k: doubling from 1k, always ending at 64k (100..300 = 100,200,300)")
+      ->add_option(
+          "--seq-lens", sweep.seq_lens,
+          "1k,2k,4k, or 1k..64k: doubling from 1k, always ending at 64k (100..300 = 100,200,300)")
       ->required();
   sweep_cmd
       ->add_option("--policies", sweep.policies,
@@ -210,6 +212,9 @@ int run(int argc, char** argv) {
   sweep_cmd->add_flag("--json", sweep.json, "Machine-readable output (the sweep.json document)");
 
   remat::cli::SampleOptions sample;
+  CLI::App* keys_cmd = app.add_subcommand(
+      "keys", "List every config key: type, default, accepted values, meaning (a Markdown table)");
+
   CLI::App* sample_cmd =
       app.add_subcommand("sample", "Generate text (byte models) or tokens from a checkpoint");
   sample_cmd
@@ -261,6 +266,10 @@ int run(int argc, char** argv) {
   }
   if (compare_cmd->parsed()) return remat::cli::run_compare(compare);
   if (sample_cmd->parsed()) return remat::cli::run_sample(sample);
+  if (keys_cmd->parsed()) {
+    fmt::print("{}", remat::config_keys_markdown());
+    return 0;
+  }
   if (sweep_cmd->parsed()) return remat::cli::run_sweep(sweep);
   if (fit_cmd->parsed()) {
     fit.memory = size_flag("--memory", fit_memory);

@@ -58,7 +58,26 @@ bool is_digit_string(const toml::node& n) {
   return s->size() > first && s->find_first_not_of("0123456789_", first) == std::string::npos;
 }
 
+// `remat-train keys` documents each key by running its own reader in describe mode: the reader
+// states what it accepts (type and range) instead of reading, so the table shows exactly what
+// the parser enforces and cannot drift from it.
+struct KeyAccepts {
+  std::string type, values;
+};
+thread_local KeyAccepts* g_describe = nullptr;
+
+// A range end as the key accepts it: counts take 4k / 1M, plain integers only digits.
+std::string bound(int64_t v, bool count) {
+  if (v == std::numeric_limits<int64_t>::max()) return "max";
+  return count ? format_count(v) : std::to_string(v);
+}
+
 int64_t read_int(const toml::node& n, const Origin& o, int64_t lo, int64_t hi, bool allow_suffix) {
+  if (g_describe) {
+    *g_describe = {allow_suffix ? "count" : "integer",
+                   fmt::format("{}..{}", bound(lo, allow_suffix), bound(hi, allow_suffix))};
+    return lo;
+  }
   if (is_digit_string(n))
     fail(o, fmt::format("{} is out of range", *n.value<std::string>()),
          hi == std::numeric_limits<int64_t>::max()
@@ -86,6 +105,10 @@ int64_t read_int(const toml::node& n, const Origin& o, int64_t lo, int64_t hi, b
 }
 
 double read_float(const toml::node& n, const Origin& o, double lo, double hi) {
+  if (g_describe) {
+    *g_describe = {"number", fmt::format("{:g}..{:g}", lo, hi)};
+    return lo;
+  }
   if (!n.is_number())
     fail(o, fmt::format("expected a number, got {}", type_name(n)), "write a number such as 3e-4");
   double v = *n.value<double>();
@@ -96,6 +119,10 @@ double read_float(const toml::node& n, const Origin& o, double lo, double hi) {
 
 std::string read_choice(const toml::node& n, const Origin& o, std::vector<std::string> choices) {
   std::string quoted = fmt::format("\"{}\"", fmt::join(choices, "\" | \""));
+  if (g_describe) {
+    *g_describe = {"string", quoted};
+    return choices.front();
+  }
   if (!n.is_string())
     fail(o, fmt::format("expected a string, got {}", type_name(n)), "use one of " + quoted);
   std::string v = *n.value<std::string>();
@@ -105,12 +132,20 @@ std::string read_choice(const toml::node& n, const Origin& o, std::vector<std::s
 }
 
 std::string read_string(const toml::node& n, const Origin& o) {
+  if (g_describe) {
+    *g_describe = {"string", "any"};
+    return {};
+  }
   if (!n.is_string())
     fail(o, fmt::format("expected a string, got {}", type_name(n)), "quote the value");
   return *n.value<std::string>();
 }
 
 uint64_t read_size(const toml::node& n, const Origin& o) {
+  if (g_describe) {
+    *g_describe = {"size", "bytes or \"512MiB\", \"80GiB\", \"1.5GB\""};
+    return 0;
+  }
   std::optional<uint64_t> v;
   if (n.is_integer() && *n.value<int64_t>() >= 0) v = static_cast<uint64_t>(*n.value<int64_t>());
   if (n.is_string()) v = parse_size(*n.value<std::string>());
@@ -120,6 +155,10 @@ uint64_t read_size(const toml::node& n, const Origin& o) {
 }
 
 std::vector<int64_t> read_int_list(const toml::node& n, const Origin& o) {
+  if (g_describe) {
+    *g_describe = {"integers", "block indices"};
+    return {};
+  }
   const toml::array* arr = n.as_array();
   if (!arr)
     fail(o, fmt::format("expected an array of integers, got {}", type_name(n)),
@@ -131,6 +170,10 @@ std::vector<int64_t> read_int_list(const toml::node& n, const Origin& o) {
 }
 
 bool read_bool(const toml::node& n, const Origin& o) {
+  if (g_describe) {
+    *g_describe = {"bool", "true | false"};
+    return false;
+  }
   if (!n.is_boolean())
     fail(o, fmt::format("expected a boolean, got {}", type_name(n)), "write true or false");
   return *n.value<bool>();
@@ -138,6 +181,10 @@ bool read_bool(const toml::node& n, const Origin& o) {
 
 // One path or a list of them: "data/*.bin" or ["a.bin", "b.bin"].
 std::vector<std::string> read_path_list(const toml::node& n, const Origin& o) {
+  if (g_describe) {
+    *g_describe = {"paths", "a path or a list: files, folders, globs"};
+    return {};
+  }
   std::vector<std::string> out;
   if (n.is_string()) {
     out.push_back(*n.value<std::string>());
@@ -162,6 +209,10 @@ const std::vector<std::string> kPolicies = {"none",      "full",  "save_dots",
                                             "save_attn", "names", "auto"};
 
 std::vector<std::string> read_string_list(const toml::node& n, const Origin& o) {
+  if (g_describe) {
+    *g_describe = {"strings", "a list of names"};
+    return {};
+  }
   const toml::array* arr = n.as_array();
   if (!arr)
     fail(o, fmt::format("expected an array of strings, got {}", type_name(n)),
@@ -174,6 +225,7 @@ std::vector<std::string> read_string_list(const toml::node& n, const Origin& o) 
 struct KeySpec {
   const char* section;
   const char* key;
+  const char* meaning;  // one line for `remat-train keys`
   std::function<void(Config&, const toml::node&, const Origin&)> read;
 };
 
@@ -181,76 +233,79 @@ struct KeySpec {
 const std::vector<KeySpec>& key_specs() {
   static const std::vector<KeySpec> specs = {
       {"model", "kind",
+       "the model: \"gpt\" or the checkpointing tutorial's \"mlp\" (required in a config file)",
        [](Config& c, auto& n, auto& o) {
          c.model.kind = read_choice(n, o, {"gpt", "mlp"});
        }},
-      {"model", "n_layer",
+      {"model", "n_layer", "blocks",
        [](Config& c, auto& n, auto& o) { c.model.n_layer = read_int(n, o, 1, 4096, false); }},
-      {"model", "n_head",
+      {"model", "n_head", "attention heads (gpt)",
        [](Config& c, auto& n, auto& o) { c.model.n_head = read_int(n, o, 1, 4096, false); }},
-      {"model", "n_embd",
+      {"model", "n_embd", "channels; the MLP's width",
        [](Config& c, auto& n, auto& o) { c.model.n_embd = read_int(n, o, 1, 1 << 20, true); }},
-      {"model", "vocab_size",
+      {"model", "vocab_size", "tokens (gpt); 256 for text read as bytes",
        [](Config& c, auto& n, auto& o) { c.model.vocab_size = read_int(n, o, 2, 1 << 24, true); }},
-      {"model", "n_ctx",
+      {"model", "n_ctx", "learned position table length (gpt with position = \"learned\")",
        [](Config& c, auto& n, auto& o) { c.model.n_ctx = read_int(n, o, 1, 1ll << 32, true); }},
-      {"model", "d_ff",
+      {"model", "d_ff", "MLP hidden size; 0 = 4 x n_embd",
        [](Config& c, auto& n, auto& o) { c.model.d_ff = read_int(n, o, 0, 1 << 22, true); }},
-      {"model", "position",
+      {"model", "position", "learned position table or rotary embeddings",
        [](Config& c, auto& n, auto& o) {
          c.model.position = read_choice(n, o, {"learned", "rope"});
        }},
-      {"model", "rope_theta",
+      {"model", "rope_theta", "RoPE base",
        [](Config& c, auto& n, auto& o) { c.model.rope_theta = read_float(n, o, 1.0, 1e12); }},
-      {"model", "dropout",
+      {"model", "dropout", "dropout after attention and MLP outputs",
        [](Config& c, auto& n, auto& o) { c.model.dropout = read_float(n, o, 0.0, 0.99); }},
-      {"train", "seq_len",
+      {"train", "seq_len", "tokens per row",
        [](Config& c, auto& n, auto& o) { c.train.seq_len = read_int(n, o, 1, 1ll << 32, true); }},
-      {"train", "batch_size",
+      {"train", "batch_size", "rows per step",
        [](Config& c, auto& n, auto& o) { c.train.batch_size = read_int(n, o, 1, 1 << 20, true); }},
-      {"train", "steps",
+      {"train", "steps", "optimizer steps",
        [](Config& c, auto& n, auto& o) { c.train.steps = read_int(n, o, 1, kMax, true); }},
-      {"train", "lr",
+      {"train", "lr", "peak learning rate",
        [](Config& c, auto& n, auto& o) { c.train.lr = read_float(n, o, 0.0, 10.0); }},
-      {"train", "warmup_steps",
+      {"train", "warmup_steps", "linear warmup, then cosine decay to lr x min_lr_ratio",
        [](Config& c, auto& n, auto& o) { c.train.warmup_steps = read_int(n, o, 0, kMax, true); }},
-      {"train", "min_lr_ratio",
+      {"train", "min_lr_ratio", "the learning rate at the end, as a fraction of lr",
        [](Config& c, auto& n, auto& o) { c.train.min_lr_ratio = read_float(n, o, 0.0, 1.0); }},
-      {"train", "weight_decay",
+      {"train", "weight_decay", "AdamW decoupled decay, on 2-D weights only",
        [](Config& c, auto& n, auto& o) { c.train.weight_decay = read_float(n, o, 0.0, 10.0); }},
-      {"train", "grad_clip",
+      {"train", "grad_clip", "global gradient-norm clip; 0 = off",
        [](Config& c, auto& n, auto& o) { c.train.grad_clip = read_float(n, o, 0.0, 1e9); }},
-      {"train", "seed",
+      {"train", "seed", "all random streams (init, data, dropout) derive from it",
        [](Config& c, auto& n, auto& o) {
          c.train.seed = static_cast<uint64_t>(read_int(n, o, 0, kMax, false));
        }},
-      {"train", "loss_chunk",
+      {"train", "loss_chunk", "rows per fused LM-head chunk; 0 = chosen by the tool",
        [](Config& c, auto& n, auto& o) { c.train.loss_chunk = read_int(n, o, 0, kMax, true); }},
-      {"train", "eval_every",
+      {"train", "eval_every", "validation loss every N steps and after the last; 0 = off",
        [](Config& c, auto& n, auto& o) { c.train.eval_every = read_int(n, o, 0, kMax, true); }},
-      {"train", "eval_tokens",
+      {"train", "eval_tokens", "tokens per evaluation; 0 = 8 batches",
        [](Config& c, auto& n, auto& o) { c.train.eval_tokens = read_int(n, o, 0, kMax, true); }},
-      {"data", "source",
+      {"data", "source", "synthetic tokens, llm.c token shards, or text files read as bytes",
        [](Config& c, auto& n, auto& o) {
          c.data.source = read_choice(n, o, {"synthetic", "tokens", "text"});
        }},
-      {"data", "path", [](Config& c, auto& n, auto& o) { c.data.path = read_path_list(n, o); }},
-      {"data", "val_path",
+      {"data", "path", "training files (tokens, text), relative to the working directory",
+       [](Config& c, auto& n, auto& o) { c.data.path = read_path_list(n, o); }},
+      {"data", "val_path", "validation files; empty = none, or val_fraction",
        [](Config& c, auto& n, auto& o) { c.data.val_path = read_path_list(n, o); }},
-      {"data", "val_fraction",
+      {"data", "val_fraction", "hold out this tail of each training file for validation",
        [](Config& c, auto& n, auto& o) { c.data.val_fraction = read_float(n, o, 0.0, 0.5); }},
-      {"data", "order",
+      {"data", "order", "random windows keyed by (seed, step, row), or sequential epochs",
        [](Config& c, auto& n, auto& o) {
          c.data.order = read_choice(n, o, {"random", "sequential"});
        }},
-      {"data", "task",
+      {"data", "task", "synthetic data: random or copy tokens (gpt), regression (mlp)",
        [](Config& c, auto& n, auto& o) {
          c.data.task = read_choice(n, o, {"random", "copy", "regression"});
        }},
-      {"remat", "policy",
+      {"remat", "policy", "what each checkpointed block keeps; auto = the planner's per-block plan",
        [](Config& c, auto& n, auto& o) { c.remat.policy = read_choice(n, o, kPolicies); }},
-      {"remat", "save", [](Config& c, auto& n, auto& o) { c.remat.save = read_string_list(n, o); }},
-      {"remat", "plan",
+      {"remat", "save", "policy \"names\": the activations to keep",
+       [](Config& c, auto& n, auto& o) { c.remat.save = read_string_list(n, o); }},
+      {"remat", "plan", "one policy per block; overrides policy and blocks",
        [](Config& c, auto& n, auto& o) {
          c.remat.plan = read_string_list(n, o);
          for (const auto& p : c.remat.plan) {
@@ -263,34 +318,36 @@ const std::vector<KeySpec>& key_specs() {
                   "use none, full, save_dots or save_attn per block");
          }
        }},
-      {"remat", "every",
+      {"remat", "every", "blocks per checkpoint segment (n_layer = whole model)",
        [](Config& c, auto& n, auto& o) { c.remat.every = read_int(n, o, 1, 4096, false); }},
-      {"remat", "blocks",
+      {"remat", "blocks", "which blocks are checkpointed; [] = all",
        [](Config& c, auto& n, auto& o) { c.remat.blocks = read_int_list(n, o); }},
-      {"device", "backend",
+      {"device", "backend", "auto = CUDA when a GPU is found, else the CPU",
        [](Config& c, auto& n, auto& o) {
          c.device.backend = read_choice(n, o, {"auto", "cpu", "cuda"});
        }},
-      {"device", "memory",
+      {"device", "memory", "the pool budget; 0 = the device's memory",
        [](Config& c, auto& n, auto& o) { c.device.memory_bytes = read_size(n, o); }},
-      {"device", "precision",
+      {"device", "precision", "CUDA activations (weights and optimizer state stay fp32)",
        [](Config& c, auto& n, auto& o) {
          c.device.precision = read_choice(n, o, {"bf16", "fp32"});
        }},
-      {"device", "threads",
+      {"device", "threads", "CPU threads; 0 = all cores",
        [](Config& c, auto& n, auto& o) { c.device.threads = read_int(n, o, 0, 1024, false); }},
-      {"log", "every",
+      {"log", "every", "a progress line every N steps",
        [](Config& c, auto& n, auto& o) { c.log.every = read_int(n, o, 1, kMax, false); }},
-      {"log", "metrics", [](Config& c, auto& n, auto& o) { c.log.metrics = read_string(n, o); }},
-      {"checkpoint", "dir",
+      {"log", "metrics", "JSONL metrics file; empty = none (--metrics overrides)",
+       [](Config& c, auto& n, auto& o) { c.log.metrics = read_string(n, o); }},
+      {"checkpoint", "dir", "where step_NNNNNNNN/ folders go; empty = no checkpoints",
        [](Config& c, auto& n, auto& o) { c.checkpoint.dir = read_string(n, o); }},
-      {"checkpoint", "every",
+      {"checkpoint", "every", "a checkpoint every N steps and after the last; 0 = at the end only",
        [](Config& c, auto& n, auto& o) { c.checkpoint.every = read_int(n, o, 0, kMax, true); }},
       {"checkpoint", "keep_last",
+       "delete older checkpoints once a new one is complete; 0 = keep all",
        [](Config& c, auto& n, auto& o) {
          c.checkpoint.keep_last = read_int(n, o, 0, kMax, false);
        }},
-      {"checkpoint", "on_interrupt",
+      {"checkpoint", "on_interrupt", "SIGINT, SIGTERM or SIGHUP write a checkpoint before exit",
        [](Config& c, auto& n, auto& o) { c.checkpoint.on_interrupt = read_bool(n, o); }},
   };
   return specs;
@@ -659,6 +716,66 @@ void throw_config_error(const Config& c, const std::string& key, const std::stri
                         const std::string& fix) {
   auto it = c.origins.find(key);
   fail({it != c.origins.end() ? it->second : c.path, key}, problem, fix);
+}
+
+}  // namespace remat
+
+namespace remat {
+
+namespace {
+
+// A TOML value as a config file would spell it.
+std::string toml_literal(const toml::node& n) {
+  if (n.is_string()) return fmt::format("\"{}\"", *n.value<std::string>());
+  if (n.is_integer()) return std::to_string(*n.value<int64_t>());
+  if (n.is_floating_point()) return fmt::format("{}", *n.value<double>());
+  if (n.is_boolean()) return *n.value<bool>() ? "true" : "false";
+  if (const toml::array* a = n.as_array()) {
+    std::vector<std::string> items;
+    for (const toml::node& e : *a) items.push_back(toml_literal(e));
+    return fmt::format("[{}]", fmt::join(items, ", "));
+  }
+  return "?";
+}
+
+}  // namespace
+
+std::string config_keys_markdown() {
+  // The defaults as config_to_toml writes them; a second config with file data brings out the
+  // [data] keys that only file sources use.
+  Config defaults;
+  Config with_files = defaults;
+  with_files.data.source = "tokens";
+  const toml::table plain = toml::parse(config_to_toml(defaults));
+  const toml::table files = toml::parse(config_to_toml(with_files));
+  std::string out = "| key | type | default | accepted | meaning |\n|---|---|---|---|---|\n";
+  for (const KeySpec& spec : key_specs()) {
+    KeyAccepts accepts;
+    g_describe = &accepts;
+    Config scratch;
+    try {
+      spec.read(scratch, toml::value<int64_t>(0), Origin{"", ""});
+    } catch (...) {
+      g_describe = nullptr;
+      throw;
+    }
+    g_describe = nullptr;
+    const toml::node* d = plain.at_path(fmt::format("{}.{}", spec.section, spec.key)).node();
+    if (!d) d = files.at_path(fmt::format("{}.{}", spec.section, spec.key)).node();
+    const std::string shown =
+        d ? toml_literal(*d)
+        : accepts.type == "strings" || accepts.type == "integers" || accepts.type == "paths" ? "[]"
+        : accepts.type == "size"                                                             ? "0"
+                                 : "\"\"";
+    auto cell = [](std::string s) {  // a | inside a table cell must be escaped
+      std::string r;
+      for (char ch : s) r += ch == '|' ? std::string("\\|") : std::string(1, ch);
+      return r;
+    };
+    out += fmt::format("| `{}.{}` | {} | `{}` | {} | {} |\n", spec.section, spec.key, accepts.type,
+                       cell(shown), cell(accepts.values), spec.meaning);
+  }
+  return out;
 }
 
 }  // namespace remat

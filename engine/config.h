@@ -93,6 +93,10 @@ struct Config {
 /// The config as a TOML document (every key, resolved): what state.json keeps of a run.
 std::string config_to_toml(const Config& c);
 
+/// Every config key as a Markdown table: key, type, default, what the parser accepts (read from
+/// the parser's own readers) and meaning. `remat-train keys` prints it; the README shows it.
+std::string config_keys_markdown();
+
 /// Parses and validates `path`, then applies each "section.key=value" override with the same
 /// validation. Throws ConfigError (or IoError when the file cannot be read).
 Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});

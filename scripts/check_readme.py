@@ -15,6 +15,10 @@ HTML comments right before a block steer it (the README shows none of them):
                                                 tokens I, J (0-based) are timings: masked
   <!-- readme-check: plan -->                   too slow to run: the command's `plan --json` must
                                                 predict the "(N B)" peak the block shows
+And a region of plain README text (a Markdown table, say) can be a command's exact output:
+  <!-- readme-check: output CMD -->
+  ...the output of CMD, verbatim...
+  <!-- readme-check: end -->
 
 Commands run in a scratch folder that links every top-level entry of the repository, with the
 built binary first on PATH, so `configs/...` works and outputs land outside the tree.
@@ -64,6 +68,19 @@ def parse_blocks(lines):
         if lines[i].strip():
             directives = []
         i += 1
+
+
+def output_regions(lines, match):
+    """[(first, last, command)]: README lines [first, last) must be the command's output."""
+    out = []
+    for i, line in enumerate(lines):
+        m = MARKER.search(line)
+        if m and m.group(1) == "output" and match in m.group(2):
+            j = i + 1
+            while j < len(lines) and not re.search(r"<!--\s*readme-check:\s*end\s*-->", lines[j]):
+                j += 1
+            out.append((i + 1, j, m.group(2)))
+    return out
 
 
 def split_examples(body):
@@ -225,6 +242,18 @@ def main():
                 continue
             failures += 1
             print(first_difference(exp, act))
+    for first, last, cmd in output_regions(lines, opt.match):
+        checked += 1
+        actual = run(cmd, ROOT, env)
+        ok = lines[first:last] == actual
+        print(f"[readme] {'ok  ' if ok else 'FAIL'} README.md:{first} output of {cmd}")
+        if ok:
+            continue
+        if opt.update:
+            edits.append((first, last, actual))
+            continue
+        failures += 1
+        print(first_difference(lines[first:last], actual))
     if edits:
         for first, last, new in sorted(edits, reverse=True):
             lines[first:last] = new

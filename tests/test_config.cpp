@@ -138,3 +138,16 @@ TEST_CASE("with learned positions seq_len may equal n_ctx, and one more is an er
   CHECK(parse_config(learned + "128\n", "edge.toml").train.seq_len == 128);
   CHECK_THAT(error_of(learned + "129\n"), Contains("train.seq_len") && Contains("n_ctx = 128"));
 }
+
+TEST_CASE("the key table states what the readers accept, one row per key", "[config]") {
+  const std::string table = config_keys_markdown();
+  // The ranges come from the readers themselves: the bounds below are the ones they enforce.
+  CHECK_THAT(table, Contains("| `model.n_layer` | integer | `2` | 1..4096 |"));
+  CHECK_THAT(table, Contains("| `train.seq_len` | count | `256` | 1..4096M |"));
+  CHECK_THAT(table, Contains("| `remat.policy` | string | `\"none\"` | \"none\" \\| \"full\""));
+  CHECK_THROWS(parse_config("[model]\nn_layer = 4097\n", "t.toml"));
+  CHECK_NOTHROW(parse_config("[model]\nn_layer = 4096\n", "t.toml"));  // reading works after
+  size_t rows = 0;
+  for (size_t at = 0; (at = table.find("\n| `", at)) != std::string::npos; ++at) ++rows;
+  CHECK(rows == 43);
+}
