@@ -167,7 +167,7 @@ TEST_CASE("compare runs each policy and reports bitwise-identical results", "[sm
   CHECK(j[1]["measured_peak_bytes"].get<uint64_t>() < j[0]["measured_peak_bytes"].get<uint64_t>());
 }
 
-TEST_CASE("the top-level help names the program and --config; train takes --steps", "[smoke]") {
+TEST_CASE("the top-level help names the program and --config, and train takes --steps", "[smoke]") {
   Result help = run("--help");
   CHECK(help.code == 0);
   CHECK_THAT(help.out, Contains("Usage: remat-train") && Contains("--config FILE") &&
