@@ -145,3 +145,21 @@ TEST_CASE(
     }
   }
 }
+
+TEST_CASE("a CUDA plan's --memory is the pool budget, with the runtime reserve on top",
+          "[planner]") {
+  const Config cfg =
+      parse_config("[model]\nkind = \"gpt\"\n[device]\nbackend = \"cuda\"\n", "cuda.toml");
+  const PlanTarget t = plan_target(cfg, "", 8ull << 30);
+  CHECK(t.reserve_bytes == 768ull << 20);
+  CHECK(t.pool_budget() == 8ull << 30);
+  CHECK(t.device_bytes == (8ull << 30) + (768ull << 20));
+  // A preset is the card's memory: the pool gets what the reserve leaves.
+  const PlanTarget h200 = plan_target(cfg, "h200", std::nullopt);
+  CHECK(h200.device_bytes == 150754820096ull);
+  CHECK(h200.pool_budget() == h200.device_bytes - (768ull << 20));
+  // The CPU has no reserve: --memory is the budget.
+  const PlanTarget cpu = plan_target(parse_config("[model]\nkind = \"gpt\"\n", "c"), "", 1ull << 30);
+  CHECK(cpu.reserve_bytes == 0);
+  CHECK(cpu.pool_budget() == 1ull << 30);
+}
