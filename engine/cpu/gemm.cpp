@@ -27,6 +27,35 @@ void add_bias_rows(float* out, const float* bias, int64_t rows, int64_t OC, bool
   }
 }
 
+// Every GEMM goes through here. OpenBLAS's own threading splits the work by the thread count,
+// and its results then differ in the last bits between 1 and 2 threads (measured: dW-shaped
+// products with a long K, and every shape with the Haswell kernel). So the output is cut into a
+// grid of tiles that depends on the shape only, each tile is one single-threaded cblas_sgemm
+// (OpenBLAS runs single-threaded inside an OpenMP region), and the threads share the tiles:
+// every thread count computes every element by the same call, bit for bit. Measured on 2 threads
+// (SkylakeX kernel) the tiles are as fast as OpenBLAS's own split, or faster, on the model's
+// shapes. Tiles shrink (to 64) until there are 8 of them, so a small output with a long K
+// (a weight gradient) still keeps every thread busy.
+void sgemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int64_t N, int64_t K, const float* A,
+           int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  int64_t tile = 256;
+  auto tiles = [&](int64_t t) { return ((M + t - 1) / t) * ((N + t - 1) / t); };
+  while (tile > 64 && tiles(tile) < 8) tile /= 2;
+  const int64_t n_cols = (N + tile - 1) / tile;
+  const int64_t n_tiles = tiles(tile);
+  // Always a parallel region, even for one tile: inside an active region OpenBLAS runs
+  // single-threaded, which is what makes the result independent of the thread count.
+#pragma omp parallel for schedule(dynamic)
+  for (int64_t t = 0; t < n_tiles; ++t) {
+    const int64_t i0 = (t / n_cols) * tile, j0 = (t % n_cols) * tile;
+    const int64_t m = std::min(tile, M - i0), n = std::min(tile, N - j0);
+    const float* a = ta == CblasNoTrans ? A + i0 * lda : A + i0;
+    const float* b = tb == CblasNoTrans ? B + j0 : B + j0 * ldb;
+    cblas_sgemm(CblasRowMajor, ta, tb, blas_int(m), blas_int(n), blas_int(K), 1.0f, a,
+                blas_int(lda), b, blas_int(ldb), beta, C + i0 * ldc + j0, blas_int(ldc));
+  }
+}
+
 }  // namespace
 
 void CpuBackend::linear_forward_impl(const LinearForwardArgs& a) {
@@ -36,22 +65,17 @@ void CpuBackend::linear_forward_impl(const LinearForwardArgs& a) {
     add_bias_rows(a.out.f32(), a.bias.f32(), N, OC, !a.accumulate);
     beta = 1.0f;
   }
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, blas_int(N), blas_int(OC), blas_int(C),
-              1.0f, a.inp.f32(), blas_int(C), a.weight.f32(), blas_int(C), beta, a.out.f32(),
-              blas_int(OC));
+  sgemm(CblasNoTrans, CblasTrans, N, OC, C, a.inp.f32(), C, a.weight.f32(), C, beta, a.out.f32(), OC);
 }
 
 void CpuBackend::linear_backward_impl(const LinearBackwardArgs& a) {
   const int64_t N = a.inp.rows(), C = a.inp.dim(-1), OC = a.weight.dim(0);
   const float* dout = a.dout.f32();
   if (!a.dinp.empty()) {  // dinp (N, C) = dout (N, OC) W (OC, C)
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, blas_int(N), blas_int(C), blas_int(OC),
-                1.0f, dout, blas_int(OC), a.weight.f32(), blas_int(C), 0.0f, a.dinp.f32(),
-                blas_int(C));
+    sgemm(CblasNoTrans, CblasNoTrans, N, C, OC, dout, OC, a.weight.f32(), C, 0.0f, a.dinp.f32(), C);
   }
   // dW (OC, C) += dout^T (OC, N) inp (N, C)
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, blas_int(OC), blas_int(C), blas_int(N), 1.0f,
-              dout, blas_int(OC), a.inp.f32(), blas_int(C), 1.0f, a.dweight.f32(), blas_int(C));
+  sgemm(CblasTrans, CblasNoTrans, OC, C, N, dout, OC, a.inp.f32(), C, 1.0f, a.dweight.f32(), C);
   if (!a.dbias.empty()) {
     // Column sums; each thread owns a slice of columns, so the row order is fixed.
     float* db = a.dbias.f32();
@@ -82,8 +106,7 @@ void CpuBackend::lm_head_loss_impl(const LmHeadLossArgs& a) {
   for (int64_t r0 = 0; r0 < N; r0 += R) {
     const int64_t rows = std::min(R, N - r0);
     const float* x = a.inp.f32() + r0 * C;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, blas_int(rows), blas_int(V), blas_int(C),
-                1.0f, x, blas_int(C), W, blas_int(C), 0.0f, logits, blas_int(V));
+    sgemm(CblasNoTrans, CblasTrans, rows, V, C, x, C, W, C, 0.0f, logits, V);
 #pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < rows; ++r) {
       float* l = logits + r * V;
@@ -99,11 +122,8 @@ void CpuBackend::lm_head_loss_impl(const LmHeadLossArgs& a) {
       for (int64_t j = 0; j < V; ++j) l[j] = std::exp(l[j] - mx) * inv * a.loss_scale;
       l[t] -= a.loss_scale;
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, blas_int(rows), blas_int(C), blas_int(V),
-                1.0f, logits, blas_int(V), W, blas_int(C), 0.0f, a.dinp.f32() + r0 * C,
-                blas_int(C));
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, blas_int(V), blas_int(C), blas_int(rows),
-                1.0f, logits, blas_int(V), x, blas_int(C), 1.0f, a.dweight.f32(), blas_int(C));
+    sgemm(CblasNoTrans, CblasNoTrans, rows, C, V, logits, V, W, C, 0.0f, a.dinp.f32() + r0 * C, C);
+    sgemm(CblasTrans, CblasNoTrans, V, C, rows, logits, V, x, C, 1.0f, a.dweight.f32(), C);
   }
 }
 
