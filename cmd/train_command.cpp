@@ -5,11 +5,11 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <atomic>
 #include <chrono>
 #include <cmath>
 #include <csignal>
+#include <cstdlib>
 #include <filesystem>
 #include <memory>
 
@@ -337,9 +337,10 @@ std::string openmp_wait_text() {
   const char* policy = std::getenv("OMP_WAIT_POLICY");
   if (!policy) return "wait policy default (spinning), from the environment";
   if (std::getenv("REMAT_TRAIN_SET_WAIT_POLICY"))
-    return fmt::format("wait policy {} (chosen by remat-train: idle threads sleep, so a competing "
-                       "process costs ~2x, not ~4x; OMP_WAIT_POLICY=active spins)",
-                       policy);
+    return fmt::format(
+        "wait policy {} (chosen by remat-train: idle threads sleep, so a competing "
+        "process costs ~2x, not ~4x; OMP_WAIT_POLICY=active spins)",
+        policy);
   return fmt::format("wait policy {} (OMP_WAIT_POLICY)", policy);
 }
 }  // namespace

@@ -25,7 +25,8 @@ inline constexpr const char* kMemoryBudgetFix =
     "machine's memory";
 /// "1.50 GiB", "512.0 MiB", "640 B".
 std::string format_bytes(uint64_t bytes);
-/// Sequence lengths the way users type them: "64k", "2M" (k = 1024, M = 1024^2), else exact: "1000".
+/// Sequence lengths the way users type them: "64k", "2M" (k = 1024, M = 1024^2), else exact:
+/// "1000".
 std::string format_count(int64_t n);
 /// 2598161 -> "2,598,161": an exact count a person can read.
 std::string format_grouped(int64_t n);

@@ -1,7 +1,6 @@
 // The BLAS kernel is chosen from the CPU's vector ISA, never left at a generic fallback on a CPU
 // with AVX2 or AVX-512 (engine/cpu/blas_kernel.h); a kernel forced below the CPU is reported.
 #include <catch2/catch.hpp>
-
 #include <cstdlib>
 
 #include "engine/cpu/blas_kernel.h"
@@ -36,8 +35,9 @@ TEST_CASE("the kernel in use is as wide as the CPU's vectors unless OPENBLAS_COR
   }
 }
 
-TEST_CASE("remat-train --version names the kernel and who chose it, and warns of a forced generic kernel",
-          "[blas][smoke]") {
+TEST_CASE(
+    "remat-train --version names the kernel and who chose it, and warns of a forced generic kernel",
+    "[blas][smoke]") {
   const remat::test::CliResult plain = remat::test::run_binary("--version", true);
   REQUIRE(plain.code == 0);
   CHECK_THAT(plain.out, Contains("CPU kernel ") && Contains("(chosen by "));

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/cli_util.h"
 #include "tests/temp_dir.h"
 
 namespace fs = std::filesystem;
@@ -25,21 +26,10 @@ namespace fs = std::filesystem;
 namespace remat::test {
 namespace {
 
-struct Shell {
-  int code = -1;
-  std::string out;  // stdout and stderr
-};
+using Shell = remat::test::CliResult;
 
 Shell sh(const std::string& cmd) {
-  Shell r;
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  REQUIRE(p != nullptr);
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  const int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
+  return remat::test::run_command(cmd);
 }
 
 /// The reason to skip, or "" when this build can make a bundle.

@@ -136,15 +136,7 @@ bool all_lines_parse(const std::string& path) {
 
 // A shell command from the source folder (for ulimit and trap): exit code and stdout+stderr.
 remat::test::CliResult run_shell(const std::string& cmd) {
-  remat::test::CliResult r;
-  FILE* p = popen(fmt::format("cd {} && {{ {} ; }} 2>&1", REMAT_SOURCE_DIR, cmd).c_str(), "r");
-  REQUIRE(p != nullptr);
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  const int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
+  return remat::test::run_in_source(cmd);
 }
 
 // The children of `parent` (from /proc), for the sweep's trial.

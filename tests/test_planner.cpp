@@ -159,7 +159,8 @@ TEST_CASE("a CUDA plan's --memory is the pool budget, with the runtime reserve o
   CHECK(h200.device_bytes == 150754820096ull);
   CHECK(h200.pool_budget() == h200.device_bytes - (768ull << 20));
   // The CPU has no reserve: --memory is the budget.
-  const PlanTarget cpu = plan_target(parse_config("[model]\nkind = \"gpt\"\n", "c"), "", 1ull << 30);
+  const PlanTarget cpu =
+      plan_target(parse_config("[model]\nkind = \"gpt\"\n", "c"), "", 1ull << 30);
   CHECK(cpu.reserve_bytes == 0);
   CHECK(cpu.pool_budget() == 1ull << 30);
 }

@@ -193,15 +193,15 @@ TEST_CASE("unknown activation names in remat.save are config errors listing the 
   CHECK_THROWS_AS(parse_config(kBase, "remat-test", {"remat.policy=names"}), ConfigError);
 }
 
-TEST_CASE("losses, gradients and weights are bitwise identical for 1, 2 and 3 threads",
-          "[remat]") {
+TEST_CASE("losses, gradients and weights are bitwise identical for 1, 2 and 3 threads", "[remat]") {
   // Shapes that are multiples of no tile: the GEMMs (engine/cpu/gemm.cpp), attention and the
   // reductions must not depend on how the work is split. Before the GEMMs were tiled by shape,
   // OpenBLAS's own threading changed the weight gradients in the last bits.
   const std::vector<std::vector<std::string>> shapes = {
       {"model.n_ctx=512", "train.seq_len=333", "train.batch_size=3", "model.n_embd=96",
        "model.n_head=3", "train.loss_chunk=0"},
-      {"model.vocab_size=5003", "train.seq_len=61", "train.batch_size=1", "model.position=\"rope\""},
+      {"model.vocab_size=5003", "train.seq_len=61", "train.batch_size=1",
+       "model.position=\"rope\""},
   };
   for (const auto& shape : shapes) {
     INFO(fmt::format("shape: {}", fmt::join(shape, " ")));

@@ -160,8 +160,10 @@ TEST_CASE("sweep records an out-of-memory point and goes on, and CSV and JSON fo
 
 TEST_CASE("a --seq-lens range doubles from its start and always ends at its end", "[smoke]") {
   const std::string dir = (std::filesystem::temp_directory_path() / "remat-sweep-range").string();
-  Result r = run("sweep --config configs/tiny.toml --seq-lens 100..300 --policies full --steps 1 "
-                 "--json --out " + dir);
+  Result r =
+      run("sweep --config configs/tiny.toml --seq-lens 100..300 --policies full --steps 1 "
+          "--json --out " +
+          dir);
   REQUIRE(r.code == 0);
   const auto j = nlohmann::json::parse(r.out);
   std::vector<int64_t> lens;
@@ -177,20 +179,11 @@ TEST_CASE("sweep rejects malformed --seq-lens and seq_lens beyond a learned n_ct
             .code == 2);  // n_ctx = 128
 }
 
-TEST_CASE("the sweep scripts: --help exits 0, a python without matplotlib gets a fix, not a "
-          "traceback",
-          "[smoke]") {
-  auto sh = [](const std::string& cmd) {
-    remat::test::CliResult r;
-    FILE* p = popen(fmt::format("cd {} && {} 2>&1", REMAT_SOURCE_DIR, cmd).c_str(), "r");
-    REQUIRE(p != nullptr);
-    char buf[4096];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-    const int status = pclose(p);
-    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    return r;
-  };
+TEST_CASE(
+    "the sweep scripts: --help exits 0, a python without matplotlib gets a fix, not a "
+    "traceback",
+    "[smoke]") {
+  auto sh = [](const std::string& cmd) { return remat::test::run_in_source(cmd); };
   auto help = sh("bash scripts/sweep.sh --help");
   CHECK(help.code == 0);
   CHECK_THAT(help.out, Contains("scripts/sweep.sh CONFIG"));

@@ -17,9 +17,12 @@ namespace {
 
 const char* isa_name(VectorIsa isa) {
   switch (isa) {
-    case VectorIsa::Avx512: return "AVX-512";
-    case VectorIsa::Avx2: return "AVX2";
-    case VectorIsa::Sse: break;
+    case VectorIsa::Avx512:
+      return "AVX-512";
+    case VectorIsa::Avx2:
+      return "AVX2";
+    case VectorIsa::Sse:
+      break;
   }
   return "SSE";
 }

@@ -17,10 +17,10 @@ enum class VectorIsa { Sse, Avx2, Avx512 };
 
 /// What start-up selection did, for --version and the banner.
 struct BlasKernelChoice {
-  std::string core;       // the kernel in use now, as OpenBLAS names it ("SkylakeX")
-  std::string chosen_by;  // "OpenBLAS (CPU model)", "remat-train (cpuid: AVX-512)" or
-                          // "OPENBLAS_CORETYPE"
-  VectorIsa cpu_isa = VectorIsa::Sse;     // the best this CPU and OS support
+  std::string core;                    // the kernel in use now, as OpenBLAS names it ("SkylakeX")
+  std::string chosen_by;               // "OpenBLAS (CPU model)", "remat-train (cpuid: AVX-512)" or
+                                       // "OPENBLAS_CORETYPE"
+  VectorIsa cpu_isa = VectorIsa::Sse;  // the best this CPU and OS support
   VectorIsa kernel_isa = VectorIsa::Sse;  // what the kernel in use needs
   /// True when the kernel is below what the CPU supports (only possible when the user forced
   /// it with OPENBLAS_CORETYPE, or with a BLAS that cannot re-select).

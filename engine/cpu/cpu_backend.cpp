@@ -3,9 +3,6 @@
 // attention.cpp.
 #include "engine/cpu/cpu_backend.h"
 
-#include "engine/cpu/blas_kernel.h"
-#include "engine/rng.h"
-
 #include <cblas.h>
 #include <fmt/format.h>
 #include <omp.h>
@@ -14,6 +11,9 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+
+#include "engine/cpu/blas_kernel.h"
+#include "engine/rng.h"
 
 extern "C" {
 // OpenBLAS extensions (declared in its cblas.h as well; repeated so other BLAS builds fail loudly
@@ -39,9 +39,13 @@ constexpr int64_t kGrain = 1 << 17;
 
 }  // namespace
 
-int default_threads() { return omp_get_num_procs(); }
+int default_threads() {
+  return omp_get_num_procs();
+}
 
-std::unique_ptr<DeviceAllocator> make_host_allocator() { return std::make_unique<HostAllocator>(); }
+std::unique_ptr<DeviceAllocator> make_host_allocator() {
+  return std::make_unique<HostAllocator>();
+}
 
 BlasInfo blas_info() {
   const BlasKernelChoice& kernel = select_blas_kernel();

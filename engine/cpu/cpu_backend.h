@@ -14,7 +14,7 @@ namespace remat::cpu {
 
 /// BLAS build and the kernel it dispatches to on this CPU.
 struct BlasInfo {
-  std::string library;      // "OpenBLAS 0.3.21"
+  std::string library;    // "OpenBLAS 0.3.21"
   std::string core;       // the kernel in use: "Haswell", "Zen", "SkylakeX", ...
   std::string chosen_by;  // who chose it (engine/cpu/blas_kernel.h)
   std::string warning;    // non-empty when the kernel is below what this CPU supports

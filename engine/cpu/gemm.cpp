@@ -65,7 +65,8 @@ void CpuBackend::linear_forward_impl(const LinearForwardArgs& a) {
     add_bias_rows(a.out.f32(), a.bias.f32(), N, OC, !a.accumulate);
     beta = 1.0f;
   }
-  sgemm(CblasNoTrans, CblasTrans, N, OC, C, a.inp.f32(), C, a.weight.f32(), C, beta, a.out.f32(), OC);
+  sgemm(CblasNoTrans, CblasTrans, N, OC, C, a.inp.f32(), C, a.weight.f32(), C, beta, a.out.f32(),
+        OC);
 }
 
 void CpuBackend::linear_backward_impl(const LinearBackwardArgs& a) {
