@@ -738,6 +738,19 @@ std::string toml_literal(const toml::node& n) {
   return "?";
 }
 
+// What `spec`'s reader accepts: the reader runs in describe mode (it states its type and range
+// and reads nothing). The mode ends however the reader returns.
+KeyAccepts describe_key(const KeySpec& spec) {
+  KeyAccepts accepts;
+  struct Describing {
+    explicit Describing(KeyAccepts* a) { g_describe = a; }
+    ~Describing() { g_describe = nullptr; }
+  } describing(&accepts);
+  Config scratch;
+  spec.read(scratch, toml::value<int64_t>(0), Origin{"", ""});
+  return accepts;
+}
+
 }  // namespace
 
 std::string config_keys_markdown() {
@@ -750,16 +763,7 @@ std::string config_keys_markdown() {
   const toml::table files = toml::parse(config_to_toml(with_files));
   std::string out = "| key | type | default | accepted | meaning |\n|---|---|---|---|---|\n";
   for (const KeySpec& spec : key_specs()) {
-    KeyAccepts accepts;
-    g_describe = &accepts;
-    Config scratch;
-    try {
-      spec.read(scratch, toml::value<int64_t>(0), Origin{"", ""});
-    } catch (...) {
-      g_describe = nullptr;
-      throw;
-    }
-    g_describe = nullptr;
+    const KeyAccepts accepts = describe_key(spec);
     const toml::node* d = plain.at_path(fmt::format("{}.{}", spec.section, spec.key)).node();
     if (!d) d = files.at_path(fmt::format("{}.{}", spec.section, spec.key)).node();
     const std::string shown =

@@ -168,21 +168,25 @@ std::string cmdline_of(pid_t pid) {
 
 // ---- 1: the pool's bookkeeping is O(log n) per allocation ----
 
+namespace {
+// Fake device addresses handed out in order and never reused: the pool's bookkeeping alone.
+struct BumpAllocator : remat::DeviceAllocator {
+  uintptr_t next = 256;
+  void* allocate(size_t bytes) override {
+    void* p = reinterpret_cast<void*>(next);
+    next += bytes;
+    return p;
+  }
+  void deallocate(void*, size_t) override {}
+};
+}  // namespace
+
 TEST_CASE("fault 1: a new peak costs O(log n), not a scan of every live allocation",
           "[hardening]") {
   // Allocations that each raise the peak, as a deep model's setup does: n of them, with the
   // largest-tensor tracking on. Quadratic bookkeeping makes 8x the allocations 64x slower.
   auto run = [](int n) {
-    struct Fake : remat::DeviceAllocator {
-      uintptr_t next = 256;
-      void* allocate(size_t bytes) override {
-        void* p = reinterpret_cast<void*>(next);
-        next += bytes;
-        return p;
-      }
-      void deallocate(void*, size_t) override {}
-    };
-    remat::MemoryPool pool(std::make_unique<Fake>(), UINT64_MAX);
+    remat::MemoryPool pool(std::make_unique<BumpAllocator>(), UINT64_MAX);
     std::vector<remat::Buffer> live;
     live.reserve(static_cast<size_t>(n));
     const auto t0 = Clock::now();
@@ -201,16 +205,7 @@ TEST_CASE("fault 1: a new peak costs O(log n), not a scan of every live allocati
 
 TEST_CASE("fault 1: the largest live tensors are listed in the same order as before",
           "[hardening]") {
-  struct Fake : remat::DeviceAllocator {
-    uintptr_t next = 256;
-    void* allocate(size_t bytes) override {
-      void* p = reinterpret_cast<void*>(next);
-      next += bytes;
-      return p;
-    }
-    void deallocate(void*, size_t) override {}
-  };
-  remat::MemoryPool pool(std::make_unique<Fake>(), UINT64_MAX);
+  remat::MemoryPool pool(std::make_unique<BumpAllocator>(), UINT64_MAX);
   auto a = pool.allocate({64}, remat::DType::F32, remat::MemCategory::Weights, "a");
   auto b = pool.allocate({128}, remat::DType::F32, remat::MemCategory::Weights, "b");
   auto c = pool.allocate({64}, remat::DType::F32, remat::MemCategory::Weights, "c");
