@@ -6,6 +6,8 @@
 #   make format    clang-format every source file
 #   make fuzz      libFuzzer targets (clang, ASan + UBSan) in build-fuzz, each run FUZZ_TIME
 #                  seconds, two at a time; `make test` ends with this step when clang++ is present
+#   make golden    regenerate the PyTorch golden (tests/golden/) with Debian's python3-torch,
+#                  installed here only: `make test` never needs it
 BUILD    ?= build
 JOBS     ?= $(shell nproc)
 WERROR   ?= $(or $(REMAT_WERROR),OFF)
@@ -14,7 +16,7 @@ CMAKE_FLAGS ?=
 FUZZ_TIME ?= 60
 FUZZ_TARGETS := config shard safetensors gpt2_tokenizer checkpoint_state
 
-.PHONY: all deps build run test sanitize format clean fuzz
+.PHONY: all deps build run test sanitize format clean fuzz golden
 
 all: build
 
@@ -48,6 +50,13 @@ sanitize: deps
 	@cmake -S . -B build-sanitize -DCMAKE_BUILD_TYPE=RelWithDebInfo -DREMAT_SANITIZE=ON -DREMAT_WERROR=$(WERROR) -DREMAT_CUDA=OFF >/dev/null
 	@cmake --build build-sanitize -j $(JOBS)
 	cd build-sanitize && ctest --output-on-failure -L cpu
+
+# scripts/torch_golden.py runs under Debian's python3 (/usr/bin/python3), which python3-torch
+# installs into; another python3 first on PATH would not see it.
+golden: build
+	@dpkg-query -W -f='$${Status}' python3-torch 2>/dev/null | grep -q "install ok installed" || \
+	  { echo "[golden] installing python3-torch"; $(if $(filter 0,$(shell id -u)),,sudo) apt-get install -y -qq --no-install-recommends python3-torch >/dev/null; }
+	/usr/bin/python3 scripts/torch_golden.py --binary $(BUILD)/remat-train
 
 format:
 	@git ls-files '*.h' '*.cpp' '*.cu' '*.cuh' | xargs clang-format -i
