@@ -1,0 +1,58 @@
+// `plan --json` for every shipped config, byte for byte against tests/data/plan_json/: the
+// planner's figures (peaks by category, FLOPs, longest seq_len, largest batch, auto's plan) for
+// the CPU at a fixed 16 GiB budget and 2 threads, and for an H200 with bf16 and fp32
+// activations (the CUDA workspace rules). Refactors of the ops, workspaces and policies must
+// change none of them; a deliberate change regenerates the files with the commands below
+// (run from the repository root):
+//   remat-train plan --config configs/N.toml --json --memory 16GiB --set device.threads=2
+//   remat-train plan --config configs/N.toml --json --gpu h200 [--set device.precision=fp32]
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "tests/cli_util.h"
+
+namespace remat::test {
+namespace {
+
+std::string slurp_file(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// "<config>.<target>.json" -> the plan flags that produced it.
+std::string plan_flags(const std::string& target) {
+  if (target == "cpu") return "--memory 16GiB --set device.threads=2";
+  if (target == "h200-bf16") return "--gpu h200";
+  if (target == "h200-fp32") return "--gpu h200 --set device.precision=fp32";
+  FAIL("unknown target in a tests/data/plan_json file name: " << target);
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("plan --json of every shipped config is unchanged", "[plan-json]") {
+  const std::filesystem::path dir =
+      std::filesystem::path(REMAT_SOURCE_DIR) / "tests/data/plan_json";
+  int files = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    const std::string file = entry.path().filename().string();  // e.g. gpt2-124m.h200-bf16.json
+    const std::string stem = entry.path().stem().string();
+    const size_t dot = stem.rfind('.');
+    REQUIRE(dot != std::string::npos);
+    const std::string config = stem.substr(0, dot), target = stem.substr(dot + 1);
+    INFO(file);
+    const CliResult r = run_binary(
+        fmt::format("plan --config configs/{}.toml --json {}", config, plan_flags(target)), false);
+    REQUIRE(r.code == 0);
+    CHECK(r.out == slurp_file(entry.path()));
+    ++files;
+  }
+  CHECK(files == 24);  // 8 configs x 3 targets
+}
+
+}  // namespace remat::test
