@@ -5,10 +5,21 @@
 
 #include <algorithm>
 
+#include "engine/cpu/workspace.h"
+#include "engine/cuda/workspace.h"
+
 namespace remat {
 namespace {
 
-double act_bytes(const Tensor& t) { return t.empty() ? 0.0 : static_cast<double>(t.bytes()); }
+// The op's workspace on the backend whose rules apply (engine/workspace.h).
+template <class Args>
+WorkspaceList workspace_for(const WorkspaceTarget& t, const Args& a) {
+  return t.device == DeviceKind::Cpu ? cpu::workspace(a, t) : cuda::workspace(a, t);
+}
+
+double act_bytes(const Tensor& t) {
+  return t.empty() ? 0.0 : static_cast<double>(t.bytes());
+}
 
 void check_rows(const Tensor& a, const Tensor& b, const char* what) {
   REMAT_ASSERT(a.rows() == b.rows(), "{}: row mismatch {} vs {}", what, a.shape_str(),
@@ -19,12 +30,18 @@ void check_rows(const Tensor& a, const Tensor& b, const char* what) {
 
 const char* phase_name(Phase p) {
   switch (p) {
-    case Phase::Forward: return "forward";
-    case Phase::Recompute: return "recompute";
-    case Phase::Backward: return "backward";
-    case Phase::Loss: return "loss";
-    case Phase::Optimizer: return "optimizer";
-    case Phase::kCount: break;
+    case Phase::Forward:
+      return "forward";
+    case Phase::Recompute:
+      return "recompute";
+    case Phase::Backward:
+      return "backward";
+    case Phase::Loss:
+      return "loss";
+    case Phase::Optimizer:
+      return "optimizer";
+    case Phase::kCount:
+      break;
   }
   return "?";
 }
@@ -48,14 +65,15 @@ void Backend::copy(const Tensor& dst, const Tensor& src) {
 
 void Backend::linear_forward(const LinearForwardArgs& a) {
   const int64_t N = a.inp.rows(), C = a.inp.dim(-1), OC = a.weight.dim(0);
-  REMAT_ASSERT(a.weight.dim(-1) == C, "linear_forward: weight {} vs input {}",
-               a.weight.shape_str(), a.inp.shape_str());
+  REMAT_ASSERT(a.weight.dim(-1) == C, "linear_forward: weight {} vs input {}", a.weight.shape_str(),
+               a.inp.shape_str());
   REMAT_ASSERT(a.out.rows() == N && a.out.dim(-1) == OC, "linear_forward: out {} expected ({}, {})",
                a.out.shape_str(), N, OC);
   REMAT_ASSERT(a.bias.empty() || a.bias.numel() == OC, "linear_forward: bias {}",
                a.bias.shape_str());
   count(2.0 * N * C * OC, act_bytes(a.inp) + act_bytes(a.weight) + act_bytes(a.out));
-  linear_forward_impl(a);
+  const OpWorkspace ws(pool(), workspace_for(workspace_target(), a));
+  linear_forward_impl(a, ws);
 }
 
 void Backend::linear_backward(const LinearBackwardArgs& a) {
@@ -66,9 +84,10 @@ void Backend::linear_backward(const LinearBackwardArgs& a) {
   REMAT_ASSERT(a.dinp.empty() || a.dinp.numel() == N * C, "linear_backward: dinp {}",
                a.dinp.shape_str());
   double flops = 2.0 * N * C * OC * (a.dinp.empty() ? 1 : 2);
-  count(flops, act_bytes(a.dout) * 2 + act_bytes(a.inp) + act_bytes(a.weight) * 3 +
-                   act_bytes(a.dinp));
-  linear_backward_impl(a);
+  count(flops,
+        act_bytes(a.dout) * 2 + act_bytes(a.inp) + act_bytes(a.weight) * 3 + act_bytes(a.dinp));
+  const OpWorkspace ws(pool(), workspace_for(workspace_target(), a));
+  linear_backward_impl(a, ws);
 }
 
 void Backend::layernorm_forward(const LayerNormForwardArgs& a) {
@@ -104,7 +123,8 @@ void Backend::attention_forward(const AttentionForwardArgs& a) {
   const double HS = static_cast<double>(C / a.n_head);
   count(2 * 2 * HS * causal_pairs(a.qkv, a.n_head),
         act_bytes(a.qkv) + act_bytes(a.out) + act_bytes(a.lse));
-  attention_forward_impl(a);
+  const OpWorkspace ws(pool(), workspace_for(workspace_target(), a));
+  attention_forward_impl(a, ws);
 }
 
 void Backend::attention_backward(const AttentionBackwardArgs& a) {
@@ -114,7 +134,8 @@ void Backend::attention_backward(const AttentionBackwardArgs& a) {
   const double HS = static_cast<double>(a.out.dim(2) / a.n_head);
   count(5 * 2 * HS * causal_pairs(a.qkv, a.n_head),
         2 * act_bytes(a.qkv) + 2 * act_bytes(a.out) + act_bytes(a.dqkv) + act_bytes(a.lse));
-  attention_backward_impl(a);
+  const OpWorkspace ws(pool(), workspace_for(workspace_target(), a));
+  attention_backward_impl(a, ws);
 }
 
 void Backend::activation_forward(const ActivationForwardArgs& a) {
@@ -135,8 +156,8 @@ void Backend::activation_backward(const ActivationBackwardArgs& a) {
 }
 
 void Backend::add(const Tensor& out, const Tensor& a, const Tensor& b) {
-  REMAT_ASSERT(out.numel() == a.numel() && a.numel() == b.numel(), "add: {} {} {}",
-               out.shape_str(), a.shape_str(), b.shape_str());
+  REMAT_ASSERT(out.numel() == a.numel() && a.numel() == b.numel(), "add: {} {} {}", out.shape_str(),
+               a.shape_str(), b.shape_str());
   count(static_cast<double>(out.numel()), act_bytes(out) + act_bytes(a) + act_bytes(b));
   add_impl(out, a, b);
 }
@@ -155,7 +176,8 @@ void Backend::embedding_backward(const EmbeddingBackwardArgs& a) {
   REMAT_ASSERT(a.dout.numel() == a.tokens.numel() * a.dwte.dim(1),
                "embedding_backward: dout {} tokens {}", a.dout.shape_str(), a.tokens.shape_str());
   count(2.0 * a.dout.numel(), 3 * act_bytes(a.dout));
-  embedding_backward_impl(a);
+  const OpWorkspace ws(pool(), workspace_for(workspace_target(), a));
+  embedding_backward_impl(a, ws);
 }
 
 void Backend::lm_head_loss(const LmHeadLossArgs& a) {
@@ -169,7 +191,8 @@ void Backend::lm_head_loss(const LmHeadLossArgs& a) {
   // logits (2NCV), d inp (2NCV), d weight (2NCV), softmax (~5NV)
   count(6.0 * N * C * V + 5.0 * N * V,
         act_bytes(a.inp) * 2 + act_bytes(a.weight) * 3 + 8.0 * N * V);
-  lm_head_loss_impl(a);
+  const OpWorkspace ws(pool(), workspace_for(workspace_target(), a));
+  lm_head_loss_impl(a, ws);
 }
 
 void Backend::mse_loss(const MseLossArgs& a) {
@@ -182,7 +205,8 @@ void Backend::mse_loss(const MseLossArgs& a) {
 }
 
 void Backend::dropout(const DropoutArgs& a) {
-  REMAT_ASSERT(a.out.numel() == a.inp.numel(), "dropout: {} vs {}", a.out.shape_str(), a.inp.shape_str());
+  REMAT_ASSERT(a.out.numel() == a.inp.numel(), "dropout: {} vs {}", a.out.shape_str(),
+               a.inp.shape_str());
   REMAT_ASSERT(a.p >= 0 && a.p < 1, "dropout: p = {}", a.p);
   count(3.0 * a.inp.numel(), act_bytes(a.inp) + act_bytes(a.out));
   dropout_impl(a);
@@ -202,12 +226,6 @@ void Backend::adamw_update(const AdamWArgs& a) {
                a.m.shape_str(), a.v.shape_str());
   count(12.0 * a.param.numel(), 7.0 * a.param.bytes());
   adamw_update_impl(a);
-}
-
-Buffer Backend::allocate_logits_chunk(const LmHeadLossArgs& a) {
-  const int64_t N = a.inp.rows(), V = a.weight.dim(0);
-  const int64_t rows = a.chunk_rows > 0 ? std::min(a.chunk_rows, N) : N;
-  return pool().allocate({rows, V}, DType::F32, MemCategory::Workspace, "lm_head.logits_chunk");
 }
 
 int64_t default_loss_chunk_rows(int64_t n_rows, int64_t vocab) {

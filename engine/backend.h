@@ -1,7 +1,8 @@
 // The backend interface: ~20 coarse, layer-level ops, each taking a struct of named arguments.
 // Implementations: engine/cpu (fp32 reference, BLAS + OpenMP), engine/cuda (bf16/fp32),
 // engine/count_backend (computes nothing: allocates from the pool and counts FLOPs and bytes;
-// it is what `plan` runs on).
+// it is what `plan` runs on). An op's scratch memory is declared once per backend as a pure
+// rule (engine/workspace.h) that the public op allocates before calling the implementation.
 //
 // Gradient contract, stated once for every op family:
 //   * parameter gradients ACCUMULATE (+=), so micro-batches sum;
@@ -21,6 +22,7 @@
 
 #include "engine/memory_pool.h"
 #include "engine/tensor.h"
+#include "engine/workspace.h"
 
 namespace remat {
 
@@ -176,6 +178,9 @@ class Backend {
   virtual DType act_dtype() const = 0;
   /// False for the count backend: its tensors have fake addresses and ops compute nothing.
   virtual bool computes() const { return true; }
+  /// Whose op-workspace rules apply (engine/workspace.h): this backend's own; the count
+  /// backend's are those of the backend it stands in for.
+  virtual WorkspaceTarget workspace_target() const = 0;
   /// True when device memory is host memory (the CPU backend, and dry runs for it): host-side
   /// buffers such as checkpoint staging then count against the device budget, through the pool.
   virtual bool device_is_host() const { return false; }
@@ -225,26 +230,24 @@ class Backend {
 
   virtual void fill_impl(const Tensor& t, float value) = 0;
   virtual void copy_impl(const Tensor& dst, const Tensor& src) = 0;
-  virtual void linear_forward_impl(const LinearForwardArgs& a) = 0;
-  virtual void linear_backward_impl(const LinearBackwardArgs& a) = 0;
+  virtual void linear_forward_impl(const LinearForwardArgs& a, const OpWorkspace& ws) = 0;
+  virtual void linear_backward_impl(const LinearBackwardArgs& a, const OpWorkspace& ws) = 0;
   virtual void layernorm_forward_impl(const LayerNormForwardArgs& a) = 0;
   virtual void layernorm_backward_impl(const LayerNormBackwardArgs& a) = 0;
-  virtual void attention_forward_impl(const AttentionForwardArgs& a) = 0;
-  virtual void attention_backward_impl(const AttentionBackwardArgs& a) = 0;
+  virtual void attention_forward_impl(const AttentionForwardArgs& a, const OpWorkspace& ws) = 0;
+  virtual void attention_backward_impl(const AttentionBackwardArgs& a, const OpWorkspace& ws) = 0;
   virtual void activation_forward_impl(const ActivationForwardArgs& a) = 0;
   virtual void activation_backward_impl(const ActivationBackwardArgs& a) = 0;
   virtual void add_impl(const Tensor& out, const Tensor& a, const Tensor& b) = 0;
   virtual void embedding_forward_impl(const EmbeddingForwardArgs& a) = 0;
-  virtual void embedding_backward_impl(const EmbeddingBackwardArgs& a) = 0;
-  virtual void lm_head_loss_impl(const LmHeadLossArgs& a) = 0;
+  virtual void embedding_backward_impl(const EmbeddingBackwardArgs& a, const OpWorkspace& ws) = 0;
+  virtual void lm_head_loss_impl(const LmHeadLossArgs& a, const OpWorkspace& ws) = 0;
   virtual void mse_loss_impl(const MseLossArgs& a) = 0;
   virtual void dropout_impl(const DropoutArgs& a) = 0;
   virtual double sum_squares_impl(std::span<const Tensor> tensors) = 0;
   virtual void adamw_update_impl(const AdamWArgs& a) = 0;
-
-  /// Workspace of the LM-head loss: one chunk of logits, (chunk_rows, V) f32. Every backend
-  /// (count included) allocates it through this, so the planner sees the same bytes.
-  Buffer allocate_logits_chunk(const LmHeadLossArgs& a);
+  // The ops above that take an OpWorkspace receive the parts their backend's rule lists
+  // (engine/cpu/workspace.h, engine/cuda/workspace.h), allocated by the public op.
 
  private:
   void count(double flops, double bytes);

@@ -43,7 +43,9 @@ constexpr float kLog2e = std::numbers::log2e_v<float>;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // Row stride of a packed (rows, HS) tile: HS rounded up to whole 8-float vectors.
-int64_t padded(int64_t HS) { return (HS + 7) / 8 * 8; }
+int64_t padded(int64_t HS) {
+  return attention_padded_hs(HS);
+}
 
 // ---- kernels: C (M, N) {=, +=} A (M, K) B (K, N) and the softmax element loops ----
 //
@@ -74,7 +76,8 @@ inline void gemm_block(int64_t K, const float* a, int64_t ars, int64_t aks, cons
     __m256 bv[NV];
 #pragma GCC unroll 4
     for (int v = 0; v < NV; ++v)
-      bv[v] = kMasked ? _mm256_maskload_ps(b + k * ldb, mask) : _mm256_loadu_ps(b + k * ldb + 8 * v);
+      bv[v] =
+          kMasked ? _mm256_maskload_ps(b + k * ldb, mask) : _mm256_loadu_ps(b + k * ldb + 8 * v);
     const float* ak = a + k * aks;
 #pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) {
@@ -106,18 +109,29 @@ void gemm_panel(int64_t M, int64_t K, const float* a, int64_t ars, int64_t aks, 
   a += i * ars;
   c += i * ldc;
   switch (M - i) {
-    case 5: gemm_block<5, NV, kMasked, kAccumulate>(K, a, ars, aks, b, ldb, c, ldc, mask); break;
-    case 4: gemm_block<4, NV, kMasked, kAccumulate>(K, a, ars, aks, b, ldb, c, ldc, mask); break;
-    case 3: gemm_block<3, NV, kMasked, kAccumulate>(K, a, ars, aks, b, ldb, c, ldc, mask); break;
-    case 2: gemm_block<2, NV, kMasked, kAccumulate>(K, a, ars, aks, b, ldb, c, ldc, mask); break;
-    case 1: gemm_block<1, NV, kMasked, kAccumulate>(K, a, ars, aks, b, ldb, c, ldc, mask); break;
-    default: break;
+    case 5:
+      gemm_block<5, NV, kMasked, kAccumulate>(K, a, ars, aks, b, ldb, c, ldc, mask);
+      break;
+    case 4:
+      gemm_block<4, NV, kMasked, kAccumulate>(K, a, ars, aks, b, ldb, c, ldc, mask);
+      break;
+    case 3:
+      gemm_block<3, NV, kMasked, kAccumulate>(K, a, ars, aks, b, ldb, c, ldc, mask);
+      break;
+    case 2:
+      gemm_block<2, NV, kMasked, kAccumulate>(K, a, ars, aks, b, ldb, c, ldc, mask);
+      break;
+    case 1:
+      gemm_block<1, NV, kMasked, kAccumulate>(K, a, ars, aks, b, ldb, c, ldc, mask);
+      break;
+    default:
+      break;
   }
 }
 
 template <bool kAccumulate>
-void gemm(int64_t M, int64_t N, int64_t K, const float* a, int64_t ars, int64_t aks,
-          const float* b, int64_t ldb, float* c, int64_t ldc) {
+void gemm(int64_t M, int64_t N, int64_t K, const float* a, int64_t ars, int64_t aks, const float* b,
+          int64_t ldb, float* c, int64_t ldc) {
   const __m256i all = _mm256_set1_epi32(-1);
   int64_t j = 0;
   for (; j + 16 <= N; j += 16)
@@ -142,7 +156,7 @@ inline __m256 exp2_ps(__m256 x) {
   const __m256 xc = _mm256_min_ps(_mm256_max_ps(x, lo), _mm256_set1_ps(127.0f));
   const __m256 n = _mm256_round_ps(xc, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m256 r = _mm256_sub_ps(xc, n);
-  __m256 p = _mm256_set1_ps(1.5252733804059841e-05f);            // ln2^7 / 7!
+  __m256 p = _mm256_set1_ps(1.5252733804059841e-05f);                  // ln2^7 / 7!
   p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.5403530393381609e-04f));  // ln2^6 / 6!
   p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3333558146428443e-03f));  // ln2^5 / 5!
   p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(9.6181291076284772e-03f));  // ln2^4 / 4!
@@ -150,8 +164,8 @@ inline __m256 exp2_ps(__m256 x) {
   p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(2.4022650695910071e-01f));  // ln2^2 / 2!
   p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(6.9314718055994531e-01f));  // ln2
   p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-  const __m256i e = _mm256_slli_epi32(
-      _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  const __m256i e =
+      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
   const __m256 y = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
   return _mm256_and_ps(y, _mm256_cmp_ps(x, lo, _CMP_GE_OQ));
 }
@@ -196,8 +210,8 @@ void softmax_grad_row(float* s, float* ds, int64_t n_valid, float lse2, float d,
 #else  // portable fallback: the same arithmetic, one element at a time
 
 template <bool kAccumulate>
-void gemm(int64_t M, int64_t N, int64_t K, const float* a, int64_t ars, int64_t aks,
-          const float* b, int64_t ldb, float* c, int64_t ldc) {
+void gemm(int64_t M, int64_t N, int64_t K, const float* a, int64_t ars, int64_t aks, const float* b,
+          int64_t ldb, float* c, int64_t ldc) {
   for (int64_t i = 0; i < M; ++i)
     for (int64_t j = 0; j < N; ++j) {
       float acc = kAccumulate ? c[i * ldc + j] : 0.0f;
@@ -206,7 +220,9 @@ void gemm(int64_t M, int64_t N, int64_t K, const float* a, int64_t ars, int64_t 
     }
 }
 
-float exp2_scalar(float x) { return x >= -126.0f ? std::exp2(x) : 0.0f; }
+float exp2_scalar(float x) {
+  return x >= -126.0f ? std::exp2(x) : 0.0f;
+}
 
 void softmax_update_columns(float* s, int64_t nk, float* m, float* l, float* corr) {
   for (int64_t i = 0; i < kTq; ++i) {
@@ -268,8 +284,8 @@ void fill_rope_table(float* cos_t, float* sin_t, int64_t T, int64_t HS, float th
 #pragma omp parallel for schedule(static) num_threads(threads)
   for (int64_t t = 0; t < T; ++t) {
     for (int64_t i = 0; i < half; ++i) {
-      const double freq = std::pow(static_cast<double>(theta), -2.0 * static_cast<double>(i) /
-                                                                   static_cast<double>(HS));
+      const double freq = std::pow(static_cast<double>(theta),
+                                   -2.0 * static_cast<double>(i) / static_cast<double>(HS));
       const double ang = static_cast<double>(t) * freq;
       cos_t[t * half + i] = static_cast<float>(std::cos(ang));
       sin_t[t * half + i] = static_cast<float>(std::sin(ang));
@@ -327,35 +343,26 @@ struct Carve {
   }
 };
 
-// Floats of each thread's tiles; forward and backward share the block. Every piece is a multiple
-// of 8 floats, so every tile starts 32-byte aligned.
-int64_t forward_floats(int64_t HS) {
-  const int64_t HSp = padded(HS);
-  return HSp * kTq + kTk * HSp + kTq * HSp + kTk * kTq + 3 * kTq + HSp;
-}
-int64_t backward_floats(int64_t HS) {
-  const int64_t HSp = padded(HS);
-  return kTq * HSp + 2 * HSp * kTk + kTk * HSp + 2 * kTq * kTk + 2 * kTk * HSp + HSp;
-}
-int64_t per_thread_floats(int64_t HS) { return std::max(forward_floats(HS), backward_floats(HS)); }
-
-// Workspace layout shared by forward and backward: [rope cos | rope sin | per-thread tiles].
+// The workspace, sized by engine/cpu/workspace.h and shared by forward and backward:
+// [rope cos | rope sin | per-thread tiles]. Each thread carves its block in the order the
+// size formulas there list the pieces.
 struct Workspace {
-  Buffer buf;
+  float* base;
   int64_t tiles_offset;
   float* thread_base(int tid, int64_t HS) const {
-    return buf.f32() + tiles_offset + tid * per_thread_floats(HS);
+    return base + tiles_offset + tid * attention_thread_floats(HS);
   }
 };
 
-Workspace make_workspace(MemoryPool& pool, Heads& h, int threads, float theta) {
+Workspace make_workspace(const OpWorkspace& op_ws, Heads& h, int threads, float theta) {
   const bool rope = theta > 0;
   REMAT_ASSERT(!rope || h.HS % 2 == 0, "attention: RoPE needs an even head size, got {}", h.HS);
-  Workspace ws{pool.allocate({attention_workspace_floats(h.T, h.HS, threads, rope)}, DType::F32,
-                             MemCategory::Workspace, "attn.workspace"),
-               rope ? h.T * h.HS : 0};
+  const Buffer& buf = op_ws.at("attn.workspace");
+  REMAT_ASSERT(buf.tensor().numel() >= attention_workspace_floats(h.T, h.HS, threads, rope),
+               "attention: workspace of {} floats is too small", buf.tensor().numel());
+  Workspace ws{buf.f32(), rope ? h.T * h.HS : 0};
   if (rope) {
-    float* cos_t = ws.buf.f32();
+    float* cos_t = ws.base;
     float* sin_t = cos_t + h.T * h.HS / 2;
     fill_rope_table(cos_t, sin_t, h.T, h.HS, theta, threads);
     h.rope_cos = cos_t;
@@ -378,13 +385,9 @@ void unrotate_row(float* d, int64_t t, const Heads& h) {
 
 }  // namespace
 
-int64_t attention_workspace_floats(int64_t T, int64_t HS, int threads, bool use_rope) {
-  return (use_rope ? T * HS : 0) + static_cast<int64_t>(threads) * per_thread_floats(HS);
-}
-
-void CpuBackend::attention_forward_impl(const AttentionForwardArgs& a) {
+void CpuBackend::attention_forward_impl(const AttentionForwardArgs& a, const OpWorkspace& op_ws) {
   Heads h(a.qkv, a.n_head);
-  Workspace ws = make_workspace(pool(), h, threads_, a.rope_theta);
+  Workspace ws = make_workspace(op_ws, h, threads_, a.rope_theta);
   const float* qkv = a.qkv.f32();
   float* out = a.out.f32();
   float* lse = a.lse.f32();
@@ -436,9 +439,9 @@ void CpuBackend::attention_forward_impl(const AttentionForwardArgs& a) {
   }
 }
 
-void CpuBackend::attention_backward_impl(const AttentionBackwardArgs& a) {
+void CpuBackend::attention_backward_impl(const AttentionBackwardArgs& a, const OpWorkspace& op_ws) {
   Heads h(a.qkv, a.n_head);
-  Workspace ws = make_workspace(pool(), h, threads_, a.rope_theta);
+  Workspace ws = make_workspace(op_ws, h, threads_, a.rope_theta);
   const bool rope = a.rope_theta > 0;
   const float* qkv = a.qkv.f32();
   const float* out = a.out.f32();
@@ -486,15 +489,15 @@ void CpuBackend::attention_backward_impl(const AttentionBackwardArgs& a) {
           const int64_t nq = std::min(kTq, h.T - i0);
           const Rows q = rotated_rows(q_tile, head, i0, nq, h);
           const float* do_rows = dout_h + i0 * h.C;
-          gemm<false>(nq, kTk, h.HS, q.p, q.ld, 1, kt_tile, kTk, p, kTk);        // S = Q K^T
-          gemm<false>(nq, kTk, h.HS, do_rows, h.C, 1, vt_tile, kTk, ds, kTk);    // dP = dO V^T
+          gemm<false>(nq, kTk, h.HS, q.p, q.ld, 1, kt_tile, kTk, p, kTk);      // S = Q K^T
+          gemm<false>(nq, kTk, h.HS, do_rows, h.C, 1, vt_tile, kTk, ds, kTk);  // dP = dO V^T
           for (int64_t i = 0; i < nq; ++i) {
             const int64_t n_valid = std::clamp<int64_t>(i0 + i - j0 + 1, 0, nk);
             softmax_grad_row(p + i * kTk, ds + i * kTk, n_valid, lse_h[i0 + i] * kLog2e,
                              dhead[(i0 + i) * h.row + 2 * h.C], h.scale);
           }
-          gemm<true>(nk, h.HS, nq, p, 1, kTk, do_rows, h.C, dv, h.HSp);          // dV += P^T dO
-          gemm<true>(nk, h.HS, nq, ds, 1, kTk, q.p, q.ld, dk, h.HSp);            // dK += dS^T Q
+          gemm<true>(nk, h.HS, nq, p, 1, kTk, do_rows, h.C, dv, h.HSp);  // dV += P^T dO
+          gemm<true>(nk, h.HS, nq, ds, 1, kTk, q.p, q.ld, dk, h.HSp);    // dK += dS^T Q
           gemm<true>(nq, h.HS, nk, ds, kTk, 1, k.p, k.ld, dhead + i0 * h.row, h.row);  // dQ += dS K
         }
         for (int64_t j = 0; j < nk; ++j) {

@@ -177,7 +177,7 @@ void CpuBackend::embedding_forward_impl(const EmbeddingForwardArgs& a) {
 
 // Scatter-add without atomics: each thread owns a slice of channels for every row, so rows with
 // the same token never race and the summation order is fixed (deterministic).
-void CpuBackend::embedding_backward_impl(const EmbeddingBackwardArgs& a) {
+void CpuBackend::embedding_backward_impl(const EmbeddingBackwardArgs& a, const OpWorkspace&) {
   const int64_t B = a.tokens.dim(0), T = a.tokens.dim(1), C = a.dwte.dim(1);
   const int32_t* tok = a.tokens.i32();
   const float* dout = a.dout.f32();

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "engine/backend.h"
+#include "engine/cpu/workspace.h"
 
 namespace remat::cpu {
 
@@ -20,15 +21,6 @@ struct BlasInfo {
   std::string warning;    // non-empty when the kernel is below what this CPU supports
 };
 BlasInfo blas_info();
-
-/// Flash-attention tile sizes (queries x keys), multiples of 16. 64 x 64 measured as fast as
-/// 64 x 128, 128 x 64 and 128 x 128 (tests/bench), with the smallest workspace.
-constexpr int64_t kAttnTileQ = 64;
-constexpr int64_t kAttnTileK = 64;
-/// Floats of attention workspace: per-thread tiles (independent of T; ~33 K floats per thread
-/// at HS = 64) plus, with RoPE, one shared (T, HS) table of cos/sin. Forward and backward use
-/// the same size; the count backend uses this too, so predicted bytes equal measured ones.
-int64_t attention_workspace_floats(int64_t T, int64_t HS, int threads, bool use_rope);
 
 /// Threads a CpuBackend uses when device.threads = 0 (OpenMP's default: all cores).
 int default_threads();
@@ -44,6 +36,7 @@ class CpuBackend : public Backend {
   std::string describe() const override;
   DType act_dtype() const override { return DType::F32; }
   bool device_is_host() const override { return true; }
+  WorkspaceTarget workspace_target() const override { return {DeviceKind::Cpu, threads_}; }
   int threads() const { return threads_; }
 
   void upload(const Tensor& dst, const void* host) override;
@@ -52,18 +45,18 @@ class CpuBackend : public Backend {
  protected:
   void fill_impl(const Tensor& t, float value) override;
   void copy_impl(const Tensor& dst, const Tensor& src) override;
-  void linear_forward_impl(const LinearForwardArgs& a) override;
-  void linear_backward_impl(const LinearBackwardArgs& a) override;
+  void linear_forward_impl(const LinearForwardArgs& a, const OpWorkspace& ws) override;
+  void linear_backward_impl(const LinearBackwardArgs& a, const OpWorkspace& ws) override;
   void layernorm_forward_impl(const LayerNormForwardArgs& a) override;
   void layernorm_backward_impl(const LayerNormBackwardArgs& a) override;
-  void attention_forward_impl(const AttentionForwardArgs& a) override;
-  void attention_backward_impl(const AttentionBackwardArgs& a) override;
+  void attention_forward_impl(const AttentionForwardArgs& a, const OpWorkspace& ws) override;
+  void attention_backward_impl(const AttentionBackwardArgs& a, const OpWorkspace& ws) override;
   void activation_forward_impl(const ActivationForwardArgs& a) override;
   void activation_backward_impl(const ActivationBackwardArgs& a) override;
   void add_impl(const Tensor& out, const Tensor& a, const Tensor& b) override;
   void embedding_forward_impl(const EmbeddingForwardArgs& a) override;
-  void embedding_backward_impl(const EmbeddingBackwardArgs& a) override;
-  void lm_head_loss_impl(const LmHeadLossArgs& a) override;
+  void embedding_backward_impl(const EmbeddingBackwardArgs& a, const OpWorkspace& ws) override;
+  void lm_head_loss_impl(const LmHeadLossArgs& a, const OpWorkspace& ws) override;
   void mse_loss_impl(const MseLossArgs& a) override;
   void dropout_impl(const DropoutArgs& a) override;
   double sum_squares_impl(std::span<const Tensor> tensors) override;

@@ -58,7 +58,7 @@ void sgemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int64_t N, int64_t
 
 }  // namespace
 
-void CpuBackend::linear_forward_impl(const LinearForwardArgs& a) {
+void CpuBackend::linear_forward_impl(const LinearForwardArgs& a, const OpWorkspace&) {
   const int64_t N = a.inp.rows(), C = a.inp.dim(-1), OC = a.weight.dim(0);
   float beta = a.accumulate ? 1.0f : 0.0f;
   if (!a.bias.empty()) {
@@ -69,7 +69,7 @@ void CpuBackend::linear_forward_impl(const LinearForwardArgs& a) {
         OC);
 }
 
-void CpuBackend::linear_backward_impl(const LinearBackwardArgs& a) {
+void CpuBackend::linear_backward_impl(const LinearBackwardArgs& a, const OpWorkspace&) {
   const int64_t N = a.inp.rows(), C = a.inp.dim(-1), OC = a.weight.dim(0);
   const float* dout = a.dout.f32();
   if (!a.dinp.empty()) {  // dinp (N, C) = dout (N, OC) W (OC, C)
@@ -96,9 +96,9 @@ void CpuBackend::linear_backward_impl(const LinearBackwardArgs& a) {
 // For each chunk of rows: logits = inp W^T; per row, a numerically stable softmax (subtract the
 // row max) gives loss = logsumexp - logit[target] and dlogits = (softmax - onehot) * scale,
 // written over the logits; then dinp = dlogits W and dW += dlogits^T inp.
-void CpuBackend::lm_head_loss_impl(const LmHeadLossArgs& a) {
+void CpuBackend::lm_head_loss_impl(const LmHeadLossArgs& a, const OpWorkspace& ws) {
   const int64_t N = a.inp.rows(), C = a.inp.dim(-1), V = a.weight.dim(0);
-  Buffer chunk = allocate_logits_chunk(a);
+  const Buffer& chunk = ws.at("lm_head.logits_chunk");
   const int64_t R = chunk.tensor().dim(0);
   float* logits = chunk.f32();
   const float* W = a.weight.f32();

@@ -42,7 +42,7 @@ class AttentionEngine {
  public:
   /// Creates the cuDNN handle (needs a device) bound to `stream`. Only plans whose workspace is
   /// at most `workspace_limit` bytes are used (the backend passes kCudnnPlanWorkspaceBytes, the
-  /// reserve the planner counts: engine/count_backend.h).
+  /// reserve the planner counts: engine/cuda/workspace.h).
   AttentionEngine(cudaStream_t stream, int64_t workspace_limit);
   ~AttentionEngine();
   AttentionEngine(const AttentionEngine&) = delete;

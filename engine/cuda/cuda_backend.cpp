@@ -13,11 +13,11 @@
 #include <cstring>
 #include <vector>
 
-#include "engine/count_backend.h"
 #include "engine/cuda/attention.h"
 #include "engine/cuda/check.h"
 #include "engine/cuda/gemm.h"
 #include "engine/cuda/kernels.cuh"
+#include "engine/cuda/workspace.h"
 #include "engine/cuda_api.h"
 #include "engine/units.h"
 
@@ -286,27 +286,18 @@ void CudaBackend::activation_backward_impl(const ActivationBackwardArgs& a) {
 //   dinp (N, C) = dout W   ->  D (C x N)  = W[cm (C x OC)] . dout[cm (OC x N)]
 //   dW (OC, C) += dout^T inp -> D (C x OC) = inp[cm (C x N)] . dout[cm (OC x N), T]
 
-Buffer CudaBackend::gemm_weight(const Tensor& weight, bool bf16_gemm, const void** ptr) {
-  *ptr = weight.data;
-  if (!bf16_gemm) return Buffer();
-  Buffer copy = pool().allocate({weight.dim(0), weight.numel() / weight.dim(0)}, DType::BF16,
-                                MemCategory::Workspace, "gemm.weight_bf16");
-  kern::cast(copy.tensor().data, true, weight.data, false, weight.numel(), stream());
-  *ptr = copy.tensor().data;
-  return copy;
+const void* CudaBackend::gemm_weight(const Tensor& weight, const OpWorkspace& ws) {
+  const Buffer* copy = ws.find("gemm.weight_bf16");
+  if (!copy) return weight.data;
+  kern::cast(copy->tensor().data, true, weight.data, false, weight.numel(), stream());
+  return copy->tensor().data;
 }
 
-Buffer CudaBackend::gemm_workspace() {
-  return pool().allocate({static_cast<int64_t>(kCudaGemmWorkspaceBytes / 2)}, DType::BF16,
-                         MemCategory::Workspace, "gemm.workspace");
-}
-
-void CudaBackend::linear_forward_impl(const LinearForwardArgs& a) {
+void CudaBackend::linear_forward_impl(const LinearForwardArgs& a, const OpWorkspace& ws) {
   const int64_t N = a.inp.rows(), C = a.inp.dim(-1), OC = a.weight.dim(0);
   const bool bf = is_bf16(a.inp);
-  const void* w = nullptr;
-  Buffer w_copy = gemm_weight(a.weight, bf, &w);
-  Buffer ws = gemm_workspace();
+  const void* w = gemm_weight(a.weight, ws);
+  void* wsp = ws.at("gemm.workspace").tensor().data;
   float beta = a.accumulate ? 1.0f : 0.0f;
   // Bias first, then the GEMM accumulates onto it (as the CPU does): one rounding of the sum.
   // TODO(cuda): cuBLASLt's BIAS epilogue would save this pass over out (#5).
@@ -315,23 +306,21 @@ void CudaBackend::linear_forward_impl(const LinearForwardArgs& a) {
     beta = 1.0f;
   }
   gemm_->matmul(OC, N, C, {w, bf, C, true}, {a.inp.data, bf, C, false}, a.out.data, is_bf16(a.out),
-                OC, beta, ws.tensor().data, kCudaGemmWorkspaceBytes);
+                OC, beta, wsp, kGemmWorkspaceBytes);
   finish_op();
 }
 
-void CudaBackend::linear_backward_impl(const LinearBackwardArgs& a) {
+void CudaBackend::linear_backward_impl(const LinearBackwardArgs& a, const OpWorkspace& ws) {
   const int64_t N = a.inp.rows(), C = a.inp.dim(-1), OC = a.weight.dim(0);
   const bool bf = is_bf16(a.dout);
-  const void* w = nullptr;
-  Buffer w_copy = gemm_weight(a.weight, bf && !a.dinp.empty(), &w);
-  Buffer ws = gemm_workspace();
-  void* wsp = ws.tensor().data;
+  const void* w = gemm_weight(a.weight, ws);  // the bf16 copy only when dinp is wanted
+  void* wsp = ws.at("gemm.workspace").tensor().data;
   if (!a.dinp.empty())
     gemm_->matmul(C, N, OC, {w, bf, C, false}, {a.dout.data, bf, OC, false}, a.dinp.data,
-                  is_bf16(a.dinp), C, 0.0f, wsp, kCudaGemmWorkspaceBytes);
+                  is_bf16(a.dinp), C, 0.0f, wsp, kGemmWorkspaceBytes);
   // f32 output, beta 1: the weight gradient accumulates in fp32 straight from bf16 operands.
   gemm_->matmul(C, OC, N, {a.inp.data, bf, C, false}, {a.dout.data, bf, OC, true}, a.dweight.data,
-                false, C, 1.0f, wsp, kCudaGemmWorkspaceBytes);
+                false, C, 1.0f, wsp, kGemmWorkspaceBytes);
   if (!a.dbias.empty())
     kern::column_sum_add(a.dbias.f32(), a.dout.data, N, OC, bf, reduce_, stream());
   finish_op();
@@ -340,27 +329,25 @@ void CudaBackend::linear_backward_impl(const LinearBackwardArgs& a) {
 // Per chunk of rows: logits (rows, V) f32 = x W^T; the softmax cross-entropy kernel writes the
 // losses and overwrites the logits with (softmax - onehot) * scale (bf16 in place at ld 2V when
 // the GEMMs are bf16: see kern::softmax_xent); then dinp = dlogits W and dW += dlogits^T x.
-void CudaBackend::lm_head_loss_impl(const LmHeadLossArgs& a) {
+void CudaBackend::lm_head_loss_impl(const LmHeadLossArgs& a, const OpWorkspace& ws) {
   const int64_t N = a.inp.rows(), C = a.inp.dim(-1), V = a.weight.dim(0);
   const bool bf = is_bf16(a.inp);
-  const void* w = nullptr;
-  Buffer w_copy = gemm_weight(a.weight, bf, &w);  // same order as the count backend
-  Buffer ws = gemm_workspace();
-  Buffer chunk = allocate_logits_chunk(a);
-  void* wsp = ws.tensor().data;
+  const void* w = gemm_weight(a.weight, ws);
+  const Buffer& chunk = ws.at("lm_head.logits_chunk");
+  void* wsp = ws.at("gemm.workspace").tensor().data;
   float* logits = chunk.f32();
   const int64_t R = chunk.tensor().dim(0), ld_grad = bf ? 2 * V : V;
   for (int64_t r0 = 0; r0 < N; r0 += R) {
     const int64_t rows = std::min(R, N - r0);
     const void* x = byte_ptr(a.inp, r0 * C);
     gemm_->matmul(V, rows, C, {w, bf, C, true}, {x, bf, C, false}, logits, false, V, 0.0f, wsp,
-                  kCudaGemmWorkspaceBytes);
+                  kGemmWorkspaceBytes);
     kern::softmax_xent(logits, a.targets.i32() + r0, a.losses.f32() + r0, rows, V, a.loss_scale, bf,
                        stream());
     gemm_->matmul(C, rows, V, {w, bf, C, false}, {logits, bf, ld_grad, false},
-                  byte_ptr(a.dinp, r0 * C), is_bf16(a.dinp), C, 0.0f, wsp, kCudaGemmWorkspaceBytes);
+                  byte_ptr(a.dinp, r0 * C), is_bf16(a.dinp), C, 0.0f, wsp, kGemmWorkspaceBytes);
     gemm_->matmul(C, V, rows, {x, bf, C, false}, {logits, bf, ld_grad, true}, a.dweight.data, false,
-                  C, 1.0f, wsp, kCudaGemmWorkspaceBytes);
+                  C, 1.0f, wsp, kGemmWorkspaceBytes);
   }
   finish_op();
 }
@@ -388,20 +375,19 @@ void CudaBackend::layernorm_backward_impl(const LayerNormBackwardArgs& a) {
 
 namespace {
 
-// Pointers into the one "attn.workspace" allocation, in CudaAttentionWorkspace's order.
+// Pointers into the one "attn.workspace" part, in AttentionWorkspaceLayout's order.
 struct AttnScratch {
   void *qkv = nullptr, *out = nullptr, *dout = nullptr, *dqkv = nullptr;
   float *dq_accum = nullptr, *softmax_sum = nullptr;
   void* cudnn_plan = nullptr;  // kCudnnPlanWorkspaceBytes for cuDNN's plan
-  Buffer buf;
 };
 
-AttnScratch carve(MemoryPool& pool, const CudaAttentionWorkspace& w) {
+AttnScratch carve(const OpWorkspace& ws, const AttentionWorkspaceLayout& w) {
   AttnScratch s;
-  if (w.total() == 0) return s;
-  s.buf = pool.allocate({static_cast<int64_t>(w.total() / 2)}, DType::BF16, MemCategory::Workspace,
-                        "attn.workspace");
-  char* p = static_cast<char*>(s.buf.tensor().data);
+  const Buffer& buf = ws.at("attn.workspace");
+  REMAT_ASSERT(buf.tensor().bytes() >= w.total(), "attention: workspace of {} bytes, {} needed",
+               buf.tensor().bytes(), w.total());
+  char* p = static_cast<char*>(buf.tensor().data);
   auto take = [&p](uint64_t bytes) -> void* {
     void* r = bytes ? p : nullptr;
     p += bytes;
@@ -419,10 +405,10 @@ AttnScratch carve(MemoryPool& pool, const CudaAttentionWorkspace& w) {
 
 }  // namespace
 
-void CudaBackend::attention_forward_impl(const AttentionForwardArgs& a) {
+void CudaBackend::attention_forward_impl(const AttentionForwardArgs& a, const OpWorkspace& ws) {
   const int64_t B = a.qkv.dim(0), T = a.qkv.dim(1), C = a.out.dim(2), NH = a.n_head;
   const bool bf = is_bf16(a.qkv), rope = a.rope_theta > 0;
-  AttnScratch s = carve(pool(), cuda_attention_workspace(B, T, C, NH, a.qkv.dtype, rope, false));
+  AttnScratch s = carve(ws, attention_workspace_layout(a.qkv, NH, rope, false));
   const void* qkv = a.qkv.data;
   if (s.qkv) {
     kern::rope_apply(s.qkv, true, a.qkv.data, bf, B * T, T, C, NH, a.rope_theta, false, stream());
@@ -434,10 +420,10 @@ void CudaBackend::attention_forward_impl(const AttentionForwardArgs& a) {
   finish_op();
 }
 
-void CudaBackend::attention_backward_impl(const AttentionBackwardArgs& a) {
+void CudaBackend::attention_backward_impl(const AttentionBackwardArgs& a, const OpWorkspace& ws) {
   const int64_t B = a.qkv.dim(0), T = a.qkv.dim(1), C = a.out.dim(2), NH = a.n_head;
   const bool bf = is_bf16(a.qkv), rope = a.rope_theta > 0;
-  AttnScratch s = carve(pool(), cuda_attention_workspace(B, T, C, NH, a.qkv.dtype, rope, true));
+  AttnScratch s = carve(ws, attention_workspace_layout(a.qkv, NH, rope, true));
   const void* qkv = a.qkv.data;
   if (s.qkv) {
     kern::rope_apply(s.qkv, true, a.qkv.data, bf, B * T, T, C, NH, a.rope_theta, false, stream());
@@ -477,7 +463,7 @@ void CudaBackend::embedding_forward_impl(const EmbeddingForwardArgs& a) {
 // The scatter-add dwte[token] += dout row is made deterministic without atomics by bucketing
 // rows by token on the host (a counting sort of the B*T token ids, downloaded: one small sync per
 // step), then one GPU block column per distinct token sums its rows in order.
-void CudaBackend::embedding_backward_impl(const EmbeddingBackwardArgs& a) {
+void CudaBackend::embedding_backward_impl(const EmbeddingBackwardArgs& a, const OpWorkspace& ws) {
   const int64_t B = a.tokens.dim(0), T = a.tokens.dim(1), C = a.dwte.dim(1), V = a.dwte.dim(0);
   const int64_t N = B * T;
   std::vector<int32_t> tokens(static_cast<size_t>(N));
@@ -503,9 +489,7 @@ void CudaBackend::embedding_backward_impl(const EmbeddingBackwardArgs& a) {
   for (int64_t i = 0; i < N; ++i)  // ascending i: each bucket lists its rows in order
     host[static_cast<size_t>(next[static_cast<size_t>(tokens[static_cast<size_t>(i)])]++)] =
         static_cast<int32_t>(i);
-  Buffer buckets =
-      pool().allocate({static_cast<int64_t>(cuda_embedding_backward_workspace_bytes(N) / 4)},
-                      DType::I32, MemCategory::Workspace, "embedding.buckets");
+  const Buffer& buckets = ws.at("embedding.buckets");
   REMAT_CUDA_CHECK(cudaMemcpyAsync(buckets.tensor().data, host.data(),
                                    static_cast<size_t>(N + n_buckets + 1) * 4,
                                    cudaMemcpyHostToDevice, stream()));

@@ -13,7 +13,8 @@
 // a weight (AdamW, upload, checkpoint load, fill), and keeping 2 bytes/param alive all the time
 // costs more memory than the largest single transient copy; the cast reads 6 bytes per weight per
 // use, negligible next to the GEMM at the sequence lengths this tool is for. The planner models
-// the copy (engine/count_backend.h), so predicted and measured peaks agree.
+// the copy (engine/cuda/workspace.h lists it as part of each GEMM op's workspace), so predicted
+// and measured peaks agree.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -41,6 +42,7 @@ class CudaBackend final : public Backend {
   std::string name() const override { return "cuda"; }
   std::string describe() const override;
   DType act_dtype() const override { return act_; }
+  WorkspaceTarget workspace_target() const override { return {DeviceKind::Cuda, 1}; }
 
   /// Host -> device, ordered on the backend's stream; `host` may be reused on return.
   void upload(const Tensor& dst, const void* host) override;
@@ -56,18 +58,18 @@ class CudaBackend final : public Backend {
  protected:
   void fill_impl(const Tensor& t, float value) override;
   void copy_impl(const Tensor& dst, const Tensor& src) override;
-  void linear_forward_impl(const LinearForwardArgs& a) override;
-  void linear_backward_impl(const LinearBackwardArgs& a) override;
+  void linear_forward_impl(const LinearForwardArgs& a, const OpWorkspace& ws) override;
+  void linear_backward_impl(const LinearBackwardArgs& a, const OpWorkspace& ws) override;
   void layernorm_forward_impl(const LayerNormForwardArgs& a) override;
   void layernorm_backward_impl(const LayerNormBackwardArgs& a) override;
-  void attention_forward_impl(const AttentionForwardArgs& a) override;
-  void attention_backward_impl(const AttentionBackwardArgs& a) override;
+  void attention_forward_impl(const AttentionForwardArgs& a, const OpWorkspace& ws) override;
+  void attention_backward_impl(const AttentionBackwardArgs& a, const OpWorkspace& ws) override;
   void activation_forward_impl(const ActivationForwardArgs& a) override;
   void activation_backward_impl(const ActivationBackwardArgs& a) override;
   void add_impl(const Tensor& out, const Tensor& a, const Tensor& b) override;
   void embedding_forward_impl(const EmbeddingForwardArgs& a) override;
-  void embedding_backward_impl(const EmbeddingBackwardArgs& a) override;
-  void lm_head_loss_impl(const LmHeadLossArgs& a) override;
+  void embedding_backward_impl(const EmbeddingBackwardArgs& a, const OpWorkspace& ws) override;
+  void lm_head_loss_impl(const LmHeadLossArgs& a, const OpWorkspace& ws) override;
   void mse_loss_impl(const MseLossArgs& a) override;
   void dropout_impl(const DropoutArgs& a) override;
   double sum_squares_impl(std::span<const Tensor> tensors) override;
@@ -78,10 +80,9 @@ class CudaBackend final : public Backend {
   cudaStream_t stream() const;
   /// Checks the launches of the op just enqueued; with REMAT_CUDA_SYNC=1 also waits for them.
   void finish_op();
-  /// bf16 copy of an (OC, C) f32 weight for a bf16 GEMM ("gemm.weight_bf16"); *ptr is set to
-  /// the copy, or to the weight itself when no copy is needed (f32 GEMM).
-  Buffer gemm_weight(const Tensor& weight, bool bf16_gemm, const void** ptr);
-  Buffer gemm_workspace();
+  /// The weight a GEMM reads: the workspace's bf16 copy ("gemm.weight_bf16", cast here) when
+  /// the op's rule asked for one, else the f32 weight itself.
+  const void* gemm_weight(const Tensor& weight, const OpWorkspace& ws);
 
   std::shared_ptr<DeviceState> dev_;
   DType act_;

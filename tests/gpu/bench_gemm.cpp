@@ -12,7 +12,7 @@
 #include <cstring>
 #include <vector>
 
-#include "engine/count_backend.h"
+#include "engine/cuda/workspace.h"
 #include "engine/cuda/check.h"
 #include "engine/cuda/gemm.h"
 #include "engine/cuda_api.h"
@@ -51,7 +51,7 @@ double time_gemm(GemmEngine& gemm, cudaStream_t s, int64_t m, int64_t n, int64_t
   REMAT_CUDA_CHECK(cudaMalloc(&y, static_cast<size_t>(m * n) * 2));
   auto run = [&] {
     gemm.matmul(m, n, k, {w, true, k, true}, {x, true, k, false}, y, true, m, 0.0f, ws,
-                remat::kCudaGemmWorkspaceBytes);
+                remat::cuda::kGemmWorkspaceBytes);
   };
   for (int i = 0; i < 3; ++i) run();  // heuristic query, clocks up
   cudaEvent_t t0, t1;
@@ -86,7 +86,7 @@ int main() {
   cudaStream_t s = nullptr;
   REMAT_CUDA_CHECK(cudaStreamCreate(&s));
   void* ws = nullptr;
-  REMAT_CUDA_CHECK(cudaMalloc(&ws, remat::kCudaGemmWorkspaceBytes));
+  REMAT_CUDA_CHECK(cudaMalloc(&ws, remat::cuda::kGemmWorkspaceBytes));
   double peak = 0;
   {
     GemmEngine gemm(s);

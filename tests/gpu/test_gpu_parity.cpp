@@ -19,6 +19,7 @@
 #include "data/synthetic.h"
 #include "engine/config.h"
 #include "engine/count_backend.h"
+#include "engine/cuda/workspace.h"
 #include "engine/cpu/cpu_backend.h"
 #include "engine/cuda/cuda_backend.h"
 #include "engine/cuda_api.h"
@@ -549,15 +550,15 @@ TEST_CASE("cuDNN's attention plans need no more workspace than the planner reser
         std::printf("cuDNN plan workspace %s T=%lld %s: %lld bytes (reserve %llu)\n", m.model,
                     static_cast<long long>(T), bwd ? "backward" : "forward",
                     static_cast<long long>(ws),
-                    static_cast<unsigned long long>(kCudnnPlanWorkspaceBytes));
-        CHECK(ws <= static_cast<int64_t>(kCudnnPlanWorkspaceBytes));
+                    static_cast<unsigned long long>(cuda::kCudnnPlanWorkspaceBytes));
+        CHECK(ws <= static_cast<int64_t>(cuda::kCudnnPlanWorkspaceBytes));
       }
     }
   }
 }
 
 TEST_CASE("the planner predicts the CUDA pool's peak to the byte", "[gpu][planner]") {
-  // cuDNN's plan workspace is a fixed reserve on both sides (engine/count_backend.h), so
+  // cuDNN's plan workspace is a fixed reserve on both sides (engine/cuda/workspace.h), so
   // nothing the GPU decides at run time enters the peak.
   for (const char* policy : {"none", "full"}) {
     Config cfg = parse_config(kTinyToml, "tiny(test)",
