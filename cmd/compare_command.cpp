@@ -155,20 +155,11 @@ int run_compare(const CompareOptions& opt) {
   std::vector<std::string> sets = opt.overrides;
   if (opt.steps > 0) sets.push_back(fmt::format("train.steps={}", opt.steps));
   const Config cfg = load_config(opt.config_path, sets);
-  std::vector<std::string> policies = opt.policies;
-  if (policies.empty())
-    policies = cfg.model.kind == "mlp"
-                   ? std::vector<std::string>{"none", "full", "save_dots"}
-                   : std::vector<std::string>{"none", "full", "save_dots", "save_attn"};
+  std::vector<std::string> defaults = builtin_policies();
+  if (cfg.model.kind == "mlp")  // no attention: save_attn would be full
+    defaults.erase(std::find(defaults.begin(), defaults.end(), "save_attn"));
+  std::vector<std::string> policies = parse_policies(opt.policies, defaults, "compare");
   if (policies.front() != "none") policies.insert(policies.begin(), "none");
-  for (const auto& p : policies)
-    if (std::find(builtin_policies().begin(), builtin_policies().end(), p) ==
-            builtin_policies().end() &&
-        p != "names" && p != "auto")
-      throw ConfigError(
-          fmt::format("--policies: [compare] unknown policy \"{}\". Fix: use none, full, "
-                      "save_dots, save_attn, names, auto",
-                      p));
   install_interrupt_handler();
 
   std::vector<CompareRow> rows;

@@ -130,14 +130,6 @@ struct FitRow {
   Measured measured;
 };
 
-/// The overrides that select `policy` (a per-block plan would override it, so it is cleared).
-std::vector<std::string> policy_overrides(const Config& cfg, const std::string& policy) {
-  std::vector<std::string> s = {"remat.policy=" + policy};
-  if (!cfg.remat.plan.empty()) s.emplace_back("remat.plan=[]");
-  if (!cfg.remat.save.empty() && policy != "names") s.emplace_back("remat.save=[]");
-  return s;
-}
-
 std::vector<std::string> concat(std::vector<std::string> a, const std::vector<std::string>& b) {
   a.insert(a.end(), b.begin(), b.end());
   return a;
@@ -171,24 +163,12 @@ int run_fit(const FitOptions& opt) {
     throw ConfigError(
         "--measure: [fit] measures on this machine, not on a --gpu preset. Fix: drop --gpu or "
         "--measure");
-  std::vector<std::string> policies = opt.policies.empty() ? builtin_policies() : opt.policies;
-  for (const auto& p : policies) {
-    if (p == "auto")
-      throw ConfigError(
-          "--policies: [fit] \"auto\" is not one policy: at each seq_len it picks the cheapest "
-          "per-block mix "
-          "that fits, so its longest seq_len is that of \"full\". Fix: drop auto from --policies "
-          "(the "
-          "recommendation names the fastest policy that fits), or see `remat-train plan` for "
-          "auto's plan");
-    if (std::find(builtin_policies().begin(), builtin_policies().end(), p) ==
-            builtin_policies().end() &&
-        p != "names")
-      throw ConfigError(
-          fmt::format("--policies: [fit] unknown policy \"{}\". Fix: use none, full, save_dots, "
-                      "save_attn, names",
-                      p));
-  }
+  const std::vector<std::string> policies = parse_policies(
+      opt.policies, builtin_policies(), "fit",
+      "\"auto\" is not one policy: at each seq_len it picks the cheapest per-block mix that fits, "
+      "so its longest seq_len is that of \"full\". Fix: drop auto from --policies (the "
+      "recommendation names the fastest policy that fits), or see `remat-train plan` for auto's "
+      "plan");
 
   const PlanTarget target = plan_target(base, opt.gpu, opt.memory);
   const Planner planner(target, make_run_parts);

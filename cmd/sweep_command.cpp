@@ -237,15 +237,8 @@ int run_sweep(const SweepOptions& opt) {
     throw ConfigError(fmt::format(
         "{}: [sweep] model.kind = \"{}\" has no sequence length to sweep. Fix: use a gpt config",
         base.path, base.model.kind));
-  std::vector<std::string> policies = opt.policies.empty() ? builtin_policies() : opt.policies;
-  for (const auto& p : policies)
-    if (std::find(builtin_policies().begin(), builtin_policies().end(), p) ==
-            builtin_policies().end() &&
-        p != "names" && p != "auto")
-      throw ConfigError(
-          fmt::format("--policies: [sweep] unknown policy \"{}\". Fix: use none, full, save_dots, "
-                      "save_attn, names, auto",
-                      p));
+  const std::vector<std::string> policies =
+      parse_policies(opt.policies, builtin_policies(), "sweep");
   const int64_t steps = opt.steps > 0 ? opt.steps : 3;
   const PlanTarget target = plan_target(base, "", std::nullopt);
   const Planner planner(target, make_run_parts);
@@ -262,11 +255,10 @@ int run_sweep(const SweepOptions& opt) {
       p.policy = pol;
       p.overrides = opt.overrides;
       for (std::string s :
-           {fmt::format("train.seq_len={}", t), "remat.policy=" + pol,
-            fmt::format("train.steps={}", steps), fmt::format("device.memory={}", budget)})
+           {fmt::format("train.seq_len={}", t), fmt::format("train.steps={}", steps),
+            fmt::format("device.memory={}", budget)})
         p.overrides.push_back(s);
-      if (!base.remat.plan.empty()) p.overrides.emplace_back("remat.plan=[]");
-      if (!base.remat.save.empty() && pol != "names") p.overrides.emplace_back("remat.save=[]");
+      for (std::string s : policy_overrides(base, pol)) p.overrides.push_back(s);
       Config c = load_config(opt.config_path, p.overrides);
       // auto: the child's `train` chooses the same plan for the same budget (or exits 3, when
       // the prediction is the all-"full" plan's peak, the smallest achievable).

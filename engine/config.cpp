@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "engine/error.h"
+#include "engine/policy.h"
 #include "engine/units.h"
 
 namespace remat {
@@ -205,8 +206,6 @@ std::vector<std::string> read_path_list(const toml::node& n, const Origin& o) {
 }
 
 constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
-const std::vector<std::string> kPolicies = {"none",      "full",  "save_dots",
-                                            "save_attn", "names", "auto"};
 
 std::vector<std::string> read_string_list(const toml::node& n, const Origin& o) {
   if (g_describe) {
@@ -302,7 +301,7 @@ const std::vector<KeySpec>& key_specs() {
          c.data.task = read_choice(n, o, {"random", "copy", "regression"});
        }},
       {"remat", "policy", "what each checkpointed block keeps; auto = the planner's per-block plan",
-       [](Config& c, auto& n, auto& o) { c.remat.policy = read_choice(n, o, kPolicies); }},
+       [](Config& c, auto& n, auto& o) { c.remat.policy = read_choice(n, o, policy_names()); }},
       {"remat", "save", "policy \"names\": the activations to keep",
        [](Config& c, auto& n, auto& o) { c.remat.save = read_string_list(n, o); }},
       {"remat", "plan", "one policy per block; overrides policy and blocks",
@@ -313,7 +312,8 @@ const std::vector<KeySpec>& key_specs() {
              fail(o, "\"auto\" is not a per-block policy: it chooses the whole plan",
                   "set remat.policy = \"auto\" without remat.plan, or use none, full, save_dots or "
                   "save_attn per block");
-           if (std::find(kPolicies.begin(), kPolicies.end(), p) == kPolicies.end() || p == "names")
+           const Policy* policy = find_policy(p);
+           if (!policy || !policy->builtin)
              fail(o, fmt::format("unknown per-block policy \"{}\"", p),
                   "use none, full, save_dots or save_attn per block");
          }

@@ -129,21 +129,21 @@ int64_t Planner::largest_batch(const Config& cfg, const DryRun* at_cfg) const {
       known_probe(cfg.train.batch_size, at_cfg));
 }
 
-const std::vector<std::string>& builtin_policies() {
-  static const std::vector<std::string> p = {"none", "full", "save_dots", "save_attn"};
-  return p;
-}
-
 // ---- auto ----
 
 namespace {
 
-// From the most memory (no recompute) to the least (the most recompute): each policy keeps a
-// subset of the previous one's tensors.
-constexpr std::array<const char*, 4> kAutoPolicies = {"none", "save_dots", "save_attn", "full"};
-constexpr size_t kNumAuto = kAutoPolicies.size();
+// auto's candidates, from the most memory (no recompute) to the least (the most recompute): each
+// policy keeps a subset of the previous one's tensors (engine/policy.h).
+constexpr size_t kNumAuto = 4;
+const std::string& auto_policy(size_t p) {
+  const std::vector<std::string>& order = builtin_policies_by_memory();
+  REMAT_ASSERT(order.size() == kNumAuto, "auto: {} built-in policies, {} expected", order.size(),
+               kNumAuto);
+  return order[p];
+}
 constexpr int64_t kMaxCompositions = 2000;
-using Counts = std::array<int64_t, kNumAuto>;  // blocks per policy of kAutoPolicies
+using Counts = std::array<int64_t, kNumAuto>;  // blocks per policy, in auto_policy order
 
 // The blocks of a composition, lightest memory first: "full" blocks come first and the
 // memory-heavier policies go to the LAST blocks. The backward pass runs from the last block
@@ -155,7 +155,7 @@ using Counts = std::array<int64_t, kNumAuto>;  // blocks per policy of kAutoPoli
 std::vector<std::string> arrange(const Counts& counts) {
   std::vector<std::string> out;
   for (size_t p = kNumAuto; p-- > 0;)
-    out.insert(out.end(), static_cast<size_t>(counts[p]), kAutoPolicies[p]);
+    out.insert(out.end(), static_cast<size_t>(counts[p]), auto_policy(p));
   return out;
 }
 

@@ -17,6 +17,7 @@
 #include "engine/count_backend.h"
 #include "engine/memory_pool.h"
 #include "engine/model.h"
+#include "engine/policy.h"
 #include "engine/trainer.h"
 
 namespace remat {
@@ -82,9 +83,6 @@ class Planner {
   PlanTarget target_;
   RunFactory factory_;
 };
-
-/// The built-in policies a plan or a comparison covers, in order.
-const std::vector<std::string>& builtin_policies();
 
 // ---- remat.policy = "auto" ----
 //

@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "engine/error.h"
+#include "engine/policy.h"
 
 namespace remat {
 
@@ -56,17 +57,12 @@ std::vector<bool> policy_keep_set(const std::string& policy, const std::vector<s
                                   const Block& block) {
   const auto& names = block.act_names();
   const auto& kinds = block.act_kinds();
+  const Policy* p = find_policy(policy);
+  REMAT_ASSERT(p && (p->keeps_kind || policy == "names"), "no keep rule for policy \"{}\"", policy);
   std::vector<bool> keep(names.size(), false);
-  for (size_t i = 0; i < names.size(); ++i) {
-    if (policy == "none")
-      keep[i] = true;
-    else if (policy == "save_dots")
-      keep[i] = kinds[i] == ActKind::Dot || kinds[i] == ActKind::Attention;
-    else if (policy == "save_attn")
-      keep[i] = kinds[i] == ActKind::Attention;
-    else if (policy == "names")
-      keep[i] = std::find(save.begin(), save.end(), names[i]) != save.end();
-  }
+  for (size_t i = 0; i < names.size(); ++i)
+    keep[i] = p->keeps_kind ? p->keeps_kind(kinds[i])
+                            : std::find(save.begin(), save.end(), names[i]) != save.end();
   return keep;
 }
 

@@ -1,0 +1,85 @@
+// The remat policy table (see engine/policy.h).
+#include "engine/policy.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "engine/error.h"
+
+namespace remat {
+
+const std::vector<Policy>& policy_table() {
+  static const std::vector<Policy> table = {
+      {"none", "every activation", true, 0, [](ActKind) { return true; }},
+      {"full", "nothing: the segment is recomputed from its input", true, 3,
+       [](ActKind) { return false; }},
+      {"save_dots", "GEMM and attention outputs", true, 1,
+       [](ActKind k) { return k == ActKind::Dot || k == ActKind::Attention; }},
+      {"save_attn", "attention outputs", true, 2,
+       [](ActKind k) { return k == ActKind::Attention; }},
+      {"names", "the activations named in remat.save", false, 0, nullptr},
+      {"auto", "per block, what the planner chooses", false, 0, nullptr},
+  };
+  return table;
+}
+
+const Policy* find_policy(std::string_view name) {
+  for (const Policy& p : policy_table())
+    if (name == p.name) return &p;
+  return nullptr;
+}
+
+std::vector<std::string> policy_names() {
+  std::vector<std::string> out;
+  for (const Policy& p : policy_table()) out.emplace_back(p.name);
+  return out;
+}
+
+const std::vector<std::string>& builtin_policies() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> out;
+    for (const Policy& p : policy_table())
+      if (p.builtin) out.emplace_back(p.name);
+    return out;
+  }();
+  return names;
+}
+
+const std::vector<std::string>& builtin_policies_by_memory() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> out = builtin_policies();
+    std::stable_sort(out.begin(), out.end(), [](const std::string& a, const std::string& b) {
+      return find_policy(a)->memory_rank < find_policy(b)->memory_rank;
+    });
+    return out;
+  }();
+  return names;
+}
+
+std::vector<std::string> parse_policies(const std::vector<std::string>& given,
+                                        const std::vector<std::string>& defaults,
+                                        const std::string& command,
+                                        const std::string& auto_refusal) {
+  std::vector<std::string> accepted = builtin_policies();
+  accepted.emplace_back("names");
+  if (auto_refusal.empty()) accepted.emplace_back("auto");
+  const std::vector<std::string>& policies = given.empty() ? defaults : given;
+  for (const std::string& p : policies) {
+    if (p == "auto" && !auto_refusal.empty())
+      throw ConfigError(fmt::format("--policies: [{}] {}", command, auto_refusal));
+    if (std::find(accepted.begin(), accepted.end(), p) == accepted.end())
+      throw ConfigError(fmt::format("--policies: [{}] unknown policy \"{}\". Fix: use {}", command,
+                                    p, fmt::join(accepted, ", ")));
+  }
+  return policies;
+}
+
+std::vector<std::string> policy_overrides(const Config& cfg, const std::string& policy) {
+  std::vector<std::string> s = {"remat.policy=" + policy};
+  if (!cfg.remat.plan.empty()) s.emplace_back("remat.plan=[]");
+  if (!cfg.remat.save.empty() && policy != "names") s.emplace_back("remat.save=[]");
+  return s;
+}
+
+}  // namespace remat

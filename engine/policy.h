@@ -1,0 +1,55 @@
+// The remat policies, as one table: every list of policy names (config validation, per-block
+// plans, auto's candidates, the rows of plan / fit / sweep / compare, their --policies checks)
+// is read from it, so adding a policy is one row here plus its keep rule.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "engine/config.h"
+#include "engine/model.h"
+
+namespace remat {
+
+struct Policy {
+  const char* name;
+  /// What a block keeps after its forward pass, besides its segment's checkpoint input.
+  const char* keeps;
+  /// A built-in policy: a whole-model choice of its own, a row of `plan`, `fit` and `sweep`, a
+  /// per-block choice in remat.plan and one of auto's candidates.
+  bool builtin;
+  /// Built-in only: 0 keeps the most (no recompute); each next rank keeps a subset of the
+  /// previous one's tensors (auto searches in this order).
+  int memory_rank;
+  /// Built-in only: keeps activations of this kind.
+  bool (*keeps_kind)(ActKind);
+};
+
+/// The table, in the order the tool lists policies: none, full, save_dots, save_attn, names, auto.
+const std::vector<Policy>& policy_table();
+/// The table row named `name`, or nullptr.
+const Policy* find_policy(std::string_view name);
+/// Every name the config accepts for remat.policy.
+std::vector<std::string> policy_names();
+/// The built-in policies, in listing order (none, full, save_dots, save_attn).
+const std::vector<std::string>& builtin_policies();
+/// The built-in policies from the most memory to the least (auto's order).
+const std::vector<std::string>& builtin_policies_by_memory();
+
+/// --policies of `command` ("compare", "fit", "sweep"): the given names (or `defaults` when
+/// none are given), each a built-in, "names", or (when `auto_refusal` is empty) "auto". An
+/// unknown name, or auto where `auto_refusal` explains why it has no place, is a ConfigError
+/// naming the flag and the accepted names.
+std::vector<std::string> parse_policies(const std::vector<std::string>& given,
+                                        const std::vector<std::string>& defaults,
+                                        const std::string& command,
+                                        const std::string& auto_refusal = "");
+
+/// The --set overrides that make a run of `cfg` use `policy` on every block, for a child
+/// process (fit --measure, sweep): remat.policy, and a per-block plan cleared (it would
+/// override the policy), remat.save cleared unless the policy is "names".
+std::vector<std::string> policy_overrides(const Config& cfg, const std::string& policy);
+
+}  // namespace remat
