@@ -334,9 +334,13 @@ void load_transposed(float* tile, int64_t width, const float* src, int64_t t0, i
 }
 
 // Per-thread tiles, carved from one block in a fixed order (a bump allocator).
+// One thread's tile block, handed out piece by piece. The bound catches a carving order that
+// outgrows the size formula of engine/cpu/workspace.h (debug and sanitizer builds).
 struct Carve {
   float* p;
+  float* end;
   float* take(int64_t n) {
+    REMAT_DCHECK(p + n <= end, "attention: the tiles overrun the thread's workspace block");
     float* r = p;
     p += n;
     return r;
@@ -349,8 +353,9 @@ struct Carve {
 struct Workspace {
   float* base;
   int64_t tiles_offset;
-  float* thread_base(int tid, int64_t HS) const {
-    return base + tiles_offset + tid * attention_thread_floats(HS);
+  Carve thread_block(int tid, int64_t HS) const {
+    float* begin = base + tiles_offset + tid * attention_thread_floats(HS);
+    return {begin, begin + attention_thread_floats(HS)};
   }
 };
 
@@ -395,7 +400,7 @@ void CpuBackend::attention_forward_impl(const AttentionForwardArgs& a, const OpW
 
 #pragma omp parallel num_threads(threads_)
   {
-    Carve carve{ws.thread_base(omp_get_thread_num(), h.HS)};
+    Carve carve = ws.thread_block(omp_get_thread_num(), h.HS);
     float* qt_tile = carve.take(h.HSp * kTq);  // (HS, kTq) Q^T * scale * log2(e)
     float* k_tile = carve.take(kTk * h.HSp);   // (kTk, HS) rotated keys (RoPE only)
     float* acc = carve.take(kTq * h.HSp);      // (kTq, HS) unnormalized output
@@ -453,7 +458,7 @@ void CpuBackend::attention_backward_impl(const AttentionBackwardArgs& a, const O
 
 #pragma omp parallel num_threads(threads_)
   {
-    Carve carve{ws.thread_base(omp_get_thread_num(), h.HS)};
+    Carve carve = ws.thread_block(omp_get_thread_num(), h.HS);
     float* q_tile = carve.take(kTq * h.HSp);   // (kTq, HS) rotated queries (RoPE only)
     float* kt_tile = carve.take(h.HSp * kTk);  // (HS, kTk) K^T * scale * log2(e)
     float* vt_tile = carve.take(h.HSp * kTk);  // (HS, kTk) V^T
