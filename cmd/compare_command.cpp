@@ -10,7 +10,6 @@
 
 #include "cmd/commands.h"
 #include "cmd/report.h"
-#include "engine/cpu/cpu_backend.h"
 #include "engine/devices.h"
 #include "engine/error.h"
 #include "engine/planner.h"
@@ -40,13 +39,7 @@ CompareRow run_policy(const Config& base, const std::string& policy, int64_t ste
   if (policy == "names" && cfg.remat.save.empty()) cfg.remat.save = {"attn", "attn.lse"};
   BackendChoice choice = make_backend(cfg);
   Backend& be = *choice.backend;
-  PlanTarget target;
-  target.name = be.name();
-  target.count = CountTarget{be.name(), be.act_dtype(),
-                             static_cast<int>(cfg.device.threads > 0 ? cfg.device.threads : 0)};
-  if (target.count.threads <= 0) target.count.threads = cpu::default_threads();
-  target.device_bytes = be.pool().budget_bytes();
-  const Planner planner(target, make_run_parts);
+  const Planner planner(run_plan_target(be), make_run_parts);
   CompareRow row;
   row.policy = policy;
   if (policy == "auto") {  // the plan `train` would run with this budget

@@ -371,12 +371,7 @@ int run_train(const TrainOptions& opt) {
   BackendChoice choice = make_backend(cfg);
   Backend& be = *choice.backend;
   // The plan of this very run: the same step on the count backend.
-  PlanTarget target;
-  target.name = be.name();
-  target.count = CountTarget{be.name(), be.act_dtype(),
-                             be.name() == "cpu" ? static_cast<cpu::CpuBackend&>(be).threads() : 1};
-  target.device_bytes = be.pool().budget_bytes();
-  const Planner planner(target, make_run_parts);
+  const Planner planner(run_plan_target(be), make_run_parts);
   if (cfg.remat.policy ==
       "auto") {  // resolved here, for this very budget; the Trainer sees a per-block plan
     const AutoPlan chosen = choose_auto_plan(planner, cfg);

@@ -17,6 +17,14 @@
 
 namespace remat {
 
+PlanTarget run_plan_target(Backend& be) {
+  PlanTarget t;
+  t.name = be.name();
+  t.count = CountTarget{be.name(), be.act_dtype(), be.workspace_target().threads};
+  t.device_bytes = be.pool().budget_bytes();
+  return t;
+}
+
 const std::vector<GpuPreset>& gpu_presets() {
   static const std::vector<GpuPreset> presets = {
       {"h200", 150754820096ull},      // 143771 MiB

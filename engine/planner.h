@@ -45,6 +45,9 @@ const std::vector<GpuPreset>& gpu_presets();
 /// would use them), with --memory overriding the budget. Throws ConfigError for unknown GPUs.
 PlanTarget plan_target(const Config& cfg, const std::string& gpu, std::optional<uint64_t> memory);
 
+/// The target of a run on `be` itself: its backend, threads and pool budget (train, compare).
+PlanTarget run_plan_target(Backend& be);
+
 struct DryRun {
   std::string policy;
   MemorySnapshot peak;
