@@ -322,7 +322,7 @@ int main(int argc, char** argv) {
     // (a buffer beside the pool), which is out of memory all the same.
     fmt::print(stderr,
                "error: [memory] out of host memory: the model or a buffer does not fit this "
-               "machine's RAM. Hint: `remat-train plan` shows the peak; choose a smaller model, "
+               "machine's RAM. Fix: `remat-train plan` shows the peak; choose a smaller model, "
                "train.batch_size or train.seq_len\n");
     return kExitOutOfMemory;
   } catch (const remat::Error& e) {

@@ -203,7 +203,7 @@ MetricsWriter::MetricsWriter(std::string path, bool keep_existing) : path_(std::
   fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | flags, 0644);
   if (fd_ < 0)
     throw IoError(
-        fmt::format("[metrics] cannot write {}: {}. Hint: check that the folder exists "
+        fmt::format("[metrics] cannot write {}: {}. Fix: check that the folder exists "
                     "and is writable",
                     path_, std::strerror(errno)));
   good_bytes_ = earlier.size();

@@ -63,7 +63,7 @@ void write_atomically(const std::filesystem::path& path, const std::string& text
     std::ofstream out(tmp, std::ios::trunc);
     if (!out)
       throw IoError(
-          fmt::format("[sweep] cannot write {}. Hint: check that the folder is writable", tmp));
+          fmt::format("[sweep] cannot write {}. Fix: check that the folder is writable", tmp));
     out << text;
   }
   std::filesystem::rename(tmp, path);
@@ -278,7 +278,7 @@ int run_sweep(const SweepOptions& opt) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec)
-    throw IoError(fmt::format("[sweep] cannot create {}: {}. Hint: choose another --out",
+    throw IoError(fmt::format("[sweep] cannot create {}: {}. Fix: choose another --out",
                               dir.string(), ec.message()));
   const nlohmann::json meta = {{"config", base.path},
                                {"target", target.name},

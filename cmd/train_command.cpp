@@ -323,9 +323,9 @@ void refuse_plan_over_budget(const Planner& planner, const Config& cfg, const Dr
       format_bytes(predicted.peak.total_bytes), predicted.peak.total_bytes, predicted.peak.phase,
       format_bytes(budget), cats,
       fitting.empty()
-          ? "Hint: no remat policy fits at this train.seq_len and train.batch_size: lower them, or "
+          ? "Fix: no remat policy fits at this train.seq_len and train.batch_size: lower them, or "
             "raise device.memory"
-          : "Hint: policies that fit: " + fitting +
+          : "Fix: policies that fit: " + fitting +
                 " (set remat.policy), or lower train.batch_size or train.seq_len"));
 }
 

@@ -11,14 +11,22 @@ namespace remat {
 
 const char* mem_category_name(MemCategory c) {
   switch (c) {
-    case MemCategory::Weights: return "weights";
-    case MemCategory::Grads: return "grads";
-    case MemCategory::Optimizer: return "optimizer";
-    case MemCategory::Activations: return "activations";
-    case MemCategory::Checkpoints: return "checkpoints";
-    case MemCategory::Transient: return "transient";
-    case MemCategory::Workspace: return "workspace";
-    case MemCategory::kCount: break;
+    case MemCategory::Weights:
+      return "weights";
+    case MemCategory::Grads:
+      return "grads";
+    case MemCategory::Optimizer:
+      return "optimizer";
+    case MemCategory::Activations:
+      return "activations";
+    case MemCategory::Checkpoints:
+      return "checkpoints";
+    case MemCategory::Transient:
+      return "transient";
+    case MemCategory::Workspace:
+      return "workspace";
+    case MemCategory::kCount:
+      break;
   }
   return "?";
 }
@@ -51,8 +59,8 @@ MemoryPool::~MemoryPool() {
     if (r.live) allocator_->deallocate(r.ptr, r.raw_bytes);
 }
 
-Buffer MemoryPool::allocate(const std::vector<int64_t>& shape, DType dtype,
-                            MemCategory category, std::string name) {
+Buffer MemoryPool::allocate(const std::vector<int64_t>& shape, DType dtype, MemCategory category,
+                            std::string name) {
   Tensor t(nullptr, shape, dtype);
   REMAT_ASSERT(t.numel() > 0, "allocation '{}' has empty shape {}", name, t.shape_str());
   size_t raw = std::max<size_t>(t.bytes(), 1);
@@ -70,7 +78,8 @@ Buffer MemoryPool::allocate(const std::vector<int64_t>& shape, DType dtype,
     records_.emplace_back();
   }
   const uint64_t seq = next_seq_++;
-  records_[id] = Record{ptr, static_cast<size_t>(bytes), bytes, category, std::move(name), seq, true};
+  records_[id] =
+      Record{ptr, static_cast<size_t>(bytes), bytes, category, std::move(name), seq, true};
   if (track_largest_) by_size_.insert({bytes, seq, id});
   live_.total_bytes += bytes;
   live_.by_category[static_cast<size_t>(category)] += bytes;
@@ -121,7 +130,8 @@ void MemoryPool::scan_largest(MemorySnapshot& snap) const {
                       return SizeKey{a->bytes, a->seq, 0} < SizeKey{b->bytes, b->seq, 0};
                     });
   snap.largest.clear();
-  for (size_t i = 0; i < n; ++i) snap.largest.push_back({live[i]->name, live[i]->category, live[i]->bytes});
+  for (size_t i = 0; i < n; ++i)
+    snap.largest.push_back({live[i]->name, live[i]->category, live[i]->bytes});
 }
 
 void MemoryPool::set_track_largest(bool on) {
@@ -151,16 +161,16 @@ void MemoryPool::throw_oom(const std::string& name, const Tensor& t, MemCategory
   std::string cats;
   for (int i = 0; i < kNumMemCategories; ++i) {
     uint64_t b = live_.by_category[static_cast<size_t>(i)];
-    if (b) cats += fmt::format("{}{} {}", cats.empty() ? "" : ", ",
-                               mem_category_name(static_cast<MemCategory>(i)), format_bytes(b));
+    if (b)
+      cats += fmt::format("{}{} {}", cats.empty() ? "" : ", ",
+                          mem_category_name(static_cast<MemCategory>(i)), format_bytes(b));
   }
-  std::string what =
-      device_refused
-          ? fmt::format("the device refused {} more", format_bytes(bytes))
-          : fmt::format("live {} + {} > budget {}", format_bytes(live_.total_bytes),
-                        format_bytes(bytes), format_bytes(budget_));
+  std::string what = device_refused
+                         ? fmt::format("the device refused {} more", format_bytes(bytes))
+                         : fmt::format("live {} + {} > budget {}", format_bytes(live_.total_bytes),
+                                       format_bytes(bytes), format_bytes(budget_));
   throw OutOfMemory(fmt::format(
-      "[memory] out of memory during {} allocating {} {} ({}, {}): {}; live: {}. Hint: try "
+      "[memory] out of memory during {} allocating {} {} ({}, {}): {}; live: {}. Fix: try "
       "remat.policy = \"full\", a smaller train.batch_size or train.seq_len, or a larger "
       "device.memory; `remat-train plan` shows what fits.",
       phase_, name, t.shape_str(), mem_category_name(c), format_bytes(bytes), what,

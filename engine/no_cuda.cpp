@@ -6,12 +6,18 @@
 
 namespace remat::cuda {
 
-bool is_built() { return false; }
-int device_count() { return 0; }
-std::string version_string() { return "built without CUDA"; }
+bool is_built() {
+  return false;
+}
+int device_count() {
+  return 0;
+}
+std::string version_string() {
+  return "built without CUDA";
+}
 std::unique_ptr<Backend> make_backend(const DeviceConfig&) {
   throw BackendError(
-      "[device] device.backend = \"cuda\" but this binary was built without CUDA. Hint: install the "
+      "[device] device.backend = \"cuda\" but this binary was built without CUDA. Fix: install the "
       "CUDA toolkit (nvcc on PATH) and rebuild, or set device.backend = \"cpu\"");
 }
 

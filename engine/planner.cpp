@@ -196,7 +196,7 @@ std::string AutoPlan::summary() const {
 std::string AutoPlan::infeasible_message() const {
   return fmt::format(
       "[planner] remat.policy = \"auto\": no plan fits the budget of {} ({} B); the smallest "
-      "achievable peak is {} ({} B, every block \"full\"). Hint: set device.memory = {} or more, "
+      "achievable peak is {} ({} B, every block \"full\"). Fix: set device.memory = {} or more, "
       "or "
       "lower train.batch_size or train.seq_len; `remat-train plan` shows what fits.",
       format_bytes(budget_bytes), budget_bytes, format_bytes(min_peak_bytes), min_peak_bytes,

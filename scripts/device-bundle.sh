@@ -50,14 +50,14 @@ cache_value() { sed -n "s/^$1:[A-Z]*=//p" "$BUILD/CMakeCache.txt"; }
 configure_if_needed() {
   if [ ! -f "$BUILD/CMakeCache.txt" ]; then
     command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ] ||
-      die "no nvcc: the bundle needs the CUDA backend. Hint: install the CUDA toolkit, or put nvcc on PATH"
+      die "no nvcc: the bundle needs the CUDA backend. Fix: install the CUDA toolkit, or put nvcc on PATH"
     say "configuring $BUILD (Release, REMAT_CUDA=ON)"
     cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DREMAT_CUDA=ON >/dev/null
   fi
   [ "$(cache_value CMAKE_BUILD_TYPE)" = Release ] ||
-    die "$BUILD is a $(cache_value CMAKE_BUILD_TYPE) build; the bundle is Release. Hint: --build <another folder>"
+    die "$BUILD is a $(cache_value CMAKE_BUILD_TYPE) build; the bundle is Release. Fix: --build <another folder>"
   if [ -z "$(cache_value CMAKE_CUDA_COMPILER)" ] || [ "$(cache_value REMAT_CUDA)" = OFF ]; then
-    die "$BUILD is built without CUDA. Hint: nvcc on PATH and REMAT_CUDA=AUTO or ON, or --build <another folder>"
+    die "$BUILD is built without CUDA. Fix: nvcc on PATH and REMAT_CUDA=AUTO or ON, or --build <another folder>"
   fi
 }
 
@@ -65,7 +65,7 @@ check_sm90() {
   local flags=$BUILD/engine/cuda/CMakeFiles/remat_cuda.dir/flags.make
   [ -f "$flags" ] || die "$flags missing: is $BUILD configured with the CUDA backend?"
   grep -q 'code=\[sm_90\]' "$flags" ||
-    die "$BUILD does not compile sm_90 code (H100/H200). Hint: -DCMAKE_CUDA_ARCHITECTURES='80-real;90-real;90-virtual'"
+    die "$BUILD does not compile sm_90 code (H100/H200). Fix: -DCMAKE_CUDA_ARCHITECTURES='80-real;90-real;90-virtual'"
 }
 
 build_targets() {
@@ -144,7 +144,7 @@ verify() {
 }
 
 main() {
-  command -v patchelf >/dev/null || die "patchelf missing. Hint: scripts/install-deps.sh (Debian package patchelf)"
+  command -v patchelf >/dev/null || die "patchelf missing. Fix: scripts/install-deps.sh (Debian package patchelf)"
   configure_if_needed
   check_sm90
   if [ $DO_BUILD -eq 1 ]; then build_targets; fi

@@ -52,7 +52,7 @@ def main(argv):
         with open(path) as f:
             sweep = json.load(f)
     except OSError as e:
-        print(f"error: [plot] cannot read {path}: {e.strerror}. Hint: run `remat-train sweep --out {folder}` first",
+        print(f"error: [plot] cannot read {path}: {e.strerror}. Fix: run `remat-train sweep --out {folder}` first",
               file=sys.stderr)
         return 1
 

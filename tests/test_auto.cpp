@@ -222,7 +222,7 @@ TEST_CASE(
                         Contains(fmt::format("smallest achievable peak is {} ({} B",
                                              format_bytes(min_peak), min_peak)) &&
                         Contains(fmt::format("budget of {}", format_bytes(min_peak - 1))) &&
-                        Contains("Hint:"));
+                        Contains("Fix:"));
   CHECK(std::count(r.out.begin(), r.out.end(), '\n') == 1);  // one line
 
   const uint64_t budget = min_peak + 4096;

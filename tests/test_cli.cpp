@@ -121,7 +121,7 @@ TEST_CASE("a memory budget too small exits 3 before step 1, with the breakdown a
   CHECK(r.code == 3);
   CHECK_THAT(r.out, Contains("out of memory before step 1") && Contains("budget of 1.00 MiB") &&
                         Contains("weights") && Contains("no remat policy fits") &&
-                        Contains("Hint:"));
+                        Contains("Fix:"));
   CHECK_THAT(r.out, !Contains("step 1/"));  // refused before training, not during it
   // copy.toml without remat needs 20.73 MiB; full (13.17) and save_attn (13.70) fit 16 MiB.
   r = run("--config configs/copy.toml --set device.memory=16MiB --set remat.policy=none");

@@ -157,7 +157,7 @@ TEST_CASE("full remat saves exactly (L-1) blocks of activations minus their chec
   CHECK(none.peak - full.peak == static_cast<uint64_t>(L - 1) * (saved - x));
 }
 
-TEST_CASE("policy keep-sets follow DESIGN.md", "[remat]") {
+TEST_CASE("policy keep-sets are the ones the README lists", "[remat]") {
   Config cfg = parse_config(kBase, "remat-test");
   cpu::CpuBackend be(1ull << 30, 1);
   auto model = make_model(cfg, be);

@@ -215,7 +215,7 @@ cudnnBackendDescriptor_t causal_mask(GraphBuilder& g, const AttentionShape& s, c
   return masked;
 }
 
-// Forward, 14 ops (cudnn-backend.md §3.3).
+// Forward, 14 ops: S = Q K^T scaled, causal mask, row max, exp, row sum, P V, and the LSE.
 void build_forward(GraphBuilder& g, const AttentionShape& s) {
   const Strides st(s);
   const Dims hd = {s.B, s.NH, s.T, s.HS}, hd_t = {s.B, s.NH, s.HS, s.T};
@@ -249,8 +249,8 @@ void build_forward(GraphBuilder& g, const AttentionShape& s) {
   g.matmul(p, v, o);
 }
 
-// Backward, 22 ops (cudnn-backend.md §3.4), the non-deterministic dQ-accumulator variant: the
-// deterministic one needs a workspace quadratic in T on Hopper (§3.6), useless at long context.
+// Backward, 22 ops, the non-deterministic dQ-accumulator variant: cuDNN's deterministic one needs
+// a workspace quadratic in T on Hopper, useless at long context.
 void build_backward(GraphBuilder& g, const AttentionShape& s) {
   const Strides st(s);
   const Dims hd = {s.B, s.NH, s.T, s.HS}, hd_t = {s.B, s.NH, s.HS, s.T};
@@ -433,7 +433,7 @@ void build_plan(AttentionEngine::Graph& graph, cudnnHandle_t handle, const Atten
   for (const auto& r : reasons) all += "\n  " + r;
   throw BackendError(fmt::format(
       "[attention] no cuDNN engine supports causal flash attention {} for B={} heads={} T={} "
-      "head size={} (bf16). Hint: cuDNN needs an sm_80+ GPU and a head size that is a multiple "
+      "head size={} (bf16). Fix: cuDNN needs an sm_80+ GPU and a head size that is a multiple "
       "of 8 and at most 128 (256 on Hopper). Engine configs tried ({}):{}",
       backward ? "backward" : "forward", s.B, s.NH, s.T, s.HS, reasons.size(), all));
 }

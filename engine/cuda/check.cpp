@@ -28,7 +28,7 @@ std::string cudnn_last_error() {
 void throw_cudnn_error(cudnnStatus_t s, const char* expr, const char* file, int line) {
   const std::string reason = cudnn_last_error();
   throw BackendError(fmt::format(
-      "[cudnn] {} failed at {}:{}: {}{}{}. Hint: CUDNN_LOGLEVEL_DBG=2 CUDNN_LOGDEST_DBG=stderr "
+      "[cudnn] {} failed at {}:{}: {}{}{}. Fix: CUDNN_LOGLEVEL_DBG=2 CUDNN_LOGDEST_DBG=stderr "
       "logs every cuDNN call",
       expr, file, line, cudnnGetErrorString(s), reason.empty() ? "" : "; ", reason));
 }

@@ -1,5 +1,5 @@
 // Status checks for CUDA, cuBLAS(Lt) and cuDNN calls: each failing call becomes a BackendError
-// naming the expression, file:line and the library's own error string (STYLE.md, errors kind 3).
+// naming the expression, file:line and the library's own error string.
 // After such an error the CUDA context may be unusable: callers report and exit, never retry.
 // Internal header of engine/cuda (host code only; .cu files use kernels.cuh instead).
 #pragma once

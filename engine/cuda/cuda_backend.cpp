@@ -104,25 +104,25 @@ bool setup_mem_pool(int device) {
 std::shared_ptr<DeviceState> open_device(const DeviceConfig& cfg) {
   if (device_count() == 0)
     throw BackendError(
-        "[cuda] no CUDA device found (cudaGetDeviceCount). Hint: check nvidia-smi, "
+        "[cuda] no CUDA device found (cudaGetDeviceCount). Fix: check nvidia-smi, "
         "or set device.backend = \"cpu\"");
   const size_t cudnn_v = cudnnGetVersion();
   if (cudnn_v < 90000)
     throw BackendError(fmt::format(
         "[cuda] cuDNN {} is too old: remat-train needs cuDNN 9 (loaded from the library path). "
-        "Hint: point LD_LIBRARY_PATH at a cuDNN 9 install, e.g. PyTorch's nvidia/cudnn/lib",
+        "Fix: point LD_LIBRARY_PATH at a cuDNN 9 install, e.g. PyTorch's nvidia/cudnn/lib",
         version_triplet(static_cast<int>(cudnn_v), 10000, 100)));
   if (cudnn_v == 91000 || cudnn_v == 91001)
     throw BackendError(
         "[cuda] cuDNN 9.10.0/9.10.1 have known bugs in bf16 fused attention "
-        "(cudnn-frontend blocks them). Hint: use another cuDNN 9 release");
+        "(cudnn-frontend blocks them). Fix: use another cuDNN 9 release");
   auto dev = std::make_shared<DeviceState>();
   REMAT_CUDA_CHECK(cudaSetDevice(dev->device));
   REMAT_CUDA_CHECK(cudaGetDeviceProperties(&dev->prop, dev->device));
   if (dev->prop.major < 8)
     throw BackendError(
         fmt::format("[cuda] {} is sm_{}{}; the CUDA backend needs sm_80 or newer "
-                    "(cuDNN flash attention, bf16). Hint: device.backend = \"cpu\"",
+                    "(cuDNN flash attention, bf16). Fix: device.backend = \"cpu\"",
                     dev->prop.name, dev->prop.major, dev->prop.minor));
   REMAT_CUDA_CHECK(cudaStreamCreateWithFlags(&dev->stream, cudaStreamNonBlocking));
   dev->use_mem_pools = setup_mem_pool(dev->device);
