@@ -25,6 +25,7 @@
 #include "engine/units.h"
 #include "layers/models.h"
 #include "tests/cli_util.h"
+#include "tests/planner_util.h"
 
 using namespace remat;
 using Catch::Matchers::Contains;
@@ -33,16 +34,9 @@ namespace {
 
 constexpr int kThreads = 2;  // the planner's CPU target and the test configs' device.threads
 
-RunParts parts(const Config& c, Backend& be) {
-  return RunParts{make_model(c, be), make_synthetic_data(c)};
-}
-
+using remat::test::synthetic_run_parts;
 Planner cpu_planner(uint64_t budget) {
-  PlanTarget t;
-  t.name = "cpu";
-  t.count = CountTarget{"cpu", DType::F32, kThreads};
-  t.device_bytes = budget;
-  return Planner(t, parts);
+  return remat::test::cpu_test_planner(kThreads, budget);
 }
 
 // A tiny GPT: rope, so seq_len is free of n_ctx; small enough that 4^4 dry runs take no time.
@@ -79,7 +73,7 @@ std::map<std::vector<std::string>, PlanCost> brute_force(const Config& cfg) {
 
 std::vector<double> train_losses(const Config& cfg, int steps) {
   cpu::CpuBackend be(1ull << 32, kThreads);
-  RunParts p = parts(cfg, be);
+  RunParts p = synthetic_run_parts(cfg, be);
   Trainer trainer(cfg, be, *p.model, *p.data);
   std::vector<double> losses;
   for (int s = 0; s < steps; ++s) losses.push_back(trainer.step().loss);

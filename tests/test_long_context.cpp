@@ -8,6 +8,7 @@
 #include "engine/cpu/cpu_backend.h"
 #include "engine/planner.h"
 #include "layers/models.h"
+#include "tests/planner_util.h"
 
 using namespace remat;
 
@@ -21,21 +22,14 @@ Config long_gpt(int64_t T) {
        "remat.policy=full", "data.task=\"random\"", "device.threads=2"});
 }
 
-RunParts parts(const Config& c, Backend& be) {
-  return RunParts{make_model(c, be), make_synthetic_data(c)};
-}
-
 uint64_t predicted(int64_t T) {
-  PlanTarget t;
-  t.count = CountTarget{"cpu", DType::F32, 2};
-  t.device_bytes = UINT64_MAX;
-  return Planner(t, parts).dry_run(long_gpt(T), false).peak.total_bytes;
+  return remat::test::cpu_test_planner(2, UINT64_MAX).dry_run(long_gpt(T), false).peak.total_bytes;
 }
 
 uint64_t measured(int64_t T) {
   const Config cfg = long_gpt(T);
   cpu::CpuBackend be(UINT64_MAX, 2);
-  RunParts p = parts(cfg, be);
+  RunParts p = remat::test::synthetic_run_parts(cfg, be);
   Trainer trainer(cfg, be, *p.model, *p.data);
   trainer.step();
   return be.pool().peak_bytes();

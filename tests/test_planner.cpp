@@ -10,26 +10,20 @@
 #include "engine/cpu/cpu_backend.h"
 #include "engine/planner.h"
 #include "layers/models.h"
+#include "tests/planner_util.h"
 
 using namespace remat;
 
 namespace {
 
-RunParts parts(const Config& c, Backend& be) {
-  return RunParts{make_model(c, be), make_synthetic_data(c)};
-}
-
+using remat::test::synthetic_run_parts;
 Planner cpu_planner(int threads, uint64_t budget) {
-  PlanTarget t;
-  t.name = "cpu";
-  t.count = CountTarget{"cpu", DType::F32, threads};
-  t.device_bytes = budget;
-  return Planner(t, parts);
+  return remat::test::cpu_test_planner(threads, budget);
 }
 
 uint64_t measured_peak(const Config& cfg, int threads) {
   cpu::CpuBackend be(1ull << 32, threads);
-  RunParts p = parts(cfg, be);
+  RunParts p = synthetic_run_parts(cfg, be);
   Trainer trainer(cfg, be, *p.model, *p.data);
   trainer.step();
   trainer.step();
