@@ -57,6 +57,36 @@ class ActStore {
 /// (save_dots keeps Dot and Attention outputs, save_attn keeps Attention outputs).
 enum class ActKind : uint8_t { Input, Norm, Dot, Attention, Pointwise };
 
+/// One saved activation of a block: its slot (the index into the block's ActStore), its name
+/// (stable: configs and plans use it) and its kind. Each block lists its slots in ONE table, in
+/// slot order, and derives its act_names() and act_kinds() from it (slot_names, slot_kinds).
+template <class Slot>
+struct SlotInfo {
+  Slot slot;
+  const char* name;
+  ActKind kind;
+};
+
+/// True when `table` lists slots 0, 1, 2, ... in order (for a static_assert next to the table).
+template <class Slot, size_t N>
+constexpr bool slots_in_order(const SlotInfo<Slot> (&table)[N]) {
+  for (size_t i = 0; i < N; ++i)
+    if (static_cast<size_t>(table[i].slot) != i) return false;
+  return true;
+}
+template <class Slot, size_t N>
+std::vector<std::string> slot_names(const SlotInfo<Slot> (&table)[N]) {
+  std::vector<std::string> out;
+  for (const auto& s : table) out.emplace_back(s.name);
+  return out;
+}
+template <class Slot, size_t N>
+std::vector<ActKind> slot_kinds(const SlotInfo<Slot> (&table)[N]) {
+  std::vector<ActKind> out;
+  for (const auto& s : table) out.push_back(s.kind);
+  return out;
+}
+
 /// A checkpointable unit. Forward computes every activation missing from the store (so a
 /// recompute reuses whatever was saved); backward needs them all.
 class Block {

@@ -5,18 +5,17 @@
 
 namespace remat {
 
-GptBlock::GptBlock(GptBlockParams p, int64_t B, int64_t T, int64_t C, int64_t NH, int64_t FF,
-                   float rope_theta, int64_t index, float dropout, uint64_t seed)
+GptBlock::GptBlock(GptBlockParams p, const GptBlockShape& s, int64_t index)
     : p_(p),
-      B_(B),
-      T_(T),
-      C_(C),
-      NH_(NH),
-      FF_(FF),
-      rope_theta_(rope_theta),
+      B_(s.B),
+      T_(s.T),
+      C_(s.C),
+      NH_(s.NH),
+      FF_(s.FF),
+      rope_theta_(s.rope_theta),
       index_(index),
-      dropout_(dropout),
-      seed_(seed) {}
+      dropout_(s.dropout),
+      seed_(s.seed) {}
 
 DropoutArgs GptBlock::dropout_args(const Tensor& out, const Tensor& inp, Site site) const {
   const uint64_t stream =
@@ -38,18 +37,37 @@ void GptBlock::branch_forward(Backend& be, const Tensor& out, const Tensor& base
   be.add(out, base, proj);
 }
 
+namespace {
+
+// The saved activations of a GPT block `blocks.i`, in slot order: name, kind, shape, and what
+// needs each one in the backward pass. res is the attention projection GEMM's output (plus the
+// residual), so it counts as a dot.
+using K = ActKind;
+constexpr SlotInfo<GptBlock::Slot> kSlots[] = {
+    {GptBlock::X, "x", K::Input},                   // (B,T,C)   block input        -> ln1 backward
+    {GptBlock::Ln1, "ln1", K::Norm},                // (B,T,C)   LayerNorm 1 output -> qkv GEMM dW
+    {GptBlock::Ln1Stats, "ln1.stats", K::Norm},     // (B,T,2)   f32 mean, rstd     -> ln1 backward
+    {GptBlock::Qkv, "qkv", K::Dot},                 // (B,T,3C)  fused q|k|v        -> attention bwd
+    {GptBlock::Attn, "attn", K::Attention},         // (B,T,C)   attention output   -> proj dW, attn
+    {GptBlock::AttnLse, "attn.lse", K::Attention},  // (B,NH,T)  f32 log-sum-exp    -> attention bwd
+    {GptBlock::Res, "res", K::Dot},                 // (B,T,C)   x + proj(attn)     -> ln2 backward
+    {GptBlock::Ln2, "ln2", K::Norm},                // (B,T,C)   LayerNorm 2 output -> fc GEMM dW
+    {GptBlock::Ln2Stats, "ln2.stats", K::Norm},     // (B,T,2)   f32                -> ln2 backward
+    {GptBlock::Fc, "fc", K::Dot},                   // (B,T,FF)  fc GEMM output     -> gelu backward
+    {GptBlock::Gelu, "gelu", K::Pointwise},         // (B,T,FF)  GELU output        -> mlp.proj dW
+};
+static_assert(std::size(kSlots) == GptBlock::kNumSlots && slots_in_order(kSlots),
+              "kSlots lists every slot of GptBlock::Slot, in order");
+
+}  // namespace
+
 const std::vector<std::string>& GptBlock::act_names() const {
-  static const std::vector<std::string> names = {
-      "x", "ln1", "ln1.stats", "qkv", "attn", "attn.lse", "res", "ln2", "ln2.stats", "fc", "gelu"};
+  static const std::vector<std::string> names = slot_names(kSlots);
   return names;
 }
 
-// res is the attention projection GEMM's output (plus the residual), so it counts as a dot.
 const std::vector<ActKind>& GptBlock::act_kinds() const {
-  using K = ActKind;
-  static const std::vector<ActKind> kinds = {K::Input,     K::Norm,      K::Norm,     K::Dot,
-                                             K::Attention, K::Attention, K::Dot,      K::Norm,
-                                             K::Norm,      K::Dot,       K::Pointwise};
+  static const std::vector<ActKind> kinds = slot_kinds(kSlots);
   return kinds;
 }
 

@@ -26,6 +26,14 @@ struct GptBlockParams {
   Param *mlp_proj_weight, *mlp_proj_bias;  // (C, FF), (C)
 };
 
+/// A block's sizes and options: [model] and the step's batch and sequence length.
+struct GptBlockShape {
+  int64_t B = 0, T = 0, C = 0, NH = 0, FF = 0;
+  float rope_theta = 0;  // 0: no rotary embedding (learned positions)
+  float dropout = 0;
+  uint64_t seed = 0;  // train.seed: dropout masks derive from it
+};
+
 class GptBlock : public Block {
  public:
   enum Slot : size_t {
@@ -42,8 +50,8 @@ class GptBlock : public Block {
     Gelu,
     kNumSlots
   };
-  GptBlock(GptBlockParams p, int64_t B, int64_t T, int64_t C, int64_t NH, int64_t FF,
-           float rope_theta, int64_t index, float dropout, uint64_t seed);
+  /// Block `index` (blocks.<index>) with parameters `p`.
+  GptBlock(GptBlockParams p, const GptBlockShape& s, int64_t index);
   const std::vector<std::string>& act_names() const override;
   const std::vector<ActKind>& act_kinds() const override;
   void forward(Backend& be, ActStore& acts, const Tensor& y) override;

@@ -4,19 +4,9 @@
 //   B batch, T time (sequence length), C channels (n_embd), NH heads, HS head size (C / NH),
 //   FF MLP hidden size (d_ff), V vocabulary, N rows of a matrix view (B*T), L layers.
 //
-// Saved-activation names of a GPT block `blocks.i` (stable; configs and plans use them):
-//   x          (B,T,C)   block input                      -> ln1 backward
-//   ln1        (B,T,C)   LayerNorm 1 output               -> qkv GEMM dW
-//   ln1.stats  (B,T,2)   f32 mean, rstd                   -> ln1 backward
-//   qkv        (B,T,3C)  fused q|k|v                      -> attention backward
-//   attn       (B,T,C)   attention output (pre-proj)      -> proj GEMM dW, attention backward
-//   attn.lse   (B,NH,T)  f32 log-sum-exp per query row    -> attention backward
-//   res        (B,T,C)   x + proj(attn)                   -> ln2 backward
-//   ln2        (B,T,C)   LayerNorm 2 output               -> fc GEMM dW
-//   ln2.stats  (B,T,2)   f32                              -> ln2 backward
-//   fc         (B,T,FF)  fc GEMM output                   -> gelu backward
-//   gelu       (B,T,FF)  GELU output                      -> fc2 (mlp.proj) GEMM dW
-// MLP-tutorial block: x (B,D), fc (B,D) pre-activation.
+// Saved activations (names, kinds, shapes, and what needs each one): each block's one slot table,
+// kSlots in layers/gpt_block.cpp (x ln1 ln1.stats qkv attn attn.lse res ln2 ln2.stats fc gelu)
+// and layers/mlp_block.cpp (x (B,D), fc (B,D) pre-activation).
 #pragma once
 
 #include <string>

@@ -6,13 +6,25 @@ namespace remat {
 MlpBlock::MlpBlock(Param* fc_weight, Param* fc_bias, int64_t B, int64_t D)
     : fc_weight_(fc_weight), fc_bias_(fc_bias), B_(B), D_(D) {}
 
+namespace {
+
+// The saved activations: the input (for dW) and the pre-activation (for the ReLU mask).
+constexpr SlotInfo<MlpBlock::Slot> kSlots[] = {
+    {MlpBlock::X, "x", ActKind::Input},  // (B,D)
+    {MlpBlock::Fc, "fc", ActKind::Dot},  // (B,D) fc GEMM output, before the ReLU
+};
+static_assert(std::size(kSlots) == MlpBlock::kNumSlots && slots_in_order(kSlots),
+              "kSlots lists every slot of MlpBlock::Slot, in order");
+
+}  // namespace
+
 const std::vector<std::string>& MlpBlock::act_names() const {
-  static const std::vector<std::string> names = {"x", "fc"};
+  static const std::vector<std::string> names = slot_names(kSlots);
   return names;
 }
 
 const std::vector<ActKind>& MlpBlock::act_kinds() const {
-  static const std::vector<ActKind> kinds = {ActKind::Input, ActKind::Dot};
+  static const std::vector<ActKind> kinds = slot_kinds(kSlots);
   return kinds;
 }
 

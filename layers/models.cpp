@@ -20,7 +20,8 @@ class GptModel : public Model {
     T_ = cfg.train.seq_len;
     const int64_t C = m_.n_embd, V = m_.vocab_size, FF = m_.ff(), L = m_.n_layer;
     const uint64_t seed = cfg.train.seed;
-    loss_chunk_ = cfg.train.loss_chunk > 0 ? cfg.train.loss_chunk : default_loss_chunk_rows(B_ * T_, V);
+    loss_chunk_ =
+        cfg.train.loss_chunk > 0 ? cfg.train.loss_chunk : default_loss_chunk_rows(B_ * T_, V);
     // GPT-2 initialization: N(0, 0.02); residual projections scaled by 1/sqrt(2L).
     const ParamInit normal{ParamInit::Normal, 0.02};
     const ParamInit resid{ParamInit::Normal, 0.02 / std::sqrt(2.0 * static_cast<double>(L))};
@@ -31,7 +32,12 @@ class GptModel : public Model {
       return &params_.back();
     };
     wte_ = add("wte", {V, C}, normal);
-    if (m_.position == "learned") wpe_ = add("wpe", {m_.n_ctx, C}, ParamInit{ParamInit::Normal, 0.01});
+    if (m_.position == "learned")
+      wpe_ = add("wpe", {m_.n_ctx, C}, ParamInit{ParamInit::Normal, 0.01});
+    GptBlockShape shape{B_, T_, C, m_.n_head, FF};
+    shape.rope_theta = m_.position == "rope" ? static_cast<float>(m_.rope_theta) : 0.0f;
+    shape.dropout = static_cast<float>(m_.dropout);
+    shape.seed = seed;
     for (int64_t l = 0; l < L; ++l) {
       const std::string p = fmt::format("blocks.{}.", l);
       GptBlockParams bp{};
@@ -47,9 +53,7 @@ class GptModel : public Model {
       bp.mlp_fc_bias = add(p + "mlp.fc.bias", {FF}, zeros);
       bp.mlp_proj_weight = add(p + "mlp.proj.weight", {C, FF}, resid);
       bp.mlp_proj_bias = add(p + "mlp.proj.bias", {C}, zeros);
-      const float theta = m_.position == "rope" ? static_cast<float>(m_.rope_theta) : 0.0f;
-      blocks_.push_back(std::make_unique<GptBlock>(bp, B_, T_, C, m_.n_head, FF, theta, l,
-                                                   static_cast<float>(m_.dropout), seed));
+      blocks_.push_back(std::make_unique<GptBlock>(bp, shape, l));
     }
     lnf_weight_ = add("lnf.weight", {C}, ones);
     lnf_bias_ = add("lnf.bias", {C}, zeros);
@@ -85,7 +89,8 @@ class GptModel : public Model {
                      1.0f / static_cast<float>(N), loss_chunk_});
     lnf.reset();
     be.fill(dx, 0.0f);
-    be.layernorm_backward({dx, lnf_weight_->grad, lnf_bias_->grad, dlnf, x, lnf_weight_->value, stats});
+    be.layernorm_backward(
+        {dx, lnf_weight_->grad, lnf_bias_->grad, dlnf, x, lnf_weight_->value, stats});
   }
 
  private:
@@ -105,9 +110,11 @@ class MlpModel : public Model {
     // He initialization keeps the relu stack's activations at unit scale.
     const ParamInit he{ParamInit::Normal, std::sqrt(2.0 / static_cast<double>(D_))};
     for (int64_t l = 0; l < L_; ++l) {
-      params_.push_back(make_param(be, fmt::format("blocks.{}.fc.weight", l), {D_, D_}, he, cfg.train.seed));
+      params_.push_back(
+          make_param(be, fmt::format("blocks.{}.fc.weight", l), {D_, D_}, he, cfg.train.seed));
       Param* w = &params_.back();
-      params_.push_back(make_param(be, fmt::format("blocks.{}.fc.bias", l), {D_}, ParamInit{}, cfg.train.seed));
+      params_.push_back(
+          make_param(be, fmt::format("blocks.{}.fc.bias", l), {D_}, ParamInit{}, cfg.train.seed));
       blocks_.push_back(std::make_unique<MlpBlock>(w, &params_.back(), B_, D_));
     }
   }
