@@ -42,15 +42,12 @@ CompareRow run_policy(const Config& base, const std::string& policy, int64_t ste
   const Planner planner(run_plan_target(be), make_run_parts);
   CompareRow row;
   row.policy = policy;
-  if (policy == "auto") {  // the plan `train` would run with this budget
-    const AutoPlan chosen = choose_auto_plan(planner, cfg);
-    if (!chosen.fits) {
-      row.oom = true;
-      row.predicted = chosen.min_peak_bytes;
-      row.message = chosen.infeasible_message();
-      return row;
-    }
-    cfg.remat.plan = chosen.policies;
+  // auto: the plan `train` would run with this budget.
+  if (const std::optional<AutoPlan> chosen = resolve_auto(planner, cfg); chosen && !chosen->fits) {
+    row.oom = true;
+    row.predicted = chosen->min_peak_bytes;
+    row.message = chosen->infeasible_message();
+    return row;
   }
   const DryRun plan = planner.dry_run(cfg, false);
   row.predicted = plan.peak.total_bytes;

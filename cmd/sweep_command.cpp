@@ -262,7 +262,7 @@ int run_sweep(const SweepOptions& opt) {
       Config c = load_config(opt.config_path, p.overrides);
       // auto: the child's `train` chooses the same plan for the same budget (or exits 3, when
       // the prediction is the all-"full" plan's peak, the smallest achievable).
-      if (pol == "auto") c = with_block_plan(c, choose_auto_plan(planner, c).policies);
+      resolve_auto(planner, c);
       const DryRun d = planner.dry_run(c, false);
       p.predicted_peak_bytes = d.peak.total_bytes;
       p.recompute_overhead = d.recompute_overhead();

@@ -372,12 +372,10 @@ int run_train(const TrainOptions& opt) {
   Backend& be = *choice.backend;
   // The plan of this very run: the same step on the count backend.
   const Planner planner(run_plan_target(be), make_run_parts);
-  if (cfg.remat.policy ==
-      "auto") {  // resolved here, for this very budget; the Trainer sees a per-block plan
-    const AutoPlan chosen = choose_auto_plan(planner, cfg);
-    if (!chosen.fits) throw OutOfMemory(chosen.infeasible_message());
-    cfg.remat.plan = chosen.policies;
-    if (!opt.quiet) fmt::print("auto: {}\n", chosen.summary());
+  // auto, for this very budget: the Trainer sees a per-block plan.
+  if (const std::optional<AutoPlan> chosen = resolve_auto(planner, cfg)) {
+    if (!chosen->fits) throw OutOfMemory(chosen->infeasible_message());
+    if (!opt.quiet) fmt::print("auto: {}\n", chosen->summary());
   }
   const DryRun predicted = planner.dry_run(cfg);
   refuse_plan_over_budget(planner, cfg, predicted);

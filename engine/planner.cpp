@@ -203,6 +203,13 @@ std::string AutoPlan::infeasible_message() const {
       min_peak_bytes);
 }
 
+std::optional<AutoPlan> resolve_auto(const Planner& planner, Config& cfg) {
+  if (cfg.remat.policy != "auto" || !cfg.remat.plan.empty()) return std::nullopt;
+  AutoPlan chosen = choose_auto_plan(planner, cfg);
+  cfg.remat.plan = chosen.policies;
+  return chosen;
+}
+
 Config with_block_plan(const Config& cfg, const std::vector<std::string>& policies) {
   Config c = cfg;
   c.remat.policy = "none";  // remat.plan overrides it; "none" keeps the config free of "auto"

@@ -126,4 +126,10 @@ Config with_block_plan(const Config& cfg, const std::vector<std::string>& polici
 /// model, train and data sections of `cfg` matter; its [remat] section is ignored.
 AutoPlan choose_auto_plan(const Planner& planner, const Config& cfg);
 
+/// Where every command resolves "auto": when `cfg` says remat.policy = "auto" (and has no plan
+/// yet), chooses the plan for the planner's target, writes it into cfg.remat.plan (every block
+/// "full" when nothing fits) and returns the choice, whose `fits` the caller acts on; otherwise
+/// returns nothing and leaves `cfg` as it is.
+std::optional<AutoPlan> resolve_auto(const Planner& planner, Config& cfg);
+
 }  // namespace remat
