@@ -13,7 +13,7 @@
 #   MUTATE_CTEST_ARGS='-j2 -E slow-test-regex'     # extra ctest arguments (a time-boxed run)
 #
 # The working tree is never modified: the tracked files and the untracked, non-ignored ones are
-# copied (with their modification times) into $MUTATE_DIR/src, which is mutated, built in
+# synchronized (by content) into $MUTATE_DIR/src, which is mutated, built in
 # $MUTATE_DIR/build and restored after each mutant; an EXIT/INT/TERM trap restores the file being
 # mutated there too, so an interrupted run leaves the copy clean for the next one.
 #
@@ -37,10 +37,35 @@ logs="$work/logs"
 mkdir -p "$src" "$build" "$logs"
 
 # ---- the private copy ----
-echo "mutate: copying the tree into $src"
+# Synchronized by content, not copied with the tree's modification times: a reused $MUTATE_DIR
+# holds objects built from an earlier version of the tree (and from restored mutants), which can
+# be newer than an older-dated changed file, so make would keep a stale object. A file whose
+# bytes changed gets a fresh mtime; a file gone from the tree is removed from the copy.
+echo "mutate: synchronizing the tree into $src"
+incoming="$work/incoming"
+rm -rf "$incoming" && mkdir -p "$incoming"
 (cd "$repo" && git ls-files -z --cached --others --exclude-standard |
   while IFS= read -r -d '' f; do [ -f "$f" ] && printf '%s\0' "$f"; done |
-  tar --null -T - -cf -) | (cd "$src" && tar -xpf -)
+  tar --null -T - -cf -) | (cd "$incoming" && tar -xf -)
+python3 - "$incoming" "$src" <<'PY'
+import filecmp, os, shutil, sys
+incoming, src = sys.argv[1:3]
+want = set()
+for root, _, files in os.walk(incoming):
+    for f in files:
+        rel = os.path.relpath(os.path.join(root, f), incoming)
+        want.add(rel)
+        dst = os.path.join(src, rel)
+        if not os.path.exists(dst) or not filecmp.cmp(os.path.join(incoming, rel), dst, shallow=False):
+            os.makedirs(os.path.dirname(dst), exist_ok=True)
+            shutil.copy(os.path.join(incoming, rel), dst)  # copy, not copy2: a fresh mtime
+for root, _, files in os.walk(src):
+    for f in files:
+        rel = os.path.relpath(os.path.join(root, f), src)
+        if rel not in want:
+            os.remove(os.path.join(src, rel))
+PY
+rm -rf "$incoming"
 
 # ---- apply / restore, with a trap so an interrupted run restores the copy ----
 backup_dir="$work/backup"
