@@ -113,10 +113,11 @@ void print_json(const std::vector<CompareRow>& rows, const CompareRow& ref, doub
 
 void print_table(const Config& cfg, const std::vector<CompareRow>& rows, const CompareRow& ref,
                  double none_peak) {
-  fmt::print(
-      "compare {} | {} steps | batch {}{} | {}\n", cfg.path, cfg.train.steps, cfg.train.batch_size,
-      cfg.model.kind == "gpt" ? fmt::format(" x seq_len {}", cfg.train.seq_len) : std::string(),
-      load_note());
+  fmt::print("compare {} | {} steps | batch {}{} | {}\n", cfg.path, cfg.train.steps,
+             cfg.train.batch_size,
+             cfg.model.kind == ModelKind::Gpt ? fmt::format(" x seq_len {}", cfg.train.seq_len)
+                                              : std::string(),
+             load_note());
   const std::string same_as = &ref == &rows.front() ? "none" : ref.policy;
   fmt::print("{:<10} {:>13} {:>13} {:>11} {:>8} {:>8} {:>10} {:>18}\n", "policy", "measured peak",
              "predicted", "ms/step", "saved", "time", "recompute", "same as " + same_as);
@@ -146,7 +147,7 @@ int run_compare(const CompareOptions& opt) {
   if (opt.steps > 0) sets.push_back(fmt::format("train.steps={}", opt.steps));
   const Config cfg = load_config(opt.config_path, sets);
   std::vector<std::string> defaults = builtin_policies();
-  if (cfg.model.kind == "mlp")  // no attention: save_attn would be full
+  if (cfg.model.kind == ModelKind::Mlp)  // no attention: save_attn would be full
     defaults.erase(std::find(defaults.begin(), defaults.end(), "save_attn"));
   std::vector<std::string> policies = parse_policies(opt.policies, defaults, "compare");
   if (policies.front() != "none") policies.insert(policies.begin(), "none");
@@ -171,7 +172,7 @@ int run_compare(const CompareOptions& opt) {
   else
     print_table(cfg, rows, ref, none_peak);
   for (const auto& r : rows)
-    if (!r.oom && !same_bits(r, ref) && cfg.device.backend != "cuda") return 1;
+    if (!r.oom && !same_bits(r, ref) && cfg.device.backend != BackendKind::Cuda) return 1;
   return interrupted() ? 128 + interrupt_signal() : 0;
 }
 

@@ -155,7 +155,7 @@ int run_fit(const FitOptions& opt) {
   std::vector<std::string> sets = opt.overrides;
   if (opt.batch_size) sets.push_back(fmt::format("train.batch_size={}", *opt.batch_size));
   const Config base = load_config(opt.config_path, sets);
-  if (base.model.kind != "gpt")
+  if (base.model.kind != ModelKind::Gpt)
     throw ConfigError(fmt::format(
         "{}: [fit] model.kind = \"{}\" has no sequence length to fit. Fix: use a gpt config",
         base.path, base.model.kind));
@@ -183,7 +183,7 @@ int run_fit(const FitOptions& opt) {
     r.cfg = load_config(opt.config_path, concat(sets, policy_overrides(base, p)));
     r.at_configured = planner.dry_run(r.cfg, false);
     r.longest = planner.longest_seq_len(r.cfg, &r.at_configured);
-    r.capped = r.cfg.model.position == "learned" && r.longest == r.cfg.model.n_ctx;
+    r.capped = r.cfg.model.position == PositionKind::Learned && r.longest == r.cfg.model.n_ctx;
     if (r.longest > 0) {
       Config c = r.cfg;
       c.train.seq_len = r.longest;

@@ -76,7 +76,7 @@ int run_plan(const PlanOptions& opt) {
   if (opt.batch_size) sets.push_back(fmt::format("train.batch_size={}", *opt.batch_size));
   Config cfg = load_config(opt.config_path, sets);
   // A GPU plan at a --seq-len sizes a learned position table to it; the MLP has none.
-  if (!opt.gpu.empty() && opt.seq_len && cfg.model.kind == "gpt") {
+  if (!opt.gpu.empty() && opt.seq_len && cfg.model.kind == ModelKind::Gpt) {
     sets.push_back("model.n_ctx=" + std::to_string(std::max<int64_t>(*opt.seq_len, 1)));
     cfg = load_config(opt.config_path, sets);
   }
@@ -92,7 +92,7 @@ int run_plan(const PlanOptions& opt) {
   std::vector<PolicyRow> rows;
   auto add_row = [&](const std::string& label, const Config& c) {
     PolicyRow r{label, planner.dry_run(c), 0, 0};
-    if (c.model.kind == "gpt") r.longest = planner.longest_seq_len(c, &r.run);
+    if (c.model.kind == ModelKind::Gpt) r.longest = planner.longest_seq_len(c, &r.run);
     r.max_batch = planner.largest_batch(c, &r.run);
     rows.push_back(std::move(r));
   };
@@ -171,7 +171,8 @@ int run_plan(const PlanOptions& opt) {
                format_bytes(pk.by_category[static_cast<size_t>(MemCategory::Checkpoints)]),
                100.0 * r.run.recompute_overhead(),
                pk.total_bytes <= target.pool_budget() ? "yes" : "NO", pk.phase,
-               cfg.model.kind == "gpt" ? format_count(r.longest) : std::string("-"), r.max_batch);
+               cfg.model.kind == ModelKind::Gpt ? format_count(r.longest) : std::string("-"),
+               r.max_batch);
   }
   if (chosen.fits)
     fmt::print("\nauto: {}\n      plan = [{}] (--emit-config prints it as a [remat] table)\n",

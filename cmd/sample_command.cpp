@@ -212,7 +212,7 @@ Prompt make_prompt(const SampleOptions& opt, const Config& cfg, bool bytes,
 int64_t positions_needed(const Config& cfg, int64_t prompt_len, int64_t tokens) {
   const int64_t needed = prompt_len + tokens - 1;
   const int64_t n_ctx = cfg.model.n_ctx;
-  if (cfg.model.position != "learned") return needed;
+  if (cfg.model.position != PositionKind::Learned) return needed;
   if (prompt_len > n_ctx)
     throw ConfigError(fmt::format(
         "[sample] the prompt is {} tokens, longer than the model's {} learned positions "
@@ -232,7 +232,7 @@ int run_sample(const SampleOptions& opt) {
   const std::string path = resolve_checkpoint(opt.checkpoint);
   const Checkpoint ckpt(path);
   const Config cfg = parse_config(ckpt.state().config_toml, path + "/state.json");
-  if (cfg.model.kind != "gpt")
+  if (cfg.model.kind != ModelKind::Gpt)
     throw ConfigError(
         fmt::format("[sample] {}/state.json: model.kind = \"{}\"; only GPT models generate. Fix: "
                     "sample from a checkpoint of a model.kind = \"gpt\" run",

@@ -102,14 +102,14 @@ void check_same_model(const Config& run, const Checkpoint& ckpt) {
   const Config saved = parse_config(ckpt.state().config_toml, ckpt.path() + "/state.json");
   const ModelConfig &a = saved.model, &b = run.model;
   const std::vector<std::tuple<const char*, std::string, std::string>> keys = {
-      {"model.kind", a.kind, b.kind},
+      {"model.kind", fmt::format("{}", a.kind), fmt::format("{}", b.kind)},
       {"model.n_layer", std::to_string(a.n_layer), std::to_string(b.n_layer)},
       {"model.n_head", std::to_string(a.n_head), std::to_string(b.n_head)},
       {"model.n_embd", std::to_string(a.n_embd), std::to_string(b.n_embd)},
       {"model.vocab_size", std::to_string(a.vocab_size), std::to_string(b.vocab_size)},
       {"model.n_ctx", std::to_string(a.n_ctx), std::to_string(b.n_ctx)},
       {"model.d_ff", std::to_string(a.ff()), std::to_string(b.ff())},
-      {"model.position", a.position, b.position},
+      {"model.position", fmt::format("{}", a.position), fmt::format("{}", b.position)},
       {"model.rope_theta", fmt::format("{}", a.rope_theta), fmt::format("{}", b.rope_theta)}};
   for (const auto& [key, saved_value, run_value] : keys)
     if (saved_value != run_value)

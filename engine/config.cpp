@@ -132,6 +132,33 @@ std::string read_choice(const toml::node& n, const Origin& o, std::vector<std::s
   fail(o, fmt::format("unknown value \"{}\"", v), "use one of " + quoted);
 }
 
+// The config spellings of the enum-like keys, in the order `keys` lists them.
+template <class E>
+using EnumNames = std::vector<std::pair<std::string_view, E>>;
+const EnumNames<ModelKind> kModelKinds = {{"gpt", ModelKind::Gpt}, {"mlp", ModelKind::Mlp}};
+const EnumNames<PositionKind> kPositions = {{"learned", PositionKind::Learned},
+                                            {"rope", PositionKind::Rope}};
+const EnumNames<BackendKind> kBackends = {
+    {"auto", BackendKind::Auto}, {"cpu", BackendKind::Cpu}, {"cuda", BackendKind::Cuda}};
+const EnumNames<Precision> kPrecisions = {{"bf16", Precision::Bf16}, {"fp32", Precision::Fp32}};
+
+template <class E>
+E read_enum(const toml::node& n, const Origin& o, const EnumNames<E>& names) {
+  std::vector<std::string> choices;
+  for (const auto& [name, value] : names) choices.emplace_back(name);
+  const std::string v = read_choice(n, o, choices);
+  for (const auto& [name, value] : names)
+    if (v == name) return value;
+  return names.front().second;  // describe mode
+}
+
+template <class E>
+std::string_view enum_name(E v, const EnumNames<E>& names) {
+  for (const auto& [name, value] : names)
+    if (v == value) return name;
+  return "?";
+}
+
 std::string read_string(const toml::node& n, const Origin& o) {
   if (g_describe) {
     *g_describe = {"string", "any"};
@@ -233,9 +260,7 @@ const std::vector<KeySpec>& key_specs() {
   static const std::vector<KeySpec> specs = {
       {"model", "kind",
        "the model: \"gpt\" or the checkpointing tutorial's \"mlp\" (required in a config file)",
-       [](Config& c, auto& n, auto& o) {
-         c.model.kind = read_choice(n, o, {"gpt", "mlp"});
-       }},
+       [](Config& c, auto& n, auto& o) { c.model.kind = read_enum(n, o, kModelKinds); }},
       {"model", "n_layer", "blocks",
        [](Config& c, auto& n, auto& o) { c.model.n_layer = read_int(n, o, 1, 4096, false); }},
       {"model", "n_head", "attention heads (gpt)",
@@ -249,9 +274,7 @@ const std::vector<KeySpec>& key_specs() {
       {"model", "d_ff", "MLP hidden size; 0 = 4 x n_embd",
        [](Config& c, auto& n, auto& o) { c.model.d_ff = read_int(n, o, 0, 1 << 22, true); }},
       {"model", "position", "learned position table or rotary embeddings",
-       [](Config& c, auto& n, auto& o) {
-         c.model.position = read_choice(n, o, {"learned", "rope"});
-       }},
+       [](Config& c, auto& n, auto& o) { c.model.position = read_enum(n, o, kPositions); }},
       {"model", "rope_theta", "RoPE base",
        [](Config& c, auto& n, auto& o) { c.model.rope_theta = read_float(n, o, 1.0, 1e12); }},
       {"model", "dropout", "dropout after attention and MLP outputs",
@@ -323,15 +346,11 @@ const std::vector<KeySpec>& key_specs() {
       {"remat", "blocks", "which blocks are checkpointed; [] = all",
        [](Config& c, auto& n, auto& o) { c.remat.blocks = read_int_list(n, o); }},
       {"device", "backend", "auto = CUDA when a GPU is found, else the CPU",
-       [](Config& c, auto& n, auto& o) {
-         c.device.backend = read_choice(n, o, {"auto", "cpu", "cuda"});
-       }},
+       [](Config& c, auto& n, auto& o) { c.device.backend = read_enum(n, o, kBackends); }},
       {"device", "memory", "the pool budget; 0 = the device's memory",
        [](Config& c, auto& n, auto& o) { c.device.memory_bytes = read_size(n, o); }},
       {"device", "precision", "CUDA activations (weights and optimizer state stay fp32)",
-       [](Config& c, auto& n, auto& o) {
-         c.device.precision = read_choice(n, o, {"bf16", "fp32"});
-       }},
+       [](Config& c, auto& n, auto& o) { c.device.precision = read_enum(n, o, kPrecisions); }},
       {"device", "threads", "CPU threads; 0 = all cores",
        [](Config& c, auto& n, auto& o) { c.device.threads = read_int(n, o, 0, 1024, false); }},
       {"log", "every", "a progress line every N steps",
@@ -403,16 +422,16 @@ void read_section(Config& c, const std::string& section, const toml::table& tbl,
 void validate(const Config& c, const Origins& o) {
   const auto& m = c.model;
   const auto& t = c.train;
-  if (m.kind == "gpt") {
+  if (m.kind == ModelKind::Gpt) {
     if (m.n_embd % m.n_head != 0)
       fail(o.of("model.n_head"),
            fmt::format("n_embd = {} is not divisible by n_head = {}", m.n_embd, m.n_head),
            "choose n_head dividing n_embd");
-    if (m.position == "rope" && (m.n_embd / m.n_head) % 2 != 0)
+    if (m.position == PositionKind::Rope && (m.n_embd / m.n_head) % 2 != 0)
       fail(o.of("model.n_head"),
            fmt::format("rope needs an even head size, got {}", m.n_embd / m.n_head),
            "choose n_head so that n_embd / n_head is even");
-    if (m.position == "learned" && t.seq_len > m.n_ctx)
+    if (m.position == PositionKind::Learned && t.seq_len > m.n_ctx)
       fail(o.of("train.seq_len"),
            fmt::format("seq_len = {} exceeds model.n_ctx = {} with learned positions", t.seq_len,
                        m.n_ctx),
@@ -440,9 +459,10 @@ void validate(const Config& c, const Origins& o) {
       // In the file it is a mistake; from --set it is harmless (ignored), so one list of
       // overrides can sweep shapes across both kinds. A value that would change the model
       // (rope, dropout) is an error from anywhere.
-      if (o.all().count(key) && (o.of(key).where.rfind("--set ", 0) != 0 ||
-                                 (key == std::string("model.position") && m.position == "rope") ||
-                                 (key == std::string("model.dropout") && m.dropout > 0)))
+      if (o.all().count(key) &&
+          (o.of(key).where.rfind("--set ", 0) != 0 ||
+           (key == std::string("model.position") && m.position == PositionKind::Rope) ||
+           (key == std::string("model.dropout") && m.dropout > 0)))
         fail(o.of(key), fmt::format("{} applies to model.kind = \"gpt\", not \"mlp\"", key),
              fmt::format("remove {} (the MLP's width is model.n_embd)", key));
   }
@@ -574,7 +594,7 @@ Config build(toml::table root, const std::string& name, const std::vector<std::s
            fmt::format("write it as [{}]", section));
     read_section(c, section, *tbl, origins, where);
   }
-  if (c.model.kind == "mlp" && !root["data"]["task"]) c.data.task = "regression";
+  if (c.model.kind == ModelKind::Mlp && !root["data"]["task"]) c.data.task = "regression";
   validate(c, origins);
   c.origins = origins.all();
   return c;
@@ -653,17 +673,18 @@ std::string config_to_toml(const Config& c) {
     for (int64_t x : v) a.push_back(x);
     return a;
   };
-  toml::table model{{"kind", c.model.kind},
+  toml::table model{{"kind", config_name(c.model.kind)},
                     {"n_layer", c.model.n_layer},
                     {"n_head", c.model.n_head},
                     {"n_embd", c.model.n_embd},
                     {"vocab_size", c.model.vocab_size},
                     {"n_ctx", c.model.n_ctx},
                     {"d_ff", c.model.d_ff},
-                    {"position", c.model.position},
+                    {"position", config_name(c.model.position)},
                     {"rope_theta", c.model.rope_theta},
                     {"dropout", c.model.dropout}};
-  if (c.model.kind != "gpt")  // the MLP refuses the GPT's keys, so its state.json omits them
+  if (c.model.kind !=
+      ModelKind::Gpt)  // the MLP refuses the GPT's keys, so its state.json omits them
     for (const char* key :
          {"n_head", "vocab_size", "n_ctx", "d_ff", "position", "rope_theta", "dropout"})
       model.erase(key);
@@ -696,9 +717,9 @@ std::string config_to_toml(const Config& c) {
     remat.erase("every");
     remat.erase("plan");
   }
-  toml::table device{{"backend", c.device.backend},
+  toml::table device{{"backend", config_name(c.device.backend)},
                      {"threads", c.device.threads},
-                     {"precision", c.device.precision}};
+                     {"precision", config_name(c.device.precision)}};
   if (c.device.memory_bytes) device.insert("memory", static_cast<int64_t>(c.device.memory_bytes));
   toml::table log{{"every", c.log.every}};
   toml::table ckpt{{"every", c.checkpoint.every},
@@ -710,6 +731,19 @@ std::string config_to_toml(const Config& c) {
   std::ostringstream out;
   out << root << '\n';
   return out.str();
+}
+
+std::string_view config_name(ModelKind v) {
+  return enum_name(v, kModelKinds);
+}
+std::string_view config_name(PositionKind v) {
+  return enum_name(v, kPositions);
+}
+std::string_view config_name(BackendKind v) {
+  return enum_name(v, kBackends);
+}
+std::string_view config_name(Precision v) {
+  return enum_name(v, kPrecisions);
 }
 
 void throw_config_error(const Config& c, const std::string& key, const std::string& problem,

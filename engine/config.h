@@ -3,24 +3,53 @@
 // a ConfigError naming the file:line:column (or the --set flag), the key, and the fix.
 #pragma once
 
+#include <fmt/format.h>
+
 #include <cstdint>
 #include <map>
 #include <string>
+#include <string_view>
+#include <type_traits>
 #include <vector>
 
 namespace remat {
 
+// The enum-like keys, parsed once when the config is read; config_name() gives each value's
+// spelling in a config file ("gpt", "rope", "cuda", "fp32"), for messages and state.json.
+enum class ModelKind : uint8_t { Gpt, Mlp };           // model.kind
+enum class PositionKind : uint8_t { Learned, Rope };   // model.position
+enum class BackendKind : uint8_t { Auto, Cpu, Cuda };  // device.backend
+enum class Precision : uint8_t { Bf16, Fp32 };         // device.precision
+std::string_view config_name(ModelKind v);
+std::string_view config_name(PositionKind v);
+std::string_view config_name(BackendKind v);
+std::string_view config_name(Precision v);
+
+}  // namespace remat
+
+// fmt prints the enum-like keys by their config spelling: fmt::format("{}", cfg.model.kind).
+template <class E>
+requires std::is_same_v<E, remat::ModelKind> || std::is_same_v<E, remat::PositionKind> ||
+    std::is_same_v<E, remat::BackendKind> || std::is_same_v<E, remat::Precision>
+struct fmt::formatter<E> : fmt::formatter<std::string_view> {
+  auto format(E v, fmt::format_context& ctx) const {
+    return fmt::formatter<std::string_view>::format(remat::config_name(v), ctx);
+  }
+};
+
+namespace remat {
+
 struct ModelConfig {
-  std::string kind = "gpt";          // "gpt" | "mlp" (the checkpointing tutorial's MLP)
-  int64_t n_layer = 2;               // blocks
-  int64_t n_head = 4;                // attention heads (gpt)
-  int64_t n_embd = 64;               // channels; the MLP's width
-  int64_t vocab_size = 256;          // tokens (gpt)
-  int64_t n_ctx = 1024;              // learned position table length (gpt, position = learned)
-  int64_t d_ff = 0;                  // MLP hidden size; 0 = 4 * n_embd
-  std::string position = "learned";  // "learned" | "rope"
-  double rope_theta = 10000.0;       // RoPE base
-  double dropout = 0.0;              // attention-output and MLP-output dropout probability
+  ModelKind kind = ModelKind::Gpt;  // gpt | mlp (the checkpointing tutorial's MLP)
+  int64_t n_layer = 2;              // blocks
+  int64_t n_head = 4;               // attention heads (gpt)
+  int64_t n_embd = 64;              // channels; the MLP's width
+  int64_t vocab_size = 256;         // tokens (gpt)
+  int64_t n_ctx = 1024;             // learned position table length (gpt, position = learned)
+  int64_t d_ff = 0;                 // MLP hidden size; 0 = 4 * n_embd
+  PositionKind position = PositionKind::Learned;
+  double rope_theta = 10000.0;  // RoPE base
+  double dropout = 0.0;         // attention-output and MLP-output dropout probability
   int64_t ff() const { return d_ff > 0 ? d_ff : 4 * n_embd; }
 };
 
@@ -59,10 +88,10 @@ struct RematConfig {
 };
 
 struct DeviceConfig {
-  std::string backend = "auto";    // "auto" | "cpu" | "cuda"
-  uint64_t memory_bytes = 0;       // budget; 0 = what the machine has
-  int64_t threads = 0;             // CPU threads; 0 = all cores
-  std::string precision = "bf16";  // CUDA activations: "bf16" (fp32 master weights) | "fp32"
+  BackendKind backend = BackendKind::Auto;  // auto = CUDA when a GPU is found
+  uint64_t memory_bytes = 0;                // budget; 0 = what the machine has
+  int64_t threads = 0;                      // CPU threads; 0 = all cores
+  Precision precision = Precision::Bf16;    // CUDA activations (fp32 master weights either way)
 };
 
 struct LogConfig {

@@ -11,26 +11,28 @@ namespace remat {
 uint64_t host_memory_bytes() {
   const long pages = sysconf(_SC_PHYS_PAGES);
   const long page = sysconf(_SC_PAGE_SIZE);
-  return pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : (8ull << 30);
+  return pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page)
+                               : (8ull << 30);
 }
 
 BackendChoice make_backend(const Config& cfg) {
-  const std::string& want = cfg.device.backend;
+  const BackendKind want = cfg.device.backend;
   BackendChoice c;
-  if (want == "cuda") {
+  if (want == BackendKind::Cuda) {
     c.backend = cuda::make_backend(cfg.device);
     c.why = "device.backend = \"cuda\"";
     return c;
   }
-  if (want == "auto" && cuda::device_count() > 0) {
+  if (want == BackendKind::Auto && cuda::device_count() > 0) {
     c.backend = cuda::make_backend(cfg.device);
     c.why = "auto: CUDA device found";
     return c;
   }
   const uint64_t budget = cfg.device.memory_bytes ? cfg.device.memory_bytes : host_memory_bytes();
   c.backend = std::make_unique<cpu::CpuBackend>(budget, static_cast<int>(cfg.device.threads));
-  c.why = want == "cpu" ? "device.backend = \"cpu\""
-                        : (cuda::is_built() ? "auto: no CUDA device found" : "auto: built without CUDA");
+  c.why = want == BackendKind::Cpu
+              ? "device.backend = \"cpu\""
+              : (cuda::is_built() ? "auto: no CUDA device found" : "auto: built without CUDA");
   return c;
 }
 

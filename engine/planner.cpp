@@ -40,7 +40,7 @@ const std::vector<GpuPreset>& gpu_presets() {
 PlanTarget plan_target(const Config& cfg, const std::string& gpu, std::optional<uint64_t> memory) {
   // `memory` is the pool budget; device_bytes adds the runtime reserve on top.
   PlanTarget t;
-  const bool cuda = !gpu.empty() || cfg.device.backend == "cuda";
+  const bool cuda = !gpu.empty() || cfg.device.backend == BackendKind::Cuda;
   if (cuda) {
     if (!gpu.empty()) {
       for (const auto& p : gpu_presets())
@@ -61,7 +61,8 @@ PlanTarget plan_target(const Config& cfg, const std::string& gpu, std::optional<
                       cfg.path));
     }
     t.name = gpu.empty() ? "cuda" : gpu;
-    t.count = CountTarget{"cuda", cfg.device.precision == "fp32" ? DType::F32 : DType::BF16, 1};
+    t.count =
+        CountTarget{"cuda", cfg.device.precision == Precision::Fp32 ? DType::F32 : DType::BF16, 1};
     // Outside the pool: the CUDA context with cuBLAS(Lt) and cuDNN loaded (~600 MiB measured on
     // Hopper-class cards with CUDA 12/13) plus the caching slack of the driver.
     t.reserve_bytes = 768ull << 20;
@@ -113,8 +114,8 @@ std::optional<PeakProbe> known_probe(int64_t x, const DryRun* run) {
 }  // namespace
 
 int64_t Planner::longest_seq_len(const Config& cfg, const DryRun* at_cfg) const {
-  if (cfg.model.kind != "gpt") return 0;
-  const int64_t hi = cfg.model.position == "learned" ? cfg.model.n_ctx : (1ll << 26);
+  if (cfg.model.kind != ModelKind::Gpt) return 0;
+  const int64_t hi = cfg.model.position == PositionKind::Learned ? cfg.model.n_ctx : (1ll << 26);
   return largest_fitting(
       hi, target_.pool_budget(),
       [&](int64_t t) {

@@ -77,7 +77,7 @@ int64_t numel(const std::vector<int64_t>& shape) {
 GptDecoder::GptDecoder(const ModelConfig& model, const WeightSource& weights, int64_t max_positions,
                        int64_t parallel_macs)
     : m_(model), parallel_macs_(parallel_macs) {
-  if (m_.kind != "gpt")
+  if (m_.kind != ModelKind::Gpt)
     throw ConfigError(
         fmt::format("[sample] model.kind = \"{}\": only GPT models generate text", m_.kind));
   C_ = m_.n_embd;
@@ -85,7 +85,7 @@ GptDecoder::GptDecoder(const ModelConfig& model, const WeightSource& weights, in
   HS_ = C_ / NH_;
   FF_ = m_.ff();
   V_ = m_.vocab_size;
-  learned_ = m_.position == "learned";
+  learned_ = m_.position == PositionKind::Learned;
   capacity_ = learned_ ? std::min(max_positions, m_.n_ctx) : max_positions;
   REMAT_ASSERT(capacity_ > 0, "GptDecoder: capacity {} (max_positions {})", capacity_,
                max_positions);

@@ -32,10 +32,10 @@ class GptModel : public Model {
       return &params_.back();
     };
     wte_ = add("wte", {V, C}, normal);
-    if (m_.position == "learned")
+    if (m_.position == PositionKind::Learned)
       wpe_ = add("wpe", {m_.n_ctx, C}, ParamInit{ParamInit::Normal, 0.01});
     GptBlockShape shape{B_, T_, C, m_.n_head, FF};
-    shape.rope_theta = m_.position == "rope" ? static_cast<float>(m_.rope_theta) : 0.0f;
+    shape.rope_theta = m_.position == PositionKind::Rope ? static_cast<float>(m_.rope_theta) : 0.0f;
     shape.dropout = static_cast<float>(m_.dropout);
     shape.seed = seed;
     for (int64_t l = 0; l < L; ++l) {
@@ -146,7 +146,7 @@ int64_t Model::n_params() const {
 }
 
 std::unique_ptr<Model> make_model(const Config& cfg, Backend& be) {
-  if (cfg.model.kind == "mlp") return std::make_unique<MlpModel>(cfg, be);
+  if (cfg.model.kind == ModelKind::Mlp) return std::make_unique<MlpModel>(cfg, be);
   return std::make_unique<GptModel>(cfg, be);
 }
 

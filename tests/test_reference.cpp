@@ -142,7 +142,7 @@ void compare_gpt(const std::string& position, const std::string& policy) {
   s.V = m.vocab_size;
   s.L = m.n_layer;
   s.n_ctx = m.n_ctx;
-  s.rope = m.position == "rope";
+  s.rope = m.position == PositionKind::Rope;
   s.rope_theta = static_cast<float>(m.rope_theta);  // the model passes theta as float
   ref::Tensors grads;
   const double want = ref::gpt_loss_and_grads(s, params, inputs, targets, grads);

@@ -175,7 +175,8 @@ std::string version_string() {
 }
 
 std::unique_ptr<Backend> make_backend(const DeviceConfig& cfg) {
-  return std::make_unique<CudaBackend>(cfg, cfg.precision == "fp32" ? DType::F32 : DType::BF16);
+  return std::make_unique<CudaBackend>(cfg,
+                                       cfg.precision == Precision::Fp32 ? DType::F32 : DType::BF16);
 }
 
 // ---- construction ----
