@@ -1,4 +1,5 @@
-// The backend interface: ~20 coarse, layer-level ops, each taking a struct of named arguments.
+// The backend interface: ~20 coarse, layer-level ops, each taking a struct of named arguments
+// declared with its shape checks and cost in engine/ops/<op>.h.
 // Implementations: engine/cpu (fp32 reference, BLAS + OpenMP), engine/cuda (bf16/fp32),
 // engine/count_backend (computes nothing: allocates from the pool and counts FLOPs and bytes;
 // it is what `plan` runs on). An op's scratch memory is declared once per backend as a pure
@@ -21,6 +22,14 @@
 #include <string>
 
 #include "engine/memory_pool.h"
+#include "engine/ops/activation.h"
+#include "engine/ops/adamw.h"
+#include "engine/ops/attention.h"
+#include "engine/ops/embedding.h"
+#include "engine/ops/layernorm.h"
+#include "engine/ops/linear.h"
+#include "engine/ops/loss.h"
+#include "engine/ops/op.h"
 #include "engine/tensor.h"
 #include "engine/workspace.h"
 
@@ -30,141 +39,6 @@ namespace remat {
 enum class Phase : uint8_t { Forward, Recompute, Backward, Loss, Optimizer, kCount };
 constexpr int kNumPhases = static_cast<int>(Phase::kCount);
 const char* phase_name(Phase p);
-
-struct OpCost {
-  double flops = 0;
-  double bytes = 0;  // bytes read + written by the op's kernels (a lower bound on traffic)
-};
-
-struct LinearForwardArgs {
-  Tensor out;     // (N, OC) act; with accumulate: out += inp W^T + b
-  Tensor inp;     // (N, C) act
-  Tensor weight;  // (OC, C) f32
-  Tensor bias;    // (OC) f32, optional (empty)
-  bool accumulate = false;
-};
-
-struct LinearBackwardArgs {
-  Tensor dinp;     // (N, C) act [=], optional (empty: not needed)
-  Tensor dweight;  // (OC, C) f32 [+=]
-  Tensor dbias;    // (OC) f32 [+=], optional
-  Tensor dout;     // (N, OC) act
-  Tensor inp;      // (N, C) act
-  Tensor weight;   // (OC, C) f32
-};
-
-struct LayerNormForwardArgs {
-  Tensor out;     // (N, C) act
-  Tensor stats;   // (N, 2) f32: mean, rstd per row
-  Tensor inp;     // (N, C) act
-  Tensor weight;  // (C) f32
-  Tensor bias;    // (C) f32
-};
-
-struct LayerNormBackwardArgs {
-  Tensor dinp;     // (N, C) act [+=] residual stream
-  Tensor dweight;  // (C) f32 [+=]
-  Tensor dbias;    // (C) f32 [+=]
-  Tensor dout;     // (N, C) act
-  Tensor inp;      // (N, C) act
-  Tensor weight;   // (C) f32
-  Tensor stats;    // (N, 2) f32
-};
-
-/// Causal multi-head self-attention with the flash contract: the forward saves only its output
-/// and the per-row log-sum-exp, never a T x T matrix. With rope_theta > 0, rotary position
-/// embedding is applied to q and k inside the op (qkv is saved unrotated).
-struct AttentionForwardArgs {
-  Tensor out;  // (B, T, C) act
-  Tensor lse;  // (B, NH, T) f32: log-sum-exp of each row of scaled scores
-  Tensor qkv;  // (B, T, 3C) act: q | k | v, heads contiguous inside each
-  int n_head = 1;
-  float rope_theta = 0;  // 0: no rotary embedding
-};
-
-struct AttentionBackwardArgs {
-  Tensor dqkv;  // (B, T, 3C) act [=]
-  Tensor dout;  // (B, T, C) act
-  Tensor qkv;   // (B, T, 3C) act
-  Tensor out;   // (B, T, C) act
-  Tensor lse;   // (B, NH, T) f32
-  int n_head = 1;
-  float rope_theta = 0;
-};
-
-enum class Activation : uint8_t { Gelu, Relu };
-
-struct ActivationForwardArgs {
-  Tensor out;  // (N, D) act
-  Tensor inp;  // (N, D) act
-  Activation kind = Activation::Gelu;
-};
-
-struct ActivationBackwardArgs {
-  Tensor dinp;  // (N, D) act [=]; may alias dout
-  Tensor dout;  // (N, D) act
-  Tensor inp;   // (N, D) act: the pre-activation
-  Activation kind = Activation::Gelu;
-};
-
-struct EmbeddingForwardArgs {
-  Tensor out;     // (B, T, C) act = wte[tokens] (+ wpe[t])
-  Tensor tokens;  // (B, T) i32
-  Tensor wte;     // (V, C) f32
-  Tensor wpe;     // (maxT, C) f32, optional (rope models have none)
-};
-
-struct EmbeddingBackwardArgs {
-  Tensor dwte;    // (V, C) f32 [+=]
-  Tensor dwpe;    // (maxT, C) f32 [+=], optional
-  Tensor dout;    // (B, T, C) act
-  Tensor tokens;  // (B, T) i32
-};
-
-/// Fused, chunked LM head + softmax cross-entropy: for chunks of `chunk_rows` rows it forms the
-/// logits inp W^T, the loss and the gradients, so no (N, V) tensor ever exists. Runs in the
-/// forward pass; the gradients are scaled by loss_scale (1/N for a mean loss).
-struct LmHeadLossArgs {
-  Tensor losses;   // (N) f32 [=] per-row loss (unscaled)
-  Tensor dinp;     // (N, C) act [=]
-  Tensor dweight;  // (V, C) f32 [+=]
-  Tensor inp;      // (N, C) act: the final hidden states
-  Tensor weight;   // (V, C) f32: the (tied) output embedding
-  Tensor targets;  // (N) i32
-  float loss_scale = 1.0f;
-  int64_t chunk_rows = 0;  // rows per chunk; <= 0 means all rows at once
-};
-
-/// Mean-squared error for the tutorial MLP: loss_row = sum_j (inp - target)^2 / D.
-struct MseLossArgs {
-  Tensor losses;  // (N) f32 [=]
-  Tensor dinp;    // (N, D) act [=]
-  Tensor inp;     // (N, D) act
-  Tensor target;  // (N, D) f32
-  float loss_scale = 1.0f;
-};
-
-/// Inverted dropout with a counter-based mask: keep element i iff
-/// rng_uniform(seed, stream, i) >= p, scaled by 1/(1-p). The mask is a pure function of
-/// (seed, stream, i), so a recompute or the backward pass (the same op on dout) reproduces it
-/// with no saved state. See engine/rng.h.
-struct DropoutArgs {
-  Tensor out;  // (N, D) act; may alias inp
-  Tensor inp;  // (N, D) act
-  float p = 0;
-  uint64_t seed = 0;
-  uint64_t stream = 0;  // derived from (step, block, site)
-};
-
-struct AdamWArgs {
-  Tensor param;  // (...) f32, updated in place
-  Tensor grad;   // (...) f32
-  Tensor m;      // (...) f32 first moment
-  Tensor v;      // (...) f32 second moment
-  float lr = 0, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0;
-  float grad_scale = 1.0f;  // applied to grad first (gradient clipping)
-  int64_t step = 1;         // 1-based, for bias correction
-};
 
 class Backend {
  public:
@@ -250,7 +124,7 @@ class Backend {
   // (engine/cpu/workspace.h, engine/cuda/workspace.h), allocated by the public op.
 
  private:
-  void count(double flops, double bytes);
+  void count(const OpCost& op);
   std::unique_ptr<MemoryPool> pool_;
   Phase phase_ = Phase::Forward;
   std::array<OpCost, kNumPhases> cost_{};

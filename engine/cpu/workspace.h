@@ -6,7 +6,10 @@
 
 #include <algorithm>
 
-#include "engine/backend.h"
+#include "engine/ops/attention.h"
+#include "engine/ops/embedding.h"
+#include "engine/ops/linear.h"
+#include "engine/ops/loss.h"
 #include "engine/workspace.h"
 
 namespace remat::cpu {

@@ -4,7 +4,10 @@
 // dtype, so bf16-vs-f32 decisions read the arguments' dtypes.
 #pragma once
 
-#include "engine/backend.h"
+#include "engine/ops/attention.h"
+#include "engine/ops/embedding.h"
+#include "engine/ops/linear.h"
+#include "engine/ops/loss.h"
 #include "engine/workspace.h"
 
 namespace remat::cuda {

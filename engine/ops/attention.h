@@ -1,0 +1,66 @@
+// Causal multi-head self-attention with the flash contract: arguments, shape checks, FLOPs and
+// bytes. Kernels: engine/cpu/attention.cpp, engine/cuda/attention.cpp (cuDNN); workspaces:
+// engine/{cpu,cuda}/workspace.h; tests: tests/test_ops.cpp.
+#pragma once
+
+#include "engine/error.h"
+#include "engine/ops/op.h"
+#include "engine/tensor.h"
+
+namespace remat {
+
+/// Causal multi-head self-attention with the flash contract: the forward saves only its output
+/// and the per-row log-sum-exp, never a T x T matrix. With rope_theta > 0, rotary position
+/// embedding is applied to q and k inside the op (qkv is saved unrotated).
+struct AttentionForwardArgs {
+  Tensor out;  // (B, T, C) act
+  Tensor lse;  // (B, NH, T) f32: log-sum-exp of each row of scaled scores
+  Tensor qkv;  // (B, T, 3C) act: q | k | v, heads contiguous inside each
+  int n_head = 1;
+  float rope_theta = 0;  // 0: no rotary embedding
+};
+
+struct AttentionBackwardArgs {
+  Tensor dqkv;  // (B, T, 3C) act [=]
+  Tensor dout;  // (B, T, C) act
+  Tensor qkv;   // (B, T, 3C) act
+  Tensor out;   // (B, T, C) act
+  Tensor lse;   // (B, NH, T) f32
+  int n_head = 1;
+  float rope_theta = 0;
+};
+
+// Causal attention does 2*HS FLOPs per (query, key) pair for each of its GEMM-like products:
+// S = QK^T and O = PV forward (2 products); S again, dV, dP, dQ, dK backward (5 products).
+inline double causal_pairs(const Tensor& qkv, int n_head) {
+  const double B = static_cast<double>(qkv.dim(0)), T = static_cast<double>(qkv.dim(1));
+  return B * n_head * T * (T + 1) / 2;
+}
+
+inline void check(const AttentionForwardArgs& a) {
+  REMAT_ASSERT(a.qkv.ndim == 3 && a.out.ndim == 3, "attention_forward: qkv {} out {}",
+               a.qkv.shape_str(), a.out.shape_str());
+  const int64_t B = a.qkv.dim(0), T = a.qkv.dim(1), C = a.out.dim(2);
+  REMAT_ASSERT(a.qkv.dim(2) == 3 * C && a.out.dim(0) == B && a.out.dim(1) == T,
+               "attention_forward: qkv {} vs out {}", a.qkv.shape_str(), a.out.shape_str());
+  REMAT_ASSERT(a.n_head > 0 && C % a.n_head == 0, "attention_forward: {} heads, C={}", a.n_head, C);
+  REMAT_ASSERT(a.lse.numel() == B * a.n_head * T, "attention_forward: lse {}", a.lse.shape_str());
+}
+inline OpCost cost(const AttentionForwardArgs& a) {
+  const double HS = static_cast<double>(a.out.dim(2) / a.n_head);
+  return {2 * 2 * HS * causal_pairs(a.qkv, a.n_head),
+          act_bytes(a.qkv) + act_bytes(a.out) + act_bytes(a.lse)};
+}
+
+inline void check(const AttentionBackwardArgs& a) {
+  REMAT_ASSERT(a.dqkv.numel() == a.qkv.numel() && a.dout.numel() == a.out.numel(),
+               "attention_backward: dqkv {} qkv {} dout {} out {}", a.dqkv.shape_str(),
+               a.qkv.shape_str(), a.dout.shape_str(), a.out.shape_str());
+}
+inline OpCost cost(const AttentionBackwardArgs& a) {
+  const double HS = static_cast<double>(a.out.dim(2) / a.n_head);
+  return {5 * 2 * HS * causal_pairs(a.qkv, a.n_head),
+          2 * act_bytes(a.qkv) + 2 * act_bytes(a.out) + act_bytes(a.dqkv) + act_bytes(a.lse)};
+}
+
+}  // namespace remat

@@ -1,0 +1,59 @@
+// Linear layer y = x W^T + b (W is (out, in), as PyTorch's nn.Linear): arguments, shape checks,
+// FLOPs and bytes. Kernels: engine/cpu/gemm.cpp, engine/cuda/cuda_backend.cpp (cuBLASLt);
+// workspaces: engine/{cpu,cuda}/workspace.h; tests: tests/test_ops.cpp.
+#pragma once
+
+#include "engine/error.h"
+#include "engine/ops/op.h"
+#include "engine/tensor.h"
+
+namespace remat {
+
+struct LinearForwardArgs {
+  Tensor out;     // (N, OC) act; with accumulate: out += inp W^T + b
+  Tensor inp;     // (N, C) act
+  Tensor weight;  // (OC, C) f32
+  Tensor bias;    // (OC) f32, optional (empty)
+  bool accumulate = false;
+};
+
+struct LinearBackwardArgs {
+  Tensor dinp;     // (N, C) act [=], optional (empty: not needed)
+  Tensor dweight;  // (OC, C) f32 [+=]
+  Tensor dbias;    // (OC) f32 [+=], optional
+  Tensor dout;     // (N, OC) act
+  Tensor inp;      // (N, C) act
+  Tensor weight;   // (OC, C) f32
+};
+
+inline void check(const LinearForwardArgs& a) {
+  const int64_t N = a.inp.rows(), C = a.inp.dim(-1), OC = a.weight.dim(0);
+  REMAT_ASSERT(a.weight.dim(-1) == C, "linear_forward: weight {} vs input {}", a.weight.shape_str(),
+               a.inp.shape_str());
+  REMAT_ASSERT(a.out.rows() == N && a.out.dim(-1) == OC, "linear_forward: out {} expected ({}, {})",
+               a.out.shape_str(), N, OC);
+  REMAT_ASSERT(a.bias.empty() || a.bias.numel() == OC, "linear_forward: bias {}",
+               a.bias.shape_str());
+}
+inline OpCost cost(const LinearForwardArgs& a) {
+  const double N = static_cast<double>(a.inp.rows()), C = static_cast<double>(a.inp.dim(-1)),
+               OC = static_cast<double>(a.weight.dim(0));
+  return {2.0 * N * C * OC, act_bytes(a.inp) + act_bytes(a.weight) + act_bytes(a.out)};
+}
+
+inline void check(const LinearBackwardArgs& a) {
+  const int64_t N = a.inp.rows(), C = a.inp.dim(-1), OC = a.weight.dim(0);
+  REMAT_ASSERT(a.dout.rows() == N && a.dout.dim(-1) == OC, "linear_backward: dout {}",
+               a.dout.shape_str());
+  REMAT_ASSERT(a.dweight.numel() == OC * C, "linear_backward: dweight {}", a.dweight.shape_str());
+  REMAT_ASSERT(a.dinp.empty() || a.dinp.numel() == N * C, "linear_backward: dinp {}",
+               a.dinp.shape_str());
+}
+inline OpCost cost(const LinearBackwardArgs& a) {
+  const double N = static_cast<double>(a.inp.rows()), C = static_cast<double>(a.inp.dim(-1)),
+               OC = static_cast<double>(a.weight.dim(0));
+  return {2.0 * N * C * OC * (a.dinp.empty() ? 1 : 2),
+          act_bytes(a.dout) * 2 + act_bytes(a.inp) + act_bytes(a.weight) * 3 + act_bytes(a.dinp)};
+}
+
+}  // namespace remat

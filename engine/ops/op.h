@@ -1,0 +1,28 @@
+// What every op header (engine/ops/<op>.h) shares. An op is its Args struct (named tensors with
+// their shapes and the [=] / [+=] contract of engine/backend.h), check(args) (shape asserts at
+// the op boundary, on in release builds) and cost(args) (its FLOPs and bytes, the same on every
+// backend, so the planner's counts are a real run's). Its scratch memory per backend is a rule in
+// engine/cpu/workspace.h and engine/cuda/workspace.h; engine/backend.cpp runs them in order.
+#pragma once
+
+#include "engine/error.h"
+#include "engine/tensor.h"
+
+namespace remat {
+
+struct OpCost {
+  double flops = 0;
+  double bytes = 0;  // bytes read + written by the op's kernels (a lower bound on traffic)
+};
+
+/// Bytes of a tensor argument, 0 for an absent (empty) one.
+inline double act_bytes(const Tensor& t) {
+  return t.empty() ? 0.0 : static_cast<double>(t.bytes());
+}
+
+inline void check_rows(const Tensor& a, const Tensor& b, const char* what) {
+  REMAT_ASSERT(a.rows() == b.rows(), "{}: row mismatch {} vs {}", what, a.shape_str(),
+               b.shape_str());
+}
+
+}  // namespace remat
