@@ -148,7 +148,7 @@ fi
 
 # ---- mutants ----
 mutants=()
-for m in "$repo"/tests/mutants/*.mutant; do
+for m in "$src"/tests/mutants/*.mutant; do  # the synchronized copy: edits during a run do not leak in
   name=$(basename "$m" .mutant)
   if [ $# -gt 0 ]; then
     keep=0

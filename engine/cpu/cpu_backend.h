@@ -22,6 +22,10 @@ struct BlasInfo {
 };
 BlasInfo blas_info();
 
+/// Elementwise loops of the CPU kernels split rows across threads with a static schedule; 0.5 MiB
+/// per chunk keeps tiny tensors on one thread.
+constexpr int64_t kGrain = 1 << 17;
+
 /// Threads a CpuBackend uses when device.threads = 0 (OpenMP's default: all cores).
 int default_threads();
 

@@ -1,0 +1,53 @@
+// CPU token (+ position) embedding forward and backward (engine/ops/embedding.h).
+
+#include "engine/cpu/cpu_backend.h"
+
+namespace remat::cpu {
+
+void CpuBackend::embedding_forward_impl(const EmbeddingForwardArgs& a) {
+  const int64_t B = a.tokens.dim(0), T = a.tokens.dim(1), C = a.wte.dim(1), V = a.wte.dim(0);
+  const int32_t* tok = a.tokens.i32();
+  const float* wte = a.wte.f32();
+  const float* wpe = a.wpe.empty() ? nullptr : a.wpe.f32();
+  float* out = a.out.f32();
+#pragma omp parallel for schedule(static)
+  for (int64_t bt = 0; bt < B * T; ++bt) {
+    const int32_t id = tok[bt];
+    REMAT_ASSERT(id >= 0 && id < V, "embedding_forward: token {} outside vocabulary {}", id, V);
+    const float* e = wte + id * C;
+    float* o = out + bt * C;
+    if (wpe) {
+      const float* p = wpe + (bt % T) * C;
+      for (int64_t c = 0; c < C; ++c) o[c] = e[c] + p[c];
+    } else {
+      for (int64_t c = 0; c < C; ++c) o[c] = e[c];
+    }
+  }
+}
+
+// Scatter-add without atomics: each thread owns a slice of channels for every row, so rows with
+// the same token never race and the summation order is fixed (deterministic).
+void CpuBackend::embedding_backward_impl(const EmbeddingBackwardArgs& a, const OpWorkspace&) {
+  const int64_t B = a.tokens.dim(0), T = a.tokens.dim(1), C = a.dwte.dim(1);
+  const int32_t* tok = a.tokens.i32();
+  const float* dout = a.dout.f32();
+  float* dwte = a.dwte.f32();
+  float* dwpe = a.dwpe.empty() ? nullptr : a.dwpe.f32();
+  constexpr int64_t kSlice = 16;
+  const int64_t n_slices = (C + kSlice - 1) / kSlice;
+#pragma omp parallel for schedule(static)
+  for (int64_t s = 0; s < n_slices; ++s) {
+    const int64_t c0 = s * kSlice, c1 = std::min(C, c0 + kSlice);
+    for (int64_t bt = 0; bt < B * T; ++bt) {
+      const float* d = dout + bt * C;
+      float* w = dwte + static_cast<int64_t>(tok[bt]) * C;
+      for (int64_t c = c0; c < c1; ++c) w[c] += d[c];
+      if (dwpe) {
+        float* p = dwpe + (bt % T) * C;
+        for (int64_t c = c0; c < c1; ++c) p[c] += d[c];
+      }
+    }
+  }
+}
+
+}  // namespace remat::cpu

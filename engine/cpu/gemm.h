@@ -1,0 +1,19 @@
+// The one GEMM of the CPU backend, used by the linear layer (linear.cpp) and the LM-head loss
+// (loss.cpp): row-major C (M, N) = A (M, K) B (K, N) + beta C, with optional transposes, on a
+// tile grid fixed by the shape (see gemm.cpp), so its results are the same bits for any thread
+// count. Internal to engine/cpu.
+#pragma once
+
+#include <cblas.h>
+
+#include <cstdint>
+
+namespace remat::cpu {
+
+/// A dimension as BLAS's int; asserts that it fits.
+int blas_int(int64_t v);
+
+void sgemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int64_t N, int64_t K, const float* A,
+           int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
+
+}  // namespace remat::cpu
