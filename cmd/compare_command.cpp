@@ -65,7 +65,7 @@ CompareRow run_policy(const Config& base, const std::string& policy, int64_t ste
 void train_policy(const Config& cfg, Backend& be, int64_t steps, CompareRow& row) {
   RunParts parts = make_run_parts(cfg, be);
   parts.data->open();
-  Trainer trainer(cfg, be, *parts.model, *parts.data);
+  Trainer trainer(cfg.train, resolve_remat_plan(cfg, *parts.model), be, *parts.model, *parts.data);
   std::vector<double> ms;
   for (int64_t s = 0; s < steps && !interrupted(); ++s) {
     StepMetrics m = trainer.step();

@@ -382,7 +382,7 @@ int run_train(const TrainOptions& opt) {
   std::unique_ptr<Model> model = make_model(cfg, be);
   std::unique_ptr<DataSource> data = make_data_source(cfg);
   data->open();
-  Trainer trainer(cfg, be, *model, *data);
+  Trainer trainer(cfg.train, resolve_remat_plan(cfg, *model), be, *model, *data);
 
   RunInfo info;
   if (resume) {

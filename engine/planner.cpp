@@ -91,7 +91,7 @@ DryRun Planner::dry_run(const Config& cfg, bool track_largest) const {
   be.pool().set_track_largest(track_largest);
   RunParts parts = factory_(cfg, be);
   Model& model = *parts.model;
-  Trainer trainer(cfg, be, model, *parts.data);
+  Trainer trainer(cfg.train, resolve_remat_plan(cfg, model), be, model, *parts.data);
   be.reset_cost();
   trainer.step();
   be.pool().set_phase("checkpoint");

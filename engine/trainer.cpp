@@ -20,8 +20,8 @@ double learning_rate(const TrainConfig& t, int64_t s) {
   return min_lr + 0.5 * (t.lr - min_lr) * (1.0 + std::cos(3.141592653589793 * progress));
 }
 
-Trainer::Trainer(const Config& cfg, Backend& be, Model& model, DataSource& data)
-    : cfg_(cfg), be_(be), model_(model), data_(data), plan_(resolve_remat_plan(cfg, model)) {}
+Trainer::Trainer(TrainConfig train, RematPlan plan, Backend& be, Model& model, DataSource& data)
+    : train_(std::move(train)), be_(be), model_(model), data_(data), plan_(std::move(plan)) {}
 
 std::string Trainer::divergence_message(const StepMetrics& m) {
   std::string first = "none (the loss itself)";
@@ -57,7 +57,7 @@ StepMetrics Trainer::step() {
   MemoryPool& pool = be_.pool();
   StepMetrics m;
   m.step = step_ + 1;
-  m.lr = learning_rate(cfg_.train, step_);
+  m.lr = learning_rate(train_, step_);
 
   pool.set_phase("data");
   Batch batch = data_.next(be_, step_);
@@ -81,12 +81,12 @@ StepMetrics Trainer::step() {
   // later steps would report "loss nan" while burning compute.
   if (!std::isfinite(m.loss) || !std::isfinite(m.grad_norm)) throw Diverged(divergence_message(m));
   float grad_scale = 1.0f;
-  if (cfg_.train.grad_clip > 0 && m.grad_norm > cfg_.train.grad_clip)
-    grad_scale = static_cast<float>(cfg_.train.grad_clip / m.grad_norm);
+  if (train_.grad_clip > 0 && m.grad_norm > train_.grad_clip)
+    grad_scale = static_cast<float>(train_.grad_clip / m.grad_norm);
   for (Param& p : model_.params()) {
     AdamWArgs a{p.value, p.grad, p.m, p.v};
     a.lr = static_cast<float>(m.lr);
-    a.weight_decay = p.use_decay ? static_cast<float>(cfg_.train.weight_decay) : 0.0f;
+    a.weight_decay = p.use_decay ? static_cast<float>(train_.weight_decay) : 0.0f;
     a.grad_scale = grad_scale;
     a.step = step_ + 1;
     be_.adamw_update(a);

@@ -54,7 +54,9 @@ double learning_rate(const TrainConfig& t, int64_t s);
 
 class Trainer {
  public:
-  Trainer(const Config& cfg, Backend& be, Model& model, DataSource& data);
+  /// Trains `model` on `data` with the [train] settings `train` under `plan`
+  /// (resolve_remat_plan); the trainer reads no other section.
+  Trainer(TrainConfig train, RematPlan plan, Backend& be, Model& model, DataSource& data);
   /// One step. Throws Diverged (before the optimizer update) when the loss or the gradient norm
   /// is not finite.
   StepMetrics step();
@@ -72,7 +74,7 @@ class Trainer {
 
  private:
   std::string divergence_message(const StepMetrics& m);
-  const Config& cfg_;
+  TrainConfig train_;
   Backend& be_;
   Model& model_;
   DataSource& data_;

@@ -74,7 +74,7 @@ std::map<std::vector<std::string>, PlanCost> brute_force(const Config& cfg) {
 std::vector<double> train_losses(const Config& cfg, int steps) {
   cpu::CpuBackend be(1ull << 32, kThreads);
   RunParts p = synthetic_run_parts(cfg, be);
-  Trainer trainer(cfg, be, *p.model, *p.data);
+  Trainer trainer(cfg.train, resolve_remat_plan(cfg, *p.model), be, *p.model, *p.data);
   std::vector<double> losses;
   for (int s = 0; s < steps; ++s) losses.push_back(trainer.step().loss);
   return losses;

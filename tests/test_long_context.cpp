@@ -30,7 +30,7 @@ uint64_t measured(int64_t T) {
   const Config cfg = long_gpt(T);
   cpu::CpuBackend be(UINT64_MAX, 2);
   RunParts p = remat::test::synthetic_run_parts(cfg, be);
-  Trainer trainer(cfg, be, *p.model, *p.data);
+  Trainer trainer(cfg.train, resolve_remat_plan(cfg, *p.model), be, *p.model, *p.data);
   trainer.step();
   return be.pool().peak_bytes();
 }

@@ -131,7 +131,7 @@ TEST_CASE("copy task: the second half's loss falls well below chance on the tiny
   cpu::CpuBackend be(1ull << 30, 2);
   auto model = make_model(cfg, be);
   auto data = make_synthetic_data(cfg);
-  Trainer trainer(cfg, be, *model, *data);
+  Trainer trainer(cfg.train, resolve_remat_plan(cfg, *model), be, *model, *data);
   StepMetrics m;
   for (int64_t s = 0; s < cfg.train.steps; ++s) m = trainer.step();
   const double chance = std::log(static_cast<double>(cfg.model.vocab_size));

@@ -24,7 +24,7 @@ Planner cpu_planner(int threads, uint64_t budget) {
 uint64_t measured_peak(const Config& cfg, int threads) {
   cpu::CpuBackend be(1ull << 32, threads);
   RunParts p = synthetic_run_parts(cfg, be);
-  Trainer trainer(cfg, be, *p.model, *p.data);
+  Trainer trainer(cfg.train, resolve_remat_plan(cfg, *p.model), be, *p.model, *p.data);
   trainer.step();
   trainer.step();
   return be.pool().peak_bytes();

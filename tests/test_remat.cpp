@@ -50,7 +50,7 @@ RunRecord train3(const std::string& text, const std::vector<std::string>& sets, 
   cpu::CpuBackend be(1ull << 30, threads);
   auto model = make_model(cfg, be);
   auto data = make_synthetic_data(cfg);
-  Trainer trainer(cfg, be, *model, *data);
+  Trainer trainer(cfg.train, resolve_remat_plan(cfg, *model), be, *model, *data);
   RunRecord r;
   for (int s = 0; s < 3; ++s) r.losses.push_back(trainer.step().loss);
   for (Param& p : model->params()) {

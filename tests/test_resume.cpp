@@ -100,7 +100,7 @@ Snapshot train_range(const Config& cfg, int64_t from, int64_t to, const std::str
   auto model = make_model(cfg, be);
   auto data = make_data_source(cfg);
   data->open();
-  Trainer trainer(cfg, be, *model, *data);
+  Trainer trainer(cfg.train, resolve_remat_plan(cfg, *model), be, *model, *data);
   if (!resume_from.empty()) {
     Checkpoint ckpt(resume_from);
     ckpt.load_into(be, *model, true);
@@ -153,7 +153,7 @@ TEST_CASE("2 x 10 steps with a checkpoint between equal 20 steps, bit for bit, w
     auto model = make_model(cfg, be);
     auto data = make_data_source(cfg);
     data->open();
-    Trainer trainer(cfg, be, *model, *data);
+    Trainer trainer(cfg.train, resolve_remat_plan(cfg, *model), be, *model, *data);
     Checkpoint(mid).load_into(be, *model, /*with_optimizer=*/false);
     trainer.set_steps_done(10);
     while (trainer.steps_done() < 20) trainer.step();

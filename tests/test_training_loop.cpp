@@ -160,7 +160,7 @@ TEST_CASE("AdamW matches a double reference: bias correction, decay on exactly t
   cpu::CpuBackend be(1ull << 30, test::kTestThreads);
   auto model = make_model(cfg, be);
   auto data = make_synthetic_data(cfg);
-  Trainer trainer(cfg, be, *model, *data);
+  Trainer trainer(cfg.train, resolve_remat_plan(cfg, *model), be, *model, *data);
   // Catches: weight decay on biases / LayerNorm (decay set by rank >= 1).
   for (Param& p : model->params()) {
     INFO(p.name);
@@ -188,7 +188,7 @@ TEST_CASE("global-norm clipping: the norm is sqrt(sum g^2) in double and scales 
     cpu::CpuBackend be(1ull << 30, test::kTestThreads);
     auto model = make_model(cfg, be);
     auto data = make_synthetic_data(cfg);
-    Trainer trainer(cfg, be, *model, *data);
+    Trainer trainer(cfg.train, resolve_remat_plan(cfg, *model), be, *model, *data);
     prefill_moments(*model);
     for (int64_t s = 0; s < 2; ++s) {
       const HostParams p0 = snapshot(*model, &Param::value), m0 = snapshot(*model, &Param::m),
@@ -212,7 +212,7 @@ TEST_CASE("a step applies its own gradient only: zeroed first, from its own batc
   cpu::CpuBackend be(1ull << 30, test::kTestThreads);
   auto model = make_model(cfg, be);
   auto data = make_synthetic_data(cfg);
-  Trainer trainer(cfg, be, *model, *data);
+  Trainer trainer(cfg.train, resolve_remat_plan(cfg, *model), be, *model, *data);
   trainer.step();
   const HostParams p1 = snapshot(*model, &Param::value);
   const double loss2 = trainer.step().loss;
@@ -496,7 +496,7 @@ threads = 2
     cpu::CpuBackend be(1ull << 30, test::kTestThreads);
     auto model = make_model(cfg, be);
     auto data = make_synthetic_data(cfg);
-    Trainer trainer(cfg, be, *model, *data);
+    Trainer trainer(cfg.train, resolve_remat_plan(cfg, *model), be, *model, *data);
     trainer.step();
     const MemorySnapshot& peak = be.pool().peak_snapshot();
     const uint64_t ckpt = peak.by_category[static_cast<size_t>(MemCategory::Checkpoints)];

@@ -444,7 +444,7 @@ policy = "none"
 std::vector<double> train_losses(Backend& be, const Config& cfg) {
   auto model = make_model(cfg, be);
   auto data = make_synthetic_data(cfg);
-  Trainer trainer(cfg, be, *model, *data);
+  Trainer trainer(cfg.train, resolve_remat_plan(cfg, *model), be, *model, *data);
   std::vector<double> losses;
   for (int64_t s = 0; s < cfg.train.steps; ++s) losses.push_back(trainer.step().loss);
   return losses;
