@@ -15,13 +15,12 @@ namespace {
 
 class GptModel : public Model {
  public:
-  GptModel(const Config& cfg, Backend& be) : m_(cfg.model) {
-    B_ = cfg.train.batch_size;
-    T_ = cfg.train.seq_len;
+  GptModel(const ModelConfig& model, const ModelShape& s, Backend& be) : m_(model) {
+    B_ = s.batch_size;
+    T_ = s.seq_len;
     const int64_t C = m_.n_embd, V = m_.vocab_size, FF = m_.ff(), L = m_.n_layer;
-    const uint64_t seed = cfg.train.seed;
-    loss_chunk_ =
-        cfg.train.loss_chunk > 0 ? cfg.train.loss_chunk : default_loss_chunk_rows(B_ * T_, V);
+    const uint64_t seed = s.seed;
+    loss_chunk_ = s.loss_chunk > 0 ? s.loss_chunk : default_loss_chunk_rows(B_ * T_, V);
     // GPT-2 initialization: N(0, 0.02); residual projections scaled by 1/sqrt(2L).
     const ParamInit normal{ParamInit::Normal, 0.02};
     const ParamInit resid{ParamInit::Normal, 0.02 / std::sqrt(2.0 * static_cast<double>(L))};
@@ -104,17 +103,18 @@ class GptModel : public Model {
 
 class MlpModel : public Model {
  public:
-  MlpModel(const Config& cfg, Backend& be) : L_(cfg.model.n_layer), D_(cfg.model.n_embd) {
-    B_ = cfg.train.batch_size;
+  MlpModel(const ModelConfig& model, const ModelShape& s, Backend& be)
+      : L_(model.n_layer), D_(model.n_embd) {
+    B_ = s.batch_size;
     params_.reserve(static_cast<size_t>(2 * L_));
     // He initialization keeps the relu stack's activations at unit scale.
     const ParamInit he{ParamInit::Normal, std::sqrt(2.0 / static_cast<double>(D_))};
     for (int64_t l = 0; l < L_; ++l) {
       params_.push_back(
-          make_param(be, fmt::format("blocks.{}.fc.weight", l), {D_, D_}, he, cfg.train.seed));
+          make_param(be, fmt::format("blocks.{}.fc.weight", l), {D_, D_}, he, s.seed));
       Param* w = &params_.back();
       params_.push_back(
-          make_param(be, fmt::format("blocks.{}.fc.bias", l), {D_}, ParamInit{}, cfg.train.seed));
+          make_param(be, fmt::format("blocks.{}.fc.bias", l), {D_}, ParamInit{}, s.seed));
       blocks_.push_back(std::make_unique<MlpBlock>(w, &params_.back(), B_, D_));
     }
   }
@@ -146,8 +146,16 @@ int64_t Model::n_params() const {
 }
 
 std::unique_ptr<Model> make_model(const Config& cfg, Backend& be) {
-  if (cfg.model.kind == ModelKind::Mlp) return std::make_unique<MlpModel>(cfg, be);
-  return std::make_unique<GptModel>(cfg, be);
+  return make_model(cfg.model, model_shape(cfg.train), be);
+}
+
+ModelShape model_shape(const TrainConfig& train) {
+  return {train.batch_size, train.seq_len, train.seed, train.loss_chunk};
+}
+
+std::unique_ptr<Model> make_model(const ModelConfig& model, const ModelShape& shape, Backend& be) {
+  if (model.kind == ModelKind::Mlp) return std::make_unique<MlpModel>(model, shape, be);
+  return std::make_unique<GptModel>(model, shape, be);
 }
 
 }  // namespace remat

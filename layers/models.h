@@ -11,6 +11,18 @@
 
 namespace remat {
 
+/// What a model needs besides [model]: the shape of one step and the run's seed (parameter
+/// initialization, dropout) and LM-head chunking.
+struct ModelShape {
+  int64_t batch_size = 1;
+  int64_t seq_len = 1;     // gpt only
+  uint64_t seed = 0;       // train.seed
+  int64_t loss_chunk = 0;  // train.loss_chunk; 0 = chosen by the tool
+};
+ModelShape model_shape(const TrainConfig& train);
+
+std::unique_ptr<Model> make_model(const ModelConfig& model, const ModelShape& shape, Backend& be);
+/// The model of `cfg`: [model] at the shape of [train].
 std::unique_ptr<Model> make_model(const Config& cfg, Backend& be);
 
 }  // namespace remat
