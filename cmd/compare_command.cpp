@@ -33,10 +33,7 @@ struct CompareRow {
 void train_policy(const Config& cfg, Backend& be, int64_t steps, CompareRow& row);
 
 CompareRow run_policy(const Config& base, const std::string& policy, int64_t steps) {
-  Config cfg = base;
-  cfg.remat.policy = policy;
-  cfg.remat.plan.clear();
-  if (policy == "names" && cfg.remat.save.empty()) cfg.remat.save = {"attn", "attn.lse"};
+  Config cfg = with_policy(base, policy);
   BackendChoice choice = make_backend(cfg);
   Backend& be = *choice.backend;
   const Planner planner(run_plan_target(be), make_run_parts);

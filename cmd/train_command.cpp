@@ -310,10 +310,7 @@ void refuse_plan_over_budget(const Planner& planner, const Config& cfg, const Dr
   std::string fitting;
   for (const std::string& p : builtin_policies()) {
     if (p == cfg.remat.policy && cfg.remat.plan.empty()) continue;
-    Config c = cfg;
-    c.remat = RematConfig{};
-    c.remat.policy = p;
-    const uint64_t peak = planner.dry_run(c, false).peak.total_bytes;
+    const uint64_t peak = planner.dry_run(with_policy(cfg, p), false).peak.total_bytes;
     if (peak <= budget)
       fitting += fmt::format("{}{} ({})", fitting.empty() ? "" : ", ", p, format_bytes(peak));
   }
@@ -402,9 +399,7 @@ int run_train(const TrainOptions& opt) {
   info.budget_bytes = be.pool().budget_bytes();
   info.predicted_peak_bytes = predicted.peak.total_bytes;
   if (cfg.remat.policy != "none") {  // what remat buys here: the peak without it
-    Config none = cfg;
-    none.remat = RematConfig{};
-    info.none_peak_bytes = planner.dry_run(none, false).peak.total_bytes;
+    info.none_peak_bytes = planner.dry_run(with_policy(cfg, "none"), false).peak.total_bytes;
   }
   info.data_line = data->describe();
   if (!opt.quiet) print_banner(stdout, info, cfg);

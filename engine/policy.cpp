@@ -75,10 +75,27 @@ std::vector<std::string> parse_policies(const std::vector<std::string>& given,
   return policies;
 }
 
+namespace {
+const std::vector<std::string> kDefaultSavedNames = {"attn", "attn.lse"};
+}  // namespace
+
+Config with_policy(const Config& cfg, const std::string& policy) {
+  Config c = cfg;
+  c.remat.policy = policy;
+  c.remat.plan.clear();
+  if (policy != "names")
+    c.remat.save.clear();
+  else if (c.remat.save.empty())
+    c.remat.save = kDefaultSavedNames;
+  return c;
+}
+
 std::vector<std::string> policy_overrides(const Config& cfg, const std::string& policy) {
   std::vector<std::string> s = {"remat.policy=" + policy};
   if (!cfg.remat.plan.empty()) s.emplace_back("remat.plan=[]");
-  if (!cfg.remat.save.empty() && policy != "names") s.emplace_back("remat.save=[]");
+  if (policy != "names" && !cfg.remat.save.empty()) s.emplace_back("remat.save=[]");
+  if (policy == "names" && cfg.remat.save.empty())
+    s.emplace_back(fmt::format("remat.save=[\"{}\"]", fmt::join(kDefaultSavedNames, "\",\"")));
   return s;
 }
 

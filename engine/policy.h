@@ -47,9 +47,14 @@ std::vector<std::string> parse_policies(const std::vector<std::string>& given,
                                         const std::string& command,
                                         const std::string& auto_refusal = "");
 
-/// The --set overrides that make a run of `cfg` use `policy` on every block, for a child
-/// process (fit --measure, sweep): remat.policy, and a per-block plan cleared (it would
-/// override the policy), remat.save cleared unless the policy is "names".
+/// `cfg` with its policy swapped for `policy` on every block: remat.policy set, a per-block
+/// remat.plan cleared (it would override the policy), remat.save cleared unless the policy is
+/// "names" (which, given no names, keeps the attention outputs "attn" and "attn.lse");
+/// remat.every and remat.blocks stay as configured. What compare, fit, sweep and train's
+/// "policies that fit" mean by "the same run under policy p".
+Config with_policy(const Config& cfg, const std::string& policy);
+
+/// with_policy as --set overrides, for a child process (fit --measure, sweep).
 std::vector<std::string> policy_overrides(const Config& cfg, const std::string& policy);
 
 }  // namespace remat
