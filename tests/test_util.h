@@ -223,4 +223,19 @@ inline bool bitwise_equal(const std::vector<std::vector<float>>& a,
   return true;
 }
 
+// ---- shared by the op tests (tests/ops/) ----
+
+inline constexpr uint64_t kSeed = 20240611;
+
+/// (element - prefill) for the += checks: what an accumulating op added.
+inline std::vector<double> minus(const Tensor& t, const std::vector<double>& before) {
+  std::vector<double> d = to_double(t);
+  for (size_t i = 0; i < d.size(); ++i) d[i] -= before[i];
+  return d;
+}
+
+inline bool same_bits(const Tensor& a, const Tensor& b) {
+  return a.bytes() == b.bytes() && std::memcmp(a.data, b.data, a.bytes()) == 0;
+}
+
 }  // namespace remat::test

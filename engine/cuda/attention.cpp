@@ -1,535 +1,94 @@
-// cuDNN causal flash attention, forward and backward, through the raw backend API (no
-// cudnn-frontend). See engine/cuda/attention.h for the layout contract. The graphs follow the op
-// order of cuDNN's composite causal SDPA (the one cudnn-frontend builds): forward Q K^T -> scale
-// -> causal mask -> softmax with stats -> P V; backward the matching 22-op graph.
-//
-// Backend API in brief (what the code below relies on): every object is a descriptor created by
-// cudnnBackendCreateDescriptor, filled with cudnnBackendSetAttribute(desc, name, type, count,
-// values) and frozen by cudnnBackendFinalize. Tensors carry a unique id (UID); the variant pack
-// binds device pointers (or host pointers, for by-value scalars) to UIDs at execution. A graph
-// is a list of finalized ops; heuristics rank engine configs for it, and the first config whose
-// execution plan finalizes and whose workspace fits the planner's reserve is used. Every descriptor
-// stays alive as long as the plan. cuDNN's sdpa backward is non-deterministic (dQ accumulates
-// atomically): results repeat only to within bf16 rounding, which the gpu tests' tolerances allow
-// for.
-#include "engine/cuda/attention.h"
-
-#include <fmt/format.h>
-
-#include <array>
-#include <cmath>
-#include <limits>
-#include <string>
-#include <vector>
-
-#include "engine/cuda/check.h"
-#include "engine/cuda/cudnn_graphs.h"
+// CUDA attention (engine/ops/attention.h): RoPE and dtype staging around cuDNN's fused flash
+// attention (the AttentionEngine of cudnn_attention.cpp), in the op's workspace.
+#include "engine/cuda/cuda_backend.h"
+#include "engine/cuda/cudnn_attention.h"
+#include "engine/cuda/kernels.cuh"
+#include "engine/cuda/op_util.h"
+#include "engine/cuda/workspace.h"
 
 namespace remat::cuda {
+
+// ---- attention ----
+// cuDNN reads q, k, v straight from a bf16 (B, T, 3C) buffer. With bf16 activations and no RoPE
+// that is qkv itself; otherwise a staging copy in the workspace holds bf16 q, k (rotated) and v.
+// The backward rotates again (the same bits as the forward), and maps the gradients with
+// respect to rotated q, k back through R^T (and to f32 if needed) afterwards.
+
 namespace {
 
-using Dims = std::array<int64_t, 4>;
-
-// Owning handle of one backend descriptor.
-class Desc {
- public:
-  explicit Desc(cudnnBackendDescriptorType_t type) {
-    REMAT_CUDNN_CHECK(cudnnBackendCreateDescriptor(type, &d_));
-  }
-  ~Desc() {
-    if (d_) cudnnBackendDestroyDescriptor(d_);
-  }
-  Desc(Desc&& o) noexcept : d_(o.d_) { o.d_ = nullptr; }
-  Desc& operator=(Desc&&) = delete;
-  Desc(const Desc&) = delete;
-  Desc& operator=(const Desc&) = delete;
-
-  cudnnBackendDescriptor_t get() const { return d_; }
-  void set(cudnnBackendAttributeName_t name, cudnnBackendAttributeType_t type, int64_t count,
-           const void* values) {
-    REMAT_CUDNN_CHECK(cudnnBackendSetAttribute(d_, name, type, count, values));
-  }
-  void set_desc(cudnnBackendAttributeName_t name, cudnnBackendDescriptor_t v) {
-    set(name, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &v);
-  }
-  void set_i64(cudnnBackendAttributeName_t name, int64_t v) { set(name, CUDNN_TYPE_INT64, 1, &v); }
-  void set_dtype(cudnnBackendAttributeName_t name, cudnnDataType_t v) {
-    set(name, CUDNN_TYPE_DATA_TYPE, 1, &v);
-  }
-  void finalize() { REMAT_CUDNN_CHECK(cudnnBackendFinalize(d_)); }
-
- private:
-  cudnnBackendDescriptor_t d_ = nullptr;
+// Pointers into the one "attn.workspace" part, in AttentionWorkspaceLayout's order.
+struct AttnScratch {
+  void *qkv = nullptr, *out = nullptr, *dout = nullptr, *dqkv = nullptr;
+  float *dq_accum = nullptr, *softmax_sum = nullptr;
+  void* cudnn_plan = nullptr;  // kCudnnPlanWorkspaceBytes for cuDNN's plan
 };
 
-// UIDs of the graph's real (non-virtual) tensors: the variant pack binds pointers to these.
-enum Uid : int64_t {
-  kQ = 1,
-  kKt,
-  kV,
-  kO,
-  kStats,
-  kScale,
-  kNegInf,  // forward (kV is V^T in the backward)
-  kdO,
-  kdQ,
-  kdK,
-  kdV,
-  kOne,
-  kSoftmaxSum,
-  kdQAccum,  // backward
-  kFirstVirtual = 100,
-};
-
-constexpr cudnnDataType_t kF32 = CUDNN_DATA_FLOAT;
-constexpr cudnnDataType_t kBF16 = CUDNN_DATA_BFLOAT16;
-
-// Builds one operation graph; owns every descriptor it creates.
-class GraphBuilder {
- public:
-  cudnnBackendDescriptor_t tensor(int64_t uid, Dims dims, Dims strides, cudnnDataType_t dt,
-                                  bool is_virtual = false, bool by_value = false) {
-    Desc t(CUDNN_BACKEND_TENSOR_DESCRIPTOR);
-    t.set_dtype(CUDNN_ATTR_TENSOR_DATA_TYPE, dt);
-    t.set(CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, 4, dims.data());
-    t.set(CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, 4, strides.data());
-    t.set_i64(CUDNN_ATTR_TENSOR_UNIQUE_ID, uid);
-    t.set_i64(CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, 16);
-    if (is_virtual) t.set(CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, 1, &is_virtual);
-    if (by_value) t.set(CUDNN_ATTR_TENSOR_IS_BY_VALUE, CUDNN_TYPE_BOOLEAN, 1, &by_value);
-    t.finalize();
-    return keep(std::move(t));
-  }
-  cudnnBackendDescriptor_t virt(Dims dims, Dims strides, cudnnDataType_t dt = kF32) {
-    return tensor(next_virtual_++, dims, strides, dt, true);
-  }
-  /// A by-value f32 scalar, dims {1,1,1,1}: its variant-pack pointer is a host float.
-  cudnnBackendDescriptor_t scalar(int64_t uid) {
-    return tensor(uid, {1, 1, 1, 1}, {1, 1, 1, 1}, kF32, false, true);
-  }
-
-  /// y = mode(x, b) (b and the select mask t optional); `prec` is the math precision.
-  void pointwise(cudnnPointwiseMode_t mode, cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t b,
-                 cudnnBackendDescriptor_t y, cudnnBackendDescriptor_t t = nullptr,
-                 cudnnDataType_t prec = kF32, int64_t axis = -1) {
-    Desc pw(CUDNN_BACKEND_POINTWISE_DESCRIPTOR);
-    pw.set(CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode);
-    pw.set_dtype(CUDNN_ATTR_POINTWISE_MATH_PREC, prec);
-    if (axis >= 0) pw.set_i64(CUDNN_ATTR_POINTWISE_AXIS, axis);
-    pw.finalize();
-    Desc op(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR);
-    op.set_desc(CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, pw.get());
-    op.set_desc(CUDNN_ATTR_OPERATION_POINTWISE_XDESC, x);
-    if (b) op.set_desc(CUDNN_ATTR_OPERATION_POINTWISE_BDESC, b);
-    if (t) op.set_desc(CUDNN_ATTR_OPERATION_POINTWISE_TDESC, t);
-    op.set_desc(CUDNN_ATTR_OPERATION_POINTWISE_YDESC, y);
-    const float one = 1.0f;  // the frontend sets both alphas to 1 explicitly; so do we
-    op.set(CUDNN_ATTR_OPERATION_POINTWISE_ALPHA1, CUDNN_TYPE_FLOAT, 1, &one);
-    if (b) op.set(CUDNN_ATTR_OPERATION_POINTWISE_ALPHA2, CUDNN_TYPE_FLOAT, 1, &one);
-    op.finalize();
-    keep(std::move(pw));
-    add_op(std::move(op));
-  }
-  /// c = a b over the last two dims, fp32 compute.
-  void matmul(cudnnBackendDescriptor_t a, cudnnBackendDescriptor_t b, cudnnBackendDescriptor_t c) {
-    Desc mm(CUDNN_BACKEND_MATMUL_DESCRIPTOR);
-    mm.set_dtype(CUDNN_ATTR_MATMUL_COMP_TYPE, kF32);
-    mm.finalize();
-    Desc op(CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR);
-    op.set_desc(CUDNN_ATTR_OPERATION_MATMUL_ADESC, a);
-    op.set_desc(CUDNN_ATTR_OPERATION_MATMUL_BDESC, b);
-    op.set_desc(CUDNN_ATTR_OPERATION_MATMUL_CDESC, c);
-    op.set_desc(CUDNN_ATTR_OPERATION_MATMUL_DESC, mm.get());
-    op.finalize();
-    keep(std::move(mm));
-    add_op(std::move(op));
-  }
-  /// y = reduce(x) over the axes where y has extent 1.
-  void reduction(cudnnReduceTensorOp_t mode, cudnnBackendDescriptor_t x,
-                 cudnnBackendDescriptor_t y) {
-    Desc red(CUDNN_BACKEND_REDUCTION_DESCRIPTOR);
-    red.set(CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &mode);
-    red.set_dtype(CUDNN_ATTR_REDUCTION_COMP_TYPE, kF32);
-    red.finalize();
-    Desc op(CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR);
-    op.set_desc(CUDNN_ATTR_OPERATION_REDUCTION_XDESC, x);
-    op.set_desc(CUDNN_ATTR_OPERATION_REDUCTION_YDESC, y);
-    op.set_desc(CUDNN_ATTR_OPERATION_REDUCTION_DESC, red.get());
-    op.finalize();
-    keep(std::move(red));
-    add_op(std::move(op));
-  }
-  /// y = x re-strided (a transpose without data movement) and/or re-typed.
-  void reshape(cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t y) {
-    Desc op(CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR);
-    op.set_desc(CUDNN_ATTR_OPERATION_RESHAPE_XDESC, x);
-    op.set_desc(CUDNN_ATTR_OPERATION_RESHAPE_YDESC, y);
-    op.finalize();
-    add_op(std::move(op));
-  }
-
-  size_t n_ops() const { return ops_.size(); }
-  std::vector<Desc> take_descriptors() { return std::move(keep_); }
-  const std::vector<cudnnBackendDescriptor_t>& ops() const { return ops_; }
-
- private:
-  cudnnBackendDescriptor_t keep(Desc d) {
-    keep_.push_back(std::move(d));
-    return keep_.back().get();
-  }
-  void add_op(Desc d) { ops_.push_back(keep(std::move(d))); }
-
-  std::vector<Desc> keep_;
-  std::vector<cudnnBackendDescriptor_t> ops_;
-  int64_t next_virtual_ = kFirstVirtual;
-};
-
-// Strides of the views into the (B, T, 3C) qkv (and dqkv) buffer, dims in B, H, S, D order:
-// a head's rows are 3C apart, heads HS apart, batches 3CT apart.
-struct Strides {
-  Dims qkv, qkv_t, out, row, scores, scores_t;
-  explicit Strides(const AttentionShape& s) {
-    const int64_t C = s.C(), T = s.T, H = s.NH, D = s.HS;
-    qkv = {3 * C * T, D, 3 * C, 1};
-    qkv_t = {3 * C * T, D, 1, 3 * C};  // [B, H, D, S]: K^T and V^T as the graph consumes them
-    out = {C * T, D, C, 1};
-    row = {H * T, T, 1, 1};
-    scores = {H * T * T, T * T, T, 1};
-    scores_t = {H * T * T, T * T, 1, T};
-  }
-};
-
-// ops 3-6 of the forward table: keep scores where row >= col, -inf elsewhere.
-cudnnBackendDescriptor_t causal_mask(GraphBuilder& g, const AttentionShape& s, const Strides& st,
-                                     cudnnBackendDescriptor_t scores,
-                                     cudnnBackendDescriptor_t neg_inf) {
-  const Dims sd = {s.B, s.NH, s.T, s.T};
-  auto row = g.virt(sd, st.scores, CUDNN_DATA_INT32);
-  g.pointwise(CUDNN_POINTWISE_GEN_INDEX, scores, nullptr, row, nullptr, CUDNN_DATA_INT32, 2);
-  auto col = g.virt(sd, st.scores, CUDNN_DATA_INT32);
-  g.pointwise(CUDNN_POINTWISE_GEN_INDEX, scores, nullptr, col, nullptr, CUDNN_DATA_INT32, 3);
-  auto keep = g.virt(sd, st.scores, CUDNN_DATA_BOOLEAN);
-  g.pointwise(CUDNN_POINTWISE_CMP_GE, row, col, keep, nullptr, CUDNN_DATA_BOOLEAN);
-  auto masked = g.virt(sd, st.scores);
-  g.pointwise(CUDNN_POINTWISE_BINARY_SELECT, scores, neg_inf, masked, keep);
-  return masked;
-}
-
-// Forward, 14 ops: S = Q K^T scaled, causal mask, row max, exp, row sum, P V, and the LSE.
-void build_forward(GraphBuilder& g, const AttentionShape& s) {
-  const Strides st(s);
-  const Dims hd = {s.B, s.NH, s.T, s.HS}, hd_t = {s.B, s.NH, s.HS, s.T};
-  const Dims sd = {s.B, s.NH, s.T, s.T}, rd = {s.B, s.NH, s.T, 1};
-  auto q = g.tensor(kQ, hd, st.qkv, kBF16);
-  auto kt = g.tensor(kKt, hd_t, st.qkv_t, kBF16);
-  auto v = g.tensor(kV, hd, st.qkv, kBF16);
-  auto o = g.tensor(kO, hd, st.out, kBF16);
-  auto stats = g.tensor(kStats, rd, st.row, kF32);
-  auto scale = g.scalar(kScale);
-  auto neg_inf = g.scalar(kNegInf);
-
-  auto s0 = g.virt(sd, st.scores);
-  g.matmul(q, kt, s0);
-  auto s1 = g.virt(sd, st.scores);
-  g.pointwise(CUDNN_POINTWISE_MUL, s0, scale, s1);
-  auto s2 = causal_mask(g, s, st, s1, neg_inf);
-  auto m = g.virt(rd, st.row);
-  g.reduction(CUDNN_REDUCE_TENSOR_MAX, s2, m);
-  auto s3 = g.virt(sd, st.scores);
-  g.pointwise(CUDNN_POINTWISE_SUB, s2, m, s3);
-  auto e = g.virt(sd, st.scores);
-  g.pointwise(CUDNN_POINTWISE_EXP, s3, nullptr, e);
-  auto z = g.virt(rd, st.row);
-  g.reduction(CUDNN_REDUCE_TENSOR_ADD, e, z);
-  auto lz = g.virt(rd, st.row);
-  g.pointwise(CUDNN_POINTWISE_LOG, z, nullptr, lz);
-  g.pointwise(CUDNN_POINTWISE_ADD, m, lz, stats);
-  auto p = g.virt(sd, st.scores, kBF16);  // the second matmul's A must have the I/O type
-  g.pointwise(CUDNN_POINTWISE_DIV, e, z, p);
-  g.matmul(p, v, o);
-}
-
-// Backward, 22 ops, the non-deterministic dQ-accumulator variant: cuDNN's deterministic one needs
-// a workspace quadratic in T on Hopper, useless at long context.
-void build_backward(GraphBuilder& g, const AttentionShape& s) {
-  const Strides st(s);
-  const Dims hd = {s.B, s.NH, s.T, s.HS}, hd_t = {s.B, s.NH, s.HS, s.T};
-  const Dims sd = {s.B, s.NH, s.T, s.T}, rd = {s.B, s.NH, s.T, 1};
-  auto q = g.tensor(kQ, hd, st.qkv, kBF16);
-  auto kt = g.tensor(kKt, hd_t, st.qkv_t, kBF16);
-  auto vt = g.tensor(kV, hd_t, st.qkv_t, kBF16);
-  auto o = g.tensor(kO, hd, st.out, kBF16);
-  auto dO = g.tensor(kdO, hd, st.out, kBF16);  // dO strides == O strides (cuDNN 9.5.0 assumed so)
-  auto stats = g.tensor(kStats, rd, st.row, kF32);
-  auto dq = g.tensor(kdQ, hd, st.qkv, kBF16);
-  auto dk = g.tensor(kdK, hd, st.qkv, kBF16);
-  auto dv = g.tensor(kdV, hd, st.qkv, kBF16);
-  auto scale = g.scalar(kScale);
-  auto neg_inf = g.scalar(kNegInf);
-  auto one = g.scalar(kOne);
-  auto softmax_sum = g.tensor(kSoftmaxSum, rd, st.row, kF32);
-  auto dq_accum = g.tensor(kdQAccum, hd, {s.NH * s.T * s.HS, s.T * s.HS, s.HS, 1}, kF32);
-
-  // D_i = rowsum(dO * O)
-  auto t0 = g.virt(hd, {s.NH * s.T * s.HS, s.HS, s.NH * s.HS, 1});
-  g.pointwise(CUDNN_POINTWISE_MUL, dO, o, t0);
-  auto t1 = g.virt(rd, st.row);
-  g.reduction(CUDNN_REDUCE_TENSOR_ADD, t0, t1);
-  g.pointwise(CUDNN_POINTWISE_MUL, t1, one, softmax_sum);
-  // P = exp(scale QK^T - lse), masked
-  auto s0 = g.virt(sd, st.scores);
-  g.matmul(q, kt, s0);
-  auto s1 = g.virt(sd, st.scores);
-  g.pointwise(CUDNN_POINTWISE_MUL, s0, scale, s1);
-  auto s2 = g.virt(sd, st.scores);
-  g.pointwise(CUDNN_POINTWISE_SUB, s1, stats, s2);
-  auto s3 = causal_mask(g, s, st, s2, neg_inf);
-  auto p = g.virt(sd, st.scores);
-  g.pointwise(CUDNN_POINTWISE_EXP, s3, nullptr, p);
-  // dV = P^T dO
-  auto pt = g.virt(sd, st.scores_t, kBF16);
-  g.reshape(p, pt);
-  g.matmul(pt, dO, dv);
-  // dS = P (dO V^T - D) scale
-  auto dp = g.virt(sd, st.scores);
-  g.matmul(dO, vt, dp);
-  auto d1 = g.virt(sd, st.scores);
-  g.pointwise(CUDNN_POINTWISE_SUB, dp, softmax_sum, d1);
-  auto d2 = g.virt(sd, st.scores);
-  g.pointwise(CUDNN_POINTWISE_MUL, d1, p, d2);
-  auto ds = g.virt(sd, st.scores);
-  g.pointwise(CUDNN_POINTWISE_MUL, d2, scale, ds);
-  // dK = dS^T Q
-  auto dst_ = g.virt(sd, st.scores_t, kBF16);
-  g.reshape(ds, dst_);
-  g.matmul(dst_, q, dk);
-  // dQ = dS K, accumulated in f32 then converted
-  auto k = g.virt(hd, st.qkv);
-  g.reshape(kt, k);
-  g.matmul(ds, k, dq_accum);
-  g.pointwise(CUDNN_POINTWISE_IDENTITY, dq_accum, nullptr, dq);
+AttnScratch carve(const OpWorkspace& ws, const AttentionWorkspaceLayout& w) {
+  AttnScratch s;
+  const Buffer& buf = ws.at("attn.workspace");
+  REMAT_ASSERT(buf.tensor().bytes() >= w.total(), "attention: workspace of {} bytes, {} needed",
+               buf.tensor().bytes(), w.total());
+  char* p = static_cast<char*>(buf.tensor().data);
+  auto take = [&p](uint64_t bytes) -> void* {
+    void* r = bytes ? p : nullptr;
+    p += bytes;
+    return r;
+  };
+  s.qkv = take(w.qkv_bf16);
+  s.out = take(w.out_bf16);
+  s.dout = take(w.dout_bf16);
+  s.dqkv = take(w.dqkv_bf16);
+  s.dq_accum = static_cast<float*>(take(w.dq_accum));
+  s.softmax_sum = static_cast<float*>(take(w.softmax_sum));
+  s.cudnn_plan = take(w.cudnn_plan);
+  return s;
 }
 
 }  // namespace
 
-// One finalized graph, its plan, and everything they reference.
-struct AttentionEngine::Graph {
-  std::vector<Desc> parts;  // tensors, ops, sub-descriptors
-  std::unique_ptr<Desc> op_graph, engine_cfg, plan;
-  size_t n_ops = 0;
-  int64_t workspace_bytes = 0;
-};
-
-namespace {
-
-std::unique_ptr<AttentionEngine::Graph> make_graph(const AttentionShape& s, bool backward,
-                                                   cudnnHandle_t handle) {
-  GraphBuilder g;
-  if (backward)
-    build_backward(g, s);
-  else
-    build_forward(g, s);
-  auto graph = std::make_unique<AttentionEngine::Graph>();
-  graph->n_ops = g.n_ops();
-  graph->op_graph = std::make_unique<Desc>(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
-  graph->op_graph->set(CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
-                       static_cast<int64_t>(g.ops().size()), g.ops().data());
-  // The graph handle is optional from cuDNN 9.8 on (and the attribute deprecated); older 9.x
-  // need it, so it is set whenever there is one (the host-only check has none).
-  if (handle) graph->op_graph->set(CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle);
-  graph->op_graph->finalize();
-  graph->parts = g.take_descriptors();
-  return graph;
-}
-
-// The engine's global index, to name a config in messages (-1 if cuDNN does not say).
-int64_t engine_index(cudnnBackendDescriptor_t cfg) {
-  Desc engine(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
-  cudnnBackendDescriptor_t raw = engine.get();
-  int64_t n = 0, index = -1;
-  if (cudnnBackendGetAttribute(cfg, CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
-                               &n, &raw) != CUDNN_STATUS_SUCCESS ||
-      cudnnBackendGetAttribute(raw, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &n,
-                               &index) != CUDNN_STATUS_SUCCESS)
-    return -1;
-  return index;
-}
-
-// The ranked engine configs of one heuristics mode; none (and a reason) if the query fails.
-std::vector<std::unique_ptr<Desc>> heuristic_configs(const AttentionEngine::Graph& graph,
-                                                     cudnnBackendHeurMode_t mode,
-                                                     std::vector<std::string>& reasons) {
-  const char* name = mode == CUDNN_HEUR_MODE_A ? "heuristics A" : "heuristics FALLBACK";
-  Desc heur(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
-  heur.set_desc(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, graph.op_graph->get());
-  heur.set(CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode);
-  int64_t n = 0;
-  cudnnStatus_t st = cudnnBackendFinalize(heur.get());
-  if (st == CUDNN_STATUS_SUCCESS)
-    st = cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
-                                  CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &n, nullptr);
-  std::vector<std::unique_ptr<Desc>> cfgs;
-  std::vector<cudnnBackendDescriptor_t> raw;
-  for (int64_t i = 0; st == CUDNN_STATUS_SUCCESS && i < n; ++i) {
-    cfgs.push_back(std::make_unique<Desc>(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR));
-    raw.push_back(cfgs.back()->get());
+void CudaBackend::attention_forward_impl(const AttentionForwardArgs& a, const OpWorkspace& ws) {
+  const int64_t B = a.qkv.dim(0), T = a.qkv.dim(1), C = a.out.dim(2), NH = a.n_head;
+  const bool bf = is_bf16(a.qkv), rope = a.rope_theta > 0;
+  AttnScratch s = carve(ws, attention_workspace_layout(a.qkv, NH, rope, false));
+  const void* qkv = a.qkv.data;
+  if (s.qkv) {
+    kern::rope_apply(s.qkv, true, a.qkv.data, bf, B * T, T, C, NH, a.rope_theta, false, stream());
+    qkv = s.qkv;
   }
-  int64_t got = 0;
-  if (st == CUDNN_STATUS_SUCCESS && n > 0)
-    st = cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
-                                  CUDNN_TYPE_BACKEND_DESCRIPTOR, n, &got, raw.data());
-  if (st != CUDNN_STATUS_SUCCESS) {
-    reasons.push_back(
-        fmt::format("{}: {} {}", name, cudnnGetErrorString(st), detail::cudnn_last_error()));
-    return {};
+  void* out = s.out ? s.out : a.out.data;
+  attn_->forward({B, NH, T, C / NH}, {qkv, out, a.lse.f32()}, s.cudnn_plan);
+  if (s.out) kern::cast(a.out.data, is_bf16(a.out), s.out, true, B * T * C, stream());
+  finish_op();
+}
+
+void CudaBackend::attention_backward_impl(const AttentionBackwardArgs& a, const OpWorkspace& ws) {
+  const int64_t B = a.qkv.dim(0), T = a.qkv.dim(1), C = a.out.dim(2), NH = a.n_head;
+  const bool bf = is_bf16(a.qkv), rope = a.rope_theta > 0;
+  AttnScratch s = carve(ws, attention_workspace_layout(a.qkv, NH, rope, true));
+  const void* qkv = a.qkv.data;
+  if (s.qkv) {
+    kern::rope_apply(s.qkv, true, a.qkv.data, bf, B * T, T, C, NH, a.rope_theta, false, stream());
+    qkv = s.qkv;
   }
-  if (got == 0) reasons.push_back(fmt::format("{}: no engine configs", name));
-  cfgs.resize(static_cast<size_t>(got));
-  return cfgs;
-}
-
-// Tries one config: true (and the plan stored in `graph`) when its plan finalizes and its
-// workspace fits the limit; otherwise appends why not.
-bool try_config(AttentionEngine::Graph& graph, std::unique_ptr<Desc>& cfg, cudnnHandle_t handle,
-                int64_t ws_limit, const std::string& label, std::vector<std::string>& reasons) {
-  auto plan = std::make_unique<Desc>(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
-  plan->set_desc(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, cfg->get());
-  plan->set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle);
-  const std::string who = fmt::format("{} (engine {})", label, engine_index(cfg->get()));
-  const cudnnStatus_t st = cudnnBackendFinalize(plan->get());
-  if (st != CUDNN_STATUS_SUCCESS) {  // NOT_SUPPORTED is normal: the next config is tried
-    reasons.push_back(
-        fmt::format("{}: {} {}", who, cudnnGetErrorString(st), detail::cudnn_last_error()));
-    return false;
+  const void* out = a.out.data;
+  const void* dout = a.dout.data;
+  if (s.out) {
+    kern::cast(s.out, true, a.out.data, is_bf16(a.out), B * T * C, stream());
+    out = s.out;
   }
-  int64_t ws = 0, cnt = 0;
-  REMAT_CUDNN_CHECK(cudnnBackendGetAttribute(plan->get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
-                                             CUDNN_TYPE_INT64, 1, &cnt, &ws));
-  if (ws > ws_limit) {
-    reasons.push_back(
-        fmt::format("{}: needs {} bytes of workspace, over the {} reserved", who, ws, ws_limit));
-    return false;
+  if (s.dout) {
+    kern::cast(s.dout, true, a.dout.data, is_bf16(a.dout), B * T * C, stream());
+    dout = s.dout;
   }
-  graph.workspace_bytes = ws;
-  graph.plan = std::move(plan);
-  graph.engine_cfg = std::move(cfg);
-  return true;
-}
-
-// Heuristics mode A, then FALLBACK; the first engine config whose plan finalizes within the
-// workspace limit wins. Failing that, the error lists every config tried and why it was not used.
-void build_plan(AttentionEngine::Graph& graph, cudnnHandle_t handle, const AttentionShape& s,
-                bool backward, int64_t ws_limit) {
-  std::vector<std::string> reasons;
-  for (cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
-    auto cfgs = heuristic_configs(graph, mode, reasons);
-    for (size_t i = 0; i < cfgs.size(); ++i) {
-      const std::string label =
-          fmt::format("{} #{}", mode == CUDNN_HEUR_MODE_A ? "A" : "FALLBACK", i);
-      if (try_config(graph, cfgs[i], handle, ws_limit, label, reasons)) return;
-    }
-  }
-  std::string all;
-  for (const auto& r : reasons) all += "\n  " + r;
-  throw BackendError(fmt::format(
-      "[attention] no cuDNN engine supports causal flash attention {} for B={} heads={} T={} "
-      "head size={} (bf16). Fix: cuDNN needs an sm_80+ GPU and a head size that is a multiple "
-      "of 8 and at most 128 (256 on Hopper). Engine configs tried ({}):{}",
-      backward ? "backward" : "forward", s.B, s.NH, s.T, s.HS, reasons.size(), all));
-}
-
-void execute(cudnnHandle_t handle, const AttentionEngine::Graph& g,
-             const std::vector<int64_t>& uids, const std::vector<void*>& ptrs, void* workspace) {
-  // Null when the plan needs none (a pointer for 0 bytes has made cuDNN fail elsewhere).
-  void* ws_ptr = g.workspace_bytes > 0 ? workspace : nullptr;
-  Desc pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
-  pack.set(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, static_cast<int64_t>(uids.size()),
-           uids.data());
-  pack.set(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR,
-           static_cast<int64_t>(ptrs.size()), ptrs.data());
-  pack.set(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &ws_ptr);
-  pack.finalize();
-  REMAT_CUDNN_CHECK(cudnnBackendExecute(handle, g.plan->get(), pack.get()));
-}
-
-}  // namespace
-
-AttentionEngine::AttentionEngine(cudaStream_t stream, int64_t workspace_limit)
-    : stream_(stream), workspace_limit_(workspace_limit) {
-  REMAT_CUDNN_CHECK(cudnnCreate(&handle_));
-  REMAT_CUDNN_CHECK(cudnnSetStream(handle_, stream_));
-}
-
-AttentionEngine::~AttentionEngine() {
-  graphs_.clear();  // plans before the handle
-  if (handle_) cudnnDestroy(handle_);
-}
-
-AttentionEngine::Graph& AttentionEngine::graph_for(const AttentionShape& s, bool backward) {
-  auto key = std::make_tuple(s.B, s.NH, s.T, s.HS, backward);
-  auto it = graphs_.find(key);
-  if (it != graphs_.end()) return *it->second;
-  auto g = make_graph(s, backward, handle_);
-  build_plan(*g, handle_, s, backward, workspace_limit_);
-  return *graphs_.emplace(key, std::move(g)).first->second;
-}
-
-int64_t AttentionEngine::plan_workspace_bytes(const AttentionShape& s, bool backward) {
-  return graph_for(s, backward).workspace_bytes;
-}
-
-// Scalars bound by value: the variant pack holds host pointers to these, read at execution.
-static const float kOneValue = 1.0f;
-static const float kNegInfValue = -std::numeric_limits<float>::infinity();
-
-void AttentionEngine::forward(const AttentionShape& s, const AttentionForwardPtrs& p,
-                              void* workspace) {
-  Graph& g = graph_for(s, false);
-  const int64_t C = s.C();
-  float scale = 1.0f / std::sqrt(static_cast<float>(s.HS));
-  auto* qkv = static_cast<char*>(const_cast<void*>(p.qkv));
-  std::vector<int64_t> uids = {kQ, kKt, kV, kO, kStats, kScale, kNegInf};
-  std::vector<void*> ptrs = {
-      qkv, qkv + C * 2, qkv + 2 * C * 2, p.out, p.lse, &scale, const_cast<float*>(&kNegInfValue)};
-  execute(handle_, g, uids, ptrs, workspace);
-}
-
-void AttentionEngine::backward(const AttentionShape& s, const AttentionBackwardPtrs& p,
-                               void* workspace) {
-  Graph& g = graph_for(s, true);
-  const int64_t C = s.C();
-  float scale = 1.0f / std::sqrt(static_cast<float>(s.HS));
-  // cuDNN >= 9.6 initialises the dQ accumulator itself; older 9.x expect zeros (the frontend
-  // zero-fills it only for those), so do the same.
-  if (cudnnGetVersion() < 90600)
-    REMAT_CUDA_CHECK(
-        cudaMemsetAsync(p.dq_accum, 0, static_cast<size_t>(s.B * s.T * C) * 4, stream_));
-  auto* qkv = static_cast<char*>(const_cast<void*>(p.qkv));
-  auto* dqkv = static_cast<char*>(p.dqkv);
-  std::vector<int64_t> uids = {kQ,  kKt, kV,     kO,      kdO,  kStats,      kdQ,
-                               kdK, kdV, kScale, kNegInf, kOne, kSoftmaxSum, kdQAccum};
-  std::vector<void*> ptrs = {qkv,
-                             qkv + C * 2,
-                             qkv + 2 * C * 2,
-                             const_cast<void*>(p.out),
-                             const_cast<void*>(p.dout),
-                             const_cast<float*>(p.lse),
-                             dqkv,
-                             dqkv + C * 2,
-                             dqkv + 2 * C * 2,
-                             &scale,
-                             const_cast<float*>(&kNegInfValue),
-                             const_cast<float*>(&kOneValue),
-                             p.softmax_sum,
-                             p.dq_accum};
-  execute(handle_, g, uids, ptrs, workspace);
-}
-
-std::string check_attention_graphs_finalize(int64_t B, int64_t NH, int64_t T, int64_t HS) {
-  const AttentionShape s{B, NH, T, HS};
-  auto fwd = make_graph(s, false, nullptr);
-  auto bwd = make_graph(s, true, nullptr);
-  return fmt::format("fwd {} ops, bwd {} ops", fwd->n_ops, bwd->n_ops);
+  void* dqkv = s.dqkv ? s.dqkv : a.dqkv.data;
+  attn_->backward({B, NH, T, C / NH},
+                  {qkv, out, dout, a.lse.f32(), dqkv, s.dq_accum, s.softmax_sum}, s.cudnn_plan);
+  // dq, dk are gradients with respect to the rotated q, k: apply R^T (in place when dqkv is
+  // bf16); with f32 activations this is also the cast out of the bf16 staging buffer.
+  if (rope || s.dqkv)
+    kern::rope_apply(a.dqkv.data, is_bf16(a.dqkv), dqkv, true, B * T, T, C, NH, a.rope_theta, true,
+                     stream());
+  finish_op();
 }
 
 }  // namespace remat::cuda

@@ -1,7 +1,8 @@
-// CUDA backend: device setup, the stream-ordered allocator, versions, data movement and the op
-// implementations (each enqueues kernels / library calls on the one stream, then finish_op()).
-// The kernels are in elementwise.cu and layernorm.cu, GEMMs in gemm.cpp, attention in
-// attention.cpp; shapes and the += / = contract are those of engine/backend.h.
+// CUDA backend: device setup, the stream-ordered allocator, versions and data movement. Each op's
+// implementation lives in the file named after its engine/ops header (linear.cpp, layernorm.cpp,
+// attention.cpp, activation.cpp, embedding.cpp, loss.cpp, adamw.cpp); it enqueues kernels and
+// library calls on the one stream, then finish_op(). Kernels: elementwise.cu, layernorm.cu;
+// GEMMs: gemm.cpp (cuBLASLt); flash attention: cudnn_attention.cpp.
 #include "engine/cuda/cuda_backend.h"
 
 #include <cublasLt.h>
@@ -13,10 +14,11 @@
 #include <cstring>
 #include <vector>
 
-#include "engine/cuda/attention.h"
 #include "engine/cuda/check.h"
+#include "engine/cuda/cudnn_attention.h"
 #include "engine/cuda/gemm.h"
 #include "engine/cuda/kernels.cuh"
+#include "engine/cuda/op_util.h"
 #include "engine/cuda/workspace.h"
 #include "engine/cuda_api.h"
 #include "engine/units.h"
@@ -133,14 +135,6 @@ std::shared_ptr<DeviceState> open_device(const DeviceConfig& cfg) {
       cfg.memory_bytes ? cfg.memory_bytes
                        : (free_b > kLibraryReserveBytes ? free_b - kLibraryReserveBytes : free_b);
   return dev;
-}
-
-bool is_bf16(const Tensor& t) {
-  return t.dtype == DType::BF16;
-}
-
-char* byte_ptr(const Tensor& t, int64_t elem_offset) {
-  return static_cast<char*>(t.data) + elem_offset * static_cast<int64_t>(dtype_size(t.dtype));
 }
 
 }  // namespace
@@ -260,290 +254,6 @@ void CudaBackend::copy_impl(const Tensor& dst, const Tensor& src) {
                  dtype_name(src.dtype), dtype_name(dst.dtype));
     kern::cast(dst.data, is_bf16(dst), src.data, is_bf16(src), src.numel(), stream());
   }
-  finish_op();
-}
-
-void CudaBackend::add_impl(const Tensor& out, const Tensor& a, const Tensor& b) {
-  REMAT_ASSERT(out.dtype == a.dtype && a.dtype == b.dtype, "add: mixed dtypes");
-  kern::add(out.data, a.data, b.data, out.numel(), is_bf16(out), stream());
-  finish_op();
-}
-
-void CudaBackend::activation_forward_impl(const ActivationForwardArgs& a) {
-  kern::activation_forward(a.out.data, a.inp.data, a.inp.numel(), a.kind == Activation::Gelu,
-                           is_bf16(a.inp), stream());
-  finish_op();
-}
-
-void CudaBackend::activation_backward_impl(const ActivationBackwardArgs& a) {
-  kern::activation_backward(a.dinp.data, a.dout.data, a.inp.data, a.inp.numel(),
-                            a.kind == Activation::Gelu, is_bf16(a.inp), stream());
-  finish_op();
-}
-
-// ---- GEMM-based ops ----
-// Row-major (R, Cc) is column-major (Cc, R) with ld Cc, so with W (OC, C):
-//   out (N, OC) = inp W^T  ->  D (OC x N) = W^T[cm (C x OC), T] . inp[cm (C x N)]
-//   dinp (N, C) = dout W   ->  D (C x N)  = W[cm (C x OC)] . dout[cm (OC x N)]
-//   dW (OC, C) += dout^T inp -> D (C x OC) = inp[cm (C x N)] . dout[cm (OC x N), T]
-
-const void* CudaBackend::gemm_weight(const Tensor& weight, const OpWorkspace& ws) {
-  const Buffer* copy = ws.find("gemm.weight_bf16");
-  if (!copy) return weight.data;
-  kern::cast(copy->tensor().data, true, weight.data, false, weight.numel(), stream());
-  return copy->tensor().data;
-}
-
-void CudaBackend::linear_forward_impl(const LinearForwardArgs& a, const OpWorkspace& ws) {
-  const int64_t N = a.inp.rows(), C = a.inp.dim(-1), OC = a.weight.dim(0);
-  const bool bf = is_bf16(a.inp);
-  const void* w = gemm_weight(a.weight, ws);
-  void* wsp = ws.at("gemm.workspace").tensor().data;
-  float beta = a.accumulate ? 1.0f : 0.0f;
-  // Bias first, then the GEMM accumulates onto it (as the CPU does): one rounding of the sum.
-  // TODO(cuda): cuBLASLt's BIAS epilogue would save this pass over out (#5).
-  if (!a.bias.empty()) {
-    kern::bias_rows(a.out.data, a.bias.f32(), N, OC, !a.accumulate, is_bf16(a.out), stream());
-    beta = 1.0f;
-  }
-  gemm_->matmul(OC, N, C, {w, bf, C, true}, {a.inp.data, bf, C, false}, a.out.data, is_bf16(a.out),
-                OC, beta, wsp, kGemmWorkspaceBytes);
-  finish_op();
-}
-
-void CudaBackend::linear_backward_impl(const LinearBackwardArgs& a, const OpWorkspace& ws) {
-  const int64_t N = a.inp.rows(), C = a.inp.dim(-1), OC = a.weight.dim(0);
-  const bool bf = is_bf16(a.dout);
-  const void* w = gemm_weight(a.weight, ws);  // the bf16 copy only when dinp is wanted
-  void* wsp = ws.at("gemm.workspace").tensor().data;
-  if (!a.dinp.empty())
-    gemm_->matmul(C, N, OC, {w, bf, C, false}, {a.dout.data, bf, OC, false}, a.dinp.data,
-                  is_bf16(a.dinp), C, 0.0f, wsp, kGemmWorkspaceBytes);
-  // f32 output, beta 1: the weight gradient accumulates in fp32 straight from bf16 operands.
-  gemm_->matmul(C, OC, N, {a.inp.data, bf, C, false}, {a.dout.data, bf, OC, true}, a.dweight.data,
-                false, C, 1.0f, wsp, kGemmWorkspaceBytes);
-  if (!a.dbias.empty())
-    kern::column_sum_add(a.dbias.f32(), a.dout.data, N, OC, bf, reduce_, stream());
-  finish_op();
-}
-
-// Per chunk of rows: logits (rows, V) f32 = x W^T; the softmax cross-entropy kernel writes the
-// losses and overwrites the logits with (softmax - onehot) * scale (bf16 in place at ld 2V when
-// the GEMMs are bf16: see kern::softmax_xent); then dinp = dlogits W and dW += dlogits^T x.
-void CudaBackend::lm_head_loss_impl(const LmHeadLossArgs& a, const OpWorkspace& ws) {
-  const int64_t N = a.inp.rows(), C = a.inp.dim(-1), V = a.weight.dim(0);
-  const bool bf = is_bf16(a.inp);
-  const void* w = gemm_weight(a.weight, ws);
-  const Buffer& chunk = ws.at("lm_head.logits_chunk");
-  void* wsp = ws.at("gemm.workspace").tensor().data;
-  float* logits = chunk.f32();
-  const int64_t R = chunk.tensor().dim(0), ld_grad = bf ? 2 * V : V;
-  for (int64_t r0 = 0; r0 < N; r0 += R) {
-    const int64_t rows = std::min(R, N - r0);
-    const void* x = byte_ptr(a.inp, r0 * C);
-    gemm_->matmul(V, rows, C, {w, bf, C, true}, {x, bf, C, false}, logits, false, V, 0.0f, wsp,
-                  kGemmWorkspaceBytes);
-    kern::softmax_xent(logits, a.targets.i32() + r0, a.losses.f32() + r0, rows, V, a.loss_scale, bf,
-                       stream());
-    gemm_->matmul(C, rows, V, {w, bf, C, false}, {logits, bf, ld_grad, false},
-                  byte_ptr(a.dinp, r0 * C), is_bf16(a.dinp), C, 0.0f, wsp, kGemmWorkspaceBytes);
-    gemm_->matmul(C, V, rows, {x, bf, C, false}, {logits, bf, ld_grad, true}, a.dweight.data, false,
-                  C, 1.0f, wsp, kGemmWorkspaceBytes);
-  }
-  finish_op();
-}
-
-// ---- LayerNorm ----
-
-void CudaBackend::layernorm_forward_impl(const LayerNormForwardArgs& a) {
-  kern::layernorm_forward(a.out.data, a.stats.f32(), a.inp.data, a.weight.f32(), a.bias.f32(),
-                          a.inp.rows(), a.inp.dim(-1), is_bf16(a.inp), stream());
-  finish_op();
-}
-
-void CudaBackend::layernorm_backward_impl(const LayerNormBackwardArgs& a) {
-  kern::layernorm_backward(a.dinp.data, a.dweight.f32(), a.dbias.f32(), a.dout.data, a.inp.data,
-                           a.weight.f32(), a.stats.f32(), a.inp.rows(), a.inp.dim(-1),
-                           is_bf16(a.inp), reduce_, stream());
-  finish_op();
-}
-
-// ---- attention ----
-// cuDNN reads q, k, v straight from a bf16 (B, T, 3C) buffer. With bf16 activations and no RoPE
-// that is qkv itself; otherwise a staging copy in the workspace holds bf16 q, k (rotated) and v.
-// The backward rotates again (the same bits as the forward), and maps the gradients with
-// respect to rotated q, k back through R^T (and to f32 if needed) afterwards.
-
-namespace {
-
-// Pointers into the one "attn.workspace" part, in AttentionWorkspaceLayout's order.
-struct AttnScratch {
-  void *qkv = nullptr, *out = nullptr, *dout = nullptr, *dqkv = nullptr;
-  float *dq_accum = nullptr, *softmax_sum = nullptr;
-  void* cudnn_plan = nullptr;  // kCudnnPlanWorkspaceBytes for cuDNN's plan
-};
-
-AttnScratch carve(const OpWorkspace& ws, const AttentionWorkspaceLayout& w) {
-  AttnScratch s;
-  const Buffer& buf = ws.at("attn.workspace");
-  REMAT_ASSERT(buf.tensor().bytes() >= w.total(), "attention: workspace of {} bytes, {} needed",
-               buf.tensor().bytes(), w.total());
-  char* p = static_cast<char*>(buf.tensor().data);
-  auto take = [&p](uint64_t bytes) -> void* {
-    void* r = bytes ? p : nullptr;
-    p += bytes;
-    return r;
-  };
-  s.qkv = take(w.qkv_bf16);
-  s.out = take(w.out_bf16);
-  s.dout = take(w.dout_bf16);
-  s.dqkv = take(w.dqkv_bf16);
-  s.dq_accum = static_cast<float*>(take(w.dq_accum));
-  s.softmax_sum = static_cast<float*>(take(w.softmax_sum));
-  s.cudnn_plan = take(w.cudnn_plan);
-  return s;
-}
-
-}  // namespace
-
-void CudaBackend::attention_forward_impl(const AttentionForwardArgs& a, const OpWorkspace& ws) {
-  const int64_t B = a.qkv.dim(0), T = a.qkv.dim(1), C = a.out.dim(2), NH = a.n_head;
-  const bool bf = is_bf16(a.qkv), rope = a.rope_theta > 0;
-  AttnScratch s = carve(ws, attention_workspace_layout(a.qkv, NH, rope, false));
-  const void* qkv = a.qkv.data;
-  if (s.qkv) {
-    kern::rope_apply(s.qkv, true, a.qkv.data, bf, B * T, T, C, NH, a.rope_theta, false, stream());
-    qkv = s.qkv;
-  }
-  void* out = s.out ? s.out : a.out.data;
-  attn_->forward({B, NH, T, C / NH}, {qkv, out, a.lse.f32()}, s.cudnn_plan);
-  if (s.out) kern::cast(a.out.data, is_bf16(a.out), s.out, true, B * T * C, stream());
-  finish_op();
-}
-
-void CudaBackend::attention_backward_impl(const AttentionBackwardArgs& a, const OpWorkspace& ws) {
-  const int64_t B = a.qkv.dim(0), T = a.qkv.dim(1), C = a.out.dim(2), NH = a.n_head;
-  const bool bf = is_bf16(a.qkv), rope = a.rope_theta > 0;
-  AttnScratch s = carve(ws, attention_workspace_layout(a.qkv, NH, rope, true));
-  const void* qkv = a.qkv.data;
-  if (s.qkv) {
-    kern::rope_apply(s.qkv, true, a.qkv.data, bf, B * T, T, C, NH, a.rope_theta, false, stream());
-    qkv = s.qkv;
-  }
-  const void* out = a.out.data;
-  const void* dout = a.dout.data;
-  if (s.out) {
-    kern::cast(s.out, true, a.out.data, is_bf16(a.out), B * T * C, stream());
-    out = s.out;
-  }
-  if (s.dout) {
-    kern::cast(s.dout, true, a.dout.data, is_bf16(a.dout), B * T * C, stream());
-    dout = s.dout;
-  }
-  void* dqkv = s.dqkv ? s.dqkv : a.dqkv.data;
-  attn_->backward({B, NH, T, C / NH},
-                  {qkv, out, dout, a.lse.f32(), dqkv, s.dq_accum, s.softmax_sum}, s.cudnn_plan);
-  // dq, dk are gradients with respect to the rotated q, k: apply R^T (in place when dqkv is
-  // bf16); with f32 activations this is also the cast out of the bf16 staging buffer.
-  if (rope || s.dqkv)
-    kern::rope_apply(a.dqkv.data, is_bf16(a.dqkv), dqkv, true, B * T, T, C, NH, a.rope_theta, true,
-                     stream());
-  finish_op();
-}
-
-// ---- embedding ----
-
-void CudaBackend::embedding_forward_impl(const EmbeddingForwardArgs& a) {
-  const int64_t B = a.tokens.dim(0), T = a.tokens.dim(1), C = a.wte.dim(1), V = a.wte.dim(0);
-  kern::embedding_forward(a.out.data, a.tokens.i32(), a.wte.f32(),
-                          a.wpe.empty() ? nullptr : a.wpe.f32(), B * T, T, C, V, is_bf16(a.out),
-                          stream());
-  finish_op();
-}
-
-// The scatter-add dwte[token] += dout row is made deterministic without atomics by bucketing
-// rows by token on the host (a counting sort of the B*T token ids, downloaded: one small sync per
-// step), then one GPU block column per distinct token sums its rows in order.
-void CudaBackend::embedding_backward_impl(const EmbeddingBackwardArgs& a, const OpWorkspace& ws) {
-  const int64_t B = a.tokens.dim(0), T = a.tokens.dim(1), C = a.dwte.dim(1), V = a.dwte.dim(0);
-  const int64_t N = B * T;
-  std::vector<int32_t> tokens(static_cast<size_t>(N));
-  download(tokens.data(), a.tokens);
-  std::vector<int32_t> count(static_cast<size_t>(V) + 1, 0);
-  for (int32_t t : tokens) {
-    REMAT_ASSERT(t >= 0 && t < V, "embedding_backward: token {} outside vocabulary {}", t, V);
-    ++count[static_cast<size_t>(t) + 1];
-  }
-  // host buffer: order (N) | starts (n_buckets + 1)
-  std::vector<int32_t> host(static_cast<size_t>(2 * N + 1), 0);
-  std::vector<int32_t> next(static_cast<size_t>(V), 0);
-  int64_t n_buckets = 0;
-  {
-    int32_t pos = 0;
-    for (int64_t v = 0; v < V; ++v) {
-      next[static_cast<size_t>(v)] = pos;
-      if (count[static_cast<size_t>(v) + 1] > 0) host[static_cast<size_t>(N + n_buckets++)] = pos;
-      pos += count[static_cast<size_t>(v) + 1];
-    }
-    host[static_cast<size_t>(N + n_buckets)] = pos;
-  }
-  for (int64_t i = 0; i < N; ++i)  // ascending i: each bucket lists its rows in order
-    host[static_cast<size_t>(next[static_cast<size_t>(tokens[static_cast<size_t>(i)])]++)] =
-        static_cast<int32_t>(i);
-  const Buffer& buckets = ws.at("embedding.buckets");
-  REMAT_CUDA_CHECK(cudaMemcpyAsync(buckets.tensor().data, host.data(),
-                                   static_cast<size_t>(N + n_buckets + 1) * 4,
-                                   cudaMemcpyHostToDevice, stream()));
-  const int32_t* order = static_cast<const int32_t*>(buckets.tensor().data);
-  kern::embedding_backward_wte(a.dwte.f32(), a.dout.data, a.tokens.i32(), order, order + N,
-                               n_buckets, C, is_bf16(a.dout), stream());
-  if (!a.dwpe.empty())
-    kern::embedding_backward_wpe(a.dwpe.f32(), a.dout.data, B, T, C, is_bf16(a.dout), stream());
-  finish_op();
-}
-
-// ---- losses and optimizer ----
-
-void CudaBackend::mse_loss_impl(const MseLossArgs& a) {
-  kern::mse_loss(a.losses.f32(), a.dinp.data, a.inp.data, a.target.f32(), a.inp.rows(),
-                 a.inp.dim(-1), a.loss_scale, is_bf16(a.inp), stream());
-  finish_op();
-}
-
-void CudaBackend::dropout_impl(const DropoutArgs& a) {
-  kern::dropout(a.out.data, a.inp.data, a.inp.numel(), a.p, a.seed, a.stream, is_bf16(a.inp),
-                stream());
-  finish_op();
-}
-
-// Deterministic: a fixed grid per tensor writes double partials straight into pinned host
-// memory; after one sync the host adds them in order.
-double CudaBackend::sum_squares_impl(std::span<const Tensor> tensors) {
-  const size_t need = tensors.size() * kern::kSumSquaresBlocks;
-  if (need > partials_capacity_) {
-    if (partials_) REMAT_CUDA_CHECK(cudaFreeHost(partials_));
-    partials_ = nullptr;
-    REMAT_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&partials_), need * sizeof(double),
-                                   cudaHostAllocMapped));
-    partials_capacity_ = need;
-  }
-  double* dev_partials = nullptr;
-  REMAT_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&dev_partials), partials_, 0));
-  for (size_t i = 0; i < tensors.size(); ++i)
-    kern::sum_squares_partials(tensors[i].f32(), tensors[i].numel(),
-                               dev_partials + i * kern::kSumSquaresBlocks, stream());
-  finish_op();
-  synchronize();
-  double total = 0;
-  for (size_t i = 0; i < need; ++i) total += partials_[i];
-  return total;
-}
-
-void CudaBackend::adamw_update_impl(const AdamWArgs& a) {
-  const float bc1 = 1.0f - std::pow(a.beta1, static_cast<float>(a.step));
-  const float bc2 = 1.0f - std::pow(a.beta2, static_cast<float>(a.step));
-  kern::adamw(a.param.f32(), a.grad.f32(), a.m.f32(), a.v.f32(), a.param.numel(), a.lr, a.beta1,
-              a.beta2, a.eps, a.weight_decay, a.grad_scale, bc1, bc2, stream());
   finish_op();
 }
 

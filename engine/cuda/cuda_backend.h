@@ -1,7 +1,7 @@
 // The CUDA backend: bf16 (or f32) activations with fp32 accumulation and fp32 master weights.
-// cuBLASLt for GEMMs (gemm.cpp), cuDNN's fused flash attention (attention.cpp), our own kernels
-// for LayerNorm and the pointwise ops (layernorm.cu, elementwise.cu). Everything runs in order on
-// one stream; device memory comes from the MemoryPool through a stream-ordered allocator
+// cuBLASLt for GEMMs (gemm.cpp), cuDNN's fused flash attention (cudnn_attention.cpp), our own
+// kernels for LayerNorm and the pointwise ops (layernorm.cu, elementwise.cu). Everything runs in
+// order on one stream; device memory comes from the MemoryPool through a stream-ordered allocator
 // (cudaMallocAsync on a pool that keeps freed memory cached), so a Buffer freed on the host
 // while kernels still use it is safe: the free is ordered after them on the stream. (Devices
 // without memory pools fall back to cudaMalloc, and cudaFree after a stream sync.) Outside the

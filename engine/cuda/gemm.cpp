@@ -35,7 +35,9 @@ int alignment_of(const void* p) {
   return a;
 }
 
-cudaDataType_t dtype_of(bool bf16) { return bf16 ? CUDA_R_16BF : CUDA_R_32F; }
+cudaDataType_t dtype_of(bool bf16) {
+  return bf16 ? CUDA_R_16BF : CUDA_R_32F;
+}
 
 }  // namespace
 
@@ -59,12 +61,16 @@ GemmEngine::Plan& GemmEngine::plan_for(const Key& key, int64_t m, int64_t n, int
   REMAT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const cublasOperation_t ta = a.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t tb = b.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
-  REMAT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
-  REMAT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+  REMAT_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+  REMAT_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
   // Stored shapes: A is (m x k) or, transposed, (k x m); likewise B (k x n) / (n x k).
-  REMAT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->a, dtype_of(a.bf16), static_cast<uint64_t>(a.trans ? k : m),
+  REMAT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->a, dtype_of(a.bf16),
+                                                static_cast<uint64_t>(a.trans ? k : m),
                                                 static_cast<uint64_t>(a.trans ? m : k), a.ld));
-  REMAT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->b, dtype_of(b.bf16), static_cast<uint64_t>(b.trans ? n : k),
+  REMAT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->b, dtype_of(b.bf16),
+                                                static_cast<uint64_t>(b.trans ? n : k),
                                                 static_cast<uint64_t>(b.trans ? k : n), b.ld));
   REMAT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->d, dtype_of(d_bf16), static_cast<uint64_t>(m),
                                                 static_cast<uint64_t>(n), ldd));
@@ -74,37 +80,45 @@ GemmEngine::Plan& GemmEngine::plan_for(const Key& key, int64_t m, int64_t n, int
   const uint64_t ws = ws_bytes;
   const uint32_t al_a = static_cast<uint32_t>(align_a), al_b = static_cast<uint32_t>(align_b),
                  al_d = static_cast<uint32_t>(align_d);
-  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
-  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof(al_a));
-  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof(al_b));
-  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_d, sizeof(al_d));
-  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d, sizeof(al_d));
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+                                       sizeof(ws));
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a,
+                                       sizeof(al_a));
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b,
+                                       sizeof(al_b));
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_d,
+                                       sizeof(al_d));
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d,
+                                       sizeof(al_d));
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
-  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(handle_, p->desc, p->a, p->b, p->d, p->d, pref,
-                                                           1, &result, &found);
+  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(handle_, p->desc, p->a, p->b, p->d, p->d,
+                                                           pref, 1, &result, &found);
   cublasLtMatmulPreferenceDestroy(pref);
   if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
     throw BackendError(fmt::format(
         "[gemm] cuBLASLt has no algorithm for m={} n={} k={} ({}{}, {}{} -> {}, ld {}/{}/{}, "
         "alignment {}/{}/{}): {}",
-        m, n, k, a.bf16 ? "bf16" : "f32", a.trans ? "^T" : "", b.bf16 ? "bf16" : "f32", b.trans ? "^T" : "",
-        d_bf16 ? "bf16" : "f32", a.ld, b.ld, ldd, align_a, align_b, align_d, cublasLtGetStatusString(st)));
+        m, n, k, a.bf16 ? "bf16" : "f32", a.trans ? "^T" : "", b.bf16 ? "bf16" : "f32",
+        b.trans ? "^T" : "", d_bf16 ? "bf16" : "f32", a.ld, b.ld, ldd, align_a, align_b, align_d,
+        cublasLtGetStatusString(st)));
   }
   p->algo = result.algo;
   return *plans_.emplace(key, std::move(p)).first->second;
 }
 
 void GemmEngine::matmul(int64_t m, int64_t n, int64_t k, const GemmOperand& a, const GemmOperand& b,
-                        void* d, bool d_bf16, int64_t ldd, float beta, void* workspace, size_t ws_bytes) {
+                        void* d, bool d_bf16, int64_t ldd, float beta, void* workspace,
+                        size_t ws_bytes) {
   REMAT_ASSERT(a.bf16 == b.bf16, "gemm: A and B dtypes differ");
   const int align_a = alignment_of(a.ptr), align_b = alignment_of(b.ptr), align_d = alignment_of(d);
-  const Key key{m, n, k, a.ld, b.ld, ldd, a.trans, b.trans, a.bf16, d_bf16, align_a, align_b, align_d,
-                static_cast<int>(ws_bytes >> 20)};
+  const Key key{
+      m,       n,      k,      a.ld,    b.ld,    ldd,     a.trans,
+      b.trans, a.bf16, d_bf16, align_a, align_b, align_d, static_cast<int>(ws_bytes >> 20)};
   Plan& p = plan_for(key, m, n, k, a, b, d_bf16, ldd, ws_bytes, align_a, align_b, align_d);
   const float alpha = 1.0f;
-  REMAT_CUBLAS_CHECK(cublasLtMatmul(handle_, p.desc, &alpha, a.ptr, p.a, b.ptr, p.b, &beta, d, p.d, d, p.d,
-                                    &p.algo, workspace, ws_bytes, stream_));
+  REMAT_CUBLAS_CHECK(cublasLtMatmul(handle_, p.desc, &alpha, a.ptr, p.a, b.ptr, p.b, &beta, d, p.d,
+                                    d, p.d, &p.algo, workspace, ws_bytes, stream_));
 }
 
 }  // namespace remat::cuda

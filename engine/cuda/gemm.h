@@ -41,8 +41,8 @@ class GemmEngine {
 
  private:
   struct Plan;
-  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int, int, int, int,
-                         int, int, int>;
+  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int, int, int,
+                         int, int, int, int>;
   Plan& plan_for(const Key& key, int64_t m, int64_t n, int64_t k, const GemmOperand& a,
                  const GemmOperand& b, bool d_bf16, int64_t ldd, size_t ws_bytes, int align_a,
                  int align_b, int align_d);

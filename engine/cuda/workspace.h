@@ -20,8 +20,8 @@ constexpr uint64_t kGemmWorkspaceBytes = uint64_t{32} << 20;
 /// only once a plan is built on a GPU (the planner has none), and it is tiny for these graphs
 /// (llm.c reports ~16 bytes on H100; the dQ accumulator and sum(dO * O) are our own tensors
 /// below, not part of it). So the CUDA backend always reserves exactly this much and accepts
-/// only engine configs whose plan needs at most this much (engine/cuda/attention.cpp skips the
-/// others and names them if none is left): planned and measured peaks then agree to the byte,
+/// only engine configs whose plan needs at most this much (engine/cuda/cudnn_attention.cpp skips
+/// the others and names them if none is left): planned and measured peaks then agree to the byte,
 /// whatever the plan needs. 32 MiB (the cuBLASLt workspace's size) is orders of magnitude of
 /// headroom at a negligible cost next to a GPU's memory; tests/gpu prints the real sizes for the
 /// GPT-2 shapes and checks them against it.

@@ -1,6 +1,6 @@
 // Pointwise activations (GELU, tanh approximation; ReLU) and inverted dropout: arguments, shape
-// checks, FLOPs and bytes. Kernels: engine/cpu/cpu_backend.cpp, engine/cuda/elementwise.cu;
-// tests: tests/test_ops.cpp.
+// checks, FLOPs and bytes. Kernels: engine/cpu/activation.cpp, engine/cuda/activation.cpp (+
+// elementwise.cu); tests: tests/ops/test_activation.cpp.
 #pragma once
 
 #include "engine/error.h"

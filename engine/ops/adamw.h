@@ -1,6 +1,7 @@
-// The optimizer step (AdamW with decoupled weight decay and bias correction): arguments, shape
-// checks, FLOPs and bytes. Kernels: engine/cpu/cpu_backend.cpp, engine/cuda/elementwise.cu;
-// tests: tests/test_ops.cpp, tests/test_training_loop.cpp.
+// The optimizer step (AdamW with decoupled weight decay and bias correction) and the global sum of
+// squares (gradient clipping): arguments, shape checks, FLOPs and bytes. Kernels:
+// engine/cpu/adamw.cpp, engine/cuda/adamw.cpp (+ elementwise.cu); tests: tests/ops/test_adamw.cpp,
+// tests/test_training_loop.cpp.
 #pragma once
 
 #include "engine/error.h"

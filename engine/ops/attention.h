@@ -1,6 +1,7 @@
 // Causal multi-head self-attention with the flash contract: arguments, shape checks, FLOPs and
-// bytes. Kernels: engine/cpu/attention.cpp, engine/cuda/attention.cpp (cuDNN); workspaces:
-// engine/{cpu,cuda}/workspace.h; tests: tests/test_ops.cpp.
+// bytes. Kernels: engine/cpu/attention.cpp, engine/cuda/attention.cpp (cuDNN, through
+// cudnn_attention.cpp); workspaces: engine/{cpu,cuda}/workspace.h; tests:
+// tests/ops/test_attention.cpp.
 #pragma once
 
 #include "engine/error.h"

@@ -1,6 +1,6 @@
 // Token (+ learned position) embedding: arguments, shape checks, FLOPs and bytes. Kernels:
-// engine/cpu/cpu_backend.cpp, engine/cuda/elementwise.cu; workspace (CUDA backward):
-// engine/cuda/workspace.h; tests: tests/test_ops.cpp.
+// engine/cpu/embedding.cpp, engine/cuda/embedding.cpp (+ elementwise.cu); workspace (CUDA
+// backward): engine/cuda/workspace.h; tests: tests/ops/test_embedding.cpp.
 #pragma once
 
 #include "engine/error.h"

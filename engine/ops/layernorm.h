@@ -1,6 +1,6 @@
 // LayerNorm over the last dimension (eps 1e-5, biased variance): arguments, shape checks, FLOPs
-// and bytes. Kernels: engine/cpu/layernorm.cpp, engine/cuda/layernorm.cu; tests:
-// tests/test_ops.cpp.
+// and bytes. Kernels: engine/cpu/layernorm.cpp, engine/cuda/layernorm.cpp (+ layernorm.cu);
+// tests: tests/ops/test_layernorm.cpp.
 #pragma once
 
 #include "engine/error.h"

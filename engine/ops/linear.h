@@ -1,6 +1,6 @@
 // Linear layer y = x W^T + b (W is (out, in), as PyTorch's nn.Linear): arguments, shape checks,
-// FLOPs and bytes. Kernels: engine/cpu/gemm.cpp, engine/cuda/cuda_backend.cpp (cuBLASLt);
-// workspaces: engine/{cpu,cuda}/workspace.h; tests: tests/test_ops.cpp.
+// FLOPs and bytes. Kernels: engine/cpu/linear.cpp, engine/cuda/linear.cpp (cuBLASLt); workspaces:
+// engine/{cpu,cuda}/workspace.h; tests: tests/ops/test_linear.cpp.
 #pragma once
 
 #include "engine/error.h"

@@ -1,7 +1,7 @@
 // The losses: the fused, chunked LM head + softmax cross-entropy of the GPT and the MSE of the
-// tutorial MLP: arguments, shape checks, FLOPs and bytes. Kernels: engine/cpu/gemm.cpp and
-// cpu_backend.cpp, engine/cuda/cuda_backend.cpp and elementwise.cu; workspaces:
-// engine/{cpu,cuda}/workspace.h; tests: tests/test_ops.cpp.
+// tutorial MLP: arguments, shape checks, FLOPs and bytes. Kernels: engine/cpu/loss.cpp,
+// engine/cuda/loss.cpp (+ elementwise.cu); workspaces: engine/{cpu,cuda}/workspace.h; tests:
+// tests/ops/test_loss.cpp.
 #pragma once
 
 #include "engine/error.h"

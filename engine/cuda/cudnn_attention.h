@@ -56,7 +56,7 @@ class AttentionEngine {
   /// Builds (or finds) the plan for this shape; returns the workspace it needs in bytes.
   int64_t plan_workspace_bytes(const AttentionShape& s, bool backward);
 
-  struct Graph;  // descriptors of one finalized graph and its plan (attention.cpp)
+  struct Graph;  // descriptors of one finalized graph and its plan (cudnn_attention.cpp)
 
  private:
   Graph& graph_for(const AttentionShape& s, bool backward);

@@ -1,0 +1,62 @@
+// CUDA token (+ position) embedding (engine/ops/embedding.h); kernels in elementwise.cu.
+#include <cuda_runtime.h>
+
+#include <vector>
+
+#include "engine/cuda/check.h"
+#include "engine/cuda/cuda_backend.h"
+#include "engine/cuda/kernels.cuh"
+#include "engine/cuda/op_util.h"
+
+namespace remat::cuda {
+
+void CudaBackend::embedding_forward_impl(const EmbeddingForwardArgs& a) {
+  const int64_t B = a.tokens.dim(0), T = a.tokens.dim(1), C = a.wte.dim(1), V = a.wte.dim(0);
+  kern::embedding_forward(a.out.data, a.tokens.i32(), a.wte.f32(),
+                          a.wpe.empty() ? nullptr : a.wpe.f32(), B * T, T, C, V, is_bf16(a.out),
+                          stream());
+  finish_op();
+}
+
+// The scatter-add dwte[token] += dout row is made deterministic without atomics by bucketing
+// rows by token on the host (a counting sort of the B*T token ids, downloaded: one small sync per
+// step), then one GPU block column per distinct token sums its rows in order.
+void CudaBackend::embedding_backward_impl(const EmbeddingBackwardArgs& a, const OpWorkspace& ws) {
+  const int64_t B = a.tokens.dim(0), T = a.tokens.dim(1), C = a.dwte.dim(1), V = a.dwte.dim(0);
+  const int64_t N = B * T;
+  std::vector<int32_t> tokens(static_cast<size_t>(N));
+  download(tokens.data(), a.tokens);
+  std::vector<int32_t> count(static_cast<size_t>(V) + 1, 0);
+  for (int32_t t : tokens) {
+    REMAT_ASSERT(t >= 0 && t < V, "embedding_backward: token {} outside vocabulary {}", t, V);
+    ++count[static_cast<size_t>(t) + 1];
+  }
+  // host buffer: order (N) | starts (n_buckets + 1)
+  std::vector<int32_t> host(static_cast<size_t>(2 * N + 1), 0);
+  std::vector<int32_t> next(static_cast<size_t>(V), 0);
+  int64_t n_buckets = 0;
+  {
+    int32_t pos = 0;
+    for (int64_t v = 0; v < V; ++v) {
+      next[static_cast<size_t>(v)] = pos;
+      if (count[static_cast<size_t>(v) + 1] > 0) host[static_cast<size_t>(N + n_buckets++)] = pos;
+      pos += count[static_cast<size_t>(v) + 1];
+    }
+    host[static_cast<size_t>(N + n_buckets)] = pos;
+  }
+  for (int64_t i = 0; i < N; ++i)  // ascending i: each bucket lists its rows in order
+    host[static_cast<size_t>(next[static_cast<size_t>(tokens[static_cast<size_t>(i)])]++)] =
+        static_cast<int32_t>(i);
+  const Buffer& buckets = ws.at("embedding.buckets");
+  REMAT_CUDA_CHECK(cudaMemcpyAsync(buckets.tensor().data, host.data(),
+                                   static_cast<size_t>(N + n_buckets + 1) * 4,
+                                   cudaMemcpyHostToDevice, stream()));
+  const int32_t* order = static_cast<const int32_t*>(buckets.tensor().data);
+  kern::embedding_backward_wte(a.dwte.f32(), a.dout.data, a.tokens.i32(), order, order + N,
+                               n_buckets, C, is_bf16(a.dout), stream());
+  if (!a.dwpe.empty())
+    kern::embedding_backward_wpe(a.dwpe.f32(), a.dout.data, B, T, C, is_bf16(a.dout), stream());
+  finish_op();
+}
+
+}  // namespace remat::cuda

@@ -1,0 +1,57 @@
+// CUDA linear layer (engine/ops/linear.h): cuBLASLt GEMMs (gemm.cpp) with the bias added by
+// our kernels; bf16 GEMMs read the bf16 weight copy of the op's workspace.
+#include "engine/cuda/cuda_backend.h"
+#include "engine/cuda/gemm.h"
+#include "engine/cuda/kernels.cuh"
+#include "engine/cuda/op_util.h"
+#include "engine/cuda/workspace.h"
+
+namespace remat::cuda {
+
+// ---- GEMM-based ops ----
+// Row-major (R, Cc) is column-major (Cc, R) with ld Cc, so with W (OC, C):
+//   out (N, OC) = inp W^T  ->  D (OC x N) = W^T[cm (C x OC), T] . inp[cm (C x N)]
+//   dinp (N, C) = dout W   ->  D (C x N)  = W[cm (C x OC)] . dout[cm (OC x N)]
+//   dW (OC, C) += dout^T inp -> D (C x OC) = inp[cm (C x N)] . dout[cm (OC x N), T]
+
+const void* CudaBackend::gemm_weight(const Tensor& weight, const OpWorkspace& ws) {
+  const Buffer* copy = ws.find("gemm.weight_bf16");
+  if (!copy) return weight.data;
+  kern::cast(copy->tensor().data, true, weight.data, false, weight.numel(), stream());
+  return copy->tensor().data;
+}
+
+void CudaBackend::linear_forward_impl(const LinearForwardArgs& a, const OpWorkspace& ws) {
+  const int64_t N = a.inp.rows(), C = a.inp.dim(-1), OC = a.weight.dim(0);
+  const bool bf = is_bf16(a.inp);
+  const void* w = gemm_weight(a.weight, ws);
+  void* wsp = ws.at("gemm.workspace").tensor().data;
+  float beta = a.accumulate ? 1.0f : 0.0f;
+  // Bias first, then the GEMM accumulates onto it (as the CPU does): one rounding of the sum.
+  // TODO(cuda): cuBLASLt's BIAS epilogue would save this pass over out (#5).
+  if (!a.bias.empty()) {
+    kern::bias_rows(a.out.data, a.bias.f32(), N, OC, !a.accumulate, is_bf16(a.out), stream());
+    beta = 1.0f;
+  }
+  gemm_->matmul(OC, N, C, {w, bf, C, true}, {a.inp.data, bf, C, false}, a.out.data, is_bf16(a.out),
+                OC, beta, wsp, kGemmWorkspaceBytes);
+  finish_op();
+}
+
+void CudaBackend::linear_backward_impl(const LinearBackwardArgs& a, const OpWorkspace& ws) {
+  const int64_t N = a.inp.rows(), C = a.inp.dim(-1), OC = a.weight.dim(0);
+  const bool bf = is_bf16(a.dout);
+  const void* w = gemm_weight(a.weight, ws);  // the bf16 copy only when dinp is wanted
+  void* wsp = ws.at("gemm.workspace").tensor().data;
+  if (!a.dinp.empty())
+    gemm_->matmul(C, N, OC, {w, bf, C, false}, {a.dout.data, bf, OC, false}, a.dinp.data,
+                  is_bf16(a.dinp), C, 0.0f, wsp, kGemmWorkspaceBytes);
+  // f32 output, beta 1: the weight gradient accumulates in fp32 straight from bf16 operands.
+  gemm_->matmul(C, OC, N, {a.inp.data, bf, C, false}, {a.dout.data, bf, OC, true}, a.dweight.data,
+                false, C, 1.0f, wsp, kGemmWorkspaceBytes);
+  if (!a.dbias.empty())
+    kern::column_sum_add(a.dbias.f32(), a.dout.data, N, OC, bf, reduce_, stream());
+  finish_op();
+}
+
+}  // namespace remat::cuda

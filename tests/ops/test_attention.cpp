@@ -1,0 +1,324 @@
+// Op test of causal attention (flash contract): forward and backward against a naive double
+// reference with the T x T matrix, with and without RoPE; central differences; bitwise determinism
+// across runs and thread counts; the workspace bytes the pool measures against the stated formula.
+// Against the CPU backend, the specification every other backend is checked against;
+// tolerances and shared helpers: tests/test_util.h.
+#include <cstring>
+#include <numbers>
+#include <tuple>
+
+#include "tests/test_util.h"
+
+namespace remat::test {
+namespace {
+
+using cpu::CpuBackend;
+
+// Naive causal multi-head attention in double, forward and its analytic backward, with optional
+// half-split (GPT-NeoX) rotary embedding of q and k: for pair (i, i + HS/2) at position t the
+// angle is t * theta^(-2i/HS) and (x_i, x_{i+HS/2}) -> (x_i cos - x_{i+HS/2} sin,
+// x_i sin + x_{i+HS/2} cos). Backward: with P = softmax(S), D_t = dO_t . O_t,
+// dV = P^T dO, dS = P * (dO V^T - D), dQ = scale dS K, dK = scale dS^T Q, then dq, dk rotated
+// back by R^T.
+struct AttentionRef {
+  std::vector<double> out;   // (B, T, C)
+  std::vector<double> lse;   // (B, NH, T)
+  std::vector<double> dqkv;  // (B, T, 3C)
+};
+
+AttentionRef attention_reference(const std::vector<double>& qkv, const std::vector<double>& dout,
+                                 int64_t B, int64_t T, int64_t C, int64_t NH, double theta) {
+  const int64_t HS = C / NH, half = HS / 2, row = 3 * C;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(HS));
+  AttentionRef r{std::vector<double>(static_cast<size_t>(B * T * C)),
+                 std::vector<double>(static_cast<size_t>(B * NH * T)),
+                 std::vector<double>(static_cast<size_t>(B * T * row))};
+  // rotate(x, t, sign): sign +1 applies R_t, -1 applies R_t^T.
+  auto rotate = [&](double* x, int64_t t, double sign) {
+    if (theta <= 0) return;
+    for (int64_t i = 0; i < half; ++i) {
+      const double ang = static_cast<double>(t) *
+                         std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(HS));
+      const double c = std::cos(ang), s = sign * std::sin(ang);
+      const double a = x[i], b = x[i + half];
+      x[i] = a * c - b * s;
+      x[i + half] = a * s + b * c;
+    }
+  };
+  auto dot = [](const double* a, const double* b, int64_t n) {
+    double acc = 0;
+    for (int64_t i = 0; i < n; ++i) acc += a[i] * b[i];
+    return acc;
+  };
+  std::vector<double> q(static_cast<size_t>(T * HS)), k(q.size()), v(q.size()), dq(q.size()),
+      dk(q.size()), dv(q.size()), p(static_cast<size_t>(T));
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t h = 0; h < NH; ++h) {
+      for (int64_t t = 0; t < T; ++t) {
+        for (int64_t d = 0; d < HS; ++d) {
+          const double* src = qkv.data() + (b * T + t) * row + h * HS + d;
+          q[static_cast<size_t>(t * HS + d)] = src[0];
+          k[static_cast<size_t>(t * HS + d)] = src[C];
+          v[static_cast<size_t>(t * HS + d)] = src[2 * C];
+        }
+        rotate(&q[static_cast<size_t>(t * HS)], t, 1);
+        rotate(&k[static_cast<size_t>(t * HS)], t, 1);
+      }
+      std::fill(dq.begin(), dq.end(), 0.0);
+      std::fill(dk.begin(), dk.end(), 0.0);
+      std::fill(dv.begin(), dv.end(), 0.0);
+      for (int64_t t = 0; t < T; ++t) {
+        const double* qt = &q[static_cast<size_t>(t * HS)];
+        double mx = -INFINITY;
+        for (int64_t j = 0; j <= t; ++j) {
+          p[static_cast<size_t>(j)] = scale * dot(qt, &k[static_cast<size_t>(j * HS)], HS);
+          mx = std::max(mx, p[static_cast<size_t>(j)]);
+        }
+        double sum = 0;
+        for (int64_t j = 0; j <= t; ++j) sum += std::exp(p[static_cast<size_t>(j)] - mx);
+        const double lse = mx + std::log(sum);
+        r.lse[static_cast<size_t>((b * NH + h) * T + t)] = lse;
+        double* o = r.out.data() + (b * T + t) * C + h * HS;
+        for (int64_t j = 0; j <= t; ++j) {
+          p[static_cast<size_t>(j)] = std::exp(p[static_cast<size_t>(j)] - lse);
+          for (int64_t d = 0; d < HS; ++d)
+            o[d] += p[static_cast<size_t>(j)] * v[static_cast<size_t>(j * HS + d)];
+        }
+        const double* dot_t = dout.data() + (b * T + t) * C + h * HS;
+        const double D = dot(dot_t, o, HS);
+        for (int64_t j = 0; j <= t; ++j) {
+          const double pj = p[static_cast<size_t>(j)];
+          const double dp = dot(dot_t, &v[static_cast<size_t>(j * HS)], HS);
+          const double ds = pj * (dp - D) * scale;
+          for (int64_t d = 0; d < HS; ++d) {
+            dv[static_cast<size_t>(j * HS + d)] += pj * dot_t[d];
+            dq[static_cast<size_t>(t * HS + d)] += ds * k[static_cast<size_t>(j * HS + d)];
+            dk[static_cast<size_t>(j * HS + d)] += ds * qt[d];
+          }
+        }
+      }
+      for (int64_t t = 0; t < T; ++t) {
+        rotate(&dq[static_cast<size_t>(t * HS)], t, -1);
+        rotate(&dk[static_cast<size_t>(t * HS)], t, -1);
+        for (int64_t d = 0; d < HS; ++d) {
+          double* dst = r.dqkv.data() + (b * T + t) * row + h * HS + d;
+          dst[0] = dq[static_cast<size_t>(t * HS + d)];
+          dst[C] = dk[static_cast<size_t>(t * HS + d)];
+          dst[2 * C] = dv[static_cast<size_t>(t * HS + d)];
+        }
+      }
+    }
+  }
+  return r;
+}
+
+}  // namespace
+
+namespace {
+
+// Runs attention forward and backward on random q, k, v, dout and compares outputs, log-sum-exp
+// and dq, dk, dv with the double reference.
+void check_attention_against_reference(int64_t B, int64_t NH, int64_t T, int64_t HS, float theta) {
+  CAPTURE(B, NH, T, HS, theta);
+  CpuBackend be(kTestBudgetBytes, kTestThreads);
+  const int64_t C = NH * HS;
+  Buffer qkv = make_randn(be, {B, T, 3 * C}, kSeed, 51);
+  // Queries 1.5x wider than keys: peakier softmax rows, so the online max rescale matters.
+  for (int64_t i = 0; i < B * T; ++i)
+    for (int64_t c = 0; c < C; ++c) qkv.f32()[i * 3 * C + c] *= 1.5f;
+  Buffer dout = make_randn(be, {B, T, C}, kSeed, 52);
+  Buffer out = make_tensor(be, {B, T, C});
+  Buffer lse = make_tensor(be, {B, NH, T});
+  Buffer dqkv = make_filled(be, {B, T, 3 * C}, 7.0f);  // [=]: the 7s must disappear
+  const int n_head = static_cast<int>(NH);
+  be.attention_forward({.out = out, .lse = lse, .qkv = qkv, .n_head = n_head, .rope_theta = theta});
+  be.attention_backward({.dqkv = dqkv,
+                         .dout = dout,
+                         .qkv = qkv,
+                         .out = out,
+                         .lse = lse,
+                         .n_head = n_head,
+                         .rope_theta = theta});
+  const AttentionRef ref =
+      attention_reference(to_double(qkv), to_double(dout), B, T, C, NH, static_cast<double>(theta));
+  CHECK(allclose(to_host(out), ref.out, kTolAttention, "out"));
+  CHECK(allclose(to_host(lse), ref.lse, kTolAttention, "lse"));
+  // dq, dk, dv separately: each has its own scale and a bug usually hits only one of them.
+  for (int part = 0; part < 3; ++part) {
+    std::vector<float> got;
+    std::vector<double> want;
+    for (int64_t i = 0; i < B * T; ++i)
+      for (int64_t c = 0; c < C; ++c) {
+        got.push_back(dqkv.f32()[i * 3 * C + part * C + c]);
+        want.push_back(ref.dqkv[static_cast<size_t>(i * 3 * C + part * C + c)]);
+      }
+    CHECK(allclose(got, want, kTolAttention, part == 0 ? "dq" : part == 1 ? "dk" : "dv"));
+  }
+}
+
+// (B, NH, T): several batches and heads where T is small, one batch of two heads at T = 1000.
+constexpr std::tuple<int64_t, int64_t, int64_t> kAttnShapes[] = {
+    {2, 3, 1}, {2, 3, 7}, {2, 2, 64}, {2, 2, 129}, {1, 2, 1000}};
+
+}  // namespace
+
+TEST_CASE("attention forward and backward match a naive double-precision causal reference",
+          "[ops]") {
+  const auto [B, NH, T] = GENERATE(from_range(std::begin(kAttnShapes), std::end(kAttnShapes)));
+  const int64_t HS = GENERATE(16, 64, 128);
+  check_attention_against_reference(B, NH, T, HS, 0.0f);
+}
+
+TEST_CASE("attention with rope matches a double reference with half-split rotary q and k",
+          "[ops]") {
+  const auto [B, NH, T] = GENERATE(from_range(std::begin(kAttnShapes), std::end(kAttnShapes)));
+  const int64_t HS = GENERATE(16, 64, 128);
+  check_attention_against_reference(B, NH, T, HS, 10000.0f);
+}
+
+TEST_CASE("attention backward with and without rope matches central differences", "[ops]") {
+  const float theta = GENERATE(0.0f, 10000.0f);
+  CAPTURE(theta);
+  CpuBackend be(kTestBudgetBytes, kFdThreads);
+  // T = 70 crosses a 64-row tile; HS = 8 gives rotary frequencies 1, 0.1, 0.01, 0.001.
+  const int64_t B = 1, NH = 2, T = 70, HS = 8, C = NH * HS;
+  Buffer qkv = make_randn(be, {B, T, 3 * C}, kSeed, 61);
+  Buffer r = make_randn(be, {B, T, C}, kSeed, 62);
+  Buffer out = make_tensor(be, {B, T, C});
+  Buffer lse = make_tensor(be, {B, NH, T});
+  auto loss = [&] {
+    be.attention_forward({.out = out, .lse = lse, .qkv = qkv, .n_head = 2, .rope_theta = theta});
+    return weighted_sum(out, r);
+  };
+  loss();
+  Buffer dqkv = make_tensor(be, {B, T, 3 * C});
+  be.attention_backward({.dqkv = dqkv,
+                         .dout = r,
+                         .qkv = qkv,
+                         .out = out,
+                         .lse = lse,
+                         .n_head = 2,
+                         .rope_theta = theta});
+  CHECK(allclose(to_host(dqkv), central_differences(qkv.f32(), B * T * 3 * C, kFdEps, loss),
+                 kTolGradcheck, "dqkv"));
+}
+
+TEST_CASE("attention forward and backward are bitwise deterministic", "[ops]") {
+  const float theta = GENERATE(0.0f, 10000.0f);
+  CAPTURE(theta);
+  const int64_t B = 2, NH = 3, T = 129, HS = 64, C = NH * HS;
+  // Two runs on one backend, then a run on a one-thread backend: the same bits every time
+  // (remat equivalence relies on recomputed tensors being bitwise equal).
+  std::vector<float> out_1t, lse_1t, dqkv_1t;
+  {
+    CpuBackend be1(kTestBudgetBytes, 1);
+    Buffer qkv = make_randn(be1, {B, T, 3 * C}, kSeed, 71);
+    Buffer dout = make_randn(be1, {B, T, C}, kSeed, 72);
+    Buffer out = make_tensor(be1, {B, T, C});
+    Buffer lse = make_tensor(be1, {B, NH, T});
+    Buffer dqkv = make_tensor(be1, {B, T, 3 * C});
+    be1.attention_forward({.out = out, .lse = lse, .qkv = qkv, .n_head = 3, .rope_theta = theta});
+    be1.attention_backward({.dqkv = dqkv,
+                            .dout = dout,
+                            .qkv = qkv,
+                            .out = out,
+                            .lse = lse,
+                            .n_head = 3,
+                            .rope_theta = theta});
+    out_1t = to_host(out);
+    lse_1t = to_host(lse);
+    dqkv_1t = to_host(dqkv);
+  }
+  CpuBackend be(kTestBudgetBytes, kTestThreads);  // restores the tests' thread count
+  Buffer qkv = make_randn(be, {B, T, 3 * C}, kSeed, 71);
+  Buffer dout = make_randn(be, {B, T, C}, kSeed, 72);
+  Buffer out[2] = {make_tensor(be, {B, T, C}), make_tensor(be, {B, T, C})};
+  Buffer lse[2] = {make_tensor(be, {B, NH, T}), make_tensor(be, {B, NH, T})};
+  Buffer dqkv[2] = {make_tensor(be, {B, T, 3 * C}), make_tensor(be, {B, T, 3 * C})};
+  for (int run = 0; run < 2; ++run) {
+    be.attention_forward(
+        {.out = out[run], .lse = lse[run], .qkv = qkv, .n_head = 3, .rope_theta = theta});
+    be.attention_backward({.dqkv = dqkv[run],
+                           .dout = dout,
+                           .qkv = qkv,
+                           .out = out[0],
+                           .lse = lse[0],
+                           .n_head = 3,
+                           .rope_theta = theta});
+  }
+  CHECK(same_bits(out[0], out[1]));
+  CHECK(same_bits(lse[0], lse[1]));
+  CHECK(same_bits(dqkv[0], dqkv[1]));
+  CHECK(std::memcmp(out_1t.data(), out[0].f32(), out[0].tensor().bytes()) == 0);
+  CHECK(std::memcmp(lse_1t.data(), lse[0].f32(), lse[0].tensor().bytes()) == 0);
+  CHECK(std::memcmp(dqkv_1t.data(), dqkv[0].f32(), dqkv[0].tensor().bytes()) == 0);
+}
+
+TEST_CASE("attention stays in its workspace after another backend raised the OpenMP thread count",
+          "[ops]") {
+  // OpenMP's thread count is process-global: a backend built for one thread sizes its attention
+  // workspace for one thread, and must keep using one even after another backend asks for more.
+  // (Without that, the second thread writes past the workspace: ASan reports it, release builds
+  // may corrupt the heap silently.)
+  CpuBackend one(kTestBudgetBytes, 1);
+  { CpuBackend two(kTestBudgetBytes, 2); }
+  const int64_t B = 2, NH = 2, T = 129, HS = 64, C = NH * HS;
+  Buffer qkv = make_randn(one, {B, T, 3 * C}, kSeed, 75);
+  Buffer dout = make_randn(one, {B, T, C}, kSeed, 76);
+  Buffer out = make_tensor(one, {B, T, C});
+  Buffer lse = make_tensor(one, {B, NH, T});
+  Buffer dqkv = make_tensor(one, {B, T, 3 * C});
+  one.attention_forward({.out = out, .lse = lse, .qkv = qkv, .n_head = 2});
+  one.attention_backward(
+      {.dqkv = dqkv, .dout = dout, .qkv = qkv, .out = out, .lse = lse, .n_head = 2});
+  const AttentionRef ref = attention_reference(to_double(qkv), to_double(dout), B, T, C, NH, 0.0);
+  CHECK(allclose(to_host(out), ref.out, kTolAttention, "out"));
+  CHECK(allclose(to_host(dqkv), ref.dqkv, kTolAttention, "dqkv"));
+}
+
+TEST_CASE("attention workspace measured by the pool is the stated formula and has no T^2 term",
+          "[ops]") {
+  const bool use_rope = GENERATE(false, true);
+  CAPTURE(use_rope);
+  CpuBackend be(kTestBudgetBytes, kTestThreads);
+  const int64_t B = 1, NH = 1, HS = 64, C = NH * HS;
+  const float theta = use_rope ? 10000.0f : 0.0f;
+  for (const int64_t T : {int64_t{64}, int64_t{2048}}) {
+    CAPTURE(T);
+    Buffer qkv = make_randn(be, {B, T, 3 * C}, kSeed, 81);
+    Buffer dout = make_randn(be, {B, T, C}, kSeed, 82);
+    Buffer out = make_tensor(be, {B, T, C});
+    Buffer lse = make_tensor(be, {B, NH, T});
+    Buffer dqkv = make_tensor(be, {B, T, 3 * C});
+    const uint64_t want = MemoryPool::accounted_bytes(
+        static_cast<size_t>(4 * cpu::attention_workspace_floats(T, HS, be.threads(), use_rope)));
+    const uint64_t live = be.pool().live_bytes();
+    const size_t ws = static_cast<size_t>(MemCategory::Workspace);
+
+    be.pool().reset_peak();
+    be.attention_forward({.out = out, .lse = lse, .qkv = qkv, .n_head = 1, .rope_theta = theta});
+    CHECK(be.pool().peak_bytes() - live == want);
+    CHECK(be.pool().peak_snapshot().by_category[ws] == want);
+    CHECK(be.pool().live_bytes() == live);  // the workspace is returned
+
+    be.pool().reset_peak();
+    be.attention_backward({.dqkv = dqkv,
+                           .dout = dout,
+                           .qkv = qkv,
+                           .out = out,
+                           .lse = lse,
+                           .n_head = 1,
+                           .rope_theta = theta});
+    CHECK(be.pool().peak_bytes() - live == want);
+    CHECK(be.pool().live_bytes() == live);
+  }
+  // The formula itself: per-thread tiles independent of T, plus a (T, HS) rope table.
+  const int threads = be.threads();
+  CHECK(cpu::attention_workspace_floats(2048, HS, threads, false) ==
+        cpu::attention_workspace_floats(64, HS, threads, false));
+  CHECK(cpu::attention_workspace_floats(2048, HS, threads, true) -
+            cpu::attention_workspace_floats(64, HS, threads, true) ==
+        (2048 - 64) * HS);
+}
+
+}  // namespace remat::test

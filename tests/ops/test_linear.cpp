@@ -1,0 +1,110 @@
+// Op test of the linear layer: forward against a double reference with and without bias and
+// accumulate, the gradient contract (dinp =, dweight and dbias +=) and central differences. Against
+// the CPU backend, the specification every other backend is checked against; tolerances and shared
+// helpers: tests/test_util.h.
+#include <cstring>
+#include <numbers>
+#include <tuple>
+
+#include "tests/test_util.h"
+
+namespace remat::test {
+namespace {
+
+using cpu::CpuBackend;
+
+}  // namespace
+
+TEST_CASE("linear forward matches a double reference with and without bias and accumulate",
+          "[ops]") {
+  CpuBackend be(kTestBudgetBytes, kTestThreads);
+  const auto [N, C, OC] = GENERATE(table<int64_t, int64_t, int64_t>({{7, 13, 5}, {65, 130, 67}}));
+  const bool use_bias = GENERATE(false, true);
+  const bool accumulate = GENERATE(false, true);
+  CAPTURE(N, C, OC, use_bias, accumulate);
+  Buffer inp = make_randn(be, {N, C}, kSeed, 1);
+  Buffer weight = make_randn(be, {OC, C}, kSeed, 2);
+  Buffer bias = make_randn(be, {OC}, kSeed, 3);
+  Buffer out = make_randn(be, {N, OC}, kSeed, 4);  // kept with accumulate, ignored without
+  const std::vector<double> before = to_double(out);
+  be.linear_forward({.out = out,
+                     .inp = inp,
+                     .weight = weight,
+                     .bias = use_bias ? bias.tensor() : Tensor(),
+                     .accumulate = accumulate});
+  std::vector<double> want(static_cast<size_t>(N * OC));
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t o = 0; o < OC; ++o) {
+      double acc = accumulate ? before[static_cast<size_t>(n * OC + o)] : 0.0;
+      if (use_bias) acc += bias.f32()[o];
+      for (int64_t c = 0; c < C; ++c)
+        acc += static_cast<double>(inp.f32()[n * C + c]) * weight.f32()[o * C + c];
+      want[static_cast<size_t>(n * OC + o)] = acc;
+    }
+  CHECK(allclose(to_host(out), want, kTolReduction, "out"));
+}
+
+TEST_CASE("linear backward overwrites dinp and accumulates dweight and dbias", "[ops]") {
+  CpuBackend be(kTestBudgetBytes, kTestThreads);
+  const auto [N, C, OC] = GENERATE(table<int64_t, int64_t, int64_t>({{7, 13, 5}, {65, 130, 67}}));
+  const bool with_optional = GENERATE(true, false);  // dinp and dbias present or empty
+  CAPTURE(N, C, OC, with_optional);
+  Buffer inp = make_randn(be, {N, C}, kSeed, 1);
+  Buffer weight = make_randn(be, {OC, C}, kSeed, 2);
+  Buffer dout = make_randn(be, {N, OC}, kSeed, 3);
+  Buffer dinp = make_filled(be, {N, C}, 7.0f);  // [=]: the 7s must disappear
+  Buffer dweight = make_randn(be, {OC, C}, kSeed, 4);
+  Buffer dbias = make_randn(be, {OC}, kSeed, 5);
+  const std::vector<double> dweight0 = to_double(dweight), dbias0 = to_double(dbias);
+  be.linear_backward({.dinp = with_optional ? dinp.tensor() : Tensor(),
+                      .dweight = dweight,
+                      .dbias = with_optional ? dbias.tensor() : Tensor(),
+                      .dout = dout,
+                      .inp = inp,
+                      .weight = weight});
+  std::vector<double> want_dinp(static_cast<size_t>(N * C), 0.0);
+  std::vector<double> want_dw(static_cast<size_t>(OC * C), 0.0), want_db(static_cast<size_t>(OC));
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t o = 0; o < OC; ++o) {
+      const double g = dout.f32()[n * OC + o];
+      want_db[static_cast<size_t>(o)] += g;
+      for (int64_t c = 0; c < C; ++c) {
+        want_dinp[static_cast<size_t>(n * C + c)] += g * weight.f32()[o * C + c];
+        want_dw[static_cast<size_t>(o * C + c)] += g * inp.f32()[n * C + c];
+      }
+    }
+  CHECK(allclose(minus(dweight, dweight0), want_dw, kTolReduction, "dweight added"));
+  if (with_optional) {
+    CHECK(allclose(to_host(dinp), want_dinp, kTolReduction, "dinp"));
+    CHECK(allclose(minus(dbias, dbias0), want_db, kTolReduction, "dbias added"));
+  } else {
+    CHECK(allclose(to_host(dbias), dbias0, kTolExact, "dbias untouched"));
+  }
+}
+
+TEST_CASE("linear backward matches central differences", "[ops]") {
+  CpuBackend be(kTestBudgetBytes, kFdThreads);
+  const int64_t N = 7, C = 13, OC = 5;
+  Buffer inp = make_randn(be, {N, C}, kSeed, 11);
+  Buffer weight = make_randn(be, {OC, C}, kSeed, 12);
+  Buffer bias = make_randn(be, {OC}, kSeed, 13);
+  Buffer r = make_randn(be, {N, OC}, kSeed, 14);
+  Buffer out = make_tensor(be, {N, OC});
+  auto loss = [&] {
+    be.linear_forward({.out = out, .inp = inp, .weight = weight, .bias = bias});
+    return weighted_sum(out, r);
+  };
+  Buffer dinp = make_tensor(be, {N, C});
+  Buffer dweight = make_filled(be, {OC, C}, 0.0f);
+  Buffer dbias = make_filled(be, {OC}, 0.0f);
+  be.linear_backward(
+      {.dinp = dinp, .dweight = dweight, .dbias = dbias, .dout = r, .inp = inp, .weight = weight});
+  CHECK(allclose(to_host(dinp), central_differences(inp.f32(), N * C, kFdEps, loss), kTolGradcheck,
+                 "dinp"));
+  CHECK(allclose(to_host(dweight), central_differences(weight.f32(), OC * C, kFdEps, loss),
+                 kTolGradcheck, "dweight"));
+  CHECK(allclose(to_host(dbias), central_differences(bias.f32(), OC, kFdEps, loss), kTolGradcheck,
+                 "dbias"));
+}
+
+}  // namespace remat::test

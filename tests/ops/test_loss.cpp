@@ -1,0 +1,165 @@
+// Op test of the losses: the fused, chunked LM head + cross-entropy against a naive double
+// reference, chunked = unchunked, central differences of the mean loss; the MLP's MSE. Against the
+// CPU backend, the specification every other backend is checked against; tolerances and shared
+// helpers: tests/test_util.h.
+#include <cstring>
+#include <numbers>
+#include <tuple>
+
+#include "tests/test_util.h"
+
+namespace remat::test {
+namespace {
+
+using cpu::CpuBackend;
+
+}  // namespace
+
+namespace {
+
+constexpr int64_t kLmN = 37, kLmC = 24, kLmV = 50;
+
+struct LmHeadCase {
+  Buffer inp, weight, targets;
+  explicit LmHeadCase(Backend& be)
+      : inp(make_randn(be, {kLmN, kLmC}, kSeed, 121)),
+        weight(make_randn(be, {kLmV, kLmC}, kSeed, 122, 0.3)),
+        targets(make_ids(be, {kLmN}, static_cast<int32_t>(kLmV), kSeed, 123)) {}
+};
+
+struct LmHeadResult {
+  std::vector<float> losses, dinp, dweight;
+};
+
+LmHeadResult run_lm_head(Backend& be, const LmHeadCase& c, int64_t chunk_rows) {
+  Buffer losses = make_filled(be, {kLmN}, 7.0f);
+  Buffer dinp = make_filled(be, {kLmN, kLmC}, 7.0f);
+  Buffer dweight = make_randn(be, {kLmV, kLmC}, kSeed, 124);  // [+=]: same prefill every run
+  be.lm_head_loss({.losses = losses,
+                   .dinp = dinp,
+                   .dweight = dweight,
+                   .inp = c.inp,
+                   .weight = c.weight,
+                   .targets = c.targets,
+                   .loss_scale = 1.0f / kLmN,
+                   .chunk_rows = chunk_rows});
+  return {to_host(losses), to_host(dinp), to_host(dweight)};
+}
+
+}  // namespace
+
+TEST_CASE("lm head loss matches a naive double reference", "[ops]") {
+  CpuBackend be(kTestBudgetBytes, kTestThreads);
+  LmHeadCase c(be);
+  const int64_t chunk = GENERATE(int64_t{0}, int64_t{8});
+  CAPTURE(chunk);
+  const LmHeadResult got = run_lm_head(be, c, chunk);
+  std::vector<double> want_loss(kLmN), want_dinp(kLmN * kLmC, 0.0), logits(kLmV);
+  std::vector<double> want_dw;
+  {
+    Buffer prefill = make_randn(be, {kLmV, kLmC}, kSeed, 124);
+    want_dw = to_double(prefill);
+  }
+  const double scale = static_cast<double>(1.0f / kLmN);
+  for (int64_t n = 0; n < kLmN; ++n) {
+    double mx = -INFINITY;
+    for (int64_t v = 0; v < kLmV; ++v) {
+      double acc = 0;
+      for (int64_t k = 0; k < kLmC; ++k)
+        acc += static_cast<double>(c.inp.f32()[n * kLmC + k]) * c.weight.f32()[v * kLmC + k];
+      logits[static_cast<size_t>(v)] = acc;
+      mx = std::max(mx, acc);
+    }
+    double sum = 0;
+    for (double l : logits) sum += std::exp(l - mx);
+    const double lse = mx + std::log(sum);
+    const int32_t t = c.targets.tensor().i32()[n];
+    want_loss[static_cast<size_t>(n)] = lse - logits[static_cast<size_t>(t)];
+    for (int64_t v = 0; v < kLmV; ++v) {
+      const double g =
+          (std::exp(logits[static_cast<size_t>(v)] - lse) - (v == t ? 1.0 : 0.0)) * scale;
+      for (int64_t k = 0; k < kLmC; ++k) {
+        want_dinp[static_cast<size_t>(n * kLmC + k)] += g * c.weight.f32()[v * kLmC + k];
+        want_dw[static_cast<size_t>(v * kLmC + k)] += g * c.inp.f32()[n * kLmC + k];
+      }
+    }
+  }
+  CHECK(allclose(got.losses, want_loss, kTolReduction, "losses"));
+  CHECK(allclose(got.dinp, want_dinp, kTolReduction, "dinp"));
+  CHECK(allclose(got.dweight, want_dw, kTolReduction, "dweight"));
+}
+
+TEST_CASE("chunked lm head loss equals the unchunked one for dividing and non-dividing chunks",
+          "[ops]") {
+  CpuBackend be(kTestBudgetBytes, kTestThreads);
+  LmHeadCase c(be);
+  const LmHeadResult whole = run_lm_head(be, c, 0);
+  const int64_t chunk = GENERATE(int64_t{1}, int64_t{8}, int64_t{37}, int64_t{100});
+  CAPTURE(chunk);
+  // The logits workspace is one chunk: (min(chunk, N), V) f32, measured by the pool.
+  const uint64_t live = be.pool().live_bytes();
+  be.pool().reset_peak();
+  const LmHeadResult got = run_lm_head(be, c, chunk);
+  const uint64_t outputs = MemoryPool::accounted_bytes(kLmN * 4) +         // losses
+                           MemoryPool::accounted_bytes(kLmN * kLmC * 4) +  // dinp
+                           MemoryPool::accounted_bytes(kLmV * kLmC * 4);   // dweight
+  CHECK(be.pool().peak_bytes() - live - outputs ==
+        MemoryPool::accounted_bytes(static_cast<size_t>(std::min(chunk, kLmN) * kLmV * 4)));
+  CHECK(allclose(got.losses, whole.losses, kTolChunkedLoss, "losses"));
+  CHECK(allclose(got.dinp, whole.dinp, kTolChunkedLoss, "dinp"));
+  CHECK(allclose(got.dweight, whole.dweight, kTolChunkedLoss, "dweight"));
+}
+
+TEST_CASE("lm head loss gradients match central differences of the mean cross-entropy", "[ops]") {
+  CpuBackend be(kTestBudgetBytes, kFdThreads);
+  LmHeadCase c(be);
+  Buffer losses = make_tensor(be, {kLmN});
+  Buffer dinp = make_tensor(be, {kLmN, kLmC});
+  Buffer dweight = make_filled(be, {kLmV, kLmC}, 0.0f);
+  Buffer scratch = make_tensor(be, {kLmV, kLmC});
+  auto args = [&](const Tensor& dw) {
+    return LmHeadLossArgs{.losses = losses,
+                          .dinp = dinp,
+                          .dweight = dw,
+                          .inp = c.inp,
+                          .weight = c.weight,
+                          .targets = c.targets,
+                          .loss_scale = 1.0f / kLmN,
+                          .chunk_rows = 8};
+  };
+  be.lm_head_loss(args(dweight));
+  const std::vector<float> got_dinp = to_host(dinp);
+  auto mean_loss = [&] {
+    be.lm_head_loss(args(scratch));
+    double acc = 0;
+    for (int64_t n = 0; n < kLmN; ++n) acc += losses.f32()[n];
+    return acc / kLmN;
+  };
+  CHECK(allclose(got_dinp, central_differences(c.inp.f32(), kLmN * kLmC, kFdEps, mean_loss),
+                 kTolGradcheck, "dinp"));
+  CHECK(allclose(to_host(dweight),
+                 central_differences(c.weight.f32(), kLmV * kLmC, kFdEps, mean_loss), kTolGradcheck,
+                 "dweight"));
+}
+
+TEST_CASE("mse loss matches a double reference", "[ops]") {
+  CpuBackend be(kTestBudgetBytes, kTestThreads);
+  const int64_t N = 7, D = 13;
+  const float scale = 1.0f / N;
+  Buffer inp = make_randn(be, {N, D}, kSeed, 131);
+  Buffer target = make_randn(be, {N, D}, kSeed, 132);
+  Buffer losses = make_filled(be, {N}, 7.0f);
+  Buffer dinp = make_filled(be, {N, D}, 7.0f);
+  be.mse_loss({.losses = losses, .dinp = dinp, .inp = inp, .target = target, .loss_scale = scale});
+  std::vector<double> want_loss(N, 0.0), want_dinp;
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t j = 0; j < D; ++j) {
+      const double diff = static_cast<double>(inp.f32()[n * D + j]) - target.f32()[n * D + j];
+      want_loss[static_cast<size_t>(n)] += diff * diff / D;
+      want_dinp.push_back(2.0 * static_cast<double>(scale) * diff / D);
+    }
+  CHECK(allclose(to_host(losses), want_loss, kTolReduction, "losses"));
+  CHECK(allclose(to_host(dinp), want_dinp, kTolPointwise, "dinp"));
+}
+
+}  // namespace remat::test
