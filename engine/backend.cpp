@@ -4,6 +4,7 @@
 #include "engine/backend.h"
 
 #include <algorithm>
+#include <iterator>
 
 #include "engine/cpu/workspace.h"
 #include "engine/cuda/workspace.h"
@@ -20,21 +21,27 @@ WorkspaceList workspace_for(const WorkspaceTarget& t, const Args& a) {
 }  // namespace
 
 const char* phase_name(Phase p) {
-  switch (p) {
-    case Phase::Forward:
-      return "forward";
-    case Phase::Recompute:
-      return "recompute";
-    case Phase::Backward:
-      return "backward";
-    case Phase::Loss:
-      return "loss";
-    case Phase::Optimizer:
-      return "optimizer";
-    case Phase::kCount:
-      break;
-  }
-  return "?";
+  static constexpr const char* kNames[] = {"forward", "recompute", "backward", "loss", "optimizer"};
+  static_assert(std::size(kNames) == kNumPhases);
+  const auto i = static_cast<size_t>(p);
+  return i < std::size(kNames) ? kNames[i] : "?";
+}
+
+// Every op the same way: shapes, cost, then the kernel (with its workspace, when its
+// implementation takes one: the rule of the backend whose rules apply).
+template <class Args>
+void Backend::run_op(const Args& a, void (Backend::*impl)(const Args&)) {
+  check(a);
+  count(remat::cost(a));
+  (this->*impl)(a);
+}
+
+template <class Args>
+void Backend::run_op(const Args& a, void (Backend::*impl)(const Args&, const OpWorkspace&)) {
+  check(a);
+  count(remat::cost(a));
+  const OpWorkspace ws(pool(), workspace_for(workspace_target(), a));
+  (this->*impl)(a, ws);
 }
 
 void Backend::count(const OpCost& op) {
@@ -55,55 +62,35 @@ void Backend::copy(const Tensor& dst, const Tensor& src) {
 }
 
 void Backend::linear_forward(const LinearForwardArgs& a) {
-  check(a);
-  count(remat::cost(a));
-  const OpWorkspace ws(pool(), workspace_for(workspace_target(), a));
-  linear_forward_impl(a, ws);
+  run_op(a, &Backend::linear_forward_impl);
 }
 
 void Backend::linear_backward(const LinearBackwardArgs& a) {
-  check(a);
-  count(remat::cost(a));
-  const OpWorkspace ws(pool(), workspace_for(workspace_target(), a));
-  linear_backward_impl(a, ws);
+  run_op(a, &Backend::linear_backward_impl);
 }
 
 void Backend::layernorm_forward(const LayerNormForwardArgs& a) {
-  check(a);
-  count(remat::cost(a));
-  layernorm_forward_impl(a);
+  run_op(a, &Backend::layernorm_forward_impl);
 }
 
 void Backend::layernorm_backward(const LayerNormBackwardArgs& a) {
-  check(a);
-  count(remat::cost(a));
-  layernorm_backward_impl(a);
+  run_op(a, &Backend::layernorm_backward_impl);
 }
 
 void Backend::attention_forward(const AttentionForwardArgs& a) {
-  check(a);
-  count(remat::cost(a));
-  const OpWorkspace ws(pool(), workspace_for(workspace_target(), a));
-  attention_forward_impl(a, ws);
+  run_op(a, &Backend::attention_forward_impl);
 }
 
 void Backend::attention_backward(const AttentionBackwardArgs& a) {
-  check(a);
-  count(remat::cost(a));
-  const OpWorkspace ws(pool(), workspace_for(workspace_target(), a));
-  attention_backward_impl(a, ws);
+  run_op(a, &Backend::attention_backward_impl);
 }
 
 void Backend::activation_forward(const ActivationForwardArgs& a) {
-  check(a);
-  count(remat::cost(a));
-  activation_forward_impl(a);
+  run_op(a, &Backend::activation_forward_impl);
 }
 
 void Backend::activation_backward(const ActivationBackwardArgs& a) {
-  check(a);
-  count(remat::cost(a));
-  activation_backward_impl(a);
+  run_op(a, &Backend::activation_backward_impl);
 }
 
 void Backend::add(const Tensor& out, const Tensor& a, const Tensor& b) {
@@ -114,35 +101,23 @@ void Backend::add(const Tensor& out, const Tensor& a, const Tensor& b) {
 }
 
 void Backend::embedding_forward(const EmbeddingForwardArgs& a) {
-  check(a);
-  count(remat::cost(a));
-  embedding_forward_impl(a);
+  run_op(a, &Backend::embedding_forward_impl);
 }
 
 void Backend::embedding_backward(const EmbeddingBackwardArgs& a) {
-  check(a);
-  count(remat::cost(a));
-  const OpWorkspace ws(pool(), workspace_for(workspace_target(), a));
-  embedding_backward_impl(a, ws);
+  run_op(a, &Backend::embedding_backward_impl);
 }
 
 void Backend::lm_head_loss(const LmHeadLossArgs& a) {
-  check(a);
-  count(remat::cost(a));
-  const OpWorkspace ws(pool(), workspace_for(workspace_target(), a));
-  lm_head_loss_impl(a, ws);
+  run_op(a, &Backend::lm_head_loss_impl);
 }
 
 void Backend::mse_loss(const MseLossArgs& a) {
-  check(a);
-  count(remat::cost(a));
-  mse_loss_impl(a);
+  run_op(a, &Backend::mse_loss_impl);
 }
 
 void Backend::dropout(const DropoutArgs& a) {
-  check(a);
-  count(remat::cost(a));
-  dropout_impl(a);
+  run_op(a, &Backend::dropout_impl);
 }
 
 double Backend::sum_squares(std::span<const Tensor> tensors) {
@@ -153,9 +128,7 @@ double Backend::sum_squares(std::span<const Tensor> tensors) {
 }
 
 void Backend::adamw_update(const AdamWArgs& a) {
-  check(a);
-  count(remat::cost(a));
-  adamw_update_impl(a);
+  run_op(a, &Backend::adamw_update_impl);
 }
 
 int64_t default_loss_chunk_rows(int64_t n_rows, int64_t vocab) {

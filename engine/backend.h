@@ -125,6 +125,10 @@ class Backend {
 
  private:
   void count(const OpCost& op);
+  template <class Args>
+  void run_op(const Args& a, void (Backend::*impl)(const Args&));
+  template <class Args>
+  void run_op(const Args& a, void (Backend::*impl)(const Args&, const OpWorkspace&));
   std::unique_ptr<MemoryPool> pool_;
   Phase phase_ = Phase::Forward;
   std::array<OpCost, kNumPhases> cost_{};

@@ -4,31 +4,18 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <iterator>
 
 #include "engine/units.h"
 
 namespace remat {
 
 const char* mem_category_name(MemCategory c) {
-  switch (c) {
-    case MemCategory::Weights:
-      return "weights";
-    case MemCategory::Grads:
-      return "grads";
-    case MemCategory::Optimizer:
-      return "optimizer";
-    case MemCategory::Activations:
-      return "activations";
-    case MemCategory::Checkpoints:
-      return "checkpoints";
-    case MemCategory::Transient:
-      return "transient";
-    case MemCategory::Workspace:
-      return "workspace";
-    case MemCategory::kCount:
-      break;
-  }
-  return "?";
+  static constexpr const char* kNames[] = {"weights",     "grads",     "optimizer", "activations",
+                                           "checkpoints", "transient", "workspace"};
+  static_assert(std::size(kNames) == kNumMemCategories);
+  const auto i = static_cast<size_t>(c);
+  return i < std::size(kNames) ? kNames[i] : "?";
 }
 
 Buffer& Buffer::operator=(Buffer&& o) noexcept {

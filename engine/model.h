@@ -74,17 +74,24 @@ constexpr bool slots_in_order(const SlotInfo<Slot> (&table)[N]) {
     if (static_cast<size_t>(table[i].slot) != i) return false;
   return true;
 }
-template <class Slot, size_t N>
-std::vector<std::string> slot_names(const SlotInfo<Slot> (&table)[N]) {
-  std::vector<std::string> out;
-  for (const auto& s : table) out.emplace_back(s.name);
-  return out;
+/// The names and kinds of a slot table, built once: what act_names() and act_kinds() return.
+template <const auto& kTable>
+const std::vector<std::string>& slot_names() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> out;
+    for (const auto& s : kTable) out.emplace_back(s.name);
+    return out;
+  }();
+  return names;
 }
-template <class Slot, size_t N>
-std::vector<ActKind> slot_kinds(const SlotInfo<Slot> (&table)[N]) {
-  std::vector<ActKind> out;
-  for (const auto& s : table) out.push_back(s.kind);
-  return out;
+template <const auto& kTable>
+const std::vector<ActKind>& slot_kinds() {
+  static const std::vector<ActKind> kinds = [] {
+    std::vector<ActKind> out;
+    for (const auto& s : kTable) out.push_back(s.kind);
+    return out;
+  }();
+  return kinds;
 }
 
 /// A checkpointable unit. Forward computes every activation missing from the store (so a

@@ -62,13 +62,10 @@ static_assert(std::size(kSlots) == GptBlock::kNumSlots && slots_in_order(kSlots)
 }  // namespace
 
 const std::vector<std::string>& GptBlock::act_names() const {
-  static const std::vector<std::string> names = slot_names(kSlots);
-  return names;
+  return slot_names<kSlots>();
 }
-
 const std::vector<ActKind>& GptBlock::act_kinds() const {
-  static const std::vector<ActKind> kinds = slot_kinds(kSlots);
-  return kinds;
+  return slot_kinds<kSlots>();
 }
 
 void GptBlock::forward(Backend& be, ActStore& a, const Tensor& y) {

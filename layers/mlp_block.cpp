@@ -19,13 +19,10 @@ static_assert(std::size(kSlots) == MlpBlock::kNumSlots && slots_in_order(kSlots)
 }  // namespace
 
 const std::vector<std::string>& MlpBlock::act_names() const {
-  static const std::vector<std::string> names = slot_names(kSlots);
-  return names;
+  return slot_names<kSlots>();
 }
-
 const std::vector<ActKind>& MlpBlock::act_kinds() const {
-  static const std::vector<ActKind> kinds = slot_kinds(kSlots);
-  return kinds;
+  return slot_kinds<kSlots>();
 }
 
 void MlpBlock::forward(Backend& be, ActStore& a, const Tensor& y) {
