@@ -33,8 +33,20 @@ double CudaBackend::sum_squares_impl(std::span<const Tensor> tensors) {
 void CudaBackend::adamw_update_impl(const AdamWArgs& a) {
   const float bc1 = 1.0f - std::pow(a.beta1, static_cast<float>(a.step));
   const float bc2 = 1.0f - std::pow(a.beta2, static_cast<float>(a.step));
-  kern::adamw(a.param.f32(), a.grad.f32(), a.m.f32(), a.v.f32(), a.param.numel(), a.lr, a.beta1,
-              a.beta2, a.eps, a.weight_decay, a.grad_scale, bc1, bc2, stream());
+  kern::adamw({.param = a.param.f32(),
+               .grad = a.grad.f32(),
+               .m = a.m.f32(),
+               .v = a.v.f32(),
+               .n = a.param.numel(),
+               .lr = a.lr,
+               .beta1 = a.beta1,
+               .beta2 = a.beta2,
+               .eps = a.eps,
+               .weight_decay = a.weight_decay,
+               .grad_scale = a.grad_scale,
+               .bias_corr1 = bc1,
+               .bias_corr2 = bc2},
+              stream());
   finish_op();
 }
 

@@ -460,11 +460,10 @@ void softmax_xent(float* logits, const int32_t* targets, float* losses, int64_t 
                                                                            V, scale, write_bf16);
 }
 
-void adamw(float* param, const float* grad, float* m, float* v, int64_t n, float lr, float beta1,
-           float beta2, float eps, float weight_decay, float grad_scale, float bias_corr1,
-           float bias_corr2, cudaStream_t s) {
-  adamw_kernel<<<grid_for(n), kThreads, 0, s>>>(param, grad, m, v, n, lr, beta1, beta2, eps,
-                                                weight_decay, grad_scale, bias_corr1, bias_corr2);
+void adamw(const AdamWParams& p, cudaStream_t s) {
+  adamw_kernel<<<grid_for(p.n), kThreads, 0, s>>>(p.param, p.grad, p.m, p.v, p.n, p.lr, p.beta1,
+                                                  p.beta2, p.eps, p.weight_decay, p.grad_scale,
+                                                  p.bias_corr1, p.bias_corr2);
 }
 
 void sum_squares_partials(const float* x, int64_t n, double* partials, cudaStream_t s) {

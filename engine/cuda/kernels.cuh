@@ -77,9 +77,17 @@ void softmax_xent(float* logits, const int32_t* targets, float* losses, int64_t 
                   float scale, bool write_bf16, cudaStream_t s);
 
 // ---- optimizer ----
-void adamw(float* param, const float* grad, float* m, float* v, int64_t n, float lr, float beta1,
-           float beta2, float eps, float weight_decay, float grad_scale, float bias_corr1,
-           float bias_corr2, cudaStream_t s);
+/// One AdamW update of n floats (engine/ops/adamw.h's AdamWArgs as raw pointers, with the bias
+/// corrections 1 - beta^step computed by the caller).
+struct AdamWParams {
+  float* param;
+  const float* grad;
+  float* m;
+  float* v;
+  int64_t n;
+  float lr, beta1, beta2, eps, weight_decay, grad_scale, bias_corr1, bias_corr2;
+};
+void adamw(const AdamWParams& p, cudaStream_t s);
 constexpr int kSumSquaresBlocks = 256;
 /// partials[b] (kSumSquaresBlocks doubles, may be mapped host memory) = the block b's share of
 /// sum x^2, in double.
@@ -93,11 +101,29 @@ void rope_apply(void* dst, bool dst_bf16, const void* src, bool src_bf16, int64_
                 int64_t C, int64_t NH, float theta, bool inverse, cudaStream_t s);
 
 // ---- layernorm (layernorm.cu) ----
-void layernorm_forward(void* out, float* stats, const void* inp, const float* weight,
-                       const float* bias, int64_t N, int64_t C, bool bf16, cudaStream_t s);
+// engine/ops/layernorm.h's Args as raw pointers; act tensors are bf16 or f32 (`bf16`).
+struct LayerNormForwardParams {
+  void* out;
+  float* stats;
+  const void* inp;
+  const float* weight;
+  const float* bias;
+  int64_t N, C;
+  bool bf16;
+};
+void layernorm_forward(const LayerNormForwardParams& p, cudaStream_t s);
 /// dinp += ...; dweight, dbias += ... (the backend's gradient contract).
-void layernorm_backward(void* dinp, float* dweight, float* dbias, const void* dout, const void* inp,
-                        const float* weight, const float* stats, int64_t N, int64_t C, bool bf16,
-                        const ColumnReduce& r, cudaStream_t s);
+struct LayerNormBackwardParams {
+  void* dinp;
+  float* dweight;
+  float* dbias;
+  const void* dout;
+  const void* inp;
+  const float* weight;
+  const float* stats;
+  int64_t N, C;
+  bool bf16;
+};
+void layernorm_backward(const LayerNormBackwardParams& p, const ColumnReduce& r, cudaStream_t s);
 
 }  // namespace remat::cuda::kern

@@ -105,21 +105,25 @@ __global__ void layernorm_backward_params_kernel(float* dw, float* db, const T* 
 
 }  // namespace
 
-void layernorm_forward(void* out, float* stats, const void* inp, const float* weight,
-                       const float* bias, int64_t N, int64_t C, bool is_bf16, cudaStream_t s) {
-  const unsigned grid = static_cast<unsigned>((N + kRowsPerBlock - 1) / kRowsPerBlock);
-  dispatch_act(is_bf16, [&](auto tag) {
+void layernorm_forward(const LayerNormForwardParams& p, cudaStream_t s) {
+  const unsigned grid = static_cast<unsigned>((p.N + kRowsPerBlock - 1) / kRowsPerBlock);
+  dispatch_act(p.bf16, [&](auto tag) {
     using T = decltype(tag);
-    layernorm_forward_kernel<T><<<grid, kThreads, 0, s>>>(
-        static_cast<T*>(out), stats, static_cast<const T*>(inp), weight, bias, N, C);
+    layernorm_forward_kernel<T><<<grid, kThreads, 0, s>>>(static_cast<T*>(p.out), p.stats,
+                                                          static_cast<const T*>(p.inp), p.weight,
+                                                          p.bias, p.N, p.C);
   });
 }
 
 // The parameter gradients go through the backend's scratch as (chunks, C) partials of dweight
 // followed by those of dbias, then the second pass adds each in chunk order.
-void layernorm_backward(void* dinp, float* dweight, float* dbias, const void* dout, const void* inp,
-                        const float* weight, const float* stats, int64_t N, int64_t C, bool is_bf16,
-                        const ColumnReduce& r, cudaStream_t s) {
+void layernorm_backward(const LayerNormBackwardParams& p, const ColumnReduce& r, cudaStream_t s) {
+  void* dinp = p.dinp;
+  float *dweight = p.dweight, *dbias = p.dbias;
+  const void *dout = p.dout, *inp = p.inp;
+  const float *weight = p.weight, *stats = p.stats;
+  const int64_t N = p.N, C = p.C;
+  const bool is_bf16 = p.bf16;
   const unsigned grid = static_cast<unsigned>((N + kRowsPerBlock - 1) / kRowsPerBlock);
   const int64_t chunks = column_chunks(N, C, 2, r);
   const dim3 pblock(32, 8),
