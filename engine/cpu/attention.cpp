@@ -31,6 +31,7 @@
 #include <numbers>
 
 #include "engine/cpu/cpu_backend.h"
+#include "engine/cpu/vector_math.h"
 
 namespace remat::cpu {
 namespace {
@@ -145,29 +146,6 @@ void gemm(int64_t M, int64_t N, int64_t K, const float* a, int64_t ars, int64_t 
                                             _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
     gemm_panel<1, true, kAccumulate>(M, K, a, ars, aks, b + j, ldb, c + j, ldc, mask);
   }
-}
-
-// 2^x for x <= 128, 0 below -126 (and for -inf and NaN). x = n + r with n = round(x) and
-// r in [-1/2, 1/2] (exact); 2^r by its Taylor series in r ln2 to degree 7 (truncation error
-// < 6e-9 relative); 2^n by writing the exponent bits. Checked against double exp2 on every
-// float in [-126, 2]: max error 0.87 ulp.
-inline __m256 exp2_ps(__m256 x) {
-  const __m256 lo = _mm256_set1_ps(-126.0f);
-  const __m256 xc = _mm256_min_ps(_mm256_max_ps(x, lo), _mm256_set1_ps(127.0f));
-  const __m256 n = _mm256_round_ps(xc, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m256 r = _mm256_sub_ps(xc, n);
-  __m256 p = _mm256_set1_ps(1.5252733804059841e-05f);                  // ln2^7 / 7!
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.5403530393381609e-04f));  // ln2^6 / 6!
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3333558146428443e-03f));  // ln2^5 / 5!
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(9.6181291076284772e-03f));  // ln2^4 / 4!
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.5504108664821580e-02f));  // ln2^3 / 3!
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(2.4022650695910071e-01f));  // ln2^2 / 2!
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(6.9314718055994531e-01f));  // ln2
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-  const __m256i e =
-      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  const __m256 y = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-  return _mm256_and_ps(y, _mm256_cmp_ps(x, lo, _CMP_GE_OQ));
 }
 
 // Online-softmax step on a tile of base-2 scores stored transposed, s (nk keys, kTq queries):

@@ -3,15 +3,74 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numbers>
 
 #include "engine/cpu/cpu_backend.h"
 #include "engine/cpu/gemm.h"
+#include "engine/cpu/vector_math.h"
 
 namespace remat::cpu {
+namespace {
+
+// Softmax cross-entropy of one row of logits l (V), in place: returns the loss
+// logsumexp(l) - l[t] and leaves (softmax(l) - onehot(t)) * scale in l. Each exponential is
+// computed once, in float, 8 at a time: e_j = 2^((l_j - max) log2 e) (exp2_ps, 0.87 ulp; the
+// product with log2 e adds ~|l_j - max| x 6e-8 relative, largest on the terms that matter least),
+// and summed in double, lane by lane in a fixed order, so the loss keeps ~1e-7 relative accuracy
+// at any V and the result is the same bits on every thread count. At GPT-2's V = 50257 this is
+// ~50x faster than one double std::exp per logit.
+double softmax_xent_row(float* l, int64_t V, int32_t t, float scale) {
+  const float lt = l[t];
+#if defined(__AVX2__) && defined(__FMA__)
+  __m256 vmax = _mm256_set1_ps(l[0]);
+  int64_t j = 0;
+  for (; j + 8 <= V; j += 8) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(l + j));
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, vmax);
+  float mx = lanes[0];
+  for (float v : lanes) mx = std::max(mx, v);
+  for (; j < V; ++j) mx = std::max(mx, l[j]);
+
+  const __m256 shift = _mm256_set1_ps(mx), log2e = _mm256_set1_ps(std::numbers::log2e_v<float>);
+  __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();
+  auto exps = [&](__m256 x) {  // 2^((x - mx) log2 e), accumulated in double
+    const __m256 e = exp2_ps(_mm256_mul_ps(_mm256_sub_ps(x, shift), log2e));
+    lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
+    hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
+    return e;
+  };
+  for (j = 0; j + 8 <= V; j += 8) _mm256_storeu_ps(l + j, exps(_mm256_loadu_ps(l + j)));
+  if (j < V) {  // the tail: masked lanes load 0 and must add nothing
+    const __m256i mask = lane_mask(V - j);
+    const __m256 x =
+        _mm256_blendv_ps(shift, _mm256_maskload_ps(l + j, mask), _mm256_castsi256_ps(mask));
+    const __m256 e = exp2_ps(_mm256_mul_ps(_mm256_sub_ps(x, shift), log2e));
+    const __m256 kept = _mm256_and_ps(e, _mm256_castsi256_ps(mask));
+    lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(kept)));
+    hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps(kept, 1)));
+    _mm256_maskstore_ps(l + j, mask, e);
+  }
+  const double sum = hsum_pd(lo) + hsum_pd(hi);
+#else  // portable fallback: one std::exp per logit
+  float mx = l[0];
+  for (int64_t j = 1; j < V; ++j) mx = std::max(mx, l[j]);
+  double sum = 0;
+  for (int64_t j = 0; j < V; ++j) {
+    l[j] = std::exp(l[j] - mx);
+    sum += l[j];
+  }
+#endif
+  const float f = static_cast<float>(1.0 / sum) * scale;
+  for (int64_t k = 0; k < V; ++k) l[k] *= f;
+  l[t] -= scale;
+  return static_cast<double>(mx) + std::log(sum) - static_cast<double>(lt);
+}
+
+}  // namespace
 
 // For each chunk of rows: logits = inp W^T; per row, a numerically stable softmax (subtract the
 // row max) gives loss = logsumexp - logit[target] and dlogits = (softmax - onehot) * scale,
-// written over the logits; then dinp = dlogits W and dW += dlogits^T inp.
+// written over the logits (softmax_xent_row); then dinp = dlogits W and dW += dlogits^T inp.
 void CpuBackend::lm_head_loss_impl(const LmHeadLossArgs& a, const OpWorkspace& ws) {
   const int64_t N = a.inp.rows(), C = a.inp.dim(-1), V = a.weight.dim(0);
   const Buffer& chunk = ws.at("lm_head.logits_chunk");
@@ -29,15 +88,7 @@ void CpuBackend::lm_head_loss_impl(const LmHeadLossArgs& a, const OpWorkspace& w
       float* l = logits + r * V;
       const int32_t t = targets[r0 + r];
       REMAT_ASSERT(t >= 0 && t < V, "lm_head_loss: target {} outside vocabulary {}", t, V);
-      float mx = l[0];
-      for (int64_t j = 1; j < V; ++j) mx = std::max(mx, l[j]);
-      double sum = 0;
-      for (int64_t j = 0; j < V; ++j) sum += std::exp(static_cast<double>(l[j] - mx));
-      const double lse = static_cast<double>(mx) + std::log(sum);
-      losses[r0 + r] = static_cast<float>(lse - l[t]);
-      const float inv = static_cast<float>(1.0 / sum);
-      for (int64_t j = 0; j < V; ++j) l[j] = std::exp(l[j] - mx) * inv * a.loss_scale;
-      l[t] -= a.loss_scale;
+      losses[r0 + r] = static_cast<float>(softmax_xent_row(l, V, t, a.loss_scale));
     }
     sgemm(CblasNoTrans, CblasNoTrans, rows, C, V, logits, V, W, C, 0.0f, a.dinp.f32() + r0 * C, C);
     sgemm(CblasTrans, CblasNoTrans, V, C, rows, logits, V, x, C, 1.0f, a.dweight.f32(), C);
