@@ -85,6 +85,16 @@ struct SweepOptions {
 /// "interrupted": true).
 int run_sweep(const SweepOptions& opt);
 
+struct BenchOptions {
+  std::string config_path;
+  std::vector<std::string> overrides;
+  int64_t steps = 0;  // timed steps after one warm-up (0: 3)
+};
+
+/// A step's time against the machine's SGEMM rate, by op family (a report: exit 0 unless the run
+/// itself fails).
+int run_bench(const BenchOptions& opt);
+
 struct SampleOptions {
   std::string checkpoint;    // --checkpoint DIR (a step_* folder, or a checkpoint.dir: its newest)
   std::string prompt;        // --prompt TEXT (byte models: text; token models: ids "50256 464")

@@ -8,7 +8,6 @@
 // a rate. On the CPU the rate is this machine's SGEMM GFLOP/s, timed once here (an upper bound:
 // attention, LayerNorm and the small GEMMs of a narrow model run slower than a large SGEMM);
 // for a --gpu preset it is the card's nominal dense bf16 rate times kGpuEfficiency.
-#include <cblas.h>
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -20,12 +19,11 @@
 #include "cmd/report.h"
 #include "cmd/trial.h"
 #include "engine/config.h"
+#include "engine/cpu/blas_kernel.h"
 #include "engine/error.h"
 #include "engine/planner.h"
 #include "engine/units.h"
 #include "layers/models.h"
-
-extern "C" void openblas_set_num_threads(int);
 
 namespace remat::cli {
 namespace {
@@ -48,22 +46,6 @@ struct Rate {
   std::string note;
 };
 
-/// Best of a few 1024^3 SGEMMs on `threads` threads: ~0.1 s on a laptop.
-double measure_sgemm_flops(int threads) {
-  constexpr int kN = 1024;
-  openblas_set_num_threads(threads);
-  std::vector<float> a(kN * kN, 0.5f), b(kN * kN, 0.25f), c(kN * kN, 0.0f);
-  double best_s = 1e30;
-  for (int rep = 0; rep < 4; ++rep) {  // the first one warms up threads and caches
-    const auto t0 = std::chrono::steady_clock::now();
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, kN, kN, kN, 1.0f, a.data(), kN, b.data(),
-                kN, 0.0f, c.data(), kN);
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (rep > 0) best_s = std::min(best_s, s);
-  }
-  return 2.0 * kN * kN * kN / best_s;
-}
-
 Rate estimate_rate(const PlanTarget& t) {
   for (const auto& n : kNominalRates)
     if (t.name == n.gpu)
@@ -71,7 +53,7 @@ Rate estimate_rate(const PlanTarget& t) {
               fmt::format("{} nominal {:.0f} TFLOP/s bf16 dense x efficiency {:.1f} (estimate)",
                           n.gpu, n.flops_per_s / 1e12, kGpuEfficiency)};
   if (t.count.device == "cpu" && t.name == "cpu") {
-    const double r = measure_sgemm_flops(t.count.threads);
+    const double r = cpu::measure_sgemm_flops(t.count.threads);
     return {r,
             fmt::format(
                 "this CPU's SGEMM {:.1f} GFLOP/s on {} threads, measured now at {} (an optimistic "

@@ -27,11 +27,11 @@ constexpr int kExitRuntime = 1;
 constexpr int kExitUsage = 2;
 constexpr int kExitOutOfMemory = 3;
 
-// `remat-train --config F` means `remat-train train --config F`.
-std::vector<std::string> with_default_subcommand(int argc, char** argv) {
+// `remat-train --config F` means `remat-train train --config F`. `subcommands`: the app's, in
+// the order --help lists them.
+std::vector<std::string> with_default_subcommand(int argc, char** argv,
+                                                 const std::vector<std::string>& kSubcommands) {
   std::vector<std::string> args(argv + 1, argv + argc);
-  static const std::vector<std::string> kSubcommands = {"train", "plan",   "compare", "fit",
-                                                        "sweep", "sample", "keys"};
   static const std::vector<std::string> kTopLevel = {"-h", "--help", "--version"};
   if (args.empty()) return args;
   for (const auto& s : kSubcommands)
@@ -211,6 +211,15 @@ int run(int argc, char** argv) {
   sweep_cmd->add_option("--out", sweep.out_dir, "Output folder (default: out/sweep-<config name>)");
   sweep_cmd->add_flag("--json", sweep.json, "Machine-readable output (the sweep.json document)");
 
+  remat::cli::BenchOptions bench;
+  CLI::App* bench_cmd = app.add_subcommand(
+      "bench", "Time a training step against this machine's SGEMM rate, by op family (a report)");
+  bench_cmd->add_option("-c,--config", bench.config_path, "TOML config file")->required();
+  bench_cmd->add_option("--set", bench.overrides, "Override a config key (repeatable)")
+      ->type_name("SECTION.KEY=VALUE");
+  bench_cmd->add_option("--steps", bench.steps, "Timed steps after one warm-up (default 3)")
+      ->check(at_least(1));
+
   remat::cli::SampleOptions sample;
   CLI::App* keys_cmd = app.add_subcommand(
       "keys", "List every config key: type, default, accepted values, meaning (a Markdown table)");
@@ -241,7 +250,10 @@ int run(int argc, char** argv) {
 
   std::vector<std::string> args;
   try {
-    args = with_default_subcommand(argc, argv);
+    std::vector<std::string> names;
+    for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; }))
+      names.push_back(sub->get_name());
+    args = with_default_subcommand(argc, argv, names);
   } catch (const remat::ConfigError& e) {
     fmt::print(stderr, "error: {}\n", e.what());
     fmt::print(stderr, "Run with --help for more information.\n");
@@ -271,6 +283,7 @@ int run(int argc, char** argv) {
     return 0;
   }
   if (sweep_cmd->parsed()) return remat::cli::run_sweep(sweep);
+  if (bench_cmd->parsed()) return remat::cli::run_bench(bench);
   if (fit_cmd->parsed()) {
     fit.memory = size_flag("--memory", fit_memory);
     fit.batch_size = count_flag("--batch-size", fit_batch, "8");

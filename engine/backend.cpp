@@ -4,6 +4,7 @@
 #include "engine/backend.h"
 
 #include <algorithm>
+#include <chrono>
 #include <iterator>
 
 #include "engine/cpu/workspace.h"
@@ -30,18 +31,36 @@ const char* phase_name(Phase p) {
 // Every op the same way: shapes, cost, then the kernel (with its workspace, when its
 // implementation takes one: the rule of the backend whose rules apply).
 template <class Args>
-void Backend::run_op(const Args& a, void (Backend::*impl)(const Args&)) {
+void Backend::run_op(const char* op, const Args& a, void (Backend::*impl)(const Args&)) {
   check(a);
-  count(remat::cost(a));
-  (this->*impl)(a);
+  const OpCost c = remat::cost(a);
+  count(c);
+  timed(op, c, [&] { (this->*impl)(a); });
 }
 
 template <class Args>
-void Backend::run_op(const Args& a, void (Backend::*impl)(const Args&, const OpWorkspace&)) {
+void Backend::run_op(const char* op, const Args& a,
+                     void (Backend::*impl)(const Args&, const OpWorkspace&)) {
   check(a);
-  count(remat::cost(a));
+  const OpCost c = remat::cost(a);
+  count(c);
   const OpWorkspace ws(pool(), workspace_for(workspace_target(), a));
-  (this->*impl)(a, ws);
+  timed(op, c, [&] { (this->*impl)(a, ws); });
+}
+
+template <class Run>
+void Backend::timed(const char* op, const OpCost& c, Run&& run) {
+  if (!op_timing_) {
+    run();
+    return;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  run();
+  synchronize();  // an asynchronous backend's op ends when its kernels do
+  OpTime& t = op_times_[{op, phase_}];
+  t.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  t.flops += c.flops;
+  ++t.calls;
 }
 
 void Backend::count(const OpCost& op) {
@@ -51,84 +70,90 @@ void Backend::count(const OpCost& op) {
 }
 
 void Backend::fill(const Tensor& t, float value) {
-  count({0, act_bytes(t)});
-  fill_impl(t, value);
+  const OpCost c{0, act_bytes(t)};
+  count(c);
+  timed("fill", c, [&] { fill_impl(t, value); });
 }
 
 void Backend::copy(const Tensor& dst, const Tensor& src) {
   REMAT_ASSERT(dst.numel() == src.numel(), "copy: {} elements into {}", src.numel(), dst.numel());
-  count({0, act_bytes(dst) + act_bytes(src)});
-  copy_impl(dst, src);
+  const OpCost c{0, act_bytes(dst) + act_bytes(src)};
+  count(c);
+  timed("copy", c, [&] { copy_impl(dst, src); });
 }
 
 void Backend::linear_forward(const LinearForwardArgs& a) {
-  run_op(a, &Backend::linear_forward_impl);
+  run_op("linear_forward", a, &Backend::linear_forward_impl);
 }
 
 void Backend::linear_backward(const LinearBackwardArgs& a) {
-  run_op(a, &Backend::linear_backward_impl);
+  run_op("linear_backward", a, &Backend::linear_backward_impl);
 }
 
 void Backend::layernorm_forward(const LayerNormForwardArgs& a) {
-  run_op(a, &Backend::layernorm_forward_impl);
+  run_op("layernorm_forward", a, &Backend::layernorm_forward_impl);
 }
 
 void Backend::layernorm_backward(const LayerNormBackwardArgs& a) {
-  run_op(a, &Backend::layernorm_backward_impl);
+  run_op("layernorm_backward", a, &Backend::layernorm_backward_impl);
 }
 
 void Backend::attention_forward(const AttentionForwardArgs& a) {
-  run_op(a, &Backend::attention_forward_impl);
+  run_op("attention_forward", a, &Backend::attention_forward_impl);
 }
 
 void Backend::attention_backward(const AttentionBackwardArgs& a) {
-  run_op(a, &Backend::attention_backward_impl);
+  run_op("attention_backward", a, &Backend::attention_backward_impl);
 }
 
 void Backend::activation_forward(const ActivationForwardArgs& a) {
-  run_op(a, &Backend::activation_forward_impl);
+  run_op("activation_forward", a, &Backend::activation_forward_impl);
 }
 
 void Backend::activation_backward(const ActivationBackwardArgs& a) {
-  run_op(a, &Backend::activation_backward_impl);
+  run_op("activation_backward", a, &Backend::activation_backward_impl);
 }
 
 void Backend::add(const Tensor& out, const Tensor& a, const Tensor& b) {
   REMAT_ASSERT(out.numel() == a.numel() && a.numel() == b.numel(), "add: {} {} {}", out.shape_str(),
                a.shape_str(), b.shape_str());
-  count({static_cast<double>(out.numel()), act_bytes(out) + act_bytes(a) + act_bytes(b)});
-  add_impl(out, a, b);
+  const OpCost c{static_cast<double>(out.numel()), act_bytes(out) + act_bytes(a) + act_bytes(b)};
+  count(c);
+  timed("add", c, [&] { add_impl(out, a, b); });
 }
 
 void Backend::embedding_forward(const EmbeddingForwardArgs& a) {
-  run_op(a, &Backend::embedding_forward_impl);
+  run_op("embedding_forward", a, &Backend::embedding_forward_impl);
 }
 
 void Backend::embedding_backward(const EmbeddingBackwardArgs& a) {
-  run_op(a, &Backend::embedding_backward_impl);
+  run_op("embedding_backward", a, &Backend::embedding_backward_impl);
 }
 
 void Backend::lm_head_loss(const LmHeadLossArgs& a) {
-  run_op(a, &Backend::lm_head_loss_impl);
+  run_op("lm_head_loss", a, &Backend::lm_head_loss_impl);
 }
 
 void Backend::mse_loss(const MseLossArgs& a) {
-  run_op(a, &Backend::mse_loss_impl);
+  run_op("mse_loss", a, &Backend::mse_loss_impl);
 }
 
 void Backend::dropout(const DropoutArgs& a) {
-  run_op(a, &Backend::dropout_impl);
+  run_op("dropout", a, &Backend::dropout_impl);
 }
 
 double Backend::sum_squares(std::span<const Tensor> tensors) {
   double n = 0;
   for (const Tensor& t : tensors) n += static_cast<double>(t.numel());
-  count({2 * n, 4 * n});
-  return sum_squares_impl(tensors);
+  const OpCost c{2 * n, 4 * n};
+  count(c);
+  double sum = 0;
+  timed("sum_squares", c, [&] { sum = sum_squares_impl(tensors); });
+  return sum;
 }
 
 void Backend::adamw_update(const AdamWArgs& a) {
-  run_op(a, &Backend::adamw_update_impl);
+  run_op("adamw_update", a, &Backend::adamw_update_impl);
 }
 
 int64_t default_loss_chunk_rows(int64_t n_rows, int64_t vocab) {

@@ -17,9 +17,11 @@
 
 #include <array>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 
 #include "engine/memory_pool.h"
 #include "engine/ops/activation.h"
@@ -99,6 +101,19 @@ class Backend {
   const OpCost& cost(Phase p) const { return cost_[static_cast<size_t>(p)]; }
   void reset_cost() { cost_ = {}; }
 
+  // ---- per-op wall time (remat-train bench) ----
+  struct OpTime {
+    double seconds = 0;
+    double flops = 0;
+    int64_t calls = 0;
+  };
+  using OpTimes = std::map<std::pair<std::string, Phase>, OpTime>;
+  /// Off by default. On: every op is timed by (op name, phase), and an asynchronous backend
+  /// synchronizes after each op, so the time is the op's own (and the step slower).
+  void set_op_timing(bool on) { op_timing_ = on; }
+  const OpTimes& op_times() const { return op_times_; }
+  void reset_op_times() { op_times_.clear(); }
+
  protected:
   explicit Backend(std::unique_ptr<MemoryPool> pool) : pool_(std::move(pool)) {}
 
@@ -126,12 +141,17 @@ class Backend {
  private:
   void count(const OpCost& op);
   template <class Args>
-  void run_op(const Args& a, void (Backend::*impl)(const Args&));
+  void run_op(const char* op, const Args& a, void (Backend::*impl)(const Args&));
   template <class Args>
-  void run_op(const Args& a, void (Backend::*impl)(const Args&, const OpWorkspace&));
+  void run_op(const char* op, const Args& a,
+              void (Backend::*impl)(const Args&, const OpWorkspace&));
+  template <class Run>
+  void timed(const char* op, const OpCost& c, Run&& run);
   std::unique_ptr<MemoryPool> pool_;
   Phase phase_ = Phase::Forward;
   std::array<OpCost, kNumPhases> cost_{};
+  bool op_timing_ = false;
+  OpTimes op_times_;
 };
 
 /// Rows per LM-head chunk when the config leaves it to the tool: enough rows to keep the GEMM

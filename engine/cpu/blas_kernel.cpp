@@ -1,7 +1,12 @@
 #include "engine/cpu/blas_kernel.h"
 
+#include <cblas.h>
+
+#include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <mutex>
+#include <vector>
 
 extern "C" {
 char* openblas_get_corename(void);
@@ -82,6 +87,20 @@ const BlasKernelChoice& select_blas_kernel() {
   static BlasKernelChoice choice;
   std::call_once(once, [] { choice = select_once(); });
   return choice;
+}
+
+double measure_sgemm_flops(int threads, int n) {
+  openblas_set_num_threads(threads);
+  std::vector<float> a(static_cast<size_t>(n) * n, 0.5f), b(a.size(), 0.25f), c(a.size(), 0.0f);
+  double best_s = 1e30;
+  for (int rep = 0; rep < 4; ++rep) {  // the first one warms up threads and caches
+    const auto t0 = std::chrono::steady_clock::now();
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(), n,
+                0.0f, c.data(), n);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (rep > 0) best_s = std::min(best_s, s);
+  }
+  return 2.0 * n * n * n / best_s;
 }
 
 }  // namespace remat::cpu

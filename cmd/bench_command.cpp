@@ -1,0 +1,151 @@
+// `remat-train bench`: how close a training step of a config gets to the machine's floor. It
+// measures the SGEMM rate (CPU), runs one warm-up step and N timed steps of the real trainer with
+// per-op timing on (Backend::set_op_timing), and prints for the median step: its time, the FLOPs
+// it executed and their rate as a share of SGEMM, and where the time went by op family, with the
+// recompute phase's share and the time no op accounts for (data, allocation, host overhead).
+// Timings are reports, never pass/fail.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <map>
+#include <vector>
+
+#include "cmd/commands.h"
+#include "cmd/report.h"
+#include "data/dataset.h"
+#include "engine/config.h"
+#include "engine/cpu/blas_kernel.h"
+#include "engine/devices.h"
+#include "engine/planner.h"
+#include "engine/remat.h"
+#include "engine/trainer.h"
+#include "engine/units.h"
+#include "layers/models.h"
+
+namespace remat::cli {
+namespace {
+
+// The op families a step's time is reported by, in print order.
+const std::vector<std::pair<const char*, std::vector<std::string>>>& op_families() {
+  static const std::vector<std::pair<const char*, std::vector<std::string>>> families = {
+      {"linear (GEMM)", {"linear_forward", "linear_backward"}},
+      {"attention", {"attention_forward", "attention_backward"}},
+      {"layernorm", {"layernorm_forward", "layernorm_backward"}},
+      {"activation (GELU/ReLU)", {"activation_forward", "activation_backward"}},
+      {"loss (LM head / MSE)", {"lm_head_loss", "mse_loss"}},
+      {"optimizer (AdamW, norm)", {"adamw_update", "sum_squares"}},
+      {"other (embedding, add, dropout, copy, fill)",
+       {"embedding_forward", "embedding_backward", "add", "dropout", "copy", "fill"}},
+  };
+  return families;
+}
+
+struct TimedStep {
+  double ms = 0;
+  double flops = 0;
+  Backend::OpTimes ops;
+};
+
+struct FamilyRow {
+  double seconds = 0, flops = 0;
+  int64_t calls = 0;
+};
+
+void print_report(const Config& cfg, const std::string& device, double sgemm_flops,
+                  const std::vector<TimedStep>& steps, int64_t tokens) {
+  std::vector<const TimedStep*> sorted;
+  for (const auto& s : steps) sorted.push_back(&s);
+  std::sort(sorted.begin(), sorted.end(), [](auto* a, auto* b) { return a->ms < b->ms; });
+  const TimedStep& med = *sorted[sorted.size() / 2];
+  const double step_s = med.ms / 1e3;
+
+  fmt::print("bench {}: {}, policy {}, batch {} x seq_len {}\n", cfg.path, device,
+             cfg.remat.plan.empty() ? cfg.remat.policy : "per-block plan", cfg.train.batch_size,
+             cfg.train.seq_len);
+  if (sgemm_flops > 0)
+    fmt::print("floor: SGEMM 2048^3 {:.1f} GFLOP/s (measured now, {})\n", sgemm_flops / 1e9,
+               load_note());
+  fmt::print("step:  {:.1f} ms (median of {}, after 1 warm-up), {:.0f} tokens/s\n", med.ms,
+             steps.size(), static_cast<double>(tokens) / step_s);
+  fmt::print("       {} executed -> {:.1f} GFLOP/s{}\n\n", format_flops(med.flops),
+             med.flops / step_s / 1e9,
+             sgemm_flops > 0
+                 ? fmt::format(", {:.0f}% of SGEMM", 100 * med.flops / step_s / sgemm_flops)
+                 : std::string());
+
+  std::map<std::string, FamilyRow> by_op;
+  FamilyRow recompute, timed;
+  for (const auto& [key, t] : med.ops) {
+    FamilyRow& r = by_op[key.first];
+    r.seconds += t.seconds;
+    r.flops += t.flops;
+    r.calls += t.calls;
+    timed.seconds += t.seconds;
+    if (key.second == Phase::Recompute) {
+      recompute.seconds += t.seconds;
+      recompute.flops += t.flops;
+      recompute.calls += t.calls;
+    }
+  }
+  fmt::print("{:<44} {:>7} {:>10} {:>7} {:>9}\n", "op family (median step)", "calls", "ms", "share",
+             "GFLOP/s");
+  auto row = [&](const std::string& name, const FamilyRow& r) {
+    fmt::print("{:<44} {:>7} {:>10.1f} {:>6.1f}% {:>9}\n", name, r.calls, r.seconds * 1e3,
+               100 * r.seconds / step_s,
+               r.flops > 0 && r.seconds > 0 ? fmt::format("{:.1f}", r.flops / r.seconds / 1e9)
+                                            : std::string("-"));
+  };
+  for (const auto& [family, ops] : op_families()) {
+    FamilyRow sum;
+    for (const auto& op : ops)
+      if (auto it = by_op.find(op); it != by_op.end()) {
+        sum.seconds += it->second.seconds;
+        sum.flops += it->second.flops;
+        sum.calls += it->second.calls;
+      }
+    if (sum.calls) row(family, sum);
+  }
+  row("no op (data, allocation, host)", {std::max(0.0, step_s - timed.seconds), 0, 0});
+  if (recompute.calls) row("of all the above: recompute phase", recompute);
+}
+
+}  // namespace
+
+int run_bench(const BenchOptions& opt) {
+  std::vector<std::string> sets = opt.overrides;
+  const int64_t steps = opt.steps > 0 ? opt.steps : 3;
+  sets.push_back(fmt::format("train.steps={}", steps + 1));  // the schedule covers the warm-up
+  Config cfg = load_config(opt.config_path, sets);
+  BackendChoice choice = make_backend(cfg);
+  Backend& be = *choice.backend;
+  const Planner planner(run_plan_target(be), make_run_parts);
+  if (const std::optional<AutoPlan> chosen = resolve_auto(planner, cfg); chosen && !chosen->fits)
+    throw OutOfMemory(chosen->infeasible_message());
+  const double sgemm =
+      be.name() == "cpu" ? cpu::measure_sgemm_flops(be.workspace_target().threads, 2048) : 0.0;
+  std::unique_ptr<Model> model = make_model(cfg, be);
+  std::unique_ptr<DataSource> data = make_data_source(cfg);
+  data->open();
+  Trainer trainer(cfg.train, resolve_remat_plan(cfg, *model), be, *model, *data);
+  install_interrupt_handler();
+
+  fmt::print(stderr, "bench: warm-up step...\n");
+  trainer.step();
+  be.set_op_timing(true);
+  std::vector<TimedStep> timed;
+  for (int64_t s = 0; s < steps && !interrupted(); ++s) {
+    fmt::print(stderr, "bench: step {}/{}...\n", s + 1, steps);
+    be.reset_op_times();
+    be.reset_cost();
+    const StepMetrics m = trainer.step();
+    TimedStep t{m.step_ms, 0, be.op_times()};
+    for (int p = 0; p < kNumPhases; ++p) t.flops += be.cost(static_cast<Phase>(p)).flops;
+    timed.push_back(std::move(t));
+  }
+  if (timed.empty()) return 128 + interrupt_signal();
+  print_report(cfg, be.describe(), sgemm, timed,
+               cfg.train.batch_size * (cfg.model.kind == ModelKind::Gpt ? cfg.train.seq_len : 1));
+  return interrupted() ? 128 + interrupt_signal() : 0;
+}
+
+}  // namespace remat::cli
