@@ -1,0 +1,66 @@
+// Per-op timing (Backend::set_op_timing, what `remat-train bench` reports): every op of a step is
+// recorded under its name and phase, and the FLOPs recorded per op add up to the backend's
+// per-phase counts, so the breakdown accounts for the whole step; and the command itself prints
+// the floor, the step and every op family of a GPT.
+#include <catch2/catch.hpp>
+#include <string>
+
+#include "data/synthetic.h"
+#include "engine/config.h"
+#include "engine/cpu/cpu_backend.h"
+#include "engine/remat.h"
+#include "engine/trainer.h"
+#include "layers/models.h"
+#include "tests/cli_util.h"
+
+using namespace remat;
+
+TEST_CASE("op timing records every op by phase and its FLOPs add up to the step's", "[bench]") {
+  Config cfg = load_config(std::string(REMAT_SOURCE_DIR) + "/configs/tiny.toml",
+                           {"train.steps=2", "remat.policy=full"});
+  cpu::CpuBackend be(1ull << 30, 2);
+  auto model = make_model(cfg, be);
+  auto data = make_synthetic_data(cfg);
+  Trainer trainer(cfg.train, resolve_remat_plan(cfg, *model), be, *model, *data);
+  trainer.step();
+  CHECK(be.op_times().empty());  // off by default
+  be.set_op_timing(true);
+  be.reset_cost();
+  trainer.step();
+
+  std::array<double, kNumPhases> flops_by_phase{};
+  for (const auto& [key, t] : be.op_times()) {
+    CHECK(t.calls > 0);
+    CHECK(t.seconds >= 0);
+    flops_by_phase[static_cast<size_t>(key.second)] += t.flops;
+  }
+  for (int p = 0; p < kNumPhases; ++p) {
+    INFO(phase_name(static_cast<Phase>(p)));
+    CHECK(flops_by_phase[static_cast<size_t>(p)] ==
+          Approx(be.cost(static_cast<Phase>(p)).flops).epsilon(1e-12));
+  }
+  const auto& ops = be.op_times();
+  const int64_t L = cfg.model.n_layer;
+  // Per block: qkv, proj, fc, mlp.proj GEMMs in the forward and their backward once each; full
+  // remat re-runs some of them (the executor skips what the backward does not need).
+  CHECK(ops.at({"linear_forward", Phase::Forward}).calls == 4 * L);
+  CHECK(ops.at({"linear_forward", Phase::Recompute}).calls > 0);
+  CHECK(ops.at({"linear_forward", Phase::Recompute}).calls <= 4 * L);
+  CHECK(ops.at({"linear_backward", Phase::Backward}).calls == 4 * L);
+  CHECK(ops.at({"attention_backward", Phase::Backward}).calls == L);
+  CHECK(ops.at({"adamw_update", Phase::Optimizer}).calls ==
+        static_cast<int64_t>(model->params().size()));
+  be.reset_op_times();
+  CHECK(be.op_times().empty());
+}
+
+TEST_CASE("bench prints the SGEMM floor, the step and every op family", "[smoke]") {
+  const test::CliResult r = test::run_binary("bench --config configs/tiny.toml --steps 2", false);
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  for (const char* line : {"floor: SGEMM 2048^3", "(median of 2, after 1 warm-up)", "% of SGEMM",
+                           "linear (GEMM)", "attention", "layernorm", "activation (GELU/ReLU)",
+                           "loss (LM head / MSE)", "optimizer (AdamW, norm)",
+                           "no op (data, allocation, host)", "of all the above: recompute phase"})
+    CHECK_THAT(r.out, Catch::Matchers::Contains(line));
+}
