@@ -59,14 +59,15 @@ void print_report(const Config& cfg, const std::string& device, double sgemm_flo
   const TimedStep& med = *sorted[sorted.size() / 2];
   const double step_s = med.ms / 1e3;
 
-  fmt::print("bench {}: {}, policy {}, batch {} x seq_len {}\n", cfg.path, device,
+  const bool gpt = cfg.model.kind == ModelKind::Gpt;
+  fmt::print("bench {}: {}, policy {}, batch {}{}\n", cfg.path, device,
              cfg.remat.plan.empty() ? cfg.remat.policy : "per-block plan", cfg.train.batch_size,
-             cfg.train.seq_len);
+             gpt ? fmt::format(" x seq_len {}", cfg.train.seq_len) : std::string());
   if (sgemm_flops > 0)
     fmt::print("floor: SGEMM 2048^3 {:.1f} GFLOP/s (measured now, {})\n", sgemm_flops / 1e9,
                load_note());
-  fmt::print("step:  {:.1f} ms (median of {}, after 1 warm-up), {:.0f} tokens/s\n", med.ms,
-             steps.size(), static_cast<double>(tokens) / step_s);
+  fmt::print("step:  {:.1f} ms (median of {}, after 1 warm-up), {:.0f} {}/s\n", med.ms,
+             steps.size(), static_cast<double>(tokens) / step_s, gpt ? "tokens" : "rows");
   fmt::print("       {} executed -> {:.1f} GFLOP/s{}\n\n", format_flops(med.flops),
              med.flops / step_s / 1e9,
              sgemm_flops > 0

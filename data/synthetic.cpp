@@ -5,7 +5,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-
 #include <cmath>
 
 #include "engine/rng.h"
@@ -20,10 +19,15 @@ constexpr uint64_t kTeacherStream = 0x7465616368ull;  // "teach"
 class TokenTask : public DataSource {
  public:
   explicit TokenTask(const Config& cfg)
-      : task_(cfg.data.task), B_(cfg.train.batch_size), T_(cfg.train.seq_len),
-        V_(cfg.model.vocab_size), seed_(cfg.train.seed) {}
+      : task_(cfg.data.task),
+        B_(cfg.train.batch_size),
+        T_(cfg.train.seq_len),
+        V_(cfg.model.vocab_size),
+        seed_(cfg.train.seed) {}
 
-  std::string describe() const override { return fmt::format("synthetic {} tokens (V={})", task_, V_); }
+  std::string describe() const override {
+    return fmt::format("synthetic {} tokens (V={})", task_, V_);
+  }
 
   Batch next(Backend& be, int64_t step) override {
     Batch batch;
@@ -40,8 +44,9 @@ class TokenTask : public DataSource {
         // s has T+1 tokens; inputs are s[0..T), targets s[1..T].
         auto token = [&](int64_t k) {
           const int64_t src = (task_ == "copy" && k >= half) ? k % half : k;
-          return static_cast<int32_t>(rng_bits(seed_ ^ row, kTokenStream, static_cast<uint64_t>(src)) %
-                                      static_cast<uint64_t>(V_));
+          return static_cast<int32_t>(
+              rng_bits(seed_ ^ row, kTokenStream, static_cast<uint64_t>(src)) %
+              static_cast<uint64_t>(V_));
         };
         for (int64_t t = 0; t < T_; ++t) {
           inputs[static_cast<size_t>(b * T_ + t)] = token(t);
@@ -73,7 +78,8 @@ class TokenTask : public DataSource {
 
 class RegressionTask : public DataSource {
  public:
-  explicit RegressionTask(const Config& cfg) : B_(cfg.train.batch_size), D_(cfg.model.n_embd), seed_(cfg.train.seed) {}
+  explicit RegressionTask(const Config& cfg)
+      : B_(cfg.train.batch_size), D_(cfg.model.n_embd), seed_(cfg.train.seed) {}
   // The D x D teacher is made when the data is opened, not built: dry runs never need it, and a
   // model too wide for the budget must meet the pool's out-of-memory error, not a bad_alloc here.
   void open() override {
@@ -83,24 +89,32 @@ class RegressionTask : public DataSource {
     for (size_t i = 0; i < teacher_.size(); ++i)
       teacher_[i] = static_cast<float>(std * rng_normal(seed_, kTeacherStream, i));
   }
-  std::string describe() const override { return fmt::format("synthetic regression y = relu(x A^T), D={}", D_); }
+  std::string describe() const override {
+    return fmt::format("synthetic regression y = relu(x A^T), D={}", D_);
+  }
 
   Batch next(Backend& be, int64_t step) override {
     Batch batch;
     MemoryPool& pool = be.pool();
-    batch.inputs = pool.allocate({B_, D_}, DType::F32, MemCategory::Transient, "batch.inputs");  // cast by the stem
+    batch.inputs = pool.allocate({B_, D_}, DType::F32, MemCategory::Transient,
+                                 "batch.inputs");  // cast by the stem
     batch.targets = pool.allocate({B_, D_}, DType::F32, MemCategory::Transient, "batch.targets");
     batch.n_tokens = B_;
     if (!be.computes()) return batch;
     open();
     std::vector<float> x(static_cast<size_t>(B_ * D_)), y(x.size());
     {
-      for (size_t i = 0; i < x.size(); ++i)
-        x[i] = static_cast<float>(rng_normal(seed_, kInputStream, static_cast<uint64_t>(step) * x.size() + i));
+      // Counter-based: each element is a function of its index alone, so threads change no bit.
+      const int64_t n = static_cast<int64_t>(x.size());
+#pragma omp parallel for schedule(static)
+      for (int64_t i = 0; i < n; ++i)
+        x[static_cast<size_t>(i)] = static_cast<float>(
+            rng_normal(seed_, kInputStream,
+                       static_cast<uint64_t>(step) * x.size() + static_cast<uint64_t>(i)));
       // y = relu(x A^T): one host SGEMM (the teacher lives on the host, like the data).
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(B_), static_cast<int>(D_),
-                  static_cast<int>(D_), 1.0f, x.data(), static_cast<int>(D_), teacher_.data(),
-                  static_cast<int>(D_), 0.0f, y.data(), static_cast<int>(D_));
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(B_),
+                  static_cast<int>(D_), static_cast<int>(D_), 1.0f, x.data(), static_cast<int>(D_),
+                  teacher_.data(), static_cast<int>(D_), 0.0f, y.data(), static_cast<int>(D_));
       for (float& v : y) v = std::max(v, 0.0f);
     }
     be.upload(batch.inputs, x.data());
