@@ -122,8 +122,9 @@ int run_bench(const BenchOptions& opt) {
   const Planner planner(run_plan_target(be), make_run_parts);
   if (const std::optional<AutoPlan> chosen = resolve_auto(planner, cfg); chosen && !chosen->fits)
     throw OutOfMemory(chosen->infeasible_message());
+  const WorkspaceTarget device = be.workspace_target();
   const double sgemm =
-      be.name() == "cpu" ? cpu::measure_sgemm_flops(be.workspace_target().threads, 2048) : 0.0;
+      device.device == DeviceKind::Cpu ? cpu::measure_sgemm_flops(device.threads, 2048) : 0.0;
   std::unique_ptr<Model> model = make_model(cfg, be);
   std::unique_ptr<DataSource> data = make_data_source(cfg);
   data->open();

@@ -52,7 +52,7 @@ Rate estimate_rate(const PlanTarget& t) {
       return {n.flops_per_s * kGpuEfficiency,
               fmt::format("{} nominal {:.0f} TFLOP/s bf16 dense x efficiency {:.1f} (estimate)",
                           n.gpu, n.flops_per_s / 1e12, kGpuEfficiency)};
-  if (t.count.device == "cpu" && t.name == "cpu") {
+  if (t.count.device == DeviceKind::Cpu && t.name == "cpu") {
     const double r = cpu::measure_sgemm_flops(t.count.threads);
     return {r,
             fmt::format(

@@ -29,12 +29,8 @@ CountBackend::CountBackend(CountTarget target, uint64_t budget_bytes)
       target_(std::move(target)) {}
 
 std::string CountBackend::describe() const {
-  return fmt::format("count (dry run for {}, {} activations)", target_.device,
+  return fmt::format("count (dry run for {}, {} activations)", device_name(target_.device),
                      dtype_name(target_.act_dtype));
-}
-
-WorkspaceTarget CountBackend::workspace_target() const {
-  return {target_.device == "cuda" ? DeviceKind::Cuda : DeviceKind::Cpu, target_.threads};
 }
 
 void CountBackend::download(void* host, const Tensor& src) {

@@ -14,7 +14,7 @@ namespace remat {
 
 /// The device a dry run stands in for.
 struct CountTarget {
-  std::string device = "cpu";  // "cpu" or "cuda"
+  DeviceKind device = DeviceKind::Cpu;
   DType act_dtype = DType::F32;
   int threads = 1;  // cpu: OpenMP threads (sizes the per-thread attention workspace)
 };
@@ -26,8 +26,8 @@ class CountBackend : public Backend {
   std::string describe() const override;
   DType act_dtype() const override { return target_.act_dtype; }
   bool computes() const override { return false; }
-  WorkspaceTarget workspace_target() const override;
-  bool device_is_host() const override { return target_.device == "cpu"; }
+  WorkspaceTarget workspace_target() const override { return {target_.device, target_.threads}; }
+  bool device_is_host() const override { return target_.device == DeviceKind::Cpu; }
   const CountTarget& target() const { return target_; }
 
   void upload(const Tensor&, const void*) override {}

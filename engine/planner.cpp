@@ -20,7 +20,8 @@ namespace remat {
 PlanTarget run_plan_target(Backend& be) {
   PlanTarget t;
   t.name = be.name();
-  t.count = CountTarget{be.name(), be.act_dtype(), be.workspace_target().threads};
+  const WorkspaceTarget w = be.workspace_target();
+  t.count = CountTarget{w.device, be.act_dtype(), w.threads};
   t.device_bytes = be.pool().budget_bytes();
   return t;
 }
@@ -61,8 +62,8 @@ PlanTarget plan_target(const Config& cfg, const std::string& gpu, std::optional<
                       cfg.path));
     }
     t.name = gpu.empty() ? "cuda" : gpu;
-    t.count =
-        CountTarget{"cuda", cfg.device.precision == Precision::Fp32 ? DType::F32 : DType::BF16, 1};
+    t.count = CountTarget{DeviceKind::Cuda,
+                          cfg.device.precision == Precision::Fp32 ? DType::F32 : DType::BF16, 1};
     // Outside the pool: the CUDA context with cuBLAS(Lt) and cuDNN loaded (~600 MiB measured on
     // Hopper-class cards with CUDA 12/13) plus the caching slack of the driver.
     t.reserve_bytes = 768ull << 20;
@@ -71,7 +72,7 @@ PlanTarget plan_target(const Config& cfg, const std::string& gpu, std::optional<
     t.name = "cpu";
     int threads = static_cast<int>(cfg.device.threads);
     if (threads <= 0) threads = cpu::default_threads();
-    t.count = CountTarget{"cpu", DType::F32, threads};
+    t.count = CountTarget{DeviceKind::Cpu, DType::F32, threads};
     t.device_bytes = cfg.device.memory_bytes ? cfg.device.memory_bytes : host_memory_bytes();
     t.reserve_note = "none: every byte of a CPU run goes through the pool";
   }

@@ -20,6 +20,9 @@ namespace remat {
 
 /// Which backend's workspace rules apply, and what they depend on besides the op's arguments.
 enum class DeviceKind : uint8_t { Cpu, Cuda };
+inline const char* device_name(DeviceKind d) {
+  return d == DeviceKind::Cuda ? "cuda" : "cpu";
+}
 struct WorkspaceTarget {
   DeviceKind device = DeviceKind::Cpu;
   int threads = 1;  // cpu: OpenMP threads (attention keeps one tile block per thread)

@@ -17,7 +17,7 @@ inline RunParts synthetic_run_parts(const Config& c, Backend& be) {
 inline Planner cpu_test_planner(int threads, uint64_t budget) {
   PlanTarget t;
   t.name = "cpu";
-  t.count = CountTarget{"cpu", DType::F32, threads};
+  t.count = CountTarget{DeviceKind::Cpu, DType::F32, threads};
   t.device_bytes = budget;
   return Planner(t, synthetic_run_parts);
 }

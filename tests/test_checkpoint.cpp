@@ -516,11 +516,11 @@ TEST_CASE("checkpoint staging buffer comes from the pool on host devices only", 
         MemoryPool::accounted_bytes(static_cast<size_t>(largest) * sizeof(float)));
 
   // Dry runs: counted for a CPU target, not for a GPU one (host staging is outside its pool).
-  CountBackend cpu_count(CountTarget{"cpu", DType::F32, 1}, UINT64_MAX);
+  CountBackend cpu_count(CountTarget{DeviceKind::Cpu, DType::F32, 1}, UINT64_MAX);
   auto m1 = make_model(a.cfg, cpu_count);
   CHECK(allocate_checkpoint_staging(cpu_count, *m1).tensor().bytes() ==
         static_cast<size_t>(largest) * sizeof(float));
-  CountBackend cuda_count(CountTarget{"cuda", DType::BF16, 1}, UINT64_MAX);
+  CountBackend cuda_count(CountTarget{DeviceKind::Cuda, DType::BF16, 1}, UINT64_MAX);
   auto m2 = make_model(a.cfg, cuda_count);
   CHECK(allocate_checkpoint_staging(cuda_count, *m2).empty());
 }

@@ -33,22 +33,19 @@ double softmax_xent_row(float* l, int64_t V, int32_t t, float scale) {
 
   const __m256 shift = _mm256_set1_ps(mx), log2e = _mm256_set1_ps(std::numbers::log2e_v<float>);
   __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();
-  auto exps = [&](__m256 x) {  // 2^((x - mx) log2 e), accumulated in double
-    const __m256 e = exp2_ps(_mm256_mul_ps(_mm256_sub_ps(x, shift), log2e));
+  // 2^((x - mx) log2 e) on the lanes in `keep` (0 on the others), accumulated in double.
+  auto exps = [&](__m256 x, __m256 keep) {
+    const __m256 e = _mm256_and_ps(exp2_ps(_mm256_mul_ps(_mm256_sub_ps(x, shift), log2e)), keep);
     lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
     hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
     return e;
   };
-  for (j = 0; j + 8 <= V; j += 8) _mm256_storeu_ps(l + j, exps(_mm256_loadu_ps(l + j)));
-  if (j < V) {  // the tail: masked lanes load 0 and must add nothing
+  const __m256 all = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
+  for (j = 0; j + 8 <= V; j += 8) _mm256_storeu_ps(l + j, exps(_mm256_loadu_ps(l + j), all));
+  if (j < V) {  // the tail: masked lanes load 0 and add nothing
     const __m256i mask = lane_mask(V - j);
-    const __m256 x =
-        _mm256_blendv_ps(shift, _mm256_maskload_ps(l + j, mask), _mm256_castsi256_ps(mask));
-    const __m256 e = exp2_ps(_mm256_mul_ps(_mm256_sub_ps(x, shift), log2e));
-    const __m256 kept = _mm256_and_ps(e, _mm256_castsi256_ps(mask));
-    lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(kept)));
-    hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps(kept, 1)));
-    _mm256_maskstore_ps(l + j, mask, e);
+    _mm256_maskstore_ps(l + j, mask,
+                        exps(_mm256_maskload_ps(l + j, mask), _mm256_castsi256_ps(mask)));
   }
   const double sum = hsum_pd(lo) + hsum_pd(hi);
 #else  // portable fallback: one std::exp per logit

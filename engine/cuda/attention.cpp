@@ -44,17 +44,21 @@ AttnScratch carve(const OpWorkspace& ws, const AttentionWorkspaceLayout& w) {
   return s;
 }
 
+// The q|k|v cuDNN reads: qkv itself (bf16, no RoPE), else the workspace's bf16 copy, rotated.
+const void* staged_qkv(const AttnScratch& s, const Tensor& qkv, int64_t NH, float theta,
+                       cudaStream_t stream) {
+  if (!s.qkv) return qkv.data;
+  const int64_t B = qkv.dim(0), T = qkv.dim(1), C = qkv.dim(2) / 3;
+  kern::rope_apply(s.qkv, true, qkv.data, is_bf16(qkv), B * T, T, C, NH, theta, false, stream);
+  return s.qkv;
+}
+
 }  // namespace
 
 void CudaBackend::attention_forward_impl(const AttentionForwardArgs& a, const OpWorkspace& ws) {
   const int64_t B = a.qkv.dim(0), T = a.qkv.dim(1), C = a.out.dim(2), NH = a.n_head;
-  const bool bf = is_bf16(a.qkv), rope = a.rope_theta > 0;
-  AttnScratch s = carve(ws, attention_workspace_layout(a.qkv, NH, rope, false));
-  const void* qkv = a.qkv.data;
-  if (s.qkv) {
-    kern::rope_apply(s.qkv, true, a.qkv.data, bf, B * T, T, C, NH, a.rope_theta, false, stream());
-    qkv = s.qkv;
-  }
+  const AttnScratch s = carve(ws, attention_workspace_layout(a.qkv, NH, a.rope_theta > 0, false));
+  const void* qkv = staged_qkv(s, a.qkv, NH, a.rope_theta, stream());
   void* out = s.out ? s.out : a.out.data;
   attn_->forward({B, NH, T, C / NH}, {qkv, out, a.lse.f32()}, s.cudnn_plan);
   if (s.out) kern::cast(a.out.data, is_bf16(a.out), s.out, true, B * T * C, stream());
@@ -63,13 +67,9 @@ void CudaBackend::attention_forward_impl(const AttentionForwardArgs& a, const Op
 
 void CudaBackend::attention_backward_impl(const AttentionBackwardArgs& a, const OpWorkspace& ws) {
   const int64_t B = a.qkv.dim(0), T = a.qkv.dim(1), C = a.out.dim(2), NH = a.n_head;
-  const bool bf = is_bf16(a.qkv), rope = a.rope_theta > 0;
-  AttnScratch s = carve(ws, attention_workspace_layout(a.qkv, NH, rope, true));
-  const void* qkv = a.qkv.data;
-  if (s.qkv) {
-    kern::rope_apply(s.qkv, true, a.qkv.data, bf, B * T, T, C, NH, a.rope_theta, false, stream());
-    qkv = s.qkv;
-  }
+  const bool rope = a.rope_theta > 0;
+  const AttnScratch s = carve(ws, attention_workspace_layout(a.qkv, NH, rope, true));
+  const void* qkv = staged_qkv(s, a.qkv, NH, a.rope_theta, stream());
   const void* out = a.out.data;
   const void* dout = a.dout.data;
   if (s.out) {

@@ -19,9 +19,9 @@
 #include "data/synthetic.h"
 #include "engine/config.h"
 #include "engine/count_backend.h"
-#include "engine/cuda/workspace.h"
 #include "engine/cpu/cpu_backend.h"
 #include "engine/cuda/cuda_backend.h"
+#include "engine/cuda/workspace.h"
 #include "engine/cuda_api.h"
 #include "engine/trainer.h"
 #include "layers/models.h"
@@ -564,7 +564,7 @@ TEST_CASE("the planner predicts the CUDA pool's peak to the byte", "[gpu][planne
     Config cfg = parse_config(kTinyToml, "tiny(test)",
                               {"train.steps=1", std::string("remat.policy=") + policy});
     cuda::CudaBackend gpu(DeviceConfig{}, DType::BF16);
-    CountBackend count(CountTarget{"cuda", DType::BF16, 1}, gpu.pool().budget_bytes());
+    CountBackend count(CountTarget{DeviceKind::Cuda, DType::BF16, 1}, gpu.pool().budget_bytes());
     train_losses(gpu, cfg);
     train_losses(count, cfg);
     const uint64_t measured = gpu.pool().peak_bytes(), predicted = count.pool().peak_bytes();
