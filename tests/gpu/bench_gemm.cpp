@@ -12,9 +12,9 @@
 #include <cstring>
 #include <vector>
 
-#include "engine/cuda/workspace.h"
 #include "engine/cuda/check.h"
 #include "engine/cuda/gemm.h"
+#include "engine/cuda/workspace.h"
 #include "engine/cuda_api.h"
 #include "engine/rng.h"
 

@@ -7,6 +7,9 @@
 #include <tuple>
 
 #include "tests/test_util.h"
+#if REMAT_TEST_CUDA_ROWS
+#include "tests/ops/backend_rows.h"
+#endif
 
 namespace remat::test {
 namespace {
@@ -28,15 +31,22 @@ double gelu_grad_ref(double x) {
 
 namespace {
 
-// N(0, 2^2) values plus the edges: 0, +-tiny, and tails where GELU's tanh saturates.
+/// The edges every input starts with: 0, +-tiny, and tails where GELU's tanh saturates.
+constexpr float kActivationEdges[] = {0.0f, 1e-7f, -1e-7f, 10.0f, -10.0f, 5.5f, -5.5f};
+
+// N(0, 2^2) values after the edges.
 Buffer make_activation_input(Backend& be, int64_t N, int64_t D) {
   Buffer x = make_randn(be, {N, D}, kSeed, 91, 2.0);
-  const float edges[] = {0.0f, 1e-7f, -1e-7f, 10.0f, -10.0f, 5.5f, -5.5f};
-  std::copy(std::begin(edges), std::end(edges), x.f32());
+  std::copy(std::begin(kActivationEdges), std::end(kActivationEdges), x.f32());
   return x;
 }
 
 }  // namespace
+
+/// Rows of every shape the backends run: one below and one above the CPU's threading threshold
+/// (2^17 elements).
+const int64_t kActivationRows[] = {7, 1100};
+constexpr int64_t kActivationWidth = 129;
 
 TEST_CASE("activation forward matches double references of GELU (tanh) and ReLU", "[ops]") {
   CpuBackend be(kTestBudgetBytes, kTestThreads);
@@ -83,7 +93,8 @@ TEST_CASE("activation backward gives the same bits when dinp aliases dout", "[op
   CpuBackend be(kTestBudgetBytes, kTestThreads);
   const Activation kind = GENERATE(Activation::Gelu, Activation::Relu);
   // Large enough for the threaded path (> 2^17 elements) as well as a small one.
-  const int64_t N = GENERATE(int64_t{7}, int64_t{1100}), D = 129;
+  const int64_t N = GENERATE(from_range(std::begin(kActivationRows), std::end(kActivationRows)));
+  const int64_t D = kActivationWidth;
   CAPTURE(static_cast<int>(kind), N);
   Buffer x = make_activation_input(be, N, D);
   Buffer dout = make_randn(be, {N, D}, kSeed, 93);
@@ -94,5 +105,60 @@ TEST_CASE("activation backward gives the same bits when dinp aliases dout", "[op
   be.activation_backward({.dinp = aliased, .dout = aliased, .inp = x, .kind = kind});
   CHECK(same_bits(aliased, separate));
 }
+
+#if REMAT_TEST_CUDA_ROWS
+TEST_CASE("activations on CUDA match the CPU: gelu and relu, forward and in-place backward",
+          "[gpu][pointwise]") {
+  const int64_t N = GENERATE(from_range(std::begin(kActivationRows), std::end(kActivationRows)));
+  const int64_t D = kActivationWidth;
+  const DType act =
+      GENERATE(from_range(std::begin(kCudaActivationTypes), std::end(kCudaActivationTypes)));
+  CAPTURE(N, dtype_name(act));
+  CudaRow r(act);
+  const Tolerance tol = r.pick(kCudaF32Pointwise, kCudaBf16Pointwise);
+  std::vector<float> xs = r.act_values(N * D, 91, 2.0);
+  std::copy(std::begin(kActivationEdges), std::end(kActivationEdges), xs.begin());
+  if (r.bf16())
+    for (float& v : xs) v = from_bf16_bits(to_bf16_bits(v));
+  auto [x_c, x_g] = r.act_pair({N, D}, xs);
+  for (Activation kind : {Activation::Gelu, Activation::Relu}) {
+    CAPTURE(static_cast<int>(kind));
+    auto [y_c, y_g] = r.zeros_act({N, D});
+    r.cpu.activation_forward({y_c, x_c, kind});
+    r.gpu->activation_forward({y_g, x_g, kind});
+    r.check_same(y_c, y_g, tol, "out");
+    auto [d_c, d_g] = r.act_pair({N, D}, r.act_values(N * D, 93));
+    r.cpu.activation_backward({d_c, d_c, x_c, kind});  // in place, as the GPT block runs it
+    r.gpu->activation_backward({d_g, d_g, x_g, kind});
+    r.check_same(d_c, d_g, tol, "dinp (aliasing dout)");
+  }
+}
+
+TEST_CASE("elementwise primitives on CUDA match the CPU: add, fill, copy and casts",
+          "[gpu][pointwise]") {
+  const DType act =
+      GENERATE(from_range(std::begin(kCudaActivationTypes), std::end(kCudaActivationTypes)));
+  CAPTURE(dtype_name(act));
+  CudaRow r(act);
+  const Tolerance tol = r.pick(kCudaF32Pointwise, kCudaBf16Pointwise);
+  const int64_t n = 1001;
+  auto [x_c, x_g] = r.act_pair({n}, r.act_values(n, 31, 2.0));
+  auto [y_c, y_g] = r.act_pair({n}, r.act_values(n, 32));
+  auto [s_c, s_g] = r.zeros_act({n});
+  r.cpu.add(s_c, x_c, y_c);
+  r.gpu->add(s_g, x_g, y_g);
+  r.check_same(s_c, s_g, tol, "add");
+  r.cpu.add(s_c, s_c, y_c);  // out aliases a
+  r.gpu->add(s_g, s_g, y_g);
+  r.check_same(s_c, s_g, tol, "add (aliased)");
+  r.gpu->fill(s_g, 0.5f);
+  CHECK(allclose(fetch(*r.gpu, s_g), std::vector<float>(n, 0.5f), kTolExact, "fill"));
+  r.gpu->copy(s_g, x_g);
+  r.check_same(x_c, s_g, kTolExact, "copy");
+  Buffer wide = r.gpu->pool().allocate({n}, DType::F32, MemCategory::Transient, "test");
+  r.gpu->copy(wide, x_g);  // a cast when activations are bf16; exact, as the inputs are bf16 values
+  r.check_same(x_c, wide, kTolExact, "copy (cast to f32)");
+}
+#endif
 
 }  // namespace remat::test

@@ -8,6 +8,9 @@
 #include <tuple>
 
 #include "tests/test_util.h"
+#if REMAT_TEST_CUDA_ROWS
+#include "tests/ops/backend_rows.h"
+#endif
 
 namespace remat::test {
 namespace {
@@ -159,20 +162,22 @@ void check_attention_against_reference(int64_t B, int64_t NH, int64_t T, int64_t
 // (B, NH, T): several batches and heads where T is small, one batch of two heads at T = 1000.
 constexpr std::tuple<int64_t, int64_t, int64_t> kAttnShapes[] = {
     {2, 3, 1}, {2, 3, 7}, {2, 2, 64}, {2, 2, 129}, {1, 2, 1000}};
+/// Head sizes of every shape: GPT-2's 64, and both sides of it.
+constexpr int64_t kAttnHeadSizes[] = {16, 64, 128};
 
 }  // namespace
 
 TEST_CASE("attention forward and backward match a naive double-precision causal reference",
           "[ops]") {
   const auto [B, NH, T] = GENERATE(from_range(std::begin(kAttnShapes), std::end(kAttnShapes)));
-  const int64_t HS = GENERATE(16, 64, 128);
+  const int64_t HS = GENERATE(from_range(std::begin(kAttnHeadSizes), std::end(kAttnHeadSizes)));
   check_attention_against_reference(B, NH, T, HS, 0.0f);
 }
 
 TEST_CASE("attention with rope matches a double reference with half-split rotary q and k",
           "[ops]") {
   const auto [B, NH, T] = GENERATE(from_range(std::begin(kAttnShapes), std::end(kAttnShapes)));
-  const int64_t HS = GENERATE(16, 64, 128);
+  const int64_t HS = GENERATE(from_range(std::begin(kAttnHeadSizes), std::end(kAttnHeadSizes)));
   check_attention_against_reference(B, NH, T, HS, 10000.0f);
 }
 
@@ -320,5 +325,34 @@ TEST_CASE("attention workspace measured by the pool is the stated formula and ha
             cpu::attention_workspace_floats(64, HS, threads, true) ==
         (2048 - 64) * HS);
 }
+
+#if REMAT_TEST_CUDA_ROWS
+TEST_CASE("causal attention forward and backward on CUDA match the CPU, with and without RoPE",
+          "[gpu][attention]") {
+  const auto [B, NH, T] = GENERATE(from_range(std::begin(kAttnShapes), std::end(kAttnShapes)));
+  const int64_t HS = GENERATE(from_range(std::begin(kAttnHeadSizes), std::end(kAttnHeadSizes)));
+  const float theta = GENERATE(0.0f, 10000.0f);
+  const DType act =
+      GENERATE(from_range(std::begin(kCudaActivationTypes), std::end(kCudaActivationTypes)));
+  CAPTURE(B, NH, T, HS, theta, dtype_name(act));
+  CudaRow r(act);
+  const int64_t C = NH * HS;
+  const int n_head = static_cast<int>(NH);
+  auto [qkv_c, qkv_g] = r.act_pair({B, T, 3 * C}, r.act_values(B * T * 3 * C, 51));
+  auto [o_c, o_g] = r.zeros_act({B, T, C});
+  auto [l_c, l_g] = r.zeros_f32({B, NH, T});
+  r.cpu.attention_forward({o_c, l_c, qkv_c, n_head, theta});
+  r.gpu->attention_forward({o_g, l_g, qkv_g, n_head, theta});
+  r.check_same(o_c, o_g, kCudaAttention, "out");
+  r.check_same(l_c, l_g, kCudaAttention, "lse");
+  // Each backward takes its own forward's out and lse, as in training.
+  auto [do_c, do_g] = r.act_pair({B, T, C}, r.act_values(B * T * C, 52));
+  auto [dq_c, dq_g] =
+      r.act_pair({B, T, 3 * C}, std::vector<float>(static_cast<size_t>(B * T * 3 * C), 7.0f));
+  r.cpu.attention_backward({dq_c, do_c, qkv_c, o_c, l_c, n_head, theta});
+  r.gpu->attention_backward({dq_g, do_g, qkv_g, o_g, l_g, n_head, theta});
+  r.check_same(dq_c, dq_g, kCudaAttention, "dqkv (=)");
+}
+#endif
 
 }  // namespace remat::test

@@ -7,6 +7,9 @@
 #include <tuple>
 
 #include "tests/test_util.h"
+#if REMAT_TEST_CUDA_ROWS
+#include "tests/ops/backend_rows.h"
+#endif
 
 namespace remat::test {
 namespace {
@@ -15,12 +18,22 @@ using cpu::CpuBackend;
 
 }  // namespace
 
+/// The shapes every backend runs. Token ids are drawn from [0, n_id) with n_id < V: repeats are
+/// certain (15 tokens over 4 ids, 39 over 11) and the rows from n_id on never occur, so their
+/// gradient must stay as it was. C = 37 and 40 cross 16-channel slices.
+struct EmbeddingShape {
+  int64_t B, T, V, C, maxT;
+  int32_t n_id;
+};
+const EmbeddingShape kEmbeddingShapes[] = {{3, 5, 5, 37, 8, 4}, {3, 13, 57, 40, 16, 11}};
+
 TEST_CASE("embedding forward gathers token rows and adds position rows", "[ops]") {
   CpuBackend be(kTestBudgetBytes, kTestThreads);
+  const auto [B, T, V, C, maxT, n_id] =
+      GENERATE(from_range(std::begin(kEmbeddingShapes), std::end(kEmbeddingShapes)));
   const bool use_wpe = GENERATE(true, false);
-  CAPTURE(use_wpe);
-  const int64_t B = 3, T = 5, V = 4, C = 37, maxT = 8;
-  Buffer tokens = make_ids(be, {B, T}, static_cast<int32_t>(V), kSeed, 101);
+  CAPTURE(B, T, V, C, use_wpe);
+  Buffer tokens = make_ids(be, {B, T}, n_id, kSeed, 101);
   Buffer wte = make_randn(be, {V, C}, kSeed, 102);
   Buffer wpe = make_randn(be, {maxT, C}, kSeed, 103);
   Buffer out = make_filled(be, {B, T, C}, 7.0f);
@@ -38,11 +51,11 @@ TEST_CASE("embedding forward gathers token rows and adds position rows", "[ops]"
 
 TEST_CASE("embedding backward scatter-adds repeated tokens into dwte and dwpe", "[ops]") {
   CpuBackend be(kTestBudgetBytes, kTestThreads);
+  const auto [B, T, V, C, maxT, n_id] =
+      GENERATE(from_range(std::begin(kEmbeddingShapes), std::end(kEmbeddingShapes)));
   const bool use_wpe = GENERATE(true, false);
-  CAPTURE(use_wpe);
-  // 15 tokens over a vocabulary of 5: repeats are certain; C = 37 crosses 16-channel slices.
-  const int64_t B = 3, T = 5, V = 5, C = 37, maxT = 8;
-  Buffer tokens = make_ids(be, {B, T}, 4, kSeed, 111);  // id 4 never occurs: its row stays
+  CAPTURE(B, T, V, C, use_wpe);
+  Buffer tokens = make_ids(be, {B, T}, n_id, kSeed, 111);
   Buffer dout = make_randn(be, {B, T, C}, kSeed, 112);
   Buffer dwte = make_randn(be, {V, C}, kSeed, 113);
   Buffer dwpe = make_randn(be, {maxT, C}, kSeed, 114);
@@ -59,5 +72,35 @@ TEST_CASE("embedding backward scatter-adds repeated tokens into dwte and dwpe", 
   CHECK(allclose(to_host(dwte), want_wte, kTolReduction, "dwte"));
   CHECK(allclose(to_host(dwpe), want_wpe, use_wpe ? kTolReduction : kTolExact, "dwpe"));
 }
+
+#if REMAT_TEST_CUDA_ROWS
+TEST_CASE("embedding forward and deterministic scatter-add backward on CUDA match the CPU",
+          "[gpu][embedding]") {
+  const auto [B, T, V, C, maxT, n_id] =
+      GENERATE(from_range(std::begin(kEmbeddingShapes), std::end(kEmbeddingShapes)));
+  const bool use_wpe = GENERATE(true, false);
+  const DType act =
+      GENERATE(from_range(std::begin(kCudaActivationTypes), std::end(kCudaActivationTypes)));
+  CAPTURE(B, T, V, C, use_wpe, dtype_name(act));
+  CudaRow r(act);
+  Buffer ids = make_ids(r.cpu, {B, T}, n_id, kSeed, 101);
+  const int32_t* id = ids.tensor().i32();
+  const std::vector<int32_t> host_ids(id, id + B * T);
+  Buffer t_c = upload_i32(r.cpu, {B, T}, host_ids), t_g = upload_i32(*r.gpu, {B, T}, host_ids);
+  auto [wte_c, wte_g] = r.f32_pair({V, C}, host_randn(V * C, 102));
+  auto [wpe_c, wpe_g] = r.f32_pair({maxT, C}, host_randn(maxT * C, 103));
+  const Tensor wpe_on_cpu = use_wpe ? wpe_c.tensor() : Tensor();
+  const Tensor wpe_on_gpu = use_wpe ? wpe_g.tensor() : Tensor();
+  auto [o_c, o_g] = r.zeros_act({B, T, C});
+  r.cpu.embedding_forward({o_c, t_c, wte_c, wpe_on_cpu});
+  r.gpu->embedding_forward({o_g, t_g, wte_g, wpe_on_gpu});
+  r.check_same(o_c, o_g, r.pick(kCudaF32Pointwise, kCudaBf16Pointwise), "out");
+  auto [d_c, d_g] = r.act_pair({B, T, C}, r.act_values(B * T * C, 112));
+  r.cpu.embedding_backward({wte_c, wpe_on_cpu, d_c, t_c});  // += onto the weights themselves
+  r.gpu->embedding_backward({wte_g, wpe_on_gpu, d_g, t_g});
+  r.check_same(wte_c, wte_g, kCudaF32Gemm, "dwte (+=)");
+  r.check_same(wpe_c, wpe_g, kCudaF32Gemm, "dwpe (+=)");
+}
+#endif
 
 }  // namespace remat::test

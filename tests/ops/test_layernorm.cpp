@@ -7,6 +7,9 @@
 #include <tuple>
 
 #include "tests/test_util.h"
+#if REMAT_TEST_CUDA_ROWS
+#include "tests/ops/backend_rows.h"
+#endif
 
 namespace remat::test {
 namespace {
@@ -15,9 +18,18 @@ using cpu::CpuBackend;
 
 }  // namespace
 
+/// The shapes every backend runs: channel counts below, across and far beyond one 32-channel
+/// slice of the parameter-gradient pass, and 5000 rows for its two-pass (row chunks, then chunk
+/// order) reduction, not a multiple of the chunk.
+struct LayerNormShape {
+  int64_t N, C;
+};
+const LayerNormShape kLayerNormShapes[] = {{7, 13}, {5, 37}, {64, 200}, {41, 77}, {5000, 77}};
+
 TEST_CASE("layernorm forward matches a double reference", "[ops]") {
   CpuBackend be(kTestBudgetBytes, kTestThreads);
-  const auto [N, C] = GENERATE(table<int64_t, int64_t>({{7, 13}, {5, 37}, {64, 200}}));
+  const auto [N, C] =
+      GENERATE(from_range(std::begin(kLayerNormShapes), std::end(kLayerNormShapes)));
   CAPTURE(N, C);
   Buffer inp = make_randn(be, {N, C}, kSeed, 21, 1.5, 0.3);
   Buffer weight = make_randn(be, {C}, kSeed, 22, 1.0, 1.0);
@@ -125,5 +137,37 @@ TEST_CASE("layernorm backward matches a double reference on many rows and channe
   CHECK(allclose(to_host(dweight), want_dw, kTolReduction, "dweight"));
   CHECK(allclose(to_host(dbias), want_db, kTolReduction, "dbias"));
 }
+
+#if REMAT_TEST_CUDA_ROWS
+TEST_CASE("layernorm forward and backward on CUDA match the CPU (dinp accumulates)",
+          "[gpu][layernorm]") {
+  const auto [N, C] =
+      GENERATE(from_range(std::begin(kLayerNormShapes), std::end(kLayerNormShapes)));
+  const DType act =
+      GENERATE(from_range(std::begin(kCudaActivationTypes), std::end(kCudaActivationTypes)));
+  CAPTURE(N, C, dtype_name(act));
+  CudaRow r(act);
+  const Tolerance out_tol = r.pick(kCudaF32Gemm, kCudaBf16Gemm);
+  const Tolerance grad_tol = r.pick(kCudaF32Gemm, kCudaBf16ParamGrad);
+  auto [x_c, x_g] = r.act_pair({N, C}, r.act_values(N * C, 11, 2.0));
+  auto [w_c, w_g] = r.f32_pair({C}, host_randn(C, 12));
+  auto [b_c, b_g] = r.f32_pair({C}, host_randn(C, 13));
+  auto [y_c, y_g] = r.zeros_act({N, C});
+  auto [s_c, s_g] = r.zeros_f32({N, 2});
+  r.cpu.layernorm_forward({y_c, s_c, x_c, w_c, b_c});
+  r.gpu->layernorm_forward({y_g, s_g, x_g, w_g, b_g});
+  r.check_same(y_c, y_g, out_tol, "out");
+  r.check_same(s_c, s_g, kCudaF32Gemm, "stats (mean, rstd)");
+  auto [dy_c, dy_g] = r.act_pair({N, C}, r.act_values(N * C, 14));
+  auto [dx_c, dx_g] = r.act_pair({N, C}, r.act_values(N * C, 15));  // += : the residual stream
+  auto [dw_c, dw_g] = r.f32_pair({C}, host_randn(C, 16));
+  auto [db_c, db_g] = r.f32_pair({C}, host_randn(C, 17));
+  r.cpu.layernorm_backward({dx_c, dw_c, db_c, dy_c, x_c, w_c, s_c});
+  r.gpu->layernorm_backward({dx_g, dw_g, db_g, dy_g, x_g, w_g, s_g});
+  r.check_same(dx_c, dx_g, out_tol, "dinp (+=)");
+  r.check_same(dw_c, dw_g, grad_tol, "dweight (+=)");
+  r.check_same(db_c, db_g, grad_tol, "dbias (+=)");
+}
+#endif
 
 }  // namespace remat::test

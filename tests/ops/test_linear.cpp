@@ -7,6 +7,9 @@
 #include <tuple>
 
 #include "tests/test_util.h"
+#if REMAT_TEST_CUDA_ROWS
+#include "tests/ops/backend_rows.h"
+#endif
 
 namespace remat::test {
 namespace {
@@ -15,10 +18,16 @@ using cpu::CpuBackend;
 
 }  // namespace
 
+/// The shapes every backend runs: tiny, one past the CPU GEMM's tiles, and odd sizes throughout.
+struct LinearShape {
+  int64_t N, C, OC;
+};
+const LinearShape kLinearShapes[] = {{7, 13, 5}, {65, 130, 67}, {37, 45, 29}};
+
 TEST_CASE("linear forward matches a double reference with and without bias and accumulate",
           "[ops]") {
   CpuBackend be(kTestBudgetBytes, kTestThreads);
-  const auto [N, C, OC] = GENERATE(table<int64_t, int64_t, int64_t>({{7, 13, 5}, {65, 130, 67}}));
+  const auto [N, C, OC] = GENERATE(from_range(std::begin(kLinearShapes), std::end(kLinearShapes)));
   const bool use_bias = GENERATE(false, true);
   const bool accumulate = GENERATE(false, true);
   CAPTURE(N, C, OC, use_bias, accumulate);
@@ -46,7 +55,7 @@ TEST_CASE("linear forward matches a double reference with and without bias and a
 
 TEST_CASE("linear backward overwrites dinp and accumulates dweight and dbias", "[ops]") {
   CpuBackend be(kTestBudgetBytes, kTestThreads);
-  const auto [N, C, OC] = GENERATE(table<int64_t, int64_t, int64_t>({{7, 13, 5}, {65, 130, 67}}));
+  const auto [N, C, OC] = GENERATE(from_range(std::begin(kLinearShapes), std::end(kLinearShapes)));
   const bool with_optional = GENERATE(true, false);  // dinp and dbias present or empty
   CAPTURE(N, C, OC, with_optional);
   Buffer inp = make_randn(be, {N, C}, kSeed, 1);
@@ -106,5 +115,60 @@ TEST_CASE("linear backward matches central differences", "[ops]") {
   CHECK(allclose(to_host(dbias), central_differences(bias.f32(), OC, kFdEps, loss), kTolGradcheck,
                  "dbias"));
 }
+
+#if REMAT_TEST_CUDA_ROWS
+TEST_CASE("linear forward and backward on CUDA match the CPU (bias, accumulate)", "[gpu][linear]") {
+  const auto [N, C, OC] = GENERATE(from_range(std::begin(kLinearShapes), std::end(kLinearShapes)));
+  const DType act =
+      GENERATE(from_range(std::begin(kCudaActivationTypes), std::end(kCudaActivationTypes)));
+  CAPTURE(N, C, OC, dtype_name(act));
+  CudaRow r(act);
+  const Tolerance out_tol = r.pick(kCudaF32Gemm, kCudaBf16Gemm);
+  const Tolerance grad_tol = r.pick(kCudaF32Gemm, kCudaBf16ParamGrad);
+  auto [x_c, x_g] = r.act_pair({N, C}, r.act_values(N * C, 1));
+  auto [w_c, w_g] = r.f32_pair({OC, C}, host_randn(OC * C, 2, 0.2));
+  auto [b_c, b_g] = r.f32_pair({OC}, host_randn(OC, 3));
+  const auto prefill = r.act_values(N * OC, 4);
+  for (bool accumulate : {false, true}) {
+    auto [y_c, y_g] = r.act_pair({N, OC}, prefill);
+    r.cpu.linear_forward({y_c, x_c, w_c, b_c, accumulate});
+    r.gpu->linear_forward({y_g, x_g, w_g, b_g, accumulate});
+    r.check_same(y_c, y_g, out_tol, accumulate ? "out (accumulate)" : "out");
+  }
+  auto [dy_c, dy_g] = r.act_pair({N, OC}, r.act_values(N * OC, 5));
+  auto [dx_c, dx_g] = r.act_pair({N, C}, std::vector<float>(static_cast<size_t>(N * C), 7.0f));
+  auto [dw_c, dw_g] = r.f32_pair({OC, C}, host_randn(OC * C, 6));  // += : start from nonzero
+  auto [db_c, db_g] = r.f32_pair({OC}, host_randn(OC, 7));
+  r.cpu.linear_backward({dx_c, dw_c, db_c, dy_c, x_c, w_c});
+  r.gpu->linear_backward({dx_g, dw_g, db_g, dy_g, x_g, w_g});
+  r.check_same(dx_c, dx_g, out_tol, "dinp (=)");
+  r.check_same(dw_c, dw_g, grad_tol, "dweight (+=)");
+  r.check_same(db_c, db_g, grad_tol, "dbias (+=)");
+}
+
+TEST_CASE("linear dbias over many rows on CUDA matches the CPU and repeats bitwise",
+          "[gpu][reductions]") {
+  // Enough rows for the two-pass column reduction (row chunks, then chunk order); 5000 is not a
+  // multiple of the chunk, and 29 columns leave a partial 32-column slice.
+  const DType act =
+      GENERATE(from_range(std::begin(kCudaActivationTypes), std::end(kCudaActivationTypes)));
+  CAPTURE(dtype_name(act));
+  CudaRow r(act);
+  const int64_t N = 5000, C = 77, OC = 29;
+  auto [x_c, x_g] = r.act_pair({N, C}, r.act_values(N * C, 86));
+  auto [w_c, w_g] = r.f32_pair({OC, C}, host_randn(OC * C, 87, 0.2));
+  auto [dy_c, dy_g] = r.act_pair({N, OC}, r.act_values(N * OC, 88));
+  auto [dw_c, dw_g] = r.zeros_f32({OC, C});
+  std::vector<std::vector<float>> dbias_runs;
+  for (int run = 0; run < 2; ++run) {  // from the same start, twice: the same bits
+    auto [db_c, db_g] = r.f32_pair({OC}, host_randn(OC, 89));
+    r.cpu.linear_backward({Tensor(), dw_c, db_c, dy_c, x_c, w_c});
+    r.gpu->linear_backward({Tensor(), dw_g, db_g, dy_g, x_g, w_g});
+    r.check_same(db_c, db_g, r.pick(kCudaF32Gemm, kCudaBf16ParamGrad), "dbias (many rows)");
+    dbias_runs.push_back(fetch(*r.gpu, db_g));
+  }
+  CHECK(dbias_runs[0] == dbias_runs[1]);
+}
+#endif
 
 }  // namespace remat::test

@@ -7,6 +7,9 @@
 #include <tuple>
 
 #include "tests/test_util.h"
+#if REMAT_TEST_CUDA_ROWS
+#include "tests/ops/backend_rows.h"
+#endif
 
 namespace remat::test {
 namespace {
@@ -18,6 +21,8 @@ using cpu::CpuBackend;
 namespace {
 
 constexpr int64_t kLmN = 37, kLmC = 24, kLmV = 50;
+/// Chunk rows every backend runs: unchunked, and two chunks that leave a partial last chunk.
+const int64_t kLmChunkRows[] = {0, 8, 16};
 
 struct LmHeadCase {
   Buffer inp, weight, targets;
@@ -51,7 +56,7 @@ LmHeadResult run_lm_head(Backend& be, const LmHeadCase& c, int64_t chunk_rows) {
 TEST_CASE("lm head loss matches a naive double reference", "[ops]") {
   CpuBackend be(kTestBudgetBytes, kTestThreads);
   LmHeadCase c(be);
-  const int64_t chunk = GENERATE(int64_t{0}, int64_t{8});
+  const int64_t chunk = GENERATE(from_range(std::begin(kLmChunkRows), std::end(kLmChunkRows)));
   CAPTURE(chunk);
   const LmHeadResult got = run_lm_head(be, c, chunk);
   std::vector<double> want_loss(kLmN), want_dinp(kLmN * kLmC, 0.0), logits(kLmV);
@@ -142,9 +147,16 @@ TEST_CASE("lm head loss gradients match central differences of the mean cross-en
                  "dweight"));
 }
 
+/// The MSE shapes every backend runs.
+struct MseShape {
+  int64_t N, D;
+};
+const MseShape kMseShapes[] = {{7, 13}, {11, 23}};
+
 TEST_CASE("mse loss matches a double reference", "[ops]") {
   CpuBackend be(kTestBudgetBytes, kTestThreads);
-  const int64_t N = 7, D = 13;
+  const auto [N, D] = GENERATE(from_range(std::begin(kMseShapes), std::end(kMseShapes)));
+  CAPTURE(N, D);
   const float scale = 1.0f / N;
   Buffer inp = make_randn(be, {N, D}, kSeed, 131);
   Buffer target = make_randn(be, {N, D}, kSeed, 132);
@@ -161,5 +173,46 @@ TEST_CASE("mse loss matches a double reference", "[ops]") {
   CHECK(allclose(to_host(losses), want_loss, kTolReduction, "losses"));
   CHECK(allclose(to_host(dinp), want_dinp, kTolPointwise, "dinp"));
 }
+
+#if REMAT_TEST_CUDA_ROWS
+TEST_CASE("fused chunked lm head loss on CUDA matches the CPU", "[gpu][lm_head]") {
+  const int64_t chunk = GENERATE(from_range(std::begin(kLmChunkRows), std::end(kLmChunkRows)));
+  const DType act =
+      GENERATE(from_range(std::begin(kCudaActivationTypes), std::end(kCudaActivationTypes)));
+  CAPTURE(chunk, dtype_name(act));
+  CudaRow r(act);
+  const int64_t N = kLmN, C = kLmC, V = kLmV;
+  auto [x_c, x_g] = r.act_pair({N, C}, r.act_values(N * C, 121));
+  auto [w_c, w_g] = r.f32_pair({V, C}, host_randn(V * C, 122, 0.3));
+  Buffer ids = make_ids(r.cpu, {N}, static_cast<int32_t>(V), kSeed, 123);
+  const std::vector<int32_t> host_ids(ids.tensor().i32(), ids.tensor().i32() + N);
+  Buffer t_c = upload_i32(r.cpu, {N}, host_ids), t_g = upload_i32(*r.gpu, {N}, host_ids);
+  auto [l_c, l_g] = r.zeros_f32({N});
+  auto [dx_c, dx_g] = r.zeros_act({N, C});
+  auto [dw_c, dw_g] = r.f32_pair({V, C}, host_randn(V * C, 124));  // += : start from nonzero
+  const float scale = 1.0f / static_cast<float>(N);
+  r.cpu.lm_head_loss({l_c, dx_c, dw_c, x_c, w_c, t_c, scale, chunk});
+  r.gpu->lm_head_loss({l_g, dx_g, dw_g, x_g, w_g, t_g, scale, chunk});
+  r.check_same(l_c, l_g, r.pick(kCudaF32Gemm, kCudaBf16Gemm), "losses");
+  r.check_same(dx_c, dx_g, r.pick(kCudaF32Gemm, kCudaBf16Gemm), "dinp");
+  r.check_same(dw_c, dw_g, r.pick(kCudaF32Gemm, kCudaBf16ParamGrad), "dweight (+=)");
+}
+
+TEST_CASE("mse loss on CUDA matches the CPU", "[gpu][optimizer]") {
+  const auto [N, D] = GENERATE(from_range(std::begin(kMseShapes), std::end(kMseShapes)));
+  const DType act =
+      GENERATE(from_range(std::begin(kCudaActivationTypes), std::end(kCudaActivationTypes)));
+  CAPTURE(N, D, dtype_name(act));
+  CudaRow r(act);
+  auto [x_c, x_g] = r.act_pair({N, D}, r.act_values(N * D, 131));
+  auto [y_c, y_g] = r.f32_pair({N, D}, host_randn(N * D, 132));
+  auto [l_c, l_g] = r.zeros_f32({N});
+  auto [d_c, d_g] = r.zeros_act({N, D});
+  r.cpu.mse_loss({l_c, d_c, x_c, y_c, 0.5f});
+  r.gpu->mse_loss({l_g, d_g, x_g, y_g, 0.5f});
+  r.check_same(l_c, l_g, kCudaF32Gemm, "losses");
+  r.check_same(d_c, d_g, r.pick(kCudaF32Pointwise, kCudaBf16Pointwise), "dinp");
+}
+#endif
 
 }  // namespace remat::test

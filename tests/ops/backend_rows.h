@@ -1,0 +1,147 @@
+// The op tests' rows for every backend besides the CPU. Each tests/ops/test_<op>.cpp checks the
+// CPU backend against double references and central differences; its last section runs the same
+// cases on CUDA and compares with the CPU backend, which those tests made the specification.
+// The op files are compiled twice: into remat_tests (CPU only) and, when the CUDA backend is
+// built, into remat_gpu_tests with REMAT_TEST_CUDA_ROWS=1, which adds the CUDA rows. That binary
+// exits 77 (ctest: skipped) without a device, so CUDA rows never run on a machine without one.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "engine/cpu/cpu_backend.h"
+#include "engine/cuda/cuda_backend.h"
+#include "tests/test_util.h"
+
+namespace remat::test {
+
+// ---- tolerances of CUDA against the CPU backend (both fp32 references are checked above) ----
+
+/// f32 elementwise ops: same formulas, different libm (tanhf, expf) and summation order.
+inline constexpr Tolerance kCudaF32Pointwise{.rtol = 1e-5, .atol = 1e-5};
+/// f32 reductions over rows and GEMMs: cuBLASLt and OpenBLAS sum in different orders.
+inline constexpr Tolerance kCudaF32Gemm{.rtol = 1e-4, .atol = 1e-4};
+/// bf16 storage keeps 8 significant bits: one rounding of the output is 2^-9 relative.
+inline constexpr Tolerance kCudaBf16Pointwise{.rtol = 1e-2, .atol = 1e-2};
+/// bf16 GEMM and normalisation outputs: fp32 accumulation of bf16 products, one output rounding.
+inline constexpr Tolerance kCudaBf16Gemm{.rtol = 3e-2, .atol = 3e-2};
+/// Attention always runs in bf16 inside cuDNN (f32 activations are staged through bf16), so both
+/// activation types share this; gradients also carry the bf16 probabilities.
+inline constexpr Tolerance kCudaAttention{.rtol = 3e-2, .atol = 3e-2};
+/// Parameter gradients accumulated in fp32 from bf16 operands, summed over all rows.
+inline constexpr Tolerance kCudaBf16ParamGrad{.rtol = 5e-2, .atol = 5e-2};
+
+/// Activation types every CUDA row runs with.
+inline constexpr DType kCudaActivationTypes[] = {DType::F32, DType::BF16};
+
+// ---- bf16 on the host ----
+
+/// Rounds to nearest even, as __float2bfloat16 does.
+inline uint16_t to_bf16_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  u += 0x7fff + ((u >> 16) & 1);
+  return static_cast<uint16_t>(u >> 16);
+}
+inline float from_bf16_bits(uint16_t h) {
+  const uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+/// N(0, scale^2) host values, deterministic in (seed, stream).
+inline std::vector<float> host_randn(int64_t n, uint64_t stream, double scale = 1.0) {
+  std::vector<float> v(static_cast<size_t>(n));
+  for (size_t i = 0; i < v.size(); ++i)
+    v[i] = static_cast<float>(scale * rng_normal(kSeed, stream, i));
+  return v;
+}
+
+/// A tensor of `dtype` on any backend holding `host` (rounded to bf16 on the host when asked).
+inline Buffer upload(Backend& be, const std::vector<int64_t>& shape, DType dtype,
+                     const std::vector<float>& host) {
+  Buffer b = be.pool().allocate(shape, dtype, MemCategory::Transient, "test");
+  REQUIRE(static_cast<size_t>(b.tensor().numel()) == host.size());
+  if (dtype == DType::BF16) {
+    std::vector<uint16_t> h(host.size());
+    for (size_t i = 0; i < host.size(); ++i) h[i] = to_bf16_bits(host[i]);
+    be.upload(b, h.data());
+  } else {
+    be.upload(b, host.data());
+  }
+  return b;
+}
+
+inline Buffer upload_i32(Backend& be, const std::vector<int64_t>& shape,
+                         const std::vector<int32_t>& host) {
+  Buffer b = be.pool().allocate(shape, DType::I32, MemCategory::Transient, "test");
+  be.upload(b, host.data());
+  return b;
+}
+
+/// A host copy of any backend's f32 or bf16 tensor, as floats.
+inline std::vector<float> fetch(Backend& be, const Tensor& t) {
+  std::vector<float> out(static_cast<size_t>(t.numel()));
+  if (t.dtype == DType::BF16) {
+    std::vector<uint16_t> h(out.size());
+    be.download(h.data(), t);
+    for (size_t i = 0; i < h.size(); ++i) out[i] = from_bf16_bits(h[i]);
+  } else {
+    be.download(out.data(), t);
+  }
+  return out;
+}
+
+/// One CPU and one CUDA backend. Inputs go to both, rounded to bf16 first when the GPU stores
+/// bf16 activations, so that a row measures only the op's own error.
+struct CudaRow {
+  DType act;
+  cpu::CpuBackend cpu{kTestBudgetBytes, kTestThreads};
+  std::unique_ptr<cuda::CudaBackend> gpu;
+
+  explicit CudaRow(DType activations)
+      : act(activations), gpu(std::make_unique<cuda::CudaBackend>(DeviceConfig{}, activations)) {}
+  bool bf16() const { return act == DType::BF16; }
+  Tolerance pick(Tolerance f32, Tolerance bf16_tol) const { return bf16() ? bf16_tol : f32; }
+
+  /// Activation values: host_randn, bf16-representable when the GPU stores bf16.
+  std::vector<float> act_values(int64_t n, uint64_t stream, double scale = 1.0) const {
+    auto v = host_randn(n, stream, scale);
+    if (bf16())
+      for (float& x : v) x = from_bf16_bits(to_bf16_bits(x));
+    return v;
+  }
+  /// The same values as an activation tensor on each backend (f32 on the CPU).
+  std::pair<Buffer, Buffer> act_pair(const std::vector<int64_t>& shape,
+                                     const std::vector<float>& host) {
+    return {upload(cpu, shape, DType::F32, host), upload(*gpu, shape, act, host)};
+  }
+  /// The same values as an f32 tensor (weights, gradients, optimizer state) on each backend.
+  std::pair<Buffer, Buffer> f32_pair(const std::vector<int64_t>& shape,
+                                     const std::vector<float>& host) {
+    return {upload(cpu, shape, DType::F32, host), upload(*gpu, shape, DType::F32, host)};
+  }
+  std::pair<Buffer, Buffer> zeros_act(const std::vector<int64_t>& shape) {
+    return act_pair(shape, std::vector<float>(static_cast<size_t>(numel(shape)), 0.0f));
+  }
+  std::pair<Buffer, Buffer> zeros_f32(const std::vector<int64_t>& shape) {
+    return f32_pair(shape, std::vector<float>(static_cast<size_t>(numel(shape)), 0.0f));
+  }
+  /// CHECKs that the GPU tensor matches the CPU one under `tol`.
+  void check_same(const Buffer& on_cpu, const Buffer& on_gpu, Tolerance tol, const char* what) {
+    CHECK(allclose(fetch(*gpu, on_gpu), fetch(cpu, on_cpu), tol, what));
+  }
+
+ private:
+  static int64_t numel(const std::vector<int64_t>& shape) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    return n;
+  }
+};
+
+}  // namespace remat::test
