@@ -13,19 +13,34 @@ void CudaBackend::add_impl(const Tensor& out, const Tensor& a, const Tensor& b) 
 }
 
 void CudaBackend::activation_forward_impl(const ActivationForwardArgs& a) {
-  kern::activation_forward(a.out.data, a.inp.data, a.inp.numel(), a.kind == Activation::Gelu,
-                           is_bf16(a.inp), stream());
+  kern::activation_forward({.out = a.out.data,
+                            .inp = a.inp.data,
+                            .n = a.inp.numel(),
+                            .gelu = a.kind == Activation::Gelu,
+                            .bf16 = is_bf16(a.inp)},
+                           stream());
   finish_op();
 }
 
 void CudaBackend::activation_backward_impl(const ActivationBackwardArgs& a) {
-  kern::activation_backward(a.dinp.data, a.dout.data, a.inp.data, a.inp.numel(),
-                            a.kind == Activation::Gelu, is_bf16(a.inp), stream());
+  kern::activation_backward({.dinp = a.dinp.data,
+                             .dout = a.dout.data,
+                             .inp = a.inp.data,
+                             .n = a.inp.numel(),
+                             .gelu = a.kind == Activation::Gelu,
+                             .bf16 = is_bf16(a.inp)},
+                            stream());
   finish_op();
 }
 
 void CudaBackend::dropout_impl(const DropoutArgs& a) {
-  kern::dropout(a.out.data, a.inp.data, a.inp.numel(), a.p, a.seed, a.stream, is_bf16(a.inp),
+  kern::dropout({.out = a.out.data,
+                 .inp = a.inp.data,
+                 .n = a.inp.numel(),
+                 .p = a.p,
+                 .seed = a.seed,
+                 .stream = a.stream,
+                 .bf16 = is_bf16(a.inp)},
                 stream());
   finish_op();
 }

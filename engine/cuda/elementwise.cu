@@ -350,30 +350,29 @@ void add(void* out, const void* a, const void* b, int64_t n, bool is_bf16, cudaS
   });
 }
 
-void dropout(void* out, const void* inp, int64_t n, float p, uint64_t seed, uint64_t stream,
-             bool is_bf16, cudaStream_t s) {
-  dispatch_act(is_bf16, [&](auto tag) {
+void dropout(const DropoutParams& p, cudaStream_t s) {
+  dispatch_act(p.bf16, [&](auto tag) {
     using T = decltype(tag);
-    dropout_kernel<T><<<grid_for(n), kThreads, 0, s>>>(
-        static_cast<T*>(out), static_cast<const T*>(inp), n, p, 1.0f / (1.0f - p), seed, stream);
+    dropout_kernel<T><<<grid_for(p.n), kThreads, 0, s>>>(static_cast<T*>(p.out),
+                                                         static_cast<const T*>(p.inp), p.n, p.p,
+                                                         1.0f / (1.0f - p.p), p.seed, p.stream);
   });
 }
 
-void activation_forward(void* out, const void* inp, int64_t n, bool gelu, bool is_bf16,
-                        cudaStream_t s) {
-  dispatch_act(is_bf16, [&](auto tag) {
+void activation_forward(const ActivationForwardParams& p, cudaStream_t s) {
+  dispatch_act(p.bf16, [&](auto tag) {
     using T = decltype(tag);
-    activation_forward_kernel<T><<<grid_for(n), kThreads, 0, s>>>(
-        static_cast<T*>(out), static_cast<const T*>(inp), n, gelu);
+    activation_forward_kernel<T><<<grid_for(p.n), kThreads, 0, s>>>(
+        static_cast<T*>(p.out), static_cast<const T*>(p.inp), p.n, p.gelu);
   });
 }
 
-void activation_backward(void* dinp, const void* dout, const void* inp, int64_t n, bool gelu,
-                         bool is_bf16, cudaStream_t s) {
-  dispatch_act(is_bf16, [&](auto tag) {
+void activation_backward(const ActivationBackwardParams& p, cudaStream_t s) {
+  dispatch_act(p.bf16, [&](auto tag) {
     using T = decltype(tag);
-    activation_backward_kernel<T><<<grid_for(n), kThreads, 0, s>>>(
-        static_cast<T*>(dinp), static_cast<const T*>(dout), static_cast<const T*>(inp), n, gelu);
+    activation_backward_kernel<T>
+        <<<grid_for(p.n), kThreads, 0, s>>>(static_cast<T*>(p.dinp), static_cast<const T*>(p.dout),
+                                            static_cast<const T*>(p.inp), p.n, p.gelu);
   });
 }
 
@@ -413,44 +412,38 @@ void column_sum_add(float* dsum, const void* x, int64_t rows, int64_t cols, bool
   if (chunks > 1) add_chunk_partials(dsum, r.scratch, chunks, cols, s);
 }
 
-void embedding_forward(void* out, const int32_t* tokens, const float* wte, const float* wpe,
-                       int64_t BT, int64_t T, int64_t C, int64_t V, bool is_bf16, cudaStream_t s) {
-  dispatch_act(is_bf16, [&](auto tag) {
+void embedding_forward(const EmbeddingForwardParams& p, cudaStream_t s) {
+  const int64_t BT = p.B * p.T;
+  dispatch_act(p.bf16, [&](auto tag) {
     using Tt = decltype(tag);
-    embedding_forward_kernel<Tt><<<grid_for(BT * C), kThreads, 0, s>>>(
-        static_cast<Tt*>(out), tokens, wte, wpe, BT, T, C, V);
+    embedding_forward_kernel<Tt><<<grid_for(BT * p.C), kThreads, 0, s>>>(
+        static_cast<Tt*>(p.out), p.tokens, p.wte, p.wpe, BT, p.T, p.C, p.V);
   });
 }
 
-void embedding_backward_wte(float* dwte, const void* dout, const int32_t* tokens,
-                            const int32_t* order, const int32_t* starts, int64_t n_buckets,
-                            int64_t C, bool is_bf16, cudaStream_t s) {
-  if (n_buckets == 0) return;
-  const dim3 grid(static_cast<unsigned>(n_buckets),
-                  static_cast<unsigned>((C + kThreads - 1) / kThreads));
-  dispatch_act(is_bf16, [&](auto tag) {
-    using T = decltype(tag);
-    embedding_backward_wte_kernel<T>
-        <<<grid, kThreads, 0, s>>>(dwte, static_cast<const T*>(dout), tokens, order, starts, C);
-  });
-}
-
-void embedding_backward_wpe(float* dwpe, const void* dout, int64_t B, int64_t T, int64_t C,
-                            bool is_bf16, cudaStream_t s) {
-  dispatch_act(is_bf16, [&](auto tag) {
+void embedding_backward(const EmbeddingBackwardParams& p, cudaStream_t s) {
+  dispatch_act(p.bf16, [&](auto tag) {
     using Tt = decltype(tag);
-    embedding_backward_wpe_kernel<Tt>
-        <<<grid_for(T * C), kThreads, 0, s>>>(dwpe, static_cast<const Tt*>(dout), B, T, C);
+    const Tt* dout = static_cast<const Tt*>(p.dout);
+    if (p.n_buckets > 0) {
+      const dim3 grid(static_cast<unsigned>(p.n_buckets),
+                      static_cast<unsigned>((p.C + kThreads - 1) / kThreads));
+      embedding_backward_wte_kernel<Tt>
+          <<<grid, kThreads, 0, s>>>(p.dwte, dout, p.tokens, p.order, p.starts, p.C);
+    }
+    if (p.dwpe)
+      embedding_backward_wpe_kernel<Tt>
+          <<<grid_for(p.T * p.C), kThreads, 0, s>>>(p.dwpe, dout, p.B, p.T, p.C);
   });
 }
 
-void mse_loss(float* losses, void* dinp, const void* inp, const float* target, int64_t N, int64_t D,
-              float scale, bool is_bf16, cudaStream_t s) {
-  const unsigned grid = static_cast<unsigned>((N + 7) / 8);
-  dispatch_act(is_bf16, [&](auto tag) {
+void mse_loss(const MseLossParams& p, cudaStream_t s) {
+  const unsigned grid = static_cast<unsigned>((p.N + 7) / 8);
+  dispatch_act(p.bf16, [&](auto tag) {
     using T = decltype(tag);
-    mse_loss_kernel<T><<<grid, kThreads, 0, s>>>(losses, static_cast<T*>(dinp),
-                                                 static_cast<const T*>(inp), target, N, D, scale);
+    mse_loss_kernel<T><<<grid, kThreads, 0, s>>>(p.losses, static_cast<T*>(p.dinp),
+                                                 static_cast<const T*>(p.inp), p.target, p.N, p.D,
+                                                 p.scale);
   });
 }
 

@@ -12,8 +12,15 @@ namespace remat::cuda {
 
 void CudaBackend::embedding_forward_impl(const EmbeddingForwardArgs& a) {
   const int64_t B = a.tokens.dim(0), T = a.tokens.dim(1), C = a.wte.dim(1), V = a.wte.dim(0);
-  kern::embedding_forward(a.out.data, a.tokens.i32(), a.wte.f32(),
-                          a.wpe.empty() ? nullptr : a.wpe.f32(), B * T, T, C, V, is_bf16(a.out),
+  kern::embedding_forward({.out = a.out.data,
+                           .tokens = a.tokens.i32(),
+                           .wte = a.wte.f32(),
+                           .wpe = a.wpe.empty() ? nullptr : a.wpe.f32(),
+                           .B = B,
+                           .T = T,
+                           .C = C,
+                           .V = V,
+                           .bf16 = is_bf16(a.out)},
                           stream());
   finish_op();
 }
@@ -52,10 +59,18 @@ void CudaBackend::embedding_backward_impl(const EmbeddingBackwardArgs& a, const 
                                    static_cast<size_t>(N + n_buckets + 1) * 4,
                                    cudaMemcpyHostToDevice, stream()));
   const int32_t* order = static_cast<const int32_t*>(buckets.tensor().data);
-  kern::embedding_backward_wte(a.dwte.f32(), a.dout.data, a.tokens.i32(), order, order + N,
-                               n_buckets, C, is_bf16(a.dout), stream());
-  if (!a.dwpe.empty())
-    kern::embedding_backward_wpe(a.dwpe.f32(), a.dout.data, B, T, C, is_bf16(a.dout), stream());
+  kern::embedding_backward({.dwte = a.dwte.f32(),
+                            .dwpe = a.dwpe.empty() ? nullptr : a.dwpe.f32(),
+                            .dout = a.dout.data,
+                            .tokens = a.tokens.i32(),
+                            .order = order,
+                            .starts = order + N,
+                            .n_buckets = n_buckets,
+                            .B = B,
+                            .T = T,
+                            .C = C,
+                            .bf16 = is_bf16(a.dout)},
+                           stream());
   finish_op();
 }
 

@@ -36,15 +36,35 @@ void cast(void* dst, bool dst_bf16, const void* src, bool src_bf16, int64_t n, c
 /// out = a + b; out may alias a or b.
 void add(void* out, const void* a, const void* b, int64_t n, bool bf16, cudaStream_t s);
 /// Inverted dropout with the counter-based mask of engine/rng.h (same masks as the CPU backend);
-/// out may alias inp.
-void dropout(void* out, const void* inp, int64_t n, float p, uint64_t seed, uint64_t stream,
-             bool bf16, cudaStream_t s);
-/// GELU (tanh approximation) or ReLU.
-void activation_forward(void* out, const void* inp, int64_t n, bool gelu, bool bf16,
-                        cudaStream_t s);
-/// dinp = dout * act'(inp); dinp may alias dout.
-void activation_backward(void* dinp, const void* dout, const void* inp, int64_t n, bool gelu,
-                         bool bf16, cudaStream_t s);
+/// out may alias inp. engine/ops/activation.h's DropoutArgs as raw pointers.
+struct DropoutParams {
+  void* out;
+  const void* inp;
+  int64_t n;
+  float p;
+  uint64_t seed, stream;
+  bool bf16;
+};
+void dropout(const DropoutParams& p, cudaStream_t s);
+/// GELU (tanh approximation) or ReLU: ActivationForwardArgs as raw pointers.
+struct ActivationForwardParams {
+  void* out;
+  const void* inp;
+  int64_t n;
+  bool gelu;
+  bool bf16;
+};
+void activation_forward(const ActivationForwardParams& p, cudaStream_t s);
+/// dinp = dout * act'(inp); dinp may alias dout. ActivationBackwardArgs as raw pointers.
+struct ActivationBackwardParams {
+  void* dinp;
+  const void* dout;
+  const void* inp;
+  int64_t n;
+  bool gelu;
+  bool bf16;
+};
+void activation_backward(const ActivationBackwardParams& p, cudaStream_t s);
 /// out (rows, cols) {=, +=} bias (cols) broadcast over rows.
 void bias_rows(void* out, const float* bias, int64_t rows, int64_t cols, bool overwrite, bool bf16,
                cudaStream_t s);
@@ -54,21 +74,46 @@ void column_sum_add(float* dsum, const void* x, int64_t rows, int64_t cols, bool
 
 // ---- embedding ----
 /// out (B*T, C) = wte[tokens] (+ wpe[t]); an out-of-vocabulary token yields a NaN row.
-void embedding_forward(void* out, const int32_t* tokens, const float* wte, const float* wpe,
-                       int64_t BT, int64_t T, int64_t C, int64_t V, bool bf16, cudaStream_t s);
-/// dwte[token of bucket] += sum of dout rows listed in the bucket, for n_buckets buckets:
-/// order (N) i32 lists row indices grouped by token, starts (n_buckets + 1) i32 bounds each group.
-void embedding_backward_wte(float* dwte, const void* dout, const int32_t* tokens,
-                            const int32_t* order, const int32_t* starts, int64_t n_buckets,
-                            int64_t C, bool bf16, cudaStream_t s);
-/// dwpe (T, C) += sum over b of dout (B, T, C).
-void embedding_backward_wpe(float* dwpe, const void* dout, int64_t B, int64_t T, int64_t C,
-                            bool bf16, cudaStream_t s);
+/// EmbeddingForwardArgs as raw pointers (wpe null: token embedding only).
+struct EmbeddingForwardParams {
+  void* out;
+  const int32_t* tokens;
+  const float* wte;
+  const float* wpe;
+  int64_t B, T, C, V;
+  bool bf16;
+};
+void embedding_forward(const EmbeddingForwardParams& p, cudaStream_t s);
+/// EmbeddingBackwardArgs as raw pointers, with the rows bucketed by token on the host:
+/// order (B*T) i32 lists row indices grouped by token, starts (n_buckets + 1) i32 bounds each
+/// group. dwte[token of bucket] += sum of the bucket's dout rows; dwpe (T, C) += sum over b of
+/// dout (B, T, C) unless dwpe is null.
+struct EmbeddingBackwardParams {
+  float* dwte;
+  float* dwpe;
+  const void* dout;
+  const int32_t* tokens;
+  const int32_t* order;
+  const int32_t* starts;
+  int64_t n_buckets;
+  int64_t B, T, C;
+  bool bf16;
+};
+void embedding_backward(const EmbeddingBackwardParams& p, cudaStream_t s);
 
 // ---- losses ----
 /// losses (N) = mean_j (inp - target)^2; dinp (N, D) = 2 scale (inp - target) / D.
-void mse_loss(float* losses, void* dinp, const void* inp, const float* target, int64_t N, int64_t D,
-              float scale, bool bf16, cudaStream_t s);
+/// MseLossArgs as raw pointers.
+struct MseLossParams {
+  float* losses;
+  void* dinp;
+  const void* inp;
+  const float* target;
+  int64_t N, D;
+  float scale;
+  bool bf16;
+};
+void mse_loss(const MseLossParams& p, cudaStream_t s);
 /// Softmax cross-entropy over logits (rows, V) f32 in place: losses[r] = lse - logit[target];
 /// the gradient (softmax - onehot) * scale overwrites the logits: as f32 (write_bf16 false), or
 /// as bf16 stored at the start of each f32 row (bf16 element j of row r at byte 4 r V + 2 j,

@@ -109,9 +109,8 @@ void layernorm_forward(const LayerNormForwardParams& p, cudaStream_t s) {
   const unsigned grid = static_cast<unsigned>((p.N + kRowsPerBlock - 1) / kRowsPerBlock);
   dispatch_act(p.bf16, [&](auto tag) {
     using T = decltype(tag);
-    layernorm_forward_kernel<T><<<grid, kThreads, 0, s>>>(static_cast<T*>(p.out), p.stats,
-                                                          static_cast<const T*>(p.inp), p.weight,
-                                                          p.bias, p.N, p.C);
+    layernorm_forward_kernel<T><<<grid, kThreads, 0, s>>>(
+        static_cast<T*>(p.out), p.stats, static_cast<const T*>(p.inp), p.weight, p.bias, p.N, p.C);
   });
 }
 

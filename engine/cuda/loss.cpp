@@ -37,8 +37,15 @@ void CudaBackend::lm_head_loss_impl(const LmHeadLossArgs& a, const OpWorkspace& 
 }
 
 void CudaBackend::mse_loss_impl(const MseLossArgs& a) {
-  kern::mse_loss(a.losses.f32(), a.dinp.data, a.inp.data, a.target.f32(), a.inp.rows(),
-                 a.inp.dim(-1), a.loss_scale, is_bf16(a.inp), stream());
+  kern::mse_loss({.losses = a.losses.f32(),
+                  .dinp = a.dinp.data,
+                  .inp = a.inp.data,
+                  .target = a.target.f32(),
+                  .N = a.inp.rows(),
+                  .D = a.inp.dim(-1),
+                  .scale = a.loss_scale,
+                  .bf16 = is_bf16(a.inp)},
+                 stream());
   finish_op();
 }
 
