@@ -16,6 +16,7 @@
 #include "engine/config.h"
 #include "engine/cpu/blas_kernel.h"
 #include "engine/devices.h"
+#include "engine/experiments/interrupt.h"
 #include "engine/planner.h"
 #include "engine/remat.h"
 #include "engine/trainer.h"
@@ -129,13 +130,13 @@ int run_bench(const BenchOptions& opt) {
   std::unique_ptr<DataSource> data = make_data_source(cfg);
   data->open();
   Trainer trainer(cfg.train, resolve_remat_plan(cfg, *model), be, *model, *data);
-  install_interrupt_handler();
+  experiments::install_interrupt_handler();
 
   fmt::print(stderr, "bench: warm-up step...\n");
   trainer.step();
   be.set_op_timing(true);
   std::vector<TimedStep> timed;
-  for (int64_t s = 0; s < steps && !interrupted(); ++s) {
+  for (int64_t s = 0; s < steps && !experiments::interrupted(); ++s) {
     fmt::print(stderr, "bench: step {}/{}...\n", s + 1, steps);
     be.reset_op_times();
     be.reset_cost();
@@ -144,10 +145,10 @@ int run_bench(const BenchOptions& opt) {
     for (int p = 0; p < kNumPhases; ++p) t.flops += be.cost(static_cast<Phase>(p)).flops;
     timed.push_back(std::move(t));
   }
-  if (timed.empty()) return 128 + interrupt_signal();
+  if (timed.empty()) return 128 + experiments::interrupt_signal();
   print_report(cfg, be.describe(), sgemm, timed,
                cfg.train.batch_size * (cfg.model.kind == ModelKind::Gpt ? cfg.train.seq_len : 1));
-  return interrupted() ? 128 + interrupt_signal() : 0;
+  return experiments::interrupted() ? 128 + experiments::interrupt_signal() : 0;
 }
 
 }  // namespace remat::cli

@@ -112,15 +112,4 @@ int run_sample(const SampleOptions& opt);
 /// The multi-line --version text: version, backends built, BLAS and its CPU kernel.
 std::string version_text();
 
-/// Set by the SIGINT, SIGTERM and SIGHUP handlers; the training loop stops after the current
-/// step. interrupt_signal() is the first signal that arrived (0: none), for the 128+signal exit
-/// code; interrupt_count() how many arrived.
-bool interrupted();
-int interrupt_signal();
-int interrupt_count();
-/// With `second_signal_exits` (train), a second signal ends the process at once; without it
-/// (sweep, fit --measure: parents of trials), every signal is only counted, so the parent can stop
-/// its child and clean up (cmd/trial.cpp).
-void install_interrupt_handler(bool second_signal_exits = true);
-
 }  // namespace remat::cli

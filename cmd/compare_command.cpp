@@ -12,6 +12,7 @@
 #include "cmd/report.h"
 #include "engine/devices.h"
 #include "engine/error.h"
+#include "engine/experiments/interrupt.h"
 #include "engine/planner.h"
 #include "engine/units.h"
 #include "layers/models.h"
@@ -64,7 +65,7 @@ void train_policy(const Config& cfg, Backend& be, int64_t steps, CompareRow& row
   parts.data->open();
   Trainer trainer(cfg.train, resolve_remat_plan(cfg, *parts.model), be, *parts.model, *parts.data);
   std::vector<double> ms;
-  for (int64_t s = 0; s < steps && !interrupted(); ++s) {
+  for (int64_t s = 0; s < steps && !experiments::interrupted(); ++s) {
     StepMetrics m = trainer.step();
     row.losses.push_back(m.loss);
     ms.push_back(m.step_ms);
@@ -148,7 +149,7 @@ int run_compare(const CompareOptions& opt) {
     defaults.erase(std::find(defaults.begin(), defaults.end(), "save_attn"));
   std::vector<std::string> policies = parse_policies(opt.policies, defaults, "compare");
   if (policies.front() != "none") policies.insert(policies.begin(), "none");
-  install_interrupt_handler();
+  experiments::install_interrupt_handler();
 
   std::vector<CompareRow> rows;
   for (const auto& p : policies) {
@@ -170,7 +171,7 @@ int run_compare(const CompareOptions& opt) {
     print_table(cfg, rows, ref, none_peak);
   for (const auto& r : rows)
     if (!r.oom && !same_bits(r, ref) && cfg.device.backend != BackendKind::Cuda) return 1;
-  return interrupted() ? 128 + interrupt_signal() : 0;
+  return experiments::interrupted() ? 128 + experiments::interrupt_signal() : 0;
 }
 
 }  // namespace remat::cli

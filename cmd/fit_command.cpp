@@ -2,7 +2,7 @@
 // planner (binary search over dry runs: instant), with the predicted peak, the recompute
 // overhead and an estimated tokens/s; then a recommendation. `--measure` confirms each answer
 // on this machine: one real step at the predicted maximum (must fit) and one at maximum + 1
-// (must run out of memory), each in a child process (cmd/trial.h).
+// (must run out of memory), each in a child process (engine/experiments/trial.h).
 //
 // The tokens/s figure is an estimate, not a measurement: FLOPs of one dry-run step divided by
 // a rate. On the CPU the rate is this machine's SGEMM GFLOP/s, timed once here (an upper bound:
@@ -17,10 +17,11 @@
 
 #include "cmd/commands.h"
 #include "cmd/report.h"
-#include "cmd/trial.h"
 #include "engine/config.h"
 #include "engine/cpu/blas_kernel.h"
 #include "engine/error.h"
+#include "engine/experiments/interrupt.h"
+#include "engine/experiments/trial.h"
 #include "engine/planner.h"
 #include "engine/units.h"
 #include "layers/models.h"
@@ -119,12 +120,13 @@ std::vector<std::string> concat(std::vector<std::string> a, const std::vector<st
 
 int trial(const Config& cfg, const std::vector<std::string>& sets, int64_t seq_len, uint64_t budget,
           Measured& m, bool record_peak) {
-  TrialSpec spec{cfg.path, concat(sets, {fmt::format("train.seq_len={}", seq_len), "train.steps=1",
-                                         fmt::format("device.memory={}", budget)})};
+  experiments::TrialSpec spec{
+      cfg.path, concat(sets, {fmt::format("train.seq_len={}", seq_len), "train.steps=1",
+                              fmt::format("device.memory={}", budget)})};
   // The copy task needs 4 tokens; below that the planner's search uses random data, and so must
   // the step that checks it.
   if (seq_len < 4 && cfg.data.task == "copy") spec.overrides.emplace_back("data.task=random");
-  TrialResult r = run_trial(spec);
+  experiments::TrialResult r = experiments::run_trial(spec);
   if (r.interrupted) return -2;
   if (record_peak && r.summary) m.measured_peak_bytes = (*r.summary)["peak_bytes"].get<uint64_t>();
   if (r.exit_code != 0 && r.exit_code != 3 && m.message.empty()) m.message = r.message;
@@ -156,7 +158,8 @@ int run_fit(const FitOptions& opt) {
   const Planner planner(target, make_run_parts);
   const uint64_t budget = target.pool_budget();
   const Rate rate = estimate_rate(target);
-  install_interrupt_handler(/*second_signal_exits=*/false);  // --measure's trials are stopped
+  experiments::install_interrupt_handler(
+      /*second_signal_exits=*/false);  // --measure's trials are stopped
 
   std::vector<FitRow> rows;
   for (const auto& p : policies) {
@@ -190,9 +193,9 @@ int run_fit(const FitOptions& opt) {
       const auto psets = concat(sets, policy_overrides(base, r.policy));
       Measured& m = r.measured;
       if (r.longest > 0) m.at_max_exit = trial(r.cfg, psets, r.longest, budget, m, true);
-      if (!interrupted() && !r.capped)
+      if (!experiments::interrupted() && !r.capped)
         m.above_exit = trial(r.cfg, psets, r.longest + 1, budget, m, false);
-      if (interrupted()) return 128 + interrupt_signal();
+      if (experiments::interrupted()) return 128 + experiments::interrupt_signal();
       m.done = true;
       if (!m.agrees()) all_agree = false;
     }

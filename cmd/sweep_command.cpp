@@ -1,9 +1,10 @@
 // `remat-train sweep`: every (seq_len, policy) point as one short training run in a child
-// process (cmd/trial.h), so an out-of-memory point is recorded as "oom" and the sweep goes on.
-// Records predicted peak (the planner, in this process), measured peak, status, median ms/step,
-// tokens/s and the recompute overhead; writes DIR/sweep.csv and DIR/sweep.json after every
-// point (through a temporary file and a rename), so Ctrl-C or a crash keeps what finished.
-// The schema is in README.md, "Finding the longest context"; scripts/plot_sweep.py reads it.
+// process (engine/experiments/trial.h), so an out-of-memory point is recorded as "oom" and the
+// sweep goes on. Records predicted peak (the planner, in this process), measured peak, status,
+// median ms/step, tokens/s and the recompute overhead; writes DIR/sweep.csv and DIR/sweep.json
+// after every point (through a temporary file and a rename), so Ctrl-C or a crash keeps what
+// finished. The schema is in README.md, "Finding the longest context"; scripts/plot_sweep.py reads
+// it.
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -15,9 +16,10 @@
 
 #include "cmd/commands.h"
 #include "cmd/report.h"
-#include "cmd/trial.h"
 #include "engine/config.h"
 #include "engine/error.h"
+#include "engine/experiments/interrupt.h"
+#include "engine/experiments/trial.h"
 #include "engine/planner.h"
 #include "engine/units.h"
 #include "layers/models.h"
@@ -290,9 +292,9 @@ int run_sweep(const SweepOptions& opt) {
                                {"seq_lens", seq_lens},
                                {"policies", policies}};
 
-  // A signal is forwarded to the running trial (cmd/trial.cpp); this process stays to clean up and
-  // to write sweep.json marked interrupted, also on a second signal.
-  install_interrupt_handler(/*second_signal_exits=*/false);
+  // A signal is forwarded to the running trial (engine/experiments/trial.cpp); this process stays
+  // to clean up and to write sweep.json marked interrupted, also on a second signal.
+  experiments::install_interrupt_handler(/*second_signal_exits=*/false);
   SweepProgress progress(opt.json, total_weight);
   if (!opt.json)
     fmt::print(stderr,
@@ -301,15 +303,16 @@ int run_sweep(const SweepOptions& opt) {
                base.path, target.name, format_bytes(budget), points.size(), seq_lens.size(),
                policies.size(), steps, steps == 1 ? "" : "s", dir.string(), load_note());
   double done_weight = 0;
-  for (size_t i = 0; i < points.size() && !interrupted(); ++i) {
+  for (size_t i = 0; i < points.size() && !experiments::interrupted(); ++i) {
     Point& p = points[i];
     progress.running(i, points.size(), p, done_weight);
-    const TrialResult r = run_trial(TrialSpec{opt.config_path, p.overrides},
-                                    [&] { progress.running(i, points.size(), p, done_weight); });
+    const experiments::TrialResult r =
+        experiments::run_trial(experiments::TrialSpec{opt.config_path, p.overrides},
+                               [&] { progress.running(i, points.size(), p, done_weight); });
     if (r.interrupted) break;  // the unfinished point is dropped; the finished ones are kept
     p.done = true;
     p.exit_code = r.exit_code;
-    p.status = trial_status(r.exit_code);
+    p.status = experiments::trial_status(r.exit_code);
     p.wall_s = r.wall_s;
     if (p.status != "ok") p.message = r.message;
     if (r.summary && p.status == "ok") {
@@ -322,7 +325,7 @@ int run_sweep(const SweepOptions& opt) {
     write_outputs(dir, meta, points, false);
   }
   progress.finish();
-  const bool stopped = interrupted();
+  const bool stopped = experiments::interrupted();
   write_outputs(dir, meta, points, stopped);
 
   if (opt.json) {
@@ -352,7 +355,7 @@ int run_sweep(const SweepOptions& opt) {
         fmt::print("error at seq_len {} {}: {}\n", p.seq_len, p.policy, p.message);
     fmt::print("wrote {} and {}\n", (dir / "sweep.csv").string(), (dir / "sweep.json").string());
   }
-  if (stopped) return 128 + interrupt_signal();
+  if (stopped) return 128 + experiments::interrupt_signal();
   for (const auto& p : points)
     if (p.status == "error") return 1;
   return 0;

@@ -5,10 +5,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cmath>
-#include <csignal>
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
@@ -21,6 +19,7 @@
 #include "engine/cuda_api.h"
 #include "engine/devices.h"
 #include "engine/error.h"
+#include "engine/experiments/interrupt.h"
 #include "engine/planner.h"
 #include "engine/trainer.h"
 #include "engine/units.h"
@@ -28,24 +27,6 @@
 
 namespace remat::cli {
 namespace {
-
-std::atomic<int> g_signal{0};
-std::atomic<int> g_signal_count{0};
-// The first SIGINT/SIGTERM/SIGHUP asks the loop to stop after the current step (and write a
-// checkpoint); the handler then steps aside, so a second one ends the process at once. A
-// checkpoint being written at that moment is left as a .tmp folder, never as a step_* one.
-extern "C" void on_stop_signal(int sig) {
-  int none = 0;
-  g_signal.compare_exchange_strong(none, sig);
-  ++g_signal_count;
-  std::signal(sig, SIG_DFL);
-}
-// The same for a parent of trials, which must outlive every signal to stop its child.
-extern "C" void on_stop_signal_counted(int sig) {
-  int none = 0;
-  g_signal.compare_exchange_strong(none, sig);
-  ++g_signal_count;
-}
 
 double median(std::vector<double> v) {
   if (v.empty()) return 0;
@@ -154,14 +135,14 @@ class TrainRun {
       note_divergence();
       throw;
     }
-    summary_.interrupted = interrupted();
+    summary_.interrupted = experiments::interrupted();
     return finish_summary();
   }
 
   void train_until(int64_t last) {
-    while (trainer_.steps_done() < last && !interrupted()) one_step(last);
+    while (trainer_.steps_done() < last && !experiments::interrupted()) one_step(last);
     progress_.finish();
-    const bool stopped = interrupted();
+    const bool stopped = experiments::interrupted();
     if (!cfg_.checkpoint.dir.empty() && trainer_.steps_done() != last_checkpoint_step_ &&
         (!stopped || cfg_.checkpoint.on_interrupt) && trainer_.steps_done() > 0)
       save_checkpoint();
@@ -281,20 +262,6 @@ RunParts make_run_parts(const Config& c, Backend& b) {
   return RunParts{make_model(c, b), make_data_source(c)};
 }
 
-bool interrupted() {
-  return g_signal != 0;
-}
-int interrupt_signal() {
-  return g_signal;
-}
-int interrupt_count() {
-  return g_signal_count;
-}
-void install_interrupt_handler(bool second_signal_exits) {
-  for (int sig : {SIGINT, SIGTERM, SIGHUP})
-    std::signal(sig, second_signal_exits ? on_stop_signal : on_stop_signal_counted);
-}
-
 namespace {
 
 // The planner knows before step 1 whether the run fits: fail then, not minutes in, and say
@@ -407,11 +374,11 @@ int run_train(const TrainOptions& opt) {
   TrainRun run(opt, cfg, be, *model, *data, trainer);
   run.open_metrics(resume != nullptr, resume ? resume->path() : std::string());
   resume.reset();  // unmaps the checkpoint's files before training
-  install_interrupt_handler();
+  experiments::install_interrupt_handler();
   const RunSummary summary = run.run(opt.stop_at, predicted.peak.total_bytes);
   if (!opt.quiet) print_summary(stdout, summary);
   run.close_metrics();
-  return summary.interrupted ? 128 + interrupt_signal() : 0;
+  return summary.interrupted ? 128 + experiments::interrupt_signal() : 0;
 }
 
 }  // namespace remat::cli

@@ -1,5 +1,5 @@
-// Child-process trials (see cmd/trial.h).
-#include "cmd/trial.h"
+// Child-process trials (see engine/experiments/trial.h).
+#include "engine/experiments/trial.h"
 
 #include <fcntl.h>
 #include <fmt/format.h>
@@ -16,12 +16,12 @@
 #include <fstream>
 #include <thread>
 
-#include "cmd/commands.h"
 #include "engine/error.h"
+#include "engine/experiments/interrupt.h"
 
 extern char** environ;
 
-namespace remat::cli {
+namespace remat::experiments {
 namespace {
 
 std::string self_exe() {
@@ -137,4 +137,4 @@ TrialResult run_trial(const TrialSpec& spec, const std::function<void()>& tick) 
   return r;
 }
 
-}  // namespace remat::cli
+}  // namespace remat::experiments

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-namespace remat::cli {
+namespace remat::experiments {
 
 struct TrialSpec {
   std::string config_path;
@@ -32,4 +32,4 @@ std::string trial_status(int exit_code);
 /// parent is interrupted (SIGINT), the child is terminated and the result says so.
 TrialResult run_trial(const TrialSpec& spec, const std::function<void()>& tick = {});
 
-}  // namespace remat::cli
+}  // namespace remat::experiments
