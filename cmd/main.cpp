@@ -19,6 +19,7 @@
 #include "engine/config.h"
 #include "engine/cpu/blas_kernel.h"
 #include "engine/error.h"
+#include "engine/policy.h"
 #include "engine/units.h"
 
 namespace {
@@ -223,6 +224,9 @@ int run(int argc, char** argv) {
   remat::cli::SampleOptions sample;
   CLI::App* keys_cmd = app.add_subcommand(
       "keys", "List every config key: type, default, accepted values, meaning (a Markdown table)");
+  bool keys_policies = false;
+  keys_cmd->add_flag("--policies", keys_policies,
+                     "List the values of remat.policy instead: what each keeps (a Markdown table)");
 
   CLI::App* sample_cmd =
       app.add_subcommand("sample", "Generate text (byte models) or tokens from a checkpoint");
@@ -279,7 +283,8 @@ int run(int argc, char** argv) {
   if (compare_cmd->parsed()) return remat::cli::run_compare(compare);
   if (sample_cmd->parsed()) return remat::cli::run_sample(sample);
   if (keys_cmd->parsed()) {
-    fmt::print("{}", remat::config_keys_markdown());
+    fmt::print("{}",
+               keys_policies ? remat::policy_table_markdown() : remat::config_keys_markdown());
     return 0;
   }
   if (sweep_cmd->parsed()) return remat::cli::run_sweep(sweep);

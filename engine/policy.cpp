@@ -11,17 +11,37 @@ namespace remat {
 
 const std::vector<Policy>& policy_table() {
   static const std::vector<Policy> table = {
-      {"none", "every activation", true, 0, [](ActKind) { return true; }},
-      {"full", "nothing: the segment is recomputed from its input", true, 3,
-       [](ActKind) { return false; }},
-      {"save_dots", "GEMM and attention outputs", true, 1,
-       [](ActKind k) { return k == ActKind::Dot || k == ActKind::Attention; }},
-      {"save_attn", "attention outputs", true, 2,
+      {"none", "every activation: nothing is recomputed", true, 0, [](ActKind) { return true; }},
+      {"full",
+       "nothing but its segment's input `x`: the segment is recomputed, block by block, right "
+       "before its backward pass",
+       true, 3, [](ActKind) { return false; }},
+      {"save_dots",
+       "the GEMM and attention outputs; LayerNorms and activations are recomputed (JAX's "
+       "`dots_saveable`): a few percent of memory for almost no recompute",
+       true, 1, [](ActKind k) { return k == ActKind::Dot || k == ActKind::Attention; }},
+      {"save_attn",
+       "the attention outputs `attn attn.lse`: the O(T^2) attention is never recomputed", true, 2,
        [](ActKind k) { return k == ActKind::Attention; }},
-      {"names", "the activations named in remat.save", false, 0, nullptr},
-      {"auto", "per block, what the planner chooses", false, 0, nullptr},
+      {"names",
+       "exactly the activations named in `remat.save = [...]` (JAX's `save_only_these_names`)",
+       false, 0, nullptr},
+      {"auto",
+       "per block, the built-in policy the planner picks: the least recompute whose peak fits "
+       "`device.memory`",
+       false, 0, nullptr},
   };
   return table;
+}
+
+std::string policy_table_markdown() {
+  std::string out =
+      "| policy | a checkpointed block keeps after its forward pass | memory (1 keeps most) |\n"
+      "|---|---|---|\n";
+  for (const Policy& p : policy_table())
+    out += fmt::format("| `{}` | {} | {} |\n", p.name, p.keeps,
+                       p.builtin ? fmt::format("{}", p.memory_rank + 1) : "-");
+  return out;
 }
 
 const Policy* find_policy(std::string_view name) {

@@ -15,7 +15,7 @@ namespace remat {
 
 struct Policy {
   const char* name;
-  /// What a block keeps after its forward pass, besides its segment's checkpoint input.
+  /// What a block keeps after its forward pass, besides its segment's checkpoint input (Markdown).
   const char* keeps;
   /// A built-in policy: a whole-model choice of its own, a row of `plan`, `fit` and `sweep`, a
   /// per-block choice in remat.plan and one of auto's candidates.
@@ -29,6 +29,8 @@ struct Policy {
 
 /// The table, in the order the tool lists policies: none, full, save_dots, save_attn, names, auto.
 const std::vector<Policy>& policy_table();
+/// The table as Markdown (`remat-train keys --policies`, the README's list of policies).
+std::string policy_table_markdown();
 /// The table row named `name`, or nullptr.
 const Policy* find_policy(std::string_view name);
 /// Every name the config accepts for remat.policy.

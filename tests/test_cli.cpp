@@ -47,6 +47,18 @@ TEST_CASE("help (--help) lists the train options", "[smoke]") {
   CHECK_THAT(r.out, Contains("--config") && Contains("--set") && Contains("--metrics"));
 }
 
+TEST_CASE("keys lists every config key, and keys --policies every value of remat.policy",
+          "[smoke]") {
+  Result keys = run("keys", false);
+  CHECK(keys.code == 0);
+  CHECK_THAT(keys.out, Contains("| `remat.policy` | string |") && Contains("| `model.n_layer` |"));
+  Result policies = run("keys --policies", false);
+  CHECK(policies.code == 0);
+  for (const char* p : {"none", "full", "save_dots", "save_attn", "names", "auto"})
+    CHECK_THAT(policies.out, Contains(fmt::format("| `{}` | ", p)));
+  CHECK_THAT(policies.out, !Contains("remat.policy` | string"));  // not the key table
+}
+
 TEST_CASE("usage errors exit 2", "[smoke]") {
   CHECK(run("--config").code == 2);
   CHECK(run("train").code == 2);
