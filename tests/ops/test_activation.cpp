@@ -1,20 +1,11 @@
 // Op test of GELU (tanh) and ReLU forward and backward against double references and central
 // differences, and aliasing of dinp and dout.
 // Against the CPU backend, the specification every other backend is checked against;
-// tolerances and shared helpers: tests/test_util.h.
-#include <cstring>
-#include <numbers>
-#include <tuple>
-
-#include "tests/test_util.h"
-#if REMAT_TEST_CUDA_ROWS
-#include "tests/ops/backend_rows.h"
-#endif
+// tolerances and shared helpers: tests/test_util.h (through tests/ops/op_test.h).
+#include "tests/ops/op_test.h"
 
 namespace remat::test {
 namespace {
-
-using cpu::CpuBackend;
 
 double gelu_ref(double x) {
   const double k = std::sqrt(2.0 / std::numbers::pi);

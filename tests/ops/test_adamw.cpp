@@ -1,20 +1,11 @@
 // Op test of the optimizer ops: the global sum of squares in double, and AdamW against a scalar
 // reference with decoupled decay and bias correction.
 // Against the CPU backend, the specification every other backend is checked against;
-// tolerances and shared helpers: tests/test_util.h.
-#include <cstring>
-#include <numbers>
-#include <tuple>
-
-#include "tests/test_util.h"
-#if REMAT_TEST_CUDA_ROWS
-#include "tests/ops/backend_rows.h"
-#endif
+// tolerances and shared helpers: tests/test_util.h (through tests/ops/op_test.h).
+#include "tests/ops/op_test.h"
 
 namespace remat::test {
 namespace {
-
-using cpu::CpuBackend;
 
 /// The tensors every backend sums: 200001 elements make several 65536-element chunks and a
 /// ragged last one.

@@ -2,20 +2,11 @@
 // reference with the T x T matrix, with and without RoPE; central differences; bitwise determinism
 // across runs and thread counts; the workspace bytes the pool measures against the stated formula.
 // Against the CPU backend, the specification every other backend is checked against;
-// tolerances and shared helpers: tests/test_util.h.
-#include <cstring>
-#include <numbers>
-#include <tuple>
-
-#include "tests/test_util.h"
-#if REMAT_TEST_CUDA_ROWS
-#include "tests/ops/backend_rows.h"
-#endif
+// tolerances and shared helpers: tests/test_util.h (through tests/ops/op_test.h).
+#include "tests/ops/op_test.h"
 
 namespace remat::test {
 namespace {
-
-using cpu::CpuBackend;
 
 // Naive causal multi-head attention in double, forward and its analytic backward, with optional
 // half-split (GPT-NeoX) rotary embedding of q and k: for pair (i, i + HS/2) at position t the

@@ -1,22 +1,10 @@
 // Op test of the token (+ position) embedding: gather forward, scatter-add backward with repeated
 // tokens.
 // Against the CPU backend, the specification every other backend is checked against;
-// tolerances and shared helpers: tests/test_util.h.
-#include <cstring>
-#include <numbers>
-#include <tuple>
-
-#include "tests/test_util.h"
-#if REMAT_TEST_CUDA_ROWS
-#include "tests/ops/backend_rows.h"
-#endif
+// tolerances and shared helpers: tests/test_util.h (through tests/ops/op_test.h).
+#include "tests/ops/op_test.h"
 
 namespace remat::test {
-namespace {
-
-using cpu::CpuBackend;
-
-}  // namespace
 
 /// The shapes every backend runs. Token ids are drawn from [0, n_id) with n_id < V: repeats are
 /// certain (15 tokens over 4 ids, 39 over 11) and the rows from n_id on never occur, so their

@@ -1,22 +1,10 @@
 // Op test of LayerNorm: forward against a double reference, backward against central differences
 // and a double reference, and dinp += as the residual stream.
 // Against the CPU backend, the specification every other backend is checked against;
-// tolerances and shared helpers: tests/test_util.h.
-#include <cstring>
-#include <numbers>
-#include <tuple>
-
-#include "tests/test_util.h"
-#if REMAT_TEST_CUDA_ROWS
-#include "tests/ops/backend_rows.h"
-#endif
+// tolerances and shared helpers: tests/test_util.h (through tests/ops/op_test.h).
+#include "tests/ops/op_test.h"
 
 namespace remat::test {
-namespace {
-
-using cpu::CpuBackend;
-
-}  // namespace
 
 /// The shapes every backend runs: channel counts below, across and far beyond one 32-channel
 /// slice of the parameter-gradient pass, and 5000 rows for its two-pass (row chunks, then chunk

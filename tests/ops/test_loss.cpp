@@ -2,21 +2,9 @@
 // reference, chunked = unchunked, central differences of the mean loss; the MLP's MSE. Against the
 // CPU backend, the specification every other backend is checked against; tolerances and shared
 // helpers: tests/test_util.h.
-#include <cstring>
-#include <numbers>
-#include <tuple>
-
-#include "tests/test_util.h"
-#if REMAT_TEST_CUDA_ROWS
-#include "tests/ops/backend_rows.h"
-#endif
+#include "tests/ops/op_test.h"
 
 namespace remat::test {
-namespace {
-
-using cpu::CpuBackend;
-
-}  // namespace
 
 namespace {
 
