@@ -35,7 +35,7 @@ inline constexpr Tolerance kCudaAttention{.rtol = 3e-2, .atol = 3e-2};
 inline constexpr Tolerance kCudaBf16ParamGrad{.rtol = 5e-2, .atol = 5e-2};
 
 /// Activation types every CUDA row runs with.
-inline constexpr DType kCudaActivationTypes[] = {DType::F32, DType::BF16};
+inline const std::vector<DType> kCudaActivationTypes = {DType::F32, DType::BF16};
 
 // ---- bf16 on the host ----
 

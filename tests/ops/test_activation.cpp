@@ -36,7 +36,7 @@ Buffer make_activation_input(Backend& be, int64_t N, int64_t D) {
 
 /// Rows of every shape the backends run: one below and one above the CPU's threading threshold
 /// (2^17 elements).
-const int64_t kActivationRows[] = {7, 1100};
+const std::vector<int64_t> kActivationRows = {7, 1100};
 constexpr int64_t kActivationWidth = 129;
 
 TEST_CASE("activation forward matches double references of GELU (tanh) and ReLU", "[ops]") {
@@ -84,7 +84,7 @@ TEST_CASE("activation backward gives the same bits when dinp aliases dout", "[op
   CpuBackend be(kTestBudgetBytes, kTestThreads);
   const Activation kind = GENERATE(Activation::Gelu, Activation::Relu);
   // Large enough for the threaded path (> 2^17 elements) as well as a small one.
-  const int64_t N = GENERATE(from_range(std::begin(kActivationRows), std::end(kActivationRows)));
+  const int64_t N = GENERATE(from_range(kActivationRows));
   const int64_t D = kActivationWidth;
   CAPTURE(static_cast<int>(kind), N);
   Buffer x = make_activation_input(be, N, D);
@@ -100,10 +100,9 @@ TEST_CASE("activation backward gives the same bits when dinp aliases dout", "[op
 #if REMAT_TEST_CUDA_ROWS
 TEST_CASE("activations on CUDA match the CPU: gelu and relu, forward and in-place backward",
           "[gpu][pointwise]") {
-  const int64_t N = GENERATE(from_range(std::begin(kActivationRows), std::end(kActivationRows)));
+  const int64_t N = GENERATE(from_range(kActivationRows));
   const int64_t D = kActivationWidth;
-  const DType act =
-      GENERATE(from_range(std::begin(kCudaActivationTypes), std::end(kCudaActivationTypes)));
+  const DType act = GENERATE(from_range(kCudaActivationTypes));
   CAPTURE(N, dtype_name(act));
   CudaRow r(act);
   const Tolerance tol = r.pick(kCudaF32Pointwise, kCudaBf16Pointwise);
@@ -127,8 +126,7 @@ TEST_CASE("activations on CUDA match the CPU: gelu and relu, forward and in-plac
 
 TEST_CASE("elementwise primitives on CUDA match the CPU: add, fill, copy and casts",
           "[gpu][pointwise]") {
-  const DType act =
-      GENERATE(from_range(std::begin(kCudaActivationTypes), std::end(kCudaActivationTypes)));
+  const DType act = GENERATE(from_range(kCudaActivationTypes));
   CAPTURE(dtype_name(act));
   CudaRow r(act);
   const Tolerance tol = r.pick(kCudaF32Pointwise, kCudaBf16Pointwise);

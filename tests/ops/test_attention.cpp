@@ -151,24 +151,24 @@ void check_attention_against_reference(int64_t B, int64_t NH, int64_t T, int64_t
 }
 
 // (B, NH, T): several batches and heads where T is small, one batch of two heads at T = 1000.
-constexpr std::tuple<int64_t, int64_t, int64_t> kAttnShapes[] = {
+const std::vector<std::tuple<int64_t, int64_t, int64_t>> kAttnShapes = {
     {2, 3, 1}, {2, 3, 7}, {2, 2, 64}, {2, 2, 129}, {1, 2, 1000}};
 /// Head sizes of every shape: GPT-2's 64, and both sides of it.
-constexpr int64_t kAttnHeadSizes[] = {16, 64, 128};
+const std::vector<int64_t> kAttnHeadSizes = {16, 64, 128};
 
 }  // namespace
 
 TEST_CASE("attention forward and backward match a naive double-precision causal reference",
           "[ops]") {
-  const auto [B, NH, T] = GENERATE(from_range(std::begin(kAttnShapes), std::end(kAttnShapes)));
-  const int64_t HS = GENERATE(from_range(std::begin(kAttnHeadSizes), std::end(kAttnHeadSizes)));
+  const auto [B, NH, T] = GENERATE(from_range(kAttnShapes));
+  const int64_t HS = GENERATE(from_range(kAttnHeadSizes));
   check_attention_against_reference(B, NH, T, HS, 0.0f);
 }
 
 TEST_CASE("attention with rope matches a double reference with half-split rotary q and k",
           "[ops]") {
-  const auto [B, NH, T] = GENERATE(from_range(std::begin(kAttnShapes), std::end(kAttnShapes)));
-  const int64_t HS = GENERATE(from_range(std::begin(kAttnHeadSizes), std::end(kAttnHeadSizes)));
+  const auto [B, NH, T] = GENERATE(from_range(kAttnShapes));
+  const int64_t HS = GENERATE(from_range(kAttnHeadSizes));
   check_attention_against_reference(B, NH, T, HS, 10000.0f);
 }
 
@@ -320,11 +320,10 @@ TEST_CASE("attention workspace measured by the pool is the stated formula and ha
 #if REMAT_TEST_CUDA_ROWS
 TEST_CASE("causal attention forward and backward on CUDA match the CPU, with and without RoPE",
           "[gpu][attention]") {
-  const auto [B, NH, T] = GENERATE(from_range(std::begin(kAttnShapes), std::end(kAttnShapes)));
-  const int64_t HS = GENERATE(from_range(std::begin(kAttnHeadSizes), std::end(kAttnHeadSizes)));
+  const auto [B, NH, T] = GENERATE(from_range(kAttnShapes));
+  const int64_t HS = GENERATE(from_range(kAttnHeadSizes));
   const float theta = GENERATE(0.0f, 10000.0f);
-  const DType act =
-      GENERATE(from_range(std::begin(kCudaActivationTypes), std::end(kCudaActivationTypes)));
+  const DType act = GENERATE(from_range(kCudaActivationTypes));
   CAPTURE(B, NH, T, HS, theta, dtype_name(act));
   CudaRow r(act);
   const int64_t C = NH * HS;

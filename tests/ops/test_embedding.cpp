@@ -13,62 +13,50 @@ struct EmbeddingShape {
   int64_t B, T, V, C, maxT;
   int32_t n_id;
 };
-const EmbeddingShape kEmbeddingShapes[] = {{3, 5, 5, 37, 8, 4}, {3, 13, 57, 40, 16, 11}};
+const std::vector<EmbeddingShape> kEmbeddingShapes = {{3, 5, 5, 37, 8, 4}, {3, 13, 57, 40, 16, 11}};
 
-TEST_CASE("embedding forward gathers token rows and adds position rows", "[ops]") {
+TEST_CASE("embedding forward gathers token and position rows; backward scatter-adds repeats",
+          "[ops]") {
   CpuBackend be(kTestBudgetBytes, kTestThreads);
-  const auto [B, T, V, C, maxT, n_id] =
-      GENERATE(from_range(std::begin(kEmbeddingShapes), std::end(kEmbeddingShapes)));
+  const auto [B, T, V, C, maxT, n_id] = GENERATE(from_range(kEmbeddingShapes));
   const bool use_wpe = GENERATE(true, false);
   CAPTURE(B, T, V, C, use_wpe);
   Buffer tokens = make_ids(be, {B, T}, n_id, kSeed, 101);
+  const int32_t* id = tokens.tensor().i32();
   Buffer wte = make_randn(be, {V, C}, kSeed, 102);
   Buffer wpe = make_randn(be, {maxT, C}, kSeed, 103);
-  Buffer out = make_filled(be, {B, T, C}, 7.0f);
-  be.embedding_forward(
-      {.out = out, .tokens = tokens, .wte = wte, .wpe = use_wpe ? wpe.tensor() : Tensor()});
-  std::vector<float> want;  // the same single float add as the kernel: exact
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t t = 0; t < T; ++t)
-      for (int64_t c = 0; c < C; ++c) {
-        const float e = wte.f32()[tokens.tensor().i32()[b * T + t] * C + c];
-        want.push_back(use_wpe ? e + wpe.f32()[t * C + c] : e);
-      }
-  CHECK(allclose(to_host(out), want, kTolExact, "out"));
-}
+  const Tensor wpe_or_none = use_wpe ? wpe.tensor() : Tensor();
 
-TEST_CASE("embedding backward scatter-adds repeated tokens into dwte and dwpe", "[ops]") {
-  CpuBackend be(kTestBudgetBytes, kTestThreads);
-  const auto [B, T, V, C, maxT, n_id] =
-      GENERATE(from_range(std::begin(kEmbeddingShapes), std::end(kEmbeddingShapes)));
-  const bool use_wpe = GENERATE(true, false);
-  CAPTURE(B, T, V, C, use_wpe);
-  Buffer tokens = make_ids(be, {B, T}, n_id, kSeed, 111);
+  Buffer out = make_filled(be, {B, T, C}, 7.0f);  // [=]: the 7s must disappear
+  be.embedding_forward({.out = out, .tokens = tokens, .wte = wte, .wpe = wpe_or_none});
+  std::vector<float> want;  // the same single float add as the kernel: exact
+  for (int64_t i = 0; i < B * T; ++i)
+    for (int64_t c = 0; c < C; ++c) {
+      const float e = wte.f32()[id[i] * C + c];
+      want.push_back(use_wpe ? e + wpe.f32()[(i % T) * C + c] : e);
+    }
+  CHECK(allclose(to_host(out), want, kTolExact, "out"));
+
+  // The gradients are added onto the weights themselves ([+=]): rows never used stay as they are.
   Buffer dout = make_randn(be, {B, T, C}, kSeed, 112);
-  Buffer dwte = make_randn(be, {V, C}, kSeed, 113);
-  Buffer dwpe = make_randn(be, {maxT, C}, kSeed, 114);
-  std::vector<double> want_wte = to_double(dwte), want_wpe = to_double(dwpe);  // [+=]
-  be.embedding_backward(
-      {.dwte = dwte, .dwpe = use_wpe ? dwpe.tensor() : Tensor(), .dout = dout, .tokens = tokens});
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t t = 0; t < T; ++t)
-      for (int64_t c = 0; c < C; ++c) {
-        const double d = dout.f32()[(b * T + t) * C + c];
-        want_wte[static_cast<size_t>(tokens.tensor().i32()[b * T + t] * C + c)] += d;
-        if (use_wpe) want_wpe[static_cast<size_t>(t * C + c)] += d;
-      }
-  CHECK(allclose(to_host(dwte), want_wte, kTolReduction, "dwte"));
-  CHECK(allclose(to_host(dwpe), want_wpe, use_wpe ? kTolReduction : kTolExact, "dwpe"));
+  std::vector<double> want_wte = to_double(wte), want_wpe = to_double(wpe);
+  be.embedding_backward({.dwte = wte, .dwpe = wpe_or_none, .dout = dout, .tokens = tokens});
+  for (int64_t i = 0; i < B * T; ++i)
+    for (int64_t c = 0; c < C; ++c) {
+      const double d = dout.f32()[i * C + c];
+      want_wte[static_cast<size_t>(id[i] * C + c)] += d;
+      if (use_wpe) want_wpe[static_cast<size_t>((i % T) * C + c)] += d;
+    }
+  CHECK(allclose(to_host(wte), want_wte, kTolReduction, "dwte"));
+  CHECK(allclose(to_host(wpe), want_wpe, use_wpe ? kTolReduction : kTolExact, "dwpe"));
 }
 
 #if REMAT_TEST_CUDA_ROWS
 TEST_CASE("embedding forward and deterministic scatter-add backward on CUDA match the CPU",
           "[gpu][embedding]") {
-  const auto [B, T, V, C, maxT, n_id] =
-      GENERATE(from_range(std::begin(kEmbeddingShapes), std::end(kEmbeddingShapes)));
+  const auto [B, T, V, C, maxT, n_id] = GENERATE(from_range(kEmbeddingShapes));
   const bool use_wpe = GENERATE(true, false);
-  const DType act =
-      GENERATE(from_range(std::begin(kCudaActivationTypes), std::end(kCudaActivationTypes)));
+  const DType act = GENERATE(from_range(kCudaActivationTypes));
   CAPTURE(B, T, V, C, use_wpe, dtype_name(act));
   CudaRow r(act);
   Buffer ids = make_ids(r.cpu, {B, T}, n_id, kSeed, 101);

@@ -12,12 +12,12 @@ namespace remat::test {
 struct LayerNormShape {
   int64_t N, C;
 };
-const LayerNormShape kLayerNormShapes[] = {{7, 13}, {5, 37}, {64, 200}, {41, 77}, {5000, 77}};
+const std::vector<LayerNormShape> kLayerNormShapes = {
+    {7, 13}, {5, 37}, {64, 200}, {41, 77}, {5000, 77}};
 
 TEST_CASE("layernorm forward matches a double reference", "[ops]") {
   CpuBackend be(kTestBudgetBytes, kTestThreads);
-  const auto [N, C] =
-      GENERATE(from_range(std::begin(kLayerNormShapes), std::end(kLayerNormShapes)));
+  const auto [N, C] = GENERATE(from_range(kLayerNormShapes));
   CAPTURE(N, C);
   Buffer inp = make_randn(be, {N, C}, kSeed, 21, 1.5, 0.3);
   Buffer weight = make_randn(be, {C}, kSeed, 22, 1.0, 1.0);
@@ -129,10 +129,8 @@ TEST_CASE("layernorm backward matches a double reference on many rows and channe
 #if REMAT_TEST_CUDA_ROWS
 TEST_CASE("layernorm forward and backward on CUDA match the CPU (dinp accumulates)",
           "[gpu][layernorm]") {
-  const auto [N, C] =
-      GENERATE(from_range(std::begin(kLayerNormShapes), std::end(kLayerNormShapes)));
-  const DType act =
-      GENERATE(from_range(std::begin(kCudaActivationTypes), std::end(kCudaActivationTypes)));
+  const auto [N, C] = GENERATE(from_range(kLayerNormShapes));
+  const DType act = GENERATE(from_range(kCudaActivationTypes));
   CAPTURE(N, C, dtype_name(act));
   CudaRow r(act);
   const Tolerance out_tol = r.pick(kCudaF32Gemm, kCudaBf16Gemm);

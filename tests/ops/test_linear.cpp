@@ -10,12 +10,12 @@ namespace remat::test {
 struct LinearShape {
   int64_t N, C, OC;
 };
-const LinearShape kLinearShapes[] = {{7, 13, 5}, {65, 130, 67}, {37, 45, 29}};
+const std::vector<LinearShape> kLinearShapes = {{7, 13, 5}, {65, 130, 67}, {37, 45, 29}};
 
 TEST_CASE("linear forward matches a double reference with and without bias and accumulate",
           "[ops]") {
   CpuBackend be(kTestBudgetBytes, kTestThreads);
-  const auto [N, C, OC] = GENERATE(from_range(std::begin(kLinearShapes), std::end(kLinearShapes)));
+  const auto [N, C, OC] = GENERATE(from_range(kLinearShapes));
   const bool use_bias = GENERATE(false, true);
   const bool accumulate = GENERATE(false, true);
   CAPTURE(N, C, OC, use_bias, accumulate);
@@ -43,7 +43,7 @@ TEST_CASE("linear forward matches a double reference with and without bias and a
 
 TEST_CASE("linear backward overwrites dinp and accumulates dweight and dbias", "[ops]") {
   CpuBackend be(kTestBudgetBytes, kTestThreads);
-  const auto [N, C, OC] = GENERATE(from_range(std::begin(kLinearShapes), std::end(kLinearShapes)));
+  const auto [N, C, OC] = GENERATE(from_range(kLinearShapes));
   const bool with_optional = GENERATE(true, false);  // dinp and dbias present or empty
   CAPTURE(N, C, OC, with_optional);
   Buffer inp = make_randn(be, {N, C}, kSeed, 1);
@@ -106,9 +106,8 @@ TEST_CASE("linear backward matches central differences", "[ops]") {
 
 #if REMAT_TEST_CUDA_ROWS
 TEST_CASE("linear forward and backward on CUDA match the CPU (bias, accumulate)", "[gpu][linear]") {
-  const auto [N, C, OC] = GENERATE(from_range(std::begin(kLinearShapes), std::end(kLinearShapes)));
-  const DType act =
-      GENERATE(from_range(std::begin(kCudaActivationTypes), std::end(kCudaActivationTypes)));
+  const auto [N, C, OC] = GENERATE(from_range(kLinearShapes));
+  const DType act = GENERATE(from_range(kCudaActivationTypes));
   CAPTURE(N, C, OC, dtype_name(act));
   CudaRow r(act);
   const Tolerance out_tol = r.pick(kCudaF32Gemm, kCudaBf16Gemm);
@@ -138,8 +137,7 @@ TEST_CASE("linear dbias over many rows on CUDA matches the CPU and repeats bitwi
           "[gpu][reductions]") {
   // Enough rows for the two-pass column reduction (row chunks, then chunk order); 5000 is not a
   // multiple of the chunk, and 29 columns leave a partial 32-column slice.
-  const DType act =
-      GENERATE(from_range(std::begin(kCudaActivationTypes), std::end(kCudaActivationTypes)));
+  const DType act = GENERATE(from_range(kCudaActivationTypes));
   CAPTURE(dtype_name(act));
   CudaRow r(act);
   const int64_t N = 5000, C = 77, OC = 29;

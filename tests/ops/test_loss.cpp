@@ -10,7 +10,7 @@ namespace {
 
 constexpr int64_t kLmN = 37, kLmC = 24, kLmV = 50;
 /// Chunk rows every backend runs: unchunked, and two chunks that leave a partial last chunk.
-const int64_t kLmChunkRows[] = {0, 8, 16};
+const std::vector<int64_t> kLmChunkRows = {0, 8, 16};
 
 struct LmHeadCase {
   Buffer inp, weight, targets;
@@ -44,7 +44,7 @@ LmHeadResult run_lm_head(Backend& be, const LmHeadCase& c, int64_t chunk_rows) {
 TEST_CASE("lm head loss matches a naive double reference", "[ops]") {
   CpuBackend be(kTestBudgetBytes, kTestThreads);
   LmHeadCase c(be);
-  const int64_t chunk = GENERATE(from_range(std::begin(kLmChunkRows), std::end(kLmChunkRows)));
+  const int64_t chunk = GENERATE(from_range(kLmChunkRows));
   CAPTURE(chunk);
   const LmHeadResult got = run_lm_head(be, c, chunk);
   std::vector<double> want_loss(kLmN), want_dinp(kLmN * kLmC, 0.0), logits(kLmV);
@@ -139,11 +139,11 @@ TEST_CASE("lm head loss gradients match central differences of the mean cross-en
 struct MseShape {
   int64_t N, D;
 };
-const MseShape kMseShapes[] = {{7, 13}, {11, 23}};
+const std::vector<MseShape> kMseShapes = {{7, 13}, {11, 23}};
 
 TEST_CASE("mse loss matches a double reference", "[ops]") {
   CpuBackend be(kTestBudgetBytes, kTestThreads);
-  const auto [N, D] = GENERATE(from_range(std::begin(kMseShapes), std::end(kMseShapes)));
+  const auto [N, D] = GENERATE(from_range(kMseShapes));
   CAPTURE(N, D);
   const float scale = 1.0f / N;
   Buffer inp = make_randn(be, {N, D}, kSeed, 131);
@@ -164,9 +164,8 @@ TEST_CASE("mse loss matches a double reference", "[ops]") {
 
 #if REMAT_TEST_CUDA_ROWS
 TEST_CASE("fused chunked lm head loss on CUDA matches the CPU", "[gpu][lm_head]") {
-  const int64_t chunk = GENERATE(from_range(std::begin(kLmChunkRows), std::end(kLmChunkRows)));
-  const DType act =
-      GENERATE(from_range(std::begin(kCudaActivationTypes), std::end(kCudaActivationTypes)));
+  const int64_t chunk = GENERATE(from_range(kLmChunkRows));
+  const DType act = GENERATE(from_range(kCudaActivationTypes));
   CAPTURE(chunk, dtype_name(act));
   CudaRow r(act);
   const int64_t N = kLmN, C = kLmC, V = kLmV;
@@ -187,9 +186,8 @@ TEST_CASE("fused chunked lm head loss on CUDA matches the CPU", "[gpu][lm_head]"
 }
 
 TEST_CASE("mse loss on CUDA matches the CPU", "[gpu][optimizer]") {
-  const auto [N, D] = GENERATE(from_range(std::begin(kMseShapes), std::end(kMseShapes)));
-  const DType act =
-      GENERATE(from_range(std::begin(kCudaActivationTypes), std::end(kCudaActivationTypes)));
+  const auto [N, D] = GENERATE(from_range(kMseShapes));
+  const DType act = GENERATE(from_range(kCudaActivationTypes));
   CAPTURE(N, D, dtype_name(act));
   CudaRow r(act);
   auto [x_c, x_g] = r.act_pair({N, D}, r.act_values(N * D, 131));
