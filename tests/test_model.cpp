@@ -11,6 +11,7 @@
 #include "engine/remat.h"
 #include "engine/trainer.h"
 #include "layers/models.h"
+#include "tests/configs.h"
 
 using namespace remat;
 
@@ -26,26 +27,7 @@ constexpr double kFdRelTol = 5e-3;  // relative, on gradients well above the noi
 constexpr double kFdAbsTol = 5e-5;  // fp32 loss rounding (~1e-7 |L|) amplified by 1/eps
 
 Config tiny_gpt(const std::string& policy, const std::string& position = "learned") {
-  return parse_config(fmt::format(R"(
-[model]
-n_layer = 2
-n_head = 2
-n_embd = 16
-vocab_size = 11
-n_ctx = 16
-position = "{}"
-[train]
-seq_len = 9
-batch_size = 2
-loss_chunk = 5
-[data]
-task = "random"
-[remat]
-policy = "{}"
-[device]
-threads = 2
-)",
-                                  position, policy),
+  return parse_config(test::small_gpt_toml({.position = position, .policy = policy}),
                       "tiny-gradcheck");
 }
 

@@ -24,6 +24,7 @@
 #include "engine/cpu/cpu_backend.h"
 #include "engine/remat.h"
 #include "layers/models.h"
+#include "tests/configs.h"
 #include "tests/reference_model.h"
 #include "tests/test_util.h"
 
@@ -87,28 +88,15 @@ ref::Tensors randomize_params(Model& model, int64_t C, int64_t FF, uint64_t seed
 }
 
 Config gpt_config(const std::string& position, const std::string& policy) {
-  return parse_config(fmt::format(R"(
-[model]
-n_layer = 2
-n_head = 3
-n_embd = 24
-d_ff = 40
-vocab_size = 13
-n_ctx = 80
-position = "{}"
-dropout = 0.0
-[train]
-seq_len = 70
-batch_size = 2
-loss_chunk = 37
-[data]
-task = "random"
-[remat]
-policy = "{}"
-[device]
-threads = 2
-)",
-                                  position, policy),
+  return parse_config(test::small_gpt_toml({.n_head = 3,
+                                            .n_embd = 24,
+                                            .vocab_size = 13,
+                                            .n_ctx = 80,
+                                            .d_ff = 40,
+                                            .seq_len = 70,
+                                            .loss_chunk = 37,
+                                            .position = position,
+                                            .policy = policy}),
                       "reference-gpt");
 }
 
@@ -255,21 +243,7 @@ TEST_CASE("GPT with RoPE matches the double reference: loss and every gradient",
 }
 
 TEST_CASE("tutorial MLP matches the double reference: loss and every gradient", "[reference]") {
-  const Config cfg = parse_config(R"(
-[model]
-kind = "mlp"
-n_layer = 3
-n_embd = 12
-[train]
-batch_size = 5
-[data]
-task = "regression"
-[remat]
-policy = "full"
-[device]
-threads = 2
-)",
-                                  "reference-mlp");
+  const Config cfg = parse_config(test::small_mlp_toml(3, 12, 5, "full"), "reference-mlp");
   const int64_t B = cfg.train.batch_size, D = cfg.model.n_embd;
   cpu::CpuBackend be(1ull << 30, test::kTestThreads);
   auto model = make_model(cfg, be);

@@ -15,28 +15,13 @@
 #include "engine/trainer.h"
 #include "layers/models.h"
 #include "test_util.h"
+#include "tests/configs.h"
 
 using namespace remat;
 
 namespace {
 
-const char* kBase = R"(
-[model]
-n_layer = 4
-n_head = 2
-n_embd = 32
-vocab_size = 37
-n_ctx = 64
-[train]
-seq_len = 45
-batch_size = 2
-steps = 3
-loss_chunk = 16
-[data]
-task = "copy"
-[device]
-threads = 2
-)";
+const std::string kBase = test::small_gpt_toml(test::remat_test_gpt());
 
 struct RunRecord {
   std::vector<double> losses;

@@ -22,6 +22,7 @@
 #include "engine/remat.h"
 #include "engine/trainer.h"
 #include "layers/models.h"
+#include "tests/configs.h"
 #include "tests/test_util.h"
 
 using namespace remat;
@@ -344,17 +345,7 @@ TEST_CASE("synthetic copy task: the second half repeats the first, its metric is
 }
 
 TEST_CASE("synthetic regression: y = relu(x A^T), fresh inputs every step", "[loop]") {
-  const Config cfg = parse_config(R"(
-[model]
-kind = "mlp"
-n_layer = 2
-n_embd = 16
-[train]
-batch_size = 64
-[data]
-task = "regression"
-)",
-                                  "loop-mlp");
+  const Config cfg = parse_config(test::small_mlp_toml(2, 16, 64), "loop-mlp");
   cpu::CpuBackend be(1ull << 30, 1);
   auto data = make_synthetic_data(cfg);
   Batch a = data->next(be, 0), b = data->next(be, 1);
@@ -451,22 +442,9 @@ TEST_CASE("dropout op: drops a fraction p, scales the rest by 1/(1-p), masks dif
 TEST_CASE("memory categories: checkpoints = segments x stream bytes, activations exclude them",
           "[loop]") {
   // The shape of tests/test_remat.cpp, whose peaks fall in the backward pass of the last block.
-  const char* base = R"(
-[model]
-n_layer = 4
-n_head = 2
-n_embd = 32
-vocab_size = 37
-n_ctx = 64
-[train]
-seq_len = 45
-batch_size = 2
-loss_chunk = 16
-[data]
-task = "random"
-[device]
-threads = 2
-)";
+  test::SmallGpt shape = test::remat_test_gpt();
+  shape.task = "random";
+  const std::string base = test::small_gpt_toml(shape);
   const int64_t B = 2, T = 45, C = 32, NH = 2, FF = 4 * C, N = B * T;
   auto bytes = [](int64_t floats) {
     return MemoryPool::accounted_bytes(static_cast<size_t>(floats) * 4);
