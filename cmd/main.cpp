@@ -19,6 +19,7 @@
 #include "engine/config.h"
 #include "engine/cpu/blas_kernel.h"
 #include "engine/error.h"
+#include "engine/planner.h"
 #include "engine/policy.h"
 #include "engine/units.h"
 
@@ -87,6 +88,29 @@ CLI::Validator at_least(int64_t lo) {
       ">= " + std::to_string(lo));
 }
 
+// -c/--config and --set: every subcommand that reads a config takes both.
+void add_config_options(CLI::App* cmd, std::string& config_path,
+                        std::vector<std::string>& overrides) {
+  cmd->add_option("-c,--config", config_path, "TOML config file (see configs/)")->required();
+  cmd->add_option("--set", overrides, "Override a config key: --set section.key=value (repeatable)")
+      ->type_name("SECTION.KEY=VALUE");
+}
+
+// --policies a,b,c: the default list is the policy table's built-in rows.
+void add_policies_option(CLI::App* cmd, std::vector<std::string>& policies) {
+  cmd->add_option("--policies", policies,
+                  fmt::format("Comma-separated policies (default: {})",
+                              fmt::join(remat::builtin_policies(), ",")))
+      ->delimiter(',');
+}
+
+// "h200, h100-80gb, ...": the planner's presets, for --gpu's help.
+std::string gpu_preset_list() {
+  std::vector<std::string> names;
+  for (const remat::GpuPreset& g : remat::gpu_presets()) names.push_back(g.name);
+  return fmt::format("{}", fmt::join(names, ", "));
+}
+
 int run(int argc, char** argv) {
   CLI::App app{
       "remat-train: train long-context Transformers with activation rematerialization "
@@ -105,12 +129,7 @@ int run(int argc, char** argv) {
   remat::cli::TrainOptions train;
   CLI::App* train_cmd =
       app.add_subcommand("train", "Train a model from a TOML config (the default subcommand)");
-  train_cmd->add_option("-c,--config", train.config_path, "TOML config file (see configs/)")
-      ->required();
-  train_cmd
-      ->add_option("--set", train.overrides,
-                   "Override a config key: --set section.key=value (repeatable)")
-      ->type_name("SECTION.KEY=VALUE");
+  add_config_options(train_cmd, train.config_path, train.overrides);
   int64_t train_steps = 0;
   train_cmd->add_option("--steps", train_steps, "Steps to train (the same as --set train.steps=N)")
       ->check(at_least(1));
@@ -133,14 +152,10 @@ int run(int argc, char** argv) {
   std::string plan_memory, plan_seq_len, plan_batch;
   CLI::App* plan_cmd = app.add_subcommand(
       "plan", "Predict peak memory, FLOPs and the longest seq_len per policy (no compute)");
-  plan_cmd->add_option("-c,--config", plan.config_path, "TOML config file")->required();
-  plan_cmd->add_option("--set", plan.overrides, "Override a config key (repeatable)")
-      ->type_name("SECTION.KEY=VALUE");
+  add_config_options(plan_cmd, plan.config_path, plan.overrides);
   auto* mem_opt = plan_cmd->add_option("--memory", plan_memory,
                                        "Memory budget, e.g. 80GiB (default: the config's device)");
-  plan_cmd
-      ->add_option("--gpu", plan.gpu,
-                   "Plan for a GPU preset: h200, h100-80gb, a100-80gb, a100-40gb, l4, rtx4090")
+  plan_cmd->add_option("--gpu", plan.gpu, "Plan for a GPU preset: " + gpu_preset_list())
       ->excludes(mem_opt);
   plan_cmd->add_option("--seq-len", plan_seq_len, "Sequence length to plan for (4k, 32768, ...)");
   plan_cmd->add_option("--batch-size", plan_batch, "Batch size to plan for");
@@ -154,13 +169,8 @@ int run(int argc, char** argv) {
   remat::cli::CompareOptions compare;
   CLI::App* compare_cmd = app.add_subcommand(
       "compare", "Train the same steps under each policy and compare memory, time and results");
-  compare_cmd->add_option("-c,--config", compare.config_path, "TOML config file")->required();
-  compare_cmd->add_option("--set", compare.overrides, "Override a config key (repeatable)")
-      ->type_name("SECTION.KEY=VALUE");
-  compare_cmd
-      ->add_option("--policies", compare.policies,
-                   "Comma-separated policies (default: none,full,save_dots,save_attn)")
-      ->delimiter(',');
+  add_config_options(compare_cmd, compare.config_path, compare.overrides);
+  add_policies_option(compare_cmd, compare.policies);
   compare_cmd
       ->add_option("--steps", compare.steps, "Steps per policy (default: the config's train.steps)")
       ->check(at_least(1));
@@ -170,20 +180,13 @@ int run(int argc, char** argv) {
   std::string fit_memory, fit_batch;
   CLI::App* fit_cmd = app.add_subcommand(
       "fit", "The longest seq_len that fits, per policy, and the fastest policy at yours");
-  fit_cmd->add_option("-c,--config", fit.config_path, "TOML config file")->required();
-  fit_cmd->add_option("--set", fit.overrides, "Override a config key (repeatable)")
-      ->type_name("SECTION.KEY=VALUE");
+  add_config_options(fit_cmd, fit.config_path, fit.overrides);
   auto* fit_mem_opt = fit_cmd->add_option(
       "--memory", fit_memory, "Memory budget, e.g. 80GiB (default: the config's device)");
   auto* fit_gpu_opt =
-      fit_cmd
-          ->add_option("--gpu", fit.gpu,
-                       "Fit a GPU preset: h200, h100-80gb, a100-80gb, a100-40gb, l4, rtx4090")
+      fit_cmd->add_option("--gpu", fit.gpu, "Fit a GPU preset: " + gpu_preset_list())
           ->excludes(fit_mem_opt);
-  fit_cmd
-      ->add_option("--policies", fit.policies,
-                   "Comma-separated policies (default: none,full,save_dots,save_attn)")
-      ->delimiter(',');
+  add_policies_option(fit_cmd, fit.policies);
   fit_cmd->add_option("--batch-size", fit_batch, "Batch size to fit for");
   fit_cmd
       ->add_flag(
@@ -196,18 +199,13 @@ int run(int argc, char** argv) {
   CLI::App* sweep_cmd = app.add_subcommand(
       "sweep",
       "Train a few steps at every (seq_len, policy) point; write sweep.csv and sweep.json");
-  sweep_cmd->add_option("-c,--config", sweep.config_path, "TOML config file")->required();
-  sweep_cmd->add_option("--set", sweep.overrides, "Override a config key (repeatable)")
-      ->type_name("SECTION.KEY=VALUE");
+  add_config_options(sweep_cmd, sweep.config_path, sweep.overrides);
   sweep_cmd
       ->add_option(
           "--seq-lens", sweep.seq_lens,
           "1k,2k,4k, or 1k..64k: doubling from 1k, always ending at 64k (100..300 = 100,200,300)")
       ->required();
-  sweep_cmd
-      ->add_option("--policies", sweep.policies,
-                   "Comma-separated policies (default: none,full,save_dots,save_attn)")
-      ->delimiter(',');
+  add_policies_option(sweep_cmd, sweep.policies);
   sweep_cmd->add_option("--steps", sweep.steps, "Steps per point (default 3)")->check(at_least(1));
   sweep_cmd->add_option("--out", sweep.out_dir, "Output folder (default: out/sweep-<config name>)");
   sweep_cmd->add_flag("--json", sweep.json, "Machine-readable output (the sweep.json document)");
@@ -215,9 +213,7 @@ int run(int argc, char** argv) {
   remat::cli::BenchOptions bench;
   CLI::App* bench_cmd = app.add_subcommand(
       "bench", "Time a training step against this machine's SGEMM rate, by op family (a report)");
-  bench_cmd->add_option("-c,--config", bench.config_path, "TOML config file")->required();
-  bench_cmd->add_option("--set", bench.overrides, "Override a config key (repeatable)")
-      ->type_name("SECTION.KEY=VALUE");
+  add_config_options(bench_cmd, bench.config_path, bench.overrides);
   bench_cmd->add_option("--steps", bench.steps, "Timed steps after one warm-up (default 3)")
       ->check(at_least(1));
 
