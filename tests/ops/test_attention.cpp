@@ -110,31 +110,65 @@ AttentionRef attention_reference(const std::vector<double>& qkv, const std::vect
 
 namespace {
 
+/// One attention call's tensors on `be`: q, k, v and dout drawn from streams `stream` and
+/// `stream + 1`, the outputs allocated; forward() and backward() run the op on them.
+struct AttentionCall {
+  Backend& be;
+  int64_t B, NH, T, HS, C;
+  float theta;
+  Buffer qkv, dout, out, lse, dqkv;
+
+  AttentionCall(Backend& backend, int64_t b, int64_t nh, int64_t t, int64_t hs, float rope_theta,
+                uint64_t stream)
+      : be(backend),
+        B(b),
+        NH(nh),
+        T(t),
+        HS(hs),
+        C(nh * hs),
+        theta(rope_theta),
+        qkv(make_randn(be, {B, T, 3 * C}, kSeed, stream)),
+        dout(make_randn(be, {B, T, C}, kSeed, stream + 1)),
+        out(make_tensor(be, {B, T, C})),
+        lse(make_tensor(be, {B, NH, T})),
+        dqkv(make_filled(be, {B, T, 3 * C}, 7.0f)) {}  // [=]: the 7s must disappear
+
+  void forward() {
+    be.attention_forward(
+        {.out = out, .lse = lse, .qkv = qkv, .n_head = static_cast<int>(NH), .rope_theta = theta});
+  }
+  void backward() {
+    be.attention_backward({.dqkv = dqkv,
+                           .dout = dout,
+                           .qkv = qkv,
+                           .out = out,
+                           .lse = lse,
+                           .n_head = static_cast<int>(NH),
+                           .rope_theta = theta});
+  }
+  /// Host copies of out, lse and dqkv.
+  std::vector<std::vector<float>> results() const {
+    return {to_host(out), to_host(lse), to_host(dqkv)};
+  }
+};
+
 // Runs attention forward and backward on random q, k, v, dout and compares outputs, log-sum-exp
 // and dq, dk, dv with the double reference.
 void check_attention_against_reference(int64_t B, int64_t NH, int64_t T, int64_t HS, float theta) {
   CAPTURE(B, NH, T, HS, theta);
   CpuBackend be(kTestBudgetBytes, kTestThreads);
-  const int64_t C = NH * HS;
-  Buffer qkv = make_randn(be, {B, T, 3 * C}, kSeed, 51);
+  AttentionCall a(be, B, NH, T, HS, theta, 51);
+  const int64_t C = a.C;
   // Queries 1.5x wider than keys: peakier softmax rows, so the online max rescale matters.
   for (int64_t i = 0; i < B * T; ++i)
-    for (int64_t c = 0; c < C; ++c) qkv.f32()[i * 3 * C + c] *= 1.5f;
-  Buffer dout = make_randn(be, {B, T, C}, kSeed, 52);
-  Buffer out = make_tensor(be, {B, T, C});
-  Buffer lse = make_tensor(be, {B, NH, T});
-  Buffer dqkv = make_filled(be, {B, T, 3 * C}, 7.0f);  // [=]: the 7s must disappear
-  const int n_head = static_cast<int>(NH);
-  be.attention_forward({.out = out, .lse = lse, .qkv = qkv, .n_head = n_head, .rope_theta = theta});
-  be.attention_backward({.dqkv = dqkv,
-                         .dout = dout,
-                         .qkv = qkv,
-                         .out = out,
-                         .lse = lse,
-                         .n_head = n_head,
-                         .rope_theta = theta});
-  const AttentionRef ref =
-      attention_reference(to_double(qkv), to_double(dout), B, T, C, NH, static_cast<double>(theta));
+    for (int64_t c = 0; c < C; ++c) a.qkv.f32()[i * 3 * C + c] *= 1.5f;
+  a.forward();
+  a.backward();
+  const Buffer& out = a.out;
+  const Buffer& lse = a.lse;
+  const Buffer& dqkv = a.dqkv;
+  const AttentionRef ref = attention_reference(to_double(a.qkv), to_double(a.dout), B, T, C, NH,
+                                               static_cast<double>(theta));
   CHECK(allclose(to_host(out), ref.out, kTolAttention, "out"));
   CHECK(allclose(to_host(lse), ref.lse, kTolAttention, "lse"));
   // dq, dk, dv separately: each has its own scale and a bug usually hits only one of them.
@@ -177,77 +211,42 @@ TEST_CASE("attention backward with and without rope matches central differences"
   CAPTURE(theta);
   CpuBackend be(kTestBudgetBytes, kFdThreads);
   // T = 70 crosses a 64-row tile; HS = 8 gives rotary frequencies 1, 0.1, 0.01, 0.001.
-  const int64_t B = 1, NH = 2, T = 70, HS = 8, C = NH * HS;
-  Buffer qkv = make_randn(be, {B, T, 3 * C}, kSeed, 61);
-  Buffer r = make_randn(be, {B, T, C}, kSeed, 62);
-  Buffer out = make_tensor(be, {B, T, C});
-  Buffer lse = make_tensor(be, {B, NH, T});
+  const int64_t B = 1, NH = 2, T = 70, HS = 8;
+  AttentionCall a(be, B, NH, T, HS, theta, 61);
   auto loss = [&] {
-    be.attention_forward({.out = out, .lse = lse, .qkv = qkv, .n_head = 2, .rope_theta = theta});
-    return weighted_sum(out, r);
+    a.forward();
+    return weighted_sum(a.out, a.dout);
   };
   loss();
-  Buffer dqkv = make_tensor(be, {B, T, 3 * C});
-  be.attention_backward({.dqkv = dqkv,
-                         .dout = r,
-                         .qkv = qkv,
-                         .out = out,
-                         .lse = lse,
-                         .n_head = 2,
-                         .rope_theta = theta});
-  CHECK(allclose(to_host(dqkv), central_differences(qkv.f32(), B * T * 3 * C, kFdEps, loss),
+  a.backward();
+  CHECK(allclose(to_host(a.dqkv), central_differences(a.qkv.f32(), B * T * 3 * a.C, kFdEps, loss),
                  kTolGradcheck, "dqkv"));
 }
 
 TEST_CASE("attention forward and backward are bitwise deterministic", "[ops]") {
   const float theta = GENERATE(0.0f, 10000.0f);
   CAPTURE(theta);
-  const int64_t B = 2, NH = 3, T = 129, HS = 64, C = NH * HS;
+  const int64_t B = 2, NH = 3, T = 129, HS = 64;
   // Two runs on one backend, then a run on a one-thread backend: the same bits every time
   // (remat equivalence relies on recomputed tensors being bitwise equal).
-  std::vector<float> out_1t, lse_1t, dqkv_1t;
+  std::vector<std::vector<float>> one_thread;
   {
     CpuBackend be1(kTestBudgetBytes, 1);
-    Buffer qkv = make_randn(be1, {B, T, 3 * C}, kSeed, 71);
-    Buffer dout = make_randn(be1, {B, T, C}, kSeed, 72);
-    Buffer out = make_tensor(be1, {B, T, C});
-    Buffer lse = make_tensor(be1, {B, NH, T});
-    Buffer dqkv = make_tensor(be1, {B, T, 3 * C});
-    be1.attention_forward({.out = out, .lse = lse, .qkv = qkv, .n_head = 3, .rope_theta = theta});
-    be1.attention_backward({.dqkv = dqkv,
-                            .dout = dout,
-                            .qkv = qkv,
-                            .out = out,
-                            .lse = lse,
-                            .n_head = 3,
-                            .rope_theta = theta});
-    out_1t = to_host(out);
-    lse_1t = to_host(lse);
-    dqkv_1t = to_host(dqkv);
+    AttentionCall a(be1, B, NH, T, HS, theta, 71);
+    a.forward();
+    a.backward();
+    one_thread = a.results();
   }
   CpuBackend be(kTestBudgetBytes, kTestThreads);  // restores the tests' thread count
-  Buffer qkv = make_randn(be, {B, T, 3 * C}, kSeed, 71);
-  Buffer dout = make_randn(be, {B, T, C}, kSeed, 72);
-  Buffer out[2] = {make_tensor(be, {B, T, C}), make_tensor(be, {B, T, C})};
-  Buffer lse[2] = {make_tensor(be, {B, NH, T}), make_tensor(be, {B, NH, T})};
-  Buffer dqkv[2] = {make_tensor(be, {B, T, 3 * C}), make_tensor(be, {B, T, 3 * C})};
-  for (int run = 0; run < 2; ++run) {
-    be.attention_forward(
-        {.out = out[run], .lse = lse[run], .qkv = qkv, .n_head = 3, .rope_theta = theta});
-    be.attention_backward({.dqkv = dqkv[run],
-                           .dout = dout,
-                           .qkv = qkv,
-                           .out = out[0],
-                           .lse = lse[0],
-                           .n_head = 3,
-                           .rope_theta = theta});
+  AttentionCall a(be, B, NH, T, HS, theta, 71);
+  std::vector<std::vector<float>> runs[2];
+  for (auto& run : runs) {
+    a.forward();
+    a.backward();
+    run = a.results();
   }
-  CHECK(same_bits(out[0], out[1]));
-  CHECK(same_bits(lse[0], lse[1]));
-  CHECK(same_bits(dqkv[0], dqkv[1]));
-  CHECK(std::memcmp(out_1t.data(), out[0].f32(), out[0].tensor().bytes()) == 0);
-  CHECK(std::memcmp(lse_1t.data(), lse[0].f32(), lse[0].tensor().bytes()) == 0);
-  CHECK(std::memcmp(dqkv_1t.data(), dqkv[0].f32(), dqkv[0].tensor().bytes()) == 0);
+  CHECK(bitwise_equal(runs[0], runs[1]));
+  CHECK(bitwise_equal(runs[0], one_thread));
 }
 
 TEST_CASE("attention stays in its workspace after another backend raised the OpenMP thread count",
@@ -258,18 +257,14 @@ TEST_CASE("attention stays in its workspace after another backend raised the Ope
   // may corrupt the heap silently.)
   CpuBackend one(kTestBudgetBytes, 1);
   { CpuBackend two(kTestBudgetBytes, 2); }
-  const int64_t B = 2, NH = 2, T = 129, HS = 64, C = NH * HS;
-  Buffer qkv = make_randn(one, {B, T, 3 * C}, kSeed, 75);
-  Buffer dout = make_randn(one, {B, T, C}, kSeed, 76);
-  Buffer out = make_tensor(one, {B, T, C});
-  Buffer lse = make_tensor(one, {B, NH, T});
-  Buffer dqkv = make_tensor(one, {B, T, 3 * C});
-  one.attention_forward({.out = out, .lse = lse, .qkv = qkv, .n_head = 2});
-  one.attention_backward(
-      {.dqkv = dqkv, .dout = dout, .qkv = qkv, .out = out, .lse = lse, .n_head = 2});
-  const AttentionRef ref = attention_reference(to_double(qkv), to_double(dout), B, T, C, NH, 0.0);
-  CHECK(allclose(to_host(out), ref.out, kTolAttention, "out"));
-  CHECK(allclose(to_host(dqkv), ref.dqkv, kTolAttention, "dqkv"));
+  const int64_t B = 2, NH = 2, T = 129, HS = 64;
+  AttentionCall a(one, B, NH, T, HS, 0.0f, 75);
+  a.forward();
+  a.backward();
+  const AttentionRef ref =
+      attention_reference(to_double(a.qkv), to_double(a.dout), B, T, a.C, NH, 0.0);
+  CHECK(allclose(to_host(a.out), ref.out, kTolAttention, "out"));
+  CHECK(allclose(to_host(a.dqkv), ref.dqkv, kTolAttention, "dqkv"));
 }
 
 TEST_CASE("attention workspace measured by the pool is the stated formula and has no T^2 term",
@@ -277,34 +272,24 @@ TEST_CASE("attention workspace measured by the pool is the stated formula and ha
   const bool use_rope = GENERATE(false, true);
   CAPTURE(use_rope);
   CpuBackend be(kTestBudgetBytes, kTestThreads);
-  const int64_t B = 1, NH = 1, HS = 64, C = NH * HS;
+  const int64_t B = 1, NH = 1, HS = 64;
   const float theta = use_rope ? 10000.0f : 0.0f;
   for (const int64_t T : {int64_t{64}, int64_t{2048}}) {
     CAPTURE(T);
-    Buffer qkv = make_randn(be, {B, T, 3 * C}, kSeed, 81);
-    Buffer dout = make_randn(be, {B, T, C}, kSeed, 82);
-    Buffer out = make_tensor(be, {B, T, C});
-    Buffer lse = make_tensor(be, {B, NH, T});
-    Buffer dqkv = make_tensor(be, {B, T, 3 * C});
+    AttentionCall a(be, B, NH, T, HS, theta, 81);
     const uint64_t want = MemoryPool::accounted_bytes(
         static_cast<size_t>(4 * cpu::attention_workspace_floats(T, HS, be.threads(), use_rope)));
     const uint64_t live = be.pool().live_bytes();
     const size_t ws = static_cast<size_t>(MemCategory::Workspace);
 
     be.pool().reset_peak();
-    be.attention_forward({.out = out, .lse = lse, .qkv = qkv, .n_head = 1, .rope_theta = theta});
+    a.forward();
     CHECK(be.pool().peak_bytes() - live == want);
     CHECK(be.pool().peak_snapshot().by_category[ws] == want);
     CHECK(be.pool().live_bytes() == live);  // the workspace is returned
 
     be.pool().reset_peak();
-    be.attention_backward({.dqkv = dqkv,
-                           .dout = dout,
-                           .qkv = qkv,
-                           .out = out,
-                           .lse = lse,
-                           .n_head = 1,
-                           .rope_theta = theta});
+    a.backward();
     CHECK(be.pool().peak_bytes() - live == want);
     CHECK(be.pool().live_bytes() == live);
   }
