@@ -314,23 +314,24 @@ static void prefer_passive_openmp_wait(char** argv) {
   execv("/proc/self/exe", argv);  // returns only on failure: then run with the default policy
 }
 
+// What each kind of error exits with (README, "Exit codes"): bad input the user can fix is a
+// usage error, a run that does not fit is out of memory, anything else a runtime failure.
+static int exit_code_of(const remat::Error& e) {
+  if (dynamic_cast<const remat::OutOfMemory*>(&e)) return kExitOutOfMemory;
+  if (dynamic_cast<const remat::ConfigError*>(&e) || dynamic_cast<const remat::DataError*>(&e) ||
+      dynamic_cast<const remat::CheckpointError*>(&e))
+    return kExitUsage;
+  return kExitRuntime;
+}
+
 int main(int argc, char** argv) {
   prefer_passive_openmp_wait(argv);
   remat::cpu::select_blas_kernel();  // before any BLAS call (engine/cpu/blas_kernel.h says why)
   try {
     return run(argc, argv);
-  } catch (const remat::ConfigError& e) {
+  } catch (const remat::Error& e) {
     fmt::print(stderr, "error: {}\n", e.what());
-    return kExitUsage;
-  } catch (const remat::DataError& e) {
-    fmt::print(stderr, "error: {}\n", e.what());
-    return kExitUsage;
-  } catch (const remat::CheckpointError& e) {
-    fmt::print(stderr, "error: {}\n", e.what());
-    return kExitUsage;
-  } catch (const remat::OutOfMemory& e) {
-    fmt::print(stderr, "error: {}\n", e.what());
-    return kExitOutOfMemory;
+    return exit_code_of(e);
   } catch (const std::bad_alloc&) {
     // The pool checks every device allocation against the budget; what is left is host memory
     // (a buffer beside the pool), which is out of memory all the same.
@@ -339,9 +340,6 @@ int main(int argc, char** argv) {
                "machine's RAM. Fix: `remat-train plan` shows the peak; choose a smaller model, "
                "train.batch_size or train.seq_len\n");
     return kExitOutOfMemory;
-  } catch (const remat::Error& e) {
-    fmt::print(stderr, "error: {}\n", e.what());
-    return kExitRuntime;
   } catch (const std::exception& e) {
     fmt::print(stderr,
                "error: [internal] unexpected failure ({}). This is a bug: please report it\n",
