@@ -15,16 +15,53 @@ struct LayerNormShape {
 const std::vector<LayerNormShape> kLayerNormShapes = {
     {7, 13}, {5, 37}, {64, 200}, {41, 77}, {5000, 77}};
 
+namespace {
+
+/// One LayerNorm's tensors on `be`: inputs ~ N(0.3, 1.5^2), weight ~ N(1, 1), bias and dout
+/// ~ N(0, 1) from streams `stream` .. `stream + 3`; the gradients prefilled with `grad_prefill`
+/// (backward adds into all three).
+struct LayerNormCall {
+  Backend& be;
+  int64_t N, C;
+  Buffer inp, weight, bias, dout, out, stats, dinp, dweight, dbias;
+
+  LayerNormCall(Backend& backend, int64_t n, int64_t c, uint64_t stream, float grad_prefill)
+      : be(backend),
+        N(n),
+        C(c),
+        inp(make_randn(be, {N, C}, kSeed, stream, 1.5, 0.3)),
+        weight(make_randn(be, {C}, kSeed, stream + 1, 1.0, 1.0)),
+        bias(make_randn(be, {C}, kSeed, stream + 2)),
+        dout(make_randn(be, {N, C}, kSeed, stream + 3)),
+        out(make_tensor(be, {N, C})),
+        stats(make_tensor(be, {N, 2})),
+        dinp(make_filled(be, {N, C}, grad_prefill)),
+        dweight(make_filled(be, {C}, grad_prefill)),
+        dbias(make_filled(be, {C}, grad_prefill)) {}
+
+  void forward() {
+    be.layernorm_forward({.out = out, .stats = stats, .inp = inp, .weight = weight, .bias = bias});
+  }
+  void backward() {
+    be.layernorm_backward({.dinp = dinp,
+                           .dweight = dweight,
+                           .dbias = dbias,
+                           .dout = dout,
+                           .inp = inp,
+                           .weight = weight,
+                           .stats = stats});
+  }
+};
+
+}  // namespace
+
 TEST_CASE("layernorm forward matches a double reference", "[ops]") {
   CpuBackend be(kTestBudgetBytes, kTestThreads);
   const auto [N, C] = GENERATE(from_range(kLayerNormShapes));
   CAPTURE(N, C);
-  Buffer inp = make_randn(be, {N, C}, kSeed, 21, 1.5, 0.3);
-  Buffer weight = make_randn(be, {C}, kSeed, 22, 1.0, 1.0);
-  Buffer bias = make_randn(be, {C}, kSeed, 23);
-  Buffer out = make_tensor(be, {N, C});
-  Buffer stats = make_tensor(be, {N, 2});
-  be.layernorm_forward({.out = out, .stats = stats, .inp = inp, .weight = weight, .bias = bias});
+  LayerNormCall ln(be, N, C, 21, 0.0f);
+  ln.forward();
+  const Buffer &inp = ln.inp, &weight = ln.weight, &bias = ln.bias;
   std::vector<double> want(static_cast<size_t>(N * C)), want_stats(static_cast<size_t>(N * 2));
   for (int64_t n = 0; n < N; ++n) {
     const float* x = inp.f32() + n * C;
@@ -38,41 +75,27 @@ TEST_CASE("layernorm forward matches a double reference", "[ops]") {
     for (int64_t c = 0; c < C; ++c)
       want[static_cast<size_t>(n * C + c)] = (x[c] - mean) * rstd * weight.f32()[c] + bias.f32()[c];
   }
-  CHECK(allclose(to_host(out), want, kTolReduction, "out"));
-  CHECK(allclose(to_host(stats), want_stats, kTolReduction, "stats (mean, rstd)"));
+  CHECK(allclose(to_host(ln.out), want, kTolReduction, "out"));
+  CHECK(allclose(to_host(ln.stats), want_stats, kTolReduction, "stats (mean, rstd)"));
 }
 
 TEST_CASE("layernorm backward matches central differences and adds into dinp", "[ops]") {
   CpuBackend be(kTestBudgetBytes, kFdThreads);
   const int64_t N = 5, C = 37;  // C > 32: two channel slices in the parameter-gradient pass
-  Buffer inp = make_randn(be, {N, C}, kSeed, 31, 1.5, 0.3);
-  Buffer weight = make_randn(be, {C}, kSeed, 32, 1.0, 1.0);
-  Buffer bias = make_randn(be, {C}, kSeed, 33);
-  Buffer r = make_randn(be, {N, C}, kSeed, 34);
-  Buffer out = make_tensor(be, {N, C});
-  Buffer stats = make_tensor(be, {N, 2});
+  LayerNormCall ln(be, N, C, 31, 0.5f);  // [+=]: dinp is the residual stream, the 0.5 must stay
   auto loss = [&] {
-    be.layernorm_forward({.out = out, .stats = stats, .inp = inp, .weight = weight, .bias = bias});
-    return weighted_sum(out, r);
+    ln.forward();
+    return weighted_sum(ln.out, ln.dout);
   };
-  loss();                                       // stats of the unperturbed input
-  Buffer dinp = make_filled(be, {N, C}, 0.5f);  // [+=] residual stream: the 0.5 must stay
-  Buffer dweight = make_randn(be, {C}, kSeed, 35);
-  Buffer dbias = make_randn(be, {C}, kSeed, 36);
-  const std::vector<double> dinp0 = to_double(dinp), dweight0 = to_double(dweight),
-                            dbias0 = to_double(dbias);
-  be.layernorm_backward({.dinp = dinp,
-                         .dweight = dweight,
-                         .dbias = dbias,
-                         .dout = r,
-                         .inp = inp,
-                         .weight = weight,
-                         .stats = stats});
-  CHECK(allclose(minus(dinp, dinp0), central_differences(inp.f32(), N * C, kFdEps, loss),
+  loss();  // stats of the unperturbed input
+  const std::vector<double> dinp0 = to_double(ln.dinp), dweight0 = to_double(ln.dweight),
+                            dbias0 = to_double(ln.dbias);
+  ln.backward();
+  CHECK(allclose(minus(ln.dinp, dinp0), central_differences(ln.inp.f32(), N * C, kFdEps, loss),
                  kTolGradcheck, "dinp added"));
-  CHECK(allclose(minus(dweight, dweight0), central_differences(weight.f32(), C, kFdEps, loss),
+  CHECK(allclose(minus(ln.dweight, dweight0), central_differences(ln.weight.f32(), C, kFdEps, loss),
                  kTolGradcheck, "dweight added"));
-  CHECK(allclose(minus(dbias, dbias0), central_differences(bias.f32(), C, kFdEps, loss),
+  CHECK(allclose(minus(ln.dbias, dbias0), central_differences(ln.bias.f32(), C, kFdEps, loss),
                  kTolGradcheck, "dbias added"));
 }
 
@@ -80,23 +103,10 @@ TEST_CASE("layernorm backward matches a double reference on many rows and channe
           "[ops]") {
   CpuBackend be(kTestBudgetBytes, kTestThreads);
   const int64_t N = 64, C = 200;
-  Buffer inp = make_randn(be, {N, C}, kSeed, 41, 1.5, 0.3);
-  Buffer weight = make_randn(be, {C}, kSeed, 42, 1.0, 1.0);
-  Buffer bias = make_randn(be, {C}, kSeed, 43);
-  Buffer dout = make_randn(be, {N, C}, kSeed, 44);
-  Buffer out = make_tensor(be, {N, C});
-  Buffer stats = make_tensor(be, {N, 2});
-  be.layernorm_forward({.out = out, .stats = stats, .inp = inp, .weight = weight, .bias = bias});
-  Buffer dinp = make_filled(be, {N, C}, 0.0f);
-  Buffer dweight = make_filled(be, {C}, 0.0f);
-  Buffer dbias = make_filled(be, {C}, 0.0f);
-  be.layernorm_backward({.dinp = dinp,
-                         .dweight = dweight,
-                         .dbias = dbias,
-                         .dout = dout,
-                         .inp = inp,
-                         .weight = weight,
-                         .stats = stats});
+  LayerNormCall ln(be, N, C, 41, 0.0f);
+  ln.forward();
+  ln.backward();
+  const Buffer &inp = ln.inp, &weight = ln.weight, &dout = ln.dout;
   std::vector<double> want_dx(static_cast<size_t>(N * C)), want_dw(static_cast<size_t>(C), 0.0),
       want_db(static_cast<size_t>(C), 0.0), xhat(static_cast<size_t>(C));
   for (int64_t n = 0; n < N; ++n) {
@@ -121,9 +131,9 @@ TEST_CASE("layernorm backward matches a double reference on many rows and channe
           rstd * (static_cast<double>(dy[c]) * weight.f32()[c] - g_mean -
                   xhat[static_cast<size_t>(c)] * gx_mean);
   }
-  CHECK(allclose(to_host(dinp), want_dx, kTolReduction, "dinp"));
-  CHECK(allclose(to_host(dweight), want_dw, kTolReduction, "dweight"));
-  CHECK(allclose(to_host(dbias), want_db, kTolReduction, "dbias"));
+  CHECK(allclose(to_host(ln.dinp), want_dx, kTolReduction, "dinp"));
+  CHECK(allclose(to_host(ln.dweight), want_dw, kTolReduction, "dweight"));
+  CHECK(allclose(to_host(ln.dbias), want_db, kTolReduction, "dbias"));
 }
 
 #if REMAT_TEST_CUDA_ROWS

@@ -18,6 +18,19 @@ struct LmHeadCase {
       : inp(make_randn(be, {kLmN, kLmC}, kSeed, 121)),
         weight(make_randn(be, {kLmV, kLmC}, kSeed, 122, 0.3)),
         targets(make_ids(be, {kLmN}, static_cast<int32_t>(kLmV), kSeed, 123)) {}
+
+  /// The op's arguments on this case's inputs, the mean loss's scale and `chunk_rows`.
+  LmHeadLossArgs args(const Tensor& losses, const Tensor& dinp, const Tensor& dweight,
+                      int64_t chunk_rows) const {
+    return {.losses = losses,
+            .dinp = dinp,
+            .dweight = dweight,
+            .inp = inp,
+            .weight = weight,
+            .targets = targets,
+            .loss_scale = 1.0f / kLmN,
+            .chunk_rows = chunk_rows};
+  }
 };
 
 struct LmHeadResult {
@@ -28,14 +41,7 @@ LmHeadResult run_lm_head(Backend& be, const LmHeadCase& c, int64_t chunk_rows) {
   Buffer losses = make_filled(be, {kLmN}, 7.0f);
   Buffer dinp = make_filled(be, {kLmN, kLmC}, 7.0f);
   Buffer dweight = make_randn(be, {kLmV, kLmC}, kSeed, 124);  // [+=]: same prefill every run
-  be.lm_head_loss({.losses = losses,
-                   .dinp = dinp,
-                   .dweight = dweight,
-                   .inp = c.inp,
-                   .weight = c.weight,
-                   .targets = c.targets,
-                   .loss_scale = 1.0f / kLmN,
-                   .chunk_rows = chunk_rows});
+  be.lm_head_loss(c.args(losses, dinp, dweight, chunk_rows));
   return {to_host(losses), to_host(dinp), to_host(dweight)};
 }
 
@@ -110,16 +116,7 @@ TEST_CASE("lm head loss gradients match central differences of the mean cross-en
   Buffer dinp = make_tensor(be, {kLmN, kLmC});
   Buffer dweight = make_filled(be, {kLmV, kLmC}, 0.0f);
   Buffer scratch = make_tensor(be, {kLmV, kLmC});
-  auto args = [&](const Tensor& dw) {
-    return LmHeadLossArgs{.losses = losses,
-                          .dinp = dinp,
-                          .dweight = dw,
-                          .inp = c.inp,
-                          .weight = c.weight,
-                          .targets = c.targets,
-                          .loss_scale = 1.0f / kLmN,
-                          .chunk_rows = 8};
-  };
+  auto args = [&](const Tensor& dw) { return c.args(losses, dinp, dw, 8); };
   be.lm_head_loss(args(dweight));
   const std::vector<float> got_dinp = to_host(dinp);
   auto mean_loss = [&] {
