@@ -88,16 +88,9 @@ ref::Tensors randomize_params(Model& model, int64_t C, int64_t FF, uint64_t seed
 }
 
 Config gpt_config(const std::string& position, const std::string& policy) {
-  return parse_config(test::small_gpt_toml({.n_head = 3,
-                                            .n_embd = 24,
-                                            .vocab_size = 13,
-                                            .n_ctx = 80,
-                                            .d_ff = 40,
-                                            .seq_len = 70,
-                                            .loss_chunk = 37,
-                                            .position = position,
-                                            .policy = policy}),
-                      "reference-gpt");
+  test::SmallGpt g{.n_head = 3, .n_embd = 24, .vocab_size = 13, .n_ctx = 80, .d_ff = 40};
+  g.seq_len = 70, g.loss_chunk = 37, g.position = position, g.policy = policy;
+  return parse_config(test::small_gpt_toml(g), "reference-gpt");
 }
 
 void compare_gpt(const std::string& position, const std::string& policy) {

@@ -6,11 +6,14 @@
 
 namespace remat::test {
 
-/// The shapes every backend runs: tiny, one past the CPU GEMM's tiles, and odd sizes throughout.
+/// The shapes every backend runs: tiny, one past the CPU GEMM's tiles, odd sizes throughout, and
+/// 5000 rows for the CUDA bias gradient's two-pass column reduction (row chunks, then chunk
+/// order; 5000 is not a multiple of the chunk, 29 columns leave a partial 32-column slice).
 struct LinearShape {
   int64_t N, C, OC;
 };
-const std::vector<LinearShape> kLinearShapes = {{7, 13, 5}, {65, 130, 67}, {37, 45, 29}};
+const std::vector<LinearShape> kLinearShapes = {
+    {7, 13, 5}, {65, 130, 67}, {37, 45, 29}, {5000, 77, 29}};
 
 TEST_CASE("linear forward matches a double reference with and without bias and accumulate",
           "[ops]") {
@@ -70,10 +73,10 @@ TEST_CASE("linear backward overwrites dinp and accumulates dweight and dbias", "
         want_dw[static_cast<size_t>(o * C + c)] += g * inp.f32()[n * C + c];
       }
     }
-  CHECK(allclose(minus(dweight, dweight0), want_dw, kTolReduction, "dweight added"));
+  CHECK(allclose(minus(dweight, dweight0), want_dw, kTolLongReduction, "dweight added"));
   if (with_optional) {
     CHECK(allclose(to_host(dinp), want_dinp, kTolReduction, "dinp"));
-    CHECK(allclose(minus(dbias, dbias0), want_db, kTolReduction, "dbias added"));
+    CHECK(allclose(minus(dbias, dbias0), want_db, kTolLongReduction, "dbias added"));
   } else {
     CHECK(allclose(to_host(dbias), dbias0, kTolExact, "dbias untouched"));
   }
@@ -131,30 +134,14 @@ TEST_CASE("linear forward and backward on CUDA match the CPU (bias, accumulate)"
   r.check_same(dx_c, dx_g, out_tol, "dinp (=)");
   r.check_same(dw_c, dw_g, grad_tol, "dweight (+=)");
   r.check_same(db_c, db_g, grad_tol, "dbias (+=)");
+  // The same backward again from the same start: the same bits (fixed reduction order).
+  Buffer dw_again = upload(*r.gpu, {OC, C}, DType::F32, host_randn(OC * C, 6));
+  Buffer db_again = upload(*r.gpu, {OC}, DType::F32, host_randn(OC, 7));
+  r.gpu->linear_backward({Tensor(), dw_again, db_again, dy_g, x_g, w_g});
+  CHECK(fetch(*r.gpu, dw_again) == fetch(*r.gpu, dw_g));
+  CHECK(fetch(*r.gpu, db_again) == fetch(*r.gpu, db_g));
 }
 
-TEST_CASE("linear dbias over many rows on CUDA matches the CPU and repeats bitwise",
-          "[gpu][reductions]") {
-  // Enough rows for the two-pass column reduction (row chunks, then chunk order); 5000 is not a
-  // multiple of the chunk, and 29 columns leave a partial 32-column slice.
-  const DType act = GENERATE(from_range(kCudaActivationTypes));
-  CAPTURE(dtype_name(act));
-  CudaRow r(act);
-  const int64_t N = 5000, C = 77, OC = 29;
-  auto [x_c, x_g] = r.act_pair({N, C}, r.act_values(N * C, 86));
-  auto [w_c, w_g] = r.f32_pair({OC, C}, host_randn(OC * C, 87, 0.2));
-  auto [dy_c, dy_g] = r.act_pair({N, OC}, r.act_values(N * OC, 88));
-  auto [dw_c, dw_g] = r.zeros_f32({OC, C});
-  std::vector<std::vector<float>> dbias_runs;
-  for (int run = 0; run < 2; ++run) {  // from the same start, twice: the same bits
-    auto [db_c, db_g] = r.f32_pair({OC}, host_randn(OC, 89));
-    r.cpu.linear_backward({Tensor(), dw_c, db_c, dy_c, x_c, w_c});
-    r.gpu->linear_backward({Tensor(), dw_g, db_g, dy_g, x_g, w_g});
-    r.check_same(db_c, db_g, r.pick(kCudaF32Gemm, kCudaBf16ParamGrad), "dbias (many rows)");
-    dbias_runs.push_back(fetch(*r.gpu, db_g));
-  }
-  CHECK(dbias_runs[0] == dbias_runs[1]);
-}
 #endif
 
 }  // namespace remat::test
