@@ -423,13 +423,21 @@ void check_sweep_stopped(Child& sweep, pid_t trial, const std::string& folder,
 
 }  // namespace
 
+namespace {
+
+// A sweep of one point whose trial trains until it is stopped.
+std::string endless_sweep_args(const TempDir& dir) {
+  return fmt::format(
+      "sweep --config configs/tiny.toml --seq-lens 64 --policies none --steps 1000000 --out {}",
+      dir.str());
+}
+
+}  // namespace
+
 TEST_CASE("fault 8: SIGTERM to sweep stops its trial, removes its folder, records interrupted",
           "[hardening][smoke]") {
   TempDir dir("hard-sweep");
-  const std::string args = fmt::format(
-      "sweep --config configs/tiny.toml --seq-lens 64 --policies none --steps 1000000 --out {}",
-      dir.str());
-  Child sweep(args, dir / "log");
+  Child sweep(endless_sweep_args(dir), dir / "log");
   const auto [trial, folder] = start_sweep_trial(sweep);
   kill(sweep.pid, SIGTERM);
   check_sweep_stopped(sweep, trial, folder, dir.str(), SIGTERM);
@@ -438,10 +446,7 @@ TEST_CASE("fault 8: SIGTERM to sweep stops its trial, removes its folder, record
 TEST_CASE("fault 8: a second signal to sweep kills its trial at once, and still cleans up",
           "[hardening][smoke]") {
   TempDir dir("hard-sweep2");
-  const std::string args = fmt::format(
-      "sweep --config configs/tiny.toml --seq-lens 64 --policies none --steps 1000000 --out {}",
-      dir.str());
-  Child sweep(args, dir / "log");
+  Child sweep(endless_sweep_args(dir), dir / "log");
   const auto [trial, folder] = start_sweep_trial(sweep);
   kill(trial, SIGSTOP);  // a trial stuck in a long step: only SIGKILL ends it now
   kill(sweep.pid, SIGINT);

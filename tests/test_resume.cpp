@@ -82,6 +82,15 @@ every = 5
                      steps, corpus, ckpt_dir);
 }
 
+// The binary's tests: a corpus in `tmp` and, for each name, `<name>.toml` training `steps` steps
+// on it with checkpoints in `<name>/`.
+void write_runs(const TempDir& tmp, std::initializer_list<const char*> names, int64_t steps) {
+  write_corpus(tmp / "corpus.txt", 20000);
+  for (const char* name : names)
+    std::ofstream(tmp / (std::string(name) + ".toml"))
+        << config_text(tmp / "corpus.txt", tmp / name, steps);
+}
+
 struct Snapshot {
   std::vector<double> losses;
   std::vector<std::vector<float>> tensors;  // value, m, v of every parameter
@@ -222,9 +231,7 @@ TEST_CASE(
     "the binary: --stop-at then --resume latest ends with the weights of an uninterrupted run",
     "[resume][smoke]") {
   TempDir tmp("cli");
-  write_corpus(tmp / "corpus.txt", 20000);
-  std::ofstream(tmp / "a.toml") << config_text(tmp / "corpus.txt", tmp / "a", 20);
-  std::ofstream(tmp / "b.toml") << config_text(tmp / "corpus.txt", tmp / "b", 20);
+  write_runs(tmp, {"a", "b"}, 20);
   auto run = [&](const std::string& args) { return test::run_binary(args, true); };
   REQUIRE(run(fmt::format("train -q --config {}", tmp / "a.toml")).code == 0);
   const auto half = run(
@@ -279,9 +286,7 @@ TEST_CASE(
     "bitwise",
     "[resume][smoke]") {
   TempDir tmp("sigterm");
-  write_corpus(tmp / "corpus.txt", 20000);
-  std::ofstream(tmp / "a.toml") << config_text(tmp / "corpus.txt", tmp / "a", 400);
-  std::ofstream(tmp / "b.toml") << config_text(tmp / "corpus.txt", tmp / "b", 400);
+  write_runs(tmp, {"a", "b"}, 400);
   Child c = spawn_binary({"train", "--config", tmp / "b.toml", "--set", "checkpoint.every=0",
                           "--metrics", tmp / "b.jsonl"},
                          tmp / "b.log");
@@ -316,8 +321,7 @@ TEST_CASE(
     "the binary: SIGKILL at random moments while checkpoints are written never leaves a bad one",
     "[resume][smoke]") {
   TempDir tmp("sigkill");
-  write_corpus(tmp / "corpus.txt", 20000);
-  std::ofstream(tmp / "c.toml") << config_text(tmp / "corpus.txt", tmp / "c", 100000);
+  write_runs(tmp, {"c"}, 100000);
   const std::vector<std::string> every_step = {"--set", "checkpoint.every=1",
                                                "--set", "checkpoint.keep_last=2",
                                                "--set", "train.eval_every=0"};
