@@ -12,24 +12,28 @@ void CudaBackend::add_impl(const Tensor& out, const Tensor& a, const Tensor& b) 
   finish_op();
 }
 
+namespace {
+
+// The launchers' view of an activation op: `out` is the forward output or the backward's dinp.
+kern::ActivationParams activation_params(const Tensor& out, const Tensor& dout, const Tensor& inp,
+                                         Activation kind) {
+  return {.out = out.data,
+          .dout = dout.empty() ? nullptr : dout.data,
+          .inp = inp.data,
+          .n = inp.numel(),
+          .gelu = kind == Activation::Gelu,
+          .bf16 = is_bf16(inp)};
+}
+
+}  // namespace
+
 void CudaBackend::activation_forward_impl(const ActivationForwardArgs& a) {
-  kern::activation_forward({.out = a.out.data,
-                            .inp = a.inp.data,
-                            .n = a.inp.numel(),
-                            .gelu = a.kind == Activation::Gelu,
-                            .bf16 = is_bf16(a.inp)},
-                           stream());
+  kern::activation_forward(activation_params(a.out, Tensor(), a.inp, a.kind), stream());
   finish_op();
 }
 
 void CudaBackend::activation_backward_impl(const ActivationBackwardArgs& a) {
-  kern::activation_backward({.dinp = a.dinp.data,
-                             .dout = a.dout.data,
-                             .inp = a.inp.data,
-                             .n = a.inp.numel(),
-                             .gelu = a.kind == Activation::Gelu,
-                             .bf16 = is_bf16(a.inp)},
-                            stream());
+  kern::activation_backward(activation_params(a.dinp, a.dout, a.inp, a.kind), stream());
   finish_op();
 }
 

@@ -359,7 +359,7 @@ void dropout(const DropoutParams& p, cudaStream_t s) {
   });
 }
 
-void activation_forward(const ActivationForwardParams& p, cudaStream_t s) {
+void activation_forward(const ActivationParams& p, cudaStream_t s) {
   dispatch_act(p.bf16, [&](auto tag) {
     using T = decltype(tag);
     activation_forward_kernel<T><<<grid_for(p.n), kThreads, 0, s>>>(
@@ -367,11 +367,11 @@ void activation_forward(const ActivationForwardParams& p, cudaStream_t s) {
   });
 }
 
-void activation_backward(const ActivationBackwardParams& p, cudaStream_t s) {
+void activation_backward(const ActivationParams& p, cudaStream_t s) {
   dispatch_act(p.bf16, [&](auto tag) {
     using T = decltype(tag);
     activation_backward_kernel<T>
-        <<<grid_for(p.n), kThreads, 0, s>>>(static_cast<T*>(p.dinp), static_cast<const T*>(p.dout),
+        <<<grid_for(p.n), kThreads, 0, s>>>(static_cast<T*>(p.out), static_cast<const T*>(p.dout),
                                             static_cast<const T*>(p.inp), p.n, p.gelu);
   });
 }

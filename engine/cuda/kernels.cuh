@@ -46,25 +46,18 @@ struct DropoutParams {
   bool bf16;
 };
 void dropout(const DropoutParams& p, cudaStream_t s);
-/// GELU (tanh approximation) or ReLU: ActivationForwardArgs as raw pointers.
-struct ActivationForwardParams {
+/// GELU (tanh approximation) or ReLU, as raw pointers: forward, out = act(inp) (dout unused);
+/// backward, out = dout * act'(inp), where out (dinp) may alias dout.
+struct ActivationParams {
   void* out;
-  const void* inp;
-  int64_t n;
-  bool gelu;
-  bool bf16;
-};
-void activation_forward(const ActivationForwardParams& p, cudaStream_t s);
-/// dinp = dout * act'(inp); dinp may alias dout. ActivationBackwardArgs as raw pointers.
-struct ActivationBackwardParams {
-  void* dinp;
   const void* dout;
   const void* inp;
   int64_t n;
   bool gelu;
   bool bf16;
 };
-void activation_backward(const ActivationBackwardParams& p, cudaStream_t s);
+void activation_forward(const ActivationParams& p, cudaStream_t s);
+void activation_backward(const ActivationParams& p, cudaStream_t s);
 /// out (rows, cols) {=, +=} bias (cols) broadcast over rows.
 void bias_rows(void* out, const float* bias, int64_t rows, int64_t cols, bool overwrite, bool bf16,
                cudaStream_t s);
