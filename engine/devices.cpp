@@ -8,6 +8,10 @@
 
 namespace remat {
 
+int host_default_threads() {
+  return cpu::default_threads();
+}
+
 uint64_t host_memory_bytes() {
   const long pages = sysconf(_SC_PHYS_PAGES);
   const long page = sysconf(_SC_PAGE_SIZE);

@@ -19,5 +19,7 @@ struct BackendChoice {
 BackendChoice make_backend(const Config& cfg);
 /// Physical memory of this machine (the CPU backend's default budget).
 uint64_t host_memory_bytes();
+/// Threads the CPU backend uses when device.threads = 0 (all cores).
+int host_default_threads();
 
 }  // namespace remat

@@ -10,7 +10,6 @@
 
 #include "engine/budget_search.h"
 #include "engine/checkpoint.h"
-#include "engine/cpu/cpu_backend.h"
 #include "engine/devices.h"
 #include "engine/error.h"
 #include "engine/units.h"
@@ -71,7 +70,7 @@ PlanTarget plan_target(const Config& cfg, const std::string& gpu, std::optional<
   } else {
     t.name = "cpu";
     int threads = static_cast<int>(cfg.device.threads);
-    if (threads <= 0) threads = cpu::default_threads();
+    if (threads <= 0) threads = host_default_threads();
     t.count = CountTarget{DeviceKind::Cpu, DType::F32, threads};
     t.device_bytes = cfg.device.memory_bytes ? cfg.device.memory_bytes : host_memory_bytes();
     t.reserve_note = "none: every byte of a CPU run goes through the pool";
