@@ -15,7 +15,7 @@ struct EmbeddingShape {
 };
 const std::vector<EmbeddingShape> kEmbeddingShapes = {{3, 5, 5, 37, 8, 4}, {3, 13, 57, 40, 16, 11}};
 
-TEST_CASE("embedding forward gathers token and position rows; backward scatter-adds repeats",
+TEST_CASE("embedding forward gathers token and position rows, backward scatter-adds repeats",
           "[ops]") {
   CpuBackend be(kTestBudgetBytes, kTestThreads);
   const auto [B, T, V, C, maxT, n_id] = GENERATE(from_range(kEmbeddingShapes));
