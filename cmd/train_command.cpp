@@ -15,6 +15,7 @@
 #include "cmd/report.h"
 #include "data/dataset.h"
 #include "engine/checkpoint.h"
+#include "engine/cpu/attention_gemm.h"
 #include "engine/cpu/cpu_backend.h"
 #include "engine/cuda_api.h"
 #include "engine/devices.h"
@@ -312,10 +313,11 @@ std::string openmp_wait_text() {
 std::string version_text() {
   const cpu::BlasInfo blas = cpu::blas_info();
   return fmt::format(
-      "remat-train {}\nbackends: cpu{}\nBLAS: {}, CPU kernel {} (chosen by {}){}\nOpenMP: {}\n"
-      "CUDA: {}\n",
+      "remat-train {}\nbackends: cpu{}\nBLAS: {}, CPU kernel {} (chosen by {}){}\n"
+      "CPU attention: flash tiles on {} (cpuid)\nOpenMP: {}\nCUDA: {}\n",
       REMAT_VERSION, cuda::is_built() ? ", cuda" : "", blas.library, blas.core, blas.chosen_by,
-      blas.warning.empty() ? "" : "\nwarning: " + blas.warning, openmp_wait_text(),
+      blas.warning.empty() ? "" : "\nwarning: " + blas.warning,
+      cpu::attention_isa() == cpu::AttentionIsa::Avx512 ? "AVX-512" : "AVX2", openmp_wait_text(),
       cuda::version_string());
 }
 

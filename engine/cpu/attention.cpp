@@ -26,14 +26,34 @@
 #endif
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <limits>
 #include <numbers>
 
+#include "engine/cpu/attention_gemm.h"
 #include "engine/cpu/cpu_backend.h"
 #include "engine/cpu/vector_math.h"
 
 namespace remat::cpu {
+
+namespace {
+std::atomic<int> g_forced_isa{-1};  // force_attention_isa's choice; -1: none
+}  // namespace
+
+AttentionIsa attention_isa() {
+  static const bool has_avx512 = __builtin_cpu_supports("avx512f");
+  const int forced = g_forced_isa.load(std::memory_order_relaxed);
+  if (forced >= 0) return static_cast<AttentionIsa>(forced);
+  return has_avx512 ? AttentionIsa::Avx512 : AttentionIsa::Avx2;
+}
+
+void force_attention_isa(AttentionIsa isa) {
+  REMAT_ASSERT(isa != AttentionIsa::Avx512 || __builtin_cpu_supports("avx512f"),
+               "attention: AVX-512 forced on a CPU without it");
+  g_forced_isa.store(static_cast<int>(isa), std::memory_order_relaxed);
+}
+
 namespace {
 
 constexpr int64_t kTq = kAttnTileQ;
@@ -133,6 +153,10 @@ void gemm_panel(int64_t M, int64_t K, const float* a, int64_t ars, int64_t aks, 
 template <bool kAccumulate>
 void gemm(int64_t M, int64_t N, int64_t K, const float* a, int64_t ars, int64_t aks, const float* b,
           int64_t ldb, float* c, int64_t ldc) {
+  if (attention_isa() == AttentionIsa::Avx512) {  // the same FMA chains, 16 lanes at a time
+    attention_gemm_avx512(kAccumulate, M, N, K, a, ars, aks, b, ldb, c, ldc);
+    return;
+  }
   const __m256i all = _mm256_set1_epi32(-1);
   int64_t j = 0;
   for (; j + 16 <= N; j += 16)

@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "engine/cpu/attention_gemm.h"
 #include "engine/cpu/blas_kernel.h"
 #include "engine/rng.h"
 
@@ -72,8 +73,9 @@ CpuBackend::CpuBackend(uint64_t budget_bytes, int threads)
 
 std::string CpuBackend::describe() const {
   const BlasInfo b = blas_info();
-  return fmt::format("cpu, {} threads, {} {} kernel{}", threads_, b.library, b.core,
-                     b.warning.empty() ? "" : " (" + b.warning + ")");
+  return fmt::format("cpu, {} threads, {} {} kernel{}, attention on {}", threads_, b.library,
+                     b.core, b.warning.empty() ? "" : " (" + b.warning + ")",
+                     attention_isa() == AttentionIsa::Avx512 ? "AVX-512" : "AVX2");
 }
 
 void CpuBackend::upload(const Tensor& dst, const void* host) {

@@ -3,6 +3,7 @@
 // across runs and thread counts; the workspace bytes the pool measures against the stated formula.
 // Against the CPU backend, the specification every other backend is checked against;
 // tolerances and shared helpers: tests/test_util.h (through tests/ops/op_test.h).
+#include "engine/cpu/attention_gemm.h"
 #include "tests/ops/op_test.h"
 
 namespace remat::test {
@@ -247,6 +248,30 @@ TEST_CASE("attention forward and backward are bitwise deterministic", "[ops]") {
   }
   CHECK(bitwise_equal(runs[0], runs[1]));
   CHECK(bitwise_equal(runs[0], one_thread));
+}
+
+TEST_CASE("attention's AVX-512 and AVX2 tile kernels give the same bits", "[ops]") {
+  if (!__builtin_cpu_supports("avx512f")) {
+    WARN("this CPU has no AVX-512: only the AVX2 kernel runs here, nothing to compare");
+    return;
+  }
+  const float theta = GENERATE(0.0f, 10000.0f);
+  // T = 129 and HS = 8, 40, 64: full and partial row blocks, full, masked and 1.5-vector panels.
+  const int64_t HS = GENERATE(int64_t{8}, int64_t{40}, int64_t{64});
+  CAPTURE(theta, HS);
+  using cpu::AttentionIsa, cpu::attention_isa, cpu::force_attention_isa;
+  const AttentionIsa native = attention_isa();
+  std::vector<std::vector<float>> by_isa[2];
+  for (AttentionIsa isa : {AttentionIsa::Avx2, AttentionIsa::Avx512}) {
+    force_attention_isa(isa);
+    CpuBackend be(kTestBudgetBytes, kTestThreads);
+    AttentionCall a(be, 2, 2, 129, HS, theta, 77);
+    a.forward();
+    a.backward();
+    by_isa[static_cast<int>(isa)] = a.results();
+  }
+  force_attention_isa(native);
+  CHECK(bitwise_equal(by_isa[0], by_isa[1]));
 }
 
 TEST_CASE("attention stays in its workspace after another backend raised the OpenMP thread count",

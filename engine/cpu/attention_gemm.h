@@ -1,0 +1,26 @@
+// The tile GEMM of the CPU attention kernel on AVX-512, chosen at run time when the CPU has it
+// (engine/cpu/attention.cpp; the rest of engine/cpu is compiled for AVX2). Internal to engine/cpu.
+//
+// C (M, N) {=, +=} A (M, K) B (K, N), where A's element (r, k) is a[r * ars + k * aks] (a row-major
+// tile, or the transpose of one) and B, C are row-major with leading dimensions ldb, ldc. Each C
+// element is one chain of FMAs over k = 0..K-1, in order, as in the AVX2 kernel: an FMA rounds
+// once whatever the vector width, so both kernels give the same bits.
+#pragma once
+
+#include <cstdint>
+
+namespace remat::cpu {
+
+/// Which tile GEMM the attention kernel runs.
+enum class AttentionIsa { Avx2, Avx512 };
+
+/// The fastest this CPU runs (Avx512 when it has AVX-512F), unless a test forced one.
+AttentionIsa attention_isa();
+/// Tests only: run `isa` from now on (Avx512 on a CPU without it is an error).
+void force_attention_isa(AttentionIsa isa);
+
+void attention_gemm_avx512(bool accumulate, int64_t M, int64_t N, int64_t K, const float* a,
+                           int64_t ars, int64_t aks, const float* b, int64_t ldb, float* c,
+                           int64_t ldc);
+
+}  // namespace remat::cpu
