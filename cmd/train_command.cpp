@@ -314,11 +314,11 @@ std::string version_text() {
   const cpu::BlasInfo blas = cpu::blas_info();
   return fmt::format(
       "remat-train {}\nbackends: cpu{}\nBLAS: {}, CPU kernel {} (chosen by {}){}\n"
-      "CPU attention: flash tiles on {} (cpuid)\nOpenMP: {}\nCUDA: {}\n",
+      "CPU attention: flash tiles on {} (chosen by {})\nOpenMP: {}\nCUDA: {}\n",
       REMAT_VERSION, cuda::is_built() ? ", cuda" : "", blas.library, blas.core, blas.chosen_by,
       blas.warning.empty() ? "" : "\nwarning: " + blas.warning,
-      cpu::attention_isa() == cpu::AttentionIsa::Avx512 ? "AVX-512" : "AVX2", openmp_wait_text(),
-      cuda::version_string());
+      cpu::attention_isa() == cpu::AttentionIsa::Avx512 ? "AVX-512" : "AVX2",
+      cpu::attention_isa_chosen_by(), openmp_wait_text(), cuda::version_string());
 }
 
 int run_train(const TrainOptions& opt) {

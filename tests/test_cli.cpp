@@ -41,6 +41,18 @@ TEST_CASE("version (--version) names the backends, the BLAS and its CPU kernel",
                         Contains("BLAS: OpenBLAS") && Contains("CPU kernel") && Contains("CUDA:"));
 }
 
+TEST_CASE("REMAT_ATTENTION_ISA picks the attention kernel; a value the CPU cannot run exits 2",
+          "[smoke]") {
+  Result avx2 = remat::test::run_binary("--version", true, "REMAT_ATTENTION_ISA=avx2");
+  CHECK(avx2.code == 0);
+  CHECK_THAT(avx2.out,
+             Contains("CPU attention: flash tiles on AVX2 (chosen by REMAT_ATTENTION_ISA)"));
+  Result bad = remat::test::run_binary("--config configs/tiny.toml --steps 1", true,
+                                       "REMAT_ATTENTION_ISA=sse4");
+  CHECK(bad.code == 2);
+  CHECK_THAT(bad.out, Contains("REMAT_ATTENTION_ISA=sse4") && Contains("Fix:"));
+}
+
 TEST_CASE("help (--help) lists the train options", "[smoke]") {
   Result r = run("train --help");
   CHECK(r.code == 0);

@@ -28,8 +28,10 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <numbers>
+#include <string>
 
 #include "engine/cpu/attention_gemm.h"
 #include "engine/cpu/cpu_backend.h"
@@ -38,14 +40,33 @@
 namespace remat::cpu {
 
 namespace {
+
 std::atomic<int> g_forced_isa{-1};  // force_attention_isa's choice; -1: none
+
+// REMAT_ATTENTION_ISA (avx2 | avx512), for A/B comparisons of the two kernels; unset: cpuid.
+AttentionIsa isa_from_environment() {
+  const bool has_avx512 = __builtin_cpu_supports("avx512f");
+  const char* env = std::getenv("REMAT_ATTENTION_ISA");
+  if (!env || !*env) return has_avx512 ? AttentionIsa::Avx512 : AttentionIsa::Avx2;
+  const std::string v = env;
+  if (v == "avx2") return AttentionIsa::Avx2;
+  if (v == "avx512" && has_avx512) return AttentionIsa::Avx512;
+  throw ConfigError(fmt::format(
+      "REMAT_ATTENTION_ISA={}: {}. Fix: unset it (the CPU's best is chosen), or set avx2", v,
+      v == "avx512" ? "this CPU has no AVX-512F" : "not avx2 or avx512"));
+}
+
 }  // namespace
 
 AttentionIsa attention_isa() {
-  static const bool has_avx512 = __builtin_cpu_supports("avx512f");
+  static const AttentionIsa from_environment = isa_from_environment();
   const int forced = g_forced_isa.load(std::memory_order_relaxed);
-  if (forced >= 0) return static_cast<AttentionIsa>(forced);
-  return has_avx512 ? AttentionIsa::Avx512 : AttentionIsa::Avx2;
+  return forced >= 0 ? static_cast<AttentionIsa>(forced) : from_environment;
+}
+
+const char* attention_isa_chosen_by() {
+  const char* env = std::getenv("REMAT_ATTENTION_ISA");
+  return env && *env ? "REMAT_ATTENTION_ISA" : "cpuid";
 }
 
 void force_attention_isa(AttentionIsa isa) {

@@ -14,8 +14,11 @@ namespace remat::cpu {
 /// Which tile GEMM the attention kernel runs.
 enum class AttentionIsa { Avx2, Avx512 };
 
-/// The fastest this CPU runs (Avx512 when it has AVX-512F), unless a test forced one.
+/// The fastest this CPU runs (Avx512 when it has AVX-512F), unless REMAT_ATTENTION_ISA (avx2 |
+/// avx512) asks for one (a ConfigError when it names one the CPU lacks) or a test forced one.
 AttentionIsa attention_isa();
+/// "cpuid" or "REMAT_ATTENTION_ISA": who chose attention_isa() (for --version).
+const char* attention_isa_chosen_by();
 /// Tests only: run `isa` from now on (Avx512 on a CPU without it is an error).
 void force_attention_isa(AttentionIsa isa);
 

@@ -66,6 +66,7 @@ BlasInfo blas_info() {
 CpuBackend::CpuBackend(uint64_t budget_bytes, int threads)
     : Backend(std::make_unique<MemoryPool>(make_host_allocator(), budget_bytes)) {
   select_blas_kernel();  // before the first BLAS call
+  attention_isa();       // a bad REMAT_ATTENTION_ISA fails here, not inside a parallel region
   threads_ = threads > 0 ? threads : default_threads();
   omp_set_num_threads(threads_);
   openblas_set_num_threads(threads_);
