@@ -230,6 +230,32 @@ void softmax_grad_row(float* s, float* ds, int64_t n_valid, float lse2, float d,
   }
 }
 
+// The same step on a transposed tile, as the query-tile pass of the backward holds it: s, ds
+// (nk keys, kTq queries); column i is query i0 + i, row j key j0 + j, valid when j0 + j <= i0 + i
+// and i < nq; lse2 and d per column. Every element gets the operations of softmax_grad_row, in
+// the same order, so both give the same bits.
+void softmax_grad_columns(float* s, float* ds, int64_t nk, int64_t key_minus_query, int64_t nq,
+                          const float* lse2, const float* d, float scale) {
+  const __m256 vs = _mm256_set1_ps(scale);
+  const __m256 n_queries = _mm256_set1_ps(static_cast<float>(nq));
+  for (int64_t j = 0; j < nk; ++j) {
+    const __m256 first = _mm256_set1_ps(static_cast<float>(j + key_minus_query));
+    __m256 idx = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7);
+    for (int64_t i = 0; i < kTq; i += 8) {
+      float* sj = s + j * kTq + i;
+      float* dsj = ds + j * kTq + i;
+      __m256 p = exp2_ps(_mm256_sub_ps(_mm256_loadu_ps(sj), _mm256_loadu_ps(lse2 + i)));
+      const __m256 valid = _mm256_and_ps(_mm256_cmp_ps(idx, first, _CMP_GE_OQ),
+                                         _mm256_cmp_ps(idx, n_queries, _CMP_LT_OQ));
+      p = _mm256_and_ps(p, valid);
+      _mm256_storeu_ps(sj, p);
+      const __m256 dp = _mm256_sub_ps(_mm256_loadu_ps(dsj), _mm256_loadu_ps(d + i));
+      _mm256_storeu_ps(dsj, _mm256_mul_ps(_mm256_mul_ps(p, dp), vs));
+      idx = _mm256_add_ps(idx, _mm256_set1_ps(8.0f));
+    }
+  }
+}
+
 #else  // portable fallback: the same arithmetic, one element at a time
 
 template <bool kAccumulate>
@@ -268,6 +294,17 @@ void softmax_grad_row(float* s, float* ds, int64_t n_valid, float lse2, float d,
     s[j] = p;
     ds[j] = p * (ds[j] - d) * scale;
   }
+}
+
+void softmax_grad_columns(float* s, float* ds, int64_t nk, int64_t key_minus_query, int64_t nq,
+                          const float* lse2, const float* d, float scale) {
+  for (int64_t j = 0; j < nk; ++j)
+    for (int64_t i = 0; i < kTq; ++i) {
+      const bool valid = i >= j + key_minus_query && i < nq;
+      const float p = valid ? exp2_scalar(s[j * kTq + i] - lse2[i]) : 0.0f;
+      s[j * kTq + i] = p;
+      ds[j * kTq + i] = p * (ds[j * kTq + i] - d[i]) * scale;
+    }
 }
 
 #endif
@@ -467,77 +504,195 @@ void CpuBackend::attention_forward_impl(const AttentionForwardArgs& a, const OpW
   }
 }
 
+namespace {
+
+// One thread's backward tiles, carved in the order engine/cpu/workspace.h sizes them. The
+// query-tile pass reuses them under other names (see query_tile).
+struct BackwardTiles {
+  float *q_tile, *kt_tile, *vt_tile, *k_tile, *p, *ds, *dk, *dv, *tmp;
+  BackwardTiles(Carve& carve, int64_t HSp) {
+    q_tile = carve.take(kTq * HSp);   // (kTq, HS) rotated queries (RoPE only)
+    kt_tile = carve.take(HSp * kTk);  // (HS, kTk) K^T * scale * log2(e)
+    vt_tile = carve.take(HSp * kTk);  // (HS, kTk) V^T
+    k_tile = carve.take(kTk * HSp);   // (kTk, HS) rotated keys (RoPE only)
+    p = carve.take(kTq * kTk);        // (kTq, kTk) scores, then probabilities
+    ds = carve.take(kTq * kTk);       // (kTq, kTk) dP, then dS * scale
+    dk = carve.take(kTk * HSp);       // (kTk, HS) this key tile's dk
+    dv = carve.take(kTk * HSp);       // (kTk, HS) and dv
+    tmp = carve.take(HSp);
+  }
+};
+
+// The backward of one call: dq, dk, dv of every head. Two schedules give the same bits:
+//  - per head: one task owns a (batch, head) and walks its key tiles, each against the query
+//    tiles below it, adding dQ as it goes (no work is done twice);
+//  - split: first one task per (head, key tile) for dK and dV, then one per (head, query tile)
+//    for dQ, which recomputes S and dP transposed (S^T = K Q^T, as the forward does). It runs
+//    two more tile GEMMs than the five of per head, but has B * NH * T / 64 tasks instead of
+//    B * NH, so a batch of one with fewer heads than cores still uses every core.
+// Both sum every output element in the same order (keys ascending for dQ, queries ascending for
+// dK and dV) with the same FMA chains, so the choice, made from the thread count, changes no bit.
+struct AttentionBackward {
+  Heads h;
+  Heads v_rows;   // V: not rotated
+  Heads do_rows;  // dO: not rotated, row stride C
+  const float *qkv, *out, *dout, *lse;
+  float* dqkv;
+  bool rope;
+
+  const float* head(int64_t bh) const {
+    return qkv + (bh / h.NH) * h.T * h.row + (bh % h.NH) * h.HS;
+  }
+  float* dhead(int64_t bh) const { return dqkv + (bh / h.NH) * h.T * h.row + (bh % h.NH) * h.HS; }
+  const float* dout_h(int64_t bh) const {
+    return dout + (bh / h.NH) * h.T * h.C + (bh % h.NH) * h.HS;
+  }
+  const float* out_h(int64_t bh) const {
+    return out + (bh / h.NH) * h.T * h.C + (bh % h.NH) * h.HS;
+  }
+  float d_of(int64_t bh, int64_t t) const {  // D_t = dO_t . O_t
+    return dot_in_gemm_order(dout_h(bh) + t * h.C, out_h(bh) + t * h.C, h.HS);
+  }
+
+  // Key tile j0's K^T (scaled), V^T and rotated K rows into the tiles.
+  Rows load_key_tile(const float* hd, int64_t j0, int64_t nk, BackwardTiles& w) const {
+    load_transposed(w.kt_tile, kTk, hd + h.C, j0, nk, h, h.scale * kLog2e, w.tmp);
+    load_transposed(w.vt_tile, kTk, hd + 2 * h.C, j0, nk, v_rows, 1.0f, w.tmp);
+    return rotated_rows(w.k_tile, hd + h.C, j0, nk, h);
+  }
+
+  // S, dP and dS of query tile i0 against the loaded key tile j0 (row form); d[i]: D of row i0 + i.
+  void scores_and_grad(const float* d, int64_t bh, int64_t i0, int64_t nq, int64_t j0, int64_t nk,
+                       const Rows& q, BackwardTiles& w) const {
+    gemm<false>(nq, kTk, h.HS, q.p, q.ld, 1, w.kt_tile, kTk, w.p, kTk);  // S = Q K^T
+    gemm<false>(nq, kTk, h.HS, dout_h(bh) + i0 * h.C, h.C, 1, w.vt_tile, kTk, w.ds,
+                kTk);  // dP = dO V^T
+    const float* lse_h = lse + bh * h.T;
+    for (int64_t i = 0; i < nq; ++i) {
+      const int64_t n_valid = std::clamp<int64_t>(i0 + i - j0 + 1, 0, nk);
+      softmax_grad_row(w.p + i * kTk, w.ds + i * kTk, n_valid, lse_h[i0 + i] * kLog2e, d[i],
+                       h.scale);
+    }
+  }
+
+  // dK and dV of key tile j0 over the query tiles below it; dQ too when `with_dq` (per head).
+  // D of row t is read from d[t * d_stride].
+  void key_tile(int64_t bh, int64_t j0, bool with_dq, BackwardTiles& w, const float* d,
+                int64_t d_stride) const {
+    const float* hd = head(bh);
+    float* dh = dhead(bh);
+    const int64_t nk = std::min(kTk, h.T - j0);
+    const Rows k = load_key_tile(hd, j0, nk, w);
+    std::fill(w.dk, w.dk + nk * h.HSp, 0.0f);
+    std::fill(w.dv, w.dv + nk * h.HSp, 0.0f);
+    float d_rows[kTq];
+    for (int64_t i0 = j0 / kTq * kTq; i0 < h.T; i0 += kTq) {
+      const int64_t nq = std::min(kTq, h.T - i0);
+      for (int64_t i = 0; i < nq; ++i) d_rows[i] = d[(i0 + i) * d_stride];
+      const Rows q = rotated_rows(w.q_tile, hd, i0, nq, h);
+      scores_and_grad(d_rows, bh, i0, nq, j0, nk, q, w);
+      const float* do_rows_p = dout_h(bh) + i0 * h.C;
+      gemm<true>(nk, h.HS, nq, w.p, 1, kTk, do_rows_p, h.C, w.dv, h.HSp);  // dV += P^T dO
+      gemm<true>(nk, h.HS, nq, w.ds, 1, kTk, q.p, q.ld, w.dk, h.HSp);      // dK += dS^T Q
+      if (with_dq)
+        gemm<true>(nq, h.HS, nk, w.ds, kTk, 1, k.p, k.ld, dh + i0 * h.row, h.row);  // dQ += dS K
+    }
+    for (int64_t j = 0; j < nk; ++j) {
+      float* dk_row = dh + (j0 + j) * h.row + h.C;
+      float* dv_row = dk_row + h.C;
+      std::copy(w.dk + j * h.HSp, w.dk + j * h.HSp + h.HS, dk_row);
+      std::copy(w.dv + j * h.HSp, w.dv + j * h.HSp + h.HS, dv_row);
+      if (rope) unrotate_row(dk_row, j0 + j, h);
+    }
+  }
+
+  // Per-head schedule. Until key tile j0 is written, element 0 of row t's dv holds D_t: tile j0
+  // reads D of rows >= j0 only, then overwrites rows j0 .. j0+nk-1, whose D no later tile reads.
+  void per_head(int64_t bh, BackwardTiles& w) const {
+    float* dh = dhead(bh);
+    for (int64_t t = 0; t < h.T; ++t) {
+      std::fill(dh + t * h.row, dh + t * h.row + h.HS, 0.0f);
+      dh[t * h.row + 2 * h.C] = d_of(bh, t);
+    }
+    for (int64_t j0 = 0; j0 < h.T; j0 += kTk) key_tile(bh, j0, true, w, dh + 2 * h.C, h.row);
+    if (rope)
+      for (int64_t t = 0; t < h.T; ++t) unrotate_row(dh + t * h.row, t, h);
+  }
+
+  // Split schedule, dQ of query tile i0, after every key tile of its head has been written:
+  // element 0 of each row's dq holds D_t until this task reads it. Tiles reused: qt (Q^T) in
+  // kt_tile, dot (dO^T) in vt_tile, scaled K rows in k_tile, K rows in q_tile, S^T in p, dP^T in
+  // ds, per-column lse and D in dv.
+  void query_tile(int64_t bh, int64_t i0, BackwardTiles& w) const {
+    const float* hd = head(bh);
+    float* dh = dhead(bh);
+    const int64_t nq = std::min(kTq, h.T - i0);
+    float* lse2 = w.dv;
+    float* d = w.dv + kTq;
+    for (int64_t i = 0; i < kTq; ++i) {
+      const bool row = i < nq;
+      lse2[i] = row ? lse[bh * h.T + i0 + i] * kLog2e : 0.0f;
+      d[i] = row ? dh[(i0 + i) * h.row] : 0.0f;
+      if (row) std::fill(dh + (i0 + i) * h.row, dh + (i0 + i) * h.row + h.HS, 0.0f);
+    }
+    float* qt = w.kt_tile;
+    float* dot = w.vt_tile;
+    load_transposed(qt, kTq, hd, i0, nq, h, 1.0f, w.tmp);
+    load_transposed(dot, kTq, dout_h(bh), i0, nq, do_rows, 1.0f, w.tmp);
+    for (int64_t j0 = 0; j0 < i0 + nq; j0 += kTk) {
+      const int64_t nk = std::min(kTk, h.T - j0);
+      for (int64_t r = 0; r < nk; ++r)  // K * scale * log2(e), rotated, as key_tile's K^T
+        load_row(w.k_tile + r * h.HSp, hd + h.C + (j0 + r) * h.row, j0 + r, h, h.scale * kLog2e);
+      const Rows k = rotated_rows(w.q_tile, hd + h.C, j0, nk, h);
+      gemm<false>(nk, kTq, h.HS, w.k_tile, h.HSp, 1, qt, kTq, w.p, kTq);  // S^T = K Q^T
+      gemm<false>(nk, kTq, h.HS, hd + 2 * h.C + j0 * h.row, h.row, 1, dot, kTq, w.ds,
+                  kTq);  // dP^T = V dO^T
+      softmax_grad_columns(w.p, w.ds, nk, j0 - i0, nq, lse2, d, h.scale);
+      gemm<true>(nq, h.HS, nk, w.ds, 1, kTq, k.p, k.ld, dh + i0 * h.row, h.row);  // dQ += dS K
+    }
+    if (rope)
+      for (int64_t i = 0; i < nq; ++i) unrotate_row(dh + (i0 + i) * h.row, i0 + i, h);
+  }
+};
+
+}  // namespace
+
 void CpuBackend::attention_backward_impl(const AttentionBackwardArgs& a, const OpWorkspace& op_ws) {
   Heads h(a.qkv, a.n_head);
   Workspace ws = make_workspace(op_ws, h, threads_, a.rope_theta);
-  const bool rope = a.rope_theta > 0;
-  const float* qkv = a.qkv.f32();
-  const float* out = a.out.f32();
-  const float* dout = a.dout.f32();
-  const float* lse = a.lse.f32();
-  float* dqkv = a.dqkv.f32();
-  Heads v_heads = h;  // V is not rotated
-  v_heads.rope_cos = v_heads.rope_sin = nullptr;
+  static_assert(kTq == kTk, "the query-tile pass reuses key tiles as query tiles");
+  AttentionBackward bw{
+      h, h, h, a.qkv.f32(), a.out.f32(), a.dout.f32(), a.lse.f32(), a.dqkv.f32(), a.rope_theta > 0};
+  bw.v_rows.rope_cos = bw.v_rows.rope_sin = nullptr;
+  bw.do_rows.rope_cos = bw.do_rows.rope_sin = nullptr;
+  bw.do_rows.row = h.C;
+  const int64_t BH = h.B * h.NH, n_tiles = (h.T + kTk - 1) / kTk;
+  // The split schedule runs 7 tile GEMMs where per head runs 5 (measured ~1.4-1.7x the work), so
+  // it pays only when one task per head would leave at least a third of the threads idle: a
+  // batch of one with fewer heads than cores (1 head on 2 threads, 12 heads on 32).
+  const int64_t rounds = (BH + threads_ - 1) / threads_;
+  const bool split = 2 * rounds * threads_ >= 3 * BH;
 
 #pragma omp parallel num_threads(threads_)
   {
     Carve carve = ws.thread_block(omp_get_thread_num(), h.HS);
-    float* q_tile = carve.take(kTq * h.HSp);   // (kTq, HS) rotated queries (RoPE only)
-    float* kt_tile = carve.take(h.HSp * kTk);  // (HS, kTk) K^T * scale * log2(e)
-    float* vt_tile = carve.take(h.HSp * kTk);  // (HS, kTk) V^T
-    float* k_tile = carve.take(kTk * h.HSp);   // (kTk, HS) rotated keys (RoPE only)
-    float* p = carve.take(kTq * kTk);          // (kTq, kTk) scores, then probabilities
-    float* ds = carve.take(kTq * kTk);         // (kTq, kTk) dP, then dS * scale
-    float* dk = carve.take(kTk * h.HSp);       // (kTk, HS) this key tile's dk
-    float* dv = carve.take(kTk * h.HSp);       // (kTk, HS) and dv
-    float* tmp = carve.take(h.HSp);
+    BackwardTiles w(carve, h.HSp);
+    if (!split) {
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t bh = 0; bh < h.B * h.NH; ++bh) {
-      const int64_t b = bh / h.NH, hd = bh % h.NH;
-      const float* head = qkv + b * h.T * h.row + hd * h.HS;
-      const float* dout_h = dout + b * h.T * h.C + hd * h.HS;
-      const float* out_h = out + b * h.T * h.C + hd * h.HS;
-      const float* lse_h = lse + bh * h.T;
-      float* dhead = dqkv + b * h.T * h.row + hd * h.HS;
-      // dq accumulates over key tiles; dk and dv are written once per key tile, in order. Until
-      // then, element 0 of row t's dv holds D_t = dO_t . O_t: key tile j0 reads D of rows >= j0
-      // only, and then overwrites rows j0 .. j0+nk-1 of dv, whose D no later tile reads.
-      for (int64_t t = 0; t < h.T; ++t) {
-        std::fill(dhead + t * h.row, dhead + t * h.row + h.HS, 0.0f);
-        dhead[t * h.row + 2 * h.C] = dot_in_gemm_order(dout_h + t * h.C, out_h + t * h.C, h.HS);
-      }
-      for (int64_t j0 = 0; j0 < h.T; j0 += kTk) {
-        const int64_t nk = std::min(kTk, h.T - j0);
-        load_transposed(kt_tile, kTk, head + h.C, j0, nk, h, h.scale * kLog2e, tmp);
-        load_transposed(vt_tile, kTk, head + 2 * h.C, j0, nk, v_heads, 1.0f, tmp);
-        const Rows k = rotated_rows(k_tile, head + h.C, j0, nk, h);
-        std::fill(dk, dk + nk * h.HSp, 0.0f);
-        std::fill(dv, dv + nk * h.HSp, 0.0f);
-        for (int64_t i0 = j0 / kTq * kTq; i0 < h.T; i0 += kTq) {
-          const int64_t nq = std::min(kTq, h.T - i0);
-          const Rows q = rotated_rows(q_tile, head, i0, nq, h);
-          const float* do_rows = dout_h + i0 * h.C;
-          gemm<false>(nq, kTk, h.HS, q.p, q.ld, 1, kt_tile, kTk, p, kTk);      // S = Q K^T
-          gemm<false>(nq, kTk, h.HS, do_rows, h.C, 1, vt_tile, kTk, ds, kTk);  // dP = dO V^T
-          for (int64_t i = 0; i < nq; ++i) {
-            const int64_t n_valid = std::clamp<int64_t>(i0 + i - j0 + 1, 0, nk);
-            softmax_grad_row(p + i * kTk, ds + i * kTk, n_valid, lse_h[i0 + i] * kLog2e,
-                             dhead[(i0 + i) * h.row + 2 * h.C], h.scale);
-          }
-          gemm<true>(nk, h.HS, nq, p, 1, kTk, do_rows, h.C, dv, h.HSp);  // dV += P^T dO
-          gemm<true>(nk, h.HS, nq, ds, 1, kTk, q.p, q.ld, dk, h.HSp);    // dK += dS^T Q
-          gemm<true>(nq, h.HS, nk, ds, kTk, 1, k.p, k.ld, dhead + i0 * h.row, h.row);  // dQ += dS K
-        }
-        for (int64_t j = 0; j < nk; ++j) {
-          float* dk_row = dhead + (j0 + j) * h.row + h.C;
-          float* dv_row = dk_row + h.C;
-          std::copy(dk + j * h.HSp, dk + j * h.HSp + h.HS, dk_row);
-          std::copy(dv + j * h.HSp, dv + j * h.HSp + h.HS, dv_row);
-          if (rope) unrotate_row(dk_row, j0 + j, h);
-        }
-      }
-      if (rope)
-        for (int64_t t = 0; t < h.T; ++t) unrotate_row(dhead + t * h.row, t, h);
+      for (int64_t bh = 0; bh < BH; ++bh) bw.per_head(bh, w);
+    } else {
+      // D_t into element 0 of row t's dq, for both passes (the dq rows are zeroed later).
+#pragma omp for schedule(static)
+      for (int64_t r = 0; r < BH * h.T; ++r)
+        bw.dhead(r / h.T)[(r % h.T) * h.row] = bw.d_of(r / h.T, r % h.T);
+        // Key tiles: the lowest first (they see the most query tiles).
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t task = 0; task < BH * n_tiles; ++task)
+        bw.key_tile(task % BH, (task / BH) * kTk, false, w, bw.dhead(task % BH), h.row);
+        // Query tiles: the highest first (they see the most key tiles).
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t task = 0; task < BH * n_tiles; ++task)
+        bw.query_tile(task % BH, (n_tiles - 1 - task / BH) * kTq, w);
     }
   }
 }

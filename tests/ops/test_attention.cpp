@@ -185,9 +185,11 @@ void check_attention_against_reference(int64_t B, int64_t NH, int64_t T, int64_t
   }
 }
 
-// (B, NH, T): several batches and heads where T is small, one batch of two heads at T = 1000.
+// (B, NH, T): several batches and heads where T is small, one batch of two heads at T = 1000, and
+// batches of one with 1 head (whose backward the tests' two threads split over query and key
+// tiles instead of heads) and 3 heads.
 const std::vector<std::tuple<int64_t, int64_t, int64_t>> kAttnShapes = {
-    {2, 3, 1}, {2, 3, 7}, {2, 2, 64}, {2, 2, 129}, {1, 2, 1000}};
+    {2, 3, 1}, {2, 3, 7}, {2, 2, 64}, {2, 2, 129}, {1, 2, 1000}, {1, 1, 200}, {1, 3, 129}};
 /// Head sizes of every shape: GPT-2's 64, and both sides of it.
 const std::vector<int64_t> kAttnHeadSizes = {16, 64, 128};
 
@@ -248,6 +250,25 @@ TEST_CASE("attention forward and backward are bitwise deterministic", "[ops]") {
   }
   CHECK(bitwise_equal(runs[0], runs[1]));
   CHECK(bitwise_equal(runs[0], one_thread));
+}
+
+TEST_CASE("attention backward split over key and query tiles gives the bits of one task per head",
+          "[ops]") {
+  // 1 head: per head on 1 thread, split on 2 and 3; 2 heads: per head on 1 and 2 threads, split
+  // on 3. T = 200 and 129 end in partial tiles; HS = 40 leaves a masked vector.
+  const float theta = GENERATE(0.0f, 10000.0f);
+  const auto [NH, T, HS] = GENERATE(table<int64_t, int64_t, int64_t>({{1, 200, 64}, {2, 129, 40}}));
+  CAPTURE(theta, NH, T, HS);
+  std::vector<std::vector<float>> by_threads[3];
+  for (int threads : {1, 2, 3}) {
+    CpuBackend be(kTestBudgetBytes, threads);
+    AttentionCall a(be, 1, NH, T, HS, theta, 79);
+    a.forward();
+    a.backward();
+    by_threads[threads - 1] = a.results();
+  }
+  CHECK(bitwise_equal(by_threads[0], by_threads[1]));
+  CHECK(bitwise_equal(by_threads[0], by_threads[2]));
 }
 
 TEST_CASE("attention's AVX-512 and AVX2 tile kernels give the same bits", "[ops]") {
