@@ -1,5 +1,7 @@
 // Attention throughput against the machine's SGEMM rate (issue 4: at least half of it at
-// T >= 4096, head size 64). Prints the best of several runs, since the cores may be shared.
+// T >= 4096, head size 64), with the AVX2 and, where the CPU has it, the AVX-512 tile kernel
+// (the same bits, engine/cpu/attention_gemm.h). Prints the best of several runs, since the
+// cores may be shared.
 //
 //   remat_bench_attention [threads]    (default: all cores, as the trainer uses)
 //
@@ -13,6 +15,7 @@
 #include <cstdlib>
 #include <vector>
 
+#include "engine/cpu/attention_gemm.h"
 #include "engine/cpu/cpu_backend.h"
 #include "engine/rng.h"
 
@@ -65,8 +68,10 @@ int main(int argc, char** argv) {
   fmt::print("sgemm 2048^3: {:.1f} GFLOP/s\n", sgemm_gflops(be));
   // Each row's percentages are of an SGEMM rate measured just before that row, so that other
   // work on shared cores, which comes and goes, slows both sides of the ratio alike.
-  fmt::print("{:>6} {:>4} {:>10} {:>10} {:>7} {:>10} {:>7}\n", "T", "HS", "sgemm GF/s", "fwd GF/s",
-             "% sgemm", "bwd GF/s", "% sgemm");
+  std::vector<cpu::AttentionIsa> isas = {cpu::AttentionIsa::Avx2};
+  if (__builtin_cpu_supports("avx512f")) isas.push_back(cpu::AttentionIsa::Avx512);
+  fmt::print("{:>6} {:>4} {:>10} {:>7} {:>10} {:>7} {:>10} {:>7}\n", "T", "HS", "sgemm GF/s",
+             "kernel", "fwd GF/s", "% sgemm", "bwd GF/s", "% sgemm");
   const int64_t B = 1, NH = 4;
   for (const int64_t T : {1024, 4096, 8192}) {
     for (const int64_t HS : {64, 128}) {
@@ -83,12 +88,16 @@ int main(int argc, char** argv) {
           .dqkv = dqkv, .dout = dout, .qkv = qkv, .out = out, .lse = lse, .n_head = NH};
       const double peak = sgemm_gflops(be);
       const int reps = T <= 1024 ? 10 : 3;
-      const double fwd_s = best_seconds(reps, [&] { be.attention_forward(fa); });
-      const double bwd_s = best_seconds(reps, [&] { be.attention_backward(ba); });
-      const double pairs = static_cast<double>(B * NH) * T * (T + 1) / 2;
-      const double fwd = 4.0 * HS * pairs / fwd_s / 1e9, bwd = 10.0 * HS * pairs / bwd_s / 1e9;
-      fmt::print("{:>6} {:>4} {:>10.1f} {:>10.1f} {:>6.0f}% {:>10.1f} {:>6.0f}%\n", T, HS, peak,
-                 fwd, 100 * fwd / peak, bwd, 100 * bwd / peak);
+      for (cpu::AttentionIsa isa : isas) {
+        cpu::force_attention_isa(isa);
+        const double fwd_s = best_seconds(reps, [&] { be.attention_forward(fa); });
+        const double bwd_s = best_seconds(reps, [&] { be.attention_backward(ba); });
+        const double pairs = static_cast<double>(B * NH) * T * (T + 1) / 2;
+        const double fwd = 4.0 * HS * pairs / fwd_s / 1e9, bwd = 10.0 * HS * pairs / bwd_s / 1e9;
+        fmt::print("{:>6} {:>4} {:>10.1f} {:>7} {:>10.1f} {:>6.0f}% {:>10.1f} {:>6.0f}%\n", T, HS,
+                   peak, isa == cpu::AttentionIsa::Avx512 ? "avx512" : "avx2", fwd,
+                   100 * fwd / peak, bwd, 100 * bwd / peak);
+      }
     }
   }
   return 0;
