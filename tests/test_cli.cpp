@@ -41,7 +41,7 @@ TEST_CASE("version (--version) names the backends, the BLAS and its CPU kernel",
                         Contains("BLAS: OpenBLAS") && Contains("CPU kernel") && Contains("CUDA:"));
 }
 
-TEST_CASE("REMAT_ATTENTION_ISA picks the attention kernel; a value the CPU cannot run exits 2",
+TEST_CASE("REMAT_ATTENTION_ISA picks the attention kernel, and a value the CPU cannot run exits 2",
           "[smoke]") {
   Result avx2 = remat::test::run_binary("--version", true, "REMAT_ATTENTION_ISA=avx2");
   CHECK(avx2.code == 0);
