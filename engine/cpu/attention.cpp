@@ -79,7 +79,7 @@ namespace {
 
 constexpr int64_t kTq = kAttnTileQ;
 constexpr int64_t kTk = kAttnTileK;
-static_assert(kTq % 16 == 0 && kTk % 16 == 0, "tiles are whole 16-float kernel panels");
+static_assert(kTq % 16 == 0 && kTk % 16 == 0, "tiles are whole 16-float vectors");
 
 constexpr float kLog2e = std::numbers::log2e_v<float>;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
@@ -197,6 +197,8 @@ void gemm(int64_t M, int64_t N, int64_t K, const float* a, int64_t ars, int64_t 
 // per query column i, m_new = max(m_i, max_j s_ji); s_ji = 2^(s_ji - m_new);
 // l_i = l_i 2^(m_i - m_new) + sum_j s_ji (j in order); corr_i = 2^(m_i - m_new).
 void softmax_update_columns(float* s, int64_t nk, float* m, float* l, float* corr) {
+  if (attention_isa() == AttentionIsa::Avx512)
+    return attention_softmax_update_columns_avx512(s, nk, kTq, m, l, corr);
   for (int64_t i = 0; i < kTq; i += 8) {
     const __m256 m_old = _mm256_loadu_ps(m + i);
     __m256 mx = m_old;
@@ -217,6 +219,8 @@ void softmax_update_columns(float* s, int64_t nk, float* m, float* l, float* cor
 // Backward element step on one query row of kTk base-2 scores: p_j = 2^(s_j - lse2) for
 // j < n_valid, else 0; ds_j = scale p_j (dp_j - d). `s` becomes p, `ds` holds dp on entry.
 void softmax_grad_row(float* s, float* ds, int64_t n_valid, float lse2, float d, float scale) {
+  if (attention_isa() == AttentionIsa::Avx512)
+    return attention_softmax_grad_row_avx512(s, ds, kTk, n_valid, lse2, d, scale);
   const __m256 vl = _mm256_set1_ps(lse2), vd = _mm256_set1_ps(d), vs = _mm256_set1_ps(scale);
   const __m256 nv = _mm256_set1_ps(static_cast<float>(n_valid));
   __m256 idx = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7);
@@ -236,6 +240,9 @@ void softmax_grad_row(float* s, float* ds, int64_t n_valid, float lse2, float d,
 // the same order, so both give the same bits.
 void softmax_grad_columns(float* s, float* ds, int64_t nk, int64_t key_minus_query, int64_t nq,
                           const float* lse2, const float* d, float scale) {
+  if (attention_isa() == AttentionIsa::Avx512)
+    return attention_softmax_grad_columns_avx512(s, ds, nk, kTq, key_minus_query, nq, lse2, d,
+                                                 scale);
   const __m256 vs = _mm256_set1_ps(scale);
   const __m256 n_queries = _mm256_set1_ps(static_cast<float>(nq));
   for (int64_t j = 0; j < nk; ++j) {

@@ -2,6 +2,9 @@
 // alone is compiled with -mavx512f, and its code runs only after attention_isa() found the
 // instructions: it includes no standard header and defines no inline function outside this file,
 // so no AVX-512 instruction can reach another translation unit through a shared inline symbol.
+// GCC 12's AVX-512 intrinsics (max, min, roundscale, cvtps_epi32, slli) start from
+// _mm512_undefined_*(), which -Wmaybe-uninitialized reports once inlined (GCC bug 105593).
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 
 #include "engine/cpu/attention_gemm.h"
@@ -102,7 +105,86 @@ void gemm(int64_t M, int64_t N, int64_t K, const float* a, int64_t ars, int64_t 
   }
 }
 
+// 2^x as exp2_ps of engine/cpu/vector_math.h, 16 lanes: the same operations in the same order
+// (min/max, round to nearest, the degree-7 polynomial by FMAs, the exponent bits, the mask
+// below -126), so every lane gets the bits the AVX2 version gives.
+inline __m512 exp2_ps512(__m512 x) {
+  const __m512 lo = _mm512_set1_ps(-126.0f);
+  const __m512 xc = _mm512_min_ps(_mm512_max_ps(x, lo), _mm512_set1_ps(127.0f));
+  const __m512 n = _mm512_roundscale_ps(xc, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 r = _mm512_sub_ps(xc, n);
+  __m512 p = _mm512_set1_ps(1.5252733804059841e-05f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.5403530393381609e-04f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3333558146428443e-03f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(9.6181291076284772e-03f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.5504108664821580e-02f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(2.4022650695910071e-01f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(6.9314718055994531e-01f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  const __m512i e =
+      _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  const __m512 y = _mm512_mul_ps(p, _mm512_castsi512_ps(e));
+  return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, lo, _CMP_GE_OQ), y);
+}
+
 }  // namespace
+
+void attention_softmax_update_columns_avx512(float* s, int64_t nk, int64_t width, float* m,
+                                             float* l, float* corr) {
+  for (int64_t i = 0; i < width; i += 16) {
+    const __m512 m_old = _mm512_loadu_ps(m + i);
+    __m512 mx = m_old;
+    for (int64_t j = 0; j < nk; ++j) mx = _mm512_max_ps(mx, _mm512_loadu_ps(s + j * width + i));
+    __m512 sum = _mm512_setzero_ps();
+    for (int64_t j = 0; j < nk; ++j) {
+      const __m512 p = exp2_ps512(_mm512_sub_ps(_mm512_loadu_ps(s + j * width + i), mx));
+      _mm512_storeu_ps(s + j * width + i, p);
+      sum = _mm512_add_ps(sum, p);
+    }
+    const __m512 c = exp2_ps512(_mm512_sub_ps(m_old, mx));
+    _mm512_storeu_ps(corr + i, c);
+    _mm512_storeu_ps(l + i, _mm512_fmadd_ps(_mm512_loadu_ps(l + i), c, sum));
+    _mm512_storeu_ps(m + i, mx);
+  }
+}
+
+void attention_softmax_grad_row_avx512(float* s, float* ds, int64_t width, int64_t n_valid,
+                                       float lse2, float d, float scale) {
+  const __m512 vl = _mm512_set1_ps(lse2), vd = _mm512_set1_ps(d), vs = _mm512_set1_ps(scale);
+  const __m512 nv = _mm512_set1_ps(static_cast<float>(n_valid));
+  __m512 idx = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  for (int64_t j = 0; j < width; j += 16) {
+    __m512 p = exp2_ps512(_mm512_sub_ps(_mm512_loadu_ps(s + j), vl));
+    p = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(idx, nv, _CMP_LT_OQ), p);
+    _mm512_storeu_ps(s + j, p);
+    const __m512 dp = _mm512_sub_ps(_mm512_loadu_ps(ds + j), vd);
+    _mm512_storeu_ps(ds + j, _mm512_mul_ps(_mm512_mul_ps(p, dp), vs));
+    idx = _mm512_add_ps(idx, _mm512_set1_ps(16.0f));
+  }
+}
+
+void attention_softmax_grad_columns_avx512(float* s, float* ds, int64_t nk, int64_t width,
+                                           int64_t key_minus_query, int64_t nq, const float* lse2,
+                                           const float* d, float scale) {
+  const __m512 vs = _mm512_set1_ps(scale);
+  const __m512 n_queries = _mm512_set1_ps(static_cast<float>(nq));
+  for (int64_t j = 0; j < nk; ++j) {
+    const __m512 first = _mm512_set1_ps(static_cast<float>(j + key_minus_query));
+    __m512 idx = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    for (int64_t i = 0; i < width; i += 16) {
+      float* sj = s + j * width + i;
+      float* dsj = ds + j * width + i;
+      __m512 p = exp2_ps512(_mm512_sub_ps(_mm512_loadu_ps(sj), _mm512_loadu_ps(lse2 + i)));
+      const __mmask16 valid = _mm512_cmp_ps_mask(idx, first, _CMP_GE_OQ) &
+                              _mm512_cmp_ps_mask(idx, n_queries, _CMP_LT_OQ);
+      p = _mm512_maskz_mov_ps(valid, p);
+      _mm512_storeu_ps(sj, p);
+      const __m512 dp = _mm512_sub_ps(_mm512_loadu_ps(dsj), _mm512_loadu_ps(d + i));
+      _mm512_storeu_ps(dsj, _mm512_mul_ps(_mm512_mul_ps(p, dp), vs));
+      idx = _mm512_add_ps(idx, _mm512_set1_ps(16.0f));
+    }
+  }
+}
 
 void attention_gemm_avx512(bool accumulate, int64_t M, int64_t N, int64_t K, const float* a,
                            int64_t ars, int64_t aks, const float* b, int64_t ldb, float* c,
