@@ -430,8 +430,12 @@ Workspace make_workspace(const OpWorkspace& op_ws, Heads& h, int threads, float 
   const bool rope = theta > 0;
   REMAT_ASSERT(!rope || h.HS % 2 == 0, "attention: RoPE needs an even head size, got {}", h.HS);
   const Buffer& buf = op_ws.at("attn.workspace");
-  REMAT_ASSERT(buf.tensor().numel() >= attention_workspace_floats(h.T, h.HS, threads, rope),
-               "attention: workspace of {} floats is too small", buf.tensor().numel());
+  // What the carving below uses, counted here rather than taken from the size rule, so that a
+  // rule that forgets a piece fails here instead of corrupting the heap.
+  const int64_t carved = (rope ? h.T * h.HS : 0) + threads * attention_thread_floats(h.HS);
+  REMAT_ASSERT(buf.tensor().numel() >= carved,
+               "attention: workspace of {} floats is smaller than the {} it carves",
+               buf.tensor().numel(), carved);
   Workspace ws{buf.f32(), rope ? h.T * h.HS : 0};
   if (rope) {
     float* cos_t = ws.base;
