@@ -551,16 +551,14 @@ struct AttentionBackward {
   float* dqkv;
   bool rope;
 
-  const float* head(int64_t bh) const {
-    return qkv + (bh / h.NH) * h.T * h.row + (bh % h.NH) * h.HS;
+  // Element offset of head bh's first row in a (B, T, row_stride) tensor.
+  int64_t head_offset(int64_t bh, int64_t row_stride) const {
+    return (bh / h.NH) * h.T * row_stride + (bh % h.NH) * h.HS;
   }
-  float* dhead(int64_t bh) const { return dqkv + (bh / h.NH) * h.T * h.row + (bh % h.NH) * h.HS; }
-  const float* dout_h(int64_t bh) const {
-    return dout + (bh / h.NH) * h.T * h.C + (bh % h.NH) * h.HS;
-  }
-  const float* out_h(int64_t bh) const {
-    return out + (bh / h.NH) * h.T * h.C + (bh % h.NH) * h.HS;
-  }
+  const float* head(int64_t bh) const { return qkv + head_offset(bh, h.row); }
+  float* dhead(int64_t bh) const { return dqkv + head_offset(bh, h.row); }
+  const float* dout_h(int64_t bh) const { return dout + head_offset(bh, h.C); }
+  const float* out_h(int64_t bh) const { return out + head_offset(bh, h.C); }
   float d_of(int64_t bh, int64_t t) const {  // D_t = dO_t . O_t
     return dot_in_gemm_order(dout_h(bh) + t * h.C, out_h(bh) + t * h.C, h.HS);
   }
@@ -602,9 +600,9 @@ struct AttentionBackward {
       for (int64_t i = 0; i < nq; ++i) d_rows[i] = d[(i0 + i) * d_stride];
       const Rows q = rotated_rows(w.q_tile, hd, i0, nq, h);
       scores_and_grad(d_rows, bh, i0, nq, j0, nk, q, w);
-      const float* do_rows_p = dout_h(bh) + i0 * h.C;
-      gemm<true>(nk, h.HS, nq, w.p, 1, kTk, do_rows_p, h.C, w.dv, h.HSp);  // dV += P^T dO
-      gemm<true>(nk, h.HS, nq, w.ds, 1, kTk, q.p, q.ld, w.dk, h.HSp);      // dK += dS^T Q
+      const float* do_tile = dout_h(bh) + i0 * h.C;
+      gemm<true>(nk, h.HS, nq, w.p, 1, kTk, do_tile, h.C, w.dv, h.HSp);  // dV += P^T dO
+      gemm<true>(nk, h.HS, nq, w.ds, 1, kTk, q.p, q.ld, w.dk, h.HSp);    // dK += dS^T Q
       if (with_dq)
         gemm<true>(nq, h.HS, nk, w.ds, kTk, 1, k.p, k.ld, dh + i0 * h.row, h.row);  // dQ += dS K
     }

@@ -1,13 +1,15 @@
-// The AVX-512 tile GEMM of the CPU attention kernel (see engine/cpu/attention_gemm.h). This file
-// alone is compiled with -mavx512f, and its code runs only after attention_isa() found the
-// instructions: it includes no standard header and defines no inline function outside this file,
-// so no AVX-512 instruction can reach another translation unit through a shared inline symbol.
-// GCC 12's AVX-512 intrinsics (max, min, roundscale, cvtps_epi32, slli) start from
-// _mm512_undefined_*(), which -Wmaybe-uninitialized reports once inlined (GCC bug 105593).
+// The AVX-512 tile GEMM and softmax steps of the CPU attention kernel (see
+// engine/cpu/attention_gemm.h). This file alone is compiled with -mavx512f, and its code runs only
+// after attention_isa() found the instructions: it includes only headers without inline functions
+// (<cstdint>, the coefficient table) and defines none outside this file, so no AVX-512 instruction
+// can reach another translation unit through a shared inline symbol. GCC 12's AVX-512 intrinsics
+// (max, min, roundscale, cvtps_epi32, slli) start from _mm512_undefined_*(), which
+// -Wmaybe-uninitialized reports once inlined (GCC bug 105593).
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 
 #include "engine/cpu/attention_gemm.h"
+#include "engine/cpu/exp2_poly.h"
 
 namespace remat::cpu {
 namespace {
@@ -106,21 +108,15 @@ void gemm(int64_t M, int64_t N, int64_t K, const float* a, int64_t ars, int64_t 
 }
 
 // 2^x as exp2_ps of engine/cpu/vector_math.h, 16 lanes: the same operations in the same order
-// (min/max, round to nearest, the degree-7 polynomial by FMAs, the exponent bits, the mask
-// below -126), so every lane gets the bits the AVX2 version gives.
+// (min/max, round to nearest, the polynomial of engine/cpu/exp2_poly.h by FMAs, the exponent
+// bits, the mask below -126), so every lane gets the bits the AVX2 version gives.
 inline __m512 exp2_ps512(__m512 x) {
   const __m512 lo = _mm512_set1_ps(-126.0f);
   const __m512 xc = _mm512_min_ps(_mm512_max_ps(x, lo), _mm512_set1_ps(127.0f));
   const __m512 n = _mm512_roundscale_ps(xc, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m512 r = _mm512_sub_ps(xc, n);
-  __m512 p = _mm512_set1_ps(1.5252733804059841e-05f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.5403530393381609e-04f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3333558146428443e-03f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(9.6181291076284772e-03f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.5504108664821580e-02f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(2.4022650695910071e-01f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(6.9314718055994531e-01f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  __m512 p = _mm512_set1_ps(kExp2Poly[0]);
+  for (int k = 1; k < kExp2PolyTerms; ++k) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kExp2Poly[k]));
   const __m512i e =
       _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
   const __m512 y = _mm512_mul_ps(p, _mm512_castsi512_ps(e));

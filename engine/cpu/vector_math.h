@@ -5,6 +5,8 @@
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 
+#include "engine/cpu/exp2_poly.h"
+
 namespace remat::cpu {
 
 // 2^x for x <= 128, 0 below -126 (and for -inf and NaN). x = n + r with n = round(x) and
@@ -16,14 +18,8 @@ inline __m256 exp2_ps(__m256 x) {
   const __m256 xc = _mm256_min_ps(_mm256_max_ps(x, lo), _mm256_set1_ps(127.0f));
   const __m256 n = _mm256_round_ps(xc, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m256 r = _mm256_sub_ps(xc, n);
-  __m256 p = _mm256_set1_ps(1.5252733804059841e-05f);                  // ln2^7 / 7!
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.5403530393381609e-04f));  // ln2^6 / 6!
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3333558146428443e-03f));  // ln2^5 / 5!
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(9.6181291076284772e-03f));  // ln2^4 / 4!
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.5504108664821580e-02f));  // ln2^3 / 3!
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(2.4022650695910071e-01f));  // ln2^2 / 2!
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(6.9314718055994531e-01f));  // ln2
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  __m256 p = _mm256_set1_ps(kExp2Poly[0]);
+  for (int k = 1; k < kExp2PolyTerms; ++k) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kExp2Poly[k]));
   const __m256i e =
       _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
   const __m256 y = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
