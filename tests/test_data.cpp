@@ -3,11 +3,13 @@
 // windows: a pure function of (seed, step, row), never crossing a shard or the validation split,
 // sequential order covering each window once per epoch, and dry runs that touch no file.
 #include <fmt/format.h>
+#include <omp.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -16,6 +18,7 @@
 
 #include "data/dataset.h"
 #include "data/file_data.h"
+#include "data/gaussian.h"
 #include "data/synthetic.h"
 #include "data/token_corpus.h"
 #include "engine/config.h"
@@ -474,4 +477,46 @@ TEST_CASE("synthetic data has no validation set", "[data]") {
   CHECK(data->validation_batches(0) == 0);
   cpu::CpuBackend be(1ull << 30, 1);
   CHECK_THROWS_WITH(data->validation_batch(be, 0), Contains("has no validation set"));
+}
+
+TEST_CASE("bulk normals match Box-Muller in double on the same uniforms", "[data]") {
+  constexpr size_t kPairs = 1 << 18;
+  std::vector<float> z(2 * kPairs);
+  fill_normal(z, 7, 11, 1000);
+  double worst = 0, sum = 0, sum_sq = 0, sum_4 = 0;
+  for (size_t p = 0; p < kPairs; ++p) {
+    float u1, u2;
+    normal_pair_uniforms(7, 11, 1000 + p, u1, u2);
+    const double r = std::sqrt(-2.0 * std::log(static_cast<double>(u1)));
+    const double t = 6.283185307179586 * static_cast<double>(u2);
+    worst = std::max(
+        {worst, std::abs(z[2 * p] - r * std::cos(t)), std::abs(z[2 * p + 1] - r * std::sin(t))});
+  }
+  for (float v : z) {
+    sum += v;
+    sum_sq += static_cast<double>(v) * v;
+    sum_4 += std::pow(static_cast<double>(v), 4);
+    REQUIRE(std::abs(v) <= 5.9f);
+  }
+  const double n = static_cast<double>(z.size());
+  CHECK(worst < 3e-6);
+  // Moments of 2^19 draws: mean 0 +- 5 sigma/sqrt(n), variance 1 and kurtosis 3 within 1%.
+  CHECK(std::abs(sum / n) < 5.0 / std::sqrt(n));
+  CHECK(std::abs(sum_sq / n - 1.0) < 0.01);
+  CHECK(std::abs(sum_4 / n - 3.0) < 0.03 * 3.0);
+}
+
+TEST_CASE("bulk normals are a function of the pair counter alone", "[data]") {
+  // 37 numbers from pair 5 are the tail of 47 numbers from pair 0, whatever the thread count.
+  std::vector<float> all(47), tail(37), many(4001), many_1thread(4001);
+  fill_normal(all, 3, 4, 0);
+  fill_normal(tail, 3, 4, 5);
+  CHECK(std::equal(tail.begin(), tail.end(), all.begin() + 10));
+  fill_normal(many, 3, 4, 9);
+  const int threads = omp_get_max_threads();
+  omp_set_num_threads(1);
+  fill_normal(many_1thread, 3, 4, 9);
+  omp_set_num_threads(threads);
+  CHECK(std::memcmp(many.data(), many_1thread.data(), many.size() * sizeof(float)) == 0);
+  CHECK(many[0] != many[1]);
 }
