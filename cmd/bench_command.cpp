@@ -29,10 +29,11 @@ namespace {
 // The op families a step's time is reported by, in print order.
 const std::vector<std::pair<const char*, std::vector<std::string>>>& op_families() {
   static const std::vector<std::pair<const char*, std::vector<std::string>>> families = {
-      {"linear (GEMM)", {"linear_forward", "linear_backward"}},
+      // The linear ops carry the bias and, where fused, the GELU/ReLU (engine/ops/linear.h).
+      {"linear (GEMM, fused bias + activation)", {"linear_forward", "linear_backward"}},
       {"attention", {"attention_forward", "attention_backward"}},
       {"layernorm", {"layernorm_forward", "layernorm_backward"}},
-      {"activation (GELU/ReLU)", {"activation_forward", "activation_backward"}},
+      {"activation (GELU/ReLU, unfused)", {"activation_forward", "activation_backward"}},
       {"loss (LM head / MSE)", {"lm_head_loss", "mse_loss"}},
       {"optimizer (AdamW, norm)", {"adamw_update", "sum_squares"}},
       {"other (embedding, add, dropout, copy, fill)",

@@ -96,11 +96,18 @@ void GptBlock::forward(Backend& be, ActStore& a, const Tensor& y) {
     be.layernorm_forward({make(Ln2, {B_, T_, C_}, act), make(Ln2Stats, {N, 2}, DType::F32),
                           a.get(Res), p_.ln2_weight->value, p_.ln2_bias->value});
   }
-  if (!a.has(Fc)) {
+  if (!a.has(Fc) && !a.has(Gelu)) {  // GELU fused into the fc GEMM's epilogue
+    const Tensor& fc = make(Fc, {B_, T_, FF_}, act);
+    be.linear_forward({.out = fc,
+                       .inp = a.get(Ln2),
+                       .weight = p_.mlp_fc_weight->value,
+                       .bias = p_.mlp_fc_bias->value,
+                       .act_out = make(Gelu, {B_, T_, FF_}, act),
+                       .act = Activation::Gelu});
+  } else if (!a.has(Fc)) {
     be.linear_forward(
         {make(Fc, {B_, T_, FF_}, act), a.get(Ln2), p_.mlp_fc_weight->value, p_.mlp_fc_bias->value});
-  }
-  if (!a.has(Gelu)) {
+  } else if (!a.has(Gelu)) {
     be.activation_forward({make(Gelu, {B_, T_, FF_}, act), a.get(Fc), Activation::Gelu});
   }
   if (!y.empty())
@@ -120,11 +127,17 @@ void GptBlock::backward(Backend& be, ActStore& a, const Tensor& dresid) {
   // MLP branch: y = res + dropout(gelu Wp^T + bp)
   Buffer dmlp_scratch;
   const Tensor dmlp = branch_grad(MlpOut, dmlp_scratch);
+  // d fc straight from the projection's backward: the GELU's backward is its dinp epilogue.
   Buffer dgelu = pool.allocate({B_, T_, FF_}, act, MemCategory::Transient, "grad.gelu");
-  be.linear_backward({dgelu, p_.mlp_proj_weight->grad, p_.mlp_proj_bias->grad, dmlp, a.get(Gelu),
-                      p_.mlp_proj_weight->value});
+  be.linear_backward({.dinp = dgelu,
+                      .dweight = p_.mlp_proj_weight->grad,
+                      .dbias = p_.mlp_proj_bias->grad,
+                      .dout = dmlp,
+                      .inp = a.get(Gelu),
+                      .weight = p_.mlp_proj_weight->value,
+                      .inp_pre_act = a.get(Fc),
+                      .act = Activation::Gelu});
   dmlp_scratch.reset();
-  be.activation_backward({dgelu, dgelu, a.get(Fc), Activation::Gelu});  // in place: now d fc
   Buffer dln2 = pool.allocate({B_, T_, C_}, act, MemCategory::Transient, "grad.ln2");
   be.linear_backward({dln2, p_.mlp_fc_weight->grad, p_.mlp_fc_bias->grad, dgelu, a.get(Ln2),
                       p_.mlp_fc_weight->value});

@@ -26,10 +26,16 @@ const std::vector<ActKind>& MlpBlock::act_kinds() const {
 }
 
 void MlpBlock::forward(Backend& be, ActStore& a, const Tensor& y) {
-  if (!a.has(Fc))
-    be.linear_forward({a.make(be, Fc, {B_, D_}, be.act_dtype(), act_names()), a.get(X),
-                       fc_weight_->value, fc_bias_->value});
-  if (!y.empty()) be.activation_forward({y, a.get(Fc), Activation::Relu});
+  if (!a.has(Fc)) {  // with an output wanted, the ReLU is the GEMM's epilogue
+    be.linear_forward({.out = a.make(be, Fc, {B_, D_}, be.act_dtype(), act_names()),
+                       .inp = a.get(X),
+                       .weight = fc_weight_->value,
+                       .bias = fc_bias_->value,
+                       .act_out = y,
+                       .act = Activation::Relu});
+  } else if (!y.empty()) {
+    be.activation_forward({y, a.get(Fc), Activation::Relu});
+  }
 }
 
 void MlpBlock::backward(Backend& be, ActStore& a, const Tensor& dresid) {

@@ -48,6 +48,12 @@ TEST_CASE("op timing records every op by phase and its FLOPs add up to the step'
   CHECK(ops.at({"linear_forward", Phase::Recompute}).calls <= 4 * L);
   CHECK(ops.at({"linear_backward", Phase::Backward}).calls == 4 * L);
   CHECK(ops.at({"attention_backward", Phase::Backward}).calls == L);
+  // The GELU runs in the fc GEMM's epilogue and its backward in mlp.proj's: no activation op
+  // of its own in any phase (under full, the recompute makes fc and gelu together too).
+  for (int p = 0; p < kNumPhases; ++p) {
+    CHECK(!ops.contains({"activation_forward", static_cast<Phase>(p)}));
+    CHECK(!ops.contains({"activation_backward", static_cast<Phase>(p)}));
+  }
   CHECK(ops.at({"adamw_update", Phase::Optimizer}).calls ==
         static_cast<int64_t>(model->params().size()));
   be.reset_op_times();
@@ -59,7 +65,7 @@ TEST_CASE("bench prints the SGEMM floor, the step and every op family", "[smoke]
   INFO(r.out);
   REQUIRE(r.code == 0);
   for (const char* line : {"floor: SGEMM 2048^3", "(median of 2, after 1 warm-up)", "% of SGEMM",
-                           "linear (GEMM)", "attention", "layernorm", "activation (GELU/ReLU)",
+                           "linear (GEMM, fused bias + activation)", "attention", "layernorm",
                            "loss (LM head / MSE)", "optimizer (AdamW, norm)",
                            "no op (data, allocation, host)", "of all the above: recompute phase"})
     CHECK_THAT(r.out, Catch::Matchers::Contains(line));

@@ -2,9 +2,11 @@
 // dropout with counter-based masks (engine/ops/activation.h). OpenMP over elements, static
 // schedule: every element is computed the same way for any thread count.
 
+#include <algorithm>
 #include <cmath>
 #include <numbers>
 
+#include "engine/cpu/activation_rows.h"
 #include "engine/cpu/cpu_backend.h"
 #include "engine/cpu/vector_math.h"
 #include "engine/rng.h"
@@ -50,27 +52,31 @@ inline GeluLanes gelu_lanes(__m256 x) {
   return {_mm256_fmadd_ps(_mm256_set1_ps(3.0f * kGeluCubic), x2, one), s, _mm256_mul_ps(e, s)};
 }
 
-// Runs `lanes(i, mask)` over [0, n) 8 elements at a time, threads sharing the full vectors and
-// the tail (n % 8, masked) done once: every element takes the same instructions whatever the
-// thread count.
+// Runs `lanes(i, mask)` over [0, n) 8 elements at a time, the tail (n % 8) masked. Every
+// element takes the same instructions wherever it falls in a vector, so any split of a tensor
+// into rows, chunks or GEMM tiles gives the same bits.
 template <class Lanes>
 void for_each_lanes(int64_t n, Lanes&& lanes) {
   const int64_t full = n / 8;
   const __m256i all = _mm256_set1_epi32(-1);
-#pragma omp parallel for schedule(static) if (n > kGrain)
   for (int64_t v = 0; v < full; ++v) lanes(v * 8, all);
   if (full * 8 < n) lanes(full * 8, lane_mask(n - full * 8));
 }
 #endif
 
+// Splits [0, n) into fixed chunks shared by the threads: `row(begin, count)` per chunk.
+template <class Row>
+void for_each_chunk(int64_t n, Row&& row) {
+  constexpr int64_t kChunk = 1 << 13;  // a multiple of 8, so only the last chunk has a tail
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+#pragma omp parallel for schedule(static) if (n > kGrain)
+  for (int64_t c = 0; c < chunks; ++c) row(c * kChunk, std::min(kChunk, n - c * kChunk));
+}
+
 }  // namespace
 
-void CpuBackend::activation_forward_impl(const ActivationForwardArgs& a) {
-  const int64_t n = a.inp.numel();
-  const float* x = a.inp.f32();
-  float* y = a.out.f32();
-  if (a.kind == Activation::Relu) {
-#pragma omp parallel for schedule(static) if (n > kGrain)
+void activation_forward_row(Activation kind, const float* x, float* y, int64_t n) {
+  if (kind == Activation::Relu) {
     for (int64_t i = 0; i < n; ++i) y[i] = x[i] > 0 ? x[i] : 0.0f;
     return;
   }
@@ -80,7 +86,6 @@ void CpuBackend::activation_forward_impl(const ActivationForwardArgs& a) {
     _mm256_maskstore_ps(y + i, mask, _mm256_mul_ps(v, gelu_lanes(v).s));
   });
 #else  // portable fallback: the same formula, one element at a time
-#pragma omp parallel for schedule(static) if (n > kGrain)
   for (int64_t i = 0; i < n; ++i) {
     const float v = x[i];
     const float u = kGeluScale * v * (1.0f + kGeluCubic * v * v);
@@ -89,13 +94,9 @@ void CpuBackend::activation_forward_impl(const ActivationForwardArgs& a) {
 #endif
 }
 
-void CpuBackend::activation_backward_impl(const ActivationBackwardArgs& a) {
-  const int64_t n = a.inp.numel();
-  const float* x = a.inp.f32();
-  const float* dy = a.dout.f32();
-  float* dx = a.dinp.f32();  // may alias dy: each element reads dy[i] before writing dx[i]
-  if (a.kind == Activation::Relu) {
-#pragma omp parallel for schedule(static) if (n > kGrain)
+void activation_backward_row(Activation kind, const float* x, const float* dy, float* dx,
+                             int64_t n) {
+  if (kind == Activation::Relu) {
     for (int64_t i = 0; i < n; ++i) dx[i] = x[i] > 0 ? dy[i] : 0.0f;
     return;
   }
@@ -111,7 +112,6 @@ void CpuBackend::activation_backward_impl(const ActivationBackwardArgs& a) {
     _mm256_maskstore_ps(dx + i, mask, _mm256_mul_ps(_mm256_maskload_ps(dy + i, mask), grad));
   });
 #else  // portable fallback: the same formula, one element at a time
-#pragma omp parallel for schedule(static) if (n > kGrain)
   for (int64_t i = 0; i < n; ++i) {
     const float v = x[i];
     const float u = kGeluScale * v * (1.0f + kGeluCubic * v * v);
@@ -120,6 +120,22 @@ void CpuBackend::activation_backward_impl(const ActivationBackwardArgs& a) {
     dx[i] = dy[i] * (s + slope);
   }
 #endif
+}
+
+void CpuBackend::activation_forward_impl(const ActivationForwardArgs& a) {
+  const float* x = a.inp.f32();
+  float* y = a.out.f32();
+  for_each_chunk(a.inp.numel(),
+                 [&](int64_t i, int64_t n) { activation_forward_row(a.kind, x + i, y + i, n); });
+}
+
+void CpuBackend::activation_backward_impl(const ActivationBackwardArgs& a) {
+  const float* x = a.inp.f32();
+  const float* dy = a.dout.f32();
+  float* dx = a.dinp.f32();  // may alias dy: each element reads dy[i] before writing dx[i]
+  for_each_chunk(a.inp.numel(), [&](int64_t i, int64_t n) {
+    activation_backward_row(a.kind, x + i, dy + i, dx + i, n);
+  });
 }
 
 void CpuBackend::dropout_impl(const DropoutArgs& a) {

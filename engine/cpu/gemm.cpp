@@ -23,7 +23,8 @@ int blas_int(int64_t v) {
 // shapes. Tiles shrink (to 64) until there are 8 of them, so a small output with a long K
 // (a weight gradient) still keeps every thread busy.
 void sgemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int64_t N, int64_t K, const float* A,
-           int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+           int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc,
+           const TileEpilogue& epilogue) {
   int64_t tile = 256;
   auto tiles = [&](int64_t t) { return ((M + t - 1) / t) * ((N + t - 1) / t); };
   while (tile > 64 && tiles(tile) < 8) tile /= 2;
@@ -39,6 +40,7 @@ void sgemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int64_t N, int64_t
     const float* b = tb == CblasNoTrans ? B + j0 : B + j0 * ldb;
     cblas_sgemm(CblasRowMajor, ta, tb, blas_int(m), blas_int(n), blas_int(K), 1.0f, a,
                 blas_int(lda), b, blas_int(ldb), beta, C + i0 * ldc + j0, blas_int(ldc));
+    if (epilogue) epilogue(i0, j0, m, n);
   }
 }
 

@@ -7,13 +7,19 @@
 #include <cblas.h>
 
 #include <cstdint>
+#include <functional>
 
 namespace remat::cpu {
 
 /// A dimension as BLAS's int; asserts that it fits.
 int blas_int(int64_t v);
 
+/// Runs on each finished tile of C, rows [row0, row0 + m) and columns [col0, col0 + n), on the
+/// thread that computed it and while the tile is still in its cache: a fused epilogue.
+using TileEpilogue = std::function<void(int64_t row0, int64_t col0, int64_t m, int64_t n)>;
+
 void sgemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int64_t N, int64_t K, const float* A,
-           int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
+           int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc,
+           const TileEpilogue& epilogue = {});
 
 }  // namespace remat::cpu

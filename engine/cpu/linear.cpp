@@ -1,45 +1,53 @@
 // CPU linear layer, forward and backward (engine/ops/linear.h): GEMMs on the tile grid of
-// gemm.h, then the bias. Row-major; a weight is (OC, C) as in PyTorch, so out = inp W^T.
+// gemm.h, with the bias and the fused activations as tile epilogues. Row-major; a weight is (OC, C) as in PyTorch, so out = inp W^T.
 
 #include <algorithm>
 
+#include "engine/cpu/activation_rows.h"
 #include "engine/cpu/cpu_backend.h"
 #include "engine/cpu/gemm.h"
 
 namespace remat::cpu {
 
-namespace {
-
-// out (rows, OC) {=, +=} bias broadcast over rows.
-void add_bias_rows(float* out, const float* bias, int64_t rows, int64_t OC, bool overwrite) {
-#pragma omp parallel for schedule(static) if (rows * OC > (1 << 16))
-  for (int64_t r = 0; r < rows; ++r) {
-    float* o = out + r * OC;
-    if (overwrite)
-      for (int64_t j = 0; j < OC; ++j) o[j] = bias[j];
-    else
-      for (int64_t j = 0; j < OC; ++j) o[j] += bias[j];
-  }
-}
-
-}  // namespace
-
 void CpuBackend::linear_forward_impl(const LinearForwardArgs& a, const OpWorkspace&) {
   const int64_t N = a.inp.rows(), C = a.inp.dim(-1), OC = a.weight.dim(0);
-  float beta = a.accumulate ? 1.0f : 0.0f;
-  if (!a.bias.empty()) {
-    add_bias_rows(a.out.f32(), a.bias.f32(), N, OC, !a.accumulate);
-    beta = 1.0f;
+  float* out = a.out.f32();
+  const float* bias = a.bias.empty() ? nullptr : a.bias.f32();
+  float* act_out = a.act_out.empty() ? nullptr : a.act_out.f32();
+  // The bias and the activation run on each tile as soon as it is computed, while it is in
+  // cache, instead of as passes over the whole output before and after the GEMM.
+  TileEpilogue epilogue;
+  if (bias || act_out) {
+    epilogue = [&](int64_t r0, int64_t c0, int64_t m, int64_t n) {
+      for (int64_t r = r0; r < r0 + m; ++r) {
+        float* o = out + r * OC + c0;
+        if (bias)
+          for (int64_t j = 0; j < n; ++j) o[j] += bias[c0 + j];
+        if (act_out) activation_forward_row(a.act, o, act_out + r * OC + c0, n);
+      }
+    };
   }
-  sgemm(CblasNoTrans, CblasTrans, N, OC, C, a.inp.f32(), C, a.weight.f32(), C, beta, a.out.f32(),
-        OC);
+  sgemm(CblasNoTrans, CblasTrans, N, OC, C, a.inp.f32(), C, a.weight.f32(), C,
+        a.accumulate ? 1.0f : 0.0f, out, OC, epilogue);
 }
 
 void CpuBackend::linear_backward_impl(const LinearBackwardArgs& a, const OpWorkspace&) {
   const int64_t N = a.inp.rows(), C = a.inp.dim(-1), OC = a.weight.dim(0);
   const float* dout = a.dout.f32();
-  if (!a.dinp.empty()) {  // dinp (N, C) = dout (N, OC) W (OC, C)
-    sgemm(CblasNoTrans, CblasNoTrans, N, C, OC, dout, OC, a.weight.f32(), C, 0.0f, a.dinp.f32(), C);
+  if (!a.dinp.empty()) {  // dinp (N, C) = dout (N, OC) W (OC, C), then through act' per tile
+    float* dinp = a.dinp.f32();
+    const float* pre_act = a.inp_pre_act.empty() ? nullptr : a.inp_pre_act.f32();
+    TileEpilogue through_act;
+    if (pre_act) {
+      through_act = [&](int64_t r0, int64_t c0, int64_t m, int64_t n) {
+        for (int64_t r = r0; r < r0 + m; ++r) {
+          float* d = dinp + r * C + c0;
+          activation_backward_row(a.act, pre_act + r * C + c0, d, d, n);
+        }
+      };
+    }
+    sgemm(CblasNoTrans, CblasNoTrans, N, C, OC, dout, OC, a.weight.f32(), C, 0.0f, dinp, C,
+          through_act);
   }
   // dW (OC, C) += dout^T (OC, N) inp (N, C)
   sgemm(CblasTrans, CblasNoTrans, OC, C, N, dout, OC, a.inp.f32(), C, 1.0f, a.dweight.f32(), C);

@@ -36,6 +36,8 @@ void CudaBackend::linear_forward_impl(const LinearForwardArgs& a, const OpWorksp
   gemm_->matmul(OC, N, C, {w, bf, C, true}, {a.inp.data, bf, C, false}, a.out.data, is_bf16(a.out),
                 OC, beta, wsp, kGemmWorkspaceBytes);
   finish_op();
+  // The fused activation is the activation op after the GEMM here (one more pass over out).
+  if (!a.act_out.empty()) activation_forward_impl({a.act_out, a.out, a.act});
 }
 
 void CudaBackend::linear_backward_impl(const LinearBackwardArgs& a, const OpWorkspace& ws) {
@@ -43,9 +45,12 @@ void CudaBackend::linear_backward_impl(const LinearBackwardArgs& a, const OpWork
   const bool bf = is_bf16(a.dout);
   const void* w = gemm_weight(a.weight, ws);  // the bf16 copy only when dinp is wanted
   void* wsp = ws.at("gemm.workspace").tensor().data;
-  if (!a.dinp.empty())
+  if (!a.dinp.empty()) {
     gemm_->matmul(C, N, OC, {w, bf, C, false}, {a.dout.data, bf, OC, false}, a.dinp.data,
                   is_bf16(a.dinp), C, 0.0f, wsp, kGemmWorkspaceBytes);
+    if (!a.inp_pre_act.empty())  // through the activation, in place
+      activation_backward_impl({a.dinp, a.dinp, a.inp_pre_act, a.act});
+  }
   // f32 output, beta 1: the weight gradient accumulates in fp32 straight from bf16 operands.
   gemm_->matmul(C, OC, N, {a.inp.data, bf, C, false}, {a.dout.data, bf, OC, true}, a.dweight.data,
                 false, C, 1.0f, wsp, kGemmWorkspaceBytes);

@@ -1,5 +1,6 @@
 // Op test of the linear layer: forward against a double reference with and without bias and
-// accumulate, the gradient contract (dinp =, dweight and dbias +=) and central differences. Against
+// accumulate, the gradient contract (dinp =, dweight and dbias +=), central differences, and the
+// fused activation epilogues against the separate activation ops. Against
 // the CPU backend, the specification every other backend is checked against; tolerances and shared
 // helpers: tests/test_util.h.
 #include "tests/ops/op_test.h"
@@ -107,6 +108,55 @@ TEST_CASE("linear backward matches central differences", "[ops]") {
                  "dbias"));
 }
 
+TEST_CASE("the linear's fused activations are the activation ops, bit for bit", "[ops]") {
+  // Forward: act_out = act(out) in the GEMM tiles' epilogue. Backward: dinp on through act'.
+  // Each must equal the separate ops on every element, at every tile edge (65 x 130 x 67 and
+  // 300 x 70 x 520 cross the CPU GEMM's tiles; 520 is not a multiple of 8 lanes).
+  CpuBackend be(kTestBudgetBytes, kTestThreads);
+  std::vector<LinearShape> shapes = kLinearShapes;
+  shapes.push_back({300, 70, 520});
+  const auto [N, C, OC] = GENERATE_COPY(from_range(shapes));
+  const Activation act = GENERATE(Activation::Gelu, Activation::Relu);
+  const bool accumulate = GENERATE(false, true);
+  CAPTURE(N, C, OC, act == Activation::Gelu ? "gelu" : "relu", accumulate);
+  Buffer inp = make_randn(be, {N, C}, kSeed, 1);
+  Buffer weight = make_randn(be, {OC, C}, kSeed, 2);
+  Buffer bias = make_randn(be, {OC}, kSeed, 3);
+  Buffer out_fused = make_randn(be, {N, OC}, kSeed, 4),
+         out_apart = make_randn(be, {N, OC}, kSeed, 4);
+  Buffer act_fused = make_filled(be, {N, OC}, 7.0f), act_apart = make_tensor(be, {N, OC});
+  be.linear_forward({.out = out_fused,
+                     .inp = inp,
+                     .weight = weight,
+                     .bias = bias,
+                     .accumulate = accumulate,
+                     .act_out = act_fused,
+                     .act = act});
+  be.linear_forward(
+      {.out = out_apart, .inp = inp, .weight = weight, .bias = bias, .accumulate = accumulate});
+  be.activation_forward({.out = act_apart, .inp = out_apart, .kind = act});
+  CHECK(to_host(out_fused) == to_host(out_apart));
+  CHECK(to_host(act_fused) == to_host(act_apart));
+
+  // Backward through a layer whose input was act(pre): d pre = (dout W) act'(pre).
+  Buffer pre = make_randn(be, {N, C}, kSeed, 5);
+  Buffer dout = make_randn(be, {N, OC}, kSeed, 6);
+  Buffer dpre_fused = make_filled(be, {N, C}, 7.0f), dpre_apart = make_tensor(be, {N, C});
+  Buffer dw_fused = make_filled(be, {OC, C}, 0.0f), dw_apart = make_filled(be, {OC, C}, 0.0f);
+  be.linear_backward({.dinp = dpre_fused,
+                      .dweight = dw_fused,
+                      .dout = dout,
+                      .inp = inp,
+                      .weight = weight,
+                      .inp_pre_act = pre,
+                      .act = act});
+  be.linear_backward(
+      {.dinp = dpre_apart, .dweight = dw_apart, .dout = dout, .inp = inp, .weight = weight});
+  be.activation_backward({.dinp = dpre_apart, .dout = dpre_apart, .inp = pre, .kind = act});
+  CHECK(to_host(dpre_fused) == to_host(dpre_apart));
+  CHECK(to_host(dw_fused) == to_host(dw_apart));
+}
+
 #if REMAT_TEST_CUDA_ROWS
 TEST_CASE("linear forward and backward on CUDA match the CPU (bias, accumulate)", "[gpu][linear]") {
   const auto [N, C, OC] = GENERATE(from_range(kLinearShapes));
@@ -140,6 +190,47 @@ TEST_CASE("linear forward and backward on CUDA match the CPU (bias, accumulate)"
   r.gpu->linear_backward({Tensor(), dw_again, db_again, dy_g, x_g, w_g});
   CHECK(fetch(*r.gpu, dw_again) == fetch(*r.gpu, dw_g));
   CHECK(fetch(*r.gpu, db_again) == fetch(*r.gpu, db_g));
+}
+
+TEST_CASE("the linear's fused activations on CUDA match the CPU's", "[gpu][linear]") {
+  const auto [N, C, OC] = GENERATE(from_range(kLinearShapes));
+  const DType dt = GENERATE(from_range(kCudaActivationTypes));
+  const Activation act = GENERATE(Activation::Gelu, Activation::Relu);
+  CAPTURE(N, C, OC, dtype_name(dt), act == Activation::Gelu ? "gelu" : "relu");
+  CudaRow r(dt);
+  const Tolerance tol = r.pick(kCudaF32Gemm, kCudaBf16Gemm);
+  auto [x_c, x_g] = r.act_pair({N, C}, r.act_values(N * C, 1));
+  auto [w_c, w_g] = r.f32_pair({OC, C}, host_randn(OC * C, 2, 0.2));
+  auto [b_c, b_g] = r.f32_pair({OC}, host_randn(OC, 3));
+  auto [y_c, y_g] = r.act_pair({N, OC}, r.act_values(N * OC, 4));
+  auto [a_c, a_g] = r.act_pair({N, OC}, r.act_values(N * OC, 5));
+  r.cpu.linear_forward(
+      {.out = y_c, .inp = x_c, .weight = w_c, .bias = b_c, .act_out = a_c, .act = act});
+  r.gpu->linear_forward(
+      {.out = y_g, .inp = x_g, .weight = w_g, .bias = b_g, .act_out = a_g, .act = act});
+  r.check_same(y_c, y_g, tol, "out");
+  r.check_same(a_c, a_g, tol, "act_out");
+  auto [pre_c, pre_g] = r.act_pair({N, C}, r.act_values(N * C, 6));
+  auto [dy_c, dy_g] = r.act_pair({N, OC}, r.act_values(N * OC, 7));
+  auto [dx_c, dx_g] = r.act_pair({N, C}, std::vector<float>(static_cast<size_t>(N * C), 7.0f));
+  auto [dw_c, dw_g] = r.f32_pair({OC, C}, host_randn(OC * C, 8));
+  const LinearBackwardArgs cpu_args{.dinp = dx_c,
+                                    .dweight = dw_c,
+                                    .dout = dy_c,
+                                    .inp = x_c,
+                                    .weight = w_c,
+                                    .inp_pre_act = pre_c,
+                                    .act = act};
+  r.cpu.linear_backward(cpu_args);
+  r.gpu->linear_backward({.dinp = dx_g,
+                          .dweight = dw_g,
+                          .dout = dy_g,
+                          .inp = x_g,
+                          .weight = w_g,
+                          .inp_pre_act = pre_g,
+                          .act = act});
+  r.check_same(dx_c, dx_g, tol, "d pre-activation");
+  r.check_same(dw_c, dw_g, r.pick(kCudaF32Gemm, kCudaBf16ParamGrad), "dweight (+=)");
 }
 
 #endif
