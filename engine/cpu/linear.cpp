@@ -1,5 +1,6 @@
 // CPU linear layer, forward and backward (engine/ops/linear.h): GEMMs on the tile grid of
-// gemm.h, with the bias and the fused activations as tile epilogues. Row-major; a weight is (OC, C) as in PyTorch, so out = inp W^T.
+// gemm.h, with the bias and the fused activations as tile epilogues. Row-major; a weight is
+// (OC, C) as in PyTorch, so out = inp W^T.
 
 #include <algorithm>
 
