@@ -345,6 +345,10 @@ const std::vector<KeySpec>& key_specs() {
        [](Config& c, auto& n, auto& o) { c.remat.every = read_int(n, o, 1, 4096, false); }},
       {"remat", "blocks", "which blocks are checkpointed; [] = all",
        [](Config& c, auto& n, auto& o) { c.remat.blocks = read_int_list(n, o); }},
+      {"remat", "tile_tokens",
+       "GPT: each block's LayerNorm 2 and MLP run over chunks of N token rows and are recomputed "
+       "in the backward; 0 = off",
+       [](Config& c, auto& n, auto& o) { c.remat.tile_tokens = read_int(n, o, 0, kMax, false); }},
       {"device", "backend", "auto = CUDA when a GPU is found, else the CPU",
        [](Config& c, auto& n, auto& o) { c.device.backend = read_enum(n, o, kBackends); }},
       {"device", "memory", "the pool budget; 0 = the device's memory",
@@ -465,6 +469,10 @@ void validate(const Config& c, const Origins& o) {
            (key == std::string("model.dropout") && m.dropout > 0)))
         fail(o.of(key), fmt::format("{} applies to model.kind = \"gpt\", not \"mlp\"", key),
              fmt::format("remove {} (the MLP's width is model.n_embd)", key));
+    if (c.remat.tile_tokens > 0)
+      fail(o.of("remat.tile_tokens"),
+           "remat.tile_tokens chunks the token rows of a GPT block; the MLP model has none",
+           "remove remat.tile_tokens (or set it to 0)");
   }
   const bool file_data = c.data.source != "synthetic";
   if (file_data && c.data.path.empty())
@@ -713,6 +721,7 @@ std::string config_to_toml(const Config& c) {
   if (!c.remat.blocks.empty()) remat.insert("blocks", ints(c.remat.blocks));
   if (!c.remat.save.empty()) remat.insert("save", strings(c.remat.save));
   if (!c.remat.plan.empty()) remat.insert("plan", strings(c.remat.plan));
+  remat.insert("tile_tokens", c.remat.tile_tokens);
   if (c.remat.policy == "auto") {  // auto refuses every/blocks/plan beside it
     remat.erase("every");
     remat.erase("plan");

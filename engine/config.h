@@ -85,6 +85,7 @@ struct RematConfig {
   std::vector<int64_t> blocks;    // blocks that are checkpointed; empty = all
   std::vector<std::string> save;  // policy "names": activations to keep (JAX save_only_these_names)
   std::vector<std::string> plan;  // one policy per block; overrides policy/blocks when set
+  int64_t tile_tokens = 0;        // GPT: LayerNorm 2 + MLP in chunks of this many rows; 0 = off
 };
 
 struct DeviceConfig {

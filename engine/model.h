@@ -44,6 +44,8 @@ class ActStore {
                      const std::vector<std::string>& names);
   void put(size_t slot, Buffer b) { slots_[slot] = std::move(b); }
   Buffer take(size_t slot) { return std::move(slots_[slot]); }
+  /// Frees a slot the rest of the block's backward no longer reads.
+  void release(size_t slot) { slots_[slot].reset(); }
   void keep_only(const std::vector<bool>& keep);
   void clear();
 

@@ -7,9 +7,12 @@ namespace remat {
 
 const char* dtype_name(DType t) {
   switch (t) {
-    case DType::F32: return "f32";
-    case DType::BF16: return "bf16";
-    case DType::I32: return "i32";
+    case DType::F32:
+      return "f32";
+    case DType::BF16:
+      return "bf16";
+    case DType::I32:
+      return "i32";
   }
   return "?";
 }
@@ -28,7 +31,8 @@ int64_t Tensor::numel() const {
 
 std::string Tensor::shape_str() const {
   std::string s = "(";
-  for (int i = 0; i < ndim; ++i) s += fmt::format("{}{}", i ? "," : "", shape[static_cast<size_t>(i)]);
+  for (int i = 0; i < ndim; ++i)
+    s += fmt::format("{}{}", i ? "," : "", shape[static_cast<size_t>(i)]);
   return s + ")";
 }
 
@@ -37,6 +41,15 @@ Tensor Tensor::view(const std::vector<int64_t>& dims) const {
   REMAT_ASSERT(t.numel() == numel(), "view {} of tensor {} changes the element count",
                t.shape_str(), shape_str());
   return t;
+}
+
+Tensor Tensor::row_range(int64_t first, int64_t count) const {
+  REMAT_ASSERT(first >= 0 && count >= 0 && first + count <= rows(),
+               "rows [{}, {}) of tensor {} are out of range", first, first + count, shape_str());
+  const int64_t width = dim(-1);
+  char* base = static_cast<char*>(data);
+  return Tensor(base ? base + first * width * static_cast<int64_t>(dtype_size(dtype)) : nullptr,
+                {count, width}, dtype);
 }
 
 }  // namespace remat

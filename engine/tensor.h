@@ -15,7 +15,9 @@ namespace remat {
 
 enum class DType : uint8_t { F32, BF16, I32 };
 
-inline size_t dtype_size(DType t) { return t == DType::BF16 ? 2 : 4; }
+inline size_t dtype_size(DType t) {
+  return t == DType::BF16 ? 2 : 4;
+}
 const char* dtype_name(DType t);
 
 struct Tensor {
@@ -45,6 +47,8 @@ struct Tensor {
   }
   /// Same storage, other shape (same element count).
   Tensor view(const std::vector<int64_t>& dims) const;
+  /// Rows [first, first + count) of the tensor seen as a (rows, last dim) matrix, as (count, last).
+  Tensor row_range(int64_t first, int64_t count) const;
 };
 
 }  // namespace remat

@@ -1,6 +1,8 @@
 // GPT block forward/backward against the backend interface (see layers/gpt_block.h).
 #include "layers/gpt_block.h"
 
+#include <algorithm>
+
 #include "engine/rng.h"
 
 namespace remat {
@@ -15,25 +17,28 @@ GptBlock::GptBlock(GptBlockParams p, const GptBlockShape& s, int64_t index)
       rope_theta_(s.rope_theta),
       index_(index),
       dropout_(s.dropout),
-      seed_(s.seed) {}
+      seed_(s.seed),
+      tile_tokens_(s.tile_tokens) {}
 
-DropoutArgs GptBlock::dropout_args(const Tensor& out, const Tensor& inp, Site site) const {
+DropoutArgs GptBlock::dropout_args(const Tensor& out, const Tensor& inp, Site site,
+                                   int64_t first_row) const {
   const uint64_t stream =
       mix64(mix64(static_cast<uint64_t>(step_)) ^ (static_cast<uint64_t>(index_) << 8) ^ site);
-  return DropoutArgs{out, inp, active_dropout(), seed_, stream};
+  return DropoutArgs{out,   inp,    active_dropout(),
+                     seed_, stream, static_cast<uint64_t>(first_row * C_)};
 }
 
 void GptBlock::branch_forward(Backend& be, const Tensor& out, const Tensor& base, const Tensor& inp,
-                              const Param* w, const Param* b, Site site) {
+                              const Param* w, const Param* b, Site site, int64_t first_row) {
   if (active_dropout() == 0) {  // accumulate straight into the residual: no temporary
     be.copy(out, base);
     be.linear_forward({out, inp, w->value, b->value, true});
     return;
   }
-  Buffer proj = be.pool().allocate({B_, T_, C_}, be.act_dtype(), MemCategory::Transient,
+  Buffer proj = be.pool().allocate({out.rows(), C_}, be.act_dtype(), MemCategory::Transient,
                                    site == AttnOut ? "attn.proj" : "mlp.proj");
   be.linear_forward({proj, inp, w->value, b->value});
-  be.dropout(dropout_args(proj, proj, site));
+  be.dropout(dropout_args(proj, proj, site, first_row));
   be.add(out, base, proj);
 }
 
@@ -59,13 +64,54 @@ constexpr SlotInfo<GptBlock::Slot> kSlots[] = {
 static_assert(std::size(kSlots) == GptBlock::kNumSlots && slots_in_order(kSlots),
               "kSlots lists every slot of GptBlock::Slot, in order");
 
+// A tiled block's slots are the first kNumTiledSlots of kSlots (the MLP's come last).
+template <class T>
+const std::vector<T>& tiled_prefix(const std::vector<T>& all) {
+  static const std::vector<T> prefix(all.begin(), all.begin() + GptBlock::kNumTiledSlots);
+  return prefix;
+}
+
 }  // namespace
 
 const std::vector<std::string>& GptBlock::act_names() const {
-  return slot_names<kSlots>();
+  return tiled() ? tiled_prefix(slot_names<kSlots>()) : slot_names<kSlots>();
 }
 const std::vector<ActKind>& GptBlock::act_kinds() const {
-  return slot_kinds<kSlots>();
+  return tiled() ? tiled_prefix(slot_kinds<kSlots>()) : slot_kinds<kSlots>();
+}
+
+GptBlock::MlpChunk GptBlock::allocate_mlp_chunk(Backend& be) const {
+  const int64_t rows = std::min(tile_tokens_, B_ * T_);
+  const DType act = be.act_dtype();
+  MemoryPool& pool = be.pool();
+  return {pool.allocate({rows, C_}, act, MemCategory::Transient, "mlp.tile.ln2"),
+          pool.allocate({rows, 2}, DType::F32, MemCategory::Transient, "mlp.tile.ln2.stats"),
+          pool.allocate({rows, FF_}, act, MemCategory::Transient, "mlp.tile.fc"),
+          pool.allocate({rows, FF_}, act, MemCategory::Transient, "mlp.tile.gelu")};
+}
+
+void GptBlock::mlp_chunk_forward(Backend& be, const MlpChunk& c, const Tensor& res, int64_t r0,
+                                 int64_t n) const {
+  const Tensor ln2 = c.ln2.tensor().row_range(0, n);
+  be.layernorm_forward({ln2, c.ln2_stats.tensor().row_range(0, n), res.row_range(r0, n),
+                        p_.ln2_weight->value, p_.ln2_bias->value});
+  be.linear_forward({.out = c.fc.tensor().row_range(0, n),
+                     .inp = ln2,
+                     .weight = p_.mlp_fc_weight->value,
+                     .bias = p_.mlp_fc_bias->value,
+                     .act_out = c.gelu.tensor().row_range(0, n),
+                     .act = Activation::Gelu});
+}
+
+void GptBlock::mlp_forward_tiled(Backend& be, const Tensor& res, const Tensor& y) {
+  const int64_t N = B_ * T_;
+  const MlpChunk c = allocate_mlp_chunk(be);
+  for (int64_t r0 = 0; r0 < N; r0 += tile_tokens_) {
+    const int64_t n = std::min(tile_tokens_, N - r0);
+    mlp_chunk_forward(be, c, res, r0, n);
+    branch_forward(be, y.row_range(r0, n), res.row_range(r0, n), c.gelu.tensor().row_range(0, n),
+                   p_.mlp_proj_weight, p_.mlp_proj_bias, MlpOut, r0);
+  }
 }
 
 void GptBlock::forward(Backend& be, ActStore& a, const Tensor& y) {
@@ -92,6 +138,10 @@ void GptBlock::forward(Backend& be, ActStore& a, const Tensor& y) {
     branch_forward(be, make(Res, {B_, T_, C_}, act), a.get(X), a.get(Attn), p_.attn_proj_weight,
                    p_.attn_proj_bias, AttnOut);
   }
+  if (tiled()) {  // the MLP half has no slots: it runs, chunk by chunk, when y is wanted
+    if (!y.empty()) mlp_forward_tiled(be, a.get(Res), y);
+    return;
+  }
   if (!a.has(Ln2) || !a.has(Ln2Stats)) {
     be.layernorm_forward({make(Ln2, {B_, T_, C_}, act), make(Ln2Stats, {N, 2}, DType::F32),
                           a.get(Res), p_.ln2_weight->value, p_.ln2_bias->value});
@@ -114,6 +164,55 @@ void GptBlock::forward(Backend& be, ActStore& a, const Tensor& y) {
     branch_forward(be, y, a.get(Res), a.get(Gelu), p_.mlp_proj_weight, p_.mlp_proj_bias, MlpOut);
 }
 
+void GptBlock::mlp_backward_rows(Backend& be, const MlpActs& m, const Tensor& res,
+                                 const Tensor& dresid, int64_t r0, int64_t n) {
+  MemoryPool& pool = be.pool();
+  const DType act = be.act_dtype();
+  // y = res + dropout(gelu Wp^T + bp): the gradient reaching the projection is dresid's rows
+  // through the same dropout mask.
+  const Tensor dres = dresid.row_range(r0, n);
+  Buffer dmlp_scratch;
+  Tensor dmlp = dres;
+  if (active_dropout() != 0) {
+    dmlp_scratch = pool.allocate({n, C_}, act, MemCategory::Transient, "grad.dropout");
+    be.dropout(dropout_args(dmlp_scratch, dres, MlpOut, r0));
+    dmlp = dmlp_scratch;
+  }
+  // d fc straight from the projection's backward: the GELU's backward is its dinp epilogue.
+  Buffer dgelu = pool.allocate({n, FF_}, act, MemCategory::Transient, "grad.gelu");
+  be.linear_backward({.dinp = dgelu,
+                      .dweight = p_.mlp_proj_weight->grad,
+                      .dbias = p_.mlp_proj_bias->grad,
+                      .dout = dmlp,
+                      .inp = m.gelu,
+                      .weight = p_.mlp_proj_weight->value,
+                      .inp_pre_act = m.fc,
+                      .act = Activation::Gelu});
+  dmlp_scratch.reset();
+  Buffer dln2 = pool.allocate({n, C_}, act, MemCategory::Transient, "grad.ln2");
+  be.linear_backward(
+      {dln2, p_.mlp_fc_weight->grad, p_.mlp_fc_bias->grad, dgelu, m.ln2, p_.mlp_fc_weight->value});
+  dgelu.reset();
+  be.layernorm_backward({dres, p_.ln2_weight->grad, p_.ln2_bias->grad, dln2, res.row_range(r0, n),
+                         p_.ln2_weight->value, m.ln2_stats});
+}
+
+void GptBlock::mlp_backward_tiled(Backend& be, const Tensor& res, const Tensor& dresid) {
+  const int64_t N = B_ * T_;
+  const MlpChunk c = allocate_mlp_chunk(be);
+  for (int64_t r0 = 0; r0 < N; r0 += tile_tokens_) {
+    const int64_t n = std::min(tile_tokens_, N - r0);
+    const Phase outer = be.phase();  // the chunk's forward counts as recompute
+    be.set_phase(Phase::Recompute);
+    mlp_chunk_forward(be, c, res, r0, n);
+    be.set_phase(outer);
+    mlp_backward_rows(be,
+                      {c.ln2.tensor().row_range(0, n), c.ln2_stats.tensor().row_range(0, n),
+                       c.fc.tensor().row_range(0, n), c.gelu.tensor().row_range(0, n)},
+                      res, dresid, r0, n);
+  }
+}
+
 void GptBlock::backward(Backend& be, ActStore& a, const Tensor& dresid) {
   MemoryPool& pool = be.pool();
   const DType act = be.act_dtype();
@@ -124,27 +223,16 @@ void GptBlock::backward(Backend& be, ActStore& a, const Tensor& dresid) {
     be.dropout(dropout_args(scratch, dresid, site));
     return scratch;
   };
-  // MLP branch: y = res + dropout(gelu Wp^T + bp)
-  Buffer dmlp_scratch;
-  const Tensor dmlp = branch_grad(MlpOut, dmlp_scratch);
-  // d fc straight from the projection's backward: the GELU's backward is its dinp epilogue.
-  Buffer dgelu = pool.allocate({B_, T_, FF_}, act, MemCategory::Transient, "grad.gelu");
-  be.linear_backward({.dinp = dgelu,
-                      .dweight = p_.mlp_proj_weight->grad,
-                      .dbias = p_.mlp_proj_bias->grad,
-                      .dout = dmlp,
-                      .inp = a.get(Gelu),
-                      .weight = p_.mlp_proj_weight->value,
-                      .inp_pre_act = a.get(Fc),
-                      .act = Activation::Gelu});
-  dmlp_scratch.reset();
-  Buffer dln2 = pool.allocate({B_, T_, C_}, act, MemCategory::Transient, "grad.ln2");
-  be.linear_backward({dln2, p_.mlp_fc_weight->grad, p_.mlp_fc_bias->grad, dgelu, a.get(Ln2),
-                      p_.mlp_fc_weight->value});
-  dgelu.reset();
-  be.layernorm_backward({dresid, p_.ln2_weight->grad, p_.ln2_bias->grad, dln2, a.get(Res),
-                         p_.ln2_weight->value, a.get(Ln2Stats)});
-  dln2.reset();
+  if (tiled()) {
+    mlp_backward_tiled(be, a.get(Res), dresid);
+  } else {
+    mlp_backward_rows(be, {a.get(Ln2), a.get(Ln2Stats), a.get(Fc), a.get(Gelu)}, a.get(Res), dresid,
+                      0, B_ * T_);
+    for (Slot s : {Ln2, Ln2Stats, Fc, Gelu}) a.release(s);
+  }
+  // Each activation is freed as soon as the backward has read it for the last time: the
+  // attention half's peak then holds neither res nor the MLP's tensors.
+  a.release(Res);
   // Attention branch: res = x + dropout(attn Wo^T + bo)
   Buffer dproj_scratch;
   const Tensor dproj = branch_grad(AttnOut, dproj_scratch);
@@ -156,10 +244,12 @@ void GptBlock::backward(Backend& be, ActStore& a, const Tensor& dresid) {
   be.attention_backward(
       {dqkv, dattn, a.get(Qkv), a.get(Attn), a.get(AttnLse), static_cast<int>(NH_), rope_theta_});
   dattn.reset();
+  for (Slot s : {Qkv, Attn, AttnLse}) a.release(s);
   Buffer dln1 = pool.allocate({B_, T_, C_}, act, MemCategory::Transient, "grad.ln1");
   be.linear_backward({dln1, p_.attn_qkv_weight->grad, p_.attn_qkv_bias->grad, dqkv, a.get(Ln1),
                       p_.attn_qkv_weight->value});
   dqkv.reset();
+  a.release(Ln1);
   be.layernorm_backward({dresid, p_.ln1_weight->grad, p_.ln1_bias->grad, dln1, a.get(X),
                          p_.ln1_weight->value, a.get(Ln1Stats)});
 }

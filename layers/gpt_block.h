@@ -6,6 +6,10 @@
 // With dropout p > 0, the attention and MLP branch outputs are dropped (inverted dropout) before
 // the residual adds; masks come from a counter-based RNG keyed by (seed, step, block, site), so
 // recompute and backward reproduce them without saving anything.
+// With remat.tile_tokens = n > 0 the token-wise second half (ln2, fc, gelu, mlp.proj and its
+// residual add) runs over chunks of n rows of the (B*T, C) stream, in the forward and again,
+// chunk by chunk, inside the backward: ln2, fc and gelu are never stored whole, whatever the
+// policy, and the block's slots are only x .. res. Weight gradients add up over the chunks.
 // Saved activations and what needs them: layers/layer.h.
 #pragma once
 
@@ -31,7 +35,8 @@ struct GptBlockShape {
   int64_t B = 0, T = 0, C = 0, NH = 0, FF = 0;
   float rope_theta = 0;  // 0: no rotary embedding (learned positions)
   float dropout = 0;
-  uint64_t seed = 0;  // train.seed: dropout masks derive from it
+  uint64_t seed = 0;        // train.seed: dropout masks derive from it
+  int64_t tile_tokens = 0;  // rows per MLP chunk; 0 = untiled
 };
 
 class GptBlock : public Block {
@@ -50,6 +55,8 @@ class GptBlock : public Block {
     Gelu,
     kNumSlots
   };
+  /// Slots of a tiled block (tile_tokens > 0): the MLP's (ln2 .. gelu) live per chunk instead.
+  static constexpr size_t kNumTiledSlots = Ln2;
   /// Block `index` (blocks.<index>) with parameters `p`.
   GptBlock(GptBlockParams p, const GptBlockShape& s, int64_t index);
   const std::vector<std::string>& act_names() const override;
@@ -62,16 +69,37 @@ class GptBlock : public Block {
  private:
   enum Site : uint64_t { AttnOut = 1, MlpOut = 2 };
   float active_dropout() const { return training_ ? dropout_ : 0.0f; }
-  DropoutArgs dropout_args(const Tensor& out, const Tensor& inp, Site site) const;
+  DropoutArgs dropout_args(const Tensor& out, const Tensor& inp, Site site,
+                           int64_t first_row = 0) const;
   // out = base + dropout(inp W^T + b): the residual add of one branch.
+  // `first_row` places a chunk of rows in the whole stream (its dropout mask).
   void branch_forward(Backend& be, const Tensor& out, const Tensor& base, const Tensor& inp,
-                      const Param* w, const Param* b, Site site);
+                      const Param* w, const Param* b, Site site, int64_t first_row = 0);
+  bool tiled() const { return tile_tokens_ > 0; }
+  // One chunk of the MLP half's activations, allocated once for the largest chunk.
+  struct MlpChunk {
+    Buffer ln2, ln2_stats, fc, gelu;
+  };
+  MlpChunk allocate_mlp_chunk(Backend& be) const;
+  // ln2, fc and gelu of rows [r0, r0 + n) of res into the chunk's first n rows.
+  void mlp_chunk_forward(Backend& be, const MlpChunk& c, const Tensor& res, int64_t r0,
+                         int64_t n) const;
+  void mlp_forward_tiled(Backend& be, const Tensor& res, const Tensor& y);
+  // The MLP half's activations of some rows, and its backward on rows [r0, r0 + n): dresid's
+  // rows gain d res through ln2; the weight gradients add.
+  struct MlpActs {
+    Tensor ln2, ln2_stats, fc, gelu;
+  };
+  void mlp_backward_rows(Backend& be, const MlpActs& m, const Tensor& res, const Tensor& dresid,
+                         int64_t r0, int64_t n);
+  void mlp_backward_tiled(Backend& be, const Tensor& res, const Tensor& dresid);
   GptBlockParams p_;
   int64_t B_, T_, C_, NH_, FF_;
   float rope_theta_;
   int64_t index_;
   float dropout_;
   uint64_t seed_;
+  int64_t tile_tokens_;
   int64_t step_ = 0;
   bool training_ = true;
 };

@@ -37,6 +37,7 @@ class GptModel : public Model {
     shape.rope_theta = m_.position == PositionKind::Rope ? static_cast<float>(m_.rope_theta) : 0.0f;
     shape.dropout = static_cast<float>(m_.dropout);
     shape.seed = seed;
+    shape.tile_tokens = s.tile_tokens;
     for (int64_t l = 0; l < L; ++l) {
       const std::string p = fmt::format("blocks.{}.", l);
       GptBlockParams bp{};
@@ -146,7 +147,9 @@ int64_t Model::n_params() const {
 }
 
 std::unique_ptr<Model> make_model(const Config& cfg, Backend& be) {
-  return make_model(cfg.model, model_shape(cfg.train), be);
+  ModelShape shape = model_shape(cfg.train);
+  shape.tile_tokens = cfg.remat.tile_tokens;
+  return make_model(cfg.model, shape, be);
 }
 
 ModelShape model_shape(const TrainConfig& train) {

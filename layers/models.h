@@ -12,12 +12,13 @@
 namespace remat {
 
 /// What a model needs besides [model]: the shape of one step and the run's seed (parameter
-/// initialization, dropout) and LM-head chunking.
+/// initialization, dropout), LM-head chunking and the blocks' token tiling.
 struct ModelShape {
   int64_t batch_size = 1;
-  int64_t seq_len = 1;     // gpt only
-  uint64_t seed = 0;       // train.seed
-  int64_t loss_chunk = 0;  // train.loss_chunk; 0 = chosen by the tool
+  int64_t seq_len = 1;      // gpt only
+  uint64_t seed = 0;        // train.seed
+  int64_t loss_chunk = 0;   // train.loss_chunk; 0 = chosen by the tool
+  int64_t tile_tokens = 0;  // remat.tile_tokens (gpt): token rows per MLP chunk; 0 = untiled
 };
 ModelShape model_shape(const TrainConfig& train);
 

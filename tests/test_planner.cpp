@@ -64,6 +64,29 @@ TEST_CASE("predicted peak equals the measured peak to the byte across policies a
   }
 }
 
+TEST_CASE("predicted peak equals the measured peak to the byte with a tiled MLP", "[planner]") {
+  // Chunks that divide nothing, one row, and more rows than the step has; with dropout (a
+  // chunk-sized mask scratch) and under policies that save part of the attention half.
+  const std::vector<std::string> shape = {
+      "model.n_layer=3",    "model.n_embd=48", "model.n_head=4",     "train.seq_len=61",
+      "train.batch_size=2", "model.n_ctx=256", "model.vocab_size=50"};
+  const std::vector<std::string> settings[] = {
+      {"remat.tile_tokens=17", "remat.policy=none"},
+      {"remat.tile_tokens=17", "remat.policy=full"},
+      {"remat.tile_tokens=1", "remat.policy=full", "remat.every=3"},
+      {"remat.tile_tokens=40", "remat.policy=save_dots", "model.dropout=0.1"},
+      {"remat.tile_tokens=500", "remat.policy=names", "remat.save=[\"qkv\",\"attn\"]"},
+  };
+  for (const auto& setting : settings) {
+    std::vector<std::string> sets = shape;
+    sets.insert(sets.end(), setting.begin(), setting.end());
+    const Config cfg = parse_config("", "planner-test", sets);
+    INFO(fmt::format("{}", fmt::join(sets, " ")));
+    const DryRun plan = cpu_planner(2, 1ull << 32).dry_run(cfg);
+    CHECK(plan.peak.total_bytes == measured_peak(cfg, 2));
+  }
+}
+
 TEST_CASE("longest seq_len and largest batch are the largest values whose dry run fits",
           "[planner]") {
   const Config cfg =

@@ -145,7 +145,9 @@ void CpuBackend::dropout_impl(const DropoutArgs& a) {
   const float scale = 1.0f / (1.0f - a.p);
 #pragma omp parallel for schedule(static) if (n > kGrain)
   for (int64_t i = 0; i < n; ++i)
-    y[i] = rng_uniform(a.seed, a.stream, static_cast<uint64_t>(i)) >= a.p ? x[i] * scale : 0.0f;
+    y[i] = rng_uniform(a.seed, a.stream, a.first_index + static_cast<uint64_t>(i)) >= a.p
+               ? x[i] * scale
+               : 0.0f;
 }
 
 }  // namespace remat::cpu

@@ -44,6 +44,7 @@ void CudaBackend::dropout_impl(const DropoutArgs& a) {
                  .p = a.p,
                  .seed = a.seed,
                  .stream = a.stream,
+                 .first_index = a.first_index,
                  .bf16 = is_bf16(a.inp)},
                 stream());
   finish_op();

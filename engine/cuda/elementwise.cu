@@ -45,11 +45,12 @@ __global__ void add_kernel(T* out, const T* a, const T* b, int64_t n) {
 
 template <typename T>
 __global__ void dropout_kernel(T* out, const T* inp, int64_t n, float p, float scale, uint64_t seed,
-                               uint64_t stream) {
+                               uint64_t stream, uint64_t first_index) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x)
-    out[i] = from_f32<T>(
-        rng_uniform(seed, stream, static_cast<uint64_t>(i)) >= p ? to_f32(inp[i]) * scale : 0.0f);
+    out[i] = from_f32<T>(rng_uniform(seed, stream, first_index + static_cast<uint64_t>(i)) >= p
+                             ? to_f32(inp[i]) * scale
+                             : 0.0f);
 }
 
 // GELU, tanh approximation (GPT-2), as engine/cpu/cpu_backend.cpp.
@@ -353,9 +354,9 @@ void add(void* out, const void* a, const void* b, int64_t n, bool is_bf16, cudaS
 void dropout(const DropoutParams& p, cudaStream_t s) {
   dispatch_act(p.bf16, [&](auto tag) {
     using T = decltype(tag);
-    dropout_kernel<T><<<grid_for(p.n), kThreads, 0, s>>>(static_cast<T*>(p.out),
-                                                         static_cast<const T*>(p.inp), p.n, p.p,
-                                                         1.0f / (1.0f - p.p), p.seed, p.stream);
+    dropout_kernel<T><<<grid_for(p.n), kThreads, 0, s>>>(
+        static_cast<T*>(p.out), static_cast<const T*>(p.inp), p.n, p.p, 1.0f / (1.0f - p.p), p.seed,
+        p.stream, p.first_index);
   });
 }
 

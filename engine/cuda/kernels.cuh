@@ -43,6 +43,7 @@ struct DropoutParams {
   int64_t n;
   float p;
   uint64_t seed, stream;
+  uint64_t first_index;  // element i draws the counter first_index + i
   bool bf16;
 };
 void dropout(const DropoutParams& p, cudaStream_t s);

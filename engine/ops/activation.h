@@ -25,7 +25,8 @@ struct ActivationBackwardArgs {
 };
 
 /// Inverted dropout with a counter-based mask: keep element i iff
-/// rng_uniform(seed, stream, i) >= p, scaled by 1/(1-p). The mask is a pure function of
+/// rng_uniform(seed, stream, first_index + i) >= p, scaled by 1/(1-p). first_index lets a chunk
+/// of rows draw the mask the whole tensor would (remat.tile_tokens). The mask is a pure function of
 /// (seed, stream, i), so a recompute or the backward pass (the same op on dout) reproduces it
 /// with no saved state. See engine/rng.h.
 struct DropoutArgs {
@@ -34,6 +35,7 @@ struct DropoutArgs {
   float p = 0;
   uint64_t seed = 0;
   uint64_t stream = 0;  // derived from (step, block, site)
+  uint64_t first_index = 0;
 };
 
 inline void check(const ActivationForwardArgs& a) {

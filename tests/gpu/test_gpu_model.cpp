@@ -6,6 +6,9 @@
 // them one by one. Without a CUDA device the binary prints "skipped: no CUDA device" and exits 77
 // (ctest: skipped); listing (--list-tests, --list-tags, ...) works without one.
 #define CATCH_CONFIG_RUNNER
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
@@ -148,6 +151,22 @@ TEST_CASE("remat policies none and full give the same CUDA losses within cuDNN's
   check_tracks("full vs none", got, want, kPolicyRunToRun);
 }
 
+TEST_CASE("a tiled MLP gives the untiled CUDA losses within cuDNN's run-to-run noise",
+          "[gpu][tiling]") {
+  // remat.tile_tokens runs LayerNorm 2 and the MLP over row chunks (views into the stream) with
+  // the weight gradients summed over chunks, and dropout masks offset by the chunk's first row.
+  for (const char* dropout : {"model.dropout=0", "model.dropout=0.1"}) {
+    Config whole = parse_config(kTinyToml, "tiny(test)", {"train.steps=8", dropout});
+    Config tiled =
+        parse_config(kTinyToml, "tiny(test)", {"train.steps=8", dropout, "remat.tile_tokens=37"});
+    cuda::CudaBackend a(DeviceConfig{}, DType::BF16), b(DeviceConfig{}, DType::BF16);
+    const auto want = train_losses(a, whole), got = train_losses(b, tiled);
+    std::printf("tile_tokens 37 vs untiled on CUDA (bf16, %s): max |loss difference| %.3g\n",
+                dropout, max_abs_diff(got, want));
+    check_tracks("tiled vs untiled", got, want, kPolicyRunToRun);
+  }
+}
+
 TEST_CASE("cuDNN's attention plans need no more workspace than the planner reserves (GPT-2 shapes)",
           "[gpu][cudnn_workspace]") {
   cuda::CudaBackend gpu(DeviceConfig{}, DType::BF16);
@@ -172,9 +191,12 @@ TEST_CASE("cuDNN's attention plans need no more workspace than the planner reser
 TEST_CASE("the planner predicts the CUDA pool's peak to the byte", "[gpu][planner]") {
   // cuDNN's plan workspace is a fixed reserve on both sides (engine/cuda/workspace.h), so
   // nothing the GPU decides at run time enters the peak.
-  for (const char* policy : {"none", "full"}) {
-    Config cfg = parse_config(kTinyToml, "tiny(test)",
-                              {"train.steps=1", std::string("remat.policy=") + policy});
+  const std::vector<std::vector<std::string>> settings = {
+      {"remat.policy=none"}, {"remat.policy=full"}, {"remat.policy=full", "remat.tile_tokens=37"}};
+  for (std::vector<std::string> sets : settings) {
+    const std::string policy = fmt::format("{}", fmt::join(sets, " "));
+    sets.push_back("train.steps=1");
+    Config cfg = parse_config(kTinyToml, "tiny(test)", sets);
     cuda::CudaBackend gpu(DeviceConfig{}, DType::BF16);
     CountBackend count(CountTarget{DeviceKind::Cuda, DType::BF16, 1}, gpu.pool().budget_bytes());
     train_losses(gpu, cfg);
