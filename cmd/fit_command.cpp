@@ -263,8 +263,8 @@ int run_fit(const FitOptions& opt) {
     return all_agree ? 0 : 1;
   }
 
-  fmt::print("fit  {} on {} | pool budget {} | batch {} | configured seq_len {}\n", base.path,
-             target.name, format_bytes(budget), base.train.batch_size, conf_t);
+  fmt::print("fit  {} on {} | pool budget {} | batch {} | configured seq_len {}{}\n", base.path,
+             target.name, format_bytes(budget), base.train.batch_size, conf_t, tiling_note(base));
   fmt::print("     tokens/s estimated from step FLOPs / rate: {}\n\n", rate.note);
   fmt::print("{:<10} {:>11} {:>12} {:>10} {:>11}   {:>12} {:>11}{}\n", "policy", "longest T",
              "peak there", "recompute", "est. tok/s", fmt::format("at {}: peak", conf_t),

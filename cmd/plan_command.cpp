@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cmd/commands.h"
+#include "cmd/report.h"
 #include "engine/config.h"
 #include "engine/error.h"
 #include "engine/planner.h"
@@ -138,6 +139,7 @@ int run_plan(const PlanOptions& opt) {
                           {"activation_dtype", dtype_name(target.count.act_dtype)},
                           {"seq_len", cfg.train.seq_len},
                           {"batch_size", cfg.train.batch_size},
+                          {"tile_tokens", cfg.remat.tile_tokens},
                           {"n_params", rows.front().run.n_params},
                           {"policies", nlohmann::json::array()}};
     for (const auto& r : rows) out["policies"].push_back(row_json(r, target));
@@ -156,10 +158,10 @@ int run_plan(const PlanOptions& opt) {
              target.name, format_bytes(target.device_bytes), format_bytes(target.reserve_bytes),
              format_bytes(target.pool_budget()), dtype_name(target.count.act_dtype));
   fmt::print("      reserve: {}\n", target.reserve_note);
-  fmt::print("model {} L={} C={} | {:.2f}M params | batch {} x seq_len {}\n\n", cfg.model.kind,
+  fmt::print("model {} L={} C={} | {:.2f}M params | batch {} x seq_len {}{}\n\n", cfg.model.kind,
              cfg.model.n_layer, cfg.model.n_embd,
              static_cast<double>(rows.front().run.n_params) / 1e6, cfg.train.batch_size,
-             cfg.train.seq_len);
+             cfg.train.seq_len, tiling_note(cfg));
   fmt::print("{:<28} {:>11} {:>11} {:>11} {:>10} {:>5}  {:<22} {:>12} {:>9}\n", "policy", "peak",
              "activations", "checkpoints", "recompute", "fits", "peak during", "longest T",
              "max batch");

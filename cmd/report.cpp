@@ -80,6 +80,12 @@ void Progress::finish() {
   dirty_ = false;
 }
 
+std::string tiling_note(const Config& cfg) {
+  return cfg.remat.tile_tokens > 0
+             ? fmt::format(", MLP in chunks of {} tokens", cfg.remat.tile_tokens)
+             : std::string();
+}
+
 std::string load_note() {
   double load[1] = {0};
   if (getloadavg(load, 1) != 1) return "load average unknown";

@@ -69,6 +69,9 @@ void print_summary(std::FILE* out, const RunSummary& s);
 /// sweep report, since a competing process slows a step ~2x per busy core it takes.
 std::string load_note();
 
+/// ", MLP in chunks of N tokens" when remat.tile_tokens is set, else "": for headers.
+std::string tiling_note(const Config& cfg);
+
 /// A write to the metrics file failed (disk full, quota, I/O error). The training loop catches it
 /// to save a checkpoint before the run exits 1.
 class MetricsWriteError : public IoError {

@@ -364,9 +364,7 @@ int run_train(const TrainOptions& opt) {
   info.backend_line = fmt::format("{} ({})", be.describe(), choice.why);
   info.model_line = model->describe();
   info.n_params = model->n_params();
-  info.policy_line = trainer.plan().describe();
-  if (cfg.remat.tile_tokens > 0)
-    info.policy_line += fmt::format(", MLP in chunks of {} tokens", cfg.remat.tile_tokens);
+  info.policy_line = trainer.plan().describe() + tiling_note(cfg);
   info.budget_bytes = be.pool().budget_bytes();
   info.predicted_peak_bytes = predicted.peak.total_bytes;
   if (cfg.remat.policy != "none") {  // what remat buys here: the peak without it
