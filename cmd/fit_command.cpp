@@ -101,6 +101,13 @@ struct Measured {
   }
 };
 
+// The chunk the tiling hint tries for a reach of `rows` token rows: an eighth of them (small
+// against the whole, so the MLP's activations shrink ~8x), between 64 and 4096 rows (enough for
+// the GEMMs to run at speed).
+int64_t hint_tile_tokens(int64_t rows) {
+  return std::clamp<int64_t>(rows / 8, 64, 4096);
+}
+
 struct FitRow {
   std::string policy;
   Config cfg;  // the policy's config at the configured seq_len
@@ -226,6 +233,26 @@ int run_fit(const FitOptions& opt) {
                                       conf_t, fastest->policy)
                         : fmt::format("; at your configured {}, no policy fits", conf_t);
 
+  // What tiling the MLP would add to the longest context, when it is off (README: "Tiling the
+  // MLP"): one more search, for the policy that reaches furthest.
+  std::string tiling_hint;
+  nlohmann::json tiling_json;  // null when there is no hint
+  if (base.remat.tile_tokens == 0 && longest && longest->longest > 0 && !longest->capped) {
+    const int64_t tile = hint_tile_tokens(longest->longest * base.train.batch_size);
+    const Config tiled =
+        load_config(opt.config_path, concat(concat(sets, policy_overrides(base, longest->policy)),
+                                            {fmt::format("remat.tile_tokens={}", tile)}));
+    const int64_t reach = planner.longest_seq_len(tiled);
+    if (reach > longest->longest) {
+      tiling_hint = fmt::format("tiling: with remat.tile_tokens = {}, {} reaches {} (+{:.0f}%)",
+                                tile, longest->policy, say_tokens(reach),
+                                100.0 * static_cast<double>(reach - longest->longest) /
+                                    static_cast<double>(longest->longest));
+      tiling_json = {
+          {"tile_tokens", tile}, {"policy", longest->policy}, {"longest_seq_len", reach}};
+    }
+  }
+
   if (opt.json) {
     nlohmann::json out = {{"config", base.path},
                           {"target", target.name},
@@ -235,6 +262,7 @@ int run_fit(const FitOptions& opt) {
                           {"rate_flops_per_s", rate.flops_per_s},
                           {"rate_note", rate.note},
                           {"recommendation", recommendation},
+                          {"tiling_hint", tiling_json},
                           {"policies", nlohmann::json::array()}};
     for (const auto& r : rows) {
       nlohmann::json j = {{"policy", r.policy},
@@ -298,6 +326,7 @@ int run_fit(const FitOptions& opt) {
       break;
     }
   fmt::print("\n{}\n", recommendation);
+  if (!tiling_hint.empty()) fmt::print("{}\n", tiling_hint);
   for (const auto& r : rows) {
     if (!r.measured.done || r.measured.agrees()) continue;
     const Measured& m = r.measured;

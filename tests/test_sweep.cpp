@@ -47,28 +47,44 @@ std::vector<std::string> split(const std::string& line, char sep) {
 }  // namespace
 
 TEST_CASE("fit's predicted longest seq_len is what real steps find (--measure)", "[smoke]") {
-  Result r = run("fit " + kTiny + " --memory 4MiB --measure --json");
-  REQUIRE(r.code == 0);
-  const auto j = nlohmann::json::parse(r.out);
-  CHECK(j["pool_budget_bytes"] == 4u << 20);
-  CHECK(j["rate_flops_per_s"].get<double>() > 0);
-  REQUIRE(j["policies"].size() == 4);
-  for (const auto& p : j["policies"]) {
-    INFO(p.dump());
-    const int64_t longest = p["longest_seq_len"];
-    CHECK(longest > 100);
-    CHECK(longest < 2000);
-    CHECK_FALSE(p["capped_by_n_ctx"].get<bool>());
-    CHECK(p["predicted_peak_bytes"].get<uint64_t>() <= 4u << 20);
-    CHECK(p["est_tokens_per_s"].get<double>() > 0);
-    const auto& m = p["measured"];
-    CHECK(m["exit_at_longest"] == 0);     // a step at the predicted maximum fits ...
-    CHECK(m["exit_above_longest"] == 3);  // ... and one token more does not
-    CHECK(m["measured_peak_bytes"] == p["predicted_peak_bytes"]);
-    CHECK(m["agrees"] == true);
+  // Untiled, and with the MLP in chunks of 37 rows (remat.tile_tokens), whose longer reach the
+  // untiled run's tiling hint announces.
+  int64_t untiled_best = 0;
+  for (const std::string tiling : {"", " --set remat.tile_tokens=37"}) {
+    INFO("fit" << tiling);
+    Result r = run("fit " + kTiny + " --memory 4MiB --measure --json" + tiling);
+    REQUIRE(r.code == 0);
+    const auto j = nlohmann::json::parse(r.out);
+    CHECK(j["pool_budget_bytes"] == 4u << 20);
+    CHECK(j["rate_flops_per_s"].get<double>() > 0);
+    REQUIRE(j["policies"].size() == 4);
+    int64_t best = 0;
+    for (const auto& p : j["policies"]) {
+      INFO(p.dump());
+      const int64_t longest = p["longest_seq_len"];
+      best = std::max(best, longest);
+      CHECK(longest > 100);
+      CHECK(longest < 4000);
+      CHECK_FALSE(p["capped_by_n_ctx"].get<bool>());
+      CHECK(p["predicted_peak_bytes"].get<uint64_t>() <= 4u << 20);
+      CHECK(p["est_tokens_per_s"].get<double>() > 0);
+      const auto& m = p["measured"];
+      CHECK(m["exit_at_longest"] == 0);     // a step at the predicted maximum fits ...
+      CHECK(m["exit_above_longest"] == 3);  // ... and one token more does not
+      CHECK(m["measured_peak_bytes"] == p["predicted_peak_bytes"]);
+      CHECK(m["agrees"] == true);
+    }
+    CHECK_THAT(j["recommendation"].get<std::string>(),
+               Contains("longest:") && Contains("at your configured 64"));
+    if (tiling.empty()) {
+      untiled_best = best;
+      REQUIRE(j["tiling_hint"].is_object());
+      CHECK(j["tiling_hint"]["longest_seq_len"].get<int64_t>() > best);
+    } else {
+      CHECK(j["tiling_hint"].is_null());  // tiling is on already
+      CHECK(best > untiled_best);
+    }
   }
-  CHECK_THAT(j["recommendation"].get<std::string>(),
-             Contains("longest:") && Contains("at your configured 64"));
 }
 
 TEST_CASE("fit prints the table and the recommendation, and --measure rejects a --gpu preset",
