@@ -1,8 +1,9 @@
 // `remat-train bench`: how close a training step of a config gets to the machine's floor. It
-// measures the SGEMM rate (CPU), runs one warm-up step and N timed steps of the real trainer with
-// per-op timing on (Backend::set_op_timing), and prints for the median step: its time, the FLOPs
-// it executed and their rate as a share of SGEMM, and where the time went by op family, with the
-// recompute phase's share and the time no op accounts for (data, allocation, host overhead).
+// runs one warm-up step and N timed steps of the real trainer with per-op timing on
+// (Backend::set_op_timing), measures the SGEMM rate after each step (CPU), and prints for the
+// median step: its time, the FLOPs it executed, their rate as a share of SGEMM (each step against
+// the floor measured beside it), and where the time went by op family, with the recompute phase's
+// share and the time no op accounts for (data, allocation, host overhead).
 // Timings are reports, never pass/fail.
 #include <fmt/format.h>
 
@@ -45,16 +46,22 @@ const std::vector<std::pair<const char*, std::vector<std::string>>>& op_families
 struct TimedStep {
   double ms = 0;
   double flops = 0;
+  double sgemm_flops = 0;  // the floor, measured right after this step (CPU; 0 elsewhere)
   Backend::OpTimes ops;
 };
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
 
 struct FamilyRow {
   double seconds = 0, flops = 0;
   int64_t calls = 0;
 };
 
-void print_report(const Config& cfg, const std::string& device, double sgemm_flops,
-                  const std::vector<TimedStep>& steps, int64_t tokens) {
+void print_report(const Config& cfg, const std::string& device, const std::vector<TimedStep>& steps,
+                  int64_t tokens) {
   std::vector<const TimedStep*> sorted;
   for (const auto& s : steps) sorted.push_back(&s);
   std::sort(sorted.begin(), sorted.end(), [](auto* a, auto* b) { return a->ms < b->ms; });
@@ -65,16 +72,29 @@ void print_report(const Config& cfg, const std::string& device, double sgemm_flo
   fmt::print("bench {}: {}, policy {}, batch {}{}\n", cfg.path, device,
              cfg.remat.plan.empty() ? cfg.remat.policy : "per-block plan", cfg.train.batch_size,
              gpt ? fmt::format(" x seq_len {}", cfg.train.seq_len) : std::string());
+  // The floor is measured after every step and each step is read against its own: a VM whose
+  // speed drifts by tens of percent from one minute to the next then still gives a fair share.
+  std::vector<double> floors, shares;
+  for (const auto& s : steps)
+    if (s.sgemm_flops > 0) {
+      floors.push_back(s.sgemm_flops);
+      shares.push_back(s.flops / (s.ms / 1e3) / s.sgemm_flops);
+    }
+  const double sgemm_flops = floors.empty() ? 0.0 : median(floors);
   if (sgemm_flops > 0)
-    fmt::print("floor: SGEMM 2048^3 {:.1f} GFLOP/s (measured now, {})\n", sgemm_flops / 1e9,
-               load_note());
+    fmt::print(
+        "floor: SGEMM 2048^3 {:.1f} GFLOP/s (median of {}, one after each step: {:.1f} to "
+        "{:.1f}; {})\n",
+        sgemm_flops / 1e9, floors.size(), *std::min_element(floors.begin(), floors.end()) / 1e9,
+        *std::max_element(floors.begin(), floors.end()) / 1e9, load_note());
   fmt::print("step:  {:.1f} ms (median of {}, after 1 warm-up), {:.0f} {}/s\n", med.ms,
              steps.size(), static_cast<double>(tokens) / step_s, gpt ? "tokens" : "rows");
   fmt::print("       {} executed -> {:.1f} GFLOP/s{}\n\n", format_flops(med.flops),
              med.flops / step_s / 1e9,
-             sgemm_flops > 0
-                 ? fmt::format(", {:.0f}% of SGEMM", 100 * med.flops / step_s / sgemm_flops)
-                 : std::string());
+             sgemm_flops > 0 ? fmt::format(", {:.0f}% of SGEMM (median of the steps' shares of "
+                                           "their own floor)",
+                                           100 * median(shares))
+                             : std::string());
 
   std::map<std::string, FamilyRow> by_op;
   FamilyRow recompute, timed;
@@ -125,8 +145,7 @@ int run_bench(const BenchOptions& opt) {
   if (const std::optional<AutoPlan> chosen = resolve_auto(planner, cfg); chosen && !chosen->fits)
     throw OutOfMemory(chosen->infeasible_message());
   const WorkspaceTarget device = be.workspace_target();
-  const double sgemm =
-      device.device == DeviceKind::Cpu ? cpu::measure_sgemm_flops(device.threads, 2048) : 0.0;
+  const bool cpu_floor = device.device == DeviceKind::Cpu;
   std::unique_ptr<Model> model = make_model(cfg, be);
   std::unique_ptr<DataSource> data = make_data_source(cfg);
   data->open();
@@ -142,12 +161,13 @@ int run_bench(const BenchOptions& opt) {
     be.reset_op_times();
     be.reset_cost();
     const StepMetrics m = trainer.step();
-    TimedStep t{m.step_ms, 0, be.op_times()};
+    TimedStep t{m.step_ms, 0, 0, be.op_times()};
     for (int p = 0; p < kNumPhases; ++p) t.flops += be.cost(static_cast<Phase>(p)).flops;
+    if (cpu_floor) t.sgemm_flops = cpu::measure_sgemm_flops(device.threads, 2048);
     timed.push_back(std::move(t));
   }
   if (timed.empty()) return 128 + experiments::interrupt_signal();
-  print_report(cfg, be.describe(), sgemm, timed,
+  print_report(cfg, be.describe(), timed,
                cfg.train.batch_size * (cfg.model.kind == ModelKind::Gpt ? cfg.train.seq_len : 1));
   return experiments::interrupted() ? 128 + experiments::interrupt_signal() : 0;
 }
