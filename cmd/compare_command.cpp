@@ -111,11 +111,11 @@ void print_json(const std::vector<CompareRow>& rows, const CompareRow& ref, doub
 
 void print_table(const Config& cfg, const std::vector<CompareRow>& rows, const CompareRow& ref,
                  double none_peak) {
-  fmt::print("compare {} | {} steps | batch {}{} | {}\n", cfg.path, cfg.train.steps,
+  fmt::print("compare {} | {} steps | batch {}{}{} | {}\n", cfg.path, cfg.train.steps,
              cfg.train.batch_size,
              cfg.model.kind == ModelKind::Gpt ? fmt::format(" x seq_len {}", cfg.train.seq_len)
                                               : std::string(),
-             load_note());
+             tiling_note(cfg), load_note());
   const std::string same_as = &ref == &rows.front() ? "none" : ref.policy;
   fmt::print("{:<10} {:>13} {:>13} {:>11} {:>8} {:>8} {:>10} {:>18}\n", "policy", "measured peak",
              "predicted", "ms/step", "saved", "time", "recompute", "same as " + same_as);

@@ -286,6 +286,7 @@ int run_sweep(const SweepOptions& opt) {
                                {"target", target.name},
                                {"budget_bytes", budget},
                                {"batch_size", base.train.batch_size},
+                               {"tile_tokens", base.remat.tile_tokens},
                                {"steps", steps},
                                {"n_layer", base.model.n_layer},
                                {"n_embd", base.model.n_embd},
@@ -332,10 +333,10 @@ int run_sweep(const SweepOptions& opt) {
     std::ifstream in(dir / "sweep.json");
     fmt::print("{}", std::string(std::istreambuf_iterator<char>(in), {}));
   } else {
-    fmt::print("sweep {} on {} | budget {} | batch {} | {} step{} per point{} | {} at the end\n",
-               base.path, target.name, format_bytes(budget), base.train.batch_size, steps,
-               steps == 1 ? "" : "s", stopped ? " | INTERRUPTED: finished points only" : "",
-               load_note());
+    fmt::print("sweep {} on {} | budget {} | batch {}{} | {} step{} per point{} | {} at the end\n",
+               base.path, target.name, format_bytes(budget), base.train.batch_size,
+               tiling_note(base), steps, steps == 1 ? "" : "s",
+               stopped ? " | INTERRUPTED: finished points only" : "", load_note());
     fmt::print("{:>8} {:<10} {:<6} {:>12} {:>12} {:>10} {:>11} {:>10}\n", "seq_len", "policy",
                "status", "predicted", "measured", "ms/step", "tokens/s", "recompute");
     for (const auto& p : points) {

@@ -106,7 +106,9 @@ def main(argv):
     ax_tok.set_title("throughput vs seq_len", fontsize=10)
     name = os.path.basename(sweep["config"])
     steps = sweep["steps"]
-    fig.suptitle(f"{name} on {sweep['target']}: batch {sweep['batch_size']}, {steps} step{'s' if steps != 1 else ''} "
+    tile = sweep.get("tile_tokens", 0)
+    tile_note = f", MLP in chunks of {tile} tokens" if tile else ""
+    fig.suptitle(f"{name} on {sweep['target']}: batch {sweep['batch_size']}{tile_note}, {steps} step{'s' if steps != 1 else ''} "
                  f"per point{budget_note}" + (" (interrupted)" if sweep.get("interrupted") else ""), fontsize=10)
     fig.tight_layout()
     out = os.path.join(folder, "sweep.png")

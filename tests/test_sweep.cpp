@@ -132,8 +132,8 @@ TEST_CASE("sweep records an out-of-memory point and goes on, and CSV and JSON fo
 
   std::ifstream jf(dir + "/sweep.json");
   const auto j = nlohmann::json::parse(jf);
-  for (const char* k : {"config", "target", "budget_bytes", "batch_size", "steps", "seq_lens",
-                        "policies", "interrupted", "points"})
+  for (const char* k : {"config", "target", "budget_bytes", "batch_size", "tile_tokens", "steps",
+                        "seq_lens", "policies", "interrupted", "points"})
     CHECK(j.contains(k));
   CHECK(j["budget_bytes"] == 3900u << 10);
   CHECK(j["interrupted"] == false);
