@@ -101,13 +101,6 @@ struct Measured {
   }
 };
 
-// The chunk the tiling hint tries for a reach of `rows` token rows: an eighth of them (small
-// against the whole, so the MLP's activations shrink ~8x), between 64 and 4096 rows (enough for
-// the GEMMs to run at speed).
-int64_t hint_tile_tokens(int64_t rows) {
-  return std::clamp<int64_t>(rows / 8, 64, 4096);
-}
-
 struct FitRow {
   std::string policy;
   Config cfg;  // the policy's config at the configured seq_len
@@ -238,7 +231,7 @@ int run_fit(const FitOptions& opt) {
   std::string tiling_hint;
   nlohmann::json tiling_json;  // null when there is no hint
   if (base.remat.tile_tokens == 0 && longest && longest->longest > 0 && !longest->capped) {
-    const int64_t tile = hint_tile_tokens(longest->longest * base.train.batch_size);
+    const int64_t tile = default_tile_tokens(longest->longest * base.train.batch_size);
     const Config tiled =
         load_config(opt.config_path, concat(concat(sets, policy_overrides(base, longest->policy)),
                                             {fmt::format("remat.tile_tokens={}", tile)}));

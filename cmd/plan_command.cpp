@@ -64,9 +64,10 @@ std::string remat_table(const AutoPlan& a, const PlanTarget& t) {
   if (wrap) quoted += ",\n";
   return fmt::format(
       "[remat]\n# remat.policy = \"auto\" on {} with a budget of {}: predicted peak {} ({} B), "
-      "recompute +{:.2f}%\nplan = [{}]\n",
+      "recompute +{:.2f}%\nplan = [{}]\n{}",
       t.name, format_bytes(a.budget_bytes), format_bytes(a.peak_bytes), a.peak_bytes,
-      100.0 * a.recompute_overhead, quoted);
+      100.0 * a.recompute_overhead, quoted,
+      a.tile_tokens > 0 ? fmt::format("tile_tokens = {}\n", a.tile_tokens) : std::string());
 }
 
 }  // namespace
@@ -83,7 +84,7 @@ int run_plan(const PlanOptions& opt) {
   }
   const PlanTarget target = plan_target(cfg, opt.gpu, opt.memory);
   const Planner planner(target, make_run_parts);
-  const AutoPlan chosen = choose_auto_plan(planner, cfg);
+  const AutoPlan chosen = choose_auto(planner, cfg);
   if (opt.emit_config) {
     if (!chosen.fits) throw OutOfMemory(chosen.infeasible_message());
     fmt::print("{}", remat_table(chosen, target));
@@ -106,8 +107,10 @@ int run_plan(const PlanOptions& opt) {
     add_row(p, c);
   }
   const bool configured_auto = cfg.remat.policy == "auto";
+  Config auto_cfg = with_block_plan(cfg, chosen.policies);
+  auto_cfg.remat.tile_tokens = chosen.tile_tokens;
   add_row(chosen.fits ? (configured_auto ? "auto (configured)" : "auto") : "auto: nothing fits",
-          with_block_plan(cfg, chosen.policies));
+          auto_cfg);
   if (!configured_auto) {
     const std::string configured =
         cfg.remat.plan.empty() ? fmt::format("{} (every {}{})", cfg.remat.policy, cfg.remat.every,
@@ -149,7 +152,8 @@ int run_plan(const PlanOptions& opt) {
                    {"min_peak_bytes", chosen.min_peak_bytes},
                    {"recompute_flops", chosen.recompute_flops},
                    {"recompute_overhead", chosen.recompute_overhead},
-                   {"dry_runs", chosen.n_dry_runs}};
+                   {"dry_runs", chosen.n_dry_runs},
+                   {"tile_tokens", chosen.tile_tokens}};
     fmt::print("{}\n", out.dump(2));
     return 0;
   }

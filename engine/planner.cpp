@@ -189,25 +189,45 @@ std::string AutoPlan::mix() const {
 }
 
 std::string AutoPlan::summary() const {
-  return fmt::format("chose {} (recompute +{:.2f}%, predicted peak {} of budget {})", mix(),
-                     100.0 * recompute_overhead, format_bytes(peak_bytes),
-                     format_bytes(budget_bytes));
+  return fmt::format(
+      "chose {}{} (recompute +{:.2f}%, predicted peak {} of budget {})", mix(),
+      tile_tokens > 0 ? fmt::format(", MLP in chunks of {} tokens", tile_tokens) : std::string(),
+      100.0 * recompute_overhead, format_bytes(peak_bytes), format_bytes(budget_bytes));
 }
 
 std::string AutoPlan::infeasible_message() const {
   return fmt::format(
       "[planner] remat.policy = \"auto\": no plan fits the budget of {} ({} B); the smallest "
-      "achievable peak is {} ({} B, every block \"full\"). Fix: set device.memory = {} or more, "
-      "or "
-      "lower train.batch_size or train.seq_len; `remat-train plan` shows what fits.",
+      "achievable peak is {} ({} B, every block \"full\"{}). Fix: set device.memory = {} or "
+      "more, or lower train.batch_size or train.seq_len; `remat-train plan` shows what fits.",
       format_bytes(budget_bytes), budget_bytes, format_bytes(min_peak_bytes), min_peak_bytes,
+      tile_tokens > 0 ? fmt::format(", the MLP in chunks of {} tokens", tile_tokens)
+                      : std::string(),
       min_peak_bytes);
+}
+
+int64_t default_tile_tokens(int64_t rows) {
+  return std::clamp<int64_t>(rows / 8, 64, 4096);
+}
+
+AutoPlan choose_auto(const Planner& planner, const Config& cfg) {
+  AutoPlan chosen = choose_auto_plan(planner, cfg);
+  chosen.tile_tokens = cfg.remat.tile_tokens;
+  if (chosen.fits || cfg.model.kind != ModelKind::Gpt || cfg.remat.tile_tokens > 0) return chosen;
+  Config tiled = cfg;
+  tiled.remat.tile_tokens = default_tile_tokens(cfg.train.batch_size * cfg.train.seq_len);
+  // Taken whether or not it fits: when nothing fits, its smallest peak is the one to name.
+  AutoPlan with_tiling = choose_auto_plan(planner, tiled);
+  with_tiling.tile_tokens = tiled.remat.tile_tokens;
+  with_tiling.n_dry_runs += chosen.n_dry_runs;
+  return with_tiling.min_peak_bytes < chosen.min_peak_bytes ? with_tiling : chosen;
 }
 
 std::optional<AutoPlan> resolve_auto(const Planner& planner, Config& cfg) {
   if (cfg.remat.policy != "auto" || !cfg.remat.plan.empty()) return std::nullopt;
-  AutoPlan chosen = choose_auto_plan(planner, cfg);
+  AutoPlan chosen = choose_auto(planner, cfg);
   cfg.remat.plan = chosen.policies;
+  cfg.remat.tile_tokens = chosen.tile_tokens;
   return chosen;
 }
 

@@ -111,6 +111,7 @@ struct AutoPlan {
   uint64_t min_peak_bytes = 0;    // every block "full", every = 1: the smallest peak of any plan
   uint64_t budget_bytes = 0;      // the target's pool budget
   int64_t n_dry_runs = 0;         // how many candidates the search evaluated
+  int64_t tile_tokens = 0;        // the MLP tiling the plan runs with (remat.tile_tokens)
   /// The mix in plan order, block 0 first: "1 x full, 1 x save_attn, 2 x none".
   std::string mix() const;
   /// "chose 1 x full, 3 x none (recompute +4.2%, predicted peak 1.10 GiB of budget 1.20 GiB)".
@@ -126,10 +127,20 @@ Config with_block_plan(const Config& cfg, const std::vector<std::string>& polici
 /// model, train and data sections of `cfg` matter; its [remat] section is ignored.
 AutoPlan choose_auto_plan(const Planner& planner, const Config& cfg);
 
+/// The MLP chunk auto (and fit's hint) tries for `rows` token rows: an eighth of them, so the
+/// MLP's activations shrink ~8x, between 64 and 4096 rows, so its GEMMs keep their speed.
+int64_t default_tile_tokens(int64_t rows);
+
+/// choose_auto_plan, and when no per-block plan fits a GPT whose remat.tile_tokens is 0, the same
+/// search with the MLP tiled by default_tile_tokens, taken when its smallest peak is lower (then
+/// tile_tokens says so, and when it fits too, that is auto's plan).
+AutoPlan choose_auto(const Planner& planner, const Config& cfg);
+
 /// Where every command resolves "auto": when `cfg` says remat.policy = "auto" (and has no plan
-/// yet), chooses the plan for the planner's target, writes it into cfg.remat.plan (every block
-/// "full" when nothing fits) and returns the choice, whose `fits` the caller acts on; otherwise
-/// returns nothing and leaves `cfg` as it is.
+/// yet), chooses the plan for the planner's target (choose_auto), writes it into cfg.remat.plan
+/// (every block "full" when nothing fits) and its tiling into cfg.remat.tile_tokens, and returns
+/// the choice, whose `fits` the caller acts on; otherwise returns nothing and leaves `cfg` as it
+/// is.
 std::optional<AutoPlan> resolve_auto(const Planner& planner, Config& cfg);
 
 }  // namespace remat

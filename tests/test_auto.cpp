@@ -206,8 +206,13 @@ TEST_CASE(
   const std::string text = tiny_gpt(4);
   const std::string path = write_tmp("auto.toml", text);
   const Config cfg = parse_config(text, path, {"remat.policy=auto"});
-  const AutoPlan fitting = choose_auto_plan(cpu_planner(UINT64_MAX), cfg);
-  const uint64_t min_peak = fitting.min_peak_bytes;
+  // The smallest achievable peak is every block "full" with the MLP tiled (auto tries that when
+  // nothing fits untiled): 128 rows in chunks of 64.
+  Config tiled = cfg;
+  tiled.remat.tile_tokens = default_tile_tokens(2 * 64);
+  REQUIRE(tiled.remat.tile_tokens == 64);
+  const uint64_t min_peak = choose_auto_plan(cpu_planner(UINT64_MAX), tiled).min_peak_bytes;
+  REQUIRE(min_peak < choose_auto_plan(cpu_planner(UINT64_MAX), cfg).min_peak_bytes);
 
   Result r = run(fmt::format("--config {} --set remat.policy=auto --set device.memory={}", path,
                              min_peak - 1));
@@ -216,11 +221,11 @@ TEST_CASE(
                         Contains(fmt::format("smallest achievable peak is {} ({} B",
                                              format_bytes(min_peak), min_peak)) &&
                         Contains(fmt::format("budget of {}", format_bytes(min_peak - 1))) &&
-                        Contains("Fix:"));
+                        Contains("the MLP in chunks of 64 tokens") && Contains("Fix:"));
   CHECK(std::count(r.out.begin(), r.out.end(), '\n') == 1);  // one line
 
   const uint64_t budget = min_peak + 4096;
-  const AutoPlan a = choose_auto_plan(cpu_planner(budget), cfg);
+  const AutoPlan a = choose_auto(cpu_planner(budget), cfg);
   r = run(
       fmt::format("--config {} --set remat.policy=auto --set device.memory={} --set train.steps=2",
                   path, budget));
@@ -268,7 +273,20 @@ TEST_CASE(
   const Result table = run(fmt::format("plan --config {} --memory {}", path, budget));
   CHECK(table.code == 0);
   CHECK_THAT(table.out, Contains("\nauto ") && Contains("auto: chose " + a.mix()));
-  CHECK(run(fmt::format("plan --config {} --memory {} --emit-config", path, lo - 1)).code == 3);
+
+  // Below every untiled plan, the table tiles the MLP too, and parses back with that tiling.
+  const Result tiled = run(fmt::format("plan --config {} --memory {} --emit-config", path, lo - 1));
+  REQUIRE(tiled.code == 0);
+  CHECK_THAT(tiled.out, Contains("\ntile_tokens = 64\n"));
+  const Config emitted_tiled = parse_config(text + "\n" + tiled.out, "emitted");
+  CHECK(emitted_tiled.remat.tile_tokens == 64);
+  Config tiled_cfg = cfg;
+  tiled_cfg.remat.tile_tokens = 64;
+  const uint64_t tiled_lo =
+      unlimited.dry_run(with_block_plan(tiled_cfg, std::vector<std::string>(4, "full")), false)
+          .peak.total_bytes;
+  CHECK(run(fmt::format("plan --config {} --memory {} --emit-config", path, tiled_lo - 1)).code ==
+        3);
   std::remove(path.c_str());
 }
 
@@ -276,4 +294,34 @@ TEST_CASE("auto's mix lists the blocks in plan order, block 0 first", "[planner]
   AutoPlan a;
   a.policies = {"full", "save_attn", "none", "none"};
   CHECK(a.mix() == "1 x full, 1 x save_attn, 2 x none");
+}
+
+TEST_CASE("when nothing fits untiled, auto tiles the MLP, and the run keeps to its prediction",
+          "[planner]") {
+  const Config cfg = parse_config(tiny_gpt(4), "t", {"remat.policy=auto"});
+  const uint64_t untiled_min = choose_auto_plan(cpu_planner(UINT64_MAX), cfg).min_peak_bytes;
+  // Just below what any untiled plan needs: only a tiled one fits.
+  const Planner planner = cpu_planner(untiled_min - 1);
+  CHECK_FALSE(choose_auto_plan(planner, cfg).fits);
+  Config resolved = cfg;
+  const std::optional<AutoPlan> a = resolve_auto(planner, resolved);
+  REQUIRE(a);
+  CHECK(a->fits);
+  CHECK(a->tile_tokens == 64);
+  CHECK(resolved.remat.tile_tokens == 64);
+  CHECK(resolved.remat.plan == a->policies);
+  CHECK_THAT(a->summary(), Contains("MLP in chunks of 64 tokens"));
+  const DryRun predicted = planner.dry_run(resolved, false);
+  CHECK(predicted.peak.total_bytes == a->peak_bytes);
+  CHECK(predicted.peak.total_bytes < untiled_min);
+  cpu::CpuBackend be(1ull << 32, kThreads);
+  RunParts p = synthetic_run_parts(resolved, be);
+  Trainer trainer(resolved.train, resolve_remat_plan(resolved, *p.model), be, *p.model, *p.data);
+  trainer.step();
+  trainer.step();
+  CHECK(be.pool().peak_bytes() == predicted.peak.total_bytes);
+  // With tiling configured already, auto keeps it and never tries another chunk.
+  Config set = cfg;
+  set.remat.tile_tokens = 100;
+  CHECK(choose_auto(planner, set).tile_tokens == 100);
 }
