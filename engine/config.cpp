@@ -347,7 +347,7 @@ const std::vector<KeySpec>& key_specs() {
        [](Config& c, auto& n, auto& o) { c.remat.blocks = read_int_list(n, o); }},
       {"remat", "tile_tokens",
        "GPT: each block's LayerNorm 2 and MLP run over chunks of N token rows and are recomputed "
-       "in the backward; 0 = off",
+       "in the backward; 0 = off (auto may turn it on)",
        [](Config& c, auto& n, auto& o) { c.remat.tile_tokens = read_int(n, o, 0, kMax, false); }},
       {"device", "backend", "auto = CUDA when a GPU is found, else the CPU",
        [](Config& c, auto& n, auto& o) { c.device.backend = read_enum(n, o, kBackends); }},

@@ -28,7 +28,7 @@ const std::vector<Policy>& policy_table() {
        false, 0, nullptr},
       {"auto",
        "per block, the built-in policy the planner picks: the least recompute whose peak fits "
-       "`device.memory`",
+       "`device.memory`; when no plan fits, it tiles the MLP (`remat.tile_tokens`) and tries again",
        false, 0, nullptr},
   };
   return table;
