@@ -232,9 +232,8 @@ int run_fit(const FitOptions& opt) {
   nlohmann::json tiling_json;  // null when there is no hint
   if (base.remat.tile_tokens == 0 && longest && longest->longest > 0 && !longest->capped) {
     const int64_t tile = default_tile_tokens(longest->longest * base.train.batch_size);
-    const Config tiled =
-        load_config(opt.config_path, concat(concat(sets, policy_overrides(base, longest->policy)),
-                                            {fmt::format("remat.tile_tokens={}", tile)}));
+    Config tiled = longest->cfg;
+    tiled.remat.tile_tokens = tile;
     const int64_t reach = planner.longest_seq_len(tiled);
     if (reach > longest->longest) {
       tiling_hint = fmt::format("tiling: with remat.tile_tokens = {}, {} reaches {} (+{:.0f}%)",

@@ -164,20 +164,23 @@ void GptBlock::forward(Backend& be, ActStore& a, const Tensor& y) {
     branch_forward(be, y, a.get(Res), a.get(Gelu), p_.mlp_proj_weight, p_.mlp_proj_bias, MlpOut);
 }
 
+Tensor GptBlock::branch_grad(Backend& be, const Tensor& dres, Site site, int64_t first_row,
+                             Buffer& scratch) const {
+  if (active_dropout() == 0) return dres;
+  scratch =
+      be.pool().allocate({dres.rows(), C_}, be.act_dtype(), MemCategory::Transient, "grad.dropout");
+  be.dropout(dropout_args(scratch, dres, site, first_row));
+  return scratch;
+}
+
 void GptBlock::mlp_backward_rows(Backend& be, const MlpActs& m, const Tensor& res,
                                  const Tensor& dresid, int64_t r0, int64_t n) {
   MemoryPool& pool = be.pool();
   const DType act = be.act_dtype();
-  // y = res + dropout(gelu Wp^T + bp): the gradient reaching the projection is dresid's rows
-  // through the same dropout mask.
+  // y = res + dropout(gelu Wp^T + bp)
   const Tensor dres = dresid.row_range(r0, n);
   Buffer dmlp_scratch;
-  Tensor dmlp = dres;
-  if (active_dropout() != 0) {
-    dmlp_scratch = pool.allocate({n, C_}, act, MemCategory::Transient, "grad.dropout");
-    be.dropout(dropout_args(dmlp_scratch, dres, MlpOut, r0));
-    dmlp = dmlp_scratch;
-  }
+  const Tensor dmlp = branch_grad(be, dres, MlpOut, r0, dmlp_scratch);
   // d fc straight from the projection's backward: the GELU's backward is its dinp epilogue.
   Buffer dgelu = pool.allocate({n, FF_}, act, MemCategory::Transient, "grad.gelu");
   be.linear_backward({.dinp = dgelu,
@@ -216,13 +219,6 @@ void GptBlock::mlp_backward_tiled(Backend& be, const Tensor& res, const Tensor& 
 void GptBlock::backward(Backend& be, ActStore& a, const Tensor& dresid) {
   MemoryPool& pool = be.pool();
   const DType act = be.act_dtype();
-  // The gradient reaching a branch's projection: dresid through the branch's dropout mask.
-  auto branch_grad = [&](Site site, Buffer& scratch) -> Tensor {
-    if (active_dropout() == 0) return dresid;
-    scratch = pool.allocate({B_, T_, C_}, act, MemCategory::Transient, "grad.dropout");
-    be.dropout(dropout_args(scratch, dresid, site));
-    return scratch;
-  };
   if (tiled()) {
     mlp_backward_tiled(be, a.get(Res), dresid);
   } else {
@@ -235,7 +231,7 @@ void GptBlock::backward(Backend& be, ActStore& a, const Tensor& dresid) {
   a.release(Res);
   // Attention branch: res = x + dropout(attn Wo^T + bo)
   Buffer dproj_scratch;
-  const Tensor dproj = branch_grad(AttnOut, dproj_scratch);
+  const Tensor dproj = branch_grad(be, dresid, AttnOut, 0, dproj_scratch);
   Buffer dattn = pool.allocate({B_, T_, C_}, act, MemCategory::Transient, "grad.attn");
   be.linear_backward({dattn, p_.attn_proj_weight->grad, p_.attn_proj_bias->grad, dproj, a.get(Attn),
                       p_.attn_proj_weight->value});

@@ -75,6 +75,10 @@ class GptBlock : public Block {
   // `first_row` places a chunk of rows in the whole stream (its dropout mask).
   void branch_forward(Backend& be, const Tensor& out, const Tensor& base, const Tensor& inp,
                       const Param* w, const Param* b, Site site, int64_t first_row = 0);
+  // The gradient reaching a branch's projection: rows dres of dresid (from first_row) through
+  // the branch's dropout mask, in `scratch` when dropout is on.
+  Tensor branch_grad(Backend& be, const Tensor& dres, Site site, int64_t first_row,
+                     Buffer& scratch) const;
   bool tiled() const { return tile_tokens_ > 0; }
   // One chunk of the MLP half's activations, allocated once for the largest chunk.
   struct MlpChunk {
