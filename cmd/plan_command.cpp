@@ -39,10 +39,21 @@ nlohmann::json row_json(const PolicyRow& r, const PlanTarget& t) {
   nlohmann::json flops = nlohmann::json::object();
   for (int i = 0; i < kNumPhases; ++i)
     flops[phase_name(static_cast<Phase>(i))] = phase_flops(r.run, static_cast<Phase>(i));
+  const CopyTime ct = copy_time(r.run, t);
+  nlohmann::json copies = {{"to_host_bytes", r.run.to_host_bytes()},
+                           {"to_device_bytes", r.run.to_device_bytes()}};
+  if (ct.modelled) {
+    copies["copy_seconds"] = ct.copy_s;
+    copies["compute_seconds_at_peak"] = ct.compute_s;
+    copies["exposed_seconds"] = ct.exposed_s;
+  }
   return {{"policy", r.label},
           {"peak_bytes", r.run.peak.total_bytes},
           {"predicted_device_bytes", r.run.peak.total_bytes + t.reserve_bytes},
-          {"fits", r.run.peak.total_bytes <= t.pool_budget()},
+          {"host_peak_bytes", r.run.host_peak.total_bytes},
+          {"fits", r.run.peak.total_bytes <= t.pool_budget() &&
+                       r.run.host_peak.total_bytes <= t.host_bytes},
+          {"copies_per_step", copies},
           {"peak_by_category", cats},
           {"peak_phase", r.run.peak.phase},
           {"largest_at_peak", largest},
@@ -64,10 +75,16 @@ std::string remat_table(const AutoPlan& a, const PlanTarget& t) {
   if (wrap) quoted += ",\n";
   return fmt::format(
       "[remat]\n# remat.policy = \"auto\" on {} with a budget of {}: predicted peak {} ({} B), "
-      "recompute +{:.2f}%\nplan = [{}]\n{}",
+      "recompute +{:.2f}%{}\nplan = [{}]\n{}{}",
       t.name, format_bytes(a.budget_bytes), format_bytes(a.peak_bytes), a.peak_bytes,
-      100.0 * a.recompute_overhead, quoted,
-      a.tile_tokens > 0 ? fmt::format("tile_tokens = {}\n", a.tile_tokens) : std::string());
+      100.0 * a.recompute_overhead,
+      a.offload != OffloadKind::None
+          ? fmt::format(", host peak {} of {}", format_bytes(a.host_peak_bytes),
+                        format_bytes(a.host_budget_bytes))
+          : std::string(),
+      quoted, a.tile_tokens > 0 ? fmt::format("tile_tokens = {}\n", a.tile_tokens) : std::string(),
+      a.offload != OffloadKind::None ? fmt::format("offload = \"{}\"\n", a.offload)
+                                     : std::string());
 }
 
 }  // namespace
@@ -139,10 +156,15 @@ int run_plan(const PlanOptions& opt) {
                           {"reserve_bytes", target.reserve_bytes},
                           {"reserve_note", target.reserve_note},
                           {"pool_budget_bytes", target.pool_budget()},
+                          {"host_budget_bytes", target.host_bytes},
+                          {"host_note", target.host_note},
+                          {"link_bytes_per_s", target.link_bytes_per_s},
+                          {"peak_flops_per_s", target.peak_flops_per_s},
                           {"activation_dtype", dtype_name(target.count.act_dtype)},
                           {"seq_len", cfg.train.seq_len},
                           {"batch_size", cfg.train.batch_size},
                           {"tile_tokens", cfg.remat.tile_tokens},
+                          {"offload", config_name(cfg.remat.offload)},
                           {"n_params", rows.front().run.n_params},
                           {"policies", nlohmann::json::array()}};
     for (const auto& r : rows) out["policies"].push_back(row_json(r, target));
@@ -153,7 +175,9 @@ int run_plan(const PlanOptions& opt) {
                    {"recompute_flops", chosen.recompute_flops},
                    {"recompute_overhead", chosen.recompute_overhead},
                    {"dry_runs", chosen.n_dry_runs},
-                   {"tile_tokens", chosen.tile_tokens}};
+                   {"tile_tokens", chosen.tile_tokens},
+                   {"offload", config_name(chosen.offload)},
+                   {"host_peak_bytes", chosen.host_peak_bytes}};
     fmt::print("{}\n", out.dump(2));
     return 0;
   }
@@ -162,21 +186,25 @@ int run_plan(const PlanOptions& opt) {
              target.name, format_bytes(target.device_bytes), format_bytes(target.reserve_bytes),
              format_bytes(target.pool_budget()), dtype_name(target.count.act_dtype));
   fmt::print("      reserve: {}\n", target.reserve_note);
+  fmt::print("      host memory for offload: {} ({}){}\n", format_bytes(target.host_bytes),
+             target.host_note,
+             target.rates_note.empty() ? "" : fmt::format(" | {}", target.rates_note));
   fmt::print("model {} L={} C={} | {:.2f}M params | batch {} x seq_len {}{}\n\n", cfg.model.kind,
              cfg.model.n_layer, cfg.model.n_embd,
              static_cast<double>(rows.front().run.n_params) / 1e6, cfg.train.batch_size,
              cfg.train.seq_len, tiling_note(cfg));
-  fmt::print("{:<28} {:>11} {:>11} {:>11} {:>10} {:>5}  {:<22} {:>12} {:>9}\n", "policy", "peak",
-             "activations", "checkpoints", "recompute", "fits", "peak during", "longest T",
-             "max batch");
+  fmt::print("{:<28} {:>11} {:>11} {:>11} {:>11} {:>10} {:>5}  {:<22} {:>12} {:>9}\n", "policy",
+             "peak", "activations", "checkpoints", "host peak", "recompute", "fits", "peak during",
+             "longest T", "max batch");
   for (const auto& r : rows) {
     const auto& pk = r.run.peak;
-    fmt::print("{:<28} {:>11} {:>11} {:>11} {:>9.1f}% {:>5}  {:<22} {:>12} {:>9}\n", r.label,
-               format_bytes(pk.total_bytes),
+    fmt::print("{:<28} {:>11} {:>11} {:>11} {:>11} {:>9.1f}% {:>5}  {:<22} {:>12} {:>9}\n",
+               r.label, format_bytes(pk.total_bytes),
                format_bytes(pk.by_category[static_cast<size_t>(MemCategory::Activations)]),
                format_bytes(pk.by_category[static_cast<size_t>(MemCategory::Checkpoints)]),
-               100.0 * r.run.recompute_overhead(),
-               pk.total_bytes <= target.pool_budget() ? "yes" : "NO", pk.phase,
+               r.run.host_peak.total_bytes ? format_bytes(r.run.host_peak.total_bytes)
+                                           : std::string("-"),
+               100.0 * r.run.recompute_overhead(), planner.fits(r.run) ? "yes" : "NO", pk.phase,
                cfg.model.kind == ModelKind::Gpt ? format_count(r.longest) : std::string("-"),
                r.max_batch);
   }
@@ -207,6 +235,14 @@ int run_plan(const PlanOptions& opt) {
       format_flops(phase_flops(c.run, Phase::Backward)),
       format_flops(phase_flops(c.run, Phase::Recompute)), 100.0 * c.run.recompute_overhead(),
       format_flops(phase_flops(c.run, Phase::Optimizer)));
+  if (c.run.host_peak.total_bytes || c.run.to_host_bytes() > 0) {
+    fmt::print("  host pool: peak {} ({} B) of budget {}, {} of it checkpoints\n",
+               format_bytes(c.run.host_peak.total_bytes), c.run.host_peak.total_bytes,
+               format_bytes(target.host_bytes),
+               format_bytes(c.run.host_peak.by_category[static_cast<size_t>(
+                   MemCategory::Checkpoints)]));
+    fmt::print("{}\n", copy_line(c.run, target));
+  }
   if (!target.reserve_bytes) fmt::print("  (on the CPU a real run measures exactly this peak)\n");
   return 0;
 }

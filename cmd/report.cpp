@@ -23,9 +23,13 @@ void print_banner(std::FILE* out, const RunInfo& info, const Config& cfg) {
   fmt::print(out, "model  {} | {:.2f}M params | data {}\n", info.model_line,
              static_cast<double>(info.n_params) / 1e6, info.data_line);
   fmt::print(
-      out, "run    batch {} x seq_len {} | {} steps | remat {} | predicted peak {} of budget {}\n",
+      out, "run    batch {} x seq_len {} | {} steps | remat {} | predicted peak {} of budget {}{}\n",
       cfg.train.batch_size, cfg.train.seq_len, cfg.train.steps, info.policy_line,
-      format_bytes(info.predicted_peak_bytes), format_bytes(info.budget_bytes));
+      format_bytes(info.predicted_peak_bytes), format_bytes(info.budget_bytes),
+      info.predicted_host_peak_bytes
+          ? fmt::format(", host {} of {}", format_bytes(info.predicted_host_peak_bytes),
+                        format_bytes(info.host_budget_bytes))
+          : std::string());
   if (info.none_peak_bytes)
     fmt::print(out, "memory without remat (policy none): {} ({}); with {}: {}\n",
                format_bytes(*info.none_peak_bytes),
@@ -81,9 +85,32 @@ void Progress::finish() {
 }
 
 std::string tiling_note(const Config& cfg) {
-  return cfg.remat.tile_tokens > 0
-             ? fmt::format(", MLP in chunks of {} tokens", cfg.remat.tile_tokens)
-             : std::string();
+  std::string note;
+  if (cfg.remat.tile_tokens > 0)
+    note += fmt::format(", MLP in chunks of {} tokens", cfg.remat.tile_tokens);
+  if (cfg.remat.offloads_optimizer())
+    note += ", checkpoints and AdamW moments in host memory";
+  else if (cfg.remat.offloads_checkpoints())
+    note += ", checkpoints in host memory";
+  return note;
+}
+
+std::string copy_line(const DryRun& run, const PlanTarget& target) {
+  const CopyTime ct = copy_time(run, target);
+  std::string line = fmt::format("  copies per step: {} to host, {} back to the device",
+                                 format_bytes(static_cast<uint64_t>(run.to_host_bytes())),
+                                 format_bytes(static_cast<uint64_t>(run.to_device_bytes())));
+  if (!ct.modelled)
+    return line + (target.host_is_device()
+                       ? " (CPU: the host pool is the same RAM; offload here tests the executor)"
+                       : " (no link or peak rates for this target: use --gpu NAME)");
+  return line +
+         fmt::format("; {:.3g} s at the link's rate vs compute >= {:.3g} s at peak ({}); {}",
+                     ct.copy_s, ct.compute_s, target.rates_note,
+                     ct.exposed_s > 0
+                         ? fmt::format("up to {:.3g} s of copying is not hidden by compute",
+                                       ct.exposed_s)
+                         : std::string("the copies hide behind compute"));
 }
 
 std::string load_note() {
@@ -118,6 +145,17 @@ void print_summary(std::FILE* out, const RunSummary& s) {
     if (b)
       fmt::print(out, "    {:<13} {:>12}\n", mem_category_name(static_cast<MemCategory>(i)),
                  format_bytes(b));
+  }
+  if (s.host_peak.total_bytes || s.predicted_host_peak_bytes) {
+    const uint64_t h = s.host_peak.total_bytes;
+    fmt::print(out, "  host peak       {} ({} B) in host memory (remat.offload), {}\n",
+               format_bytes(h), h,
+               h == s.predicted_host_peak_bytes
+                   ? std::string("equal to the predicted")
+                   : fmt::format("WARNING: predicted {} B, {:+} B off (please report)",
+                                 s.predicted_host_peak_bytes,
+                                 static_cast<int64_t>(h) -
+                                     static_cast<int64_t>(s.predicted_host_peak_bytes)));
   }
   if (!s.peak.largest.empty()) {
     fmt::print(out, "  largest at peak");
@@ -275,6 +313,8 @@ void MetricsWriter::summary(const RunSummary& s) {
                       {"final_loss", s.final_loss},
                       {"peak_bytes", s.peak.total_bytes},
                       {"predicted_peak_bytes", s.predicted_peak_bytes},
+                      {"host_peak_bytes", s.host_peak.total_bytes},
+                      {"predicted_host_peak_bytes", s.predicted_host_peak_bytes},
                       {"peak_phase", s.peak.phase},
                       {"peak_by_category", cats},
                       {"median_step_ms", s.median_step_ms},

@@ -10,6 +10,7 @@
 #include "engine/backend.h"
 #include "engine/config.h"
 #include "engine/error.h"
+#include "engine/planner.h"
 #include "engine/trainer.h"
 
 namespace remat::cli {
@@ -21,6 +22,8 @@ struct RunInfo {
   std::string policy_line;
   uint64_t budget_bytes = 0;
   uint64_t predicted_peak_bytes = 0;
+  uint64_t predicted_host_peak_bytes = 0;  // remat.offload: the host pool's
+  uint64_t host_budget_bytes = 0;
   std::optional<uint64_t> none_peak_bytes;  // the same run without remat (when a policy is set)
   std::string data_line;
   std::string resume_line;  // "resumed from DIR at step N", or empty
@@ -34,6 +37,8 @@ struct RunSummary {
   std::string task_metric_name;
   MemorySnapshot peak;
   uint64_t predicted_peak_bytes = 0;
+  MemorySnapshot host_peak;  // the host pool (remat.offload)
+  uint64_t predicted_host_peak_bytes = 0;
   double median_step_ms = 0;
   double tokens_per_s = 0;
   std::array<OpCost, kNumPhases> cost_per_step{};
@@ -69,8 +74,13 @@ void print_summary(std::FILE* out, const RunSummary& s);
 /// sweep report, since a competing process slows a step ~2x per busy core it takes.
 std::string load_note();
 
-/// ", MLP in chunks of N tokens" when remat.tile_tokens is set, else "": for headers.
+/// ", MLP in chunks of N tokens" when remat.tile_tokens is set, and ", checkpoints in host
+/// memory" when remat.offload is, else "": for headers.
 std::string tiling_note(const Config& cfg);
+
+/// "  copies per step: X to host, Y back to the device; T s at the link's rate vs compute >= U s
+/// at peak (...); the copies hide behind compute": what offloading costs on `target`.
+std::string copy_line(const DryRun& run, const PlanTarget& target);
 
 /// A write to the metrics file failed (disk full, quota, I/O error). The training loop catches it
 /// to save a checkpoint before the run exits 1.

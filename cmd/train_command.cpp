@@ -121,8 +121,9 @@ class TrainRun {
     if (resumed) metrics_->event("resume", trainer_.steps_done(), from);
   }
 
-  RunSummary run(int64_t stop_at, uint64_t predicted_peak_bytes) {
-    summary_.predicted_peak_bytes = predicted_peak_bytes;
+  RunSummary run(int64_t stop_at, const DryRun& predicted) {
+    summary_.predicted_peak_bytes = predicted.peak.total_bytes;
+    summary_.predicted_host_peak_bytes = predicted.host_peak.total_bytes;
     const int64_t last = std::min(cfg_.train.steps, stop_at > 0 ? stop_at : cfg_.train.steps);
     try {
       train_until(last);
@@ -237,6 +238,7 @@ class TrainRun {
     summary_.steps = trainer_.steps_done();
     summary_.task_metric_name = data_.task_metric_name();
     summary_.peak = be_.pool().peak_snapshot();
+    summary_.host_peak = be_.host_pool().peak_snapshot();
     summary_.median_step_ms = median(step_ms_);
     summary_.tokens_per_s = total_ms_ > 0 ? static_cast<double>(tokens_) * 1000.0 / total_ms_ : 0;
     return summary_;
@@ -268,6 +270,15 @@ namespace {
 // The planner knows before step 1 whether the run fits: fail then, not minutes in, and say
 // which policies would fit this very seq_len and batch.
 void refuse_plan_over_budget(const Planner& planner, const Config& cfg, const DryRun& predicted) {
+  const uint64_t host_budget = planner.target().host_bytes;
+  if (predicted.host_peak.total_bytes > host_budget)
+    throw OutOfMemory(fmt::format(
+        "[memory] out of host memory before step 1: remat.offload = \"{}\" keeps up to {} ({} B) "
+        "in host memory during {}, over the host budget of {} (device.host_memory). Fix: raise "
+        "device.host_memory, offload less (remat.offload = \"checkpoints\" keeps the AdamW moments "
+        "on the device), or lower train.batch_size or train.seq_len",
+        cfg.remat.offload, format_bytes(predicted.host_peak.total_bytes),
+        predicted.host_peak.total_bytes, predicted.host_peak.phase, format_bytes(host_budget)));
   const uint64_t budget = planner.target().pool_budget();
   if (predicted.peak.total_bytes <= budget) return;
   std::string cats;
@@ -367,6 +378,8 @@ int run_train(const TrainOptions& opt) {
   info.policy_line = trainer.plan().describe() + tiling_note(cfg);
   info.budget_bytes = be.pool().budget_bytes();
   info.predicted_peak_bytes = predicted.peak.total_bytes;
+  info.predicted_host_peak_bytes = predicted.host_peak.total_bytes;
+  info.host_budget_bytes = be.host_pool().budget_bytes();
   if (cfg.remat.policy != "none") {  // what remat buys here: the peak without it
     info.none_peak_bytes = planner.dry_run(with_policy(cfg, "none"), false).peak.total_bytes;
   }
@@ -377,7 +390,7 @@ int run_train(const TrainOptions& opt) {
   run.open_metrics(resume != nullptr, resume ? resume->path() : std::string());
   resume.reset();  // unmaps the checkpoint's files before training
   experiments::install_interrupt_handler();
-  const RunSummary summary = run.run(opt.stop_at, predicted.peak.total_bytes);
+  const RunSummary summary = run.run(opt.stop_at, predicted);
   if (!opt.quiet) print_summary(stdout, summary);
   run.close_metrics();
   return summary.interrupted ? 128 + experiments::interrupt_signal() : 0;

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <iterator>
 
 #include "engine/cpu/workspace.h"
@@ -61,6 +62,54 @@ void Backend::timed(const char* op, const OpCost& c, Run&& run) {
   t.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   t.flops += c.flops;
   ++t.calls;
+}
+
+Backend::Backend(std::unique_ptr<MemoryPool> pool, std::unique_ptr<MemoryPool> host_pool)
+    : pool_(std::move(pool)), host_pool_(std::move(host_pool)) {}
+
+CopyTicket Backend::start_copy(const Tensor& dst, const Tensor& src, bool to_host) {
+  REMAT_ASSERT(dst.bytes() == src.bytes(), "copy_to_{}: {} bytes into {}",
+               to_host ? "host" : "device", src.bytes(), dst.bytes());
+  OpCost& c = cost_[static_cast<size_t>(phase_)];
+  (to_host ? c.to_host_bytes : c.to_device_bytes) += static_cast<double>(src.bytes());
+  const CopyTicket t{next_ticket_++};
+  pending_copies_.insert(t.id);
+  if (to_host)
+    copy_to_host_impl(dst, src, t);
+  else
+    copy_to_device_impl(dst, src, t);
+  return t;
+}
+
+CopyTicket Backend::copy_to_host(const Tensor& dst, const Tensor& src) {
+  return start_copy(dst, src, true);
+}
+
+CopyTicket Backend::copy_to_device(const Tensor& dst, const Tensor& src) {
+  return start_copy(dst, src, false);
+}
+
+void Backend::wait_copy(CopyTicket t) {
+  REMAT_ASSERT(pending_copies_.erase(t.id) == 1, "wait_copy: ticket {} is not a pending copy",
+               t.id);
+  wait_copy_impl(t);
+}
+
+void Backend::fill_host(const Tensor& t, float value) {
+  REMAT_ASSERT(t.dtype == DType::F32, "fill_host: {} tensor", dtype_name(t.dtype));
+  fill_host_impl(t, value);
+}
+
+void Backend::copy_to_host_impl(const Tensor& dst, const Tensor& src, CopyTicket) {
+  std::memcpy(dst.data, src.data, src.bytes());
+}
+
+void Backend::copy_to_device_impl(const Tensor& dst, const Tensor& src, CopyTicket) {
+  std::memcpy(dst.data, src.data, src.bytes());
+}
+
+void Backend::fill_host_impl(const Tensor& t, float value) {
+  std::fill_n(t.f32(), t.numel(), value);
 }
 
 void Backend::count(const OpCost& op) {

@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <set>
 #include <span>
 #include <string>
 #include <utility>
@@ -36,6 +37,12 @@
 #include "engine/workspace.h"
 
 namespace remat {
+
+/// A copy between the device and the host pool in flight (Backend::copy_to_host/copy_to_device).
+/// Every ticket is waited on once (Backend::wait_copy); 0 is "no copy".
+struct CopyTicket {
+  uint64_t id = 0;
+};
 
 /// What the executor is doing; FLOPs and bytes are counted per phase.
 enum class Phase : uint8_t { Forward, Recompute, Backward, Loss, Optimizer, kCount };
@@ -61,6 +68,11 @@ class Backend {
   /// buffers such as checkpoint staging then count against the device budget, through the pool.
   virtual bool device_is_host() const { return false; }
   MemoryPool& pool() { return *pool_; }
+  /// Host memory that remat.offload moves tensors to, with its own budget (device.host_memory):
+  /// pinned memory on CUDA; on the CPU a second pool in the same RAM (a distinct memory space, so
+  /// that the offloading executor and its accounting run and are tested there); fake addresses on
+  /// the count backend. The device pool never sees these bytes.
+  MemoryPool& host_pool() { return *host_pool_; }
   /// Waits until every queued op has finished (step timing). Synchronous backends: no-op.
   virtual void synchronize() {}
 
@@ -72,6 +84,20 @@ class Backend {
   virtual void upload(const Tensor& dst, const void* host) = 0;
   /// Device -> host, raw bytes (src.bytes() of them). The count backend writes zeros.
   virtual void download(void* host, const Tensor& src) = 0;
+
+  // ---- device <-> host pool (remat.offload) ----
+  /// Starts copying device tensor `src` into host-pool tensor `dst` (same byte size) on the copy
+  /// queue, after every op enqueued so far, and returns the ticket to wait on. CUDA: a second
+  /// stream, so the copy overlaps the ops enqueued after it; CPU: done on return.
+  CopyTicket copy_to_host(const Tensor& dst, const Tensor& src);
+  /// The same from host-pool tensor `src` into device tensor `dst` (a fresh pool allocation).
+  CopyTicket copy_to_device(const Tensor& dst, const Tensor& src);
+  /// Orders every op enqueued after this call, and every pool free, after the copy: after it, the
+  /// copy's destination may be read and its source freed or overwritten. Waits on the host only
+  /// where the backend has no queue.
+  void wait_copy(CopyTicket t);
+  /// Writes `value` into every element of a host-pool f32 tensor (AdamW moments offloaded).
+  void fill_host(const Tensor& t, float value);
 
   // ---- layer ops (see the Args structs for shapes and the += / = contract) ----
   void linear_forward(const LinearForwardArgs& a);
@@ -115,7 +141,14 @@ class Backend {
   void reset_op_times() { op_times_.clear(); }
 
  protected:
-  explicit Backend(std::unique_ptr<MemoryPool> pool) : pool_(std::move(pool)) {}
+  Backend(std::unique_ptr<MemoryPool> pool, std::unique_ptr<MemoryPool> host_pool);
+
+  /// The copies of the host-pool API. Defaults: synchronous memcpy (host-addressable memory on
+  /// both sides), nothing to wait on.
+  virtual void copy_to_host_impl(const Tensor& dst, const Tensor& src, CopyTicket t);
+  virtual void copy_to_device_impl(const Tensor& dst, const Tensor& src, CopyTicket t);
+  virtual void wait_copy_impl(CopyTicket) {}
+  virtual void fill_host_impl(const Tensor& t, float value);
 
   virtual void fill_impl(const Tensor& t, float value) = 0;
   virtual void copy_impl(const Tensor& dst, const Tensor& src) = 0;
@@ -147,7 +180,11 @@ class Backend {
               void (Backend::*impl)(const Args&, const OpWorkspace&));
   template <class Run>
   void timed(const char* op, const OpCost& c, Run&& run);
+  CopyTicket start_copy(const Tensor& dst, const Tensor& src, bool to_host);
   std::unique_ptr<MemoryPool> pool_;
+  std::unique_ptr<MemoryPool> host_pool_;
+  uint64_t next_ticket_ = 1;
+  std::set<uint64_t> pending_copies_;  // tickets not yet waited on
   Phase phase_ = Phase::Forward;
   std::array<OpCost, kNumPhases> cost_{};
   bool op_timing_ = false;

@@ -141,6 +141,10 @@ const EnumNames<PositionKind> kPositions = {{"learned", PositionKind::Learned},
 const EnumNames<BackendKind> kBackends = {
     {"auto", BackendKind::Auto}, {"cpu", BackendKind::Cpu}, {"cuda", BackendKind::Cuda}};
 const EnumNames<Precision> kPrecisions = {{"bf16", Precision::Bf16}, {"fp32", Precision::Fp32}};
+const EnumNames<OffloadKind> kOffloads = {{"none", OffloadKind::None},
+                                          {"checkpoints", OffloadKind::Checkpoints},
+                                          {"checkpoints+optimizer",
+                                           OffloadKind::CheckpointsOptimizer}};
 
 template <class E>
 E read_enum(const toml::node& n, const Origin& o, const EnumNames<E>& names) {
@@ -349,10 +353,17 @@ const std::vector<KeySpec>& key_specs() {
        "GPT: each block's LayerNorm 2 and MLP run over chunks of N token rows and are recomputed "
        "in the backward; 0 = off (auto may turn it on)",
        [](Config& c, auto& n, auto& o) { c.remat.tile_tokens = read_int(n, o, 0, kMax, false); }},
+      {"remat", "offload",
+       "host memory between uses: checkpoints (out after each block's forward, back before its "
+       "recompute), and the AdamW moments (streamed through the device at the update)",
+       [](Config& c, auto& n, auto& o) { c.remat.offload = read_enum(n, o, kOffloads); }},
       {"device", "backend", "auto = CUDA when a GPU is found, else the CPU",
        [](Config& c, auto& n, auto& o) { c.device.backend = read_enum(n, o, kBackends); }},
       {"device", "memory", "the pool budget; 0 = the device's memory",
        [](Config& c, auto& n, auto& o) { c.device.memory_bytes = read_size(n, o); }},
+      {"device", "host_memory",
+       "the host pool's budget (remat.offload; pinned on CUDA); 0 = the machine's memory",
+       [](Config& c, auto& n, auto& o) { c.device.host_memory_bytes = read_size(n, o); }},
       {"device", "precision", "CUDA activations (weights and optimizer state stay fp32)",
        [](Config& c, auto& n, auto& o) { c.device.precision = read_enum(n, o, kPrecisions); }},
       {"device", "threads", "CPU threads; 0 = all cores",
@@ -497,6 +508,12 @@ void validate(const Config& c, const Origins& o) {
     fail(o.of("remat.plan"),
          fmt::format("{} entries for n_layer = {} blocks", c.remat.plan.size(), m.n_layer),
          "give one policy per block");
+  if (c.remat.offloads_checkpoints() && c.remat.plan.empty() && c.remat.policy == "none")
+    fail(o.of("remat.offload"),
+         fmt::format("remat.offload = \"{}\" moves checkpoints to host memory, and policy "
+                     "\"none\" keeps none",
+                     c.remat.offload),
+         "set remat.policy (e.g. \"full\" or \"auto\"), or remove remat.offload");
   if (c.remat.policy == "names" && c.remat.save.empty())
     fail({o.of("remat.policy").where, "remat.save"},
          fmt::format("missing: policy \"names\" needs the list of activations to keep, and {} "
@@ -722,6 +739,7 @@ std::string config_to_toml(const Config& c) {
   if (!c.remat.save.empty()) remat.insert("save", strings(c.remat.save));
   if (!c.remat.plan.empty()) remat.insert("plan", strings(c.remat.plan));
   remat.insert("tile_tokens", c.remat.tile_tokens);
+  remat.insert("offload", std::string(config_name(c.remat.offload)));
   if (c.remat.policy == "auto") {  // auto refuses every/blocks/plan beside it
     remat.erase("every");
     remat.erase("plan");
@@ -730,6 +748,8 @@ std::string config_to_toml(const Config& c) {
                      {"threads", c.device.threads},
                      {"precision", config_name(c.device.precision)}};
   if (c.device.memory_bytes) device.insert("memory", static_cast<int64_t>(c.device.memory_bytes));
+  if (c.device.host_memory_bytes)
+    device.insert("host_memory", static_cast<int64_t>(c.device.host_memory_bytes));
   toml::table log{{"every", c.log.every}};
   toml::table ckpt{{"every", c.checkpoint.every},
                    {"keep_last", c.checkpoint.keep_last},
@@ -753,6 +773,9 @@ std::string_view config_name(BackendKind v) {
 }
 std::string_view config_name(Precision v) {
   return enum_name(v, kPrecisions);
+}
+std::string_view config_name(OffloadKind v) {
+  return enum_name(v, kOffloads);
 }
 
 void throw_config_error(const Config& c, const std::string& key, const std::string& problem,

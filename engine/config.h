@@ -20,17 +20,20 @@ enum class ModelKind : uint8_t { Gpt, Mlp };           // model.kind
 enum class PositionKind : uint8_t { Learned, Rope };   // model.position
 enum class BackendKind : uint8_t { Auto, Cpu, Cuda };  // device.backend
 enum class Precision : uint8_t { Bf16, Fp32 };         // device.precision
+enum class OffloadKind : uint8_t { None, Checkpoints, CheckpointsOptimizer };  // remat.offload
 std::string_view config_name(ModelKind v);
 std::string_view config_name(PositionKind v);
 std::string_view config_name(BackendKind v);
 std::string_view config_name(Precision v);
+std::string_view config_name(OffloadKind v);
 
 }  // namespace remat
 
 // fmt prints the enum-like keys by their config spelling: fmt::format("{}", cfg.model.kind).
 template <class E>
 requires std::is_same_v<E, remat::ModelKind> || std::is_same_v<E, remat::PositionKind> ||
-    std::is_same_v<E, remat::BackendKind> || std::is_same_v<E, remat::Precision>
+    std::is_same_v<E, remat::BackendKind> || std::is_same_v<E, remat::Precision> ||
+    std::is_same_v<E, remat::OffloadKind>
 struct fmt::formatter<E> : fmt::formatter<std::string_view> {
   auto format(E v, fmt::format_context& ctx) const {
     return fmt::formatter<std::string_view>::format(remat::config_name(v), ctx);
@@ -86,11 +89,17 @@ struct RematConfig {
   std::vector<std::string> save;  // policy "names": activations to keep (JAX save_only_these_names)
   std::vector<std::string> plan;  // one policy per block; overrides policy/blocks when set
   int64_t tile_tokens = 0;        // GPT: LayerNorm 2 + MLP in chunks of this many rows; 0 = off
+  // What lives in host memory between its uses: checkpoints (copied out after each block's
+  // forward, back before its recompute) and optionally the AdamW moments.
+  OffloadKind offload = OffloadKind::None;
+  bool offloads_checkpoints() const { return offload != OffloadKind::None; }
+  bool offloads_optimizer() const { return offload == OffloadKind::CheckpointsOptimizer; }
 };
 
 struct DeviceConfig {
   BackendKind backend = BackendKind::Auto;  // auto = CUDA when a GPU is found
   uint64_t memory_bytes = 0;                // budget; 0 = what the machine has
+  uint64_t host_memory_bytes = 0;           // host pool budget (remat.offload); 0 = the machine's
   int64_t threads = 0;                      // CPU threads; 0 = all cores
   Precision precision = Precision::Bf16;    // CUDA activations (fp32 master weights either way)
 };

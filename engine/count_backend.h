@@ -34,6 +34,9 @@ class CountBackend : public Backend {
   void download(void* host, const Tensor& src) override;
 
  protected:
+  void copy_to_host_impl(const Tensor&, const Tensor&, CopyTicket) override {}
+  void copy_to_device_impl(const Tensor&, const Tensor&, CopyTicket) override {}
+  void fill_host_impl(const Tensor&, float) override {}
   void fill_impl(const Tensor&, float) override {}
   void copy_impl(const Tensor&, const Tensor&) override {}
   void linear_forward_impl(const LinearForwardArgs&, const OpWorkspace&) override {}

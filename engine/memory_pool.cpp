@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <iterator>
+#include <string_view>
 
 #include "engine/units.h"
 
@@ -36,8 +37,9 @@ void Buffer::reset() {
   tensor_ = Tensor();
 }
 
-MemoryPool::MemoryPool(std::unique_ptr<DeviceAllocator> allocator, uint64_t budget_bytes)
-    : allocator_(std::move(allocator)), budget_(budget_bytes) {}
+MemoryPool::MemoryPool(std::unique_ptr<DeviceAllocator> allocator, uint64_t budget_bytes,
+                       Space space)
+    : allocator_(std::move(allocator)), budget_(budget_bytes), space_(space) {}
 
 MemoryPool::~MemoryPool() {
   // Buffers must not outlive their pool; a leak here is a programmer error, but destructors
@@ -152,16 +154,23 @@ void MemoryPool::throw_oom(const std::string& name, const Tensor& t, MemCategory
       cats += fmt::format("{}{} {}", cats.empty() ? "" : ", ",
                           mem_category_name(static_cast<MemCategory>(i)), format_bytes(b));
   }
+  const bool host = std::string_view(space_.name) == "host";
   std::string what = device_refused
-                         ? fmt::format("the device refused {} more", format_bytes(bytes))
+                         ? fmt::format("the {} refused {} more", host ? "host" : "device",
+                                       format_bytes(bytes))
                          : fmt::format("live {} + {} > budget {}", format_bytes(live_.total_bytes),
                                        format_bytes(bytes), format_bytes(budget_));
-  throw OutOfMemory(fmt::format(
-      "[memory] out of memory during {} allocating {} {} ({}, {}): {}; live: {}. Fix: try "
-      "remat.policy = \"full\", a smaller train.batch_size or train.seq_len, or a larger "
-      "device.memory; `remat-train plan` shows what fits.",
-      phase_, name, t.shape_str(), mem_category_name(c), format_bytes(bytes), what,
-      cats.empty() ? "nothing" : cats));
+  const std::string fix =
+      host ? fmt::format("Fix: raise {} (pinned host memory for offloaded tensors), or offload "
+                         "less (remat.offload); `remat-train plan` shows what fits.",
+                         space_.budget_key)
+           : fmt::format("Fix: try remat.policy = \"full\", a smaller train.batch_size or "
+                         "train.seq_len, or a larger {}; `remat-train plan` shows what fits.",
+                         space_.budget_key);
+  throw OutOfMemory(fmt::format("[memory] out of memory on the {} during {} allocating {} {} ({}, {}): "
+                                "{}; live: {}. {}",
+                                space_.name, phase_, name, t.shape_str(), mem_category_name(c),
+                                format_bytes(bytes), what, cats.empty() ? "nothing" : cats, fix));
 }
 
 }  // namespace remat

@@ -35,8 +35,8 @@ enum class MemCategory : uint8_t {
 constexpr int kNumMemCategories = static_cast<int>(MemCategory::kCount);
 const char* mem_category_name(MemCategory c);
 
-/// Raw storage of one device. Implementations: host memory (cpu), fake addresses (count),
-/// cudaMalloc'd arena (cuda).
+/// Raw storage of one memory space. Implementations: host memory (cpu, and the host pool of
+/// offloading), fake addresses (count), stream-ordered device memory and pinned host memory (cuda).
 class DeviceAllocator {
  public:
   virtual ~DeviceAllocator() = default;
@@ -90,7 +90,16 @@ class MemoryPool {
   static constexpr size_t kAlignment = 256;
   static constexpr size_t kLargestTracked = 6;
 
-  MemoryPool(std::unique_ptr<DeviceAllocator> allocator, uint64_t budget_bytes);
+  /// Which memory a pool holds: what out-of-memory messages name, with the key that budgets it.
+  struct Space {
+    const char* name = "device";              // "device" | "host"
+    const char* budget_key = "device.memory";  // the config key of its budget
+  };
+  static constexpr Space kDeviceSpace{"device", "device.memory"};
+  static constexpr Space kHostSpace{"host", "device.host_memory"};
+
+  MemoryPool(std::unique_ptr<DeviceAllocator> allocator, uint64_t budget_bytes,
+             Space space = kDeviceSpace);
   ~MemoryPool();
   MemoryPool(const MemoryPool&) = delete;
   MemoryPool& operator=(const MemoryPool&) = delete;
@@ -104,6 +113,7 @@ class MemoryPool {
   }
 
   uint64_t budget_bytes() const { return budget_; }
+  const Space& space() const { return space_; }
   uint64_t live_bytes() const { return live_.total_bytes; }
   uint64_t peak_bytes() const { return peak_.total_bytes; }
   uint64_t live_bytes(MemCategory c) const { return live_.by_category[static_cast<size_t>(c)]; }
@@ -146,6 +156,7 @@ class MemoryPool {
   void scan_largest(MemorySnapshot& snap) const;
   std::unique_ptr<DeviceAllocator> allocator_;
   uint64_t budget_;
+  Space space_;
   // Records live in slots (a Buffer's id is its slot) reused through a free list: O(1) per
   // allocation and release. While the largest tensors are tracked, by_size_ indexes the live
   // ones largest first, so a new peak lists them in O(kLargestTracked) and allocate/release stay

@@ -5,6 +5,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -19,7 +21,8 @@ struct Param {
   Buffer value;            // category weights
   Buffer grad;             // category grads
   Buffer m, v;             // category optimizer
-  bool use_decay = false;  // 2-D weights only
+  bool moments_on_host = false;  // m and v live in the host pool (remat.offload)
+  bool use_decay = false;        // 2-D weights only
 };
 
 /// A batch on the device. GPT: inputs and targets are (B, T) i32 tokens. MLP: (B, D) f32.
@@ -48,8 +51,17 @@ class ActStore {
   void release(size_t slot) { slots_[slot].reset(); }
   void keep_only(const std::vector<bool>& keep);
   void clear();
+  /// The executor's hook for the moment a block's backward is past its largest working set
+  /// (offload then starts bringing back the next checkpoint, so that it does not add to the
+  /// peak). A block calls peak_passed() there; the executor calls it again when the backward
+  /// returns, which runs the hook only if the block did not.
+  void on_peak_passed(std::function<void()> hook) { peak_hook_ = std::move(hook); }
+  void peak_passed() {
+    if (peak_hook_) std::exchange(peak_hook_, nullptr)();
+  }
 
  private:
+  std::function<void()> peak_hook_;
   std::string prefix_;
   std::vector<Buffer> slots_;
   std::vector<MemCategory> categories_;

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <functional>
 #include <map>
 #include <utility>
@@ -22,17 +23,24 @@ PlanTarget run_plan_target(Backend& be) {
   const WorkspaceTarget w = be.workspace_target();
   t.count = CountTarget{w.device, be.act_dtype(), w.threads};
   t.device_bytes = be.pool().budget_bytes();
+  t.host_bytes = be.host_pool().budget_bytes();
+  t.host_note = "the run's host pool";
   return t;
 }
 
 const std::vector<GpuPreset>& gpu_presets() {
+  // Host RAM: what one card of a common node has beside it (an H200 here has 128 GiB); set
+  // device.host_memory for yours. Links: pinned cudaMemcpy reaches ~80% of the PCIe line rate
+  // (5.0 x16: 63 GB/s, 4.0 x16: 32 GB/s per direction). Peaks: the vendors' dense figures.
+  constexpr uint64_t GiB = 1ull << 30;
   static const std::vector<GpuPreset> presets = {
-      {"h200", 150754820096ull},      // 143771 MiB
-      {"h100-80gb", 85045231616ull},  // 81105 MiB
-      {"a100-80gb", 85097660416ull},  // 81155 MiB
-      {"a100-40gb", 42505273344ull},  // 40536 MiB
-      {"l4", 23580639232ull},         // 22488 MiB
-      {"rtx4090", 25393692672ull},    // 24217 MiB
+      {"h200", 150754820096ull, 128 * GiB, 50, "PCIe 5.0 x16", 989.4, 66.9},       // 143771 MiB
+      {"h100-80gb", 85045231616ull, 128 * GiB, 50, "PCIe 5.0 x16", 989.4, 66.9},  // 81105 MiB
+      {"a100-80gb", 85097660416ull, 128 * GiB, 25, "PCIe 4.0 x16", 312, 19.5},    // 81155 MiB
+      {"a100-40gb", 42505273344ull, 64 * GiB, 25, "PCIe 4.0 x16", 312, 19.5},     // 40536 MiB
+      {"l4", 23580639232ull, 64 * GiB, 25, "PCIe 4.0 x16", 121, 30.3},            // 22488 MiB
+      // GeForce tensor cores run bf16 with fp32 accumulation at half their fp16-accumulate rate.
+      {"rtx4090", 25393692672ull, 64 * GiB, 25, "PCIe 4.0 x16", 82.6, 82.6},  // 24217 MiB
   };
   return presets;
 }
@@ -41,10 +49,23 @@ PlanTarget plan_target(const Config& cfg, const std::string& gpu, std::optional<
   // `memory` is the pool budget; device_bytes adds the runtime reserve on top.
   PlanTarget t;
   const bool cuda = !gpu.empty() || cfg.device.backend == BackendKind::Cuda;
+  t.host_bytes = host_memory_bytes();
+  t.host_note = "this machine's memory";
   if (cuda) {
     if (!gpu.empty()) {
       for (const auto& p : gpu_presets())
-        if (gpu == p.name) t.device_bytes = p.bytes;
+        if (gpu == p.name) {
+          t.device_bytes = p.bytes;
+          t.host_bytes = p.host_bytes;
+          t.host_note = fmt::format("assumed beside one {}", p.name);
+          t.link_bytes_per_s = p.link_gb_per_s * 1e9;
+          const bool fp32 = cfg.device.precision == Precision::Fp32;
+          t.peak_flops_per_s = (fp32 ? p.fp32_tflops : p.bf16_tflops) * 1e12;
+          t.rates_note =
+              fmt::format("{} ~{:.0f} GB/s per direction, {} dense peak {:.1f} TFLOP/s",
+                          p.link_name, p.link_gb_per_s, fp32 ? "fp32" : "bf16",
+                          fp32 ? p.fp32_tflops : p.bf16_tflops);
+        }
       if (!t.device_bytes) {
         std::string names;
         for (const auto& p : gpu_presets())
@@ -76,6 +97,10 @@ PlanTarget plan_target(const Config& cfg, const std::string& gpu, std::optional<
     t.reserve_note = "none: every byte of a CPU run goes through the pool";
   }
   if (memory) t.device_bytes = *memory + t.reserve_bytes;
+  if (cfg.device.host_memory_bytes) {
+    t.host_bytes = cfg.device.host_memory_bytes;
+    t.host_note = "device.host_memory";
+  }
   return t;
 }
 
@@ -84,6 +109,68 @@ double DryRun::recompute_overhead() const {
                       cost[static_cast<size_t>(Phase::Loss)].flops +
                       cost[static_cast<size_t>(Phase::Backward)].flops;
   return base > 0 ? cost[static_cast<size_t>(Phase::Recompute)].flops / base : 0.0;
+}
+
+double DryRun::flops() const {
+  double f = 0;
+  for (const OpCost& c : cost) f += c.flops;
+  return f;
+}
+
+double DryRun::to_host_bytes() const {
+  double b = 0;
+  for (const OpCost& c : cost) b += c.to_host_bytes;
+  return b;
+}
+
+double DryRun::to_device_bytes() const {
+  double b = 0;
+  for (const OpCost& c : cost) b += c.to_device_bytes;
+  return b;
+}
+
+CopyTime copy_time(const DryRun& run, const PlanTarget& target) {
+  CopyTime t;
+  if (target.link_bytes_per_s <= 0 || target.peak_flops_per_s <= 0) return t;
+  t.modelled = true;
+  auto phase = [&](Phase p) { return run.cost[static_cast<size_t>(p)]; };
+  // The phases whose copies can hide behind their own compute.
+  const std::vector<std::vector<Phase>> overlaps = {
+      {Phase::Forward, Phase::Loss}, {Phase::Recompute, Phase::Backward}, {Phase::Optimizer}};
+  for (const auto& group : overlaps) {
+    double bytes = 0, flops = 0;
+    for (Phase p : group) {
+      bytes += phase(p).to_host_bytes + phase(p).to_device_bytes;
+      flops += phase(p).flops;
+    }
+    const double copy = bytes / target.link_bytes_per_s;
+    const double compute = flops / target.peak_flops_per_s;
+    t.copy_s += copy;
+    t.compute_s += compute;
+    t.exposed_s += std::max(0.0, copy - compute);
+  }
+  return t;
+}
+
+bool Planner::fits(const DryRun& run) const {
+  return run.peak.total_bytes <= target_.pool_budget() &&
+         run.host_peak.total_bytes <= target_.host_bytes;
+}
+
+uint64_t Planner::search_peak(const DryRun& run) const {
+  const uint64_t device = run.peak.total_bytes;
+  const uint64_t host = run.host_peak.total_bytes;
+  if (host == 0) return device;
+  if (target_.host_bytes == 0) return UINT64_MAX;
+  // host * budget / host_budget in doubles (monotone, close to affine for the searches), then
+  // clamped so that it is <= budget exactly when host <= host_budget.
+  const uint64_t budget = target_.pool_budget();
+  const double scaled = std::ceil(static_cast<double>(host) * static_cast<double>(budget) /
+                                  static_cast<double>(target_.host_bytes));
+  uint64_t host_scaled = scaled >= 1.8e19 ? UINT64_MAX : static_cast<uint64_t>(scaled);
+  host_scaled = host <= target_.host_bytes ? std::min(host_scaled, budget)
+                                           : std::max(host_scaled, budget + 1);
+  return std::max(device, host_scaled);
 }
 
 DryRun Planner::dry_run(const Config& cfg, bool track_largest) const {
@@ -100,18 +187,13 @@ DryRun Planner::dry_run(const Config& cfg, bool track_largest) const {
   DryRun r;
   r.policy = cfg.remat.plan.empty() ? cfg.remat.policy : "per-block";
   r.peak = be.pool().peak_snapshot();
+  r.host_peak = be.host_pool().peak_snapshot();
   for (int i = 0; i < kNumPhases; ++i)
     r.cost[static_cast<size_t>(i)] = be.cost(static_cast<Phase>(i));
   r.n_params = model.n_params();
   return r;
 }
 
-namespace {
-std::optional<PeakProbe> known_probe(int64_t x, const DryRun* run) {
-  if (!run) return std::nullopt;
-  return PeakProbe{x, run->peak.total_bytes};
-}
-}  // namespace
 
 int64_t Planner::longest_seq_len(const Config& cfg, const DryRun* at_cfg) const {
   if (cfg.model.kind != ModelKind::Gpt) return 0;
@@ -122,9 +204,9 @@ int64_t Planner::longest_seq_len(const Config& cfg, const DryRun* at_cfg) const 
         Config c = cfg;
         c.train.seq_len = t;
         if (c.data.task == "copy" && t < 4) c.data.task = "random";
-        return dry_run(c, false).peak.total_bytes;
+        return search_peak(dry_run(c, false));
       },
-      known_probe(cfg.train.seq_len, at_cfg));
+      at_cfg ? std::optional(PeakProbe{cfg.train.seq_len, search_peak(*at_cfg)}) : std::nullopt);
 }
 
 int64_t Planner::largest_batch(const Config& cfg, const DryRun* at_cfg) const {
@@ -133,9 +215,10 @@ int64_t Planner::largest_batch(const Config& cfg, const DryRun* at_cfg) const {
       [&](int64_t b) {
         Config c = cfg;
         c.train.batch_size = b;
-        return dry_run(c, false).peak.total_bytes;
+        return search_peak(dry_run(c, false));
       },
-      known_probe(cfg.train.batch_size, at_cfg));
+      at_cfg ? std::optional(PeakProbe{cfg.train.batch_size, search_peak(*at_cfg)})
+             : std::nullopt);
 }
 
 // ---- auto ----
@@ -189,21 +272,33 @@ std::string AutoPlan::mix() const {
 }
 
 std::string AutoPlan::summary() const {
+  std::string host;
+  if (offload != OffloadKind::None && host_peak_bytes > 0)
+    host = fmt::format(", {} in host memory: peak {} of {}",
+                       offload == OffloadKind::Checkpoints ? "checkpoints"
+                                                           : "checkpoints and AdamW moments",
+                       format_bytes(host_peak_bytes), format_bytes(host_budget_bytes));
   return fmt::format(
-      "chose {}{} (recompute +{:.2f}%, predicted peak {} of budget {})", mix(),
+      "chose {}{} (recompute +{:.2f}%, predicted peak {} of budget {}{})", mix(),
       tile_tokens > 0 ? fmt::format(", MLP in chunks of {} tokens", tile_tokens) : std::string(),
-      100.0 * recompute_overhead, format_bytes(peak_bytes), format_bytes(budget_bytes));
+      100.0 * recompute_overhead, format_bytes(peak_bytes), format_bytes(budget_bytes), host);
 }
 
 std::string AutoPlan::infeasible_message() const {
+  std::string how;
+  if (tile_tokens > 0) how += fmt::format(", the MLP in chunks of {} tokens", tile_tokens);
+  if (offload != OffloadKind::None)
+    how += fmt::format(", {} in host memory (host peak {} of budget {})", config_name(offload),
+                       format_bytes(min_host_peak_bytes), format_bytes(host_budget_bytes));
+  const bool host_short = offload != OffloadKind::None && min_host_peak_bytes > host_budget_bytes;
   return fmt::format(
       "[planner] remat.policy = \"auto\": no plan fits the budget of {} ({} B); the smallest "
       "achievable peak is {} ({} B, every block \"full\"{}). Fix: set device.memory = {} or "
-      "more, or lower train.batch_size or train.seq_len; `remat-train plan` shows what fits.",
-      format_bytes(budget_bytes), budget_bytes, format_bytes(min_peak_bytes), min_peak_bytes,
-      tile_tokens > 0 ? fmt::format(", the MLP in chunks of {} tokens", tile_tokens)
-                      : std::string(),
-      min_peak_bytes);
+      "more{}, or lower train.batch_size or train.seq_len; `remat-train plan` shows what fits.",
+      format_bytes(budget_bytes), budget_bytes, format_bytes(min_peak_bytes), min_peak_bytes, how,
+      min_peak_bytes,
+      host_short ? fmt::format(" and device.host_memory = {} or more", min_host_peak_bytes)
+                 : std::string());
 }
 
 int64_t default_tile_tokens(int64_t rows) {
@@ -211,16 +306,36 @@ int64_t default_tile_tokens(int64_t rows) {
 }
 
 AutoPlan choose_auto(const Planner& planner, const Config& cfg) {
-  AutoPlan chosen = choose_auto_plan(planner, cfg);
-  chosen.tile_tokens = cfg.remat.tile_tokens;
-  if (chosen.fits || cfg.model.kind != ModelKind::Gpt || cfg.remat.tile_tokens > 0) return chosen;
-  Config tiled = cfg;
-  tiled.remat.tile_tokens = default_tile_tokens(cfg.train.batch_size * cfg.train.seq_len);
-  // Taken whether or not it fits: when nothing fits, its smallest peak is the one to name.
-  AutoPlan with_tiling = choose_auto_plan(planner, tiled);
-  with_tiling.tile_tokens = tiled.remat.tile_tokens;
-  with_tiling.n_dry_runs += chosen.n_dry_runs;
-  return with_tiling.min_peak_bytes < chosen.min_peak_bytes ? with_tiling : chosen;
+  // What auto may add when no per-block plan fits, cheapest first: MLP tiling (a little GEMM
+  // efficiency), then checkpoints in host memory (copies that hide behind compute), then the AdamW
+  // moments too (copies at the update that do not). Offload only where host memory is not the
+  // device's own (a GPU target); settings the config makes itself are kept.
+  std::vector<Config> candidates{cfg};
+  if (cfg.model.kind == ModelKind::Gpt && cfg.remat.tile_tokens == 0) {
+    Config tiled = cfg;
+    tiled.remat.tile_tokens = default_tile_tokens(cfg.train.batch_size * cfg.train.seq_len);
+    candidates.push_back(tiled);
+  }
+  if (!planner.target().host_is_device() && cfg.remat.offload == OffloadKind::None)
+    for (OffloadKind k : {OffloadKind::Checkpoints, OffloadKind::CheckpointsOptimizer}) {
+      Config offloaded = candidates.back();
+      offloaded.remat.offload = k;
+      candidates.push_back(offloaded);
+    }
+  AutoPlan best;
+  int64_t n_dry_runs = 0;
+  for (const Config& c : candidates) {
+    AutoPlan p = choose_auto_plan(planner, c);
+    p.tile_tokens = c.remat.tile_tokens;
+    p.offload = c.remat.offload;
+    n_dry_runs += p.n_dry_runs;
+    // When nothing fits, the smallest device peak is the one to name.
+    if (p.fits || best.policies.empty() || p.min_peak_bytes < best.min_peak_bytes)
+      best = std::move(p);
+    if (best.fits) break;
+  }
+  best.n_dry_runs = n_dry_runs;
+  return best;
 }
 
 std::optional<AutoPlan> resolve_auto(const Planner& planner, Config& cfg) {
@@ -228,6 +343,7 @@ std::optional<AutoPlan> resolve_auto(const Planner& planner, Config& cfg) {
   AutoPlan chosen = choose_auto(planner, cfg);
   cfg.remat.plan = chosen.policies;
   cfg.remat.tile_tokens = chosen.tile_tokens;
+  cfg.remat.offload = chosen.offload;
   return chosen;
 }
 
@@ -245,6 +361,7 @@ AutoPlan choose_auto_plan(const Planner& planner, const Config& cfg) {
   const int64_t L = cfg.model.n_layer;
   AutoPlan best;
   best.budget_bytes = planner.target().pool_budget();
+  best.host_budget_bytes = planner.target().host_bytes;
   std::map<Counts, DryRun> runs;  // each composition is dry-run once
   auto evaluate = [&](const Counts& counts) {
     auto it = runs.find(counts);
@@ -257,8 +374,9 @@ AutoPlan choose_auto_plan(const Planner& planner, const Config& cfg) {
   };
   auto take = [&](const Counts& counts, const DryRun& r) {
     best.policies = arrange(counts);
-    best.fits = r.peak.total_bytes <= best.budget_bytes;
+    best.fits = planner.fits(r);
     best.peak_bytes = r.peak.total_bytes;
+    best.host_peak_bytes = r.host_peak.total_bytes;
     best.recompute_flops = r.cost[static_cast<size_t>(Phase::Recompute)].flops;
     best.recompute_overhead = r.recompute_overhead();
   };
@@ -270,8 +388,9 @@ AutoPlan choose_auto_plan(const Planner& planner, const Config& cfg) {
     c[p] = L;
     uniform[p] = evaluate(c);
   }
-  const auto fits = [&](const DryRun& r) { return r.peak.total_bytes <= best.budget_bytes; };
+  const auto fits = [&](const DryRun& r) { return planner.fits(r); };
   best.min_peak_bytes = uniform[kNumAuto - 1].peak.total_bytes;
+  best.min_host_peak_bytes = uniform[kNumAuto - 1].host_peak.total_bytes;
   if (fits(uniform[0]) || !fits(uniform[kNumAuto - 1])) {  // nothing to trade, or nothing fits
     const size_t p = fits(uniform[0]) ? 0 : kNumAuto - 1;
     Counts c{};
@@ -332,8 +451,9 @@ AutoPlan choose_auto_plan(const Planner& planner, const Config& cfg) {
         int64_t ok = L;  // the largest fitting n
         if (!fits(uniform[h]))
           ok = largest_fitting_between(
-              {0, uniform[l].peak.total_bytes}, {L, uniform[h].peak.total_bytes}, best.budget_bytes,
-              [&](int64_t n) { return evaluate(mixture(n)).peak.total_bytes; });
+              {0, planner.search_peak(uniform[l])}, {L, planner.search_peak(uniform[h])},
+              best.budget_bytes,
+              [&](int64_t n) { return planner.search_peak(evaluate(mixture(n))); });
         const DryRun ok_run = evaluate(mixture(ok));
         consider(mixture(ok), ok_run);
       }

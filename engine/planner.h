@@ -29,16 +29,31 @@ struct PlanTarget {
   uint64_t device_bytes = 0;   // what the device has
   uint64_t reserve_bytes = 0;  // outside the pool: CUDA context, allocator slack
   std::string reserve_note;    // how the reserve was sized
+  uint64_t host_bytes = 0;     // the host pool's budget (remat.offload)
+  std::string host_note;       // where that figure comes from
+  // What turns a dry run's copy volume and FLOPs into seconds; 0 where not modelled (the CPU,
+  // a CUDA budget without a preset).
+  double link_bytes_per_s = 0;  // device <-> host copies, each direction
+  double peak_flops_per_s = 0;  // dense peak at the activation dtype (fp32 accumulation)
+  std::string rates_note;       // "PCIe 5.0 x16 ~50 GB/s, bf16 dense 989 TFLOP/s"
   uint64_t pool_budget() const {
     return device_bytes > reserve_bytes ? device_bytes - reserve_bytes : 0;
   }
+  /// A CPU target: the host pool is the same RAM as the device pool, so offloading buys no
+  /// memory there (it runs to test the executor), and auto never chooses it.
+  bool host_is_device() const { return count.device == DeviceKind::Cpu; }
 };
 
 struct GpuPreset {
   const char* name;
-  uint64_t bytes;
+  uint64_t bytes;         // as the CUDA runtime reports it (total, not free)
+  uint64_t host_bytes;    // host RAM assumed beside one such card, for offloading
+  double link_gb_per_s;   // pinned copies, one direction (GB = 1e9 B)
+  const char* link_name;  // "PCIe 5.0 x16"
+  double bf16_tflops;     // dense tensor-core peak with fp32 accumulation
+  double fp32_tflops;     // dense fp32 peak without tensor cores (the fp32 build uses no TF32)
 };
-/// Memory of common cards as the CUDA runtime reports it (total, not free).
+/// Common cards: memory, the host RAM and link assumed beside them, and their peak rates.
 const std::vector<GpuPreset>& gpu_presets();
 
 /// The target of `remat-train plan`: --gpu NAME, else the config's device (CPU threads as a run
@@ -50,11 +65,27 @@ PlanTarget run_plan_target(Backend& be);
 
 struct DryRun {
   std::string policy;
-  MemorySnapshot peak;
+  MemorySnapshot peak;       // the device pool
+  MemorySnapshot host_peak;  // the host pool (remat.offload)
   std::array<OpCost, kNumPhases> cost{};
   int64_t n_params = 0;
   double recompute_overhead() const;  // recompute FLOPs / (forward + loss + backward FLOPs)
+  double flops() const;                // every phase
+  double to_host_bytes() const;        // copies per step, every phase
+  double to_device_bytes() const;
 };
+
+/// A step's device <-> host copies in seconds beside its compute, at the target's rates (zero
+/// when the target has none). Copies overlap the compute of their own phase: forward copies
+/// the forward, the backward's the recompute and backward, the optimizer's the update;
+/// `exposed_s` is what a phase's copies take beyond its compute, the stall a user would see.
+struct CopyTime {
+  double copy_s = 0;     // both directions, serialized on one copy engine
+  double compute_s = 0;  // every FLOP of the step at the peak rate: a lower bound
+  double exposed_s = 0;
+  bool modelled = false;
+};
+CopyTime copy_time(const DryRun& run, const PlanTarget& target);
 
 /// What a run is made of; the caller (cmd/, tests) supplies it so that engine/ does not depend
 /// on layers/ or data/.
@@ -72,9 +103,13 @@ class Planner {
 
   /// One training step of `cfg` on the count backend for the target.
   DryRun dry_run(const Config& cfg, bool track_largest = true) const;
-  bool fits(const Config& cfg) const {
-    return dry_run(cfg, false).peak.total_bytes <= target_.pool_budget();
-  }
+  bool fits(const Config& cfg) const { return fits(dry_run(cfg, false)); }
+  /// The device peak within the pool budget and the host peak within the host budget.
+  bool fits(const DryRun& run) const;
+  /// One number for the searches: the device peak, or the host peak scaled into device-budget
+  /// units when that is larger. It is <= pool_budget() exactly when the run fits, and as
+  /// monotone in seq_len or batch size as the two peaks are.
+  uint64_t search_peak(const DryRun& run) const;
   /// Longest seq_len that fits (0 if even 1 does not); learned positions cap it at n_ctx.
   /// Searches over dry runs (engine/budget_search.h); computes nothing.
   /// `at_cfg`, when the caller has it, is cfg's own dry run: one probe fewer.
@@ -109,9 +144,13 @@ struct AutoPlan {
   double recompute_flops = 0;     // per step
   double recompute_overhead = 0;  // recompute / (forward + loss + backward) FLOPs
   uint64_t min_peak_bytes = 0;    // every block "full", every = 1: the smallest peak of any plan
+  uint64_t min_host_peak_bytes = 0;  // that plan's host-pool peak
   uint64_t budget_bytes = 0;      // the target's pool budget
   int64_t n_dry_runs = 0;         // how many candidates the search evaluated
   int64_t tile_tokens = 0;        // the MLP tiling the plan runs with (remat.tile_tokens)
+  OffloadKind offload = OffloadKind::None;  // what the plan keeps in host memory (remat.offload)
+  uint64_t host_peak_bytes = 0;   // predicted host-pool peak of `policies`
+  uint64_t host_budget_bytes = 0;
   /// The mix in plan order, block 0 first: "1 x full, 1 x save_attn, 2 x none".
   std::string mix() const;
   /// "chose 1 x full, 3 x none (recompute +4.2%, predicted peak 1.10 GiB of budget 1.20 GiB)".
@@ -131,14 +170,17 @@ AutoPlan choose_auto_plan(const Planner& planner, const Config& cfg);
 /// MLP's activations shrink ~8x, between 64 and 4096 rows, so its GEMMs keep their speed.
 int64_t default_tile_tokens(int64_t rows);
 
-/// choose_auto_plan, and when no per-block plan fits a GPT whose remat.tile_tokens is 0, the same
-/// search with the MLP tiled by default_tile_tokens, taken when its smallest peak is lower (then
-/// tile_tokens says so, and when it fits too, that is auto's plan).
+/// choose_auto_plan, and when no per-block plan fits, the same search with more added, in order,
+/// until one fits: the MLP tiled by default_tile_tokens (a GPT whose remat.tile_tokens is 0), then
+/// on a GPU target (not the CPU, whose host memory is the device's) checkpoints in host memory,
+/// then the AdamW moments too (when remat.offload is "none"). When nothing fits, the candidate
+/// with the smallest peak. tile_tokens and offload say what the plan runs with.
 AutoPlan choose_auto(const Planner& planner, const Config& cfg);
 
 /// Where every command resolves "auto": when `cfg` says remat.policy = "auto" (and has no plan
 /// yet), chooses the plan for the planner's target (choose_auto), writes it into cfg.remat.plan
-/// (every block "full" when nothing fits) and its tiling into cfg.remat.tile_tokens, and returns
+/// (every block "full" when nothing fits), its tiling into cfg.remat.tile_tokens and its offload
+/// into cfg.remat.offload, and returns
 /// the choice, whose `fits` the caller acts on; otherwise returns nothing and leaves `cfg` as it
 /// is.
 std::optional<AutoPlan> resolve_auto(const Planner& planner, Config& cfg);

@@ -5,6 +5,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <utility>
 
 #include "engine/error.h"
 #include "engine/policy.h"
@@ -115,6 +116,7 @@ RematPlan resolve_remat_plan(const Config& cfg, Model& model) {
     plan.segments.push_back({i, j});
     i = j;
   }
+  plan.offload_checkpoints = rc.offloads_checkpoints();
   return plan;
 }
 
@@ -149,6 +151,87 @@ StepLoss read_losses(Backend& be, const Tensor& losses) {
   return result;
 }
 
+// The checkpoints of an offloading plan on their way between the device and the host pool (the
+// rule is in engine/remat.h). Each checkpoint is in exactly one place at a time as far as the
+// pools are concerned, except while a copy is in flight: then both copies are live.
+class CheckpointOffload {
+ public:
+  CheckpointOffload(Backend& be, const RematPlan& plan, std::vector<ActStore>& stores)
+      : be_(be), plan_(plan), stores_(stores), host_(stores.size()) {}
+  CheckpointOffload(const CheckpointOffload&) = delete;
+  CheckpointOffload& operator=(const CheckpointOffload&) = delete;
+  // An error mid-step unwinds through here before the stores free their buffers: every copy in
+  // flight is ordered before those frees.
+  ~CheckpointOffload() {
+    for (Pending* p : {&to_host_, &to_device_}) try {
+        if (p->ticket.id) be_.wait_copy(p->ticket);
+      } catch (...) {  // the error already unwinding is the one to report
+      }
+  }
+
+  /// After block i's forward (its store trimmed to the plan): starts copying its checkpoint out,
+  /// then retires the previous block's copy, whose transfer overlapped this block's forward.
+  void after_forward(size_t i) {
+    const Pending previous = std::exchange(to_host_, Pending{});
+    if (offloaded(i)) {
+      const Tensor& dev = stores_[i].get(0);
+      host_[i] = be_.host_pool().allocate(dev.dims(), dev.dtype, MemCategory::Checkpoints,
+                                          fmt::format("blocks.{}.x", i));
+      to_host_ = {i, be_.copy_to_host(host_[i], dev)};
+    }
+    retire_to_host(previous);
+  }
+  /// After the forward pass: the last copy out is retired.
+  void finish_forward() { retire_to_host(std::exchange(to_host_, Pending{})); }
+
+  /// Before segment `s` (an index into plan.segments) runs backward: its checkpoint is on the
+  /// device, brought back now unless it was prefetched.
+  void before_segment(size_t s) {
+    const size_t b = plan_.segments[s].begin;
+    if (!offloaded(b)) return;
+    if (to_device_.ticket.id == 0) start_fetch(b);
+    REMAT_ASSERT(to_device_.block == b, "offload: block {} prefetched, block {} needed",
+                 to_device_.block, b);
+    be_.wait_copy(to_device_.ticket);
+    to_device_ = {};
+    host_[b].reset();
+  }
+  /// Starts bringing back the checkpoint of segment s - 1, the next one needed: called once the
+  /// first block of segment s to run backward is past its peak, so the copy overlaps the rest of
+  /// this segment's backward without adding to the peak.
+  void prefetch_before(size_t s) {
+    if (s > 0 && offloaded(plan_.segments[s - 1].begin)) start_fetch(plan_.segments[s - 1].begin);
+  }
+
+ private:
+  struct Pending {
+    size_t block = 0;
+    CopyTicket ticket;
+  };
+  // The last segment's checkpoint stays: its backward comes first, right after the loss.
+  bool offloaded(size_t i) const {
+    return plan_.offload_checkpoints && i < plan_.blocks.size() && plan_.blocks[i].checkpointed &&
+           plan_.blocks[i].keep[0] && i != plan_.segments.back().begin;
+  }
+  void retire_to_host(const Pending& p) {
+    if (p.ticket.id == 0) return;
+    be_.wait_copy(p.ticket);
+    stores_[p.block].release(0);
+  }
+  void start_fetch(size_t i) {
+    const Tensor& host = host_[i];
+    stores_[i].put(0, be_.pool().allocate(host.dims(), host.dtype, MemCategory::Checkpoints,
+                                          input_name(i, plan_.blocks.size())));
+    to_device_ = {i, be_.copy_to_device(stores_[i].get(0), host)};
+  }
+
+  Backend& be_;
+  const RematPlan& plan_;
+  std::vector<ActStore>& stores_;
+  std::vector<Buffer> host_;  // per block: its checkpoint while it is in the host pool
+  Pending to_host_, to_device_;
+};
+
 }  // namespace
 
 StepLoss forward_backward(Backend& be, Model& model, const RematPlan& plan, const Batch& batch) {
@@ -162,6 +245,7 @@ StepLoss forward_backward(Backend& be, Model& model, const RematPlan& plan, cons
   for (size_t i = 0; i < L; ++i)
     stores.emplace_back(fmt::format("blocks.{}", i), model.block(i).act_names().size(),
                         slot_categories(plan.blocks[i]));
+  CheckpointOffload offload(be, plan, stores);  // declared after stores: destroyed before them
 
   // ---- forward ----
   be.set_phase(Phase::Forward);
@@ -174,8 +258,10 @@ StepLoss forward_backward(Backend& be, Model& model, const RematPlan& plan, cons
         pool.allocate(shape, be.act_dtype(), input_category(plan, i + 1), input_name(i + 1, L));
     model.block(i).forward(be, stores[i], y);
     stores[i].keep_only(plan.blocks[i].keep);
+    offload.after_forward(i);
     x = std::move(y);
   }
+  offload.finish_forward();
 
   // ---- loss head: loss and dL/dx in one pass ----
   be.set_phase(Phase::Loss);
@@ -189,6 +275,10 @@ StepLoss forward_backward(Backend& be, Model& model, const RematPlan& plan, cons
 
   // ---- backward, segment by segment ----
   for (auto seg = plan.segments.rbegin(); seg != plan.segments.rend(); ++seg) {
+    const auto s = static_cast<size_t>(plan.segments.rend() - seg - 1);
+    pool.set_phase(fmt::format("backward block {}", seg->end - 1));
+    offload.before_segment(s);
+    stores[seg->end - 1].on_peak_passed([&offload, s] { offload.prefetch_before(s); });
     for (size_t j = seg->begin; j < seg->end; ++j) {
       if (stores[j].complete()) continue;
       be.set_phase(Phase::Recompute);
@@ -203,6 +293,7 @@ StepLoss forward_backward(Backend& be, Model& model, const RematPlan& plan, cons
       be.set_phase(Phase::Backward);
       pool.set_phase(fmt::format("backward block {}", j));
       model.block(j).backward(be, stores[j], dresid);
+      stores[j].peak_passed();
       stores[j].clear();
     }
   }

@@ -6,6 +6,14 @@
 // keeps its input "x" as the checkpoint). Backward, segment by segment from the last: the
 // segment's forward re-runs from its checkpoint, filling only what is missing (saved tensors
 // are reused), then each block's backward runs and everything of that block is freed.
+//
+// Offload (remat.offload): a checkpoint is copied to the host pool after its block's forward
+// and its device copy freed once that copy is done -- waited for after the NEXT block's forward
+// has been enqueued, so on CUDA the copy overlaps it. In the backward, each segment's checkpoint
+// must be on the device before the segment starts; the previous segment's starts coming back
+// once the segment's first backward block is past its peak (ActStore::peak_passed: for the GPT
+// block, after attention's backward), overlapping the rest of that backward without adding to
+// the peak. These are executor rules, so the planner's dry run accounts them exactly.
 #pragma once
 
 #include <string>
@@ -30,6 +38,7 @@ struct RematPlan {
   int64_t every = 1;
   std::vector<BlockPlan> blocks;
   std::vector<Segment> segments;
+  bool offload_checkpoints = false;  // remat.offload: checkpoints live in the host pool
   std::string describe() const;
 };
 

@@ -36,6 +36,8 @@ struct Tensor {
   /// Number of rows when the tensor is seen as a (rows, last dim) matrix.
   int64_t rows() const { return ndim == 0 ? 0 : numel() / dim(-1); }
   std::string shape_str() const;
+  /// The shape as a vector (what MemoryPool::allocate takes).
+  std::vector<int64_t> dims() const { return {shape.begin(), shape.begin() + ndim}; }
 
   float* f32() const {
     REMAT_DCHECK(dtype == DType::F32, "tensor is {} not f32", dtype_name(dtype));

@@ -4,6 +4,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <optional>
+#include <tuple>
+#include <utility>
 
 #include "engine/error.h"
 
@@ -83,14 +86,7 @@ StepMetrics Trainer::step() {
   float grad_scale = 1.0f;
   if (train_.grad_clip > 0 && m.grad_norm > train_.grad_clip)
     grad_scale = static_cast<float>(train_.grad_clip / m.grad_norm);
-  for (Param& p : model_.params()) {
-    AdamWArgs a{p.value, p.grad, p.m, p.v};
-    a.lr = static_cast<float>(m.lr);
-    a.weight_decay = p.use_decay ? static_cast<float>(train_.weight_decay) : 0.0f;
-    a.grad_scale = grad_scale;
-    a.step = step_ + 1;
-    be_.adamw_update(a);
-  }
+  update_weights(static_cast<float>(m.lr), grad_scale);
   ++step_;
   be_.synchronize();
   const auto t1 = std::chrono::steady_clock::now();
@@ -98,6 +94,81 @@ StepMetrics Trainer::step() {
   m.tokens_per_s = static_cast<double>(n_tokens) * 1000.0 / std::max(m.step_ms, 1e-9);
   m.peak_bytes = pool.peak_bytes();
   return m;
+}
+
+// AdamW on every parameter. Moments in the host pool (remat.offload = "checkpoints+optimizer")
+// pass through the device: a parameter's m and v come in while the previous parameter updates and
+// go back while the next one does, so at most three parameters' moments are on the device at a
+// time -- a fixed rule, which the planner's dry run follows to the byte.
+void Trainer::update_weights(float lr, float grad_scale) {
+  // A parameter's moments on the device, with the copies in flight. An error unwinding through
+  // here orders those copies before the buffers are freed.
+  struct Staged {
+    Backend* be = nullptr;
+    Buffer m{}, v{};
+    CopyTicket m_copy{}, v_copy{};
+    Staged() = default;
+    Staged(Staged&& o) noexcept
+        : be(std::exchange(o.be, nullptr)),
+          m(std::move(o.m)),
+          v(std::move(o.v)),
+          m_copy(std::exchange(o.m_copy, CopyTicket{})),
+          v_copy(std::exchange(o.v_copy, CopyTicket{})) {}
+    Staged& operator=(Staged&&) = delete;
+    void wait() {
+      for (CopyTicket* t : {&m_copy, &v_copy})
+        if (t->id) be->wait_copy(std::exchange(*t, CopyTicket{}));
+    }
+    ~Staged() {
+      try {
+        if (be) wait();
+      } catch (...) {  // the error already unwinding is the one to report
+      }
+    }
+  };
+  auto stage_in = [&](Param& p) {
+    Staged s;
+    s.be = &be_;
+    for (auto [dev, host, ticket] : {std::tuple{&s.m, &p.m, &s.m_copy},
+                                     std::tuple{&s.v, &p.v, &s.v_copy}}) {
+      const Tensor& h = *host;
+      *dev = be_.pool().allocate(h.dims(), DType::F32, MemCategory::Optimizer,
+                                 p.name + (dev == &s.m ? ".adam_m" : ".adam_v") + " (staged)");
+      *ticket = be_.copy_to_device(*dev, h);
+    }
+    return s;
+  };
+  std::vector<Param*> on_host;
+  for (Param& p : model_.params())
+    if (p.moments_on_host) on_host.push_back(&p);
+  std::optional<Staged> going_out, current, next;
+  size_t host_index = 0;
+  for (Param& p : model_.params()) {
+    AdamWArgs a{p.value, p.grad, p.m, p.v};
+    if (p.moments_on_host) {
+      if (next)
+        current.emplace(std::move(*next));
+      else
+        current.emplace(stage_in(p));
+      next.reset();
+      if (++host_index < on_host.size()) next.emplace(stage_in(*on_host[host_index]));
+      current->wait();
+      a.m = current->m;
+      a.v = current->v;
+    }
+    a.lr = lr;
+    a.weight_decay = p.use_decay ? static_cast<float>(train_.weight_decay) : 0.0f;
+    a.grad_scale = grad_scale;
+    a.step = step_ + 1;
+    be_.adamw_update(a);
+    if (!p.moments_on_host) continue;
+    current->m_copy = be_.copy_to_host(p.m, current->m);
+    current->v_copy = be_.copy_to_host(p.v, current->v);
+    if (going_out) going_out->wait();
+    going_out.emplace(std::move(*current));
+    current.reset();
+  }
+  if (going_out) going_out->wait();
 }
 
 double Trainer::evaluate(int64_t eval_tokens) {

@@ -74,6 +74,7 @@ class Trainer {
 
  private:
   std::string divergence_message(const StepMetrics& m);
+  void update_weights(float lr, float grad_scale);
   TrainConfig train_;
   Backend& be_;
   Model& model_;

@@ -241,6 +241,7 @@ void GptBlock::backward(Backend& be, ActStore& a, const Tensor& dresid) {
       {dqkv, dattn, a.get(Qkv), a.get(Attn), a.get(AttnLse), static_cast<int>(NH_), rope_theta_});
   dattn.reset();
   for (Slot s : {Qkv, Attn, AttnLse}) a.release(s);
+  a.peak_passed();  // what is left (x, ln1, dqkv, dln1) is well below the attention step
   Buffer dln1 = pool.allocate({B_, T_, C_}, act, MemCategory::Transient, "grad.ln1");
   be.linear_backward({dln1, p_.attn_qkv_weight->grad, p_.attn_qkv_bias->grad, dqkv, a.get(Ln1),
                       p_.attn_qkv_weight->value});

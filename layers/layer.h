@@ -23,8 +23,9 @@ struct ParamInit {
 };
 
 /// Allocates a parameter with its gradient and AdamW moments, initialized deterministically
-/// from (seed, name). 2-D weights get weight decay.
+/// from (seed, name). 2-D weights get weight decay. `moments_on_host`: the moments live in the
+/// host pool (remat.offload = "checkpoints+optimizer").
 Param make_param(Backend& be, const std::string& name, const std::vector<int64_t>& shape,
-                 ParamInit init, uint64_t seed);
+                 ParamInit init, uint64_t seed, bool moments_on_host = false);
 
 }  // namespace remat

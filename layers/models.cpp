@@ -27,7 +27,7 @@ class GptModel : public Model {
     const ParamInit ones{ParamInit::Ones}, zeros{ParamInit::Zeros};
     params_.reserve(static_cast<size_t>(3 + 12 * L + 2));
     auto add = [&](const std::string& name, std::vector<int64_t> shape, ParamInit init) {
-      params_.push_back(make_param(be, name, shape, init, seed));
+      params_.push_back(make_param(be, name, shape, init, seed, s.moments_on_host));
       return &params_.back();
     };
     wte_ = add("wte", {V, C}, normal);
@@ -112,10 +112,12 @@ class MlpModel : public Model {
     const ParamInit he{ParamInit::Normal, std::sqrt(2.0 / static_cast<double>(D_))};
     for (int64_t l = 0; l < L_; ++l) {
       params_.push_back(
-          make_param(be, fmt::format("blocks.{}.fc.weight", l), {D_, D_}, he, s.seed));
+          make_param(be, fmt::format("blocks.{}.fc.weight", l), {D_, D_}, he, s.seed,
+                     s.moments_on_host));
       Param* w = &params_.back();
       params_.push_back(
-          make_param(be, fmt::format("blocks.{}.fc.bias", l), {D_}, ParamInit{}, s.seed));
+          make_param(be, fmt::format("blocks.{}.fc.bias", l), {D_}, ParamInit{}, s.seed,
+                     s.moments_on_host));
       blocks_.push_back(std::make_unique<MlpBlock>(w, &params_.back(), B_, D_));
     }
   }
@@ -149,6 +151,7 @@ int64_t Model::n_params() const {
 std::unique_ptr<Model> make_model(const Config& cfg, Backend& be) {
   ModelShape shape = model_shape(cfg.train);
   shape.tile_tokens = cfg.remat.tile_tokens;
+  shape.moments_on_host = cfg.remat.offloads_optimizer();
   return make_model(cfg.model, shape, be);
 }
 

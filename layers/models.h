@@ -19,6 +19,7 @@ struct ModelShape {
   uint64_t seed = 0;        // train.seed
   int64_t loss_chunk = 0;   // train.loss_chunk; 0 = chosen by the tool
   int64_t tile_tokens = 0;  // remat.tile_tokens (gpt): token rows per MLP chunk; 0 = untiled
+  bool moments_on_host = false;  // remat.offload = "checkpoints+optimizer": AdamW m, v on the host
 };
 ModelShape model_shape(const TrainConfig& train);
 

@@ -63,8 +63,10 @@ BlasInfo blas_info() {
   return info;
 }
 
-CpuBackend::CpuBackend(uint64_t budget_bytes, int threads)
-    : Backend(std::make_unique<MemoryPool>(make_host_allocator(), budget_bytes)) {
+CpuBackend::CpuBackend(uint64_t budget_bytes, int threads, uint64_t host_budget_bytes)
+    : Backend(std::make_unique<MemoryPool>(make_host_allocator(), budget_bytes),
+              std::make_unique<MemoryPool>(make_host_allocator(), host_budget_bytes,
+                                           MemoryPool::kHostSpace)) {
   select_blas_kernel();  // before the first BLAS call
   attention_isa();       // a bad REMAT_ATTENTION_ISA fails here, not inside a parallel region
   threads_ = threads > 0 ? threads : default_threads();

@@ -34,8 +34,9 @@ std::unique_ptr<DeviceAllocator> make_host_allocator();
 
 class CpuBackend : public Backend {
  public:
-  /// threads <= 0: all cores (OpenMP's default).
-  CpuBackend(uint64_t budget_bytes, int threads);
+  /// threads <= 0: all cores (OpenMP's default). The host pool (remat.offload) is a second pool
+  /// of plain host memory with its own budget.
+  CpuBackend(uint64_t budget_bytes, int threads, uint64_t host_budget_bytes = UINT64_MAX);
   std::string name() const override { return "cpu"; }
   std::string describe() const override;
   DType act_dtype() const override { return DType::F32; }

@@ -11,8 +11,9 @@ namespace remat::cuda {
 // ---- attention ----
 // cuDNN reads q, k, v straight from a bf16 (B, T, 3C) buffer. With bf16 activations and no RoPE
 // that is qkv itself; otherwise a staging copy in the workspace holds bf16 q, k (rotated) and v.
-// The backward rotates again (the same bits as the forward), and maps the gradients with
-// respect to rotated q, k back through R^T (and to f32 if needed) afterwards.
+// The backward rotates again (the same bits as the forward) -- with bf16 activations in place,
+// since it is qkv's last reader -- and maps the gradients with respect to rotated q, k back
+// through R^T (and to f32 if needed) afterwards.
 
 namespace {
 
@@ -69,7 +70,14 @@ void CudaBackend::attention_backward_impl(const AttentionBackwardArgs& a, const 
   const int64_t B = a.qkv.dim(0), T = a.qkv.dim(1), C = a.out.dim(2), NH = a.n_head;
   const bool rope = a.rope_theta > 0;
   const AttnScratch s = carve(ws, attention_workspace_layout(a.qkv, NH, rope, true));
-  const void* qkv = staged_qkv(s, a.qkv, NH, a.rope_theta, stream());
+  const void* qkv = nullptr;
+  if (rope && !s.qkv) {  // bf16: rotate q, k in place (the op's contract clobbers qkv)
+    kern::rope_apply(a.qkv.data, true, a.qkv.data, true, B * T, T, C, NH, a.rope_theta, false,
+                     stream());
+    qkv = a.qkv.data;
+  } else {
+    qkv = staged_qkv(s, a.qkv, NH, a.rope_theta, stream());
+  }
   const void* out = a.out.data;
   const void* dout = a.dout.data;
   if (s.out) {

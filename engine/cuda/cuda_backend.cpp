@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <map>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -21,6 +22,7 @@
 #include "engine/cuda/op_util.h"
 #include "engine/cuda/workspace.h"
 #include "engine/cuda_api.h"
+#include "engine/devices.h"
 #include "engine/units.h"
 
 namespace remat::cuda {
@@ -30,15 +32,18 @@ namespace remat::cuda {
 struct DeviceState {
   int device = 0;
   cudaStream_t stream = nullptr;
+  cudaStream_t copy_stream = nullptr;  // device <-> host pool copies (remat.offload)
   cudaDeviceProp prop{};
   uint64_t budget_bytes = 0;
+  uint64_t host_budget_bytes = 0;  // the host pool's (device.host_memory)
   uint64_t total_bytes = 0;
   bool use_mem_pools = true;  // cudaDevAttrMemoryPoolsSupported: else cudaMalloc/cudaFree
   ~DeviceState() {
-    if (stream) {
-      cudaStreamSynchronize(stream);
-      cudaStreamDestroy(stream);
-    }
+    for (cudaStream_t s : {copy_stream, stream})
+      if (s) {
+        cudaStreamSynchronize(s);
+        cudaStreamDestroy(s);
+      }
   }
 };
 
@@ -86,6 +91,56 @@ class CudaAllocator : public DeviceAllocator {
   std::shared_ptr<DeviceState> dev_;
 };
 
+// Pinned host memory for the host pool: the copy engines reach it at full PCIe/C2C bandwidth
+// without a staging copy, and cudaMemcpyAsync on it is truly asynchronous. Pinning costs
+// milliseconds per call and cudaFreeHost synchronizes the device, so freed blocks are cached by
+// size and reused (every step allocates the same sizes). The cache is dropped before a new block
+// would make the pinned total exceed the pool's budget, so pinned memory never exceeds it.
+// Blocks are only ever written by the copy stream and read by copies or the host after a
+// synchronize, so reuse is ordered by the copy stream itself.
+class PinnedHostAllocator : public DeviceAllocator {
+ public:
+  explicit PinnedHostAllocator(uint64_t budget_bytes) : budget_(budget_bytes) {}
+  ~PinnedHostAllocator() override { drop_cache(); }
+  void* allocate(size_t bytes) override {
+    auto it = cached_.find(bytes);
+    if (it != cached_.end()) {
+      void* p = it->second;
+      cached_.erase(it);
+      cached_bytes_ -= bytes;
+      return p;
+    }
+    if (live_bytes_ + cached_bytes_ + bytes > budget_) drop_cache();
+    void* p = nullptr;
+    const cudaError_t e = cudaHostAlloc(&p, bytes, cudaHostAllocDefault);
+    if (e == cudaErrorMemoryAllocation) {
+      (void)cudaGetLastError();
+      return nullptr;  // the host pool reports OutOfMemory naming device.host_memory
+    }
+    REMAT_CUDA_CHECK(e);
+    live_bytes_ += bytes;
+    return p;
+  }
+  void deallocate(void* ptr, size_t bytes) override {
+    cached_.emplace(bytes, ptr);
+    cached_bytes_ += bytes;
+  }
+
+ private:
+  void drop_cache() {
+    for (auto& [bytes, p] : cached_) {
+      (void)cudaFreeHost(p);
+      live_bytes_ -= bytes;
+    }
+    cached_.clear();
+    cached_bytes_ = 0;
+  }
+  uint64_t budget_;
+  uint64_t live_bytes_ = 0;  // pinned by us: in use plus cached
+  uint64_t cached_bytes_ = 0;
+  std::multimap<size_t, void*> cached_;
+};
+
 std::string version_triplet(int v, int major_div, int minor_div) {
   return fmt::format("{}.{}.{}", v / major_div, (v % major_div) / minor_div, v % minor_div);
 }
@@ -127,6 +182,7 @@ std::shared_ptr<DeviceState> open_device(const DeviceConfig& cfg) {
                     "(cuDNN flash attention, bf16). Fix: device.backend = \"cpu\"",
                     dev->prop.name, dev->prop.major, dev->prop.minor));
   REMAT_CUDA_CHECK(cudaStreamCreateWithFlags(&dev->stream, cudaStreamNonBlocking));
+  REMAT_CUDA_CHECK(cudaStreamCreateWithFlags(&dev->copy_stream, cudaStreamNonBlocking));
   dev->use_mem_pools = setup_mem_pool(dev->device);
   size_t free_b = 0, total_b = 0;
   REMAT_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
@@ -134,6 +190,7 @@ std::shared_ptr<DeviceState> open_device(const DeviceConfig& cfg) {
   dev->budget_bytes =
       cfg.memory_bytes ? cfg.memory_bytes
                        : (free_b > kLibraryReserveBytes ? free_b - kLibraryReserveBytes : free_b);
+  dev->host_budget_bytes = cfg.host_memory_bytes ? cfg.host_memory_bytes : host_memory_bytes();
   return dev;
 }
 
@@ -180,7 +237,10 @@ CudaBackend::CudaBackend(const DeviceConfig& cfg, DType act_dtype)
 
 CudaBackend::CudaBackend(DType act_dtype, std::shared_ptr<DeviceState> dev)
     : Backend(
-          std::make_unique<MemoryPool>(std::make_unique<CudaAllocator>(dev), dev->budget_bytes)),
+          std::make_unique<MemoryPool>(std::make_unique<CudaAllocator>(dev), dev->budget_bytes),
+          std::make_unique<MemoryPool>(
+              std::make_unique<PinnedHostAllocator>(dev->host_budget_bytes),
+              dev->host_budget_bytes, MemoryPool::kHostSpace)),
       dev_(std::move(dev)),
       act_(act_dtype) {
   REMAT_ASSERT(act_ == DType::BF16 || act_ == DType::F32, "cuda: activations must be bf16 or f32");
@@ -193,7 +253,11 @@ CudaBackend::CudaBackend(DType act_dtype, std::shared_ptr<DeviceState> dev)
 }
 
 CudaBackend::~CudaBackend() {
+  cudaStreamSynchronize(dev_->copy_stream);
   cudaStreamSynchronize(dev_->stream);
+  for (auto& [id, e] : copy_events_) cudaEventDestroy(e);
+  for (cudaEvent_t e : free_events_) cudaEventDestroy(e);
+  if (compute_ready_) cudaEventDestroy(compute_ready_);
   if (partials_) cudaFreeHost(partials_);
   if (reduce_.scratch) cudaFree(reduce_.scratch);
 }
@@ -224,15 +288,70 @@ void CudaBackend::synchronize() {
   REMAT_CUDA_CHECK(cudaStreamSynchronize(stream()));
 }
 
+// cudaMemcpyDefault (unified addressing tells where each side is): `dst`/`src` may also be a
+// host-pool tensor, e.g. offloaded AdamW moments written or read by a checkpoint.
 void CudaBackend::upload(const Tensor& dst, const void* host) {
   // From pageable memory the call returns once `host` has been staged, so it may be reused.
-  REMAT_CUDA_CHECK(cudaMemcpyAsync(dst.data, host, dst.bytes(), cudaMemcpyHostToDevice, stream()));
+  REMAT_CUDA_CHECK(cudaMemcpyAsync(dst.data, host, dst.bytes(), cudaMemcpyDefault, stream()));
   finish_op();
 }
 
 void CudaBackend::download(void* host, const Tensor& src) {
-  REMAT_CUDA_CHECK(cudaMemcpyAsync(host, src.data, src.bytes(), cudaMemcpyDeviceToHost, stream()));
+  REMAT_CUDA_CHECK(cudaMemcpyAsync(host, src.data, src.bytes(), cudaMemcpyDefault, stream()));
   REMAT_CUDA_CHECK(cudaStreamSynchronize(stream()));
+}
+
+// ---- device <-> host pool copies: the copy stream, ordered against the compute stream by
+// events (never a device-wide sync) ----
+
+cudaEvent_t CudaBackend::take_event() {
+  if (!free_events_.empty()) {
+    cudaEvent_t e = free_events_.back();
+    free_events_.pop_back();
+    return e;
+  }
+  cudaEvent_t e = nullptr;
+  REMAT_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  return e;
+}
+
+void CudaBackend::enqueue_copy(const Tensor& dst, const Tensor& src, CopyTicket t) {
+  // The copy starts after everything enqueued on the compute stream so far: the source has been
+  // written, and the destination (possibly memory the compute stream just freed) is no longer read.
+  if (!compute_ready_)
+    REMAT_CUDA_CHECK(cudaEventCreateWithFlags(&compute_ready_, cudaEventDisableTiming));
+  REMAT_CUDA_CHECK(cudaEventRecord(compute_ready_, stream()));
+  REMAT_CUDA_CHECK(cudaStreamWaitEvent(dev_->copy_stream, compute_ready_, 0));
+  REMAT_CUDA_CHECK(
+      cudaMemcpyAsync(dst.data, src.data, src.bytes(), cudaMemcpyDefault, dev_->copy_stream));
+  cudaEvent_t done = take_event();
+  REMAT_CUDA_CHECK(cudaEventRecord(done, dev_->copy_stream));
+  copy_events_.emplace(t.id, done);
+  finish_op();
+}
+
+void CudaBackend::copy_to_host_impl(const Tensor& dst, const Tensor& src, CopyTicket t) {
+  enqueue_copy(dst, src, t);
+}
+
+void CudaBackend::copy_to_device_impl(const Tensor& dst, const Tensor& src, CopyTicket t) {
+  enqueue_copy(dst, src, t);
+}
+
+void CudaBackend::wait_copy_impl(CopyTicket t) {
+  auto it = copy_events_.find(t.id);
+  REMAT_ASSERT(it != copy_events_.end(), "cuda: no copy event for ticket {}", t.id);
+  // The compute stream (and with it every cudaFreeAsync the pool issues later) waits for the
+  // copy; the host does not.
+  REMAT_CUDA_CHECK(cudaStreamWaitEvent(stream(), it->second, 0));
+  free_events_.push_back(it->second);  // re-recording it later does not affect this wait
+  copy_events_.erase(it);
+}
+
+void CudaBackend::fill_host_impl(const Tensor& t, float value) {
+  // Pinned memory the copy stream may still be reading (a reused block): wait for it first.
+  REMAT_CUDA_CHECK(cudaStreamSynchronize(dev_->copy_stream));
+  std::fill_n(t.f32(), t.numel(), value);
 }
 
 // ---- data movement and pointwise ----

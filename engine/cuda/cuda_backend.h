@@ -1,7 +1,8 @@
 // The CUDA backend: bf16 (or f32) activations with fp32 accumulation and fp32 master weights.
 // cuBLASLt for GEMMs (gemm.cpp), cuDNN's fused flash attention (cudnn_attention.cpp), our own
 // kernels for LayerNorm and the pointwise ops (layernorm.cu, elementwise.cu). Everything runs in
-// order on one stream; device memory comes from the MemoryPool through a stream-ordered allocator
+// order on one stream (copies to and from the host pool on a second one, see remat.offload);
+// device memory comes from the MemoryPool through a stream-ordered allocator
 // (cudaMallocAsync on a pool that keeps freed memory cached), so a Buffer freed on the host
 // while kernels still use it is safe: the free is ordered after them on the stream. (Devices
 // without memory pools fall back to cudaMalloc, and cudaFree after a stream sync.) Outside the
@@ -19,7 +20,9 @@
 
 #include <cuda_runtime.h>
 
+#include <map>
 #include <memory>
+#include <vector>
 #include <string>
 
 #include "engine/backend.h"
@@ -56,6 +59,10 @@ class CudaBackend final : public Backend {
                                          bool backward);
 
  protected:
+  void copy_to_host_impl(const Tensor& dst, const Tensor& src, CopyTicket t) override;
+  void copy_to_device_impl(const Tensor& dst, const Tensor& src, CopyTicket t) override;
+  void wait_copy_impl(CopyTicket t) override;
+  void fill_host_impl(const Tensor& t, float value) override;
   void fill_impl(const Tensor& t, float value) override;
   void copy_impl(const Tensor& dst, const Tensor& src) override;
   void linear_forward_impl(const LinearForwardArgs& a, const OpWorkspace& ws) override;
@@ -84,8 +91,15 @@ class CudaBackend final : public Backend {
   /// the op's rule asked for one, else the f32 weight itself.
   const void* gemm_weight(const Tensor& weight, const OpWorkspace& ws);
 
+  /// Enqueues one device <-> host-pool copy on the copy stream and records its event under `t`.
+  void enqueue_copy(const Tensor& dst, const Tensor& src, CopyTicket t);
+  cudaEvent_t take_event();
+
   std::shared_ptr<DeviceState> dev_;
   DType act_;
+  cudaEvent_t compute_ready_ = nullptr;         // re-recorded before each copy
+  std::map<uint64_t, cudaEvent_t> copy_events_;  // ticket -> its copy's completion
+  std::vector<cudaEvent_t> free_events_;
   std::unique_ptr<GemmEngine> gemm_;
   std::unique_ptr<AttentionEngine> attn_;
   double* partials_ = nullptr;  // pinned, device-mapped host memory for sum_squares partials

@@ -24,7 +24,8 @@ struct AttentionForwardArgs {
 struct AttentionBackwardArgs {
   Tensor dqkv;  // (B, T, 3C) act [=]
   Tensor dout;  // (B, T, C) act
-  Tensor qkv;   // (B, T, 3C) act
+  Tensor qkv;   // (B, T, 3C) act; CLOBBERED: the backward is its last reader (CUDA, bf16 with
+                // RoPE, rotates q and k in place instead of staging a rotated copy of 3C/token)
   Tensor out;   // (B, T, C) act
   Tensor lse;   // (B, NH, T) f32
   int n_head = 1;

@@ -13,6 +13,9 @@ namespace remat {
 struct OpCost {
   double flops = 0;
   double bytes = 0;  // bytes read + written by the op's kernels (a lower bound on traffic)
+  // Copies between the device and the host pool (remat.offload): what crosses PCIe/C2C.
+  double to_host_bytes = 0;
+  double to_device_bytes = 0;
 };
 
 /// Bytes of a tensor argument, 0 for an absent (empty) one.
