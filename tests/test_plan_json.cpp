@@ -4,7 +4,7 @@
 // activations (the CUDA workspace rules). Refactors of the ops, workspaces and policies must
 // change none of them; a deliberate change regenerates the files with the commands below
 // (run from the repository root):
-//   remat-train plan --config configs/N.toml --json --memory 16GiB --set device.threads=2 \
+//   remat-train plan --config configs/N.toml --json --memory 16GiB --set device.threads=2
 //       --set device.host_memory=16GiB
 //   remat-train plan --config configs/N.toml --json --gpu h200 [--set device.precision=fp32]
 #include <catch2/catch.hpp>
