@@ -245,6 +245,41 @@ int run_fit(const FitOptions& opt) {
     }
   }
 
+  // What host memory would add on a GPU (README: "Offloading checkpoints"), on top of the tiling
+  // hint's setting when it had one: the checkpoints out of the card, bounded by the host budget.
+  std::string offload_hint;
+  nlohmann::json offload_json;  // null when there is no hint
+  if (!target.host_is_device() && base.remat.offload == OffloadKind::None && longest &&
+      longest->longest > 0 && !longest->capped && longest->policy != "none") {
+    Config offloaded = longest->cfg;
+    if (!tiling_json.is_null()) offloaded.remat.tile_tokens = tiling_json["tile_tokens"];
+    offloaded.remat.offload = OffloadKind::Checkpoints;
+    const int64_t reach = planner.longest_seq_len(offloaded);
+    if (reach > longest->longest) {
+      Config at = offloaded;
+      at.train.seq_len = reach;
+      const DryRun run = planner.dry_run(at, false);
+      const CopyTime ct = copy_time(run, target);
+      offload_hint = fmt::format(
+          "offload: with remat.offload = \"checkpoints\"{}, {} reaches {} (+{:.0f}%), host peak "
+          "{} of {}{}",
+          offloaded.remat.tile_tokens ? fmt::format(" and tile_tokens = {}", offloaded.remat.tile_tokens)
+                                      : std::string(),
+          longest->policy, say_tokens(reach),
+          100.0 * static_cast<double>(reach - longest->longest) /
+              static_cast<double>(longest->longest),
+          format_bytes(run.host_peak.total_bytes), format_bytes(target.host_bytes),
+          ct.modelled ? fmt::format("; copies {:.3g} s vs compute >= {:.3g} s per step", ct.copy_s,
+                                    ct.compute_s)
+                      : std::string());
+      offload_json = {{"offload", "checkpoints"},
+                      {"tile_tokens", offloaded.remat.tile_tokens},
+                      {"policy", longest->policy},
+                      {"longest_seq_len", reach},
+                      {"host_peak_bytes", run.host_peak.total_bytes}};
+    }
+  }
+
   if (opt.json) {
     nlohmann::json out = {{"config", base.path},
                           {"target", target.name},
@@ -255,6 +290,7 @@ int run_fit(const FitOptions& opt) {
                           {"rate_note", rate.note},
                           {"recommendation", recommendation},
                           {"tiling_hint", tiling_json},
+                          {"offload_hint", offload_json},
                           {"policies", nlohmann::json::array()}};
     for (const auto& r : rows) {
       nlohmann::json j = {{"policy", r.policy},
@@ -319,6 +355,7 @@ int run_fit(const FitOptions& opt) {
     }
   fmt::print("\n{}\n", recommendation);
   if (!tiling_hint.empty()) fmt::print("{}\n", tiling_hint);
+  if (!offload_hint.empty()) fmt::print("{}\n", offload_hint);
   for (const auto& r : rows) {
     if (!r.measured.done || r.measured.agrees()) continue;
     const Measured& m = r.measured;

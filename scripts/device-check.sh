@@ -17,7 +17,9 @@
 #   gpu_test per test binary tag (parity vs the CPU in fp32 and bf16, bitwise policies on the
 #   MLP, cuDNN's tolerance on the GPT, plan workspaces, planner vs measured peak), gemm (bf16
 #   peak: the MFU denominator), train per GPT-2 124M/350M x 4k/32k x policy (ms/step, tokens/s,
-#   MFU, measured vs predicted peak), fit (fit --measure, full, FIT_MEMORY), longest (one step of
+#   MFU, measured vs predicted peak), offload (124M at 32k, full, MLP tiled, checkpoints and AdamW
+#   moments in pinned host memory: step time beside the run that keeps them, device and host
+#   peaks against the planner's), fit (fit --measure, full, FIT_MEMORY), longest (one step of
 #   124M at the planner's maximum for the whole card, or "skipped" with the estimated step time),
 #   summary.
 # Time: stops starting work after BUDGET_S (420) seconds and caps every step with `timeout`, so
@@ -327,6 +329,10 @@ if summary:
                peak_bytes=peak_b, predicted_peak_bytes=pred_b, peak_agrees=peak_b == pred_b,
                peak_gib=round(peak_b / 2**30, 2), predicted_peak_gib=round(pred_b / 2**30, 2),
                flops_per_step=sum(flops.values()), recompute_flops=flops.get("recompute", 0))
+    if summary.get("predicted_host_peak_bytes"):
+        host_b, host_pred = summary.get("host_peak_bytes", 0), summary["predicted_host_peak_bytes"]
+        row.update(host_peak_bytes=host_b, predicted_host_peak_bytes=host_pred,
+                   host_peak_agrees=host_b == host_pred)
     if ms > 0:
         tflops = model_flops / (ms / 1000) / 1e12
         row.update(model_tflops=round(tflops, 1), mfu=round(tflops / float(peak), 3), mfu_basis=basis)
@@ -357,6 +363,34 @@ train_model() {  # model: 4k and 32k under each policy
   for seq in 4096 32768; do
     for policy in ${POLICIES:-none save_attn save_dots full}; do train_one "$1" "$seq" "$policy"; done
   done
+}
+
+# ---- 7b. offload: the same 32k full run with checkpoints and moments in pinned host memory ----
+run_offload() {
+  local m=$OUT/logs/train-gpt2-124m-32768-full-offload.jsonl rc t0 status
+  if [ "$(left)" -lt 30 ]; then row stage=offload status=skipped note="time budget"; return; fi
+  say "train gpt2-124m seq_len=32768 policy=full tile_tokens=4096 offload=checkpoints+optimizer"
+  t0=$(date +%s)
+  timeout -k 5 "$(cap 90)" "$RT" --config "$CFG/gpt2-124m.toml" --set train.seq_len=32768 \
+    --set remat.policy=full --set remat.tile_tokens=4096 \
+    --set remat.offload=checkpoints+optimizer --metrics "$m" -q
+  rc=$?
+  case $rc in 0) status=ok ;; 3) status=OOM ;; 124 | 137) status=timeout ;; *) status=failed ;; esac
+  local r
+  r=$(train_row gpt2-124m 32768 full "$status" "$rc" "$(($(date +%s) - t0))" "$m")
+  emit "$("$PY" - "$r" "$OUT/logs/train-gpt2-124m-32768-full.jsonl" <<'PY'
+import json, os, sys
+r = json.loads(sys.argv[1])
+r.update(stage="offload", offload="checkpoints+optimizer", tile_tokens=4096)
+if os.path.exists(sys.argv[2]):  # the run that keeps everything on the card, for the step time
+    for line in open(sys.argv[2]):
+        if '"summary"' in line:
+            r["kept_step_ms"] = json.loads(line)["summary"].get("median_step_ms")
+if r["status"] == "ok" and not (r.get("peak_agrees") and r.get("host_peak_agrees")):
+    r["status"] = "disagrees"
+print(json.dumps(r))
+PY
+)"
 }
 
 # ---- 8. fit --measure at a small budget: predicted maximum fits, one token more does not ----
@@ -445,6 +479,7 @@ write_config gpt2-350m 24 16 1024
 run_gpu_tests
 run_gemm
 train_model gpt2-124m
+run_offload
 run_fit
 train_model gpt2-350m
 run_longest

@@ -167,6 +167,35 @@ TEST_CASE("a tiled MLP gives the untiled CUDA losses within cuDNN's run-to-run n
   }
 }
 
+TEST_CASE("offloaded checkpoints and moments give the CUDA losses of keeping them",
+          "[gpu][offload]") {
+  // The copies run on a second stream, ordered by events: a missing wait would show as garbage.
+  // The MLP is deterministic on CUDA, so there offloading must not change a bit; the GPT (with
+  // RoPE, whose bf16 backward rotates qkv in place) stays within cuDNN's run-to-run noise.
+  for (DType act : kCudaActivationTypes) {
+    for (const char* offload : {"checkpoints", "checkpoints+optimizer"}) {
+      INFO("activations " << dtype_name(act) << ", offload " << offload);
+      Config kept = parse_config(kMlpToml, "mlp(test)", {"remat.policy=full"});
+      Config moved = parse_config(kMlpToml, "mlp(test)",
+                                  {"remat.policy=full", fmt::format("remat.offload=\"{}\"", offload)});
+      cuda::CudaBackend a(DeviceConfig{}, act), b(DeviceConfig{}, act);
+      const auto want = train_losses(a, kept), got = train_losses(b, moved);
+      CHECK(got == want);
+      CHECK(b.host_pool().peak_bytes() > 0);
+    }
+  }
+  const std::vector<std::string> gpt = {"train.steps=8", "model.n_layer=4", "model.position=\"rope\"",
+                                        "remat.policy=full"};
+  std::vector<std::string> offloaded = gpt;
+  offloaded.push_back("remat.offload=\"checkpoints+optimizer\"");
+  cuda::CudaBackend a(DeviceConfig{}, DType::BF16), b(DeviceConfig{}, DType::BF16);
+  const auto want = train_losses(a, parse_config(kTinyToml, "tiny(test)", gpt));
+  const auto got = train_losses(b, parse_config(kTinyToml, "tiny(test)", offloaded));
+  std::printf("offload vs keep on CUDA (bf16, RoPE): max |loss difference| over 8 steps %.3g\n",
+              max_abs_diff(got, want));
+  check_tracks("offloaded vs kept", got, want, kPolicyRunToRun);
+}
+
 TEST_CASE("cuDNN's attention plans need no more workspace than the planner reserves (GPT-2 shapes)",
           "[gpu][cudnn_workspace]") {
   cuda::CudaBackend gpu(DeviceConfig{}, DType::BF16);
@@ -192,7 +221,10 @@ TEST_CASE("the planner predicts the CUDA pool's peak to the byte", "[gpu][planne
   // cuDNN's plan workspace is a fixed reserve on both sides (engine/cuda/workspace.h), so
   // nothing the GPU decides at run time enters the peak.
   const std::vector<std::vector<std::string>> settings = {
-      {"remat.policy=none"}, {"remat.policy=full"}, {"remat.policy=full", "remat.tile_tokens=37"}};
+      {"remat.policy=none"},
+      {"remat.policy=full"},
+      {"remat.policy=full", "remat.tile_tokens=37"},
+      {"remat.policy=full", "model.n_layer=4", "remat.offload=\"checkpoints+optimizer\""}};
   for (std::vector<std::string> sets : settings) {
     const std::string policy = fmt::format("{}", fmt::join(sets, " "));
     sets.push_back("train.steps=1");
@@ -204,6 +236,7 @@ TEST_CASE("the planner predicts the CUDA pool's peak to the byte", "[gpu][planne
     const uint64_t measured = gpu.pool().peak_bytes(), predicted = count.pool().peak_bytes();
     INFO(policy << ": measured " << measured << " predicted " << predicted);
     CHECK(measured == predicted);
+    CHECK(gpu.host_pool().peak_bytes() == count.host_pool().peak_bytes());
   }
 }
 
