@@ -263,8 +263,9 @@ int run_fit(const FitOptions& opt) {
       offload_hint = fmt::format(
           "offload: with remat.offload = \"checkpoints\"{}, {} reaches {} (+{:.0f}%), host peak "
           "{} of {}{}",
-          offloaded.remat.tile_tokens ? fmt::format(" and tile_tokens = {}", offloaded.remat.tile_tokens)
-                                      : std::string(),
+          offloaded.remat.tile_tokens
+              ? fmt::format(" and tile_tokens = {}", offloaded.remat.tile_tokens)
+              : std::string(),
           longest->policy, say_tokens(reach),
           100.0 * static_cast<double>(reach - longest->longest) /
               static_cast<double>(longest->longest),

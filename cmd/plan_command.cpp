@@ -198,15 +198,14 @@ int run_plan(const PlanOptions& opt) {
              "longest T", "max batch");
   for (const auto& r : rows) {
     const auto& pk = r.run.peak;
-    fmt::print("{:<28} {:>11} {:>11} {:>11} {:>11} {:>9.1f}% {:>5}  {:<22} {:>12} {:>9}\n",
-               r.label, format_bytes(pk.total_bytes),
-               format_bytes(pk.by_category[static_cast<size_t>(MemCategory::Activations)]),
-               format_bytes(pk.by_category[static_cast<size_t>(MemCategory::Checkpoints)]),
-               r.run.host_peak.total_bytes ? format_bytes(r.run.host_peak.total_bytes)
-                                           : std::string("-"),
-               100.0 * r.run.recompute_overhead(), planner.fits(r.run) ? "yes" : "NO", pk.phase,
-               cfg.model.kind == ModelKind::Gpt ? format_count(r.longest) : std::string("-"),
-               r.max_batch);
+    fmt::print(
+        "{:<28} {:>11} {:>11} {:>11} {:>11} {:>9.1f}% {:>5}  {:<22} {:>12} {:>9}\n", r.label,
+        format_bytes(pk.total_bytes),
+        format_bytes(pk.by_category[static_cast<size_t>(MemCategory::Activations)]),
+        format_bytes(pk.by_category[static_cast<size_t>(MemCategory::Checkpoints)]),
+        r.run.host_peak.total_bytes ? format_bytes(r.run.host_peak.total_bytes) : std::string("-"),
+        100.0 * r.run.recompute_overhead(), planner.fits(r.run) ? "yes" : "NO", pk.phase,
+        cfg.model.kind == ModelKind::Gpt ? format_count(r.longest) : std::string("-"), r.max_batch);
   }
   if (chosen.fits)
     fmt::print("\nauto: {}\n      plan = [{}] (--emit-config prints it as a [remat] table)\n",
@@ -236,11 +235,11 @@ int run_plan(const PlanOptions& opt) {
       format_flops(phase_flops(c.run, Phase::Recompute)), 100.0 * c.run.recompute_overhead(),
       format_flops(phase_flops(c.run, Phase::Optimizer)));
   if (c.run.host_peak.total_bytes || c.run.to_host_bytes() > 0) {
-    fmt::print("  host pool: peak {} ({} B) of budget {}, {} of it checkpoints\n",
-               format_bytes(c.run.host_peak.total_bytes), c.run.host_peak.total_bytes,
-               format_bytes(target.host_bytes),
-               format_bytes(c.run.host_peak.by_category[static_cast<size_t>(
-                   MemCategory::Checkpoints)]));
+    fmt::print(
+        "  host pool: peak {} ({} B) of budget {}, {} of it checkpoints\n",
+        format_bytes(c.run.host_peak.total_bytes), c.run.host_peak.total_bytes,
+        format_bytes(target.host_bytes),
+        format_bytes(c.run.host_peak.by_category[static_cast<size_t>(MemCategory::Checkpoints)]));
     fmt::print("{}\n", copy_line(c.run, target));
   }
   if (!target.reserve_bytes) fmt::print("  (on the CPU a real run measures exactly this peak)\n");

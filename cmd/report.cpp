@@ -23,7 +23,8 @@ void print_banner(std::FILE* out, const RunInfo& info, const Config& cfg) {
   fmt::print(out, "model  {} | {:.2f}M params | data {}\n", info.model_line,
              static_cast<double>(info.n_params) / 1e6, info.data_line);
   fmt::print(
-      out, "run    batch {} x seq_len {} | {} steps | remat {} | predicted peak {} of budget {}{}\n",
+      out,
+      "run    batch {} x seq_len {} | {} steps | remat {} | predicted peak {} of budget {}{}\n",
       cfg.train.batch_size, cfg.train.seq_len, cfg.train.steps, info.policy_line,
       format_bytes(info.predicted_peak_bytes), format_bytes(info.budget_bytes),
       info.predicted_host_peak_bytes
@@ -104,13 +105,12 @@ std::string copy_line(const DryRun& run, const PlanTarget& target) {
     return line + (target.host_is_device()
                        ? " (CPU: the host pool is the same RAM; offload here tests the executor)"
                        : " (no link or peak rates for this target: use --gpu NAME)");
-  return line +
-         fmt::format("; {:.3g} s at the link's rate vs compute >= {:.3g} s at peak ({}); {}",
-                     ct.copy_s, ct.compute_s, target.rates_note,
-                     ct.exposed_s > 0
-                         ? fmt::format("up to {:.3g} s of copying is not hidden by compute",
-                                       ct.exposed_s)
-                         : std::string("the copies hide behind compute"));
+  return line + fmt::format("; {:.3g} s at the link's rate vs compute >= {:.3g} s at peak ({}); {}",
+                            ct.copy_s, ct.compute_s, target.rates_note,
+                            ct.exposed_s > 0
+                                ? fmt::format("up to {:.3g} s of copying is not hidden by compute",
+                                              ct.exposed_s)
+                                : std::string("the copies hide behind compute"));
 }
 
 std::string load_note() {

@@ -141,10 +141,10 @@ const EnumNames<PositionKind> kPositions = {{"learned", PositionKind::Learned},
 const EnumNames<BackendKind> kBackends = {
     {"auto", BackendKind::Auto}, {"cpu", BackendKind::Cpu}, {"cuda", BackendKind::Cuda}};
 const EnumNames<Precision> kPrecisions = {{"bf16", Precision::Bf16}, {"fp32", Precision::Fp32}};
-const EnumNames<OffloadKind> kOffloads = {{"none", OffloadKind::None},
-                                          {"checkpoints", OffloadKind::Checkpoints},
-                                          {"checkpoints+optimizer",
-                                           OffloadKind::CheckpointsOptimizer}};
+const EnumNames<OffloadKind> kOffloads = {
+    {"none", OffloadKind::None},
+    {"checkpoints", OffloadKind::Checkpoints},
+    {"checkpoints+optimizer", OffloadKind::CheckpointsOptimizer}};
 
 template <class E>
 E read_enum(const toml::node& n, const Origin& o, const EnumNames<E>& names) {

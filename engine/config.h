@@ -16,10 +16,10 @@ namespace remat {
 
 // The enum-like keys, parsed once when the config is read; config_name() gives each value's
 // spelling in a config file ("gpt", "rope", "cuda", "fp32"), for messages and state.json.
-enum class ModelKind : uint8_t { Gpt, Mlp };           // model.kind
-enum class PositionKind : uint8_t { Learned, Rope };   // model.position
-enum class BackendKind : uint8_t { Auto, Cpu, Cuda };  // device.backend
-enum class Precision : uint8_t { Bf16, Fp32 };         // device.precision
+enum class ModelKind : uint8_t { Gpt, Mlp };                                   // model.kind
+enum class PositionKind : uint8_t { Learned, Rope };                           // model.position
+enum class BackendKind : uint8_t { Auto, Cpu, Cuda };                          // device.backend
+enum class Precision : uint8_t { Bf16, Fp32 };                                 // device.precision
 enum class OffloadKind : uint8_t { None, Checkpoints, CheckpointsOptimizer };  // remat.offload
 std::string_view config_name(ModelKind v);
 std::string_view config_name(PositionKind v);

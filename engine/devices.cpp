@@ -35,8 +35,8 @@ BackendChoice make_backend(const Config& cfg) {
   const uint64_t budget = cfg.device.memory_bytes ? cfg.device.memory_bytes : host_memory_bytes();
   const uint64_t host_budget =
       cfg.device.host_memory_bytes ? cfg.device.host_memory_bytes : host_memory_bytes();
-  c.backend = std::make_unique<cpu::CpuBackend>(budget, static_cast<int>(cfg.device.threads),
-                                                host_budget);
+  c.backend =
+      std::make_unique<cpu::CpuBackend>(budget, static_cast<int>(cfg.device.threads), host_budget);
   c.why = want == BackendKind::Cpu
               ? "device.backend = \"cpu\""
               : (cuda::is_built() ? "auto: no CUDA device found" : "auto: built without CUDA");

@@ -92,7 +92,7 @@ class MemoryPool {
 
   /// Which memory a pool holds: what out-of-memory messages name, with the key that budgets it.
   struct Space {
-    const char* name = "device";              // "device" | "host"
+    const char* name = "device";               // "device" | "host"
     const char* budget_key = "device.memory";  // the config key of its budget
   };
   static constexpr Space kDeviceSpace{"device", "device.memory"};

@@ -6,8 +6,8 @@
 
 #include <cstdint>
 #include <functional>
-#include <utility>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/backend.h"
@@ -17,10 +17,10 @@ namespace remat {
 
 /// One trainable tensor with its gradient and AdamW moments (all f32, all from the pool).
 struct Param {
-  std::string name;        // "blocks.3.attn.qkv.weight": the name used in checkpoint files
-  Buffer value;            // category weights
-  Buffer grad;             // category grads
-  Buffer m, v;             // category optimizer
+  std::string name;              // "blocks.3.attn.qkv.weight": the name used in checkpoint files
+  Buffer value;                  // category weights
+  Buffer grad;                   // category grads
+  Buffer m, v;                   // category optimizer
   bool moments_on_host = false;  // m and v live in the host pool (remat.offload)
   bool use_decay = false;        // 2-D weights only
 };

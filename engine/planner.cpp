@@ -34,7 +34,7 @@ const std::vector<GpuPreset>& gpu_presets() {
   // (5.0 x16: 63 GB/s, 4.0 x16: 32 GB/s per direction). Peaks: the vendors' dense figures.
   constexpr uint64_t GiB = 1ull << 30;
   static const std::vector<GpuPreset> presets = {
-      {"h200", 150754820096ull, 128 * GiB, 50, "PCIe 5.0 x16", 989.4, 66.9},       // 143771 MiB
+      {"h200", 150754820096ull, 128 * GiB, 50, "PCIe 5.0 x16", 989.4, 66.9},      // 143771 MiB
       {"h100-80gb", 85045231616ull, 128 * GiB, 50, "PCIe 5.0 x16", 989.4, 66.9},  // 81105 MiB
       {"a100-80gb", 85097660416ull, 128 * GiB, 25, "PCIe 4.0 x16", 312, 19.5},    // 81155 MiB
       {"a100-40gb", 42505273344ull, 64 * GiB, 25, "PCIe 4.0 x16", 312, 19.5},     // 40536 MiB
@@ -61,10 +61,9 @@ PlanTarget plan_target(const Config& cfg, const std::string& gpu, std::optional<
           t.link_bytes_per_s = p.link_gb_per_s * 1e9;
           const bool fp32 = cfg.device.precision == Precision::Fp32;
           t.peak_flops_per_s = (fp32 ? p.fp32_tflops : p.bf16_tflops) * 1e12;
-          t.rates_note =
-              fmt::format("{} ~{:.0f} GB/s per direction, {} dense peak {:.1f} TFLOP/s",
-                          p.link_name, p.link_gb_per_s, fp32 ? "fp32" : "bf16",
-                          fp32 ? p.fp32_tflops : p.bf16_tflops);
+          t.rates_note = fmt::format("{} ~{:.0f} GB/s per direction, {} dense peak {:.1f} TFLOP/s",
+                                     p.link_name, p.link_gb_per_s, fp32 ? "fp32" : "bf16",
+                                     fp32 ? p.fp32_tflops : p.bf16_tflops);
         }
       if (!t.device_bytes) {
         std::string names;
@@ -194,7 +193,6 @@ DryRun Planner::dry_run(const Config& cfg, bool track_largest) const {
   return r;
 }
 
-
 int64_t Planner::longest_seq_len(const Config& cfg, const DryRun* at_cfg) const {
   if (cfg.model.kind != ModelKind::Gpt) return 0;
   const int64_t hi = cfg.model.position == PositionKind::Learned ? cfg.model.n_ctx : (1ll << 26);
@@ -217,8 +215,7 @@ int64_t Planner::largest_batch(const Config& cfg, const DryRun* at_cfg) const {
         c.train.batch_size = b;
         return search_peak(dry_run(c, false));
       },
-      at_cfg ? std::optional(PeakProbe{cfg.train.batch_size, search_peak(*at_cfg)})
-             : std::nullopt);
+      at_cfg ? std::optional(PeakProbe{cfg.train.batch_size, search_peak(*at_cfg)}) : std::nullopt);
 }
 
 // ---- auto ----
@@ -274,10 +271,10 @@ std::string AutoPlan::mix() const {
 std::string AutoPlan::summary() const {
   std::string host;
   if (offload != OffloadKind::None && host_peak_bytes > 0)
-    host = fmt::format(", {} in host memory: peak {} of {}",
-                       offload == OffloadKind::Checkpoints ? "checkpoints"
-                                                           : "checkpoints and AdamW moments",
-                       format_bytes(host_peak_bytes), format_bytes(host_budget_bytes));
+    host = fmt::format(
+        ", {} in host memory: peak {} of {}",
+        offload == OffloadKind::Checkpoints ? "checkpoints" : "checkpoints and AdamW moments",
+        format_bytes(host_peak_bytes), format_bytes(host_budget_bytes));
   return fmt::format(
       "chose {}{} (recompute +{:.2f}%, predicted peak {} of budget {}{})", mix(),
       tile_tokens > 0 ? fmt::format(", MLP in chunks of {} tokens", tile_tokens) : std::string(),

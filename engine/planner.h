@@ -70,8 +70,8 @@ struct DryRun {
   std::array<OpCost, kNumPhases> cost{};
   int64_t n_params = 0;
   double recompute_overhead() const;  // recompute FLOPs / (forward + loss + backward FLOPs)
-  double flops() const;                // every phase
-  double to_host_bytes() const;        // copies per step, every phase
+  double flops() const;               // every phase
+  double to_host_bytes() const;       // copies per step, every phase
   double to_device_bytes() const;
 };
 
@@ -140,16 +140,16 @@ class Planner {
 struct AutoPlan {
   std::vector<std::string> policies;  // one per block; every block "full" when nothing fits
   bool fits = false;
-  uint64_t peak_bytes = 0;        // predicted peak of `policies`
-  double recompute_flops = 0;     // per step
-  double recompute_overhead = 0;  // recompute / (forward + loss + backward) FLOPs
-  uint64_t min_peak_bytes = 0;    // every block "full", every = 1: the smallest peak of any plan
+  uint64_t peak_bytes = 0;           // predicted peak of `policies`
+  double recompute_flops = 0;        // per step
+  double recompute_overhead = 0;     // recompute / (forward + loss + backward) FLOPs
+  uint64_t min_peak_bytes = 0;       // every block "full", every = 1: the smallest peak of any plan
   uint64_t min_host_peak_bytes = 0;  // that plan's host-pool peak
-  uint64_t budget_bytes = 0;      // the target's pool budget
-  int64_t n_dry_runs = 0;         // how many candidates the search evaluated
-  int64_t tile_tokens = 0;        // the MLP tiling the plan runs with (remat.tile_tokens)
+  uint64_t budget_bytes = 0;         // the target's pool budget
+  int64_t n_dry_runs = 0;            // how many candidates the search evaluated
+  int64_t tile_tokens = 0;           // the MLP tiling the plan runs with (remat.tile_tokens)
   OffloadKind offload = OffloadKind::None;  // what the plan keeps in host memory (remat.offload)
-  uint64_t host_peak_bytes = 0;   // predicted host-pool peak of `policies`
+  uint64_t host_peak_bytes = 0;             // predicted host-pool peak of `policies`
   uint64_t host_budget_bytes = 0;
   /// The mix in plan order, block 0 first: "1 x full, 1 x save_attn, 2 x none".
   std::string mix() const;

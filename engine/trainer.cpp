@@ -129,8 +129,8 @@ void Trainer::update_weights(float lr, float grad_scale) {
   auto stage_in = [&](Param& p) {
     Staged s;
     s.be = &be_;
-    for (auto [dev, host, ticket] : {std::tuple{&s.m, &p.m, &s.m_copy},
-                                     std::tuple{&s.v, &p.v, &s.v_copy}}) {
+    for (auto [dev, host, ticket] :
+         {std::tuple{&s.m, &p.m, &s.m_copy}, std::tuple{&s.v, &p.v, &s.v_copy}}) {
       const Tensor& h = *host;
       *dev = be_.pool().allocate(h.dims(), DType::F32, MemCategory::Optimizer,
                                  p.name + (dev == &s.m ? ".adam_m" : ".adam_v") + " (staged)");

@@ -111,13 +111,11 @@ class MlpModel : public Model {
     // He initialization keeps the relu stack's activations at unit scale.
     const ParamInit he{ParamInit::Normal, std::sqrt(2.0 / static_cast<double>(D_))};
     for (int64_t l = 0; l < L_; ++l) {
-      params_.push_back(
-          make_param(be, fmt::format("blocks.{}.fc.weight", l), {D_, D_}, he, s.seed,
-                     s.moments_on_host));
+      params_.push_back(make_param(be, fmt::format("blocks.{}.fc.weight", l), {D_, D_}, he, s.seed,
+                                   s.moments_on_host));
       Param* w = &params_.back();
-      params_.push_back(
-          make_param(be, fmt::format("blocks.{}.fc.bias", l), {D_}, ParamInit{}, s.seed,
-                     s.moments_on_host));
+      params_.push_back(make_param(be, fmt::format("blocks.{}.fc.bias", l), {D_}, ParamInit{},
+                                   s.seed, s.moments_on_host));
       blocks_.push_back(std::make_unique<MlpBlock>(w, &params_.back(), B_, D_));
     }
   }

@@ -15,10 +15,10 @@ namespace remat {
 /// initialization, dropout), LM-head chunking and the blocks' token tiling.
 struct ModelShape {
   int64_t batch_size = 1;
-  int64_t seq_len = 1;      // gpt only
-  uint64_t seed = 0;        // train.seed
-  int64_t loss_chunk = 0;   // train.loss_chunk; 0 = chosen by the tool
-  int64_t tile_tokens = 0;  // remat.tile_tokens (gpt): token rows per MLP chunk; 0 = untiled
+  int64_t seq_len = 1;           // gpt only
+  uint64_t seed = 0;             // train.seed
+  int64_t loss_chunk = 0;        // train.loss_chunk; 0 = chosen by the tool
+  int64_t tile_tokens = 0;       // remat.tile_tokens (gpt): token rows per MLP chunk; 0 = untiled
   bool moments_on_host = false;  // remat.offload = "checkpoints+optimizer": AdamW m, v on the host
 };
 ModelShape model_shape(const TrainConfig& train);

@@ -22,11 +22,16 @@ const std::vector<std::vector<std::string>> kModes = {
     {}, {"remat.tile_tokens=256", "remat.offload=\"checkpoints+optimizer\""}};
 
 Config long_gpt(int64_t T, const std::vector<std::string>& mode = {}) {
-  std::vector<std::string> sets = {
-      "model.n_layer=3",         "model.n_head=2",       "model.n_embd=64",
-      "model.vocab_size=50257",  "model.position=\"rope\"", "train.batch_size=1",
-      fmt::format("train.seq_len={}", T), "remat.policy=full", "data.task=\"random\"",
-      "device.threads=2"};
+  std::vector<std::string> sets = {"model.n_layer=3",
+                                   "model.n_head=2",
+                                   "model.n_embd=64",
+                                   "model.vocab_size=50257",
+                                   "model.position=\"rope\"",
+                                   "train.batch_size=1",
+                                   fmt::format("train.seq_len={}", T),
+                                   "remat.policy=full",
+                                   "data.task=\"random\"",
+                                   "device.threads=2"};
   sets.insert(sets.end(), mode.begin(), mode.end());
   return parse_config("", "long-test", sets);
 }

@@ -43,8 +43,7 @@ Record train(const std::string& text, const std::vector<std::string>& sets, int 
   const Config cfg = parse_config(text, "offload-test", sets);
   cpu::CpuBackend be(1ull << 30, 2, host_budget);
   RunParts parts = test::synthetic_run_parts(cfg, be);
-  Trainer trainer(cfg.train, resolve_remat_plan(cfg, *parts.model), be, *parts.model,
-                  *parts.data);
+  Trainer trainer(cfg.train, resolve_remat_plan(cfg, *parts.model), be, *parts.model, *parts.data);
   Record r;
   for (int s = 0; s < steps; ++s) r.losses.push_back(trainer.step().loss);
   for (Param& p : parts.model->params()) {
@@ -99,15 +98,16 @@ TEST_CASE("offloading gives bitwise the losses, gradients, weights and moments o
     }
   }
   // The MLP model's blocks go through the same executor.
-  const std::vector<std::string> mlp = {"model.kind=\"mlp\"", "model.n_layer=5",
-                                        "model.n_embd=24", "train.batch_size=6",
+  const std::vector<std::string> mlp = {"model.kind=\"mlp\"",       "model.n_layer=5",
+                                        "model.n_embd=24",          "train.batch_size=6",
                                         "data.task=\"regression\"", "remat.policy=full"};
   const Record kept = train("", mlp);
   const Record moved = train("", with(mlp, "remat.offload=\"checkpoints+optimizer\""));
   check_same_bits(moved, kept);
 }
 
-TEST_CASE("the device holds at most two checkpoints; the host every offloaded one", "[offload]") {
+TEST_CASE("the device holds at most two checkpoints and the host every offloaded one",
+          "[offload]") {
   // Full remat, every = 1, L = 4: blocks 0..2 are offloaded (the last segment's stays, its
   // backward comes first). Each checkpoint is B x T x C f32.
   const test::SmallGpt g = test::remat_test_gpt();
@@ -116,9 +116,11 @@ TEST_CASE("the device holds at most two checkpoints; the host every offloaded on
   const Record r = train(kBase, {"remat.policy=full", "remat.offload=\"checkpoints\""}, 2);
   CHECK(r.host_peak == 3 * ckpt);
   // Out after each forward, back before each backward: 3 checkpoints each way per step.
-  CHECK(r.copies.to_host_bytes == 2.0 * 3 * static_cast<double>(g.batch_size * g.seq_len * g.n_embd * 4));
+  CHECK(r.copies.to_host_bytes ==
+        2.0 * 3 * static_cast<double>(g.batch_size * g.seq_len * g.n_embd * 4));
   CHECK(r.copies.to_device_bytes == r.copies.to_host_bytes);
-  const Config cfg = parse_config(kBase, "t", {"remat.policy=full", "remat.offload=\"checkpoints\""});
+  const Config cfg =
+      parse_config(kBase, "t", {"remat.policy=full", "remat.offload=\"checkpoints\""});
   const DryRun plan = test::cpu_test_planner(2, 1ull << 32).dry_run(cfg);
   CHECK(plan.peak.by_category[static_cast<size_t>(MemCategory::Checkpoints)] <= 2 * ckpt);
   CHECK(plan.to_host_bytes() == r.copies.to_host_bytes / 2);  // one step
@@ -136,11 +138,11 @@ TEST_CASE("predicted device and host peaks equal the measured ones to the byte",
       "train.batch_size=2", "model.n_ctx=256", "model.vocab_size=50"};
   for (const char* offload : {"checkpoints", "checkpoints+optimizer"})
     for (const char* tile : {"remat.tile_tokens=0", "remat.tile_tokens=17"})
-      for (const std::vector<std::string>& policy :
-           std::vector<std::vector<std::string>>{{"remat.policy=full"},
-                                                 {"remat.policy=full", "remat.every=3"},
-                                                 {"remat.policy=save_attn"},
-                                                 {"remat.plan=[\"full\",\"none\",\"full\",\"save_dots\"]"}}) {
+      for (const std::vector<std::string>& policy : std::vector<std::vector<std::string>>{
+               {"remat.policy=full"},
+               {"remat.policy=full", "remat.every=3"},
+               {"remat.policy=save_attn"},
+               {"remat.plan=[\"full\",\"none\",\"full\",\"save_dots\"]"}}) {
         std::vector<std::string> sets = shape;
         sets.insert(sets.end(), policy.begin(), policy.end());
         sets.push_back(tile);
@@ -185,11 +187,11 @@ TEST_CASE("offload is a config key that refuses nonsense", "[offload][config]") 
 
 TEST_CASE("auto offloads on a GPU target when nothing else fits, and never on the CPU",
           "[offload][auto]") {
-  const Config cfg = parse_config(
-      "", "auto-offload",
-      {"model.n_layer=8", "model.n_embd=64", "model.n_head=4", "model.position=\"rope\"",
-       "model.vocab_size=256", "train.seq_len=8192", "train.batch_size=1",
-       "remat.policy=\"auto\"", "data.task=\"random\""});
+  const Config cfg =
+      parse_config("", "auto-offload",
+                   {"model.n_layer=8", "model.n_embd=64", "model.n_head=4",
+                    "model.position=\"rope\"", "model.vocab_size=256", "train.seq_len=8192",
+                    "train.batch_size=1", "remat.policy=\"auto\"", "data.task=\"random\""});
   // The smallest device peak without offload, tiled as auto would tile: one byte less than it.
   Config tiled_full = with_block_plan(cfg, std::vector<std::string>(8, "full"));
   tiled_full.remat.tile_tokens = default_tile_tokens(8192);
@@ -229,9 +231,10 @@ TEST_CASE("copy time and compute time at the preset's link and peak rates", "[of
   CHECK(t.copy_s < t.compute_s);
 }
 
-TEST_CASE("train refuses a host budget its offload does not fit, before step 1, and reports both "
-          "peaks when it does fit",
-          "[offload][smoke]") {
+TEST_CASE(
+    "train refuses a host budget its offload does not fit, before step 1, and reports both "
+    "peaks when it does fit",
+    "[offload][smoke]") {
   const test::CliResult refused = test::run_binary(
       "train --config configs/tiny.toml --set remat.policy=full --set model.n_layer=4 "
       "--set remat.offload=checkpoints --set device.host_memory=64KiB --set train.steps=1",
@@ -245,7 +248,8 @@ TEST_CASE("train refuses a host budget its offload does not fit, before step 1, 
       "--set remat.offload=checkpoints+optimizer --set train.steps=2",
       true);
   CHECK(ran.code == 0);
-  CHECK_THAT(ran.out, Catch::Contains("checkpoints and AdamW moments in host memory") &&
-                          Catch::Contains("equal to the measured peak") &&
-                          Catch::Contains("in host memory (remat.offload), equal to the predicted"));
+  CHECK_THAT(ran.out,
+             Catch::Contains("checkpoints and AdamW moments in host memory") &&
+                 Catch::Contains("equal to the measured peak") &&
+                 Catch::Contains("in host memory (remat.offload), equal to the predicted"));
 }

@@ -1,9 +1,9 @@
 // `plan --json` for every shipped config, byte for byte against tests/data/plan_json/: the
 // planner's figures (peaks by category, FLOPs, longest seq_len, largest batch, auto's plan) for
-// the CPU at a fixed 16 GiB budget (and 16 GiB of host pool) and 2 threads, and for an H200 with bf16 and fp32
-// activations (the CUDA workspace rules). Refactors of the ops, workspaces and policies must
-// change none of them; a deliberate change regenerates the files with the commands below
-// (run from the repository root):
+// the CPU at a fixed 16 GiB budget (and 16 GiB of host pool) and 2 threads, and for an H200 with
+// bf16 and fp32 activations (the CUDA workspace rules). Refactors of the ops, workspaces and
+// policies must change none of them; a deliberate change regenerates the files with the commands
+// below (run from the repository root):
 //   remat-train plan --config configs/N.toml --json --memory 16GiB --set device.threads=2
 //       --set device.host_memory=16GiB
 //   remat-train plan --config configs/N.toml --json --gpu h200 [--set device.precision=fp32]
@@ -27,7 +27,8 @@ std::string slurp_file(const std::filesystem::path& p) {
 
 // "<config>.<target>.json" -> the plan flags that produced it.
 std::string plan_flags(const std::string& target) {
-  if (target == "cpu") return "--memory 16GiB --set device.threads=2 --set device.host_memory=16GiB";
+  if (target == "cpu")
+    return "--memory 16GiB --set device.threads=2 --set device.host_memory=16GiB";
   if (target == "h200-bf16") return "--gpu h200";
   if (target == "h200-fp32") return "--gpu h200 --set device.precision=fp32";
   FAIL("unknown target in a tests/data/plan_json file name: " << target);

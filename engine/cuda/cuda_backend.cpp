@@ -10,9 +10,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <map>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <vector>
 
 #include "engine/cuda/check.h"
@@ -236,11 +236,10 @@ CudaBackend::CudaBackend(const DeviceConfig& cfg, DType act_dtype)
     : CudaBackend(act_dtype, open_device(cfg)) {}
 
 CudaBackend::CudaBackend(DType act_dtype, std::shared_ptr<DeviceState> dev)
-    : Backend(
-          std::make_unique<MemoryPool>(std::make_unique<CudaAllocator>(dev), dev->budget_bytes),
-          std::make_unique<MemoryPool>(
-              std::make_unique<PinnedHostAllocator>(dev->host_budget_bytes),
-              dev->host_budget_bytes, MemoryPool::kHostSpace)),
+    : Backend(std::make_unique<MemoryPool>(std::make_unique<CudaAllocator>(dev), dev->budget_bytes),
+              std::make_unique<MemoryPool>(
+                  std::make_unique<PinnedHostAllocator>(dev->host_budget_bytes),
+                  dev->host_budget_bytes, MemoryPool::kHostSpace)),
       dev_(std::move(dev)),
       act_(act_dtype) {
   REMAT_ASSERT(act_ == DType::BF16 || act_ == DType::F32, "cuda: activations must be bf16 or f32");

@@ -22,8 +22,8 @@
 
 #include <map>
 #include <memory>
-#include <vector>
 #include <string>
+#include <vector>
 
 #include "engine/backend.h"
 #include "engine/config.h"
@@ -97,7 +97,7 @@ class CudaBackend final : public Backend {
 
   std::shared_ptr<DeviceState> dev_;
   DType act_;
-  cudaEvent_t compute_ready_ = nullptr;         // re-recorded before each copy
+  cudaEvent_t compute_ready_ = nullptr;          // re-recorded before each copy
   std::map<uint64_t, cudaEvent_t> copy_events_;  // ticket -> its copy's completion
   std::vector<cudaEvent_t> free_events_;
   std::unique_ptr<GemmEngine> gemm_;

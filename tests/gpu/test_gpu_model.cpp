@@ -176,16 +176,17 @@ TEST_CASE("offloaded checkpoints and moments give the CUDA losses of keeping the
     for (const char* offload : {"checkpoints", "checkpoints+optimizer"}) {
       INFO("activations " << dtype_name(act) << ", offload " << offload);
       Config kept = parse_config(kMlpToml, "mlp(test)", {"remat.policy=full"});
-      Config moved = parse_config(kMlpToml, "mlp(test)",
-                                  {"remat.policy=full", fmt::format("remat.offload=\"{}\"", offload)});
+      Config moved =
+          parse_config(kMlpToml, "mlp(test)",
+                       {"remat.policy=full", fmt::format("remat.offload=\"{}\"", offload)});
       cuda::CudaBackend a(DeviceConfig{}, act), b(DeviceConfig{}, act);
       const auto want = train_losses(a, kept), got = train_losses(b, moved);
       CHECK(got == want);
       CHECK(b.host_pool().peak_bytes() > 0);
     }
   }
-  const std::vector<std::string> gpt = {"train.steps=8", "model.n_layer=4", "model.position=\"rope\"",
-                                        "remat.policy=full"};
+  const std::vector<std::string> gpt = {"train.steps=8", "model.n_layer=4",
+                                        "model.position=\"rope\"", "remat.policy=full"};
   std::vector<std::string> offloaded = gpt;
   offloaded.push_back("remat.offload=\"checkpoints+optimizer\"");
   cuda::CudaBackend a(DeviceConfig{}, DType::BF16), b(DeviceConfig{}, DType::BF16);
