@@ -116,18 +116,21 @@ void print_table(const Config& cfg, const std::vector<CompareRow>& rows, const C
              cfg.model.kind == ModelKind::Gpt ? fmt::format(" x seq_len {}", cfg.train.seq_len)
                                               : std::string(),
              tiling_note(cfg), load_note());
+  size_t w = 10;  // the policy column fits its longest entry ("full:tile=1024:offload=...")
+  for (const auto& r : rows) w = std::max(w, r.policy.size());
   const std::string same_as = &ref == &rows.front() ? "none" : ref.policy;
-  fmt::print("{:<10} {:>13} {:>13} {:>11} {:>8} {:>8} {:>10} {:>18}\n", "policy", "measured peak",
-             "predicted", "ms/step", "saved", "time", "recompute", "same as " + same_as);
+  fmt::print("{:<{}} {:>13} {:>13} {:>11} {:>8} {:>8} {:>10} {:>18}\n", "policy", w,
+             "measured peak", "predicted", "ms/step", "saved", "time", "recompute",
+             "same as " + same_as);
   for (const auto& r : rows) {
     if (r.oom) {
-      fmt::print("{:<10} {:>13} {:>13} {:>11} {:>8} {:>8} {:>9.1f}% {:>18}\n", r.policy,
+      fmt::print("{:<{}} {:>13} {:>13} {:>11} {:>8} {:>8} {:>9.1f}% {:>18}\n", r.policy, w,
                  "out of memory", format_bytes(r.predicted), "-", "-", "-",
                  100.0 * r.recompute_overhead, "-");
       continue;
     }
-    fmt::print("{:<10} {:>13} {:>13} {:>11.1f} {:>7.1f}% {:>+7.1f}% {:>9.1f}% {:>18}\n", r.policy,
-               format_bytes(r.measured),
+    fmt::print("{:<{}} {:>13} {:>13} {:>11.1f} {:>7.1f}% {:>+7.1f}% {:>9.1f}% {:>18}\n", r.policy,
+               w, format_bytes(r.measured),
                r.predicted == r.measured ? "= measured" : format_bytes(r.predicted), r.median_ms,
                100.0 * (1.0 - static_cast<double>(r.measured) / none_peak),
                100.0 * (r.median_ms / ref.median_ms - 1.0), 100.0 * r.recompute_overhead,

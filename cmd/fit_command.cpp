@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <tuple>
 #include <chrono>
 #include <nlohmann/json.hpp>
 #include <vector>
@@ -175,7 +176,7 @@ int run_fit(const FitOptions& opt) {
       r.at_longest = planner.dry_run(c, false);
       r.tok_s_longest = est_tokens_per_s(r.at_longest, c, rate);
     }
-    r.fits_configured = r.at_configured.peak.total_bytes <= budget;
+    r.fits_configured = planner.fits(r.at_configured);
     r.tok_s_configured = est_tokens_per_s(r.at_configured, r.cfg, rate);
     rows.push_back(std::move(r));
   }
@@ -209,11 +210,14 @@ int run_fit(const FitOptions& opt) {
         (r.longest == longest->longest &&
          step_flops(r.at_longest) < step_flops(longest->at_longest)))
       longest = &r;
-    if (r.fits_configured &&
-        (!fastest || step_flops(r.at_configured) < step_flops(fastest->at_configured) ||
-         (step_flops(r.at_configured) == step_flops(fastest->at_configured) &&
-          r.at_configured.peak.total_bytes < fastest->at_configured.peak.total_bytes)))
-      fastest = &r;
+    // Equal FLOPs: the run that copies less to and from the host, then the untiled one (whole
+    // GEMMs), then the lower peak.
+    const auto speed_key = [](const FitRow& f) {
+      return std::tuple(step_flops(f.at_configured),
+                        f.at_configured.to_host_bytes() + f.at_configured.to_device_bytes(),
+                        f.cfg.remat.tile_tokens > 0, f.at_configured.peak.total_bytes);
+    };
+    if (r.fits_configured && (!fastest || speed_key(r) < speed_key(*fastest))) fastest = &r;
   }
   const std::string conf_t = format_count(base.train.seq_len);
   std::string recommendation =
@@ -230,7 +234,7 @@ int run_fit(const FitOptions& opt) {
   // MLP"): one more search, for the policy that reaches furthest.
   std::string tiling_hint;
   nlohmann::json tiling_json;  // null when there is no hint
-  if (base.remat.tile_tokens == 0 && longest && longest->longest > 0 && !longest->capped) {
+  if (longest && longest->cfg.remat.tile_tokens == 0 && longest->longest > 0 && !longest->capped) {
     const int64_t tile = default_tile_tokens(longest->longest * base.train.batch_size);
     Config tiled = longest->cfg;
     tiled.remat.tile_tokens = tile;
@@ -249,8 +253,8 @@ int run_fit(const FitOptions& opt) {
   // hint's setting when it had one: the checkpoints out of the card, bounded by the host budget.
   std::string offload_hint;
   nlohmann::json offload_json;  // null when there is no hint
-  if (!target.host_is_device() && base.remat.offload == OffloadKind::None && longest &&
-      longest->longest > 0 && !longest->capped && longest->policy != "none") {
+  if (!target.host_is_device() && longest && longest->cfg.remat.offload == OffloadKind::None &&
+      longest->longest > 0 && !longest->capped && longest->cfg.remat.policy != "none") {
     Config offloaded = longest->cfg;
     if (!tiling_json.is_null()) offloaded.remat.tile_tokens = tiling_json["tile_tokens"];
     offloaded.remat.offload = OffloadKind::Checkpoints;
@@ -323,7 +327,9 @@ int run_fit(const FitOptions& opt) {
   fmt::print("fit  {} on {} | pool budget {} | batch {} | configured seq_len {}{}\n", base.path,
              target.name, format_bytes(budget), base.train.batch_size, conf_t, tiling_note(base));
   fmt::print("     tokens/s estimated from step FLOPs / rate: {}\n\n", rate.note);
-  fmt::print("{:<10} {:>11} {:>12} {:>10} {:>11}   {:>12} {:>11}{}\n", "policy", "longest T",
+  size_t w = 10;  // the policy column fits its longest entry ("full:tile=1024:offload=...")
+  for (const auto& r : rows) w = std::max(w, r.policy.size());
+  fmt::print("{:<{}} {:>11} {:>12} {:>10} {:>11}   {:>12} {:>11}{}\n", "policy", w, "longest T",
              "peak there", "recompute", "est. tok/s", fmt::format("at {}: peak", conf_t),
              "est. tok/s", opt.measure ? "   measured" : "");
   for (const auto& r : rows) {
@@ -341,7 +347,7 @@ int run_fit(const FitOptions& opt) {
                             format_count(r.longest + 1));
       measured = m.agrees() ? "   ok: " + fits + above : std::string("   DISAGREES (below)");
     }
-    fmt::print("{:<10} {:>11} {:>12} {:>9.1f}% {:>11}   {:>12} {:>11}{}\n", r.policy,
+    fmt::print("{:<{}} {:>11} {:>12} {:>9.1f}% {:>11}   {:>12} {:>11}{}\n", r.policy, w,
                format_count(r.longest) + (r.capped ? "*" : ""),
                r.longest ? format_bytes(r.at_longest.peak.total_bytes) : "-",
                100.0 * r.at_longest.recompute_overhead(), fmt_rate(r.tok_s_longest),

@@ -337,12 +337,15 @@ int run_sweep(const SweepOptions& opt) {
                base.path, target.name, format_bytes(budget), base.train.batch_size,
                tiling_note(base), steps, steps == 1 ? "" : "s",
                stopped ? " | INTERRUPTED: finished points only" : "", load_note());
-    fmt::print("{:>8} {:<10} {:<6} {:>12} {:>12} {:>10} {:>11} {:>10}\n", "seq_len", "policy",
+    size_t w = 10;  // the policy column fits its longest entry ("full:tile=1024:offload=...")
+    for (const auto& p : points) w = std::max(w, p.policy.size());
+    fmt::print("{:>8} {:<{}} {:<6} {:>12} {:>12} {:>10} {:>11} {:>10}\n", "seq_len", "policy", w,
                "status", "predicted", "measured", "ms/step", "tokens/s", "recompute");
     for (const auto& p : points) {
       if (!p.done) continue;
-      fmt::print("{:>8} {:<10} {:<6} {:>12} {:>12} {:>10} {:>11} {:>9.1f}%\n",
-                 format_count(p.seq_len), p.policy, p.status, format_bytes(p.predicted_peak_bytes),
+      fmt::print("{:>8} {:<{}} {:<6} {:>12} {:>12} {:>10} {:>11} {:>9.1f}%\n",
+                 format_count(p.seq_len), p.policy, w, p.status,
+                 format_bytes(p.predicted_peak_bytes),
                  p.measured_peak_bytes ? (*p.measured_peak_bytes == p.predicted_peak_bytes
                                               ? std::string("= predicted")
                                               : format_bytes(*p.measured_peak_bytes))

@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "engine/error.h"
+#include "engine/units.h"
 
 namespace remat {
 
@@ -77,6 +78,40 @@ const std::vector<std::string>& builtin_policies_by_memory() {
   return names;
 }
 
+PolicyVariant parse_policy_variant(const std::string& entry, const std::string& command) {
+  PolicyVariant v;
+  size_t at = entry.find(':');
+  v.policy = entry.substr(0, at);
+  const auto bad = [&](const std::string& what) {
+    return ConfigError(fmt::format(
+        "--policies: [{}] \"{}\": {}. Fix: write POLICY[:tile=N][:offload=KIND], e.g. "
+        "full:tile=1024:offload=checkpoints (KIND: none, checkpoints, checkpoints+optimizer)",
+        command, entry, what));
+  };
+  while (at != std::string::npos) {
+    const size_t next = entry.find(':', at + 1);
+    const std::string setting =
+        entry.substr(at + 1, next == std::string::npos ? next : next - at - 1);
+    const size_t eq = setting.find('=');
+    const std::string key = setting.substr(0, eq),
+                      value = eq == std::string::npos ? "" : setting.substr(eq + 1);
+    if (key == "tile" && !v.tile_tokens) {
+      const std::optional<int64_t> n = parse_count(value);
+      if (!n || *n < 0) throw bad(fmt::format("tile=\"{}\" is not a row count", value));
+      v.tile_tokens = *n;
+    } else if (key == "offload" && !v.offload) {
+      for (OffloadKind k :
+           {OffloadKind::None, OffloadKind::Checkpoints, OffloadKind::CheckpointsOptimizer})
+        if (value == config_name(k)) v.offload = k;
+      if (!v.offload) throw bad(fmt::format("offload=\"{}\" is not an offload kind", value));
+    } else {
+      throw bad(fmt::format("unknown or repeated setting \"{}\"", setting));
+    }
+    at = next;
+  }
+  return v;
+}
+
 std::vector<std::string> parse_policies(const std::vector<std::string>& given,
                                         const std::vector<std::string>& defaults,
                                         const std::string& command,
@@ -85,7 +120,8 @@ std::vector<std::string> parse_policies(const std::vector<std::string>& given,
   accepted.emplace_back("names");
   if (auto_refusal.empty()) accepted.emplace_back("auto");
   const std::vector<std::string>& policies = given.empty() ? defaults : given;
-  for (const std::string& p : policies) {
+  for (const std::string& entry : policies) {
+    const std::string p = parse_policy_variant(entry, command).policy;
     if (p == "auto" && !auto_refusal.empty())
       throw ConfigError(fmt::format("--policies: [{}] {}", command, auto_refusal));
     if (std::find(accepted.begin(), accepted.end(), p) == accepted.end())
@@ -99,8 +135,12 @@ namespace {
 const std::vector<std::string> kDefaultSavedNames = {"attn", "attn.lse"};
 }  // namespace
 
-Config with_policy(const Config& cfg, const std::string& policy) {
+Config with_policy(const Config& cfg, const std::string& entry) {
+  const PolicyVariant v = parse_policy_variant(entry, "policy");
+  const std::string& policy = v.policy;
   Config c = cfg;
+  if (v.tile_tokens) c.remat.tile_tokens = *v.tile_tokens;
+  if (v.offload) c.remat.offload = *v.offload;
   c.remat.policy = policy;
   c.remat.plan.clear();
   if (policy != "names")
@@ -110,8 +150,12 @@ Config with_policy(const Config& cfg, const std::string& policy) {
   return c;
 }
 
-std::vector<std::string> policy_overrides(const Config& cfg, const std::string& policy) {
+std::vector<std::string> policy_overrides(const Config& cfg, const std::string& entry) {
+  const PolicyVariant v = parse_policy_variant(entry, "policy");
+  const std::string& policy = v.policy;
   std::vector<std::string> s = {"remat.policy=" + policy};
+  if (v.tile_tokens) s.push_back(fmt::format("remat.tile_tokens={}", *v.tile_tokens));
+  if (v.offload) s.push_back(fmt::format("remat.offload=\"{}\"", config_name(*v.offload)));
   if (!cfg.remat.plan.empty()) s.emplace_back("remat.plan=[]");
   if (policy != "names" && !cfg.remat.save.empty()) s.emplace_back("remat.save=[]");
   if (policy == "names" && cfg.remat.save.empty())

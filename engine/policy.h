@@ -40,16 +40,29 @@ const std::vector<std::string>& builtin_policies();
 /// The built-in policies from the most memory to the least (auto's order).
 const std::vector<std::string>& builtin_policies_by_memory();
 
-/// --policies of `command` ("compare", "fit", "sweep"): the given names (or `defaults` when
-/// none are given), each a built-in, "names", or (when `auto_refusal` is empty) "auto". An
-/// unknown name, or auto where `auto_refusal` explains why it has no place, is a ConfigError
-/// naming the flag and the accepted names.
+/// One entry of --policies: a policy, optionally with the MLP tiled and/or offload, so that
+/// compare, fit and sweep can set combinations side by side: "full", "full:tile=1024",
+/// "full:offload=checkpoints", "save_attn:tile=512:offload=checkpoints+optimizer".
+struct PolicyVariant {
+  std::string policy;
+  std::optional<int64_t> tile_tokens;  // remat.tile_tokens
+  std::optional<OffloadKind> offload;  // remat.offload
+};
+/// Parses one --policies entry; throws ConfigError naming --policies and the accepted forms.
+PolicyVariant parse_policy_variant(const std::string& entry, const std::string& command);
+
+/// --policies of `command` ("compare", "fit", "sweep"): the given entries (or `defaults` when
+/// none are given), each a built-in, "names", or (when `auto_refusal` is empty) "auto", with
+/// optional ":tile=N" and ":offload=KIND" settings (PolicyVariant). An unknown name or setting,
+/// or auto where `auto_refusal` explains why it has no place, is a ConfigError naming the flag
+/// and the accepted names.
 std::vector<std::string> parse_policies(const std::vector<std::string>& given,
                                         const std::vector<std::string>& defaults,
                                         const std::string& command,
                                         const std::string& auto_refusal = "");
 
-/// `cfg` with its policy swapped for `policy` on every block: remat.policy set, a per-block
+/// `cfg` with its policy swapped for `policy` (a --policies entry) on every block: its
+/// remat.tile_tokens and remat.offload when the entry sets them, remat.policy set, a per-block
 /// remat.plan cleared (it would override the policy), remat.save cleared unless the policy is
 /// "names" (which, given no names, keeps the attention outputs "attn" and "attn.lse");
 /// remat.every and remat.blocks stay as configured. What compare, fit, sweep and train's

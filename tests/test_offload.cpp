@@ -8,11 +8,14 @@
 
 #include <catch2/catch.hpp>
 #include <cstring>
+#include <map>
+#include <nlohmann/json.hpp>
 
 #include "data/synthetic.h"
 #include "engine/cpu/cpu_backend.h"
 #include "engine/error.h"
 #include "engine/planner.h"
+#include "engine/policy.h"
 #include "layers/models.h"
 #include "tests/cli_util.h"
 #include "tests/configs.h"
@@ -252,4 +255,58 @@ TEST_CASE(
              Catch::Contains("checkpoints and AdamW moments in host memory") &&
                  Catch::Contains("equal to the measured peak") &&
                  Catch::Contains("in host memory (remat.offload), equal to the predicted"));
+}
+
+TEST_CASE("--policies entries set tiling and offload beside the policy", "[offload][config]") {
+  const PolicyVariant v =
+      parse_policy_variant("save_attn:tile=512:offload=checkpoints+optimizer", "fit");
+  CHECK(v.policy == "save_attn");
+  CHECK(v.tile_tokens == 512);
+  CHECK(v.offload == OffloadKind::CheckpointsOptimizer);
+  CHECK_FALSE(parse_policy_variant("full", "fit").tile_tokens.has_value());
+  for (const char* bad : {"full:tile=x", "full:offload=all", "full:tile=4:tile=8", "full:fast"})
+    CHECK_THROWS_WITH(parse_policies({bad}, {}, "sweep"),
+                      Catch::Contains("--policies") && Catch::Contains("Fix: write POLICY"));
+  CHECK_THROWS_WITH(parse_policies({"fastest:tile=8"}, {}, "sweep"),
+                    Catch::Contains("unknown policy \"fastest\""));
+  // The planner's config and the child's overrides mean the same run.
+  const Config base = parse_config(kBase, "t", {});
+  const Config planned = with_policy(base, "full:tile=7:offload=checkpoints");
+  const Config child =
+      parse_config(kBase, "t", policy_overrides(base, "full:tile=7:offload=checkpoints"));
+  for (const Config* c : {&planned, &child}) {
+    CHECK(c->remat.policy == "full");
+    CHECK(c->remat.tile_tokens == 7);
+    CHECK(c->remat.offload == OffloadKind::Checkpoints);
+  }
+}
+
+TEST_CASE("fit lists each policy variant with its longest context", "[offload][smoke]") {
+  const test::CliResult r = test::run_binary(
+      "fit --config configs/gpt2-124m.toml --gpu h200 --json "
+      "--policies full,full:tile=8192,full:tile=8192:offload=checkpoints",
+      false);
+  REQUIRE(r.code == 0);
+  const auto j = nlohmann::json::parse(r.out);
+  std::map<std::string, int64_t> longest;
+  for (const auto& p : j["policies"]) longest[p["policy"]] = p["longest_seq_len"];
+  // Each addition buys context: tiling the attention-free half, then the checkpoints off the card.
+  CHECK(longest.at("full") < longest.at("full:tile=8192"));
+  CHECK(longest.at("full:tile=8192") < longest.at("full:tile=8192:offload=checkpoints"));
+  CHECK(longest.at("full:tile=8192:offload=checkpoints") >= 6500000);  // issue 14's H200 target
+}
+
+TEST_CASE("GPT-2 1.5B on an H200 with 128 GiB of host reaches issue 14's target with offload",
+          "[offload][smoke]") {
+  const test::CliResult r = test::run_binary(
+      "fit --config configs/gpt2-1.5b.toml --gpu h200 --json "
+      "--policies full,full:tile=8192:offload=checkpoints",
+      false);
+  REQUIRE(r.code == 0);
+  const auto j = nlohmann::json::parse(r.out);
+  REQUIRE(j["policies"].size() == 2);
+  const int64_t kept = j["policies"][0]["longest_seq_len"];
+  const int64_t offloaded = j["policies"][1]["longest_seq_len"];
+  CHECK(offloaded >= 850000);
+  CHECK(static_cast<double>(offloaded) >= 1.6 * static_cast<double>(kept));
 }
