@@ -99,7 +99,9 @@ void add_config_options(CLI::App* cmd, std::string& config_path,
 // --policies a,b,c: the default list is the policy table's built-in rows.
 void add_policies_option(CLI::App* cmd, std::vector<std::string>& policies) {
   cmd->add_option("--policies", policies,
-                  fmt::format("Comma-separated policies (default: {})",
+                  fmt::format("Comma-separated policies, each optionally with :tile=N and "
+                              ":offload=checkpoints|checkpoints+optimizer, e.g. "
+                              "full:tile=1024:offload=checkpoints (default: {})",
                               fmt::join(remat::builtin_policies(), ",")))
       ->delimiter(',');
 }
