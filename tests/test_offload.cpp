@@ -257,7 +257,7 @@ TEST_CASE(
                  Catch::Contains("in host memory (remat.offload), equal to the predicted"));
 }
 
-TEST_CASE("--policies entries set tiling and offload beside the policy", "[offload][config]") {
+TEST_CASE("entries of --policies set tiling and offload beside the policy", "[offload][config]") {
   const PolicyVariant v =
       parse_policy_variant("save_attn:tile=512:offload=checkpoints+optimizer", "fit");
   CHECK(v.policy == "save_attn");
