@@ -310,3 +310,31 @@ TEST_CASE("GPT-2 1.5B on an H200 with 128 GiB of host reaches issue 14's target 
   CHECK(offloaded >= 850000);
   CHECK(static_cast<double>(offloaded) >= 1.6 * static_cast<double>(kept));
 }
+
+TEST_CASE("the longest context and largest batch respect the host pool's budget", "[offload]") {
+  const Config cfg =
+      parse_config(kBase, "t", {"remat.policy=full", "remat.offload=\"checkpoints\""});
+  // A host budget of 20 checkpoints at seq_len 45: far below what the device budget allows.
+  const uint64_t host_budget = 20 * 2 * 45 * 32 * 4;
+  PlanTarget t = plan_target(cfg, "", uint64_t{1} << 32);
+  t.host_bytes = host_budget;
+  const Planner planner(t, test::synthetic_run_parts);
+  const auto run_at = [&](int64_t T) {
+    Config c = cfg;
+    c.train.seq_len = T;
+    c.model.n_ctx = std::max<int64_t>(c.model.n_ctx, T + 1);
+    return planner.dry_run(c, false);
+  };
+  Config roomy = cfg;
+  roomy.model.n_ctx = 4096;
+  const int64_t longest = planner.longest_seq_len(roomy);
+  INFO("longest " << longest);
+  REQUIRE(longest > 0);
+  CHECK(run_at(longest).host_peak.total_bytes <= host_budget);
+  CHECK(run_at(longest + 1).host_peak.total_bytes > host_budget);
+  CHECK(run_at(longest + 1).peak.total_bytes < t.pool_budget());  // the host is what binds
+  const int64_t batch = planner.largest_batch(cfg);
+  Config b = cfg;
+  b.train.batch_size = batch + 1;
+  CHECK(planner.dry_run(b, false).host_peak.total_bytes > host_budget);
+}
