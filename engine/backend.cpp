@@ -155,6 +155,10 @@ void Backend::attention_backward(const AttentionBackwardArgs& a) {
   run_op("attention_backward", a, &Backend::attention_backward_impl);
 }
 
+void Backend::attention_delta(const AttentionDeltaArgs& a) {
+  run_op("attention_delta", a, &Backend::attention_delta_impl);
+}
+
 void Backend::activation_forward(const ActivationForwardArgs& a) {
   run_op("activation_forward", a, &Backend::activation_forward_impl);
 }

@@ -106,6 +106,10 @@ class Backend {
   void layernorm_backward(const LayerNormBackwardArgs& a);
   void attention_forward(const AttentionForwardArgs& a);
   void attention_backward(const AttentionBackwardArgs& a);
+  void attention_delta(const AttentionDeltaArgs& a);
+  /// Whether attention_backward must be given `out` (cuDNN recomputes D from O itself), or
+  /// takes `delta` from attention_delta instead (the CPU), so that O can be freed before it.
+  virtual bool attention_backward_needs_out() const = 0;
   void activation_forward(const ActivationForwardArgs& a);
   void activation_backward(const ActivationBackwardArgs& a);
   /// out = a + b elementwise (N, C) act. out may alias a or b.
@@ -158,6 +162,7 @@ class Backend {
   virtual void layernorm_backward_impl(const LayerNormBackwardArgs& a) = 0;
   virtual void attention_forward_impl(const AttentionForwardArgs& a, const OpWorkspace& ws) = 0;
   virtual void attention_backward_impl(const AttentionBackwardArgs& a, const OpWorkspace& ws) = 0;
+  virtual void attention_delta_impl(const AttentionDeltaArgs& a) = 0;
   virtual void activation_forward_impl(const ActivationForwardArgs& a) = 0;
   virtual void activation_backward_impl(const ActivationBackwardArgs& a) = 0;
   virtual void add_impl(const Tensor& out, const Tensor& a, const Tensor& b) = 0;

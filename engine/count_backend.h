@@ -29,6 +29,7 @@ class CountBackend : public Backend {
   WorkspaceTarget workspace_target() const override { return {target_.device, target_.threads}; }
   bool device_is_host() const override { return target_.device == DeviceKind::Cpu; }
   const CountTarget& target() const { return target_; }
+  bool attention_backward_needs_out() const override { return target_.device == DeviceKind::Cuda; }
 
   void upload(const Tensor&, const void*) override {}
   void download(void* host, const Tensor& src) override;
@@ -45,6 +46,7 @@ class CountBackend : public Backend {
   void layernorm_backward_impl(const LayerNormBackwardArgs&) override {}
   void attention_forward_impl(const AttentionForwardArgs&, const OpWorkspace&) override {}
   void attention_backward_impl(const AttentionBackwardArgs&, const OpWorkspace&) override {}
+  void attention_delta_impl(const AttentionDeltaArgs&) override {}
   void activation_forward_impl(const ActivationForwardArgs&) override {}
   void activation_backward_impl(const ActivationBackwardArgs&) override {}
   void add_impl(const Tensor&, const Tensor&, const Tensor&) override {}

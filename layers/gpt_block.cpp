@@ -236,12 +236,34 @@ void GptBlock::backward(Backend& be, ActStore& a, const Tensor& dresid) {
   be.linear_backward({dattn, p_.attn_proj_weight->grad, p_.attn_proj_bias->grad, dproj, a.get(Attn),
                       p_.attn_proj_weight->value});
   dproj_scratch.reset();
+  // Attention's backward is the block's peak, so what it does not read is freed before it: ln1
+  // (next read by the qkv GEMM's backward) is recomputed from x after it, with the same bits
+  // (LayerNorm is deterministic; its statistics are rewritten unchanged). Like flash attention
+  // recomputing its probabilities, that is part of the backward's FLOPs, not remat's recompute;
+  // and where the backend's backward takes D = rowsum(dO * O) instead of O, D is formed now and O
+  // freed.
+  a.release(Ln1);
+  Buffer delta;
+  if (!be.attention_backward_needs_out()) {
+    delta = pool.allocate({B_, NH_, T_}, DType::F32, MemCategory::Transient, "attn.delta");
+    be.attention_delta({delta, dattn, a.get(Attn), static_cast<int>(NH_)});
+    a.release(Attn);
+  }
   Buffer dqkv = pool.allocate({B_, T_, 3 * C_}, act, MemCategory::Transient, "grad.qkv");
-  be.attention_backward(
-      {dqkv, dattn, a.get(Qkv), a.get(Attn), a.get(AttnLse), static_cast<int>(NH_), rope_theta_});
+  be.attention_backward({.dqkv = dqkv,
+                         .dout = dattn,
+                         .qkv = a.get(Qkv),
+                         .out = delta.empty() ? a.get(Attn) : Tensor{},
+                         .lse = a.get(AttnLse),
+                         .n_head = static_cast<int>(NH_),
+                         .rope_theta = rope_theta_,
+                         .delta = delta});
+  delta.reset();
   dattn.reset();
   for (Slot s : {Qkv, Attn, AttnLse}) a.release(s);
   a.peak_passed();  // what is left (x, ln1, dqkv, dln1) is well below the attention step
+  be.layernorm_forward({a.make(be, Ln1, {B_, T_, C_}, act, act_names()), a.get(Ln1Stats), a.get(X),
+                        p_.ln1_weight->value, p_.ln1_bias->value});
   Buffer dln1 = pool.allocate({B_, T_, C_}, act, MemCategory::Transient, "grad.ln1");
   be.linear_backward({dln1, p_.attn_qkv_weight->grad, p_.attn_qkv_bias->grad, dqkv, a.get(Ln1),
                       p_.attn_qkv_weight->value});

@@ -550,6 +550,7 @@ struct AttentionBackward {
   const float *qkv, *out, *dout, *lse;
   float* dqkv;
   bool rope;
+  const float* delta = nullptr;  // D from attention_delta (then `out` is not read), or null
 
   // Element offset of head bh's first row in a (B, T, row_stride) tensor.
   int64_t head_offset(int64_t bh, int64_t row_stride) const {
@@ -560,6 +561,7 @@ struct AttentionBackward {
   const float* dout_h(int64_t bh) const { return dout + head_offset(bh, h.C); }
   const float* out_h(int64_t bh) const { return out + head_offset(bh, h.C); }
   float d_of(int64_t bh, int64_t t) const {  // D_t = dO_t . O_t
+    if (delta) return delta[bh * h.T + t];
     return dot_in_gemm_order(dout_h(bh) + t * h.C, out_h(bh) + t * h.C, h.HS);
   }
 
@@ -670,8 +672,16 @@ void CpuBackend::attention_backward_impl(const AttentionBackwardArgs& a, const O
   Heads h(a.qkv, a.n_head);
   Workspace ws = make_workspace(op_ws, h, threads_, a.rope_theta);
   static_assert(kTq == kTk, "the query-tile pass reuses key tiles as query tiles");
-  AttentionBackward bw{
-      h, h, h, a.qkv.f32(), a.out.f32(), a.dout.f32(), a.lse.f32(), a.dqkv.f32(), a.rope_theta > 0};
+  AttentionBackward bw{h,
+                       h,
+                       h,
+                       a.qkv.f32(),
+                       a.out.empty() ? nullptr : a.out.f32(),
+                       a.dout.f32(),
+                       a.lse.f32(),
+                       a.dqkv.f32(),
+                       a.rope_theta > 0};
+  if (!a.delta.empty()) bw.delta = a.delta.f32();
   bw.v_rows.rope_cos = bw.v_rows.rope_sin = nullptr;
   bw.do_rows.rope_cos = bw.do_rows.rope_sin = nullptr;
   bw.do_rows.row = h.C;
@@ -703,6 +713,22 @@ void CpuBackend::attention_backward_impl(const AttentionBackwardArgs& a, const O
       for (int64_t task = 0; task < BH * n_tiles; ++task)
         bw.query_tile(task % BH, (n_tiles - 1 - task / BH) * kTq, w);
     }
+  }
+}
+
+// The same dot product, in the same order, as the backward's own D (d_of without delta): a
+// backward given this delta computes bit for bit what it computes from O.
+void CpuBackend::attention_delta_impl(const AttentionDeltaArgs& a) {
+  const int64_t B = a.dout.dim(0), T = a.dout.dim(1), C = a.dout.dim(2), NH = a.n_head;
+  const int64_t HS = C / NH;
+  const float* dout = a.dout.f32();
+  const float* out = a.out.f32();
+  float* delta = a.delta.f32();
+#pragma omp parallel for schedule(static) num_threads(threads_)
+  for (int64_t bh = 0; bh < B * NH; ++bh) {
+    const int64_t base = (bh / NH) * T * C + (bh % NH) * HS;
+    for (int64_t t = 0; t < T; ++t)
+      delta[bh * T + t] = dot_in_gemm_order(dout + base + t * C, out + base + t * C, HS);
   }
 }
 

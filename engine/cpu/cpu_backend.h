@@ -43,6 +43,7 @@ class CpuBackend : public Backend {
   bool device_is_host() const override { return true; }
   WorkspaceTarget workspace_target() const override { return {DeviceKind::Cpu, threads_}; }
   int threads() const { return threads_; }
+  bool attention_backward_needs_out() const override { return false; }
 
   void upload(const Tensor& dst, const void* host) override;
   void download(void* host, const Tensor& src) override;
@@ -56,6 +57,7 @@ class CpuBackend : public Backend {
   void layernorm_backward_impl(const LayerNormBackwardArgs& a) override;
   void attention_forward_impl(const AttentionForwardArgs& a, const OpWorkspace& ws) override;
   void attention_backward_impl(const AttentionBackwardArgs& a, const OpWorkspace& ws) override;
+  void attention_delta_impl(const AttentionDeltaArgs& a) override;
   void activation_forward_impl(const ActivationForwardArgs& a) override;
   void activation_backward_impl(const ActivationBackwardArgs& a) override;
   void add_impl(const Tensor& out, const Tensor& a, const Tensor& b) override;

@@ -66,7 +66,15 @@ void CudaBackend::attention_forward_impl(const AttentionForwardArgs& a, const Op
   finish_op();
 }
 
+// Computed for the op's contract and its tests; the CUDA backward itself takes O (cuDNN forms D).
+void CudaBackend::attention_delta_impl(const AttentionDeltaArgs& a) {
+  kern::attention_delta(a.delta.f32(), a.dout.data, a.out.data, is_bf16(a.dout), a.dout.dim(0),
+                        a.dout.dim(1), a.dout.dim(2), a.n_head, stream());
+  finish_op();
+}
+
 void CudaBackend::attention_backward_impl(const AttentionBackwardArgs& a, const OpWorkspace& ws) {
+  REMAT_ASSERT(!a.out.empty(), "cuda attention_backward: cuDNN needs out (it computes D itself)");
   const int64_t B = a.qkv.dim(0), T = a.qkv.dim(1), C = a.out.dim(2), NH = a.n_head;
   const bool rope = a.rope_theta > 0;
   const AttnScratch s = carve(ws, attention_workspace_layout(a.qkv, NH, rope, true));

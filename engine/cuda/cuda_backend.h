@@ -46,6 +46,8 @@ class CudaBackend final : public Backend {
   std::string describe() const override;
   DType act_dtype() const override { return act_; }
   WorkspaceTarget workspace_target() const override { return {DeviceKind::Cuda, 1}; }
+  /// cuDNN's backward takes O and computes D itself.
+  bool attention_backward_needs_out() const override { return true; }
 
   /// Host -> device, ordered on the backend's stream; `host` may be reused on return.
   void upload(const Tensor& dst, const void* host) override;
@@ -71,6 +73,7 @@ class CudaBackend final : public Backend {
   void layernorm_backward_impl(const LayerNormBackwardArgs& a) override;
   void attention_forward_impl(const AttentionForwardArgs& a, const OpWorkspace& ws) override;
   void attention_backward_impl(const AttentionBackwardArgs& a, const OpWorkspace& ws) override;
+  void attention_delta_impl(const AttentionDeltaArgs& a) override;
   void activation_forward_impl(const ActivationForwardArgs& a) override;
   void activation_backward_impl(const ActivationBackwardArgs& a) override;
   void add_impl(const Tensor& out, const Tensor& a, const Tensor& b) override;

@@ -464,6 +464,31 @@ void sum_squares_partials(const float* x, int64_t n, double* partials, cudaStrea
   sum_squares_kernel<<<kSumSquaresBlocks, kThreads, 0, s>>>(x, n, partials);
 }
 
+template <typename T>
+__global__ void attention_delta_kernel(float* delta, const T* dout, const T* out, int64_t B,
+                                       int64_t T_len, int64_t C, int64_t NH) {
+  const int64_t HS = C / NH, n = B * NH * T_len;
+  for (int64_t w = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; w < n;
+       w += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t bh = w / T_len, t = w % T_len;  // delta's (b, h, t) order
+    const int64_t base = (bh / NH) * T_len * C + t * C + (bh % NH) * HS;
+    float acc = 0.0f;
+    for (int64_t c = 0; c < HS; ++c) acc = fmaf(to_f32(dout[base + c]), to_f32(out[base + c]), acc);
+    delta[w] = acc;
+  }
+}
+
+void attention_delta(float* delta, const void* dout, const void* out, bool acts_bf16, int64_t B,
+                     int64_t T, int64_t C, int64_t NH, cudaStream_t s) {
+  const unsigned g = grid_for(B * NH * T);
+  if (acts_bf16)
+    attention_delta_kernel<bf16><<<g, kThreads, 0, s>>>(delta, static_cast<const bf16*>(dout),
+                                                        static_cast<const bf16*>(out), B, T, C, NH);
+  else
+    attention_delta_kernel<float><<<g, kThreads, 0, s>>>(
+        delta, static_cast<const float*>(dout), static_cast<const float*>(out), B, T, C, NH);
+}
+
 void rope_apply(void* dst, bool dst_bf16, const void* src, bool src_bf16, int64_t BT, int64_t T,
                 int64_t C, int64_t NH, float theta, bool inverse, cudaStream_t s) {
   const int64_t n = BT * 3 * (C / 2), HS = C / NH;

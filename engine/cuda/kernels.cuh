@@ -139,6 +139,10 @@ void sum_squares_partials(const float* x, int64_t n, double* partials, cudaStrea
 void rope_apply(void* dst, bool dst_bf16, const void* src, bool src_bf16, int64_t BT, int64_t T,
                 int64_t C, int64_t NH, float theta, bool inverse, cudaStream_t s);
 
+/// delta (B, NH, T) f32 = rowsum(dout * out) per row and head; dout, out (B, T, C) act.
+void attention_delta(float* delta, const void* dout, const void* out, bool bf16, int64_t B,
+                     int64_t T, int64_t C, int64_t NH, cudaStream_t s);
+
 // ---- layernorm (layernorm.cu) ----
 // engine/ops/layernorm.h's Args as raw pointers; act tensors are bf16 or f32 (`bf16`).
 struct LayerNormForwardParams {

@@ -26,10 +26,22 @@ struct AttentionBackwardArgs {
   Tensor dout;  // (B, T, C) act
   Tensor qkv;   // (B, T, 3C) act; CLOBBERED: the backward is its last reader (CUDA, bf16 with
                 // RoPE, rotates q and k in place instead of staging a rotated copy of 3C/token)
-  Tensor out;   // (B, T, C) act
+  Tensor out;   // (B, T, C) act; may be empty when `delta` is given (backends that read D)
   Tensor lse;   // (B, NH, T) f32
   int n_head = 1;
   float rope_theta = 0;
+  Tensor delta{};  // (B, NH, T) f32 from attention_delta, or empty: then D comes from out and dout
+};
+
+/// D = rowsum(dO * O) per row and head: the one term of attention's backward that reads the
+/// forward output O. Computed ahead of attention_backward (which then takes `delta` and no `out`)
+/// on backends whose backward accepts it (Backend::attention_backward_needs_out() false), so that
+/// O is freed before the backward, the block's peak.
+struct AttentionDeltaArgs {
+  Tensor delta;  // (B, NH, T) f32 [=]
+  Tensor dout;   // (B, T, C) act
+  Tensor out;    // (B, T, C) act
+  int n_head = 1;
 };
 
 // Causal attention does 2*HS FLOPs per (query, key) pair for each of its GEMM-like products:
@@ -55,14 +67,30 @@ inline OpCost cost(const AttentionForwardArgs& a) {
 }
 
 inline void check(const AttentionBackwardArgs& a) {
-  REMAT_ASSERT(a.dqkv.numel() == a.qkv.numel() && a.dout.numel() == a.out.numel(),
+  REMAT_ASSERT(a.dqkv.numel() == a.qkv.numel() && 3 * a.dout.numel() == a.qkv.numel() &&
+                   (a.out.empty() ? !a.delta.empty() : a.dout.numel() == a.out.numel()),
                "attention_backward: dqkv {} qkv {} dout {} out {}", a.dqkv.shape_str(),
                a.qkv.shape_str(), a.dout.shape_str(), a.out.shape_str());
+  REMAT_ASSERT(a.delta.empty() || (a.delta.dtype == DType::F32 && a.delta.numel() == a.lse.numel()),
+               "attention_backward: delta {} vs lse {}", a.delta.shape_str(), a.lse.shape_str());
 }
 inline OpCost cost(const AttentionBackwardArgs& a) {
-  const double HS = static_cast<double>(a.out.dim(2) / a.n_head);
-  return {5 * 2 * HS * causal_pairs(a.qkv, a.n_head),
-          2 * act_bytes(a.qkv) + 2 * act_bytes(a.out) + act_bytes(a.dqkv) + act_bytes(a.lse)};
+  const double HS = static_cast<double>(a.dout.dim(2) / a.n_head);
+  return {5 * 2 * HS * causal_pairs(a.qkv, a.n_head), 2 * act_bytes(a.qkv) + act_bytes(a.dout) +
+                                                          act_bytes(a.out) + act_bytes(a.delta) +
+                                                          act_bytes(a.dqkv) + act_bytes(a.lse)};
+}
+
+inline void check(const AttentionDeltaArgs& a) {
+  REMAT_ASSERT(a.dout.ndim == 3 && a.out.numel() == a.dout.numel() && a.n_head > 0 &&
+                   a.dout.dim(2) % a.n_head == 0 && a.delta.dtype == DType::F32 &&
+                   a.delta.numel() == a.dout.dim(0) * a.dout.dim(1) * a.n_head,
+               "attention_delta: delta {} dout {} out {} heads {}", a.delta.shape_str(),
+               a.dout.shape_str(), a.out.shape_str(), a.n_head);
+}
+inline OpCost cost(const AttentionDeltaArgs& a) {
+  return {2 * static_cast<double>(a.dout.numel()),
+          act_bytes(a.dout) + act_bytes(a.out) + act_bytes(a.delta)};
 }
 
 }  // namespace remat

@@ -271,6 +271,47 @@ TEST_CASE("attention backward split over key and query tiles gives the bits of o
   CHECK(bitwise_equal(by_threads[0], by_threads[2]));
 }
 
+TEST_CASE(
+    "attention backward given D from attention_delta, without O, gives the bits it gets "
+    "from O",
+    "[ops]") {
+  // Both schedules (1 and 3 threads with one head), with RoPE and without, partial tiles.
+  const float theta = GENERATE(0.0f, 10000.0f);
+  const int threads = GENERATE(1, 3);
+  const auto [NH, T, HS] = GENERATE(table<int64_t, int64_t, int64_t>({{1, 200, 64}, {2, 129, 40}}));
+  CAPTURE(theta, threads, NH, T, HS);
+  CpuBackend be(kTestBudgetBytes, threads);
+  AttentionCall a(be, 2, NH, T, HS, theta, 83);
+  a.forward();
+  a.backward();
+  const std::vector<float> from_o = to_host(a.dqkv);
+  Buffer delta = make_filled(be, {2, NH, T}, 7.0f);  // [=]: the 7s must disappear
+  be.attention_delta({delta, a.dout, a.out, static_cast<int>(NH)});
+  // D itself against a double reference: rowsum(dO * O) per (b, h, t).
+  const std::vector<float> d = to_host(delta), o = to_host(a.out), dout = to_host(a.dout);
+  const int64_t C = NH * HS;
+  for (int64_t b = 0; b < 2; ++b)
+    for (int64_t h = 0; h < NH; ++h)
+      for (int64_t t = 0; t < T; ++t) {
+        double want = 0;
+        for (int64_t c = 0; c < HS; ++c) {
+          const size_t i = static_cast<size_t>((b * T + t) * C + h * HS + c);
+          want += static_cast<double>(dout[i]) * o[i];
+        }
+        CHECK(d[static_cast<size_t>((b * NH + h) * T + t)] == Approx(want).margin(1e-5));
+      }
+  be.fill(a.dqkv, 7.0f);
+  be.attention_backward({.dqkv = a.dqkv,
+                         .dout = a.dout,
+                         .qkv = a.qkv,
+                         .out = Tensor{},
+                         .lse = a.lse,
+                         .n_head = static_cast<int>(NH),
+                         .rope_theta = theta,
+                         .delta = delta});
+  CHECK(bitwise_equal({to_host(a.dqkv)}, {from_o}));
+}
+
 TEST_CASE("attention's AVX-512 and AVX2 kernels give the same bits, in both backward schedules",
           "[ops]") {
   if (!__builtin_cpu_supports("avx512f")) {
@@ -378,6 +419,10 @@ TEST_CASE("causal attention forward and backward on CUDA match the CPU, with and
   r.cpu.attention_backward({dq_c, do_c, qkv_c, o_c, l_c, n_head, theta});
   r.gpu->attention_backward({dq_g, do_g, qkv_g, o_g, l_g, n_head, theta});
   r.check_same(dq_c, dq_g, kCudaAttention, "dqkv (=)");
+  auto [d_c, d_g] = r.zeros_f32({B, NH, T});
+  r.cpu.attention_delta({d_c, do_c, o_c, n_head});
+  r.gpu->attention_delta({d_g, do_g, o_g, n_head});
+  r.check_same(d_c, d_g, r.pick(kCudaF32Gemm, kCudaBf16Gemm), "delta (=)");
 }
 #endif
 
