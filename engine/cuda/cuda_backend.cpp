@@ -110,7 +110,7 @@ class PinnedHostAllocator : public DeviceAllocator {
       cached_bytes_ -= bytes;
       return p;
     }
-    if (live_bytes_ + cached_bytes_ + bytes > budget_) drop_cache();
+    if (pinned_bytes_ + bytes > budget_) drop_cache();
     void* p = nullptr;
     const cudaError_t e = cudaHostAlloc(&p, bytes, cudaHostAllocDefault);
     if (e == cudaErrorMemoryAllocation) {
@@ -118,7 +118,7 @@ class PinnedHostAllocator : public DeviceAllocator {
       return nullptr;  // the host pool reports OutOfMemory naming device.host_memory
     }
     REMAT_CUDA_CHECK(e);
-    live_bytes_ += bytes;
+    pinned_bytes_ += bytes;
     return p;
   }
   void deallocate(void* ptr, size_t bytes) override {
@@ -130,13 +130,13 @@ class PinnedHostAllocator : public DeviceAllocator {
   void drop_cache() {
     for (auto& [bytes, p] : cached_) {
       (void)cudaFreeHost(p);
-      live_bytes_ -= bytes;
+      pinned_bytes_ -= bytes;
     }
     cached_.clear();
     cached_bytes_ = 0;
   }
   uint64_t budget_;
-  uint64_t live_bytes_ = 0;  // pinned by us: in use plus cached
+  uint64_t pinned_bytes_ = 0;  // pinned by us: in use plus cached
   uint64_t cached_bytes_ = 0;
   std::multimap<size_t, void*> cached_;
 };
