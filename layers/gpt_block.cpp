@@ -242,7 +242,7 @@ void GptBlock::backward(Backend& be, ActStore& a, const Tensor& dresid) {
   // recomputing its probabilities, that is part of the backward's FLOPs, not remat's recompute;
   // and where the backend's backward takes D = rowsum(dO * O) instead of O, D is formed now and O
   // freed.
-  a.release(Ln1);
+  a.release(Ln1);  // until after attention's backward
   Buffer delta;
   if (!be.attention_backward_needs_out()) {
     delta = pool.allocate({B_, NH_, T_}, DType::F32, MemCategory::Transient, "attn.delta");

@@ -181,3 +181,29 @@ TEST_CASE("a CUDA plan's --memory is the pool budget, with the runtime reserve o
   CHECK(cpu.reserve_bytes == 0);
   CHECK(cpu.pool_budget() == 1ull << 30);
 }
+
+TEST_CASE("attention's backward, a tiled block's peak, holds neither ln1 nor (on the CPU) O",
+          "[planner]") {
+  // Full remat, MLP tiled: the peak is the last block's attention backward. Its saved activations
+  // there are qkv, the log-sum-exp and ln1's statistics only; ln1 comes back after it, and O is
+  // replaced by D on the CPU. cuDNN reads O itself, so a CUDA plan keeps O (attn) across the backward.
+  const int64_t B = 1, T = 512, C = 64, NH = 4;
+  const Config cfg = parse_config(
+      "", "peak-test",
+      {"model.n_layer=2", "model.n_embd=64", "model.n_head=4", "model.vocab_size=64",
+       "model.position=\"rope\"", "train.batch_size=1", "train.seq_len=512",
+       "remat.policy=full", "remat.tile_tokens=16", "data.task=\"random\""});
+  const auto bytes = [](int64_t n, int64_t elem) {
+    return MemoryPool::accounted_bytes(static_cast<size_t>(n * elem));
+  };
+  const uint64_t qkv = bytes(B * T * 3 * C, 4), attn = bytes(B * T * C, 4),
+                 lse = bytes(B * NH * T, 4) + bytes(B * T * 2, 4);  // + ln1.stats
+  const DryRun cpu = cpu_planner(2, 1ull << 32).dry_run(cfg);
+  CHECK(cpu.peak.phase == "backward block 1");
+  CHECK(cpu.peak.by_category[static_cast<size_t>(MemCategory::Activations)] == qkv + lse);
+  PlanTarget gpu = plan_target(cfg, "h200", std::nullopt);
+  gpu.count.act_dtype = DType::F32;  // the same element size as the CPU
+  const DryRun cuda = Planner(gpu, synthetic_run_parts).dry_run(cfg);
+  CHECK(cuda.peak.by_category[static_cast<size_t>(MemCategory::Activations)] ==
+        qkv + lse + attn);
+}
