@@ -163,7 +163,7 @@ class CheckpointOffload {
   // An error mid-step unwinds through here before the stores free their buffers: every copy in
   // flight is ordered before those frees.
   ~CheckpointOffload() {
-    for (Pending* p : {&to_host_, &to_device_}) try {
+    for (Pending* p : {&retiring_, &to_host_, &to_device_}) try {
         if (p->ticket.id) be_.wait_copy(p->ticket);
       } catch (...) {  // the error already unwinding is the one to report
       }
@@ -172,14 +172,14 @@ class CheckpointOffload {
   /// After block i's forward (its store trimmed to the plan): starts copying its checkpoint out,
   /// then retires the previous block's copy, whose transfer overlapped this block's forward.
   void after_forward(size_t i) {
-    const Pending previous = std::exchange(to_host_, Pending{});
+    retiring_ = std::exchange(to_host_, Pending{});  // a member, so an error here still waits
     if (offloaded(i)) {
       const Tensor& dev = stores_[i].get(0);
       host_[i] = be_.host_pool().allocate(dev.dims(), dev.dtype, MemCategory::Checkpoints,
                                           fmt::format("blocks.{}.x", i));
       to_host_ = {i, be_.copy_to_host(host_[i], dev)};
     }
-    retire_to_host(previous);
+    retire_to_host(std::exchange(retiring_, Pending{}));
   }
   /// After the forward pass: the last copy out is retired.
   void finish_forward() { retire_to_host(std::exchange(to_host_, Pending{})); }
@@ -229,7 +229,7 @@ class CheckpointOffload {
   const RematPlan& plan_;
   std::vector<ActStore>& stores_;
   std::vector<Buffer> host_;  // per block: its checkpoint while it is in the host pool
-  Pending to_host_, to_device_;
+  Pending retiring_, to_host_, to_device_;
 };
 
 }  // namespace
