@@ -124,10 +124,8 @@ int run_plan(const PlanOptions& opt) {
     add_row(p, c);
   }
   const bool configured_auto = cfg.remat.policy == "auto";
-  Config auto_cfg = with_block_plan(cfg, chosen.policies);
-  auto_cfg.remat.tile_tokens = chosen.tile_tokens;
   add_row(chosen.fits ? (configured_auto ? "auto (configured)" : "auto") : "auto: nothing fits",
-          auto_cfg);
+          with_auto_plan(cfg, chosen));
   if (!configured_auto) {
     const std::string configured =
         cfg.remat.plan.empty() ? fmt::format("{} (every {}{})", cfg.remat.policy, cfg.remat.every,

@@ -354,6 +354,13 @@ Config with_block_plan(const Config& cfg, const std::vector<std::string>& polici
   return c;
 }
 
+Config with_auto_plan(const Config& cfg, const AutoPlan& chosen) {
+  Config c = with_block_plan(cfg, chosen.policies);
+  c.remat.tile_tokens = chosen.tile_tokens;
+  c.remat.offload = chosen.offload;
+  return c;
+}
+
 AutoPlan choose_auto_plan(const Planner& planner, const Config& cfg) {
   const int64_t L = cfg.model.n_layer;
   AutoPlan best;

@@ -161,6 +161,8 @@ struct AutoPlan {
 
 /// `cfg` with its [remat] section replaced by the per-block plan `policies` (every = 1).
 Config with_block_plan(const Config& cfg, const std::vector<std::string>& policies);
+/// `cfg` running what auto chose: its per-block plan (with_block_plan), tiling and offload.
+Config with_auto_plan(const Config& cfg, const AutoPlan& chosen);
 
 /// The plan remat.policy = "auto" runs for `cfg` on the planner's target (see above). Only the
 /// model, train and data sections of `cfg` matter; its [remat] section is ignored.

@@ -338,3 +338,23 @@ TEST_CASE("the longest context and largest batch respect the host pool's budget"
   b.train.batch_size = batch + 1;
   CHECK(planner.dry_run(b, false).host_peak.total_bytes > host_budget);
 }
+
+TEST_CASE("plan's auto row runs the offload auto chose", "[offload][smoke]") {
+  // At 6M tokens GPT-2 124M fits an H200 only with its checkpoints on the host: the auto row must
+  // be that plan (fits, with a host peak), not the same blocks with everything on the card.
+  const test::CliResult r = test::run_binary(
+      "plan --config configs/gpt2-124m.toml --gpu h200 --seq-len 6000000 --json", false);
+  REQUIRE(r.code == 0);
+  const auto j = nlohmann::json::parse(r.out);
+  REQUIRE(j["auto"]["fits"].get<bool>());
+  CHECK(j["auto"]["offload"] == "checkpoints");
+  int auto_rows = 0;
+  for (const auto& p : j["policies"])
+    if (p["policy"] == "auto") {
+      ++auto_rows;
+      CHECK(p["fits"].get<bool>());
+      CHECK(p["peak_bytes"] == j["auto"]["peak_bytes"]);
+      CHECK(p["host_peak_bytes"] == j["auto"]["host_peak_bytes"]);
+    }
+  CHECK(auto_rows == 1);
+}
