@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <iterator>
-#include <string_view>
 
 #include "engine/units.h"
 
@@ -154,26 +153,15 @@ void MemoryPool::throw_oom(const std::string& name, const Tensor& t, MemCategory
       cats += fmt::format("{}{} {}", cats.empty() ? "" : ", ",
                           mem_category_name(static_cast<MemCategory>(i)), format_bytes(b));
   }
-  const bool host = std::string_view(space_.name) == "host";
-  std::string what =
-      device_refused
-          ? fmt::format("the {} refused {} more", host ? "host" : "device", format_bytes(bytes))
-          : fmt::format("live {} + {} > budget {}", format_bytes(live_.total_bytes),
-                        format_bytes(bytes), format_bytes(budget_));
-  const std::string fix =
-      host ? fmt::format(
-                 "Fix: raise {} (pinned host memory for offloaded tensors), or offload "
-                 "less (remat.offload); `remat-train plan` shows what fits.",
-                 space_.budget_key)
-           : fmt::format(
-                 "Fix: try remat.policy = \"full\", a smaller train.batch_size or "
-                 "train.seq_len, or a larger {}; `remat-train plan` shows what fits.",
-                 space_.budget_key);
+  std::string what = device_refused
+                         ? fmt::format("the {} refused {} more", space_.name, format_bytes(bytes))
+                         : fmt::format("live {} + {} > budget {}", format_bytes(live_.total_bytes),
+                                       format_bytes(bytes), format_bytes(budget_));
   throw OutOfMemory(
       fmt::format("[memory] out of memory on the {} during {} allocating {} {} ({}, {}): "
                   "{}; live: {}. {}",
                   space_.name, phase_, name, t.shape_str(), mem_category_name(c),
-                  format_bytes(bytes), what, cats.empty() ? "nothing" : cats, fix));
+                  format_bytes(bytes), what, cats.empty() ? "nothing" : cats, space_.fix));
 }
 
 }  // namespace remat

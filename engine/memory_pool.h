@@ -90,13 +90,19 @@ class MemoryPool {
   static constexpr size_t kAlignment = 256;
   static constexpr size_t kLargestTracked = 6;
 
-  /// Which memory a pool holds: what out-of-memory messages name, with the key that budgets it.
+  /// Which memory a pool holds, as its out-of-memory message names it, with that message's fix.
   struct Space {
-    const char* name = "device";               // "device" | "host"
-    const char* budget_key = "device.memory";  // the config key of its budget
+    const char* name;  // "device" | "host"
+    const char* fix;
   };
-  static constexpr Space kDeviceSpace{"device", "device.memory"};
-  static constexpr Space kHostSpace{"host", "device.host_memory"};
+  static constexpr Space kDeviceSpace{
+      "device",
+      "Fix: try remat.policy = \"full\", a smaller train.batch_size or train.seq_len, or a larger "
+      "device.memory; `remat-train plan` shows what fits."};
+  static constexpr Space kHostSpace{
+      "host",
+      "Fix: raise device.host_memory (pinned host memory for offloaded tensors), or offload less "
+      "(remat.offload); `remat-train plan` shows what fits."};
 
   MemoryPool(std::unique_ptr<DeviceAllocator> allocator, uint64_t budget_bytes,
              Space space = kDeviceSpace);
@@ -113,7 +119,6 @@ class MemoryPool {
   }
 
   uint64_t budget_bytes() const { return budget_; }
-  const Space& space() const { return space_; }
   uint64_t live_bytes() const { return live_.total_bytes; }
   uint64_t peak_bytes() const { return peak_.total_bytes; }
   uint64_t live_bytes(MemCategory c) const { return live_.by_category[static_cast<size_t>(c)]; }
