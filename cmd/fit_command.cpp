@@ -11,9 +11,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <tuple>
 #include <chrono>
 #include <nlohmann/json.hpp>
+#include <tuple>
 #include <vector>
 
 #include "cmd/commands.h"
@@ -234,6 +234,7 @@ int run_fit(const FitOptions& opt) {
   // MLP"): one more search, for the policy that reaches furthest.
   std::string tiling_hint;
   nlohmann::json tiling_json;  // null when there is no hint
+  int64_t hinted_tile = 0;     // the hint's tile_tokens, which the offload hint builds on
   if (longest && longest->cfg.remat.tile_tokens == 0 && longest->longest > 0 && !longest->capped) {
     const int64_t tile = default_tile_tokens(longest->longest * base.train.batch_size);
     Config tiled = longest->cfg;
@@ -246,6 +247,7 @@ int run_fit(const FitOptions& opt) {
                                     static_cast<double>(longest->longest));
       tiling_json = {
           {"tile_tokens", tile}, {"policy", longest->policy}, {"longest_seq_len", reach}};
+      hinted_tile = tile;
     }
   }
 
@@ -256,7 +258,7 @@ int run_fit(const FitOptions& opt) {
   if (!target.host_is_device() && longest && longest->cfg.remat.offload == OffloadKind::None &&
       longest->longest > 0 && !longest->capped && longest->cfg.remat.policy != "none") {
     Config offloaded = longest->cfg;
-    if (!tiling_json.is_null()) offloaded.remat.tile_tokens = tiling_json["tile_tokens"];
+    if (hinted_tile > 0) offloaded.remat.tile_tokens = hinted_tile;
     offloaded.remat.offload = OffloadKind::Checkpoints;
     const int64_t reach = planner.longest_seq_len(offloaded);
     if (reach > longest->longest) {

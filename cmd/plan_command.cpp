@@ -28,7 +28,8 @@ double phase_flops(const DryRun& r, Phase p) {
   return r.cost[static_cast<size_t>(p)].flops;
 }
 
-nlohmann::json row_json(const PolicyRow& r, const PlanTarget& t) {
+nlohmann::json row_json(const PolicyRow& r, const Planner& planner) {
+  const PlanTarget& t = planner.target();
   nlohmann::json cats = nlohmann::json::object();
   for (int i = 0; i < kNumMemCategories; ++i)
     cats[mem_category_name(static_cast<MemCategory>(i))] =
@@ -51,8 +52,7 @@ nlohmann::json row_json(const PolicyRow& r, const PlanTarget& t) {
           {"peak_bytes", r.run.peak.total_bytes},
           {"predicted_device_bytes", r.run.peak.total_bytes + t.reserve_bytes},
           {"host_peak_bytes", r.run.host_peak.total_bytes},
-          {"fits", r.run.peak.total_bytes <= t.pool_budget() &&
-                       r.run.host_peak.total_bytes <= t.host_bytes},
+          {"fits", planner.fits(r.run)},
           {"copies_per_step", copies},
           {"peak_by_category", cats},
           {"peak_phase", r.run.peak.phase},
@@ -165,7 +165,7 @@ int run_plan(const PlanOptions& opt) {
                           {"offload", config_name(cfg.remat.offload)},
                           {"n_params", rows.front().run.n_params},
                           {"policies", nlohmann::json::array()}};
-    for (const auto& r : rows) out["policies"].push_back(row_json(r, target));
+    for (const auto& r : rows) out["policies"].push_back(row_json(r, planner));
     out["auto"] = {{"plan", chosen.policies},
                    {"fits", chosen.fits},
                    {"peak_bytes", chosen.peak_bytes},

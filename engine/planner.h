@@ -182,9 +182,8 @@ AutoPlan choose_auto(const Planner& planner, const Config& cfg);
 /// Where every command resolves "auto": when `cfg` says remat.policy = "auto" (and has no plan
 /// yet), chooses the plan for the planner's target (choose_auto), writes it into cfg.remat.plan
 /// (every block "full" when nothing fits), its tiling into cfg.remat.tile_tokens and its offload
-/// into cfg.remat.offload, and returns
-/// the choice, whose `fits` the caller acts on; otherwise returns nothing and leaves `cfg` as it
-/// is.
+/// into cfg.remat.offload, and returns the choice, whose `fits` the caller acts on; otherwise
+/// returns nothing and leaves `cfg` as it is.
 std::optional<AutoPlan> resolve_auto(const Planner& planner, Config& cfg);
 
 }  // namespace remat

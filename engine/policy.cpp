@@ -29,7 +29,9 @@ const std::vector<Policy>& policy_table() {
        false, 0, nullptr},
       {"auto",
        "per block, the built-in policy the planner picks: the least recompute whose peak fits "
-       "`device.memory`; when no plan fits, it tiles the MLP (`remat.tile_tokens`) and tries again",
+       "`device.memory`; when no plan fits, it tiles the MLP (`remat.tile_tokens`) and tries "
+       "again, "
+       "then (GPU targets) moves checkpoints, then AdamW moments, to host memory (`remat.offload`)",
        false, 0, nullptr},
   };
   return table;

@@ -2,10 +2,10 @@
 #include "engine/trainer.h"
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
-#include <optional>
-#include <tuple>
+#include <memory>
 #include <utility>
 
 #include "engine/error.h"
@@ -101,74 +101,65 @@ StepMetrics Trainer::step() {
 // go back while the next one does, so at most three parameters' moments are on the device at a
 // time -- a fixed rule, which the planner's dry run follows to the byte.
 void Trainer::update_weights(float lr, float grad_scale) {
-  // A parameter's moments on the device, with the copies in flight. An error unwinding through
-  // here orders those copies before the buffers are freed.
+  // One parameter's moments on the device with their copies in flight. Both buffers are allocated
+  // before either copy starts, so an allocation failure leaves no copy behind; the destructor
+  // orders the copies before the buffers are freed (also while an error unwinds).
   struct Staged {
-    Backend* be = nullptr;
-    Buffer m{}, v{};
+    Backend& be;
+    Buffer m, v;
     CopyTicket m_copy{}, v_copy{};
-    Staged() = default;
-    Staged(Staged&& o) noexcept
-        : be(std::exchange(o.be, nullptr)),
-          m(std::move(o.m)),
-          v(std::move(o.v)),
-          m_copy(std::exchange(o.m_copy, CopyTicket{})),
-          v_copy(std::exchange(o.v_copy, CopyTicket{})) {}
-    Staged& operator=(Staged&&) = delete;
+    Staged(Backend& b, const Param& p)
+        : be(b),
+          m(b.pool().allocate(p.m.tensor().dims(), DType::F32, MemCategory::Optimizer,
+                              p.name + ".adam_m (staged)")),
+          v(b.pool().allocate(p.v.tensor().dims(), DType::F32, MemCategory::Optimizer,
+                              p.name + ".adam_v (staged)")) {
+      m_copy = be.copy_to_device(m, p.m);
+      v_copy = be.copy_to_device(v, p.v);
+    }
+    Staged(const Staged&) = delete;
+    Staged& operator=(const Staged&) = delete;
     void wait() {
       for (CopyTicket* t : {&m_copy, &v_copy})
-        if (t->id) be->wait_copy(std::exchange(*t, CopyTicket{}));
+        if (t->id) be.wait_copy(std::exchange(*t, CopyTicket{}));
     }
     ~Staged() {
       try {
-        if (be) wait();
+        wait();
       } catch (...) {  // the error already unwinding is the one to report
       }
     }
   };
-  auto stage_in = [&](Param& p) {
-    Staged s;
-    s.be = &be_;
-    for (auto [dev, host, ticket] :
-         {std::tuple{&s.m, &p.m, &s.m_copy}, std::tuple{&s.v, &p.v, &s.v_copy}}) {
-      const Tensor& h = *host;
-      *dev = be_.pool().allocate(h.dims(), DType::F32, MemCategory::Optimizer,
-                                 p.name + (dev == &s.m ? ".adam_m" : ".adam_v") + " (staged)");
-      *ticket = be_.copy_to_device(*dev, h);
-    }
-    return s;
-  };
   std::vector<Param*> on_host;
   for (Param& p : model_.params())
     if (p.moments_on_host) on_host.push_back(&p);
-  std::optional<Staged> going_out, current, next;
-  size_t host_index = 0;
+  // Host parameter k's moments sit in slot k % 3: k + 1 comes in, k updates, k - 1 goes out.
+  std::array<std::unique_ptr<Staged>, 3> slots;
+  size_t k = 0;
   for (Param& p : model_.params()) {
     AdamWArgs a{p.value, p.grad, p.m, p.v};
+    Staged* staged = nullptr;
     if (p.moments_on_host) {
-      if (next)
-        current.emplace(std::move(*next));
-      else
-        current.emplace(stage_in(p));
-      next.reset();
-      if (++host_index < on_host.size()) next.emplace(stage_in(*on_host[host_index]));
-      current->wait();
-      a.m = current->m;
-      a.v = current->v;
+      if (k == 0) slots[0] = std::make_unique<Staged>(be_, p);
+      if (k + 1 < on_host.size())
+        slots[(k + 1) % 3] = std::make_unique<Staged>(be_, *on_host[k + 1]);
+      staged = slots[k % 3].get();
+      staged->wait();
+      a.m = staged->m;
+      a.v = staged->v;
     }
     a.lr = lr;
     a.weight_decay = p.use_decay ? static_cast<float>(train_.weight_decay) : 0.0f;
     a.grad_scale = grad_scale;
     a.step = step_ + 1;
     be_.adamw_update(a);
-    if (!p.moments_on_host) continue;
-    current->m_copy = be_.copy_to_host(p.m, current->m);
-    current->v_copy = be_.copy_to_host(p.v, current->v);
-    if (going_out) going_out->wait();
-    going_out.emplace(std::move(*current));
-    current.reset();
+    if (!staged) continue;
+    staged->m_copy = be_.copy_to_host(p.m, staged->m);
+    staged->v_copy = be_.copy_to_host(p.v, staged->v);
+    if (k > 0) slots[(k - 1) % 3].reset();  // its copies out are done, then freed
+    ++k;
   }
-  if (going_out) going_out->wait();
+  for (auto& slot : slots) slot.reset();
 }
 
 double Trainer::evaluate(int64_t eval_tokens) {

@@ -73,6 +73,19 @@ void check_same_bits(const Record& a, const Record& b) {
   CHECK(test::bitwise_equal(a.moments, b.moments));
 }
 
+// `fit --gpu h200 --json` of a shipped config: each --policies entry's longest context.
+std::map<std::string, int64_t> h200_longest(const std::string& config,
+                                            const std::string& policies) {
+  const test::CliResult r = test::run_binary(
+      fmt::format("fit --config configs/{}.toml --gpu h200 --json --policies {}", config, policies),
+      false);
+  REQUIRE(r.code == 0);
+  std::map<std::string, int64_t> longest;
+  const auto j = nlohmann::json::parse(r.out);
+  for (const auto& p : j["policies"]) longest[p["policy"]] = p["longest_seq_len"];
+  return longest;
+}
+
 std::vector<std::string> with(std::vector<std::string> sets, const std::string& more) {
   sets.push_back(more);
   return sets;
@@ -282,14 +295,8 @@ TEST_CASE("entries of --policies set tiling and offload beside the policy", "[of
 }
 
 TEST_CASE("fit lists each policy variant with its longest context", "[offload][smoke]") {
-  const test::CliResult r = test::run_binary(
-      "fit --config configs/gpt2-124m.toml --gpu h200 --json "
-      "--policies full,full:tile=8192,full:tile=8192:offload=checkpoints",
-      false);
-  REQUIRE(r.code == 0);
-  const auto j = nlohmann::json::parse(r.out);
-  std::map<std::string, int64_t> longest;
-  for (const auto& p : j["policies"]) longest[p["policy"]] = p["longest_seq_len"];
+  const auto longest =
+      h200_longest("gpt2-124m", "full,full:tile=8192,full:tile=8192:offload=checkpoints");
   // Each addition buys context: tiling the attention-free half, then the checkpoints off the card.
   CHECK(longest.at("full") < longest.at("full:tile=8192"));
   CHECK(longest.at("full:tile=8192") < longest.at("full:tile=8192:offload=checkpoints"));
@@ -298,15 +305,9 @@ TEST_CASE("fit lists each policy variant with its longest context", "[offload][s
 
 TEST_CASE("GPT-2 1.5B on an H200 with 128 GiB of host reaches issue 14's target with offload",
           "[offload][smoke]") {
-  const test::CliResult r = test::run_binary(
-      "fit --config configs/gpt2-1.5b.toml --gpu h200 --json "
-      "--policies full,full:tile=8192:offload=checkpoints",
-      false);
-  REQUIRE(r.code == 0);
-  const auto j = nlohmann::json::parse(r.out);
-  REQUIRE(j["policies"].size() == 2);
-  const int64_t kept = j["policies"][0]["longest_seq_len"];
-  const int64_t offloaded = j["policies"][1]["longest_seq_len"];
+  const auto longest = h200_longest("gpt2-1.5b", "full,full:tile=8192:offload=checkpoints");
+  const int64_t kept = longest.at("full"),
+                offloaded = longest.at("full:tile=8192:offload=checkpoints");
   CHECK(offloaded >= 850000);
   CHECK(static_cast<double>(offloaded) >= 1.6 * static_cast<double>(kept));
 }
