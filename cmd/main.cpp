@@ -19,6 +19,7 @@
 #include "engine/config.h"
 #include "engine/cpu/blas_kernel.h"
 #include "engine/error.h"
+#include "engine/parallel/communicator.h"
 #include "engine/planner.h"
 #include "engine/policy.h"
 #include "engine/units.h"
@@ -161,6 +162,10 @@ int run(int argc, char** argv) {
       ->excludes(mem_opt);
   plan_cmd->add_option("--seq-len", plan_seq_len, "Sequence length to plan for (4k, 32768, ...)");
   plan_cmd->add_option("--batch-size", plan_batch, "Batch size to plan for");
+  std::string plan_ranks, fit_ranks;
+  plan_cmd->add_option("--ranks", plan_ranks,
+                       "Plan one of N data-parallel ranks (parallel.data = N): its rows of the "
+                       "batch, peak and gradient traffic");
   auto* plan_json = plan_cmd->add_flag("--json", plan.json, "Machine-readable output");
   plan_cmd
       ->add_flag("--emit-config", plan.emit_config,
@@ -190,6 +195,8 @@ int run(int argc, char** argv) {
           ->excludes(fit_mem_opt);
   add_policies_option(fit_cmd, fit.policies);
   fit_cmd->add_option("--batch-size", fit_batch, "Batch size to fit for");
+  fit_cmd->add_option("--ranks", fit_ranks,
+                      "Fit one of N data-parallel ranks (parallel.data = N; the batch is split)");
   fit_cmd
       ->add_flag(
           "--measure", fit.measure,
@@ -274,6 +281,11 @@ int run(int argc, char** argv) {
     app.exit(e);
     return kExitUsage;
   }
+  if (!train_cmd->parsed() && remat::parallel::launched_ranks() > 1)
+    throw remat::ConfigError(fmt::format(
+        "[parallel] a launcher started {} ranks of `remat-train {}`, which runs on one. Fix: run "
+        "it without mpirun/srun (only `train` runs on several ranks)",
+        remat::parallel::launched_ranks(), app.get_subcommands().front()->get_name()));
   if (train_cmd->parsed()) {
     if (train_steps > 0) train.overrides.push_back(fmt::format("train.steps={}", train_steps));
     return remat::cli::run_train(train);
@@ -290,12 +302,16 @@ int run(int argc, char** argv) {
   if (fit_cmd->parsed()) {
     fit.memory = size_flag("--memory", fit_memory);
     fit.batch_size = count_flag("--batch-size", fit_batch, "8");
+    if (auto n = count_flag("--ranks", fit_ranks, "8"))
+      fit.overrides.push_back(fmt::format("parallel.data={}", *n));
     return remat::cli::run_fit(fit);
   }
   if (plan_cmd->parsed()) {
     plan.memory = size_flag("--memory", plan_memory);
     plan.seq_len = count_flag("--seq-len", plan_seq_len, "4096 or 32k");
     plan.batch_size = count_flag("--batch-size", plan_batch, "8");
+    if (auto n = count_flag("--ranks", plan_ranks, "8"))
+      plan.overrides.push_back(fmt::format("parallel.data={}", *n));
     return remat::cli::run_plan(plan);
   }
   return kExitUsage;
@@ -326,26 +342,40 @@ static int exit_code_of(const remat::Error& e) {
   return kExitRuntime;
 }
 
+// An error on one rank of several stops the whole job (the others would wait for it forever in
+// the next exchange): the message names the rank, and MPI_Abort makes mpirun exit with `code`.
+static int stop_all_ranks(const std::string& message, int code) {
+  remat::parallel::Communicator& world = remat::parallel::world();
+  if (world.size() == 1) {
+    fmt::print(stderr, "{}\n", message);
+    return code;
+  }
+  fmt::print(stderr, "[rank {}] {}\n", world.rank(), message);
+  world.abort(code);
+  return code;  // abort() does not return
+}
+
 int main(int argc, char** argv) {
   prefer_passive_openmp_wait(argv);
   remat::cpu::select_blas_kernel();  // before any BLAS call (engine/cpu/blas_kernel.h says why)
   try {
-    return run(argc, argv);
+    const int code = run(argc, argv);
+    remat::parallel::finalize_world();
+    return code;
   } catch (const remat::Error& e) {
-    fmt::print(stderr, "error: {}\n", e.what());
-    return exit_code_of(e);
+    return stop_all_ranks(fmt::format("error: {}", e.what()), exit_code_of(e));
   } catch (const std::bad_alloc&) {
     // The pool checks every device allocation against the budget; what is left is host memory
     // (a buffer beside the pool), which is out of memory all the same.
-    fmt::print(stderr,
-               "error: [memory] out of host memory: the model or a buffer does not fit this "
-               "machine's RAM. Fix: `remat-train plan` shows the peak; choose a smaller model, "
-               "train.batch_size or train.seq_len\n");
-    return kExitOutOfMemory;
+    return stop_all_ranks(
+        "error: [memory] out of host memory: the model or a buffer does not fit this machine's "
+        "RAM. Fix: `remat-train plan` shows the peak; choose a smaller model, train.batch_size or "
+        "train.seq_len",
+        kExitOutOfMemory);
   } catch (const std::exception& e) {
-    fmt::print(stderr,
-               "error: [internal] unexpected failure ({}). This is a bug: please report it\n",
-               e.what());
-    return kExitRuntime;
+    return stop_all_ranks(
+        fmt::format("error: [internal] unexpected failure ({}). This is a bug: please report it",
+                    e.what()),
+        kExitRuntime);
   }
 }

@@ -48,19 +48,29 @@ nlohmann::json row_json(const PolicyRow& r, const Planner& planner) {
     copies["compute_seconds_at_peak"] = ct.compute_s;
     copies["exposed_seconds"] = ct.exposed_s;
   }
-  return {{"policy", r.label},
-          {"peak_bytes", r.run.peak.total_bytes},
-          {"predicted_device_bytes", r.run.peak.total_bytes + t.reserve_bytes},
-          {"host_peak_bytes", r.run.host_peak.total_bytes},
-          {"fits", planner.fits(r.run)},
-          {"copies_per_step", copies},
-          {"peak_by_category", cats},
-          {"peak_phase", r.run.peak.phase},
-          {"largest_at_peak", largest},
-          {"flops", flops},
-          {"recompute_overhead", r.run.recompute_overhead()},
-          {"longest_seq_len", r.longest},
-          {"largest_batch", r.max_batch}};
+  nlohmann::json row = {{"policy", r.label},
+                        {"peak_bytes", r.run.peak.total_bytes},
+                        {"predicted_device_bytes", r.run.peak.total_bytes + t.reserve_bytes},
+                        {"host_peak_bytes", r.run.host_peak.total_bytes},
+                        {"fits", planner.fits(r.run)},
+                        {"copies_per_step", copies},
+                        {"peak_by_category", cats},
+                        {"peak_phase", r.run.peak.phase},
+                        {"largest_at_peak", largest},
+                        {"flops", flops},
+                        {"recompute_overhead", r.run.recompute_overhead()},
+                        {"longest_seq_len", r.longest},
+                        {"largest_batch", r.max_batch}};
+  if (r.run.ranks > 1) {  // every figure above is one rank's
+    nlohmann::json ex = {{"ranks", r.run.ranks}, {"sent_bytes_per_rank", r.run.grad_sent_bytes}};
+    if (const ExchangeTime et = exchange_time(r.run, t); et.modelled) {
+      ex["exchange_seconds"] = et.exchange_s;
+      ex["backward_seconds_at_peak"] = et.backward_s;
+      ex["link"] = et.link;
+    }
+    row["data_parallel"] = ex;
+  }
+  return row;
 }
 
 // What `plan --emit-config` prints: a [remat] table that runs auto's plan as a fixed one.
@@ -187,10 +197,14 @@ int run_plan(const PlanOptions& opt) {
   fmt::print("      host memory for offload: {} ({}){}\n", format_bytes(target.host_bytes),
              target.host_note,
              target.rates_note.empty() ? "" : fmt::format(" | {}", target.rates_note));
-  fmt::print("model {} L={} C={} | {:.2f}M params | batch {} x seq_len {}{}\n\n", cfg.model.kind,
+  fmt::print("model {} L={} C={} | {:.2f}M params | batch {} x seq_len {}{}{}\n\n", cfg.model.kind,
              cfg.model.n_layer, cfg.model.n_embd,
              static_cast<double>(rows.front().run.n_params) / 1e6, cfg.train.batch_size,
-             cfg.train.seq_len, tiling_note(cfg));
+             cfg.train.seq_len,
+             cfg.parallel.ranks() > 1 ? fmt::format(" ({} rows on each of {} data-parallel ranks)",
+                                                    local_batch_size(cfg), cfg.parallel.ranks())
+                                      : std::string(),
+             tiling_note(cfg));
   fmt::print("{:<28} {:>11} {:>11} {:>11} {:>11} {:>10} {:>5}  {:<22} {:>12} {:>9}\n", "policy",
              "peak", "activations", "checkpoints", "host peak", "recompute", "fits", "peak during",
              "longest T", "max batch");
@@ -240,6 +254,7 @@ int run_plan(const PlanOptions& opt) {
         format_bytes(c.run.host_peak.by_category[static_cast<size_t>(MemCategory::Checkpoints)]));
     fmt::print("{}\n", copy_line(c.run, target));
   }
+  if (c.run.ranks > 1) fmt::print("{}\n", exchange_line(c.run, target));
   if (!target.reserve_bytes) fmt::print("  (on the CPU a real run measures exactly this peak)\n");
   return 0;
 }

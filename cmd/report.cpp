@@ -37,6 +37,7 @@ void print_banner(std::FILE* out, const RunInfo& info, const Config& cfg) {
                *info.none_peak_bytes <= info.budget_bytes ? "fits the budget too"
                                                           : "does NOT fit the budget",
                cfg.remat.policy, format_bytes(info.predicted_peak_bytes));
+  if (!info.parallel_line.empty()) fmt::print(out, "{}\n", info.parallel_line);
   if (!info.resume_line.empty()) fmt::print(out, "{}\n", info.resume_line);
   std::fflush(out);
 }
@@ -111,6 +112,24 @@ std::string copy_line(const DryRun& run, const PlanTarget& target) {
                                 ? fmt::format("up to {:.3g} s of copying is not hidden by compute",
                                               ct.exposed_s)
                                 : std::string("the copies hide behind compute"));
+}
+
+std::string exchange_line(const DryRun& run, const PlanTarget& target) {
+  std::string line = fmt::format(
+      "  data parallel over {} ranks: every figure is one rank's; gradients sent per rank per "
+      "step: {}",
+      run.ranks, format_bytes(run.grad_sent_bytes));
+  const ExchangeTime et = exchange_time(run, target);
+  if (!et.modelled)
+    return line + (target.count.device == DeviceKind::Cpu
+                       ? " (CPU ranks of one machine exchange through shared memory; not timed)"
+                       : " (no link rates for this target: use --gpu NAME)");
+  return line + fmt::format("; {:.3g} s at {} vs recompute + backward >= {:.3g} s at peak: {}",
+                            et.exchange_s, et.link, et.backward_s,
+                            et.exchange_s > et.backward_s
+                                ? fmt::format("up to {:.3g} s of exchange is not hidden",
+                                              et.exchange_s - et.backward_s)
+                                : std::string("it can hide behind the backward"));
 }
 
 std::string load_note() {
@@ -261,6 +280,11 @@ void MetricsWriter::fail(const std::string& what, int err) {
                   what, path_, std::strerror(err)));
 }
 
+void MetricsWriter::write_json(nlohmann::json& j) {
+  if (rank_ >= 0) j["rank"] = rank_;
+  write_line(j.dump());
+}
+
 void MetricsWriter::write_line(const std::string& line) {
   if (fd_ < 0) fail("writing", EBADF);
   const std::string text = line + '\n';
@@ -277,7 +301,7 @@ void MetricsWriter::event(const std::string& kind, int64_t step, const std::stri
                           double ms) {
   nlohmann::json j = {{"event", kind}, {"step", step}, {"path", path}};
   if (ms >= 0) j["ms"] = ms;
-  write_line(j.dump());
+  write_json(j);
 }
 
 MetricsWriter::~MetricsWriter() {
@@ -295,7 +319,7 @@ void MetricsWriter::step(const StepMetrics& m, const std::string& task_metric_na
                       {"peak_bytes", m.peak_bytes}};
   if (m.task_metric) j[task_metric_name] = *m.task_metric;
   if (val_loss) j["val_loss"] = *val_loss;
-  write_line(j.dump());
+  write_json(j);
 }
 
 void MetricsWriter::summary(const RunSummary& s) {
@@ -324,7 +348,8 @@ void MetricsWriter::summary(const RunSummary& s) {
   if (s.final_task_metric) j["final_" + s.task_metric_name] = *s.final_task_metric;
   if (s.final_val_loss) j["final_val_loss"] = *s.final_val_loss;
   if (!s.checkpoint_path.empty()) j["checkpoint"] = s.checkpoint_path;
-  write_line(nlohmann::json{{"summary", j}}.dump());
+  nlohmann::json line = {{"summary", j}};
+  write_json(line);
 }
 
 void MetricsWriter::close() {

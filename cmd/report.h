@@ -26,7 +26,8 @@ struct RunInfo {
   uint64_t host_budget_bytes = 0;
   std::optional<uint64_t> none_peak_bytes;  // the same run without remat (when a policy is set)
   std::string data_line;
-  std::string resume_line;  // "resumed from DIR at step N", or empty
+  std::string resume_line;    // "resumed from DIR at step N", or empty
+  std::string parallel_line;  // data parallel: ranks, rows per rank, gradient traffic; or empty
 };
 
 struct RunSummary {
@@ -80,6 +81,9 @@ std::string tiling_note(const Config& cfg);
 
 /// "  copies per step: X to host, Y back to the device; T s at the link's rate vs compute >= U s
 /// at peak (...); the copies hide behind compute": what offloading costs on `target`.
+/// Data parallel (parallel.data > 1): the gradient bytes each rank sends per step, and their time
+/// beside the backward on the target's link between ranks.
+std::string exchange_line(const DryRun& run, const PlanTarget& target);
 std::string copy_line(const DryRun& run, const PlanTarget& target);
 
 /// A write to the metrics file failed (disk full, quota, I/O error). The training loop catches it
@@ -115,12 +119,16 @@ class MetricsWriter {
   /// Flushes the file to disk and closes it; throws MetricsWriteError when that fails.
   void close();
   const std::string& path() const { return path_; }
+  /// Data parallel: every line carries {"rank": r}.
+  void set_rank(int rank) { rank_ = rank; }
 
  private:
+  void write_json(nlohmann::json& j);
   void write_line(const std::string& line);
   [[noreturn]] void fail(const std::string& what, int err);
   std::string path_;
   int fd_ = -1;
+  int rank_ = -1;            // -1: one rank, no "rank" field
   uint64_t good_bytes_ = 0;  // the file's length after its last complete line
 };
 

@@ -21,6 +21,7 @@
 #include "engine/devices.h"
 #include "engine/error.h"
 #include "engine/experiments/interrupt.h"
+#include "engine/parallel/communicator.h"
 #include "engine/planner.h"
 #include "engine/trainer.h"
 #include "engine/units.h"
@@ -106,8 +107,9 @@ void check_same_model(const Config& run, const Checkpoint& ckpt) {
 class TrainRun {
  public:
   TrainRun(const TrainOptions& opt, Config& cfg, Backend& be, Model& model, DataSource& data,
-           Trainer& trainer)
-      : opt_(opt),
+           Trainer& trainer, parallel::Communicator& world)
+      : world_(world),
+        opt_(opt),
         cfg_(cfg),
         be_(be),
         model_(model),
@@ -118,6 +120,7 @@ class TrainRun {
   void open_metrics(bool resumed, const std::string& from) {
     if (cfg_.log.metrics.empty()) return;
     metrics_ = std::make_unique<MetricsWriter>(cfg_.log.metrics, resumed);
+    if (world_.size() > 1) metrics_->set_rank(world_.rank());
     if (resumed) metrics_->event("resume", trainer_.steps_done(), from);
   }
 
@@ -137,18 +140,21 @@ class TrainRun {
       note_divergence();
       throw;
     }
-    summary_.interrupted = experiments::interrupted();
+    summary_.interrupted = stop_signal_ != 0;
     return finish_summary();
   }
 
   void train_until(int64_t last) {
-    while (trainer_.steps_done() < last && !experiments::interrupted()) one_step(last);
+    while (trainer_.steps_done() < last && !stop_requested()) one_step(last);
     progress_.finish();
-    const bool stopped = experiments::interrupted();
+    const bool stopped = stop_signal_ != 0;
     if (!cfg_.checkpoint.dir.empty() && trainer_.steps_done() != last_checkpoint_step_ &&
         (!stopped || cfg_.checkpoint.on_interrupt) && trainer_.steps_done() > 0)
       save_checkpoint();
   }
+
+  /// The stop signal every rank agreed on (0: none).
+  int stop_signal() const { return stop_signal_; }
 
   void close_metrics() {
     if (!metrics_) return;
@@ -157,6 +163,19 @@ class TrainRun {
   }
 
  private:
+  // A stop signal may reach the ranks of a job at different steps: they agree between steps, so
+  // that all of them stop after the same one (one would wait for the others forever otherwise).
+  bool stop_requested() {
+    int signal = experiments::interrupt_signal();
+    if (world_.size() > 1) {
+      const double mine = signal;
+      for (double s : world_.allgather(&mine, 1))
+        if (signal == 0) signal = static_cast<int>(s);
+    }
+    stop_signal_ = signal;
+    return signal != 0;
+  }
+
   void one_step(int64_t last) {
     be_.reset_cost();
     StepMetrics m = trainer_.step();
@@ -214,6 +233,10 @@ class TrainRun {
 
   void save_checkpoint() {
     trainer_.check_weights_finite();  // a checkpoint of NaN weights would replace a good one
+    if (world_.rank() != 0) {  // data parallel: every rank holds the same state; rank 0 writes it
+      last_checkpoint_step_ = trainer_.steps_done();
+      return;
+    }
     const auto t0 = std::chrono::steady_clock::now();
     be_.pool().set_phase("checkpoint");
     CheckpointState state;
@@ -244,6 +267,8 @@ class TrainRun {
     return summary_;
   }
 
+  parallel::Communicator& world_;
+  int stop_signal_ = 0;
   const TrainOptions& opt_;
   Config& cfg_;
   Backend& be_;
@@ -332,9 +357,50 @@ std::string version_text() {
       cpu::attention_isa_chosen_by(), openmp_wait_text(), cuda::version_string());
 }
 
-int run_train(const TrainOptions& opt) {
+namespace {
+
+// [parallel] against the ranks the launcher started: parallel.data = 0 takes them all; any other
+// count must match, since context parallelism does not exist to take the rest.
+void resolve_ranks(Config& cfg, const parallel::Communicator& world) {
+  const int n = world.size();
+  if (cfg.parallel.data == 0) cfg.parallel.data = n;
+  if (cfg.parallel.data != n) {
+    const auto it = cfg.origins.find("parallel.data");
+    throw ConfigError(fmt::format(
+        "{}: [parallel] data = {}, but {} rank{} started. Fix: start {} rank{} (mpirun -np {}), "
+        "or set parallel.data = {} (or 0: every rank started)",
+        it != cfg.origins.end() ? it->second : cfg.path, cfg.parallel.data, n,
+        n == 1 ? " was" : "s were", cfg.parallel.data, cfg.parallel.data == 1 ? "" : "s",
+        cfg.parallel.data, n));
+  }
+  if (n > 1 && cfg.train.batch_size % n != 0)
+    throw ConfigError(fmt::format(
+        "{}: train.batch_size = {} does not split evenly over {} data-parallel ranks. Fix: "
+        "choose a multiple of {}",
+        cfg.path, cfg.train.batch_size, n, n));
+  cfg.parallel.rank = world.rank();
+}
+
+// One rank's file of per-rank metrics: FILE for rank 0, FILE with ".rankN" before its extension
+// for the others ("metrics.jsonl" -> "metrics.rank1.jsonl").
+std::string rank_metrics_path(const std::string& path, int rank) {
+  if (rank == 0) return path;
+  const std::filesystem::path p(path);
+  return (p.parent_path() /
+          fmt::format("{}.rank{}{}", p.stem().string(), rank, p.extension().string()))
+      .string();
+}
+
+}  // namespace
+
+int run_train(const TrainOptions& options) {
+  parallel::Communicator& world = parallel::init_world();
+  TrainOptions opt = options;
+  opt.quiet = opt.quiet || world.rank() != 0;  // one rank prints; errors come from any rank
   Config cfg = load_config(opt.config_path, opt.overrides);
   if (!opt.metrics_path.empty()) cfg.log.metrics = opt.metrics_path;
+  resolve_ranks(cfg, world);
+  if (!cfg.log.metrics.empty()) cfg.log.metrics = rank_metrics_path(cfg.log.metrics, world.rank());
   check_output_paths(cfg);
   // The checkpoint is opened (and verified) before anything is built, so a bad one fails fast.
   std::unique_ptr<Checkpoint> resume;
@@ -347,6 +413,12 @@ int run_train(const TrainOptions& opt) {
 
   BackendChoice choice = make_backend(cfg);
   Backend& be = *choice.backend;
+  if (world.size() > 1 && be.workspace_target().device != DeviceKind::Cpu)
+    throw ConfigError(fmt::format(
+        "{}: data parallel over {} ranks runs on the CPU backend; this build exchanges "
+        "gradients through host memory with MPI and has no NCCL path for the {} backend yet. "
+        "Fix: set device.backend = \"cpu\", or run one rank",
+        cfg.path, world.size(), be.name()));
   // The plan of this very run: the same step on the count backend.
   const Planner planner(run_plan_target(be), make_run_parts);
   // auto, for this very budget: the Trainer sees a per-block plan.
@@ -359,7 +431,8 @@ int run_train(const TrainOptions& opt) {
   std::unique_ptr<Model> model = make_model(cfg, be);
   std::unique_ptr<DataSource> data = make_data_source(cfg);
   data->open();
-  Trainer trainer(cfg.train, resolve_remat_plan(cfg, *model), be, *model, *data);
+  Trainer trainer(cfg.train, resolve_remat_plan(cfg, *model), be, *model, *data,
+                  data_parallel(cfg, &world));
 
   RunInfo info;
   if (resume) {
@@ -384,16 +457,21 @@ int run_train(const TrainOptions& opt) {
     info.none_peak_bytes = planner.dry_run(with_policy(cfg, "none"), false).peak.total_bytes;
   }
   info.data_line = data->describe();
+  if (world.size() > 1)
+    info.parallel_line = fmt::format(
+        "ranks  data parallel over {}: {} rows of the batch per rank, predicted peak per rank; "
+        "gradients summed in rank order, {} sent per rank per step",
+        world.describe(), local_batch_size(cfg), format_bytes(trainer.sent_bytes_per_step()));
   if (!opt.quiet) print_banner(stdout, info, cfg);
 
-  TrainRun run(opt, cfg, be, *model, *data, trainer);
+  TrainRun run(opt, cfg, be, *model, *data, trainer, world);
   run.open_metrics(resume != nullptr, resume ? resume->path() : std::string());
   resume.reset();  // unmaps the checkpoint's files before training
   experiments::install_interrupt_handler();
   const RunSummary summary = run.run(opt.stop_at, predicted);
   if (!opt.quiet) print_summary(stdout, summary);
   run.close_metrics();
-  return summary.interrupted ? 128 + experiments::interrupt_signal() : 0;
+  return summary.interrupted ? 128 + run.stop_signal() : 0;
 }
 
 }  // namespace remat::cli

@@ -94,6 +94,8 @@ FileData::FileData(const Config& cfg)
     : data_(cfg.data),
       format_(cfg.data.source == "text" ? DataFormat::Text : DataFormat::Tokens),
       B_(cfg.train.batch_size),
+      rows_(local_batch_size(cfg)),
+      row0_(cfg.parallel.rank * local_batch_size(cfg)),
       T_(cfg.train.seq_len),
       V_(cfg.model.vocab_size),
       seed_(cfg.train.seed),
@@ -193,18 +195,18 @@ Batch FileData::allocate_batch(Backend& be) const {
   // Exactly what the synthetic token tasks allocate, so dry runs predict the same bytes.
   Batch batch;
   MemoryPool& pool = be.pool();
-  batch.inputs = pool.allocate({B_, T_}, DType::I32, MemCategory::Transient, "batch.inputs");
-  batch.targets = pool.allocate({B_, T_}, DType::I32, MemCategory::Transient, "batch.targets");
-  batch.n_tokens = B_ * T_;
+  batch.inputs = pool.allocate({rows_, T_}, DType::I32, MemCategory::Transient, "batch.inputs");
+  batch.targets = pool.allocate({rows_, T_}, DType::I32, MemCategory::Transient, "batch.targets");
+  batch.n_tokens = rows_ * T_;
   return batch;
 }
 
 template <class WindowOf>
 void FileData::fill_batch(Backend& be, const Batch& batch, WindowOf window_of) {
-  std::vector<int32_t> inputs(static_cast<size_t>(B_ * T_)), targets(inputs.size());
+  std::vector<int32_t> inputs(static_cast<size_t>(rows_ * T_)), targets(inputs.size());
   const size_t row_bytes = static_cast<size_t>(T_) * sizeof(int32_t);
-  for (int64_t b = 0; b < B_; ++b) {
-    const Window w = window_of(b);
+  for (int64_t b = 0; b < rows_; ++b) {
+    const Window w = window_of(row0_ + b);
     w.shard->read(w.start, T_ + 1, row_.data(), V_);
     std::memcpy(&inputs[static_cast<size_t>(b * T_)], row_.data(), row_bytes);
     std::memcpy(&targets[static_cast<size_t>(b * T_)], row_.data() + 1, row_bytes);

@@ -74,7 +74,8 @@ class FileData : public DataSource {
   nlohmann::json cursor(int64_t steps) const override;
 
   bool is_open() const { return open_; }
-  /// The window of row `row` of training step `step`, and of validation batch `index` (open only).
+  /// The window of row `row` (of all train.batch_size rows, whichever rank trains on it) of
+  /// training step `step`, and of validation batch `index` (open only).
   Window train_window(int64_t step, int64_t row) const;
   Window val_window(int64_t index, int64_t row) const;
   const WindowSet& train_split() const { return train_; }
@@ -89,7 +90,10 @@ class FileData : public DataSource {
 
   DataConfig data_;
   DataFormat format_;
-  int64_t B_, T_, V_;
+  int64_t B_;     // rows per step, over every data-parallel rank
+  int64_t rows_;  // this rank's rows of each step: rows [row0_, row0_ + rows_) of the B_
+  int64_t row0_;
+  int64_t T_, V_;
   uint64_t seed_;
   bool open_ = false;
   TokenCorpus corpus_, val_corpus_;

@@ -22,6 +22,8 @@ class TokenTask : public DataSource {
   explicit TokenTask(const Config& cfg)
       : task_(cfg.data.task),
         B_(cfg.train.batch_size),
+        rows_(local_batch_size(cfg)),
+        row0_(cfg.parallel.rank * rows_),
         T_(cfg.train.seq_len),
         V_(cfg.model.vocab_size),
         seed_(cfg.train.seed) {}
@@ -33,15 +35,15 @@ class TokenTask : public DataSource {
   Batch next(Backend& be, int64_t step) override {
     Batch batch;
     MemoryPool& pool = be.pool();
-    batch.inputs = pool.allocate({B_, T_}, DType::I32, MemCategory::Transient, "batch.inputs");
-    batch.targets = pool.allocate({B_, T_}, DType::I32, MemCategory::Transient, "batch.targets");
-    batch.n_tokens = B_ * T_;
+    batch.inputs = pool.allocate({rows_, T_}, DType::I32, MemCategory::Transient, "batch.inputs");
+    batch.targets = pool.allocate({rows_, T_}, DType::I32, MemCategory::Transient, "batch.targets");
+    batch.n_tokens = rows_ * T_;
     if (!be.computes()) return batch;  // a dry run needs the shapes, not the tokens
-    std::vector<int32_t> inputs(static_cast<size_t>(B_ * T_)), targets(inputs.size());
+    std::vector<int32_t> inputs(static_cast<size_t>(rows_ * T_)), targets(inputs.size());
     {
       const int64_t half = T_ / 2;
-      for (int64_t b = 0; b < B_; ++b) {
-        const uint64_t row = static_cast<uint64_t>(step * B_ + b);
+      for (int64_t b = 0; b < rows_; ++b) {
+        const uint64_t row = static_cast<uint64_t>(step * B_ + row0_ + b);
         // s has T+1 tokens; inputs are s[0..T), targets s[1..T].
         auto token = [&](int64_t k) {
           const int64_t src = (task_ == "copy" && k >= half) ? k % half : k;
@@ -65,7 +67,7 @@ class TokenTask : public DataSource {
     if (task_ != "copy" || row_losses.empty()) return std::nullopt;
     double sum = 0;
     int64_t n = 0;
-    for (int64_t b = 0; b < B_; ++b)
+    for (int64_t b = 0; b < rows_; ++b)
       for (int64_t t = T_ / 2; t < T_; ++t, ++n) sum += row_losses[static_cast<size_t>(b * T_ + t)];
     return sum / static_cast<double>(n);
   }
@@ -73,14 +75,21 @@ class TokenTask : public DataSource {
 
  private:
   std::string task_;
-  int64_t B_, T_, V_;
+  int64_t B_;     // rows per step, over every data-parallel rank
+  int64_t rows_;  // this rank's rows: [row0_, row0_ + rows_) of each step's B_
+  int64_t row0_;
+  int64_t T_, V_;
   uint64_t seed_;
 };
 
 class RegressionTask : public DataSource {
  public:
   explicit RegressionTask(const Config& cfg)
-      : B_(cfg.train.batch_size), D_(cfg.model.n_embd), seed_(cfg.train.seed) {}
+      : B_(cfg.train.batch_size),
+        rows_(local_batch_size(cfg)),
+        row0_(cfg.parallel.rank * rows_),
+        D_(cfg.model.n_embd),
+        seed_(cfg.train.seed) {}
   // The D x D teacher is made when the data is opened, not built: dry runs never need it, and a
   // model too wide for the budget must meet the pool's out-of-memory error, not a bad_alloc here.
   void open() override {
@@ -97,25 +106,35 @@ class RegressionTask : public DataSource {
   Batch next(Backend& be, int64_t step) override {
     Batch batch;
     MemoryPool& pool = be.pool();
-    batch.inputs = pool.allocate({B_, D_}, DType::F32, MemCategory::Transient,
+    batch.inputs = pool.allocate({rows_, D_}, DType::F32, MemCategory::Transient,
                                  "batch.inputs");  // cast by the stem
-    batch.targets = pool.allocate({B_, D_}, DType::F32, MemCategory::Transient, "batch.targets");
-    batch.n_tokens = B_;
+    batch.targets = pool.allocate({rows_, D_}, DType::F32, MemCategory::Transient, "batch.targets");
+    batch.n_tokens = rows_;
     if (!be.computes()) return batch;
     open();
     // Kept between steps: fresh 8 MiB vectors cost their page faults and zeroing every step.
     std::vector<float>& x = inputs_;
     std::vector<float>& y = targets_;
-    x.resize(static_cast<size_t>(B_ * D_));
+    x.resize(static_cast<size_t>(rows_ * D_));
     y.resize(x.size());
     {
-      // Counter-based: each pair of numbers is a function of its index alone.
-      const uint64_t pairs_per_step = (x.size() + 1) / 2;
-      fill_normal(x, seed_, kInputStream, static_cast<uint64_t>(step) * pairs_per_step);
+      // Counter-based: each pair of numbers is a function of its index alone. Number e of a step
+      // (of all B_ rows) is number 2 * step * pairs_per_step + e of the stream; this rank's rows
+      // start at e = row0_ * D_, which may be the second number of a pair.
+      const auto pairs_per_step = static_cast<uint64_t>((B_ * D_ + 1) / 2);
+      const uint64_t first =
+          2 * static_cast<uint64_t>(step) * pairs_per_step + static_cast<uint64_t>(row0_ * D_);
+      if (first % 2 == 0) {
+        fill_normal(x, seed_, kInputStream, first / 2);
+      } else {
+        x.resize(x.size() + 1);
+        fill_normal(x, seed_, kInputStream, first / 2);
+        x.erase(x.begin());
+      }
       // y = relu(x A^T): one host SGEMM (the teacher lives on the host, like the data), on the
       // CPU backend's tile grid so that the targets are the same bits for any thread count
       // (OpenBLAS's own split is not).
-      cpu::sgemm(CblasNoTrans, CblasTrans, B_, D_, D_, x.data(), D_, teacher_.data(), D_, 0.0f,
+      cpu::sgemm(CblasNoTrans, CblasTrans, rows_, D_, D_, x.data(), D_, teacher_.data(), D_, 0.0f,
                  y.data(), D_);
       for (float& v : y) v = std::max(v, 0.0f);
     }
@@ -125,7 +144,10 @@ class RegressionTask : public DataSource {
   }
 
  private:
-  int64_t B_, D_;
+  int64_t B_;     // rows per step, over every data-parallel rank
+  int64_t rows_;  // this rank's rows: [row0_, row0_ + rows_) of each step's B_
+  int64_t row0_;
+  int64_t D_;
   uint64_t seed_;
   std::vector<float> teacher_;
   std::vector<float> inputs_, targets_;  // host staging of one batch

@@ -383,6 +383,12 @@ const std::vector<KeySpec>& key_specs() {
        }},
       {"checkpoint", "on_interrupt", "SIGINT, SIGTERM or SIGHUP write a checkpoint before exit",
        [](Config& c, auto& n, auto& o) { c.checkpoint.on_interrupt = read_bool(n, o); }},
+      {"parallel", "data",
+       "data-parallel ranks (mpirun -np N); 0 = every rank started; each trains batch_size / data "
+       "rows",
+       [](Config& c, auto& n, auto& o) { c.parallel.data = read_int(n, o, 0, 1 << 16, false); }},
+      {"parallel", "bucket_bytes", "gradient bytes per reduction exchange (two in flight)",
+       [](Config& c, auto& n, auto& o) { c.parallel.bucket_bytes = read_size(n, o); }},
   };
   return specs;
 }
@@ -485,6 +491,16 @@ void validate(const Config& c, const Origins& o) {
            "remat.tile_tokens chunks the token rows of a GPT block; the MLP model has none",
            "remove remat.tile_tokens (or set it to 0)");
   }
+  if (c.parallel.data > 1 && t.batch_size % c.parallel.data != 0)
+    fail(o.of("parallel.data"),
+         fmt::format("train.batch_size = {} does not split evenly over {} data-parallel ranks",
+                     t.batch_size, c.parallel.data),
+         "choose a train.batch_size that is a multiple of parallel.data");
+  if (c.parallel.bucket_bytes < 4096 || c.parallel.bucket_bytes > (1ull << 32))
+    fail(o.of("parallel.bucket_bytes"),
+         fmt::format("{} B per reduction exchange is outside 4 KiB .. 4 GiB",
+                     c.parallel.bucket_bytes),
+         "set e.g. parallel.bucket_bytes = \"16MiB\"");
   const bool file_data = c.data.source != "synthetic";
   if (file_data && c.data.path.empty())
     fail(o.of("data.path"), fmt::format("data.source = \"{}\" needs files to read", c.data.source),
@@ -556,6 +572,9 @@ void validate(const Config& c, const Origins& o) {
 }
 
 // "section.key=value" -> inserts value (parsed as TOML, else as a bare string) into `root`.
+const std::vector<std::string> kSections = {"model",  "train", "data",       "remat",
+                                            "device", "log",   "checkpoint", "parallel"};
+
 void apply_override(toml::table& root, const std::string& text, Origins& origins) {
   const auto eq = text.find('=');
   const auto dot = text.find('.');
@@ -568,8 +587,6 @@ void apply_override(toml::table& root, const std::string& text, Origins& origins
   const std::string section = text.substr(0, dot);
   const std::string key = text.substr(dot + 1, eq - dot - 1);
   const std::string value = text.substr(eq + 1);
-  static const std::vector<std::string> kSections = {"model",  "train", "data",      "remat",
-                                                     "device", "log",   "checkpoint"};
   if (std::find(kSections.begin(), kSections.end(), section) == kSections.end())
     fail(o, fmt::format("unknown section [{}]", section),
          fmt::format("use one of {}", fmt::join(kSections, ", ")));
@@ -608,8 +625,6 @@ Config build(toml::table root, const std::string& name, const std::vector<std::s
   for (auto&& [k, node] : root) {
     const std::string section(k.str());
     const toml::table* tbl = node.as_table();
-    static const std::vector<std::string> kSections = {"model",  "train", "data",      "remat",
-                                                       "device", "log",   "checkpoint"};
     Origin o{pos(name, node.source()), section};
     if (std::find(kSections.begin(), kSections.end(), section) == kSections.end())
       fail(o, fmt::format("unknown section [{}]", section),
@@ -755,8 +770,11 @@ std::string config_to_toml(const Config& c) {
                    {"keep_last", c.checkpoint.keep_last},
                    {"on_interrupt", c.checkpoint.on_interrupt}};
   if (!c.checkpoint.dir.empty()) ckpt.insert("dir", c.checkpoint.dir);
-  toml::table root{{"model", model},   {"train", train}, {"data", data},      {"remat", remat},
-                   {"device", device}, {"log", log},     {"checkpoint", ckpt}};
+  toml::table parallel{{"data", c.parallel.data},
+                       {"bucket_bytes", static_cast<int64_t>(c.parallel.bucket_bytes)}};
+  toml::table root{{"model", model},     {"train", train},      {"data", data},
+                   {"remat", remat},     {"device", device},    {"log", log},
+                   {"checkpoint", ckpt}, {"parallel", parallel}};
   std::ostringstream out;
   out << root << '\n';
   return out.str();
@@ -846,6 +864,10 @@ std::string config_keys_markdown() {
                        cell(shown), cell(accepts.values), spec.meaning);
   }
   return out;
+}
+
+int64_t local_batch_size(const Config& c) {
+  return c.train.batch_size / c.parallel.ranks();
 }
 
 }  // namespace remat

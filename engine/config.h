@@ -116,6 +116,16 @@ struct CheckpointConfig {
   bool on_interrupt = true;  // SIGINT/SIGTERM/SIGHUP write one before exit
 };
 
+/// Several ranks (mpirun / srun; engine/parallel). Data parallel: each rank trains on its
+/// train.batch_size / data rows of every step, and the gradients are summed over the ranks.
+struct ParallelConfig {
+  int64_t data = 0;                     // data-parallel ranks; 0 = every rank the launcher started
+  uint64_t bucket_bytes = 16ull << 20;  // gradients reduced per exchange (two in flight)
+  int rank = 0;  // this process's rank: set at start-up from the launcher, never a config key
+  /// The data-parallel ranks this config runs on (0 means one outside a launcher).
+  int64_t ranks() const { return data > 0 ? data : 1; }
+};
+
 struct Config {
   std::string path;  // where it came from, for messages
   /// "section.key" -> "file:line:col" or "--set ..." for every key that was given.
@@ -127,7 +137,11 @@ struct Config {
   DeviceConfig device;
   LogConfig log;
   CheckpointConfig checkpoint;
+  ParallelConfig parallel;
 };
+
+/// Rows of each step this rank trains on: train.batch_size split over the data-parallel ranks.
+int64_t local_batch_size(const Config& c);
 
 /// The config as a TOML document (every key, resolved): what state.json keeps of a run.
 std::string config_to_toml(const Config& c);

@@ -33,14 +33,23 @@ const std::vector<GpuPreset>& gpu_presets() {
   // device.host_memory for yours. Links: pinned cudaMemcpy reaches ~80% of the PCIe line rate
   // (5.0 x16: 63 GB/s, 4.0 x16: 32 GB/s per direction). Peaks: the vendors' dense figures.
   constexpr uint64_t GiB = 1ull << 30;
+  // Between ranks: SXM cards talk over NVLink inside a node of 8 (line rate per direction per
+  // card) and over one 400 Gb/s (Hopper) or 200 Gb/s (A100) InfiniBand port each across nodes;
+  // PCIe cards over PCIe inside the node and 100 Gb/s Ethernet across.
   static const std::vector<GpuPreset> presets = {
-      {"h200", 150754820096ull, 128 * GiB, 50, "PCIe 5.0 x16", 989.4, 66.9},      // 143771 MiB
-      {"h100-80gb", 85045231616ull, 128 * GiB, 50, "PCIe 5.0 x16", 989.4, 66.9},  // 81105 MiB
-      {"a100-80gb", 85097660416ull, 128 * GiB, 25, "PCIe 4.0 x16", 312, 19.5},    // 81155 MiB
-      {"a100-40gb", 42505273344ull, 64 * GiB, 25, "PCIe 4.0 x16", 312, 19.5},     // 40536 MiB
-      {"l4", 23580639232ull, 64 * GiB, 25, "PCIe 4.0 x16", 121, 30.3},            // 22488 MiB
+      {"h200", 150754820096ull, 128 * GiB, 50, "PCIe 5.0 x16", 989.4, 66.9,  // 143771 MiB
+       8, 450, "NVLink 4", 50, "InfiniBand NDR 400 Gb/s"},
+      {"h100-80gb", 85045231616ull, 128 * GiB, 50, "PCIe 5.0 x16", 989.4, 66.9,  // 81105 MiB
+       8, 450, "NVLink 4", 50, "InfiniBand NDR 400 Gb/s"},
+      {"a100-80gb", 85097660416ull, 128 * GiB, 25, "PCIe 4.0 x16", 312, 19.5,  // 81155 MiB
+       8, 300, "NVLink 3", 25, "InfiniBand HDR 200 Gb/s"},
+      {"a100-40gb", 42505273344ull, 64 * GiB, 25, "PCIe 4.0 x16", 312, 19.5,  // 40536 MiB
+       8, 300, "NVLink 3", 25, "InfiniBand HDR 200 Gb/s"},
+      {"l4", 23580639232ull, 64 * GiB, 25, "PCIe 4.0 x16", 121, 30.3,  // 22488 MiB
+       8, 25, "PCIe 4.0 x16", 12.5, "Ethernet 100 Gb/s"},
       // GeForce tensor cores run bf16 with fp32 accumulation at half their fp16-accumulate rate.
-      {"rtx4090", 25393692672ull, 64 * GiB, 25, "PCIe 4.0 x16", 82.6, 82.6},  // 24217 MiB
+      {"rtx4090", 25393692672ull, 64 * GiB, 25, "PCIe 4.0 x16", 82.6, 82.6,  // 24217 MiB
+       8, 25, "PCIe 4.0 x16", 12.5, "Ethernet 100 Gb/s"},
   };
   return presets;
 }
@@ -64,6 +73,11 @@ PlanTarget plan_target(const Config& cfg, const std::string& gpu, std::optional<
           t.rates_note = fmt::format("{} ~{:.0f} GB/s per direction, {} dense peak {:.1f} TFLOP/s",
                                      p.link_name, p.link_gb_per_s, fp32 ? "fp32" : "bf16",
                                      fp32 ? p.fp32_tflops : p.bf16_tflops);
+          t.gpus_per_node = p.gpus_per_node;
+          t.peer_bytes_per_s = p.peer_gb_per_s * 1e9;
+          t.peer_name = p.peer_name;
+          t.network_bytes_per_s = p.network_gb_per_s * 1e9;
+          t.network_name = p.network_name;
         }
       if (!t.device_bytes) {
         std::string names;
@@ -151,6 +165,22 @@ CopyTime copy_time(const DryRun& run, const PlanTarget& target) {
   return t;
 }
 
+ExchangeTime exchange_time(const DryRun& run, const PlanTarget& target) {
+  ExchangeTime t;
+  if (run.ranks <= 1 || target.peer_bytes_per_s <= 0 || target.peak_flops_per_s <= 0) return t;
+  t.modelled = true;
+  // A ring of ranks goes no faster than its slowest hop: across nodes once it spans two.
+  const bool one_node = run.ranks <= target.gpus_per_node;
+  const double rate = one_node ? target.peer_bytes_per_s : target.network_bytes_per_s;
+  t.link = fmt::format("{} ~{:.0f} GB/s per direction",
+                       one_node ? target.peer_name : target.network_name, rate / 1e9);
+  t.exchange_s = static_cast<double>(run.grad_sent_bytes) / rate;
+  const double flops = run.cost[static_cast<size_t>(Phase::Recompute)].flops +
+                       run.cost[static_cast<size_t>(Phase::Backward)].flops;
+  t.backward_s = flops / target.peak_flops_per_s;
+  return t;
+}
+
 bool Planner::fits(const DryRun& run) const {
   return run.peak.total_bytes <= target_.pool_budget() &&
          run.host_peak.total_bytes <= target_.host_bytes;
@@ -177,7 +207,8 @@ DryRun Planner::dry_run(const Config& cfg, bool track_largest) const {
   be.pool().set_track_largest(track_largest);
   RunParts parts = factory_(cfg, be);
   Model& model = *parts.model;
-  Trainer trainer(cfg.train, resolve_remat_plan(cfg, model), be, model, *parts.data);
+  Trainer trainer(cfg.train, resolve_remat_plan(cfg, model), be, model, *parts.data,
+                  data_parallel(cfg, nullptr));
   be.reset_cost();
   trainer.step();
   be.pool().set_phase("checkpoint");
@@ -190,6 +221,8 @@ DryRun Planner::dry_run(const Config& cfg, bool track_largest) const {
   for (int i = 0; i < kNumPhases; ++i)
     r.cost[static_cast<size_t>(i)] = be.cost(static_cast<Phase>(i));
   r.n_params = model.n_params();
+  r.ranks = static_cast<int>(cfg.parallel.ranks());
+  r.grad_sent_bytes = trainer.sent_bytes_per_step();
   return r;
 }
 
@@ -208,14 +241,17 @@ int64_t Planner::longest_seq_len(const Config& cfg, const DryRun* at_cfg) const 
 }
 
 int64_t Planner::largest_batch(const Config& cfg, const DryRun* at_cfg) const {
-  return largest_fitting(
-      1ll << 20, target_.pool_budget(),
-      [&](int64_t b) {
-        Config c = cfg;
-        c.train.batch_size = b;
-        return search_peak(dry_run(c, false));
-      },
-      at_cfg ? std::optional(PeakProbe{cfg.train.batch_size, search_peak(*at_cfg)}) : std::nullopt);
+  // Data parallel: the batch grows by whole rows per rank (each rank's peak is what fits).
+  const int64_t ranks = cfg.parallel.ranks();
+  return ranks * largest_fitting(
+                     (1ll << 20) / ranks, target_.pool_budget(),
+                     [&](int64_t rows) {
+                       Config c = cfg;
+                       c.train.batch_size = rows * ranks;
+                       return search_peak(dry_run(c, false));
+                     },
+                     at_cfg ? std::optional(PeakProbe{local_batch_size(cfg), search_peak(*at_cfg)})
+                            : std::nullopt);
 }
 
 // ---- auto ----

@@ -36,6 +36,10 @@ struct PlanTarget {
   double link_bytes_per_s = 0;  // device <-> host copies, each direction
   double peak_flops_per_s = 0;  // dense peak at the activation dtype (fp32 accumulation)
   std::string rates_note;       // "PCIe 5.0 x16 ~50 GB/s, bf16 dense 989 TFLOP/s"
+  // Between ranks (parallel.data > 1): within a node of `gpus_per_node` cards, and across nodes.
+  double peer_bytes_per_s = 0, network_bytes_per_s = 0;
+  int gpus_per_node = 0;
+  std::string peer_name, network_name;  // "NVLink 4", "InfiniBand NDR 400 Gb/s"
   uint64_t pool_budget() const {
     return device_bytes > reserve_bytes ? device_bytes - reserve_bytes : 0;
   }
@@ -52,6 +56,13 @@ struct GpuPreset {
   const char* link_name;  // "PCIe 5.0 x16"
   double bf16_tflops;     // dense tensor-core peak with fp32 accumulation
   double fp32_tflops;     // dense fp32 peak without tensor cores (the fp32 build uses no TF32)
+  // Between ranks: the cards of one node (line rate per direction per card), then the network
+  // each card has to other nodes (GB = 1e9 B).
+  int gpus_per_node;
+  double peer_gb_per_s;
+  const char* peer_name;  // "NVLink 4"
+  double network_gb_per_s;
+  const char* network_name;  // "InfiniBand NDR 400 Gb/s"
 };
 /// Common cards: memory, the host RAM and link assumed beside them, and their peak rates.
 const std::vector<GpuPreset>& gpu_presets();
@@ -73,6 +84,8 @@ struct DryRun {
   double flops() const;               // every phase
   double to_host_bytes() const;       // copies per step, every phase
   double to_device_bytes() const;
+  int ranks = 1;                 // data-parallel ranks; every figure above is one rank's
+  uint64_t grad_sent_bytes = 0;  // gradient bytes each rank sends per step (ranks > 1)
 };
 
 /// A step's device <-> host copies in seconds beside its compute, at the target's rates (zero
@@ -86,6 +99,16 @@ struct CopyTime {
   bool modelled = false;
 };
 CopyTime copy_time(const DryRun& run, const PlanTarget& target);
+
+/// Data parallel: the gradient exchange of a step beside the backward it overlaps, at the
+/// target's link between ranks (within a node up to gpus_per_node ranks, else the network).
+struct ExchangeTime {
+  double exchange_s = 0;  // sent bytes at the link's line rate: a lower bound
+  double backward_s = 0;  // recompute + backward FLOPs at peak: the window it can hide in
+  std::string link;       // "NVLink 4 ~450 GB/s per direction"
+  bool modelled = false;
+};
+ExchangeTime exchange_time(const DryRun& run, const PlanTarget& target);
 
 /// What a run is made of; the caller (cmd/, tests) supplies it so that engine/ does not depend
 /// on layers/ or data/.

@@ -234,7 +234,8 @@ class CheckpointOffload {
 
 }  // namespace
 
-StepLoss forward_backward(Backend& be, Model& model, const RematPlan& plan, const Batch& batch) {
+StepLoss forward_backward(Backend& be, Model& model, const RematPlan& plan, const Batch& batch,
+                          const BlockGradsReady& grads_ready) {
   const size_t L = model.n_blocks();
   REMAT_ASSERT(plan.blocks.size() == L, "plan has {} blocks, model {}", plan.blocks.size(), L);
   MemoryPool& pool = be.pool();
@@ -295,6 +296,7 @@ StepLoss forward_backward(Backend& be, Model& model, const RematPlan& plan, cons
       model.block(j).backward(be, stores[j], dresid);
       stores[j].peak_passed();
       stores[j].clear();
+      if (grads_ready) grads_ready(j);
     }
   }
   be.set_phase(Phase::Backward);

@@ -16,6 +16,7 @@
 // the peak. These are executor rules, so the planner's dry run accounts them exactly.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -56,9 +57,14 @@ struct StepLoss {
   std::vector<float> row_losses;  // per row (B*T for the GPT), for task-specific metrics
 };
 
+/// Called with block i once block i's backward is done: its parameters' gradients are final
+/// (data parallel starts summing them over the ranks then; engine/parallel/grad_reducer.h).
+using BlockGradsReady = std::function<void(size_t block)>;
+
 /// Runs one forward + backward of `model` under `plan` on `be`. Parameter gradients accumulate
 /// into the model's grad buffers (the caller zeroes them).
-StepLoss forward_backward(Backend& be, Model& model, const RematPlan& plan, const Batch& batch);
+StepLoss forward_backward(Backend& be, Model& model, const RematPlan& plan, const Batch& batch,
+                          const BlockGradsReady& grads_ready = {});
 
 /// The loss of `batch` with no backward pass (evaluation): each block's activations are freed as
 /// soon as its output exists, so this never needs more memory than a training step. The fused

@@ -9,6 +9,8 @@
 #include <utility>
 
 #include "engine/error.h"
+#include "engine/parallel/communicator.h"
+#include "engine/parallel/grad_reducer.h"
 
 namespace remat {
 
@@ -23,8 +25,35 @@ double learning_rate(const TrainConfig& t, int64_t s) {
   return min_lr + 0.5 * (t.lr - min_lr) * (1.0 + std::cos(3.141592653589793 * progress));
 }
 
-Trainer::Trainer(TrainConfig train, RematPlan plan, Backend& be, Model& model, DataSource& data)
-    : train_(std::move(train)), be_(be), model_(model), data_(data), plan_(std::move(plan)) {}
+DataParallel data_parallel(const Config& cfg, parallel::Communicator* comm) {
+  return {static_cast<int>(cfg.parallel.ranks()), cfg.parallel.bucket_bytes, comm};
+}
+
+Trainer::Trainer(TrainConfig train, RematPlan plan, Backend& be, Model& model, DataSource& data,
+                 DataParallel dp)
+    : train_(std::move(train)),
+      be_(be),
+      model_(model),
+      data_(data),
+      plan_(std::move(plan)),
+      dp_(dp) {
+  if (dp_.ranks > 1)
+    reducer_ = std::make_unique<parallel::GradientReducer>(be, model, dp_.comm, dp_.ranks,
+                                                           dp_.bucket_bytes);
+}
+
+Trainer::~Trainer() = default;
+
+uint64_t Trainer::sent_bytes_per_step() const {
+  return reducer_ ? reducer_->sent_bytes_per_step() : 0;
+}
+
+std::vector<double> Trainer::mean_over_ranks(std::vector<double> values) {
+  if (!dp_.comm || dp_.ranks == 1) return values;
+  std::vector<double> sum = parallel::sum_over_ranks(*dp_.comm, values);
+  for (double& v : sum) v /= dp_.ranks;
+  return sum;
+}
 
 std::string Trainer::divergence_message(const StepMetrics& m) {
   std::string first = "none (the loss itself)";
@@ -68,10 +97,17 @@ StepMetrics Trainer::step() {
   be_.set_phase(Phase::Backward);
   for (Param& p : model_.params()) be_.fill(p.grad, 0.0f);
   model_.begin_step(step_);
-  StepLoss loss = forward_backward(be_, model_, plan_, batch);
+  parallel::GradientReducer* reducer = reducer_.get();
+  StepLoss loss = forward_backward(
+      be_, model_, plan_, batch,
+      reducer ? BlockGradsReady([reducer](size_t block) { reducer->block_done(block); })
+              : BlockGradsReady());
   batch = Batch();
-  m.loss = loss.mean;
+  if (reducer) reducer->finish();  // every gradient is now the sum over the ranks
   m.task_metric = data_.task_metric(loss.row_losses);
+  const std::vector<double> means = mean_over_ranks({loss.mean, m.task_metric.value_or(0.0)});
+  m.loss = means[0];
+  if (m.task_metric) m.task_metric = means[1];
 
   // Global-norm clipping folds into AdamW as a gradient scale.
   be_.set_phase(Phase::Optimizer);
@@ -91,7 +127,8 @@ StepMetrics Trainer::step() {
   be_.synchronize();
   const auto t1 = std::chrono::steady_clock::now();
   m.step_ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
-  m.tokens_per_s = static_cast<double>(n_tokens) * 1000.0 / std::max(m.step_ms, 1e-9);
+  // The whole job's tokens: every data-parallel rank trains n_tokens of its own.
+  m.tokens_per_s = static_cast<double>(n_tokens * dp_.ranks) * 1000.0 / std::max(m.step_ms, 1e-9);
   m.peak_bytes = pool.peak_bytes();
   return m;
 }
@@ -176,7 +213,7 @@ double Trainer::evaluate(int64_t eval_tokens) {
     Batch batch = data_.validation_batch(be_, i);
     sum += forward_loss(be_, model_, batch).mean;
   }
-  return sum / static_cast<double>(n);
+  return mean_over_ranks({sum / static_cast<double>(n)})[0];
 }
 
 }  // namespace remat

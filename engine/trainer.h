@@ -2,6 +2,7 @@
 // AdamW -> learning-rate schedule (linear warmup, cosine decay), one call per step.
 #pragma once
 
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -13,6 +14,21 @@
 #include "engine/remat.h"
 
 namespace remat {
+
+namespace parallel {
+class Communicator;
+class GradientReducer;
+}  // namespace parallel
+
+/// This trainer as one of `ranks` data-parallel ranks (engine/parallel): it trains on its share
+/// of each step's rows, and the gradients, the loss and the task metric are summed over ranks.
+struct DataParallel {
+  int ranks = 1;
+  uint64_t bucket_bytes = 16ull << 20;     // parallel.bucket_bytes
+  parallel::Communicator* comm = nullptr;  // null with ranks > 1: a dry run (memory, no exchange)
+};
+/// `cfg`'s [parallel] for a run on `comm` (a dry run when null).
+DataParallel data_parallel(const Config& cfg, parallel::Communicator* comm);
 
 /// Where batches come from (data/ implements it). Deterministic in (seed, step): the batch of a
 /// step is a pure function of them, so a resumed run draws exactly what an uninterrupted one would.
@@ -55,14 +71,19 @@ double learning_rate(const TrainConfig& t, int64_t s);
 class Trainer {
  public:
   /// Trains `model` on `data` with the [train] settings `train` under `plan`
-  /// (resolve_remat_plan); the trainer reads no other section.
-  Trainer(TrainConfig train, RematPlan plan, Backend& be, Model& model, DataSource& data);
+  /// (resolve_remat_plan); the trainer reads no other section. `model` and `data` are this rank's
+  /// (make_model and make_data_source split the batch over cfg.parallel).
+  Trainer(TrainConfig train, RematPlan plan, Backend& be, Model& model, DataSource& data,
+          DataParallel dp = {});
+  ~Trainer();
   /// One step. Throws Diverged (before the optimizer update) when the loss or the gradient norm
   /// is not finite.
   StepMetrics step();
   /// Throws Diverged naming the first parameter whose value is not finite (an update can overflow
   /// the weights while the step's loss was still finite). Run before a checkpoint is written.
   void check_weights_finite();
+  /// Gradient bytes this rank sends per step (0 on one rank).
+  uint64_t sent_bytes_per_step() const;
   /// Mean validation loss over the data's fixed validation batches (forward only in effect:
   /// the gradients it leaves are zeroed by the next step). Dropout is off during evaluation.
   double evaluate(int64_t eval_tokens);
@@ -74,12 +95,16 @@ class Trainer {
 
  private:
   std::string divergence_message(const StepMetrics& m);
+  /// Means over the data-parallel ranks (each has the same number of rows); as is on one rank.
+  std::vector<double> mean_over_ranks(std::vector<double> values);
   void update_weights(float lr, float grad_scale);
   TrainConfig train_;
   Backend& be_;
   Model& model_;
   DataSource& data_;
   RematPlan plan_;
+  DataParallel dp_;
+  std::unique_ptr<parallel::GradientReducer> reducer_;  // ranks > 1 only
   int64_t step_ = 0;
 };
 

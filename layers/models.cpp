@@ -18,6 +18,7 @@ class GptModel : public Model {
   GptModel(const ModelConfig& model, const ModelShape& s, Backend& be) : m_(model) {
     B_ = s.batch_size;
     T_ = s.seq_len;
+    loss_rows_all_ranks_ = B_ * T_ * s.data_ranks;
     const int64_t C = m_.n_embd, V = m_.vocab_size, FF = m_.ff(), L = m_.n_layer;
     const uint64_t seed = s.seed;
     loss_chunk_ = s.loss_chunk > 0 ? s.loss_chunk : default_loss_chunk_rows(B_ * T_, V);
@@ -86,7 +87,7 @@ class GptModel : public Model {
     be.layernorm_forward({lnf, stats, x, lnf_weight_->value, lnf_bias_->value});
     Buffer dlnf = pool.allocate({N, C}, be.act_dtype(), MemCategory::Transient, "grad.lnf");
     be.lm_head_loss({losses, dlnf, wte_->grad, lnf, wte_->value, batch.targets.tensor().view({N}),
-                     1.0f / static_cast<float>(N), loss_chunk_});
+                     1.0f / static_cast<float>(loss_rows_all_ranks_), loss_chunk_});
     lnf.reset();
     be.fill(dx, 0.0f);
     be.layernorm_backward(
@@ -96,6 +97,9 @@ class GptModel : public Model {
  private:
   ModelConfig m_;
   int64_t B_ = 0, T_ = 0, loss_chunk_ = 0;
+  // The mean loss's divisor: this rank's rows times the data-parallel ranks, so that the
+  // gradients summed over the ranks are those of the mean over the whole batch.
+  int64_t loss_rows_all_ranks_ = 0;
   Param* wte_ = nullptr;
   Param* wpe_ = nullptr;
   Param* lnf_weight_ = nullptr;
@@ -107,6 +111,7 @@ class MlpModel : public Model {
   MlpModel(const ModelConfig& model, const ModelShape& s, Backend& be)
       : L_(model.n_layer), D_(model.n_embd) {
     B_ = s.batch_size;
+    rows_all_ranks_ = B_ * s.data_ranks;
     params_.reserve(static_cast<size_t>(2 * L_));
     // He initialization keeps the relu stack's activations at unit scale.
     const ParamInit he{ParamInit::Normal, std::sqrt(2.0 / static_cast<double>(D_))};
@@ -131,11 +136,12 @@ class MlpModel : public Model {
   void stem_backward(Backend&, const Batch&, const Tensor&) override {}
   void head_forward_backward(Backend& be, const Tensor& x, const Batch& batch, const Tensor& losses,
                              const Tensor& dx) override {
-    be.mse_loss({losses, dx, x, batch.targets, 1.0f / static_cast<float>(B_)});
+    be.mse_loss({losses, dx, x, batch.targets, 1.0f / static_cast<float>(rows_all_ranks_)});
   }
 
  private:
   int64_t L_, D_, B_ = 0;
+  int64_t rows_all_ranks_ = 0;  // the mean's divisor (see GptModel)
 };
 
 }  // namespace
@@ -148,13 +154,20 @@ int64_t Model::n_params() const {
 
 std::unique_ptr<Model> make_model(const Config& cfg, Backend& be) {
   ModelShape shape = model_shape(cfg.train);
+  shape.batch_size = local_batch_size(cfg);
+  shape.data_ranks = cfg.parallel.ranks();
   shape.tile_tokens = cfg.remat.tile_tokens;
   shape.moments_on_host = cfg.remat.offloads_optimizer();
   return make_model(cfg.model, shape, be);
 }
 
 ModelShape model_shape(const TrainConfig& train) {
-  return {train.batch_size, train.seq_len, train.seed, train.loss_chunk};
+  ModelShape shape;
+  shape.batch_size = train.batch_size;
+  shape.seq_len = train.seq_len;
+  shape.seed = train.seed;
+  shape.loss_chunk = train.loss_chunk;
+  return shape;
 }
 
 std::unique_ptr<Model> make_model(const ModelConfig& model, const ModelShape& shape, Backend& be) {

@@ -14,13 +14,15 @@ namespace remat {
 /// What a model needs besides [model]: the shape of one step and the run's seed (parameter
 /// initialization, dropout), LM-head chunking and the blocks' token tiling.
 struct ModelShape {
-  int64_t batch_size = 1;
+  int64_t batch_size = 1;        // rows this rank trains on
+  int64_t data_ranks = 1;        // data-parallel ranks: the loss is the mean over all their rows
   int64_t seq_len = 1;           // gpt only
   uint64_t seed = 0;             // train.seed
   int64_t loss_chunk = 0;        // train.loss_chunk; 0 = chosen by the tool
   int64_t tile_tokens = 0;       // remat.tile_tokens (gpt): token rows per MLP chunk; 0 = untiled
   bool moments_on_host = false;  // remat.offload = "checkpoints+optimizer": AdamW m, v on the host
 };
+/// The shape of a single-rank run of `train` (make_model(Config) splits the batch over ranks).
 ModelShape model_shape(const TrainConfig& train);
 
 std::unique_ptr<Model> make_model(const ModelConfig& model, const ModelShape& shape, Backend& be);

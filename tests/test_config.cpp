@@ -149,5 +149,6 @@ TEST_CASE("the key table states what the readers accept, one row per key", "[con
   CHECK_NOTHROW(parse_config("[model]\nn_layer = 4096\n", "t.toml"));  // reading works after
   size_t rows = 0;
   for (size_t at = 0; (at = table.find("\n| `", at)) != std::string::npos; ++at) ++rows;
-  CHECK(rows == 46);
+  CHECK_THAT(table, Contains("| `parallel.data` | integer | `0` | 0..65536 |"));
+  CHECK(rows == 48);
 }

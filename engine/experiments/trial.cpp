@@ -94,9 +94,18 @@ TrialResult run_trial(const TrialSpec& spec, const std::function<void()>& tick) 
   posix_spawnattr_init(&attr);
   posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
   posix_spawnattr_setpgroup(&attr, 0);
+  // A trial is one process of its own: without the MPI launcher's variables, so that a parent
+  // started by mpirun does not make its trials join (or hang in) the parent's job.
+  std::vector<char*> env;
+  for (char** e = environ; *e; ++e) {
+    const std::string_view v(*e);
+    if (v.starts_with("OMPI_") || v.starts_with("PMIX_") || v.starts_with("PMI_")) continue;
+    env.push_back(*e);
+  }
+  env.push_back(nullptr);
   pid_t pid = 0;
   const auto t0 = std::chrono::steady_clock::now();
-  const int rc = posix_spawn(&pid, exe.c_str(), &fa, &attr, argv.data(), environ);
+  const int rc = posix_spawn(&pid, exe.c_str(), &fa, &attr, argv.data(), env.data());
   posix_spawn_file_actions_destroy(&fa);
   posix_spawnattr_destroy(&attr);
   if (rc != 0) {

@@ -1,0 +1,186 @@
+// Data-parallel gradient sums (see engine/parallel/grad_reducer.h).
+#include "engine/parallel/grad_reducer.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "engine/error.h"
+
+namespace remat::parallel {
+
+namespace {
+
+// The stage after which a parameter's gradient is final: its block, or (n_blocks) the end of the
+// backward for everything outside the blocks.
+size_t stage_of(const std::string& name, size_t n_blocks) {
+  size_t block = 0;
+  if (std::sscanf(name.c_str(), "blocks.%zu.", &block) == 1 && block < n_blocks) return block;
+  return n_blocks;
+}
+
+}  // namespace
+
+GradientReducer::GradientReducer(Backend& be, Model& model, Communicator* comm, int ranks,
+                                 uint64_t bucket_bytes)
+    : be_(be), comm_(comm), ranks_(ranks), rank_(comm ? comm->rank() : 0) {
+  REMAT_ASSERT(!comm || comm->size() == ranks, "reducer for {} ranks on a communicator of {}",
+               ranks, comm ? comm->size() : 0);
+  const size_t L = model.n_blocks();
+  const auto cap = static_cast<int64_t>(std::max<uint64_t>(bucket_bytes / sizeof(float), 1));
+  // Stages in the order the backward finishes them: the last block first, the rest at the end.
+  std::vector<size_t> order;
+  for (size_t i = L; i-- > 0;) order.push_back(i);
+  order.push_back(L);
+  stage_buckets_.assign(L + 1, {0, 0});
+  for (size_t stage : order) {
+    stage_buckets_[stage].first = buckets_.size();
+    bool open = false;
+    for (Param& p : model.params()) {
+      if (stage_of(p.name, L) != stage) continue;
+      const int64_t n = p.grad.tensor().numel();
+      for (int64_t off = 0; off < n;) {
+        if (!open || buckets_.back().floats == cap) buckets_.emplace_back(), open = true;
+        Bucket& b = buckets_.back();
+        const int64_t take = std::min(n - off, cap - b.floats);
+        b.segments.push_back({&p, off, take});
+        b.floats += take;
+        off += take;
+      }
+    }
+    stage_buckets_[stage].second = buckets_.size();
+  }
+  int64_t largest = 0;
+  for (Bucket& b : buckets_) {
+    largest = std::max(largest, b.floats);
+    b.counts.resize(static_cast<size_t>(ranks));
+    b.displs.resize(static_cast<size_t>(ranks));
+    int displ = 0;
+    for (int q = 0; q < ranks; ++q) {
+      const int64_t c = b.floats / ranks + (q < b.floats % ranks ? 1 : 0);
+      b.counts[static_cast<size_t>(q)] = static_cast<int>(c);
+      b.displs[static_cast<size_t>(q)] = displ;
+      displ += static_cast<int>(c);
+    }
+  }
+  // The packed bucket, then the `ranks` copies of this rank's shard (at most largest + ranks).
+  slot_floats_ = 2 * largest + ranks;
+  for (int s = 0; s < 2; ++s)
+    slots_[s] = be.pool().allocate({slot_floats_}, DType::F32, MemCategory::Grads,
+                                   fmt::format("grad_reduce.slot{}", s));
+}
+
+GradientReducer::~GradientReducer() {
+  // An error mid-step: no exchange may still write into a slot that is about to be freed.
+  if (!comm_) return;
+  for (Bucket& b : buckets_)
+    if (b.state == Bucket::State::Exchanging || b.state == Bucket::State::Gathering) try {
+        comm_->wait(b.request);
+      } catch (...) {  // the error already unwinding is the one to report
+      }
+}
+
+void GradientReducer::block_done(size_t block) {
+  if (!comm_) return;
+  for (size_t k = 0; k < started_; ++k) poll(k);  // lets MPI progress the earlier ones
+  start_stage(block);
+}
+
+void GradientReducer::finish() {
+  if (!comm_) return;
+  start_stage(stage_buckets_.size() - 1);  // everything outside the blocks
+  REMAT_ASSERT(started_ == buckets_.size(), "reducer: {} of {} buckets started", started_,
+               buckets_.size());
+  for (size_t k = 0; k < buckets_.size(); ++k) complete(k);
+  started_ = 0;
+}
+
+void GradientReducer::start_stage(size_t stage) {
+  for (size_t k = stage_buckets_[stage].first; k < stage_buckets_[stage].second; ++k) {
+    REMAT_ASSERT(k == started_, "reducer: bucket {} started out of order (next is {})", k,
+                 started_);
+    start(k);
+    ++started_;
+  }
+}
+
+// MPI matches collectives by the order in which each rank starts them, so every rank starts them
+// in one fixed order whatever finishes first: exchange 0; then, for each next bucket k, the
+// gather of bucket k - 1 and the exchange of bucket k. Tests only finish what is in flight.
+void GradientReducer::start(size_t k) {
+  if (k >= 2) complete(k - 2);  // its slot is this bucket's
+  if (k >= 1) sum_and_gather(k - 1);
+  Bucket& b = buckets_[k];
+  float* slot = slots_[k % 2].f32();
+  float* at = slot;
+  for (const Segment& s : b.segments) {
+    std::memcpy(at, s.param->grad.f32() + s.offset, static_cast<size_t>(s.count) * sizeof(float));
+    at += s.count;
+  }
+  b.request = comm_->start_exchange(slot, b.counts, b.displs, slot + b.floats);
+  b.state = Bucket::State::Exchanging;
+}
+
+void GradientReducer::poll(size_t k) {
+  Bucket& b = buckets_[k];
+  if (b.state == Bucket::State::Exchanging && comm_->test(b.request)) add_copies(k);
+  if (b.state == Bucket::State::Gathering && comm_->test(b.request)) unpack(k);
+}
+
+void GradientReducer::sum_and_gather(size_t k) {
+  Bucket& b = buckets_[k];
+  if (b.state == Bucket::State::Exchanging) {
+    comm_->wait(b.request);
+    add_copies(k);
+  }
+  if (b.state != Bucket::State::Summed) return;
+  b.request = comm_->start_allgather(slots_[k % 2].f32(), b.counts, b.displs);
+  b.state = Bucket::State::Gathering;
+}
+
+void GradientReducer::complete(size_t k) {
+  sum_and_gather(k);
+  Bucket& b = buckets_[k];
+  if (b.state != Bucket::State::Gathering) return;
+  comm_->wait(b.request);
+  unpack(k);
+}
+
+// This rank's shard of bucket k: every rank's copy, added in rank order.
+void GradientReducer::add_copies(size_t k) {
+  Bucket& b = buckets_[k];
+  float* slot = slots_[k % 2].f32();
+  const int64_t c = b.counts[static_cast<size_t>(rank_)];
+  const float* copies = slot + b.floats;
+  float* out = slot + b.displs[static_cast<size_t>(rank_)];
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < c; ++i) {
+    float acc = copies[i];
+    for (int p = 1; p < ranks_; ++p) acc += copies[p * c + i];
+    out[i] = acc;
+  }
+  b.state = Bucket::State::Summed;
+}
+
+void GradientReducer::unpack(size_t k) {
+  Bucket& b = buckets_[k];
+  const float* at = slots_[k % 2].f32();
+  for (const Segment& s : b.segments) {
+    std::memcpy(s.param->grad.f32() + s.offset, at, static_cast<size_t>(s.count) * sizeof(float));
+    at += s.count;
+  }
+  b.state = Bucket::State::Idle;
+}
+
+uint64_t GradientReducer::sent_bytes_per_step() const {
+  uint64_t floats = 0;
+  for (const Bucket& b : buckets_) {
+    const auto mine = static_cast<uint64_t>(b.counts[static_cast<size_t>(rank_)]);
+    floats += static_cast<uint64_t>(b.floats) - mine;    // the other ranks' shards
+    floats += mine * static_cast<uint64_t>(ranks_ - 1);  // this rank's sum, to each
+  }
+  return floats * sizeof(float);
+}
+
+}  // namespace remat::parallel

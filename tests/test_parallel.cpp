@@ -1,0 +1,252 @@
+// Data parallel over real `mpirun -np 2` jobs of the binary (OpenMPI from Debian, oversubscribed
+// on the 2-core CI machine): the same losses as one rank with the same global batch (within fp32
+// reassociation: the weight gradients' GEMMs sum the rows of each rank separately), the same bits
+// on every rank, the planner's per-rank peak, a failing or killed rank stopping the whole job, a
+// stop signal agreed on by every rank, and a data-parallel checkpoint resumed on one rank.
+#include <fmt/format.h>
+
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "cli_util.h"
+#include "temp_dir.h"
+
+namespace fs = std::filesystem;
+using remat::test::CliResult;
+using remat::test::run_in_source;
+using remat::test::TempDir;
+
+namespace {
+
+// Root in a container is allowed; shared-memory transport without the cross-process copy that
+// ptrace-restricted containers refuse.
+constexpr const char* kMpiEnv =
+    "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
+    "OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_rmaps_base_oversubscribe=1";
+
+// `remat-train ARGS` on `ranks` ranks started by mpirun (1 rank: no launcher at all).
+CliResult run_ranks(int ranks, const std::string& args) {
+  if (ranks == 1) return run_in_source(fmt::format("{} {}", REMAT_BINARY, args));
+  return run_in_source(fmt::format("env {} mpirun --oversubscribe -np {} {} {}", kMpiEnv, ranks,
+                                   REMAT_BINARY, args));
+}
+
+// The small GPT of every test here: 1 thread per rank, 2 ranks share the 2 cores.
+std::string gpt_args(int64_t steps, const std::string& extra = "") {
+  return fmt::format(
+      "--config configs/copy.toml --set device.threads=1 --set train.batch_size=4 "
+      "--set train.seq_len=64 --set train.steps={} --set train.warmup_steps=2 --set log.every=1 {}",
+      steps, extra);
+}
+
+// step -> `key` ("loss", "val_loss") of a metrics file's step lines.
+std::map<int64_t, double> values_of(const std::string& path, const char* key) {
+  std::map<int64_t, double> out;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.contains(key) && j.contains("step") && !j[key].is_null())
+      out[j["step"].get<int64_t>()] = j[key];
+  }
+  return out;
+}
+std::map<int64_t, double> losses_of(const std::string& path) {
+  return values_of(path, "loss");
+}
+std::map<int64_t, double> val_losses_of(const std::string& path) {
+  return values_of(path, "val_loss");
+}
+
+void check_close(const std::map<int64_t, double>& a, const std::map<int64_t, double>& b,
+                 double rel) {
+  REQUIRE(a.size() == b.size());
+  for (const auto& [step, loss] : a) {
+    INFO("step " << step << ": " << loss << " vs " << b.at(step));
+    CHECK(std::abs(loss - b.at(step)) <= rel * std::abs(loss));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("mpirun is installed for the data-parallel tests", "[smoke][parallel]") {
+  // scripts/install-deps.sh installs openmpi-bin; without it every test below would fail late.
+  const CliResult r = run_in_source("mpirun --version");
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+}
+
+TEST_CASE("data parallel over 2 ranks trains like one rank with the same global batch",
+          "[smoke][parallel]") {
+  TempDir dir("dp");
+  const std::string one = (dir.path / "one.jsonl").string();
+  const std::string two = (dir.path / "two.jsonl").string();
+  SECTION("gpt, synthetic copy task") {
+    const CliResult a = run_ranks(1, gpt_args(12, "--metrics " + one));
+    INFO(a.out);
+    REQUIRE(a.code == 0);
+    const CliResult b = run_ranks(2, gpt_args(12, "--metrics " + two));
+    INFO(b.out);
+    REQUIRE(b.code == 0);
+    // One rank prints; the planner's per-rank peak (batch 2 and the reduction slots) holds.
+    CHECK(b.out.find("data parallel over MPI") != std::string::npos);
+    CHECK(b.out.find("equal to the measured peak") != std::string::npos);
+    CHECK(b.out.find("summary:") == b.out.rfind("summary:"));
+    // Reassociation only: measured ~1e-8 relative after 20 steps.
+    check_close(losses_of(one), losses_of(two), 1e-6);
+    // Every rank logs its own line with its rank, and every rank holds the same numbers.
+    const auto rank1 = (dir.path / "two.rank1.jsonl").string();
+    REQUIRE(fs::exists(rank1));
+    CHECK(losses_of(rank1) == losses_of(two));
+    std::ifstream in(rank1);
+    std::string first;
+    std::getline(in, first);
+    CHECK(nlohmann::json::parse(first)["rank"] == 1);
+  }
+  SECTION("gpt on text files, each rank reading its own rows, with validation") {
+    const std::string text =
+        "--config configs/long.toml --set device.threads=1 --set train.seq_len=128 "
+        "--set train.batch_size=4 --set train.steps=6 --set train.eval_every=3 "
+        "--set train.eval_tokens=1024 --set checkpoint.dir= -q --metrics ";
+    REQUIRE(run_ranks(1, text + one).code == 0);
+    const CliResult b = run_ranks(2, text + two);
+    INFO(b.out);
+    REQUIRE(b.code == 0);
+    check_close(losses_of(one), losses_of(two), 1e-6);
+    check_close(val_losses_of(one), val_losses_of(two), 1e-6);
+    CHECK(val_losses_of(one).size() == 2);
+  }
+  SECTION("mlp, regression rows that start mid-pair of the normal generator") {
+    // 6 rows x 33 features: rank 1's rows start at number 99 of the step's stream.
+    const std::string mlp =
+        "--config configs/mlp4.toml --set device.threads=1 --set model.n_embd=33 "
+        "--set train.batch_size=6 --set train.steps=8 -q --metrics ";
+    REQUIRE(run_ranks(1, mlp + one).code == 0);
+    const CliResult b = run_ranks(2, mlp + two);
+    INFO(b.out);
+    REQUIRE(b.code == 0);
+    check_close(losses_of(one), losses_of(two), 1e-6);
+  }
+}
+
+TEST_CASE("a data-parallel checkpoint resumes on one rank where one rank would be",
+          "[smoke][parallel]") {
+  TempDir dir("dp-resume");
+  const std::string ckpt = (dir.path / "ckpt").string();
+  const std::string whole = (dir.path / "whole.jsonl").string();
+  const std::string halves = (dir.path / "halves.jsonl").string();
+  REQUIRE(run_ranks(1, gpt_args(8, "-q --metrics " + whole)).code == 0);
+  const CliResult first = run_ranks(
+      2, gpt_args(
+             8, fmt::format("-q --stop-at 4 --set checkpoint.dir={} --metrics {}", ckpt, halves)));
+  INFO(first.out);
+  REQUIRE(first.code == 0);
+  // Rank 0 alone writes: one checkpoint folder, no second writer racing it.
+  int folders = 0;
+  for (const auto& e : fs::directory_iterator(ckpt)) folders += e.is_directory() ? 1 : 0;
+  CHECK(folders == 1);
+  const CliResult second = run_ranks(
+      1, gpt_args(8, fmt::format("-q --resume latest --set checkpoint.dir={} --metrics {}", ckpt,
+                                 halves)));
+  INFO(second.out);
+  REQUIRE(second.code == 0);
+  check_close(losses_of(whole), losses_of(halves), 1e-6);
+}
+
+TEST_CASE("a failing rank stops every rank with its message", "[smoke][parallel]") {
+  TempDir dir("dp-fail");
+  // Rank 1's metrics file cannot be created (a folder has its name); rank 0 starts training and
+  // would wait for rank 1 at the first gradient exchange forever.
+  const std::string metrics = (dir.path / "m.jsonl").string();
+  fs::create_directories(dir.path / "m.rank1.jsonl");
+  const auto t0 = std::chrono::steady_clock::now();
+  const CliResult r = run_ranks(2, gpt_args(100000, "--metrics " + metrics));
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  INFO(r.out);
+  CHECK(r.code == 2);
+  CHECK(r.out.find("[rank 1] error:") != std::string::npos);
+  CHECK(r.out.find("m.rank1.jsonl") != std::string::npos);
+  CHECK(s < 60);
+}
+
+TEST_CASE("a rank killed mid-run ends the whole job within seconds", "[smoke][parallel]") {
+  TempDir dir("dp-kill");
+  const std::string metrics = (dir.path / "m.jsonl").string();
+  // Rank 1 (mpirun's second child) is killed once it has logged a step; mpirun must then take
+  // rank 0 down, which would otherwise wait for rank 1 at the next exchange forever.
+  const std::string cmd = fmt::format(
+      "env {} mpirun --oversubscribe -np 2 {} {} & job=$!; "
+      "for i in $(seq 300); do [ -s {} ] && break; sleep 0.1; done; "
+      "sleep 1; kill -9 $(pgrep -P $job | tail -n 1); "
+      "start=$(date +%s); wait $job; rc=$?; echo \"rc=$rc after=$(( $(date +%s) - start ))\"",
+      kMpiEnv, REMAT_BINARY, gpt_args(100000, "-q --metrics " + metrics),
+      (dir.path / "m.rank1.jsonl").string());
+  const CliResult r = run_in_source(cmd);
+  INFO(r.out);
+  const auto at = r.out.find("rc=");
+  REQUIRE(at != std::string::npos);
+  int rc = -1, after = -1;
+  REQUIRE(std::sscanf(r.out.c_str() + at, "rc=%d after=%d", &rc, &after) == 2);
+  CHECK(rc != 0);
+  CHECK(after <= 15);
+}
+
+TEST_CASE("a stop signal reaching one rank stops every rank after the same step",
+          "[smoke][parallel]") {
+  TempDir dir("dp-term");
+  const std::string metrics = (dir.path / "m.jsonl").string();
+  const std::string ckpt = (dir.path / "ckpt").string();
+  // SIGTERM to rank 0 only (mpirun's first child; not to mpirun, which forwards it to both).
+  const std::string cmd = fmt::format(
+      "env {} mpirun --oversubscribe -np 2 {} {} & job=$!; "
+      "for i in $(seq 300); do [ -s {} ] && break; sleep 0.1; done; "
+      "kill -TERM $(pgrep -P $job | head -n 1); wait $job; echo \"rc=$?\"",
+      kMpiEnv, REMAT_BINARY,
+      gpt_args(100000, fmt::format("-q --metrics {} --set checkpoint.dir={}", metrics, ckpt)),
+      metrics);
+  const CliResult r = run_in_source(cmd);
+  INFO(r.out);
+  CHECK(r.out.find("rc=143") != std::string::npos);
+  const auto rank0 = losses_of(metrics);
+  const auto rank1 = losses_of((dir.path / "m.rank1.jsonl").string());
+  REQUIRE(!rank0.empty());
+  CHECK(rank0 == rank1);  // the same steps, the same losses
+  int folders = 0;
+  for (const auto& e : fs::directory_iterator(ckpt)) folders += e.is_directory() ? 1 : 0;
+  CHECK(folders == 1);
+}
+
+TEST_CASE("parallel settings that cannot run are refused naming the key", "[smoke][parallel]") {
+  SECTION("parallel.data differs from the ranks started") {
+    const CliResult r = run_ranks(2, gpt_args(2, "--set parallel.data=3 --set train.batch_size=6"));
+    INFO(r.out);
+    CHECK(r.code == 2);
+    CHECK(r.out.find("parallel.data") != std::string::npos);
+    CHECK(r.out.find("mpirun -np 3") != std::string::npos);
+  }
+  SECTION("a batch that does not split over the ranks") {
+    const CliResult r = run_ranks(2, gpt_args(2, "--set train.batch_size=5"));
+    INFO(r.out);
+    CHECK(r.code == 2);
+    CHECK(r.out.find("does not split evenly over 2") != std::string::npos);
+  }
+  SECTION("parallel.data in a config run without a launcher") {
+    const CliResult r = run_ranks(1, gpt_args(2, "--set parallel.data=2"));
+    INFO(r.out);
+    CHECK(r.code == 2);
+    CHECK(r.out.find("mpirun -np 2") != std::string::npos);
+  }
+  SECTION("a subcommand other than train on several ranks") {
+    const CliResult r = run_ranks(2, "plan --config configs/copy.toml");
+    INFO(r.out);
+    CHECK(r.code == 2);
+    CHECK(r.out.find("only `train` runs on several ranks") != std::string::npos);
+  }
+}
