@@ -327,13 +327,8 @@ int run_fit(const FitOptions& opt) {
   }
 
   fmt::print("fit  {} on {} | pool budget {} | batch {}{} | configured seq_len {}{}\n", base.path,
-             target.name, format_bytes(budget), base.train.batch_size,
-             base.parallel.ranks() > 1
-                 ? fmt::format(" ({} rows on each of {} data-parallel ranks: peaks are one "
-                               "rank's, tokens/s the job's with this rate on every rank)",
-                               local_batch_size(base), base.parallel.ranks())
-                 : std::string(),
-             conf_t, tiling_note(base));
+             target.name, format_bytes(budget), base.train.batch_size, parallel_note(base), conf_t,
+             tiling_note(base));
   fmt::print("     tokens/s estimated from step FLOPs / rate: {}\n\n", rate.note);
   size_t w = 10;  // the policy column fits its longest entry ("full:tile=1024:offload=...")
   for (const auto& r : rows) w = std::max(w, r.policy.size());

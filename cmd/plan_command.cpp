@@ -200,11 +200,7 @@ int run_plan(const PlanOptions& opt) {
   fmt::print("model {} L={} C={} | {:.2f}M params | batch {} x seq_len {}{}{}\n\n", cfg.model.kind,
              cfg.model.n_layer, cfg.model.n_embd,
              static_cast<double>(rows.front().run.n_params) / 1e6, cfg.train.batch_size,
-             cfg.train.seq_len,
-             cfg.parallel.ranks() > 1 ? fmt::format(" ({} rows on each of {} data-parallel ranks)",
-                                                    local_batch_size(cfg), cfg.parallel.ranks())
-                                      : std::string(),
-             tiling_note(cfg));
+             cfg.train.seq_len, parallel_note(cfg), tiling_note(cfg));
   fmt::print("{:<28} {:>11} {:>11} {:>11} {:>11} {:>10} {:>5}  {:<22} {:>12} {:>9}\n", "policy",
              "peak", "activations", "checkpoints", "host peak", "recompute", "fits", "peak during",
              "longest T", "max batch");

@@ -114,6 +114,19 @@ std::string copy_line(const DryRun& run, const PlanTarget& target) {
                                 : std::string("the copies hide behind compute"));
 }
 
+std::string parallel_note(const Config& cfg) {
+  const ParallelConfig& p = cfg.parallel;
+  if (p.world_ranks() == 1) return "";
+  std::string parts;
+  if (p.data_ranks() > 1)
+    parts = fmt::format("{} rows of the batch on each of {} data-parallel groups",
+                        local_batch_size(cfg), p.data_ranks());
+  if (p.context > 1)
+    parts += fmt::format("{}{} tokens of each row on each of {} context ranks",
+                         parts.empty() ? "" : ", ", format_count(local_seq_len(cfg)), p.context);
+  return fmt::format(" (on {} ranks: {}; figures are rank {}'s)", p.world_ranks(), parts, p.rank);
+}
+
 std::string exchange_line(const DryRun& run, const PlanTarget& target) {
   std::string line = fmt::format(
       "  data parallel over {} ranks: every figure is one rank's; gradients sent per rank per "

@@ -81,6 +81,9 @@ std::string tiling_note(const Config& cfg);
 
 /// "  copies per step: X to host, Y back to the device; T s at the link's rate vs compute >= U s
 /// at peak (...); the copies hide behind compute": what offloading costs on `target`.
+/// " (on 8 ranks: 2 rows of the batch per data-parallel group, 4,096 tokens of each row per
+/// context rank; figures are rank 0's)", or empty on one rank.
+std::string parallel_note(const Config& cfg);
 /// Data parallel (parallel.data > 1): the gradient bytes each rank sends per step, and their time
 /// beside the backward on the target's link between ranks.
 std::string exchange_line(const DryRun& run, const PlanTarget& target);

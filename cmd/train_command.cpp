@@ -359,26 +359,33 @@ std::string version_text() {
 
 namespace {
 
-// [parallel] against the ranks the launcher started: parallel.data = 0 takes them all; any other
-// count must match, since context parallelism does not exist to take the rest.
+// [parallel] against the ranks the launcher started: data x context must be all of them
+// (parallel.data = 0 takes every rank that context leaves).
 void resolve_ranks(Config& cfg, const parallel::Communicator& world) {
   const int n = world.size();
-  if (cfg.parallel.data == 0) cfg.parallel.data = n;
-  if (cfg.parallel.data != n) {
-    const auto it = cfg.origins.find("parallel.data");
+  ParallelConfig& p = cfg.parallel;
+  auto origin = [&](const char* key) {
+    const auto it = cfg.origins.find(key);
+    return it != cfg.origins.end() ? it->second : cfg.path;
+  };
+  if (n % p.context != 0)
     throw ConfigError(fmt::format(
-        "{}: [parallel] data = {}, but {} rank{} started. Fix: start {} rank{} (mpirun -np {}), "
-        "or set parallel.data = {} (or 0: every rank started)",
-        it != cfg.origins.end() ? it->second : cfg.path, cfg.parallel.data, n,
-        n == 1 ? " was" : "s were", cfg.parallel.data, cfg.parallel.data == 1 ? "" : "s",
-        cfg.parallel.data, n));
-  }
-  if (n > 1 && cfg.train.batch_size % n != 0)
+        "{}: [parallel] context = {} does not divide the {} rank{} started. Fix: start a "
+        "multiple of {} ranks (mpirun -np N), or change parallel.context",
+        origin("parallel.context"), p.context, n, n == 1 ? "" : "s", p.context));
+  if (p.data == 0) p.data = n / p.context;
+  if (p.world_ranks() != n)
     throw ConfigError(fmt::format(
-        "{}: train.batch_size = {} does not split evenly over {} data-parallel ranks. Fix: "
+        "{}: [parallel] data = {} x context = {} is {} ranks, but {} {} started. Fix: start {} "
+        "(mpirun -np {}), or set parallel.data = {} (or 0: every rank started)",
+        origin("parallel.data"), p.data, p.context, p.world_ranks(), n, n == 1 ? "was" : "were",
+        p.world_ranks(), p.world_ranks(), n / p.context));
+  if (cfg.train.batch_size % p.data != 0)
+    throw ConfigError(fmt::format(
+        "{}: train.batch_size = {} does not split evenly over {} data-parallel groups. Fix: "
         "choose a multiple of {}",
-        cfg.path, cfg.train.batch_size, n, n));
-  cfg.parallel.rank = world.rank();
+        cfg.path, cfg.train.batch_size, p.data, p.data));
+  p.rank = world.rank();
 }
 
 // One rank's file of per-rank metrics: FILE for rank 0, FILE with ".rankN" before its extension
@@ -415,10 +422,14 @@ int run_train(const TrainOptions& options) {
   Backend& be = *choice.backend;
   if (world.size() > 1 && be.workspace_target().device != DeviceKind::Cpu)
     throw ConfigError(fmt::format(
-        "{}: data parallel over {} ranks runs on the CPU backend; this build exchanges "
-        "gradients through host memory with MPI and has no NCCL path for the {} backend yet. "
-        "Fix: set device.backend = \"cpu\", or run one rank",
+        "{}: running on {} ranks needs the CPU backend; this build exchanges gradients and "
+        "attention blocks through host memory with MPI and has no NCCL path for the {} backend "
+        "yet. Fix: set device.backend = \"cpu\", or run one rank",
         cfg.path, world.size(), be.name()));
+  // The ranks that split each sequence: consecutive world ranks.
+  std::unique_ptr<parallel::Communicator> context_group;
+  if (cfg.parallel.context > 1)
+    context_group = world.split(cfg.parallel.data_rank(), cfg.parallel.context_rank());
   // The plan of this very run: the same step on the count backend.
   const Planner planner(run_plan_target(be), make_run_parts);
   // auto, for this very budget: the Trainer sees a per-block plan.
@@ -428,7 +439,7 @@ int run_train(const TrainOptions& options) {
   }
   const DryRun predicted = planner.dry_run(cfg);
   refuse_plan_over_budget(planner, cfg, predicted);
-  std::unique_ptr<Model> model = make_model(cfg, be);
+  std::unique_ptr<Model> model = make_model(cfg, be, context_group.get());
   std::unique_ptr<DataSource> data = make_data_source(cfg);
   data->open();
   Trainer trainer(cfg.train, resolve_remat_plan(cfg, *model), be, *model, *data,
@@ -459,9 +470,10 @@ int run_train(const TrainOptions& options) {
   info.data_line = data->describe();
   if (world.size() > 1)
     info.parallel_line = fmt::format(
-        "ranks  data parallel over {}: {} rows of the batch per rank, predicted peak per rank; "
-        "gradients summed in rank order, {} sent per rank per step",
-        world.describe(), local_batch_size(cfg), format_bytes(trainer.sent_bytes_per_step()));
+        "ranks  {} = data {} x context {}{}; predicted peak per rank; gradients summed in rank "
+        "order, {} sent per rank per step",
+        world.describe(), cfg.parallel.data, cfg.parallel.context, parallel_note(cfg),
+        format_bytes(trainer.sent_bytes_per_step()));
   if (!opt.quiet) print_banner(stdout, info, cfg);
 
   TrainRun run(opt, cfg, be, *model, *data, trainer, world);

@@ -93,7 +93,9 @@ class FileData : public DataSource {
   int64_t B_;     // rows per step, over every data-parallel rank
   int64_t rows_;  // this rank's rows of each step: rows [row0_, row0_ + rows_) of the B_
   int64_t row0_;
-  int64_t T_, V_;
+  int64_t T_;
+  std::vector<int64_t> pos_;  // this rank's positions of each row (context parallel), else 0..T-1
+  int64_t V_;
   uint64_t seed_;
   bool open_ = false;
   TokenCorpus corpus_, val_corpus_;

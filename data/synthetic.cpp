@@ -8,6 +8,7 @@
 
 #include "data/gaussian.h"
 #include "engine/cpu/gemm.h"
+#include "engine/parallel/context_ring.h"
 #include "engine/rng.h"
 
 namespace remat {
@@ -23,8 +24,11 @@ class TokenTask : public DataSource {
       : task_(cfg.data.task),
         B_(cfg.train.batch_size),
         rows_(local_batch_size(cfg)),
-        row0_(cfg.parallel.rank * rows_),
+        row0_(cfg.parallel.data_rank() * rows_),
         T_(cfg.train.seq_len),
+        pos_(parallel::context_positions(T_, static_cast<int>(cfg.parallel.context),
+                                         cfg.parallel.context_rank())
+                 .list()),
         V_(cfg.model.vocab_size),
         seed_(cfg.train.seed) {}
 
@@ -35,11 +39,12 @@ class TokenTask : public DataSource {
   Batch next(Backend& be, int64_t step) override {
     Batch batch;
     MemoryPool& pool = be.pool();
-    batch.inputs = pool.allocate({rows_, T_}, DType::I32, MemCategory::Transient, "batch.inputs");
-    batch.targets = pool.allocate({rows_, T_}, DType::I32, MemCategory::Transient, "batch.targets");
-    batch.n_tokens = rows_ * T_;
+    const auto Tl = static_cast<int64_t>(pos_.size());  // this rank's tokens of each row
+    batch.inputs = pool.allocate({rows_, Tl}, DType::I32, MemCategory::Transient, "batch.inputs");
+    batch.targets = pool.allocate({rows_, Tl}, DType::I32, MemCategory::Transient, "batch.targets");
+    batch.n_tokens = rows_ * Tl;
     if (!be.computes()) return batch;  // a dry run needs the shapes, not the tokens
-    std::vector<int32_t> inputs(static_cast<size_t>(rows_ * T_)), targets(inputs.size());
+    std::vector<int32_t> inputs(static_cast<size_t>(rows_ * Tl)), targets(inputs.size());
     {
       const int64_t half = T_ / 2;
       for (int64_t b = 0; b < rows_; ++b) {
@@ -51,9 +56,10 @@ class TokenTask : public DataSource {
               rng_bits(seed_ ^ row, kTokenStream, static_cast<uint64_t>(src)) %
               static_cast<uint64_t>(V_));
         };
-        for (int64_t t = 0; t < T_; ++t) {
-          inputs[static_cast<size_t>(b * T_ + t)] = token(t);
-          targets[static_cast<size_t>(b * T_ + t)] = token(t + 1);
+        for (int64_t j = 0; j < Tl; ++j) {
+          const int64_t t = pos_[static_cast<size_t>(j)];
+          inputs[static_cast<size_t>(b * Tl + j)] = token(t);
+          targets[static_cast<size_t>(b * Tl + j)] = token(t + 1);
         }
       }
     }
@@ -66,10 +72,17 @@ class TokenTask : public DataSource {
   std::optional<double> task_metric(const std::vector<float>& row_losses) const override {
     if (task_ != "copy" || row_losses.empty()) return std::nullopt;
     double sum = 0;
-    int64_t n = 0;
+    const auto Tl = static_cast<int64_t>(pos_.size());
     for (int64_t b = 0; b < rows_; ++b)
-      for (int64_t t = T_ / 2; t < T_; ++t, ++n) sum += row_losses[static_cast<size_t>(b * T_ + t)];
-    return sum / static_cast<double>(n);
+      for (int64_t j = 0; j < Tl; ++j)
+        if (pos_[static_cast<size_t>(j)] >= T_ / 2)
+          sum += row_losses[static_cast<size_t>(b * Tl + j)];
+    return sum / static_cast<double>(task_metric_count());
+  }
+  int64_t task_metric_count() const override {
+    int64_t n = 0;
+    for (int64_t p : pos_) n += p >= T_ / 2 ? 1 : 0;
+    return n * rows_;
   }
   std::string task_metric_name() const override { return task_ == "copy" ? "copy_loss" : ""; }
 
@@ -78,7 +91,9 @@ class TokenTask : public DataSource {
   int64_t B_;     // rows per step, over every data-parallel rank
   int64_t rows_;  // this rank's rows: [row0_, row0_ + rows_) of each step's B_
   int64_t row0_;
-  int64_t T_, V_;
+  int64_t T_;
+  std::vector<int64_t> pos_;  // this rank's positions of each row (context parallel), else 0..T-1
+  int64_t V_;
   uint64_t seed_;
 };
 
@@ -87,7 +102,7 @@ class RegressionTask : public DataSource {
   explicit RegressionTask(const Config& cfg)
       : B_(cfg.train.batch_size),
         rows_(local_batch_size(cfg)),
-        row0_(cfg.parallel.rank * rows_),
+        row0_(cfg.parallel.data_rank() * rows_),
         D_(cfg.model.n_embd),
         seed_(cfg.train.seed) {}
   // The D x D teacher is made when the data is opened, not built: dry runs never need it, and a

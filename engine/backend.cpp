@@ -155,6 +155,22 @@ void Backend::attention_backward(const AttentionBackwardArgs& a) {
   run_op("attention_backward", a, &Backend::attention_backward_impl);
 }
 
+void Backend::ring_split(const RingSplitArgs& a) {
+  run_op("ring_split", a, &Backend::ring_split_impl);
+}
+void Backend::ring_merge_grad(const RingMergeGradArgs& a) {
+  run_op("ring_merge_grad", a, &Backend::ring_merge_grad_impl);
+}
+void Backend::ring_block_forward(const RingBlockForwardArgs& a) {
+  run_op("ring_block_forward", a, &Backend::ring_block_forward_impl);
+}
+void Backend::ring_finish(const RingFinishArgs& a) {
+  run_op("ring_finish", a, &Backend::ring_finish_impl);
+}
+void Backend::ring_block_backward(const RingBlockBackwardArgs& a) {
+  run_op("ring_block_backward", a, &Backend::ring_block_backward_impl);
+}
+
 void Backend::attention_delta(const AttentionDeltaArgs& a) {
   run_op("attention_delta", a, &Backend::attention_delta_impl);
 }

@@ -33,6 +33,7 @@
 #include "engine/ops/linear.h"
 #include "engine/ops/loss.h"
 #include "engine/ops/op.h"
+#include "engine/ops/ring_attention.h"
 #include "engine/tensor.h"
 #include "engine/workspace.h"
 
@@ -118,6 +119,12 @@ class Backend {
   void embedding_backward(const EmbeddingBackwardArgs& a);
   void lm_head_loss(const LmHeadLossArgs& a);
   void mse_loss(const MseLossArgs& a);
+  // Ring attention's local pieces (context parallel; engine/parallel/context_ring.h runs them).
+  void ring_split(const RingSplitArgs& a);
+  void ring_merge_grad(const RingMergeGradArgs& a);
+  void ring_block_forward(const RingBlockForwardArgs& a);
+  void ring_finish(const RingFinishArgs& a);
+  void ring_block_backward(const RingBlockBackwardArgs& a);
   void dropout(const DropoutArgs& a);
 
   // ---- optimizer ----
@@ -170,6 +177,11 @@ class Backend {
   virtual void embedding_backward_impl(const EmbeddingBackwardArgs& a, const OpWorkspace& ws) = 0;
   virtual void lm_head_loss_impl(const LmHeadLossArgs& a, const OpWorkspace& ws) = 0;
   virtual void mse_loss_impl(const MseLossArgs& a) = 0;
+  virtual void ring_split_impl(const RingSplitArgs& a) = 0;
+  virtual void ring_merge_grad_impl(const RingMergeGradArgs& a) = 0;
+  virtual void ring_block_forward_impl(const RingBlockForwardArgs& a) = 0;
+  virtual void ring_finish_impl(const RingFinishArgs& a) = 0;
+  virtual void ring_block_backward_impl(const RingBlockBackwardArgs& a) = 0;
   virtual void dropout_impl(const DropoutArgs& a) = 0;
   virtual double sum_squares_impl(std::span<const Tensor> tensors) = 0;
   virtual void adamw_update_impl(const AdamWArgs& a) = 0;

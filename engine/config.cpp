@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "engine/error.h"
+#include "engine/parallel/context_ring.h"
 #include "engine/policy.h"
 #include "engine/units.h"
 
@@ -384,9 +385,12 @@ const std::vector<KeySpec>& key_specs() {
       {"checkpoint", "on_interrupt", "SIGINT, SIGTERM or SIGHUP write a checkpoint before exit",
        [](Config& c, auto& n, auto& o) { c.checkpoint.on_interrupt = read_bool(n, o); }},
       {"parallel", "data",
-       "data-parallel ranks (mpirun -np N); 0 = every rank started; each trains batch_size / data "
-       "rows",
+       "data-parallel groups; 0 = the ranks started / parallel.context; each trains batch_size / "
+       "data rows",
        [](Config& c, auto& n, auto& o) { c.parallel.data = read_int(n, o, 0, 1 << 16, false); }},
+      {"parallel", "context",
+       "ranks that split each sequence (ring attention; rope GPTs on the CPU backend)",
+       [](Config& c, auto& n, auto& o) { c.parallel.context = read_int(n, o, 1, 1 << 16, false); }},
       {"parallel", "bucket_bytes", "gradient bytes per reduction exchange (two in flight)",
        [](Config& c, auto& n, auto& o) { c.parallel.bucket_bytes = read_size(n, o); }},
   };
@@ -496,6 +500,20 @@ void validate(const Config& c, const Origins& o) {
          fmt::format("train.batch_size = {} does not split evenly over {} data-parallel ranks",
                      t.batch_size, c.parallel.data),
          "choose a train.batch_size that is a multiple of parallel.data");
+  if (c.parallel.context > 1) {
+    if (m.kind != ModelKind::Gpt)
+      fail(o.of("parallel.context"), "context parallel splits the tokens of a GPT's sequences",
+           "remove parallel.context (the MLP has no sequence)");
+    if (m.position != PositionKind::Rope)
+      fail(o.of("parallel.context"),
+           "context parallel needs model.position = \"rope\" (learned positions are not split)",
+           "set model.position = \"rope\", or parallel.context = 1");
+    if (t.seq_len < 2 * c.parallel.context)
+      fail(o.of("parallel.context"),
+           fmt::format("seq_len = {} cannot give each of {} ranks two chunks of tokens", t.seq_len,
+                       c.parallel.context),
+           "raise train.seq_len or lower parallel.context");
+  }
   if (c.parallel.bucket_bytes < 4096 || c.parallel.bucket_bytes > (1ull << 32))
     fail(o.of("parallel.bucket_bytes"),
          fmt::format("{} B per reduction exchange is outside 4 KiB .. 4 GiB",
@@ -771,6 +789,7 @@ std::string config_to_toml(const Config& c) {
                    {"on_interrupt", c.checkpoint.on_interrupt}};
   if (!c.checkpoint.dir.empty()) ckpt.insert("dir", c.checkpoint.dir);
   toml::table parallel{{"data", c.parallel.data},
+                       {"context", c.parallel.context},
                        {"bucket_bytes", static_cast<int64_t>(c.parallel.bucket_bytes)}};
   toml::table root{{"model", model},     {"train", train},      {"data", data},
                    {"remat", remat},     {"device", device},    {"log", log},
@@ -867,7 +886,13 @@ std::string config_keys_markdown() {
 }
 
 int64_t local_batch_size(const Config& c) {
-  return c.train.batch_size / c.parallel.ranks();
+  return c.train.batch_size / c.parallel.data_ranks();
+}
+
+int64_t local_seq_len(const Config& c) {
+  return parallel::context_positions(c.train.seq_len, static_cast<int>(c.parallel.context),
+                                     c.parallel.context_rank())
+      .tokens();
 }
 
 }  // namespace remat

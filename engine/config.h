@@ -116,14 +116,21 @@ struct CheckpointConfig {
   bool on_interrupt = true;  // SIGINT/SIGTERM/SIGHUP write one before exit
 };
 
-/// Several ranks (mpirun / srun; engine/parallel). Data parallel: each rank trains on its
-/// train.batch_size / data rows of every step, and the gradients are summed over the ranks.
+/// Several ranks (mpirun / srun; engine/parallel), data x context of them. Data parallel: each
+/// group of `context` ranks trains on train.batch_size / data rows of every step. Context
+/// parallel: each rank of a group holds 2 of 2 x context chunks of every row's tokens, and
+/// attention is a ring over the group. Gradients are summed over every rank.
 struct ParallelConfig {
-  int64_t data = 0;                     // data-parallel ranks; 0 = every rank the launcher started
+  int64_t data = 0;     // data-parallel groups; 0 = the ranks the launcher started / context
+  int64_t context = 1;  // ranks that split each sequence (ring attention)
   uint64_t bucket_bytes = 16ull << 20;  // gradients reduced per exchange (two in flight)
   int rank = 0;  // this process's rank: set at start-up from the launcher, never a config key
-  /// The data-parallel ranks this config runs on (0 means one outside a launcher).
-  int64_t ranks() const { return data > 0 ? data : 1; }
+  /// The data-parallel groups this config runs on (0 means one outside a launcher).
+  int64_t data_ranks() const { return data > 0 ? data : 1; }
+  int64_t world_ranks() const { return data_ranks() * context; }
+  /// Ranks are numbered group by group: rank = data_rank * context + context_rank.
+  int data_rank() const { return rank / static_cast<int>(context); }
+  int context_rank() const { return rank % static_cast<int>(context); }
 };
 
 struct Config {
@@ -140,8 +147,10 @@ struct Config {
   ParallelConfig parallel;
 };
 
-/// Rows of each step this rank trains on: train.batch_size split over the data-parallel ranks.
+/// Rows of each step this rank trains on: train.batch_size split over the data-parallel groups.
 int64_t local_batch_size(const Config& c);
+/// Tokens of each row this rank holds: train.seq_len split over the context ranks (two chunks).
+int64_t local_seq_len(const Config& c);
 
 /// The config as a TOML document (every key, resolved): what state.json keeps of a run.
 std::string config_to_toml(const Config& c);

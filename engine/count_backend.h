@@ -54,6 +54,11 @@ class CountBackend : public Backend {
   void embedding_backward_impl(const EmbeddingBackwardArgs&, const OpWorkspace&) override {}
   void lm_head_loss_impl(const LmHeadLossArgs&, const OpWorkspace&) override {}
   void mse_loss_impl(const MseLossArgs&) override {}
+  void ring_split_impl(const RingSplitArgs&) override {}
+  void ring_merge_grad_impl(const RingMergeGradArgs&) override {}
+  void ring_block_forward_impl(const RingBlockForwardArgs&) override {}
+  void ring_finish_impl(const RingFinishArgs&) override {}
+  void ring_block_backward_impl(const RingBlockBackwardArgs&) override {}
   void dropout_impl(const DropoutArgs&) override {}
   double sum_squares_impl(std::span<const Tensor>) override { return 0.0; }
   void adamw_update_impl(const AdamWArgs&) override {}

@@ -221,7 +221,7 @@ DryRun Planner::dry_run(const Config& cfg, bool track_largest) const {
   for (int i = 0; i < kNumPhases; ++i)
     r.cost[static_cast<size_t>(i)] = be.cost(static_cast<Phase>(i));
   r.n_params = model.n_params();
-  r.ranks = static_cast<int>(cfg.parallel.ranks());
+  r.ranks = static_cast<int>(cfg.parallel.world_ranks());
   r.grad_sent_bytes = trainer.sent_bytes_per_step();
   return r;
 }
@@ -242,7 +242,7 @@ int64_t Planner::longest_seq_len(const Config& cfg, const DryRun* at_cfg) const 
 
 int64_t Planner::largest_batch(const Config& cfg, const DryRun* at_cfg) const {
   // Data parallel: the batch grows by whole rows per rank (each rank's peak is what fits).
-  const int64_t ranks = cfg.parallel.ranks();
+  const int64_t ranks = cfg.parallel.data_ranks();
   return ranks * largest_fitting(
                      (1ll << 20) / ranks, target_.pool_budget(),
                      [&](int64_t rows) {

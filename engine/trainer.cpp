@@ -26,7 +26,7 @@ double learning_rate(const TrainConfig& t, int64_t s) {
 }
 
 DataParallel data_parallel(const Config& cfg, parallel::Communicator* comm) {
-  return {static_cast<int>(cfg.parallel.ranks()), cfg.parallel.bucket_bytes, comm};
+  return {static_cast<int>(cfg.parallel.world_ranks()), cfg.parallel.bucket_bytes, comm};
 }
 
 Trainer::Trainer(TrainConfig train, RematPlan plan, Backend& be, Model& model, DataSource& data,
@@ -48,11 +48,19 @@ uint64_t Trainer::sent_bytes_per_step() const {
   return reducer_ ? reducer_->sent_bytes_per_step() : 0;
 }
 
-std::vector<double> Trainer::mean_over_ranks(std::vector<double> values) {
-  if (!dp_.comm || dp_.ranks == 1) return values;
-  std::vector<double> sum = parallel::sum_over_ranks(*dp_.comm, values);
-  for (double& v : sum) v /= dp_.ranks;
-  return sum;
+std::vector<double> Trainer::mean_over_ranks(const std::vector<double>& means,
+                                             const std::vector<double>& weights) {
+  if (!dp_.comm || dp_.ranks == 1) return means;
+  std::vector<double> parts;
+  for (size_t i = 0; i < means.size(); ++i) {
+    parts.push_back(means[i] * weights[i]);
+    parts.push_back(weights[i]);
+  }
+  const std::vector<double> sum = parallel::sum_over_ranks(*dp_.comm, parts);
+  std::vector<double> out(means.size(), 0.0);
+  for (size_t i = 0; i < means.size(); ++i)
+    if (sum[2 * i + 1] > 0) out[i] = sum[2 * i] / sum[2 * i + 1];
+  return out;
 }
 
 std::string Trainer::divergence_message(const StepMetrics& m) {
@@ -105,7 +113,10 @@ StepMetrics Trainer::step() {
   batch = Batch();
   if (reducer) reducer->finish();  // every gradient is now the sum over the ranks
   m.task_metric = data_.task_metric(loss.row_losses);
-  const std::vector<double> means = mean_over_ranks({loss.mean, m.task_metric.value_or(0.0)});
+  // Context ranks hold a token or two more or less than each other: means weigh by tokens.
+  const std::vector<double> means = mean_over_ranks(
+      {loss.mean, m.task_metric.value_or(0.0)}, {static_cast<double>(loss.row_losses.size()),
+                                                 static_cast<double>(data_.task_metric_count())});
   m.loss = means[0];
   if (m.task_metric) m.task_metric = means[1];
 
@@ -207,13 +218,15 @@ double Trainer::evaluate(int64_t eval_tokens) {
     ~TrainingAgain() { m.set_training(true); }
   } restore{model_};
   model_.set_training(false);
-  double sum = 0;
+  double sum = 0, tokens = 0;
   for (int64_t i = 0; i < n; ++i) {
     be_.pool().set_phase("eval data");
     Batch batch = data_.validation_batch(be_, i);
-    sum += forward_loss(be_, model_, batch).mean;
+    const StepLoss loss = forward_loss(be_, model_, batch);
+    sum += loss.mean;
+    tokens = static_cast<double>(loss.row_losses.size());
   }
-  return mean_over_ranks({sum / static_cast<double>(n)})[0];
+  return mean_over_ranks({sum / static_cast<double>(n)}, {tokens})[0];
 }
 
 }  // namespace remat

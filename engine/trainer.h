@@ -52,6 +52,8 @@ class DataSource {
     return std::nullopt;
   }
   virtual std::string task_metric_name() const { return ""; }
+  /// How many of this rank's positions task_metric averages (several ranks weigh by it).
+  virtual int64_t task_metric_count() const { return 0; }
 };
 
 struct StepMetrics {
@@ -95,8 +97,9 @@ class Trainer {
 
  private:
   std::string divergence_message(const StepMetrics& m);
-  /// Means over the data-parallel ranks (each has the same number of rows); as is on one rank.
-  std::vector<double> mean_over_ranks(std::vector<double> values);
+  /// Means over every rank, each rank's weighted by how many values it averaged; as is on one.
+  std::vector<double> mean_over_ranks(const std::vector<double>& means,
+                                      const std::vector<double>& weights);
   void update_weights(float lr, float grad_scale);
   TrainConfig train_;
   Backend& be_;

@@ -18,14 +18,18 @@ GptBlock::GptBlock(GptBlockParams p, const GptBlockShape& s, int64_t index)
       index_(index),
       dropout_(s.dropout),
       seed_(s.seed),
-      tile_tokens_(s.tile_tokens) {}
+      tile_tokens_(s.tile_tokens),
+      ring_(s.ring),
+      first_row_(s.first_row),
+      dropout_salt_(s.dropout_salt) {}
 
 DropoutArgs GptBlock::dropout_args(const Tensor& out, const Tensor& inp, Site site,
                                    int64_t first_row) const {
   const uint64_t stream =
-      mix64(mix64(static_cast<uint64_t>(step_)) ^ (static_cast<uint64_t>(index_) << 8) ^ site);
+      mix64(mix64(static_cast<uint64_t>(step_)) ^ (static_cast<uint64_t>(index_) << 8) ^ site) ^
+      dropout_salt_;
   return DropoutArgs{out,   inp,    active_dropout(),
-                     seed_, stream, static_cast<uint64_t>(first_row * C_)};
+                     seed_, stream, static_cast<uint64_t>((first_row_ + first_row) * C_)};
 }
 
 void GptBlock::branch_forward(Backend& be, const Tensor& out, const Tensor& base, const Tensor& inp,
@@ -131,8 +135,13 @@ void GptBlock::forward(Backend& be, ActStore& a, const Tensor& y) {
                        p_.attn_qkv_bias->value});
   }
   if (!a.has(Attn) || !a.has(AttnLse)) {
-    be.attention_forward({make(Attn, {B_, T_, C_}, act), make(AttnLse, {B_, NH_, T_}, DType::F32),
-                          a.get(Qkv), static_cast<int>(NH_), rope_theta_});
+    const AttentionForwardArgs args{make(Attn, {B_, T_, C_}, act),
+                                    make(AttnLse, {B_, NH_, T_}, DType::F32), a.get(Qkv),
+                                    static_cast<int>(NH_), rope_theta_};
+    if (ring_)
+      ring_->forward(be, args);
+    else
+      be.attention_forward(args);
   }
   if (!a.has(Res)) {
     branch_forward(be, make(Res, {B_, T_, C_}, act), a.get(X), a.get(Attn), p_.attn_proj_weight,
@@ -250,14 +259,18 @@ void GptBlock::backward(Backend& be, ActStore& a, const Tensor& dresid) {
     a.release(Attn);
   }
   Buffer dqkv = pool.allocate({B_, T_, 3 * C_}, act, MemCategory::Transient, "grad.qkv");
-  be.attention_backward({.dqkv = dqkv,
-                         .dout = dattn,
-                         .qkv = a.get(Qkv),
-                         .out = delta.empty() ? a.get(Attn) : Tensor{},
-                         .lse = a.get(AttnLse),
-                         .n_head = static_cast<int>(NH_),
-                         .rope_theta = rope_theta_,
-                         .delta = delta});
+  const AttentionBackwardArgs args{.dqkv = dqkv,
+                                   .dout = dattn,
+                                   .qkv = a.get(Qkv),
+                                   .out = delta.empty() ? a.get(Attn) : Tensor{},
+                                   .lse = a.get(AttnLse),
+                                   .n_head = static_cast<int>(NH_),
+                                   .rope_theta = rope_theta_,
+                                   .delta = delta};
+  if (ring_)
+    ring_->backward(be, args);
+  else
+    be.attention_backward(args);
   delta.reset();
   dattn.reset();
   for (Slot s : {Qkv, Attn, AttnLse}) a.release(s);

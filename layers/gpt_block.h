@@ -18,6 +18,7 @@
 
 #include "engine/backend.h"
 #include "engine/model.h"
+#include "engine/parallel/context_ring.h"
 
 namespace remat {
 
@@ -37,6 +38,12 @@ struct GptBlockShape {
   float dropout = 0;
   uint64_t seed = 0;        // train.seed: dropout masks derive from it
   int64_t tile_tokens = 0;  // rows per MLP chunk; 0 = untiled
+  // Several ranks (engine/parallel): attention as a ring over the context group when set, and
+  // dropout masks as a single rank would draw them for these rows (data parallel: the rows before
+  // this rank's) or, with context parallel, from a stream of this rank's own.
+  const parallel::ContextRing* ring = nullptr;
+  int64_t first_row = 0;
+  uint64_t dropout_salt = 0;
 };
 
 class GptBlock : public Block {
@@ -104,6 +111,9 @@ class GptBlock : public Block {
   float dropout_;
   uint64_t seed_;
   int64_t tile_tokens_;
+  const parallel::ContextRing* ring_;
+  int64_t first_row_;
+  uint64_t dropout_salt_;
   int64_t step_ = 0;
   bool training_ = true;
 };

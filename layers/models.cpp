@@ -5,6 +5,8 @@
 
 #include <cmath>
 
+#include "engine/parallel/context_ring.h"
+#include "engine/rng.h"
 #include "engine/units.h"
 #include "layers/gpt_block.h"
 #include "layers/layer.h"
@@ -17,8 +19,11 @@ class GptModel : public Model {
  public:
   GptModel(const ModelConfig& model, const ModelShape& s, Backend& be) : m_(model) {
     B_ = s.batch_size;
-    T_ = s.seq_len;
-    loss_rows_all_ranks_ = B_ * T_ * s.data_ranks;
+    if (s.context_ranks > 1)
+      ring_ = std::make_unique<parallel::ContextRing>(s.context_comm, s.context_ranks,
+                                                      s.context_rank, s.seq_len);
+    T_ = ring_ ? ring_->positions().tokens() : s.seq_len;  // this rank's tokens of each row
+    loss_rows_all_ranks_ = B_ * s.seq_len * s.data_ranks;
     const int64_t C = m_.n_embd, V = m_.vocab_size, FF = m_.ff(), L = m_.n_layer;
     const uint64_t seed = s.seed;
     loss_chunk_ = s.loss_chunk > 0 ? s.loss_chunk : default_loss_chunk_rows(B_ * T_, V);
@@ -35,6 +40,11 @@ class GptModel : public Model {
     if (m_.position == PositionKind::Learned)
       wpe_ = add("wpe", {m_.n_ctx, C}, ParamInit{ParamInit::Normal, 0.01});
     GptBlockShape shape{B_, T_, C, m_.n_head, FF};
+    shape.ring = ring_.get();
+    // Dropout masks: a data-parallel rank draws those of its rows of the whole batch; a context
+    // rank (whose tokens are not contiguous) its own stream.
+    shape.first_row = ring_ ? 0 : s.data_rank * B_ * T_;
+    shape.dropout_salt = ring_ ? mix64(0x72696e67ull + static_cast<uint64_t>(s.context_rank)) : 0;
     shape.rope_theta = m_.position == PositionKind::Rope ? static_cast<float>(m_.rope_theta) : 0.0f;
     shape.dropout = static_cast<float>(m_.dropout);
     shape.seed = seed;
@@ -96,6 +106,7 @@ class GptModel : public Model {
 
  private:
   ModelConfig m_;
+  std::unique_ptr<parallel::ContextRing> ring_;  // context parallel only
   int64_t B_ = 0, T_ = 0, loss_chunk_ = 0;
   // The mean loss's divisor: this rank's rows times the data-parallel ranks, so that the
   // gradients summed over the ranks are those of the mean over the whole batch.
@@ -152,10 +163,15 @@ int64_t Model::n_params() const {
   return n;
 }
 
-std::unique_ptr<Model> make_model(const Config& cfg, Backend& be) {
+std::unique_ptr<Model> make_model(const Config& cfg, Backend& be,
+                                  parallel::Communicator* context_comm) {
   ModelShape shape = model_shape(cfg.train);
   shape.batch_size = local_batch_size(cfg);
-  shape.data_ranks = cfg.parallel.ranks();
+  shape.data_ranks = cfg.parallel.data_ranks();
+  shape.data_rank = cfg.parallel.data_rank();
+  shape.context_ranks = static_cast<int>(cfg.parallel.context);
+  shape.context_rank = cfg.parallel.context_rank();
+  shape.context_comm = context_comm;
   shape.tile_tokens = cfg.remat.tile_tokens;
   shape.moments_on_host = cfg.remat.offloads_optimizer();
   return make_model(cfg.model, shape, be);

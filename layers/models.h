@@ -11,12 +11,21 @@
 
 namespace remat {
 
+namespace parallel {
+class Communicator;
+}  // namespace parallel
+
 /// What a model needs besides [model]: the shape of one step and the run's seed (parameter
 /// initialization, dropout), LM-head chunking and the blocks' token tiling.
 struct ModelShape {
-  int64_t batch_size = 1;        // rows this rank trains on
-  int64_t data_ranks = 1;        // data-parallel ranks: the loss is the mean over all their rows
-  int64_t seq_len = 1;           // gpt only
+  int64_t batch_size = 1;  // rows this rank trains on
+  int64_t data_ranks = 1;  // data-parallel groups: the loss is the mean over all their rows
+  int data_rank = 0;       // this rank's group (its rows follow the groups' before it)
+  int64_t seq_len = 1;     // gpt only: every row's tokens (all context ranks' together)
+  // Context parallel (gpt): this rank holds 2 of 2 x context_ranks chunks of each row, and
+  // attention is a ring over `context_comm` (null: a dry run of rank context_rank).
+  int context_ranks = 1, context_rank = 0;
+  parallel::Communicator* context_comm = nullptr;
   uint64_t seed = 0;             // train.seed
   int64_t loss_chunk = 0;        // train.loss_chunk; 0 = chosen by the tool
   int64_t tile_tokens = 0;       // remat.tile_tokens (gpt): token rows per MLP chunk; 0 = untiled
@@ -26,7 +35,9 @@ struct ModelShape {
 ModelShape model_shape(const TrainConfig& train);
 
 std::unique_ptr<Model> make_model(const ModelConfig& model, const ModelShape& shape, Backend& be);
-/// The model of `cfg`: [model] at the shape of [train].
-std::unique_ptr<Model> make_model(const Config& cfg, Backend& be);
+/// The model of `cfg`: [model] at the shape of [train], this rank's share of it under [parallel]
+/// (cfg.parallel.rank), with ring attention over `context_comm` (null: a dry run).
+std::unique_ptr<Model> make_model(const Config& cfg, Backend& be,
+                                  parallel::Communicator* context_comm = nullptr);
 
 }  // namespace remat

@@ -65,6 +65,11 @@ class CpuBackend : public Backend {
   void embedding_backward_impl(const EmbeddingBackwardArgs& a, const OpWorkspace& ws) override;
   void lm_head_loss_impl(const LmHeadLossArgs& a, const OpWorkspace& ws) override;
   void mse_loss_impl(const MseLossArgs& a) override;
+  void ring_split_impl(const RingSplitArgs& a) override;
+  void ring_merge_grad_impl(const RingMergeGradArgs& a) override;
+  void ring_block_forward_impl(const RingBlockForwardArgs& a) override;
+  void ring_finish_impl(const RingFinishArgs& a) override;
+  void ring_block_backward_impl(const RingBlockBackwardArgs& a) override;
   void dropout_impl(const DropoutArgs& a) override;
   double sum_squares_impl(std::span<const Tensor> tensors) override;
   void adamw_update_impl(const AdamWArgs& a) override;

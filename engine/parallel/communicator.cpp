@@ -33,6 +33,12 @@ class SingleRank final : public Communicator {
     return true;
   }
   void wait(Request& r) override { r = {}; }
+  Request start_sendrecv(const float* send, int64_t n_send, int, float* recv, int64_t,
+                         int) override {
+    std::copy_n(send, n_send, recv);
+    return {};
+  }
+  std::unique_ptr<Communicator> split(int, int) override { return std::make_unique<SingleRank>(); }
   std::vector<double> allgather(const double* mine, int n) override {
     return std::vector<double>(mine, mine + n);
   }

@@ -41,6 +41,12 @@ class Communicator {
   /// True once `r` is done (then it is finished and reset); lets MPI progress.
   virtual bool test(Request& r) = 0;
   virtual void wait(Request& r) = 0;
+  /// Point to point, non-blocking: `n_send` floats of `send` to rank `dest`, and `n_recv` floats
+  /// from rank `src` into `recv` (a ring step). The buffers must stay as they are until it is done.
+  virtual Request start_sendrecv(const float* send, int64_t n_send, int dest, float* recv,
+                                 int64_t n_recv, int src) = 0;
+  /// The ranks of this communicator with the same `color`, ordered by `key` (MPI_Comm_split).
+  virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
   /// Blocking: every rank's `n` doubles, rank 0's first (all.size() == size() * n).
   virtual std::vector<double> allgather(const double* mine, int n) = 0;
   virtual void barrier() = 0;

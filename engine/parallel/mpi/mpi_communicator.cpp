@@ -8,6 +8,7 @@
 
 #include <cstdio>
 #include <map>
+#include <vector>
 
 #include "engine/error.h"
 #include "engine/parallel/communicator.h"
@@ -18,22 +19,37 @@ namespace {
 
 bool g_initialised = false;
 
-class MpiWorld final : public Communicator {
+std::string library_version() {
+  char version[MPI_MAX_LIBRARY_VERSION_STRING] = {};
+  int len = 0;
+  MPI_Get_library_version(version, &len);
+  std::string v(version, static_cast<size_t>(len));
+  if (const auto comma = v.find(','); comma != std::string::npos)
+    v.resize(comma);  // "Open MPI v4.1.4, package: ..." -> "Open MPI v4.1.4"
+  return v;
+}
+
+int mpi_count(int64_t n) {
+  REMAT_ASSERT(n >= 0 && n <= INT32_MAX,
+               "MPI message of {} floats exceeds MPI's int count; split it", n);
+  return static_cast<int>(n);
+}
+
+class MpiComm final : public Communicator {
  public:
-  MpiWorld() {
-    // One thread calls MPI (the trainer's); OpenMP threads never do.
-    int provided = 0;
-    MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
-    g_initialised = true;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
-    MPI_Comm_size(MPI_COMM_WORLD, &size_);
-    char version[MPI_MAX_LIBRARY_VERSION_STRING] = {};
-    int len = 0;
-    MPI_Get_library_version(version, &len);
-    library_ = std::string(version, static_cast<size_t>(len));
-    if (const auto comma = library_.find(','); comma != std::string::npos)
-      library_.resize(comma);  // "Open MPI v4.1.4, package: ..." -> "Open MPI v4.1.4"
+  /// Over `comm` (MPI_COMM_WORLD, or a split of it, freed with this object).
+  explicit MpiComm(MPI_Comm comm) : comm_(comm) {
+    MPI_Comm_rank(comm_, &rank_);
+    MPI_Comm_size(comm_, &size_);
+    library_ = library_version();
   }
+  ~MpiComm() override {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (comm_ != MPI_COMM_WORLD && !finalized) MPI_Comm_free(&comm_);
+  }
+  MpiComm(const MpiComm&) = delete;
+  MpiComm& operator=(const MpiComm&) = delete;
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string describe() const override {
@@ -47,36 +63,50 @@ class MpiWorld final : public Communicator {
     rc.assign(static_cast<size_t>(size_), mine);
     rd.resize(static_cast<size_t>(size_));
     for (int p = 0; p < size_; ++p) rd[static_cast<size_t>(p)] = p * mine;
-    MPI_Request req;
+    std::vector<MPI_Request> req(1);
     MPI_Ialltoallv(send, counts.data(), displs.data(), MPI_FLOAT, recv, rc.data(), rd.data(),
-                   MPI_FLOAT, MPI_COMM_WORLD, &req);
-    return remember(req);
+                   MPI_FLOAT, comm_, &req[0]);
+    return remember(std::move(req));
   }
   Request start_allgather(float* buf, const std::vector<int>& counts,
                           const std::vector<int>& displs) override {
-    MPI_Request req;
+    std::vector<MPI_Request> req(1);
     MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, counts.data(), displs.data(),
-                    MPI_FLOAT, MPI_COMM_WORLD, &req);
-    return remember(req);
+                    MPI_FLOAT, comm_, &req[0]);
+    return remember(std::move(req));
+  }
+  Request start_sendrecv(const float* send, int64_t n_send, int dest, float* recv, int64_t n_recv,
+                         int src) override {
+    std::vector<MPI_Request> req(2);
+    MPI_Irecv(recv, mpi_count(n_recv), MPI_FLOAT, src, kRingTag, comm_, &req[0]);
+    MPI_Isend(send, mpi_count(n_send), MPI_FLOAT, dest, kRingTag, comm_, &req[1]);
+    return remember(std::move(req));
+  }
+  std::unique_ptr<Communicator> split(int color, int key) override {
+    MPI_Comm sub;
+    MPI_Comm_split(comm_, color, key, &sub);
+    return std::make_unique<MpiComm>(sub);
   }
   bool test(Request& r) override {
     if (r.id == 0) return true;
     int done = 0;
-    MPI_Test(&requests_.at(r.id), &done, MPI_STATUS_IGNORE);
+    auto& reqs = requests_.at(r.id);
+    MPI_Testall(static_cast<int>(reqs.size()), reqs.data(), &done, MPI_STATUSES_IGNORE);
     if (done) forget(r);
     return done != 0;
   }
   void wait(Request& r) override {
     if (r.id == 0) return;
-    MPI_Wait(&requests_.at(r.id), MPI_STATUS_IGNORE);
+    auto& reqs = requests_.at(r.id);
+    MPI_Waitall(static_cast<int>(reqs.size()), reqs.data(), MPI_STATUSES_IGNORE);
     forget(r);
   }
   std::vector<double> allgather(const double* mine, int n) override {
     std::vector<double> all(static_cast<size_t>(size_) * static_cast<size_t>(n));
-    MPI_Allgather(mine, n, MPI_DOUBLE, all.data(), n, MPI_DOUBLE, MPI_COMM_WORLD);
+    MPI_Allgather(mine, n, MPI_DOUBLE, all.data(), n, MPI_DOUBLE, comm_);
     return all;
   }
-  void barrier() override { MPI_Barrier(MPI_COMM_WORLD); }
+  void barrier() override { MPI_Barrier(comm_); }
   [[noreturn]] void abort(int code) override {
     std::fflush(stdout);
     std::fflush(stderr);
@@ -85,9 +115,10 @@ class MpiWorld final : public Communicator {
   }
 
  private:
-  Request remember(MPI_Request req) {
+  static constexpr int kRingTag = 17;
+  Request remember(std::vector<MPI_Request> req) {
     const int64_t id = next_id_++;
-    requests_[id] = req;
+    requests_[id] = std::move(req);
     return {id};
   }
   void forget(Request& r) {
@@ -95,10 +126,11 @@ class MpiWorld final : public Communicator {
     recv_layout_.erase(r.id);
     r = {};
   }
+  MPI_Comm comm_;
   int rank_ = 0, size_ = 1;
   std::string library_;
   int64_t next_id_ = 1;
-  std::map<int64_t, MPI_Request> requests_;
+  std::map<int64_t, std::vector<MPI_Request>> requests_;
   // An exchange's receive counts and displacements, alive until it is done (MPI reads them late).
   std::map<int64_t, std::pair<std::vector<int>, std::vector<int>>> recv_layout_;
 };
@@ -106,7 +138,11 @@ class MpiWorld final : public Communicator {
 }  // namespace
 
 std::unique_ptr<Communicator> make_mpi_world() {
-  return std::make_unique<MpiWorld>();
+  // One thread calls MPI (the trainer's); OpenMP threads never do.
+  int provided = 0;
+  MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
+  g_initialised = true;
+  return std::make_unique<MpiComm>(MPI_COMM_WORLD);
 }
 bool mpi_is_built() {
   return true;

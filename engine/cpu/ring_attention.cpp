@@ -1,0 +1,261 @@
+// CPU ring attention pieces (engine/ops/ring_attention.h). Plain tiles of 64 queries x 64 keys
+// on single-threaded OpenBLAS calls inside OpenMP tasks: each output element is computed by one
+// task in one fixed order, so the results do not depend on the thread count. The tiles skip key
+// tiles that lie wholly after their queries (positions are global, so the mask compares them,
+// not local indices).
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "engine/cpu/cpu_backend.h"
+#include "engine/cpu/gemm.h"
+
+namespace remat::cpu {
+
+namespace {
+
+constexpr int64_t kTile = 64;
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// cos and sin of RoPE's angles at global position p: angle(i) = p * theta^(-2i/HS) in double, as
+// the self-attention kernel's table computes them.
+void rope_angles(int64_t p, int64_t HS, float theta, float* cs, float* sn) {
+  for (int64_t i = 0; i < HS / 2; ++i) {
+    const double freq = std::pow(static_cast<double>(theta),
+                                 -2.0 * static_cast<double>(i) / static_cast<double>(HS));
+    const double ang = static_cast<double>(p) * freq;
+    cs[i] = static_cast<float>(std::cos(ang));
+    sn[i] = static_cast<float>(std::sin(ang));
+  }
+}
+
+// One head's row rotated (forward) or rotated back (the gradient: the transpose rotation).
+void rotate(float* d, const float* s, int64_t HS, const float* cs, const float* sn, bool back) {
+  const int64_t half = HS / 2;
+  for (int64_t i = 0; i < half; ++i) {
+    const float a = s[i], b = s[i + half];
+    if (back) {
+      d[i] = a * cs[i] + b * sn[i];
+      d[i + half] = b * cs[i] - a * sn[i];
+    } else {
+      d[i] = a * cs[i] - b * sn[i];
+      d[i + half] = a * sn[i] + b * cs[i];
+    }
+  }
+}
+
+struct TileRange {
+  int64_t lo, hi;  // smallest and largest position in the tile
+};
+TileRange range_of(const std::vector<int64_t>& pos, int64_t i0, int64_t n) {
+  const auto [lo, hi] = std::minmax_element(pos.begin() + i0, pos.begin() + i0 + n);
+  return {*lo, *hi};
+}
+
+}  // namespace
+
+void CpuBackend::ring_split_impl(const RingSplitArgs& a) {
+  const int64_t B = a.qkv.dim(0), T = a.qkv.dim(1), C = a.q.dim(-1), NH = a.n_head, HS = C / NH;
+  const std::vector<int64_t> pos = a.pos.list();
+  const float* qkv = a.qkv.f32();
+  float *q = a.q.f32(), *kv = a.kv.f32();
+#pragma omp parallel for schedule(static) num_threads(threads_)
+  for (int64_t t = 0; t < T; ++t) {
+    std::vector<float> cs(static_cast<size_t>(HS / 2)), sn(cs.size());
+    const bool rope = a.rope_theta > 0;
+    if (rope) rope_angles(pos[static_cast<size_t>(t)], HS, a.rope_theta, cs.data(), sn.data());
+    for (int64_t b = 0; b < B; ++b) {
+      const float* src = qkv + (b * T + t) * 3 * C;
+      float* dq = q + (b * T + t) * C;
+      float* dkv = kv + (b * T + t) * 2 * C;
+      for (int64_t h = 0; h < NH; ++h) {
+        if (rope) {
+          rotate(dq + h * HS, src + h * HS, HS, cs.data(), sn.data(), false);
+          rotate(dkv + h * HS, src + C + h * HS, HS, cs.data(), sn.data(), false);
+        } else {
+          std::copy_n(src + h * HS, HS, dq + h * HS);
+          std::copy_n(src + C + h * HS, HS, dkv + h * HS);
+        }
+      }
+      std::copy_n(src + 2 * C, C, dkv + C);
+    }
+  }
+}
+
+void CpuBackend::ring_merge_grad_impl(const RingMergeGradArgs& a) {
+  const int64_t B = a.dqkv.dim(0), T = a.dqkv.dim(1), C = a.dq.dim(-1), NH = a.n_head, HS = C / NH;
+  const std::vector<int64_t> pos = a.pos.list();
+  const float *dq = a.dq.f32(), *dkv = a.dkv.f32();
+  float* dqkv = a.dqkv.f32();
+#pragma omp parallel for schedule(static) num_threads(threads_)
+  for (int64_t t = 0; t < T; ++t) {
+    std::vector<float> cs(static_cast<size_t>(HS / 2)), sn(cs.size());
+    const bool rope = a.rope_theta > 0;
+    if (rope) rope_angles(pos[static_cast<size_t>(t)], HS, a.rope_theta, cs.data(), sn.data());
+    for (int64_t b = 0; b < B; ++b) {
+      float* d = dqkv + (b * T + t) * 3 * C;
+      const float* gq = dq + (b * T + t) * C;
+      const float* gkv = dkv + (b * T + t) * 2 * C;
+      for (int64_t h = 0; h < NH; ++h) {
+        if (rope) {
+          rotate(d + h * HS, gq + h * HS, HS, cs.data(), sn.data(), true);
+          rotate(d + C + h * HS, gkv + h * HS, HS, cs.data(), sn.data(), true);
+        } else {
+          std::copy_n(gq + h * HS, HS, d + h * HS);
+          std::copy_n(gkv + h * HS, HS, d + C + h * HS);
+        }
+      }
+      std::copy_n(gkv + C, C, d + 2 * C);
+    }
+  }
+}
+
+// Per (batch, head, query tile): for each visible key tile, S = scale Q K^T with the causal mask
+// on global positions, the online softmax update of (m, l), acc rescaled, then acc += P V.
+void CpuBackend::ring_block_forward_impl(const RingBlockForwardArgs& a) {
+  const int64_t B = a.q.dim(0), Tq = a.q.dim(1), C = a.q.dim(2), Tk = a.kv.dim(1);
+  const int64_t NH = a.n_head, HS = C / NH;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
+  const std::vector<int64_t> qp = a.q_pos.list(), kp = a.k_pos.list();
+  const int64_t n_qt = (Tq + kTile - 1) / kTile, n_kt = (Tk + kTile - 1) / kTile;
+  const float *q = a.q.f32(), *kv = a.kv.f32();
+  float *acc = a.acc.f32(), *row_max = a.row_max.f32(), *row_sum = a.row_sum.f32();
+#pragma omp parallel num_threads(threads_)
+  {
+    std::vector<float> S(static_cast<size_t>(kTile * kTile));
+#pragma omp for schedule(dynamic)
+    for (int64_t task = 0; task < B * NH * n_qt; ++task) {
+      const int64_t b = task / (NH * n_qt), h = (task / n_qt) % NH, i0 = (task % n_qt) * kTile;
+      const int64_t qn = std::min(kTile, Tq - i0);
+      const TileRange qr = range_of(qp, i0, qn);
+      const float* Q = q + (b * Tq + i0) * C + h * HS;
+      float* A = acc + (b * Tq + i0) * C + h * HS;
+      float* M = row_max + (b * NH + h) * Tq + i0;
+      float* L = row_sum + (b * NH + h) * Tq + i0;
+      for (int64_t kt = 0; kt < n_kt; ++kt) {
+        const int64_t j0 = kt * kTile, kn = std::min(kTile, Tk - j0);
+        const TileRange kr = range_of(kp, j0, kn);
+        if (kr.lo > qr.hi) continue;  // every key after every query
+        const float* K = kv + (b * Tk + j0) * 2 * C + h * HS;
+        const float* V = K + C;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, blas_int(qn), blas_int(kn),
+                    blas_int(HS), scale, Q, blas_int(C), K, blas_int(2 * C), 0.0f, S.data(),
+                    blas_int(kn));
+        const bool masked = kr.hi > qr.lo;
+        for (int64_t i = 0; i < qn; ++i) {
+          float* row = S.data() + i * kn;
+          if (masked)
+            for (int64_t j = 0; j < kn; ++j)
+              if (kp[static_cast<size_t>(j0 + j)] > qp[static_cast<size_t>(i0 + i)])
+                row[j] = kNegInf;
+          const float mt = *std::max_element(row, row + kn);
+          if (mt == kNegInf) {  // no key of this tile is visible to this query
+            std::fill(row, row + kn, 0.0f);
+            continue;
+          }
+          const float m_new = std::max(M[i], mt);
+          const float corr = std::exp(M[i] - m_new);  // 0 when M was -inf
+          float sum = 0;
+          for (int64_t j = 0; j < kn; ++j) {
+            row[j] = std::exp(row[j] - m_new);
+            sum += row[j];
+          }
+          L[i] = L[i] * corr + sum;
+          M[i] = m_new;
+          for (int64_t c = 0; c < HS; ++c) A[i * C + c] *= corr;
+        }
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, blas_int(qn), blas_int(HS),
+                    blas_int(kn), 1.0f, S.data(), blas_int(kn), V, blas_int(2 * C), 1.0f, A,
+                    blas_int(C));
+      }
+    }
+  }
+}
+
+void CpuBackend::ring_finish_impl(const RingFinishArgs& a) {
+  const int64_t B = a.out.dim(0), T = a.out.dim(1), C = a.out.dim(2), NH = a.n_head, HS = C / NH;
+  float* out = a.out.f32();
+  const float *m = a.row_max.f32(), *l = a.row_sum.f32();
+  float* lse = a.lse.f32();
+#pragma omp parallel for schedule(static) num_threads(threads_)
+  for (int64_t bh = 0; bh < B * NH; ++bh) {
+    const int64_t b = bh / NH, h = bh % NH;
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t s = bh * T + t;
+      const float inv = 1.0f / l[s];
+      float* o = out + (b * T + t) * C + h * HS;
+      for (int64_t c = 0; c < HS; ++c) o[c] *= inv;
+      lse[s] = m[s] + std::log(l[s]);  // may overwrite m[s] itself: read first
+    }
+  }
+}
+
+// Per (batch, head): the flash backward over the visible (query tile, key tile) pairs in a fixed
+// order. dK and dV of a head are written by this task alone.
+void CpuBackend::ring_block_backward_impl(const RingBlockBackwardArgs& a) {
+  const int64_t B = a.q.dim(0), Tq = a.q.dim(1), C = a.q.dim(2), Tk = a.kv.dim(1);
+  const int64_t NH = a.n_head, HS = C / NH;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
+  const std::vector<int64_t> qp = a.q_pos.list(), kp = a.k_pos.list();
+  const int64_t n_qt = (Tq + kTile - 1) / kTile, n_kt = (Tk + kTile - 1) / kTile;
+  const float *q = a.q.f32(), *kv = a.kv.f32(), *dout = a.dout.f32(), *lse = a.lse.f32(),
+              *delta = a.delta.f32();
+  float *dq = a.dq.f32(), *dkv = a.dkv.f32();
+#pragma omp parallel num_threads(threads_)
+  {
+    std::vector<float> P(static_cast<size_t>(kTile * kTile)), dP(P.size());
+#pragma omp for schedule(dynamic)
+    for (int64_t bh = 0; bh < B * NH; ++bh) {
+      const int64_t b = bh / NH, h = bh % NH;
+      for (int64_t qt = 0; qt < n_qt; ++qt) {
+        const int64_t i0 = qt * kTile, qn = std::min(kTile, Tq - i0);
+        const TileRange qr = range_of(qp, i0, qn);
+        const float* Q = q + (b * Tq + i0) * C + h * HS;
+        const float* dO = dout + (b * Tq + i0) * C + h * HS;
+        float* dQ = dq + (b * Tq + i0) * C + h * HS;
+        const float* LSE = lse + bh * Tq + i0;
+        const float* D = delta + bh * Tq + i0;
+        for (int64_t kt = 0; kt < n_kt; ++kt) {
+          const int64_t j0 = kt * kTile, kn = std::min(kTile, Tk - j0);
+          const TileRange kr = range_of(kp, j0, kn);
+          if (kr.lo > qr.hi) continue;
+          const float* K = kv + (b * Tk + j0) * 2 * C + h * HS;
+          const float* V = K + C;
+          float* dK = dkv + (b * Tk + j0) * 2 * C + h * HS;
+          float* dV = dK + C;
+          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, blas_int(qn), blas_int(kn),
+                      blas_int(HS), scale, Q, blas_int(C), K, blas_int(2 * C), 0.0f, P.data(),
+                      blas_int(kn));
+          for (int64_t i = 0; i < qn; ++i)
+            for (int64_t j = 0; j < kn; ++j) {
+              float& p = P[static_cast<size_t>(i * kn + j)];
+              p = kp[static_cast<size_t>(j0 + j)] > qp[static_cast<size_t>(i0 + i)]
+                      ? 0.0f
+                      : std::exp(p - LSE[i]);
+            }
+          // dV += P^T dO; dP = dO V^T; dS = P (dP - D) in P; dQ += scale dS K; dK += scale dS^T Q
+          cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, blas_int(kn), blas_int(HS),
+                      blas_int(qn), 1.0f, P.data(), blas_int(kn), dO, blas_int(C), 1.0f, dV,
+                      blas_int(2 * C));
+          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, blas_int(qn), blas_int(kn),
+                      blas_int(HS), 1.0f, dO, blas_int(C), V, blas_int(2 * C), 0.0f, dP.data(),
+                      blas_int(kn));
+          for (int64_t i = 0; i < qn; ++i)
+            for (int64_t j = 0; j < kn; ++j) {
+              const size_t e = static_cast<size_t>(i * kn + j);
+              P[e] *= dP[e] - D[i];
+            }
+          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, blas_int(qn), blas_int(HS),
+                      blas_int(kn), scale, P.data(), blas_int(kn), K, blas_int(2 * C), 1.0f, dQ,
+                      blas_int(C));
+          cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, blas_int(kn), blas_int(HS),
+                      blas_int(qn), scale, P.data(), blas_int(kn), Q, blas_int(C), 1.0f, dK,
+                      blas_int(2 * C));
+        }
+      }
+    }
+  }
+}
+
+}  // namespace remat::cpu

@@ -1,0 +1,181 @@
+// Ring attention's local pieces (context parallel, engine/parallel/context_ring.h): the causal
+// attention of one rank's queries against one rank's keys and values, where each side holds
+// tokens at known global positions (two chunks per rank in the load-balanced layout), with the
+// same online-softmax / log-sum-exp contract as attention_forward. The ring orchestration calls
+// them once per ring step; the kernels never communicate. Kernels: engine/cpu/ring_attention.cpp
+// (the CUDA backend refuses them: context parallel runs on the CPU backend); tests:
+// tests/ops/test_ring_attention.cpp.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "engine/error.h"
+#include "engine/ops/op.h"
+#include "engine/tensor.h"
+
+namespace remat {
+
+/// The global positions of a rank's T local tokens: ranges [start, start + length), in order.
+struct TokenPositions {
+  std::vector<std::pair<int64_t, int64_t>> ranges;
+  int64_t tokens() const {
+    int64_t n = 0;
+    for (const auto& r : ranges) n += r.second;
+    return n;
+  }
+  /// Every position in local order.
+  std::vector<int64_t> list() const {
+    std::vector<int64_t> out;
+    out.reserve(static_cast<size_t>(tokens()));
+    for (const auto& [start, len] : ranges)
+      for (int64_t p = start; p < start + len; ++p) out.push_back(p);
+    return out;
+  }
+};
+
+/// (query, key) pairs with key position <= query position: what causal attention computes.
+inline double causal_pairs(const TokenPositions& q, const TokenPositions& k) {
+  // A query at p sees the keys [ks, min(ke, p + 1)) of a key range [ks, ke): none before ks,
+  // p - ks + 1 while p < ke, all of them after.
+  double n = 0;
+  for (const auto& [qs, ql] : q.ranges)
+    for (const auto& [ks, kl] : k.ranges) {
+      const int64_t qe = qs + ql, ke = ks + kl;
+      const int64_t a = std::max(qs, ks), b = std::min(qe, ke);
+      if (b > a) {
+        const double m = static_cast<double>(b - a);
+        n += m * static_cast<double>(a - ks + 1) + m * (m - 1) / 2;
+      }
+      if (qe > std::max(qs, ke))
+        n += static_cast<double>(qe - std::max(qs, ke)) * static_cast<double>(kl);
+    }
+  return n;
+}
+
+/// qkv (B, T, 3C) -> q (B, T, C) and kv (B, T, 2C) = k | v, q and k rotated (RoPE) at their
+/// global positions when rope_theta > 0: what travels around the ring is kv.
+struct RingSplitArgs {
+  Tensor q;    // (B, T, C) f32 [=]
+  Tensor kv;   // (B, T, 2C) f32 [=]
+  Tensor qkv;  // (B, T, 3C) f32
+  int n_head = 1;
+  float rope_theta = 0;
+  TokenPositions pos;
+};
+
+/// The gradient back through RingSplitArgs: dqkv = the inverse rotation of dq and dk, and dv.
+struct RingMergeGradArgs {
+  Tensor dqkv;  // (B, T, 3C) f32 [=]
+  Tensor dq;    // (B, T, C) f32
+  Tensor dkv;   // (B, T, 2C) f32
+  int n_head = 1;
+  float rope_theta = 0;
+  TokenPositions pos;
+};
+
+/// One ring step forward: queries q (at q_pos) against keys and values kv (at k_pos), folded into
+/// the running online softmax of each query row and head: row_max m, row_sum l and the
+/// unnormalized output acc = sum over keys of exp(s - m) v.
+struct RingBlockForwardArgs {
+  Tensor acc;      // (B, Tq, C) f32 [+=, rescaled]
+  Tensor row_max;  // (B, NH, Tq) f32, -inf before the first step
+  Tensor row_sum;  // (B, NH, Tq) f32, 0 before the first step
+  Tensor q;        // (B, Tq, C) f32 (rotated)
+  Tensor kv;       // (B, Tk, 2C) f32 (k rotated | v)
+  int n_head = 1;
+  TokenPositions q_pos, k_pos;
+};
+
+/// After the last ring step: out = acc / l in place, lse = m + log(l).
+struct RingFinishArgs {
+  Tensor out;      // (B, Tq, C) f32: acc on entry, the attention output on return
+  Tensor lse;      // (B, NH, Tq) f32 [=] (may be row_max itself)
+  Tensor row_max;  // (B, NH, Tq) f32
+  Tensor row_sum;  // (B, NH, Tq) f32
+  int n_head = 1;
+};
+
+/// One ring step backward, with the flash backward's recomputation from lse and
+/// D = rowsum(dO * O) (attention_delta): dq and dkv = dk | dv accumulate.
+struct RingBlockBackwardArgs {
+  Tensor dq;     // (B, Tq, C) f32 [+=]
+  Tensor dkv;    // (B, Tk, 2C) f32 [+=]
+  Tensor q;      // (B, Tq, C) f32 (rotated)
+  Tensor kv;     // (B, Tk, 2C) f32
+  Tensor dout;   // (B, Tq, C) f32
+  Tensor lse;    // (B, NH, Tq) f32
+  Tensor delta;  // (B, NH, Tq) f32
+  int n_head = 1;
+  TokenPositions q_pos, k_pos;
+};
+
+inline void check(const RingSplitArgs& a) {
+  const int64_t C = a.q.dim(-1);
+  REMAT_ASSERT(a.qkv.ndim == 3 && a.qkv.dim(2) == 3 * C && a.kv.dim(-1) == 2 * C &&
+                   a.q.rows() == a.qkv.rows() && a.kv.rows() == a.qkv.rows() &&
+                   a.pos.tokens() == a.qkv.dim(1) && C % a.n_head == 0,
+               "ring_split: q {} kv {} qkv {} positions {}", a.q.shape_str(), a.kv.shape_str(),
+               a.qkv.shape_str(), a.pos.tokens());
+}
+inline OpCost cost(const RingSplitArgs& a) {
+  return {6 * static_cast<double>(a.q.numel()),
+          act_bytes(a.qkv) + act_bytes(a.q) + act_bytes(a.kv)};
+}
+
+inline void check(const RingMergeGradArgs& a) {
+  const int64_t C = a.dq.dim(-1);
+  REMAT_ASSERT(a.dqkv.ndim == 3 && a.dqkv.dim(2) == 3 * C && a.dkv.dim(-1) == 2 * C &&
+                   a.dq.rows() == a.dqkv.rows() && a.dkv.rows() == a.dqkv.rows() &&
+                   a.pos.tokens() == a.dqkv.dim(1),
+               "ring_merge_grad: dq {} dkv {} dqkv {}", a.dq.shape_str(), a.dkv.shape_str(),
+               a.dqkv.shape_str());
+}
+inline OpCost cost(const RingMergeGradArgs& a) {
+  return {6 * static_cast<double>(a.dq.numel()),
+          act_bytes(a.dqkv) + act_bytes(a.dq) + act_bytes(a.dkv)};
+}
+
+inline void check(const RingBlockForwardArgs& a) {
+  const int64_t B = a.q.dim(0), Tq = a.q.dim(1), C = a.q.dim(2);
+  REMAT_ASSERT(a.kv.ndim == 3 && a.kv.dim(0) == B && a.kv.dim(2) == 2 * C &&
+                   a.acc.numel() == a.q.numel() && a.row_max.numel() == B * a.n_head * Tq &&
+                   a.row_sum.numel() == a.row_max.numel() && a.q_pos.tokens() == Tq &&
+                   a.k_pos.tokens() == a.kv.dim(1) && C % a.n_head == 0,
+               "ring_block_forward: q {} kv {} acc {} row_max {}", a.q.shape_str(),
+               a.kv.shape_str(), a.acc.shape_str(), a.row_max.shape_str());
+}
+inline OpCost cost(const RingBlockForwardArgs& a) {
+  const double HS = static_cast<double>(a.q.dim(2) / a.n_head);
+  const double pairs = static_cast<double>(a.q.dim(0)) * a.n_head * causal_pairs(a.q_pos, a.k_pos);
+  return {2 * 2 * HS * pairs, act_bytes(a.q) + act_bytes(a.kv) + 2 * act_bytes(a.acc)};
+}
+
+inline void check(const RingFinishArgs& a) {
+  REMAT_ASSERT(a.out.ndim == 3 && a.lse.numel() == a.out.dim(0) * a.n_head * a.out.dim(1) &&
+                   a.row_max.numel() == a.lse.numel() && a.row_sum.numel() == a.lse.numel(),
+               "ring_finish: out {} lse {}", a.out.shape_str(), a.lse.shape_str());
+}
+inline OpCost cost(const RingFinishArgs& a) {
+  return {static_cast<double>(a.out.numel()), 2 * act_bytes(a.out) + 3 * act_bytes(a.lse)};
+}
+
+inline void check(const RingBlockBackwardArgs& a) {
+  const int64_t B = a.q.dim(0), Tq = a.q.dim(1), C = a.q.dim(2);
+  REMAT_ASSERT(a.dq.numel() == a.q.numel() && a.dkv.numel() == a.kv.numel() &&
+                   a.dout.numel() == a.q.numel() && a.kv.dim(2) == 2 * C &&
+                   a.lse.numel() == B * a.n_head * Tq && a.delta.numel() == a.lse.numel() &&
+                   a.q_pos.tokens() == Tq && a.k_pos.tokens() == a.kv.dim(1),
+               "ring_block_backward: q {} kv {} dq {} dkv {}", a.q.shape_str(), a.kv.shape_str(),
+               a.dq.shape_str(), a.dkv.shape_str());
+}
+inline OpCost cost(const RingBlockBackwardArgs& a) {
+  const double HS = static_cast<double>(a.q.dim(2) / a.n_head);
+  const double pairs = static_cast<double>(a.q.dim(0)) * a.n_head * causal_pairs(a.q_pos, a.k_pos);
+  return {5 * 2 * HS * pairs, 2 * act_bytes(a.q) + 2 * act_bytes(a.kv) + act_bytes(a.dout) +
+                                  act_bytes(a.dkv) + act_bytes(a.dq)};
+}
+
+}  // namespace remat

@@ -1,0 +1,119 @@
+// Context parallel: the layout and ring attention (see engine/parallel/context_ring.h).
+#include "engine/parallel/context_ring.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <limits>
+
+#include "engine/error.h"
+
+namespace remat::parallel {
+
+TokenPositions context_positions(int64_t seq_len, int ranks, int rank) {
+  const int64_t n = 2 * static_cast<int64_t>(ranks);
+  auto chunk = [&](int64_t i) {
+    const int64_t start = i * seq_len / n, end = (i + 1) * seq_len / n;
+    return std::pair<int64_t, int64_t>{start, end - start};
+  };
+  TokenPositions p;
+  p.ranges = {chunk(rank), chunk(n - 1 - rank)};
+  return p;
+}
+
+ContextRing::ContextRing(Communicator* comm, int ranks, int rank, int64_t seq_len)
+    : comm_(comm), ranks_(ranks), rank_(rank) {
+  REMAT_ASSERT(!comm || (comm->size() == ranks && comm->rank() == rank),
+               "context ring: rank {} of {} on a communicator's rank {} of {}", rank, ranks,
+               comm ? comm->rank() : 0, comm ? comm->size() : 0);
+  for (int r = 0; r < ranks; ++r) pos_.push_back(context_positions(seq_len, ranks, r));
+}
+
+int64_t ContextRing::max_tokens() const {
+  int64_t m = 0;
+  for (int r = 0; r < ranks_; ++r) m = std::max(m, tokens(r));
+  return m;
+}
+
+namespace {
+
+// A (B, T, cols) f32 tensor over the first B * T * cols floats of `buf` (blocks from other ranks
+// differ in length by a token or two; the travel buffers are sized for the longest).
+Tensor rows_of(const Buffer& buf, int64_t B, int64_t T, int64_t cols) {
+  return Tensor(buf.tensor().data, {B, T, cols}, DType::F32);
+}
+
+}  // namespace
+
+void ContextRing::forward(Backend& be, const AttentionForwardArgs& a) const {
+  MemoryPool& pool = be.pool();
+  const int64_t B = a.out.dim(0), T = a.out.dim(1), C = a.out.dim(2), Tmax = max_tokens();
+  REMAT_ASSERT(T == tokens(rank_), "ring attention: {} local tokens, the layout gives {}", T,
+               tokens(rank_));
+  Buffer q = pool.allocate({B, T, C}, DType::F32, MemCategory::Transient, "ring.q");
+  Buffer kv[2] = {pool.allocate({B, Tmax, 2 * C}, DType::F32, MemCategory::Transient, "ring.kv0"),
+                  pool.allocate({B, Tmax, 2 * C}, DType::F32, MemCategory::Transient, "ring.kv1")};
+  Buffer row_sum =
+      pool.allocate({B, a.n_head, T}, DType::F32, MemCategory::Transient, "ring.row_sum");
+  be.ring_split({q, rows_of(kv[0], B, T, 2 * C), a.qkv, a.n_head, a.rope_theta, positions()});
+  be.fill(a.out, 0.0f);
+  be.fill(a.lse, -std::numeric_limits<float>::infinity());  // the running max until the finish
+  be.fill(row_sum, 0.0f);
+  for (int s = 0; s < ranks_; ++s) {
+    const int src = source(s), cur = s % 2;
+    Request pass;
+    if (comm_ && s + 1 < ranks_)  // hand this kv on while attending to it
+      pass = comm_->start_sendrecv(kv[cur].f32(), B * tokens(src) * 2 * C, next(),
+                                   kv[1 - cur].f32(), B * tokens(source(s + 1)) * 2 * C, prev());
+    be.ring_block_forward({a.out, a.lse, row_sum, q, rows_of(kv[cur], B, tokens(src), 2 * C),
+                           a.n_head, positions(), pos_[static_cast<size_t>(src)]});
+    if (comm_) comm_->wait(pass);
+  }
+  be.ring_finish({a.out, a.lse, a.lse, row_sum, a.n_head});
+}
+
+void ContextRing::backward(Backend& be, const AttentionBackwardArgs& a) const {
+  MemoryPool& pool = be.pool();
+  const int64_t B = a.dout.dim(0), T = a.dout.dim(1), C = a.dout.dim(2), Tmax = max_tokens();
+  Buffer delta_buf;
+  Tensor delta = a.delta;
+  if (delta.empty()) {  // a backend that keeps O (the count backend planning CUDA): D from it
+    delta_buf = pool.allocate({B, a.n_head, T}, DType::F32, MemCategory::Transient, "attn.delta");
+    be.attention_delta({delta_buf, a.dout, a.out, a.n_head});
+    delta = delta_buf;
+  }
+  Buffer q = pool.allocate({B, T, C}, DType::F32, MemCategory::Transient, "ring.q");
+  Buffer dq = pool.allocate({B, T, C}, DType::F32, MemCategory::Transient, "ring.dq");
+  Buffer kv[2] = {pool.allocate({B, Tmax, 2 * C}, DType::F32, MemCategory::Transient, "ring.kv0"),
+                  pool.allocate({B, Tmax, 2 * C}, DType::F32, MemCategory::Transient, "ring.kv1")};
+  Buffer dkv[2] = {
+      pool.allocate({B, Tmax, 2 * C}, DType::F32, MemCategory::Transient, "ring.dkv0"),
+      pool.allocate({B, Tmax, 2 * C}, DType::F32, MemCategory::Transient, "ring.dkv1")};
+  be.ring_split({q, rows_of(kv[0], B, T, 2 * C), a.qkv, a.n_head, a.rope_theta, positions()});
+  be.fill(dq, 0.0f);
+  be.fill(rows_of(dkv[0], B, T, 2 * C), 0.0f);
+  for (int s = 0; s < ranks_; ++s) {
+    const int src = source(s), cur = s % 2;
+    const Tensor dkv_src = rows_of(dkv[cur], B, tokens(src), 2 * C);
+    be.ring_block_backward({dq, dkv_src, q, rows_of(kv[cur], B, tokens(src), 2 * C), a.dout, a.lse,
+                            delta, a.n_head, positions(), pos_[static_cast<size_t>(src)]});
+    if (!comm_ || ranks_ == 1) continue;
+    // The accumulator moves on with its kv, holding the sum of the ranks it has visited; after
+    // the last step it goes home to rank src.
+    const int64_t n_out = B * tokens(src) * 2 * C;
+    const int64_t n_in = B * tokens(s + 1 < ranks_ ? source(s + 1) : rank_) * 2 * C;
+    Request grads =
+        comm_->start_sendrecv(dkv[cur].f32(), n_out, next(), dkv[1 - cur].f32(), n_in, prev());
+    Request values;
+    if (s + 1 < ranks_)
+      values = comm_->start_sendrecv(kv[cur].f32(), n_out, next(), kv[1 - cur].f32(), n_in, prev());
+    comm_->wait(grads);
+    comm_->wait(values);
+  }
+  // After `ranks` steps and hops, this rank's own accumulator is in buffer ranks % 2 (buffer 0
+  // when there was no hop at all).
+  const Buffer& mine = ranks_ == 1 ? dkv[0] : dkv[ranks_ % 2];
+  be.ring_merge_grad({a.dqkv, dq, rows_of(mine, B, T, 2 * C), a.n_head, a.rope_theta, positions()});
+}
+
+}  // namespace remat::parallel

@@ -1,0 +1,56 @@
+// Context parallel: every row's sequence is split over the `ranks` ranks of a context group, and
+// attention becomes a ring. The layout balances causal work: the sequence is cut into 2 x ranks
+// chunks (sizes differ by at most one token) and rank r holds chunks r and 2 x ranks - 1 - r,
+// one early and one late, so every rank attends over about the same number of (query, key)
+// pairs. Every token-wise op (embedding, LayerNorm, the GEMMs, the loss) runs on the rank's own
+// tokens unchanged; only attention needs the others'.
+//
+// Ring attention, forward: each rank splits its qkv into q and kv = k | v (RoPE applied at the
+// tokens' global positions), then for `ranks` steps attends its queries to the kv it holds while
+// passing that kv on to rank r + 1 and receiving rank r - 1's, folding each step into a running
+// online softmax (engine/ops/ring_attention.h) and finishing with the same output and log-sum-exp
+// as single-device flash attention. Backward: the kv blocks travel the same way with a dk | dv
+// accumulator beside them; each rank adds its queries' share, and after the last step one more
+// hop brings every accumulator home, summed by the ranks in ring order.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "engine/backend.h"
+#include "engine/ops/ring_attention.h"
+#include "engine/parallel/communicator.h"
+
+namespace remat::parallel {
+
+/// The global positions rank `rank` of `ranks` holds of a `seq_len`-token sequence.
+TokenPositions context_positions(int64_t seq_len, int ranks, int rank);
+
+class ContextRing {
+ public:
+  /// `comm` is the context group (its size is `ranks`), or null for a dry run of rank `rank`:
+  /// the same allocations and op counts, no exchange.
+  ContextRing(Communicator* comm, int ranks, int rank, int64_t seq_len);
+  int ranks() const { return ranks_; }
+  int rank() const { return rank_; }
+  const TokenPositions& positions() const { return pos_[static_cast<size_t>(rank_)]; }
+
+  /// attention_forward over the ring: `a` holds this rank's tokens (B, T_local, ...).
+  void forward(Backend& be, const AttentionForwardArgs& a) const;
+  /// attention_backward over the ring (with `delta`, or `out` to form it).
+  void backward(Backend& be, const AttentionBackwardArgs& a) const;
+
+ private:
+  int64_t tokens(int r) const { return pos_[static_cast<size_t>(r)].tokens(); }
+  int64_t max_tokens() const;
+  int next() const { return (rank_ + 1) % ranks_; }
+  int prev() const { return (rank_ + ranks_ - 1) % ranks_; }
+  /// The rank whose kv this rank holds at ring step s.
+  int source(int s) const { return ((rank_ - s) % ranks_ + ranks_) % ranks_; }
+
+  Communicator* comm_;
+  int ranks_, rank_;
+  std::vector<TokenPositions> pos_;  // every rank's
+};
+
+}  // namespace remat::parallel
