@@ -38,6 +38,7 @@ struct PlanOptions {
   std::optional<uint64_t> memory;  // --memory SIZE
   std::optional<int64_t> seq_len;  // --seq-len N
   std::optional<int64_t> batch_size;
+  std::optional<int64_t> ranks, context;  // --ranks N, --context C: one rank of N (add_rank_sets)
   bool json = false;
   bool emit_config = false;  // --emit-config: print only auto's plan as a [remat] table
 };
@@ -62,8 +63,9 @@ struct FitOptions {
   std::string gpu;                 // --gpu preset (excludes --memory and --measure)
   std::optional<uint64_t> memory;  // --memory SIZE: the pool budget
   std::optional<int64_t> batch_size;
-  std::vector<std::string> policies;  // default: none,full,save_dots,save_attn
-  bool measure = false;               // confirm each answer with real steps in child processes
+  std::optional<int64_t> ranks, context;  // --ranks N, --context C: one rank of N (add_rank_sets)
+  std::vector<std::string> policies;      // default: none,full,save_dots,save_attn
+  bool measure = false;                   // confirm each answer with real steps in child processes
   bool json = false;
 };
 

@@ -139,6 +139,7 @@ int trial(const Config& cfg, const std::vector<std::string>& sets, int64_t seq_l
 int run_fit(const FitOptions& opt) {
   std::vector<std::string> sets = opt.overrides;
   if (opt.batch_size) sets.push_back(fmt::format("train.batch_size={}", *opt.batch_size));
+  add_rank_sets(sets, opt.config_path, opt.ranks, opt.context);
   const Config base = load_config(opt.config_path, sets);
   if (base.model.kind != ModelKind::Gpt)
     throw ConfigError(fmt::format(

@@ -162,10 +162,12 @@ int run(int argc, char** argv) {
       ->excludes(mem_opt);
   plan_cmd->add_option("--seq-len", plan_seq_len, "Sequence length to plan for (4k, 32768, ...)");
   plan_cmd->add_option("--batch-size", plan_batch, "Batch size to plan for");
-  std::string plan_ranks, fit_ranks;
+  std::string plan_ranks, fit_ranks, plan_context, fit_context;
   plan_cmd->add_option("--ranks", plan_ranks,
-                       "Plan one of N data-parallel ranks (parallel.data = N): its rows of the "
-                       "batch, peak and gradient traffic");
+                       "Plan one rank of N (parallel.data = N / context): its rows and tokens, "
+                       "peak, and traffic");
+  plan_cmd->add_option("--context", plan_context,
+                       "Split each sequence over C ranks (parallel.context = C; ring attention)");
   auto* plan_json = plan_cmd->add_flag("--json", plan.json, "Machine-readable output");
   plan_cmd
       ->add_flag("--emit-config", plan.emit_config,
@@ -196,7 +198,9 @@ int run(int argc, char** argv) {
   add_policies_option(fit_cmd, fit.policies);
   fit_cmd->add_option("--batch-size", fit_batch, "Batch size to fit for");
   fit_cmd->add_option("--ranks", fit_ranks,
-                      "Fit one of N data-parallel ranks (parallel.data = N; the batch is split)");
+                      "Fit one rank of N (parallel.data = N / context; the batch is split)");
+  fit_cmd->add_option("--context", fit_context,
+                      "Split each sequence over C ranks (parallel.context = C; ring attention)");
   fit_cmd
       ->add_flag(
           "--measure", fit.measure,
@@ -302,16 +306,16 @@ int run(int argc, char** argv) {
   if (fit_cmd->parsed()) {
     fit.memory = size_flag("--memory", fit_memory);
     fit.batch_size = count_flag("--batch-size", fit_batch, "8");
-    if (auto n = count_flag("--ranks", fit_ranks, "8"))
-      fit.overrides.push_back(fmt::format("parallel.data={}", *n));
+    fit.ranks = count_flag("--ranks", fit_ranks, "8");
+    fit.context = count_flag("--context", fit_context, "8");
     return remat::cli::run_fit(fit);
   }
   if (plan_cmd->parsed()) {
     plan.memory = size_flag("--memory", plan_memory);
     plan.seq_len = count_flag("--seq-len", plan_seq_len, "4096 or 32k");
     plan.batch_size = count_flag("--batch-size", plan_batch, "8");
-    if (auto n = count_flag("--ranks", plan_ranks, "8"))
-      plan.overrides.push_back(fmt::format("parallel.data={}", *n));
+    plan.ranks = count_flag("--ranks", plan_ranks, "8");
+    plan.context = count_flag("--context", plan_context, "8");
     return remat::cli::run_plan(plan);
   }
   return kExitUsage;

@@ -62,13 +62,19 @@ nlohmann::json row_json(const PolicyRow& r, const Planner& planner) {
                         {"longest_seq_len", r.longest},
                         {"largest_batch", r.max_batch}};
   if (r.run.ranks > 1) {  // every figure above is one rank's
-    nlohmann::json ex = {{"ranks", r.run.ranks}, {"sent_bytes_per_rank", r.run.grad_sent_bytes}};
+    nlohmann::json ex = {{"ranks", r.run.ranks},
+                         {"context_ranks", r.run.context_ranks},
+                         {"gradient_bytes_per_rank", r.run.grad_sent_bytes},
+                         {"ring_bytes_per_rank", r.run.ring_bytes()}};
     if (const ExchangeTime et = exchange_time(r.run, t); et.modelled) {
-      ex["exchange_seconds"] = et.exchange_s;
-      ex["backward_seconds_at_peak"] = et.backward_s;
-      ex["link"] = et.link;
+      ex["gradient_seconds"] = et.gradient_s;
+      ex["ring_seconds"] = et.ring_s;
+      ex["compute_seconds_at_peak"] = et.compute_s;
+      ex["exposed_seconds"] = et.exposed_s;
+      ex["gradient_link"] = et.gradient_link;
+      ex["ring_link"] = et.ring_link;
     }
-    row["data_parallel"] = ex;
+    row["parallel"] = ex;
   }
   return row;
 }
@@ -103,6 +109,7 @@ int run_plan(const PlanOptions& opt) {
   std::vector<std::string> sets = opt.overrides;
   if (opt.seq_len) sets.push_back(fmt::format("train.seq_len={}", *opt.seq_len));
   if (opt.batch_size) sets.push_back(fmt::format("train.batch_size={}", *opt.batch_size));
+  add_rank_sets(sets, opt.config_path, opt.ranks, opt.context);
   Config cfg = load_config(opt.config_path, sets);
   // A GPU plan at a --seq-len sizes a learned position table to it; the MLP has none.
   if (!opt.gpu.empty() && opt.seq_len && cfg.model.kind == ModelKind::Gpt) {

@@ -127,22 +127,40 @@ std::string parallel_note(const Config& cfg) {
   return fmt::format(" (on {} ranks: {}; figures are rank {}'s)", p.world_ranks(), parts, p.rank);
 }
 
+void add_rank_sets(std::vector<std::string>& sets, const std::string& config_path,
+                   std::optional<int64_t> ranks, std::optional<int64_t> context) {
+  if (context) sets.push_back(fmt::format("parallel.context={}", *context));
+  if (!ranks) return;
+  const int64_t c = context ? *context : load_config(config_path, sets).parallel.context;
+  if (*ranks % c != 0)
+    throw ConfigError(fmt::format(
+        "--ranks {}: [parallel] {} ranks do not form groups of parallel.context = {}. Fix: give "
+        "a multiple of {} ranks, or another --context",
+        *ranks, *ranks, c, c));
+  sets.push_back(fmt::format("parallel.data={}", *ranks / c));
+}
+
 std::string exchange_line(const DryRun& run, const PlanTarget& target) {
   std::string line = fmt::format(
-      "  data parallel over {} ranks: every figure is one rank's; gradients sent per rank per "
-      "step: {}",
-      run.ranks, format_bytes(run.grad_sent_bytes));
+      "  {} ranks ({} per sequence): every figure is one rank's; sent per rank per step: "
+      "gradients {}",
+      run.ranks, run.context_ranks, format_bytes(run.grad_sent_bytes));
+  if (run.context_ranks > 1)
+    line += fmt::format(", ring {}", format_bytes(static_cast<uint64_t>(run.ring_bytes())));
   const ExchangeTime et = exchange_time(run, target);
   if (!et.modelled)
     return line + (target.count.device == DeviceKind::Cpu
                        ? " (CPU ranks of one machine exchange through shared memory; not timed)"
                        : " (no link rates for this target: use --gpu NAME)");
-  return line + fmt::format("; {:.3g} s at {} vs recompute + backward >= {:.3g} s at peak: {}",
-                            et.exchange_s, et.link, et.backward_s,
-                            et.exchange_s > et.backward_s
-                                ? fmt::format("up to {:.3g} s of exchange is not hidden",
-                                              et.exchange_s - et.backward_s)
-                                : std::string("it can hide behind the backward"));
+  line += fmt::format("; gradients {:.3g} s at {}", et.gradient_s, et.gradient_link);
+  if (run.context_ranks > 1) line += fmt::format(", ring {:.3g} s at {}", et.ring_s, et.ring_link);
+  return line +
+         fmt::format(" vs compute >= {:.3g} s at peak: {}", et.compute_s,
+                     et.exposed_s > 0
+                         ? fmt::format("up to {:.3g} s of exchange is not hidden by its phase's "
+                                       "compute",
+                                       et.exposed_s)
+                         : std::string("every phase's exchange can hide behind its compute"));
 }
 
 std::string load_note() {

@@ -84,8 +84,12 @@ std::string tiling_note(const Config& cfg);
 /// " (on 8 ranks: 2 rows of the batch per data-parallel group, 4,096 tokens of each row per
 /// context rank; figures are rank 0's)", or empty on one rank.
 std::string parallel_note(const Config& cfg);
-/// Data parallel (parallel.data > 1): the gradient bytes each rank sends per step, and their time
-/// beside the backward on the target's link between ranks.
+/// --ranks N and --context C as config overrides: parallel.context = C (else the config's) and
+/// parallel.data = N / C; a usage error when C does not divide N.
+void add_rank_sets(std::vector<std::string>& sets, const std::string& config_path,
+                   std::optional<int64_t> ranks, std::optional<int64_t> context);
+/// Several ranks: the gradient and ring bytes each rank sends per step, and their time beside the
+/// compute of their phase on the target's links between ranks.
 std::string exchange_line(const DryRun& run, const PlanTarget& target);
 std::string copy_line(const DryRun& run, const PlanTarget& target);
 

@@ -125,6 +125,9 @@ class Backend {
   void ring_block_forward(const RingBlockForwardArgs& a);
   void ring_finish(const RingFinishArgs& a);
   void ring_block_backward(const RingBlockBackwardArgs& a);
+  /// Counts `bytes` sent to another rank in the current phase (the ring's exchanges, counted the
+  /// same in a dry run, which sends nothing).
+  void count_ring_bytes(double bytes) { cost_[static_cast<size_t>(phase_)].ring_bytes += bytes; }
   void dropout(const DropoutArgs& a);
 
   // ---- optimizer ----

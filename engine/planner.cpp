@@ -165,19 +165,43 @@ CopyTime copy_time(const DryRun& run, const PlanTarget& target) {
   return t;
 }
 
+double DryRun::ring_bytes() const {
+  double b = 0;
+  for (const OpCost& c : cost) b += c.ring_bytes;
+  return b;
+}
+
 ExchangeTime exchange_time(const DryRun& run, const PlanTarget& target) {
   ExchangeTime t;
   if (run.ranks <= 1 || target.peer_bytes_per_s <= 0 || target.peak_flops_per_s <= 0) return t;
   t.modelled = true;
-  // A ring of ranks goes no faster than its slowest hop: across nodes once it spans two.
-  const bool one_node = run.ranks <= target.gpus_per_node;
-  const double rate = one_node ? target.peer_bytes_per_s : target.network_bytes_per_s;
-  t.link = fmt::format("{} ~{:.0f} GB/s per direction",
+  // A group of ranks goes no faster than its slowest hop: across nodes once it spans two.
+  auto link = [&](int ranks, std::string& name) {
+    const bool one_node = ranks <= target.gpus_per_node;
+    const double rate = one_node ? target.peer_bytes_per_s : target.network_bytes_per_s;
+    name = fmt::format("{} ~{:.0f} GB/s per direction",
                        one_node ? target.peer_name : target.network_name, rate / 1e9);
-  t.exchange_s = static_cast<double>(run.grad_sent_bytes) / rate;
-  const double flops = run.cost[static_cast<size_t>(Phase::Recompute)].flops +
-                       run.cost[static_cast<size_t>(Phase::Backward)].flops;
-  t.backward_s = flops / target.peak_flops_per_s;
+    return rate;
+  };
+  const double ring_rate = link(run.context_ranks, t.ring_link);
+  const double grad_rate = link(run.ranks, t.gradient_link);
+  auto phase = [&](Phase p) { return run.cost[static_cast<size_t>(p)]; };
+  // Gradients go out during the recompute + backward, the ring in every phase with attention.
+  const std::vector<std::vector<Phase>> overlaps = {
+      {Phase::Forward, Phase::Loss}, {Phase::Recompute, Phase::Backward}, {Phase::Optimizer}};
+  for (size_t g = 0; g < overlaps.size(); ++g) {
+    double ring = 0, flops = 0;
+    for (Phase p : overlaps[g]) {
+      ring += phase(p).ring_bytes;
+      flops += phase(p).flops;
+    }
+    const double grads = g == 1 ? static_cast<double>(run.grad_sent_bytes) / grad_rate : 0.0;
+    const double compute = flops / target.peak_flops_per_s;
+    t.ring_s += ring / ring_rate;
+    t.gradient_s += grads;
+    t.compute_s += compute;
+    t.exposed_s += std::max(0.0, ring / ring_rate + grads - compute);
+  }
   return t;
 }
 
@@ -222,6 +246,7 @@ DryRun Planner::dry_run(const Config& cfg, bool track_largest) const {
     r.cost[static_cast<size_t>(i)] = be.cost(static_cast<Phase>(i));
   r.n_params = model.n_params();
   r.ranks = static_cast<int>(cfg.parallel.world_ranks());
+  r.context_ranks = static_cast<int>(cfg.parallel.context);
   r.grad_sent_bytes = trainer.sent_bytes_per_step();
   return r;
 }

@@ -84,8 +84,10 @@ struct DryRun {
   double flops() const;               // every phase
   double to_host_bytes() const;       // copies per step, every phase
   double to_device_bytes() const;
-  int ranks = 1;                 // data-parallel ranks; every figure above is one rank's
+  int ranks = 1;                 // every rank of the job; every figure above is one rank's
+  int context_ranks = 1;         // of them, the ranks that split a sequence (the ring)
   uint64_t grad_sent_bytes = 0;  // gradient bytes each rank sends per step (ranks > 1)
+  double ring_bytes() const;     // context parallel: ring bytes this rank sends per step
 };
 
 /// A step's device <-> host copies in seconds beside its compute, at the target's rates (zero
@@ -102,10 +104,14 @@ CopyTime copy_time(const DryRun& run, const PlanTarget& target);
 
 /// Data parallel: the gradient exchange of a step beside the backward it overlaps, at the
 /// target's link between ranks (within a node up to gpus_per_node ranks, else the network).
+/// Context parallel adds the ring: kv blocks (and dk | dv accumulators) each forward, recompute
+/// and backward; they overlap the attention of their own phase.
 struct ExchangeTime {
-  double exchange_s = 0;  // sent bytes at the link's line rate: a lower bound
-  double backward_s = 0;  // recompute + backward FLOPs at peak: the window it can hide in
-  std::string link;       // "NVLink 4 ~450 GB/s per direction"
+  double ring_s = 0;      // ring bytes at the context group's link (within a node if it fits)
+  double gradient_s = 0;  // gradient bytes at the whole job's link
+  double compute_s = 0;   // every FLOP of the step at peak: a lower bound
+  double exposed_s = 0;   // per phase, what the exchanges take beyond that phase's compute
+  std::string ring_link, gradient_link;  // "NVLink 4 ~450 GB/s per direction"
   bool modelled = false;
 };
 ExchangeTime exchange_time(const DryRun& run, const PlanTarget& target);

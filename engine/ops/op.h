@@ -16,6 +16,8 @@ struct OpCost {
   // Copies between the device and the host pool (remat.offload): what crosses PCIe/C2C.
   double to_host_bytes = 0;
   double to_device_bytes = 0;
+  // Bytes this rank sends to other ranks (context parallel's ring; engine/parallel).
+  double ring_bytes = 0;
 };
 
 /// Bytes of a tensor argument, 0 for an absent (empty) one.

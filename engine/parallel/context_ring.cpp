@@ -62,6 +62,7 @@ void ContextRing::forward(Backend& be, const AttentionForwardArgs& a) const {
   for (int s = 0; s < ranks_; ++s) {
     const int src = source(s), cur = s % 2;
     Request pass;
+    if (s + 1 < ranks_) be.count_ring_bytes(4.0 * static_cast<double>(B * tokens(src) * 2 * C));
     if (comm_ && s + 1 < ranks_)  // hand this kv on while attending to it
       pass = comm_->start_sendrecv(kv[cur].f32(), B * tokens(src) * 2 * C, next(),
                                    kv[1 - cur].f32(), B * tokens(source(s + 1)) * 2 * C, prev());
@@ -97,10 +98,12 @@ void ContextRing::backward(Backend& be, const AttentionBackwardArgs& a) const {
     const Tensor dkv_src = rows_of(dkv[cur], B, tokens(src), 2 * C);
     be.ring_block_backward({dq, dkv_src, q, rows_of(kv[cur], B, tokens(src), 2 * C), a.dout, a.lse,
                             delta, a.n_head, positions(), pos_[static_cast<size_t>(src)]});
-    if (!comm_ || ranks_ == 1) continue;
+    if (ranks_ == 1) continue;
     // The accumulator moves on with its kv, holding the sum of the ranks it has visited; after
     // the last step it goes home to rank src.
     const int64_t n_out = B * tokens(src) * 2 * C;
+    be.count_ring_bytes(4.0 * static_cast<double>(n_out) * (s + 1 < ranks_ ? 2 : 1));
+    if (!comm_) continue;
     const int64_t n_in = B * tokens(s + 1 < ranks_ ? source(s + 1) : rank_) * 2 * C;
     Request grads =
         comm_->start_sendrecv(dkv[cur].f32(), n_out, next(), dkv[1 - cur].f32(), n_in, prev());
