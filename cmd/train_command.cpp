@@ -350,11 +350,12 @@ std::string version_text() {
   const cpu::BlasInfo blas = cpu::blas_info();
   return fmt::format(
       "remat-train {}\nbackends: cpu{}\nBLAS: {}, CPU kernel {} (chosen by {}){}\n"
-      "CPU attention: flash tiles on {} (chosen by {})\nOpenMP: {}\nCUDA: {}\n",
+      "CPU attention: flash tiles on {} (chosen by {})\nOpenMP: {}\nMPI: {}\nCUDA: {}\n",
       REMAT_VERSION, cuda::is_built() ? ", cuda" : "", blas.library, blas.core, blas.chosen_by,
       blas.warning.empty() ? "" : "\nwarning: " + blas.warning,
       cpu::attention_isa() == cpu::AttentionIsa::Avx512 ? "AVX-512" : "AVX2",
-      cpu::attention_isa_chosen_by(), openmp_wait_text(), cuda::version_string());
+      cpu::attention_isa_chosen_by(), openmp_wait_text(), parallel::mpi_library(),
+      cuda::version_string());
 }
 
 namespace {
@@ -420,12 +421,13 @@ int run_train(const TrainOptions& options) {
 
   BackendChoice choice = make_backend(cfg);
   Backend& be = *choice.backend;
-  if (world.size() > 1 && be.workspace_target().device != DeviceKind::Cpu)
+  // Context parallel's ring runs on the CPU backend; data parallel also on CUDA (NCCL).
+  if (cfg.parallel.context > 1 && be.workspace_target().device != DeviceKind::Cpu)
     throw ConfigError(fmt::format(
-        "{}: running on {} ranks needs the CPU backend; this build exchanges gradients and "
-        "attention blocks through host memory with MPI and has no NCCL path for the {} backend "
-        "yet. Fix: set device.backend = \"cpu\", or run one rank",
-        cfg.path, world.size(), be.name()));
+        "{}: parallel.context = {} runs on the CPU backend; the {} backend has no ring attention "
+        "yet (it runs data parallel over NCCL). Fix: set device.backend = \"cpu\", or "
+        "parallel.context = 1",
+        cfg.path, cfg.parallel.context, be.name()));
   // The ranks that split each sequence: consecutive world ranks.
   std::unique_ptr<parallel::Communicator> context_group;
   if (cfg.parallel.context > 1)
@@ -470,10 +472,10 @@ int run_train(const TrainOptions& options) {
   info.data_line = data->describe();
   if (world.size() > 1)
     info.parallel_line = fmt::format(
-        "ranks  {} = data {} x context {}{}; predicted peak per rank; gradients summed in rank "
-        "order, {} sent per rank per step",
+        "ranks  {} = data {} x context {}{}; predicted peak per rank; gradients {}, {} sent per "
+        "rank per step",
         world.describe(), cfg.parallel.data, cfg.parallel.context, parallel_note(cfg),
-        format_bytes(trainer.sent_bytes_per_step()));
+        trainer.gradient_sync(), format_bytes(trainer.sent_bytes_per_step()));
   if (!opt.quiet) print_banner(stdout, info, cfg);
 
   TrainRun run(opt, cfg, be, *model, *data, trainer, world);

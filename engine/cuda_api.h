@@ -8,6 +8,14 @@
 #include "engine/backend.h"
 #include "engine/config.h"
 
+namespace remat {
+class Model;
+namespace parallel {
+class Communicator;
+class GradientSync;
+}  // namespace parallel
+}  // namespace remat
+
 namespace remat::cuda {
 
 /// True when this binary was built with the CUDA backend.
@@ -16,7 +24,14 @@ bool is_built();
 int device_count();
 /// "CUDA 13.0, cuBLASLt 13.1, cuDNN 9.19.0" or "built without CUDA".
 std::string version_string();
-/// The CUDA backend on device 0. Throws BackendError when it cannot be created.
+/// The CUDA backend on this rank's device (0 without a launcher). Throws BackendError when it
+/// cannot be created.
 std::unique_ptr<Backend> make_backend(const DeviceConfig& cfg);
+/// Data parallel on the CUDA backend `be`: NCCL all-reduces of `model`'s gradients over the ranks
+/// of `comm` (bootstrapped through it), on a stream of their own (engine/cuda/nccl_sync.cpp).
+std::unique_ptr<parallel::GradientSync> make_nccl_sync(Backend& be, Model& model,
+                                                       parallel::Communicator& comm);
+/// "NCCL 2.28.3" or "built without CUDA".
+std::string nccl_version();
 
 }  // namespace remat::cuda

@@ -3,6 +3,7 @@
 #ifndef REMAT_HAVE_CUDA
 #include "engine/cuda_api.h"
 #include "engine/error.h"
+#include "engine/parallel/gradient_sync.h"
 
 namespace remat::cuda {
 
@@ -13,6 +14,13 @@ int device_count() {
   return 0;
 }
 std::string version_string() {
+  return "built without CUDA";
+}
+std::unique_ptr<parallel::GradientSync> make_nccl_sync(Backend&, Model&, parallel::Communicator&) {
+  throw BackendError(
+      "[parallel] NCCL needs the CUDA backend, and this binary was built without CUDA");
+}
+std::string nccl_version() {
   return "built without CUDA";
 }
 std::unique_ptr<Backend> make_backend(const DeviceConfig&) {

@@ -8,6 +8,7 @@
 #include <memory>
 #include <utility>
 
+#include "engine/cuda_api.h"
 #include "engine/error.h"
 #include "engine/parallel/communicator.h"
 #include "engine/parallel/grad_reducer.h"
@@ -25,6 +26,40 @@ double learning_rate(const TrainConfig& t, int64_t s) {
   return min_lr + 0.5 * (t.lr - min_lr) * (1.0 + std::cos(3.141592653589793 * progress));
 }
 
+namespace {
+
+// What a dry run of a CUDA target plans for NCCL: in-place all-reduces that take no pool memory
+// (NCCL's own buffers are outside it, with the libraries' reserve) and send 2 (N - 1) / N of the
+// gradient bytes from each rank.
+class PlannedAllReduce final : public parallel::GradientSync {
+ public:
+  PlannedAllReduce(Model& model, int ranks) {
+    uint64_t bytes = 0;
+    for (Param& p : model.params()) bytes += p.grad.tensor().bytes();
+    sent_ = parallel::allreduce_sent_bytes(bytes, ranks);
+  }
+  void block_done(size_t) override {}
+  void finish() override {}
+  uint64_t sent_bytes_per_step() const override { return sent_; }
+  const char* describe() const override { return "all-reduced by NCCL (planned)"; }
+
+ private:
+  uint64_t sent_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<parallel::GradientSync> make_gradient_sync(Backend& be, Model& model,
+                                                           const DataParallel& dp) {
+  if (dp.ranks <= 1) return nullptr;
+  if (be.workspace_target().device == DeviceKind::Cuda) {
+    if (!be.computes()) return std::make_unique<PlannedAllReduce>(model, dp.ranks);
+    REMAT_ASSERT(dp.comm != nullptr, "data parallel on CUDA without a communicator");
+    return cuda::make_nccl_sync(be, model, *dp.comm);
+  }
+  return std::make_unique<parallel::GradientReducer>(be, model, dp.comm, dp.ranks, dp.bucket_bytes);
+}
+
 DataParallel data_parallel(const Config& cfg, parallel::Communicator* comm) {
   return {static_cast<int>(cfg.parallel.world_ranks()), cfg.parallel.bucket_bytes, comm};
 }
@@ -37,12 +72,14 @@ Trainer::Trainer(TrainConfig train, RematPlan plan, Backend& be, Model& model, D
       data_(data),
       plan_(std::move(plan)),
       dp_(dp) {
-  if (dp_.ranks > 1)
-    reducer_ = std::make_unique<parallel::GradientReducer>(be, model, dp_.comm, dp_.ranks,
-                                                           dp_.bucket_bytes);
+  reducer_ = make_gradient_sync(be, model, dp_);
 }
 
 Trainer::~Trainer() = default;
+
+std::string Trainer::gradient_sync() const {
+  return reducer_ ? reducer_->describe() : "";
+}
 
 uint64_t Trainer::sent_bytes_per_step() const {
   return reducer_ ? reducer_->sent_bytes_per_step() : 0;
@@ -105,7 +142,7 @@ StepMetrics Trainer::step() {
   be_.set_phase(Phase::Backward);
   for (Param& p : model_.params()) be_.fill(p.grad, 0.0f);
   model_.begin_step(step_);
-  parallel::GradientReducer* reducer = reducer_.get();
+  parallel::GradientSync* reducer = reducer_.get();
   StepLoss loss = forward_backward(
       be_, model_, plan_, batch,
       reducer ? BlockGradsReady([reducer](size_t block) { reducer->block_done(block); })

@@ -17,7 +17,7 @@ namespace remat {
 
 namespace parallel {
 class Communicator;
-class GradientReducer;
+class GradientSync;
 }  // namespace parallel
 
 /// This trainer as one of `ranks` data-parallel ranks (engine/parallel): it trains on its share
@@ -29,6 +29,11 @@ struct DataParallel {
 };
 /// `cfg`'s [parallel] for a run on `comm` (a dry run when null).
 DataParallel data_parallel(const Config& cfg, parallel::Communicator* comm);
+/// How `dp.ranks` ranks sum `model`'s gradients on `be`: rank-order sums over MPI in host memory
+/// (the CPU backend, and dry runs of CPU targets: their slots are in the pool), NCCL on CUDA
+/// (dry runs of CUDA targets: nothing in the pool); null on one rank.
+std::unique_ptr<parallel::GradientSync> make_gradient_sync(Backend& be, Model& model,
+                                                           const DataParallel& dp);
 
 /// Where batches come from (data/ implements it). Deterministic in (seed, step): the batch of a
 /// step is a pure function of them, so a resumed run draws exactly what an uninterrupted one would.
@@ -86,6 +91,8 @@ class Trainer {
   void check_weights_finite();
   /// Gradient bytes this rank sends per step (0 on one rank).
   uint64_t sent_bytes_per_step() const;
+  /// How the gradients are summed over the ranks ("" on one rank).
+  std::string gradient_sync() const;
   /// Mean validation loss over the data's fixed validation batches (forward only in effect:
   /// the gradients it leaves are zeroed by the next step). Dropout is off during evaluation.
   double evaluate(int64_t eval_tokens);
@@ -107,7 +114,7 @@ class Trainer {
   DataSource& data_;
   RematPlan plan_;
   DataParallel dp_;
-  std::unique_ptr<parallel::GradientReducer> reducer_;  // ranks > 1 only
+  std::unique_ptr<parallel::GradientSync> reducer_;  // ranks > 1 only
   int64_t step_ = 0;
 };
 

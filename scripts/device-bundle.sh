@@ -18,7 +18,8 @@
 # own are too old: the process must share one libstdc++ with cuDNN, so the system's comes first),
 # OUT/MANIFEST.txt (source commit, toolchain, minimum glibc/libstdc++ versions, files).
 # Left out on purpose, the device provides them: glibc, libstdc++/libgcc_s, the CUDA runtime,
-# cuBLAS(Lt), cuDNN, NVRTC and the driver. The bundle must stay under 60 MiB (64 MiB reach the
+# cuBLAS(Lt), cuDNN, NCCL, NVRTC and the driver (OpenMPI is bundled: the binaries link it, and
+# it is never initialised without a launcher). The bundle must stay under 60 MiB (64 MiB reach the
 # device in all); it is about 50 MiB, 36 of them OpenBLAS.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -39,7 +40,7 @@ done
 BINARIES=(remat-train tests/gpu/remat_gpu_tests tests/gpu/remat_bench_gemm)
 MAX_BYTES=$((60 << 20))
 # Libraries the device machine provides (glibc, the compiler runtime, the CUDA stack).
-PROVIDED='^(linux-vdso|ld-linux-x86-64|libc|libm|libdl|libpthread|librt|libutil|libresolv|libcuda|libcudart|libcublas|libcublasLt|libcudnn[a-z_]*|libnvrtc[a-z-]*|libnvJitLink)\.so'
+PROVIDED='^(linux-vdso|ld-linux-x86-64|libc|libm|libdl|libpthread|librt|libutil|libresolv|libcuda|libcudart|libcublas|libcublasLt|libcudnn[a-z_]*|libnvrtc[a-z-]*|libnvJitLink|libnccl)\.so'
 COMPAT='^(libstdc\+\+|libgcc_s)\.so'
 
 die() { echo "[bundle] $*" >&2; exit 1; }

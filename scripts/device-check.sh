@@ -182,6 +182,7 @@ setup_libraries() {
   row stage=libraries status="$([ -z "$missing" ] && echo ok || echo missing)" missing="$missing" \
     cudnn_dir="$(dir_of 'libcudnn.so.9*')" cublas_dir="$(dir_of 'libcublasLt.so.*')" \
     nvrtc_dir="$(dir_of 'libnvrtc.so.*')" cudart_dir="$(dir_of 'libcudart.so.*')" \
+    nccl_dir="$(dir_of 'libnccl.so.*')" \
     compat_libstdcxx="$compat" glibc="$(ldd --version 2>&1 | head -1 | grep -o '[0-9.]*$')" \
     ld_library_path="$LD_LIBRARY_PATH"
   [ -z "$missing" ]

@@ -23,6 +23,7 @@
 #include "engine/cuda/workspace.h"
 #include "engine/cuda_api.h"
 #include "engine/devices.h"
+#include "engine/parallel/communicator.h"
 #include "engine/units.h"
 
 namespace remat::cuda {
@@ -174,6 +175,8 @@ std::shared_ptr<DeviceState> open_device(const DeviceConfig& cfg) {
         "[cuda] cuDNN 9.10.0/9.10.1 have known bugs in bf16 fused attention "
         "(cudnn-frontend blocks them). Fix: use another cuDNN 9 release");
   auto dev = std::make_shared<DeviceState>();
+  // Several ranks on one node: each drives the node's GPU of its local rank.
+  dev->device = parallel::local_rank() % device_count();
   REMAT_CUDA_CHECK(cudaSetDevice(dev->device));
   REMAT_CUDA_CHECK(cudaGetDeviceProperties(&dev->prop, dev->device));
   if (dev->prop.major < 8)
@@ -216,13 +219,13 @@ std::string version_string() {
   cudaRuntimeGetVersion(&runtime);
   cudaDriverGetVersion(&driver);  // 0 without a driver
   (void)cudaGetLastError();
-  return fmt::format("CUDA runtime {}.{}{}, cuBLASLt {}, cuDNN {} (built with {})", runtime / 1000,
-                     (runtime % 1000) / 10,
+  return fmt::format("CUDA runtime {}.{}{}, cuBLASLt {}, cuDNN {} (built with {}), {}",
+                     runtime / 1000, (runtime % 1000) / 10,
                      driver ? fmt::format(" (driver {}.{})", driver / 1000, (driver % 1000) / 10)
                             : std::string(" (no driver)"),
                      version_triplet(static_cast<int>(cublasLtGetVersion()), 10000, 100),
                      version_triplet(static_cast<int>(cudnnGetVersion()), 10000, 100),
-                     version_triplet(CUDNN_VERSION, 10000, 100));
+                     version_triplet(CUDNN_VERSION, 10000, 100), nccl_version());
 }
 
 std::unique_ptr<Backend> make_backend(const DeviceConfig& cfg) {

@@ -104,6 +104,8 @@ class CudaBackend final : public Backend {
   void enqueue_copy(const Tensor& dst, const Tensor& src, CopyTicket t);
   cudaEvent_t take_event();
 
+  friend class NcclGradientSync;  // runs NCCL on a stream ordered after this one's ops
+
   std::shared_ptr<DeviceState> dev_;
   DType act_;
   cudaEvent_t compute_ready_ = nullptr;          // re-recorded before each copy

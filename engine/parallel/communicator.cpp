@@ -39,6 +39,7 @@ class SingleRank final : public Communicator {
     return {};
   }
   std::unique_ptr<Communicator> split(int, int) override { return std::make_unique<SingleRank>(); }
+  void broadcast(void*, int64_t, int) override {}
   std::vector<double> allgather(const double* mine, int n) override {
     return std::vector<double>(mine, mine + n);
   }
@@ -82,6 +83,12 @@ int launched_ranks() {
   if (std::getenv("PMIX_RANK"))
     if (const int n = env_int("SLURM_NTASKS"); n > 0) return n;
   return 1;
+}
+
+int local_rank() {
+  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"})
+    if (const char* v = std::getenv(name); v && *v) return env_int(name);
+  return 0;
 }
 
 Communicator& init_world() {

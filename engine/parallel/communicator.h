@@ -45,6 +45,8 @@ class Communicator {
   /// from rank `src` into `recv` (a ring step). The buffers must stay as they are until it is done.
   virtual Request start_sendrecv(const float* send, int64_t n_send, int dest, float* recv,
                                  int64_t n_recv, int src) = 0;
+  /// Blocking: rank `root`'s `bytes` bytes at `data` reach every rank (NCCL's bootstrap id).
+  virtual void broadcast(void* data, int64_t bytes, int root) = 0;
   /// The ranks of this communicator with the same `color`, ordered by `key` (MPI_Comm_split).
   virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
   /// Blocking: every rank's `n` doubles, rank 0's first (all.size() == size() * n).
@@ -61,6 +63,10 @@ std::vector<double> sum_over_ranks(Communicator& comm, const std::vector<double>
 /// PMIx), before MPI is initialised: 1 when no launcher started this process.
 int launched_ranks();
 
+/// This process's rank among those of its node, as the launcher set it (0 without one): which
+/// of the node's GPUs it drives.
+int local_rank();
+
 /// Initialises MPI when a launcher started the process (once; later calls return the same).
 /// Throws ConfigError when mpirun started several ranks of a build without MPI.
 Communicator& init_world();
@@ -75,5 +81,7 @@ std::unique_ptr<Communicator> make_single_rank();
 /// when this build has no MPI.
 std::unique_ptr<Communicator> make_mpi_world();
 bool mpi_is_built();
+/// "Open MPI v4.1.4" (callable before MPI is initialised), or "built without MPI".
+std::string mpi_library();
 
 }  // namespace remat::parallel

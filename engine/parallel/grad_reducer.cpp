@@ -10,18 +10,6 @@
 
 namespace remat::parallel {
 
-namespace {
-
-// The stage after which a parameter's gradient is final: its block, or (n_blocks) the end of the
-// backward for everything outside the blocks.
-size_t stage_of(const std::string& name, size_t n_blocks) {
-  size_t block = 0;
-  if (std::sscanf(name.c_str(), "blocks.%zu.", &block) == 1 && block < n_blocks) return block;
-  return n_blocks;
-}
-
-}  // namespace
-
 GradientReducer::GradientReducer(Backend& be, Model& model, Communicator* comm, int ranks,
                                  uint64_t bucket_bytes)
     : be_(be), comm_(comm), ranks_(ranks), rank_(comm ? comm->rank() : 0) {
@@ -38,7 +26,7 @@ GradientReducer::GradientReducer(Backend& be, Model& model, Communicator* comm, 
     stage_buckets_[stage].first = buckets_.size();
     bool open = false;
     for (Param& p : model.params()) {
-      if (stage_of(p.name, L) != stage) continue;
+      if (gradient_stage(p.name, L) != stage) continue;
       const int64_t n = p.grad.tensor().numel();
       for (int64_t off = 0; off < n;) {
         if (!open || buckets_.back().floats == cap) buckets_.emplace_back(), open = true;

@@ -20,25 +20,27 @@
 #include "engine/memory_pool.h"
 #include "engine/model.h"
 #include "engine/parallel/communicator.h"
+#include "engine/parallel/gradient_sync.h"
 
 namespace remat::parallel {
 
-class GradientReducer {
+class GradientReducer final : public GradientSync {
  public:
   /// `comm` may be null for a dry run with `ranks` ranks: the slots are allocated, nothing is
   /// exchanged. Buckets hold at most `bucket_bytes` of gradients.
   GradientReducer(Backend& be, Model& model, Communicator* comm, int ranks, uint64_t bucket_bytes);
   GradientReducer(const GradientReducer&) = delete;
   GradientReducer& operator=(const GradientReducer&) = delete;
-  ~GradientReducer();
+  ~GradientReducer() override;
 
   /// The gradients of block `block` are final (after its backward).
-  void block_done(size_t block);
+  void block_done(size_t block) override;
   /// Every gradient is final (after the stem): the rest starts, and all buckets complete. Each
   /// gradient then holds the sum over the ranks.
-  void finish();
+  void finish() override;
   /// Bytes each rank sends per step (the shards it hands out, then its own shard to every rank).
-  uint64_t sent_bytes_per_step() const;
+  uint64_t sent_bytes_per_step() const override;
+  const char* describe() const override { return "summed in rank order over MPI"; }
   size_t n_buckets() const { return buckets_.size(); }
 
  private:

@@ -25,6 +25,8 @@
 #include "engine/cuda/cuda_backend.h"
 #include "engine/cuda/workspace.h"
 #include "engine/cuda_api.h"
+#include "engine/parallel/communicator.h"
+#include "engine/parallel/gradient_sync.h"
 #include "engine/trainer.h"
 #include "layers/models.h"
 #include "tests/ops/backend_rows.h"
@@ -239,6 +241,36 @@ TEST_CASE("the planner predicts the CUDA pool's peak to the byte", "[gpu][planne
     CHECK(measured == predicted);
     CHECK(gpu.host_pool().peak_bytes() == count.host_pool().peak_bytes());
   }
+}
+
+TEST_CASE("a single-rank NCCL communicator sums the gradients of one rank into themselves",
+          "[gpu][nccl]") {
+  // The NCCL path of data parallel on the one-GPU device: bootstrapped through a one-rank
+  // communicator, every block's gradients all-reduced on NCCL's stream and ordered back before
+  // the optimizer. Over one rank the sum is the gradient itself, bit for bit.
+  Config cfg = parse_config(kTinyToml, "tiny(test)", {"train.steps=3"});
+  cuda::CudaBackend gpu(DeviceConfig{}, DType::BF16);
+  auto model = make_model(cfg, gpu);
+  std::unique_ptr<parallel::Communicator> one = parallel::make_single_rank();
+  std::unique_ptr<parallel::GradientSync> sync = cuda::make_nccl_sync(gpu, *model, *one);
+  CHECK(std::string(sync->describe()) == "all-reduced by NCCL");
+  CHECK(sync->sent_bytes_per_step() == 0);
+  std::vector<std::vector<float>> before;
+  uint64_t stream = 1;
+  for (Param& p : model->params()) {
+    Buffer g = test::make_randn(gpu, p.grad.tensor().dims(), 5, stream++);
+    gpu.copy(p.grad, g);
+    before.push_back(test::to_host(p.grad));
+  }
+  for (size_t i = model->n_blocks(); i-- > 0;) sync->block_done(i);
+  sync->finish();
+  size_t k = 0;
+  for (Param& p : model->params()) {
+    INFO(p.name);
+    CHECK(test::to_host(p.grad) == before[k++]);
+  }
+  INFO(cuda::nccl_version());
+  CHECK(cuda::nccl_version().rfind("NCCL 2.", 0) == 0);
 }
 
 }  // namespace remat

@@ -82,6 +82,9 @@ class MpiComm final : public Communicator {
     MPI_Isend(send, mpi_count(n_send), MPI_FLOAT, dest, kRingTag, comm_, &req[1]);
     return remember(std::move(req));
   }
+  void broadcast(void* data, int64_t bytes, int root) override {
+    MPI_Bcast(data, mpi_count(bytes), MPI_BYTE, root, comm_);
+  }
   std::unique_ptr<Communicator> split(int color, int key) override {
     MPI_Comm sub;
     MPI_Comm_split(comm_, color, key, &sub);
@@ -146,6 +149,9 @@ std::unique_ptr<Communicator> make_mpi_world() {
 }
 bool mpi_is_built() {
   return true;
+}
+std::string mpi_library() {
+  return library_version();
 }
 
 void finalize_world() {

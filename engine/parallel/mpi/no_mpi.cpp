@@ -9,6 +9,9 @@ std::unique_ptr<Communicator> make_mpi_world() {
 bool mpi_is_built() {
   return false;
 }
+std::string mpi_library() {
+  return "built without MPI";
+}
 void finalize_world() {}
 
 }  // namespace remat::parallel
