@@ -139,6 +139,7 @@ int run_bench(const BenchOptions& opt) {
   const int64_t steps = opt.steps > 0 ? opt.steps : 3;
   sets.push_back(fmt::format("train.steps={}", steps + 1));  // the schedule covers the warm-up
   Config cfg = load_config(opt.config_path, sets);
+  refuse_several_ranks(cfg, "bench");
   BackendChoice choice = make_backend(cfg);
   Backend& be = *choice.backend;
   const Planner planner(run_plan_target(be), make_run_parts);

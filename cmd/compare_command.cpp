@@ -147,6 +147,7 @@ int run_compare(const CompareOptions& opt) {
   std::vector<std::string> sets = opt.overrides;
   if (opt.steps > 0) sets.push_back(fmt::format("train.steps={}", opt.steps));
   const Config cfg = load_config(opt.config_path, sets);
+  refuse_several_ranks(cfg, "compare");
   std::vector<std::string> defaults = builtin_policies();
   if (cfg.model.kind == ModelKind::Mlp)  // no attention: save_attn would be full
     defaults.erase(std::find(defaults.begin(), defaults.end(), "save_attn"));

@@ -141,6 +141,7 @@ int run_fit(const FitOptions& opt) {
   if (opt.batch_size) sets.push_back(fmt::format("train.batch_size={}", *opt.batch_size));
   add_rank_sets(sets, opt.config_path, opt.ranks, opt.context);
   const Config base = load_config(opt.config_path, sets);
+  if (opt.measure) refuse_several_ranks(base, "fit --measure");
   if (base.model.kind != ModelKind::Gpt)
     throw ConfigError(fmt::format(
         "{}: [fit] model.kind = \"{}\" has no sequence length to fit. Fix: use a gpt config",

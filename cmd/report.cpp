@@ -127,6 +127,16 @@ std::string parallel_note(const Config& cfg) {
   return fmt::format(" (on {} ranks: {}; figures are rank {}'s)", p.world_ranks(), parts, p.rank);
 }
 
+void refuse_several_ranks(const Config& cfg, const char* command) {
+  if (cfg.parallel.world_ranks() <= 1) return;
+  throw ConfigError(fmt::format(
+      "{}: [parallel] data = {} x context = {} asks for {} ranks, and `remat-train {}` runs one "
+      "process. Fix: train with `mpirun -np {} remat-train train --config {}`, plan a rank with "
+      "`remat-train plan` or `fit` (without --measure), or remove [parallel] for {}",
+      cfg.path, cfg.parallel.data_ranks(), cfg.parallel.context, cfg.parallel.world_ranks(),
+      command, cfg.parallel.world_ranks(), cfg.path, command));
+}
+
 void add_rank_sets(std::vector<std::string>& sets, const std::string& config_path,
                    std::optional<int64_t> ranks, std::optional<int64_t> context) {
   if (context) sets.push_back(fmt::format("parallel.context={}", *context));

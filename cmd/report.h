@@ -84,6 +84,9 @@ std::string tiling_note(const Config& cfg);
 /// " (on 8 ranks: 2 rows of the batch per data-parallel group, 4,096 tokens of each row per
 /// context rank; figures are rank 0's)", or empty on one rank.
 std::string parallel_note(const Config& cfg);
+/// Commands that run steps in this one process (compare, bench, sweep, fit --measure) train one
+/// rank's share only under [parallel]: refused, with the fix, when it asks for several ranks.
+void refuse_several_ranks(const Config& cfg, const char* command);
 /// --ranks N and --context C as config overrides: parallel.context = C (else the config's) and
 /// parallel.data = N / C; a usage error when C does not divide N.
 void add_rank_sets(std::vector<std::string>& sets, const std::string& config_path,

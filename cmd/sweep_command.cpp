@@ -235,6 +235,7 @@ std::vector<int64_t> parse_seq_lens(const std::string& text) {
 int run_sweep(const SweepOptions& opt) {
   const std::vector<int64_t> seq_lens = parse_seq_lens(opt.seq_lens);
   const Config base = load_config(opt.config_path, opt.overrides);
+  refuse_several_ranks(base, "sweep");
   if (base.model.kind != ModelKind::Gpt)
     throw ConfigError(fmt::format(
         "{}: [sweep] model.kind = \"{}\" has no sequence length to sweep. Fix: use a gpt config",

@@ -321,6 +321,15 @@ TEST_CASE("parallel settings that cannot run are refused naming the key", "[smok
     CHECK(r.code == 2);
     CHECK(r.out.find("mpirun -np 2") != std::string::npos);
   }
+  SECTION("a one-process command given a config for several ranks") {
+    for (const char* cmd : {"compare --steps 1", "bench --steps 1", "fit --measure"}) {
+      const CliResult r =
+          run_ranks(1, fmt::format("{} --config configs/copy.toml --set parallel.context=2", cmd));
+      INFO(cmd << ": " << r.out);
+      CHECK(r.code == 2);
+      CHECK(r.out.find("runs one process") != std::string::npos);
+    }
+  }
   SECTION("a subcommand other than train on several ranks") {
     const CliResult r = run_ranks(2, "plan --config configs/copy.toml");
     INFO(r.out);
