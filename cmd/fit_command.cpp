@@ -139,7 +139,12 @@ int trial(const Config& cfg, const std::vector<std::string>& sets, int64_t seq_l
 int run_fit(const FitOptions& opt) {
   std::vector<std::string> sets = opt.overrides;
   if (opt.batch_size) sets.push_back(fmt::format("train.batch_size={}", *opt.batch_size));
-  add_rank_sets(sets, opt.config_path, opt.ranks, opt.context);
+  // fit's question is the longest context: on N ranks that is each sequence split over all of
+  // them, unless --context (or the config) says otherwise.
+  std::optional<int64_t> context = opt.context;
+  if (opt.ranks && !context && load_config(opt.config_path, sets).parallel.context == 1)
+    context = opt.ranks;
+  add_rank_sets(sets, opt.config_path, opt.ranks, context);
   const Config base = load_config(opt.config_path, sets);
   if (opt.measure) refuse_several_ranks(base, "fit --measure");
   if (base.model.kind != ModelKind::Gpt)

@@ -198,7 +198,8 @@ int run(int argc, char** argv) {
   add_policies_option(fit_cmd, fit.policies);
   fit_cmd->add_option("--batch-size", fit_batch, "Batch size to fit for");
   fit_cmd->add_option("--ranks", fit_ranks,
-                      "Fit one rank of N (parallel.data = N / context; the batch is split)");
+                      "Fit one rank of N: each sequence split over all N (ring attention) unless "
+                      "--context C or the config's parallel.context says otherwise");
   fit_cmd->add_option("--context", fit_context,
                       "Split each sequence over C ranks (parallel.context = C; ring attention)");
   fit_cmd

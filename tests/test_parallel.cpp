@@ -354,6 +354,7 @@ TEST_CASE("the planner predicts one rank of a context-parallel job on 8 H200s",
   const int64_t one = longest(""), eight = longest("--ranks 8 --context 8");
   INFO(one << " tokens on one card, " << eight << " on 8");
   CHECK(eight >= 7 * one);
+  CHECK(longest("--ranks 8") == eight);  // fit splits each sequence over all ranks by default
   // The printout names every rank's traffic, its links and whether compute hides it.
   const CliResult plan = run_in_source(fmt::format(
       "{} plan --config configs/gpt2-1.5b.toml --gpu h200 --ranks 16 --context 8 --batch-size 2",
