@@ -365,4 +365,17 @@ TEST_CASE("the planner predicts one rank of a context-parallel job on 8 H200s",
   CHECK(plan.out.find("ring") != std::string::npos);
   CHECK(plan.out.find("at NVLink 4") != std::string::npos);        // the ring, inside a node
   CHECK(plan.out.find("at InfiniBand NDR") != std::string::npos);  // gradients, across two
+  const CliResult json = run_in_source(fmt::format(
+      "{} plan --config configs/gpt2-1.5b.toml --gpu h200 --ranks 16 --context 8 --batch-size 2 "
+      "--json",
+      REMAT_BINARY));
+  REQUIRE(json.code == 0);
+  const auto rows = nlohmann::json::parse(json.out)["policies"];
+  REQUIRE(!rows.empty());
+  const auto& p = rows[0]["parallel"];
+  CHECK(p["ranks"] == 16);
+  CHECK(p["context_ranks"] == 8);
+  CHECK(p["ring_bytes_per_rank"].get<double>() > 0);
+  CHECK(p["gradient_bytes_per_rank"].get<double>() > 0);
+  CHECK(p["exposed_seconds"].get<double>() > 0);  // the 32k plan above: not hidden
 }

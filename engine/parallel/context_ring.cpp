@@ -95,23 +95,31 @@ void ContextRing::backward(Backend& be, const AttentionBackwardArgs& a) const {
   be.fill(rows_of(dkv[0], B, T, 2 * C), 0.0f);
   for (int s = 0; s < ranks_; ++s) {
     const int src = source(s), cur = s % 2;
+    const int64_t n_out = B * tokens(src) * 2 * C;
+    const int64_t n_in = B * tokens(s + 1 < ranks_ ? source(s + 1) : rank_) * 2 * C;
+    // The kv block moves on while this rank works on it (the backward only reads it) ...
+    Request values;
+    if (s + 1 < ranks_) {
+      be.count_ring_bytes(4.0 * static_cast<double>(n_out));
+      if (comm_)
+        values =
+            comm_->start_sendrecv(kv[cur].f32(), n_out, next(), kv[1 - cur].f32(), n_in, prev());
+    }
     const Tensor dkv_src = rows_of(dkv[cur], B, tokens(src), 2 * C);
     be.ring_block_backward({dq, dkv_src, q, rows_of(kv[cur], B, tokens(src), 2 * C), a.dout, a.lse,
                             delta, a.n_head, positions(), pos_[static_cast<size_t>(src)]});
-    if (ranks_ == 1) continue;
-    // The accumulator moves on with its kv, holding the sum of the ranks it has visited; after
-    // the last step it goes home to rank src.
-    const int64_t n_out = B * tokens(src) * 2 * C;
-    be.count_ring_bytes(4.0 * static_cast<double>(n_out) * (s + 1 < ranks_ ? 2 : 1));
-    if (!comm_) continue;
-    const int64_t n_in = B * tokens(s + 1 < ranks_ ? source(s + 1) : rank_) * 2 * C;
-    Request grads =
-        comm_->start_sendrecv(dkv[cur].f32(), n_out, next(), dkv[1 - cur].f32(), n_in, prev());
-    Request values;
-    if (s + 1 < ranks_)
-      values = comm_->start_sendrecv(kv[cur].f32(), n_out, next(), kv[1 - cur].f32(), n_in, prev());
-    comm_->wait(grads);
-    comm_->wait(values);
+    // ... and its accumulator follows once this rank has added to it, holding the sum of the
+    // ranks it has visited; after the last step it goes home to rank src. Every rank starts the
+    // two exchanges in this order, which is how MPI matches them.
+    if (ranks_ > 1) {
+      be.count_ring_bytes(4.0 * static_cast<double>(n_out));
+      if (comm_) {
+        Request grads =
+            comm_->start_sendrecv(dkv[cur].f32(), n_out, next(), dkv[1 - cur].f32(), n_in, prev());
+        comm_->wait(grads);
+      }
+    }
+    if (comm_) comm_->wait(values);
   }
   // After `ranks` steps and hops, this rank's own accumulator is in buffer ranks % 2 (buffer 0
   // when there was no hop at all).
