@@ -50,7 +50,7 @@ std::string skip_reason(const fs::path& build) {
 // What the GPU machine provides itself; everything else must come from the bundle.
 const std::regex kProvided(
     R"(^(linux-vdso|ld-linux-x86-64|libc|libm|libdl|libpthread|librt|libstdc\+\+|libgcc_s|libgomp|)"
-    R"(libcuda|libcudart|libcublas|libcublasLt|libcudnn[a-z_]*|libnvrtc[a-z-]*)\.so)");
+    R"(libcuda|libcudart|libcublas|libcublasLt|libcudnn[a-z_]*|libnvrtc[a-z-]*|libnccl)\.so)");
 
 /// `ldd` of a bundled binary with only the bundle's lib folder added: the problems found.
 std::vector<std::string> unresolved(const fs::path& bundle, const std::string& binary) {
