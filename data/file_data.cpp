@@ -11,7 +11,7 @@
 #include <set>
 
 #include "engine/error.h"
-#include "engine/parallel/context_ring.h"
+#include "engine/parallel/layout.h"
 #include "engine/rng.h"
 #include "engine/units.h"
 

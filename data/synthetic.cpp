@@ -8,7 +8,7 @@
 
 #include "data/gaussian.h"
 #include "engine/cpu/gemm.h"
-#include "engine/parallel/context_ring.h"
+#include "engine/parallel/layout.h"
 #include "engine/rng.h"
 
 namespace remat {

@@ -15,7 +15,7 @@
 #include <sstream>
 
 #include "engine/error.h"
-#include "engine/parallel/context_ring.h"
+#include "engine/parallel/layout.h"
 #include "engine/policy.h"
 #include "engine/units.h"
 

@@ -1,4 +1,4 @@
-// Context parallel: the layout and ring attention (see engine/parallel/context_ring.h).
+// Context parallel: ring attention (see engine/parallel/context_ring.h).
 #include "engine/parallel/context_ring.h"
 
 #include <fmt/format.h>
@@ -9,17 +9,6 @@
 #include "engine/error.h"
 
 namespace remat::parallel {
-
-TokenPositions context_positions(int64_t seq_len, int ranks, int rank) {
-  const int64_t n = 2 * static_cast<int64_t>(ranks);
-  auto chunk = [&](int64_t i) {
-    const int64_t start = i * seq_len / n, end = (i + 1) * seq_len / n;
-    return std::pair<int64_t, int64_t>{start, end - start};
-  };
-  TokenPositions p;
-  p.ranges = {chunk(rank), chunk(n - 1 - rank)};
-  return p;
-}
 
 ContextRing::ContextRing(Communicator* comm, int ranks, int rank, int64_t seq_len)
     : comm_(comm), ranks_(ranks), rank_(rank) {

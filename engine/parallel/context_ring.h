@@ -1,9 +1,7 @@
-// Context parallel: every row's sequence is split over the `ranks` ranks of a context group, and
-// attention becomes a ring. The layout balances causal work: the sequence is cut into 2 x ranks
-// chunks (sizes differ by at most one token) and rank r holds chunks r and 2 x ranks - 1 - r,
-// one early and one late, so every rank attends over about the same number of (query, key)
-// pairs. Every token-wise op (embedding, LayerNorm, the GEMMs, the loss) runs on the rank's own
-// tokens unchanged; only attention needs the others'.
+// Context parallel: every row's sequence is split over the `ranks` ranks of a context group
+// (engine/parallel/layout.h: two chunks per rank, one early and one late, for balanced causal
+// work), and attention becomes a ring. Every token-wise op (embedding, LayerNorm, the GEMMs, the
+// loss) runs on the rank's own tokens unchanged; only attention needs the others'.
 //
 // Ring attention, forward: each rank splits its qkv into q and kv = k | v (RoPE applied at the
 // tokens' global positions), then for `ranks` steps attends its queries to the kv it holds while
@@ -20,11 +18,9 @@
 #include "engine/backend.h"
 #include "engine/ops/ring_attention.h"
 #include "engine/parallel/communicator.h"
+#include "engine/parallel/layout.h"
 
 namespace remat::parallel {
-
-/// The global positions rank `rank` of `ranks` holds of a `seq_len`-token sequence.
-TokenPositions context_positions(int64_t seq_len, int ranks, int rank);
 
 class ContextRing {
  public:

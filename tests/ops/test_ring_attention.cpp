@@ -4,7 +4,7 @@
 // the single-device flash attention's output, log-sum-exp and dqkv at every position, with and
 // without RoPE, for sequence lengths that 2C does not divide. Plus the layout and the closed-form
 // pair count the planner uses.
-#include "engine/parallel/context_ring.h"
+#include "engine/parallel/layout.h"
 #include "tests/ops/op_test.h"
 
 namespace remat::test {
