@@ -123,6 +123,13 @@ TEST_CASE("data parallel over 2 ranks trains like one rank with the same global 
     CHECK(b.out.find("2 ranks = data 2 x context 1") != std::string::npos);
     CHECK(b.out.find("equal to the measured peak") != std::string::npos);
     CHECK(b.out.find("summary:") == b.out.rfind("summary:"));
+    // Two ranks on this machine: each plans against half its RAM (no device.memory given).
+    auto budget_gib = [](const std::string& out) {
+      const auto at = out.find("of budget ");
+      REQUIRE(at != std::string::npos);
+      return std::stod(out.substr(at + 10));
+    };
+    CHECK(std::abs(budget_gib(a.out) / budget_gib(b.out) - 2.0) < 0.01);
     // Reassociation only: measured ~1e-8 relative after 20 steps.
     check_close(losses_of(one), losses_of(two), 1e-6);
     // Every rank logs its own line with its rank, and every rank holds the same numbers.

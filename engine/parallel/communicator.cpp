@@ -78,10 +78,17 @@ std::vector<double> sum_over_ranks(Communicator& comm, const std::vector<double>
 int launched_ranks() {
   // Open MPI's mpirun, then MPICH/Intel MPI and Slurm's PMI-2, then Slurm's own count (srun with
   // PMIx sets PMIX_RANK and SLURM_NTASKS).
-  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MPI_LOCALNRANKS"})
+  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"})
     if (const int n = env_int(name); n > 0) return n;
   if (std::getenv("PMIX_RANK"))
     if (const int n = env_int("SLURM_NTASKS"); n > 0) return n;
+  return 1;
+}
+
+int local_ranks() {
+  for (const char* name :
+       {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"})
+    if (const int n = env_int(name); n > 0) return n;
   return 1;
 }
 

@@ -63,6 +63,9 @@ std::vector<double> sum_over_ranks(Communicator& comm, const std::vector<double>
 /// PMIx), before MPI is initialised: 1 when no launcher started this process.
 int launched_ranks();
 
+/// How many ranks of the job run on this node, as the launcher set it (1 without one).
+int local_ranks();
+
 /// This process's rank among those of its node, as the launcher set it (0 without one): which
 /// of the node's GPUs it drives.
 int local_rank();
