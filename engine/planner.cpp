@@ -130,15 +130,9 @@ double DryRun::flops() const {
   return f;
 }
 
-double DryRun::to_host_bytes() const {
+double DryRun::total(double OpCost::*field) const {
   double b = 0;
-  for (const OpCost& c : cost) b += c.to_host_bytes;
-  return b;
-}
-
-double DryRun::to_device_bytes() const {
-  double b = 0;
-  for (const OpCost& c : cost) b += c.to_device_bytes;
+  for (const OpCost& c : cost) b += c.*field;
   return b;
 }
 
@@ -163,12 +157,6 @@ CopyTime copy_time(const DryRun& run, const PlanTarget& target) {
     t.exposed_s += std::max(0.0, copy - compute);
   }
   return t;
-}
-
-double DryRun::ring_bytes() const {
-  double b = 0;
-  for (const OpCost& c : cost) b += c.ring_bytes;
-  return b;
 }
 
 ExchangeTime exchange_time(const DryRun& run, const PlanTarget& target) {

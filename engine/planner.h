@@ -82,12 +82,14 @@ struct DryRun {
   int64_t n_params = 0;
   double recompute_overhead() const;  // recompute FLOPs / (forward + loss + backward FLOPs)
   double flops() const;               // every phase
-  double to_host_bytes() const;       // copies per step, every phase
-  double to_device_bytes() const;
+  double to_host_bytes() const { return total(&OpCost::to_host_bytes); }  // copies per step
+  double to_device_bytes() const { return total(&OpCost::to_device_bytes); }
   int ranks = 1;                 // every rank of the job; every figure above is one rank's
   int context_ranks = 1;         // of them, the ranks that split a sequence (the ring)
   uint64_t grad_sent_bytes = 0;  // gradient bytes each rank sends per step (ranks > 1)
-  double ring_bytes() const;     // context parallel: ring bytes this rank sends per step
+  // context parallel: ring bytes this rank sends per step
+  double ring_bytes() const { return total(&OpCost::ring_bytes); }
+  double total(double OpCost::*field) const;  // a cost field summed over every phase
 };
 
 /// A step's device <-> host copies in seconds beside its compute, at the target's rates (zero

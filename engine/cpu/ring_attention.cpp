@@ -53,62 +53,63 @@ TileRange range_of(const std::vector<int64_t>& pos, int64_t i0, int64_t n) {
   return {*lo, *hi};
 }
 
-}  // namespace
-
-void CpuBackend::ring_split_impl(const RingSplitArgs& a) {
-  const int64_t B = a.qkv.dim(0), T = a.qkv.dim(1), C = a.q.dim(-1), NH = a.n_head, HS = C / NH;
-  const std::vector<int64_t> pos = a.pos.list();
-  const float* qkv = a.qkv.f32();
-  float *q = a.q.f32(), *kv = a.kv.f32();
-#pragma omp parallel for schedule(static) num_threads(threads_)
+// Every (row, token) of a (B, T) layout with the cos and sin of RoPE at the token's global position
+// (when theta > 0), one token per task: what split and merge-grad share.
+template <class PerToken>
+void for_each_token(int64_t B, int64_t T, int64_t HS, const TokenPositions& positions, float theta,
+                    int threads, PerToken&& per_token) {
+  const std::vector<int64_t> pos = positions.list();
+#pragma omp parallel for schedule(static) num_threads(threads)
   for (int64_t t = 0; t < T; ++t) {
     std::vector<float> cs(static_cast<size_t>(HS / 2)), sn(cs.size());
-    const bool rope = a.rope_theta > 0;
-    if (rope) rope_angles(pos[static_cast<size_t>(t)], HS, a.rope_theta, cs.data(), sn.data());
-    for (int64_t b = 0; b < B; ++b) {
-      const float* src = qkv + (b * T + t) * 3 * C;
-      float* dq = q + (b * T + t) * C;
-      float* dkv = kv + (b * T + t) * 2 * C;
-      for (int64_t h = 0; h < NH; ++h) {
-        if (rope) {
-          rotate(dq + h * HS, src + h * HS, HS, cs.data(), sn.data(), false);
-          rotate(dkv + h * HS, src + C + h * HS, HS, cs.data(), sn.data(), false);
-        } else {
-          std::copy_n(src + h * HS, HS, dq + h * HS);
-          std::copy_n(src + C + h * HS, HS, dkv + h * HS);
-        }
-      }
-      std::copy_n(src + 2 * C, C, dkv + C);
-    }
+    if (theta > 0) rope_angles(pos[static_cast<size_t>(t)], HS, theta, cs.data(), sn.data());
+    for (int64_t b = 0; b < B; ++b) per_token(b * T + t, cs.data(), sn.data());
   }
 }
 
-void CpuBackend::ring_merge_grad_impl(const RingMergeGradArgs& a) {
-  const int64_t B = a.dqkv.dim(0), T = a.dqkv.dim(1), C = a.dq.dim(-1), NH = a.n_head, HS = C / NH;
-  const std::vector<int64_t> pos = a.pos.list();
-  const float *dq = a.dq.f32(), *dkv = a.dkv.f32();
-  float* dqkv = a.dqkv.f32();
-#pragma omp parallel for schedule(static) num_threads(threads_)
-  for (int64_t t = 0; t < T; ++t) {
-    std::vector<float> cs(static_cast<size_t>(HS / 2)), sn(cs.size());
-    const bool rope = a.rope_theta > 0;
-    if (rope) rope_angles(pos[static_cast<size_t>(t)], HS, a.rope_theta, cs.data(), sn.data());
-    for (int64_t b = 0; b < B; ++b) {
-      float* d = dqkv + (b * T + t) * 3 * C;
-      const float* gq = dq + (b * T + t) * C;
-      const float* gkv = dkv + (b * T + t) * 2 * C;
-      for (int64_t h = 0; h < NH; ++h) {
-        if (rope) {
-          rotate(d + h * HS, gq + h * HS, HS, cs.data(), sn.data(), true);
-          rotate(d + C + h * HS, gkv + h * HS, HS, cs.data(), sn.data(), true);
-        } else {
-          std::copy_n(gq + h * HS, HS, d + h * HS);
-          std::copy_n(gkv + h * HS, HS, d + C + h * HS);
-        }
-      }
-      std::copy_n(gkv + C, C, d + 2 * C);
+// One token's q and k heads from `q` and `k` into `dq` and `dk` (rotated, rotated back, or copied
+// without RoPE), and its v row copied.
+void move_heads(const float* q, const float* k, const float* v, float* dq, float* dk, float* dv,
+                int64_t C, int64_t NH, const float* cs, const float* sn, bool rope, bool back) {
+  const int64_t HS = C / NH;
+  for (int64_t h = 0; h < NH; ++h) {
+    if (rope) {
+      rotate(dq + h * HS, q + h * HS, HS, cs, sn, back);
+      rotate(dk + h * HS, k + h * HS, HS, cs, sn, back);
+    } else {
+      std::copy_n(q + h * HS, HS, dq + h * HS);
+      std::copy_n(k + h * HS, HS, dk + h * HS);
     }
   }
+  std::copy_n(v, C, dv);
+}
+
+}  // namespace
+
+void CpuBackend::ring_split_impl(const RingSplitArgs& a) {
+  const int64_t C = a.q.dim(-1);
+  const float* qkv = a.qkv.f32();
+  float *q = a.q.f32(), *kv = a.kv.f32();
+  for_each_token(a.qkv.dim(0), a.qkv.dim(1), C / a.n_head, a.pos, a.rope_theta, threads_,
+                 [&](int64_t r, const float* cs, const float* sn) {
+                   const float* src = qkv + r * 3 * C;
+                   float* dkv = kv + r * 2 * C;
+                   move_heads(src, src + C, src + 2 * C, q + r * C, dkv, dkv + C, C, a.n_head, cs,
+                              sn, a.rope_theta > 0, false);
+                 });
+}
+
+void CpuBackend::ring_merge_grad_impl(const RingMergeGradArgs& a) {
+  const int64_t C = a.dq.dim(-1);
+  const float *dq = a.dq.f32(), *dkv = a.dkv.f32();
+  float* dqkv = a.dqkv.f32();
+  for_each_token(a.dqkv.dim(0), a.dqkv.dim(1), C / a.n_head, a.pos, a.rope_theta, threads_,
+                 [&](int64_t r, const float* cs, const float* sn) {
+                   const float* g = dkv + r * 2 * C;
+                   float* d = dqkv + r * 3 * C;
+                   move_heads(dq + r * C, g, g + C, d, d + C, d + 2 * C, C, a.n_head, cs, sn,
+                              a.rope_theta > 0, true);
+                 });
 }
 
 // Per (batch, head, query tile): for each visible key tile, S = scale Q K^T with the causal mask
