@@ -408,12 +408,6 @@ int run_train(const TrainOptions& options) {
   Config cfg = load_config(opt.config_path, opt.overrides);
   if (!opt.metrics_path.empty()) cfg.log.metrics = opt.metrics_path;
   resolve_ranks(cfg, world);
-  // Ranks on one machine share its RAM: without device.memory, a CPU rank's budget is its share
-  // (each would otherwise plan against all of it and the machine would run out).
-  const bool on_cpu = cfg.device.backend == BackendKind::Cpu ||
-                      (cfg.device.backend == BackendKind::Auto && cuda::device_count() == 0);
-  if (world.size() > 1 && on_cpu && cfg.device.memory_bytes == 0)
-    cfg.device.memory_bytes = host_memory_bytes() / static_cast<uint64_t>(parallel::local_ranks());
   if (!cfg.log.metrics.empty()) cfg.log.metrics = rank_metrics_path(cfg.log.metrics, world.rank());
   check_output_paths(cfg);
   // The checkpoint is opened (and verified) before anything is built, so a bad one fails fast.

@@ -5,6 +5,7 @@
 
 #include "engine/cpu/cpu_backend.h"
 #include "engine/cuda_api.h"
+#include "engine/parallel/communicator.h"
 
 namespace remat {
 
@@ -32,7 +33,12 @@ BackendChoice make_backend(const Config& cfg) {
     c.why = "auto: CUDA device found";
     return c;
   }
-  const uint64_t budget = cfg.device.memory_bytes ? cfg.device.memory_bytes : host_memory_bytes();
+  // Ranks on one machine share its RAM: without device.memory, each CPU rank's budget is its share
+  // (each would otherwise plan against all of it, and the machine would run out).
+  const uint64_t budget =
+      cfg.device.memory_bytes
+          ? cfg.device.memory_bytes
+          : host_memory_bytes() / static_cast<uint64_t>(parallel::local_ranks());
   const uint64_t host_budget =
       cfg.device.host_memory_bytes ? cfg.device.host_memory_bytes : host_memory_bytes();
   c.backend =

@@ -72,17 +72,17 @@ Trainer::Trainer(TrainConfig train, RematPlan plan, Backend& be, Model& model, D
       data_(data),
       plan_(std::move(plan)),
       dp_(dp) {
-  reducer_ = make_gradient_sync(be, model, dp_);
+  grad_sync_ = make_gradient_sync(be, model, dp_);
 }
 
 Trainer::~Trainer() = default;
 
 std::string Trainer::gradient_sync() const {
-  return reducer_ ? reducer_->describe() : "";
+  return grad_sync_ ? grad_sync_->describe() : "";
 }
 
 uint64_t Trainer::sent_bytes_per_step() const {
-  return reducer_ ? reducer_->sent_bytes_per_step() : 0;
+  return grad_sync_ ? grad_sync_->sent_bytes_per_step() : 0;
 }
 
 std::vector<double> Trainer::mean_over_ranks(const std::vector<double>& means,
@@ -142,13 +142,13 @@ StepMetrics Trainer::step() {
   be_.set_phase(Phase::Backward);
   for (Param& p : model_.params()) be_.fill(p.grad, 0.0f);
   model_.begin_step(step_);
-  parallel::GradientSync* reducer = reducer_.get();
-  StepLoss loss = forward_backward(
-      be_, model_, plan_, batch,
-      reducer ? BlockGradsReady([reducer](size_t block) { reducer->block_done(block); })
-              : BlockGradsReady());
+  parallel::GradientSync* sync = grad_sync_.get();
+  StepLoss loss =
+      forward_backward(be_, model_, plan_, batch,
+                       sync ? BlockGradsReady([sync](size_t block) { sync->block_done(block); })
+                            : BlockGradsReady());
   batch = Batch();
-  if (reducer) reducer->finish();  // every gradient is now the sum over the ranks
+  if (sync) sync->finish();  // every gradient is now the sum over the ranks
   m.task_metric = data_.task_metric(loss.row_losses);
   // Context ranks hold a token or two more or less than each other: means weigh by tokens.
   const std::vector<double> means = mean_over_ranks(
@@ -175,7 +175,8 @@ StepMetrics Trainer::step() {
   be_.synchronize();
   const auto t1 = std::chrono::steady_clock::now();
   m.step_ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
-  // The whole job's tokens: every data-parallel rank trains n_tokens of its own.
+  // The whole job's tokens: every rank trains n_tokens of its own (context ranks' counts differ
+  // by a token or two).
   m.tokens_per_s = static_cast<double>(n_tokens * dp_.ranks) * 1000.0 / std::max(m.step_ms, 1e-9);
   m.peak_bytes = pool.peak_bytes();
   return m;

@@ -20,10 +20,11 @@ class Communicator;
 class GradientSync;
 }  // namespace parallel
 
-/// This trainer as one of `ranks` data-parallel ranks (engine/parallel): it trains on its share
-/// of each step's rows, and the gradients, the loss and the task metric are summed over ranks.
+/// This trainer as one of `ranks` ranks (data x context, engine/parallel): it trains on its share
+/// of each step's rows and tokens, and the gradients, the loss and the task metric are summed
+/// over every rank.
 struct DataParallel {
-  int ranks = 1;
+  int ranks = 1;                           // every rank of the job
   uint64_t bucket_bytes = 16ull << 20;     // parallel.bucket_bytes
   parallel::Communicator* comm = nullptr;  // null with ranks > 1: a dry run (memory, no exchange)
 };
@@ -114,7 +115,7 @@ class Trainer {
   DataSource& data_;
   RematPlan plan_;
   DataParallel dp_;
-  std::unique_ptr<parallel::GradientSync> reducer_;  // ranks > 1 only
+  std::unique_ptr<parallel::GradientSync> grad_sync_;  // ranks > 1 only
   int64_t step_ = 0;
 };
 

@@ -47,12 +47,8 @@ class NcclGradientSync final : public parallel::GradientSync {
     cuda_check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
     cuda_check(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming), "cudaEventCreate");
     cuda_check(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), "cudaEventCreate");
-    const size_t L = model.n_blocks();
-    stages_.resize(L + 1);
-    for (Param& p : model.params()) {
-      stages_[parallel::gradient_stage(p.name, L)].push_back(&p);
-      bytes_ += p.grad.tensor().bytes();
-    }
+    stages_ = parallel::params_by_stage(model);
+    for (Param& p : model.params()) bytes_ += p.grad.tensor().bytes();
   }
   NcclGradientSync(const NcclGradientSync&) = delete;
   NcclGradientSync& operator=(const NcclGradientSync&) = delete;

@@ -51,10 +51,12 @@ void ContextRing::forward(Backend& be, const AttentionForwardArgs& a) const {
   for (int s = 0; s < ranks_; ++s) {
     const int src = source(s), cur = s % 2;
     Request pass;
-    if (s + 1 < ranks_) be.count_ring_bytes(4.0 * static_cast<double>(B * tokens(src) * 2 * C));
-    if (comm_ && s + 1 < ranks_)  // hand this kv on while attending to it
-      pass = comm_->start_sendrecv(kv[cur].f32(), B * tokens(src) * 2 * C, next(),
-                                   kv[1 - cur].f32(), B * tokens(source(s + 1)) * 2 * C, prev());
+    if (s + 1 < ranks_) {  // hand this kv on while attending to it
+      const int64_t n_out = B * tokens(src) * 2 * C, n_in = B * tokens(source(s + 1)) * 2 * C;
+      be.count_ring_bytes(4.0 * static_cast<double>(n_out));
+      if (comm_)
+        pass = comm_->start_sendrecv(kv[cur].f32(), n_out, next(), kv[1 - cur].f32(), n_in, prev());
+    }
     be.ring_block_forward({a.out, a.lse, row_sum, q, rows_of(kv[cur], B, tokens(src), 2 * C),
                            a.n_head, positions(), pos_[static_cast<size_t>(src)]});
     if (comm_) comm_->wait(pass);

@@ -12,7 +12,7 @@ namespace remat::parallel {
 
 GradientReducer::GradientReducer(Backend& be, Model& model, Communicator* comm, int ranks,
                                  uint64_t bucket_bytes)
-    : be_(be), comm_(comm), ranks_(ranks), rank_(comm ? comm->rank() : 0) {
+    : comm_(comm), ranks_(ranks), rank_(comm ? comm->rank() : 0) {
   REMAT_ASSERT(!comm || comm->size() == ranks, "reducer for {} ranks on a communicator of {}",
                ranks, comm ? comm->size() : 0);
   const size_t L = model.n_blocks();
@@ -21,18 +21,18 @@ GradientReducer::GradientReducer(Backend& be, Model& model, Communicator* comm, 
   std::vector<size_t> order;
   for (size_t i = L; i-- > 0;) order.push_back(i);
   order.push_back(L);
+  const std::vector<std::vector<Param*>> by_stage = params_by_stage(model);
   stage_buckets_.assign(L + 1, {0, 0});
   for (size_t stage : order) {
     stage_buckets_[stage].first = buckets_.size();
     bool open = false;
-    for (Param& p : model.params()) {
-      if (gradient_stage(p.name, L) != stage) continue;
-      const int64_t n = p.grad.tensor().numel();
+    for (Param* p : by_stage[stage]) {
+      const int64_t n = p->grad.tensor().numel();
       for (int64_t off = 0; off < n;) {
         if (!open || buckets_.back().floats == cap) buckets_.emplace_back(), open = true;
         Bucket& b = buckets_.back();
         const int64_t take = std::min(n - off, cap - b.floats);
-        b.segments.push_back({&p, off, take});
+        b.segments.push_back({p, off, take});
         b.floats += take;
         off += take;
       }
@@ -53,9 +53,8 @@ GradientReducer::GradientReducer(Backend& be, Model& model, Communicator* comm, 
     }
   }
   // The packed bucket, then the `ranks` copies of this rank's shard (at most largest + ranks).
-  slot_floats_ = 2 * largest + ranks;
   for (int s = 0; s < 2; ++s)
-    slots_[s] = be.pool().allocate({slot_floats_}, DType::F32, MemCategory::Grads,
+    slots_[s] = be.pool().allocate({2 * largest + ranks}, DType::F32, MemCategory::Grads,
                                    fmt::format("grad_reduce.slot{}", s));
 }
 

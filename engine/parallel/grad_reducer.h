@@ -64,7 +64,6 @@ class GradientReducer final : public GradientSync {
   void unpack(size_t k);
   void start_stage(size_t stage);
 
-  Backend& be_;
   Communicator* comm_;
   int ranks_, rank_;
   std::vector<Bucket> buckets_;
@@ -72,7 +71,6 @@ class GradientReducer final : public GradientSync {
   std::vector<std::pair<size_t, size_t>> stage_buckets_;
   size_t started_ = 0;  // buckets started this step
   Buffer slots_[2];     // each: the packed bucket, then the shards received
-  int64_t slot_floats_ = 0;
 };
 
 }  // namespace remat::parallel

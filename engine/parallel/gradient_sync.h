@@ -8,6 +8,9 @@
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <vector>
+
+#include "engine/model.h"
 
 namespace remat::parallel {
 
@@ -32,6 +35,13 @@ inline size_t gradient_stage(const std::string& param_name, size_t n_blocks) {
   size_t block = 0;
   if (std::sscanf(param_name.c_str(), "blocks.%zu.", &block) == 1 && block < n_blocks) return block;
   return n_blocks;
+}
+
+/// `model`'s parameters by gradient_stage: one list per block, then the rest (model order within).
+inline std::vector<std::vector<Param*>> params_by_stage(Model& model) {
+  std::vector<std::vector<Param*>> stages(model.n_blocks() + 1);
+  for (Param& p : model.params()) stages[gradient_stage(p.name, model.n_blocks())].push_back(&p);
+  return stages;
 }
 
 /// Bytes a bandwidth-optimal all-reduce (reduce-scatter, then all-gather) of `bytes` sends from
