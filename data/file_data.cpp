@@ -11,7 +11,6 @@
 #include <set>
 
 #include "engine/error.h"
-#include "engine/parallel/layout.h"
 #include "engine/rng.h"
 #include "engine/units.h"
 
@@ -95,12 +94,8 @@ FileData::FileData(const Config& cfg)
     : data_(cfg.data),
       format_(cfg.data.source == "text" ? DataFormat::Text : DataFormat::Tokens),
       B_(cfg.train.batch_size),
-      rows_(local_batch_size(cfg)),
-      row0_(cfg.parallel.data_rank() * local_batch_size(cfg)),
+      share_(batch_share(cfg)),
       T_(cfg.train.seq_len),
-      pos_(parallel::context_positions(T_, static_cast<int>(cfg.parallel.context),
-                                       cfg.parallel.context_rank())
-               .list()),
       V_(cfg.model.vocab_size),
       seed_(cfg.train.seed),
       train_(T_ + 1),
@@ -199,22 +194,24 @@ Batch FileData::allocate_batch(Backend& be) const {
   // Exactly what the synthetic token tasks allocate, so dry runs predict the same bytes.
   Batch batch;
   MemoryPool& pool = be.pool();
-  const auto Tl = static_cast<int64_t>(pos_.size());
-  batch.inputs = pool.allocate({rows_, Tl}, DType::I32, MemCategory::Transient, "batch.inputs");
-  batch.targets = pool.allocate({rows_, Tl}, DType::I32, MemCategory::Transient, "batch.targets");
-  batch.n_tokens = rows_ * Tl;
+  const auto Tl = static_cast<int64_t>(share_.positions.size());
+  batch.inputs =
+      pool.allocate({share_.rows, Tl}, DType::I32, MemCategory::Transient, "batch.inputs");
+  batch.targets =
+      pool.allocate({share_.rows, Tl}, DType::I32, MemCategory::Transient, "batch.targets");
+  batch.n_tokens = share_.rows * Tl;
   return batch;
 }
 
 template <class WindowOf>
 void FileData::fill_batch(Backend& be, const Batch& batch, WindowOf window_of) {
-  const auto Tl = static_cast<int64_t>(pos_.size());
-  std::vector<int32_t> inputs(static_cast<size_t>(rows_ * Tl)), targets(inputs.size());
-  for (int64_t b = 0; b < rows_; ++b) {
-    const Window w = window_of(row0_ + b);
+  const auto Tl = static_cast<int64_t>(share_.positions.size());
+  std::vector<int32_t> inputs(static_cast<size_t>(share_.rows * Tl)), targets(inputs.size());
+  for (int64_t b = 0; b < share_.rows; ++b) {
+    const Window w = window_of(share_.first_row + b);
     w.shard->read(w.start, T_ + 1, row_.data(), V_);
     for (int64_t j = 0; j < Tl; ++j) {  // this rank's positions (all of them on one rank)
-      const auto t = static_cast<size_t>(pos_[static_cast<size_t>(j)]);
+      const auto t = static_cast<size_t>(share_.positions[static_cast<size_t>(j)]);
       inputs[static_cast<size_t>(b * Tl + j)] = row_[t];
       targets[static_cast<size_t>(b * Tl + j)] = row_[t + 1];
     }

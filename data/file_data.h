@@ -90,11 +90,9 @@ class FileData : public DataSource {
 
   DataConfig data_;
   DataFormat format_;
-  int64_t B_;     // rows per step, over every data-parallel rank
-  int64_t rows_;  // this rank's rows of each step: rows [row0_, row0_ + rows_) of the B_
-  int64_t row0_;
+  int64_t B_;         // rows per step, over every data-parallel rank
+  BatchShare share_;  // this rank's rows of each step's B_, and its positions of each row
   int64_t T_;
-  std::vector<int64_t> pos_;  // this rank's positions of each row (context parallel), else 0..T-1
   int64_t V_;
   uint64_t seed_;
   bool open_ = false;

@@ -25,9 +25,10 @@ std::string read_file_bytes(const std::string& path) {
   // A device or pipe (/dev/zero) would be read forever: only a regular file is a tokenizer.
   std::error_code ec;
   if (std::filesystem::exists(path, ec) && !std::filesystem::is_regular_file(path, ec))
-    throw DataError(fmt::format("[tokenizer] {}: not a regular file. Fix: pass llm.c's "
-                                "gpt2_tokenizer.bin to --tokenizer",
-                                path));
+    throw DataError(
+        fmt::format("[tokenizer] {}: not a regular file. Fix: pass llm.c's "
+                    "gpt2_tokenizer.bin to --tokenizer",
+                    path));
   std::ifstream f(path, std::ios::binary);
   if (!f) throw IoError(fmt::format("[tokenizer] cannot open {}: {}", path, std::strerror(errno)));
   std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());

@@ -8,7 +8,6 @@
 
 #include "data/gaussian.h"
 #include "engine/cpu/gemm.h"
-#include "engine/parallel/layout.h"
 #include "engine/rng.h"
 
 namespace remat {
@@ -23,12 +22,8 @@ class TokenTask : public DataSource {
   explicit TokenTask(const Config& cfg)
       : task_(cfg.data.task),
         B_(cfg.train.batch_size),
-        rows_(local_batch_size(cfg)),
-        row0_(cfg.parallel.data_rank() * rows_),
+        share_(batch_share(cfg)),
         T_(cfg.train.seq_len),
-        pos_(parallel::context_positions(T_, static_cast<int>(cfg.parallel.context),
-                                         cfg.parallel.context_rank())
-                 .list()),
         V_(cfg.model.vocab_size),
         seed_(cfg.train.seed) {}
 
@@ -39,16 +34,19 @@ class TokenTask : public DataSource {
   Batch next(Backend& be, int64_t step) override {
     Batch batch;
     MemoryPool& pool = be.pool();
-    const auto Tl = static_cast<int64_t>(pos_.size());  // this rank's tokens of each row
-    batch.inputs = pool.allocate({rows_, Tl}, DType::I32, MemCategory::Transient, "batch.inputs");
-    batch.targets = pool.allocate({rows_, Tl}, DType::I32, MemCategory::Transient, "batch.targets");
-    batch.n_tokens = rows_ * Tl;
+    const auto Tl =
+        static_cast<int64_t>(share_.positions.size());  // this rank's tokens of each row
+    batch.inputs =
+        pool.allocate({share_.rows, Tl}, DType::I32, MemCategory::Transient, "batch.inputs");
+    batch.targets =
+        pool.allocate({share_.rows, Tl}, DType::I32, MemCategory::Transient, "batch.targets");
+    batch.n_tokens = share_.rows * Tl;
     if (!be.computes()) return batch;  // a dry run needs the shapes, not the tokens
-    std::vector<int32_t> inputs(static_cast<size_t>(rows_ * Tl)), targets(inputs.size());
+    std::vector<int32_t> inputs(static_cast<size_t>(share_.rows * Tl)), targets(inputs.size());
     {
       const int64_t half = T_ / 2;
-      for (int64_t b = 0; b < rows_; ++b) {
-        const uint64_t row = static_cast<uint64_t>(step * B_ + row0_ + b);
+      for (int64_t b = 0; b < share_.rows; ++b) {
+        const uint64_t row = static_cast<uint64_t>(step * B_ + share_.first_row + b);
         // s has T+1 tokens; inputs are s[0..T), targets s[1..T].
         auto token = [&](int64_t k) {
           const int64_t src = (task_ == "copy" && k >= half) ? k % half : k;
@@ -57,7 +55,7 @@ class TokenTask : public DataSource {
               static_cast<uint64_t>(V_));
         };
         for (int64_t j = 0; j < Tl; ++j) {
-          const int64_t t = pos_[static_cast<size_t>(j)];
+          const int64_t t = share_.positions[static_cast<size_t>(j)];
           inputs[static_cast<size_t>(b * Tl + j)] = token(t);
           targets[static_cast<size_t>(b * Tl + j)] = token(t + 1);
         }
@@ -72,27 +70,25 @@ class TokenTask : public DataSource {
   std::optional<double> task_metric(const std::vector<float>& row_losses) const override {
     if (task_ != "copy" || row_losses.empty()) return std::nullopt;
     double sum = 0;
-    const auto Tl = static_cast<int64_t>(pos_.size());
-    for (int64_t b = 0; b < rows_; ++b)
+    const auto Tl = static_cast<int64_t>(share_.positions.size());
+    for (int64_t b = 0; b < share_.rows; ++b)
       for (int64_t j = 0; j < Tl; ++j)
-        if (pos_[static_cast<size_t>(j)] >= T_ / 2)
+        if (share_.positions[static_cast<size_t>(j)] >= T_ / 2)
           sum += row_losses[static_cast<size_t>(b * Tl + j)];
     return sum / static_cast<double>(task_metric_count());
   }
   int64_t task_metric_count() const override {
     int64_t n = 0;
-    for (int64_t p : pos_) n += p >= T_ / 2 ? 1 : 0;
-    return n * rows_;
+    for (int64_t p : share_.positions) n += p >= T_ / 2 ? 1 : 0;
+    return n * share_.rows;
   }
   std::string task_metric_name() const override { return task_ == "copy" ? "copy_loss" : ""; }
 
  private:
   std::string task_;
-  int64_t B_;     // rows per step, over every data-parallel rank
-  int64_t rows_;  // this rank's rows: [row0_, row0_ + rows_) of each step's B_
-  int64_t row0_;
+  int64_t B_;         // rows per step, over every data-parallel rank
+  BatchShare share_;  // this rank's rows of each step's B_, and its positions of each row
   int64_t T_;
-  std::vector<int64_t> pos_;  // this rank's positions of each row (context parallel), else 0..T-1
   int64_t V_;
   uint64_t seed_;
 };
@@ -101,8 +97,7 @@ class RegressionTask : public DataSource {
  public:
   explicit RegressionTask(const Config& cfg)
       : B_(cfg.train.batch_size),
-        rows_(local_batch_size(cfg)),
-        row0_(cfg.parallel.data_rank() * rows_),
+        share_(batch_share(cfg)),
         D_(cfg.model.n_embd),
         seed_(cfg.train.seed) {}
   // The D x D teacher is made when the data is opened, not built: dry runs never need it, and a
@@ -121,24 +116,25 @@ class RegressionTask : public DataSource {
   Batch next(Backend& be, int64_t step) override {
     Batch batch;
     MemoryPool& pool = be.pool();
-    batch.inputs = pool.allocate({rows_, D_}, DType::F32, MemCategory::Transient,
+    batch.inputs = pool.allocate({share_.rows, D_}, DType::F32, MemCategory::Transient,
                                  "batch.inputs");  // cast by the stem
-    batch.targets = pool.allocate({rows_, D_}, DType::F32, MemCategory::Transient, "batch.targets");
-    batch.n_tokens = rows_;
+    batch.targets =
+        pool.allocate({share_.rows, D_}, DType::F32, MemCategory::Transient, "batch.targets");
+    batch.n_tokens = share_.rows;
     if (!be.computes()) return batch;
     open();
     // Kept between steps: fresh 8 MiB vectors cost their page faults and zeroing every step.
     std::vector<float>& x = inputs_;
     std::vector<float>& y = targets_;
-    x.resize(static_cast<size_t>(rows_ * D_));
+    x.resize(static_cast<size_t>(share_.rows * D_));
     y.resize(x.size());
     {
       // Counter-based: each pair of numbers is a function of its index alone. Number e of a step
       // (of all B_ rows) is number 2 * step * pairs_per_step + e of the stream; this rank's rows
-      // start at e = row0_ * D_, which may be the second number of a pair.
+      // start at e = share_.first_row * D_, which may be the second number of a pair.
       const auto pairs_per_step = static_cast<uint64_t>((B_ * D_ + 1) / 2);
-      const uint64_t first =
-          2 * static_cast<uint64_t>(step) * pairs_per_step + static_cast<uint64_t>(row0_ * D_);
+      const uint64_t first = 2 * static_cast<uint64_t>(step) * pairs_per_step +
+                             static_cast<uint64_t>(share_.first_row * D_);
       if (first % 2 == 0) {
         fill_normal(x, seed_, kInputStream, first / 2);
       } else {
@@ -149,8 +145,8 @@ class RegressionTask : public DataSource {
       // y = relu(x A^T): one host SGEMM (the teacher lives on the host, like the data), on the
       // CPU backend's tile grid so that the targets are the same bits for any thread count
       // (OpenBLAS's own split is not).
-      cpu::sgemm(CblasNoTrans, CblasTrans, rows_, D_, D_, x.data(), D_, teacher_.data(), D_, 0.0f,
-                 y.data(), D_);
+      cpu::sgemm(CblasNoTrans, CblasTrans, share_.rows, D_, D_, x.data(), D_, teacher_.data(), D_,
+                 0.0f, y.data(), D_);
       for (float& v : y) v = std::max(v, 0.0f);
     }
     be.upload(batch.inputs, x.data());
@@ -159,9 +155,8 @@ class RegressionTask : public DataSource {
   }
 
  private:
-  int64_t B_;     // rows per step, over every data-parallel rank
-  int64_t rows_;  // this rank's rows: [row0_, row0_ + rows_) of each step's B_
-  int64_t row0_;
+  int64_t B_;         // rows per step, over every data-parallel rank
+  BatchShare share_;  // this rank's rows of each step's B_
   int64_t D_;
   uint64_t seed_;
   std::vector<float> teacher_;

@@ -889,6 +889,16 @@ int64_t local_batch_size(const Config& c) {
   return c.train.batch_size / c.parallel.data_ranks();
 }
 
+BatchShare batch_share(const Config& c) {
+  BatchShare s;
+  s.rows = local_batch_size(c);
+  s.first_row = c.parallel.data_rank() * s.rows;
+  s.positions = parallel::context_positions(c.train.seq_len, static_cast<int>(c.parallel.context),
+                                            c.parallel.context_rank())
+                    .list();
+  return s;
+}
+
 int64_t local_seq_len(const Config& c) {
   return parallel::context_positions(c.train.seq_len, static_cast<int>(c.parallel.context),
                                      c.parallel.context_rank())

@@ -152,6 +152,15 @@ int64_t local_batch_size(const Config& c);
 /// Tokens of each row this rank holds: train.seq_len split over the context ranks (two chunks).
 int64_t local_seq_len(const Config& c);
 
+/// What of every step's batch the data sources give this rank (cfg.parallel.rank): rows
+/// [first_row, first_row + rows) of the train.batch_size rows, and of each row's tokens the
+/// global positions it holds (0 .. seq_len - 1 on a single rank).
+struct BatchShare {
+  int64_t rows = 0, first_row = 0;
+  std::vector<int64_t> positions;
+};
+BatchShare batch_share(const Config& c);
+
 /// The config as a TOML document (every key, resolved): what state.json keeps of a run.
 std::string config_to_toml(const Config& c);
 
