@@ -65,6 +65,7 @@ nlohmann::json row_json(const PolicyRow& r, const Planner& planner) {
     nlohmann::json ex = {{"ranks", r.run.ranks},
                          {"context_ranks", r.run.context_ranks},
                          {"gradient_bytes_per_rank", r.run.grad_sent_bytes},
+                         {"shard_optimizer", r.run.sharded_optimizer},
                          {"ring_bytes_per_rank", r.run.ring_bytes()}};
     if (const ExchangeTime et = exchange_time(r.run, t); et.modelled) {
       ex["gradient_seconds"] = et.gradient_s;

@@ -152,9 +152,11 @@ void add_rank_sets(std::vector<std::string>& sets, const std::string& config_pat
 
 std::string exchange_line(const DryRun& run, const PlanTarget& target) {
   std::string line = fmt::format(
-      "  {} ranks ({} per sequence): every figure is one rank's; sent per rank per step: "
-      "gradients {}",
-      run.ranks, run.context_ranks, format_bytes(run.grad_sent_bytes));
+      "  {} ranks ({} per sequence): every figure is one rank's{}; sent per rank per step: {} {}",
+      run.ranks, run.context_ranks,
+      run.sharded_optimizer ? fmt::format(", AdamW moments 1/{} (sharded)", run.ranks) : "",
+      run.sharded_optimizer ? "gradients (reduce-scatter) and weights (all-gather)" : "gradients",
+      format_bytes(run.grad_sent_bytes));
   if (run.context_ranks > 1)
     line += fmt::format(", ring {}", format_bytes(static_cast<uint64_t>(run.ring_bytes())));
   const ExchangeTime et = exchange_time(run, target);

@@ -205,6 +205,11 @@ class TrainRun {
     if (trainer_.steps_done() == 0) return "";
     if (trainer_.steps_done() == last_checkpoint_step_)
       return fmt::format(". Training state is in {}", summary_.checkpoint_path);
+    if (trainer_.sharded_moments())  // a checkpoint needs every rank, and they are training on
+      return fmt::format(
+          ". Training state was not saved: the AdamW moments are sharded over the ranks "
+          "(parallel.shard_optimizer) and only this rank stopped; the newest checkpoint is {}",
+          summary_.checkpoint_path.empty() ? "none" : summary_.checkpoint_path);
     try {
       save_checkpoint();
     } catch (const std::exception& ce) {
@@ -233,7 +238,11 @@ class TrainRun {
 
   void save_checkpoint() {
     trainer_.check_weights_finite();  // a checkpoint of NaN weights would replace a good one
-    if (world_.rank() != 0) {  // data parallel: every rank holds the same state; rank 0 writes it
+    // Data parallel: every rank holds the same weights; rank 0 writes them, gathering the AdamW
+    // moments from every rank when they are sharded.
+    if (world_.rank() != 0) {
+      if (DistributedMoments* moments = trainer_.sharded_moments())
+        send_checkpoint_moments(model_, *moments);
       last_checkpoint_step_ = trainer_.steps_done();
       return;
     }
@@ -244,7 +253,8 @@ class TrainRun {
     state.config_toml = config_to_toml(cfg_);
     state.data_cursor = data_.cursor(state.step);
     if (summary_.final_val_loss) state.extra["val_loss"] = *summary_.final_val_loss;
-    const std::string path = write_checkpoint(cfg_.checkpoint.dir, be_, model_, state);
+    const std::string path =
+        write_checkpoint(cfg_.checkpoint.dir, be_, model_, state, trainer_.sharded_moments());
     prune_checkpoints(cfg_.checkpoint.dir, cfg_.checkpoint.keep_last);
     const double ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -449,7 +459,7 @@ int run_train(const TrainOptions& options) {
 
   RunInfo info;
   if (resume) {
-    resume->load_into(be, *model, /*with_optimizer=*/true);
+    resume->load_into(be, *model, /*with_optimizer=*/true, trainer.sharded_moments());
     trainer.set_steps_done(resume->state().step);
     info.resume_line =
         fmt::format("resumed from {} at step {}", resume->path(), resume->state().step);
@@ -472,10 +482,16 @@ int run_train(const TrainOptions& options) {
   info.data_line = data->describe();
   if (world.size() > 1)
     info.parallel_line = fmt::format(
-        "ranks  {} = data {} x context {}{}; predicted peak per rank; gradients {}, {} sent per "
+        "ranks  {} = data {} x context {}{}; predicted peak per rank; gradients {}{}, {} sent per "
         "rank per step",
         world.describe(), cfg.parallel.data, cfg.parallel.context, parallel_note(cfg),
-        trainer.gradient_sync(), format_bytes(trainer.sent_bytes_per_step()));
+        trainer.gradient_sync(),
+        trainer.sharded_moments()
+            ? fmt::format(", AdamW moments sharded over the {} ranks (ZeRO-1: each updates its "
+                          "shard, the weights are gathered)",
+                          world.size())
+            : "",
+        format_bytes(trainer.sent_bytes_per_step()));
   if (!opt.quiet) print_banner(stdout, info, cfg);
 
   TrainRun run(opt, cfg, be, *model, *data, trainer, world);

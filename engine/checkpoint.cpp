@@ -118,6 +118,12 @@ class TensorSource {
     be_.download(host_.data(), t);
     return host_.data();
   }
+  /// Host memory for `numel` floats that another rank's gather fills.
+  float* space(int64_t numel) {
+    if (!staging_.empty()) return staging_.f32();
+    host_.resize(static_cast<size_t>(numel));
+    return host_.data();
+  }
 
  private:
   Backend& be_;
@@ -125,41 +131,49 @@ class TensorSource {
   std::vector<float> host_;
 };
 
-// One tensor of a checkpoint file: its name there and the Param field it holds.
+// One tensor of a checkpoint file: its name there and the Param field it holds (every field has
+// the shape of the value).
 struct FieldSpec {
   const char* suffix;
   Buffer Param::*field;
+  int moment;  // DistributedMoments' index of an AdamW moment; -1 for the weights
 };
-const std::vector<FieldSpec> kModelFields = {{"", &Param::value}};
-const std::vector<FieldSpec> kOptimizerFields = {{".exp_avg", &Param::m},
-                                                 {".exp_avg_sq", &Param::v}};
+const std::vector<FieldSpec> kModelFields = {{"", &Param::value, -1}};
+const std::vector<FieldSpec> kOptimizerFields = {{".exp_avg", &Param::m, 0},
+                                                 {".exp_avg_sq", &Param::v, 1}};
 
 FileRecord write_tensor_file(const fs::path& path, Model& model,
                              const std::vector<FieldSpec>& fields, int64_t step,
-                             TensorSource& source) {
+                             TensorSource& source, DistributedMoments* moments) {
   std::vector<st::TensorInfo> infos;
-  std::vector<const Tensor*> tensors;
   for (Param& p : model.params())
-    for (const FieldSpec& f : fields) {
-      const Tensor& t = (p.*f.field).tensor();
-      infos.push_back({p.name + f.suffix, "F32", shape_of(t)});
-      tensors.push_back(&t);
-    }
+    for (const FieldSpec& f : fields)
+      infos.push_back({p.name + f.suffix, "F32", shape_of(p.value.tensor())});
   const std::map<std::string, std::string> metadata = {
       {"format", "pt"}, {"producer", "remat-train " REMAT_VERSION}, {"step", std::to_string(step)}};
   st::Writer w(path.string(), std::move(infos), metadata);
-  for (const Tensor* t : tensors) w.write(source.fetch(*t), t->bytes());
+  for (Param& p : model.params())
+    for (const FieldSpec& f : fields) {
+      const size_t bytes = p.value.tensor().bytes();
+      if (moments && f.moment >= 0) {
+        float* whole = source.space(p.value.tensor().numel());
+        moments->gather(p, f.moment, whole);
+        w.write(whole, bytes);
+      } else {
+        w.write(source.fetch((p.*f.field).tensor()), bytes);
+      }
+    }
   w.finish();
   return {w.bytes(), w.checksum()};
 }
 
-void write_contents(const fs::path& folder, Backend& be, Model& model,
-                    const CheckpointState& state) {
+void write_contents(const fs::path& folder, Backend& be, Model& model, const CheckpointState& state,
+                    DistributedMoments* moments) {
   TensorSource source(be, allocate_checkpoint_staging(be, model));
   const FileRecord m =
-      write_tensor_file(folder / kModelFile, model, kModelFields, state.step, source);
-  const FileRecord o =
-      write_tensor_file(folder / kOptimizerFile, model, kOptimizerFields, state.step, source);
+      write_tensor_file(folder / kModelFile, model, kModelFields, state.step, source, nullptr);
+  const FileRecord o = write_tensor_file(folder / kOptimizerFile, model, kOptimizerFields,
+                                         state.step, source, moments);
   // Last: a folder with state.json has both tensor files complete.
   write_file_durably(folder / kStateFile, checkpoint_state_json(state, m, o));
 }
@@ -254,16 +268,21 @@ st::Reader open_verified(const fs::path& folder, const char* name, const FileRec
   return st::Reader(std::move(file));
 }
 
-// Destination of one tensor of a file.
+// Destination of one tensor of a file: a field of a parameter, or its moment in `moments`.
 struct Target {
   std::string name;
-  const Tensor* dst;
+  const Param* param;
+  const FieldSpec* field;
+  DistributedMoments* moments = nullptr;
+  std::vector<int64_t> shape() const { return shape_of(param->value.tensor()); }
 };
 
-std::vector<Target> targets(Model& model, const std::vector<FieldSpec>& fields) {
+std::vector<Target> targets(Model& model, const std::vector<FieldSpec>& fields,
+                            DistributedMoments* moments = nullptr) {
   std::vector<Target> out;
   for (Param& p : model.params())
-    for (const FieldSpec& f : fields) out.push_back({p.name + f.suffix, &(p.*f.field).tensor()});
+    for (const FieldSpec& f : fields)
+      out.push_back({p.name + f.suffix, &p, &f, f.moment >= 0 ? moments : nullptr});
   return out;
 }
 
@@ -273,7 +292,7 @@ void check_tensors(const st::Reader& file, const std::vector<Target>& want) {
   std::set<std::string> names;
   for (const Target& t : want) {
     names.insert(t.name);
-    const auto model_shape = shape_of(*t.dst);
+    const auto model_shape = t.shape();
     const st::TensorInfo* info = file.find(t.name);
     if (info == nullptr)
       fail(file.path(),
@@ -299,7 +318,13 @@ void check_tensors(const st::Reader& file, const std::vector<Target>& want) {
 
 void copy_tensors(const st::Reader& file, Backend& be, const std::vector<Target>& want) {
   check_tensors(file, want);
-  for (const Target& t : want) be.upload(*t.dst, file.data(*file.find(t.name)));
+  for (const Target& t : want) {
+    const void* data = file.data(*file.find(t.name));
+    if (t.moments)
+      t.moments->load(*t.param, t.field->moment, static_cast<const float*>(data));
+    else
+      be.upload((t.param->*t.field->field).tensor(), data);
+  }
 }
 
 }  // namespace
@@ -317,7 +342,7 @@ Buffer allocate_checkpoint_staging(Backend& be, Model& model) {
 }
 
 std::string write_checkpoint(const std::string& dir, Backend& be, Model& model,
-                             const CheckpointState& state) {
+                             const CheckpointState& state, DistributedMoments* moments) {
   const fs::path root(dir);
   const std::string name = checkpoint_folder_name(state.step);
   const fs::path tmp = root / (std::string(kTmpPrefix) + name);
@@ -326,7 +351,7 @@ std::string write_checkpoint(const std::string& dir, Backend& be, Model& model,
   remove_tree(tmp);
   try {
     make_dirs(tmp);
-    write_contents(tmp, be, model, state);
+    write_contents(tmp, be, model, state, moments);
     fsync_dir(tmp);
     install(tmp, final_path);
     fsync_dir(root);
@@ -336,6 +361,11 @@ std::string write_checkpoint(const std::string& dir, Backend& be, Model& model,
     throw;
   }
   return final_path.string();
+}
+
+void send_checkpoint_moments(Model& model, DistributedMoments& moments) {
+  for (Param& p : model.params())
+    for (const FieldSpec& f : kOptimizerFields) moments.gather(p, f.moment, nullptr);
 }
 
 void prune_checkpoints(const std::string& dir, int64_t keep_last) {
@@ -398,11 +428,12 @@ const CheckpointState& Checkpoint::state() const {
   return impl_->state.state;
 }
 
-void Checkpoint::load_into(Backend& be, Model& model, bool with_optimizer) const {
+void Checkpoint::load_into(Backend& be, Model& model, bool with_optimizer,
+                           DistributedMoments* sharded) const {
   const auto weights = targets(model, kModelFields);
   check_tensors(impl_->model, weights);
   if (with_optimizer) {
-    const auto moments = targets(model, kOptimizerFields);
+    const auto moments = targets(model, kOptimizerFields, sharded);
     check_tensors(impl_->optimizer, moments);
     copy_tensors(impl_->optimizer, be, moments);
   }

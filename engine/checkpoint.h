@@ -19,6 +19,19 @@
 
 namespace remat {
 
+/// AdamW moments spread over the ranks (parallel.shard_optimizer; engine/parallel/sharded_adamw.h).
+/// A checkpoint holds them whole, so that it resumes on any number of ranks, sharded or not:
+/// rank 0 gathers each one while it writes, and each rank loads its own part on resume.
+class DistributedMoments {
+ public:
+  virtual ~DistributedMoments() = default;
+  /// Collective (every rank, the parameters in model order, m before v): moment `moment` (0: m,
+  /// 1: v) of `p` reaches rank 0's `whole` (host memory, p's shape); other ranks pass nullptr.
+  virtual void gather(const Param& p, int moment, float* whole) = 0;
+  /// This rank's part of moment `moment` of `p`, from all of it (`whole`, host memory).
+  virtual void load(const Param& p, int moment, const float* whole) = 0;
+};
+
 /// Folder name of checkpoint `step`: "step_00000100".
 std::string checkpoint_folder_name(int64_t step);
 
@@ -31,8 +44,12 @@ Buffer allocate_checkpoint_staging(Backend& be, Model& model);
 /// Writes checkpoint `state.step` of `model` (weights and AdamW moments) under `dir` atomically
 /// (see above). Creates `dir` if needed. Returns the final folder path. Throws IoError (with the
 /// path) when a write, fsync or rename fails; a failed write leaves no step_* folder behind.
+/// `moments` (sharded AdamW moments; null when every Param holds its own): every other rank calls
+/// send_checkpoint_moments at the same time.
 std::string write_checkpoint(const std::string& dir, Backend& be, Model& model,
-                             const CheckpointState& state);
+                             const CheckpointState& state, DistributedMoments* moments = nullptr);
+/// A rank other than 0's part of rank 0's write_checkpoint with sharded moments.
+void send_checkpoint_moments(Model& model, DistributedMoments& moments);
 
 /// Deletes all but the newest `keep_last` complete checkpoints in `dir` (0: keep all), and any
 /// leftover .tmp-* folder of an earlier killed run.
@@ -52,9 +69,11 @@ class Checkpoint {
   Checkpoint& operator=(Checkpoint&&) noexcept;
   const std::string& path() const;
   const CheckpointState& state() const;
-  /// Copies every parameter (and, with `with_optimizer`, its AdamW moments) into `model` by name.
-  /// A missing tensor, an extra one or another shape is a CheckpointError naming the tensor.
-  void load_into(Backend& be, Model& model, bool with_optimizer) const;
+  /// Copies every parameter (and, with `with_optimizer`, its AdamW moments: into `moments` when
+  /// they are sharded) into `model` by name. A missing tensor, an extra one or another shape is a
+  /// CheckpointError naming the tensor.
+  void load_into(Backend& be, Model& model, bool with_optimizer,
+                 DistributedMoments* moments = nullptr) const;
   /// Names of the tensors in model.safetensors, in file order.
   std::vector<std::string> weight_names() const;
   /// One weight as host f32 and its shape (for sampling). Throws CheckpointError if absent.

@@ -393,6 +393,9 @@ const std::vector<KeySpec>& key_specs() {
        [](Config& c, auto& n, auto& o) { c.parallel.context = read_int(n, o, 1, 1 << 16, false); }},
       {"parallel", "bucket_bytes", "gradient bytes per reduction exchange (two in flight)",
        [](Config& c, auto& n, auto& o) { c.parallel.bucket_bytes = read_size(n, o); }},
+      {"parallel", "shard_optimizer",
+       "ZeRO-1: each rank keeps and updates the AdamW moments of 1/ranks of the weights",
+       [](Config& c, auto& n, auto& o) { c.parallel.shard_optimizer = read_bool(n, o); }},
   };
   return specs;
 }
@@ -519,6 +522,12 @@ void validate(const Config& c, const Origins& o) {
          fmt::format("{} B per reduction exchange is outside 4 KiB .. 4 GiB",
                      c.parallel.bucket_bytes),
          "set e.g. parallel.bucket_bytes = \"16MiB\"");
+  if (c.parallel.shard_optimizer && c.remat.offloads_optimizer())
+    fail(o.of("parallel.shard_optimizer"),
+         "parallel.shard_optimizer keeps each rank's share of the AdamW moments on its device, and "
+         "remat.offload = \"checkpoints+optimizer\" moves them all to host memory",
+         "keep one: remat.offload = \"checkpoints\" with the sharded moments, or "
+         "parallel.shard_optimizer = false");
   const bool file_data = c.data.source != "synthetic";
   if (file_data && c.data.path.empty())
     fail(o.of("data.path"), fmt::format("data.source = \"{}\" needs files to read", c.data.source),
@@ -790,7 +799,8 @@ std::string config_to_toml(const Config& c) {
   if (!c.checkpoint.dir.empty()) ckpt.insert("dir", c.checkpoint.dir);
   toml::table parallel{{"data", c.parallel.data},
                        {"context", c.parallel.context},
-                       {"bucket_bytes", static_cast<int64_t>(c.parallel.bucket_bytes)}};
+                       {"bucket_bytes", static_cast<int64_t>(c.parallel.bucket_bytes)},
+                       {"shard_optimizer", c.parallel.shard_optimizer}};
   toml::table root{{"model", model},     {"train", train},      {"data", data},
                    {"remat", remat},     {"device", device},    {"log", log},
                    {"checkpoint", ckpt}, {"parallel", parallel}};

@@ -124,6 +124,9 @@ struct ParallelConfig {
   int64_t data = 0;     // data-parallel groups; 0 = the ranks the launcher started / context
   int64_t context = 1;  // ranks that split each sequence (ring attention)
   uint64_t bucket_bytes = 16ull << 20;  // gradients reduced per exchange (two in flight)
+  // ZeRO-1: each rank keeps the AdamW moments of its shard of every bucket and updates only that
+  // shard; the updated weights are gathered instead of the summed gradients.
+  bool shard_optimizer = false;
   int rank = 0;  // this process's rank: set at start-up from the launcher, never a config key
   /// The data-parallel groups this config runs on (0 means one outside a launcher).
   int64_t data_ranks() const { return data > 0 ? data : 1; }
@@ -131,6 +134,8 @@ struct ParallelConfig {
   /// Ranks are numbered group by group: rank = data_rank * context + context_rank.
   int data_rank() const { return rank / static_cast<int>(context); }
   int context_rank() const { return rank % static_cast<int>(context); }
+  /// The AdamW moments are spread over the ranks (shard_optimizer with more than one rank).
+  bool shards_optimizer() const { return shard_optimizer && world_ranks() > 1; }
 };
 
 struct Config {

@@ -15,12 +15,17 @@
 
 namespace remat {
 
+/// Where the AdamW moments of the parameters live: the device pool, the host pool
+/// (remat.offload = "checkpoints+optimizer"), or spread over the ranks (parallel.shard_optimizer:
+/// engine/parallel/sharded_adamw.h holds this rank's share, and Param::m, v stay empty).
+enum class MomentHome : uint8_t { Device, Host, Sharded };
+
 /// One trainable tensor with its gradient and AdamW moments (all f32, all from the pool).
 struct Param {
   std::string name;              // "blocks.3.attn.qkv.weight": the name used in checkpoint files
   Buffer value;                  // category weights
   Buffer grad;                   // category grads
-  Buffer m, v;                   // category optimizer
+  Buffer m, v;                   // category optimizer; empty when the moments are sharded
   bool moments_on_host = false;  // m and v live in the host pool (remat.offload)
   bool use_decay = false;        // 2-D weights only
 };

@@ -236,6 +236,7 @@ DryRun Planner::dry_run(const Config& cfg, bool track_largest) const {
   r.ranks = static_cast<int>(cfg.parallel.world_ranks());
   r.context_ranks = static_cast<int>(cfg.parallel.context);
   r.grad_sent_bytes = trainer.sent_bytes_per_step();
+  r.sharded_optimizer = trainer.sharded_moments() != nullptr;
   return r;
 }
 
@@ -364,6 +365,8 @@ AutoPlan choose_auto(const Planner& planner, const Config& cfg) {
   }
   if (!planner.target().host_is_device() && cfg.remat.offload == OffloadKind::None)
     for (OffloadKind k : {OffloadKind::Checkpoints, OffloadKind::CheckpointsOptimizer}) {
+      // Sharded moments stay on the device (config validation refuses both together).
+      if (k == OffloadKind::CheckpointsOptimizer && cfg.parallel.shard_optimizer) break;
       Config offloaded = candidates.back();
       offloaded.remat.offload = k;
       candidates.push_back(offloaded);

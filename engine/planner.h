@@ -87,6 +87,9 @@ struct DryRun {
   int ranks = 1;                 // every rank of the job; every figure above is one rank's
   int context_ranks = 1;         // of them, the ranks that split a sequence (the ring)
   uint64_t grad_sent_bytes = 0;  // gradient bytes each rank sends per step (ranks > 1)
+  // parallel.shard_optimizer: each rank holds 1/ranks of the AdamW moments, and grad_sent_bytes
+  // are the gradients' reduce-scatter and the updated weights' all-gather.
+  bool sharded_optimizer = false;
   // context parallel: ring bytes this rank sends per step
   double ring_bytes() const { return total(&OpCost::ring_bytes); }
   double total(double OpCost::*field) const;  // a cost field summed over every phase

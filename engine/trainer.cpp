@@ -12,6 +12,7 @@
 #include "engine/error.h"
 #include "engine/parallel/communicator.h"
 #include "engine/parallel/grad_reducer.h"
+#include "engine/parallel/sharded_adamw.h"
 
 namespace remat {
 
@@ -57,11 +58,18 @@ std::unique_ptr<parallel::GradientSync> make_gradient_sync(Backend& be, Model& m
     REMAT_ASSERT(dp.comm != nullptr, "data parallel on CUDA without a communicator");
     return cuda::make_nccl_sync(be, model, *dp.comm);
   }
-  return std::make_unique<parallel::GradientReducer>(be, model, dp.comm, dp.ranks, dp.bucket_bytes);
+  return std::make_unique<parallel::GradientReducer>(be, model, dp.comm, dp.ranks, dp.rank,
+                                                     dp.bucket_bytes);
 }
 
 DataParallel data_parallel(const Config& cfg, parallel::Communicator* comm) {
-  return {static_cast<int>(cfg.parallel.world_ranks()), cfg.parallel.bucket_bytes, comm};
+  DataParallel dp;
+  dp.ranks = static_cast<int>(cfg.parallel.world_ranks());
+  dp.rank = comm ? comm->rank() : cfg.parallel.rank;
+  dp.bucket_bytes = cfg.parallel.bucket_bytes;
+  dp.shard_optimizer = cfg.parallel.shards_optimizer();
+  dp.comm = comm;
+  return dp;
 }
 
 Trainer::Trainer(TrainConfig train, RematPlan plan, Backend& be, Model& model, DataSource& data,
@@ -72,10 +80,26 @@ Trainer::Trainer(TrainConfig train, RematPlan plan, Backend& be, Model& model, D
       data_(data),
       plan_(std::move(plan)),
       dp_(dp) {
-  grad_sync_ = make_gradient_sync(be, model, dp_);
+  if (!dp_.shard_optimizer || dp_.ranks <= 1) {
+    grad_sync_ = make_gradient_sync(be, model, dp_);
+    return;
+  }
+  if (be.workspace_target().device != DeviceKind::Cpu)
+    throw ConfigError(
+        "[parallel] shard_optimizer runs on the CPU backend; on CUDA the AdamW moments are not "
+        "sharded yet (data parallel there all-reduces the gradients over NCCL). Fix: set "
+        "parallel.shard_optimizer = false, or run (or plan, without --gpu) on the CPU backend");
+  auto reducer = std::make_unique<parallel::GradientReducer>(
+      be, model, dp_.comm, dp_.ranks, dp_.rank, dp_.bucket_bytes, /*shard_only=*/true);
+  sharded_ = std::make_unique<parallel::ShardedAdamW>(be, *reducer, dp_.comm);
+  grad_sync_ = std::move(reducer);
 }
 
 Trainer::~Trainer() = default;
+
+DistributedMoments* Trainer::sharded_moments() const {
+  return sharded_.get();
+}
 
 std::string Trainer::gradient_sync() const {
   return grad_sync_ ? grad_sync_->describe() : "";
@@ -160,10 +184,7 @@ StepMetrics Trainer::step() {
   // Global-norm clipping folds into AdamW as a gradient scale.
   be_.set_phase(Phase::Optimizer);
   pool.set_phase("optimizer step");
-  std::vector<Tensor> grads;
-  grads.reserve(model_.params().size());
-  for (Param& p : model_.params()) grads.push_back(p.grad);
-  m.grad_norm = std::sqrt(be_.sum_squares(grads));
+  m.grad_norm = std::sqrt(grad_sum_squares());
   // Before AdamW: an update with a NaN or infinite gradient would poison every weight, and all
   // later steps would report "loss nan" while burning compute.
   if (!std::isfinite(m.loss) || !std::isfinite(m.grad_norm)) throw Diverged(divergence_message(m));
@@ -186,7 +207,23 @@ StepMetrics Trainer::step() {
 // pass through the device: a parameter's m and v come in while the previous parameter updates and
 // go back while the next one does, so at most three parameters' moments are on the device at a
 // time -- a fixed rule, which the planner's dry run follows to the byte.
+double Trainer::grad_sum_squares() {
+  if (sharded_) return sharded_->grad_sum_squares();  // each rank holds the sums of its shards
+  std::vector<Tensor> grads;
+  grads.reserve(model_.params().size());
+  for (Param& p : model_.params()) grads.push_back(p.grad);
+  return be_.sum_squares(grads);
+}
+
 void Trainer::update_weights(float lr, float grad_scale) {
+  if (sharded_) {
+    AdamWArgs hyper;
+    hyper.lr = lr;
+    hyper.weight_decay = static_cast<float>(train_.weight_decay);
+    hyper.grad_scale = grad_scale;
+    hyper.step = step_ + 1;
+    return sharded_->update(hyper);
+  }
   // One parameter's moments on the device with their copies in flight. Both buffers are allocated
   // before either copy starts, so an allocation failure leaves no copy behind; the destructor
   // orders the copies before the buffers are freed (also while an error unwinds).

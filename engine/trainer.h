@@ -15,9 +15,11 @@
 
 namespace remat {
 
+class DistributedMoments;
 namespace parallel {
 class Communicator;
 class GradientSync;
+class ShardedAdamW;
 }  // namespace parallel
 
 /// This trainer as one of `ranks` ranks (data x context, engine/parallel): it trains on its share
@@ -25,7 +27,9 @@ class GradientSync;
 /// over every rank.
 struct DataParallel {
   int ranks = 1;                           // every rank of the job
+  int rank = 0;                            // this one (what a dry run plans for)
   uint64_t bucket_bytes = 16ull << 20;     // parallel.bucket_bytes
+  bool shard_optimizer = false;            // parallel.shard_optimizer (ZeRO-1), ranks > 1
   parallel::Communicator* comm = nullptr;  // null with ranks > 1: a dry run (memory, no exchange)
 };
 /// `cfg`'s [parallel] for a run on `comm` (a dry run when null).
@@ -94,6 +98,9 @@ class Trainer {
   uint64_t sent_bytes_per_step() const;
   /// How the gradients are summed over the ranks ("" on one rank).
   std::string gradient_sync() const;
+  /// The AdamW moments when they are spread over the ranks (parallel.shard_optimizer), for
+  /// checkpoints; null when every parameter holds its own.
+  DistributedMoments* sharded_moments() const;
   /// Mean validation loss over the data's fixed validation batches (forward only in effect:
   /// the gradients it leaves are zeroed by the next step). Dropout is off during evaluation.
   double evaluate(int64_t eval_tokens);
@@ -108,6 +115,8 @@ class Trainer {
   /// Means over every rank, each rank's weighted by how many values it averaged; as is on one.
   std::vector<double> mean_over_ranks(const std::vector<double>& means,
                                       const std::vector<double>& weights);
+  /// Of the summed gradients (the global norm's square).
+  double grad_sum_squares();
   void update_weights(float lr, float grad_scale);
   TrainConfig train_;
   Backend& be_;
@@ -116,6 +125,7 @@ class Trainer {
   RematPlan plan_;
   DataParallel dp_;
   std::unique_ptr<parallel::GradientSync> grad_sync_;  // ranks > 1 only
+  std::unique_ptr<parallel::ShardedAdamW> sharded_;    // uses grad_sync_ (declared after it)
   int64_t step_ = 0;
 };
 

@@ -7,23 +7,26 @@
 namespace remat {
 
 Param make_param(Backend& be, const std::string& name, const std::vector<int64_t>& shape,
-                 ParamInit init, uint64_t seed, bool moments_on_host) {
+                 ParamInit init, uint64_t seed, MomentHome moments) {
   MemoryPool& pool = be.pool();
-  MemoryPool& moments = moments_on_host ? be.host_pool() : be.pool();
+  const bool on_host = moments == MomentHome::Host;
   Param p;
   p.name = name;
   p.value = pool.allocate(shape, DType::F32, MemCategory::Weights, name);
   p.grad = pool.allocate(shape, DType::F32, MemCategory::Grads, name + ".grad");
-  p.m = moments.allocate(shape, DType::F32, MemCategory::Optimizer, name + ".adam_m");
-  p.v = moments.allocate(shape, DType::F32, MemCategory::Optimizer, name + ".adam_v");
-  p.moments_on_host = moments_on_host;
+  p.moments_on_host = on_host;
   p.use_decay = shape.size() >= 2;
   be.fill(p.grad, 0.0f);
-  for (const Buffer* moment : {&p.m, &p.v}) {
-    if (moments_on_host)
-      be.fill_host(*moment, 0.0f);
-    else
-      be.fill(*moment, 0.0f);
+  if (moments != MomentHome::Sharded) {
+    MemoryPool& home = on_host ? be.host_pool() : be.pool();
+    p.m = home.allocate(shape, DType::F32, MemCategory::Optimizer, name + ".adam_m");
+    p.v = home.allocate(shape, DType::F32, MemCategory::Optimizer, name + ".adam_v");
+    for (const Buffer* moment : {&p.m, &p.v}) {
+      if (on_host)
+        be.fill_host(*moment, 0.0f);
+      else
+        be.fill(*moment, 0.0f);
+    }
   }
   if (init.kind == ParamInit::Normal) {
     if (be.computes()) {  // a dry run needs no values

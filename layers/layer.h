@@ -23,9 +23,9 @@ struct ParamInit {
 };
 
 /// Allocates a parameter with its gradient and AdamW moments, initialized deterministically
-/// from (seed, name). 2-D weights get weight decay. `moments_on_host`: the moments live in the
-/// host pool (remat.offload = "checkpoints+optimizer").
+/// from (seed, name). 2-D weights get weight decay. `moments`: where the AdamW moments live (none
+/// are allocated here when they are sharded over ranks).
 Param make_param(Backend& be, const std::string& name, const std::vector<int64_t>& shape,
-                 ParamInit init, uint64_t seed, bool moments_on_host = false);
+                 ParamInit init, uint64_t seed, MomentHome moments = MomentHome::Device);
 
 }  // namespace remat

@@ -33,7 +33,7 @@ class GptModel : public Model {
     const ParamInit ones{ParamInit::Ones}, zeros{ParamInit::Zeros};
     params_.reserve(static_cast<size_t>(3 + 12 * L + 2));
     auto add = [&](const std::string& name, std::vector<int64_t> shape, ParamInit init) {
-      params_.push_back(make_param(be, name, shape, init, seed, s.moments_on_host));
+      params_.push_back(make_param(be, name, shape, init, seed, s.moments));
       return &params_.back();
     };
     wte_ = add("wte", {V, C}, normal);
@@ -127,11 +127,11 @@ class MlpModel : public Model {
     // He initialization keeps the relu stack's activations at unit scale.
     const ParamInit he{ParamInit::Normal, std::sqrt(2.0 / static_cast<double>(D_))};
     for (int64_t l = 0; l < L_; ++l) {
-      params_.push_back(make_param(be, fmt::format("blocks.{}.fc.weight", l), {D_, D_}, he, s.seed,
-                                   s.moments_on_host));
+      params_.push_back(
+          make_param(be, fmt::format("blocks.{}.fc.weight", l), {D_, D_}, he, s.seed, s.moments));
       Param* w = &params_.back();
       params_.push_back(make_param(be, fmt::format("blocks.{}.fc.bias", l), {D_}, ParamInit{},
-                                   s.seed, s.moments_on_host));
+                                   s.seed, s.moments));
       blocks_.push_back(std::make_unique<MlpBlock>(w, &params_.back(), B_, D_));
     }
   }
@@ -173,7 +173,10 @@ std::unique_ptr<Model> make_model(const Config& cfg, Backend& be,
   shape.context_rank = cfg.parallel.context_rank();
   shape.context_comm = context_comm;
   shape.tile_tokens = cfg.remat.tile_tokens;
-  shape.moments_on_host = cfg.remat.offloads_optimizer();
+  if (cfg.parallel.shards_optimizer())
+    shape.moments = MomentHome::Sharded;
+  else if (cfg.remat.offloads_optimizer())
+    shape.moments = MomentHome::Host;
   return make_model(cfg.model, shape, be);
 }
 

@@ -26,10 +26,12 @@ struct ModelShape {
   // attention is a ring over `context_comm` (null: a dry run of rank context_rank).
   int context_ranks = 1, context_rank = 0;
   parallel::Communicator* context_comm = nullptr;
-  uint64_t seed = 0;             // train.seed
-  int64_t loss_chunk = 0;        // train.loss_chunk; 0 = chosen by the tool
-  int64_t tile_tokens = 0;       // remat.tile_tokens (gpt): token rows per MLP chunk; 0 = untiled
-  bool moments_on_host = false;  // remat.offload = "checkpoints+optimizer": AdamW m, v on the host
+  uint64_t seed = 0;        // train.seed
+  int64_t loss_chunk = 0;   // train.loss_chunk; 0 = chosen by the tool
+  int64_t tile_tokens = 0;  // remat.tile_tokens (gpt): token rows per MLP chunk; 0 = untiled
+  // remat.offload = "checkpoints+optimizer": AdamW m, v on the host; parallel.shard_optimizer:
+  // spread over the ranks, none per parameter.
+  MomentHome moments = MomentHome::Device;
 };
 /// The shape of a single-rank run of `train` (make_model(Config) splits the batch over ranks).
 ModelShape model_shape(const TrainConfig& train);

@@ -2,9 +2,11 @@
 // on the 2-core CI machine): the same losses as one rank with the same global batch (within fp32
 // reassociation: the weight gradients' GEMMs sum the rows of each rank separately), the same bits
 // on every rank, the planner's per-rank peak, a failing or killed rank stopping the whole job, a
-// stop signal agreed on by every rank, and a data-parallel checkpoint resumed on one rank.
+// stop signal agreed on by every rank, a data-parallel checkpoint resumed on one rank, and the
+// sharded optimizer (ZeRO-1) giving the unsharded run's bits and checkpoint bytes.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cmath>
@@ -232,6 +234,55 @@ TEST_CASE("a data-parallel checkpoint resumes on one rank where one rank would b
   check_close(losses_of(whole), losses_of(halves), 1e-6);
 }
 
+// The bytes of a file (checkpoint tensors compared whole).
+std::string file_bytes(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// Where two byte strings first differ ("equal" when they do not): a short message, not a dump.
+std::string first_difference(const std::string& a, const std::string& b) {
+  const auto [ia, ib] = std::mismatch(a.begin(), a.end(), b.begin(), b.end());
+  if (ia == a.end() && ib == b.end()) return "equal";
+  return fmt::format("differ from byte {} (sizes {} and {})", ia - a.begin(), a.size(), b.size());
+}
+
+TEST_CASE("a sharded optimizer (ZeRO-1) trains and checkpoints exactly like the unsharded one",
+          "[smoke][parallel]") {
+  TempDir dir("zero");
+  // 3 ranks and 64 KiB buckets: shards of unequal length that cut through parameters.
+  const std::string args =
+      "--config configs/copy.toml --set device.threads=1 --set train.batch_size=6 "
+      "--set train.seq_len=64 --set train.steps=8 --set train.warmup_steps=2 --set log.every=1 "
+      "--set parallel.bucket_bytes=64KiB -q ";
+  const fs::path plain = dir.path / "plain", sharded = dir.path / "sharded";
+  auto run = [&](int ranks, const fs::path& out, const std::string& extra) {
+    const CliResult r =
+        run_ranks(ranks, args + fmt::format("--set checkpoint.dir={} --metrics {}.jsonl {}",
+                                            (out / "ckpt").string(), out.string(), extra));
+    INFO(r.out);
+    REQUIRE(r.code == 0);
+  };
+  run(3, plain, "--stop-at 4");
+  run(3, sharded, "--stop-at 4 --set parallel.shard_optimizer=true");
+  // Elementwise AdamW on the same rank-order sums: the same bits, step after step.
+  CHECK(losses_of(plain.string() + ".jsonl") == losses_of(sharded.string() + ".jsonl"));
+  check_rank_peaks(dir.path, "sharded", 3);
+  // Rank 0 gathers every rank's moments into one checkpoint, the same bytes as the unsharded one.
+  const fs::path step4 = fs::path("ckpt") / "step_00000004";
+  for (const char* file : {"optimizer.safetensors", "model.safetensors"}) {
+    INFO(file);
+    const std::string a = file_bytes(plain / step4 / file), b = file_bytes(sharded / step4 / file);
+    REQUIRE(!a.empty());
+    CHECK(first_difference(a, b) == "equal");
+  }
+  // It resumes on another number of ranks, each loading its own shard: as one rank would train.
+  const fs::path whole = dir.path / "whole";
+  run(1, whole, "");
+  run(2, sharded, "--resume latest --set parallel.shard_optimizer=true");
+  check_close(losses_of(whole.string() + ".jsonl"), losses_of(sharded.string() + ".jsonl"), 1e-6);
+}
+
 TEST_CASE("a failing rank stops every rank with its message", "[smoke][parallel]") {
   TempDir dir("dp-fail");
   // Rank 1's metrics file cannot be created (a folder has its name); rank 0 starts training and
@@ -336,6 +387,25 @@ TEST_CASE("parallel settings that cannot run are refused naming the key", "[smok
       CHECK(r.code == 2);
       CHECK(r.out.find("runs one process") != std::string::npos);
     }
+  }
+  SECTION("a sharded optimizer beside moments offloaded to the host") {
+    const CliResult r = run_ranks(1, gpt_args(2,
+                                              "--set parallel.shard_optimizer=true --set "
+                                              "remat.offload=checkpoints+optimizer"));
+    INFO(r.out);
+    CHECK(r.code == 2);
+    CHECK(r.out.find("parallel.shard_optimizer") != std::string::npos);
+    CHECK(r.out.find("remat.offload = \"checkpoints\" with the sharded moments") !=
+          std::string::npos);
+  }
+  SECTION("a sharded optimizer planned for GPUs, where it does not run yet") {
+    const CliResult r = run_in_source(
+        fmt::format("{} plan --config configs/gpt2-124m.toml --gpu h200 --ranks 8 --batch-size 8 "
+                    "--set parallel.shard_optimizer=true",
+                    REMAT_BINARY));
+    INFO(r.out);
+    CHECK(r.code == 2);
+    CHECK(r.out.find("shard_optimizer runs on the CPU backend") != std::string::npos);
   }
   SECTION("a subcommand other than train on several ranks") {
     const CliResult r = run_ranks(2, "plan --config configs/copy.toml");

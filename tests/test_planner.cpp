@@ -186,13 +186,14 @@ TEST_CASE("attention's backward, a tiled block's peak, holds neither ln1 nor (on
           "[planner]") {
   // Full remat, MLP tiled: the peak is the last block's attention backward. Its saved activations
   // there are qkv, the log-sum-exp and ln1's statistics only; ln1 comes back after it, and O is
-  // replaced by D on the CPU. cuDNN reads O itself, so a CUDA plan keeps O (attn) across the backward.
+  // replaced by D on the CPU. cuDNN reads O itself, so a CUDA plan keeps O (attn) across the
+  // backward.
   const int64_t B = 1, T = 512, C = 64, NH = 4;
-  const Config cfg = parse_config(
-      "", "peak-test",
-      {"model.n_layer=2", "model.n_embd=64", "model.n_head=4", "model.vocab_size=64",
-       "model.position=\"rope\"", "train.batch_size=1", "train.seq_len=512",
-       "remat.policy=full", "remat.tile_tokens=16", "data.task=\"random\""});
+  const Config cfg =
+      parse_config("", "peak-test",
+                   {"model.n_layer=2", "model.n_embd=64", "model.n_head=4", "model.vocab_size=64",
+                    "model.position=\"rope\"", "train.batch_size=1", "train.seq_len=512",
+                    "remat.policy=full", "remat.tile_tokens=16", "data.task=\"random\""});
   const auto bytes = [](int64_t n, int64_t elem) {
     return MemoryPool::accounted_bytes(static_cast<size_t>(n * elem));
   };
@@ -204,6 +205,42 @@ TEST_CASE("attention's backward, a tiled block's peak, holds neither ln1 nor (on
   PlanTarget gpu = plan_target(cfg, "h200", std::nullopt);
   gpu.count.act_dtype = DType::F32;  // the same element size as the CPU
   const DryRun cuda = Planner(gpu, synthetic_run_parts).dry_run(cfg);
-  CHECK(cuda.peak.by_category[static_cast<size_t>(MemCategory::Activations)] ==
-        qkv + lse + attn);
+  CHECK(cuda.peak.by_category[static_cast<size_t>(MemCategory::Activations)] == qkv + lse + attn);
+}
+
+TEST_CASE("with a sharded optimizer each rank's plan holds its share of the AdamW moments",
+          "[planner][parallel]") {
+  // 3 ranks and 4 KiB buckets: the shards differ by a float here and there, and still cover
+  // every moment exactly once between them.
+  std::vector<std::string> sets = {
+      "model.n_layer=2",    "model.n_embd=32",     "model.n_head=2",
+      "model.n_ctx=64",     "model.vocab_size=50", "train.seq_len=16",
+      "train.batch_size=3", "parallel.data=3",     "parallel.bucket_bytes=4096"};
+  Config whole = parse_config("", "zero-test", sets);
+  sets.push_back("parallel.shard_optimizer=true");
+  const DryRun unsharded = cpu_planner(1, 1ull << 32).dry_run(whole);
+  const auto moments = [](const DryRun& r) {
+    return r.peak.by_category[static_cast<size_t>(MemCategory::Optimizer)];
+  };
+  const uint64_t all = moments(unsharded);
+  REQUIRE(all >= 2 * sizeof(float) * static_cast<uint64_t>(unsharded.n_params));
+  uint64_t sum = 0;
+  for (int rank = 0; rank < 3; ++rank) {
+    Config cfg = parse_config("", "zero-test", sets);
+    cfg.parallel.rank = rank;
+    const DryRun r = cpu_planner(1, 1ull << 32).dry_run(cfg);
+    INFO("rank " << rank << ": " << moments(r) << " of " << all << " B");
+    CHECK(r.sharded_optimizer);
+    whole.parallel.rank = rank;  // an all-reduce's worth of bytes either way
+    CHECK(r.grad_sent_bytes == cpu_planner(1, 1ull << 32).dry_run(whole).grad_sent_bytes);
+    // m and v of 1/3 of the floats, each allocation rounded up to the pool's alignment.
+    const uint64_t floats = (static_cast<uint64_t>(unsharded.n_params) + 2) / 3;
+    CHECK(moments(r) >= 2 * sizeof(float) * (floats - 1 - 64));
+    CHECK(moments(r) <= 2 * (sizeof(float) * (floats + 64) + MemoryPool::kAlignment));
+    CHECK(r.peak.total_bytes < unsharded.peak.total_bytes);
+    sum += moments(r);
+  }
+  CHECK(sum >= 2 * sizeof(float) * static_cast<uint64_t>(unsharded.n_params));
+  CHECK(sum <=
+        2 * sizeof(float) * static_cast<uint64_t>(unsharded.n_params) + 6 * MemoryPool::kAlignment);
 }

@@ -45,6 +45,10 @@ class Communicator {
   /// from rank `src` into `recv` (a ring step). The buffers must stay as they are until it is done.
   virtual Request start_sendrecv(const float* send, int64_t n_send, int dest, float* recv,
                                  int64_t n_recv, int src) = 0;
+  /// Blocking gather to `root`: each rank's `n` floats at `send` land at recv + displs[q] on the
+  /// root (rank q's n is counts[q]); `recv`, `counts` and `displs` matter on the root only.
+  virtual void gather(const float* send, int n, float* recv, const std::vector<int>& counts,
+                      const std::vector<int>& displs, int root) = 0;
   /// Blocking: rank `root`'s `bytes` bytes at `data` reach every rank (NCCL's bootstrap id).
   virtual void broadcast(void* data, int64_t bytes, int root) = 0;
   /// The ranks of this communicator with the same `color`, ordered by `key` (MPI_Comm_split).

@@ -10,9 +10,9 @@
 
 namespace remat::parallel {
 
-GradientReducer::GradientReducer(Backend& be, Model& model, Communicator* comm, int ranks,
-                                 uint64_t bucket_bytes)
-    : comm_(comm), ranks_(ranks), rank_(comm ? comm->rank() : 0) {
+GradientReducer::GradientReducer(Backend& be, Model& model, Communicator* comm, int ranks, int rank,
+                                 uint64_t bucket_bytes, bool shard_only)
+    : comm_(comm), ranks_(ranks), rank_(comm ? comm->rank() : rank), shard_only_(shard_only) {
   REMAT_ASSERT(!comm || comm->size() == ranks, "reducer for {} ranks on a communicator of {}",
                ranks, comm ? comm->size() : 0);
   const size_t L = model.n_blocks();
@@ -32,7 +32,7 @@ GradientReducer::GradientReducer(Backend& be, Model& model, Communicator* comm, 
         if (!open || buckets_.back().floats == cap) buckets_.emplace_back(), open = true;
         Bucket& b = buckets_.back();
         const int64_t take = std::min(n - off, cap - b.floats);
-        b.segments.push_back({p, off, take});
+        b.segments.push_back({p, off, take, b.floats});
         b.floats += take;
         off += take;
       }
@@ -100,11 +100,9 @@ void GradientReducer::start(size_t k) {
   if (k >= 1) sum_and_gather(k - 1);
   Bucket& b = buckets_[k];
   float* slot = slots_[k % 2].f32();
-  float* at = slot;
-  for (const Segment& s : b.segments) {
-    std::memcpy(at, s.param->grad.f32() + s.offset, static_cast<size_t>(s.count) * sizeof(float));
-    at += s.count;
-  }
+  for (const BucketLayout::Segment& s : b.segments)
+    std::memcpy(slot + s.at, s.param->grad.f32() + s.offset,
+                static_cast<size_t>(s.count) * sizeof(float));
   b.request = comm_->start_exchange(slot, b.counts, b.displs, slot + b.floats);
   b.state = Bucket::State::Exchanging;
 }
@@ -122,7 +120,9 @@ void GradientReducer::sum_and_gather(size_t k) {
     add_copies(k);
   }
   if (b.state != Bucket::State::Summed) return;
+  if (shard_only_) return keep_shard(k);
   b.request = comm_->start_allgather(slots_[k % 2].f32(), b.counts, b.displs);
+  b.gathered = &Param::grad;
   b.state = Bucket::State::Gathering;
 }
 
@@ -152,12 +152,47 @@ void GradientReducer::add_copies(size_t k) {
 
 void GradientReducer::unpack(size_t k) {
   Bucket& b = buckets_[k];
-  const float* at = slots_[k % 2].f32();
-  for (const Segment& s : b.segments) {
-    std::memcpy(s.param->grad.f32() + s.offset, at, static_cast<size_t>(s.count) * sizeof(float));
-    at += s.count;
-  }
+  const float* slot = slots_[k % 2].f32();
+  for (const BucketLayout::Segment& s : b.segments)
+    std::memcpy((s.param->*b.gathered).f32() + s.offset, slot + s.at,
+                static_cast<size_t>(s.count) * sizeof(float));
   b.state = Bucket::State::Idle;
+}
+
+// shard_only: this rank's summed shard goes back into those floats of the gradients.
+void GradientReducer::keep_shard(size_t k) {
+  Bucket& b = buckets_[k];
+  const float* slot = slots_[k % 2].f32();
+  const int64_t lo = b.displs[static_cast<size_t>(rank_)];
+  for_each_overlap(b, lo, lo + b.counts[static_cast<size_t>(rank_)],
+                   [&](const BucketLayout::Segment& s, int64_t first, int64_t n) {
+                     std::memcpy(s.param->grad.f32() + s.offset + (first - s.at), slot + first,
+                                 static_cast<size_t>(n) * sizeof(float));
+                   });
+  b.state = Bucket::State::Idle;
+}
+
+void GradientReducer::start_weight_gather(size_t k) {
+  REMAT_ASSERT(shard_only_, "weight gather without a sharded optimizer");
+  if (!comm_) return;
+  if (k >= 2) complete(k - 2);  // its slot is this bucket's
+  Bucket& b = buckets_[k];
+  float* slot = slots_[k % 2].f32();
+  const int64_t lo = b.displs[static_cast<size_t>(rank_)];
+  for_each_overlap(b, lo, lo + b.counts[static_cast<size_t>(rank_)],
+                   [&](const BucketLayout::Segment& s, int64_t first, int64_t n) {
+                     std::memcpy(slot + first, s.param->value.f32() + s.offset + (first - s.at),
+                                 static_cast<size_t>(n) * sizeof(float));
+                   });
+  b.request = comm_->start_allgather(slot, b.counts, b.displs);
+  b.gathered = &Param::value;
+  b.state = Bucket::State::Gathering;
+}
+
+void GradientReducer::finish_weight_gathers() {
+  if (!comm_) return;
+  for (size_t k = buckets_.size() >= 2 ? buckets_.size() - 2 : 0; k < buckets_.size(); ++k)
+    complete(k);
 }
 
 uint64_t GradientReducer::sent_bytes_per_step() const {

@@ -10,8 +10,14 @@
 // order (the same bits on every rank), and the shards are gathered back and unpacked. Two slots
 // bound the memory: bucket k waits for bucket k - 2 before it takes its slot. The slots are
 // allocated once, in the pool (category grads), so a dry run predicts them to the byte.
+//
+// With a sharded optimizer (parallel.shard_optimizer, ZeRO-1) the reduction stops half way: each
+// rank keeps the sum of its own shard of every bucket (written back into those floats of the
+// gradients) and nothing is gathered. After the update of those shards (engine/parallel/
+// sharded_adamw.h) the buckets carry the updated weights instead: each rank's shard, gathered.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <utility>
 #include <vector>
@@ -24,11 +30,35 @@
 
 namespace remat::parallel {
 
+/// One bucket's place in the parameters and how its floats split over the ranks.
+struct BucketLayout {
+  struct Segment {
+    Param* param;
+    int64_t offset, count;  // floats of the parameter: bucket floats [at, at + count)
+    int64_t at;
+  };
+  std::vector<Segment> segments;
+  int64_t floats = 0;
+  std::vector<int> counts, displs;  // each rank's shard of the bucket: [displs[q], + counts[q])
+};
+
+/// What of `b`'s segments falls in its floats [lo, hi): f(segment, first bucket float, count) for
+/// each overlap, in bucket order.
+template <class F>
+void for_each_overlap(const BucketLayout& b, int64_t lo, int64_t hi, F f) {
+  for (const BucketLayout::Segment& s : b.segments) {
+    const int64_t first = std::max(lo, s.at), last = std::min(hi, s.at + s.count);
+    if (first < last) f(s, first, last - first);
+  }
+}
+
 class GradientReducer final : public GradientSync {
  public:
-  /// `comm` may be null for a dry run with `ranks` ranks: the slots are allocated, nothing is
-  /// exchanged. Buckets hold at most `bucket_bytes` of gradients.
-  GradientReducer(Backend& be, Model& model, Communicator* comm, int ranks, uint64_t bucket_bytes);
+  /// `comm` may be null for a dry run of rank `rank` of `ranks`: the slots are allocated, nothing
+  /// is exchanged. Buckets hold at most `bucket_bytes` of gradients. `shard_only`: each rank keeps
+  /// the sums of its shards only (a sharded optimizer; see above).
+  GradientReducer(Backend& be, Model& model, Communicator* comm, int ranks, int rank,
+                  uint64_t bucket_bytes, bool shard_only = false);
   GradientReducer(const GradientReducer&) = delete;
   GradientReducer& operator=(const GradientReducer&) = delete;
   ~GradientReducer() override;
@@ -36,25 +66,28 @@ class GradientReducer final : public GradientSync {
   /// The gradients of block `block` are final (after its backward).
   void block_done(size_t block) override;
   /// Every gradient is final (after the stem): the rest starts, and all buckets complete. Each
-  /// gradient then holds the sum over the ranks.
+  /// gradient then holds the sum over the ranks (shard_only: the floats of this rank's shards).
   void finish() override;
   /// Bytes each rank sends per step (the shards it hands out, then its own shard to every rank).
   uint64_t sent_bytes_per_step() const override;
   const char* describe() const override { return "summed in rank order over MPI"; }
   size_t n_buckets() const { return buckets_.size(); }
+  const BucketLayout& bucket(size_t k) const { return buckets_[k]; }
+  int rank() const { return rank_; }
+  int ranks() const { return ranks_; }
+  bool shard_only() const { return shard_only_; }
+
+  /// shard_only, after the update: this rank's shard of bucket k's weights is final; it goes to
+  /// every rank. Call for k = 0, 1, ... in order, then finish_weight_gathers().
+  void start_weight_gather(size_t k);
+  void finish_weight_gathers();
 
  private:
-  struct Segment {
-    Param* param;
-    int64_t offset, count;  // floats of param->grad
-  };
-  struct Bucket {
-    std::vector<Segment> segments;
-    int64_t floats = 0;
-    std::vector<int> counts, displs;  // each rank's shard of the bucket
+  struct Bucket : BucketLayout {
     Request request;
     // Idle -> Exchanging (shards out) -> Summed (this rank's shard added) -> Gathering -> Idle
     enum class State { Idle, Exchanging, Summed, Gathering } state = State::Idle;
+    Buffer Param::*gathered = &Param::grad;  // what the gather in flight carries
   };
   void start(size_t k);
   void poll(size_t k);
@@ -62,10 +95,12 @@ class GradientReducer final : public GradientSync {
   void complete(size_t k);
   void add_copies(size_t k);
   void unpack(size_t k);
+  void keep_shard(size_t k);
   void start_stage(size_t stage);
 
   Communicator* comm_;
   int ranks_, rank_;
+  bool shard_only_;
   std::vector<Bucket> buckets_;
   // Per stage (each block, then the rest): its buckets [first, second).
   std::vector<std::pair<size_t, size_t>> stage_buckets_;

@@ -82,6 +82,10 @@ class MpiComm final : public Communicator {
     MPI_Isend(send, mpi_count(n_send), MPI_FLOAT, dest, kRingTag, comm_, &req[1]);
     return remember(std::move(req));
   }
+  void gather(const float* send, int n, float* recv, const std::vector<int>& counts,
+              const std::vector<int>& displs, int root) override {
+    MPI_Gatherv(send, n, MPI_FLOAT, recv, counts.data(), displs.data(), MPI_FLOAT, root, comm_);
+  }
   void broadcast(void* data, int64_t bytes, int root) override {
     MPI_Bcast(data, mpi_count(bytes), MPI_BYTE, root, comm_);
   }

@@ -1,0 +1,70 @@
+// ZeRO-1 (parallel.shard_optimizer): the AdamW moments are spread over the ranks. The gradient
+// reducer leaves each rank the sum of its shard of every bucket (engine/parallel/grad_reducer.h);
+// this class keeps the moments of exactly those floats, updates them and those weights, and hands
+// the updated shards to the reducer, which gathers them to every rank. Per rank the moments take
+// 1/ranks of their unsharded size; the bytes sent per step are those of an all-reduce (the
+// gradients' reduce-scatter, then the weights' all-gather).
+//
+// AdamW is elementwise, so each float is updated with the same bits as without sharding: the
+// summed gradient is the same (one rank-order sum), and so are m, v and the weight. Only the
+// gradient norm is summed in another order (per shard, then over the ranks), which changes the
+// clipping scale in its last bits when clipping is active.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <vector>
+
+#include "engine/backend.h"
+#include "engine/checkpoint.h"
+#include "engine/memory_pool.h"
+#include "engine/model.h"
+#include "engine/parallel/grad_reducer.h"
+
+namespace remat::parallel {
+
+class ShardedAdamW final : public DistributedMoments {
+ public:
+  /// The moments of `reducer`'s shards of this rank, zeroed (category optimizer in the pool).
+  /// `comm` null: a dry run (the update is counted, nothing is exchanged).
+  ShardedAdamW(Backend& be, GradientReducer& reducer, Communicator* comm);
+
+  /// The sum of squares of every summed gradient (for the global norm): this rank's shards, then
+  /// over the ranks in rank order, so every rank gets the same bits.
+  double grad_sum_squares();
+  /// AdamW on this rank's shards with the hyperparameters of `hyper` (its tensors are ignored;
+  /// weight decay is hyper.weight_decay on parameters with use_decay, else 0), then the updated
+  /// weights gathered to every rank.
+  void update(const AdamWArgs& hyper);
+  /// Floats of this rank's shards (its moments hold twice as many).
+  int64_t shard_floats() const { return floats_; }
+
+  void gather(const Param& p, int moment, float* whole) override;
+  void load(const Param& p, int moment, const float* whole) override;
+
+ private:
+  // A run of floats this rank owns: param floats [offset, offset + count) at `at` of the moments.
+  struct Piece {
+    Param* param;
+    int64_t offset, count, at;
+  };
+  // Where one segment of a parameter sits: bucket k, its segment, and this rank's moments offset
+  // of the bucket's shard.
+  struct SegmentPlace {
+    size_t bucket;
+    const BucketLayout::Segment* segment;
+    int64_t shard_at;
+  };
+  Tensor slice(const Buffer& b, int64_t offset, int64_t count) const;
+  const Buffer& moment_buffer(int moment) const { return moment == 0 ? m_ : v_; }
+
+  Backend& be_;
+  GradientReducer& reducer_;
+  Communicator* comm_;
+  int64_t floats_ = 0;
+  std::vector<std::vector<Piece>> pieces_;  // per bucket
+  std::map<const Param*, std::vector<SegmentPlace>> places_;
+  Buffer m_, v_;
+};
+
+}  // namespace remat::parallel
