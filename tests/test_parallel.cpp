@@ -191,11 +191,13 @@ TEST_CASE("context parallel splits each sequence over the ranks and trains like 
     REQUIRE(run_ranks(3, args + "-q --set parallel.context=3 --metrics " + many).code == 0);
     check_rank_peaks(dir.path, "many", 3);  // 34, 34 and 33 tokens per row
   }
-  SECTION("data 2 x context 2, and checkpoints that resume on one rank") {
+  SECTION(
+      "data 2 x context 2 with the optimizer sharded, and checkpoints that resume on one rank") {
     const std::string ckpt = (dir.path / "ckpt").string();
-    const CliResult r = run_ranks(4, args + fmt::format("-q --set parallel.context=2 --stop-at 4 "
-                                                        "--set checkpoint.dir={} --metrics {}",
-                                                        ckpt, many));
+    const CliResult r = run_ranks(
+        4, args + fmt::format("-q --set parallel.context=2 --set parallel.shard_optimizer=true "
+                              "--stop-at 4 --set checkpoint.dir={} --metrics {}",
+                              ckpt, many));
     INFO(r.out);
     REQUIRE(r.code == 0);
     check_rank_peaks(dir.path, "many", 4);
