@@ -164,7 +164,9 @@ std::string exchange_line(const DryRun& run, const PlanTarget& target) {
     return line + (target.count.device == DeviceKind::Cpu
                        ? " (CPU ranks of one machine exchange through shared memory; not timed)"
                        : " (no link rates for this target: use --gpu NAME)");
-  line += fmt::format("; gradients {:.3g} s at {}", et.gradient_s, et.gradient_link);
+  line += fmt::format("; {} {:.3g} s at {}",
+                      run.sharded_optimizer ? "gradients and weights" : "gradients", et.gradient_s,
+                      et.gradient_link);
   if (run.context_ranks > 1) line += fmt::format(", ring {:.3g} s at {}", et.ring_s, et.ring_link);
   return line +
          fmt::format(" vs compute >= {:.3g} s at peak: {}", et.compute_s,

@@ -205,10 +205,11 @@ class TrainRun {
     if (trainer_.steps_done() == 0) return "";
     if (trainer_.steps_done() == last_checkpoint_step_)
       return fmt::format(". Training state is in {}", summary_.checkpoint_path);
-    if (trainer_.sharded_moments())  // a checkpoint needs every rank, and they are training on
+    if (trainer_.sharded_moments())  // a checkpoint needs every rank at once
       return fmt::format(
           ". Training state was not saved: the AdamW moments are sharded over the ranks "
-          "(parallel.shard_optimizer) and only this rank stopped; the newest checkpoint is {}",
+          "(parallel.shard_optimizer), and a checkpoint needs every rank; the newest checkpoint "
+          "is {}",
           summary_.checkpoint_path.empty() ? "none" : summary_.checkpoint_path);
     try {
       save_checkpoint();
@@ -255,13 +256,13 @@ class TrainRun {
     if (summary_.final_val_loss) state.extra["val_loss"] = *summary_.final_val_loss;
     const std::string path =
         write_checkpoint(cfg_.checkpoint.dir, be_, model_, state, trainer_.sharded_moments());
+    summary_.checkpoint_path = path;  // before the log line, whose write may fail
+    last_checkpoint_step_ = state.step;
     prune_checkpoints(cfg_.checkpoint.dir, cfg_.checkpoint.keep_last);
     const double ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     progress_.note(fmt::format("checkpoint {} ({:.0f} ms)", path, ms));
     if (metrics_) metrics_->event("checkpoint", state.step, path, ms);
-    summary_.checkpoint_path = path;
-    last_checkpoint_step_ = state.step;
   }
 
   RunSummary finish_summary() {

@@ -13,6 +13,7 @@ class Model;
 namespace parallel {
 class Communicator;
 class GradientSync;
+class ShardedGradientSync;
 }  // namespace parallel
 }  // namespace remat
 
@@ -31,6 +32,12 @@ std::unique_ptr<Backend> make_backend(const DeviceConfig& cfg);
 /// of `comm` (bootstrapped through it), on a stream of their own (engine/cuda/nccl_sync.cpp).
 std::unique_ptr<parallel::GradientSync> make_nccl_sync(Backend& be, Model& model,
                                                        parallel::Communicator& comm);
+/// ZeRO-1 on the CUDA backend `be` (engine/parallel/sharded_adamw.h runs the update): NCCL
+/// reduce-scatters of `model`'s gradients in buckets of `bucket_bytes`, all-gathers of the updated
+/// weights, over the ranks of `comm`.
+std::unique_ptr<parallel::ShardedGradientSync> make_nccl_sharded_sync(Backend& be, Model& model,
+                                                                      parallel::Communicator& comm,
+                                                                      uint64_t bucket_bytes);
 /// "NCCL 2.28.3" or "built without CUDA".
 std::string nccl_version();
 

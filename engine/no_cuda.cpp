@@ -20,6 +20,12 @@ std::unique_ptr<parallel::GradientSync> make_nccl_sync(Backend&, Model&, paralle
   throw BackendError(
       "[parallel] NCCL needs the CUDA backend, and this binary was built without CUDA");
 }
+std::unique_ptr<parallel::ShardedGradientSync> make_nccl_sharded_sync(Backend&, Model&,
+                                                                      parallel::Communicator&,
+                                                                      uint64_t) {
+  throw BackendError(
+      "[parallel] NCCL needs the CUDA backend, and this binary was built without CUDA");
+}
 std::string nccl_version() {
   return "built without CUDA";
 }

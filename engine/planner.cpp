@@ -174,7 +174,11 @@ ExchangeTime exchange_time(const DryRun& run, const PlanTarget& target) {
   const double ring_rate = link(run.context_ranks, t.ring_link);
   const double grad_rate = link(run.ranks, t.gradient_link);
   auto phase = [&](Phase p) { return run.cost[static_cast<size_t>(p)]; };
-  // Gradients go out during the recompute + backward, the ring in every phase with attention.
+  // Gradients go out during the recompute + backward, the ring in every phase with attention. A
+  // sharded optimizer sends half of its bytes there (the reduce-scatter) and half after the
+  // update (the weights' all-gather), where little compute hides them.
+  const double grad_bytes = static_cast<double>(run.grad_sent_bytes);
+  const double backward_share = run.sharded_optimizer ? 0.5 : 1.0;
   const std::vector<std::vector<Phase>> overlaps = {
       {Phase::Forward, Phase::Loss}, {Phase::Recompute, Phase::Backward}, {Phase::Optimizer}};
   for (size_t g = 0; g < overlaps.size(); ++g) {
@@ -183,7 +187,8 @@ ExchangeTime exchange_time(const DryRun& run, const PlanTarget& target) {
       ring += phase(p).ring_bytes;
       flops += phase(p).flops;
     }
-    const double grads = g == 1 ? static_cast<double>(run.grad_sent_bytes) / grad_rate : 0.0;
+    const double share = g == 1 ? backward_share : g == 2 ? 1.0 - backward_share : 0.0;
+    const double grads = share * grad_bytes / grad_rate;
     const double compute = flops / target.peak_flops_per_s;
     t.ring_s += ring / ring_rate;
     t.gradient_s += grads;

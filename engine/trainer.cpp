@@ -48,6 +48,51 @@ class PlannedAllReduce final : public parallel::GradientSync {
   uint64_t sent_ = 0;
 };
 
+// What a dry run of a CUDA target plans for ZeRO-1 over NCCL: the buckets and the one slot of
+// NcclShardedSync (engine/cuda/nccl_sync.cpp), nothing exchanged.
+class PlannedShardedSync final : public parallel::ShardedGradientSync {
+ public:
+  PlannedShardedSync(Backend& be, Model& model, const DataParallel& dp)
+      : rank_(dp.rank),
+        ranks_(dp.ranks),
+        plan_(
+            parallel::plan_buckets(model, dp.ranks, dp.bucket_bytes, parallel::ShardSplit::Equal)),
+        slot_(be.pool().allocate({plan_.largest_floats}, DType::F32, MemCategory::Grads,
+                                 "grad_reduce.slot")) {}
+  void block_done(size_t) override {}
+  void finish() override {}
+  uint64_t sent_bytes_per_step() const override {
+    return parallel::equal_shard_sent_bytes(plan_, ranks_);
+  }
+  const char* describe() const override {
+    return "reduce-scattered by NCCL, updated weights all-gathered (planned)";
+  }
+  size_t n_buckets() const override { return plan_.buckets.size(); }
+  const parallel::BucketLayout& bucket(size_t k) const override { return plan_.buckets[k]; }
+  int rank() const override { return rank_; }
+  int ranks() const override { return ranks_; }
+  void start_weight_gather(size_t) override {}
+  void finish_weight_gathers() override {}
+
+ private:
+  int rank_, ranks_;
+  parallel::BucketPlan plan_;
+  Buffer slot_;
+};
+
+// ZeRO-1's gradient sync: rank-order sums of shards over MPI on the CPU backend (and dry runs of
+// CPU targets), NCCL reduce-scatters on CUDA.
+std::unique_ptr<parallel::ShardedGradientSync> make_sharded_sync(Backend& be, Model& model,
+                                                                 const DataParallel& dp) {
+  if (be.workspace_target().device == DeviceKind::Cuda) {
+    if (!be.computes()) return std::make_unique<PlannedShardedSync>(be, model, dp);
+    REMAT_ASSERT(dp.comm != nullptr, "a sharded optimizer on CUDA without a communicator");
+    return cuda::make_nccl_sharded_sync(be, model, *dp.comm, dp.bucket_bytes);
+  }
+  return std::make_unique<parallel::GradientReducer>(be, model, dp.comm, dp.ranks, dp.rank,
+                                                     dp.bucket_bytes, /*shard_only=*/true);
+}
+
 }  // namespace
 
 std::unique_ptr<parallel::GradientSync> make_gradient_sync(Backend& be, Model& model,
@@ -80,19 +125,13 @@ Trainer::Trainer(TrainConfig train, RematPlan plan, Backend& be, Model& model, D
       data_(data),
       plan_(std::move(plan)),
       dp_(dp) {
-  if (!dp_.shard_optimizer || dp_.ranks <= 1) {
+  if (!dp_.shard_optimizer) {
     grad_sync_ = make_gradient_sync(be, model, dp_);
     return;
   }
-  if (be.workspace_target().device != DeviceKind::Cpu)
-    throw ConfigError(
-        "[parallel] shard_optimizer runs on the CPU backend; on CUDA the AdamW moments are not "
-        "sharded yet (data parallel there all-reduces the gradients over NCCL). Fix: set "
-        "parallel.shard_optimizer = false, or run (or plan, without --gpu) on the CPU backend");
-  auto reducer = std::make_unique<parallel::GradientReducer>(
-      be, model, dp_.comm, dp_.ranks, dp_.rank, dp_.bucket_bytes, /*shard_only=*/true);
-  sharded_ = std::make_unique<parallel::ShardedAdamW>(be, *reducer, dp_.comm);
-  grad_sync_ = std::move(reducer);
+  std::unique_ptr<parallel::ShardedGradientSync> sync = make_sharded_sync(be, model, dp_);
+  sharded_ = std::make_unique<parallel::ShardedAdamW>(be, *sync, dp_.comm);
+  grad_sync_ = std::move(sync);
 }
 
 Trainer::~Trainer() = default;
@@ -125,14 +164,22 @@ std::vector<double> Trainer::mean_over_ranks(const std::vector<double>& means,
 }
 
 std::string Trainer::divergence_message(const StepMetrics& m) {
-  std::string first = "none (the loss itself)";
+  // Sharded, each rank holds the sums of its shards only: the ranks agree on the first parameter
+  // with a non-finite sum anywhere (every rank diverges at the same step, so all of them call).
+  std::vector<double> bad;
   for (Param& p : model_.params()) {
     const Tensor g = p.grad;
-    if (!std::isfinite(be_.sum_squares(std::span<const Tensor>(&g, 1)))) {
-      first = p.name;
+    const bool finite = sharded_ ? sharded_->grad_finite(p)
+                                 : std::isfinite(be_.sum_squares(std::span<const Tensor>(&g, 1)));
+    bad.push_back(finite ? 0.0 : 1.0);
+  }
+  if (sharded_ && dp_.comm) bad = parallel::sum_over_ranks(*dp_.comm, bad);
+  std::string first = "none (the loss itself)";
+  for (size_t i = 0; i < bad.size(); ++i)
+    if (bad[i] > 0) {
+      first = model_.params()[i].name;
       break;
     }
-  }
   return fmt::format(
       "[train] diverged at step {}: loss {}, gradient norm {}; first non-finite gradient: {}. "
       "Training stopped before the update; no checkpoint was written for this step. Fix: lower "
@@ -172,7 +219,7 @@ StepMetrics Trainer::step() {
                        sync ? BlockGradsReady([sync](size_t block) { sync->block_done(block); })
                             : BlockGradsReady());
   batch = Batch();
-  if (sync) sync->finish();  // every gradient is now the sum over the ranks
+  if (sync) sync->finish();  // every gradient is the sum over the ranks (sharded: this rank's)
   m.task_metric = data_.task_metric(loss.row_losses);
   // Context ranks hold a token or two more or less than each other: means weigh by tokens.
   const std::vector<double> means = mean_over_ranks(
@@ -203,10 +250,6 @@ StepMetrics Trainer::step() {
   return m;
 }
 
-// AdamW on every parameter. Moments in the host pool (remat.offload = "checkpoints+optimizer")
-// pass through the device: a parameter's m and v come in while the previous parameter updates and
-// go back while the next one does, so at most three parameters' moments are on the device at a
-// time -- a fixed rule, which the planner's dry run follows to the byte.
 double Trainer::grad_sum_squares() {
   if (sharded_) return sharded_->grad_sum_squares();  // each rank holds the sums of its shards
   std::vector<Tensor> grads;
@@ -215,6 +258,11 @@ double Trainer::grad_sum_squares() {
   return be_.sum_squares(grads);
 }
 
+// AdamW on every parameter (sharded: on this rank's shards, engine/parallel/sharded_adamw.h).
+// Moments in the host pool (remat.offload = "checkpoints+optimizer") pass through the device: a
+// parameter's m and v come in while the previous parameter updates and go back while the next one
+// does, so at most three parameters' moments are on the device at a time -- a fixed rule, which
+// the planner's dry run follows to the byte.
 void Trainer::update_weights(float lr, float grad_scale) {
   if (sharded_) {
     AdamWArgs hyper;

@@ -29,10 +29,11 @@ struct DataParallel {
   int ranks = 1;                           // every rank of the job
   int rank = 0;                            // this one (what a dry run plans for)
   uint64_t bucket_bytes = 16ull << 20;     // parallel.bucket_bytes
-  bool shard_optimizer = false;            // parallel.shard_optimizer (ZeRO-1), ranks > 1
+  bool shard_optimizer = false;            // parallel.shard_optimizer (ZeRO-1)
   parallel::Communicator* comm = nullptr;  // null with ranks > 1: a dry run (memory, no exchange)
 };
-/// `cfg`'s [parallel] for a run on `comm` (a dry run when null).
+/// `cfg`'s [parallel] for a run on `comm` (a dry run when null). The optimizer is sharded only
+/// over more than one rank (the tests shard it over one, to check the path).
 DataParallel data_parallel(const Config& cfg, parallel::Communicator* comm);
 /// How `dp.ranks` ranks sum `model`'s gradients on `be`: rank-order sums over MPI in host memory
 /// (the CPU backend, and dry runs of CPU targets: their slots are in the pool), NCCL on CUDA

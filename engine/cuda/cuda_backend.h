@@ -105,6 +105,7 @@ class CudaBackend final : public Backend {
   cudaEvent_t take_event();
 
   friend class NcclGradientSync;  // runs NCCL on a stream ordered after this one's ops
+  friend class NcclShardedSync;   // likewise, for ZeRO-1
 
   std::shared_ptr<DeviceState> dev_;
   DType act_;

@@ -4,7 +4,8 @@
 // backward. finish() makes the compute stream wait for the last reduction. NCCL's ring and tree
 // all-reduces compute every element once and copy it to every rank, so the ranks hold the same
 // bits and their weights stay identical. The communicator is bootstrapped through MPI: rank 0
-// makes the NCCL id and broadcasts it.
+// makes the NCCL id and broadcasts it. With a sharded optimizer (ZeRO-1) the same stream carries
+// reduce-scatters of the gradients and all-gathers of the updated weights (NcclShardedSync).
 #include <fmt/format.h>
 #include <nccl.h>
 
@@ -36,35 +37,62 @@ void cuda_check(cudaError_t e, const char* what) {
 
 }  // namespace
 
+// A NCCL communicator over the ranks of an MPI one (rank 0 makes the id and broadcasts it), with
+// a stream of its own and two events: `ready` orders NCCL work after the compute stream's ops so
+// far, `done` the compute stream's later ops after the NCCL work so far.
+struct NcclChannel {
+  ncclComm_t comm = nullptr;
+  cudaStream_t stream = nullptr;
+  cudaEvent_t ready = nullptr, done = nullptr;
+
+  explicit NcclChannel(parallel::Communicator& mpi) {
+    ncclUniqueId id{};
+    if (mpi.rank() == 0) nccl_check(ncclGetUniqueId(&id), "ncclGetUniqueId");
+    mpi.broadcast(&id, sizeof id, 0);
+    nccl_check(ncclCommInitRank(&comm, mpi.size(), id, mpi.rank()), "ncclCommInitRank");
+    cuda_check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+    cuda_check(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "cudaEventCreate");
+    cuda_check(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "cudaEventCreate");
+  }
+  NcclChannel(const NcclChannel&) = delete;
+  NcclChannel& operator=(const NcclChannel&) = delete;
+  ~NcclChannel() {
+    cudaStreamSynchronize(stream);  // no collective may outlive the buffers it writes
+    ncclCommDestroy(comm);
+    cudaEventDestroy(ready);
+    cudaEventDestroy(done);
+    cudaStreamDestroy(stream);
+  }
+  /// NCCL work enqueued from now on runs after the compute stream's ops so far.
+  void after_compute(cudaStream_t compute) {
+    cuda_check(cudaEventRecord(ready, compute), "cudaEventRecord");
+    cuda_check(cudaStreamWaitEvent(stream, ready, 0), "cudaStreamWaitEvent");
+  }
+  /// Compute ops enqueued from now on run after the NCCL work so far.
+  void before_compute(cudaStream_t compute) {
+    cuda_check(cudaEventRecord(done, stream), "cudaEventRecord");
+    cuda_check(cudaStreamWaitEvent(compute, done, 0), "cudaStreamWaitEvent");
+  }
+  /// `n` floats from `src` to `dst` (device memory), on the NCCL stream.
+  void copy(float* dst, const float* src, int64_t n) {
+    cuda_check(cudaMemcpyAsync(dst, src, static_cast<size_t>(n) * sizeof(float),
+                               cudaMemcpyDeviceToDevice, stream),
+               "cudaMemcpyAsync");
+  }
+};
+
 class NcclGradientSync final : public parallel::GradientSync {
  public:
   NcclGradientSync(CudaBackend& be, Model& model, parallel::Communicator& comm)
-      : be_(be), ranks_(comm.size()) {
-    ncclUniqueId id{};
-    if (comm.rank() == 0) nccl_check(ncclGetUniqueId(&id), "ncclGetUniqueId");
-    comm.broadcast(&id, sizeof id, 0);
-    nccl_check(ncclCommInitRank(&comm_, comm.size(), id, comm.rank()), "ncclCommInitRank");
-    cuda_check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
-    cuda_check(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming), "cudaEventCreate");
-    cuda_check(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), "cudaEventCreate");
+      : be_(be), ranks_(comm.size()), nccl_(comm) {
     stages_ = parallel::params_by_stage(model);
     for (Param& p : model.params()) bytes_ += p.grad.tensor().bytes();
-  }
-  NcclGradientSync(const NcclGradientSync&) = delete;
-  NcclGradientSync& operator=(const NcclGradientSync&) = delete;
-  ~NcclGradientSync() override {
-    cudaStreamSynchronize(stream_);  // no reduction may outlive the gradients it writes
-    ncclCommDestroy(comm_);
-    cudaEventDestroy(ready_);
-    cudaEventDestroy(done_);
-    cudaStreamDestroy(stream_);
   }
 
   void block_done(size_t block) override { reduce(stages_[block]); }
   void finish() override {
     reduce(stages_.back());
-    cuda_check(cudaEventRecord(done_, stream_), "cudaEventRecord");
-    cuda_check(cudaStreamWaitEvent(be_.stream(), done_, 0), "cudaStreamWaitEvent");
+    nccl_.before_compute(be_.stream());
   }
   uint64_t sent_bytes_per_step() const override {
     return parallel::allreduce_sent_bytes(bytes_, ranks_);
@@ -75,13 +103,12 @@ class NcclGradientSync final : public parallel::GradientSync {
   // The reductions wait for the compute stream's ops so far (the stage's backward), nothing more.
   void reduce(const std::vector<Param*>& params) {
     if (params.empty()) return;
-    cuda_check(cudaEventRecord(ready_, be_.stream()), "cudaEventRecord");
-    cuda_check(cudaStreamWaitEvent(stream_, ready_, 0), "cudaStreamWaitEvent");
+    nccl_.after_compute(be_.stream());
     nccl_check(ncclGroupStart(), "ncclGroupStart");
     for (Param* p : params) {
       float* g = p->grad.f32();
       nccl_check(ncclAllReduce(g, g, static_cast<size_t>(p->grad.tensor().numel()), ncclFloat,
-                               ncclSum, comm_, stream_),
+                               ncclSum, nccl_.comm, nccl_.stream),
                  "ncclAllReduce");
     }
     nccl_check(ncclGroupEnd(), "ncclGroupEnd");
@@ -89,11 +116,103 @@ class NcclGradientSync final : public parallel::GradientSync {
 
   CudaBackend& be_;
   int ranks_;
-  ncclComm_t comm_ = nullptr;
-  cudaStream_t stream_ = nullptr;
-  cudaEvent_t ready_ = nullptr, done_ = nullptr;
+  NcclChannel nccl_;
   std::vector<std::vector<Param*>> stages_;  // per block, then the rest
   uint64_t bytes_ = 0;
+};
+
+// ZeRO-1 over NCCL. Each bucket is packed into one slot (padded to ranks equal shards),
+// reduce-scattered in place, and this rank's summed shard copied back into those floats of the
+// gradients; after the update, this rank's shard of the weights goes into the slot, is
+// all-gathered in place and unpacked into every weight. Everything runs on the NCCL stream in
+// order, so one slot serves every bucket, while the compute stream goes on with the backward (or
+// the next bucket's update).
+class NcclShardedSync final : public parallel::ShardedGradientSync {
+ public:
+  NcclShardedSync(CudaBackend& be, Model& model, parallel::Communicator& comm,
+                  uint64_t bucket_bytes)
+      : be_(be),
+        rank_(comm.rank()),
+        ranks_(comm.size()),
+        nccl_(comm),
+        plan_(parallel::plan_buckets(model, ranks_, bucket_bytes, parallel::ShardSplit::Equal)) {
+    slot_ = be.pool().allocate({plan_.largest_floats}, DType::F32, MemCategory::Grads,
+                               "grad_reduce.slot");
+    sent_ = parallel::equal_shard_sent_bytes(plan_, ranks_);
+  }
+
+  void block_done(size_t block) override { reduce_stage(block); }
+  void finish() override {
+    reduce_stage(plan_.stage_buckets.size() - 1);
+    nccl_.before_compute(be_.stream());
+  }
+  uint64_t sent_bytes_per_step() const override { return sent_; }
+  const char* describe() const override {
+    return "reduce-scattered by NCCL, updated weights all-gathered";
+  }
+  size_t n_buckets() const override { return plan_.buckets.size(); }
+  const parallel::BucketLayout& bucket(size_t k) const override { return plan_.buckets[k]; }
+  int rank() const override { return rank_; }
+  int ranks() const override { return ranks_; }
+
+  void start_weight_gather(size_t k) override {
+    const parallel::BucketLayout& b = plan_.buckets[k];
+    const int64_t shard = b.counts[0];
+    float* mine = slot_.f32() + static_cast<int64_t>(rank_) * shard;
+    nccl_.after_compute(be_.stream());  // bucket k's update
+    for_mine(
+        b, [&](float* param, float* in_slot, int64_t n) { nccl_.copy(in_slot, param, n); },
+        &Param::value);
+    nccl_check(ncclAllGather(mine, slot_.f32(), static_cast<size_t>(shard), ncclFloat, nccl_.comm,
+                             nccl_.stream),
+               "ncclAllGather");
+    for (const parallel::BucketLayout::Segment& s : b.segments)
+      nccl_.copy(s.param->value.f32() + s.offset, slot_.f32() + s.at, s.count);
+  }
+  void finish_weight_gathers() override { nccl_.before_compute(be_.stream()); }
+
+ private:
+  // f(param floats, slot floats, count) for each piece of this rank's shard of bucket `b`.
+  template <class F>
+  void for_mine(const parallel::BucketLayout& b, F f, Buffer Param::*field) {
+    const int64_t lo = b.displs[static_cast<size_t>(rank_)];
+    parallel::for_each_overlap(
+        b, lo, lo + b.counts[static_cast<size_t>(rank_)],
+        [&](const parallel::BucketLayout::Segment& s, int64_t first, int64_t n) {
+          f((s.param->*field).f32() + s.offset + (first - s.at), slot_.f32() + first, n);
+        });
+  }
+
+  void reduce_stage(size_t stage) {
+    const auto [first, last] = plan_.stage_buckets[stage];
+    if (first == last) return;
+    nccl_.after_compute(be_.stream());  // the stage's backward
+    for (size_t k = first; k < last; ++k) {
+      const parallel::BucketLayout& b = plan_.buckets[k];
+      const int64_t shard = b.counts[0], padded = shard * ranks_;
+      for (const parallel::BucketLayout::Segment& s : b.segments)
+        nccl_.copy(slot_.f32() + s.at, s.param->grad.f32() + s.offset, s.count);
+      if (padded > b.floats)  // the padding adds zeros to the last shard's tail
+        cuda_check(
+            cudaMemsetAsync(slot_.f32() + b.floats, 0,
+                            static_cast<size_t>(padded - b.floats) * sizeof(float), nccl_.stream),
+            "cudaMemsetAsync");
+      float* mine = slot_.f32() + static_cast<int64_t>(rank_) * shard;
+      nccl_check(ncclReduceScatter(slot_.f32(), mine, static_cast<size_t>(shard), ncclFloat,
+                                   ncclSum, nccl_.comm, nccl_.stream),
+                 "ncclReduceScatter");
+      for_mine(
+          b, [&](float* param, float* in_slot, int64_t n) { nccl_.copy(param, in_slot, n); },
+          &Param::grad);
+    }
+  }
+
+  CudaBackend& be_;
+  int rank_, ranks_;
+  NcclChannel nccl_;
+  parallel::BucketPlan plan_;
+  Buffer slot_;
+  uint64_t sent_ = 0;
 };
 
 std::unique_ptr<parallel::GradientSync> make_nccl_sync(Backend& be, Model& model,
@@ -101,6 +220,14 @@ std::unique_ptr<parallel::GradientSync> make_nccl_sync(Backend& be, Model& model
   auto* cuda = dynamic_cast<CudaBackend*>(&be);
   REMAT_ASSERT(cuda != nullptr, "make_nccl_sync on the {} backend", be.name());
   return std::make_unique<NcclGradientSync>(*cuda, model, comm);
+}
+
+std::unique_ptr<parallel::ShardedGradientSync> make_nccl_sharded_sync(Backend& be, Model& model,
+                                                                      parallel::Communicator& comm,
+                                                                      uint64_t bucket_bytes) {
+  auto* cuda = dynamic_cast<CudaBackend*>(&be);
+  REMAT_ASSERT(cuda != nullptr, "make_nccl_sharded_sync on the {} backend", be.name());
+  return std::make_unique<NcclShardedSync>(*cuda, model, comm, bucket_bytes);
 }
 
 std::string nccl_version() {

@@ -15,43 +15,12 @@ GradientReducer::GradientReducer(Backend& be, Model& model, Communicator* comm, 
     : comm_(comm), ranks_(ranks), rank_(comm ? comm->rank() : rank), shard_only_(shard_only) {
   REMAT_ASSERT(!comm || comm->size() == ranks, "reducer for {} ranks on a communicator of {}",
                ranks, comm ? comm->size() : 0);
-  const size_t L = model.n_blocks();
-  const auto cap = static_cast<int64_t>(std::max<uint64_t>(bucket_bytes / sizeof(float), 1));
-  // Stages in the order the backward finishes them: the last block first, the rest at the end.
-  std::vector<size_t> order;
-  for (size_t i = L; i-- > 0;) order.push_back(i);
-  order.push_back(L);
-  const std::vector<std::vector<Param*>> by_stage = params_by_stage(model);
-  stage_buckets_.assign(L + 1, {0, 0});
-  for (size_t stage : order) {
-    stage_buckets_[stage].first = buckets_.size();
-    bool open = false;
-    for (Param* p : by_stage[stage]) {
-      const int64_t n = p->grad.tensor().numel();
-      for (int64_t off = 0; off < n;) {
-        if (!open || buckets_.back().floats == cap) buckets_.emplace_back(), open = true;
-        Bucket& b = buckets_.back();
-        const int64_t take = std::min(n - off, cap - b.floats);
-        b.segments.push_back({p, off, take, b.floats});
-        b.floats += take;
-        off += take;
-      }
-    }
-    stage_buckets_[stage].second = buckets_.size();
-  }
-  int64_t largest = 0;
-  for (Bucket& b : buckets_) {
-    largest = std::max(largest, b.floats);
-    b.counts.resize(static_cast<size_t>(ranks));
-    b.displs.resize(static_cast<size_t>(ranks));
-    int displ = 0;
-    for (int q = 0; q < ranks; ++q) {
-      const int64_t c = b.floats / ranks + (q < b.floats % ranks ? 1 : 0);
-      b.counts[static_cast<size_t>(q)] = static_cast<int>(c);
-      b.displs[static_cast<size_t>(q)] = displ;
-      displ += static_cast<int>(c);
-    }
-  }
+  BucketPlan plan = plan_buckets(model, ranks, bucket_bytes, ShardSplit::Balanced);
+  buckets_.resize(plan.buckets.size());
+  for (size_t k = 0; k < buckets_.size(); ++k)
+    static_cast<BucketLayout&>(buckets_[k]) = std::move(plan.buckets[k]);
+  stage_buckets_ = std::move(plan.stage_buckets);
+  const int64_t largest = plan.largest_floats;
   // The packed bucket, then the `ranks` copies of this rank's shard (at most largest + ranks).
   for (int s = 0; s < 2; ++s)
     slots_[s] = be.pool().allocate({2 * largest + ranks}, DType::F32, MemCategory::Grads,
@@ -95,9 +64,16 @@ void GradientReducer::start_stage(size_t stage) {
 // MPI matches collectives by the order in which each rank starts them, so every rank starts them
 // in one fixed order whatever finishes first: exchange 0; then, for each next bucket k, the
 // gather of bucket k - 1 and the exchange of bucket k. Tests only finish what is in flight.
+// shard_only starts no gathers here: only the exchanges, in bucket order, and bucket k waits for
+// nothing but its slot.
 void GradientReducer::start(size_t k) {
   if (k >= 2) complete(k - 2);  // its slot is this bucket's
-  if (k >= 1) sum_and_gather(k - 1);
+  if (k >= 1) {
+    if (shard_only_)
+      poll(k - 1);
+    else
+      sum_and_gather(k - 1);
+  }
   Bucket& b = buckets_[k];
   float* slot = slots_[k % 2].f32();
   for (const BucketLayout::Segment& s : b.segments)
@@ -110,6 +86,7 @@ void GradientReducer::start(size_t k) {
 void GradientReducer::poll(size_t k) {
   Bucket& b = buckets_[k];
   if (b.state == Bucket::State::Exchanging && comm_->test(b.request)) add_copies(k);
+  if (b.state == Bucket::State::Summed && shard_only_) keep_shard(k);
   if (b.state == Bucket::State::Gathering && comm_->test(b.request)) unpack(k);
 }
 
@@ -176,6 +153,7 @@ void GradientReducer::start_weight_gather(size_t k) {
   REMAT_ASSERT(shard_only_, "weight gather without a sharded optimizer");
   if (!comm_) return;
   if (k >= 2) complete(k - 2);  // its slot is this bucket's
+  if (k >= 1) poll(k - 1);      // lets MPI move it on while this rank updates
   Bucket& b = buckets_[k];
   float* slot = slots_[k % 2].f32();
   const int64_t lo = b.displs[static_cast<size_t>(rank_)];

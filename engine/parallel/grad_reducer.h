@@ -17,7 +17,6 @@
 // sharded_adamw.h) the buckets carry the updated weights instead: each rank's shard, gathered.
 #pragma once
 
-#include <algorithm>
 #include <cstdint>
 #include <utility>
 #include <vector>
@@ -30,29 +29,7 @@
 
 namespace remat::parallel {
 
-/// One bucket's place in the parameters and how its floats split over the ranks.
-struct BucketLayout {
-  struct Segment {
-    Param* param;
-    int64_t offset, count;  // floats of the parameter: bucket floats [at, at + count)
-    int64_t at;
-  };
-  std::vector<Segment> segments;
-  int64_t floats = 0;
-  std::vector<int> counts, displs;  // each rank's shard of the bucket: [displs[q], + counts[q])
-};
-
-/// What of `b`'s segments falls in its floats [lo, hi): f(segment, first bucket float, count) for
-/// each overlap, in bucket order.
-template <class F>
-void for_each_overlap(const BucketLayout& b, int64_t lo, int64_t hi, F f) {
-  for (const BucketLayout::Segment& s : b.segments) {
-    const int64_t first = std::max(lo, s.at), last = std::min(hi, s.at + s.count);
-    if (first < last) f(s, first, last - first);
-  }
-}
-
-class GradientReducer final : public GradientSync {
+class GradientReducer final : public ShardedGradientSync {
  public:
   /// `comm` may be null for a dry run of rank `rank` of `ranks`: the slots are allocated, nothing
   /// is exchanged. Buckets hold at most `bucket_bytes` of gradients. `shard_only`: each rank keeps
@@ -71,16 +48,15 @@ class GradientReducer final : public GradientSync {
   /// Bytes each rank sends per step (the shards it hands out, then its own shard to every rank).
   uint64_t sent_bytes_per_step() const override;
   const char* describe() const override { return "summed in rank order over MPI"; }
-  size_t n_buckets() const { return buckets_.size(); }
-  const BucketLayout& bucket(size_t k) const { return buckets_[k]; }
-  int rank() const { return rank_; }
-  int ranks() const { return ranks_; }
+  size_t n_buckets() const override { return buckets_.size(); }
+  const BucketLayout& bucket(size_t k) const override { return buckets_[k]; }
+  int rank() const override { return rank_; }
+  int ranks() const override { return ranks_; }
   bool shard_only() const { return shard_only_; }
 
-  /// shard_only, after the update: this rank's shard of bucket k's weights is final; it goes to
-  /// every rank. Call for k = 0, 1, ... in order, then finish_weight_gathers().
-  void start_weight_gather(size_t k);
-  void finish_weight_gathers();
+  /// shard_only only.
+  void start_weight_gather(size_t k) override;
+  void finish_weight_gathers() override;
 
  private:
   struct Bucket : BucketLayout {

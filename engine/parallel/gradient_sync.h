@@ -4,10 +4,12 @@
 // run of a CPU target) and the CUDA backend's NCCL all-reduce (engine/cuda/nccl_sync.cpp).
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/model.h"
@@ -43,6 +45,62 @@ inline std::vector<std::vector<Param*>> params_by_stage(Model& model) {
   for (Param& p : model.params()) stages[gradient_stage(p.name, model.n_blocks())].push_back(&p);
   return stages;
 }
+
+/// One bucket of gradients: its place in the parameters and how its floats split over the ranks.
+struct BucketLayout {
+  struct Segment {
+    Param* param;
+    int64_t offset, count;  // floats of the parameter: bucket floats [at, at + count)
+    int64_t at;
+  };
+  std::vector<Segment> segments;
+  int64_t floats = 0;
+  std::vector<int> counts, displs;  // each rank's shard of the bucket: [displs[q], + counts[q])
+};
+
+/// How a bucket's floats split over the ranks. Balanced (the host reducer): the first
+/// floats % ranks ranks hold one float more. Equal (NCCL, whose reduce-scatter and all-gather take
+/// one count for every rank): shards of ceil(floats / ranks), the last ones short or empty; the
+/// bucket is padded to ranks x that in its slot.
+enum class ShardSplit { Balanced, Equal };
+
+/// The buckets of `model`'s gradients, at most `bucket_bytes` each, filled in the order the
+/// backward finishes them (a large parameter spans several), and each stage's range of them.
+struct BucketPlan {
+  std::vector<BucketLayout> buckets;
+  std::vector<std::pair<size_t, size_t>> stage_buckets;  // per stage: buckets [first, second)
+  int64_t largest_floats = 0;                            // of any bucket, padding included
+};
+BucketPlan plan_buckets(Model& model, int ranks, uint64_t bucket_bytes, ShardSplit split);
+/// Bytes each rank sends per step reduce-scattering `plan`'s buckets (ShardSplit::Equal, padded)
+/// and all-gathering them back: (ranks - 1) padded shards each way per bucket.
+uint64_t equal_shard_sent_bytes(const BucketPlan& plan, int ranks);
+
+/// What of `b`'s segments falls in its floats [lo, hi): f(segment, first bucket float, count) for
+/// each overlap, in bucket order.
+template <class F>
+void for_each_overlap(const BucketLayout& b, int64_t lo, int64_t hi, F f) {
+  for (const BucketLayout::Segment& s : b.segments) {
+    const int64_t first = std::max(lo, s.at), last = std::min(hi, s.at + s.count);
+    if (first < last) f(s, first, last - first);
+  }
+}
+
+/// A gradient sync for a sharded optimizer (ZeRO-1; engine/parallel/sharded_adamw.h): after
+/// finish(), each rank's gradients hold the sums of its shard of every bucket only. Once the
+/// optimizer has updated those floats of the weights, the shards are gathered to every rank.
+class ShardedGradientSync : public GradientSync {
+ public:
+  virtual size_t n_buckets() const = 0;
+  virtual const BucketLayout& bucket(size_t k) const = 0;
+  virtual int rank() const = 0;
+  virtual int ranks() const = 0;
+  /// This rank's shard of bucket k's weights is updated (on an asynchronous backend: enqueued);
+  /// it goes to every rank. Called for k = 0, 1, ... in order, then finish_weight_gathers(), after
+  /// which every weight is the updated one (ordered before every op enqueued later).
+  virtual void start_weight_gather(size_t k) = 0;
+  virtual void finish_weight_gathers() = 0;
+};
 
 /// Bytes a bandwidth-optimal all-reduce (reduce-scatter, then all-gather) of `bytes` sends from
 /// each of `ranks` ranks: 2 (ranks - 1) / ranks of them.

@@ -1,7 +1,8 @@
 // ZeRO-1 AdamW (see engine/parallel/sharded_adamw.h).
 #include "engine/parallel/sharded_adamw.h"
 
-#include <cstring>
+#include <algorithm>
+#include <cmath>
 #include <span>
 
 #include "engine/error.h"
@@ -9,9 +10,8 @@
 
 namespace remat::parallel {
 
-ShardedAdamW::ShardedAdamW(Backend& be, GradientReducer& reducer, Communicator* comm)
+ShardedAdamW::ShardedAdamW(Backend& be, ShardedGradientSync& reducer, Communicator* comm)
     : be_(be), reducer_(reducer), comm_(comm) {
-  REMAT_ASSERT(reducer.shard_only(), "sharded AdamW on a reducer that gathers the gradients");
   const auto r = static_cast<size_t>(reducer.rank());
   pieces_.resize(reducer.n_buckets());
   for (size_t k = 0; k < reducer.n_buckets(); ++k) {
@@ -24,9 +24,11 @@ ShardedAdamW::ShardedAdamW(Backend& be, GradientReducer& reducer, Communicator* 
         });
     floats_ += b.counts[r];
   }
+  // At least one float: a rank may own none (a small model over many ranks).
   MemoryPool& pool = be.pool();
-  m_ = pool.allocate({floats_}, DType::F32, MemCategory::Optimizer, "adam_m (this rank's shard)");
-  v_ = pool.allocate({floats_}, DType::F32, MemCategory::Optimizer, "adam_v (this rank's shard)");
+  const int64_t n = std::max<int64_t>(floats_, 1);
+  m_ = pool.allocate({n}, DType::F32, MemCategory::Optimizer, "adam_m (this rank's shard)");
+  v_ = pool.allocate({n}, DType::F32, MemCategory::Optimizer, "adam_v (this rank's shard)");
   be.fill(m_, 0.0f);
   be.fill(v_, 0.0f);
 }
@@ -62,10 +64,10 @@ void ShardedAdamW::update(const AdamWArgs& hyper) {
 }
 
 // Segment by segment: every rank sends what it holds of the segment, rank 0 places each part
-// where it belongs in the parameter.
+// where it belongs in the parameter. Moments on a device pass through host memory first.
 void ShardedAdamW::gather(const Param& p, int moment, float* whole) {
   REMAT_ASSERT(comm_ != nullptr, "checkpoint gather in a dry run");
-  const float* moments = moment_buffer(moment).f32();
+  const Buffer& moments = moment_buffer(moment);
   const int ranks = reducer_.ranks();
   std::vector<int> counts(static_cast<size_t>(ranks)), displs(static_cast<size_t>(ranks));
   for (const SegmentPlace& place : places_.at(&p)) {
@@ -80,8 +82,14 @@ void ShardedAdamW::gather(const Param& p, int moment, float* whole) {
       const int64_t count = std::max<int64_t>(0, last - first);
       counts[static_cast<size_t>(q)] = static_cast<int>(count);
       displs[static_cast<size_t>(q)] = static_cast<int>(s.offset + (first - s.at));
-      if (q == reducer_.rank()) {
-        send = moments + place.shard_at + (first - lo);
+      if (q == reducer_.rank() && count > 0) {
+        const Tensor mine = slice(moments, place.shard_at + (first - lo), count);
+        send = mine.f32();
+        if (!be_.device_is_host()) {
+          host_.resize(static_cast<size_t>(count));
+          be_.download(host_.data(), mine);
+          send = host_.data();
+        }
         n = static_cast<int>(count);
       }
     }
@@ -92,11 +100,17 @@ void ShardedAdamW::gather(const Param& p, int moment, float* whole) {
 void ShardedAdamW::load(const Param& p, int moment, const float* whole) {
   const Buffer& shard = moment_buffer(moment);
   const auto* bytes = reinterpret_cast<const unsigned char*>(whole);  // a file's, maybe unaligned
-  for (const std::vector<Piece>& bucket : pieces_)
-    for (const Piece& piece : bucket)
-      if (piece.param == &p)
-        be_.upload(slice(shard, piece.at, piece.count),
-                   bytes + static_cast<size_t>(piece.offset) * sizeof(float));
+  for_each_piece_of(p, [&](const Piece& piece) {
+    be_.upload(slice(shard, piece.at, piece.count),
+               bytes + static_cast<size_t>(piece.offset) * sizeof(float));
+  });
+}
+
+bool ShardedAdamW::grad_finite(const Param& p) {
+  std::vector<Tensor> mine;
+  for_each_piece_of(
+      p, [&](const Piece& piece) { mine.push_back(slice(p.grad, piece.offset, piece.count)); });
+  return mine.empty() || std::isfinite(be_.sum_squares(mine));
 }
 
 }  // namespace remat::parallel

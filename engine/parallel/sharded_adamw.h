@@ -1,7 +1,8 @@
 // ZeRO-1 (parallel.shard_optimizer): the AdamW moments are spread over the ranks. The gradient
-// reducer leaves each rank the sum of its shard of every bucket (engine/parallel/grad_reducer.h);
-// this class keeps the moments of exactly those floats, updates them and those weights, and hands
-// the updated shards to the reducer, which gathers them to every rank. Per rank the moments take
+// sync leaves each rank the sum of its shard of every bucket (engine/parallel/grad_reducer.h over
+// MPI, engine/cuda/nccl_sync.cpp on CUDA); this class keeps the moments of exactly those floats,
+// updates them and those weights, and hands the updated shards back to the sync, which gathers
+// them to every rank. Per rank the moments take
 // 1/ranks of their unsharded size; the bytes sent per step are those of an all-reduce (the
 // gradients' reduce-scatter, then the weights' all-gather).
 //
@@ -19,15 +20,16 @@
 #include "engine/checkpoint.h"
 #include "engine/memory_pool.h"
 #include "engine/model.h"
-#include "engine/parallel/grad_reducer.h"
+#include "engine/parallel/communicator.h"
+#include "engine/parallel/gradient_sync.h"
 
 namespace remat::parallel {
 
 class ShardedAdamW final : public DistributedMoments {
  public:
-  /// The moments of `reducer`'s shards of this rank, zeroed (category optimizer in the pool).
-  /// `comm` null: a dry run (the update is counted, nothing is exchanged).
-  ShardedAdamW(Backend& be, GradientReducer& reducer, Communicator* comm);
+  /// The moments of `sync`'s shards of this rank, zeroed (category optimizer in the pool). `comm`
+  /// (the ranks of `sync`) null: a dry run (the update is counted, nothing is exchanged).
+  ShardedAdamW(Backend& be, ShardedGradientSync& sync, Communicator* comm);
 
   /// The sum of squares of every summed gradient (for the global norm): this rank's shards, then
   /// over the ranks in rank order, so every rank gets the same bits.
@@ -36,6 +38,8 @@ class ShardedAdamW final : public DistributedMoments {
   /// weight decay is hyper.weight_decay on parameters with use_decay, else 0), then the updated
   /// weights gathered to every rank.
   void update(const AdamWArgs& hyper);
+  /// Whether this rank's summed gradients of `p` (its shards of them) are finite.
+  bool grad_finite(const Param& p);
   /// Floats of this rank's shards (its moments hold twice as many).
   int64_t shard_floats() const { return floats_; }
 
@@ -56,10 +60,17 @@ class ShardedAdamW final : public DistributedMoments {
     int64_t shard_at;
   };
   Tensor slice(const Buffer& b, int64_t offset, int64_t count) const;
+  template <class F>
+  void for_each_piece_of(const Param& p, F f) const {
+    for (const std::vector<Piece>& bucket : pieces_)
+      for (const Piece& piece : bucket)
+        if (piece.param == &p) f(piece);
+  }
   const Buffer& moment_buffer(int moment) const { return moment == 0 ? m_ : v_; }
 
   Backend& be_;
-  GradientReducer& reducer_;
+  ShardedGradientSync& reducer_;
+  std::vector<float> host_;  // a piece of a moment on its way to rank 0 (off a device)
   Communicator* comm_;
   int64_t floats_ = 0;
   std::vector<std::vector<Piece>> pieces_;  // per bucket
