@@ -134,12 +134,11 @@ class NcclShardedSync final : public parallel::ShardedGradientSync {
       : be_(be),
         rank_(comm.rank()),
         ranks_(comm.size()),
+        plan_(parallel::plan_buckets(model, ranks_, bucket_bytes, parallel::ShardSplit::Equal)),
+        slot_(be.pool().allocate({plan_.largest_floats}, DType::F32, MemCategory::Grads,
+                                 "grad_reduce.slot")),
         nccl_(comm),
-        plan_(parallel::plan_buckets(model, ranks_, bucket_bytes, parallel::ShardSplit::Equal)) {
-    slot_ = be.pool().allocate({plan_.largest_floats}, DType::F32, MemCategory::Grads,
-                               "grad_reduce.slot");
-    sent_ = parallel::equal_shard_sent_bytes(plan_, ranks_);
-  }
+        sent_(parallel::equal_shard_sent_bytes(plan_, ranks_)) {}
 
   void block_done(size_t block) override { reduce_stage(block); }
   void finish() override {
@@ -209,9 +208,9 @@ class NcclShardedSync final : public parallel::ShardedGradientSync {
 
   CudaBackend& be_;
   int rank_, ranks_;
-  NcclChannel nccl_;
   parallel::BucketPlan plan_;
   Buffer slot_;
+  NcclChannel nccl_;  // after the slot: its destructor waits for the stream before the slot goes
   uint64_t sent_ = 0;
 };
 
