@@ -20,8 +20,10 @@
 #include "cli_util.h"
 #include "data/synthetic.h"
 #include "engine/checkpoint.h"
+#include "engine/count_backend.h"
 #include "engine/cpu/cpu_backend.h"
 #include "engine/parallel/communicator.h"
+#include "engine/parallel/gradient_sync.h"
 #include "engine/trainer.h"
 #include "layers/models.h"
 #include "temp_dir.h"
@@ -343,6 +345,74 @@ TEST_CASE("the sharded optimizer's path over one rank gives the unsharded traine
   CHECK(sharded.losses == plain.losses);
   CHECK(sharded.weights == plain.weights);
   CHECK(sharded.moments == plain.moments);
+}
+
+TEST_CASE("gradient buckets hold every float once, split over the ranks as each collective needs",
+          "[parallel]") {
+  using namespace remat;
+  using parallel::ShardSplit;
+  test::SmallGpt g;
+  g.n_layer = 3, g.n_embd = 32, g.n_head = 4, g.vocab_size = 40, g.n_ctx = 32, g.seq_len = 24;
+  const Config cfg = parse_config(test::small_gpt_toml(g), "buckets(test)", {});
+  CountBackend be(CountTarget{DeviceKind::Cpu, DType::F32, 1}, UINT64_MAX);
+  auto model = make_model(cfg, be);
+  const size_t L = model->n_blocks();
+  for (uint64_t bytes : {4096ull, 65536ull, 1ull << 30})
+    for (int ranks : {1, 2, 3, 8})
+      for (ShardSplit split : {ShardSplit::Balanced, ShardSplit::Equal}) {
+        INFO(bytes << " B buckets, " << ranks << " ranks, "
+                   << (split == ShardSplit::Equal ? "equal" : "balanced") << " shards");
+        const parallel::BucketPlan plan = parallel::plan_buckets(*model, ranks, bytes, split);
+        std::map<const Param*, std::vector<int>> seen;
+        for (Param& p : model->params())
+          seen[&p].assign(static_cast<size_t>(p.value.tensor().numel()), 0);
+        // Stages in backward order (the last block first, the rest at the end), each a run of
+        // buckets, each bucket's segments back to back and of that stage only.
+        size_t next = 0;
+        for (size_t i = 0; i <= L; ++i) {
+          const size_t stage = i < L ? L - 1 - i : L;
+          const auto [first, last] = plan.stage_buckets[stage];
+          REQUIRE(first == next);
+          next = last;
+          for (size_t k = first; k < last; ++k) {
+            const parallel::BucketLayout& b = plan.buckets[k];
+            CHECK(b.floats >= 1);
+            CHECK(static_cast<uint64_t>(b.floats) * sizeof(float) <= bytes);
+            int64_t at = 0;
+            for (const auto& s : b.segments) {
+              CHECK(s.at == at);
+              at += s.count;
+              CHECK(parallel::gradient_stage(s.param->name, L) == stage);
+              for (int64_t j = s.offset; j < s.offset + s.count; ++j) ++seen[s.param][j];
+            }
+            CHECK(at == b.floats);
+            int64_t total = 0, prev_end = 0;
+            for (int q = 0; q < ranks; ++q) {
+              const int64_t c = b.counts[q], d = b.displs[q];
+              total += c;
+              if (split == ShardSplit::Balanced) {
+                CHECK(d == prev_end);  // back to back
+                CHECK(std::abs(c - b.counts[0]) <= 1);
+              } else {  // one span for every rank, aligned starts; the last ones short or empty
+                CHECK(d == q * b.span);
+                CHECK(b.span % parallel::kShardAlignFloats == 0);
+                CHECK(b.span < (b.floats + ranks - 1) / ranks + parallel::kShardAlignFloats);
+                CHECK(c <= b.span);
+                CHECK((c == b.span || d + c == b.floats || c == 0));
+              }
+              prev_end = d + c;
+            }
+            CHECK(total == b.floats);
+            const int64_t padded = split == ShardSplit::Equal ? ranks * b.span : b.floats;
+            CHECK(padded <= plan.largest_floats);
+          }
+        }
+        CHECK(next == plan.buckets.size());
+        for (const auto& [param, counts] : seen) {
+          INFO(param->name);
+          CHECK(std::count(counts.begin(), counts.end(), 1) == static_cast<int64_t>(counts.size()));
+        }
+      }
 }
 
 TEST_CASE("a failing rank stops every rank with its message", "[smoke][parallel]") {

@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 #include <nccl.h>
 
+#include <exception>
 #include <vector>
 
 #include "engine/cuda/cuda_backend.h"
@@ -50,18 +51,32 @@ struct NcclChannel {
     if (mpi.rank() == 0) nccl_check(ncclGetUniqueId(&id), "ncclGetUniqueId");
     mpi.broadcast(&id, sizeof id, 0);
     nccl_check(ncclCommInitRank(&comm, mpi.size(), id, mpi.rank()), "ncclCommInitRank");
-    cuda_check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
-    cuda_check(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "cudaEventCreate");
-    cuda_check(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "cudaEventCreate");
+    try {
+      cuda_check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+      cuda_check(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "cudaEventCreate");
+      cuda_check(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "cudaEventCreate");
+    } catch (...) {
+      release(/*abort=*/true);
+      throw;
+    }
   }
   NcclChannel(const NcclChannel&) = delete;
   NcclChannel& operator=(const NcclChannel&) = delete;
-  ~NcclChannel() {
-    cudaStreamSynchronize(stream);  // no collective may outlive the buffers it writes
-    ncclCommDestroy(comm);
-    cudaEventDestroy(ready);
-    cudaEventDestroy(done);
-    cudaStreamDestroy(stream);
+  // While an error unwinds, a collective queued on the stream may wait for ranks that will never
+  // join it: abort the communicator instead of waiting (the job is being stopped anyway).
+  ~NcclChannel() { release(std::uncaught_exceptions() > 0); }
+
+  void release(bool abort) {
+    if (abort) {
+      if (comm) ncclCommAbort(comm);
+    } else {
+      if (stream) cudaStreamSynchronize(stream);  // no collective may outlive its buffers
+      if (comm) ncclCommDestroy(comm);
+    }
+    if (ready) cudaEventDestroy(ready);
+    if (done) cudaEventDestroy(done);
+    if (stream) cudaStreamDestroy(stream);
+    comm = nullptr, stream = nullptr, ready = done = nullptr;
   }
   /// NCCL work enqueued from now on runs after the compute stream's ops so far.
   void after_compute(cudaStream_t compute) {
@@ -156,7 +171,7 @@ class NcclShardedSync final : public parallel::ShardedGradientSync {
 
   void start_weight_gather(size_t k) override {
     const parallel::BucketLayout& b = plan_.buckets[k];
-    const int64_t shard = b.counts[0];
+    const int64_t shard = b.span;
     float* mine = slot_.f32() + static_cast<int64_t>(rank_) * shard;
     nccl_.after_compute(be_.stream());  // bucket k's update
     for_mine(
@@ -188,7 +203,7 @@ class NcclShardedSync final : public parallel::ShardedGradientSync {
     nccl_.after_compute(be_.stream());  // the stage's backward
     for (size_t k = first; k < last; ++k) {
       const parallel::BucketLayout& b = plan_.buckets[k];
-      const int64_t shard = b.counts[0], padded = shard * ranks_;
+      const int64_t shard = b.span, padded = shard * ranks_;
       for (const parallel::BucketLayout::Segment& s : b.segments)
         nccl_.copy(slot_.f32() + s.at, s.param->grad.f32() + s.offset, s.count);
       if (padded > b.floats)  // the padding adds zeros to the last shard's tail

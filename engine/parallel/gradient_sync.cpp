@@ -8,7 +8,9 @@ namespace {
 void split_over_ranks(BucketLayout& b, int ranks, ShardSplit split) {
   b.counts.resize(static_cast<size_t>(ranks));
   b.displs.resize(static_cast<size_t>(ranks));
-  const int64_t equal = (b.floats + ranks - 1) / ranks;
+  const int64_t per_rank = (b.floats + ranks - 1) / ranks;
+  const int64_t equal = (per_rank + kShardAlignFloats - 1) / kShardAlignFloats * kShardAlignFloats;
+  if (split == ShardSplit::Equal) b.span = equal;
   int64_t displ = 0;
   for (int q = 0; q < ranks; ++q) {
     const int64_t c = split == ShardSplit::Balanced
@@ -52,9 +54,8 @@ BucketPlan plan_buckets(Model& model, int ranks, uint64_t bucket_bytes, ShardSpl
   }
   for (BucketLayout& b : buckets) {
     split_over_ranks(b, ranks, split);
-    const int64_t padded = split == ShardSplit::Balanced
-                               ? b.floats
-                               : static_cast<int64_t>(ranks) * b.counts[0];  // shard 0 is full
+    const int64_t padded =
+        split == ShardSplit::Balanced ? b.floats : static_cast<int64_t>(ranks) * b.span;
     plan.largest_floats = std::max(plan.largest_floats, padded);
   }
   return plan;
@@ -63,7 +64,7 @@ BucketPlan plan_buckets(Model& model, int ranks, uint64_t bucket_bytes, ShardSpl
 uint64_t equal_shard_sent_bytes(const BucketPlan& plan, int ranks) {
   uint64_t floats = 0;
   for (const BucketLayout& b : plan.buckets)
-    floats += 2 * static_cast<uint64_t>(b.counts[0]) * static_cast<uint64_t>(ranks - 1);
+    floats += 2 * static_cast<uint64_t>(b.span) * static_cast<uint64_t>(ranks - 1);
   return floats * sizeof(float);
 }
 

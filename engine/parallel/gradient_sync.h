@@ -1,7 +1,9 @@
 // Data parallel's one duty toward the trainer: every parameter gradient summed over the ranks
 // by the end of the backward, with the sums started as the backward finishes each block's
-// gradients. Two implementations: GradientReducer (host memory, MPI: the CPU backend and every dry
-// run of a CPU target) and the CUDA backend's NCCL all-reduce (engine/cuda/nccl_sync.cpp).
+// gradients. Implementations: GradientReducer (host memory, MPI: the CPU backend and every dry run
+// of a CPU target, sharded or not), the CUDA backend's NCCL all-reduce and NCCL reduce-scatter for
+// a sharded optimizer (engine/cuda/nccl_sync.cpp), and their plans for dry runs of CUDA targets
+// (engine/trainer.cpp).
 #pragma once
 
 #include <algorithm>
@@ -56,13 +58,18 @@ struct BucketLayout {
   std::vector<Segment> segments;
   int64_t floats = 0;
   std::vector<int> counts, displs;  // each rank's shard of the bucket: [displs[q], + counts[q])
+  // ShardSplit::Equal: each rank's span of the padded slot (displs[q] = q x span), the count every
+  // collective takes; a shard holds fewer floats (counts[q]) where the bucket runs out.
+  int64_t span = 0;
 };
 
 /// How a bucket's floats split over the ranks. Balanced (the host reducer): the first
 /// floats % ranks ranks hold one float more. Equal (NCCL, whose reduce-scatter and all-gather take
-/// one count for every rank): shards of ceil(floats / ranks), the last ones short or empty; the
-/// bucket is padded to ranks x that in its slot.
+/// one count for every rank): shards of ceil(floats / ranks) rounded up to kShardAlignFloats (so
+/// that every rank's shard starts 256-byte aligned in the slot), the last ones short or empty;
+/// the bucket is padded to ranks x that in its slot.
 enum class ShardSplit { Balanced, Equal };
+inline constexpr int64_t kShardAlignFloats = 64;
 
 /// The buckets of `model`'s gradients, at most `bucket_bytes` each, filled in the order the
 /// backward finishes them (a large parameter spans several), and each stage's range of them.

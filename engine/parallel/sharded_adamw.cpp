@@ -41,7 +41,7 @@ double ShardedAdamW::grad_sum_squares() {
   std::vector<Tensor> shards;
   for (const std::vector<Piece>& bucket : pieces_)
     for (const Piece& p : bucket) shards.push_back(slice(p.param->grad, p.offset, p.count));
-  const double mine = be_.sum_squares(shards);
+  const double mine = shards.empty() ? 0.0 : be_.sum_squares(shards);  // a rank may own none
   return comm_ ? sum_over_ranks(*comm_, {mine})[0] : mine;
 }
 

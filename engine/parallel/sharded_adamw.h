@@ -6,10 +6,11 @@
 // 1/ranks of their unsharded size; the bytes sent per step are those of an all-reduce (the
 // gradients' reduce-scatter, then the weights' all-gather).
 //
-// AdamW is elementwise, so each float is updated with the same bits as without sharding: the
-// summed gradient is the same (one rank-order sum), and so are m, v and the weight. Only the
-// gradient norm is summed in another order (per shard, then over the ranks), which changes the
-// clipping scale in its last bits when clipping is active.
+// AdamW is elementwise, so over MPI each float is updated with the same bits as without sharding:
+// the summed gradient is the same (one rank-order sum), and so are m, v and the weight. Only the
+// gradient norm is summed in another order (per shard, then over the ranks), which can change the
+// clipping scale in its last bit when clipping acts. Over NCCL the reduce-scatter adds in another
+// order than the all-reduce it replaces, so the runs agree to rounding, not bit for bit.
 #pragma once
 
 #include <cstdint>
