@@ -8,6 +8,7 @@ packages=(
   libcli11-dev libtomlplusplus-dev catch2 nlohmann-json3-dev libfmt-dev
   libxxhash-dev            # XXH3-64 checksums of checkpoint files
   libopenblas-openmp-dev   # OpenBLAS on OpenMP: one thread pool shared with our kernels
+  libdnnl2                 # oneDNN (OpenMP): the CPU GEMM's tiles, loaded at run time
   libopenmpi-dev openmpi-bin  # mpirun and MPI: data-parallel runs ([parallel])
   python3-matplotlib       # scripts/plot_sweep.py
   patchelf                 # scripts/device-bundle.sh: RUNPATH of the bundled binaries

@@ -53,6 +53,30 @@ TEST_CASE("REMAT_ATTENTION_ISA picks the attention kernel, and a value the CPU c
   CHECK_THAT(bad.out, Contains("REMAT_ATTENTION_ISA=sse4") && Contains("Fix:"));
 }
 
+TEST_CASE("REMAT_GEMM picks the GEMM library, both train alike, and an unknown one exits 2",
+          "[smoke]") {
+  // install-deps installs oneDNN, which the tiles use by default; OpenBLAS stays one variable away
+  // (and is what a machine without libdnnl2 runs): both must train the same model.
+  Result version = remat::test::run_binary("--version", true);
+  CHECK_THAT(version.out, Contains("CPU GEMM: tiles on oneDNN"));
+  Result openblas = remat::test::run_binary("--version", true, "REMAT_GEMM=openblas");
+  CHECK_THAT(openblas.out, Contains("CPU GEMM: tiles on OpenBLAS (chosen by REMAT_GEMM)"));
+  auto final_loss = [](const std::string& env) {
+    Result r = remat::test::run_binary("--config configs/tiny.toml --steps 5", true, env);
+    INFO(env << ": " << r.out);
+    REQUIRE(r.code == 0);
+    const auto at = r.out.find("final loss");
+    REQUIRE(at != std::string::npos);
+    return std::stod(r.out.substr(at + 10));
+  };
+  const double a = final_loss("REMAT_GEMM=openblas"), b = final_loss("REMAT_GEMM=onednn");
+  CHECK(std::abs(a - b) <= 1e-3 * std::abs(a));  // the printed loss has 4 decimals
+  Result bad =
+      remat::test::run_binary("--config configs/tiny.toml --steps 1", true, "REMAT_GEMM=mkl");
+  CHECK(bad.code == 2);
+  CHECK_THAT(bad.out, Contains("REMAT_GEMM=mkl") && Contains("Fix:"));
+}
+
 TEST_CASE("help (--help) lists the train options", "[smoke]") {
   Result r = run("train --help");
   CHECK(r.code == 0);

@@ -15,6 +15,7 @@
 
 #include "engine/cpu/attention_gemm.h"
 #include "engine/cpu/blas_kernel.h"
+#include "engine/cpu/gemm.h"
 #include "engine/rng.h"
 
 extern "C" {
@@ -55,6 +56,9 @@ BlasInfo blas_info() {
   if (config.find("USE_OPENMP") != std::string::npos) info.library += " (OpenMP)";
   info.core = kernel.core;
   info.chosen_by = kernel.chosen_by;
+  const GemmRoute& route = gemm_route();
+  info.gemm = route.describe;
+  info.gemm_chosen_by = route.chosen_by;
   if (kernel.below_cpu())
     info.warning = fmt::format(
         "BELOW THIS CPU: the {} kernel does not use the CPU's wider vectors (~2-5x slower); unset "
@@ -69,6 +73,7 @@ CpuBackend::CpuBackend(uint64_t budget_bytes, int threads, uint64_t host_budget_
                                            MemoryPool::kHostSpace)) {
   select_blas_kernel();  // before the first BLAS call
   attention_isa();       // a bad REMAT_ATTENTION_ISA fails here, not inside a parallel region
+  gemm_route();          // likewise a bad REMAT_GEMM
   threads_ = threads > 0 ? threads : default_threads();
   omp_set_num_threads(threads_);
   openblas_set_num_threads(threads_);
@@ -76,8 +81,8 @@ CpuBackend::CpuBackend(uint64_t budget_bytes, int threads, uint64_t host_budget_
 
 std::string CpuBackend::describe() const {
   const BlasInfo b = blas_info();
-  return fmt::format("cpu, {} threads, {} {} kernel{}, attention on {}", threads_, b.library,
-                     b.core, b.warning.empty() ? "" : " (" + b.warning + ")",
+  return fmt::format("cpu, {} threads, {} {} kernel{}, GEMM tiles on {}, attention on {}", threads_,
+                     b.library, b.core, b.warning.empty() ? "" : " (" + b.warning + ")", b.gemm,
                      attention_isa() == AttentionIsa::Avx512 ? "AVX-512" : "AVX2");
 }
 

@@ -19,6 +19,8 @@ struct BlasInfo {
   std::string core;       // the kernel in use: "Haswell", "Zen", "SkylakeX", ...
   std::string chosen_by;  // who chose it (engine/cpu/blas_kernel.h)
   std::string warning;    // non-empty when the kernel is below what this CPU supports
+  std::string gemm;       // the library the GEMMs' tiles run on: "oneDNN 2.6.3" or "OpenBLAS"
+  std::string gemm_chosen_by;
 };
 BlasInfo blas_info();
 

@@ -2,11 +2,48 @@
 
 #include "engine/cpu/gemm.h"
 
-#include <algorithm>
+#include <fmt/format.h>
 
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <string_view>
+
+#include "engine/cpu/onednn.h"
 #include "engine/error.h"
 
 namespace remat::cpu {
+
+namespace {
+
+GemmRoute decide_route() {
+  const OneDnn* dnn = onednn();
+  const char* env = std::getenv("REMAT_GEMM");
+  const std::string_view want = env ? env : "";
+  if (!want.empty() && want != "openblas" && want != "onednn")
+    throw ConfigError(
+        fmt::format("REMAT_GEMM={}: unknown GEMM library. Fix: unset it (oneDNN where it is "
+                    "installed, else OpenBLAS), or set REMAT_GEMM=openblas or REMAT_GEMM=onednn",
+                    want));
+  if (want == "onednn" && !dnn)
+    throw ConfigError(
+        "REMAT_GEMM=onednn: libdnnl.so.2 cannot be loaded. Fix: install Debian's libdnnl2 "
+        "(scripts/install-deps.sh does), or unset REMAT_GEMM");
+  GemmRoute r;
+  r.onednn = dnn && want != "openblas";
+  r.describe = r.onednn ? dnn->version : "OpenBLAS";
+  r.chosen_by = !want.empty() ? "REMAT_GEMM"
+                : r.onednn    ? "remat-train (libdnnl.so.2 loads)"
+                              : "remat-train (libdnnl.so.2 is not installed)";
+  return r;
+}
+
+}  // namespace
+
+const GemmRoute& gemm_route() {
+  static const GemmRoute route = decide_route();
+  return route;
+}
 
 int blas_int(int64_t v) {
   REMAT_ASSERT(v >= 0 && v <= INT32_MAX, "GEMM dimension {} exceeds the BLAS int range", v);
@@ -25,11 +62,20 @@ int blas_int(int64_t v) {
 void sgemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int64_t N, int64_t K, const float* A,
            int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc,
            const TileEpilogue& epilogue) {
+  sgemm_on(gemm_route().onednn, ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc, epilogue);
+}
+
+void sgemm_on(bool use_onednn, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int64_t N,
+              int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb, float beta,
+              float* C, int64_t ldc, const TileEpilogue& epilogue) {
   int64_t tile = 256;
   auto tiles = [&](int64_t t) { return ((M + t - 1) / t) * ((N + t - 1) / t); };
   while (tile > 64 && tiles(tile) < 8) tile /= 2;
   const int64_t n_cols = (N + tile - 1) / tile;
   const int64_t n_tiles = tiles(tile);
+  REMAT_ASSERT(!use_onednn || onednn() != nullptr, "a oneDNN GEMM without oneDNN");
+  const DnnlSgemm dnnl = use_onednn ? onednn()->sgemm : nullptr;
+  std::atomic<int> dnnl_status{0};
   // Always a parallel region, even for one tile: inside an active region OpenBLAS runs
   // single-threaded, which is what makes the result independent of the thread count.
 #pragma omp parallel for schedule(dynamic)
@@ -38,10 +84,23 @@ void sgemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int64_t N, int64_t
     const int64_t m = std::min(tile, M - i0), n = std::min(tile, N - j0);
     const float* a = ta == CblasNoTrans ? A + i0 * lda : A + i0;
     const float* b = tb == CblasNoTrans ? B + j0 : B + j0 * ldb;
-    cblas_sgemm(CblasRowMajor, ta, tb, blas_int(m), blas_int(n), blas_int(K), 1.0f, a,
-                blas_int(lda), b, blas_int(ldb), beta, C + i0 * ldc + j0, blas_int(ldc));
+    float* c = C + i0 * ldc + j0;
+    if (dnnl) {
+      // Inside the parallel region oneDNN, like OpenBLAS, runs on the calling thread only.
+      if (const int s = dnnl(ta == CblasNoTrans ? 'N' : 'T', tb == CblasNoTrans ? 'N' : 'T', m, n,
+                             K, 1.0f, a, lda, b, ldb, beta, c, ldc))
+        dnnl_status = s;
+    } else {
+      cblas_sgemm(CblasRowMajor, ta, tb, blas_int(m), blas_int(n), blas_int(K), 1.0f, a,
+                  blas_int(lda), b, blas_int(ldb), beta, c, blas_int(ldc));
+    }
     if (epilogue) epilogue(i0, j0, m, n);
   }
+  if (const int s = dnnl_status.load())
+    throw BackendError(
+        fmt::format("[cpu] oneDNN's dnnl_sgemm failed (status {}) on a {}x{}x{} "
+                    "product. Fix: run with REMAT_GEMM=openblas, and report it",
+                    s, M, N, K));
 }
 
 }  // namespace remat::cpu

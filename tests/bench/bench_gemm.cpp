@@ -1,0 +1,72 @@
+// The CPU GEMM (engine/cpu/gemm.cpp: the shape-fixed tile grid, one single-threaded library call
+// per tile) on the products of a GPT-2 124M step at 1024 tokens, on each library it can use:
+// OpenBLAS and, where libdnnl.so.2 loads, oneDNN. Per shape the best of 4 calls (after a warm-up),
+// the two libraries alternated, in GFLOP/s; then the machine's SGEMM floor. Timings, not a test.
+//
+//   remat_bench_gemm_cpu [threads]    (default: all cores, as the trainer uses)
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <vector>
+
+#include "engine/cpu/blas_kernel.h"
+#include "engine/cpu/cpu_backend.h"
+#include "engine/cpu/gemm.h"
+#include "engine/cpu/onednn.h"
+
+using namespace remat;
+
+namespace {
+
+struct Shape {
+  const char* name;
+  CBLAS_TRANSPOSE ta, tb;
+  int64_t M, N, K;
+  float beta;
+};
+
+// Row-major C (M, N) = op(A) op(B), as linear.cpp and loss.cpp call it.
+const std::vector<Shape> kShapes = {
+    {"qkv      X W^T   (1024 x 2304 x 768)", CblasNoTrans, CblasTrans, 1024, 2304, 768, 0},
+    {"fc       X W^T   (1024 x 3072 x 768)", CblasNoTrans, CblasTrans, 1024, 3072, 768, 0},
+    {"proj     X W^T   (1024 x 768 x 3072)", CblasNoTrans, CblasTrans, 1024, 768, 3072, 0},
+    {"qkv      dY W    (1024 x 768 x 2304)", CblasNoTrans, CblasNoTrans, 1024, 768, 2304, 0},
+    {"fc       dY^T X  (3072 x 768 x 1024)", CblasTrans, CblasNoTrans, 3072, 768, 1024, 1},
+    {"proj     dY^T X  (768 x 3072 x 1024)", CblasTrans, CblasNoTrans, 768, 3072, 1024, 1},
+    {"lm head  X W^T   (192 x 50257 x 768)", CblasNoTrans, CblasTrans, 192, 50257, 768, 0},
+    {"lm head  dY W    (192 x 768 x 50257)", CblasNoTrans, CblasNoTrans, 192, 768, 50257, 0},
+    {"lm head  dY^T X  (50257 x 768 x 192)", CblasTrans, CblasNoTrans, 50257, 768, 192, 1},
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int threads = argc > 1 ? std::atoi(argv[1]) : 0;
+  cpu::select_blas_kernel();                             // before any BLAS call, as the binary does
+  const cpu::CpuBackend be(uint64_t{1} << 30, threads);  // sets the thread counts
+  const bool have_onednn = cpu::onednn() != nullptr;
+  fmt::print("{}\n{:<38} {:>9} {:>9}\n", be.describe(), "product (M x N x K)", "OpenBLAS",
+             have_onednn ? cpu::onednn()->version : "oneDNN: not installed");
+  for (const Shape& s : kShapes) {
+    const int64_t lda = s.ta == CblasNoTrans ? s.K : s.M, ldb = s.tb == CblasNoTrans ? s.N : s.K;
+    std::vector<float> a(static_cast<size_t>(s.M * s.K), 0.5f),
+        b(static_cast<size_t>(s.K * s.N), 0.25f), c(static_cast<size_t>(s.M * s.N), 0.0f);
+    double best[2] = {1e30, 1e30};
+    for (int rep = 0; rep < 5; ++rep)
+      for (int lib = 0; lib < (have_onednn ? 2 : 1); ++lib) {
+        const auto t0 = std::chrono::steady_clock::now();
+        cpu::sgemm_on(lib == 1, s.ta, s.tb, s.M, s.N, s.K, a.data(), lda, b.data(), ldb, s.beta,
+                      c.data(), s.N);
+        const double t =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        if (rep > 0) best[lib] = std::min(best[lib], t);
+      }
+    const double flop = 2.0 * static_cast<double>(s.M * s.N * s.K);
+    fmt::print("{:<38} {:>9.1f} {:>9}\n", s.name, flop / best[0] / 1e9,
+               have_onednn ? fmt::format("{:.1f}", flop / best[1] / 1e9) : "-");
+  }
+  fmt::print("floor: SGEMM 2048^3 {:.1f} GFLOP/s (the faster library, its own threading)\n",
+             cpu::measure_sgemm_flops(be.threads(), 2048) / 1e9);
+}
