@@ -6,6 +6,12 @@
 // "Performance (CPU)"). BLIS (Debian's 0.9) ran at about half OpenBLAS's rate on the same tiles.
 // Loaded rather than linked: the library is 40 MB, and a binary without it (the GPU device's
 // bundle) keeps OpenBLAS.
+//
+// Opt-in (REMAT_GEMM=onednn), not the default: a SIGTERM during training aborted the process
+// with glibc's "corrupted size vs. prev_size" inside dnnl_sgemm's own free() in about 1 of 15
+// runs (tiny.toml, 1 thread, the signal after the first step; never in 40 runs on OpenBLAS, nor
+// in 40 oneDNN runs without the signal). Until that is understood, a Ctrl-C must not risk the
+// checkpoint it asks for.
 #pragma once
 
 #include <cstdint>
