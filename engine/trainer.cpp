@@ -50,34 +50,17 @@ class PlannedAllReduce final : public parallel::GradientSync {
 
 // What a dry run of a CUDA target plans for ZeRO-1 over NCCL: the buckets and the one slot of
 // NcclShardedSync (engine/cuda/nccl_sync.cpp), nothing exchanged.
-class PlannedShardedSync final : public parallel::ShardedGradientSync {
+class PlannedShardedSync final : public parallel::EqualShardSync {
  public:
   PlannedShardedSync(Backend& be, Model& model, const DataParallel& dp)
-      : rank_(dp.rank),
-        ranks_(dp.ranks),
-        plan_(
-            parallel::plan_buckets(model, dp.ranks, dp.bucket_bytes, parallel::ShardSplit::Equal)),
-        slot_(be.pool().allocate({plan_.largest_floats}, DType::F32, MemCategory::Grads,
-                                 "grad_reduce.slot")) {}
+      : EqualShardSync(be, model, dp.rank, dp.ranks, dp.bucket_bytes) {}
   void block_done(size_t) override {}
   void finish() override {}
-  uint64_t sent_bytes_per_step() const override {
-    return parallel::equal_shard_sent_bytes(plan_, ranks_);
-  }
   const char* describe() const override {
     return "reduce-scattered by NCCL, updated weights all-gathered (planned)";
   }
-  size_t n_buckets() const override { return plan_.buckets.size(); }
-  const parallel::BucketLayout& bucket(size_t k) const override { return plan_.buckets[k]; }
-  int rank() const override { return rank_; }
-  int ranks() const override { return ranks_; }
   void start_weight_gather(size_t) override {}
   void finish_weight_gathers() override {}
-
- private:
-  int rank_, ranks_;
-  parallel::BucketPlan plan_;
-  Buffer slot_;
 };
 
 // ZeRO-1's gradient sync: rank-order sums of shards over MPI on the CPU backend (and dry runs of

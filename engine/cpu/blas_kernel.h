@@ -38,9 +38,8 @@ VectorIsa kernel_isa(const std::string& core);
 const BlasKernelChoice& select_blas_kernel();
 
 /// The machine's SGEMM rate in FLOP/s: the best of 3 single n^3 calls on `threads` threads (after
-/// one warm-up) of OpenBLAS and, where it loads, of oneDNN, each with its own threading: the faster
-/// library sets the floor a training step's GEMMs are measured against (fit's estimates,
-/// `remat-train bench`).
+/// one warm-up) of the library the GEMM tiles run on (gemm_route), with its own threading. The
+/// floor a training step's GEMMs are measured against (fit's estimates, `remat-train bench`).
 double measure_sgemm_flops(int threads, int n = 1024);
 
 }  // namespace remat::cpu

@@ -17,7 +17,6 @@ namespace remat::cpu {
 namespace {
 
 GemmRoute decide_route() {
-  const OneDnn* dnn = onednn();
   const char* env = std::getenv("REMAT_GEMM");
   const std::string_view want = env ? env : "";
   if (!want.empty() && want != "openblas" && want != "onednn")
@@ -25,6 +24,8 @@ GemmRoute decide_route() {
         fmt::format("REMAT_GEMM={}: unknown GEMM library. Fix: unset it (OpenBLAS), or set "
                     "REMAT_GEMM=openblas or REMAT_GEMM=onednn",
                     want));
+  // Loaded only when asked for: a default run never maps the library.
+  const OneDnn* dnn = want == "onednn" ? onednn() : nullptr;
   if (want == "onednn" && !dnn)
     throw ConfigError(
         "REMAT_GEMM=onednn: libdnnl.so.2 cannot be loaded. Fix: install Debian's libdnnl2 "

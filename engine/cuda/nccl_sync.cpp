@@ -142,32 +142,20 @@ class NcclGradientSync final : public parallel::GradientSync {
 // all-gathered in place and unpacked into every weight. Everything runs on the NCCL stream in
 // order, so one slot serves every bucket, while the compute stream goes on with the backward (or
 // the next bucket's update).
-class NcclShardedSync final : public parallel::ShardedGradientSync {
+class NcclShardedSync final : public parallel::EqualShardSync {
  public:
   NcclShardedSync(CudaBackend& be, Model& model, parallel::Communicator& comm,
                   uint64_t bucket_bytes)
-      : be_(be),
-        rank_(comm.rank()),
-        ranks_(comm.size()),
-        plan_(parallel::plan_buckets(model, ranks_, bucket_bytes, parallel::ShardSplit::Equal)),
-        slot_(be.pool().allocate({plan_.largest_floats}, DType::F32, MemCategory::Grads,
-                                 "grad_reduce.slot")),
-        nccl_(comm),
-        sent_(parallel::equal_shard_sent_bytes(plan_, ranks_)) {}
+      : EqualShardSync(be, model, comm.rank(), comm.size(), bucket_bytes), be_(be), nccl_(comm) {}
 
   void block_done(size_t block) override { reduce_stage(block); }
   void finish() override {
     reduce_stage(plan_.stage_buckets.size() - 1);
     nccl_.before_compute(be_.stream());
   }
-  uint64_t sent_bytes_per_step() const override { return sent_; }
   const char* describe() const override {
     return "reduce-scattered by NCCL, updated weights all-gathered";
   }
-  size_t n_buckets() const override { return plan_.buckets.size(); }
-  const parallel::BucketLayout& bucket(size_t k) const override { return plan_.buckets[k]; }
-  int rank() const override { return rank_; }
-  int ranks() const override { return ranks_; }
 
   void start_weight_gather(size_t k) override {
     const parallel::BucketLayout& b = plan_.buckets[k];
@@ -222,11 +210,7 @@ class NcclShardedSync final : public parallel::ShardedGradientSync {
   }
 
   CudaBackend& be_;
-  int rank_, ranks_;
-  parallel::BucketPlan plan_;
-  Buffer slot_;
-  NcclChannel nccl_;  // after the slot: its destructor waits for the stream before the slot goes
-  uint64_t sent_ = 0;
+  NcclChannel nccl_;  // destroyed before the base's slot: it waits for the stream first
 };
 
 std::unique_ptr<parallel::GradientSync> make_nccl_sync(Backend& be, Model& model,

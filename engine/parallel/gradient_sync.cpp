@@ -61,11 +61,18 @@ BucketPlan plan_buckets(Model& model, int ranks, uint64_t bucket_bytes, ShardSpl
   return plan;
 }
 
-uint64_t equal_shard_sent_bytes(const BucketPlan& plan, int ranks) {
+EqualShardSync::EqualShardSync(Backend& be, Model& model, int rank, int ranks,
+                               uint64_t bucket_bytes)
+    : rank_(rank),
+      ranks_(ranks),
+      plan_(plan_buckets(model, ranks, bucket_bytes, ShardSplit::Equal)),
+      slot_(be.pool().allocate({plan_.largest_floats}, DType::F32, MemCategory::Grads,
+                               "grad_reduce.slot")) {
+  // A reduce-scatter and an all-gather per bucket, each sending (ranks - 1) padded shards.
   uint64_t floats = 0;
-  for (const BucketLayout& b : plan.buckets)
+  for (const BucketLayout& b : plan_.buckets)
     floats += 2 * static_cast<uint64_t>(b.span) * static_cast<uint64_t>(ranks - 1);
-  return floats * sizeof(float);
+  sent_ = floats * sizeof(float);
 }
 
 }  // namespace remat::parallel

@@ -14,6 +14,8 @@
 #include <utility>
 #include <vector>
 
+#include "engine/backend.h"
+#include "engine/memory_pool.h"
 #include "engine/model.h"
 
 namespace remat::parallel {
@@ -79,9 +81,6 @@ struct BucketPlan {
   int64_t largest_floats = 0;                            // of any bucket, padding included
 };
 BucketPlan plan_buckets(Model& model, int ranks, uint64_t bucket_bytes, ShardSplit split);
-/// Bytes each rank sends per step reduce-scattering `plan`'s buckets (ShardSplit::Equal, padded)
-/// and all-gathering them back: (ranks - 1) padded shards each way per bucket.
-uint64_t equal_shard_sent_bytes(const BucketPlan& plan, int ranks);
 
 /// What of `b`'s segments falls in its floats [lo, hi): f(segment, first bucket float, count) for
 /// each overlap, in bucket order.
@@ -115,5 +114,24 @@ inline uint64_t allreduce_sent_bytes(uint64_t bytes, int ranks) {
   return ranks <= 1 ? 0
                     : 2 * (bytes / static_cast<uint64_t>(ranks)) * static_cast<uint64_t>(ranks - 1);
 }
+
+/// What every equal-shard sync shares (NCCL's, engine/cuda/nccl_sync.cpp, and the plan of it for
+/// dry runs, engine/trainer.cpp): the buckets split in ShardSplit::Equal over `ranks`, this rank's
+/// place, one slot of the largest padded bucket in the pool (category grads), and the bytes sent.
+class EqualShardSync : public ShardedGradientSync {
+ public:
+  EqualShardSync(Backend& be, Model& model, int rank, int ranks, uint64_t bucket_bytes);
+  uint64_t sent_bytes_per_step() const override { return sent_; }
+  size_t n_buckets() const override { return plan_.buckets.size(); }
+  const BucketLayout& bucket(size_t k) const override { return plan_.buckets[k]; }
+  int rank() const override { return rank_; }
+  int ranks() const override { return ranks_; }
+
+ protected:
+  int rank_, ranks_;
+  BucketPlan plan_;
+  Buffer slot_;  // a base member: it outlives whatever a derived sync has in flight on it
+  uint64_t sent_ = 0;
+};
 
 }  // namespace remat::parallel

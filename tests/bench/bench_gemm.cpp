@@ -46,7 +46,7 @@ int main(int argc, char** argv) {
   const int threads = argc > 1 ? std::atoi(argv[1]) : 0;
   cpu::select_blas_kernel();                             // before any BLAS call, as the binary does
   const cpu::CpuBackend be(uint64_t{1} << 30, threads);  // sets the thread counts
-  const bool have_onednn = cpu::onednn() != nullptr;
+  const bool have_onednn = cpu::onednn() != nullptr;     // compared whatever REMAT_GEMM says
   fmt::print("{}\n{:<38} {:>9} {:>9}\n", be.describe(), "product (M x N x K)", "OpenBLAS",
              have_onednn ? cpu::onednn()->version : "oneDNN: not installed");
   for (const Shape& s : kShapes) {
@@ -67,6 +67,6 @@ int main(int argc, char** argv) {
     fmt::print("{:<38} {:>9.1f} {:>9}\n", s.name, flop / best[0] / 1e9,
                have_onednn ? fmt::format("{:.1f}", flop / best[1] / 1e9) : "-");
   }
-  fmt::print("floor: SGEMM 2048^3 {:.1f} GFLOP/s (the faster library, its own threading)\n",
+  fmt::print("floor: SGEMM 2048^3 {:.1f} GFLOP/s (the tiles' library, its own threading)\n",
              cpu::measure_sgemm_flops(be.threads(), 2048) / 1e9);
 }
