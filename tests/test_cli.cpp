@@ -55,13 +55,13 @@ TEST_CASE("REMAT_ATTENTION_ISA picks the attention kernel, and a value the CPU c
 
 TEST_CASE("REMAT_GEMM picks the GEMM library, both train alike, and an unknown one exits 2",
           "[smoke]") {
-  // The tiles run on OpenBLAS unless REMAT_GEMM=onednn asks for oneDNN (install-deps installs
-  // libdnnl2; engine/cpu/onednn.h says why it is opt-in): both must train the same model.
-  Result version = remat::test::run_binary("--version", true);
-  CHECK_THAT(version.out, Contains("CPU GEMM: tiles on OpenBLAS (chosen by remat-train"));
-  Result onednn = remat::test::run_binary("--version", true, "REMAT_GEMM=onednn");
-  CHECK_THAT(onednn.out,
-             Contains("CPU GEMM: tiles on oneDNN") && Contains("(chosen by REMAT_GEMM)"));
+  // The tiles run on oneDNN (install-deps installs libdnnl2) unless REMAT_GEMM=openblas asks for
+  // OpenBLAS: both must train the same model.
+  Result version = remat::test::run_binary("--version", true, "-u REMAT_GEMM");
+  CHECK_THAT(version.out, Contains("CPU GEMM: tiles on oneDNN") &&
+                              Contains("(chosen by remat-train (default; REMAT_GEMM=openblas"));
+  Result openblas = remat::test::run_binary("--version", true, "REMAT_GEMM=openblas");
+  CHECK_THAT(openblas.out, Contains("CPU GEMM: tiles on OpenBLAS (chosen by REMAT_GEMM)"));
   auto final_loss = [](const std::string& env) {
     Result r = remat::test::run_binary("--config configs/tiny.toml --steps 5", true, env);
     INFO(env << ": " << r.out);

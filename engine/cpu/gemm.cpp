@@ -21,20 +21,25 @@ GemmRoute decide_route() {
   const std::string_view want = env ? env : "";
   if (!want.empty() && want != "openblas" && want != "onednn")
     throw ConfigError(
-        fmt::format("REMAT_GEMM={}: unknown GEMM library. Fix: unset it (OpenBLAS), or set "
-                    "REMAT_GEMM=openblas or REMAT_GEMM=onednn",
+        fmt::format("REMAT_GEMM={}: unknown GEMM library. Fix: unset it (oneDNN where it is "
+                    "installed, else OpenBLAS), or set REMAT_GEMM=onednn or REMAT_GEMM=openblas",
                     want));
-  // Loaded only when asked for: a default run never maps the library.
-  const OneDnn* dnn = want == "onednn" ? onednn() : nullptr;
+  // oneDNN by default where it is installed: it is faster on the model's tiles (see onednn.h).
+  // REMAT_GEMM=openblas never loads it.
+  const OneDnn* dnn = want == "openblas" ? nullptr : onednn();
   if (want == "onednn" && !dnn)
     throw ConfigError(
         "REMAT_GEMM=onednn: libdnnl.so.2 cannot be loaded. Fix: install Debian's libdnnl2 "
         "(scripts/install-deps.sh does), or unset REMAT_GEMM");
-  // OpenBLAS by default: oneDNN is faster (see onednn.h) but not yet trusted, see there.
   GemmRoute r;
-  r.onednn = want == "onednn";
-  r.describe = r.onednn ? dnn->version : "OpenBLAS";
-  r.chosen_by = want.empty() ? "remat-train (default; REMAT_GEMM=onednn is opt-in)" : "REMAT_GEMM";
+  r.onednn = dnn != nullptr;
+  r.describe = r.onednn ? dnn->version() : "OpenBLAS";
+  if (!want.empty())
+    r.chosen_by = "REMAT_GEMM";
+  else if (r.onednn)
+    r.chosen_by = "remat-train (default; REMAT_GEMM=openblas for OpenBLAS)";
+  else
+    r.chosen_by = "remat-train: libdnnl.so.2 is not installed, scripts/install-deps.sh installs it";
   return r;
 }
 
@@ -74,7 +79,7 @@ void sgemm_on(bool use_onednn, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M
   const int64_t n_cols = (N + tile - 1) / tile;
   const int64_t n_tiles = tiles(tile);
   REMAT_ASSERT(!use_onednn || onednn() != nullptr, "a oneDNN GEMM without oneDNN");
-  const DnnlSgemm dnnl = use_onednn ? onednn()->sgemm : nullptr;
+  const OneDnn* dnnl = use_onednn ? onednn() : nullptr;
   std::atomic<int> dnnl_status{0};
   // Always a parallel region, even for one tile: inside an active region OpenBLAS runs
   // single-threaded, which is what makes the result independent of the thread count.
@@ -87,8 +92,8 @@ void sgemm_on(bool use_onednn, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M
     float* c = C + i0 * ldc + j0;
     if (dnnl) {
       // Inside the parallel region oneDNN, like OpenBLAS, runs on the calling thread only.
-      if (const int s = dnnl(ta == CblasNoTrans ? 'N' : 'T', tb == CblasNoTrans ? 'N' : 'T', m, n,
-                             K, 1.0f, a, lda, b, ldb, beta, c, ldc))
+      if (const int s = dnnl->sgemm(ta == CblasNoTrans ? 'N' : 'T', tb == CblasNoTrans ? 'N' : 'T',
+                                    m, n, K, 1.0f, a, lda, b, ldb, beta, c, ldc))
         dnnl_status = s;
     } else {
       cblas_sgemm(CblasRowMajor, ta, tb, blas_int(m), blas_int(n), blas_int(K), 1.0f, a,

@@ -12,9 +12,9 @@
 
 namespace remat::cpu {
 
-/// Which library multiplies the tiles: OpenBLAS, or oneDNN with REMAT_GEMM=onednn (opt-in; see
-/// engine/cpu/onednn.h). One library for every tile of every product, so the result is still the
-/// same bits for every thread count.
+/// Which library multiplies the tiles: oneDNN where libdnnl.so.2 loads (engine/cpu/onednn.h),
+/// else OpenBLAS; REMAT_GEMM=openblas|onednn chooses. One library for every tile of every
+/// product, so the result is still the same bits for every thread count.
 struct GemmRoute {
   bool onednn = false;
   std::string describe;   // "oneDNN 2.6.3" or "OpenBLAS"

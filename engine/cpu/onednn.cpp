@@ -1,8 +1,14 @@
-// Loading oneDNN (see engine/cpu/onednn.h).
+// Loading oneDNN and calling it with signals held back (see engine/cpu/onednn.h).
 #include "engine/cpu/onednn.h"
 
 #include <dlfcn.h>
 #include <fmt/format.h>
+#include <omp.h>
+#include <pthread.h>
+
+#include <csignal>
+#include <memory>
+#include <vector>
 
 namespace remat::cpu {
 
@@ -15,25 +21,71 @@ struct DnnlVersion {
   unsigned cpu_runtime, gpu_runtime;
 };
 
-OneDnn load() {
-  OneDnn out;
+std::unique_ptr<OneDnn> load() {
   void* lib = dlopen("libdnnl.so.2", RTLD_NOW | RTLD_LOCAL);
-  if (lib == nullptr) return out;
-  out.sgemm = reinterpret_cast<DnnlSgemm>(dlsym(lib, "dnnl_sgemm"));
+  if (lib == nullptr) return nullptr;
+  const auto sgemm = reinterpret_cast<DnnlSgemm>(dlsym(lib, "dnnl_sgemm"));
+  if (sgemm == nullptr) return nullptr;
   using VersionFn = const DnnlVersion* (*)();
   const auto version = reinterpret_cast<VersionFn>(dlsym(lib, "dnnl_version"));
-  if (const DnnlVersion* v = version ? version() : nullptr)
-    out.version = fmt::format("oneDNN {}.{}.{}", v->major, v->minor, v->patch);
-  else
-    out.version = "oneDNN";
-  return out;  // the library stays loaded for the process
+  const DnnlVersion* v = version ? version() : nullptr;
+  return std::make_unique<OneDnn>(
+      sgemm, v ? fmt::format("oneDNN {}.{}.{}", v->major, v->minor, v->patch) : "oneDNN");
+  // the library stays loaded for the process
 }
+
+// Every signal but the synchronous ones a fault in the code itself raises: those must still
+// reach their handler (a sanitizer's report) or kill the process, and cannot be held anyway.
+sigset_t asynchronous_signals() {
+  sigset_t set;
+  sigfillset(&set);
+  for (int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGSYS, SIGABRT}) sigdelset(&set, sig);
+  return set;
+}
+
+// Holds the asynchronous signals back on this thread while it lives; restores the mask after.
+class SignalsHeldBack {
+ public:
+  SignalsHeldBack() {
+    static const sigset_t held = asynchronous_signals();
+    pthread_sigmask(SIG_BLOCK, &held, &saved_);
+  }
+  ~SignalsHeldBack() { pthread_sigmask(SIG_SETMASK, &saved_, nullptr); }
+  SignalsHeldBack(const SignalsHeldBack&) = delete;
+  SignalsHeldBack& operator=(const SignalsHeldBack&) = delete;
+
+ private:
+  sigset_t saved_;
+};
 
 }  // namespace
 
+int OneDnn::sgemm(char transa, char transb, int64_t M, int64_t N, int64_t K, float alpha,
+                  const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
+                  int64_t ldc) const {
+  const auto call = [&] {
+    return sgemm_(transa, transb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  };
+  if (omp_in_parallel()) {
+    const SignalsHeldBack held;  // only this thread runs the call
+    return call();
+  }
+  // oneDNN threads the call over the OpenMP pool (Debian's build uses the same libgomp): hold the
+  // signals on every thread of the pool, run it, then release them on every thread.
+  const int threads = omp_get_max_threads();
+  std::vector<sigset_t> saved(static_cast<size_t>(threads));
+  const sigset_t held = asynchronous_signals();
+#pragma omp parallel num_threads(threads)
+  pthread_sigmask(SIG_BLOCK, &held, &saved[static_cast<size_t>(omp_get_thread_num())]);
+  const int status = call();
+#pragma omp parallel num_threads(threads)
+  pthread_sigmask(SIG_SETMASK, &saved[static_cast<size_t>(omp_get_thread_num())], nullptr);
+  return status;
+}
+
 const OneDnn* onednn() {
-  static const OneDnn loaded = load();
-  return loaded.sgemm ? &loaded : nullptr;
+  static const std::unique_ptr<OneDnn> loaded = load();
+  return loaded.get();
 }
 
 }  // namespace remat::cpu

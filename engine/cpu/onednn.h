@@ -2,20 +2,26 @@
 // libdnnl2 when it is installed. Measured on GPT-2 124M's shapes (2 threads, AVX-512, one
 // single-threaded call per 256 x 256 tile, as the tile grid makes them), dnnl_sgemm is ~20-30%
 // faster than OpenBLAS's SkylakeX kernel on the products X W^T and dY W and about even on the
-// weight gradients dY^T X; a whole training step of that model is ~20% faster with it (README,
+// weight gradients dY^T X; a whole training step of that model is ~10-20% faster with it (README,
 // "Performance (CPU)"). BLIS (Debian's 0.9) ran at about half OpenBLAS's rate on the same tiles.
 // Loaded rather than linked: the library is 40 MB, and a binary without it (the GPU device's
 // bundle) keeps OpenBLAS.
 //
-// Opt-in (REMAT_GEMM=onednn), not the default: a SIGTERM during training aborted the process
-// with glibc's "corrupted size vs. prev_size" inside dnnl_sgemm's own free() in about 1 of 15
-// runs (tiny.toml, 1 thread, the signal after the first step; never in 40 runs on OpenBLAS, nor
-// in 40 oneDNN runs without the signal). Until that is understood, a Ctrl-C must not risk the
-// checkpoint it asks for.
+// Signals. oneDNN's JIT GEMM kernels before 3.11 point the stack pointer into their heap
+// workspace while they run (upstream issue uxlfoundation/oneDNN#4845, fixed by PR #4855, not in
+// Debian's 2.6.3). A signal handler that runs on a thread inside such a kernel writes its signal
+// frame into that heap block, and a later free() aborts with glibc's "corrupted size vs.
+// prev_size" or "free(): invalid next size". Measured here: a SIGTERM during training did it in
+// about 1 run in 15; a 5 kHz SIGPROF timer during tile GEMMs in nearly every run within 0.1 s,
+// and never with the frames on an alternate signal stack. So every call below holds back the
+// asynchronous signals on the threads that run oneDNN's code for its duration: a signal that
+// arrives then is delivered to another thread, or on return, and its handler never runs on
+// oneDNN's stack. Synchronous fault signals (SIGSEGV, ...) stay deliverable.
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <utility>
 
 namespace remat::cpu {
 
@@ -24,9 +30,23 @@ using DnnlSgemm = int (*)(char transa, char transb, int64_t M, int64_t N, int64_
                           const float* A, int64_t lda, const float* B, int64_t ldb, float beta,
                           float* C, int64_t ldc);
 
-struct OneDnn {
-  DnnlSgemm sgemm = nullptr;
-  std::string version;  // "oneDNN 2.6.3"
+class OneDnn {
+ public:
+  OneDnn(DnnlSgemm dnnl_sgemm, std::string version)
+      : sgemm_(dnnl_sgemm), version_(std::move(version)) {}
+
+  /// dnnl_sgemm on the calling thread's share of the work: single-threaded inside an OpenMP
+  /// parallel region (as the tile grid calls it), threaded by oneDNN outside one. Signals are
+  /// held back on every thread that may run it (see above). Returns oneDNN's status.
+  int sgemm(char transa, char transb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+            int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) const;
+
+  /// "oneDNN 2.6.3".
+  const std::string& version() const { return version_; }
+
+ private:
+  DnnlSgemm sgemm_;
+  std::string version_;
 };
 
 /// oneDNN when libdnnl.so.2 loads and has dnnl_sgemm, else null. Loaded once per process.

@@ -48,7 +48,7 @@ int main(int argc, char** argv) {
   const cpu::CpuBackend be(uint64_t{1} << 30, threads);  // sets the thread counts
   const bool have_onednn = cpu::onednn() != nullptr;     // compared whatever REMAT_GEMM says
   fmt::print("{}\n{:<38} {:>9} {:>9}\n", be.describe(), "product (M x N x K)", "OpenBLAS",
-             have_onednn ? cpu::onednn()->version : "oneDNN: not installed");
+             have_onednn ? cpu::onednn()->version() : "oneDNN: not installed");
   for (const Shape& s : kShapes) {
     const int64_t lda = s.ta == CblasNoTrans ? s.K : s.M, ldb = s.tb == CblasNoTrans ? s.N : s.K;
     std::vector<float> a(static_cast<size_t>(s.M * s.K), 0.5f),
