@@ -34,7 +34,7 @@ run: build
 	./$(BUILD)/remat-train sample --checkpoint out/long --prompt "// The memory pool" --tokens 200 --temperature 0.8 --top-k 40
 
 test: build
-	cd $(BUILD) && ctest --output-on-failure -j 1
+	cd $(BUILD) && ctest --output-on-failure -j $(shell nproc)
 	@if command -v clang++ >/dev/null; then $(MAKE) --no-print-directory fuzz; \
 	else echo "[fuzz] clang++ not found: fuzz step skipped"; fi
 
