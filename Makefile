@@ -49,7 +49,7 @@ fuzz: deps
 sanitize: deps
 	@cmake -S . -B build-sanitize -DCMAKE_BUILD_TYPE=RelWithDebInfo -DREMAT_SANITIZE=ON -DREMAT_WERROR=$(WERROR) -DREMAT_CUDA=OFF >/dev/null
 	@cmake --build build-sanitize -j $(JOBS)
-	cd build-sanitize && ctest --output-on-failure -L cpu
+	cd build-sanitize && ctest --output-on-failure -L cpu -j $(shell nproc)
 
 # scripts/torch_golden.py runs under Debian's python3 (/usr/bin/python3), which python3-torch
 # installs into; another python3 first on PATH would not see it.
