@@ -361,10 +361,11 @@ std::string version_text() {
   const cpu::BlasInfo blas = cpu::blas_info();
   return fmt::format(
       "remat-train {}\nbackends: cpu{}\nBLAS: {}, CPU kernel {} (chosen by {}){}\n"
-      "CPU GEMM: tiles on {} (chosen by {})\n"
+      "CPU GEMM: tiles on {} (chosen by {}){}\n"
       "CPU attention: flash tiles on {} (chosen by {})\nOpenMP: {}\nMPI: {}\nCUDA: {}\n",
       REMAT_VERSION, cuda::is_built() ? ", cuda" : "", blas.library, blas.core, blas.chosen_by,
       blas.warning.empty() ? "" : "\nwarning: " + blas.warning, blas.gemm, blas.gemm_chosen_by,
+      blas.gemm_warning.empty() ? "" : "\nwarning: " + blas.gemm_warning,
       cpu::attention_isa() == cpu::AttentionIsa::Avx512 ? "AVX-512" : "AVX2",
       cpu::attention_isa_chosen_by(), openmp_wait_text(), parallel::mpi_library(),
       cuda::version_string());

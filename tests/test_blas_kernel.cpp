@@ -59,6 +59,23 @@ TEST_CASE(
                              Contains("warning: BELOW THIS CPU"));
 }
 
+TEST_CASE("--version names oneDNN's ISA and warns when ONEDNN_MAX_CPU_ISA holds it below the CPU",
+          "[blas][smoke]") {
+  const remat::test::CliResult plain = remat::test::run_binary("--version", true, "-u REMAT_GEMM");
+  REQUIRE(plain.code == 0);
+  const std::string widest = detect_cpu_isa() == VectorIsa::Avx512 ? "(avx512_core"
+                             : detect_cpu_isa() == VectorIsa::Avx2 ? "(avx2"
+                                                                   : "(";
+  CHECK_THAT(plain.out, Contains("CPU GEMM: tiles on oneDNN ") && Contains(widest));
+  CHECK_THAT(plain.out, !Contains("warning"));
+  if (detect_cpu_isa() == VectorIsa::Sse) return;  // nothing wider to fall below
+  const remat::test::CliResult held =
+      remat::test::run_binary("--version", true, "-u REMAT_GEMM ONEDNN_MAX_CPU_ISA=SSE41");
+  REQUIRE(held.code == 0);
+  CHECK_THAT(held.out, Contains("tiles on oneDNN") && Contains("(sse41)") &&
+                           Contains("warning: BELOW THIS CPU: oneDNN dispatches only up to sse41"));
+}
+
 namespace {
 std::atomic<int> g_profile_ticks{0};
 extern "C" void count_profile_tick(int) {

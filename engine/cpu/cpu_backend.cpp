@@ -59,6 +59,7 @@ BlasInfo blas_info() {
   const GemmRoute& route = gemm_route();
   info.gemm = route.describe;
   info.gemm_chosen_by = route.chosen_by;
+  info.gemm_warning = route.warning;
   if (kernel.below_cpu())
     info.warning = fmt::format(
         "BELOW THIS CPU: the {} kernel does not use the CPU's wider vectors (~2-5x slower); unset "
@@ -81,8 +82,9 @@ CpuBackend::CpuBackend(uint64_t budget_bytes, int threads, uint64_t host_budget_
 
 std::string CpuBackend::describe() const {
   const BlasInfo b = blas_info();
-  return fmt::format("cpu, {} threads, {} {} kernel{}, GEMM tiles on {}, attention on {}", threads_,
-                     b.library, b.core, b.warning.empty() ? "" : " (" + b.warning + ")", b.gemm,
+  return fmt::format("cpu, {} threads, {} {} kernel{}, GEMM tiles on {}{}, attention on {}",
+                     threads_, b.library, b.core, b.warning.empty() ? "" : " (" + b.warning + ")",
+                     b.gemm, b.gemm_warning.empty() ? "" : " (" + b.gemm_warning + ")",
                      attention_isa() == AttentionIsa::Avx512 ? "AVX-512" : "AVX2");
 }
 

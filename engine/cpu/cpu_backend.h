@@ -21,6 +21,7 @@ struct BlasInfo {
   std::string warning;    // non-empty when the kernel is below what this CPU supports
   std::string gemm;       // the library the GEMMs' tiles run on: "oneDNN 2.6.3" or "OpenBLAS"
   std::string gemm_chosen_by;
+  std::string gemm_warning;  // non-empty when oneDNN runs below what this CPU supports
 };
 BlasInfo blas_info();
 

@@ -33,7 +33,14 @@ GemmRoute decide_route() {
         "(scripts/install-deps.sh does), or unset REMAT_GEMM");
   GemmRoute r;
   r.onednn = dnn != nullptr;
-  r.describe = r.onednn ? dnn->version() : "OpenBLAS";
+  r.describe = r.onednn ? fmt::format("{} ({})", dnn->version(), dnn->isa()) : "OpenBLAS";
+  // As for OpenBLAS's kernel (blas_kernel.h): narrower vectors than the CPU has are a mistake to
+  // show, never a silent fallback. Only the user can cause it here (ONEDNN_MAX_CPU_ISA).
+  if (r.onednn && dnn->isa_class() < detect_cpu_isa())
+    r.warning = fmt::format(
+        "BELOW THIS CPU: oneDNN dispatches only up to {} (slower GEMMs); unset "
+        "ONEDNN_MAX_CPU_ISA and DNNL_MAX_CPU_ISA",
+        dnn->isa());
   if (!want.empty())
     r.chosen_by = "REMAT_GEMM";
   else if (r.onednn)

@@ -17,7 +17,8 @@ namespace remat::cpu {
 /// product, so the result is still the same bits for every thread count.
 struct GemmRoute {
   bool onednn = false;
-  std::string describe;   // "oneDNN 2.6.3" or "OpenBLAS"
+  std::string describe;   // "oneDNN 2.6.3 (avx512_core_amx)" or "OpenBLAS"
+  std::string warning;    // non-empty when oneDNN dispatches below what this CPU supports
   std::string chosen_by;  // "remat-train (...)" or "REMAT_GEMM"
 };
 /// Decided once per process; throws ConfigError for a REMAT_GEMM it does not know (the CPU

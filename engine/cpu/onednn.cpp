@@ -21,6 +21,25 @@ struct DnnlVersion {
   unsigned cpu_runtime, gpu_runtime;
 };
 
+// dnnl_cpu_isa_t (dnnl_types.h) as oneDNN names it, and the vector class of its SGEMM kernels.
+struct IsaName {
+  int value;
+  const char* name;
+  VectorIsa isa_class;
+};
+constexpr IsaName kIsas[] = {
+    {0x1, "sse41", VectorIsa::Sse},
+    {0x3, "avx", VectorIsa::Sse},
+    {0x7, "avx2", VectorIsa::Avx2},
+    {0x407, "avx2_vnni", VectorIsa::Avx2},
+    {0xf, "avx512_mic", VectorIsa::Avx512},
+    {0x1f, "avx512_mic_4ops", VectorIsa::Avx512},
+    {0x27, "avx512_core", VectorIsa::Avx512},
+    {0x67, "avx512_core_vnni", VectorIsa::Avx512},
+    {0xe7, "avx512_core_bf16", VectorIsa::Avx512},
+    {0x3e7, "avx512_core_amx", VectorIsa::Avx512},
+};
+
 std::unique_ptr<OneDnn> load() {
   void* lib = dlopen("libdnnl.so.2", RTLD_NOW | RTLD_LOCAL);
   if (lib == nullptr) return nullptr;
@@ -29,8 +48,20 @@ std::unique_ptr<OneDnn> load() {
   using VersionFn = const DnnlVersion* (*)();
   const auto version = reinterpret_cast<VersionFn>(dlsym(lib, "dnnl_version"));
   const DnnlVersion* v = version ? version() : nullptr;
+  using IsaFn = int (*)();
+  const auto effective_isa = reinterpret_cast<IsaFn>(dlsym(lib, "dnnl_get_effective_cpu_isa"));
+  const int isa = effective_isa ? effective_isa() : -1;
+  std::string isa_name = fmt::format("ISA 0x{:x}", isa);
+  // An ISA newer than this table (a later oneDNN) is wider than any in it, never a fallback.
+  VectorIsa isa_class = VectorIsa::Avx512;
+  for (const IsaName& i : kIsas)
+    if (i.value == isa) {
+      isa_name = i.name;
+      isa_class = i.isa_class;
+    }
   return std::make_unique<OneDnn>(
-      sgemm, v ? fmt::format("oneDNN {}.{}.{}", v->major, v->minor, v->patch) : "oneDNN");
+      sgemm, v ? fmt::format("oneDNN {}.{}.{}", v->major, v->minor, v->patch) : "oneDNN", isa_name,
+      isa_class);
   // the library stays loaded for the process
 }
 

@@ -23,6 +23,8 @@
 #include <string>
 #include <utility>
 
+#include "engine/cpu/blas_kernel.h"
+
 namespace remat::cpu {
 
 /// oneDNN's row-major C = alpha op(A) op(B) + beta C (dnnl_sgemm in dnnl.h; 0 is success).
@@ -32,8 +34,11 @@ using DnnlSgemm = int (*)(char transa, char transb, int64_t M, int64_t N, int64_
 
 class OneDnn {
  public:
-  OneDnn(DnnlSgemm dnnl_sgemm, std::string version)
-      : sgemm_(dnnl_sgemm), version_(std::move(version)) {}
+  OneDnn(DnnlSgemm dnnl_sgemm, std::string version, std::string isa, VectorIsa isa_class)
+      : sgemm_(dnnl_sgemm),
+        version_(std::move(version)),
+        isa_(std::move(isa)),
+        isa_class_(isa_class) {}
 
   /// dnnl_sgemm on the calling thread's share of the work: single-threaded inside an OpenMP
   /// parallel region (as the tile grid calls it), threaded by oneDNN outside one. Signals are
@@ -43,10 +48,16 @@ class OneDnn {
 
   /// "oneDNN 2.6.3".
   const std::string& version() const { return version_; }
+  /// The widest ISA oneDNN dispatches to on this CPU, in oneDNN's words ("avx512_core_amx"):
+  /// dnnl_get_effective_cpu_isa, which ONEDNN_MAX_CPU_ISA can lower.
+  const std::string& isa() const { return isa_; }
+  VectorIsa isa_class() const { return isa_class_; }
 
  private:
   DnnlSgemm sgemm_;
   std::string version_;
+  std::string isa_;
+  VectorIsa isa_class_;
 };
 
 /// oneDNN when libdnnl.so.2 loads and has dnnl_sgemm, else null. Loaded once per process.
