@@ -204,12 +204,15 @@ StepMetrics Trainer::step() {
   batch = Batch();
   if (sync) sync->finish();  // every gradient is the sum over the ranks (sharded: this rank's)
   m.task_metric = data_.task_metric(loss.row_losses);
-  // Context ranks hold a token or two more or less than each other: means weigh by tokens.
-  const std::vector<double> means = mean_over_ranks(
-      {loss.mean, m.task_metric.value_or(0.0)}, {static_cast<double>(loss.row_losses.size()),
-                                                 static_cast<double>(data_.task_metric_count())});
+  // Context ranks hold a token or two more or less than each other: means weigh by tokens. The
+  // third is the mean of the ranks' token counts, which times the ranks is the job's tokens.
+  const std::vector<double> means =
+      mean_over_ranks({loss.mean, m.task_metric.value_or(0.0), static_cast<double>(n_tokens)},
+                      {static_cast<double>(loss.row_losses.size()),
+                       static_cast<double>(data_.task_metric_count()), 1.0});
   m.loss = means[0];
   if (m.task_metric) m.task_metric = means[1];
+  const double job_tokens = std::round(means[2] * dp_.ranks);
 
   // Global-norm clipping folds into AdamW as a gradient scale.
   be_.set_phase(Phase::Optimizer);
@@ -226,9 +229,7 @@ StepMetrics Trainer::step() {
   be_.synchronize();
   const auto t1 = std::chrono::steady_clock::now();
   m.step_ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
-  // The whole job's tokens: every rank trains n_tokens of its own (context ranks' counts differ
-  // by a token or two).
-  m.tokens_per_s = static_cast<double>(n_tokens * dp_.ranks) * 1000.0 / std::max(m.step_ms, 1e-9);
+  m.tokens_per_s = job_tokens * 1000.0 / std::max(m.step_ms, 1e-9);
   m.peak_bytes = pool.peak_bytes();
   return m;
 }

@@ -200,6 +200,11 @@ TEST_CASE("context parallel splits each sequence over the ranks and trains like 
   SECTION("context 3") {
     REQUIRE(run_ranks(3, args + "-q --set parallel.context=3 --metrics " + many).code == 0);
     check_rank_peaks(dir.path, "many", 3);  // 34, 34 and 33 tokens per row
+    // tokens/s counts the job's tokens, 2 rows x 101, not rank 0's 2 x 34 times 3 ranks.
+    const auto rate = values_of(many, "tokens_per_s"), ms = values_of(many, "step_ms");
+    REQUIRE(rate.size() == 8);
+    for (const auto& [step, tok_s] : rate)
+      CHECK(tok_s * ms.at(step) / 1000.0 == Approx(202.0).epsilon(1e-9));
   }
   SECTION(
       "data 2 x context 2 with the optimizer sharded, and checkpoints that resume on one rank") {
