@@ -40,18 +40,22 @@ constexpr IsaName kIsas[] = {
     {0x3e7, "avx512_core_amx", VectorIsa::Avx512},
 };
 
+// Loaded once; the library then stays loaded for the process.
 std::unique_ptr<OneDnn> load() {
   void* lib = dlopen("libdnnl.so.2", RTLD_NOW | RTLD_LOCAL);
   if (lib == nullptr) return nullptr;
   const auto sgemm = reinterpret_cast<DnnlSgemm>(dlsym(lib, "dnnl_sgemm"));
-  if (sgemm == nullptr) return nullptr;
+  if (sgemm == nullptr) {
+    dlclose(lib);
+    return nullptr;
+  }
   using VersionFn = const DnnlVersion* (*)();
   const auto version = reinterpret_cast<VersionFn>(dlsym(lib, "dnnl_version"));
   const DnnlVersion* v = version ? version() : nullptr;
   using IsaFn = int (*)();
   const auto effective_isa = reinterpret_cast<IsaFn>(dlsym(lib, "dnnl_get_effective_cpu_isa"));
   const int isa = effective_isa ? effective_isa() : -1;
-  std::string isa_name = fmt::format("ISA 0x{:x}", isa);
+  std::string isa_name = isa >= 0 ? fmt::format("ISA 0x{:x}", isa) : "ISA not reported";
   // An ISA newer than this table (a later oneDNN) is wider than any in it, never a fallback.
   VectorIsa isa_class = VectorIsa::Avx512;
   for (const IsaName& i : kIsas)
@@ -62,7 +66,6 @@ std::unique_ptr<OneDnn> load() {
   return std::make_unique<OneDnn>(
       sgemm, v ? fmt::format("oneDNN {}.{}.{}", v->major, v->minor, v->patch) : "oneDNN", isa_name,
       isa_class);
-  // the library stays loaded for the process
 }
 
 // Every signal but the synchronous ones a fault in the code itself raises: those must still
