@@ -32,12 +32,13 @@ struct Point {
   std::string policy;
   std::vector<std::string> overrides;  // what the child gets (and the planner used)
   uint64_t predicted_peak_bytes = 0;
+  uint64_t predicted_host_peak_bytes = 0;  // 0 unless the point offloads (remat.offload)
   double recompute_overhead = 0;
   double step_flops = 0;  // for the ETA: later points weigh more
   bool done = false;
   std::string status;  // ok | oom | error
   int exit_code = -1;
-  std::optional<uint64_t> measured_peak_bytes;
+  std::optional<uint64_t> measured_peak_bytes, measured_host_peak_bytes;
   std::optional<double> median_step_ms, tokens_per_s;
   double wall_s = 0;
   std::string message;  // the child's error line (oom, error)
@@ -72,8 +73,8 @@ void write_atomically(const std::filesystem::path& path, const std::string& text
 }
 
 constexpr const char* kCsvHeader =
-    "seq_len,policy,status,exit_code,predicted_peak_bytes,measured_peak_bytes,median_step_ms,"
-    "tokens_per_s,"
+    "seq_len,policy,status,exit_code,predicted_peak_bytes,measured_peak_bytes,"
+    "predicted_host_peak_bytes,measured_host_peak_bytes,median_step_ms,tokens_per_s,"
     "recompute_overhead,wall_s,message";
 
 void write_outputs(const std::filesystem::path& dir, const nlohmann::json& meta,
@@ -84,17 +85,21 @@ void write_outputs(const std::filesystem::path& dir, const nlohmann::json& meta,
   j["points"] = nlohmann::json::array();
   for (const auto& p : points) {
     if (!p.done) continue;
-    csv += fmt::format("{},{},{},{},{},{},{},{},{:.6f},{:.3f},{}\n", p.seq_len, p.policy, p.status,
-                       p.exit_code, p.predicted_peak_bytes, opt_str(p.measured_peak_bytes),
-                       p.median_step_ms ? fmt::format("{:.3f}", *p.median_step_ms) : "",
-                       p.tokens_per_s ? fmt::format("{:.1f}", *p.tokens_per_s) : "",
-                       p.recompute_overhead, p.wall_s, csv_field(p.message));
+    csv +=
+        fmt::format("{},{},{},{},{},{},{},{},{},{},{:.6f},{:.3f},{}\n", p.seq_len, p.policy,
+                    p.status, p.exit_code, p.predicted_peak_bytes, opt_str(p.measured_peak_bytes),
+                    p.predicted_host_peak_bytes, opt_str(p.measured_host_peak_bytes),
+                    p.median_step_ms ? fmt::format("{:.3f}", *p.median_step_ms) : "",
+                    p.tokens_per_s ? fmt::format("{:.1f}", *p.tokens_per_s) : "",
+                    p.recompute_overhead, p.wall_s, csv_field(p.message));
     j["points"].push_back({{"seq_len", p.seq_len},
                            {"policy", p.policy},
                            {"status", p.status},
                            {"exit_code", p.exit_code},
                            {"predicted_peak_bytes", p.predicted_peak_bytes},
                            {"measured_peak_bytes", opt_json(p.measured_peak_bytes)},
+                           {"predicted_host_peak_bytes", p.predicted_host_peak_bytes},
+                           {"measured_host_peak_bytes", opt_json(p.measured_host_peak_bytes)},
                            {"median_step_ms", opt_json(p.median_step_ms)},
                            {"tokens_per_s", opt_json(p.tokens_per_s)},
                            {"recompute_overhead", p.recompute_overhead},
@@ -268,6 +273,7 @@ int run_sweep(const SweepOptions& opt) {
       resolve_auto(planner, c);
       const DryRun d = planner.dry_run(c, false);
       p.predicted_peak_bytes = d.peak.total_bytes;
+      p.predicted_host_peak_bytes = d.host_peak.total_bytes;
       p.recompute_overhead = d.recompute_overhead();
       for (const auto& cost : d.cost) p.step_flops += cost.flops;
       total_weight += eta_weight(p, steps, budget);
@@ -319,6 +325,7 @@ int run_sweep(const SweepOptions& opt) {
     if (p.status != "ok") p.message = r.message;
     if (r.summary && p.status == "ok") {
       p.measured_peak_bytes = (*r.summary)["peak_bytes"].get<uint64_t>();
+      p.measured_host_peak_bytes = (*r.summary).value("host_peak_bytes", uint64_t{0});
       p.median_step_ms = (*r.summary)["median_step_ms"].get<double>();
       p.tokens_per_s = (*r.summary)["tokens_per_s"].get<double>();
     }
@@ -340,20 +347,29 @@ int run_sweep(const SweepOptions& opt) {
                stopped ? " | INTERRUPTED: finished points only" : "", load_note());
     size_t w = 10;  // the policy column fits its longest entry ("full:tile=1024:offload=...")
     for (const auto& p : points) w = std::max(w, p.policy.size());
-    fmt::print("{:>8} {:<{}} {:<6} {:>12} {:>12} {:>10} {:>11} {:>10}\n", "seq_len", "policy", w,
-               "status", "predicted", "measured", "ms/step", "tokens/s", "recompute");
+    // Host memory columns only when some point offloads to it (remat.offload).
+    const bool host = std::any_of(points.begin(), points.end(),
+                                  [](const Point& p) { return p.predicted_host_peak_bytes > 0; });
+    auto measured = [](const std::optional<uint64_t>& m, uint64_t predicted) {
+      return m ? (*m == predicted ? std::string("= predicted") : format_bytes(*m))
+               : std::string("-");
+    };
+    fmt::print("{:>8} {:<{}} {:<6} {:>12} {:>12}{} {:>10} {:>11} {:>10}\n", "seq_len", "policy", w,
+               "status", "predicted", "measured",
+               host ? fmt::format(" {:>12} {:>12}", "host pred.", "host meas.") : "", "ms/step",
+               "tokens/s", "recompute");
     for (const auto& p : points) {
       if (!p.done) continue;
-      fmt::print("{:>8} {:<{}} {:<6} {:>12} {:>12} {:>10} {:>11} {:>9.1f}%\n",
-                 format_count(p.seq_len), p.policy, w, p.status,
-                 format_bytes(p.predicted_peak_bytes),
-                 p.measured_peak_bytes ? (*p.measured_peak_bytes == p.predicted_peak_bytes
-                                              ? std::string("= predicted")
-                                              : format_bytes(*p.measured_peak_bytes))
-                                       : std::string("-"),
-                 p.median_step_ms ? fmt::format("{:.1f}", *p.median_step_ms) : "-",
-                 p.tokens_per_s ? fmt::format("{:.0f}", *p.tokens_per_s) : "-",
-                 100.0 * p.recompute_overhead);
+      fmt::print(
+          "{:>8} {:<{}} {:<6} {:>12} {:>12}{} {:>10} {:>11} {:>9.1f}%\n", format_count(p.seq_len),
+          p.policy, w, p.status, format_bytes(p.predicted_peak_bytes),
+          measured(p.measured_peak_bytes, p.predicted_peak_bytes),
+          host ? fmt::format(" {:>12} {:>12}", format_bytes(p.predicted_host_peak_bytes),
+                             measured(p.measured_host_peak_bytes, p.predicted_host_peak_bytes))
+               : "",
+          p.median_step_ms ? fmt::format("{:.1f}", *p.median_step_ms) : "-",
+          p.tokens_per_s ? fmt::format("{:.0f}", *p.tokens_per_s) : "-",
+          100.0 * p.recompute_overhead);
     }
     for (const auto& p : points)
       if (p.done && p.status == "error")

@@ -59,7 +59,7 @@ TEST_CASE(
                              Contains("warning: BELOW THIS CPU"));
 }
 
-TEST_CASE("--version names oneDNN's ISA and warns when ONEDNN_MAX_CPU_ISA holds it below the CPU",
+TEST_CASE("version output names oneDNN's ISA and warns when ONEDNN_MAX_CPU_ISA holds it below the CPU",
           "[blas][smoke]") {
   const remat::test::CliResult plain = remat::test::run_binary("--version", true, "-u REMAT_GEMM");
   REQUIRE(plain.code == 0);

@@ -112,8 +112,8 @@ TEST_CASE("sweep records an out-of-memory point and goes on, and CSV and JSON fo
   std::string header;
   REQUIRE(std::getline(csv, header));
   CHECK(header ==
-        "seq_len,policy,status,exit_code,predicted_peak_bytes,measured_peak_bytes,median_step_ms,"
-        "tokens_per_s,"
+        "seq_len,policy,status,exit_code,predicted_peak_bytes,measured_peak_bytes,"
+        "predicted_host_peak_bytes,measured_host_peak_bytes,median_step_ms,tokens_per_s,"
         "recompute_overhead,wall_s,message");
   std::vector<std::vector<std::string>> rows;
   for (std::string line; std::getline(csv, line);) rows.push_back(split(line, ','));
@@ -122,6 +122,9 @@ TEST_CASE("sweep records an out-of-memory point and goes on, and CSV and JSON fo
   CHECK(rows[0][1] == "none");
   CHECK(rows[0][2] == "ok");
   CHECK(rows[0][4] == rows[0][5]);  // predicted == measured peak on the CPU
+  CHECK(rows[0][6] == "0");         // nothing offloaded: no host memory planned ...
+  CHECK(rows[0][7] == "0");         // ... or used
+  CHECK_THAT(r.out, !Contains("host pred."));
   CHECK(rows[2][0] == "256");
   CHECK(rows[2][1] == "none");
   CHECK(rows[2][2] == "oom");
@@ -141,7 +144,8 @@ TEST_CASE("sweep records an out-of-memory point and goes on, and CSV and JSON fo
   for (const auto& p : j["points"]) {
     for (const char* k :
          {"seq_len", "policy", "status", "exit_code", "predicted_peak_bytes", "measured_peak_bytes",
-          "median_step_ms", "tokens_per_s", "recompute_overhead", "wall_s", "message"})
+          "predicted_host_peak_bytes", "measured_host_peak_bytes", "median_step_ms", "tokens_per_s",
+          "recompute_overhead", "wall_s", "message"})
       CHECK(p.contains(k));
     if (p["status"] == "ok") {
       CHECK(p["measured_peak_bytes"] == p["predicted_peak_bytes"]);
@@ -172,6 +176,32 @@ TEST_CASE("sweep records an out-of-memory point and goes on, and CSV and JSON fo
     CHECK(std::system(cmd.c_str()) == 0);
     CHECK(std::filesystem::file_size(dir + "/sweep.png") > 1000);
   }
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("sweep reports the host pool of an offloading point, predicted and measured", "[smoke]") {
+  const std::string dir = tmp_dir("sweep-host");
+  Result r =
+      run("sweep " + kTiny +
+              " --seq-lens 128 --policies full,full:offload=checkpoints --steps 1 --out " + dir,
+          true);
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  CHECK_THAT(r.out, Contains("host pred.") && Contains("host meas."));
+  std::ifstream jf(dir + "/sweep.json");
+  const auto j = nlohmann::json::parse(jf);
+  REQUIRE(j["points"].size() == 2);
+  const auto& kept = j["points"][0];
+  const auto& offloaded = j["points"][1];
+  REQUIRE(offloaded["status"] == "ok");
+  CHECK(kept["predicted_host_peak_bytes"] == 0);
+  CHECK(kept["measured_host_peak_bytes"] == 0);
+  // The checkpoints moved to host memory: planned to the byte there, and gone from the device.
+  CHECK(offloaded["predicted_host_peak_bytes"].get<uint64_t>() > 0);
+  CHECK(offloaded["measured_host_peak_bytes"] == offloaded["predicted_host_peak_bytes"]);
+  CHECK(offloaded["measured_peak_bytes"] == offloaded["predicted_peak_bytes"]);
+  CHECK(offloaded["predicted_peak_bytes"].get<uint64_t>() <
+        kept["predicted_peak_bytes"].get<uint64_t>());
   std::filesystem::remove_all(dir);
 }
 
