@@ -325,7 +325,7 @@ int run_sweep(const SweepOptions& opt) {
     if (p.status != "ok") p.message = r.message;
     if (r.summary && p.status == "ok") {
       p.measured_peak_bytes = (*r.summary)["peak_bytes"].get<uint64_t>();
-      p.measured_host_peak_bytes = (*r.summary).value("host_peak_bytes", uint64_t{0});
+      p.measured_host_peak_bytes = (*r.summary).at("host_peak_bytes").get<uint64_t>();
       p.median_step_ms = (*r.summary)["median_step_ms"].get<double>();
       p.tokens_per_s = (*r.summary)["tokens_per_s"].get<double>();
     }

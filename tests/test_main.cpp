@@ -5,7 +5,9 @@
 // was chosen: libgomp reads it only when it loads, so the process sets it and re-executes itself.
 // Spinning threads made tests running side by side (ctest -j2 on 2 cores) up to 30x slower
 // (the tiny config's 300 steps: 3.9 s alone, 109 s beside other tests); the whole suite took
-// 295 s at -j2, 205 s at -j1, and 118 s at -j2 with passive threads.
+// 295 s at -j2, 205 s at -j1, and 118 s at -j2 with passive threads. The remat-train processes
+// tests start inherit the variable, so they report the policy as the user's; the test of
+// remat-train's own choice (test_cli.cpp) unsets it.
 #define CATCH_CONFIG_RUNNER
 #include <unistd.h>
 

@@ -178,7 +178,8 @@ TEST_CASE("unknown activation names in remat.save are config errors listing the 
   CHECK_THROWS_AS(parse_config(kBase, "remat-test", {"remat.policy=names"}), ConfigError);
 }
 
-TEST_CASE("losses, gradients and weights are bitwise identical for 1, 2 and 3 threads", "[remat]") {
+TEST_CASE("losses, gradients and weights are bitwise identical for 1, 2 and 3 threads",
+          "[remat][threads]") {
   // Shapes that are multiples of no tile: the GEMMs (engine/cpu/gemm.cpp), attention and the
   // reductions must not depend on how the work is split. Before the GEMMs were tiled by shape,
   // OpenBLAS's own threading changed the weight gradients in the last bits.
@@ -203,7 +204,7 @@ TEST_CASE("losses, gradients and weights are bitwise identical for 1, 2 and 3 th
 }
 
 TEST_CASE("the MLP's data, losses and weights are bitwise identical for 1, 2 and 3 threads",
-          "[remat]") {
+          "[remat][threads]") {
   // 1001 rows x 300 features: the synthetic regression's inputs (bulk normals) and teacher
   // product, and every GEMM tile edge, split differently across 1, 2 and 3 threads.
   const std::string mlp = test::small_mlp_toml(3, 300, 1001, "full");
@@ -261,7 +262,8 @@ TEST_CASE("a tiled MLP equals the untiled block within fp32 reassociation", "[re
   }
 }
 
-TEST_CASE("with a tiled MLP every policy and thread count gives the same bits", "[remat]") {
+TEST_CASE("with a tiled MLP every policy and thread count gives the same bits",
+          "[remat][threads]") {
   const std::vector<std::string> tiled = {"remat.tile_tokens=37", "model.dropout=0.1"};
   auto with = [&](std::vector<std::string> sets) {
     sets.insert(sets.end(), tiled.begin(), tiled.end());

@@ -130,6 +130,7 @@ TEST_CASE("sweep records an out-of-memory point and goes on, and CSV and JSON fo
   CHECK(rows[2][2] == "oom");
   CHECK(rows[2][3] == "3");
   CHECK(rows[2][5].empty());
+  CHECK(rows[2][7].empty());  // nor a measured host peak
   CHECK(rows[3][1] == "full");
   CHECK(rows[3][2] == "ok");  // the sweep went on after the out-of-memory point
 

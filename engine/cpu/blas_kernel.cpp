@@ -103,7 +103,7 @@ double measure_sgemm_flops(int threads, int n) {
   for (int rep = 0; rep < 4; ++rep) {  // the first one warms up threads and caches
     const auto t0 = std::chrono::steady_clock::now();
     if (dnn)
-      dnn->sgemm('N', 'N', n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+      dnn->sgemm_threaded('N', 'N', n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
     else
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(),
                   n, 0.0f, c.data(), n);

@@ -28,9 +28,10 @@ GemmRoute decide_route() {
   // REMAT_GEMM=openblas never loads it.
   const OneDnn* dnn = want == "openblas" ? nullptr : onednn();
   if (want == "onednn" && !dnn)
-    throw ConfigError(
-        "REMAT_GEMM=onednn: libdnnl.so.2 cannot be loaded. Fix: install Debian's libdnnl2 "
-        "(scripts/install-deps.sh does), or unset REMAT_GEMM");
+    throw ConfigError(fmt::format(
+        "REMAT_GEMM=onednn: {}. Fix: install Debian's libdnnl2 (scripts/install-deps.sh does), "
+        "or set REMAT_GEMM=openblas",
+        onednn_missing_reason()));
   GemmRoute r;
   r.onednn = dnn != nullptr;
   r.describe = r.onednn ? fmt::format("{} ({})", dnn->version(), dnn->isa()) : "OpenBLAS";
@@ -46,7 +47,7 @@ GemmRoute decide_route() {
   else if (r.onednn)
     r.chosen_by = "remat-train (default; REMAT_GEMM=openblas for OpenBLAS)";
   else
-    r.chosen_by = "remat-train: libdnnl.so.2 is not installed, scripts/install-deps.sh installs it";
+    r.chosen_by = "remat-train: " + onednn_missing_reason();
   return r;
 }
 
@@ -98,9 +99,11 @@ void sgemm_on(bool use_onednn, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M
     const float* b = tb == CblasNoTrans ? B + j0 : B + j0 * ldb;
     float* c = C + i0 * ldc + j0;
     if (dnnl) {
-      // Inside the parallel region oneDNN, like OpenBLAS, runs on the calling thread only.
-      if (const int s = dnnl->sgemm(ta == CblasNoTrans ? 'N' : 'T', tb == CblasNoTrans ? 'N' : 'T',
-                                    m, n, K, 1.0f, a, lda, b, ldb, beta, c, ldc))
+      // Inside the parallel region (or a team of one) oneDNN, like OpenBLAS, runs on the calling
+      // thread only.
+      if (const int s = dnnl->sgemm_on_this_thread(ta == CblasNoTrans ? 'N' : 'T',
+                                                   tb == CblasNoTrans ? 'N' : 'T', m, n, K, 1.0f, a,
+                                                   lda, b, ldb, beta, c, ldc))
         dnnl_status = s;
     } else {
       cblas_sgemm(CblasRowMajor, ta, tb, blas_int(m), blas_int(n), blas_int(K), 1.0f, a,

@@ -7,13 +7,14 @@
 // Loaded rather than linked: the library is 40 MB, and a binary without it (the GPU device's
 // bundle) keeps OpenBLAS.
 //
-// Signals. oneDNN's JIT GEMM kernels before 3.11 point the stack pointer into their heap
-// workspace while they run (upstream issue uxlfoundation/oneDNN#4845, fixed by PR #4855, not in
-// Debian's 2.6.3). A signal handler that runs on a thread inside such a kernel writes its signal
-// frame into that heap block, and a later free() aborts with glibc's "corrupted size vs.
-// prev_size" or "free(): invalid next size". Measured here: a SIGTERM during training did it in
-// about 1 run in 15; a 5 kHz SIGPROF timer during tile GEMMs in nearly every run within 0.1 s,
-// and never with the frames on an alternate signal stack. So every call below holds back the
+// Signals. oneDNN's JIT GEMM kernels point the stack pointer into their heap workspace while they
+// run (upstream issue uxlfoundation/oneDNN#4845, reproduced there on 3.11.1 and fixed by PR #4855,
+// backported to the 3.11 branch; Debian has 2.6.3). A signal handler that runs on a thread inside
+// such a kernel writes its signal frame into that heap block, and a later free() aborts with
+// glibc's "corrupted size vs. prev_size" or "free(): invalid next size". Measured here: a SIGTERM
+// during training did it in about 1 run in 15; an ITIMER_PROF timer asking for 5 kHz (the kernel
+// delivers ~250 Hz) during tile GEMMs, in 3 of 4 runs within 0.1 s, and never (4 of 4 runs) with
+// the frames on an alternate signal stack. So every call below holds back the
 // asynchronous signals on the threads that run oneDNN's code for its duration: a signal that
 // arrives then is delivered to another thread, or on return, and its handler never runs on
 // oneDNN's stack. Synchronous fault signals (SIGSEGV, ...) stay deliverable.
@@ -40,11 +41,17 @@ class OneDnn {
         isa_(std::move(isa)),
         isa_class_(isa_class) {}
 
-  /// dnnl_sgemm on the calling thread's share of the work: single-threaded inside an OpenMP
-  /// parallel region (as the tile grid calls it), threaded by oneDNN outside one. Signals are
-  /// held back on every thread that may run it (see above). Returns oneDNN's status.
-  int sgemm(char transa, char transb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
-            int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) const;
+  /// dnnl_sgemm on the calling thread alone, as the tile grid calls it: from inside its OpenMP
+  /// region, or from a team of one (oneDNN then runs single-threaded: it asks the same libgomp,
+  /// load() checks). Signals are held back on this thread. Returns oneDNN's status.
+  int sgemm_on_this_thread(char transa, char transb, int64_t M, int64_t N, int64_t K, float alpha,
+                           const float* A, int64_t lda, const float* B, int64_t ldb, float beta,
+                           float* C, int64_t ldc) const;
+  /// dnnl_sgemm threaded by oneDNN over the OpenMP pool (the SGEMM floor), called outside any
+  /// parallel region. Signals are held back on every thread of the pool for the call.
+  int sgemm_threaded(char transa, char transb, int64_t M, int64_t N, int64_t K, float alpha,
+                     const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
+                     int64_t ldc) const;
 
   /// "oneDNN 2.6.3".
   const std::string& version() const { return version_; }
@@ -60,7 +67,10 @@ class OneDnn {
   VectorIsa isa_class_;
 };
 
-/// oneDNN when libdnnl.so.2 loads and has dnnl_sgemm, else null. Loaded once per process.
+/// oneDNN when libdnnl.so.2 loads, has dnnl_sgemm and shares this binary's OpenMP runtime, else
+/// null. Loaded once per process.
 const OneDnn* onednn();
+/// Why onednn() is null ("libdnnl.so.2 is not installed", ...); empty when it is not.
+const std::string& onednn_missing_reason();
 
 }  // namespace remat::cpu
