@@ -4,7 +4,6 @@
 //   budget, 128 + signal when stopped by SIGINT (130), SIGTERM (143) or SIGHUP (129).
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <charconv>
@@ -18,6 +17,7 @@
 #include "cmd/commands.h"
 #include "engine/config.h"
 #include "engine/cpu/blas_kernel.h"
+#include "engine/cpu/openmp_wait.h"
 #include "engine/error.h"
 #include "engine/parallel/communicator.h"
 #include "engine/planner.h"
@@ -324,19 +324,6 @@ int run(int argc, char** argv) {
 
 }  // namespace
 
-// OpenMP threads that spin at barriers turn one competing process into an 8-10x slowdown on
-// a 2-core machine (each barrier waits for a descheduled sibling). Measured here (copy.toml,
-// median ms/step, alone | beside one busy loop): default 63 | 272, OMP_WAIT_POLICY=passive
-// 68 | 134 (the 2x that losing half the cores costs). libgomp reads the variable once, when it
-// loads, and has no call to change it later; so when the user has not chosen a policy, the
-// process sets it and re-executes itself, before anything else has run.
-static void prefer_passive_openmp_wait(char** argv) {
-  if (std::getenv("OMP_WAIT_POLICY") || std::getenv("GOMP_SPINCOUNT")) return;
-  if (setenv("OMP_WAIT_POLICY", "passive", 1) != 0) return;
-  setenv("REMAT_TRAIN_SET_WAIT_POLICY", "1", 1);  // for --version: who chose the policy
-  execv("/proc/self/exe", argv);  // returns only on failure: then run with the default policy
-}
-
 // What each kind of error exits with (README, "Exit codes"): bad input the user can fix is a
 // usage error, a run that does not fit is out of memory, anything else a runtime failure.
 static int exit_code_of(const remat::Error& e) {
@@ -361,7 +348,7 @@ static int stop_all_ranks(const std::string& message, int code) {
 }
 
 int main(int argc, char** argv) {
-  prefer_passive_openmp_wait(argv);
+  remat::cpu::prefer_passive_openmp_wait(argv);  // engine/cpu/openmp_wait.h says why
   remat::cpu::select_blas_kernel();  // before any BLAS call (engine/cpu/blas_kernel.h says why)
   try {
     const int code = run(argc, argv);

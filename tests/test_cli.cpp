@@ -228,7 +228,7 @@ TEST_CASE("the top-level help names the program and --config, and train takes --
 }
 
 TEST_CASE("OpenMP threads sleep at barriers unless the user chose a wait policy", "[smoke]") {
-  // The re-executed process reports the policy it runs with (cmd/main.cpp says why passive).
+  // The re-executed process reports the policy it runs with (engine/cpu/openmp_wait.h says why passive).
   auto chosen = remat::test::run_binary("--version", true, "-u OMP_WAIT_POLICY -u GOMP_SPINCOUNT");
   CHECK_THAT(chosen.out, Contains("OpenMP: wait policy passive (chosen by remat-train"));
   auto user = remat::test::run_binary("--version", true,
