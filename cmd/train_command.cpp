@@ -22,6 +22,7 @@
 #include "engine/error.h"
 #include "engine/experiments/interrupt.h"
 #include "engine/parallel/communicator.h"
+#include "engine/parallel/context_ring.h"
 #include "engine/planner.h"
 #include "engine/trainer.h"
 #include "engine/units.h"
@@ -434,17 +435,16 @@ int run_train(const TrainOptions& options) {
 
   BackendChoice choice = make_backend(cfg);
   Backend& be = *choice.backend;
-  // Context parallel's ring runs on the CPU backend; data parallel also on CUDA (NCCL).
-  if (cfg.parallel.context > 1 && be.workspace_target().device != DeviceKind::Cpu)
-    throw ConfigError(fmt::format(
-        "{}: parallel.context = {} runs on the CPU backend; the {} backend has no ring attention "
-        "yet (it runs data parallel over NCCL). Fix: set device.backend = \"cpu\", or "
-        "parallel.context = 1",
-        cfg.path, cfg.parallel.context, be.name()));
-  // The ranks that split each sequence: consecutive world ranks.
+  // The ranks that split each sequence: consecutive world ranks, a ring over MPI on the CPU and
+  // over NCCL (bootstrapped through MPI) on CUDA. Declared before the model, which uses it.
   std::unique_ptr<parallel::Communicator> context_group;
-  if (cfg.parallel.context > 1)
+  std::unique_ptr<parallel::RingChannel> ring_channel;
+  if (cfg.parallel.context > 1) {
     context_group = world.split(cfg.parallel.data_rank(), cfg.parallel.context_rank());
+    ring_channel = be.workspace_target().device == DeviceKind::Cuda
+                       ? cuda::make_nccl_ring_channel(be, *context_group)
+                       : parallel::make_mpi_ring_channel(*context_group);
+  }
   // The plan of this very run: the same step on the count backend.
   const Planner planner(run_plan_target(be), make_run_parts);
   // auto, for this very budget: the Trainer sees a per-block plan.
@@ -454,7 +454,7 @@ int run_train(const TrainOptions& options) {
   }
   const DryRun predicted = planner.dry_run(cfg);
   refuse_plan_over_budget(planner, cfg, predicted);
-  std::unique_ptr<Model> model = make_model(cfg, be, context_group.get());
+  std::unique_ptr<Model> model = make_model(cfg, be, ring_channel.get());
   std::unique_ptr<DataSource> data = make_data_source(cfg);
   data->open();
   Trainer trainer(cfg.train, resolve_remat_plan(cfg, *model), be, *model, *data,

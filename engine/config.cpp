@@ -389,7 +389,7 @@ const std::vector<KeySpec>& key_specs() {
        "data rows",
        [](Config& c, auto& n, auto& o) { c.parallel.data = read_int(n, o, 0, 1 << 16, false); }},
       {"parallel", "context",
-       "ranks that split each sequence (ring attention; rope GPTs on the CPU backend)",
+       "ranks that split each sequence (ring attention; rope GPTs)",
        [](Config& c, auto& n, auto& o) { c.parallel.context = read_int(n, o, 1, 1 << 16, false); }},
       {"parallel", "bucket_bytes", "gradient bytes per reduction exchange (two in flight)",
        [](Config& c, auto& n, auto& o) { c.parallel.bucket_bytes = read_size(n, o); }},

@@ -13,6 +13,7 @@ class Model;
 namespace parallel {
 class Communicator;
 class GradientSync;
+class RingChannel;
 class ShardedGradientSync;
 }  // namespace parallel
 }  // namespace remat
@@ -38,6 +39,11 @@ std::unique_ptr<parallel::GradientSync> make_nccl_sync(Backend& be, Model& model
 std::unique_ptr<parallel::ShardedGradientSync> make_nccl_sharded_sync(Backend& be, Model& model,
                                                                       parallel::Communicator& comm,
                                                                       uint64_t bucket_bytes);
+/// Context parallel on the CUDA backend `be`: the ring of ContextRing over the ranks of `comm`
+/// (the context group), as NCCL sends and receives of device memory on a stream of their own
+/// (engine/cuda/nccl_sync.cpp).
+std::unique_ptr<parallel::RingChannel> make_nccl_ring_channel(Backend& be,
+                                                              parallel::Communicator& comm);
 /// "NCCL 2.28.3" or "built without CUDA".
 std::string nccl_version();
 

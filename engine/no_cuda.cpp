@@ -3,6 +3,7 @@
 #ifndef REMAT_HAVE_CUDA
 #include "engine/cuda_api.h"
 #include "engine/error.h"
+#include "engine/parallel/context_ring.h"
 #include "engine/parallel/gradient_sync.h"
 
 namespace remat::cuda {
@@ -23,6 +24,10 @@ std::unique_ptr<parallel::GradientSync> make_nccl_sync(Backend&, Model&, paralle
 std::unique_ptr<parallel::ShardedGradientSync> make_nccl_sharded_sync(Backend&, Model&,
                                                                       parallel::Communicator&,
                                                                       uint64_t) {
+  throw BackendError(
+      "[parallel] NCCL needs the CUDA backend, and this binary was built without CUDA");
+}
+std::unique_ptr<parallel::RingChannel> make_nccl_ring_channel(Backend&, parallel::Communicator&) {
   throw BackendError(
       "[parallel] NCCL needs the CUDA backend, and this binary was built without CUDA");
 }

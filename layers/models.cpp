@@ -20,7 +20,7 @@ class GptModel : public Model {
   GptModel(const ModelConfig& model, const ModelShape& s, Backend& be) : m_(model) {
     B_ = s.batch_size;
     if (s.context_ranks > 1)
-      ring_ = std::make_unique<parallel::ContextRing>(s.context_comm, s.context_ranks,
+      ring_ = std::make_unique<parallel::ContextRing>(s.ring_channel, s.context_ranks,
                                                       s.context_rank, s.seq_len);
     T_ = ring_ ? ring_->positions().tokens() : s.seq_len;  // this rank's tokens of each row
     loss_rows_all_ranks_ = B_ * s.seq_len * s.data_ranks;
@@ -164,14 +164,14 @@ int64_t Model::n_params() const {
 }
 
 std::unique_ptr<Model> make_model(const Config& cfg, Backend& be,
-                                  parallel::Communicator* context_comm) {
+                                  parallel::RingChannel* ring_channel) {
   ModelShape shape = model_shape(cfg.train);
   shape.batch_size = local_batch_size(cfg);
   shape.data_ranks = cfg.parallel.data_ranks();
   shape.data_rank = cfg.parallel.data_rank();
   shape.context_ranks = static_cast<int>(cfg.parallel.context);
   shape.context_rank = cfg.parallel.context_rank();
-  shape.context_comm = context_comm;
+  shape.ring_channel = ring_channel;
   shape.tile_tokens = cfg.remat.tile_tokens;
   if (cfg.parallel.shards_optimizer())
     shape.moments = MomentHome::Sharded;

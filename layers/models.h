@@ -12,7 +12,7 @@
 namespace remat {
 
 namespace parallel {
-class Communicator;
+class RingChannel;
 }  // namespace parallel
 
 /// What a model needs besides [model]: the shape of one step and the run's seed (parameter
@@ -23,9 +23,9 @@ struct ModelShape {
   int data_rank = 0;       // this rank's group (its rows follow the groups' before it)
   int64_t seq_len = 1;     // gpt only: every row's tokens (all context ranks' together)
   // Context parallel (gpt): this rank holds 2 of 2 x context_ranks chunks of each row, and
-  // attention is a ring over `context_comm` (null: a dry run of rank context_rank).
+  // attention is a ring over `ring_channel` (null: a dry run of rank context_rank).
   int context_ranks = 1, context_rank = 0;
-  parallel::Communicator* context_comm = nullptr;
+  parallel::RingChannel* ring_channel = nullptr;
   uint64_t seed = 0;        // train.seed
   int64_t loss_chunk = 0;   // train.loss_chunk; 0 = chosen by the tool
   int64_t tile_tokens = 0;  // remat.tile_tokens (gpt): token rows per MLP chunk; 0 = untiled
@@ -38,8 +38,8 @@ ModelShape model_shape(const TrainConfig& train);
 
 std::unique_ptr<Model> make_model(const ModelConfig& model, const ModelShape& shape, Backend& be);
 /// The model of `cfg`: [model] at the shape of [train], this rank's share of it under [parallel]
-/// (cfg.parallel.rank), with ring attention over `context_comm` (null: a dry run).
+/// (cfg.parallel.rank), with ring attention over `ring_channel` (null: a dry run).
 std::unique_ptr<Model> make_model(const Config& cfg, Backend& be,
-                                  parallel::Communicator* context_comm = nullptr);
+                                  parallel::RingChannel* ring_channel = nullptr);
 
 }  // namespace remat

@@ -176,7 +176,8 @@ void CpuBackend::ring_block_forward_impl(const RingBlockForwardArgs& a) {
 
 void CpuBackend::ring_finish_impl(const RingFinishArgs& a) {
   const int64_t B = a.out.dim(0), T = a.out.dim(1), C = a.out.dim(2), NH = a.n_head, HS = C / NH;
-  float* out = a.out.f32();
+  float* out = a.out.f32();  // may be acc itself
+  const float* acc = a.acc.f32();
   const float *m = a.row_max.f32(), *l = a.row_sum.f32();
   float* lse = a.lse.f32();
 #pragma omp parallel for schedule(static) num_threads(threads_)
@@ -185,8 +186,8 @@ void CpuBackend::ring_finish_impl(const RingFinishArgs& a) {
     for (int64_t t = 0; t < T; ++t) {
       const int64_t s = bh * T + t;
       const float inv = 1.0f / l[s];
-      float* o = out + (b * T + t) * C + h * HS;
-      for (int64_t c = 0; c < HS; ++c) o[c] *= inv;
+      const int64_t at = (b * T + t) * C + h * HS;
+      for (int64_t c = 0; c < HS; ++c) out[at + c] = acc[at + c] * inv;
       lse[s] = m[s] + std::log(l[s]);  // may overwrite m[s] itself: read first
     }
   }

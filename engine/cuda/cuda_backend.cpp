@@ -273,6 +273,10 @@ cudaStream_t CudaBackend::stream() const {
   return dev_->stream;
 }
 
+int64_t CudaBackend::max_shared_memory_per_block() const {
+  return static_cast<int64_t>(dev_->prop.sharedMemPerBlockOptin);
+}
+
 std::string CudaBackend::describe() const {
   const cudaDeviceProp& p = dev_->prop;
   return fmt::format("cuda:{} {} (sm_{}{}, {} SMs, {}{}), {} activations, {}", dev_->device, p.name,

@@ -94,6 +94,8 @@ class CudaBackend final : public Backend {
  private:
   CudaBackend(DType act_dtype, std::shared_ptr<DeviceState> dev);
   cudaStream_t stream() const;
+  /// Shared memory one block may opt in to on this device (cudaDeviceProp), in bytes.
+  int64_t max_shared_memory_per_block() const;
   /// Checks the launches of the op just enqueued; with REMAT_CUDA_SYNC=1 also waits for them.
   void finish_op();
   /// The weight a GEMM reads: the workspace's bf16 copy ("gemm.weight_bf16", cast here) when
@@ -106,6 +108,7 @@ class CudaBackend final : public Backend {
 
   friend class NcclGradientSync;  // runs NCCL on a stream ordered after this one's ops
   friend class NcclShardedSync;   // likewise, for ZeRO-1
+  friend class NcclRingChannel;   // likewise, for context parallel's ring
 
   std::shared_ptr<DeviceState> dev_;
   DType act_;

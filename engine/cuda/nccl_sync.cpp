@@ -6,6 +6,7 @@
 // bits and their weights stay identical. The communicator is bootstrapped through MPI: rank 0
 // makes the NCCL id and broadcasts it. With a sharded optimizer (ZeRO-1) the same stream carries
 // reduce-scatters of the gradients and all-gathers of the updated weights (NcclShardedSync).
+// Context parallel's ring passes its blocks with NCCL sends and receives (NcclRingChannel).
 #include <fmt/format.h>
 #include <nccl.h>
 
@@ -17,6 +18,7 @@
 #include "engine/error.h"
 #include "engine/model.h"
 #include "engine/parallel/communicator.h"
+#include "engine/parallel/context_ring.h"
 #include "engine/parallel/gradient_sync.h"
 
 namespace remat::cuda {
@@ -212,6 +214,50 @@ class NcclShardedSync final : public parallel::EqualShardSync {
   CudaBackend& be_;
   NcclChannel nccl_;  // destroyed before the base's slot: it waits for the stream first
 };
+
+// Context parallel's ring (engine/parallel/context_ring.h) over NCCL. Each exchange is one group
+// of a send to the next rank and a receive from the previous one, on the channel's stream, after
+// the compute stream's ops so far: those wrote what is sent and last read what the receive
+// overwrites. wait() orders the compute stream's later ops after every exchange so far, so the
+// ring's kernels overlap the transfers they do not depend on. Every rank starts the same exchanges
+// in the same order (ContextRing's schedule), which is how NCCL matches them.
+class NcclRingChannel final : public parallel::RingChannel {
+ public:
+  NcclRingChannel(CudaBackend& be, parallel::Communicator& comm)
+      : be_(be), rank_(comm.rank()), size_(comm.size()), nccl_(comm) {}
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  parallel::Request start(const float* send, int64_t n_send, float* recv, int64_t n_recv) override {
+    nccl_.after_compute(be_.stream());
+    nccl_check(ncclGroupStart(), "ncclGroupStart");
+    nccl_check(ncclSend(send, static_cast<size_t>(n_send), ncclFloat, (rank_ + 1) % size_,
+                        nccl_.comm, nccl_.stream),
+               "ncclSend");
+    nccl_check(ncclRecv(recv, static_cast<size_t>(n_recv), ncclFloat, (rank_ + size_ - 1) % size_,
+                        nccl_.comm, nccl_.stream),
+               "ncclRecv");
+    nccl_check(ncclGroupEnd(), "ncclGroupEnd");
+    return {++started_};
+  }
+  void wait(parallel::Request& r) override {
+    if (r.id == 0) return;
+    nccl_.before_compute(be_.stream());
+    r.id = 0;
+  }
+
+ private:
+  CudaBackend& be_;
+  int rank_, size_;
+  NcclChannel nccl_;
+  int64_t started_ = 0;
+};
+
+std::unique_ptr<parallel::RingChannel> make_nccl_ring_channel(Backend& be,
+                                                              parallel::Communicator& comm) {
+  auto* cuda = dynamic_cast<CudaBackend*>(&be);
+  REMAT_ASSERT(cuda != nullptr, "make_nccl_ring_channel on the {} backend", be.name());
+  return std::make_unique<NcclRingChannel>(*cuda, comm);
+}
 
 std::unique_ptr<parallel::GradientSync> make_nccl_sync(Backend& be, Model& model,
                                                        parallel::Communicator& comm) {

@@ -3,8 +3,11 @@
 // tokens at known global positions (two chunks per rank in the load-balanced layout), with the
 // same online-softmax / log-sum-exp contract as attention_forward. The ring orchestration calls
 // them once per ring step; the kernels never communicate. Kernels: engine/cpu/ring_attention.cpp
-// (the CUDA backend refuses them: context parallel runs on the CPU backend); tests:
-// tests/ops/test_ring_attention.cpp.
+// and engine/cuda/ring_attention.cu; tests: tests/ops/test_ring_attention.cpp.
+//
+// What travels and what accumulates is f32 on every backend (q, kv, the running softmax, dq, dkv);
+// the tensors the rest of the block sees (qkv, the output, dout, dqkv) are activations, bf16 on a
+// CUDA backend that stores them so.
 #pragma once
 
 #include <algorithm>
@@ -60,7 +63,7 @@ inline double causal_pairs(const TokenPositions& q, const TokenPositions& k) {
 struct RingSplitArgs {
   Tensor q;    // (B, T, C) f32 [=]
   Tensor kv;   // (B, T, 2C) f32 [=]
-  Tensor qkv;  // (B, T, 3C) f32
+  Tensor qkv;  // (B, T, 3C) act
   int n_head = 1;
   float rope_theta = 0;
   TokenPositions pos;
@@ -68,7 +71,7 @@ struct RingSplitArgs {
 
 /// The gradient back through RingSplitArgs: dqkv = the inverse rotation of dq and dk, and dv.
 struct RingMergeGradArgs {
-  Tensor dqkv;  // (B, T, 3C) f32 [=]
+  Tensor dqkv;  // (B, T, 3C) act [=]
   Tensor dq;    // (B, T, C) f32
   Tensor dkv;   // (B, T, 2C) f32
   int n_head = 1;
@@ -89,9 +92,10 @@ struct RingBlockForwardArgs {
   TokenPositions q_pos, k_pos;
 };
 
-/// After the last ring step: out = acc / l in place, lse = m + log(l).
+/// After the last ring step: out = acc / l, lse = m + log(l).
 struct RingFinishArgs {
-  Tensor out;      // (B, Tq, C) f32: acc on entry, the attention output on return
+  Tensor out;      // (B, Tq, C) act [=] (may be acc itself when f32)
+  Tensor acc;      // (B, Tq, C) f32, the running sum of RingBlockForwardArgs
   Tensor lse;      // (B, NH, Tq) f32 [=] (may be row_max itself)
   Tensor row_max;  // (B, NH, Tq) f32
   Tensor row_sum;  // (B, NH, Tq) f32
@@ -105,7 +109,7 @@ struct RingBlockBackwardArgs {
   Tensor dkv;    // (B, Tk, 2C) f32 [+=]
   Tensor q;      // (B, Tq, C) f32 (rotated)
   Tensor kv;     // (B, Tk, 2C) f32
-  Tensor dout;   // (B, Tq, C) f32
+  Tensor dout;   // (B, Tq, C) act
   Tensor lse;    // (B, NH, Tq) f32
   Tensor delta;  // (B, NH, Tq) f32
   int n_head = 1;
@@ -154,12 +158,14 @@ inline OpCost cost(const RingBlockForwardArgs& a) {
 }
 
 inline void check(const RingFinishArgs& a) {
-  REMAT_ASSERT(a.out.ndim == 3 && a.lse.numel() == a.out.dim(0) * a.n_head * a.out.dim(1) &&
+  REMAT_ASSERT(a.out.ndim == 3 && a.acc.numel() == a.out.numel() && a.acc.dtype == DType::F32 &&
+                   a.lse.numel() == a.out.dim(0) * a.n_head * a.out.dim(1) &&
                    a.row_max.numel() == a.lse.numel() && a.row_sum.numel() == a.lse.numel(),
                "ring_finish: out {} lse {}", a.out.shape_str(), a.lse.shape_str());
 }
 inline OpCost cost(const RingFinishArgs& a) {
-  return {static_cast<double>(a.out.numel()), 2 * act_bytes(a.out) + 3 * act_bytes(a.lse)};
+  return {static_cast<double>(a.out.numel()),
+          act_bytes(a.acc) + act_bytes(a.out) + 3 * act_bytes(a.lse)};
 }
 
 inline void check(const RingBlockBackwardArgs& a) {

@@ -10,11 +10,34 @@
 
 namespace remat::parallel {
 
-ContextRing::ContextRing(Communicator* comm, int ranks, int rank, int64_t seq_len)
-    : comm_(comm), ranks_(ranks), rank_(rank) {
-  REMAT_ASSERT(!comm || (comm->size() == ranks && comm->rank() == rank),
-               "context ring: rank {} of {} on a communicator's rank {} of {}", rank, ranks,
-               comm ? comm->rank() : 0, comm ? comm->size() : 0);
+namespace {
+
+class MpiRingChannel final : public RingChannel {
+ public:
+  explicit MpiRingChannel(Communicator& comm) : comm_(comm) {}
+  int rank() const override { return comm_.rank(); }
+  int size() const override { return comm_.size(); }
+  Request start(const float* send, int64_t n_send, float* recv, int64_t n_recv) override {
+    const int r = comm_.rank(), n = comm_.size();
+    return comm_.start_sendrecv(send, n_send, (r + 1) % n, recv, n_recv, (r + n - 1) % n);
+  }
+  void wait(Request& r) override { comm_.wait(r); }
+
+ private:
+  Communicator& comm_;
+};
+
+}  // namespace
+
+std::unique_ptr<RingChannel> make_mpi_ring_channel(Communicator& comm) {
+  return std::make_unique<MpiRingChannel>(comm);
+}
+
+ContextRing::ContextRing(RingChannel* channel, int ranks, int rank, int64_t seq_len)
+    : channel_(channel), ranks_(ranks), rank_(rank) {
+  REMAT_ASSERT(!channel || (channel->size() == ranks && channel->rank() == rank),
+               "context ring: rank {} of {} on a channel's rank {} of {}", rank, ranks,
+               channel ? channel->rank() : 0, channel ? channel->size() : 0);
   for (int r = 0; r < ranks; ++r) pos_.push_back(context_positions(seq_len, ranks, r));
 }
 
@@ -44,8 +67,13 @@ void ContextRing::forward(Backend& be, const AttentionForwardArgs& a) const {
                   pool.allocate({B, Tmax, 2 * C}, DType::F32, MemCategory::Transient, "ring.kv1")};
   Buffer row_sum =
       pool.allocate({B, a.n_head, T}, DType::F32, MemCategory::Transient, "ring.row_sum");
+  // The running sum is f32 whatever the activations are: in out itself when that is f32.
+  Buffer acc_buf;
+  if (a.out.dtype != DType::F32)
+    acc_buf = pool.allocate({B, T, C}, DType::F32, MemCategory::Transient, "ring.acc");
+  const Tensor acc = acc_buf.empty() ? a.out : acc_buf.tensor();
   be.ring_split({q, rows_of(kv[0], B, T, 2 * C), a.qkv, a.n_head, a.rope_theta, positions()});
-  be.fill(a.out, 0.0f);
+  be.fill(acc, 0.0f);
   be.fill(a.lse, -std::numeric_limits<float>::infinity());  // the running max until the finish
   be.fill(row_sum, 0.0f);
   for (int s = 0; s < ranks_; ++s) {
@@ -54,14 +82,13 @@ void ContextRing::forward(Backend& be, const AttentionForwardArgs& a) const {
     if (s + 1 < ranks_) {  // hand this kv on while attending to it
       const int64_t n_out = B * tokens(src) * 2 * C, n_in = B * tokens(source(s + 1)) * 2 * C;
       be.count_ring_bytes(4.0 * static_cast<double>(n_out));
-      if (comm_)
-        pass = comm_->start_sendrecv(kv[cur].f32(), n_out, next(), kv[1 - cur].f32(), n_in, prev());
+      if (channel_) pass = channel_->start(kv[cur].f32(), n_out, kv[1 - cur].f32(), n_in);
     }
-    be.ring_block_forward({a.out, a.lse, row_sum, q, rows_of(kv[cur], B, tokens(src), 2 * C),
+    be.ring_block_forward({acc, a.lse, row_sum, q, rows_of(kv[cur], B, tokens(src), 2 * C),
                            a.n_head, positions(), pos_[static_cast<size_t>(src)]});
-    if (comm_) comm_->wait(pass);
+    if (channel_) channel_->wait(pass);
   }
-  be.ring_finish({a.out, a.lse, a.lse, row_sum, a.n_head});
+  be.ring_finish({a.out, acc, a.lse, a.lse, row_sum, a.n_head});
 }
 
 void ContextRing::backward(Backend& be, const AttentionBackwardArgs& a) const {
@@ -92,9 +119,7 @@ void ContextRing::backward(Backend& be, const AttentionBackwardArgs& a) const {
     Request values;
     if (s + 1 < ranks_) {
       be.count_ring_bytes(4.0 * static_cast<double>(n_out));
-      if (comm_)
-        values =
-            comm_->start_sendrecv(kv[cur].f32(), n_out, next(), kv[1 - cur].f32(), n_in, prev());
+      if (channel_) values = channel_->start(kv[cur].f32(), n_out, kv[1 - cur].f32(), n_in);
     }
     const Tensor dkv_src = rows_of(dkv[cur], B, tokens(src), 2 * C);
     be.ring_block_backward({dq, dkv_src, q, rows_of(kv[cur], B, tokens(src), 2 * C), a.dout, a.lse,
@@ -104,13 +129,12 @@ void ContextRing::backward(Backend& be, const AttentionBackwardArgs& a) const {
     // two exchanges in this order, which is how MPI matches them.
     if (ranks_ > 1) {
       be.count_ring_bytes(4.0 * static_cast<double>(n_out));
-      if (comm_) {
-        Request grads =
-            comm_->start_sendrecv(dkv[cur].f32(), n_out, next(), dkv[1 - cur].f32(), n_in, prev());
-        comm_->wait(grads);
+      if (channel_) {
+        Request grads = channel_->start(dkv[cur].f32(), n_out, dkv[1 - cur].f32(), n_in);
+        channel_->wait(grads);
       }
     }
-    if (comm_) comm_->wait(values);
+    if (channel_) channel_->wait(values);
   }
   // After `ranks` steps and hops, this rank's own accumulator is in buffer ranks % 2 (buffer 0
   // when there was no hop at all).

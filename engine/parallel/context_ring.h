@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "engine/backend.h"
@@ -22,11 +23,32 @@
 
 namespace remat::parallel {
 
+/// How ring blocks travel between the ranks of a context group: each start() sends to the next
+/// rank and receives from the previous one, on the memory the backend computes in. MPI moves host
+/// memory (the CPU backend: make_mpi_ring_channel); NCCL moves device memory on a stream of its
+/// own, ordered after the compute stream's work so far and before its later work by events
+/// (cuda::make_nccl_ring_channel). Every rank starts its exchanges in the same order.
+class RingChannel {
+ public:
+  virtual ~RingChannel() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  /// Non-blocking: `n_send` floats of `send` to rank + 1 and `n_recv` floats from rank - 1 into
+  /// `recv`. Neither buffer may be touched until wait() on the returned request.
+  virtual Request start(const float* send, int64_t n_send, float* recv, int64_t n_recv) = 0;
+  /// The exchange is done for whatever runs after this call (on an asynchronous backend: the
+  /// compute ops enqueued after it).
+  virtual void wait(Request& r) = 0;
+};
+
+/// The ring over `comm` (the context group) with MPI point-to-point messages on host memory.
+std::unique_ptr<RingChannel> make_mpi_ring_channel(Communicator& comm);
+
 class ContextRing {
  public:
-  /// `comm` is the context group (its size is `ranks`), or null for a dry run of rank `rank`:
-  /// the same allocations and op counts, no exchange.
-  ContextRing(Communicator* comm, int ranks, int rank, int64_t seq_len);
+  /// `channel` joins the context group (its size is `ranks`), or null for a dry run of rank
+  /// `rank`: the same allocations and op counts, no exchange.
+  ContextRing(RingChannel* channel, int ranks, int rank, int64_t seq_len);
   int ranks() const { return ranks_; }
   int rank() const { return rank_; }
   const TokenPositions& positions() const { return pos_[static_cast<size_t>(rank_)]; }
@@ -44,7 +66,7 @@ class ContextRing {
   /// The rank whose kv this rank holds at ring step s.
   int source(int s) const { return ((rank_ - s) % ranks_ + ranks_) % ranks_; }
 
-  Communicator* comm_;
+  RingChannel* channel_;
   int ranks_, rank_;
   std::vector<TokenPositions> pos_;  // every rank's
 };

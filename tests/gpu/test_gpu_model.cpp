@@ -27,6 +27,7 @@
 #include "engine/cuda/workspace.h"
 #include "engine/cuda_api.h"
 #include "engine/parallel/communicator.h"
+#include "engine/parallel/context_ring.h"
 #include "engine/parallel/gradient_sync.h"
 #include "engine/trainer.h"
 #include "layers/models.h"
@@ -259,19 +260,45 @@ TEST_CASE("a single-rank NCCL communicator sums the gradients of one rank into t
   std::vector<std::vector<float>> before;
   uint64_t stream = 1;
   for (Param& p : model->params()) {
-    Buffer g = test::make_randn(gpu, p.grad.tensor().dims(), 5, stream++);
+    // Device memory: through upload and fetch, never read or written from the host directly.
+    Buffer g = test::upload(gpu, p.grad.tensor().dims(), DType::F32,
+                            test::host_randn(p.grad.tensor().numel(), stream++));
     gpu.copy(p.grad, g);
-    before.push_back(test::to_host(p.grad));
+    before.push_back(test::fetch(gpu, p.grad));
   }
   for (size_t i = model->n_blocks(); i-- > 0;) sync->block_done(i);
   sync->finish();
   size_t k = 0;
   for (Param& p : model->params()) {
     INFO(p.name);
-    CHECK(test::to_host(p.grad) == before[k++]);
+    CHECK(test::fetch(gpu, p.grad) == before[k++]);
   }
   INFO(cuda::nccl_version());
   CHECK(cuda::nccl_version().rfind("NCCL 2.", 0) == 0);
+}
+
+TEST_CASE("a single-rank NCCL ring channel passes a block to itself in stream order",
+          "[gpu][nccl]") {
+  // Context parallel's transport on the one-GPU device: over one rank the next and the previous
+  // rank are the rank itself. The block is written by a compute-stream op just before the exchange
+  // starts, and read by one just after wait(): the channel's events must order both.
+  cuda::CudaBackend gpu(DeviceConfig{}, DType::BF16);
+  std::unique_ptr<parallel::Communicator> one = parallel::make_single_rank();
+  std::unique_ptr<parallel::RingChannel> ring = cuda::make_nccl_ring_channel(gpu, *one);
+  CHECK(ring->size() == 1);
+  CHECK(ring->rank() == 0);
+  const int64_t n = int64_t{1} << 22;
+  const std::vector<float> host = test::host_randn(n, 7);
+  Buffer src = test::upload(gpu, {n}, DType::F32, host);
+  Buffer send = test::upload(gpu, {n}, DType::F32, std::vector<float>(static_cast<size_t>(n), 0));
+  Buffer recv = test::upload(gpu, {n}, DType::F32, std::vector<float>(static_cast<size_t>(n), -1));
+  Buffer after = test::upload(gpu, {n}, DType::F32, std::vector<float>(static_cast<size_t>(n), -2));
+  gpu.copy(send, src);
+  parallel::Request r = ring->start(send.f32(), n, recv.f32(), n);
+  ring->wait(r);
+  gpu.copy(after, recv);
+  CHECK(test::fetch(gpu, after) == host);
+  CHECK(r.id == 0);
 }
 
 TEST_CASE("ZeRO-1 over NCCL on one rank trains like the unsharded trainer", "[gpu][nccl]") {
@@ -306,13 +333,13 @@ TEST_CASE("ZeRO-1 over NCCL on one rank trains like the unsharded trainer", "[gp
       const auto append = [](std::vector<float>& to, const std::vector<float>& x) {
         to.insert(to.end(), x.begin(), x.end());
       };
-      append(r.weights, test::to_host(p.value));
+      append(r.weights, test::fetch(be, p.value));
       for (int moment : {0, 1}) {
         std::vector<float> whole(static_cast<size_t>(p.value.tensor().numel()));
         if (shard)
           trainer.sharded_moments()->gather(p, moment, whole.data());
         else
-          whole = test::to_host(moment == 0 ? p.m : p.v);
+          whole = test::fetch(be, moment == 0 ? p.m : p.v);
         append(moment == 0 ? r.m : r.v, whole);
       }
     }

@@ -1,9 +1,19 @@
-// Op test of ring attention's local pieces (engine/ops/ring_attention.h): the ring of C ranks,
-// played in one process step by step as the ranks would (each rank's queries against every
-// rank's kv in ring order, each kv block's dk | dv accumulated by the ranks in ring order), gives
-// the single-device flash attention's output, log-sum-exp and dqkv at every position, with and
-// without RoPE, for sequence lengths that 2C does not divide. Plus the layout and the closed-form
-// pair count the planner uses.
+// Op test of ring attention's local pieces (engine/ops/ring_attention.h) and of the ring that
+// runs them (engine/parallel/context_ring.h). The ring of C ranks, played in one process step by
+// step as the ranks would (each rank's queries against every rank's kv in ring order, each kv
+// block's dk | dv accumulated by the ranks in ring order), gives the single-device flash
+// attention's output, log-sum-exp and dqkv at every position, with and without RoPE, for sequence
+// lengths that 2C does not divide. ContextRing itself, one thread per rank passing its blocks
+// through host memory, gives the same. The CUDA rows run both on the GPU against the CPU. Plus the
+// layout and the closed-form pair count the planner uses.
+#include <condition_variable>
+#include <exception>
+#include <limits>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "engine/parallel/context_ring.h"
 #include "engine/parallel/layout.h"
 #include "tests/ops/op_test.h"
 
@@ -11,11 +21,6 @@ namespace remat::test {
 namespace {
 
 using parallel::context_positions;
-
-struct RingRank {
-  TokenPositions pos;
-  Buffer qkv, dout, q, kv, out, lse, row_sum, delta, dq, dkv, dqkv;
-};
 
 // Rows `pos` of a (B, T, cols) host tensor, in local order.
 std::vector<float> gather_rows(const std::vector<float>& all, int64_t B, int64_t T, int64_t cols,
@@ -35,88 +40,325 @@ std::vector<float> gather_heads(const std::vector<float>& all, int64_t B, int64_
   return out;
 }
 
-void check_ring(int64_t B, int64_t NH, int64_t T, int64_t HS, int ranks, float theta) {
-  CAPTURE(B, NH, T, HS, ranks, theta);
-  CpuBackend be(kTestBudgetBytes, 2);
-  const int64_t C = NH * HS;
-  const int nh = static_cast<int>(NH);
-  // The single-device reference.
-  Buffer qkv = make_randn(be, {B, T, 3 * C}, kSeed, 91),
-         dout = make_randn(be, {B, T, C}, kSeed, 92);
-  Buffer out = make_tensor(be, {B, T, C}), lse = make_tensor(be, {B, NH, T});
-  Buffer dqkv = make_tensor(be, {B, T, 3 * C});
-  be.attention_forward({.out = out, .lse = lse, .qkv = qkv, .n_head = nh, .rope_theta = theta});
+// N(0, 1) values, deterministic in (kSeed, stream).
+std::vector<float> host_values(int64_t n, uint64_t stream) {
+  std::vector<float> v(static_cast<size_t>(n));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(rng_normal(kSeed, stream, i));
+  return v;
+}
+
+// A tensor of `dtype` on any backend holding `host`, and a host copy of one (bf16 through the
+// CUDA rows' helpers; the CPU backend's activations are f32).
+Buffer put(Backend& be, const std::vector<int64_t>& shape, DType dtype,
+           const std::vector<float>& host) {
+#if REMAT_TEST_CUDA_ROWS
+  return upload(be, shape, dtype, host);
+#else
+  REQUIRE(dtype == DType::F32);
+  Buffer b = make_tensor(be, shape);
+  REQUIRE(static_cast<size_t>(b.tensor().numel()) == host.size());
+  be.upload(b, host.data());
+  return b;
+#endif
+}
+std::vector<float> get(Backend& be, const Tensor& t) {
+#if REMAT_TEST_CUDA_ROWS
+  return fetch(be, t);
+#else
+  std::vector<float> out(static_cast<size_t>(t.numel()));
+  be.download(out.data(), t);
+  return out;
+#endif
+}
+Buffer filled(Backend& be, const std::vector<int64_t>& shape, DType dtype, float value) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return put(be, shape, dtype, std::vector<float>(static_cast<size_t>(n), value));
+}
+
+// One attention problem: the whole sequence's qkv and dout, and how many ranks split it.
+struct RingProblem {
+  int64_t B, NH, T, HS;
+  int ranks;
+  float theta;
+  std::vector<float> qkv, dout;  // (B, T, 3C), (B, T, C)
+  int64_t C() const { return NH * HS; }
+  TokenPositions positions(int rank) const { return context_positions(T, ranks, rank); }
+};
+RingProblem make_problem(int64_t B, int64_t NH, int64_t T, int64_t HS, int ranks, float theta) {
+  RingProblem p{B, NH, T, HS, ranks, theta, {}, {}};
+  p.qkv = host_values(B * T * 3 * p.C(), 91);
+  p.dout = host_values(B * T * p.C(), 92);
+  return p;
+}
+
+// What each rank ends with, in its local token order.
+struct RankResult {
+  std::vector<float> out, lse, dqkv;
+};
+
+// The single-device attention of the whole problem on the CPU, cut into each rank's tokens.
+std::vector<RankResult> single_device(const RingProblem& p) {
+  CpuBackend be(kTestBudgetBytes, kTestThreads);
+  const int64_t C = p.C();
+  const int nh = static_cast<int>(p.NH);
+  Buffer qkv = put(be, {p.B, p.T, 3 * C}, DType::F32, p.qkv);
+  Buffer dout = put(be, {p.B, p.T, C}, DType::F32, p.dout);
+  Buffer out = make_tensor(be, {p.B, p.T, C}), lse = make_tensor(be, {p.B, p.NH, p.T});
+  Buffer dqkv = make_tensor(be, {p.B, p.T, 3 * C});
+  be.attention_forward({.out = out, .lse = lse, .qkv = qkv, .n_head = nh, .rope_theta = p.theta});
   be.attention_backward({.dqkv = dqkv,
                          .dout = dout,
                          .qkv = qkv,
                          .out = out,
                          .lse = lse,
                          .n_head = nh,
-                         .rope_theta = theta});
-  const auto qkv_h = to_host(qkv), dout_h = to_host(dout), out_h = to_host(out),
-             lse_h = to_host(lse), dqkv_h = to_host(dqkv);
+                         .rope_theta = p.theta});
+  const auto out_h = to_host(out), lse_h = to_host(lse), dqkv_h = to_host(dqkv);
+  std::vector<RankResult> r;
+  for (int i = 0; i < p.ranks; ++i) {
+    const std::vector<int64_t> pos = p.positions(i).list();
+    r.push_back({gather_rows(out_h, p.B, p.T, C, pos), gather_heads(lse_h, p.B, p.NH, p.T, pos),
+                 gather_rows(dqkv_h, p.B, p.T, 3 * C, pos)});
+  }
+  return r;
+}
 
-  std::vector<RingRank> r(static_cast<size_t>(ranks));
-  for (int i = 0; i < ranks; ++i) {
+struct RingRank {
+  TokenPositions pos;
+  Buffer qkv, dout, q, kv, acc, out, lse, row_sum, delta, dq, dkv, dqkv;
+};
+
+// The ring's ops played on `be` in one thread, with activations (qkv, dout, out, dqkv) of type
+// `act` and everything that travels or accumulates in f32, as ContextRing holds them.
+std::vector<RankResult> play_ring_ops(Backend& be, DType act, const RingProblem& p) {
+  const int64_t B = p.B, NH = p.NH, C = p.C();
+  const int nh = static_cast<int>(NH);
+  std::vector<RingRank> r(static_cast<size_t>(p.ranks));
+  for (int i = 0; i < p.ranks; ++i) {
     RingRank& k = r[static_cast<size_t>(i)];
-    k.pos = context_positions(T, ranks, i);
-    const std::vector<int64_t> p = k.pos.list();
+    k.pos = p.positions(i);
+    const std::vector<int64_t> pos = k.pos.list();
     const int64_t Tl = k.pos.tokens();
-    k.qkv = make_tensor(be, {B, Tl, 3 * C});
-    be.upload(k.qkv, gather_rows(qkv_h, B, T, 3 * C, p).data());
-    k.dout = make_tensor(be, {B, Tl, C});
-    be.upload(k.dout, gather_rows(dout_h, B, T, C, p).data());
+    k.qkv = put(be, {B, Tl, 3 * C}, act, gather_rows(p.qkv, B, p.T, 3 * C, pos));
+    k.dout = put(be, {B, Tl, C}, act, gather_rows(p.dout, B, p.T, C, pos));
     k.q = make_tensor(be, {B, Tl, C});
     k.kv = make_tensor(be, {B, Tl, 2 * C});
-    k.out = make_filled(be, {B, Tl, C}, 0.0f);
-    k.lse = make_filled(be, {B, NH, Tl}, -std::numeric_limits<float>::infinity());
-    k.row_sum = make_filled(be, {B, NH, Tl}, 0.0f);
-    be.ring_split({k.q, k.kv, k.qkv, nh, theta, k.pos});
+    k.acc = filled(be, {B, Tl, C}, DType::F32, 0.0f);
+    k.out = filled(be, {B, Tl, C}, act, 7.0f);  // [=]: the 7s must go
+    k.lse = filled(be, {B, NH, Tl}, DType::F32, -std::numeric_limits<float>::infinity());
+    k.row_sum = filled(be, {B, NH, Tl}, DType::F32, 0.0f);
+    be.ring_split({k.q, k.kv, k.qkv, nh, p.theta, k.pos});
   }
   // Forward: rank i meets kv of ranks i, i - 1, ... (ring order).
-  for (int i = 0; i < ranks; ++i) {
+  for (int i = 0; i < p.ranks; ++i) {
     RingRank& k = r[static_cast<size_t>(i)];
-    for (int s = 0; s < ranks; ++s) {
-      const RingRank& src = r[static_cast<size_t>(((i - s) % ranks + ranks) % ranks)];
-      be.ring_block_forward({k.out, k.lse, k.row_sum, k.q, src.kv, nh, k.pos, src.pos});
+    for (int s = 0; s < p.ranks; ++s) {
+      const RingRank& src = r[static_cast<size_t>(((i - s) % p.ranks + p.ranks) % p.ranks)];
+      be.ring_block_forward({k.acc, k.lse, k.row_sum, k.q, src.kv, nh, k.pos, src.pos});
     }
-    be.ring_finish({k.out, k.lse, k.lse, k.row_sum, nh});
-    const std::vector<int64_t> p = k.pos.list();
-    CHECK(allclose(to_host(k.out), gather_rows(out_h, B, T, C, p), kTolAttention, "out"));
-    CHECK(allclose(to_host(k.lse), gather_heads(lse_h, B, NH, T, p), kTolAttention, "lse"));
+    be.ring_finish({k.out, k.acc, k.lse, k.lse, k.row_sum, nh});
   }
   // Backward: block j's accumulator visits ranks j, j + 1, ... in ring order.
   for (RingRank& k : r) {
     k.delta = make_tensor(be, {B, NH, k.pos.tokens()});
     be.attention_delta({k.delta, k.dout, k.out, nh});
-    k.dq = make_filled(be, {B, k.pos.tokens(), C}, 0.0f);
-    k.dkv = make_filled(be, {B, k.pos.tokens(), 2 * C}, 0.0f);
+    k.dq = filled(be, {B, k.pos.tokens(), C}, DType::F32, 0.0f);
+    k.dkv = filled(be, {B, k.pos.tokens(), 2 * C}, DType::F32, 0.0f);
   }
-  for (int j = 0; j < ranks; ++j)
-    for (int s = 0; s < ranks; ++s) {
-      RingRank& k = r[static_cast<size_t>((j + s) % ranks)];
+  for (int j = 0; j < p.ranks; ++j)
+    for (int s = 0; s < p.ranks; ++s) {
+      RingRank& k = r[static_cast<size_t>((j + s) % p.ranks)];
       RingRank& src = r[static_cast<size_t>(j)];
       be.ring_block_backward(
           {k.dq, src.dkv, k.q, src.kv, k.dout, k.lse, k.delta, nh, k.pos, src.pos});
     }
+  std::vector<RankResult> res;
   for (RingRank& k : r) {
-    k.dqkv = make_filled(be, {B, k.pos.tokens(), 3 * C}, 7.0f);  // [=]: the 7s must go
-    be.ring_merge_grad({k.dqkv, k.dq, k.dkv, nh, theta, k.pos});
-    CHECK(allclose(to_host(k.dqkv), gather_rows(dqkv_h, B, T, 3 * C, k.pos.list()), kTolAttention,
-                   "dqkv"));
+    k.dqkv = filled(be, {B, k.pos.tokens(), 3 * C}, act, 7.0f);  // [=]
+    be.ring_merge_grad({k.dqkv, k.dq, k.dkv, nh, p.theta, k.pos});
+    res.push_back({get(be, k.out), get(be, k.lse), get(be, k.dqkv)});
+  }
+  return res;
+}
+
+// The ranks of a ring in one process, one thread each: what rank r starts sending is staged in
+// host memory at once and lands in rank r + 1's buffer when that rank waits for it. Every rank
+// starts the same exchanges in the same order (ContextRing's contract), so rank r's k-th
+// exchange receives rank r - 1's k-th block.
+class LocalRing {
+ public:
+  explicit LocalRing(int ranks) : ranks_(ranks), inbox_(static_cast<size_t>(ranks)) {}
+
+  class Channel final : public parallel::RingChannel {
+   public:
+    Channel(LocalRing& ring, int rank, Backend& be) : ring_(ring), rank_(rank), be_(be) {}
+    int rank() const override { return rank_; }
+    int size() const override { return ring_.ranks_; }
+    parallel::Request start(const float* send, int64_t n_send, float* recv,
+                            int64_t n_recv) override {
+      std::vector<float> block(static_cast<size_t>(n_send));
+      be_.download(block.data(), Tensor(const_cast<float*>(send), {n_send}, DType::F32));
+      const int64_t id = ++started_;
+      ring_.post((rank_ + 1) % ring_.ranks_, id, std::move(block));
+      into_[id] = {recv, n_recv};
+      return {id};
+    }
+    void wait(parallel::Request& r) override {
+      if (r.id == 0) return;
+      const auto [recv, n] = into_.at(r.id);
+      std::vector<float> block = ring_.take(rank_, r.id);
+      REQUIRE(static_cast<int64_t>(block.size()) == n);
+      be_.upload(Tensor(recv, {n}, DType::F32), block.data());
+      into_.erase(r.id);
+      r.id = 0;
+    }
+
+   private:
+    LocalRing& ring_;
+    int rank_;
+    Backend& be_;
+    int64_t started_ = 0;
+    std::map<int64_t, std::pair<float*, int64_t>> into_;
+  };
+
+ private:
+  void post(int to, int64_t id, std::vector<float> block) {
+    std::lock_guard<std::mutex> lock(mu_);
+    inbox_[static_cast<size_t>(to)][id] = std::move(block);
+    cv_.notify_all();
+  }
+  std::vector<float> take(int rank, int64_t id) {
+    std::unique_lock<std::mutex> lock(mu_);
+    auto& box = inbox_[static_cast<size_t>(rank)];
+    cv_.wait(lock, [&] { return box.count(id) > 0; });
+    std::vector<float> block = std::move(box[id]);
+    box.erase(id);
+    return block;
+  }
+
+  int ranks_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::map<int64_t, std::vector<float>>> inbox_;
+};
+
+// ContextRing's forward and backward on every rank at once, one thread and one backend (from
+// `make_backend`) per rank, as the attention of a GPT block calls them.
+template <class MakeBackend>
+std::vector<RankResult> run_context_ring(MakeBackend make_backend, DType act,
+                                         const RingProblem& p) {
+  LocalRing ring(p.ranks);
+  std::vector<RankResult> res(static_cast<size_t>(p.ranks));
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(p.ranks));
+  auto rank_main = [&](int i) {
+    try {
+      std::unique_ptr<Backend> be = make_backend();
+      LocalRing::Channel channel(ring, i, *be);
+      parallel::ContextRing cr(&channel, p.ranks, i, p.T);
+      const std::vector<int64_t> pos = cr.positions().list();
+      const int64_t B = p.B, NH = p.NH, C = p.C(), Tl = cr.positions().tokens();
+      const int nh = static_cast<int>(NH);
+      Buffer qkv = put(*be, {B, Tl, 3 * C}, act, gather_rows(p.qkv, B, p.T, 3 * C, pos));
+      Buffer dout = put(*be, {B, Tl, C}, act, gather_rows(p.dout, B, p.T, C, pos));
+      Buffer out = filled(*be, {B, Tl, C}, act, 7.0f), lse = make_tensor(*be, {B, NH, Tl});
+      Buffer dqkv = filled(*be, {B, Tl, 3 * C}, act, 7.0f);
+      cr.forward(*be, {.out = out, .lse = lse, .qkv = qkv, .n_head = nh, .rope_theta = p.theta});
+      Buffer delta;
+      if (!be->attention_backward_needs_out()) {
+        delta = make_tensor(*be, {B, NH, Tl});
+        be->attention_delta({delta, dout, out, nh});
+      }
+      cr.backward(*be, {.dqkv = dqkv,
+                        .dout = dout,
+                        .qkv = qkv,
+                        .out = delta.empty() ? out.tensor() : Tensor{},
+                        .lse = lse,
+                        .n_head = nh,
+                        .rope_theta = p.theta,
+                        .delta = delta});
+      res[static_cast<size_t>(i)] = {get(*be, out), get(*be, lse), get(*be, dqkv)};
+    } catch (...) {
+      errors[static_cast<size_t>(i)] = std::current_exception();
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int i = 0; i < p.ranks; ++i) threads.emplace_back(rank_main, i);
+  for (std::thread& t : threads) t.join();
+  for (const std::exception_ptr& e : errors)
+    if (e) std::rethrow_exception(e);
+  return res;
+}
+
+void check_ranks(const std::vector<RankResult>& got, const std::vector<RankResult>& want,
+                 Tolerance act_tol, Tolerance lse_tol) {
+  REQUIRE(got.size() == want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    CAPTURE(i);
+    CHECK(allclose(got[i].out, want[i].out, act_tol, "out"));
+    CHECK(allclose(got[i].lse, want[i].lse, lse_tol, "lse"));
+    CHECK(allclose(got[i].dqkv, want[i].dqkv, act_tol, "dqkv"));
   }
 }
+
+// T = 101 with C = 2 or 3: chunks of 25/26 and 16/17 tokens (2C divides no T here); T = 200
+// crosses 64-token tiles inside one chunk; C = 1 is the plain causal case.
+struct RingShape {
+  int64_t T;
+  int ranks;
+};
+const std::vector<RingShape> kRingShapes = {{101, 2}, {101, 3}, {200, 2}, {37, 1}};
 
 }  // namespace
 
 TEST_CASE("ring attention over C ranks gives single-device attention at every position",
           "[ops][parallel]") {
   const float theta = GENERATE(0.0f, 10000.0f);
-  // T = 101 with C = 2 or 3: chunks of 25/26 and 16/17 tokens (2C divides no T here); T = 200
-  // crosses 64-token tiles inside one chunk; C = 1 is the plain causal case.
-  const auto [T, ranks] = GENERATE(table<int64_t, int>({{101, 2}, {101, 3}, {200, 2}, {37, 1}}));
-  check_ring(2, 2, T, 16, ranks, theta);
+  const RingShape shape = GENERATE(from_range(kRingShapes));
+  CAPTURE(shape.T, shape.ranks, theta);
+  const RingProblem p = make_problem(2, 2, shape.T, 16, shape.ranks, theta);
+  CpuBackend be(kTestBudgetBytes, kTestThreads);
+  check_ranks(play_ring_ops(be, DType::F32, p), single_device(p), kTolAttention, kTolAttention);
 }
+
+TEST_CASE("the context ring's schedule over ranks in threads gives single-device attention",
+          "[ops][parallel]") {
+  // ContextRing's forward and backward as a GPT block calls them, with its double buffers, the
+  // order of its exchanges and the accumulators' trip home, each rank on its own thread.
+  const float theta = GENERATE(0.0f, 10000.0f);
+  const int ranks = GENERATE(2, 3);
+  CAPTURE(ranks, theta);
+  const RingProblem p = make_problem(2, 2, 101, 16, ranks, theta);
+  auto cpu = [] { return std::make_unique<CpuBackend>(kTestBudgetBytes, 1); };
+  check_ranks(run_context_ring(cpu, DType::F32, p), single_device(p), kTolAttention, kTolAttention);
+}
+
+#if REMAT_TEST_CUDA_ROWS
+TEST_CASE("ring attention's ops and the context ring on CUDA match the CPU", "[gpu][ring]") {
+  // The ring's inputs rounded to bf16 first when the GPU stores bf16 activations, so that a row
+  // measures the kernels' own error: f32 tiles in another summation order, and one rounding of
+  // out and dqkv to bf16.
+  const float theta = GENERATE(0.0f, 10000.0f);
+  const DType act = GENERATE(from_range(kCudaActivationTypes));
+  const int64_t HS = GENERATE(16, 64, 128);
+  const RingShape shape = GENERATE(from_range(kRingShapes));
+  CAPTURE(shape.T, shape.ranks, theta, HS, dtype_name(act));
+  RingProblem p = make_problem(2, 2, shape.T, HS, shape.ranks, theta);
+  if (act == DType::BF16)
+    for (std::vector<float>* v : {&p.qkv, &p.dout})
+      for (float& x : *v) x = from_bf16_bits(to_bf16_bits(x));
+  const std::vector<RankResult> want = single_device(p);
+  const Tolerance act_tol = act == DType::BF16 ? kCudaBf16Pointwise : kCudaF32Gemm;
+  {
+    cuda::CudaBackend gpu(DeviceConfig{}, act);
+    check_ranks(play_ring_ops(gpu, act, p), want, act_tol, kCudaF32Gemm);
+  }
+  if (shape.ranks > 1) {
+    auto make_gpu = [act] { return std::make_unique<cuda::CudaBackend>(DeviceConfig{}, act); };
+    check_ranks(run_context_ring(make_gpu, act, p), want, act_tol, kCudaF32Gemm);
+  }
+}
+#endif
 
 TEST_CASE("the context layout gives each rank one early and one late chunk", "[ops][parallel]") {
   // 10 tokens over 2 ranks: chunks [0,2) [2,5) [5,7) [7,10); rank 0 holds 0 and 3, rank 1 1 and 2.
