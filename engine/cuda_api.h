@@ -30,7 +30,8 @@ std::string version_string();
 /// cannot be created.
 std::unique_ptr<Backend> make_backend(const DeviceConfig& cfg);
 /// Data parallel on the CUDA backend `be`: NCCL all-reduces of `model`'s gradients over the ranks
-/// of `comm` (bootstrapped through it), on a stream of their own (engine/cuda/nccl_sync.cpp).
+/// of `comm` (bootstrapped through it), on the backend's communication stream
+/// (engine/cuda/nccl_sync.cpp).
 std::unique_ptr<parallel::GradientSync> make_nccl_sync(Backend& be, Model& model,
                                                        parallel::Communicator& comm);
 /// ZeRO-1 on the CUDA backend `be` (engine/parallel/sharded_adamw.h runs the update): NCCL
@@ -40,8 +41,8 @@ std::unique_ptr<parallel::ShardedGradientSync> make_nccl_sharded_sync(Backend& b
                                                                       parallel::Communicator& comm,
                                                                       uint64_t bucket_bytes);
 /// Context parallel on the CUDA backend `be`: the ring of ContextRing over the ranks of `comm`
-/// (the context group), as NCCL sends and receives of device memory on a stream of their own
-/// (engine/cuda/nccl_sync.cpp).
+/// (the context group), as NCCL sends and receives of device memory on the backend's
+/// communication stream (engine/cuda/nccl_sync.cpp).
 std::unique_ptr<parallel::RingChannel> make_nccl_ring_channel(Backend& be,
                                                               parallel::Communicator& comm);
 /// "NCCL 2.28.3" or "built without CUDA".

@@ -34,13 +34,17 @@ struct DeviceState {
   int device = 0;
   cudaStream_t stream = nullptr;
   cudaStream_t copy_stream = nullptr;  // device <-> host pool copies (remat.offload)
+  // Every NCCL communicator's work (engine/cuda/nccl_sync.cpp): one stream, so that the work of
+  // two communicators (data parallel's and the context ring's) never runs at once, which NCCL
+  // does not support; every rank issues it in the same order.
+  cudaStream_t comm_stream = nullptr;
   cudaDeviceProp prop{};
   uint64_t budget_bytes = 0;
   uint64_t host_budget_bytes = 0;  // the host pool's (device.host_memory)
   uint64_t total_bytes = 0;
   bool use_mem_pools = true;  // cudaDevAttrMemoryPoolsSupported: else cudaMalloc/cudaFree
   ~DeviceState() {
-    for (cudaStream_t s : {copy_stream, stream})
+    for (cudaStream_t s : {comm_stream, copy_stream, stream})
       if (s) {
         cudaStreamSynchronize(s);
         cudaStreamDestroy(s);
@@ -186,6 +190,7 @@ std::shared_ptr<DeviceState> open_device(const DeviceConfig& cfg) {
                     dev->prop.name, dev->prop.major, dev->prop.minor));
   REMAT_CUDA_CHECK(cudaStreamCreateWithFlags(&dev->stream, cudaStreamNonBlocking));
   REMAT_CUDA_CHECK(cudaStreamCreateWithFlags(&dev->copy_stream, cudaStreamNonBlocking));
+  REMAT_CUDA_CHECK(cudaStreamCreateWithFlags(&dev->comm_stream, cudaStreamNonBlocking));
   dev->use_mem_pools = setup_mem_pool(dev->device);
   size_t free_b = 0, total_b = 0;
   REMAT_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
@@ -271,6 +276,10 @@ int64_t CudaBackend::attention_plan_workspace_bytes(int64_t B, int64_t NH, int64
 
 cudaStream_t CudaBackend::stream() const {
   return dev_->stream;
+}
+
+cudaStream_t CudaBackend::comm_stream() const {
+  return dev_->comm_stream;
 }
 
 int64_t CudaBackend::max_shared_memory_per_block() const {

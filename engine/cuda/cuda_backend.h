@@ -94,6 +94,8 @@ class CudaBackend final : public Backend {
  private:
   CudaBackend(DType act_dtype, std::shared_ptr<DeviceState> dev);
   cudaStream_t stream() const;
+  /// The stream of every NCCL communicator's work on this device (nccl_sync.cpp).
+  cudaStream_t comm_stream() const;
   /// Shared memory one block may opt in to on this device (cudaDeviceProp), in bytes.
   int64_t max_shared_memory_per_block() const;
   /// Checks the launches of the op just enqueued; with REMAT_CUDA_SYNC=1 also waits for them.

@@ -1,9 +1,9 @@
 // Data parallel on the CUDA backend (engine/parallel/gradient_sync.h): each block's gradients are
-// all-reduced in place with NCCL as soon as the block's backward is enqueued, on a stream of
-// their own that waits (by event) for those ops only, so the reduction overlaps the rest of the
-// backward. finish() makes the compute stream wait for the last reduction. NCCL's ring and tree
-// all-reduces compute every element once and copy it to every rank, so the ranks hold the same
-// bits and their weights stay identical. The communicator is bootstrapped through MPI: rank 0
+// all-reduced in place with NCCL as soon as the block's backward is enqueued, on the backend's
+// communication stream, which waits (by event) for those ops only, so the reduction overlaps the
+// rest of the backward. finish() makes the compute stream wait for the last reduction. NCCL's ring
+// and tree all-reduces compute every element once and copy it to every rank, so the ranks hold the
+// same bits and their weights stay identical. The communicator is bootstrapped through MPI: rank 0
 // makes the NCCL id and broadcasts it. With a sharded optimizer (ZeRO-1) the same stream carries
 // reduce-scatters of the gradients and all-gathers of the updated weights (NcclShardedSync).
 // Context parallel's ring passes its blocks with NCCL sends and receives (NcclRingChannel).
@@ -40,21 +40,22 @@ void cuda_check(cudaError_t e, const char* what) {
 
 }  // namespace
 
-// A NCCL communicator over the ranks of an MPI one (rank 0 makes the id and broadcasts it), with
-// a stream of its own and two events: `ready` orders NCCL work after the compute stream's ops so
-// far, `done` the compute stream's later ops after the NCCL work so far.
+// A NCCL communicator over the ranks of an MPI one (rank 0 makes the id and broadcasts it), on
+// the backend's communication stream (shared by every communicator of the rank: NCCL does not
+// support two communicators' work running at once), with two events: `ready` orders NCCL work
+// after the compute stream's ops so far, `done` the compute stream's later ops after the NCCL work
+// so far.
 struct NcclChannel {
   ncclComm_t comm = nullptr;
-  cudaStream_t stream = nullptr;
+  cudaStream_t stream = nullptr;  // not owned: CudaBackend::comm_stream()
   cudaEvent_t ready = nullptr, done = nullptr;
 
-  explicit NcclChannel(parallel::Communicator& mpi) {
+  NcclChannel(parallel::Communicator& mpi, cudaStream_t comm_stream) : stream(comm_stream) {
     ncclUniqueId id{};
     if (mpi.rank() == 0) nccl_check(ncclGetUniqueId(&id), "ncclGetUniqueId");
     mpi.broadcast(&id, sizeof id, 0);
     nccl_check(ncclCommInitRank(&comm, mpi.size(), id, mpi.rank()), "ncclCommInitRank");
     try {
-      cuda_check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
       cuda_check(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "cudaEventCreate");
       cuda_check(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "cudaEventCreate");
     } catch (...) {
@@ -77,7 +78,6 @@ struct NcclChannel {
     }
     if (ready) cudaEventDestroy(ready);
     if (done) cudaEventDestroy(done);
-    if (stream) cudaStreamDestroy(stream);
     comm = nullptr, stream = nullptr, ready = done = nullptr;
   }
   /// NCCL work enqueued from now on runs after the compute stream's ops so far.
@@ -101,7 +101,7 @@ struct NcclChannel {
 class NcclGradientSync final : public parallel::GradientSync {
  public:
   NcclGradientSync(CudaBackend& be, Model& model, parallel::Communicator& comm)
-      : be_(be), ranks_(comm.size()), nccl_(comm) {
+      : be_(be), ranks_(comm.size()), nccl_(comm, be.comm_stream()) {
     stages_ = parallel::params_by_stage(model);
     for (Param& p : model.params()) bytes_ += p.grad.tensor().bytes();
   }
@@ -148,7 +148,9 @@ class NcclShardedSync final : public parallel::EqualShardSync {
  public:
   NcclShardedSync(CudaBackend& be, Model& model, parallel::Communicator& comm,
                   uint64_t bucket_bytes)
-      : EqualShardSync(be, model, comm.rank(), comm.size(), bucket_bytes), be_(be), nccl_(comm) {}
+      : EqualShardSync(be, model, comm.rank(), comm.size(), bucket_bytes),
+        be_(be),
+        nccl_(comm, be.comm_stream()) {}
 
   void block_done(size_t block) override { reduce_stage(block); }
   void finish() override {
@@ -224,7 +226,7 @@ class NcclShardedSync final : public parallel::EqualShardSync {
 class NcclRingChannel final : public parallel::RingChannel {
  public:
   NcclRingChannel(CudaBackend& be, parallel::Communicator& comm)
-      : be_(be), rank_(comm.rank()), size_(comm.size()), nccl_(comm) {}
+      : be_(be), rank_(comm.rank()), size_(comm.size()), nccl_(comm, be.comm_stream()) {}
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   parallel::Request start(const float* send, int64_t n_send, float* recv, int64_t n_recv) override {
