@@ -353,7 +353,7 @@ TEST_CASE("ring attention's ops and the context ring on CUDA match the CPU", "[g
     cuda::CudaBackend gpu(DeviceConfig{}, act);
     check_ranks(play_ring_ops(gpu, act, p), want, act_tol, kCudaF32Gemm);
   }
-  if (shape.ranks > 1) {
+  if (shape.ranks > 1 && HS == 64) {  // the ring itself: a backend per rank, so fewer cases
     auto make_gpu = [act] { return std::make_unique<cuda::CudaBackend>(DeviceConfig{}, act); };
     check_ranks(run_context_ring(make_gpu, act, p), want, act_tol, kCudaF32Gemm);
   }
