@@ -60,6 +60,9 @@ struct FamilyRow {
   int64_t calls = 0;
 };
 
+// CPU steal above which bench says its timings are disturbed.
+constexpr double kStealWarning = 0.05;
+
 void print_report(const Config& cfg, const std::string& device, const std::vector<TimedStep>& steps,
                   int64_t tokens) {
   std::vector<const TimedStep*> sorted;
@@ -87,6 +90,14 @@ void print_report(const Config& cfg, const std::string& device, const std::vecto
         "{:.1f}; {})\n",
         sgemm_flops / 1e9, floors.size(), *std::min_element(floors.begin(), floors.end()) / 1e9,
         *std::max_element(floors.begin(), floors.end()) / 1e9, load_note());
+  // On a VM the host may run other guests on these cores: the steps and the floors both slow
+  // down, but not by the same factor from one second to the next.
+  if (const double steal = cpu_steal_share(); steal >= kStealWarning)
+    fmt::print(
+        "warning: the hypervisor took {:.0f}% of this machine's CPU time during the run (steal in "
+        "/proc/stat): these timings are below the machine's own; compare only runs made side by "
+        "side, or rerun when the host is quiet\n",
+        100 * steal);
   fmt::print("step:  {:.1f} ms (median of {}, after 1 warm-up), {:.0f} {}/s\n", med.ms,
              steps.size(), static_cast<double>(tokens) / step_s, gpt ? "tokens" : "rows");
   fmt::print("       {} executed -> {:.1f} GFLOP/s{}\n\n", format_flops(med.flops),

@@ -177,10 +177,47 @@ std::string exchange_line(const DryRun& run, const PlanTarget& target) {
                          : std::string("every phase's exchange can hide behind its compute"));
 }
 
+namespace {
+
+// The machine's CPU time counters in clock ticks, from the "cpu" line of /proc/stat (user nice
+// system idle iowait irq softirq steal ...): steal is time the hypervisor ran other guests while
+// this one had work.
+struct CpuTicks {
+  uint64_t total = 0, steal = 0;
+  bool ok = false;
+};
+CpuTicks read_cpu_ticks() {
+  std::ifstream f("/proc/stat");
+  std::string label;
+  uint64_t field[8] = {};
+  if (!(f >> label) || label != "cpu") return {};
+  for (uint64_t& x : field)
+    if (!(f >> x)) return {};
+  CpuTicks t;
+  for (uint64_t x : field) t.total += x;
+  t.steal = field[7];
+  t.ok = true;
+  return t;
+}
+const CpuTicks kStartTicks = read_cpu_ticks();  // when the process started
+
+}  // namespace
+
+double cpu_steal_share() {
+  const CpuTicks now = read_cpu_ticks();
+  if (!now.ok || !kStartTicks.ok || now.total <= kStartTicks.total) return -1;
+  return static_cast<double>(now.steal - kStartTicks.steal) /
+         static_cast<double>(now.total - kStartTicks.total);
+}
+
 std::string load_note() {
   double load[1] = {0};
-  if (getloadavg(load, 1) != 1) return "load average unknown";
-  return fmt::format("load average {:.2f}", load[0]);
+  std::string note = getloadavg(load, 1) == 1 ? fmt::format("load average {:.2f}", load[0])
+                                              : std::string("load average unknown");
+  // Only when the host took some: on a quiet host (or bare metal) the note stays short.
+  const double steal = cpu_steal_share();
+  if (steal >= 0.005) note += fmt::format(", CPU steal {:.0f}%", 100 * steal);
+  return note;
 }
 
 void print_summary(std::FILE* out, const RunSummary& s) {

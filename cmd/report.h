@@ -71,9 +71,15 @@ class Progress {
 
 void print_summary(std::FILE* out, const RunSummary& s);
 
-/// "load average 0.91": the machine's 1-minute load, printed beside every timing fit, compare and
-/// sweep report, since a competing process slows a step ~2x per busy core it takes.
+/// "load average 0.91, CPU steal 12%": the machine's 1-minute load and the share of its CPU time a
+/// hypervisor gave to other guests since this process started (when 1% or more), printed beside
+/// every timing of
+/// bench, fit, compare and sweep: a competing process slows a step ~2x per busy core it takes,
+/// and on a VM the host's other guests do the same without showing in the load.
 std::string load_note();
+/// The share of this machine's CPU time (all cores) stolen by the hypervisor since this process
+/// started, from /proc/stat; negative when unknown (no /proc/stat, or no time has passed).
+double cpu_steal_share();
 
 /// ", MLP in chunks of N tokens" when remat.tile_tokens is set, and ", checkpoints in host
 /// memory" when remat.offload is, else "": for headers.

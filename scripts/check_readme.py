@@ -5,7 +5,7 @@ Every line of a fenced block that starts with `$ remat-train` is a command (a tr
 continues it; a trailing `# comment` is not run); the lines after it, up to the next `$ ` line or
 the end of the block, are its expected output: stdout, and stderr too when the command fails. A line `...`
 stands for any number of lines. Timings (ms/step, tok/s, tokens/s, GFLOP/s, ms, elapsed,
-ETA) and the load average printed beside them are masked on both sides, and runs of spaces compare as one, so a check fails only when
+ETA) and the load average (and CPU steal) printed beside them are masked on both sides, and runs of spaces compare as one, so a check fails only when
 something a run determines (memory, losses, FLOPs, messages) differs.
 
 HTML comments right before a block steer it (the README shows none of them):
@@ -43,6 +43,7 @@ TIMING_PATTERNS = [
     (re.compile(r"in [\d.]+ ms"), "in <t> ms"),
     (re.compile(r"(elapsed|ETA) [\dhms]+"), r"\1 <t>"),
     (re.compile(r"load average [\d.]+"), "load average <t>"),
+    (re.compile(r", CPU steal \d+%"), ""),  # only printed when the host took some
 ]
 MARKER = re.compile(r"<!--\s*readme-check:\s*(\S+)\s*(.*?)\s*-->")
 
