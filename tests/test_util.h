@@ -151,9 +151,17 @@ inline Buffer make_tensor(Backend& be, const std::vector<int64_t>& shape, DType 
   return be.pool().allocate(shape, dtype, category, "test");
 }
 
+/// The helpers below write and read tensors through host pointers: CPU backends only (a CUDA
+/// tensor goes through upload and fetch, tests/ops/backend_rows.h).
+inline void require_host_memory(const Backend& be) {
+  INFO("a host-pointer test helper on the " << be.name() << " backend: use upload / fetch");
+  REQUIRE(be.device_is_host());
+}
+
 /// An f32 tensor of N(0, scale^2) values, deterministic in (seed, stream).
 inline Buffer make_randn(Backend& be, const std::vector<int64_t>& shape, uint64_t seed,
                          uint64_t stream, double scale = 1.0, double offset = 0.0) {
+  require_host_memory(be);
   Buffer b = make_tensor(be, shape);
   float* p = b.f32();
   for (int64_t i = 0; i < b.tensor().numel(); ++i)
@@ -163,6 +171,7 @@ inline Buffer make_randn(Backend& be, const std::vector<int64_t>& shape, uint64_
 
 /// An f32 tensor with every element equal to `value`.
 inline Buffer make_filled(Backend& be, const std::vector<int64_t>& shape, float value) {
+  require_host_memory(be);
   Buffer b = make_tensor(be, shape);
   std::fill(b.f32(), b.f32() + b.tensor().numel(), value);
   return b;
@@ -171,6 +180,7 @@ inline Buffer make_filled(Backend& be, const std::vector<int64_t>& shape, float 
 /// An i32 tensor of uniform ids in [0, n_id).
 inline Buffer make_ids(Backend& be, const std::vector<int64_t>& shape, int32_t n_id, uint64_t seed,
                        uint64_t stream) {
+  require_host_memory(be);
   Buffer b = make_tensor(be, shape, DType::I32);
   int32_t* p = b.tensor().i32();
   for (int64_t i = 0; i < b.tensor().numel(); ++i)
