@@ -381,8 +381,8 @@ void CudaBackend::fill_impl(const Tensor& t, float value) {
 
 void CudaBackend::copy_impl(const Tensor& dst, const Tensor& src) {
   if (dst.dtype == src.dtype) {
-    REMAT_CUDA_CHECK(
-        cudaMemcpyAsync(dst.data, src.data, src.bytes(), cudaMemcpyDeviceToDevice, stream()));
+    // Default: either side may be a tensor of the pinned host pool (unified addressing).
+    REMAT_CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, src.bytes(), cudaMemcpyDefault, stream()));
   } else {
     REMAT_ASSERT(dst.dtype != DType::I32 && src.dtype != DType::I32, "copy: {} into {}",
                  dtype_name(src.dtype), dtype_name(dst.dtype));
