@@ -340,7 +340,7 @@ TEST_CASE("ring attention's ops and the context ring on CUDA match the CPU", "[g
   // out and dqkv to bf16.
   const float theta = GENERATE(0.0f, 10000.0f);
   const DType act = GENERATE(from_range(kCudaActivationTypes));
-  const int64_t HS = GENERATE(16, 64, 128);
+  const int64_t HS = GENERATE(16, 128);  // fewer than 32 lanes' columns, and four per lane
   const RingShape shape = GENERATE(from_range(kRingShapes));
   CAPTURE(shape.T, shape.ranks, theta, HS, dtype_name(act));
   RingProblem p = make_problem(2, 2, shape.T, HS, shape.ranks, theta);
@@ -353,7 +353,7 @@ TEST_CASE("ring attention's ops and the context ring on CUDA match the CPU", "[g
     cuda::CudaBackend gpu(DeviceConfig{}, act);
     check_ranks(play_ring_ops(gpu, act, p), want, act_tol, kCudaF32Gemm);
   }
-  if (shape.ranks > 1 && HS == 64) {  // the ring itself: a backend per rank, so fewer cases
+  if (shape.ranks > 1 && HS == 16) {  // the ring itself: a backend per rank, so fewer cases
     auto make_gpu = [act] { return std::make_unique<cuda::CudaBackend>(DeviceConfig{}, act); };
     check_ranks(run_context_ring(make_gpu, act, p), want, act_tol, kCudaF32Gemm);
   }
