@@ -126,7 +126,7 @@ void ContextRing::backward(Backend& be, const AttentionBackwardArgs& a) const {
                             delta, a.n_head, positions(), pos_[static_cast<size_t>(src)]});
     // ... and its accumulator follows once this rank has added to it, holding the sum of the
     // ranks it has visited; after the last step it goes home to rank src. Every rank starts the
-    // two exchanges in this order, which is how MPI matches them.
+    // two exchanges in this order, which is how MPI and NCCL match them.
     if (ranks_ > 1) {
       be.count_ring_bytes(4.0 * static_cast<double>(n_out));
       if (channel_) {

@@ -61,8 +61,6 @@ class ContextRing {
  private:
   int64_t tokens(int r) const { return pos_[static_cast<size_t>(r)].tokens(); }
   int64_t max_tokens() const;
-  int next() const { return (rank_ + 1) % ranks_; }
-  int prev() const { return (rank_ + ranks_ - 1) % ranks_; }
   /// The rank whose kv this rank holds at ring step s.
   int source(int s) const { return ((rank_ - s) % ranks_ + ranks_) % ranks_; }
 
