@@ -165,7 +165,13 @@ int run_fit(const FitOptions& opt) {
   const PlanTarget target = plan_target(base, opt.gpu, opt.memory);
   const Planner planner(target, make_run_parts);
   const uint64_t budget = target.pool_budget();
-  const Rate rate = estimate_rate(target);
+  Rate rate = estimate_rate(target);
+  // The ring's attention runs on our own fp32 CUDA-core kernels (engine/cuda/ring_attention.cu),
+  // not at the tensor-core rate the estimate assumes: say so rather than guess how much slower.
+  if (rate.flops_per_s > 0 && target.count.device == DeviceKind::Cuda && base.parallel.context > 1)
+    rate.note +=
+        "; context parallel's ring attention runs fp32 kernels on the CUDA cores, so the tokens/s "
+        "for it are optimistic";
   experiments::install_interrupt_handler(
       /*second_signal_exits=*/false);  // --measure's trials are stopped
 
