@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/error.h"
+#include "engine/machine_load.h"
 #include "engine/units.h"
 
 namespace remat::cli {
@@ -178,36 +179,11 @@ std::string exchange_line(const DryRun& run, const PlanTarget& target) {
 }
 
 namespace {
-
-// The machine's CPU time counters in clock ticks, from the "cpu" line of /proc/stat (user nice
-// system idle iowait irq softirq steal ...): steal is time the hypervisor ran other guests while
-// this one had work.
-struct CpuTicks {
-  uint64_t total = 0, steal = 0;
-  bool ok = false;
-};
-CpuTicks read_cpu_ticks() {
-  std::ifstream f("/proc/stat");
-  std::string label;
-  uint64_t field[8] = {};
-  if (!(f >> label) || label != "cpu") return {};
-  for (uint64_t& x : field)
-    if (!(f >> x)) return {};
-  CpuTicks t;
-  for (uint64_t x : field) t.total += x;
-  t.steal = field[7];
-  t.ok = true;
-  return t;
-}
 const CpuTicks kStartTicks = read_cpu_ticks();  // when the process started
-
 }  // namespace
 
 double cpu_steal_share() {
-  const CpuTicks now = read_cpu_ticks();
-  if (!now.ok || !kStartTicks.ok || now.total <= kStartTicks.total) return -1;
-  return static_cast<double>(now.steal - kStartTicks.steal) /
-         static_cast<double>(now.total - kStartTicks.total);
+  return steal_share(kStartTicks, read_cpu_ticks());
 }
 
 std::string load_note() {

@@ -1,13 +1,14 @@
 // Per-op timing (Backend::set_op_timing, what `remat-train bench` reports): every op of a step is
 // recorded under its name and phase, and the FLOPs recorded per op add up to the backend's
 // per-phase counts, so the breakdown accounts for the whole step; and the command itself prints
-// the floor, the step and every op family of a GPT.
+// the floor, the step and every op family of a GPT; and the CPU steal it prints beside them.
 #include <catch2/catch.hpp>
 #include <string>
 
 #include "data/synthetic.h"
 #include "engine/config.h"
 #include "engine/cpu/cpu_backend.h"
+#include "engine/machine_load.h"
 #include "engine/remat.h"
 #include "engine/trainer.h"
 #include "layers/models.h"
@@ -69,4 +70,32 @@ TEST_CASE("bench prints the SGEMM floor, the step and every op family", "[smoke]
                            "loss (LM head / MSE)", "optimizer (AdamW, norm)",
                            "no op (data, allocation, host)", "of all the above: recompute phase"})
     CHECK_THAT(r.out, Catch::Matchers::Contains(line));
+}
+
+TEST_CASE("CPU steal is read from /proc/stat's cpu line as a share of the time between readings",
+          "[bench]") {
+  // user nice system idle iowait irq softirq steal guest guest_nice: guest is inside user.
+  const CpuTicks before = parse_proc_stat("cpu  100 5 50 800 10 2 3 30 40 0\ncpu0 1 2 3\n");
+  REQUIRE(before.ok);
+  CHECK(before.total == 1000);
+  CHECK(before.steal == 30);
+  const CpuTicks after = parse_proc_stat("cpu  400 5 150 1100 10 2 3 330 40 0");
+  REQUIRE(after.ok);
+  CHECK(steal_share(before, after) == Approx(300.0 / 1000.0));
+  CHECK(steal_share(before, before) < 0);  // no time passed
+  // Not the aggregate line, a short line, no text: unknown, never a number.
+  for (const char* bad : {"cpu0 100 5 50 800 10 2 3 30", "cpu  100 5 50", "", "intr 1 2 3"}) {
+    INFO(bad);
+    CHECK_FALSE(parse_proc_stat(bad).ok);
+    CHECK(steal_share(parse_proc_stat(bad), after) < 0);
+  }
+  // This machine's own counters, where it has /proc/stat: a share in [0, 1].
+  const CpuTicks now = read_cpu_ticks();
+  if (now.ok) {
+    volatile double spin = 0;
+    for (int i = 0; i < 20000000; ++i) spin = spin + 1e-9 * i;
+    const double share = steal_share(now, read_cpu_ticks());
+    INFO("share " << share);
+    CHECK(share <= 1.0);
+  }
 }

@@ -1,0 +1,41 @@
+// CPU time counters from /proc/stat (see engine/machine_load.h).
+#include "engine/machine_load.h"
+
+#include <fstream>
+#include <iterator>
+#include <sstream>
+#include <string>
+
+namespace remat {
+
+CpuTicks parse_proc_stat(std::string_view text) {
+  // "cpu  user nice system idle iowait irq softirq steal guest guest_nice": guest time is already
+  // counted in user, so the first eight fields are the whole.
+  std::istringstream in{std::string(text.substr(0, text.find('\n')))};
+  std::string label;
+  uint64_t field[8] = {};
+  if (!(in >> label) || label != "cpu") return {};
+  for (uint64_t& x : field)
+    if (!(in >> x)) return {};
+  CpuTicks t;
+  for (uint64_t x : field) t.total += x;
+  t.steal = field[7];
+  t.ok = true;
+  return t;
+}
+
+CpuTicks read_cpu_ticks() {
+  std::ifstream f("/proc/stat");
+  std::string first_line;
+  if (!std::getline(f, first_line)) return {};
+  return parse_proc_stat(first_line);
+}
+
+double steal_share(const CpuTicks& before, const CpuTicks& after) {
+  if (!before.ok || !after.ok || after.total <= before.total || after.steal < before.steal)
+    return -1;
+  return static_cast<double>(after.steal - before.steal) /
+         static_cast<double>(after.total - before.total);
+}
+
+}  // namespace remat

@@ -1,0 +1,26 @@
+// How much of the machine other work takes while this process times something: on a VM, the CPU
+// time the hypervisor gives other guests shows as steal in /proc/stat, and no load average sees
+// it. cmd/report.cpp prints it beside every timing (bench, fit, compare, sweep).
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+namespace remat {
+
+/// The machine's CPU time counters in clock ticks (all cores together).
+struct CpuTicks {
+  uint64_t total = 0;  // user + nice + system + idle + iowait + irq + softirq + steal
+  uint64_t steal = 0;
+  bool ok = false;  // false: no readable "cpu" line
+};
+
+/// The counters of the aggregate "cpu" line that starts /proc/stat's text.
+CpuTicks parse_proc_stat(std::string_view text);
+/// This machine's counters now (ok false where there is no /proc/stat).
+CpuTicks read_cpu_ticks();
+/// Steal's share of the CPU time that passed between two readings, 0..1; negative when either
+/// reading failed or no time passed.
+double steal_share(const CpuTicks& before, const CpuTicks& after);
+
+}  // namespace remat
