@@ -186,14 +186,17 @@ double cpu_steal_share() {
   return steal_share(kStartTicks, read_cpu_ticks());
 }
 
+std::string steal_note() {
+  // Only when the host took some: on a quiet host (or bare metal) the note is empty.
+  const double steal = cpu_steal_share();
+  return steal >= 0.005 ? fmt::format(", CPU steal {:.0f}%", 100 * steal) : std::string();
+}
+
 std::string load_note() {
   double load[1] = {0};
-  std::string note = getloadavg(load, 1) == 1 ? fmt::format("load average {:.2f}", load[0])
-                                              : std::string("load average unknown");
-  // Only when the host took some: on a quiet host (or bare metal) the note stays short.
-  const double steal = cpu_steal_share();
-  if (steal >= 0.005) note += fmt::format(", CPU steal {:.0f}%", 100 * steal);
-  return note;
+  return (getloadavg(load, 1) == 1 ? fmt::format("load average {:.2f}", load[0])
+                                   : std::string("load average unknown")) +
+         steal_note();
 }
 
 void print_summary(std::FILE* out, const RunSummary& s) {
@@ -204,8 +207,8 @@ void print_summary(std::FILE* out, const RunSummary& s) {
     fmt::print(out, " ({} {:.4f})", s.task_metric_name, *s.final_task_metric);
   if (s.final_val_loss) fmt::print(out, " | val_loss {:.4f}", *s.final_val_loss);
   if (!s.checkpoint_path.empty()) fmt::print(out, "\n  checkpoint      {}", s.checkpoint_path);
-  fmt::print(out, "\n  speed           {:.1f} ms/step (median), {:.0f} tokens/s\n",
-             s.median_step_ms, s.tokens_per_s);
+  fmt::print(out, "\n  speed           {:.1f} ms/step (median), {:.0f} tokens/s{}\n",
+             s.median_step_ms, s.tokens_per_s, steal_note());
   fmt::print(out, "  peak memory     {} ({} B), reached during {}\n",
              format_bytes(s.peak.total_bytes), s.peak.total_bytes, s.peak.phase);
   if (s.predicted_peak_bytes == s.peak.total_bytes)

@@ -77,6 +77,8 @@ void print_summary(std::FILE* out, const RunSummary& s);
 /// bench, fit, compare and sweep: a competing process slows a step ~2x per busy core it takes,
 /// and on a VM the host's other guests do the same without showing in the load.
 std::string load_note();
+/// ", CPU steal 12%" (the share below) when it is 1% or more, else "": beside a timing.
+std::string steal_note();
 /// The share of this machine's CPU time (all cores) stolen by the hypervisor since this process
 /// started, from /proc/stat; negative when unknown (no /proc/stat, or no time has passed).
 double cpu_steal_share();
