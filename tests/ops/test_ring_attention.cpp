@@ -11,6 +11,7 @@
 #include <limits>
 #include <map>
 #include <mutex>
+#include <stdexcept>
 #include <thread>
 
 #include "engine/parallel/context_ring.h"
@@ -47,18 +48,25 @@ std::vector<float> host_values(int64_t n, uint64_t stream) {
   return v;
 }
 
-// A tensor of `dtype` on any backend holding `host`, and a host copy of one (bf16 through the
-// CUDA rows' helpers; the CPU backend's activations are f32).
+// A tensor of `dtype` on any backend holding `host` (rounded to bf16 on the host when asked), and
+// a host copy of one. No Catch2 assertions inside: the ring's ranks call them from their own
+// threads, where Catch2 may not be used; a misuse throws, and the test reports it.
 Buffer put(Backend& be, const std::vector<int64_t>& shape, DType dtype,
            const std::vector<float>& host) {
+  Buffer b = be.pool().allocate(shape, dtype, MemCategory::Transient, "test");
+  if (static_cast<size_t>(b.tensor().numel()) != host.size())
+    throw std::logic_error("put: the host values do not fill the tensor");
+  if (dtype == DType::F32) {
+    be.upload(b, host.data());
+    return b;
+  }
 #if REMAT_TEST_CUDA_ROWS
-  return upload(be, shape, dtype, host);
-#else
-  REQUIRE(dtype == DType::F32);
-  Buffer b = make_tensor(be, shape);
-  REQUIRE(static_cast<size_t>(b.tensor().numel()) == host.size());
-  be.upload(b, host.data());
+  std::vector<uint16_t> bits(host.size());
+  for (size_t i = 0; i < host.size(); ++i) bits[i] = to_bf16_bits(host[i]);
+  be.upload(b, bits.data());
   return b;
+#else
+  throw std::logic_error("put: bf16 tensors only in the CUDA rows");
 #endif
 }
 std::vector<float> get(Backend& be, const Tensor& t) {
@@ -190,6 +198,13 @@ class LocalRing {
  public:
   explicit LocalRing(int ranks) : ranks_(ranks), inbox_(static_cast<size_t>(ranks)) {}
 
+  // A rank that failed wakes the others, which would otherwise wait for its blocks forever.
+  void fail() {
+    std::lock_guard<std::mutex> lock(mu_);
+    broken_ = true;
+    cv_.notify_all();
+  }
+
   class Channel final : public parallel::RingChannel {
    public:
     Channel(LocalRing& ring, int rank, Backend& be) : ring_(ring), rank_(rank), be_(be) {}
@@ -208,7 +223,8 @@ class LocalRing {
       if (r.id == 0) return;
       const auto [recv, n] = into_.at(r.id);
       std::vector<float> block = ring_.take(rank_, r.id);
-      REQUIRE(static_cast<int64_t>(block.size()) == n);
+      if (static_cast<int64_t>(block.size()) != n)
+        throw std::logic_error("ring: a block of another size than the receiver expects");
       be_.upload(Tensor(recv, {n}, DType::F32), block.data());
       into_.erase(r.id);
       r.id = 0;
@@ -231,13 +247,15 @@ class LocalRing {
   std::vector<float> take(int rank, int64_t id) {
     std::unique_lock<std::mutex> lock(mu_);
     auto& box = inbox_[static_cast<size_t>(rank)];
-    cv_.wait(lock, [&] { return box.count(id) > 0; });
+    cv_.wait(lock, [&] { return broken_ || box.count(id) > 0; });
+    if (box.count(id) == 0) throw std::runtime_error("ring: another rank failed");
     std::vector<float> block = std::move(box[id]);
     box.erase(id);
     return block;
   }
 
   int ranks_;
+  bool broken_ = false;
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<std::map<int64_t, std::vector<float>>> inbox_;
@@ -280,6 +298,7 @@ std::vector<RankResult> run_context_ring(MakeBackend make_backend, DType act,
       res[static_cast<size_t>(i)] = {get(*be, out), get(*be, lse), get(*be, dqkv)};
     } catch (...) {
       errors[static_cast<size_t>(i)] = std::current_exception();
+      ring.fail();
     }
   };
   std::vector<std::thread> threads;
