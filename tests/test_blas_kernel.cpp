@@ -60,19 +60,59 @@ TEST_CASE(
                              Contains("warning: BELOW THIS CPU"));
 }
 
+TEST_CASE("the GEMM route puts each product on the library measured faster for it", "[blas]") {
+  const OneDnn avx512(nullptr, "oneDNN 2.6.3", "avx512_core", VectorIsa::Avx512);
+  const OneDnn avx2(nullptr, "oneDNN 2.6.3", "avx2", VectorIsa::Avx2);
+  // AVX-512: oneDNN for X W^T and dY W, OpenBLAS for the weight gradients dY^T X.
+  const GemmRoute wide = decide_gemm_route("", &avx512, "", VectorIsa::Avx512);
+  CHECK(wide.onednn_for(CblasNoTrans));
+  CHECK_FALSE(wide.onednn_for(CblasTrans));
+  CHECK(wide.describe == "oneDNN 2.6.3 (avx512_core), dY^T X on OpenBLAS");
+  CHECK(wide.warning.empty());
+  // oneDNN on AVX2 (the CPU's, or held there on an AVX-512 CPU): OpenBLAS for every product.
+  for (VectorIsa cpu : {VectorIsa::Avx2, VectorIsa::Avx512}) {
+    const GemmRoute narrow = decide_gemm_route("", &avx2, "", cpu);
+    CHECK_FALSE(narrow.uses_onednn());
+    CHECK(narrow.describe == "OpenBLAS");
+    CHECK_THAT(narrow.chosen_by, Contains("dispatches only to avx2"));
+    CHECK(narrow.warning.empty());
+  }
+  // REMAT_GEMM puts every product on one library; a held-back oneDNN asked for is flagged.
+  const GemmRoute forced = decide_gemm_route("onednn", &avx2, "", VectorIsa::Avx512);
+  CHECK((forced.onednn_for(CblasNoTrans) && forced.onednn_for(CblasTrans)));
+  CHECK(forced.describe == "oneDNN 2.6.3 (avx2)");
+  CHECK_THAT(forced.warning, Contains("BELOW THIS CPU"));
+  CHECK_FALSE(decide_gemm_route("openblas", &avx512, "", VectorIsa::Avx512).uses_onednn());
+  const GemmRoute missing =
+      decide_gemm_route("", nullptr, "libdnnl.so.2 is not installed", VectorIsa::Avx512);
+  CHECK_FALSE(missing.uses_onednn());
+  CHECK_THAT(missing.chosen_by, Contains("libdnnl.so.2 is not installed"));
+  CHECK_THROWS_WITH(decide_gemm_route("onednn", nullptr, "not installed", VectorIsa::Avx2),
+                    Contains("REMAT_GEMM=onednn: not installed") && Contains("Fix:"));
+  CHECK_THROWS_WITH(decide_gemm_route("mkl", &avx2, "", VectorIsa::Avx2),
+                    Contains("REMAT_GEMM=mkl") && Contains("Fix:"));
+}
+
 TEST_CASE(
     "version output names oneDNN's ISA and warns when ONEDNN_MAX_CPU_ISA holds it below the CPU",
     "[blas][smoke]") {
   const remat::test::CliResult plain = remat::test::run_binary("--version", true, "-u REMAT_GEMM");
   REQUIRE(plain.code == 0);
-  const std::string widest = detect_cpu_isa() == VectorIsa::Avx512 ? "(avx512_core"
-                             : detect_cpu_isa() == VectorIsa::Avx2 ? "(avx2"
-                                                                   : "(";
-  CHECK_THAT(plain.out, Contains("CPU GEMM: tiles on oneDNN ") && Contains(widest));
+  const VectorIsa cpu = detect_cpu_isa();
+  // By default oneDNN runs only where it dispatches to AVX-512; elsewhere the line says why not.
+  const std::string line = cpu == VectorIsa::Avx512 ? "CPU GEMM: tiles on oneDNN "
+                           : cpu == VectorIsa::Avx2
+                               ? "CPU GEMM: tiles on OpenBLAS (chosen by remat-train (default: "
+                                 "oneDNN"
+                               : "CPU GEMM: tiles on ";
+  const std::string widest = cpu == VectorIsa::Avx512 ? "(avx512_core"
+                             : cpu == VectorIsa::Avx2 ? "only to avx2 on this CPU"
+                                                      : "";
+  CHECK_THAT(plain.out, Contains(line) && Contains(widest));
   CHECK_THAT(plain.out, !Contains("warning"));
-  if (detect_cpu_isa() == VectorIsa::Sse) return;  // nothing wider to fall below
+  if (cpu == VectorIsa::Sse) return;  // nothing wider to fall below
   const remat::test::CliResult held =
-      remat::test::run_binary("--version", true, "-u REMAT_GEMM ONEDNN_MAX_CPU_ISA=SSE41");
+      remat::test::run_binary("--version", true, "REMAT_GEMM=onednn ONEDNN_MAX_CPU_ISA=SSE41");
   REQUIRE(held.code == 0);
   CHECK_THAT(held.out, Contains("tiles on oneDNN") && Contains("(sse41)") &&
                            Contains("warning: BELOW THIS CPU: oneDNN dispatches only up to sse41"));

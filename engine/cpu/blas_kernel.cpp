@@ -97,8 +97,9 @@ double measure_sgemm_flops(int threads, int n) {
   openblas_set_num_threads(threads);
   omp_set_num_threads(threads);
   std::vector<float> a(static_cast<size_t>(n) * n, 0.5f), b(a.size(), 0.25f), c(a.size(), 0.0f);
-  // The library the GEMM tiles run on, with its own threading.
-  const OneDnn* dnn = gemm_route().onednn ? onednn() : nullptr;
+  // The library the model's X W^T and dY W tiles run on (most of its GEMM FLOPs), with its own
+  // threading.
+  const OneDnn* dnn = gemm_route().onednn_untransposed ? onednn() : nullptr;
   double best_s = 1e30;
   for (int rep = 0; rep < 4; ++rep) {  // the first one warms up threads and caches
     const auto t0 = std::chrono::steady_clock::now();

@@ -14,47 +14,63 @@
 
 namespace remat::cpu {
 
-namespace {
-
-GemmRoute decide_route() {
-  const char* env = std::getenv("REMAT_GEMM");
-  const std::string_view want = env ? env : "";
+GemmRoute decide_gemm_route(std::string_view want, const OneDnn* dnn,
+                            const std::string& missing_reason, VectorIsa cpu) {
   if (!want.empty() && want != "openblas" && want != "onednn")
     throw ConfigError(
-        fmt::format("REMAT_GEMM={}: unknown GEMM library. Fix: unset it (oneDNN where it is "
-                    "installed, else OpenBLAS), or set REMAT_GEMM=onednn or REMAT_GEMM=openblas",
+        fmt::format("REMAT_GEMM={}: unknown GEMM library. Fix: unset it (the library measured "
+                    "faster for each product on this CPU), or set REMAT_GEMM=onednn or "
+                    "REMAT_GEMM=openblas",
                     want));
-  // oneDNN by default where it is installed: it is faster on the model's tiles (see onednn.h).
-  // REMAT_GEMM=openblas never loads it.
-  const OneDnn* dnn = want == "openblas" ? nullptr : onednn();
   if (want == "onednn" && !dnn)
     throw ConfigError(fmt::format(
         "REMAT_GEMM=onednn: {}. Fix: install Debian's libdnnl2 (scripts/install-deps.sh does), "
         "or set REMAT_GEMM=openblas",
-        onednn_missing_reason()));
+        missing_reason));
   GemmRoute r;
-  r.onednn = dnn != nullptr;
-  r.describe = r.onednn ? fmt::format("{} ({})", dnn->version(), dnn->isa()) : "OpenBLAS";
+  if (want == "onednn") {
+    r.onednn_untransposed = r.onednn_transposed = true;
+    r.chosen_by = "REMAT_GEMM";
+  } else if (want == "openblas") {
+    r.chosen_by = "REMAT_GEMM";
+  } else if (!dnn) {
+    r.chosen_by = "remat-train: " + missing_reason;
+  } else if (dnn->isa_class() == VectorIsa::Avx512) {
+    r.onednn_untransposed = true;
+    r.chosen_by =
+        "remat-train (default: each product on the library faster for it on AVX-512; "
+        "REMAT_GEMM=onednn or openblas for one library)";
+  } else {
+    r.chosen_by = fmt::format(
+        "remat-train (default: {} dispatches only to {} on this CPU, where OpenBLAS is faster; "
+        "REMAT_GEMM=onednn for it)",
+        dnn->version(), dnn->isa());
+  }
+  if (r.uses_onednn()) {
+    r.describe = fmt::format("{} ({})", dnn->version(), dnn->isa());
+    if (!r.onednn_transposed) r.describe += ", dY^T X on OpenBLAS";
+  } else {
+    r.describe = "OpenBLAS";
+  }
   // As for OpenBLAS's kernel (blas_kernel.h): narrower vectors than the CPU has are a mistake to
-  // show, never a silent fallback. Only the user can cause it here (ONEDNN_MAX_CPU_ISA).
-  if (r.onednn && dnn->isa_class() < detect_cpu_isa())
+  // show, never a silent fallback. Only the user can cause it here (ONEDNN_MAX_CPU_ISA with
+  // REMAT_GEMM=onednn; by default a held-back oneDNN is simply not used).
+  if (r.uses_onednn() && dnn->isa_class() < cpu)
     r.warning = fmt::format(
         "BELOW THIS CPU: oneDNN dispatches only up to {} (slower GEMMs); unset "
         "ONEDNN_MAX_CPU_ISA and DNNL_MAX_CPU_ISA",
         dnn->isa());
-  if (!want.empty())
-    r.chosen_by = "REMAT_GEMM";
-  else if (r.onednn)
-    r.chosen_by = "remat-train (default; REMAT_GEMM=openblas for OpenBLAS)";
-  else
-    r.chosen_by = "remat-train: " + onednn_missing_reason();
   return r;
 }
 
-}  // namespace
-
 const GemmRoute& gemm_route() {
-  static const GemmRoute route = decide_route();
+  static const GemmRoute route = [] {
+    const char* env = std::getenv("REMAT_GEMM");
+    const std::string_view want = env ? env : "";
+    // REMAT_GEMM=openblas never loads oneDNN.
+    const OneDnn* dnn = want == "openblas" ? nullptr : onednn();
+    return decide_gemm_route(want, dnn, onednn_missing_reason(), detect_cpu_isa());
+  }();
   return route;
 }
 
@@ -75,7 +91,7 @@ int blas_int(int64_t v) {
 void sgemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int64_t N, int64_t K, const float* A,
            int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc,
            const TileEpilogue& epilogue) {
-  sgemm_on(gemm_route().onednn, ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc, epilogue);
+  sgemm_on(gemm_route().onednn_for(ta), ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc, epilogue);
 }
 
 void sgemm_on(bool use_onednn, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int64_t N,

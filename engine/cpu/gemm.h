@@ -9,20 +9,44 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <string_view>
+
+#include "engine/cpu/blas_kernel.h"
 
 namespace remat::cpu {
 
-/// Which library multiplies the tiles: oneDNN where libdnnl.so.2 loads (engine/cpu/onednn.h),
-/// else OpenBLAS; REMAT_GEMM=openblas|onednn chooses. One library for every tile of every
-/// product, so the result is still the same bits for every thread count.
+class OneDnn;  // engine/cpu/onednn.h
+
+/// Which library multiplies the tiles of which products. One library for every tile of a
+/// product, chosen from the product's kind alone (never from the thread count or a timing), so
+/// the result is still the same bits for every thread count.
+///
+/// The default, from measurements on the model's products (tests/bench/bench_gemm.cpp, the
+/// README's "The GEMM library"): oneDNN 2.6's AVX-512 kernels beat OpenBLAS's SkylakeX kernel by
+/// 5-20% on X W^T and dY W, but its products with a transposed A (the weight gradients dY^T X)
+/// are no faster there and on AVX2 (Zen 3) run at 45-90% of OpenBLAS's; and on an AVX2 CPU
+/// OpenBLAS's own kernel is as fast on the rest and faster in a whole step. So: oneDNN for the
+/// untransposed-A products where it dispatches to AVX-512, OpenBLAS for everything else.
+/// REMAT_GEMM=openblas|onednn puts every product on one library.
 struct GemmRoute {
-  bool onednn = false;
-  std::string describe;   // "oneDNN 2.6.3 (avx512_core_amx)" or "OpenBLAS"
-  std::string warning;    // non-empty when oneDNN dispatches below what this CPU supports
+  bool onednn_untransposed = false;  // X W^T and dY W (A not transposed) on oneDNN
+  bool onednn_transposed = false;    // dY^T X (A transposed) on oneDNN
+  std::string describe;   // "oneDNN 2.6.3 (avx512_core_amx), dY^T X on OpenBLAS", "OpenBLAS"
+  std::string warning;    // non-empty when oneDNN runs below what this CPU supports
   std::string chosen_by;  // "remat-train (...)" or "REMAT_GEMM"
+
+  bool onednn_for(CBLAS_TRANSPOSE ta) const {
+    return ta == CblasNoTrans ? onednn_untransposed : onednn_transposed;
+  }
+  bool uses_onednn() const { return onednn_untransposed || onednn_transposed; }
 };
-/// Decided once per process; throws ConfigError for a REMAT_GEMM it does not know (the CPU
-/// backend asks at construction, outside any parallel region).
+/// The rule above: `want` is REMAT_GEMM ("", "openblas" or "onednn"), `dnn` the loaded oneDNN
+/// (null when it is missing, for `missing_reason`), `cpu` this CPU's widest vector ISA. Throws
+/// ConfigError for a `want` it does not know or oneDNN asked for and missing.
+GemmRoute decide_gemm_route(std::string_view want, const OneDnn* dnn,
+                            const std::string& missing_reason, VectorIsa cpu);
+/// decide_gemm_route for this process (REMAT_GEMM, onednn(), detect_cpu_isa()), decided once;
+/// the CPU backend asks at construction, outside any parallel region.
 const GemmRoute& gemm_route();
 
 /// A dimension as BLAS's int; asserts that it fits.
@@ -32,7 +56,7 @@ int blas_int(int64_t v);
 /// thread that computed it and while the tile is still in its cache: a fused epilogue.
 using TileEpilogue = std::function<void(int64_t row0, int64_t col0, int64_t m, int64_t n)>;
 
-/// On the library gemm_route() chose.
+/// On the library gemm_route() chose for a product of this kind.
 void sgemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int64_t N, int64_t K, const float* A,
            int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc,
            const TileEpilogue& epilogue = {});

@@ -1,8 +1,10 @@
 // oneDNN's SGEMM for the CPU GEMM's tiles (engine/cpu/gemm.cpp), loaded at run time from Debian's
-// libdnnl2 when it is installed. Measured on GPT-2 124M's shapes (2 threads, AVX-512, one
-// single-threaded call per 256 x 256 tile, as the tile grid makes them), dnnl_sgemm is ~20-30%
-// faster than OpenBLAS's SkylakeX kernel on the products X W^T and dY W and about even on the
-// weight gradients dY^T X; a whole training step of that model is ~10-20% faster with it (README,
+// libdnnl2 when it is installed, for the products gemm.h's GemmRoute gives it. Measured on GPT-2
+// 124M's shapes (2 threads, one single-threaded call per 256 x 256 tile, as the tile grid makes
+// them): on AVX-512 (an Intel Xeon VM) dnnl_sgemm is 5-20% faster than OpenBLAS's SkylakeX kernel
+// on the products X W^T and dY W and about even on the weight gradients dY^T X; on AVX2 (an AMD
+// EPYC Zen 3 VM, where it dispatches to avx2) it is even with OpenBLAS's Zen kernel on the first
+// two and 45-90% of its rate on dY^T X, and a whole step is faster on OpenBLAS (README,
 // "Performance (CPU)"). BLIS (Debian's 0.9) ran at about half OpenBLAS's rate on the same tiles.
 // Loaded rather than linked: the library is 40 MB, and a binary without it (the GPU device's
 // bundle) keeps OpenBLAS.

@@ -38,6 +38,13 @@ const std::vector<Shape> kShapes = {
     {"lm head  X W^T   (192 x 50257 x 768)", CblasNoTrans, CblasTrans, 192, 50257, 768, 0},
     {"lm head  dY W    (192 x 768 x 50257)", CblasNoTrans, CblasNoTrans, 192, 768, 50257, 0},
     {"lm head  dY^T X  (50257 x 768 x 192)", CblasTrans, CblasNoTrans, 50257, 768, 192, 1},
+    {"qkv      dY^T X  (2304 x 768 x 1024)", CblasTrans, CblasNoTrans, 2304, 768, 1024, 1},
+    {"attn out X W^T   (1024 x 768 x 768)", CblasNoTrans, CblasTrans, 1024, 768, 768, 0},
+    {"attn out dY W    (1024 x 768 x 768)", CblasNoTrans, CblasNoTrans, 1024, 768, 768, 0},
+    {"attn out dY^T X  (768 x 768 x 1024)", CblasTrans, CblasNoTrans, 768, 768, 1024, 1},
+    {"mlp4     X W^T   (4096 x 512 x 512)", CblasNoTrans, CblasTrans, 4096, 512, 512, 0},
+    {"mlp4     dY W    (4096 x 512 x 512)", CblasNoTrans, CblasNoTrans, 4096, 512, 512, 0},
+    {"mlp4     dY^T X  (512 x 512 x 4096)", CblasTrans, CblasNoTrans, 512, 512, 4096, 1},
 };
 
 }  // namespace
