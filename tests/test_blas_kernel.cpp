@@ -65,21 +65,25 @@ TEST_CASE("the GEMM route puts each product on the library measured faster for i
   const OneDnn avx2(nullptr, "oneDNN 2.6.3", "avx2", VectorIsa::Avx2);
   // AVX-512: oneDNN for X W^T and dY W, OpenBLAS for the weight gradients dY^T X.
   const GemmRoute wide = decide_gemm_route("", &avx512, "", VectorIsa::Avx512);
-  CHECK(wide.onednn_for(CblasNoTrans));
-  CHECK_FALSE(wide.onednn_for(CblasTrans));
+  CHECK(wide.onednn_for(CblasNoTrans, 768));
+  CHECK_FALSE(wide.onednn_for(CblasTrans, 768));
   CHECK(wide.describe == "oneDNN 2.6.3 (avx512_core), dY^T X on OpenBLAS");
   CHECK(wide.warning.empty());
-  // oneDNN on AVX2 (the CPU's, or held there on an AVX-512 CPU): OpenBLAS for every product.
+  // oneDNN on AVX2 (the CPU's, or held there on an AVX-512 CPU): OpenBLAS for every product
+  // but the untransposed ones with a long K (the LM head's dY W).
   for (VectorIsa cpu : {VectorIsa::Avx2, VectorIsa::Avx512}) {
     const GemmRoute narrow = decide_gemm_route("", &avx2, "", cpu);
-    CHECK_FALSE(narrow.uses_onednn());
-    CHECK(narrow.describe == "OpenBLAS");
+    CHECK_FALSE(narrow.onednn_for(CblasNoTrans, 3072));
+    CHECK(narrow.onednn_for(CblasNoTrans, 50257));
+    CHECK_FALSE(narrow.onednn_for(CblasTrans, 50257));
+    CHECK(narrow.describe == "OpenBLAS, oneDNN 2.6.3 (avx2) for X W^T and dY W with K >= 8192");
     CHECK_THAT(narrow.chosen_by, Contains("dispatches only to avx2"));
-    CHECK(narrow.warning.empty());
+    // Held below an AVX-512 CPU (ONEDNN_MAX_CPU_ISA), its long-K products are flagged.
+    CHECK(narrow.warning.empty() == (cpu == VectorIsa::Avx2));
   }
   // REMAT_GEMM puts every product on one library; a held-back oneDNN asked for is flagged.
   const GemmRoute forced = decide_gemm_route("onednn", &avx2, "", VectorIsa::Avx512);
-  CHECK((forced.onednn_for(CblasNoTrans) && forced.onednn_for(CblasTrans)));
+  CHECK((forced.onednn_for(CblasNoTrans, 1) && forced.onednn_for(CblasTrans, 1)));
   CHECK(forced.describe == "oneDNN 2.6.3 (avx2)");
   CHECK_THAT(forced.warning, Contains("BELOW THIS CPU"));
   CHECK_FALSE(decide_gemm_route("openblas", &avx512, "", VectorIsa::Avx512).uses_onednn());
@@ -101,10 +105,8 @@ TEST_CASE(
   const VectorIsa cpu = detect_cpu_isa();
   // By default oneDNN runs only where it dispatches to AVX-512; elsewhere the line says why not.
   const std::string line = cpu == VectorIsa::Avx512 ? "CPU GEMM: tiles on oneDNN "
-                           : cpu == VectorIsa::Avx2
-                               ? "CPU GEMM: tiles on OpenBLAS (chosen by remat-train (default: "
-                                 "oneDNN"
-                               : "CPU GEMM: tiles on ";
+                           : cpu == VectorIsa::Avx2 ? "CPU GEMM: tiles on OpenBLAS, oneDNN "
+                                                    : "CPU GEMM: tiles on ";
   const std::string widest = cpu == VectorIsa::Avx512 ? "(avx512_core"
                              : cpu == VectorIsa::Avx2 ? "only to avx2 on this CPU"
                                                       : "";

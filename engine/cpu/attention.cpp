@@ -32,6 +32,7 @@
 #include <limits>
 #include <numbers>
 #include <string>
+#include <vector>
 
 #include "engine/cpu/attention_gemm.h"
 #include "engine/cpu/cpu_backend.h"
@@ -348,12 +349,14 @@ struct Heads {
 // reaches 1e6 at long context.
 void fill_rope_table(float* cos_t, float* sin_t, int64_t T, int64_t HS, float theta, int threads) {
   const int64_t half = HS / 2;
+  std::vector<double> freq(static_cast<size_t>(half));  // once per call, not per position
+  for (int64_t i = 0; i < half; ++i)
+    freq[static_cast<size_t>(i)] = std::pow(
+        static_cast<double>(theta), -2.0 * static_cast<double>(i) / static_cast<double>(HS));
 #pragma omp parallel for schedule(static) num_threads(threads)
   for (int64_t t = 0; t < T; ++t) {
     for (int64_t i = 0; i < half; ++i) {
-      const double freq = std::pow(static_cast<double>(theta),
-                                   -2.0 * static_cast<double>(i) / static_cast<double>(HS));
-      const double ang = static_cast<double>(t) * freq;
+      const double ang = static_cast<double>(t) * freq[static_cast<size_t>(i)];
       cos_t[t * half + i] = static_cast<float>(std::cos(ang));
       sin_t[t * half + i] = static_cast<float>(std::sin(ang));
     }

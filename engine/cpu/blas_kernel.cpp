@@ -99,7 +99,8 @@ double measure_sgemm_flops(int threads, int n) {
   std::vector<float> a(static_cast<size_t>(n) * n, 0.5f), b(a.size(), 0.25f), c(a.size(), 0.0f);
   // The library the model's X W^T and dY W tiles run on (most of its GEMM FLOPs), with its own
   // threading.
-  const OneDnn* dnn = gemm_route().onednn_untransposed ? onednn() : nullptr;
+  const GemmRoute& route = gemm_route();
+  const OneDnn* dnn = route.onednn_untransposed && route.onednn_min_k == 0 ? onednn() : nullptr;
   double best_s = 1e30;
   for (int rep = 0; rep < 4; ++rep) {  // the first one warms up threads and caches
     const auto t0 = std::chrono::steady_clock::now();

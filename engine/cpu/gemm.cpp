@@ -41,20 +41,25 @@ GemmRoute decide_gemm_route(std::string_view want, const OneDnn* dnn,
         "remat-train (default: each product on the library faster for it on AVX-512; "
         "REMAT_GEMM=onednn or openblas for one library)";
   } else {
+    r.onednn_untransposed = true;
+    r.onednn_min_k = GemmRoute::kOneDnnLongK;
     r.chosen_by = fmt::format(
-        "remat-train (default: {} dispatches only to {} on this CPU, where OpenBLAS is faster; "
-        "REMAT_GEMM=onednn for it)",
+        "remat-train (default: {} dispatches only to {} on this CPU, where OpenBLAS is faster "
+        "but for a long K; REMAT_GEMM=onednn or openblas for one library)",
         dnn->version(), dnn->isa());
   }
-  if (r.uses_onednn()) {
-    r.describe = fmt::format("{} ({})", dnn->version(), dnn->isa());
-    if (!r.onednn_transposed) r.describe += ", dY^T X on OpenBLAS";
-  } else {
+  const std::string dnn_name = dnn ? fmt::format("{} ({})", dnn->version(), dnn->isa()) : "";
+  if (r.onednn_transposed)
+    r.describe = dnn_name;
+  else if (r.onednn_untransposed && r.onednn_min_k == 0)
+    r.describe = dnn_name + ", dY^T X on OpenBLAS";
+  else if (r.onednn_untransposed)
+    r.describe =
+        fmt::format("OpenBLAS, {} for X W^T and dY W with K >= {}", dnn_name, r.onednn_min_k);
+  else
     r.describe = "OpenBLAS";
-  }
   // As for OpenBLAS's kernel (blas_kernel.h): narrower vectors than the CPU has are a mistake to
-  // show, never a silent fallback. Only the user can cause it here (ONEDNN_MAX_CPU_ISA with
-  // REMAT_GEMM=onednn; by default a held-back oneDNN is simply not used).
+  // show, never a silent fallback. Only the user can cause it here (ONEDNN_MAX_CPU_ISA).
   if (r.uses_onednn() && dnn->isa_class() < cpu)
     r.warning = fmt::format(
         "BELOW THIS CPU: oneDNN dispatches only up to {} (slower GEMMs); unset "
@@ -91,7 +96,7 @@ int blas_int(int64_t v) {
 void sgemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int64_t N, int64_t K, const float* A,
            int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc,
            const TileEpilogue& epilogue) {
-  sgemm_on(gemm_route().onednn_for(ta), ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc, epilogue);
+  sgemm_on(gemm_route().onednn_for(ta, K), ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc, epilogue);
 }
 
 void sgemm_on(bool use_onednn, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int64_t N,

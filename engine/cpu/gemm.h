@@ -24,19 +24,23 @@ class OneDnn;  // engine/cpu/onednn.h
 /// The default, from measurements on the model's products (tests/bench/bench_gemm.cpp, the
 /// README's "The GEMM library"): oneDNN 2.6's AVX-512 kernels beat OpenBLAS's SkylakeX kernel by
 /// 5-20% on X W^T and dY W, but its products with a transposed A (the weight gradients dY^T X)
-/// are no faster there and on AVX2 (Zen 3) run at 45-90% of OpenBLAS's; and on an AVX2 CPU
-/// OpenBLAS's own kernel is as fast on the rest and faster in a whole step. So: oneDNN for the
-/// untransposed-A products where it dispatches to AVX-512, OpenBLAS for everything else.
-/// REMAT_GEMM=openblas|onednn puts every product on one library.
+/// are no faster there and on AVX2 (Zen 3) run at 45-90% of OpenBLAS's. On an AVX2 CPU
+/// OpenBLAS's own kernel is as fast on the rest and faster in a whole step, except on a product
+/// with a long K (the LM head's dY W, K = the vocabulary), where oneDNN is ~20% faster. So:
+/// oneDNN for the untransposed-A products where it dispatches to AVX-512, and on AVX2 for those
+/// with K >= kOneDnnLongK; OpenBLAS for everything else. REMAT_GEMM=openblas|onednn puts every
+/// product on one library.
 struct GemmRoute {
-  bool onednn_untransposed = false;  // X W^T and dY W (A not transposed) on oneDNN
+  static constexpr int64_t kOneDnnLongK = 8192;
+  bool onednn_untransposed = false;  // X W^T and dY W (A not transposed) on oneDNN ...
+  int64_t onednn_min_k = 0;          // ... when K is at least this
   bool onednn_transposed = false;    // dY^T X (A transposed) on oneDNN
-  std::string describe;   // "oneDNN 2.6.3 (avx512_core_amx), dY^T X on OpenBLAS", "OpenBLAS"
-  std::string warning;    // non-empty when oneDNN runs below what this CPU supports
-  std::string chosen_by;  // "remat-train (...)" or "REMAT_GEMM"
+  std::string describe;              // "oneDNN 2.6.3 (avx512_core_amx), dY^T X on OpenBLAS", ...
+  std::string warning;               // non-empty when oneDNN runs below what this CPU supports
+  std::string chosen_by;             // "remat-train (...)" or "REMAT_GEMM"
 
-  bool onednn_for(CBLAS_TRANSPOSE ta) const {
-    return ta == CblasNoTrans ? onednn_untransposed : onednn_transposed;
+  bool onednn_for(CBLAS_TRANSPOSE ta, int64_t K) const {
+    return ta == CblasNoTrans ? onednn_untransposed && K >= onednn_min_k : onednn_transposed;
   }
   bool uses_onednn() const { return onednn_untransposed || onednn_transposed; }
 };
