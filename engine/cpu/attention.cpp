@@ -2,7 +2,8 @@
 // tiles of keys with an online softmax; the forward saves only the output and the per-row
 // log-sum-exp; the backward recomputes each score tile from Q, K and the log-sum-exp, with
 // D_i = rowsum(dO_i * O_i). Tiles above the diagonal are skipped. No T x T matrix exists.
-// Optional RoPE (half-split / GPT-NeoX layout) rotates q and k as tiles are loaded.
+// Optional RoPE (half-split / GPT-NeoX layout) rotates q and k as the forward loads its tiles;
+// the backward rotates them in place once (qkv is CLOBBERED there) and rotates dq, dk back.
 //
 // Every product is a small GEMM on one tile pair, done by a register-blocked AVX2/FMA kernel
 // (6 rows x 16 columns of accumulators), with a portable scalar fallback. Tile layouts are
@@ -462,6 +463,26 @@ void unrotate_row(float* d, int64_t t, const Heads& h) {
   }
 }
 
+// Rotates every head's q and k rows of qkv in place with RoPE (load_row, as the forward's tiles
+// rotate them). Each row is one task's, so the bits do not depend on the thread count.
+void rotate_qk_in_place(float* qkv, const Heads& h, int threads) {
+  const int64_t n_rows = h.B * h.T;
+#pragma omp parallel num_threads(threads)
+  {
+    std::vector<float> tmp(static_cast<size_t>(h.HS));
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < n_rows; ++r) {
+      const int64_t t = r % h.T;
+      for (int64_t part = 0; part < 2; ++part)  // q, then k
+        for (int64_t hd = 0; hd < h.NH; ++hd) {
+          float* row = qkv + r * h.row + part * h.C + hd * h.HS;
+          load_row(tmp.data(), row, t, h, 1.0f);
+          std::copy(tmp.begin(), tmp.end(), row);
+        }
+    }
+  }
+}
+
 }  // namespace
 
 void CpuBackend::attention_forward_impl(const AttentionForwardArgs& a, const OpWorkspace& op_ws) {
@@ -547,7 +568,8 @@ struct BackwardTiles {
 // Both sum every output element in the same order (keys ascending for dQ, queries ascending for
 // dK and dV) with the same FMA chains, so the choice, made from the thread count, changes no bit.
 struct AttentionBackward {
-  Heads h;
+  Heads h;        // q and k: already rotated in place (rotate_qk_in_place), so no tables
+  Heads unrot;    // the RoPE tables, to rotate dq and dk back (unrotate_row)
   Heads v_rows;   // V: not rotated
   Heads do_rows;  // dO: not rotated, row stride C
   const float *qkv, *out, *dout, *lse;
@@ -616,7 +638,7 @@ struct AttentionBackward {
       float* dv_row = dk_row + h.C;
       std::copy(w.dk + j * h.HSp, w.dk + j * h.HSp + h.HS, dk_row);
       std::copy(w.dv + j * h.HSp, w.dv + j * h.HSp + h.HS, dv_row);
-      if (rope) unrotate_row(dk_row, j0 + j, h);
+      if (rope) unrotate_row(dk_row, j0 + j, unrot);
     }
   }
 
@@ -630,7 +652,7 @@ struct AttentionBackward {
     }
     for (int64_t j0 = 0; j0 < h.T; j0 += kTk) key_tile(bh, j0, true, w, dh + 2 * h.C, h.row);
     if (rope)
-      for (int64_t t = 0; t < h.T; ++t) unrotate_row(dh + t * h.row, t, h);
+      for (int64_t t = 0; t < h.T; ++t) unrotate_row(dh + t * h.row, t, unrot);
   }
 
   // Split schedule, dQ of query tile i0, after every key tile of its head has been written:
@@ -665,7 +687,7 @@ struct AttentionBackward {
       gemm<true>(nq, h.HS, nk, w.ds, 1, kTq, k.p, k.ld, dh + i0 * h.row, h.row);  // dQ += dS K
     }
     if (rope)
-      for (int64_t i = 0; i < nq; ++i) unrotate_row(dh + (i0 + i) * h.row, i0 + i, h);
+      for (int64_t i = 0; i < nq; ++i) unrotate_row(dh + (i0 + i) * h.row, i0 + i, unrot);
   }
 };
 
@@ -675,15 +697,19 @@ void CpuBackend::attention_backward_impl(const AttentionBackwardArgs& a, const O
   Heads h(a.qkv, a.n_head);
   Workspace ws = make_workspace(op_ws, h, threads_, a.rope_theta);
   static_assert(kTq == kTk, "the query-tile pass reuses key tiles as query tiles");
-  AttentionBackward bw{h,
-                       h,
-                       h,
-                       a.qkv.f32(),
-                       a.out.empty() ? nullptr : a.out.f32(),
-                       a.dout.f32(),
-                       a.lse.f32(),
-                       a.dqkv.f32(),
-                       a.rope_theta > 0};
+  // RoPE: q and k are rotated in place once (qkv is CLOBBERED, engine/ops/attention.h) instead of
+  // once per tile pair (each query tile's rows once per key tile below it, and each key tile's
+  // once per query tile): the tiles below then read rotated rows like unrotated ones.
+  Heads rows = h;
+  if (a.rope_theta > 0) {
+    rotate_qk_in_place(a.qkv.f32(), h, threads_);
+    rows.rope_cos = rows.rope_sin = nullptr;
+  }
+  AttentionBackward bw{rows,         h,
+                       rows,         rows,
+                       a.qkv.f32(),  a.out.empty() ? nullptr : a.out.f32(),
+                       a.dout.f32(), a.lse.f32(),
+                       a.dqkv.f32(), a.rope_theta > 0};
   if (!a.delta.empty()) bw.delta = a.delta.f32();
   bw.v_rows.rope_cos = bw.v_rows.rope_sin = nullptr;
   bw.do_rows.rope_cos = bw.do_rows.rope_sin = nullptr;

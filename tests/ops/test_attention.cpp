@@ -138,7 +138,15 @@ struct AttentionCall {
     be.attention_forward(
         {.out = out, .lse = lse, .qkv = qkv, .n_head = static_cast<int>(NH), .rope_theta = theta});
   }
+  /// The op CLOBBERS qkv (engine/ops/attention.h: with RoPE the CPU rotates q and k in place);
+  /// the harness puts its values back, so that the call can run again and a reference can read
+  /// them.
   void backward() {
+    const std::vector<float> kept = to_host(qkv);
+    run_backward();
+    be.upload(qkv, kept.data());
+  }
+  void run_backward() {
     be.attention_backward({.dqkv = dqkv,
                            .dout = dout,
                            .qkv = qkv,
