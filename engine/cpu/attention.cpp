@@ -16,7 +16,7 @@
 // product OpenBLAS measured ~49 GFLOP/s per core here, less than this whole kernel reaches
 // (tests/bench/bench_attention.cpp), and its call overhead and packing are per tile pair.
 //
-// Thread mapping: forward, one (batch, head, query tile) per task, largest tiles first;
+// Thread mapping: forward, one (batch, head, pair of query tiles) per task, largest first;
 // backward, one (batch, head) per task, which owns that head's dq, dk, dv. Every output element
 // is summed in a fixed order that does not depend on the thread that computes it, so results
 // are bitwise reproducible for any thread count.
@@ -493,48 +493,68 @@ void CpuBackend::attention_forward_impl(const AttentionForwardArgs& a, const OpW
   float* lse = a.lse.f32();
   const int64_t BH = h.B * h.NH, n_qt = (h.T + kTq - 1) / kTq;
 
+  // A task is a (batch, head) and a group of up to kGroup adjacent query tiles: each key tile is
+  // loaded (rotated, with RoPE) once for the group, and every query tile sees the same products
+  // in the same order as it would alone. Largest groups first, so the last tasks are short.
+  constexpr int64_t kGroup = kAttnForwardGroup;
+  const int64_t n_groups = (n_qt + kGroup - 1) / kGroup;
+
 #pragma omp parallel num_threads(threads_)
   {
     Carve carve = ws.thread_block(omp_get_thread_num(), h.HS);
-    float* qt_tile = carve.take(h.HSp * kTq);  // (HS, kTq) Q^T * scale * log2(e)
-    float* k_tile = carve.take(kTk * h.HSp);   // (kTk, HS) rotated keys (RoPE only)
-    float* acc = carve.take(kTq * h.HSp);      // (kTq, HS) unnormalized output
-    float* s = carve.take(kTk * kTq);          // (kTk, kTq) S^T, then P^T
-    float* m = carve.take(kTq);                // running max (base 2)
-    float* l = carve.take(kTq);                // running sum
-    float* corr = carve.take(kTq);             // rescale of this key tile
+    float *qt_tile[kGroup], *acc[kGroup], *m[kGroup], *l[kGroup];
+    for (int64_t g = 0; g < kGroup; ++g) {
+      qt_tile[g] = carve.take(h.HSp * kTq);  // (HS, kTq) Q^T * scale * log2(e)
+      acc[g] = carve.take(kTq * h.HSp);      // (kTq, HS) unnormalized output
+      m[g] = carve.take(kTq);                // running max (base 2)
+      l[g] = carve.take(kTq);                // running sum
+    }
+    float* k_tile = carve.take(kTk * h.HSp);  // (kTk, HS) rotated keys (RoPE only)
+    float* s = carve.take(kTk * kTq);         // (kTk, kTq) S^T, then P^T
+    float* corr = carve.take(kTq);            // rescale of this key tile
     float* tmp = carve.take(h.HSp);
-    // Largest query tiles first, so the last tasks to start are the short ones.
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t task = 0; task < BH * n_qt; ++task) {
-      const int64_t qt = n_qt - 1 - task / BH, bh = task % BH;
+    for (int64_t task = 0; task < BH * n_groups; ++task) {
+      const int64_t group = n_groups - 1 - task / BH, bh = task % BH;
       const int64_t b = bh / h.NH, hd = bh % h.NH;
       const float* head = qkv + b * h.T * h.row + hd * h.HS;
-      const int64_t i0 = qt * kTq, nq = std::min(kTq, h.T - i0);
-      load_transposed(qt_tile, kTq, head, i0, nq, h, h.scale * kLog2e, tmp);
-      std::fill(acc, acc + nq * h.HSp, 0.0f);
-      std::fill(m, m + kTq, kNegInf);
-      std::fill(l, l + kTq, 0.0f);
-      for (int64_t j0 = 0; j0 < i0 + nq; j0 += kTk) {
+      const int64_t qt0 = group * kGroup, n_in = std::min(kGroup, n_qt - qt0);
+      int64_t i0[kGroup] = {}, nq[kGroup] = {};
+      for (int64_t g = 0; g < n_in; ++g) {
+        i0[g] = (qt0 + g) * kTq;
+        nq[g] = std::min(kTq, h.T - i0[g]);
+        load_transposed(qt_tile[g], kTq, head, i0[g], nq[g], h, h.scale * kLog2e, tmp);
+        std::fill(acc[g], acc[g] + nq[g] * h.HSp, 0.0f);
+        std::fill(m[g], m[g] + kTq, kNegInf);
+        std::fill(l[g], l[g] + kTq, 0.0f);
+      }
+      const int64_t keys_end = i0[n_in - 1] + nq[n_in - 1];
+      for (int64_t j0 = 0; j0 < keys_end; j0 += kTk) {
         const int64_t nk = std::min(kTk, h.T - j0);
         const Rows k = rotated_rows(k_tile, head + h.C, j0, nk, h);
-        gemm<false>(nk, kTq, h.HS, k.p, k.ld, 1, qt_tile, kTq, s, kTq);  // S^T = K Q^T
-        for (int64_t j = 0; j < nk; ++j)  // causal: query i sees key j when i0 + i >= j0 + j
-          std::fill(s + j * kTq, s + j * kTq + std::clamp<int64_t>(j0 + j - i0, 0, kTq), kNegInf);
-        softmax_update_columns(s, nk, m, l, corr);
-        for (int64_t i = 0; i < nq; ++i)
-          if (corr[i] != 1.0f)
-            for (int64_t c = 0; c < h.HS; ++c) acc[i * h.HSp + c] *= corr[i];
-        // acc += P V: P^T is s, so A(i, j) = s[j * kTq + i].
-        gemm<true>(nq, h.HS, nk, s, 1, kTq, head + 2 * h.C + j0 * h.row, h.row, acc, h.HSp);
+        for (int64_t g = 0; g < n_in; ++g) {
+          if (j0 >= i0[g] + nq[g]) continue;  // above this query tile's diagonal
+          gemm<false>(nk, kTq, h.HS, k.p, k.ld, 1, qt_tile[g], kTq, s, kTq);  // S^T = K Q^T
+          for (int64_t j = 0; j < nk; ++j)  // causal: query i sees key j when i0 + i >= j0 + j
+            std::fill(s + j * kTq, s + j * kTq + std::clamp<int64_t>(j0 + j - i0[g], 0, kTq),
+                      kNegInf);
+          softmax_update_columns(s, nk, m[g], l[g], corr);
+          for (int64_t i = 0; i < nq[g]; ++i)
+            if (corr[i] != 1.0f)
+              for (int64_t c = 0; c < h.HS; ++c) acc[g][i * h.HSp + c] *= corr[i];
+          // acc += P V: P^T is s, so A(i, j) = s[j * kTq + i].
+          gemm<true>(nq[g], h.HS, nk, s, 1, kTq, head + 2 * h.C + j0 * h.row, h.row, acc[g], h.HSp);
+        }
       }
-      for (int64_t i = 0; i < nq; ++i) {
-        float* o = out + (b * h.T + i0 + i) * h.C + hd * h.HS;
-        const float inv = 1.0f / l[i];
-        for (int64_t c = 0; c < h.HS; ++c) o[c] = acc[i * h.HSp + c] * inv;
-        const double lse2 = static_cast<double>(m[i]) + std::log2(static_cast<double>(l[i]));
-        lse[bh * h.T + i0 + i] = static_cast<float>(lse2 * std::numbers::ln2);
-      }
+      for (int64_t g = 0; g < n_in; ++g)
+        for (int64_t i = 0; i < nq[g]; ++i) {
+          float* o = out + (b * h.T + i0[g] + i) * h.C + hd * h.HS;
+          const float inv = 1.0f / l[g][i];
+          for (int64_t c = 0; c < h.HS; ++c) o[c] = acc[g][i * h.HSp + c] * inv;
+          const double lse2 =
+              static_cast<double>(m[g][i]) + std::log2(static_cast<double>(l[g][i]));
+          lse[bh * h.T + i0[g] + i] = static_cast<float>(lse2 * std::numbers::ln2);
+        }
     }
   }
 }

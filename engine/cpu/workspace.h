@@ -24,17 +24,25 @@ constexpr int64_t attention_padded_hs(int64_t HS) {
   return (HS + 7) / 8 * 8;
 }
 
+/// Query tiles one forward task runs side by side, so that each key tile is loaded (and rotated,
+/// with RoPE) once for all of them. Two keep the forward's tiles within the backward's block.
+constexpr int64_t kAttnForwardGroup = 2;
+
 /// Floats of one thread's attention tiles, the larger of the forward's and the backward's (they
 /// share the block). Every piece is a multiple of 8 floats, so every tile starts 32-byte aligned;
 /// engine/cpu/attention.cpp carves the pieces in this order.
 constexpr int64_t attention_forward_tile_floats(int64_t HS) {
   const int64_t HSp = attention_padded_hs(HS), Tq = kAttnTileQ, Tk = kAttnTileK;
-  return HSp * Tq + Tk * HSp + Tq * HSp + Tk * Tq + 3 * Tq + HSp;
+  return kAttnForwardGroup * (HSp * Tq + Tq * HSp + 2 * Tq) + Tk * HSp + Tk * Tq + Tq + HSp;
 }
 constexpr int64_t attention_backward_tile_floats(int64_t HS) {
   const int64_t HSp = attention_padded_hs(HS), Tq = kAttnTileQ, Tk = kAttnTileK;
   return Tq * HSp + 2 * HSp * Tk + Tk * HSp + 2 * Tq * Tk + 2 * Tk * HSp + HSp;
 }
+static_assert(attention_forward_tile_floats(8) <= attention_backward_tile_floats(8) &&
+                  attention_forward_tile_floats(64) <= attention_backward_tile_floats(64) &&
+                  attention_forward_tile_floats(256) <= attention_backward_tile_floats(256),
+              "the forward's query-tile group fits in the backward's block: no bigger workspace");
 constexpr int64_t attention_thread_floats(int64_t HS) {
   return std::max(attention_forward_tile_floats(HS), attention_backward_tile_floats(HS));
 }
