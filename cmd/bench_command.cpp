@@ -18,6 +18,7 @@
 #include "engine/cpu/blas_kernel.h"
 #include "engine/devices.h"
 #include "engine/experiments/interrupt.h"
+#include "engine/machine_load.h"
 #include "engine/planner.h"
 #include "engine/remat.h"
 #include "engine/trainer.h"
@@ -90,6 +91,12 @@ void print_report(const Config& cfg, const std::string& device, const std::vecto
         "{:.1f}; {})\n",
         sgemm_flops / 1e9, floors.size(), *std::min_element(floors.begin(), floors.end()) / 1e9,
         *std::max_element(floors.begin(), floors.end()) / 1e9, load_note());
+  if (!floors.empty())
+    if (const std::string w =
+            unsteady_floor_warning(*std::min_element(floors.begin(), floors.end()),
+                                   *std::max_element(floors.begin(), floors.end()));
+        !w.empty())
+      fmt::print("{}\n", w);
   // On a VM the host may run other guests on these cores: the steps and the floors both slow
   // down, but not by the same factor from one second to the next.
   if (const double steal = cpu_steal_share(); steal >= kStealWarning)

@@ -1,6 +1,8 @@
 // CPU time counters from /proc/stat (see engine/machine_load.h).
 #include "engine/machine_load.h"
 
+#include <fmt/format.h>
+
 #include <fstream>
 #include <iterator>
 #include <sstream>
@@ -36,6 +38,15 @@ double steal_share(const CpuTicks& before, const CpuTicks& after) {
     return -1;
   return static_cast<double>(after.steal - before.steal) /
          static_cast<double>(after.total - before.total);
+}
+
+std::string unsteady_floor_warning(double lowest, double highest) {
+  if (!(lowest > 0) || highest <= kUnsteadyFloor * lowest) return "";
+  return fmt::format(
+      "warning: the SGEMM floor moved from {:.1f} to {:.1f} GFLOP/s during the run (other work "
+      "on the host's cores, caches or memory; CPU steal shows only part of it): the shares of it "
+      "are unreliable; compare only runs made side by side, or rerun while it holds steady",
+      lowest / 1e9, highest / 1e9);
 }
 
 }  // namespace remat

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <string_view>
 
 namespace remat {
@@ -22,5 +23,14 @@ CpuTicks read_cpu_ticks();
 /// Steal's share of the CPU time that passed between two readings, 0..1; negative when either
 /// reading failed or no time passed.
 double steal_share(const CpuTicks& before, const CpuTicks& after);
+
+/// A benchmark's SGEMM floor moved by more than this factor (highest / lowest of its readings)
+/// means the machine's speed changed under it. Seen on an AMD EPYC VM with no steal at all: the
+/// floor fell from 157 to 85 GFLOP/s within one run (other guests on the host's caches and memory
+/// bandwidth, which no counter of the guest shows).
+constexpr double kUnsteadyFloor = 1.25;
+/// The one-line warning for floor readings between `lowest` and `highest` (FLOP/s), or "" while
+/// they stay within kUnsteadyFloor.
+std::string unsteady_floor_warning(double lowest, double highest);
 
 }  // namespace remat

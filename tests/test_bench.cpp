@@ -99,3 +99,15 @@ TEST_CASE("CPU steal is read from /proc/stat's cpu line as a share of the time b
     CHECK(share <= 1.0);
   }
 }
+
+TEST_CASE("bench warns when its SGEMM floor moves by more than a quarter during the run",
+          "[bench]") {
+  CHECK(unsteady_floor_warning(150e9, 150e9).empty());
+  CHECK(unsteady_floor_warning(150e9, 150e9 * kUnsteadyFloor).empty());  // the limit itself
+  const std::string w = unsteady_floor_warning(84.5e9, 156.7e9);         // seen on the AMD VM
+  CHECK_THAT(w, Catch::Matchers::StartsWith("warning: the SGEMM floor moved from 84.5 to 156.7 "
+                                            "GFLOP/s") &&
+                    Catch::Matchers::Contains("unreliable"));
+  CHECK(w.find('\n') == std::string::npos);
+  CHECK(unsteady_floor_warning(0, 1e9).empty());  // no reading: nothing to say
+}
