@@ -85,18 +85,15 @@ void print_report(const Config& cfg, const std::string& device, const std::vecto
       shares.push_back(s.flops / (s.ms / 1e3) / s.sgemm_flops);
     }
   const double sgemm_flops = floors.empty() ? 0.0 : median(floors);
-  if (sgemm_flops > 0)
+  if (sgemm_flops > 0) {
+    const auto [lowest, highest] = std::minmax_element(floors.begin(), floors.end());
     fmt::print(
         "floor: SGEMM 2048^3 {:.1f} GFLOP/s (median of {}, one after each step: {:.1f} to "
         "{:.1f}; {})\n",
-        sgemm_flops / 1e9, floors.size(), *std::min_element(floors.begin(), floors.end()) / 1e9,
-        *std::max_element(floors.begin(), floors.end()) / 1e9, load_note());
-  if (!floors.empty())
-    if (const std::string w =
-            unsteady_floor_warning(*std::min_element(floors.begin(), floors.end()),
-                                   *std::max_element(floors.begin(), floors.end()));
-        !w.empty())
+        sgemm_flops / 1e9, floors.size(), *lowest / 1e9, *highest / 1e9, load_note());
+    if (const std::string w = unsteady_floor_warning(*lowest, *highest); !w.empty())
       fmt::print("{}\n", w);
+  }
   // On a VM the host may run other guests on these cores: the steps and the floors both slow
   // down, but not by the same factor from one second to the next.
   if (const double steal = cpu_steal_share(); steal >= kStealWarning)

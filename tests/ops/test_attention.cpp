@@ -143,10 +143,6 @@ struct AttentionCall {
   /// them.
   void backward() {
     const std::vector<float> kept = to_host(qkv);
-    run_backward();
-    be.upload(qkv, kept.data());
-  }
-  void run_backward() {
     be.attention_backward({.dqkv = dqkv,
                            .dout = dout,
                            .qkv = qkv,
@@ -154,6 +150,7 @@ struct AttentionCall {
                            .lse = lse,
                            .n_head = static_cast<int>(NH),
                            .rope_theta = theta});
+    be.upload(qkv, kept.data());
   }
   /// Host copies of out, lse and dqkv.
   std::vector<std::vector<float>> results() const {
