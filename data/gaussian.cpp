@@ -112,4 +112,15 @@ void fill_normal(std::span<float> out, uint64_t seed, uint64_t stream, uint64_t 
   }
 }
 
+void fill_normal_from(std::span<float> out, uint64_t seed, uint64_t stream, uint64_t first) {
+  if (first % 2 == 0 || out.empty()) {
+    fill_normal(out, seed, stream, first / 2);
+    return;
+  }
+  float pairs[16];
+  normal_pairs8(seed, stream, first / 2, pairs);
+  out[0] = pairs[1];  // the sine of pair first / 2
+  fill_normal(out.subspan(1), seed, stream, first / 2 + 1);
+}
+
 }  // namespace remat

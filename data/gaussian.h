@@ -18,6 +18,9 @@ namespace remat {
 
 /// out[i] ~ N(0, 1) for the pairs first_pair, first_pair + 1, ... (an odd tail drops the sine).
 void fill_normal(std::span<float> out, uint64_t seed, uint64_t stream, uint64_t first_pair);
+/// The same stream read from its number `first` on (number 2p is pair p's cosine, 2p + 1 its
+/// sine), so an odd `first` starts at a sine: a data-parallel rank's rows may begin mid-pair.
+void fill_normal_from(std::span<float> out, uint64_t seed, uint64_t stream, uint64_t first);
 
 /// The two uniforms of pair `index` (exact floats in (0, 1)); for the accuracy test.
 void normal_pair_uniforms(uint64_t seed, uint64_t stream, uint64_t index, float& u1, float& u2);

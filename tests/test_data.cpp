@@ -519,4 +519,11 @@ TEST_CASE("bulk normals are a function of the pair counter alone", "[data]") {
   omp_set_num_threads(threads);
   CHECK(std::memcmp(many.data(), many_1thread.data(), many.size() * sizeof(float)) == 0);
   CHECK(many[0] != many[1]);
+  // Read by number: from an odd number (a pair's sine, where a data-parallel rank's rows may
+  // start) and from an even one, the same numbers as read by pair.
+  std::vector<float> from_odd(28), from_even(28);
+  fill_normal_from(from_odd, 3, 4, 17);
+  fill_normal_from(from_even, 3, 4, 18);
+  CHECK(std::equal(from_odd.begin(), from_odd.end(), all.begin() + 17));
+  CHECK(std::equal(from_even.begin(), from_even.end(), all.begin() + 18));
 }

@@ -36,10 +36,10 @@ GemmRoute decide_gemm_route(std::string_view want, const OneDnn* dnn,
   } else if (!dnn) {
     r.chosen_by = "remat-train: " + missing_reason;
   } else if (dnn->isa_class() == VectorIsa::Avx512) {
-    r.onednn_untransposed = true;
+    r.onednn_untransposed = r.onednn_transposed = true;
     r.chosen_by =
-        "remat-train (default: each product on the library faster for it on AVX-512; "
-        "REMAT_GEMM=onednn or openblas for one library)";
+        "remat-train (default: oneDNN dispatches to AVX-512 here, where whole steps were faster "
+        "on it; REMAT_GEMM=openblas for OpenBLAS)";
   } else {
     r.onednn_untransposed = true;
     r.onednn_min_k = GemmRoute::kOneDnnLongK;
@@ -51,8 +51,6 @@ GemmRoute decide_gemm_route(std::string_view want, const OneDnn* dnn,
   const std::string dnn_name = dnn ? fmt::format("{} ({})", dnn->version(), dnn->isa()) : "";
   if (r.onednn_transposed)
     r.describe = dnn_name;
-  else if (r.onednn_untransposed && r.onednn_min_k == 0)
-    r.describe = dnn_name + ", dY^T X on OpenBLAS";
   else if (r.onednn_untransposed)
     r.describe =
         fmt::format("OpenBLAS, {} for X W^T and dY W with K >= {}", dnn_name, r.onednn_min_k);

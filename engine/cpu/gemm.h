@@ -21,21 +21,21 @@ class OneDnn;  // engine/cpu/onednn.h
 /// product, chosen from the product's kind alone (never from the thread count or a timing), so
 /// the result is still the same bits for every thread count.
 ///
-/// The default, from measurements on the model's products (tests/bench/bench_gemm.cpp, the
-/// README's "The GEMM library"): oneDNN 2.6's AVX-512 kernels beat OpenBLAS's SkylakeX kernel by
-/// 5-20% on X W^T and dY W, but its products with a transposed A (the weight gradients dY^T X)
-/// are no faster there and on AVX2 (Zen 3) run at 45-90% of OpenBLAS's. On an AVX2 CPU
-/// OpenBLAS's own kernel is as fast on the rest and faster in a whole step, except on a product
-/// with a long K (the LM head's dY W, K = the vocabulary), where oneDNN is ~20% faster. So:
-/// oneDNN for the untransposed-A products where it dispatches to AVX-512, and on AVX2 for those
-/// with K >= kOneDnnLongK; OpenBLAS for everything else. REMAT_GEMM=openblas|onednn puts every
-/// product on one library.
+/// The default, from measurements of whole training steps (alternated runs of `remat-train
+/// bench`, the README's "The GEMM library"): where oneDNN 2.6 dispatches to AVX-512 (an Intel
+/// Xeon with AMX) every product on oneDNN made the MLP's step 6-12% and GPT-2's 1-4% faster than
+/// with the weight gradients dY^T X on OpenBLAS's SkylakeX kernel. Where it dispatches only to
+/// AVX2 (an AMD EPYC Zen 3) its dY^T X ran at 45-90% of OpenBLAS's rate, and the MLP's step was
+/// faster all on OpenBLAS, except a product with a long K (the LM head's dY W, K = the
+/// vocabulary), where oneDNN was ~20% faster. So: every product on oneDNN where it dispatches to
+/// AVX-512; on AVX2 oneDNN for the untransposed-A products with K >= kOneDnnLongK, OpenBLAS for
+/// everything else. REMAT_GEMM=openblas|onednn puts every product on one library.
 struct GemmRoute {
   static constexpr int64_t kOneDnnLongK = 8192;
   bool onednn_untransposed = false;  // X W^T and dY W (A not transposed) on oneDNN ...
   int64_t onednn_min_k = 0;          // ... when K is at least this
   bool onednn_transposed = false;    // dY^T X (A transposed) on oneDNN
-  std::string describe;              // "oneDNN 2.6.3 (avx512_core_amx), dY^T X on OpenBLAS", ...
+  std::string describe;              // "oneDNN 2.6.3 (avx512_core_amx)", "OpenBLAS", ...
   std::string warning;               // non-empty when oneDNN runs below what this CPU supports
   std::string chosen_by;             // "remat-train (...)" or "REMAT_GEMM"
 

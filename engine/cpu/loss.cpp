@@ -63,6 +63,37 @@ double softmax_xent_row(float* l, int64_t V, int32_t t, float scale) {
   return static_cast<double>(mx) + std::log(sum) - static_cast<double>(lt);
 }
 
+// One row of the mean-squared error: returns mean((x - y)^2) and writes g (x - y) to dx. The
+// squares are summed in double, in 8 lanes (two vectors of 4) and then the lanes in a fixed order:
+// the same bits for any thread count, and 8 independent chains instead of one, whose 4-cycle
+// latency per element made this loss 3% of the MLP's step.
+float mse_row(const float* x, const float* y, float* dx, int64_t D, float g) {
+  double acc = 0;
+  int64_t j = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+  __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();
+  const __m256 vg = _mm256_set1_ps(g);
+  for (; j + 8 <= D; j += 8) {
+    const __m256 diff = _mm256_sub_ps(_mm256_loadu_ps(x + j), _mm256_loadu_ps(y + j));
+    _mm256_storeu_ps(dx + j, _mm256_mul_ps(vg, diff));
+    const __m256d d_lo = _mm256_cvtps_pd(_mm256_castps256_ps128(diff));
+    const __m256d d_hi = _mm256_cvtps_pd(_mm256_extractf128_ps(diff, 1));
+    lo = _mm256_fmadd_pd(d_lo, d_lo, lo);
+    hi = _mm256_fmadd_pd(d_hi, d_hi, hi);
+  }
+  alignas(32) double lanes[8];
+  _mm256_store_pd(lanes, lo);
+  _mm256_store_pd(lanes + 4, hi);
+  for (const double v : lanes) acc += v;
+#endif
+  for (; j < D; ++j) {
+    const float diff = x[j] - y[j];
+    acc += static_cast<double>(diff) * diff;
+    dx[j] = g * diff;
+  }
+  return static_cast<float>(acc / static_cast<double>(D));
+}
+
 }  // namespace
 
 // For each chunk of rows: logits = inp W^T; per row, a numerically stable softmax (subtract the
@@ -100,15 +131,7 @@ void CpuBackend::mse_loss_impl(const MseLossArgs& a) {
   float* loss = a.losses.f32();
   const float g = 2.0f * a.loss_scale / static_cast<float>(D);
 #pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < N; ++i) {
-    double acc = 0;
-    for (int64_t j = 0; j < D; ++j) {
-      const float diff = x[i * D + j] - y[i * D + j];
-      acc += static_cast<double>(diff) * diff;
-      dx[i * D + j] = g * diff;
-    }
-    loss[i] = static_cast<float>(acc / static_cast<double>(D));
-  }
+  for (int64_t i = 0; i < N; ++i) loss[i] = mse_row(x + i * D, y + i * D, dx + i * D, D, g);
 }
 
 }  // namespace remat::cpu

@@ -136,7 +136,8 @@ TEST_CASE("lm head loss gradients match central differences of the mean cross-en
 struct MseShape {
   int64_t N, D;
 };
-const std::vector<MseShape> kMseShapes = {{7, 13}, {11, 23}};
+// D = 23: two 8-wide passes and a tail of 7; 512: the MLP tutorial's width, no tail.
+const std::vector<MseShape> kMseShapes = {{7, 13}, {11, 23}, {5, 512}};
 
 TEST_CASE("mse loss matches a double reference", "[ops]") {
   CpuBackend be(kTestBudgetBytes, kTestThreads);
