@@ -98,6 +98,40 @@ TEST_CASE("the GEMM route puts each product on the library measured faster for i
                     Contains("REMAT_GEMM=mkl") && Contains("Fix:"));
 }
 
+TEST_CASE("the GEMM's tile grid packs the least among grids that keep 8 threads busy", "[blas]") {
+  constexpr int64_t kAlign = 16, kMinTiles = 8, kMaxTileElems = 512 * 512;
+  auto cdiv = [](int64_t a, int64_t b) { return (a + b - 1) / b; };
+  // Packing cost of a grid: A once per column of tiles, B once per row of tiles (gemm.cpp).
+  auto cost = [&](int64_t M, int64_t N, int64_t tm, int64_t tn) {
+    return M * cdiv(N, tn) + N * cdiv(M, tm);
+  };
+  const std::pair<int64_t, int64_t> shapes[] = {
+      {1024, 2304}, {1024, 768}, {768, 3072}, {192, 768}, {4096, 512}, {512, 512}, {768, 768},
+      {64, 768},    {100, 37},   {7, 13},     {1, 1},     {0, 5},      {300, 1000}};
+  for (const auto& [M, N] : shapes) {
+    CAPTURE(M, N);
+    const TileGrid g = choose_tile_grid(M, N);
+    REQUIRE((g.rows > 0 && g.cols > 0));
+    CHECK((g.rows % kAlign == 0 && g.cols % kAlign == 0));
+    CHECK(g.rows * g.cols <= kMaxTileElems);
+    const int64_t tiles = cdiv(M, g.rows) * cdiv(N, g.cols);
+    const bool splittable = cdiv(M, kAlign) * cdiv(N, kAlign) >= kMinTiles;
+    if (splittable) CHECK(tiles >= kMinTiles);
+    if (M == 0 || N == 0) continue;
+    // Every grid of 16-multiples that satisfies the same limits packs at least as much.
+    for (int64_t tm = kAlign; tm < M + kAlign; tm += kAlign)
+      for (int64_t tn = kAlign; tn < N + kAlign; tn += kAlign) {
+        const bool valid =
+            tm * tn <= kMaxTileElems && (!splittable || cdiv(M, tm) * cdiv(N, tn) >= kMinTiles);
+        if (valid) CHECK(cost(M, N, g.rows, g.cols) <= cost(M, N, tm, tn));
+      }
+  }
+  // The LM head's dX (dY W, K = the vocabulary, 192 rows a chunk): 8 column tiles spanning all
+  // the rows, not 12 squares of 128 that would pack the 192 x 50257 dY six times and W twice.
+  const TileGrid lm = choose_tile_grid(192, 768);
+  CHECK((lm.rows == 192 && lm.cols == 96));
+}
+
 TEST_CASE(
     "version output names oneDNN's ISA and warns when ONEDNN_MAX_CPU_ISA holds it below the CPU",
     "[blas][smoke]") {

@@ -53,6 +53,13 @@ GemmRoute decide_gemm_route(std::string_view want, const OneDnn* dnn,
 /// the CPU backend asks at construction, outside any parallel region.
 const GemmRoute& gemm_route();
 
+/// The output tiles of one product: rows x cols elements each (the last row and column of tiles
+/// may be smaller).
+struct TileGrid {
+  int64_t rows, cols;
+};
+TileGrid choose_tile_grid(int64_t M, int64_t N);
+
 /// A dimension as BLAS's int; asserts that it fits.
 int blas_int(int64_t v);
 
