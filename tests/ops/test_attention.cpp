@@ -325,19 +325,22 @@ TEST_CASE("attention's AVX-512 and AVX2 kernels give the same bits, in both back
   }
   const float theta = GENERATE(0.0f, 10000.0f);
   // T = 129 and HS = 8, 40, 64: full and partial row blocks, full, masked and 1.5-vector panels.
-  // 2 x 2 heads on the tests' two threads run the backward per head, 1 x 1 split (the AVX2 path
-  // is checked only here on an AVX-512 machine, so both schedules must run on it).
+  // T = 85, 86, 87 end on a tile of 21, 22, 23 rows: one 12-row block of the AVX-512 kernel and a
+  // remainder of 9, 10, 11. 2 x 2 heads on the tests' two threads run the backward per head, 1 x 1
+  // split (the AVX2 path is checked only here on an AVX-512 machine, so both schedules must run on
+  // it).
+  const int64_t T = GENERATE(int64_t{129}, int64_t{85}, int64_t{86}, int64_t{87});
   const int64_t HS = GENERATE(int64_t{8}, int64_t{40}, int64_t{64});
   const int64_t B = GENERATE(int64_t{2}, int64_t{1});
   const int64_t NH = B;
-  CAPTURE(theta, HS, B, NH);
+  CAPTURE(theta, T, HS, B, NH);
   using cpu::AttentionIsa, cpu::attention_isa, cpu::force_attention_isa;
   const AttentionIsa native = attention_isa();
   std::vector<std::vector<float>> by_isa[2];
   for (AttentionIsa isa : {AttentionIsa::Avx2, AttentionIsa::Avx512}) {
     force_attention_isa(isa);
     CpuBackend be(kTestBudgetBytes, kTestThreads);
-    AttentionCall a(be, B, NH, 129, HS, theta, 77);
+    AttentionCall a(be, B, NH, T, HS, theta, 77);
     a.forward();
     a.backward();
     by_isa[static_cast<int>(isa)] = a.results();
