@@ -134,6 +134,41 @@ TileGrid choose_tile_grid(int64_t M, int64_t N) {
   return best;
 }
 
+namespace {
+
+// One single-threaded library call (inside a parallel region, or a team of one, oneDNN and
+// OpenBLAS both run on the calling thread only). A oneDNN failure is kept in `status`: an
+// exception must not leave a parallel region.
+void multiply_on_this_thread(const OneDnn* dnnl, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t m,
+                             int64_t n, int64_t K, const float* a, int64_t lda, const float* b,
+                             int64_t ldb, float beta, float* c, int64_t ldc,
+                             std::atomic<int>& status) {
+  if (dnnl) {
+    if (const int s = dnnl->sgemm_on_this_thread(ta == CblasNoTrans ? 'N' : 'T',
+                                                 tb == CblasNoTrans ? 'N' : 'T', m, n, K, 1.0f, a,
+                                                 lda, b, ldb, beta, c, ldc))
+      status = s;
+  } else {
+    cblas_sgemm(CblasRowMajor, ta, tb, blas_int(m), blas_int(n), blas_int(K), 1.0f, a,
+                blas_int(lda), b, blas_int(ldb), beta, c, blas_int(ldc));
+  }
+}
+
+void throw_if_failed(const std::atomic<int>& status, int64_t M, int64_t N, int64_t K) {
+  if (const int s = status.load())
+    throw BackendError(
+        fmt::format("[cpu] oneDNN's dnnl_sgemm failed (status {}) on a {}x{}x{} "
+                    "product. Fix: run with REMAT_GEMM=openblas, and report it",
+                    s, M, N, K));
+}
+
+const OneDnn* library(bool use_onednn) {
+  REMAT_ASSERT(!use_onednn || onednn() != nullptr, "a oneDNN GEMM without oneDNN");
+  return use_onednn ? onednn() : nullptr;
+}
+
+}  // namespace
+
 void sgemm_on(bool use_onednn, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int64_t N,
               int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb, float beta,
               float* C, int64_t ldc, const TileEpilogue& epilogue) {
@@ -141,9 +176,8 @@ void sgemm_on(bool use_onednn, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M
   const int64_t tm = grid.rows, tn = grid.cols;
   const int64_t n_cols = (N + tn - 1) / tn;
   const int64_t n_tiles = n_cols * ((M + tm - 1) / tm);
-  REMAT_ASSERT(!use_onednn || onednn() != nullptr, "a oneDNN GEMM without oneDNN");
-  const OneDnn* dnnl = use_onednn ? onednn() : nullptr;
-  std::atomic<int> dnnl_status{0};
+  const OneDnn* dnnl = library(use_onednn);
+  std::atomic<int> status{0};
   // Always a parallel region, even for one tile: inside an active region OpenBLAS runs
   // single-threaded, which is what makes the result independent of the thread count.
 #pragma omp parallel for schedule(dynamic)
@@ -152,25 +186,39 @@ void sgemm_on(bool use_onednn, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M
     const int64_t m = std::min(tm, M - i0), n = std::min(tn, N - j0);
     const float* a = ta == CblasNoTrans ? A + i0 * lda : A + i0;
     const float* b = tb == CblasNoTrans ? B + j0 : B + j0 * ldb;
-    float* c = C + i0 * ldc + j0;
-    if (dnnl) {
-      // Inside the parallel region (or a team of one) oneDNN, like OpenBLAS, runs on the calling
-      // thread only.
-      if (const int s = dnnl->sgemm_on_this_thread(ta == CblasNoTrans ? 'N' : 'T',
-                                                   tb == CblasNoTrans ? 'N' : 'T', m, n, K, 1.0f, a,
-                                                   lda, b, ldb, beta, c, ldc))
-        dnnl_status = s;
-    } else {
-      cblas_sgemm(CblasRowMajor, ta, tb, blas_int(m), blas_int(n), blas_int(K), 1.0f, a,
-                  blas_int(lda), b, blas_int(ldb), beta, c, blas_int(ldc));
-    }
+    multiply_on_this_thread(dnnl, ta, tb, m, n, K, a, lda, b, ldb, beta, C + i0 * ldc + j0, ldc,
+                            status);
     if (epilogue) epilogue(i0, j0, m, n);
   }
-  if (const int s = dnnl_status.load())
-    throw BackendError(
-        fmt::format("[cpu] oneDNN's dnnl_sgemm failed (status {}) on a {}x{}x{} "
-                    "product. Fix: run with REMAT_GEMM=openblas, and report it",
-                    s, M, N, K));
+  throw_if_failed(status, M, N, K);
+}
+
+void sgemm_k_slabs(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
+                   int64_t ldb, float* C, int64_t ldc, float* partials, int64_t slabs) {
+  const int64_t S = slabs;
+  REMAT_ASSERT(S >= 1 && S <= K, "sgemm_k_slabs: {} slabs of K = {}", S, K);
+  // The library of the whole product's kind: a slab's K is shorter than the product's.
+  const OneDnn* dnnl = library(gemm_route().onednn_for(CblasNoTrans, K));
+  std::atomic<int> status{0};
+  auto slab_begin = [&](int64_t s) { return K * s / S; };
+#pragma omp parallel for schedule(dynamic)
+  for (int64_t s = 0; s < S; ++s) {
+    const int64_t k0 = slab_begin(s), k1 = slab_begin(s + 1);
+    float* out = s == 0 ? C : partials + (s - 1) * M * N;
+    const int64_t ld_out = s == 0 ? ldc : N;
+    multiply_on_this_thread(dnnl, CblasNoTrans, CblasNoTrans, M, N, k1 - k0, A + k0, lda,
+                            B + k0 * ldb, ldb, 0.0f, out, ld_out, status);
+  }
+  throw_if_failed(status, M, N, K);
+  // C = (((P0 + P1) + P2) + ...): one order for every element, whatever the threads.
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t s = 1; s < S; ++s) {
+      const float* p = partials + (s - 1) * M * N + i * N;
+      float* c = C + i * ldc;
+#pragma omp simd
+      for (int64_t j = 0; j < N; ++j) c[j] += p[j];
+    }
 }
 
 }  // namespace remat::cpu

@@ -77,4 +77,12 @@ void sgemm_on(bool onednn, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, in
               const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
               int64_t ldc, const TileEpilogue& epilogue = {});
 
+/// C (M, N) = A (M, K) B (K, N), both untransposed, for a long K and a small C (the LM head's
+/// dY W, K = the vocabulary): K is cut into `slabs` equal parts, each one single-threaded library
+/// call, run in parallel into C and `partials` ((slabs - 1) M N floats), and C is then their sum
+/// in slab order. Each operand is packed once, where a tile grid over C packs A once per column of
+/// tiles and B once per row. The same bits for every thread count.
+void sgemm_k_slabs(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
+                   int64_t ldb, float* C, int64_t ldc, float* partials, int64_t slabs);
+
 }  // namespace remat::cpu

@@ -98,7 +98,8 @@ float mse_row(const float* x, const float* y, float* dx, int64_t D, float g) {
 
 // For each chunk of rows: logits = inp W^T; per row, a numerically stable softmax (subtract the
 // row max) gives loss = logsumexp - logit[target] and dlogits = (softmax - onehot) * scale,
-// written over the logits (softmax_xent_row); then dinp = dlogits W and dW += dlogits^T inp.
+// written over the logits (softmax_xent_row); then dinp = dlogits W (in vocabulary slabs for a
+// long vocabulary: lm_head_dinp_slabs in engine/cpu/workspace.h) and dW += dlogits^T inp.
 void CpuBackend::lm_head_loss_impl(const LmHeadLossArgs& a, const OpWorkspace& ws) {
   const int64_t N = a.inp.rows(), C = a.inp.dim(-1), V = a.weight.dim(0);
   const Buffer& chunk = ws.at("lm_head.logits_chunk");
@@ -118,7 +119,17 @@ void CpuBackend::lm_head_loss_impl(const LmHeadLossArgs& a, const OpWorkspace& w
       REMAT_ASSERT(t >= 0 && t < V, "lm_head_loss: target {} outside vocabulary {}", t, V);
       losses[r0 + r] = static_cast<float>(softmax_xent_row(l, V, t, a.loss_scale));
     }
-    sgemm(CblasNoTrans, CblasNoTrans, rows, C, V, logits, V, W, C, 0.0f, a.dinp.f32() + r0 * C, C);
+    const int64_t slabs = lm_head_dinp_slabs(V);
+    if (slabs > 1) {
+      const Buffer& partials = ws.at("lm_head.dinp_slabs");
+      REMAT_ASSERT(partials.tensor().numel() >= (slabs - 1) * rows * C,
+                   "lm_head_loss: the slab workspace holds {} floats, {} slabs need {}",
+                   partials.tensor().numel(), slabs, (slabs - 1) * rows * C);
+      sgemm_k_slabs(rows, C, V, logits, V, W, C, a.dinp.f32() + r0 * C, C, partials.f32(), slabs);
+    } else {
+      sgemm(CblasNoTrans, CblasNoTrans, rows, C, V, logits, V, W, C, 0.0f, a.dinp.f32() + r0 * C,
+            C);
+    }
     sgemm(CblasTrans, CblasNoTrans, V, C, rows, logits, V, x, C, 1.0f, a.dweight.f32(), C);
   }
 }

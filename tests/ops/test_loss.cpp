@@ -132,6 +132,68 @@ TEST_CASE("lm head loss gradients match central differences of the mean cross-en
                  "dweight"));
 }
 
+TEST_CASE(
+    "lm head loss over a long vocabulary: dinp by vocabulary slabs, same bits for 1 and 2 "
+    "threads",
+    "[ops]") {
+  // V >= 8192: the CPU's dinp = dlogits W runs as 8 vocabulary slabs summed in order
+  // (engine/cpu/workspace.h), into the slabs' own workspace. 8197 splits unevenly, and 13 rows in
+  // chunks of 8 leave a partial chunk.
+  constexpr int64_t N = 13, C = 24, V = 8197, kChunk = 8;
+  static_assert(V >= cpu::kLmHeadSlabMinVocab);
+  std::vector<float> got_dinp[2];
+  for (int threads : {1, 2}) {
+    CpuBackend be(kTestBudgetBytes, threads);
+    Buffer inp = make_randn(be, {N, C}, kSeed, 141);
+    Buffer weight = make_randn(be, {V, C}, kSeed, 142, 0.3);
+    Buffer targets = make_ids(be, {N}, static_cast<int32_t>(V), kSeed, 143);
+    Buffer losses = make_filled(be, {N}, 7.0f);
+    Buffer dinp = make_filled(be, {N, C}, 7.0f);
+    Buffer dweight = make_filled(be, {V, C}, 0.0f);
+    const uint64_t live = be.pool().live_bytes();
+    be.pool().reset_peak();
+    be.lm_head_loss({.losses = losses,
+                     .dinp = dinp,
+                     .dweight = dweight,
+                     .inp = inp,
+                     .weight = weight,
+                     .targets = targets,
+                     .loss_scale = 1.0f / N,
+                     .chunk_rows = kChunk});
+    // The workspace the pool measured: the logits chunk and 7 slabs' partial dinp chunks.
+    CHECK(be.pool().peak_bytes() - live ==
+          MemoryPool::accounted_bytes(kChunk * V * 4) +
+              MemoryPool::accounted_bytes((cpu::kLmHeadSlabs - 1) * kChunk * C * 4));
+    got_dinp[threads - 1] = to_host(dinp);
+    if (threads == 2) continue;
+    std::vector<double> want_loss(N), want_dinp(N * C, 0.0), logits(V);
+    for (int64_t n = 0; n < N; ++n) {
+      double mx = -INFINITY;
+      for (int64_t v = 0; v < V; ++v) {
+        double acc = 0;
+        for (int64_t k = 0; k < C; ++k)
+          acc += static_cast<double>(inp.f32()[n * C + k]) * weight.f32()[v * C + k];
+        logits[static_cast<size_t>(v)] = acc;
+        mx = std::max(mx, acc);
+      }
+      double sum = 0;
+      for (double l : logits) sum += std::exp(l - mx);
+      const double lse = mx + std::log(sum);
+      const int32_t t = targets.tensor().i32()[n];
+      want_loss[static_cast<size_t>(n)] = lse - logits[static_cast<size_t>(t)];
+      for (int64_t v = 0; v < V; ++v) {
+        const double g =
+            (std::exp(logits[static_cast<size_t>(v)] - lse) - (v == t ? 1.0 : 0.0)) / N;
+        for (int64_t k = 0; k < C; ++k)
+          want_dinp[static_cast<size_t>(n * C + k)] += g * weight.f32()[v * C + k];
+      }
+    }
+    CHECK(allclose(to_host(losses), want_loss, kTolReduction, "losses"));
+    CHECK(allclose(got_dinp[0], want_dinp, kTolReduction, "dinp"));
+  }
+  CHECK(bitwise_equal({got_dinp[0]}, {got_dinp[1]}));
+}
+
 /// The MSE shapes every backend runs.
 struct MseShape {
   int64_t N, D;
