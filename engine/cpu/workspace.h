@@ -81,9 +81,9 @@ inline WorkspaceList workspace(const EmbeddingBackwardArgs&, const WorkspaceTarg
 /// The LM head's dinp = dlogits W (K = the vocabulary) runs as vocabulary slabs in parallel, each
 /// operand packed once (sgemm_k_slabs in engine/cpu/gemm.h), when the vocabulary is long enough:
 /// the slabs but the first need a partial result each, a chunk of rows by the model's width. On
-/// the Intel VM (2026-12-02) 8 slabs made GPT-2 124M's whole LM head op (remat_bench_lm_head) 5-7%
-/// faster than 8 column tiles, in 3 of 3 alternated pairs, for 3.9 MiB more workspace (7 x 192 x
-/// 768 floats).
+/// the Intel VM (2026-12-02) 8 slabs made GPT-2 124M's whole LM head op 5-10% faster than 8 column
+/// tiles called alone (remat_bench_lm_head, 5 of 5 alternated pairs) and 0-8% inside its training
+/// step (bench, 3 of 4 pairs), for 3.9 MiB more workspace (7 x 192 x 768 floats).
 inline constexpr int64_t kLmHeadSlabs = 8, kLmHeadSlabMinVocab = 8192;
 inline int64_t lm_head_dinp_slabs(int64_t vocab) {
   return vocab >= kLmHeadSlabMinVocab ? kLmHeadSlabs : 1;
