@@ -1,11 +1,11 @@
 // oneDNN's SGEMM for the CPU GEMM's tiles (engine/cpu/gemm.cpp), loaded at run time from Debian's
 // libdnnl2 when it is installed, for the products gemm.h's GemmRoute gives it. Measured on GPT-2
-// 124M's shapes (2 threads, one single-threaded call per 256 x 256 tile, as the tile grid makes
-// them): on AVX-512 (an Intel Xeon VM) dnnl_sgemm is 5-20% faster than OpenBLAS's SkylakeX kernel
-// on the products X W^T and dY W and about even on the weight gradients dY^T X; on AVX2 (an AMD
-// EPYC Zen 3 VM, where it dispatches to avx2) it is even with OpenBLAS's Zen kernel on the first
-// two and 45-90% of its rate on dY^T X, and a whole step is faster on OpenBLAS (README,
-// "Performance (CPU)"). BLIS (Debian's 0.9) ran at about half OpenBLAS's rate on the same tiles.
+// 124M's shapes (2 threads, one single-threaded call per 256 x 256 tile, the square grid of
+// then): on AVX-512 (an Intel Xeon VM) dnnl_sgemm is 5-20% faster than OpenBLAS's SkylakeX kernel
+// on the products X W^T and dY W and about even on the weight gradients dY^T X, and whole steps
+// are faster with every product on it; on AVX2 (an AMD EPYC Zen 3 VM, where it dispatches to
+// avx2) it is even with OpenBLAS's Zen kernel on the first two and 45-90% of its rate on dY^T X,
+// and a whole step is faster on OpenBLAS (README, "Performance (CPU)"). BLIS (Debian's 0.9) ran at about half OpenBLAS's rate on the same tiles.
 // Loaded rather than linked: the library is 40 MB, and a binary without it (the GPU device's
 // bundle) keeps OpenBLAS.
 //
