@@ -195,10 +195,17 @@ void sgemm_on(bool use_onednn, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M
 
 void sgemm_k_slabs(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
                    int64_t ldb, float* C, int64_t ldc, float* partials, int64_t slabs) {
+  // The library of the whole product's kind: a slab's K is shorter than the product's.
+  sgemm_k_slabs_on(gemm_route().onednn_for(CblasNoTrans, K), M, N, K, A, lda, B, ldb, C, ldc,
+                   partials, slabs);
+}
+
+void sgemm_k_slabs_on(bool use_onednn, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
+                      const float* B, int64_t ldb, float* C, int64_t ldc, float* partials,
+                      int64_t slabs) {
   const int64_t S = slabs;
   REMAT_ASSERT(S >= 1 && S <= K, "sgemm_k_slabs: {} slabs of K = {}", S, K);
-  // The library of the whole product's kind: a slab's K is shorter than the product's.
-  const OneDnn* dnnl = library(gemm_route().onednn_for(CblasNoTrans, K));
+  const OneDnn* dnnl = library(use_onednn);
   std::atomic<int> status{0};
   auto slab_begin = [&](int64_t s) { return K * s / S; };
 #pragma omp parallel for schedule(dynamic)

@@ -84,5 +84,9 @@ void sgemm_on(bool onednn, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, in
 /// tiles and B once per row. The same bits for every thread count.
 void sgemm_k_slabs(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
                    int64_t ldb, float* C, int64_t ldc, float* partials, int64_t slabs);
+/// The same on a given library (the GEMM benchmark compares them); `onednn` needs onednn().
+void sgemm_k_slabs_on(bool onednn, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
+                      const float* B, int64_t ldb, float* C, int64_t ldc, float* partials,
+                      int64_t slabs);
 
 }  // namespace remat::cpu

@@ -25,6 +25,7 @@ struct Shape {
   CBLAS_TRANSPOSE ta, tb;
   int64_t M, N, K;
   float beta;
+  int64_t k_slabs = 0;  // > 0: sgemm_k_slabs (the LM head's dY W), not the tile grid
 };
 
 // Row-major C (M, N) = op(A) op(B), as linear.cpp and loss.cpp call it.
@@ -37,6 +38,7 @@ const std::vector<Shape> kShapes = {
     {"proj     dY^T X  (768 x 3072 x 1024)", CblasTrans, CblasNoTrans, 768, 3072, 1024, 1},
     {"lm head  X W^T   (192 x 50257 x 768)", CblasNoTrans, CblasTrans, 192, 50257, 768, 0},
     {"lm head  dY W    (192 x 768 x 50257)", CblasNoTrans, CblasNoTrans, 192, 768, 50257, 0},
+    {"lm head  dY W    in 8 vocabulary slabs", CblasNoTrans, CblasNoTrans, 192, 768, 50257, 0, 8},
     {"lm head  dY^T X  (50257 x 768 x 192)", CblasTrans, CblasNoTrans, 50257, 768, 192, 1},
     {"qkv      dY^T X  (2304 x 768 x 1024)", CblasTrans, CblasNoTrans, 2304, 768, 1024, 1},
     {"attn out X W^T   (1024 x 768 x 768)", CblasNoTrans, CblasTrans, 1024, 768, 768, 0},
@@ -59,13 +61,18 @@ int main(int argc, char** argv) {
   for (const Shape& s : kShapes) {
     const int64_t lda = s.ta == CblasNoTrans ? s.K : s.M, ldb = s.tb == CblasNoTrans ? s.N : s.K;
     std::vector<float> a(static_cast<size_t>(s.M * s.K), 0.5f),
-        b(static_cast<size_t>(s.K * s.N), 0.25f), c(static_cast<size_t>(s.M * s.N), 0.0f);
+        b(static_cast<size_t>(s.K * s.N), 0.25f), c(static_cast<size_t>(s.M * s.N), 0.0f),
+        partials(static_cast<size_t>(std::max<int64_t>(s.k_slabs - 1, 0) * s.M * s.N));
     double best[2] = {1e30, 1e30};
     for (int rep = 0; rep < 5; ++rep)
       for (int lib = 0; lib < (have_onednn ? 2 : 1); ++lib) {
         const auto t0 = std::chrono::steady_clock::now();
-        cpu::sgemm_on(lib == 1, s.ta, s.tb, s.M, s.N, s.K, a.data(), lda, b.data(), ldb, s.beta,
-                      c.data(), s.N);
+        if (s.k_slabs > 0)
+          cpu::sgemm_k_slabs_on(lib == 1, s.M, s.N, s.K, a.data(), lda, b.data(), ldb, c.data(),
+                                s.N, partials.data(), s.k_slabs);
+        else
+          cpu::sgemm_on(lib == 1, s.ta, s.tb, s.M, s.N, s.K, a.data(), lda, b.data(), ldb, s.beta,
+                        c.data(), s.N);
         const double t =
             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         if (rep > 0) best[lib] = std::min(best[lib], t);
