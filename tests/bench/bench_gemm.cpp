@@ -15,6 +15,7 @@
 #include "engine/cpu/cpu_backend.h"
 #include "engine/cpu/gemm.h"
 #include "engine/cpu/onednn.h"
+#include "engine/cpu/workspace.h"
 
 using namespace remat;
 
@@ -38,7 +39,8 @@ const std::vector<Shape> kShapes = {
     {"proj     dY^T X  (768 x 3072 x 1024)", CblasTrans, CblasNoTrans, 768, 3072, 1024, 1},
     {"lm head  X W^T   (192 x 50257 x 768)", CblasNoTrans, CblasTrans, 192, 50257, 768, 0},
     {"lm head  dY W    (192 x 768 x 50257)", CblasNoTrans, CblasNoTrans, 192, 768, 50257, 0},
-    {"lm head  dY W    in 8 vocabulary slabs", CblasNoTrans, CblasNoTrans, 192, 768, 50257, 0, 8},
+    {"lm head  dY W    in 8 vocabulary slabs", CblasNoTrans, CblasNoTrans, 192, 768, 50257, 0,
+     cpu::kLmHeadSlabs},
     {"lm head  dY^T X  (50257 x 768 x 192)", CblasTrans, CblasNoTrans, 50257, 768, 192, 1},
     {"qkv      dY^T X  (2304 x 768 x 1024)", CblasTrans, CblasNoTrans, 2304, 768, 1024, 1},
     {"attn out X W^T   (1024 x 768 x 768)", CblasNoTrans, CblasTrans, 1024, 768, 768, 0},

@@ -45,6 +45,43 @@ LmHeadResult run_lm_head(Backend& be, const LmHeadCase& c, int64_t chunk_rows) {
   return {to_host(losses), to_host(dinp), to_host(dweight)};
 }
 
+/// The LM head in double, row by row: logits = inp W^T, loss = logsumexp - logit[target], and
+/// the gradients of scale * sum(loss): dinp, and dweight added onto `dweight` (the op's prefill).
+struct LmHeadReference {
+  std::vector<double> losses, dinp, dweight;
+};
+LmHeadReference lm_head_reference(const float* inp, const float* weight, const int32_t* targets,
+                                  int64_t N, int64_t C, int64_t V, double scale,
+                                  std::vector<double> dweight) {
+  LmHeadReference r{std::vector<double>(static_cast<size_t>(N)),
+                    std::vector<double>(static_cast<size_t>(N * C), 0.0), std::move(dweight)};
+  std::vector<double> logits(static_cast<size_t>(V));
+  for (int64_t n = 0; n < N; ++n) {
+    double mx = -INFINITY;
+    for (int64_t v = 0; v < V; ++v) {
+      double acc = 0;
+      for (int64_t k = 0; k < C; ++k)
+        acc += static_cast<double>(inp[n * C + k]) * weight[v * C + k];
+      logits[static_cast<size_t>(v)] = acc;
+      mx = std::max(mx, acc);
+    }
+    double sum = 0;
+    for (double l : logits) sum += std::exp(l - mx);
+    const double lse = mx + std::log(sum);
+    const int32_t t = targets[n];
+    r.losses[static_cast<size_t>(n)] = lse - logits[static_cast<size_t>(t)];
+    for (int64_t v = 0; v < V; ++v) {
+      const double g =
+          (std::exp(logits[static_cast<size_t>(v)] - lse) - (v == t ? 1.0 : 0.0)) * scale;
+      for (int64_t k = 0; k < C; ++k) {
+        r.dinp[static_cast<size_t>(n * C + k)] += g * weight[v * C + k];
+        r.dweight[static_cast<size_t>(v * C + k)] += g * inp[n * C + k];
+      }
+    }
+  }
+  return r;
+}
+
 }  // namespace
 
 TEST_CASE("lm head loss matches a naive double reference", "[ops]") {
@@ -53,39 +90,13 @@ TEST_CASE("lm head loss matches a naive double reference", "[ops]") {
   const int64_t chunk = GENERATE(from_range(kLmChunkRows));
   CAPTURE(chunk);
   const LmHeadResult got = run_lm_head(be, c, chunk);
-  std::vector<double> want_loss(kLmN), want_dinp(kLmN * kLmC, 0.0), logits(kLmV);
-  std::vector<double> want_dw;
-  {
-    Buffer prefill = make_randn(be, {kLmV, kLmC}, kSeed, 124);
-    want_dw = to_double(prefill);
-  }
-  const double scale = static_cast<double>(1.0f / kLmN);
-  for (int64_t n = 0; n < kLmN; ++n) {
-    double mx = -INFINITY;
-    for (int64_t v = 0; v < kLmV; ++v) {
-      double acc = 0;
-      for (int64_t k = 0; k < kLmC; ++k)
-        acc += static_cast<double>(c.inp.f32()[n * kLmC + k]) * c.weight.f32()[v * kLmC + k];
-      logits[static_cast<size_t>(v)] = acc;
-      mx = std::max(mx, acc);
-    }
-    double sum = 0;
-    for (double l : logits) sum += std::exp(l - mx);
-    const double lse = mx + std::log(sum);
-    const int32_t t = c.targets.tensor().i32()[n];
-    want_loss[static_cast<size_t>(n)] = lse - logits[static_cast<size_t>(t)];
-    for (int64_t v = 0; v < kLmV; ++v) {
-      const double g =
-          (std::exp(logits[static_cast<size_t>(v)] - lse) - (v == t ? 1.0 : 0.0)) * scale;
-      for (int64_t k = 0; k < kLmC; ++k) {
-        want_dinp[static_cast<size_t>(n * kLmC + k)] += g * c.weight.f32()[v * kLmC + k];
-        want_dw[static_cast<size_t>(v * kLmC + k)] += g * c.inp.f32()[n * kLmC + k];
-      }
-    }
-  }
-  CHECK(allclose(got.losses, want_loss, kTolReduction, "losses"));
-  CHECK(allclose(got.dinp, want_dinp, kTolReduction, "dinp"));
-  CHECK(allclose(got.dweight, want_dw, kTolReduction, "dweight"));
+  Buffer prefill = make_randn(be, {kLmV, kLmC}, kSeed, 124);
+  const LmHeadReference want =
+      lm_head_reference(c.inp.f32(), c.weight.f32(), c.targets.tensor().i32(), kLmN, kLmC, kLmV,
+                        static_cast<double>(1.0f / kLmN), to_double(prefill));
+  CHECK(allclose(got.losses, want.losses, kTolReduction, "losses"));
+  CHECK(allclose(got.dinp, want.dinp, kTolReduction, "dinp"));
+  CHECK(allclose(got.dweight, want.dweight, kTolReduction, "dweight"));
 }
 
 TEST_CASE("chunked lm head loss equals the unchunked one for dividing and non-dividing chunks",
@@ -166,30 +177,11 @@ TEST_CASE(
               MemoryPool::accounted_bytes((cpu::kLmHeadSlabs - 1) * kChunk * C * 4));
     got_dinp[threads - 1] = to_host(dinp);
     if (threads == 2) continue;
-    std::vector<double> want_loss(N), want_dinp(N * C, 0.0), logits(V);
-    for (int64_t n = 0; n < N; ++n) {
-      double mx = -INFINITY;
-      for (int64_t v = 0; v < V; ++v) {
-        double acc = 0;
-        for (int64_t k = 0; k < C; ++k)
-          acc += static_cast<double>(inp.f32()[n * C + k]) * weight.f32()[v * C + k];
-        logits[static_cast<size_t>(v)] = acc;
-        mx = std::max(mx, acc);
-      }
-      double sum = 0;
-      for (double l : logits) sum += std::exp(l - mx);
-      const double lse = mx + std::log(sum);
-      const int32_t t = targets.tensor().i32()[n];
-      want_loss[static_cast<size_t>(n)] = lse - logits[static_cast<size_t>(t)];
-      for (int64_t v = 0; v < V; ++v) {
-        const double g =
-            (std::exp(logits[static_cast<size_t>(v)] - lse) - (v == t ? 1.0 : 0.0)) / N;
-        for (int64_t k = 0; k < C; ++k)
-          want_dinp[static_cast<size_t>(n * C + k)] += g * weight.f32()[v * C + k];
-      }
-    }
-    CHECK(allclose(to_host(losses), want_loss, kTolReduction, "losses"));
-    CHECK(allclose(got_dinp[0], want_dinp, kTolReduction, "dinp"));
+    const LmHeadReference want =
+        lm_head_reference(inp.f32(), weight.f32(), targets.tensor().i32(), N, C, V,
+                          static_cast<double>(1.0f / N), std::vector<double>(V * C, 0.0));
+    CHECK(allclose(to_host(losses), want.losses, kTolReduction, "losses"));
+    CHECK(allclose(got_dinp[0], want.dinp, kTolReduction, "dinp"));
   }
   CHECK(bitwise_equal({got_dinp[0]}, {got_dinp[1]}));
 }
