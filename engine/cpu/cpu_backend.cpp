@@ -16,6 +16,7 @@
 #include "engine/cpu/attention_gemm.h"
 #include "engine/cpu/blas_kernel.h"
 #include "engine/cpu/gemm.h"
+#include "engine/cpu/host_allocator.h"
 #include "engine/rng.h"
 
 extern "C" {
@@ -26,17 +27,6 @@ void openblas_set_num_threads(int);
 }
 
 namespace remat::cpu {
-namespace {
-
-class HostAllocator : public DeviceAllocator {
- public:
-  void* allocate(size_t bytes) override {
-    return std::aligned_alloc(MemoryPool::kAlignment, bytes);
-  }
-  void deallocate(void* ptr, size_t) override { std::free(ptr); }
-};
-
-}  // namespace
 
 int default_threads() {
   return omp_get_num_procs();

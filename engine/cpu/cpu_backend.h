@@ -32,7 +32,7 @@ constexpr int64_t kGrain = 1 << 17;
 /// Threads a CpuBackend uses when device.threads = 0 (OpenMP's default: all cores).
 int default_threads();
 
-/// Host memory, 256-byte aligned.
+/// Host memory, 256-byte aligned, with freed blocks kept for reuse (host_allocator.h).
 std::unique_ptr<DeviceAllocator> make_host_allocator();
 
 class CpuBackend : public Backend {
