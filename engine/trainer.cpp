@@ -192,6 +192,8 @@ StepMetrics Trainer::step() {
 
   pool.set_phase("data");
   Batch batch = data_.next(be_, step_);
+  m.data_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   const int64_t n_tokens = batch.n_tokens;
   be_.set_phase(Phase::Backward);
   for (Param& p : model_.params()) be_.fill(p.grad, 0.0f);
