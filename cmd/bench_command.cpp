@@ -34,7 +34,11 @@ const std::vector<std::pair<const char*, std::vector<std::string>>>& op_families
   static const std::vector<std::pair<const char*, std::vector<std::string>>> families = {
       // The linear ops carry the bias and, where fused, the GELU/ReLU (engine/ops/linear.h).
       {"linear (GEMM, fused bias + activation)", {"linear_forward", "linear_backward"}},
-      {"attention", {"attention_forward", "attention_backward"}},
+      // attention_delta: the rowsum(dO * O) the backward takes (engine/ops/attention.h); the ring
+      // ops are context-parallel attention (engine/ops/ring_attention.h).
+      {"attention",
+       {"attention_forward", "attention_backward", "attention_delta", "ring_split",
+        "ring_block_forward", "ring_finish", "ring_block_backward", "ring_merge_grad"}},
       {"layernorm", {"layernorm_forward", "layernorm_backward"}},
       {"activation (GELU/ReLU, unfused)", {"activation_forward", "activation_backward"}},
       {"loss (LM head / MSE)", {"lm_head_loss", "mse_loss"}},
@@ -144,6 +148,13 @@ void print_report(const Config& cfg, const std::string& device, const std::vecto
         sum.calls += it->second.calls;
       }
     if (sum.calls) row(family, sum);
+  }
+  // An op no family lists still shows, by name: the rows always add up to the step.
+  for (const auto& [op, r] : by_op) {
+    const bool listed = std::any_of(op_families().begin(), op_families().end(), [&](const auto& f) {
+      return std::find(f.second.begin(), f.second.end(), op) != f.second.end();
+    });
+    if (!listed) row(op + " (in no family above)", r);
   }
   // The batch is not an op: the synthetic regression's (normals and its teacher's GEMM, FLOPs the
   // step's count leaves out) shows here, where it would otherwise hide among "no op".
