@@ -6,6 +6,7 @@
 
 #include <cblas.h>
 #include <fmt/format.h>
+#include <immintrin.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -86,6 +87,23 @@ void CpuBackend::download(void* host, const Tensor& src) {
   std::memcpy(host, src.data, src.bytes());
 }
 
+namespace {
+
+// Twice a core's L2 on the machines measured: smaller fills may still be in cache when used.
+constexpr uint64_t kStreamingFillBytes = 4ull << 20;
+
+// p[0, n) = value with non-temporal stores past the first 32-byte boundary.
+void fill_streaming(float* p, int64_t n, float value) {
+  int64_t i = 0;
+  for (; i < n && reinterpret_cast<uintptr_t>(p + i) % 32 != 0; ++i) p[i] = value;
+  const __m256 v = _mm256_set1_ps(value);
+  for (; i + 8 <= n; i += 8) _mm256_stream_ps(p + i, v);
+  for (; i < n; ++i) p[i] = value;
+  _mm_sfence();  // the streamed lines are visible before the threads' barrier
+}
+
+}  // namespace
+
 void CpuBackend::fill_impl(const Tensor& t, float value) {
   const int64_t n = t.numel();
   if (t.dtype == DType::I32) {
@@ -94,6 +112,19 @@ void CpuBackend::fill_impl(const Tensor& t, float value) {
     return;
   }
   float* p = t.f32();
+  // A fill larger than the caches cannot stay in them until its tensor is used (the gradients,
+  // zeroed at the start of a step, are next touched in the backward): streaming stores skip
+  // reading each line before writing it. Measured: GPT-2 124M's gradients zeroed in 11 ms instead
+  // of 28 (2 threads, Intel VM, 2026-12-02).
+  if (static_cast<uint64_t>(n) * sizeof(float) >= kStreamingFillBytes) {
+#pragma omp parallel
+    {
+      const int64_t parts = omp_get_num_threads(), part = omp_get_thread_num();
+      const int64_t begin = n * part / parts, end = n * (part + 1) / parts;
+      fill_streaming(p + begin, end - begin, value);
+    }
+    return;
+  }
 #pragma omp parallel for schedule(static) if (n > kGrain)
   for (int64_t i = 0; i < n; ++i) p[i] = value;
 }
