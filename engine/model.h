@@ -126,7 +126,8 @@ class Block {
   /// `y` unless `y` is empty.
   virtual void forward(Backend& be, ActStore& acts, const Tensor& y) = 0;
   /// `dresid` holds dL/dy on entry and dL/dx on return (the residual-stream gradient, updated
-  /// in place); parameter gradients accumulate.
+  /// in place); parameter gradients accumulate. A model's first block may skip dL/dx where its
+  /// stem_backward reads none (the MLP's, whose input is the data).
   virtual void backward(Backend& be, ActStore& acts, const Tensor& dresid) = 0;
   /// Called before each step's forward pass: random streams (dropout) derive from the step,
   /// so a recompute inside the same step reproduces them. Blocks without randomness ignore it.

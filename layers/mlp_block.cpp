@@ -3,8 +3,8 @@
 
 namespace remat {
 
-MlpBlock::MlpBlock(Param* fc_weight, Param* fc_bias, int64_t B, int64_t D)
-    : fc_weight_(fc_weight), fc_bias_(fc_bias), B_(B), D_(D) {}
+MlpBlock::MlpBlock(Param* fc_weight, Param* fc_bias, int64_t B, int64_t D, bool input_grad)
+    : fc_weight_(fc_weight), fc_bias_(fc_bias), B_(B), D_(D), input_grad_(input_grad) {}
 
 namespace {
 
@@ -41,7 +41,8 @@ void MlpBlock::forward(Backend& be, ActStore& a, const Tensor& y) {
 void MlpBlock::backward(Backend& be, ActStore& a, const Tensor& dresid) {
   Buffer dfc = be.pool().allocate({B_, D_}, be.act_dtype(), MemCategory::Transient, "grad.fc");
   be.activation_backward({dfc, dresid, a.get(Fc), Activation::Relu});
-  be.linear_backward({dresid, fc_weight_->grad, fc_bias_->grad, dfc, a.get(X), fc_weight_->value});
+  be.linear_backward({input_grad_ ? dresid : Tensor(), fc_weight_->grad, fc_bias_->grad, dfc,
+                      a.get(X), fc_weight_->value});
 }
 
 }  // namespace remat

@@ -132,7 +132,8 @@ class MlpModel : public Model {
       Param* w = &params_.back();
       params_.push_back(make_param(be, fmt::format("blocks.{}.fc.bias", l), {D_}, ParamInit{},
                                    s.seed, s.moments));
-      blocks_.push_back(std::make_unique<MlpBlock>(w, &params_.back(), B_, D_));
+      // Block 0's input is the data: stem_backward reads no gradient of it.
+      blocks_.push_back(std::make_unique<MlpBlock>(w, &params_.back(), B_, D_, l > 0));
     }
   }
   std::string describe() const override { return fmt::format("mlp L={} D={}", L_, D_); }
@@ -144,6 +145,7 @@ class MlpModel : public Model {
     be.copy(x, batch.inputs);
     return x;
   }
+  // The stem is a copy of the data: no parameter, so block 0 computes no input gradient.
   void stem_backward(Backend&, const Batch&, const Tensor&) override {}
   void head_forward_backward(Backend& be, const Tensor& x, const Batch& batch, const Tensor& losses,
                              const Tensor& dx) override {

@@ -107,6 +107,22 @@ threads = 2
             kFdEpsRelu);
 }
 
+// Block 0's input is the data: dL/dx there is read by nothing, so its GEMM (a twelfth of the
+// tutorial MLP's step) is not run. The backward's GEMMs: dW for every block, dx for all but one.
+TEST_CASE("tutorial MLP: the backward computes no gradient of the data", "[model]") {
+  const int64_t L = 3, D = 32, B = 64;
+  const Config cfg = parse_config(test::small_mlp_toml(L, D, B), "mlp");
+  cpu::CpuBackend be(1ull << 30, 2);
+  auto model = make_model(cfg, be);
+  auto data = make_synthetic_data(cfg);
+  Trainer trainer(cfg.train, resolve_remat_plan(cfg, *model), be, *model, *data);
+  be.set_op_timing(true);
+  trainer.step();
+  const auto& t = be.op_times().at({"linear_backward", Phase::Backward});
+  CHECK(t.calls == L);
+  CHECK(t.flops == 2.0 * B * D * D * static_cast<double>(2 * L - 1));
+}
+
 TEST_CASE("copy task: the second half's loss falls well below chance on the tiny config",
           "[model]") {
   Config cfg = load_config(std::string(REMAT_SOURCE_DIR) + "/configs/tiny.toml");
