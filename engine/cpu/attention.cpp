@@ -391,10 +391,52 @@ Rows rotated_rows(float* tile, const float* src, int64_t t0, int64_t n, const He
   return {tile, h.HSp};
 }
 
+#if defined(__AVX2__) && defined(__FMA__)
+// Rows [r0, r0 + 8) x columns [c0, c0 + 8) of src (row stride ld), times mult, into
+// tile[(c0 + c) * width + r0 + r]: 8 loads, an 8 x 8 transpose in registers, 8 stores. The same
+// products as load_row's, so the same bits.
+inline void transpose8x8_scaled(float* tile, int64_t width, const float* src, int64_t ld,
+                                int64_t r0, int64_t c0, float mult) {
+  const __m256 m = _mm256_set1_ps(mult);
+  __m256 r[8];
+  for (int i = 0; i < 8; ++i) r[i] = _mm256_mul_ps(_mm256_loadu_ps(src + (r0 + i) * ld + c0), m);
+  // Pairs, then quads, then halves: the standard 8 x 8 transpose of 24 shuffles.
+  const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+  const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+  const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+  const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+  const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+  const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+  const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+  const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+  const __m256 out[8] = {
+      _mm256_permute2f128_ps(u0, u4, 0x20), _mm256_permute2f128_ps(u1, u5, 0x20),
+      _mm256_permute2f128_ps(u2, u6, 0x20), _mm256_permute2f128_ps(u3, u7, 0x20),
+      _mm256_permute2f128_ps(u0, u4, 0x31), _mm256_permute2f128_ps(u1, u5, 0x31),
+      _mm256_permute2f128_ps(u2, u6, 0x31), _mm256_permute2f128_ps(u3, u7, 0x31)};
+  for (int c = 0; c < 8; ++c) _mm256_storeu_ps(tile + (c0 + c) * width + r0, out[c]);
+}
+#endif
+
 // Transposed tile (HS, width) of rows [t0, t0+n), rotated and times `mult`; columns n..width
-// are zero.
+// are zero. Without RoPE (and with whole 8 x 8 blocks), the blocks are transposed in registers
+// rather than element by element, a store each to another row of the tile. Measured at GPT-2's
+// shape (T = 1024, 12 heads of 64, 2 threads, Intel VM, 2026-12-02, 3 alternated pairs): the
+// forward 168-170 -> 181-185 GFLOP/s, the backward 171-175 -> 178-190; in GPT-2's step attention
+// took 405 ms against 414-431 (2 pairs).
 void load_transposed(float* tile, int64_t width, const float* src, int64_t t0, int64_t n,
                      const Heads& h, float mult, float* tmp) {
+#if defined(__AVX2__) && defined(__FMA__)
+  if (!h.rope_cos && h.HS % 8 == 0 && n % 8 == 0) {
+    const float* rows = src + t0 * h.row;
+    for (int64_t r0 = 0; r0 < n; r0 += 8)
+      for (int64_t c0 = 0; c0 < h.HS; c0 += 8)
+        transpose8x8_scaled(tile, width, rows, h.row, r0, c0, mult);
+    for (int64_t c = 0; c < h.HS; ++c)
+      std::fill(tile + c * width + n, tile + (c + 1) * width, 0.0f);
+    return;
+  }
+#endif
   for (int64_t r = 0; r < width; ++r) {
     if (r < n)
       load_row(tmp, src + (t0 + r) * h.row, t0 + r, h, mult);
