@@ -149,7 +149,8 @@ void print_report(const Config& cfg, const std::string& device, const std::vecto
       }
     if (sum.calls) row(family, sum);
   }
-  // An op no family lists still shows, by name: the rows always add up to the step.
+  // An op no family lists still shows, by name, so that no op's time is left out of the rows; what
+  // no op accounts for (allocation, offload copies, gradient sync, host) is the last row.
   for (const auto& [op, r] : by_op) {
     const bool listed = std::any_of(op_families().begin(), op_families().end(), [&](const auto& f) {
       return std::find(f.second.begin(), f.second.end(), op) != f.second.end();
@@ -160,7 +161,8 @@ void print_report(const Config& cfg, const std::string& device, const std::vecto
   // step's count leaves out) shows here, where it would otherwise hide among "no op".
   const double data_s = med.data_ms / 1e3;
   row("data (batch: read or generated, uploaded)", {data_s, 0, 1});
-  row("no op (allocation, host)", {std::max(0.0, step_s - timed.seconds - data_s), 0, 0});
+  row("no op (allocation, copies, sync, host)",
+      {std::max(0.0, step_s - timed.seconds - data_s), 0, 0});
   if (recompute.calls) row("of all the above: recompute phase", recompute);
 }
 

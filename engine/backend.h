@@ -151,6 +151,7 @@ class Backend {
   /// Off by default. On: every op is timed by (op name, phase), and an asynchronous backend
   /// synchronizes after each op, so the time is the op's own (and the step slower).
   void set_op_timing(bool on) { op_timing_ = on; }
+  bool op_timing() const { return op_timing_; }
   const OpTimes& op_times() const { return op_times_; }
   void reset_op_times() { op_times_.clear(); }
 

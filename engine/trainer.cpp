@@ -192,6 +192,8 @@ StepMetrics Trainer::step() {
 
   pool.set_phase("data");
   Batch batch = data_.next(be_, step_);
+  // A device's upload may still be running: timed ops (bench) must not be charged for it.
+  if (be_.op_timing()) be_.synchronize();
   m.data_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   const int64_t n_tokens = batch.n_tokens;

@@ -1,8 +1,8 @@
 // The checkpointing tutorial's MLP block: y = relu(x W^T + b), width D.
 //   backward: dfc = dy * [fc > 0];  dx = dfc W;  dW += dfc^T x;  db += sum_rows dfc.
 // Saves x (for dW) and fc (for the ReLU mask). The model's first block takes no input gradient
-// (`input_grad` false): its input is the data, whose gradient nothing reads, so dx = dfc W, a
-// twelfth of the tutorial MLP's FLOPs, is not computed.
+// (`input_grad` false): its input is the data, whose gradient nothing reads, so dx = dfc W is not
+// computed (1/(3L) of a step's FLOPs without remat: a twelfth of configs/mlp4.toml's).
 #pragma once
 
 #include <string>

@@ -107,8 +107,8 @@ threads = 2
             kFdEpsRelu);
 }
 
-// Block 0's input is the data: dL/dx there is read by nothing, so its GEMM (a twelfth of the
-// tutorial MLP's step) is not run. The backward's GEMMs: dW for every block, dx for all but one.
+// Block 0's input is the data: dL/dx there is read by nothing, so its GEMM is not run. The
+// backward's GEMMs: dW for every block, dx for all but the first.
 TEST_CASE("tutorial MLP: the backward computes no gradient of the data", "[model]") {
   const int64_t L = 3, D = 32, B = 64;
   const Config cfg = parse_config(test::small_mlp_toml(L, D, B), "mlp");

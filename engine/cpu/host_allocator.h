@@ -5,7 +5,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
-#include <utility>
 
 #include "engine/memory_pool.h"
 
@@ -19,12 +18,14 @@ namespace remat::cpu {
 /// faulted in again, page by page, when the next step writes it. Measured on the 2-core Intel VM
 /// (2026-12-02, configs/mlp4.toml, policy none, 20 steps): 7,000-10,000 page faults a step
 /// without the cache, as many as glibc's heap trimming happened to give back, and the step 2-8%
-/// slower (115-118 against 109-112 ms, alternated runs); with it, none.
+/// slower (115-118 against 109-112 ms, alternated runs); with it, almost none.
 ///
 /// The cache never makes the allocator hold more than the most that was live at once: before it
 /// takes fresh memory it frees cached blocks, the longest-unused first, until live + cached + the
-/// request fit in that high-water mark. So the process holds no more than the pool's peak, the
-/// number the planner predicts. Not thread-safe, like the pool that owns it.
+/// request fit in that high-water mark. So this allocator holds no more than the pool's peak, the
+/// number the planner predicts (what the C library keeps of freed blocks aside). Not thread-safe,
+/// like the pool that owns it. In an AddressSanitizer build a cached block is poisoned, so a stale
+/// view of a released buffer is still reported.
 class HostAllocator : public DeviceAllocator {
  public:
   HostAllocator() = default;

@@ -15,7 +15,8 @@ static constexpr float kLayerNormEps = 1e-5f;
 namespace {
 
 // The sum of term(c) over a row's c in [0, C), in kLanes interleaved partial sums (term c into
-// lane c % kLanes, the tail into a last one, then added pairwise): a fixed order, so the same
+// lane c % kLanes, the lanes combined pairwise, then the tail past the last whole group added): a
+// fixed order, so the same
 // bits on every run and thread count, but kLanes independent adds per step, which the compiler
 // turns into vector adds, where one float chain is one add per FMA latency (~4 cycles).
 // Measured on GPT-2 124M (1024 x 768 rows, 2 threads, Intel VM): layernorm_forward 0.60 -> 0.25

@@ -1,6 +1,8 @@
 // Op test of fill: every element of the tensor and none past it, for small fills (plain stores)
 // and fills past the streaming threshold (non-temporal stores, engine/cpu/cpu_backend.cpp), at
 // sizes that leave each thread's share off a vector boundary, on 1 and 2 threads.
+#include <algorithm>
+
 #include "tests/ops/op_test.h"
 
 namespace remat::test {
@@ -21,6 +23,12 @@ TEST_CASE("fill: every element, none past the tensor, small and streaming sizes"
       CHECK(std::all_of(p + n, p + n + 64, [](float v) { return v == -1.0f; }));
       be.fill(head, 0.0f);
       CHECK(std::all_of(p, p + n, [](float v) { return v == 0.0f; }));
+      // Off a vector boundary from its first element (a view into a tensor).
+      const Tensor odd(b.f32() + 1, {n - 1}, DType::F32);
+      be.fill(odd, 7.0f);
+      CHECK(p[0] == 0.0f);
+      CHECK(std::all_of(p + 1, p + n, [](float v) { return v == 7.0f; }));
+      CHECK(std::all_of(p + n, p + n + 64, [](float v) { return v == -1.0f; }));
     }
   }
 }
