@@ -4,7 +4,7 @@
 // median step: its time, the FLOPs it executed, their rate as a share of SGEMM (each step against
 // the floor measured beside it), and where the time went by op family, with the recompute phase's
 // share, the time making the batch took (reading or generating it, and uploading it) and the time
-// no op accounts for (allocation, host overhead).
+// no op accounts for (allocation, offload copies, gradient sync, host overhead).
 // Timings are reports, never pass/fail.
 #include <fmt/format.h>
 
