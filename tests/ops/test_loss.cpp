@@ -12,12 +12,20 @@ constexpr int64_t kLmN = 37, kLmC = 24, kLmV = 50;
 /// Chunk rows every backend runs: unchunked, and two chunks that leave a partial last chunk.
 const std::vector<int64_t> kLmChunkRows = {0, 8, 16};
 
+struct LmHeadShape {
+  int64_t N, C, V;
+};
+
+/// Inputs of one LM-head call: N rows of C channels, a V x C weight, targets in [0, V), drawn
+/// from RNG streams `stream`, `stream` + 1 and + 2.
 struct LmHeadCase {
+  LmHeadShape shape;
   Buffer inp, weight, targets;
-  explicit LmHeadCase(Backend& be)
-      : inp(make_randn(be, {kLmN, kLmC}, kSeed, 121)),
-        weight(make_randn(be, {kLmV, kLmC}, kSeed, 122, 0.3)),
-        targets(make_ids(be, {kLmN}, static_cast<int32_t>(kLmV), kSeed, 123)) {}
+  explicit LmHeadCase(Backend& be, LmHeadShape s = {kLmN, kLmC, kLmV}, uint64_t stream = 121)
+      : shape(s),
+        inp(make_randn(be, {s.N, s.C}, kSeed, stream)),
+        weight(make_randn(be, {s.V, s.C}, kSeed, stream + 1, 0.3)),
+        targets(make_ids(be, {s.N}, static_cast<int32_t>(s.V), kSeed, stream + 2)) {}
 
   /// The op's arguments on this case's inputs, the mean loss's scale and `chunk_rows`.
   LmHeadLossArgs args(const Tensor& losses, const Tensor& dinp, const Tensor& dweight,
@@ -28,7 +36,7 @@ struct LmHeadCase {
             .inp = inp,
             .weight = weight,
             .targets = targets,
-            .loss_scale = 1.0f / kLmN,
+            .loss_scale = 1.0f / static_cast<float>(shape.N),
             .chunk_rows = chunk_rows};
   }
 };
@@ -155,22 +163,13 @@ TEST_CASE(
   std::vector<float> got_dinp[2];
   for (int threads : {1, 2}) {
     CpuBackend be(kTestBudgetBytes, threads);
-    Buffer inp = make_randn(be, {N, C}, kSeed, 141);
-    Buffer weight = make_randn(be, {V, C}, kSeed, 142, 0.3);
-    Buffer targets = make_ids(be, {N}, static_cast<int32_t>(V), kSeed, 143);
+    const LmHeadCase c(be, {N, C, V}, 141);
     Buffer losses = make_filled(be, {N}, 7.0f);
     Buffer dinp = make_filled(be, {N, C}, 7.0f);
     Buffer dweight = make_filled(be, {V, C}, 0.0f);
     const uint64_t live = be.pool().live_bytes();
     be.pool().reset_peak();
-    be.lm_head_loss({.losses = losses,
-                     .dinp = dinp,
-                     .dweight = dweight,
-                     .inp = inp,
-                     .weight = weight,
-                     .targets = targets,
-                     .loss_scale = 1.0f / N,
-                     .chunk_rows = kChunk});
+    be.lm_head_loss(c.args(losses, dinp, dweight, kChunk));
     // The workspace the pool measured: the logits chunk and 7 slabs' partial dinp chunks.
     CHECK(be.pool().peak_bytes() - live ==
           MemoryPool::accounted_bytes(kChunk * V * 4) +
@@ -178,7 +177,7 @@ TEST_CASE(
     got_dinp[threads - 1] = to_host(dinp);
     if (threads == 2) continue;
     const LmHeadReference want =
-        lm_head_reference(inp.f32(), weight.f32(), targets.tensor().i32(), N, C, V,
+        lm_head_reference(c.inp.f32(), c.weight.f32(), c.targets.tensor().i32(), N, C, V,
                           static_cast<double>(1.0f / N), std::vector<double>(V * C, 0.0));
     CHECK(allclose(to_host(losses), want.losses, kTolReduction, "losses"));
     CHECK(allclose(got_dinp[0], want.dinp, kTolReduction, "dinp"));
