@@ -5,11 +5,13 @@
 // the floor measured beside it), and where the time went by op family, with the recompute phase's
 // share, the time making the batch took (reading or generating it, and uploading it) and the time
 // no op accounts for (allocation, offload copies, gradient sync, host overhead).
-// Timings are reports, never pass/fail.
+// Timings are reports, never pass/fail. --json prints the same report as one JSON document.
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <vector>
 
 #include "cmd/commands.h"
@@ -29,21 +31,31 @@
 namespace remat::cli {
 namespace {
 
-// The op families a step's time is reported by, in print order.
-const std::vector<std::pair<const char*, std::vector<std::string>>>& op_families() {
-  static const std::vector<std::pair<const char*, std::vector<std::string>>> families = {
+// The op families a step's time is reported by, in print order: a key for --json, the text
+// report's label, and the ops it sums.
+struct OpFamily {
+  const char* key;
+  const char* label;
+  std::vector<std::string> ops;
+};
+const std::vector<OpFamily>& op_families() {
+  static const std::vector<OpFamily> families = {
       // The linear ops carry the bias and, where fused, the GELU/ReLU (engine/ops/linear.h).
-      {"linear (GEMM, fused bias + activation)", {"linear_forward", "linear_backward"}},
+      {"linear", "linear (GEMM, fused bias + activation)", {"linear_forward", "linear_backward"}},
       // attention_delta: the rowsum(dO * O) the backward takes (engine/ops/attention.h); the ring
       // ops are context-parallel attention (engine/ops/ring_attention.h).
       {"attention",
+       "attention",
        {"attention_forward", "attention_backward", "attention_delta", "ring_split",
         "ring_block_forward", "ring_finish", "ring_block_backward", "ring_merge_grad"}},
-      {"layernorm", {"layernorm_forward", "layernorm_backward"}},
-      {"activation (GELU/ReLU, unfused)", {"activation_forward", "activation_backward"}},
-      {"loss (LM head / MSE)", {"lm_head_loss", "mse_loss"}},
-      {"optimizer (AdamW, norm)", {"adamw_update", "sum_squares"}},
-      {"other (embedding, add, dropout, copy, fill)",
+      {"layernorm", "layernorm", {"layernorm_forward", "layernorm_backward"}},
+      {"activation",
+       "activation (GELU/ReLU, unfused)",
+       {"activation_forward", "activation_backward"}},
+      {"loss", "loss (LM head / MSE)", {"lm_head_loss", "mse_loss"}},
+      {"optimizer", "optimizer (AdamW, norm)", {"adamw_update", "sum_squares"}},
+      {"other",
+       "other (embedding, add, dropout, copy, fill)",
        {"embedding_forward", "embedding_backward", "add", "dropout", "copy", "fill"}},
   };
   return families;
@@ -55,6 +67,9 @@ struct TimedStep {
   double flops = 0;
   double sgemm_flops = 0;  // the floor, measured right after this step (CPU; 0 elsewhere)
   Backend::OpTimes ops;
+
+  // The step's executed FLOP/s as a share of the floor beside it (0 without a floor).
+  double share_of_floor() const { return sgemm_flops > 0 ? flops / (ms / 1e3) / sgemm_flops : 0; }
 };
 
 double median(std::vector<double> v) {
@@ -62,7 +77,9 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+// One row of the breakdown: an op family, an op no family lists, the batch, or no op.
 struct FamilyRow {
+  std::string key, label;
   double seconds = 0, flops = 0;
   int64_t calls = 0;
 };
@@ -70,100 +87,194 @@ struct FamilyRow {
 // CPU steal above which bench says its timings are disturbed.
 constexpr double kStealWarning = 0.05;
 
-void print_report(const Config& cfg, const std::string& device, const std::vector<TimedStep>& steps,
-                  int64_t tokens) {
-  std::vector<const TimedStep*> sorted;
-  for (const auto& s : steps) sorted.push_back(&s);
-  std::sort(sorted.begin(), sorted.end(), [](auto* a, auto* b) { return a->ms < b->ms; });
-  const TimedStep& med = *sorted[sorted.size() / 2];
-  const double step_s = med.ms / 1e3;
+// What bench measured, computed once and printed as text or as JSON.
+struct BenchReport {
+  std::string config, device, policy;
+  int64_t batch_size = 0;
+  int64_t seq_len = 0;  // a GPT's; 0 for the MLP, whose throughput is in rows
+  std::vector<TimedStep> steps;
+  TimedStep median_step;       // the step of median time, whose ops the rows break down
+  std::vector<double> floors;  // FLOP/s, one per step (empty off the CPU)
+  double floor = 0, floor_lowest = 0, floor_highest = 0;
+  double share = 0;             // median of the steps' shares of their own floor (0 without floors)
+  double throughput = 0;        // tokens (GPT) or rows (MLP) per second of the median step
+  std::vector<FamilyRow> rows;  // the families, unlisted ops, data and no op: they add up
+  FamilyRow recompute;          // of all the rows: the recompute phase (calls 0: none)
+  std::vector<std::string> warnings;
+};
 
-  const bool gpt = cfg.model.kind == ModelKind::Gpt;
-  fmt::print("bench {}: {}, policy {}, batch {}{}\n", cfg.path, device,
-             cfg.remat.plan.empty() ? cfg.remat.policy : "per-block plan", cfg.train.batch_size,
-             gpt ? fmt::format(" x seq_len {}", cfg.train.seq_len) : std::string());
-  // The floor is measured after every step and each step is read against its own: a VM whose
-  // speed drifts by tens of percent from one minute to the next then still gives a fair share.
-  std::vector<double> floors, shares;
-  for (const auto& s : steps)
-    if (s.sgemm_flops > 0) {
-      floors.push_back(s.sgemm_flops);
-      shares.push_back(s.flops / (s.ms / 1e3) / s.sgemm_flops);
-    }
-  const double sgemm_flops = floors.empty() ? 0.0 : median(floors);
-  if (sgemm_flops > 0) {
-    const auto [lowest, highest] = std::minmax_element(floors.begin(), floors.end());
-    fmt::print(
-        "floor: SGEMM 2048^3 {:.1f} GFLOP/s (median of {}, one after each step: {:.1f} to "
-        "{:.1f}; {})\n",
-        sgemm_flops / 1e9, floors.size(), *lowest / 1e9, *highest / 1e9, load_note());
-    if (const std::string w = unsteady_floor_warning(*lowest, *highest); !w.empty())
-      fmt::print("{}\n", w);
-  }
-  // On a VM the host may run other guests on these cores: the steps and the floors both slow
-  // down, but not by the same factor from one second to the next.
-  if (const double steal = cpu_steal_share(); steal >= kStealWarning)
-    fmt::print(
-        "warning: the hypervisor took {:.0f}% of this machine's CPU time during the run (steal in "
-        "/proc/stat): these timings are below the machine's own; compare only runs made side by "
-        "side, or rerun when the host is quiet\n",
-        100 * steal);
-  fmt::print("step:  {:.1f} ms (median of {}, after 1 warm-up), {:.0f} {}/s\n", med.ms,
-             steps.size(), static_cast<double>(tokens) / step_s, gpt ? "tokens" : "rows");
-  fmt::print("       {} executed -> {:.1f} GFLOP/s{}\n\n", format_flops(med.flops),
-             med.flops / step_s / 1e9,
-             sgemm_flops > 0 ? fmt::format(", {:.0f}% of SGEMM (median of the steps' shares of "
-                                           "their own floor)",
-                                           100 * median(shares))
-                             : std::string());
-
+std::vector<FamilyRow> breakdown(const TimedStep& med, FamilyRow& recompute) {
   std::map<std::string, FamilyRow> by_op;
-  FamilyRow recompute, timed;
+  double timed_s = 0;
   for (const auto& [key, t] : med.ops) {
     FamilyRow& r = by_op[key.first];
     r.seconds += t.seconds;
     r.flops += t.flops;
     r.calls += t.calls;
-    timed.seconds += t.seconds;
+    timed_s += t.seconds;
     if (key.second == Phase::Recompute) {
       recompute.seconds += t.seconds;
       recompute.flops += t.flops;
       recompute.calls += t.calls;
     }
   }
-  fmt::print("{:<44} {:>7} {:>10} {:>7} {:>9}\n", "op family (median step)", "calls", "ms", "share",
-             "GFLOP/s");
-  auto row = [&](const std::string& name, const FamilyRow& r) {
-    fmt::print("{:<44} {:>7} {:>10.1f} {:>6.1f}% {:>9}\n", name, r.calls, r.seconds * 1e3,
-               100 * r.seconds / step_s,
-               r.flops > 0 && r.seconds > 0 ? fmt::format("{:.1f}", r.flops / r.seconds / 1e9)
-                                            : std::string("-"));
-  };
-  for (const auto& [family, ops] : op_families()) {
-    FamilyRow sum;
-    for (const auto& op : ops)
+  std::vector<FamilyRow> rows;
+  for (const OpFamily& family : op_families()) {
+    FamilyRow sum{family.key, family.label};
+    for (const auto& op : family.ops)
       if (auto it = by_op.find(op); it != by_op.end()) {
         sum.seconds += it->second.seconds;
         sum.flops += it->second.flops;
         sum.calls += it->second.calls;
       }
-    if (sum.calls) row(family, sum);
+    if (sum.calls) rows.push_back(sum);
   }
   // An op no family lists still shows, by name, so that no op's time is left out of the rows; what
   // no op accounts for (allocation, offload copies, gradient sync, host) is the last row.
-  for (const auto& [op, r] : by_op) {
+  for (auto& [op, r] : by_op) {
     const bool listed = std::any_of(op_families().begin(), op_families().end(), [&](const auto& f) {
-      return std::find(f.second.begin(), f.second.end(), op) != f.second.end();
+      return std::find(f.ops.begin(), f.ops.end(), op) != f.ops.end();
     });
-    if (!listed) row(op + " (in no family above)", r);
+    if (!listed) {
+      r.key = op;
+      r.label = op + " (in no family above)";
+      rows.push_back(r);
+    }
   }
   // The batch is not an op: the synthetic regression's (normals and its teacher's GEMM, FLOPs the
   // step's count leaves out) shows here, where it would otherwise hide among "no op".
-  const double data_s = med.data_ms / 1e3;
-  row("data (batch: read or generated, uploaded)", {data_s, 0, 1});
-  row("no op (allocation, copies, sync, host)",
-      {std::max(0.0, step_s - timed.seconds - data_s), 0, 0});
-  if (recompute.calls) row("of all the above: recompute phase", recompute);
+  const double step_s = med.ms / 1e3, data_s = med.data_ms / 1e3;
+  rows.push_back({"data", "data (batch: read or generated, uploaded)", data_s, 0, 1});
+  rows.push_back({"no_op", "no op (allocation, copies, sync, host)",
+                  std::max(0.0, step_s - timed_s - data_s), 0, 0});
+  recompute.key = "recompute";
+  recompute.label = "of all the above: recompute phase";
+  return rows;
+}
+
+BenchReport make_report(const Config& cfg, const std::string& device, std::vector<TimedStep> steps,
+                        int64_t units_per_step) {
+  BenchReport r;
+  r.config = cfg.path;
+  r.device = device;
+  r.policy = cfg.remat.plan.empty() ? cfg.remat.policy : "per-block plan";
+  r.batch_size = cfg.train.batch_size;
+  r.seq_len = cfg.model.kind == ModelKind::Gpt ? cfg.train.seq_len : 0;
+  std::vector<const TimedStep*> sorted;
+  for (const auto& s : steps) sorted.push_back(&s);
+  std::sort(sorted.begin(), sorted.end(), [](auto* a, auto* b) { return a->ms < b->ms; });
+  r.median_step = *sorted[sorted.size() / 2];
+  r.throughput = static_cast<double>(units_per_step) / (r.median_step.ms / 1e3);
+  // The floor is measured after every step and each step is read against its own: a VM whose
+  // speed drifts by tens of percent from one minute to the next then still gives a fair share.
+  std::vector<double> shares;
+  for (const auto& s : steps)
+    if (s.sgemm_flops > 0) {
+      r.floors.push_back(s.sgemm_flops);
+      shares.push_back(s.share_of_floor());
+    }
+  if (!r.floors.empty()) {
+    r.floor = median(r.floors);
+    r.floor_lowest = *std::min_element(r.floors.begin(), r.floors.end());
+    r.floor_highest = *std::max_element(r.floors.begin(), r.floors.end());
+    r.share = median(shares);
+    if (std::string w = unsteady_floor_warning(r.floor_lowest, r.floor_highest); !w.empty())
+      r.warnings.push_back(std::move(w));
+  }
+  // On a VM the host may run other guests on these cores: the steps and the floors both slow
+  // down, but not by the same factor from one second to the next.
+  if (const double steal = cpu_steal_share(); steal >= kStealWarning)
+    r.warnings.push_back(fmt::format(
+        "warning: the hypervisor took {:.0f}% of this machine's CPU time during the run (steal in "
+        "/proc/stat): these timings are below the machine's own; compare only runs made side by "
+        "side, or rerun when the host is quiet",
+        100 * steal));
+  r.rows = breakdown(r.median_step, r.recompute);
+  r.steps = std::move(steps);
+  return r;
+}
+
+void print_text(const BenchReport& r) {
+  const double step_s = r.median_step.ms / 1e3;
+  fmt::print("bench {}: {}, policy {}, batch {}{}\n", r.config, r.device, r.policy, r.batch_size,
+             r.seq_len > 0 ? fmt::format(" x seq_len {}", r.seq_len) : std::string());
+  if (!r.floors.empty())
+    fmt::print(
+        "floor: SGEMM 2048^3 {:.1f} GFLOP/s (median of {}, one after each step: {:.1f} to "
+        "{:.1f}; {})\n",
+        r.floor / 1e9, r.floors.size(), r.floor_lowest / 1e9, r.floor_highest / 1e9, load_note());
+  for (const auto& w : r.warnings) fmt::print("{}\n", w);
+  fmt::print("step:  {:.1f} ms (median of {}, after 1 warm-up), {:.0f} {}/s\n", r.median_step.ms,
+             r.steps.size(), r.throughput, r.seq_len > 0 ? "tokens" : "rows");
+  fmt::print("       {} executed -> {:.1f} GFLOP/s{}\n\n", format_flops(r.median_step.flops),
+             r.median_step.flops / step_s / 1e9,
+             r.floors.empty() ? std::string()
+                              : fmt::format(", {:.0f}% of SGEMM (median of the steps' shares of "
+                                            "their own floor)",
+                                            100 * r.share));
+  fmt::print("{:<44} {:>7} {:>10} {:>7} {:>9}\n", "op family (median step)", "calls", "ms", "share",
+             "GFLOP/s");
+  auto row = [&](const FamilyRow& f) {
+    fmt::print("{:<44} {:>7} {:>10.1f} {:>6.1f}% {:>9}\n", f.label, f.calls, f.seconds * 1e3,
+               100 * f.seconds / step_s,
+               f.flops > 0 && f.seconds > 0 ? fmt::format("{:.1f}", f.flops / f.seconds / 1e9)
+                                            : std::string("-"));
+  };
+  for (const auto& f : r.rows) row(f);
+  if (r.recompute.calls) row(r.recompute);
+}
+
+// The same report for scripts (scripts/bench_targets.py reads it): rates in GFLOP/s, times in
+// ms, shares as fractions; null where a number does not exist (no floor off the CPU).
+void print_json(const BenchReport& r) {
+  using nlohmann::json;
+  const double step_s = r.median_step.ms / 1e3;
+  auto gflops = [](double flops, double seconds) -> json {
+    return flops > 0 && seconds > 0 ? json(flops / seconds / 1e9) : json(nullptr);
+  };
+  auto row = [&](const FamilyRow& f) {
+    return json{{"key", f.key},
+                {"label", f.label},
+                {"calls", f.calls},
+                {"ms", f.seconds * 1e3},
+                {"share_of_step", f.seconds / step_s},
+                {"gflops", gflops(f.flops, f.seconds)}};
+  };
+  json steps = json::array();
+  for (const auto& s : r.steps)
+    steps.push_back({{"ms", s.ms},
+                     {"data_ms", s.data_ms},
+                     {"gflop", s.flops / 1e9},
+                     {"sgemm_gflops", s.sgemm_flops > 0 ? json(s.sgemm_flops / 1e9) : json()},
+                     {"share_of_sgemm", s.sgemm_flops > 0 ? json(s.share_of_floor()) : json()}});
+  json rows = json::array();
+  for (const auto& f : r.rows) rows.push_back(row(f));
+  double load[1] = {0};
+  const double steal = cpu_steal_share();
+  const json out = {
+      {"config", r.config},
+      {"device", r.device},
+      {"policy", r.policy},
+      {"batch_size", r.batch_size},
+      {"seq_len", r.seq_len > 0 ? json(r.seq_len) : json()},
+      {"step_ms", r.median_step.ms},
+      {"throughput", r.throughput},
+      {"throughput_unit", r.seq_len > 0 ? "tokens/s" : "rows/s"},
+      {"gflop", r.median_step.flops / 1e9},
+      {"achieved_gflops", gflops(r.median_step.flops, step_s)},
+      {"sgemm_gflops", r.floors.empty() ? json()
+                                        : json{{"median", r.floor / 1e9},
+                                               {"lowest", r.floor_lowest / 1e9},
+                                               {"highest", r.floor_highest / 1e9}}},
+      {"share_of_sgemm", r.floors.empty() ? json() : json(r.share)},
+      {"steps", steps},
+      {"op_families", rows},
+      {"recompute", r.recompute.calls ? row(r.recompute) : json()},
+      {"load_average", getloadavg(load, 1) == 1 ? json(load[0]) : json()},
+      {"cpu_steal", steal >= 0 ? json(steal) : json()},
+      {"warnings", r.warnings},
+  };
+  fmt::print("{}\n", out.dump(2));
 }
 
 }  // namespace
@@ -187,12 +298,12 @@ int run_bench(const BenchOptions& opt) {
   Trainer trainer(cfg.train, resolve_remat_plan(cfg, *model), be, *model, *data);
   experiments::install_interrupt_handler();
 
-  fmt::print(stderr, "bench: warm-up step...\n");
+  if (!opt.json) fmt::print(stderr, "bench: warm-up step...\n");
   trainer.step();
   be.set_op_timing(true);
   std::vector<TimedStep> timed;
   for (int64_t s = 0; s < steps && !experiments::interrupted(); ++s) {
-    fmt::print(stderr, "bench: step {}/{}...\n", s + 1, steps);
+    if (!opt.json) fmt::print(stderr, "bench: step {}/{}...\n", s + 1, steps);
     be.reset_op_times();
     be.reset_cost();
     const StepMetrics m = trainer.step();
@@ -202,8 +313,13 @@ int run_bench(const BenchOptions& opt) {
     timed.push_back(std::move(t));
   }
   if (timed.empty()) return 128 + experiments::interrupt_signal();
-  print_report(cfg, be.describe(), timed,
-               cfg.train.batch_size * (cfg.model.kind == ModelKind::Gpt ? cfg.train.seq_len : 1));
+  const BenchReport report = make_report(
+      cfg, be.describe(), std::move(timed),
+      cfg.train.batch_size * (cfg.model.kind == ModelKind::Gpt ? cfg.train.seq_len : 1));
+  if (opt.json)
+    print_json(report);
+  else
+    print_text(report);
   return experiments::interrupted() ? 128 + experiments::interrupt_signal() : 0;
 }
 

@@ -91,6 +91,7 @@ struct BenchOptions {
   std::string config_path;
   std::vector<std::string> overrides;
   int64_t steps = 0;  // timed steps after one warm-up (0: 3)
+  bool json = false;
 };
 
 /// A step's time against the machine's SGEMM rate, by op family (a report: exit 0 unless the run

@@ -230,6 +230,7 @@ int run(int argc, char** argv) {
   add_config_options(bench_cmd, bench.config_path, bench.overrides);
   bench_cmd->add_option("--steps", bench.steps, "Timed steps after one warm-up (default 3)")
       ->check(at_least(1));
+  bench_cmd->add_flag("--json", bench.json, "Machine-readable output");
 
   remat::cli::SampleOptions sample;
   CLI::App* keys_cmd = app.add_subcommand(

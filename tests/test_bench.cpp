@@ -2,8 +2,11 @@
 // recorded under its name and phase, and the FLOPs recorded per op add up to the backend's
 // per-phase counts, so the breakdown accounts for the whole step; and the command itself prints
 // the floor, the step and every op family of a GPT; and the CPU steal it prints beside them.
+#include <algorithm>
 #include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "data/synthetic.h"
 #include "engine/config.h"
@@ -72,6 +75,57 @@ TEST_CASE("bench prints the SGEMM floor, the step and every op family", "[smoke]
         "optimizer (AdamW, norm)", "data (batch: read or generated, uploaded)",
         "no op (allocation, copies, sync, host)", "of all the above: recompute phase"})
     CHECK_THAT(r.out, Catch::Matchers::Contains(line));
+}
+
+// --json is what scripts/bench_targets.py reads: one document on stdout (nothing else there),
+// and its numbers the text report's: the rows add up to the median step, and each share is the
+// step's rate over the floor measured beside it.
+TEST_CASE("bench --json prints one document whose rows add up to the median step", "[smoke]") {
+  const test::CliResult r =
+      test::run_binary("bench --config configs/tiny.toml --steps 3 --json", false);
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  const auto j = nlohmann::json::parse(r.out);  // throws (fails) on anything but one document
+  CHECK(j.at("config") == "configs/tiny.toml");
+  CHECK(j.at("policy") == "full");
+  CHECK(j.at("seq_len") == 64);
+  CHECK(j.at("throughput_unit") == "tokens/s");
+  const auto& steps = j.at("steps");
+  REQUIRE(steps.size() == 3);
+  std::vector<double> ms, shares;
+  for (const auto& s : steps) {
+    ms.push_back(s.at("ms").get<double>());
+    const double rate = s.at("gflop").get<double>() / (ms.back() / 1e3);
+    CHECK(s.at("share_of_sgemm").get<double>() ==
+          Approx(rate / s.at("sgemm_gflops").get<double>()).epsilon(1e-9));
+    shares.push_back(s.at("share_of_sgemm").get<double>());
+  }
+  std::sort(ms.begin(), ms.end());
+  std::sort(shares.begin(), shares.end());
+  const double step_ms = j.at("step_ms").get<double>();
+  CHECK(step_ms == ms[1]);
+  CHECK(j.at("share_of_sgemm").get<double>() == shares[1]);
+  CHECK(j.at("throughput").get<double>() == Approx(16 * 64 / (step_ms / 1e3)).epsilon(1e-9));
+  CHECK(j.at("achieved_gflops").get<double>() ==
+        Approx(j.at("gflop").get<double>() / (step_ms / 1e3)).epsilon(1e-9));
+  const auto& floor = j.at("sgemm_gflops");
+  CHECK(floor.at("lowest").get<double>() <= floor.at("median").get<double>());
+  CHECK(floor.at("median").get<double>() <= floor.at("highest").get<double>());
+  double rows_ms = 0, no_op_ms = -1;
+  std::vector<std::string> keys;
+  for (const auto& row : j.at("op_families")) {
+    keys.push_back(row.at("key"));
+    rows_ms += row.at("ms").get<double>();
+    CHECK(row.at("share_of_step").get<double>() ==
+          Approx(row.at("ms").get<double>() / step_ms).epsilon(1e-9));
+    if (row.at("key") == "no_op") no_op_ms = row.at("ms").get<double>();
+  }
+  CHECK(keys == std::vector<std::string>{"linear", "attention", "layernorm", "loss", "optimizer",
+                                         "other", "data", "no_op"});
+  // "no op" is what the ops and the batch leave of the step (never below 0).
+  if (no_op_ms > 0) CHECK(rows_ms == Approx(step_ms).epsilon(1e-9));
+  CHECK(j.at("recompute").at("calls").get<int64_t>() > 0);
+  CHECK(j.at("warnings").is_array());
 }
 
 // The regression task's batch (normals and its teacher's GEMM) is not an op: the step reports its
