@@ -63,13 +63,18 @@ const std::vector<OpFamily>& op_families() {
 
 struct TimedStep {
   double ms = 0;
-  double data_ms = 0;  // of ms: making the batch
-  double flops = 0;
+  double data_ms = 0;      // of ms: making the batch
+  double flops = 0;        // the ops' (training work)
+  double data_flops = 0;   // making the batch's, outside the ops (the regression's teacher GEMM)
   double sgemm_flops = 0;  // the floor, measured right after this step (CPU; 0 elsewhere)
   Backend::OpTimes ops;
 
-  // The step's executed FLOP/s as a share of the floor beside it (0 without a floor).
-  double share_of_floor() const { return sgemm_flops > 0 ? flops / (ms / 1e3) / sgemm_flops : 0; }
+  // The step's FLOP/s (the ops', or with the batch's too) as a share of the floor beside it (0
+  // without a floor).
+  double share_of_floor(bool with_data = false) const {
+    const double f = flops + (with_data ? data_flops : 0.0);
+    return sgemm_flops > 0 ? f / (ms / 1e3) / sgemm_flops : 0;
+  }
 };
 
 double median(std::vector<double> v) {
@@ -97,6 +102,7 @@ struct BenchReport {
   std::vector<double> floors;  // FLOP/s, one per step (empty off the CPU)
   double floor = 0, floor_lowest = 0, floor_highest = 0;
   double share = 0;             // median of the steps' shares of their own floor (0 without floors)
+  double share_with_data = 0;   // the same with the batch's FLOPs counted too
   double throughput = 0;        // tokens (GPT) or rows (MLP) per second of the median step
   std::vector<FamilyRow> rows;  // the families, unlisted ops, data and no op: they add up
   FamilyRow recompute;          // of all the rows: the recompute phase (calls 0: none)
@@ -142,9 +148,10 @@ std::vector<FamilyRow> breakdown(const TimedStep& med, FamilyRow& recompute) {
     }
   }
   // The batch is not an op: the synthetic regression's (normals and its teacher's GEMM, FLOPs the
-  // step's count leaves out) shows here, where it would otherwise hide among "no op".
+  // step's count leaves out but this row's rate counts) shows here, where it would otherwise hide
+  // among "no op".
   const double step_s = med.ms / 1e3, data_s = med.data_ms / 1e3;
-  rows.push_back({"data", "data (batch: read or generated, uploaded)", data_s, 0, 1});
+  rows.push_back({"data", "data (batch: read or generated, uploaded)", data_s, med.data_flops, 1});
   rows.push_back({"no_op", "no op (allocation, copies, sync, host)",
                   std::max(0.0, step_s - timed_s - data_s), 0, 0});
   recompute.key = "recompute";
@@ -167,17 +174,19 @@ BenchReport make_report(const Config& cfg, const std::string& device, std::vecto
   r.throughput = static_cast<double>(units_per_step) / (r.median_step.ms / 1e3);
   // The floor is measured after every step and each step is read against its own: a VM whose
   // speed drifts by tens of percent from one minute to the next then still gives a fair share.
-  std::vector<double> shares;
+  std::vector<double> shares, shares_with_data;
   for (const auto& s : steps)
     if (s.sgemm_flops > 0) {
       r.floors.push_back(s.sgemm_flops);
       shares.push_back(s.share_of_floor());
+      shares_with_data.push_back(s.share_of_floor(true));
     }
   if (!r.floors.empty()) {
     r.floor = median(r.floors);
     r.floor_lowest = *std::min_element(r.floors.begin(), r.floors.end());
     r.floor_highest = *std::max_element(r.floors.begin(), r.floors.end());
     r.share = median(shares);
+    r.share_with_data = median(shares_with_data);
     if (std::string w = unsteady_floor_warning(r.floor_lowest, r.floor_highest); !w.empty())
       r.warnings.push_back(std::move(w));
   }
@@ -206,14 +215,22 @@ void print_text(const BenchReport& r) {
   for (const auto& w : r.warnings) fmt::print("{}\n", w);
   fmt::print("step:  {:.1f} ms (median of {}, after 1 warm-up), {:.0f} {}/s\n", r.median_step.ms,
              r.steps.size(), r.throughput, r.seq_len > 0 ? "tokens" : "rows");
-  fmt::print("       {} executed -> {:.1f} GFLOP/s{}\n\n", format_flops(r.median_step.flops),
+  fmt::print("       {} executed -> {:.1f} GFLOP/s{}\n", format_flops(r.median_step.flops),
              r.median_step.flops / step_s / 1e9,
              r.floors.empty() ? std::string()
                               : fmt::format(", {:.0f}% of SGEMM (median of the steps' shares of "
                                             "their own floor)",
                                             100 * r.share));
-  fmt::print("{:<44} {:>7} {:>10} {:>7} {:>9}\n", "op family (median step)", "calls", "ms", "share",
-             "GFLOP/s");
+  // The teacher's GEMM is work the step does too, though not training: its share apart, so that
+  // the line above stays the training's alone.
+  if (r.median_step.data_flops > 0)
+    fmt::print("       with the {} making the batch -> {:.1f} GFLOP/s{}\n",
+               format_flops(r.median_step.data_flops),
+               (r.median_step.flops + r.median_step.data_flops) / step_s / 1e9,
+               r.floors.empty() ? std::string()
+                                : fmt::format(", {:.0f}% of SGEMM", 100 * r.share_with_data));
+  fmt::print("\n{:<44} {:>7} {:>10} {:>7} {:>9}\n", "op family (median step)", "calls", "ms",
+             "share", "GFLOP/s");
   auto row = [&](const FamilyRow& f) {
     fmt::print("{:<44} {:>7} {:>10.1f} {:>6.1f}% {:>9}\n", f.label, f.calls, f.seconds * 1e3,
                100 * f.seconds / step_s,
@@ -245,6 +262,7 @@ void print_json(const BenchReport& r) {
     steps.push_back({{"ms", s.ms},
                      {"data_ms", s.data_ms},
                      {"gflop", s.flops / 1e9},
+                     {"data_gflop", s.data_flops / 1e9},
                      {"sgemm_gflops", s.sgemm_flops > 0 ? json(s.sgemm_flops / 1e9) : json()},
                      {"share_of_sgemm", s.sgemm_flops > 0 ? json(s.share_of_floor()) : json()}});
   json rows = json::array();
@@ -267,6 +285,8 @@ void print_json(const BenchReport& r) {
                                                {"lowest", r.floor_lowest / 1e9},
                                                {"highest", r.floor_highest / 1e9}}},
       {"share_of_sgemm", r.floors.empty() ? json() : json(r.share)},
+      {"data_gflop", r.median_step.data_flops / 1e9},
+      {"share_of_sgemm_with_data", r.floors.empty() ? json() : json(r.share_with_data)},
       {"steps", steps},
       {"op_families", rows},
       {"recompute", r.recompute.calls ? row(r.recompute) : json()},
@@ -307,7 +327,7 @@ int run_bench(const BenchOptions& opt) {
     be.reset_op_times();
     be.reset_cost();
     const StepMetrics m = trainer.step();
-    TimedStep t{m.step_ms, m.data_ms, 0, 0, be.op_times()};
+    TimedStep t{m.step_ms, m.data_ms, 0, m.data_flops, 0, be.op_times()};
     for (int p = 0; p < kNumPhases; ++p) t.flops += be.cost(static_cast<Phase>(p)).flops;
     if (cpu_floor) t.sgemm_flops = cpu::measure_sgemm_flops(device.threads, 2048);
     timed.push_back(std::move(t));

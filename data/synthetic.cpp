@@ -151,6 +151,7 @@ class RegressionTask : public DataSource {
                    for (float* v = y + r * ld + c0; v < y + r * ld + c0 + cols; ++v)
                      *v = std::max(*v, 0.0f);
                });
+    batch.making_flops = 2.0 * static_cast<double>(share_.rows * D_ * D_);
     if (!direct) {
       be.upload(batch.inputs, x);
       be.upload(batch.targets, y);

@@ -34,7 +34,8 @@ struct Param {
 struct Batch {
   Buffer inputs;
   Buffer targets;
-  int64_t n_tokens = 0;  // what tokens/s counts (B*T for GPT, B for the MLP)
+  int64_t n_tokens = 0;     // what tokens/s counts (B*T for GPT, B for the MLP)
+  double making_flops = 0;  // FLOPs spent making it (the synthetic regression's teacher GEMM)
 };
 
 /// The saved activations of one block, by slot (the block's act_names() order; slot 0 is "x",

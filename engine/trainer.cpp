@@ -196,6 +196,7 @@ StepMetrics Trainer::step() {
   if (be_.op_timing()) be_.synchronize();
   m.data_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  m.data_flops = batch.making_flops;
   const int64_t n_tokens = batch.n_tokens;
   be_.set_phase(Phase::Backward);
   for (Param& p : model_.params()) be_.fill(p.grad, 0.0f);

@@ -73,7 +73,8 @@ struct StepMetrics {
   double lr = 0;
   double grad_norm = 0;
   double step_ms = 0;
-  double data_ms = 0;  // of step_ms: making the batch (read or generated, and uploaded)
+  double data_ms = 0;     // of step_ms: making the batch (read or generated, and uploaded)
+  double data_flops = 0;  // FLOPs making the batch took, outside the step's op counts
   double tokens_per_s = 0;
   uint64_t peak_bytes = 0;  // pool peak so far (setup included)
   std::optional<double> task_metric;

@@ -125,12 +125,16 @@ TEST_CASE("bench --json prints one document whose rows add up to the median step
   // "no op" is what the ops and the batch leave of the step (never below 0).
   if (no_op_ms > 0) CHECK(rows_ms == Approx(step_ms).epsilon(1e-9));
   CHECK(j.at("recompute").at("calls").get<int64_t>() > 0);
+  CHECK(j.at("data_gflop") == 0);  // token batches cost no FLOPs: the two shares are one
+  CHECK(j.at("share_of_sgemm_with_data") == j.at("share_of_sgemm"));
   CHECK(j.at("warnings").is_array());
 }
 
 // The regression task's batch (normals and its teacher's GEMM) is not an op: the step reports its
-// time apart, or bench would file it under "no op" (as it did, 8% of the tutorial MLP's step).
-TEST_CASE("a step reports the time its batch took, within the step's", "[bench]") {
+// time apart, or bench would file it under "no op" (as it did, 8% of the tutorial MLP's step), and
+// the teacher's FLOPs (2 B D^2), which bench shows apart from the training's. Token batches cost
+// none.
+TEST_CASE("a step reports the time its batch took, within the step's, and its FLOPs", "[bench]") {
   const Config cfg = parse_config(test::small_mlp_toml(2, 256, 2048), "mlp");
   cpu::CpuBackend be(1ull << 30, 2);
   auto model = make_model(cfg, be);
@@ -140,7 +144,13 @@ TEST_CASE("a step reports the time its batch took, within the step's", "[bench]"
     const StepMetrics m = trainer.step();
     CHECK(m.data_ms > 0);
     CHECK(m.data_ms < m.step_ms);
+    CHECK(m.data_flops == 2.0 * 2048 * 256 * 256);
   }
+  Config tokens = load_config(std::string(REMAT_SOURCE_DIR) + "/configs/tiny.toml", {});
+  auto gpt = make_model(tokens, be);
+  auto token_data = make_synthetic_data(tokens);
+  Trainer gpt_trainer(tokens.train, resolve_remat_plan(tokens, *gpt), be, *gpt, *token_data);
+  CHECK(gpt_trainer.step().data_flops == 0);
 }
 
 TEST_CASE("CPU steal is read from /proc/stat's cpu line as a share of the time between readings",
