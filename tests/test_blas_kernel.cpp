@@ -4,10 +4,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <csignal>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -130,6 +132,102 @@ TEST_CASE("the GEMM's tile grid packs the least among grids that keep 8 threads 
   // the rows, not 12 squares of 128 that would pack the 192 x 50257 dY six times and W twice.
   const TileGrid lm = choose_tile_grid(192, 768);
   CHECK((lm.rows == 192 && lm.cols == 96));
+}
+
+TEST_CASE("a weight gradient over many rows is cut along them where that moves the least memory",
+          "[blas]") {
+  constexpr int64_t kAlign = 16, kMinCalls = 8, kMaxTileElems = 512 * 512, kMinSlabK = 1024;
+  constexpr int64_t kPartialCost = 2;  // gemm_grid.cpp: packed floats per partial element
+  auto cdiv = [](int64_t a, int64_t b) { return (a + b - 1) / b; };
+  auto cost = [&](int64_t M, int64_t N, int64_t K, int64_t tm, int64_t tn, int64_t S) {
+    return K * (M * cdiv(N, tn) + N * cdiv(M, tm)) + kPartialCost * (S - 1) * M * N;
+  };
+  // (M, N, K) of dW = dY^T X: the tutorial MLP's, the 4-layer T = 4096 model's, the 64k-token
+  // example's, GPT-2 124M's at 1024 tokens and at 8192, and shapes of no tile.
+  const std::array<int64_t, 3> shapes[] = {
+      {512, 512, 4096}, {768, 256, 4096},  {256, 1024, 4096}, {64, 64, 65536},  {192, 64, 65536},
+      {768, 768, 1024}, {2304, 768, 1024}, {768, 3072, 1024}, {768, 768, 8192}, {29, 77, 5000},
+      {100, 37, 3000},  {7, 13, 100000},   {300, 300, 1001},  {1, 1, 1}};
+  for (const auto& [M, N, K] : shapes) {
+    CAPTURE(M, N, K);
+    const SplitGrid g = choose_split_grid(M, N, K);
+    const TileGrid plain = choose_tile_grid(M, N);
+    REQUIRE((g.tiles.rows > 0 && g.tiles.cols > 0 && g.slabs >= 1));
+    CHECK((g.tiles.rows % kAlign == 0 && g.tiles.cols % kAlign == 0));
+    CHECK(g.tiles.rows * g.tiles.cols <= kMaxTileElems);
+    CHECK(split_partial_floats(g, M, N) == (g.slabs - 1) * M * N);
+    if (g.slabs == 1) {  // not split: the tile grid itself, so the bits are the tiles' own
+      CHECK((g.tiles.rows == plain.rows && g.tiles.cols == plain.cols));
+      continue;
+    }
+    CHECK(K / g.slabs >= kMinSlabK);
+    const int64_t calls = cdiv(M, g.tiles.rows) * cdiv(N, g.tiles.cols) * g.slabs;
+    CHECK(calls >= kMinCalls);
+    // Cheaper than the tile grid (or, for an output too small for 8 tiles, 8 calls where the
+    // tiles make fewer), and than any other split of 16-multiples that makes 8 calls.
+    const int64_t chosen = cost(M, N, K, g.tiles.rows, g.tiles.cols, g.slabs);
+    if (cdiv(M, plain.rows) * cdiv(N, plain.cols) >= kMinCalls)
+      CHECK(chosen < cost(M, N, K, plain.rows, plain.cols, 1));
+    for (int64_t tm = kAlign; tm < M + kAlign; tm += kAlign)
+      for (int64_t tn = kAlign; tn < N + kAlign; tn += kAlign)
+        for (int64_t S = 2; S <= 8 && K / S >= kMinSlabK; ++S)
+          if (tm * tn <= kMaxTileElems && cdiv(M, tm) * cdiv(N, tn) * S >= kMinCalls)
+            CHECK(chosen <= cost(M, N, K, tm, tn, S));
+  }
+  // GPT-2 at 1024 tokens keeps its tiles (slabs of K = 512 measured slower there); the MLP's
+  // weight gradient is 2 tiles of 4 slabs; the long-context one 8 slabs of one tile.
+  for (const auto& [M, N] : {std::pair<int64_t, int64_t>{768, 768}, {2304, 768}, {768, 3072}})
+    CHECK(choose_split_grid(M, N, 1024).slabs == 1);
+  const SplitGrid mlp = choose_split_grid(512, 512, 4096);
+  CHECK((mlp.tiles.rows == 512 && mlp.tiles.cols == 256 && mlp.slabs == 4));
+  const SplitGrid long_context = choose_split_grid(64, 64, 65536);
+  CHECK(
+      (long_context.tiles.rows == 64 && long_context.tiles.cols == 64 && long_context.slabs == 8));
+}
+
+TEST_CASE(
+    "a split product is the product for every transpose, the same bits for 1, 2 and 3 threads",
+    "[blas][threads]") {
+  const int64_t M = 45, N = 70, K = 3001;  // multiples of no tile; slabs of 1000 and 1001
+  const SplitGrid grid{{32, 48}, 3};       // 2 x 2 tiles, 3 slabs
+  std::vector<float> a(static_cast<size_t>(M * K)), b(static_cast<size_t>(K * N)),
+      c0(static_cast<size_t>(M * N));
+  for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<float>((i * 7919) % 23) / 11.0f - 1.0f;
+  for (size_t i = 0; i < b.size(); ++i) b[i] = static_cast<float>((i * 104729) % 19) / 9.0f - 1.0f;
+  for (size_t i = 0; i < c0.size(); ++i) c0[i] = static_cast<float>(i % 5) - 2.0f;
+  std::vector<float> partials(static_cast<size_t>(split_partial_floats(grid, M, N)));
+  for (const CBLAS_TRANSPOSE ta : {CblasNoTrans, CblasTrans})
+    for (const CBLAS_TRANSPOSE tb : {CblasNoTrans, CblasTrans})
+      for (const float beta : {0.0f, 1.0f}) {
+        CAPTURE(ta == CblasTrans, tb == CblasTrans, beta);
+        // a holds A (M, K) or A^T (K, M); b holds B (K, N) or B^T (N, K): row-major either way.
+        const int64_t lda = ta == CblasNoTrans ? K : M, ldb = tb == CblasNoTrans ? N : K;
+        auto at = [&](int64_t i, int64_t k) {
+          return ta == CblasNoTrans ? a[i * K + k] : a[k * M + i];
+        };
+        auto bt = [&](int64_t k, int64_t j) {
+          return tb == CblasNoTrans ? b[k * N + j] : b[j * K + k];
+        };
+        std::vector<float> one;
+        for (int threads : {1, 2, 3}) {
+          CAPTURE(threads);
+          const CpuBackend be(1ull << 26, threads);  // sets the OpenMP thread count
+          std::vector<float> c = c0;
+          sgemm_split_on(false, ta, tb, M, N, K, a.data(), lda, b.data(), ldb, beta, c.data(), N,
+                         partials.data(), grid);
+          if (threads == 1) {
+            for (int64_t i = 0; i < M; ++i)
+              for (int64_t j = 0; j < N; ++j) {
+                double want = beta * c0[static_cast<size_t>(i * N + j)];
+                for (int64_t k = 0; k < K; ++k) want += static_cast<double>(at(i, k)) * bt(k, j);
+                REQUIRE(c[static_cast<size_t>(i * N + j)] == Approx(want).margin(1e-3));
+              }
+            one = c;
+          } else {
+            CHECK(std::memcmp(c.data(), one.data(), c.size() * sizeof(float)) == 0);
+          }
+        }
+      }
 }
 
 TEST_CASE(

@@ -97,43 +97,6 @@ void sgemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int64_t N, int64_t
   sgemm_on(gemm_route().onednn_for(ta, K), ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc, epilogue);
 }
 
-// Each tile is one library call, which packs the tile's rows of A and columns of B into its own
-// buffers: a grid of r x c tiles packs A c times and B r times, K (M c + N r) floats. The grid
-// packing the least is the one to run, among those with at least kMinTiles tiles (so that up to 8
-// threads share a product evenly) of at most kMaxTileElems elements (so that a fused epilogue
-// finds its tile in a 1-2 MiB L2, as it did with the square 512 tiles before). Tile sides are
-// multiples of 16 (a vector of AVX-512), so column tiles start on whole vectors. Measured on the
-// Intel VM (2026-12-02): GPT-2 124M's step 4% faster than with square tiles (3 of 3 alternated
-// pairs), the LM head's dY W (192 x 768 x 50257: 8 column tiles spanning all rows, not 12
-// squares of 128) 8% faster. A function of (M, N) alone: never of the thread count.
-TileGrid choose_tile_grid(int64_t M, int64_t N) {
-  constexpr int64_t kMinTiles = 8, kMaxTileElems = 512 * 512, kAlign = 16;
-  auto round_up = [](int64_t v, int64_t a) { return (v + a - 1) / a * a; };
-  auto cdiv = [](int64_t a, int64_t b) { return (a + b - 1) / b; };
-  // One tile for an output too small to split (an empty one included: sides stay positive).
-  TileGrid best{std::max(kAlign, round_up(M, kAlign)), std::max(kAlign, round_up(N, kAlign))};
-  int64_t best_cost = -1, best_tiles = 0;
-  for (int64_t r = 1; r <= cdiv(M, kAlign); ++r) {
-    const int64_t tm = round_up(cdiv(M, r), kAlign), rows = cdiv(M, tm);
-    if (r > 1 && round_up(cdiv(M, r - 1), kAlign) == tm) continue;  // the same grid as r - 1
-    // The fewest column tiles that make kMinTiles in all and keep a tile within kMaxTileElems.
-    int64_t c = std::max<int64_t>(1, cdiv(kMinTiles, rows));
-    c = std::max(c, cdiv(N, std::max<int64_t>(kAlign, kMaxTileElems / tm / kAlign * kAlign)));
-    const int64_t tn = round_up(cdiv(N, std::min(c, cdiv(N, kAlign))), kAlign), cols = cdiv(N, tn);
-    const int64_t cost = M * cols + N * rows, n_tiles = rows * cols;
-    // A grid short of kMinTiles (its columns ran out) only wins while no grid reaches it.
-    const bool enough = n_tiles >= kMinTiles, best_enough = best_tiles >= kMinTiles;
-    if (best_cost < 0 || (enough && !best_enough) ||
-        (enough == best_enough &&
-         (cost < best_cost || (cost == best_cost && n_tiles < best_tiles)))) {
-      best = {tm, tn};
-      best_cost = cost;
-      best_tiles = n_tiles;
-    }
-  }
-  return best;
-}
-
 namespace {
 
 // One single-threaded library call (inside a parallel region, or a team of one, oneDNN and
@@ -193,6 +156,49 @@ void sgemm_on(bool use_onednn, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M
   throw_if_failed(status, M, N, K);
 }
 
+void sgemm_split(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int64_t N, int64_t K,
+                 const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
+                 int64_t ldc, float* partials, const SplitGrid& grid) {
+  sgemm_split_on(gemm_route().onednn_for(ta, K), ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc,
+                 partials, grid);
+}
+
+void sgemm_split_on(bool use_onednn, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int64_t N,
+                    int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb, float beta,
+                    float* C, int64_t ldc, float* partials, const SplitGrid& grid) {
+  const int64_t S = grid.slabs, tm = grid.tiles.rows, tn = grid.tiles.cols;
+  REMAT_ASSERT(S >= 1 && S <= std::max<int64_t>(K, 1), "sgemm_split: {} slabs of K = {}", S, K);
+  // With one slab, the calls of sgemm_on's loop over the same tiles: the same bits.
+  const int64_t n_cols = (N + tn - 1) / tn;
+  const int64_t n_tiles = n_cols * ((M + tm - 1) / tm);
+  const OneDnn* dnnl = library(use_onednn);
+  std::atomic<int> status{0};
+  auto slab_begin = [&](int64_t s) { return K * s / S; };
+  // Call u is slab u % S of tile u / S. Slab s of every tile writes the same partial matrix
+  // (s - 1), at the tile's place in it.
+#pragma omp parallel for schedule(dynamic)
+  for (int64_t u = 0; u < n_tiles * S; ++u) {
+    const int64_t t = u / S, s = u % S, k0 = slab_begin(s), k1 = slab_begin(s + 1);
+    const int64_t i0 = (t / n_cols) * tm, j0 = (t % n_cols) * tn;
+    const int64_t m = std::min(tm, M - i0), n = std::min(tn, N - j0);
+    const float* a = ta == CblasNoTrans ? A + i0 * lda + k0 : A + k0 * lda + i0;
+    const float* b = tb == CblasNoTrans ? B + k0 * ldb + j0 : B + j0 * ldb + k0;
+    float* out = s == 0 ? C + i0 * ldc + j0 : partials + (s - 1) * M * N + i0 * N + j0;
+    multiply_on_this_thread(dnnl, ta, tb, m, n, k1 - k0, a, lda, b, ldb, s == 0 ? beta : 0.0f, out,
+                            s == 0 ? ldc : N, status);
+  }
+  throw_if_failed(status, M, N, K);
+  // C = ((C' + P1) + P2) + ...: one order for every element, whatever the threads.
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t s = 1; s < S; ++s) {
+      const float* p = partials + (s - 1) * M * N + i * N;
+      float* c = C + i * ldc;
+#pragma omp simd
+      for (int64_t j = 0; j < N; ++j) c[j] += p[j];
+    }
+}
+
 void sgemm_k_slabs(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
                    int64_t ldb, float* C, int64_t ldc, float* partials, int64_t slabs) {
   // The library of the whole product's kind: a slab's K is shorter than the product's.
@@ -203,29 +209,10 @@ void sgemm_k_slabs(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
 void sgemm_k_slabs_on(bool use_onednn, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
                       const float* B, int64_t ldb, float* C, int64_t ldc, float* partials,
                       int64_t slabs) {
-  const int64_t S = slabs;
-  REMAT_ASSERT(S >= 1 && S <= K, "sgemm_k_slabs: {} slabs of K = {}", S, K);
-  const OneDnn* dnnl = library(use_onednn);
-  std::atomic<int> status{0};
-  auto slab_begin = [&](int64_t s) { return K * s / S; };
-#pragma omp parallel for schedule(dynamic)
-  for (int64_t s = 0; s < S; ++s) {
-    const int64_t k0 = slab_begin(s), k1 = slab_begin(s + 1);
-    float* out = s == 0 ? C : partials + (s - 1) * M * N;
-    const int64_t ld_out = s == 0 ? ldc : N;
-    multiply_on_this_thread(dnnl, CblasNoTrans, CblasNoTrans, M, N, k1 - k0, A + k0, lda,
-                            B + k0 * ldb, ldb, 0.0f, out, ld_out, status);
-  }
-  throw_if_failed(status, M, N, K);
-  // C = (((P0 + P1) + P2) + ...): one order for every element, whatever the threads.
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < M; ++i)
-    for (int64_t s = 1; s < S; ++s) {
-      const float* p = partials + (s - 1) * M * N + i * N;
-      float* c = C + i * ldc;
-#pragma omp simd
-      for (int64_t j = 0; j < N; ++j) c[j] += p[j];
-    }
+  // One tile spanning C: the slabs are the only split.
+  const SplitGrid one_tile{{std::max<int64_t>(M, 1), std::max<int64_t>(N, 1)}, slabs};
+  sgemm_split_on(use_onednn, CblasNoTrans, CblasNoTrans, M, N, K, A, lda, B, ldb, 0.0f, C, ldc,
+                 partials, one_tile);
 }
 
 }  // namespace remat::cpu

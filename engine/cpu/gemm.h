@@ -12,6 +12,7 @@
 #include <string_view>
 
 #include "engine/cpu/blas_kernel.h"
+#include "engine/cpu/gemm_grid.h"
 
 namespace remat::cpu {
 
@@ -53,13 +54,6 @@ GemmRoute decide_gemm_route(std::string_view want, const OneDnn* dnn,
 /// the CPU backend asks at construction, outside any parallel region.
 const GemmRoute& gemm_route();
 
-/// The output tiles of one product: rows x cols elements each (the last row and column of tiles
-/// may be smaller).
-struct TileGrid {
-  int64_t rows, cols;
-};
-TileGrid choose_tile_grid(int64_t M, int64_t N);
-
 /// A dimension as BLAS's int; asserts that it fits.
 int blas_int(int64_t v);
 
@@ -77,11 +71,22 @@ void sgemm_on(bool onednn, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, in
               const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
               int64_t ldc, const TileEpilogue& epilogue = {});
 
+/// The product on a split grid (gemm_grid.h): each tile's slab 0 goes into C with `beta`, its
+/// other slabs into `partials` (split_partial_floats(grid, M, N) floats, unused when the grid has
+/// one slab), every call single-threaded and the calls shared by the threads; then C gets the
+/// partial sums added in slab order. The same bits for every thread count.
+void sgemm_split(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int64_t N, int64_t K,
+                 const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
+                 int64_t ldc, float* partials, const SplitGrid& grid);
+/// The same on a given library (the GEMM benchmark compares them); `onednn` needs onednn().
+void sgemm_split_on(bool onednn, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int64_t N,
+                    int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb, float beta,
+                    float* C, int64_t ldc, float* partials, const SplitGrid& grid);
+
 /// C (M, N) = A (M, K) B (K, N), both untransposed, for a long K and a small C (the LM head's
-/// dY W, K = the vocabulary): K is cut into `slabs` equal parts, each one single-threaded library
-/// call, run in parallel into C and `partials` ((slabs - 1) M N floats), and C is then their sum
-/// in slab order. Each operand is packed once, where a tile grid over C packs A once per column of
-/// tiles and B once per row. The same bits for every thread count.
+/// dY W, K = the vocabulary): the split of one tile into `slabs` (sgemm_split), so each operand is
+/// packed once, where a tile grid over C packs A once per column of tiles and B once per row;
+/// `partials` holds (slabs - 1) M N floats.
 void sgemm_k_slabs(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
                    int64_t ldb, float* C, int64_t ldc, float* partials, int64_t slabs);
 /// The same on a given library (the GEMM benchmark compares them); `onednn` needs onednn().

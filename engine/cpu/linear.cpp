@@ -32,9 +32,37 @@ void CpuBackend::linear_forward_impl(const LinearForwardArgs& a, const OpWorkspa
         a.accumulate ? 1.0f : 0.0f, out, OC, epilogue);
 }
 
+namespace {
+
+bool overlap(const Tensor& a, const Tensor& b) {
+  if (a.empty() || b.empty()) return false;
+  const auto* a0 = static_cast<const char*>(a.data);
+  const auto* b0 = static_cast<const char*>(b.data);
+  return a0 < b0 + b.bytes() && b0 < a0 + a.bytes();
+}
+
+// dW (OC, C) += dout^T (OC, N) inp (N, C). Over many rows it is cut along them as well as into
+// tiles (choose_split_grid), and its partial sums are kept in dinp, which is written only after:
+// no memory of its own, so no plan changes. Without a dinp to hold them (the data's gradient is
+// not wanted, or the rows are too few), the tile grid alone. Either way a function of the op's
+// arguments, never of the thread count.
+void weight_gradient(const LinearBackwardArgs& a) {
+  const int64_t N = a.inp.rows(), C = a.inp.dim(-1), OC = a.weight.dim(0);
+  SplitGrid split = choose_split_grid(OC, C, N);
+  if (a.dinp.empty() || split_partial_floats(split, OC, C) > N * C)
+    split = {choose_tile_grid(OC, C), 1};
+  REMAT_ASSERT(split.slabs == 1 || (!overlap(a.dinp, a.dout) && !overlap(a.dinp, a.inp)),
+               "linear_backward: dinp overlaps dout or inp");
+  sgemm_split(CblasTrans, CblasNoTrans, OC, C, N, a.dout.f32(), OC, a.inp.f32(), C, 1.0f,
+              a.dweight.f32(), C, split.slabs > 1 ? a.dinp.f32() : nullptr, split);
+}
+
+}  // namespace
+
 void CpuBackend::linear_backward_impl(const LinearBackwardArgs& a, const OpWorkspace&) {
   const int64_t N = a.inp.rows(), C = a.inp.dim(-1), OC = a.weight.dim(0);
   const float* dout = a.dout.f32();
+  weight_gradient(a);     // first: it may use dinp as scratch
   if (!a.dinp.empty()) {  // dinp (N, C) = dout (N, OC) W (OC, C), then through act' per tile
     float* dinp = a.dinp.f32();
     const float* pre_act = a.inp_pre_act.empty() ? nullptr : a.inp_pre_act.f32();
@@ -50,8 +78,6 @@ void CpuBackend::linear_backward_impl(const LinearBackwardArgs& a, const OpWorks
     sgemm(CblasNoTrans, CblasNoTrans, N, C, OC, dout, OC, a.weight.f32(), C, 0.0f, dinp, C,
           through_act);
   }
-  // dW (OC, C) += dout^T (OC, N) inp (N, C)
-  sgemm(CblasTrans, CblasNoTrans, OC, C, N, dout, OC, a.inp.f32(), C, 1.0f, a.dweight.f32(), C);
   if (!a.dbias.empty()) {
     // Column sums; each thread owns a slice of columns, so the row order is fixed.
     float* db = a.dbias.f32();

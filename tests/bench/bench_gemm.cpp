@@ -27,6 +27,7 @@ struct Shape {
   int64_t M, N, K;
   float beta;
   int64_t k_slabs = 0;  // > 0: sgemm_k_slabs (the LM head's dY W), not the tile grid
+  bool split = false;   // sgemm_split on choose_split_grid: a weight gradient as linear.cpp runs it
 };
 
 // Row-major C (M, N) = op(A) op(B), as linear.cpp and loss.cpp call it.
@@ -49,6 +50,13 @@ const std::vector<Shape> kShapes = {
     {"mlp4     X W^T   (4096 x 512 x 512)", CblasNoTrans, CblasTrans, 4096, 512, 512, 0},
     {"mlp4     dY W    (4096 x 512 x 512)", CblasNoTrans, CblasNoTrans, 4096, 512, 512, 0},
     {"mlp4     dY^T X  (512 x 512 x 4096)", CblasTrans, CblasNoTrans, 512, 512, 4096, 1},
+    {"mlp4     dY^T X  split as trained", CblasTrans, CblasNoTrans, 512, 512, 4096, 1, 0, true},
+    // The 4-layer T = 4096 model's qkv weight gradient, and the 64k-token example's attention
+    // projection's (C = 64).
+    {"T=4096   dY^T X  (768 x 256 x 4096)", CblasTrans, CblasNoTrans, 768, 256, 4096, 1},
+    {"T=4096   dY^T X  split as trained", CblasTrans, CblasNoTrans, 768, 256, 4096, 1, 0, true},
+    {"T=64k    dY^T X  (64 x 64 x 65536)", CblasTrans, CblasNoTrans, 64, 64, 65536, 1},
+    {"T=64k    dY^T X  split as trained", CblasTrans, CblasNoTrans, 64, 64, 65536, 1, 0, true},
 };
 
 }  // namespace
@@ -62,9 +70,11 @@ int main(int argc, char** argv) {
              have_onednn ? cpu::onednn()->version() : "oneDNN: not installed");
   for (const Shape& s : kShapes) {
     const int64_t lda = s.ta == CblasNoTrans ? s.K : s.M, ldb = s.tb == CblasNoTrans ? s.N : s.K;
+    const cpu::SplitGrid split = cpu::choose_split_grid(s.M, s.N, s.K);
     std::vector<float> a(static_cast<size_t>(s.M * s.K), 0.5f),
         b(static_cast<size_t>(s.K * s.N), 0.25f), c(static_cast<size_t>(s.M * s.N), 0.0f),
-        partials(static_cast<size_t>(std::max<int64_t>(s.k_slabs - 1, 0) * s.M * s.N));
+        partials(static_cast<size_t>(std::max<int64_t>(s.k_slabs - 1, 0) * s.M * s.N +
+                                     (s.split ? cpu::split_partial_floats(split, s.M, s.N) : 0)));
     double best[2] = {1e30, 1e30};
     for (int rep = 0; rep < 5; ++rep)
       for (int lib = 0; lib < (have_onednn ? 2 : 1); ++lib) {
@@ -72,6 +82,9 @@ int main(int argc, char** argv) {
         if (s.k_slabs > 0)
           cpu::sgemm_k_slabs_on(lib == 1, s.M, s.N, s.K, a.data(), lda, b.data(), ldb, c.data(),
                                 s.N, partials.data(), s.k_slabs);
+        else if (s.split)
+          cpu::sgemm_split_on(lib == 1, s.ta, s.tb, s.M, s.N, s.K, a.data(), lda, b.data(), ldb,
+                              s.beta, c.data(), s.N, partials.data(), split);
         else
           cpu::sgemm_on(lib == 1, s.ta, s.tb, s.M, s.N, s.K, a.data(), lda, b.data(), ldb, s.beta,
                         c.data(), s.N);

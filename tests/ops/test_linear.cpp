@@ -3,6 +3,7 @@
 // fused activation epilogues against the separate activation ops. Against
 // the CPU backend, the specification every other backend is checked against; tolerances and shared
 // helpers: tests/test_util.h.
+#include "engine/cpu/gemm_grid.h"
 #include "tests/ops/op_test.h"
 
 namespace remat::test {
@@ -46,6 +47,9 @@ TEST_CASE("linear forward matches a double reference with and without bias and a
 }
 
 TEST_CASE("linear backward overwrites dinp and accumulates dweight and dbias", "[ops]") {
+  // The 5000 rows' weight gradient is cut along them, its partial sums held in dinp before dinp
+  // is written (engine/cpu/linear.cpp); without a dinp, the tile grid alone.
+  REQUIRE(cpu::choose_split_grid(29, 77, 5000).slabs > 1);
   CpuBackend be(kTestBudgetBytes, kTestThreads);
   const auto [N, C, OC] = GENERATE(from_range(kLinearShapes));
   const bool with_optional = GENERATE(true, false);  // dinp and dbias present or empty
