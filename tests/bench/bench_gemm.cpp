@@ -1,6 +1,7 @@
 // The CPU GEMM (engine/cpu/gemm.cpp: the shape-fixed tile grid, one single-threaded library call
-// per tile) on the products of a GPT-2 124M step at 1024 tokens, on each library it can use:
-// OpenBLAS and, where libdnnl.so.2 loads, oneDNN. Per shape the best of 4 calls (after a warm-up),
+// per tile) on the products of a GPT-2 124M step at 1024 tokens, the tutorial MLP's, and weight
+// gradients over many tokens on the tiles and split as the trainer runs them (gemm_grid.h), on
+// each library it can use: OpenBLAS and, where libdnnl.so.2 loads, oneDNN. Per shape the best of 4 calls (after a warm-up),
 // the two libraries alternated, in GFLOP/s; then the machine's SGEMM floor. Timings, not a test.
 //
 //   remat_bench_gemm_cpu [threads]    (default: all cores, as the trainer uses)
