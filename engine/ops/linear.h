@@ -24,6 +24,8 @@ struct LinearForwardArgs {
 };
 
 struct LinearBackwardArgs {
+  // dinp shares no memory with dout, inp or inp_pre_act: the CPU backend keeps a weight
+  // gradient's partial sums in it before writing it (engine/cpu/linear.cpp).
   Tensor dinp;     // (N, C) act [=], optional (empty: not needed)
   Tensor dweight;  // (OC, C) f32 [+=]
   Tensor dbias{};  // (OC) f32 [+=], optional
