@@ -128,6 +128,18 @@ cmake -S "$src" -B "$build" -DCMAKE_BUILD_TYPE=Release -DREMAT_CUDA=OFF -DREMAT_
   >"$logs/configure.log" 2>&1 || { echo "mutate: configure failed, see $logs/configure.log"; exit 2; }
 build_tree "$logs/baseline-build.log" || { echo "mutate: the unmutated tree does not build, see $logs/baseline-build.log"; exit 2; }
 # The tests a mutant must fail: `ctest -L cpu`, or the Catch2 tests named by MUTATE_TESTS.
+# The name of the first test case with a failed assertion in a Catch2 log. Catch2 frames every
+# reported case (a warning too: "this CPU has no AVX-512") between two lines of dashes, so the
+# first framed name is not always a failure; the case is the one framed last before "FAILED:".
+# Without a FAILED line (a crash, a timeout), the first framed name.
+first_failed_case() {  # $1: log file
+  local name
+  name=$(awk '/^--------------------/ { if (!open) { getline hdr; open = 1 } else { open = 0 }; next }
+              /: FAILED:$/ { print hdr; exit }' "$1")
+  [ -n "$name" ] || name=$(grep -m1 -A2 -E '^-{20,}' "$1" | sed -n '2p')
+  echo "$name"
+}
+
 run_tests() {  # $1: log file; extra args: ctest options
   local log=$1
   shift
@@ -184,7 +196,7 @@ for m in "${mutants[@]}"; do
       rc=$?
     fi
     if [ $rc -ne 0 ]; then
-      by="remat_tests \"$MUTATE_FIRST\": $(grep -m1 -A2 -E '^-{20,}' "$logs/$name.first.log" | sed -n '2p')"
+      by="remat_tests \"$MUTATE_FIRST\": $(first_failed_case "$logs/$name.first.log")"
     else
       by=""
       run_tests "$logs/$name.tests.log" --stop-on-failure
@@ -196,7 +208,7 @@ for m in "${mutants[@]}"; do
       if [ -n "$by" ]; then
         :
       elif [ -n "${MUTATE_TESTS:-}" ]; then  # Catch2: the first failing test case's name
-        by=$(grep -m1 -A2 -E '^-{20,}' "$logs/$name.tests.log" | sed -n '2p')
+        by=$(first_failed_case "$logs/$name.tests.log")
       else
         by=$(grep -E '^ *[0-9]+/[0-9]+ Test' "$logs/$name.tests.log" | grep -vE ' Passed ' | head -1 |
           sed -E 's/^ *[0-9]+\/[0-9]+ Test +#[0-9]+: //; s/ \.{2,}.*//')
