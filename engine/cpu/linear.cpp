@@ -48,14 +48,17 @@ bool overlap(const Tensor& a, const Tensor& b) {
 // arguments, never of the thread count.
 void weight_gradient(const LinearBackwardArgs& a) {
   const int64_t N = a.inp.rows(), C = a.inp.dim(-1), OC = a.weight.dim(0);
-  SplitGrid split = choose_split_grid(OC, C, N);
-  if (a.dinp.empty() || split_partial_floats(split, OC, C) > N * C)
-    split = {choose_tile_grid(OC, C), 1};
-  REMAT_ASSERT(split.slabs == 1 || (!overlap(a.dinp, a.dout) && !overlap(a.dinp, a.inp) &&
-                                    !overlap(a.dinp, a.inp_pre_act)),
-               "linear_backward: dinp overlaps dout, inp or inp_pre_act");
+  const SplitGrid split = choose_split_grid(OC, C, N);
+  if (split.slabs == 1 || a.dinp.empty() || split_partial_floats(split, OC, C) > N * C) {
+    sgemm(CblasTrans, CblasNoTrans, OC, C, N, a.dout.f32(), OC, a.inp.f32(), C, 1.0f,
+          a.dweight.f32(), C);
+    return;
+  }
+  REMAT_ASSERT(
+      !overlap(a.dinp, a.dout) && !overlap(a.dinp, a.inp) && !overlap(a.dinp, a.inp_pre_act),
+      "linear_backward: dinp overlaps dout, inp or inp_pre_act");
   sgemm_split(CblasTrans, CblasNoTrans, OC, C, N, a.dout.f32(), OC, a.inp.f32(), C, 1.0f,
-              a.dweight.f32(), C, split.slabs > 1 ? a.dinp.f32() : nullptr, split);
+              a.dweight.f32(), C, a.dinp.f32(), split);
 }
 
 }  // namespace
