@@ -9,16 +9,21 @@ run, in none, or in some. Below it: the floor, the CPU steal, and the exact comm
 Benchmark on a quiet machine only (`uptime`; no build or test running beside it).
 
   scripts/bench_targets.py [--binary build/remat-train] [--rounds 2] [--rows gpt2,mlp4,long]
-                           [--save DIR] [--from DIR]
+                           [--save DIR] [--from DIR] [--readme README.md --machine NAME]
 
 --save DIR keeps each run's JSON (and the machine's) in DIR; --from DIR prints the table of such
-a folder again, running nothing.
+a folder again, running nothing. --readme FILE --machine NAME also writes the table into FILE,
+between the lines `<!-- bench_targets: NAME -->` and `<!-- /bench_targets: NAME -->`, replacing
+what was there; it refuses (exit 1, FILE untouched) a table that is not the machine's own: a run
+that warned (a moving floor, CPU steal), a tuning environment variable, or rows left out.
 """
 import argparse
 import datetime
 import json
 import os
 import platform
+import re
+import shlex
 import subprocess
 import sys
 
@@ -50,6 +55,9 @@ MODELS = {
 }
 SGEMM_TARGET = 200  # GFLOP/s, 2048^3 on 2 threads
 POLICIES = ("none", "full")
+# Variables that change which kernels run or how many threads: issue 10's targets are for a
+# machine with none of them set.
+TUNING_ENV = ("REMAT_", "OPENBLAS_", "GOTO_", "OMP_", "GOMP_", "ONEDNN_", "DNNL_", "BLIS_")
 
 
 def run_name(rnd, model, policy):
@@ -71,6 +79,10 @@ def run_bench(binary, model, policy):
 
 def utc_now():
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M")
+
+
+def tuning_env():
+    return sorted(f"{k}={v}" for k, v in os.environ.items() if k.startswith(TUNING_ENV))
 
 
 def cpu_model():
@@ -145,23 +157,37 @@ def table(runs, rounds, models):
     return out
 
 
-def footer(runs, rounds, models, machine):
+def floor_range(runs):
+    """(lowest reading, highest reading, the runs' medians) of the SGEMM floor."""
     floors = [j["sgemm_gflops"] for j in runs.values() if j.get("sgemm_gflops")]
-    lo = min(f["lowest"] for f in floors)
-    hi = max(f["highest"] for f in floors)
-    medians = [f["median"] for f in floors]
-    steal = max((j.get("cpu_steal") or 0) for j in runs.values())
-    lines = [
-        "",
-        f"Machine: {machine['cpu']}; {machine['device']}.",
-        f"Runs: {machine['start']} to {machine['end']} UTC, {rounds} round(s).",
-        f"SGEMM 2048^3 floor: {lo:.0f}-{hi:.0f} GFLOP/s over every reading "
-        f"(runs' medians {min(medians):.0f}-{max(medians):.0f}); issue 10's target >= "
-        f"{SGEMM_TARGET}: " + verdict([m >= SGEMM_TARGET for m in medians]) + ".",
-        f"CPU steal: at most {pct(steal)} in a run.",
-    ]
-    # The synthetic regression's teacher GEMM makes each MLP batch: work the step does that the
-    # targets (training work only) leave out, shown apart.
+    return (min(f["lowest"] for f in floors), max(f["highest"] for f in floors),
+            [f["median"] for f in floors])
+
+
+def max_steal(runs):
+    return max((j.get("cpu_steal") or 0) for j in runs.values())
+
+
+def floor_line(runs):
+    lo, hi, medians = floor_range(runs)
+    return (f"SGEMM 2048^3 floor: {lo:.0f}-{hi:.0f} GFLOP/s over every reading "
+            f"(runs' medians {min(medians):.0f}-{max(medians):.0f}); issue 10's target >= "
+            f"{SGEMM_TARGET}: " + verdict([m >= SGEMM_TARGET for m in medians]) + ".")
+
+
+def env_line(machine):
+    if "env" not in machine:
+        return "Environment: not recorded."
+    if not machine["env"]:
+        return "Environment: no tuning variable set (" + ", ".join(
+            p + ("*" if p.endswith("_") else "") for p in TUNING_ENV) + ")."
+    return "Environment: " + ", ".join(machine["env"]) + "."
+
+
+def data_lines(runs, rounds, models):
+    """The synthetic regression's teacher GEMM makes each MLP batch: work the step does that the
+    targets (training work only) leave out, shown apart."""
+    lines = []
     for m in models:
         for policy in POLICIES:
             rs = [runs[(r, m, policy)] for r in range(rounds)]
@@ -172,16 +198,89 @@ def footer(runs, rounds, models, machine):
                     + ", ".join(pct(j["share_of_sgemm_with_data"]) for j in rs)
                     + "."
                 )
-    # A run whose floor moved by more than a quarter, or whose host took its CPU, says so: its
-    # numbers are not the machine's own.
-    for (r, m, p), j in sorted(runs.items()):
-        for w in j.get("warnings", []):
-            lines.append(f"Round {r + 1}, {m} {p}: {w}")
+    return lines
+
+
+def warning_lines(runs):
+    """A run whose floor moved by more than a quarter, or whose host took its CPU, says so: its
+    numbers are not the machine's own."""
+    return [f"Round {r + 1}, {m} {p}: {w}"
+            for (r, m, p), j in sorted(runs.items()) for w in j.get("warnings", [])]
+
+
+def footer(runs, rounds, models, machine):
+    lines = [
+        "",
+        f"Machine: {machine['cpu']}; {machine['device']}.",
+        f"Runs: {machine['start']} to {machine['end']} UTC, {rounds} round(s).",
+        env_line(machine),
+        floor_line(runs),
+        f"CPU steal: at most {pct(max_steal(runs))} in a run.",
+    ]
+    lines += data_lines(runs, rounds, models) + warning_lines(runs)
     lines += ["", "Commands (each run adds --json):"]
     for m in models:
         for policy in POLICIES:
             lines.append(f"  {command(m, policy)}")
     return lines
+
+
+def readme_refusal(runs, models, machine):
+    """Why this table must not stand in the README as the machine's own, or None."""
+    if set(models) != set(MODELS):
+        return f"--readme needs every row ({','.join(MODELS)}). Fix: drop --rows"
+    if "env" not in machine:
+        return ("its machine.json does not record the environment. Fix: run the rows again "
+                "(this script records it)")
+    if machine["env"]:
+        return (f"tuning variables were set ({', '.join(machine['env'])}). Fix: unset them "
+                "and run again")
+    warned = warning_lines(runs)
+    if warned:
+        return (f"{len(warned)} warning(s) in the runs (listed above): the host was busy. "
+                "Fix: run again when `uptime` and the floor are steady")
+    return None
+
+
+def readme_block(runs, rounds, models, machine, readme, name):
+    cmd = (f"python3 scripts/bench_targets.py --rounds {rounds} --readme "
+           f"{shlex.quote(os.path.basename(readme))} --machine {shlex.quote(name)}")
+    start, end = machine["start"], machine["end"]
+    if start[:10] == end[:10]:
+        end = end[11:]  # the same day
+    intro = (f"On the {name} ({machine['cpu']}; {machine['device']}), {start} to {end} UTC, "
+             f"{rounds} {'round' if rounds == 1 else 'rounds'} through the rows with no tuning "
+             f"environment variable set, each step against the SGEMM floor measured right after "
+             f"it; CPU steal at most {pct(max_steal(runs))}, and no run warned. Written by "
+             f"`{cmd}`:")
+    # Not wrapped: a wrapped line could begin with ">" or "- " and turn into Markdown of its own.
+    tail = [floor_line(runs)] + data_lines(runs, rounds, models)
+    return ([f"<!-- bench_targets: {name} -->", intro, ""] + table(runs, rounds, models) + [""]
+            + [f"- {t}" for t in tail] + [f"<!-- /bench_targets: {name} -->"])
+
+
+def write_readme(path, name, block):
+    """Replaces the block named `name` in the file at `path`; exits with the fix if the file has
+    not exactly one such block."""
+    try:
+        with open(path) as f:
+            text = f.read()
+    except OSError as e:
+        sys.exit(f"bench_targets: --readme {path}: {e.strerror}. Fix: pass the README's path")
+    begin, end = f"<!-- bench_targets: {name} -->", f"<!-- /bench_targets: {name} -->"
+    pattern = re.compile(re.escape(begin) + r"\n.*?" + re.escape(end) + r"\n", re.S)
+    found = pattern.findall(text)
+    if len(found) != 1:
+        names = sorted(set(re.findall(r"<!-- bench_targets: (.*?) -->", text)))
+        have = ", ".join(repr(n) for n in names) or "none"
+        sys.exit(f"bench_targets: {path} has {len(found)} blocks named {name!r} (its blocks: "
+                 f"{have}). Fix: pass one of those to --machine, or put the lines `{begin}` "
+                 f"and `{end}` where the table goes")
+    text = pattern.sub(lambda _: "\n".join(block) + "\n", text)
+    tmp = path + ".bench_targets.tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)  # whole or not at all
 
 
 def main():
@@ -191,7 +290,12 @@ def main():
     ap.add_argument("--rows", default="gpt2,mlp4,long", help="a subset of gpt2,mlp4,long")
     ap.add_argument("--save", help="keep each run's JSON in this folder")
     ap.add_argument("--from", dest="from_dir", help="print the table of a --save folder")
+    ap.add_argument("--readme", help="write the table into this file's block for --machine")
+    ap.add_argument("--machine", help="the name of the --readme block, e.g. 'AMD VM'")
     a = ap.parse_args()
+    if bool(a.readme) != bool(a.machine):
+        sys.exit("bench_targets: --readme and --machine go together. Fix: pass both, e.g. "
+                 "--readme README.md --machine 'AMD VM'")
     models = [m for m in a.rows.split(",") if m]
     for m in models:
         if m not in MODELS:
@@ -221,7 +325,7 @@ def main():
                     print(f"bench_targets: round {r + 1}/{a.rounds}: {m} {p}...", file=sys.stderr)
                     runs[(r, m, p)] = run_bench(a.binary, m, p)
         machine = {"cpu": cpu_model(), "device": runs[(0, models[0], "none")]["device"],
-                   "start": start, "end": utc_now()}
+                   "start": start, "end": utc_now(), "env": tuning_env()}
         if a.save:
             os.makedirs(a.save, exist_ok=True)
             with open(os.path.join(a.save, "machine.json"), "w") as f:
@@ -230,6 +334,13 @@ def main():
                 with open(os.path.join(a.save, run_name(r, m, p)), "w") as f:
                     json.dump(j, f, indent=2)
     print("\n".join(table(runs, a.rounds, models) + footer(runs, a.rounds, models, machine)))
+    if a.readme:
+        why = readme_refusal(runs, models, machine)
+        if why:
+            sys.exit(f"bench_targets: {a.readme} not written: {why}")
+        write_readme(a.readme, a.machine,
+                     readme_block(runs, a.rounds, models, machine, a.readme, a.machine))
+        print(f"bench_targets: wrote the {a.machine} table into {a.readme}", file=sys.stderr)
 
 
 if __name__ == "__main__":

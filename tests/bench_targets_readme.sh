@@ -1,0 +1,67 @@
+#!/bin/bash
+# scripts/bench_targets.py --readme: writes its table into the README block of the named machine,
+# and only there, only from runs that are the machine's own (no warning, no tuning variable, every
+# row), and leaves the file untouched otherwise. Run from the repository root on the saved runs of
+# tests/data/bench_targets; the written block is compared with readme_expected.md.
+set -euo pipefail
+
+fixture=tests/data/bench_targets
+d=$(mktemp -d)
+trap 'rm -rf "$d"' EXIT
+fail() {
+  echo "FAILED: $*" >&2
+  exit 1
+}
+
+cp -r "$fixture" "$d/runs"
+printf 'Intro.\n\n<!-- bench_targets: Test VM -->\nold table\n<!-- /bench_targets: Test VM -->\n\n<!-- bench_targets: Other VM -->\nother table\n<!-- /bench_targets: Other VM -->\nAfter.\n' \
+  >"$d/README.md"
+cp "$d/README.md" "$d/README.orig"
+write() {  # write [extra args...]: the script's exit status; its stderr in $d/err
+  python3 scripts/bench_targets.py --from "$d/runs" --readme "$d/README.md" "$@" \
+    >/dev/null 2>"$d/err" && return 0 || return $?
+}
+unchanged() { cmp -s "$d/README.md" "$d/README.orig" || fail "$1: the README was changed"; }
+
+# The fixture has a run that warned (its floor moved): refused, nothing written.
+write --machine "Test VM" && fail "a run with a warning was written"
+grep -q "not written: 1 warning(s)" "$d/err" || fail "no refusal for the warning: $(cat "$d/err")"
+unchanged "refused for a warning"
+
+# The same runs without the warning.
+python3 - "$d/runs" <<'EOF'
+import glob, json, os, sys
+for p in glob.glob(os.path.join(sys.argv[1], "[0-9]-*.json")):
+    with open(p) as f:
+        j = json.load(f)
+    j["warnings"] = []
+    with open(p, "w") as f:
+        json.dump(j, f)
+EOF
+
+# A block name the README does not have: the error names the blocks it has.
+write --machine "Nowhere VM" && fail "an unknown block was written"
+grep -q "its blocks: 'Other VM', 'Test VM'" "$d/err" || fail "unknown block: $(cat "$d/err")"
+unchanged "unknown block"
+
+# A subset of the rows: refused.
+write --machine "Test VM" --rows mlp4 && fail "a subset of the rows was written"
+grep -q "needs every row" "$d/err" || fail "subset: $(cat "$d/err")"
+unchanged "subset of rows"
+
+# Runs made with a tuning variable set: refused.
+cp "$d/runs/machine.json" "$d/machine.json"
+python3 -c "import json,sys; p=sys.argv[1]; m=json.load(open(p)); m['env']=['OPENBLAS_CORETYPE=SkylakeX']; json.dump(m, open(p,'w'))" \
+  "$d/runs/machine.json"
+write --machine "Test VM" && fail "runs with a tuning variable were written"
+grep -q "OPENBLAS_CORETYPE=SkylakeX" "$d/err" || fail "tuning variable: $(cat "$d/err")"
+unchanged "tuning variable"
+cp "$d/machine.json" "$d/runs/machine.json"
+
+# Written: the Test VM block replaced, the rest of the file as it was.
+write --machine "Test VM" || fail "clean runs were not written: $(cat "$d/err")"
+diff -u "$fixture/readme_expected.md" "$d/README.md" || fail "the written README differs"
+# Again: the same file (the block is found by its markers, which it keeps).
+write --machine "Test VM" || fail "the second write failed: $(cat "$d/err")"
+diff -u "$fixture/readme_expected.md" "$d/README.md" || fail "a second write changed the README"
+echo "bench_targets --readme: refusals and the written block as expected"
