@@ -15,7 +15,8 @@ Benchmark on a quiet machine only (`uptime`; no build or test running beside it)
 a folder again, running nothing. --readme FILE --machine NAME also writes the table into FILE,
 between the lines `<!-- bench_targets: NAME -->` and `<!-- /bench_targets: NAME -->`, replacing
 what was there; it refuses (exit 1, FILE untouched) a table that is not the machine's own: a run
-that warned (a moving floor, CPU steal), a tuning environment variable, or rows left out.
+that warned (a moving floor, CPU steal), a floor below 90% of the highest of all the runs, a
+tuning environment variable, or rows left out.
 """
 import argparse
 import datetime
@@ -57,6 +58,12 @@ SGEMM_TARGET = 200  # GFLOP/s, 2048^3 on 2 threads
 POLICIES = ("none", "full")
 # Variables that change which kernels run or how many threads: issue 10's targets are for a
 # machine with none of them set.
+# A floor reading below this share of the highest one of all the runs means the host slowed the
+# machine around that step. `bench` warns of a floor that moved within one run; a run made wholly
+# in a slow spell moves little, but its `full` against the `none` of the same round compares two
+# different machines (seen on the AMD VM: +46% for `full`, its floor at 128-152 GFLOP/s beside
+# a `none` at 155-185).
+FLOOR_DIP = 0.90
 TUNING_ENV = ("REMAT_", "OPENBLAS_", "GOTO_", "OMP_", "GOMP_", "ONEDNN_", "DNNL_", "BLIS_")
 
 
@@ -201,6 +208,23 @@ def data_lines(runs, rounds, models):
     return lines
 
 
+def dipped(runs):
+    """[(run key, its lowest floor reading)] of the runs whose floor fell below FLOOR_DIP of the
+    highest reading of all the runs, and that highest reading."""
+    _, hi, _ = floor_range(runs)
+    return [(k, j["sgemm_gflops"]["lowest"]) for k, j in sorted(runs.items())
+            if j["sgemm_gflops"]["lowest"] < FLOOR_DIP * hi], hi
+
+
+def dip_lines(runs):
+    low, hi = dipped(runs)
+    if not low:
+        return []
+    return [f"The floor fell below {pct(FLOOR_DIP)} of its highest reading ({hi:.0f} GFLOP/s) in "
+            + ", ".join(f"round {r + 1} {m} {p} (to {lo:.0f})" for (r, m, p), lo in low)
+            + ": the host slowed those runs."]
+
+
 def warning_lines(runs):
     """A run whose floor moved by more than a quarter, or whose host took its CPU, says so: its
     numbers are not the machine's own."""
@@ -217,7 +241,7 @@ def footer(runs, rounds, models, machine):
         floor_line(runs),
         f"CPU steal: at most {pct(max_steal(runs))} in a run.",
     ]
-    lines += data_lines(runs, rounds, models) + warning_lines(runs)
+    lines += data_lines(runs, rounds, models) + warning_lines(runs) + dip_lines(runs)
     lines += ["", "Commands (each run adds --json):"]
     for m in models:
         for policy in POLICIES:
@@ -235,10 +259,11 @@ def readme_refusal(runs, models, machine):
     if machine["env"]:
         return (f"tuning variables were set ({', '.join(machine['env'])}). Fix: unset them "
                 "and run again")
-    warned = warning_lines(runs)
-    if warned:
-        return (f"{len(warned)} warning(s) in the runs (listed above): the host was busy. "
-                "Fix: run again when `uptime` and the floor are steady")
+    warned, low = warning_lines(runs), dipped(runs)[0]
+    if warned or low:
+        return (f"{len(warned)} warning(s) in the runs and {len(low)} run(s) with the floor "
+                f"below {pct(FLOOR_DIP)} of its highest (listed above): the host was busy. Fix: "
+                "run again when `uptime` and the floor are steady")
     return None
 
 
@@ -251,8 +276,8 @@ def readme_block(runs, rounds, models, machine, readme, name):
     intro = (f"On the {name} ({machine['cpu']}; {machine['device']}), {start} to {end} UTC, "
              f"{rounds} {'round' if rounds == 1 else 'rounds'} through the rows with no tuning "
              f"environment variable set, each step against the SGEMM floor measured right after "
-             f"it; CPU steal at most {pct(max_steal(runs))}, and no run warned. Written by "
-             f"`{cmd}`:")
+             f"it; CPU steal at most {pct(max_steal(runs))}, no run warned, and no floor reading "
+             f"fell below {pct(FLOOR_DIP)} of the highest. Written by `{cmd}`:")
     # Not wrapped: a wrapped line could begin with ">" or "- " and turn into Markdown of its own.
     tail = [floor_line(runs)] + data_lines(runs, rounds, models)
     return ([f"<!-- bench_targets: {name} -->", intro, ""] + table(runs, rounds, models) + [""]

@@ -23,21 +23,32 @@ write() {  # write [extra args...]: the script's exit status; its stderr in $d/e
 }
 unchanged() { cmp -s "$d/README.md" "$d/README.orig" || fail "$1: the README was changed"; }
 
-# The fixture has a run that warned (its floor moved): refused, nothing written.
+# The fixture has a run that warned (its floor moved) and one whose floor fell to 180 GFLOP/s,
+# below 90% of the highest reading, 201: refused, nothing written.
 write --machine "Test VM" && fail "a run with a warning was written"
-grep -q "not written: 1 warning(s)" "$d/err" || fail "no refusal for the warning: $(cat "$d/err")"
+grep -q "not written: 1 warning(s) in the runs and 1 run(s) with the floor below 90%" "$d/err" ||
+  fail "no refusal for the warning: $(cat "$d/err")"
 unchanged "refused for a warning"
 
-# The same runs without the warning.
-python3 - "$d/runs" <<'EOF'
+edit_runs() {  # edit_runs PYTHON: runs PYTHON on each run's JSON, as j
+  python3 - "$d/runs" "$1" <<'EOF'
 import glob, json, os, sys
 for p in glob.glob(os.path.join(sys.argv[1], "[0-9]-*.json")):
     with open(p) as f:
         j = json.load(f)
-    j["warnings"] = []
+    exec(sys.argv[2])
     with open(p, "w") as f:
         json.dump(j, f)
 EOF
+}
+# Without the warning, the floor's dip alone is refused.
+edit_runs 'j["warnings"] = []'
+write --machine "Test VM" && fail "a run with its floor below 90% of the highest was written"
+grep -q "not written: 0 warning(s) in the runs and 1 run(s) with the floor below 90%" "$d/err" ||
+  fail "no refusal for the floor's dip: $(cat "$d/err")"
+unchanged "refused for the floor's dip"
+# Every floor reading within 90% of the highest from here on.
+edit_runs 'j["sgemm_gflops"]["lowest"] = max(j["sgemm_gflops"]["lowest"], 181.0)'
 
 # A block name the README does not have: the error names the blocks it has.
 write --machine "Nowhere VM" && fail "an unknown block was written"
