@@ -244,7 +244,7 @@ void print_text(const BenchReport& r) {
 // The same report for scripts (scripts/bench_targets.py reads it): rates in GFLOP/s, times in
 // ms, shares as fractions; null where a number does not exist (no floor off the CPU).
 void print_json(const BenchReport& r) {
-  using nlohmann::json;
+  using json = nlohmann::ordered_json;  // keys in the order written: the headline first
   const double step_s = r.median_step.ms / 1e3;
   auto gflops = [](double flops, double seconds) -> json {
     return flops > 0 && seconds > 0 ? json(flops / seconds / 1e9) : json(nullptr);

@@ -88,12 +88,13 @@ bool same_bits(const CompareRow& a, const CompareRow& b) {
 }
 
 void print_json(const std::vector<CompareRow>& rows, const CompareRow& ref, double none_peak) {
-  nlohmann::json out = nlohmann::json::array();
+  using json = nlohmann::ordered_json;  // keys in the order written: the policy first
+  json out = json::array();
   for (const auto& r : rows) {
-    nlohmann::json j = {{"policy", r.policy},
-                        {"status", r.oom ? "oom" : "ok"},
-                        {"predicted_peak_bytes", r.predicted},
-                        {"recompute_flops_overhead", r.recompute_overhead}};
+    json j = {{"policy", r.policy},
+              {"status", r.oom ? "oom" : "ok"},
+              {"predicted_peak_bytes", r.predicted},
+              {"recompute_flops_overhead", r.recompute_overhead}};
     if (r.oom) {
       j["message"] = r.message;
     } else {
