@@ -64,7 +64,10 @@ POLICIES = ("none", "full")
 # different machines (seen on the AMD VM: +46% for `full`, its floor at 128-152 GFLOP/s beside
 # a `none` at 155-185).
 FLOOR_DIP = 0.90
-TUNING_ENV = ("REMAT_", "OPENBLAS_", "GOTO_", "OMP_", "GOMP_", "ONEDNN_", "DNNL_", "BLIS_")
+# (REMAT_GEMM and REMAT_ATTENTION_ISA are remat-train's own; REMAT_WERROR and the like are build
+# switches, set by CI, and change no kernel.)
+TUNING_ENV = ("REMAT_GEMM", "REMAT_ATTENTION_ISA", "OPENBLAS_", "GOTO_", "OMP_", "GOMP_",
+              "ONEDNN_", "DNNL_", "BLIS_")
 
 
 def run_name(rnd, model, policy):
@@ -259,6 +262,8 @@ def readme_refusal(runs, models, machine):
     if machine["env"]:
         return (f"tuning variables were set ({', '.join(machine['env'])}). Fix: unset them "
                 "and run again")
+    if not runs:
+        return None  # checked again once there are runs
     warned, low = warning_lines(runs), dipped(runs)[0]
     if warned or low:
         return (f"{len(warned)} warning(s) in the runs and {len(low)} run(s) with the floor "
@@ -284,9 +289,10 @@ def readme_block(runs, rounds, models, machine, readme, name):
             + [f"- {t}" for t in tail] + [f"<!-- /bench_targets: {name} -->"])
 
 
-def write_readme(path, name, block):
-    """Replaces the block named `name` in the file at `path`; exits with the fix if the file has
-    not exactly one such block."""
+def read_readme(path, name):
+    """(the file's text, the pattern of its block named `name`); exits with the fix if the file
+    cannot be read or has not exactly one such block. Checked before the runs as well, so that a
+    wrong name does not cost a run of every row."""
     try:
         with open(path) as f:
             text = f.read()
@@ -301,6 +307,12 @@ def write_readme(path, name, block):
         sys.exit(f"bench_targets: {path} has {len(found)} blocks named {name!r} (its blocks: "
                  f"{have}). Fix: pass one of those to --machine, or put the lines `{begin}` "
                  f"and `{end}` where the table goes")
+    return text, pattern
+
+
+def write_readme(path, name, block):
+    """Replaces the block named `name` in the file at `path`."""
+    text, pattern = read_readme(path, name)
     text = pattern.sub(lambda _: "\n".join(block) + "\n", text)
     tmp = path + ".bench_targets.tmp"
     with open(tmp, "w") as f:
@@ -327,6 +339,12 @@ def main():
             sys.exit(f"bench_targets: --rows: unknown row {m!r}. Fix: use some of gpt2,mlp4,long")
     if a.rounds < 1:
         sys.exit("bench_targets: --rounds must be at least 1")
+    if a.readme:  # what can be refused before the runs is refused before them
+        read_readme(a.readme, a.machine)
+        if not a.from_dir:
+            why = readme_refusal({}, models, {"env": tuning_env()})
+            if why:
+                sys.exit(f"bench_targets: {a.readme} would not be written: {why}")
     runs = {}
     if a.from_dir:
         with open(os.path.join(a.from_dir, "machine.json")) as f:

@@ -69,6 +69,17 @@ grep -q "OPENBLAS_CORETYPE=SkylakeX" "$d/err" || fail "tuning variable: $(cat "$
 unchanged "tuning variable"
 cp "$d/machine.json" "$d/runs/machine.json"
 
+# Live runs (no --from) refuse what they can before running anything: no binary is needed for
+# these refusals.
+live() { python3 scripts/bench_targets.py --binary "$d/no-such-binary" --readme "$d/README.md" "$@" \
+  >/dev/null 2>"$d/err" && return 0 || return $?; }
+OMP_NUM_THREADS=3 live --machine "Test VM" && fail "a live run with a tuning variable started"
+grep -q "would not be written: tuning variables were set (.*OMP_NUM_THREADS=3" "$d/err" ||
+  fail "live, tuning variable: $(cat "$d/err")"
+live --machine "Nowhere VM" && fail "a live run for an unknown block started"
+grep -q "has 0 blocks named 'Nowhere VM'" "$d/err" || fail "live, unknown block: $(cat "$d/err")"
+unchanged "live refusals"
+
 # Written: the Test VM block replaced, the rest of the file as it was.
 write --machine "Test VM" || fail "clean runs were not written: $(cat "$d/err")"
 diff -u "$fixture/readme_expected.md" "$d/README.md" || fail "the written README differs"
