@@ -1,8 +1,11 @@
 // The CPU GEMM (engine/cpu/gemm.cpp: the shape-fixed tile grid, one single-threaded library call
 // per tile) on the products of a GPT-2 124M step at 1024 tokens, the tutorial MLP's, and weight
 // gradients over many tokens on the tiles and split as the trainer runs them (gemm_grid.h), on
-// each library it can use: OpenBLAS and, where libdnnl.so.2 loads, oneDNN. Per shape the best of 4 calls (after a warm-up),
-// the two libraries alternated, in GFLOP/s; then the machine's SGEMM floor. Timings, not a test.
+// each library it can use: OpenBLAS and, where libdnnl.so.2 loads, oneDNN. Beside them, the same
+// product as one call with the library's own threading, whose bits depend on the thread count
+// (so the trainer never runs it): what the fixed grid costs, or gains, against the library's own
+// split. Per shape the best of 4 calls (after a warm-up), every variant alternated, in GFLOP/s;
+// then the machine's SGEMM floor. Timings, not a test.
 //
 //   remat_bench_gemm_cpu [threads]    (default: all cores, as the trainer uses)
 #include <fmt/format.h>
@@ -67,8 +70,10 @@ int main(int argc, char** argv) {
   cpu::select_blas_kernel();                             // before any BLAS call, as the binary does
   const cpu::CpuBackend be(uint64_t{1} << 30, threads);  // sets the thread counts
   const bool have_onednn = cpu::onednn() != nullptr;     // compared whatever REMAT_GEMM says
-  fmt::print("{}\n{:<38} {:>9} {:>9}\n", be.describe(), "product (M x N x K)", "OpenBLAS",
-             have_onednn ? cpu::onednn()->version() : "oneDNN: not installed");
+  const std::string dnn_name = have_onednn ? cpu::onednn()->version() : "oneDNN: -";
+  fmt::print("{}\n{:<38} {:^25}  {:^25}\n{:<38} {:>12} {:>12}  {:>12} {:>12}\n", be.describe(), "",
+             "tiles, as trained", "one call, its own threads", "product (M x N x K)", "OpenBLAS",
+             dnn_name, "OpenBLAS", dnn_name);
   for (const Shape& s : kShapes) {
     const int64_t lda = s.ta == CblasNoTrans ? s.K : s.M, ldb = s.tb == CblasNoTrans ? s.N : s.K;
     const cpu::SplitGrid split = cpu::choose_split_grid(s.M, s.N, s.K);
@@ -76,26 +81,41 @@ int main(int argc, char** argv) {
         b(static_cast<size_t>(s.K * s.N), 0.25f), c(static_cast<size_t>(s.M * s.N), 0.0f),
         partials(static_cast<size_t>(std::max<int64_t>(s.k_slabs - 1, 0) * s.M * s.N +
                                      (s.split ? cpu::split_partial_floats(split, s.M, s.N) : 0)));
-    double best[2] = {1e30, 1e30};
+    // Variants: 0, 1 the tiles on OpenBLAS, oneDNN; 2, 3 one call with its own threads.
+    const int n_variants = have_onednn ? 4 : 3;
+    double best[4] = {1e30, 1e30, 1e30, 1e30};
     for (int rep = 0; rep < 5; ++rep)
-      for (int lib = 0; lib < (have_onednn ? 2 : 1); ++lib) {
+      for (int v = 0; v < n_variants; ++v) {
+        if (v == 1 && !have_onednn) continue;
+        const bool dnn = v == 1 || v == 3;
         const auto t0 = std::chrono::steady_clock::now();
-        if (s.k_slabs > 0)
-          cpu::sgemm_k_slabs_on(lib == 1, s.M, s.N, s.K, a.data(), lda, b.data(), ldb, c.data(),
-                                s.N, partials.data(), s.k_slabs);
+        if (v >= 2 && dnn)
+          cpu::onednn()->sgemm_threaded(s.ta == CblasNoTrans ? 'N' : 'T',
+                                        s.tb == CblasNoTrans ? 'N' : 'T', s.M, s.N, s.K, 1.0f,
+                                        a.data(), lda, b.data(), ldb, s.beta, c.data(), s.N);
+        else if (v >= 2)  // outside a parallel region: OpenBLAS's own threads
+          cblas_sgemm(CblasRowMajor, s.ta, s.tb, static_cast<int>(s.M), static_cast<int>(s.N),
+                      static_cast<int>(s.K), 1.0f, a.data(), static_cast<int>(lda), b.data(),
+                      static_cast<int>(ldb), s.beta, c.data(), static_cast<int>(s.N));
+        else if (s.k_slabs > 0)
+          cpu::sgemm_k_slabs_on(dnn, s.M, s.N, s.K, a.data(), lda, b.data(), ldb, c.data(), s.N,
+                                partials.data(), s.k_slabs);
         else if (s.split)
-          cpu::sgemm_split_on(lib == 1, s.ta, s.tb, s.M, s.N, s.K, a.data(), lda, b.data(), ldb,
-                              s.beta, c.data(), s.N, partials.data(), split);
+          cpu::sgemm_split_on(dnn, s.ta, s.tb, s.M, s.N, s.K, a.data(), lda, b.data(), ldb, s.beta,
+                              c.data(), s.N, partials.data(), split);
         else
-          cpu::sgemm_on(lib == 1, s.ta, s.tb, s.M, s.N, s.K, a.data(), lda, b.data(), ldb, s.beta,
+          cpu::sgemm_on(dnn, s.ta, s.tb, s.M, s.N, s.K, a.data(), lda, b.data(), ldb, s.beta,
                         c.data(), s.N);
         const double t =
             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        if (rep > 0) best[lib] = std::min(best[lib], t);
+        if (rep > 0) best[v] = std::min(best[v], t);
       }
     const double flop = 2.0 * static_cast<double>(s.M * s.N * s.K);
-    fmt::print("{:<38} {:>9.1f} {:>9}\n", s.name, flop / best[0] / 1e9,
-               have_onednn ? fmt::format("{:.1f}", flop / best[1] / 1e9) : "-");
+    auto rate = [&](int v) {
+      return v < n_variants && best[v] < 1e30 ? fmt::format("{:.1f}", flop / best[v] / 1e9)
+                                              : std::string("-");
+    };
+    fmt::print("{:<38} {:>12} {:>12}  {:>12} {:>12}\n", s.name, rate(0), rate(1), rate(2), rate(3));
   }
   fmt::print("floor: SGEMM 2048^3 {:.1f} GFLOP/s (the tiles' library, its own threading)\n",
              cpu::measure_sgemm_flops(be.threads(), 2048) / 1e9);
