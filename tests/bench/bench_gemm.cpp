@@ -89,11 +89,15 @@ int main(int argc, char** argv) {
         if (v == 1 && !have_onednn) continue;
         const bool dnn = v == 1 || v == 3;
         const auto t0 = std::chrono::steady_clock::now();
-        if (v >= 2 && dnn)
-          cpu::onednn()->sgemm_threaded(s.ta == CblasNoTrans ? 'N' : 'T',
-                                        s.tb == CblasNoTrans ? 'N' : 'T', s.M, s.N, s.K, 1.0f,
-                                        a.data(), lda, b.data(), ldb, s.beta, c.data(), s.N);
-        else if (v >= 2)  // outside a parallel region: OpenBLAS's own threads
+        if (v >= 2 && dnn) {
+          if (const int status = cpu::onednn()->sgemm_threaded(
+                  s.ta == CblasNoTrans ? 'N' : 'T', s.tb == CblasNoTrans ? 'N' : 'T', s.M, s.N, s.K,
+                  1.0f, a.data(), lda, b.data(), ldb, s.beta, c.data(), s.N)) {
+            fmt::print(stderr, "{}: oneDNN's threaded dnnl_sgemm failed (status {})\n", s.name,
+                       status);
+            return 1;
+          }
+        } else if (v >= 2)  // outside a parallel region: OpenBLAS's own threads
           cblas_sgemm(CblasRowMajor, s.ta, s.tb, static_cast<int>(s.M), static_cast<int>(s.N),
                       static_cast<int>(s.K), 1.0f, a.data(), static_cast<int>(lda), b.data(),
                       static_cast<int>(ldb), s.beta, c.data(), static_cast<int>(s.N));
