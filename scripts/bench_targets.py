@@ -252,18 +252,24 @@ def footer(runs, rounds, models, machine):
     return lines
 
 
-def readme_refusal(runs, models, machine):
-    """Why this table must not stand in the README as the machine's own, or None."""
+def setup_refusal(models, env):
+    """Why runs of these rows, with these tuning variables (None: not recorded), cannot stand in
+    the README as the machine's own, or None. Known before any run."""
     if set(models) != set(MODELS):
         return f"--readme needs every row ({','.join(MODELS)}). Fix: drop --rows"
-    if "env" not in machine:
+    if env is None:
         return ("its machine.json does not record the environment. Fix: run the rows again "
                 "(this script records it)")
-    if machine["env"]:
-        return (f"tuning variables were set ({', '.join(machine['env'])}). Fix: unset them "
-                "and run again")
-    if not runs:
-        return None  # checked again once there are runs
+    if env:
+        return f"tuning variables were set ({', '.join(env)}). Fix: unset them and run again"
+    return None
+
+
+def readme_refusal(runs, models, machine):
+    """Why this table must not stand in the README as the machine's own, or None."""
+    why = setup_refusal(models, machine.get("env"))
+    if why:
+        return why
     warned, low = warning_lines(runs), dipped(runs)[0]
     if warned or low:
         return (f"{len(warned)} warning(s) in the runs and {len(low)} run(s) with the floor "
@@ -342,7 +348,7 @@ def main():
     if a.readme:  # what can be refused before the runs is refused before them
         read_readme(a.readme, a.machine)
         if not a.from_dir:
-            why = readme_refusal({}, models, {"env": tuning_env()})
+            why = setup_refusal(models, tuning_env())
             if why:
                 sys.exit(f"bench_targets: {a.readme} would not be written: {why}")
     runs = {}

@@ -33,6 +33,14 @@ int64_t cdiv(int64_t a, int64_t b) {
 int64_t packing_per_k(int64_t M, int64_t N, int64_t tm, int64_t tn) {
   return M * cdiv(N, tn) + N * cdiv(M, tm);
 }
+// The side of `parts` tiles spanning `extent` (a multiple of kAlign), and whether `parts - 1`
+// tiles already had that side: the same grid, so the candidate loops skip it.
+int64_t tile_side(int64_t extent, int64_t parts) {
+  return round_up(cdiv(extent, parts), kAlign);
+}
+bool repeats(int64_t extent, int64_t parts) {
+  return parts > 1 && tile_side(extent, parts - 1) == tile_side(extent, parts);
+}
 // The widest tile side (a multiple of kAlign) that keeps a tile of `side` rows or columns within
 // kMaxTileElems.
 int64_t widest_other_side(int64_t side) {
@@ -55,12 +63,12 @@ TileGrid choose_tile_grid(int64_t M, int64_t N) {
   TileGrid best{std::max(kAlign, round_up(M, kAlign)), std::max(kAlign, round_up(N, kAlign))};
   int64_t best_cost = -1, best_tiles = 0;
   for (int64_t r = 1; r <= cdiv(M, kAlign); ++r) {
-    const int64_t tm = round_up(cdiv(M, r), kAlign), rows = cdiv(M, tm);
-    if (r > 1 && round_up(cdiv(M, r - 1), kAlign) == tm) continue;  // the same grid as r - 1
+    if (repeats(M, r)) continue;
+    const int64_t tm = tile_side(M, r), rows = cdiv(M, tm);
     // The fewest column tiles that make kMinCalls in all and keep a tile within kMaxTileElems.
     int64_t c = std::max<int64_t>(1, cdiv(kMinCalls, rows));
     c = std::max(c, cdiv(N, widest_other_side(tm)));
-    const int64_t tn = round_up(cdiv(N, std::min(c, cdiv(N, kAlign))), kAlign), cols = cdiv(N, tn);
+    const int64_t tn = tile_side(N, std::min(c, cdiv(N, kAlign))), cols = cdiv(N, tn);
     const int64_t cost = packing_per_k(M, N, tm, tn), n_tiles = rows * cols;
     // A grid short of kMinCalls (its columns ran out) only wins while no grid reaches it.
     const bool enough = n_tiles >= kMinCalls, best_enough = best_tiles >= kMinCalls;
@@ -86,8 +94,9 @@ TileGrid choose_tile_grid(int64_t M, int64_t N) {
 // 64k-token example's 64 x 64 x 65536 at 2.6-2.8x the rate of its 8 tiles, the T = 4096 model's
 // 768 x 256 x 4096 5-8% faster, the tutorial MLP's 512 x 512 x 4096 (2 tiles x 4 slabs) 1-17%.
 // In the MLP's step (bench, 4 alternated pairs) the share of the floor rose by 1.4 points on
-// average, 3 of 4 pairs; 8 slabs of 512 rows had given +4.4 in an earlier try, but such short
-// slabs lose on GPT-2 (kMinSlabK). A function of (M, N, K) alone: never of the thread count.
+// average, 3 of 4 pairs. 8 slabs of 512 rows gave +4.4 in an earlier try on that noisy host, and
+// +0.6 in 4 alternated pairs on a calmer one (2026-12-03, later), and such short slabs lose on
+// GPT-2 (kMinSlabK). A function of (M, N, K) alone: never of the thread count.
 SplitGrid choose_split_grid(int64_t M, int64_t N, int64_t K) {
   SplitGrid best{choose_tile_grid(M, N), 1};
   const int64_t max_slabs = std::min(kMaxSlabs, K / kMinSlabK);
@@ -102,11 +111,11 @@ SplitGrid choose_split_grid(int64_t M, int64_t N, int64_t K) {
   int64_t best_cost = cost(best);
   bool best_enough = calls(best) >= kMinCalls;
   for (int64_t r = 1; r <= cdiv(M, kAlign); ++r) {
-    const int64_t tm = round_up(cdiv(M, r), kAlign), rows = cdiv(M, tm);
-    if (r > 1 && round_up(cdiv(M, r - 1), kAlign) == tm) continue;
+    if (repeats(M, r)) continue;
+    const int64_t tm = tile_side(M, r), rows = cdiv(M, tm);
     for (int64_t c = cdiv(N, widest_other_side(tm)); c <= cdiv(N, kAlign); ++c) {
-      const int64_t tn = round_up(cdiv(N, c), kAlign), tiles = rows * cdiv(N, tn);
-      if (c > 1 && round_up(cdiv(N, c - 1), kAlign) == tn) continue;
+      if (repeats(N, c)) continue;
+      const int64_t tn = tile_side(N, c), tiles = rows * cdiv(N, tn);
       if (tiles >= kMinCalls) break;  // enough tiles: slabs would only add partial sums
       const SplitGrid g{{tm, tn}, std::clamp(cdiv(kMinCalls, tiles), int64_t{2}, max_slabs)};
       if (split_partial_floats(g, M, N) > kMaxPartialFloats) continue;
