@@ -1,11 +1,12 @@
 // `remat-train bench`: how close a training step of a config gets to the machine's floor. It
 // runs one warm-up step and N timed steps of the real trainer with per-op timing on
 // (Backend::set_op_timing), measures the SGEMM rate after each step (CPU), and prints for the
-// median step: its time, the FLOPs it executed, their rate as a share of SGEMM (each step against
-// the floor measured beside it), and where the time went by op family, with the recompute phase's
-// share, the time making the batch took (reading or generating it, and uploading it) and the time
-// no op accounts for (allocation, offload copies, gradient sync, host overhead).
-// Timings are reports, never pass/fail. --json prints the same report as one JSON document.
+// median step: its time, the FLOPs it executed and the model's FLOPs (MFU's count), their rates
+// as shares of SGEMM (each step against the floor measured beside it), and where the time went by
+// op family, with the recompute phase's share, the time making the batch took (reading or
+// generating it, and uploading it) and the time no op accounts for (allocation, offload copies,
+// gradient sync, host overhead). Timings are reports, never pass/fail. --json prints the same
+// report as one JSON document.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -64,16 +65,15 @@ const std::vector<OpFamily>& op_families() {
 struct TimedStep {
   double ms = 0;
   double data_ms = 0;      // of ms: making the batch
-  double flops = 0;        // the ops' (training work)
+  double flops = 0;        // the ops' (training work), as executed
+  double model_flops = 0;  // the model's (engine/backend.h): the same under every policy
   double data_flops = 0;   // making the batch's, outside the ops (the regression's teacher GEMM)
   double sgemm_flops = 0;  // the floor, measured right after this step (CPU; 0 elsewhere)
   Backend::OpTimes ops;
 
-  // The step's FLOP/s (the ops', or with the batch's too) as a share of the floor beside it (0
-  // without a floor).
-  double share_of_floor(bool with_data = false) const {
-    const double f = flops + (with_data ? data_flops : 0.0);
-    return sgemm_flops > 0 ? f / (ms / 1e3) / sgemm_flops : 0;
+  // `counted` FLOPs in this step's time as a share of the floor beside it (0 without a floor).
+  double share_of_floor(double counted) const {
+    return sgemm_flops > 0 ? counted / (ms / 1e3) / sgemm_flops : 0;
   }
 };
 
@@ -102,6 +102,7 @@ struct BenchReport {
   std::vector<double> floors;  // FLOP/s, one per step (empty off the CPU)
   double floor = 0, floor_lowest = 0, floor_highest = 0;
   double share = 0;             // median of the steps' shares of their own floor (0 without floors)
+  double model_share = 0;       // the same of the model FLOPs: MFU against the SGEMM floor
   double share_with_data = 0;   // the same with the batch's FLOPs counted too
   double throughput = 0;        // tokens (GPT) or rows (MLP) per second of the median step
   std::vector<FamilyRow> rows;  // the families, unlisted ops, data and no op: they add up
@@ -174,18 +175,20 @@ BenchReport make_report(const Config& cfg, const std::string& device, std::vecto
   r.throughput = static_cast<double>(units_per_step) / (r.median_step.ms / 1e3);
   // The floor is measured after every step and each step is read against its own: a VM whose
   // speed drifts by tens of percent from one minute to the next then still gives a fair share.
-  std::vector<double> shares, shares_with_data;
+  std::vector<double> shares, model_shares, shares_with_data;
   for (const auto& s : steps)
     if (s.sgemm_flops > 0) {
       r.floors.push_back(s.sgemm_flops);
-      shares.push_back(s.share_of_floor());
-      shares_with_data.push_back(s.share_of_floor(true));
+      shares.push_back(s.share_of_floor(s.flops));
+      model_shares.push_back(s.share_of_floor(s.model_flops));
+      shares_with_data.push_back(s.share_of_floor(s.flops + s.data_flops));
     }
   if (!r.floors.empty()) {
     r.floor = median(r.floors);
     r.floor_lowest = *std::min_element(r.floors.begin(), r.floors.end());
     r.floor_highest = *std::max_element(r.floors.begin(), r.floors.end());
     r.share = median(shares);
+    r.model_share = median(model_shares);
     r.share_with_data = median(shares_with_data);
     if (std::string w = unsteady_floor_warning(r.floor_lowest, r.floor_highest); !w.empty())
       r.warnings.push_back(std::move(w));
@@ -221,8 +224,12 @@ void print_text(const BenchReport& r) {
                               : fmt::format(", {:.0f}% of SGEMM (median of the steps' shares of "
                                             "their own floor)",
                                             100 * r.share));
+  fmt::print("       {} model FLOPs (3x the forward's + the loss head's) -> {:.1f} GFLOP/s{}\n",
+             format_flops(r.median_step.model_flops), r.median_step.model_flops / step_s / 1e9,
+             r.floors.empty() ? std::string()
+                              : fmt::format(", {:.0f}% of SGEMM (MFU)", 100 * r.model_share));
   // The teacher's GEMM is work the step does too, though not training: its share apart, so that
-  // the line above stays the training's alone.
+  // the lines above stay the training's alone.
   if (r.median_step.data_flops > 0)
     fmt::print("       with the {} making the batch -> {:.1f} GFLOP/s{}\n",
                format_flops(r.median_step.data_flops),
@@ -259,12 +266,16 @@ void print_json(const BenchReport& r) {
   };
   json steps = json::array();
   for (const auto& s : r.steps)
-    steps.push_back({{"ms", s.ms},
-                     {"data_ms", s.data_ms},
-                     {"gflop", s.flops / 1e9},
-                     {"data_gflop", s.data_flops / 1e9},
-                     {"sgemm_gflops", s.sgemm_flops > 0 ? json(s.sgemm_flops / 1e9) : json()},
-                     {"share_of_sgemm", s.sgemm_flops > 0 ? json(s.share_of_floor()) : json()}});
+    steps.push_back(
+        {{"ms", s.ms},
+         {"data_ms", s.data_ms},
+         {"gflop", s.flops / 1e9},
+         {"model_gflop", s.model_flops / 1e9},
+         {"data_gflop", s.data_flops / 1e9},
+         {"sgemm_gflops", s.sgemm_flops > 0 ? json(s.sgemm_flops / 1e9) : json()},
+         {"share_of_sgemm", s.sgemm_flops > 0 ? json(s.share_of_floor(s.flops)) : json()},
+         {"model_share_of_sgemm",
+          s.sgemm_flops > 0 ? json(s.share_of_floor(s.model_flops)) : json()}});
   json rows = json::array();
   for (const auto& f : r.rows) rows.push_back(row(f));
   double load[1] = {0};
@@ -285,6 +296,8 @@ void print_json(const BenchReport& r) {
                                                {"lowest", r.floor_lowest / 1e9},
                                                {"highest", r.floor_highest / 1e9}}},
       {"share_of_sgemm", r.floors.empty() ? json() : json(r.share)},
+      {"model_gflop", r.median_step.model_flops / 1e9},
+      {"model_share_of_sgemm", r.floors.empty() ? json() : json(r.model_share)},
       {"data_gflop", r.median_step.data_flops / 1e9},
       {"share_of_sgemm_with_data", r.floors.empty() ? json() : json(r.share_with_data)},
       {"steps", steps},
@@ -327,7 +340,7 @@ int run_bench(const BenchOptions& opt) {
     be.reset_op_times();
     be.reset_cost();
     const StepMetrics m = trainer.step();
-    TimedStep t{m.step_ms, m.data_ms, 0, m.data_flops, 0, be.op_times()};
+    TimedStep t{m.step_ms, m.data_ms, 0, model_flops(be), m.data_flops, 0, be.op_times()};
     for (int p = 0; p < kNumPhases; ++p) t.flops += be.cost(static_cast<Phase>(p)).flops;
     if (cpu_floor) t.sgemm_flops = cpu::measure_sgemm_flops(device.threads, 2048);
     timed.push_back(std::move(t));

@@ -29,6 +29,10 @@ const char* phase_name(Phase p) {
   return i < std::size(kNames) ? kNames[i] : "?";
 }
 
+double model_flops(const Backend& be) {
+  return 3 * be.cost(Phase::Forward).flops + be.cost(Phase::Loss).flops;
+}
+
 // Every op the same way: shapes, cost, then the kernel (with its workspace, when its
 // implementation takes one: the rule of the backend whose rules apply).
 template <class Args>

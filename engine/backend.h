@@ -50,6 +50,17 @@ enum class Phase : uint8_t { Forward, Recompute, Backward, Loss, Optimizer, kCou
 constexpr int kNumPhases = static_cast<int>(Phase::kCount);
 const char* phase_name(Phase p);
 
+class Backend;
+/// The model FLOPs of the step the backend counted (reset_cost to it), as model FLOPs utilization
+/// (MFU, the PaLM paper's appendix B) counts them: the forward's three times (a backward does
+/// twice a forward's work: each GEMM's input and weight gradients), plus the loss phase's, whose
+/// head runs its forward and backward in one op. What a step executes differs by implementation:
+/// recompute adds FLOPs, the MLP's first block skips the gradient of its data (one of the 3L
+/// GEMMs of an L-layer step), flash attention's backward recomputes the scores (2.5x its forward).
+/// None of that changes what the model needs, so a saving is not read as a loss of efficiency, and
+/// every remat policy has the same count.
+double model_flops(const Backend& be);
+
 class Backend {
  public:
   virtual ~Backend() = default;

@@ -2,6 +2,8 @@
 // recorded under its name and phase, and the FLOPs recorded per op add up to the backend's
 // per-phase counts, so the breakdown accounts for the whole step; and the command itself prints
 // the floor, the step and every op family of a GPT; and the CPU steal it prints beside them.
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
@@ -151,6 +153,43 @@ TEST_CASE("a step reports the time its batch took, within the step's, and its FL
   auto token_data = make_synthetic_data(tokens);
   Trainer gpt_trainer(tokens.train, resolve_remat_plan(tokens, *gpt), be, *gpt, *token_data);
   CHECK(gpt_trainer.step().data_flops == 0);
+}
+
+// bench's MFU counts the model's FLOPs (engine/backend.h): one number for every remat policy,
+// 6 N D^2 for an MLP's GEMMs (with its ReLUs and loss beside them), whatever the step executes.
+TEST_CASE("model FLOPs are the same under every policy, and the MLP's count is 3x its forward",
+          "[bench]") {
+  cpu::CpuBackend be(1ull << 30, 2);
+  auto step_counts = [&be](const Config& cfg) {
+    auto model = make_model(cfg, be);
+    auto data = make_synthetic_data(cfg);
+    Trainer trainer(cfg.train, resolve_remat_plan(cfg, *model), be, *model, *data);
+    be.reset_cost();
+    trainer.step();
+    double executed = 0;  // the training's: the optimizer's FLOPs are in neither count
+    for (Phase p : {Phase::Forward, Phase::Recompute, Phase::Backward, Phase::Loss})
+      executed += be.cost(p).flops;
+    return std::pair{model_flops(be), executed};
+  };
+  const int64_t L = 3, D = 128, N = 256;
+  const auto [mlp_none, mlp_none_executed] =
+      step_counts(parse_config(test::small_mlp_toml(L, D, N), "mlp"));
+  // Block 0 skips its input gradient: one GEMM of 2 N D^2 fewer executed than the model needs.
+  CHECK(mlp_none == Approx(6.0 * L * N * D * D).epsilon(2.0 / D));
+  CHECK(mlp_none - mlp_none_executed == Approx(2.0 * N * D * D).epsilon(2.0 / D));
+  const auto [mlp_full, mlp_full_executed] =
+      step_counts(parse_config(test::small_mlp_toml(L, D, N, "full"), "mlp"));
+  CHECK(mlp_full == mlp_none);
+  CHECK(mlp_full_executed > mlp_none_executed);  // the recompute
+  const std::string tiny = std::string(REMAT_SOURCE_DIR) + "/configs/tiny.toml";
+  const double gpt_none = step_counts(load_config(tiny, {"remat.policy=none"})).first;
+  for (const char* policy : {"full", "save_dots", "save_attn"}) {
+    INFO(policy);
+    const auto [m, executed] =
+        step_counts(load_config(tiny, {fmt::format("remat.policy={}", policy)}));
+    CHECK(m == gpt_none);
+    CHECK(executed > m);
+  }
 }
 
 TEST_CASE("CPU steal is read from /proc/stat's cpu line as a share of the time between readings",
