@@ -29,8 +29,16 @@ const char* phase_name(Phase p) {
   return i < std::size(kNames) ? kNames[i] : "?";
 }
 
+double model_flops(const std::array<OpCost, kNumPhases>& cost_by_phase) {
+  return 3 * cost_by_phase[static_cast<size_t>(Phase::Forward)].flops +
+         cost_by_phase[static_cast<size_t>(Phase::Loss)].flops;
+}
+
 double model_flops(const Backend& be) {
-  return 3 * be.cost(Phase::Forward).flops + be.cost(Phase::Loss).flops;
+  std::array<OpCost, kNumPhases> by_phase{};
+  for (int p = 0; p < kNumPhases; ++p)
+    by_phase[static_cast<size_t>(p)] = be.cost(static_cast<Phase>(p));
+  return model_flops(by_phase);
 }
 
 // Every op the same way: shapes, cost, then the kernel (with its workspace, when its

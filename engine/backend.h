@@ -51,7 +51,7 @@ constexpr int kNumPhases = static_cast<int>(Phase::kCount);
 const char* phase_name(Phase p);
 
 class Backend;
-/// The model FLOPs of the step the backend counted (reset_cost to it), as model FLOPs utilization
+/// The model FLOPs of a step from its FLOPs by phase, as model FLOPs utilization
 /// (MFU, the PaLM paper's appendix B) counts them: the forward's three times (a backward does
 /// twice a forward's work: each GEMM's input and weight gradients), plus the loss phase's, whose
 /// head runs its forward and backward in one op. What a step executes differs by implementation:
@@ -59,7 +59,8 @@ class Backend;
 /// GEMMs of an L-layer step), flash attention's backward recomputes the scores (2.5x its forward).
 /// None of that changes what the model needs, so a saving is not read as a loss of efficiency, and
 /// every remat policy has the same count.
-double model_flops(const Backend& be);
+double model_flops(const std::array<OpCost, kNumPhases>& cost_by_phase);
+double model_flops(const Backend& be);  // of its cost() since reset_cost
 
 class Backend {
  public:

@@ -101,6 +101,13 @@ TEST_CASE("bench --json prints one document whose rows add up to the median step
     CHECK(s.at("share_of_sgemm").get<double>() ==
           Approx(rate / s.at("sgemm_gflops").get<double>()).epsilon(1e-9));
     shares.push_back(s.at("share_of_sgemm").get<double>());
+    // MFU: the model's FLOPs, fewer than the executed under full remat, in the same step time.
+    CHECK(s.at("model_gflop") == j.at("model_gflop"));
+    CHECK(s.at("model_gflop").get<double>() < s.at("gflop").get<double>());
+    CHECK(s.at("model_share_of_sgemm").get<double>() ==
+          Approx(s.at("model_gflop").get<double>() / (ms.back() / 1e3) /
+                 s.at("sgemm_gflops").get<double>())
+              .epsilon(1e-9));
   }
   std::sort(ms.begin(), ms.end());
   std::sort(shares.begin(), shares.end());
