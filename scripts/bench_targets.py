@@ -9,7 +9,8 @@ run, in none, or in some. Below it: the floor, the CPU steal, and the exact comm
 Benchmark on a quiet machine only (`uptime`; no build or test running beside it).
 
   scripts/bench_targets.py [--binary build/remat-train] [--rounds 2] [--rows gpt2,mlp4,long]
-                           [--save DIR] [--from DIR] [--readme README.md --machine NAME]
+                           [--patience MINUTES] [--save DIR] [--from DIR]
+                           [--readme README.md --machine NAME]
 
 --save DIR keeps each run's JSON (and the machine's) in DIR; --from DIR prints the table of such
 a folder again, running nothing. --readme FILE --machine NAME also writes the table into FILE,
@@ -17,6 +18,11 @@ between the lines `<!-- bench_targets: NAME -->` and `<!-- /bench_targets: NAME 
 what was there; it refuses (exit 1, FILE untouched) a table that is not the machine's own: a run
 that warned (a moving floor, CPU steal), a floor below 90% of the highest of all the runs, a
 tuning environment variable, or rows left out.
+
+--patience MINUTES is for a shared host: it runs rounds until --rounds of them are clean (no run
+warned, and no floor reading below 90% of the highest of the clean rounds), setting the others
+aside, or until MINUTES have passed; then the last --rounds rounds stand, and --readme refuses
+them as above. The table says how many rounds were set aside.
 """
 import argparse
 import datetime
@@ -27,6 +33,7 @@ import re
 import shlex
 import subprocess
 import sys
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -68,6 +75,58 @@ FLOOR_DIP = 0.90
 # switches, set by CI, and change no kernel.)
 TUNING_ENV = ("REMAT_GEMM", "REMAT_ATTENTION_ISA", "OPENBLAS_", "GOTO_", "OMP_", "GOMP_",
               "ONEDNN_", "DNNL_", "BLIS_")
+
+
+def run_round(binary, models, label):
+    """{(model, policy): bench JSON} of one round through the rows."""
+    out = {}
+    for m in models:
+        for p in POLICIES:
+            print(f"bench_targets: round {label}: {m} {p}...", file=sys.stderr)
+            out[(m, p)] = run_bench(binary, m, p)
+    return out
+
+
+def as_runs(rounds):
+    """The table's {(round, model, policy): JSON} of a list of rounds."""
+    return {(r, m, p): j for r, rnd in enumerate(rounds) for (m, p), j in rnd.items()}
+
+
+def clean_rounds(rounds):
+    """The rounds that can stand together: none of their runs warned, and none of their floor
+    readings fell below FLOOR_DIP of the highest of those rounds. A round whose floor is higher
+    than the rest sets them aside: they ran in a slow spell."""
+    kept = [rnd for rnd in rounds if not any(j.get("warnings") for j in rnd.values())]
+    while kept:
+        hi = max(j["sgemm_gflops"]["highest"] for rnd in kept for j in rnd.values())
+        slow = [rnd for rnd in kept
+                if any(j["sgemm_gflops"]["lowest"] < FLOOR_DIP * hi for j in rnd.values())]
+        if not slow:
+            break
+        kept = [rnd for rnd in kept if rnd not in slow]
+    return kept
+
+
+def run_rounds(binary, models, want, patience_min):
+    """({(round, model, policy): JSON}, how many rounds were set aside). Without patience, `want`
+    rounds, whatever they read; with it, rounds until `want` are clean or the time is up (then
+    the last `want` rounds run)."""
+    if not patience_min:
+        return as_runs([run_round(binary, models, f"{r + 1}/{want}") for r in range(want)]), 0
+    deadline = time.monotonic() + 60 * patience_min
+    rounds = []
+    while True:
+        rounds.append(run_round(binary, models, f"{len(rounds) + 1} (until {want} clean)"))
+        kept = clean_rounds(rounds)
+        if len(kept) >= want:
+            chosen = kept[-want:]
+            break
+        if time.monotonic() >= deadline and len(rounds) >= want:
+            print(f"bench_targets: --patience {patience_min}: {len(kept)} clean round(s) of "
+                  f"{len(rounds)}; the last {want} stand", file=sys.stderr)
+            chosen = rounds[-want:]
+            break
+    return as_runs(chosen), len(rounds) - want
 
 
 def run_name(rnd, model, policy):
@@ -240,7 +299,8 @@ def footer(runs, rounds, models, machine):
     lines = [
         "",
         f"Machine: {machine['cpu']}; {machine['device']}.",
-        f"Runs: {machine['start']} to {machine['end']} UTC, {rounds} round(s).",
+        f"Runs: {machine['start']} to {machine['end']} UTC, {rounds} round(s)"
+        + set_aside_note(machine) + ".",
         env_line(machine),
         floor_line(runs),
         f"CPU steal: at most {pct(max_steal(runs))} in a run.",
@@ -251,6 +311,11 @@ def footer(runs, rounds, models, machine):
         for policy in POLICIES:
             lines.append(f"  {command(m, policy)}")
     return lines
+
+
+def set_aside_note(machine):
+    n = machine.get("set_aside", 0)
+    return f", and {n} more set aside for a busy host (--patience)" if n else ""
 
 
 def setup_refusal(models, env):
@@ -280,13 +345,16 @@ def readme_refusal(runs, models, machine):
 
 
 def readme_block(runs, rounds, models, machine, readme, name):
-    cmd = (f"python3 scripts/bench_targets.py --rounds {rounds} --readme "
-           f"{shlex.quote(os.path.basename(readme))} --machine {shlex.quote(name)}")
+    patience = machine.get("patience")
+    cmd = (f"python3 scripts/bench_targets.py --rounds {rounds} "
+           + (f"--patience {patience:g} " if patience else "")
+           + f"--readme {shlex.quote(os.path.basename(readme))} --machine {shlex.quote(name)}")
     start, end = machine["start"], machine["end"]
     if start[:10] == end[:10]:
         end = end[11:]  # the same day
     intro = (f"On the {name} ({machine['cpu']}; {machine['device']}), {start} to {end} UTC, "
-             f"{rounds} {'round' if rounds == 1 else 'rounds'} through the rows with no tuning "
+             f"{rounds} {'round' if rounds == 1 else 'rounds'} through the rows"
+             f"{set_aside_note(machine)} with no tuning "
              f"environment variable set, each step against the SGEMM floor measured right after "
              f"it; CPU steal at most {pct(max_steal(runs))}, no run warned, and no floor reading "
              f"fell below {pct(FLOOR_DIP)} of the highest. Written by `{cmd}`:")
@@ -332,6 +400,8 @@ def main():
     ap.add_argument("--binary", default=os.path.join(ROOT, "build", "remat-train"))
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--rows", default="gpt2,mlp4,long", help="a subset of gpt2,mlp4,long")
+    ap.add_argument("--patience", type=float, default=0, metavar="MINUTES",
+                    help="run rounds until --rounds are clean, for at most MINUTES")
     ap.add_argument("--save", help="keep each run's JSON in this folder")
     ap.add_argument("--from", dest="from_dir", help="print the table of a --save folder")
     ap.add_argument("--readme", help="write the table into this file's block for --machine")
@@ -346,6 +416,9 @@ def main():
             sys.exit(f"bench_targets: --rows: unknown row {m!r}. Fix: use some of gpt2,mlp4,long")
     if a.rounds < 1:
         sys.exit("bench_targets: --rounds must be at least 1")
+    if a.patience < 0 or (a.patience and a.from_dir):
+        sys.exit("bench_targets: --patience takes minutes (> 0) and runs the rows: not with "
+                 "--from. Fix: drop one of them")
     if a.readme:  # what can be refused before the runs is refused before them
         read_readme(a.readme, a.machine)
         if not a.from_dir:
@@ -372,13 +445,10 @@ def main():
         if not os.access(a.binary, os.X_OK):
             sys.exit(f"bench_targets: {a.binary} is not an executable. Fix: build it (make build)")
         start = utc_now()
-        for r in range(a.rounds):
-            for m in models:
-                for p in POLICIES:
-                    print(f"bench_targets: round {r + 1}/{a.rounds}: {m} {p}...", file=sys.stderr)
-                    runs[(r, m, p)] = run_bench(a.binary, m, p)
+        runs, set_aside = run_rounds(a.binary, models, a.rounds, a.patience)
         machine = {"cpu": cpu_model(), "device": runs[(0, models[0], "none")]["device"],
-                   "start": start, "end": utc_now(), "env": tuning_env()}
+                   "start": start, "end": utc_now(), "env": tuning_env(), "set_aside": set_aside,
+                   "patience": a.patience}
         if a.save:
             os.makedirs(a.save, exist_ok=True)
             with open(os.path.join(a.save, "machine.json"), "w") as f:

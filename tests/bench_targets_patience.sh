@@ -1,0 +1,78 @@
+#!/bin/bash
+# scripts/bench_targets.py --patience: on a shared host it runs rounds until --rounds of them are
+# clean, setting aside the rounds that warned or ran in a slow spell, and says how many; when the
+# time is up, the last rounds stand and --readme refuses them. A fake `remat-train` stands in for
+# the binary: each call prints a saved run of tests/data/bench_targets with the floor and warnings
+# of the round it belongs to (FAKE_ROUNDS), and its round's number in step_ms, so the table shows
+# which rounds were kept.
+set -euo pipefail
+
+d=$(mktemp -d)
+trap 'rm -rf "$d"' EXIT
+fail() {
+  echo "FAILED: $*" >&2
+  exit 1
+}
+
+cat >"$d/remat-train" <<'FAKE'
+#!/usr/bin/env python3
+# fake `remat-train bench ... --json`: round k of FAKE_ROUNDS ("warn:190,clean:150,...") is calls
+# 6k..6k+5 (3 models x 2 policies), counted in $FAKE_DIR/calls.
+import json, os, sys
+args = " ".join(sys.argv[1:])
+model = "gpt2" if "gpt2" in args else "mlp4" if "mlp4" in args else "long"
+policy = "full" if "remat.policy=full" in args else "none"
+counter = os.path.join(os.environ["FAKE_DIR"], "calls")
+calls = int(open(counter).read()) if os.path.exists(counter) else 0
+open(counter, "w").write(str(calls + 1))
+kind, floor = os.environ["FAKE_ROUNDS"].split(",")[calls // 6].split(":")
+with open(f"tests/data/bench_targets/0-{model}-{policy}.json") as f:
+    j = json.load(f)
+floor = float(floor)
+j["sgemm_gflops"] = {"lowest": 0.99 * floor, "median": floor, "highest": floor}
+j["warnings"] = ["warning: the SGEMM floor moved (fake)"] if kind == "warn" else []
+j["step_ms"] = 100.0 * (calls // 6 + 1) + (50 if policy == "full" else 0)
+j["cpu_steal"] = 0.0
+print(json.dumps(j))
+FAKE
+chmod +x "$d/remat-train"
+printf '<!-- bench_targets: Test VM -->\nold\n<!-- /bench_targets: Test VM -->\n' >"$d/README.md"
+cp "$d/README.md" "$d/README.orig"
+bt() {  # bt ROUNDS [args...]: the script with the fake binary; stdout in $d/out, stderr in $d/err
+  rm -f "$d/calls"
+  FAKE_DIR=$d FAKE_ROUNDS=$1 python3 scripts/bench_targets.py --binary "$d/remat-train" \
+    "${@:2}" >"$d/out" 2>"$d/err" && return 0 || return $?
+}
+
+# Round 1 warned; round 2 was clean but slow beside round 3 (150 < 90% of 190); 3 and 4 stand.
+bt warn:190,clean:150,clean:190,clean:188 --rounds 2 --patience 5 --readme "$d/README.md" \
+  --machine "Test VM" || fail "clean rounds were not written: $(cat "$d/err")"
+[ "$(cat "$d/calls")" = 24 ] || fail "ran $(cat "$d/calls") benches, not 4 rounds of 6"
+# shellcheck disable=SC2016 # the backquotes are the table's Markdown
+grep -q '^| GPT-2 124M, 1024 tokens, `none` | 300.0, 400.0 |' "$d/out" ||
+  fail "not rounds 3 and 4 in the table: $(cat "$d/out")"
+grep -q "2 round(s), and 2 more set aside for a busy host (--patience)" "$d/out" ||
+  fail "the set-aside rounds are not counted: $(cat "$d/out")"
+grep -q -- "--rounds 2 --patience 5 --readme README.md --machine 'Test VM'" "$d/README.md" ||
+  fail "the README block does not give the command: $(cat "$d/README.md")"
+grep -q "2 rounds through the rows, and 2 more set aside for a busy host" "$d/README.md" ||
+  fail "the README block does not count the set-aside rounds: $(cat "$d/README.md")"
+
+# The time is up and no two rounds are clean: the last two stand, and --readme refuses them.
+cp "$d/README.orig" "$d/README.md"
+bt warn:190,clean:150,warn:190 --rounds 2 --patience 0.0001 --readme "$d/README.md" \
+  --machine "Test VM" && fail "rounds that warned were written"
+[ "$(cat "$d/calls")" = 12 ] || fail "ran $(cat "$d/calls") benches after the time was up"
+grep -q "1 clean round(s) of 2; the last 2 stand" "$d/err" || fail "timeout: $(cat "$d/err")"
+grep -q "not written: 6 warning(s) in the runs and 6 run(s) with the floor below 90%" "$d/err" || fail "no refusal after the timeout: $(cat "$d/err")"
+cmp -s "$d/README.md" "$d/README.orig" || fail "the README was changed after the timeout"
+
+# Without --patience: exactly --rounds rounds, whatever they read.
+bt warn:190,clean:150,clean:190 --rounds 2 || fail "a plain run failed: $(cat "$d/err")"
+[ "$(cat "$d/calls")" = 12 ] || fail "a plain run ran $(cat "$d/calls") benches"
+# shellcheck disable=SC2016
+grep -q '^| GPT-2 124M, 1024 tokens, `none` | 100.0, 200.0 |' "$d/out" ||
+  fail "a plain run's table: $(cat "$d/out")"
+bt clean:190 --from tests/data/bench_targets --patience 5 && fail "--patience with --from ran"
+grep -q "not with --from" "$d/err" || fail "--patience with --from: $(cat "$d/err")"
+echo "bench_targets --patience: rounds set aside and kept as expected"
