@@ -118,11 +118,13 @@ def run_rounds(binary, models, want, patience_min):
     while True:
         rounds.append(run_round(binary, models, f"{len(rounds) + 1} (until {want} clean)"))
         kept = clean_rounds(rounds)
+        print(f"bench_targets: {len(kept)} clean round(s) of {len(rounds)} so far",
+              file=sys.stderr)
         if len(kept) >= want:
             chosen = kept[-want:]
             break
         if time.monotonic() >= deadline and len(rounds) >= want:
-            print(f"bench_targets: --patience {patience_min}: {len(kept)} clean round(s) of "
+            print(f"bench_targets: --patience {patience_min:g}: {len(kept)} clean round(s) of "
                   f"{len(rounds)}; the last {want} stand", file=sys.stderr)
             chosen = rounds[-want:]
             break
