@@ -98,12 +98,10 @@ def clean_rounds(rounds):
     than the rest sets them aside: they ran in a slow spell."""
     kept = [rnd for rnd in rounds if not any(j.get("warnings") for j in rnd.values())]
     while kept:
-        hi = max(j["sgemm_gflops"]["highest"] for rnd in kept for j in rnd.values())
-        slow = [rnd for rnd in kept
-                if any(j["sgemm_gflops"]["lowest"] < FLOOR_DIP * hi for j in rnd.values())]
+        slow = {r for (r, _, _), _ in dipped(as_runs(kept))[0]}  # --readme's rule (dipped)
         if not slow:
             break
-        kept = [rnd for rnd in kept if rnd not in slow]
+        kept = [rnd for r, rnd in enumerate(kept) if r not in slow]
     return kept
 
 
