@@ -194,7 +194,7 @@ Batch FileData::allocate_batch(Backend& be) const {
   // Exactly what the synthetic token tasks allocate, so dry runs predict the same bytes.
   Batch batch;
   MemoryPool& pool = be.pool();
-  const auto Tl = static_cast<int64_t>(share_.positions.size());
+  const int64_t Tl = share_.positions.tokens();
   batch.inputs =
       pool.allocate({share_.rows, Tl}, DType::I32, MemCategory::Transient, "batch.inputs");
   batch.targets =
@@ -205,16 +205,16 @@ Batch FileData::allocate_batch(Backend& be) const {
 
 template <class WindowOf>
 void FileData::fill_batch(Backend& be, const Batch& batch, WindowOf window_of) {
-  const auto Tl = static_cast<int64_t>(share_.positions.size());
+  const int64_t Tl = share_.positions.tokens();
   std::vector<int32_t> inputs(static_cast<size_t>(share_.rows * Tl)), targets(inputs.size());
   for (int64_t b = 0; b < share_.rows; ++b) {
     const Window w = window_of(share_.first_row + b);
     w.shard->read(w.start, T_ + 1, row_.data(), V_);
-    for (int64_t j = 0; j < Tl; ++j) {  // this rank's positions (all of them on one rank)
-      const auto t = static_cast<size_t>(share_.positions[static_cast<size_t>(j)]);
-      inputs[static_cast<size_t>(b * Tl + j)] = row_[t];
-      targets[static_cast<size_t>(b * Tl + j)] = row_[t + 1];
-    }
+    // This rank's positions (all of them on one rank).
+    share_.positions.for_each([&](int64_t j, int64_t t) {
+      inputs[static_cast<size_t>(b * Tl + j)] = row_[static_cast<size_t>(t)];
+      targets[static_cast<size_t>(b * Tl + j)] = row_[static_cast<size_t>(t + 1)];
+    });
   }
   be.upload(batch.inputs, inputs.data());
   be.upload(batch.targets, targets.data());

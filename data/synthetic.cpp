@@ -34,8 +34,7 @@ class TokenTask : public DataSource {
   Batch next(Backend& be, int64_t step) override {
     Batch batch;
     MemoryPool& pool = be.pool();
-    const auto Tl =
-        static_cast<int64_t>(share_.positions.size());  // this rank's tokens of each row
+    const int64_t Tl = share_.positions.tokens();  // this rank's tokens of each row
     batch.inputs =
         pool.allocate({share_.rows, Tl}, DType::I32, MemCategory::Transient, "batch.inputs");
     batch.targets =
@@ -54,11 +53,10 @@ class TokenTask : public DataSource {
               rng_bits(seed_ ^ row, kTokenStream, static_cast<uint64_t>(src)) %
               static_cast<uint64_t>(V_));
         };
-        for (int64_t j = 0; j < Tl; ++j) {
-          const int64_t t = share_.positions[static_cast<size_t>(j)];
+        share_.positions.for_each([&](int64_t j, int64_t t) {
           inputs[static_cast<size_t>(b * Tl + j)] = token(t);
           targets[static_cast<size_t>(b * Tl + j)] = token(t + 1);
-        }
+        });
       }
     }
     be.upload(batch.inputs, inputs.data());
@@ -70,17 +68,15 @@ class TokenTask : public DataSource {
   std::optional<double> task_metric(const std::vector<float>& row_losses) const override {
     if (task_ != "copy" || row_losses.empty()) return std::nullopt;
     double sum = 0;
-    const auto Tl = static_cast<int64_t>(share_.positions.size());
+    const int64_t Tl = share_.positions.tokens();
     for (int64_t b = 0; b < share_.rows; ++b)
-      for (int64_t j = 0; j < Tl; ++j)
-        if (share_.positions[static_cast<size_t>(j)] >= T_ / 2)
-          sum += row_losses[static_cast<size_t>(b * Tl + j)];
+      share_.positions.for_each([&](int64_t j, int64_t t) {
+        if (t >= T_ / 2) sum += row_losses[static_cast<size_t>(b * Tl + j)];
+      });
     return sum / static_cast<double>(task_metric_count());
   }
   int64_t task_metric_count() const override {
-    int64_t n = 0;
-    for (int64_t p : share_.positions) n += p >= T_ / 2 ? 1 : 0;
-    return n * share_.rows;
+    return share_.positions.count_from(T_ / 2) * share_.rows;
   }
   std::string task_metric_name() const override { return task_ == "copy" ? "copy_loss" : ""; }
 

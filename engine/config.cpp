@@ -388,8 +388,7 @@ const std::vector<KeySpec>& key_specs() {
        "data-parallel groups; 0 = the ranks started / parallel.context; each trains batch_size / "
        "data rows",
        [](Config& c, auto& n, auto& o) { c.parallel.data = read_int(n, o, 0, 1 << 16, false); }},
-      {"parallel", "context",
-       "ranks that split each sequence (ring attention; rope GPTs)",
+      {"parallel", "context", "ranks that split each sequence (ring attention; rope GPTs)",
        [](Config& c, auto& n, auto& o) { c.parallel.context = read_int(n, o, 1, 1 << 16, false); }},
       {"parallel", "bucket_bytes", "gradient bytes per reduction exchange (two in flight)",
        [](Config& c, auto& n, auto& o) { c.parallel.bucket_bytes = read_size(n, o); }},
@@ -904,8 +903,7 @@ BatchShare batch_share(const Config& c) {
   s.rows = local_batch_size(c);
   s.first_row = c.parallel.data_rank() * s.rows;
   s.positions = parallel::context_positions(c.train.seq_len, static_cast<int>(c.parallel.context),
-                                            c.parallel.context_rank())
-                    .list();
+                                            c.parallel.context_rank());
   return s;
 }
 

@@ -12,6 +12,8 @@
 #include <type_traits>
 #include <vector>
 
+#include "engine/token_positions.h"
+
 namespace remat {
 
 // The enum-like keys, parsed once when the config is read; config_name() gives each value's
@@ -162,7 +164,7 @@ int64_t local_seq_len(const Config& c);
 /// global positions it holds (0 .. seq_len - 1 on a single rank).
 struct BatchShare {
   int64_t rows = 0, first_row = 0;
-  std::vector<int64_t> positions;
+  TokenPositions positions;
 };
 BatchShare batch_share(const Config& c);
 

@@ -18,26 +18,9 @@
 #include "engine/error.h"
 #include "engine/ops/op.h"
 #include "engine/tensor.h"
+#include "engine/token_positions.h"
 
 namespace remat {
-
-/// The global positions of a rank's T local tokens: ranges [start, start + length), in order.
-struct TokenPositions {
-  std::vector<std::pair<int64_t, int64_t>> ranges;
-  int64_t tokens() const {
-    int64_t n = 0;
-    for (const auto& r : ranges) n += r.second;
-    return n;
-  }
-  /// Every position in local order.
-  std::vector<int64_t> list() const {
-    std::vector<int64_t> out;
-    out.reserve(static_cast<size_t>(tokens()));
-    for (const auto& [start, len] : ranges)
-      for (int64_t p = start; p < start + len; ++p) out.push_back(p);
-    return out;
-  }
-};
 
 /// (query, key) pairs with key position <= query position: what causal attention computes.
 inline double causal_pairs(const TokenPositions& q, const TokenPositions& k) {

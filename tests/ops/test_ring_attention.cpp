@@ -393,7 +393,19 @@ TEST_CASE("the context layout gives each rank one early and one late chunk", "[o
     TokenPositions all{{{0, T}}};
     for (int r = 0; r < ranks; ++r) {
       const TokenPositions p = context_positions(T, ranks, r);
-      for (int64_t x : p.list()) ++seen[static_cast<size_t>(x)];
+      const std::vector<int64_t> list = p.list();
+      for (int64_t x : list) ++seen[static_cast<size_t>(x)];
+      // The counts the data sources take from the ranges (the copy task's second half) match
+      // the list's, and for_each walks the same positions in the same order.
+      for (int64_t from : {int64_t{0}, T / 3, T / 2, T / 2 + 1, T - 1, T})
+        CHECK(p.count_from(from) ==
+              std::count_if(list.begin(), list.end(), [&](int64_t x) { return x >= from; }));
+      std::vector<int64_t> walked;
+      p.for_each([&](int64_t j, int64_t x) {
+        CHECK(j == static_cast<int64_t>(walked.size()));
+        walked.push_back(x);
+      });
+      CHECK(walked == list);
       const double work = causal_pairs(p, all);
       lo = std::min(lo, work);
       hi = std::max(hi, work);
