@@ -47,7 +47,7 @@ MemoryPool::~MemoryPool() {
     if (r.live) allocator_->deallocate(r.ptr, r.raw_bytes);
 }
 
-Buffer MemoryPool::allocate(const std::vector<int64_t>& shape, DType dtype, MemCategory category,
+Buffer MemoryPool::allocate(const Dims& shape, DType dtype, MemCategory category,
                             std::string name) {
   Tensor t(nullptr, shape, dtype);
   REMAT_ASSERT(t.numel() > 0, "allocation '{}' has empty shape {}", name, t.shape_str());

@@ -112,8 +112,7 @@ class MemoryPool {
 
   /// Allocates a tensor; throws OutOfMemory when the budget (or the device) cannot hold it.
   /// `name` is what out-of-memory messages and the planner's "largest tensors" show.
-  Buffer allocate(const std::vector<int64_t>& shape, DType dtype, MemCategory category,
-                  std::string name);
+  Buffer allocate(const Dims& shape, DType dtype, MemCategory category, std::string name);
   static uint64_t accounted_bytes(size_t bytes) {
     return (bytes + kAlignment - 1) / kAlignment * kAlignment;
   }

@@ -17,10 +17,8 @@ const char* dtype_name(DType t) {
   return "?";
 }
 
-Tensor::Tensor(void* ptr, const std::vector<int64_t>& dims, DType type) : data(ptr), dtype(type) {
-  REMAT_ASSERT(dims.size() >= 1 && dims.size() <= 4, "tensor rank {} not in 1..4", dims.size());
-  for (int64_t d : dims) shape[static_cast<size_t>(ndim++)] = d;
-}
+Tensor::Tensor(void* ptr, const Dims& dims, DType type)
+    : data(ptr), shape(dims.d), ndim(dims.n), dtype(type) {}
 
 int64_t Tensor::numel() const {
   if (ndim == 0) return 0;
@@ -36,7 +34,7 @@ std::string Tensor::shape_str() const {
   return s + ")";
 }
 
-Tensor Tensor::view(const std::vector<int64_t>& dims) const {
+Tensor Tensor::view(const Dims& dims) const {
   Tensor t(data, dims, dtype);
   REMAT_ASSERT(t.numel() == numel(), "view {} of tensor {} changes the element count",
                t.shape_str(), shape_str());

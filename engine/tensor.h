@@ -20,6 +20,28 @@ inline size_t dtype_size(DType t) {
 }
 const char* dtype_name(DType t);
 
+/// A shape of rank 1..4, held inline. Every op of every tile builds shapes ({rows, width}), and a
+/// heap vector per shape was much of a dry run's time at millions of tokens.
+struct Dims {
+  std::array<int64_t, 4> d{};
+  int n = 0;
+
+  Dims(std::initializer_list<int64_t> dims) { assign(dims.begin(), dims.end()); }
+  // Implicit, as the vector parameters it replaced were: Tensor::dims() and stored shapes pass.
+  Dims(const std::vector<int64_t>& dims) { assign(dims.data(), dims.data() + dims.size()); }
+  const int64_t* begin() const { return d.data(); }
+  const int64_t* end() const { return d.data() + n; }
+  size_t size() const { return static_cast<size_t>(n); }
+  int64_t operator[](size_t i) const { return d[i]; }
+
+ private:
+  void assign(const int64_t* first, const int64_t* last) {
+    REMAT_ASSERT(last - first >= 1 && last - first <= 4, "tensor rank {} not in 1..4",
+                 last - first);
+    for (; first != last; ++first) d[static_cast<size_t>(n++)] = *first;
+  }
+};
+
 struct Tensor {
   void* data = nullptr;
   std::array<int64_t, 4> shape{};
@@ -27,7 +49,7 @@ struct Tensor {
   DType dtype = DType::F32;
 
   Tensor() = default;
-  Tensor(void* ptr, const std::vector<int64_t>& dims, DType type);
+  Tensor(void* ptr, const Dims& dims, DType type);
 
   bool empty() const { return data == nullptr; }
   int64_t dim(int i) const { return shape[static_cast<size_t>(i < 0 ? ndim + i : i)]; }
@@ -48,7 +70,7 @@ struct Tensor {
     return static_cast<int32_t*>(data);
   }
   /// Same storage, other shape (same element count).
-  Tensor view(const std::vector<int64_t>& dims) const;
+  Tensor view(const Dims& dims) const;
   /// Rows [first, first + count) of the tensor seen as a (rows, last dim) matrix, as (count, last).
   Tensor row_range(int64_t first, int64_t count) const;
 };

@@ -32,7 +32,7 @@ struct WorkspaceTarget {
 struct WorkspacePart {
   const char* name;  // the pool record's name: "gemm.workspace", "attn.workspace", ...
   DType dtype;
-  std::vector<int64_t> shape;
+  Dims shape;
 };
 using WorkspaceList = std::vector<WorkspacePart>;
 
