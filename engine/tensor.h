@@ -27,8 +27,9 @@ struct Dims {
   int n = 0;
 
   Dims(std::initializer_list<int64_t> dims) { assign(dims.begin(), dims.end()); }
-  // Implicit, as the vector parameters it replaced were: Tensor::dims() and stored shapes pass.
+  // Implicit, as the vector parameters it replaced were: stored shapes pass.
   Dims(const std::vector<int64_t>& dims) { assign(dims.data(), dims.data() + dims.size()); }
+  Dims(const int64_t* first, const int64_t* last) { assign(first, last); }
   const int64_t* begin() const { return d.data(); }
   const int64_t* end() const { return d.data() + n; }
   size_t size() const { return static_cast<size_t>(n); }
@@ -58,8 +59,8 @@ struct Tensor {
   /// Number of rows when the tensor is seen as a (rows, last dim) matrix.
   int64_t rows() const { return ndim == 0 ? 0 : numel() / dim(-1); }
   std::string shape_str() const;
-  /// The shape as a vector (what MemoryPool::allocate takes).
-  std::vector<int64_t> dims() const { return {shape.begin(), shape.begin() + ndim}; }
+  /// The shape (what MemoryPool::allocate takes).
+  Dims dims() const { return Dims(shape.data(), shape.data() + ndim); }
 
   float* f32() const {
     REMAT_DCHECK(dtype == DType::F32, "tensor is {} not f32", dtype_name(dtype));

@@ -62,8 +62,7 @@ inline std::vector<float> host_randn(int64_t n, uint64_t stream, double scale = 
 }
 
 /// A tensor of `dtype` on any backend holding `host` (rounded to bf16 on the host when asked).
-inline Buffer upload(Backend& be, const std::vector<int64_t>& shape, DType dtype,
-                     const std::vector<float>& host) {
+inline Buffer upload(Backend& be, const Dims& shape, DType dtype, const std::vector<float>& host) {
   Buffer b = be.pool().allocate(shape, dtype, MemCategory::Transient, "test");
   REQUIRE(static_cast<size_t>(b.tensor().numel()) == host.size());
   if (dtype == DType::BF16) {
