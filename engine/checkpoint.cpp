@@ -45,7 +45,7 @@ constexpr const char* kFixModelKeys =
 }
 
 std::vector<int64_t> shape_of(const Tensor& t) {
-  return std::vector<int64_t>(t.shape.begin(), t.shape.begin() + t.ndim);
+  return std::vector<int64_t>(t.shape.begin(), t.shape.end());
 }
 
 // Non-throwing tests: a path we cannot stat counts as absent, and the caller's own message

@@ -175,7 +175,7 @@ class CheckpointOffload {
     retiring_ = std::exchange(to_host_, Pending{});  // a member, so an error here still waits
     if (offloaded(i)) {
       const Tensor& dev = stores_[i].get(0);
-      host_[i] = be_.host_pool().allocate(dev.dims(), dev.dtype, MemCategory::Checkpoints,
+      host_[i] = be_.host_pool().allocate(dev.shape, dev.dtype, MemCategory::Checkpoints,
                                           fmt::format("blocks.{}.x", i));
       to_host_ = {i, be_.copy_to_host(host_[i], dev)};
     }
@@ -220,7 +220,7 @@ class CheckpointOffload {
   }
   void start_fetch(size_t i) {
     const Tensor& host = host_[i];
-    stores_[i].put(0, be_.pool().allocate(host.dims(), host.dtype, MemCategory::Checkpoints,
+    stores_[i].put(0, be_.pool().allocate(host.shape, host.dtype, MemCategory::Checkpoints,
                                           input_name(i, plan_.blocks.size())));
     to_device_ = {i, be_.copy_to_device(stores_[i].get(0), host)};
   }

@@ -17,20 +17,18 @@ const char* dtype_name(DType t) {
   return "?";
 }
 
-Tensor::Tensor(void* ptr, const Dims& dims, DType type)
-    : data(ptr), shape(dims.d), ndim(dims.n), dtype(type) {}
+Tensor::Tensor(void* ptr, const Dims& dims, DType type) : data(ptr), shape(dims), dtype(type) {}
 
 int64_t Tensor::numel() const {
-  if (ndim == 0) return 0;
+  if (ndim() == 0) return 0;
   int64_t n = 1;
-  for (int i = 0; i < ndim; ++i) n *= shape[static_cast<size_t>(i)];
+  for (int64_t d : shape) n *= d;
   return n;
 }
 
 std::string Tensor::shape_str() const {
   std::string s = "(";
-  for (int i = 0; i < ndim; ++i)
-    s += fmt::format("{}{}", i ? "," : "", shape[static_cast<size_t>(i)]);
+  for (size_t i = 0; i < shape.size(); ++i) s += fmt::format("{}{}", i ? "," : "", shape[i]);
   return s + ")";
 }
 

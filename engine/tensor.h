@@ -26,6 +26,7 @@ struct Dims {
   std::array<int64_t, 4> d{};
   int n = 0;
 
+  Dims() = default;  // rank 0: the shape of an empty Tensor
   Dims(std::initializer_list<int64_t> dims) { assign(dims.begin(), dims.end()); }
   // Implicit, as the vector parameters it replaced were: stored shapes pass.
   Dims(const std::vector<int64_t>& dims) { assign(dims.data(), dims.data() + dims.size()); }
@@ -45,22 +46,20 @@ struct Dims {
 
 struct Tensor {
   void* data = nullptr;
-  std::array<int64_t, 4> shape{};
-  int ndim = 0;
+  Dims shape;
   DType dtype = DType::F32;
 
   Tensor() = default;
   Tensor(void* ptr, const Dims& dims, DType type);
 
   bool empty() const { return data == nullptr; }
-  int64_t dim(int i) const { return shape[static_cast<size_t>(i < 0 ? ndim + i : i)]; }
+  int ndim() const { return shape.n; }
+  int64_t dim(int i) const { return shape[static_cast<size_t>(i < 0 ? ndim() + i : i)]; }
   int64_t numel() const;
   size_t bytes() const { return static_cast<size_t>(numel()) * dtype_size(dtype); }
   /// Number of rows when the tensor is seen as a (rows, last dim) matrix.
-  int64_t rows() const { return ndim == 0 ? 0 : numel() / dim(-1); }
+  int64_t rows() const { return ndim() == 0 ? 0 : numel() / dim(-1); }
   std::string shape_str() const;
-  /// The shape (what MemoryPool::allocate takes).
-  Dims dims() const { return Dims(shape.data(), shape.data() + ndim); }
 
   float* f32() const {
     REMAT_DCHECK(dtype == DType::F32, "tensor is {} not f32", dtype_name(dtype));

@@ -270,9 +270,9 @@ void Trainer::update_weights(float lr, float grad_scale) {
     CopyTicket m_copy{}, v_copy{};
     Staged(Backend& b, const Param& p)
         : be(b),
-          m(b.pool().allocate(p.m.tensor().dims(), DType::F32, MemCategory::Optimizer,
+          m(b.pool().allocate(p.m.tensor().shape, DType::F32, MemCategory::Optimizer,
                               p.name + ".adam_m (staged)")),
-          v(b.pool().allocate(p.v.tensor().dims(), DType::F32, MemCategory::Optimizer,
+          v(b.pool().allocate(p.v.tensor().shape, DType::F32, MemCategory::Optimizer,
                               p.name + ".adam_v (staged)")) {
       m_copy = be.copy_to_device(m, p.m);
       v_copy = be.copy_to_device(v, p.v);

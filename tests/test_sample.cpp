@@ -69,7 +69,7 @@ WeightSource weights_of(Model& model) {
     for (Param& p : model.params())
       if (p.name == name) {
         const Tensor& t = p.value.tensor();
-        if (shape) *shape = std::vector<int64_t>(t.shape.begin(), t.shape.begin() + t.ndim);
+        if (shape) *shape = std::vector<int64_t>(t.shape.begin(), t.shape.end());
         return std::vector<float>(t.f32(), t.f32() + t.numel());
       }
     throw CheckpointError("no tensor " + name);

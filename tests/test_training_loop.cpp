@@ -166,7 +166,7 @@ TEST_CASE("AdamW matches a double reference: bias correction, decay on exactly t
   for (Param& p : model->params()) {
     INFO(p.name);
     CHECK(p.use_decay == is_matrix_param(p.name));
-    CHECK(p.use_decay == (p.value.tensor().ndim == 2));
+    CHECK(p.use_decay == (p.value.tensor().ndim() == 2));
   }
   prefill_moments(*model);
   for (int64_t s = 0; s < 3; ++s) {

@@ -52,7 +52,7 @@ inline double causal_pairs(const Tensor& qkv, int n_head) {
 }
 
 inline void check(const AttentionForwardArgs& a) {
-  REMAT_ASSERT(a.qkv.ndim == 3 && a.out.ndim == 3, "attention_forward: qkv {} out {}",
+  REMAT_ASSERT(a.qkv.ndim() == 3 && a.out.ndim() == 3, "attention_forward: qkv {} out {}",
                a.qkv.shape_str(), a.out.shape_str());
   const int64_t B = a.qkv.dim(0), T = a.qkv.dim(1), C = a.out.dim(2);
   REMAT_ASSERT(a.qkv.dim(2) == 3 * C && a.out.dim(0) == B && a.out.dim(1) == T,
@@ -82,7 +82,7 @@ inline OpCost cost(const AttentionBackwardArgs& a) {
 }
 
 inline void check(const AttentionDeltaArgs& a) {
-  REMAT_ASSERT(a.dout.ndim == 3 && a.out.numel() == a.dout.numel() && a.n_head > 0 &&
+  REMAT_ASSERT(a.dout.ndim() == 3 && a.out.numel() == a.dout.numel() && a.n_head > 0 &&
                    a.dout.dim(2) % a.n_head == 0 && a.delta.dtype == DType::F32 &&
                    a.delta.numel() == a.dout.dim(0) * a.dout.dim(1) * a.n_head,
                "attention_delta: delta {} dout {} out {} heads {}", a.delta.shape_str(),

@@ -101,7 +101,7 @@ struct RingBlockBackwardArgs {
 
 inline void check(const RingSplitArgs& a) {
   const int64_t C = a.q.dim(-1);
-  REMAT_ASSERT(a.qkv.ndim == 3 && a.qkv.dim(2) == 3 * C && a.kv.dim(-1) == 2 * C &&
+  REMAT_ASSERT(a.qkv.ndim() == 3 && a.qkv.dim(2) == 3 * C && a.kv.dim(-1) == 2 * C &&
                    a.q.rows() == a.qkv.rows() && a.kv.rows() == a.qkv.rows() &&
                    a.pos.tokens() == a.qkv.dim(1) && C % a.n_head == 0,
                "ring_split: q {} kv {} qkv {} positions {}", a.q.shape_str(), a.kv.shape_str(),
@@ -114,7 +114,7 @@ inline OpCost cost(const RingSplitArgs& a) {
 
 inline void check(const RingMergeGradArgs& a) {
   const int64_t C = a.dq.dim(-1);
-  REMAT_ASSERT(a.dqkv.ndim == 3 && a.dqkv.dim(2) == 3 * C && a.dkv.dim(-1) == 2 * C &&
+  REMAT_ASSERT(a.dqkv.ndim() == 3 && a.dqkv.dim(2) == 3 * C && a.dkv.dim(-1) == 2 * C &&
                    a.dq.rows() == a.dqkv.rows() && a.dkv.rows() == a.dqkv.rows() &&
                    a.pos.tokens() == a.dqkv.dim(1),
                "ring_merge_grad: dq {} dkv {} dqkv {}", a.dq.shape_str(), a.dkv.shape_str(),
@@ -127,7 +127,7 @@ inline OpCost cost(const RingMergeGradArgs& a) {
 
 inline void check(const RingBlockForwardArgs& a) {
   const int64_t B = a.q.dim(0), Tq = a.q.dim(1), C = a.q.dim(2);
-  REMAT_ASSERT(a.kv.ndim == 3 && a.kv.dim(0) == B && a.kv.dim(2) == 2 * C &&
+  REMAT_ASSERT(a.kv.ndim() == 3 && a.kv.dim(0) == B && a.kv.dim(2) == 2 * C &&
                    a.acc.numel() == a.q.numel() && a.row_max.numel() == B * a.n_head * Tq &&
                    a.row_sum.numel() == a.row_max.numel() && a.q_pos.tokens() == Tq &&
                    a.k_pos.tokens() == a.kv.dim(1) && C % a.n_head == 0,
@@ -141,7 +141,7 @@ inline OpCost cost(const RingBlockForwardArgs& a) {
 }
 
 inline void check(const RingFinishArgs& a) {
-  REMAT_ASSERT(a.out.ndim == 3 && a.acc.numel() == a.out.numel() && a.acc.dtype == DType::F32 &&
+  REMAT_ASSERT(a.out.ndim() == 3 && a.acc.numel() == a.out.numel() && a.acc.dtype == DType::F32 &&
                    a.lse.numel() == a.out.dim(0) * a.n_head * a.out.dim(1) &&
                    a.row_max.numel() == a.lse.numel() && a.row_sum.numel() == a.lse.numel(),
                "ring_finish: out {} lse {}", a.out.shape_str(), a.lse.shape_str());

@@ -261,7 +261,7 @@ TEST_CASE("a single-rank NCCL communicator sums the gradients of one rank into t
   uint64_t stream = 1;
   for (Param& p : model->params()) {
     // Device memory: through upload and fetch, never read or written from the host directly.
-    Buffer g = test::upload(gpu, p.grad.tensor().dims(), DType::F32,
+    Buffer g = test::upload(gpu, p.grad.tensor().shape, DType::F32,
                             test::host_randn(p.grad.tensor().numel(), stream++));
     gpu.copy(p.grad, g);
     before.push_back(test::fetch(gpu, p.grad));
