@@ -9,18 +9,19 @@
 namespace remat {
 
 OpWorkspace::OpWorkspace(MemoryPool& pool, const WorkspaceList& list) {
-  parts_.reserve(list.size());
-  for (const WorkspacePart& p : list)
-    parts_.emplace_back(p.name, pool.allocate(p.shape, p.dtype, MemCategory::Workspace, p.name));
+  for (const WorkspacePart& p : list) {
+    buffers_[size_] = pool.allocate(p.shape, p.dtype, MemCategory::Workspace, p.name);
+    names_[size_++] = p.name;
+  }
 }
 
 OpWorkspace::~OpWorkspace() {
-  while (!parts_.empty()) parts_.pop_back();  // last allocated, first freed
+  while (size_ > 0) buffers_[--size_].reset();  // last allocated, first freed
 }
 
 const Buffer* OpWorkspace::find(std::string_view name) const {
-  for (const auto& [n, buf] : parts_)
-    if (name == n) return &buf;
+  for (size_t i = 0; i < size_; ++i)
+    if (name == names_[i]) return &buffers_[i];
   return nullptr;
 }
 

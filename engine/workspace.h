@@ -9,10 +9,12 @@
 // run's by construction: there is no second copy of any formula to keep in step.
 #pragma once
 
+#include <array>
 #include <cstdint>
+#include <initializer_list>
 #include <string_view>
-#include <vector>
 
+#include "engine/error.h"
 #include "engine/memory_pool.h"
 #include "engine/tensor.h"
 
@@ -30,11 +32,37 @@ struct WorkspaceTarget {
 
 /// One pool allocation an op holds while it runs.
 struct WorkspacePart {
-  const char* name;  // the pool record's name: "gemm.workspace", "attn.workspace", ...
-  DType dtype;
+  const char* name = nullptr;  // the pool record's name: "gemm.workspace", "attn.workspace", ...
+  DType dtype = DType::F32;
   Dims shape;
 };
-using WorkspaceList = std::vector<WorkspacePart>;
+
+/// An op's parts, held inline rather than in a heap vector: every op call builds one, and the
+/// planner's dry runs make millions of op calls at long sequences (two heap lists per call,
+/// this and OpWorkspace's, were ~5% of `plan`'s time at 6M tokens).
+class WorkspaceList {
+ public:
+  /// The most parts any rule asks for (the CUDA LM head's: bf16 weight, GEMM workspace, logits).
+  static constexpr size_t kMaxParts = 4;
+
+  WorkspaceList() = default;
+  WorkspaceList(std::initializer_list<WorkspacePart> parts) {
+    for (const WorkspacePart& p : parts) push_back(p);
+  }
+  void push_back(const WorkspacePart& p) {
+    REMAT_ASSERT(size_ < kMaxParts, "op workspace: more than {} parts ({})", kMaxParts, p.name);
+    parts_[size_++] = p;
+  }
+  const WorkspacePart* begin() const { return parts_.data(); }
+  const WorkspacePart* end() const { return parts_.data() + size_; }
+  size_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+  const WorkspacePart& operator[](size_t i) const { return parts_[i]; }
+
+ private:
+  std::array<WorkspacePart, kMaxParts> parts_{};
+  size_t size_ = 0;
+};
 
 /// The parts of a WorkspaceList, allocated (the count backend's have fake addresses).
 class OpWorkspace {
@@ -49,7 +77,9 @@ class OpWorkspace {
   const Buffer& at(std::string_view name) const;
 
  private:
-  std::vector<std::pair<const char*, Buffer>> parts_;
+  std::array<const char*, WorkspaceList::kMaxParts> names_{};
+  std::array<Buffer, WorkspaceList::kMaxParts> buffers_;
+  size_t size_ = 0;
 };
 
 /// The LM-head loss's chunk of logits, (chunk_rows, V) f32, on every backend.
