@@ -20,8 +20,9 @@ inline size_t dtype_size(DType t) {
 }
 const char* dtype_name(DType t);
 
-/// A shape of rank 1..4, held inline. Every op of every tile builds shapes ({rows, width}), and a
-/// heap vector per shape was much of a dry run's time at millions of tokens.
+/// A shape of rank 1..4 (0 only for an empty Tensor's, default-constructed), held inline. Every op
+/// of every tile builds shapes ({rows, width}), and a heap vector per shape was much of a dry run's
+/// time at millions of tokens.
 struct Dims {
   std::array<int64_t, 4> d{};
   int n = 0;
