@@ -31,7 +31,6 @@ struct Dims {
   Dims(std::initializer_list<int64_t> dims) { assign(dims.begin(), dims.end()); }
   // Implicit, as the vector parameters it replaced were: stored shapes pass.
   Dims(const std::vector<int64_t>& dims) { assign(dims.data(), dims.data() + dims.size()); }
-  Dims(const int64_t* first, const int64_t* last) { assign(first, last); }
   const int64_t* begin() const { return d.data(); }
   const int64_t* end() const { return d.data() + n; }
   size_t size() const { return static_cast<size_t>(n); }

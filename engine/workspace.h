@@ -55,9 +55,6 @@ class WorkspaceList {
   }
   const WorkspacePart* begin() const { return parts_.data(); }
   const WorkspacePart* end() const { return parts_.data() + size_; }
-  size_t size() const { return size_; }
-  bool empty() const { return size_ == 0; }
-  const WorkspacePart& operator[](size_t i) const { return parts_[i]; }
 
  private:
   std::array<WorkspacePart, kMaxParts> parts_{};
