@@ -105,6 +105,15 @@ def clean_rounds(rounds):
     return kept
 
 
+def round_summary(rnd):
+    """One line on a round for whoever watches a --patience run: its floor, and the first thing
+    that keeps it out of the table, so that a moving floor is told from CPU steal."""
+    lo, hi, _ = floor_range({k: j for k, j in rnd.items()})
+    line = f"this round's floor {lo:.0f}-{hi:.0f} GFLOP/s, CPU steal at most {max_steal(rnd):.0%}"
+    warned = [f"{m} {p}: {j['warnings'][0]}" for (m, p), j in rnd.items() if j.get("warnings")]
+    return line + (f"; {len(warned)} run(s) warned, first {warned[0]}" if warned else "")
+
+
 def run_rounds(binary, models, want, patience_min):
     """({(round, model, policy): JSON}, how many rounds were set aside). Without patience, `want`
     rounds, whatever they read; with it, rounds until `want` are clean or the time is up (then
@@ -116,8 +125,8 @@ def run_rounds(binary, models, want, patience_min):
     while True:
         rounds.append(run_round(binary, models, f"{len(rounds) + 1} (until {want} clean)"))
         kept = clean_rounds(rounds)
-        print(f"bench_targets: {len(kept)} clean round(s) of {len(rounds)} so far",
-              file=sys.stderr)
+        print(f"bench_targets: {len(kept)} clean round(s) of {len(rounds)} so far; "
+              + round_summary(rounds[-1]), file=sys.stderr)
         if len(kept) >= want:
             chosen = kept[-want:]
             break

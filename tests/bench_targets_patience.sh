@@ -48,6 +48,8 @@ bt() {  # bt ROUNDS [args...]: the script with the fake binary; stdout in $d/out
 bt warn:190,clean:150,clean:190,clean:188 --rounds 2 --patience 5 --readme "$d/README.md" \
   --machine "Test VM" || fail "clean rounds were not written: $(cat "$d/err")"
 [ "$(cat "$d/calls")" = 24 ] || fail "ran $(cat "$d/calls") benches, not 4 rounds of 6"
+grep -q "0 clean round(s) of 1 so far; this round's floor 188-190 GFLOP/s, CPU steal at most 0%; 6 run(s) warned, first gpt2 none: warning: the SGEMM floor moved (fake)" "$d/err" ||
+  fail "the progress line does not say why round 1 was set aside: $(cat "$d/err")"
 # shellcheck disable=SC2016 # the backquotes are the table's Markdown
 grep -q '^| GPT-2 124M, 1024 tokens, `none` | 300.0, 400.0 |' "$d/out" ||
   fail "not rounds 3 and 4 in the table: $(cat "$d/out")"
