@@ -82,8 +82,10 @@ Backend::Backend(std::unique_ptr<MemoryPool> pool, std::unique_ptr<MemoryPool> h
 CopyTicket Backend::start_copy(const Tensor& dst, const Tensor& src, bool to_host) {
   REMAT_ASSERT(dst.bytes() == src.bytes(), "copy_to_{}: {} bytes into {}",
                to_host ? "host" : "device", src.bytes(), dst.bytes());
-  OpCost& c = cost_[static_cast<size_t>(phase_)];
-  (to_host ? c.to_host_bytes : c.to_device_bytes) += static_cast<double>(src.bytes());
+  // A copy has a ticket to wait on and a destination to fill: not something to replay.
+  REMAT_ASSERT(!tile_counts_, "copy_to_{} inside a replayed tile", to_host ? "host" : "device");
+  const double bytes = static_cast<double>(src.bytes());
+  add_cost(to_host ? OpCost{.to_host_bytes = bytes} : OpCost{.to_device_bytes = bytes});
   const CopyTicket t{next_ticket_++};
   pending_copies_.insert(t.id);
   if (to_host)
@@ -125,9 +127,47 @@ void Backend::fill_host_impl(const Tensor& t, float value) {
 }
 
 void Backend::count(const OpCost& op) {
+  add_cost({.flops = op.flops, .bytes = op.bytes});
+}
+
+// Every field is added, zeros too: x + 0.0 is x, so a replay adds what the ops added, bit for bit.
+void Backend::add_cost(const OpCost& op) {
   OpCost& c = cost_[static_cast<size_t>(phase_)];
   c.flops += op.flops;
   c.bytes += op.bytes;
+  c.to_host_bytes += op.to_host_bytes;
+  c.to_device_bytes += op.to_device_bytes;
+  c.ring_bytes += op.ring_bytes;
+  if (tile_counts_) tile_counts_->emplace_back(phase_, op);
+}
+
+Backend::TileReplay::TileReplay(Backend& be)
+    : be_(be), phase_(be.phase()), live_before_(live_bytes()) {
+  REMAT_ASSERT(!be_.tile_counts_, "row tiles inside row tiles");
+  be_.tile_counts_ = &counts_;
+}
+
+Backend::TileReplay::LiveBytes Backend::TileReplay::live_bytes() const {
+  LiveBytes b{};
+  for (int c = 0; c < kNumMemCategories; ++c) {
+    b[static_cast<size_t>(c)] = be_.pool().live_bytes(static_cast<MemCategory>(c));
+    b[static_cast<size_t>(kNumMemCategories + c)] =
+        be_.host_pool().live_bytes(static_cast<MemCategory>(c));
+  }
+  return b;
+}
+
+void Backend::TileReplay::repeat(int64_t times) {
+  be_.tile_counts_ = nullptr;
+  REMAT_ASSERT(be_.phase() == phase_ && live_bytes() == live_before_,
+               "a replayed tile must end in its phase, with the pools as it found them");
+  const Phase outer = be_.phase();
+  for (int64_t i = 0; i < times; ++i)
+    for (const auto& [phase, cost] : counts_) {
+      be_.phase_ = phase;
+      be_.add_cost(cost);
+    }
+  be_.phase_ = outer;
 }
 
 void Backend::fill(const Tensor& t, float value) {

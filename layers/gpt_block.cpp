@@ -110,12 +110,11 @@ void GptBlock::mlp_chunk_forward(Backend& be, const MlpChunk& c, const Tensor& r
 void GptBlock::mlp_forward_tiled(Backend& be, const Tensor& res, const Tensor& y) {
   const int64_t N = B_ * T_;
   const MlpChunk c = allocate_mlp_chunk(be);
-  for (int64_t r0 = 0; r0 < N; r0 += tile_tokens_) {
-    const int64_t n = std::min(tile_tokens_, N - r0);
+  be.for_each_row_tile(N, tile_tokens_, [&](int64_t r0, int64_t n) {
     mlp_chunk_forward(be, c, res, r0, n);
     branch_forward(be, y.row_range(r0, n), res.row_range(r0, n), c.gelu.tensor().row_range(0, n),
                    p_.mlp_proj_weight, p_.mlp_proj_bias, MlpOut, r0);
-  }
+  });
 }
 
 void GptBlock::forward(Backend& be, ActStore& a, const Tensor& y) {
@@ -212,8 +211,7 @@ void GptBlock::mlp_backward_rows(Backend& be, const MlpActs& m, const Tensor& re
 void GptBlock::mlp_backward_tiled(Backend& be, const Tensor& res, const Tensor& dresid) {
   const int64_t N = B_ * T_;
   const MlpChunk c = allocate_mlp_chunk(be);
-  for (int64_t r0 = 0; r0 < N; r0 += tile_tokens_) {
-    const int64_t n = std::min(tile_tokens_, N - r0);
+  be.for_each_row_tile(N, tile_tokens_, [&](int64_t r0, int64_t n) {
     const Phase outer = be.phase();  // the chunk's forward counts as recompute
     be.set_phase(Phase::Recompute);
     mlp_chunk_forward(be, c, res, r0, n);
@@ -222,7 +220,7 @@ void GptBlock::mlp_backward_tiled(Backend& be, const Tensor& res, const Tensor& 
                       {c.ln2.tensor().row_range(0, n), c.ln2_stats.tensor().row_range(0, n),
                        c.fc.tensor().row_range(0, n), c.gelu.tensor().row_range(0, n)},
                       res, dresid, r0, n);
-  }
+  });
 }
 
 void GptBlock::backward(Backend& be, ActStore& a, const Tensor& dresid) {

@@ -4,9 +4,11 @@
 #include <fmt/ranges.h>
 
 #include <catch2/catch.hpp>
+#include <cstring>
 
 #include "data/synthetic.h"
 #include "engine/budget_search.h"
+#include "engine/count_backend.h"
 #include "engine/cpu/cpu_backend.h"
 #include "engine/planner.h"
 #include "layers/models.h"
@@ -84,6 +86,76 @@ TEST_CASE("predicted peak equals the measured peak to the byte with a tiled MLP"
     INFO(fmt::format("{}", fmt::join(sets, " ")));
     const DryRun plan = cpu_planner(2, 1ull << 32).dry_run(cfg);
     CHECK(plan.peak.total_bytes == measured_peak(cfg, 2));
+  }
+}
+
+namespace {
+
+// One counted step on the count backend, with its replay of the tiled MLP's full tiles on or off.
+struct CountedStep {
+  MemorySnapshot peak, host_peak;
+  std::array<OpCost, kNumPhases> cost{};
+};
+
+CountedStep counted_step(const Config& cfg, CountTarget target, bool replay_tiles) {
+  CountBackend be(target, UINT64_MAX);
+  be.set_replay_tiles(replay_tiles);
+  RunParts p = synthetic_run_parts(cfg, be);
+  Trainer trainer(cfg.train, resolve_remat_plan(cfg, *p.model), be, *p.model, *p.data);
+  trainer.step();
+  CountedStep r{be.pool().peak_snapshot(), be.host_pool().peak_snapshot()};
+  for (int i = 0; i < kNumPhases; ++i) r.cost[static_cast<size_t>(i)] = be.cost(Phase(i));
+  return r;
+}
+
+void check_same_snapshot(const MemorySnapshot& a, const MemorySnapshot& b) {
+  CHECK(a.total_bytes == b.total_bytes);
+  CHECK(a.by_category == b.by_category);
+  CHECK(a.phase == b.phase);
+  REQUIRE(a.largest.size() == b.largest.size());
+  for (size_t i = 0; i < a.largest.size(); ++i) {
+    CHECK(a.largest[i].name == b.largest[i].name);
+    CHECK(a.largest[i].bytes == b.largest[i].bytes);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("a dry run that replays the MLP's full tiles counts and peaks as one that runs them",
+          "[planner]") {
+  // The replay (Backend::for_each_row_tile) must change no bit of what the planner prints: the
+  // same peak, phase and largest tensors, the same FLOP and byte counters bit for bit. Tiles
+  // that divide the rows and tiles that leave a partial one; dropout (a per-tile scratch);
+  // offloaded checkpoints (the host pool, copies between the tiles); a CUDA target in bf16.
+  const std::vector<std::string> shape = {
+      "model.n_layer=3",    "model.n_embd=48", "model.n_head=4",     "train.seq_len=96",
+      "train.batch_size=2", "model.n_ctx=256", "model.vocab_size=50"};
+  const std::vector<std::string> settings[] = {
+      {"remat.tile_tokens=16", "remat.policy=none"},
+      {"remat.tile_tokens=7", "remat.policy=full", "model.dropout=0.1"},
+      {"remat.tile_tokens=1", "remat.policy=save_dots", "remat.every=2"},
+      {"remat.tile_tokens=24", "remat.policy=full", "remat.offload=\"checkpoints\""},
+  };
+  const CountTarget targets[] = {{DeviceKind::Cpu, DType::F32, 2},
+                                 {DeviceKind::Cuda, DType::BF16, 1}};
+  for (const auto& setting : settings) {
+    for (const CountTarget& target : targets) {
+      std::vector<std::string> sets = shape;
+      sets.insert(sets.end(), setting.begin(), setting.end());
+      const Config cfg = parse_config("", "planner-test", sets);
+      INFO(fmt::format("{} on {}", fmt::join(sets, " "), device_name(target.device)));
+      const CountedStep every = counted_step(cfg, target, false);
+      const CountedStep replayed = counted_step(cfg, target, true);
+      check_same_snapshot(replayed.peak, every.peak);
+      check_same_snapshot(replayed.host_peak, every.host_peak);
+      for (int i = 0; i < kNumPhases; ++i) {
+        INFO(fmt::format("phase {}", i));
+        // Bitwise: memcmp, not ==, so that even the sign of a zero counts.
+        CHECK(std::memcmp(&replayed.cost[static_cast<size_t>(i)],
+                          &every.cost[static_cast<size_t>(i)], sizeof(OpCost)) == 0);
+      }
+      CHECK(every.cost[static_cast<size_t>(Phase::Recompute)].flops > 0);
+    }
   }
 }
 
