@@ -106,9 +106,10 @@ def clean_rounds(rounds):
 
 
 def round_summary(rnd):
-    """One line on a round for whoever watches a --patience run: its floor, and the first thing
-    that keeps it out of the table, so that a moving floor is told from CPU steal."""
-    lo, hi, _ = floor_range({k: j for k, j in rnd.items()})
+    """One line on a round for whoever watches a --patience run: its floor's range (a dip below
+    FLOOR_DIP sets a round aside even when no run warned), its CPU steal, and its first warning,
+    so that a moving floor is told from CPU steal."""
+    lo, hi, _ = floor_range(rnd)
     line = f"this round's floor {lo:.0f}-{hi:.0f} GFLOP/s, CPU steal at most {max_steal(rnd):.0%}"
     warned = [f"{m} {p}: {j['warnings'][0]}" for (m, p), j in rnd.items() if j.get("warnings")]
     return line + (f"; {len(warned)} run(s) warned, first {warned[0]}" if warned else "")
