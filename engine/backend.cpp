@@ -161,13 +161,12 @@ void Backend::TileReplay::repeat(int64_t times) {
   be_.tile_counts_ = nullptr;
   REMAT_ASSERT(be_.phase() == phase_ && live_bytes() == live_before_,
                "a replayed tile must end in its phase, with the pools as it found them");
-  const Phase outer = be_.phase();
   for (int64_t i = 0; i < times; ++i)
     for (const auto& [phase, cost] : counts_) {
       be_.phase_ = phase;
       be_.add_cost(cost);
     }
-  be_.phase_ = outer;
+  be_.phase_ = phase_;
 }
 
 void Backend::fill(const Tensor& t, float value) {

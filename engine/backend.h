@@ -166,7 +166,7 @@ class Backend {
   template <class Tile>
   void for_each_row_tile(int64_t rows, int64_t tile_rows, Tile&& tile) {
     int64_t r0 = 0;
-    if (const int64_t full = rows / tile_rows; !computes() && replay_tiles_ && full >= 2) {
+    if (const int64_t full = rows / tile_rows; replays_row_tiles() && full >= 2) {
       TileReplay replay(*this);
       tile(int64_t{0}, tile_rows);
       replay.repeat(full - 1);
@@ -174,8 +174,9 @@ class Backend {
     }
     for (; r0 < rows; r0 += tile_rows) tile(r0, std::min(tile_rows, rows - r0));
   }
-  /// Off: a dry run runs every tile too (the test that the replay changes no number).
-  void set_replay_tiles(bool on) { replay_tiles_ = on; }
+  /// Whether for_each_row_tile replays full tiles: the count backend's, unless its target says
+  /// otherwise (the test that the replay changes no number).
+  virtual bool replays_row_tiles() const { return false; }
 
   // ---- per-op wall time (remat-train bench) ----
   struct OpTime {
@@ -265,7 +266,6 @@ class Backend {
   Phase phase_ = Phase::Forward;
   std::array<OpCost, kNumPhases> cost_{};
   std::vector<std::pair<Phase, OpCost>>* tile_counts_ = nullptr;  // a TileReplay's, while it runs
-  bool replay_tiles_ = true;
   bool op_timing_ = false;
   OpTimes op_times_;
 };

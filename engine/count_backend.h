@@ -16,7 +16,8 @@ namespace remat {
 struct CountTarget {
   DeviceKind device = DeviceKind::Cpu;
   DType act_dtype = DType::F32;
-  int threads = 1;  // cpu: OpenMP threads (sizes the per-thread attention workspace)
+  int threads = 1;           // cpu: OpenMP threads (sizes the per-thread attention workspace)
+  bool replay_tiles = true;  // Backend::for_each_row_tile; off: every tile runs (a test)
 };
 
 class CountBackend : public Backend {
@@ -26,6 +27,7 @@ class CountBackend : public Backend {
   std::string describe() const override;
   DType act_dtype() const override { return target_.act_dtype; }
   bool computes() const override { return false; }
+  bool replays_row_tiles() const override { return target_.replay_tiles; }
   WorkspaceTarget workspace_target() const override { return {target_.device, target_.threads}; }
   bool device_is_host() const override { return target_.device == DeviceKind::Cpu; }
   const CountTarget& target() const { return target_; }

@@ -8,7 +8,6 @@
 
 #include "data/synthetic.h"
 #include "engine/budget_search.h"
-#include "engine/count_backend.h"
 #include "engine/cpu/cpu_backend.h"
 #include "engine/planner.h"
 #include "layers/models.h"
@@ -91,21 +90,12 @@ TEST_CASE("predicted peak equals the measured peak to the byte with a tiled MLP"
 
 namespace {
 
-// One counted step on the count backend, with its replay of the tiled MLP's full tiles on or off.
-struct CountedStep {
-  MemorySnapshot peak, host_peak;
-  std::array<OpCost, kNumPhases> cost{};
-};
-
-CountedStep counted_step(const Config& cfg, CountTarget target, bool replay_tiles) {
-  CountBackend be(target, UINT64_MAX);
-  be.set_replay_tiles(replay_tiles);
-  RunParts p = synthetic_run_parts(cfg, be);
-  Trainer trainer(cfg.train, resolve_remat_plan(cfg, *p.model), be, *p.model, *p.data);
-  trainer.step();
-  CountedStep r{be.pool().peak_snapshot(), be.host_pool().peak_snapshot()};
-  for (int i = 0; i < kNumPhases; ++i) r.cost[static_cast<size_t>(i)] = be.cost(Phase(i));
-  return r;
+// A dry run for `count`, with its replay of the tiled MLP's full tiles on or off.
+DryRun dry_run_replaying(const Config& cfg, CountTarget count, bool replay_tiles) {
+  PlanTarget t;
+  t.count = count;
+  t.count.replay_tiles = replay_tiles;
+  return Planner(t, synthetic_run_parts).dry_run(cfg);
 }
 
 void check_same_snapshot(const MemorySnapshot& a, const MemorySnapshot& b) {
@@ -144,8 +134,8 @@ TEST_CASE("a dry run that replays the MLP's full tiles counts and peaks as one t
       sets.insert(sets.end(), setting.begin(), setting.end());
       const Config cfg = parse_config("", "planner-test", sets);
       INFO(fmt::format("{} on {}", fmt::join(sets, " "), device_name(target.device)));
-      const CountedStep every = counted_step(cfg, target, false);
-      const CountedStep replayed = counted_step(cfg, target, true);
+      const DryRun every = dry_run_replaying(cfg, target, false);
+      const DryRun replayed = dry_run_replaying(cfg, target, true);
       check_same_snapshot(replayed.peak, every.peak);
       check_same_snapshot(replayed.host_peak, every.host_peak);
       for (int i = 0; i < kNumPhases; ++i) {
