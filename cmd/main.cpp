@@ -335,6 +335,9 @@ static int exit_code_of(const remat::Error& e) {
   return kExitRuntime;
 }
 
+// Before any library initializes (engine/cpu/openmp_wait.h says why).
+REMAT_PASSIVE_OPENMP_WAIT_BEFORE_LIBRARIES();
+
 // An error on one rank of several stops the whole job (the others would wait for it forever in
 // the next exchange): the message names the rank, and MPI_Abort makes mpirun exit with `code`.
 static int stop_all_ranks(const std::string& message, int code) {
@@ -349,7 +352,6 @@ static int stop_all_ranks(const std::string& message, int code) {
 }
 
 int main(int argc, char** argv) {
-  remat::cpu::prefer_passive_openmp_wait(argv);  // engine/cpu/openmp_wait.h says why
   remat::cpu::select_blas_kernel();  // before any BLAS call (engine/cpu/blas_kernel.h says why)
   try {
     const int code = run(argc, argv);

@@ -10,8 +10,9 @@
 #include "engine/cpu/blas_kernel.h"
 #include "engine/cpu/openmp_wait.h"
 
+REMAT_PASSIVE_OPENMP_WAIT_BEFORE_LIBRARIES();
+
 int main(int argc, char** argv) {
-  remat::cpu::prefer_passive_openmp_wait(argv);
   remat::cpu::select_blas_kernel();
   return Catch::Session().run(argc, argv);
 }

@@ -2,16 +2,27 @@
 // 2-core machine (each barrier waits for a descheduled sibling). Measured here (copy.toml, median
 // ms/step, alone | beside one busy loop): default 63 | 272, OMP_WAIT_POLICY=passive 68 | 134 (the
 // 2x that losing half the cores costs); tests side by side under ctest -j2 ran up to 30x slower.
-// libgomp reads the variable once, when it loads, and has no call to change it later.
+// libgomp reads the variable once, when it loads, and has no call to change it later: so the
+// process executes itself again with the variable set. It does so before any library's
+// initializer has run (an entry in the executable's .preinit_array): from main(), the second
+// process paid every initializer twice, cuBLASLt's ~80-300 ms among them.
 #pragma once
 
 namespace remat::cpu {
 
-/// When the user has chosen no wait policy (OMP_WAIT_POLICY, GOMP_SPINCOUNT), sets
-/// OMP_WAIT_POLICY=passive (and REMAT_TRAIN_SET_WAIT_POLICY, so --version can say who chose it)
-/// and re-executes the process with the same arguments. Call first in main(), before anything
-/// else has run; returns only when there is nothing to do or the re-exec failed (then the process
-/// runs with the default policy).
-void prefer_passive_openmp_wait(char** argv);
+/// When the environment `envp` chooses no wait policy (OMP_WAIT_POLICY, GOMP_SPINCOUNT),
+/// executes /proc/self/exe again with `argv` and `envp` plus OMP_WAIT_POLICY=passive and
+/// REMAT_TRAIN_SET_WAIT_POLICY=1 (so --version can say who chose the policy). Returns only when
+/// there is nothing to do or the exec failed (then the process runs with the default policy).
+/// Meant to run from .preinit_array, through REMAT_PASSIVE_OPENMP_WAIT_BEFORE_LIBRARIES: libc
+/// has not set `environ` yet there, so it reads `envp` and allocates nothing on the heap.
+void reexec_with_passive_openmp_wait(int argc, char** argv, char** envp);
 
 }  // namespace remat::cpu
+
+/// Expanded once at namespace scope in an executable's main file: the dynamic linker calls
+/// reexec_with_passive_openmp_wait before it runs any shared library's initializer. (In a static
+/// library's object the entry would be linked only if something else pulled that object in.)
+#define REMAT_PASSIVE_OPENMP_WAIT_BEFORE_LIBRARIES()                                        \
+  __attribute__((section(".preinit_array"), used)) static void (*const remat_preinit_wait)( \
+      int, char**, char**) = remat::cpu::reexec_with_passive_openmp_wait
