@@ -158,9 +158,12 @@ dir_of() {  # the first folder in $LD_LIBRARY_PATH holding a file matching $1
     for f in "$d"/$1; do [ -e "$f" ] && { echo "$d"; return; }; done
   done
 }
-missing_libs() {  # sonames ldd cannot resolve for the three binaries
+missing_libs() {  # sonames ldd cannot resolve for the three binaries, and cuBLASLt (loaded on first use)
   local b
-  for b in "$RT" "$GT" "$GB"; do ldd "$b" 2>&1 | awk '/not found/ {print $1}'; done | sort -u | paste -sd' '
+  {
+    for b in "$RT" "$GT" "$GB"; do ldd "$b" 2>&1 | awk '/not found/ {print $1}'; done
+    "$RT" --version 2>/dev/null | sed -n 's/.*cuBLASLt cannot load \([^ ]*\) .*/\1/p'
+  } | sort -u | paste -sd' '
 }
 setup_libraries() {
   local dirs

@@ -1,12 +1,15 @@
 // Host-side checks of the CUDA backend that need no GPU: every cuDNN operation graph the backend
-// builds finalizes (cuDNN validates the graph's wiring, dtypes and attributes on the host).
+// builds finalizes (cuDNN validates the graph's wiring, dtypes and attributes on the host), and
+// cuBLASLt loads on first use, in the GEMM engine's process and not in a CPU run's.
 // Compiles to nothing in builds without CUDA.
 #ifdef REMAT_HAVE_CUDA
 #include <catch2/catch.hpp>
 #include <string>
 
+#include "engine/cuda/cublaslt_library.h"
 #include "engine/cuda/cudnn_graphs.h"
 #include "engine/cuda_api.h"
+#include "tests/cli_util.h"
 
 TEST_CASE("cuDNN causal attention graphs finalize on the host for every shape class", "[cuda]") {
   struct Shape {
@@ -29,5 +32,41 @@ TEST_CASE("the CUDA version string names the runtime, cuBLASLt and cuDNN without
   CHECK(v.find("cuBLASLt") != std::string::npos);
   CHECK(v.find("cuDNN 9.") != std::string::npos);
   CHECK(remat::cuda::device_count() >= 0);  // 0, not an exception, without a driver
+}
+TEST_CASE("cuBLASLt loads on first use with every entry point the GEMM engine calls", "[cuda]") {
+  const remat::cuda::CublasLtLibrary& lt = remat::cuda::cublaslt();
+  CHECK(lt.create != nullptr);
+  CHECK(lt.destroy != nullptr);
+  CHECK(lt.get_status_string != nullptr);
+  CHECK(lt.matmul != nullptr);
+  CHECK(lt.matmul_algo_get_heuristic != nullptr);
+  CHECK(lt.matmul_desc_create != nullptr);
+  CHECK(lt.matmul_desc_destroy != nullptr);
+  CHECK(lt.matmul_desc_set_attribute != nullptr);
+  CHECK(lt.matmul_preference_create != nullptr);
+  CHECK(lt.matmul_preference_destroy != nullptr);
+  CHECK(lt.matmul_preference_set_attribute != nullptr);
+  CHECK(lt.matrix_layout_create != nullptr);
+  CHECK(lt.matrix_layout_destroy != nullptr);
+  // Called through the table: the library the headers describe, its entry points where they say.
+  REQUIRE(lt.get_version != nullptr);
+  CHECK(static_cast<int>(lt.get_version()) / 10000 == CUBLAS_VER_MAJOR);
+  REQUIRE(lt.get_status_name != nullptr);
+  CHECK(std::string(lt.get_status_name(CUBLAS_STATUS_NOT_INITIALIZED)) ==
+        "CUBLAS_STATUS_NOT_INITIALIZED");
+  CHECK(remat::cuda::cublaslt_version().rfind(std::to_string(CUBLAS_VER_MAJOR) + ".", 0) == 0);
+}
+
+TEST_CASE("a CPU run does not load cuBLASLt, and --version does", "[cuda][smoke]") {
+  // LD_DEBUG=files: the dynamic loader names every library it opens, on stderr.
+  const std::string soname = remat::cuda::cublaslt_soname();
+  const auto plan =
+      remat::test::run_binary("plan --config configs/tiny.toml", true, "LD_DEBUG=files");
+  REQUIRE(plan.code == 0);
+  CHECK(plan.out.find("libgomp.so") != std::string::npos);  // the loader did report
+  CHECK(plan.out.find(soname) == std::string::npos);
+  const auto version = remat::test::run_binary("--version", true, "LD_DEBUG=files");
+  REQUIRE(version.code == 0);
+  CHECK(version.out.find(soname) != std::string::npos);
 }
 #endif

@@ -6,6 +6,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "engine/cuda/cublaslt_library.h"
+
 namespace remat::cuda::detail {
 
 void throw_cuda_error(cudaError_t e, const char* expr, const char* file, int line) {
@@ -15,7 +17,7 @@ void throw_cuda_error(cudaError_t e, const char* expr, const char* file, int lin
 
 void throw_cublas_error(cublasStatus_t s, const char* expr, const char* file, int line) {
   throw BackendError(fmt::format("[cublas] {} failed at {}:{}: {} ({})", expr, file, line,
-                                 cublasLtGetStatusString(s), cublasLtGetStatusName(s)));
+                                 cublaslt().get_status_string(s), cublaslt().get_status_name(s)));
 }
 
 std::string cudnn_last_error() {

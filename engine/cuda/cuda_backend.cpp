@@ -5,7 +5,6 @@
 // GEMMs: gemm.cpp (cuBLASLt); flash attention: cudnn_attention.cpp.
 #include "engine/cuda/cuda_backend.h"
 
-#include <cublasLt.h>
 #include <cudnn.h>
 #include <fmt/format.h>
 
@@ -16,6 +15,7 @@
 #include <vector>
 
 #include "engine/cuda/check.h"
+#include "engine/cuda/cublaslt_library.h"
 #include "engine/cuda/cudnn_attention.h"
 #include "engine/cuda/gemm.h"
 #include "engine/cuda/kernels.cuh"
@@ -228,7 +228,7 @@ std::string version_string() {
                      runtime / 1000, (runtime % 1000) / 10,
                      driver ? fmt::format(" (driver {}.{})", driver / 1000, (driver % 1000) / 10)
                             : std::string(" (no driver)"),
-                     version_triplet(static_cast<int>(cublasLtGetVersion()), 10000, 100),
+                     cublaslt_version(),
                      version_triplet(static_cast<int>(cudnnGetVersion()), 10000, 100),
                      version_triplet(CUDNN_VERSION, 10000, 100), nccl_version());
 }

@@ -13,14 +13,15 @@
 namespace remat::cuda {
 
 struct GemmEngine::Plan {
+  const CublasLtLibrary* lt = nullptr;
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
   cublasLtMatmulAlgo_t algo{};
   ~Plan() {
-    if (a) cublasLtMatrixLayoutDestroy(a);
-    if (b) cublasLtMatrixLayoutDestroy(b);
-    if (d) cublasLtMatrixLayoutDestroy(d);
-    if (desc) cublasLtMatmulDescDestroy(desc);
+    if (a) lt->matrix_layout_destroy(a);
+    if (b) lt->matrix_layout_destroy(b);
+    if (d) lt->matrix_layout_destroy(d);
+    if (desc) lt->matmul_desc_destroy(desc);
   }
 };
 
@@ -41,13 +42,13 @@ cudaDataType_t dtype_of(bool bf16) {
 
 }  // namespace
 
-GemmEngine::GemmEngine(cudaStream_t stream) : stream_(stream) {
-  REMAT_CUBLAS_CHECK(cublasLtCreate(&handle_));
+GemmEngine::GemmEngine(cudaStream_t stream) : stream_(stream), lt_(cublaslt()) {
+  REMAT_CUBLAS_CHECK(lt_.create(&handle_));
 }
 
 GemmEngine::~GemmEngine() {
   plans_.clear();
-  if (handle_) cublasLtDestroy(handle_);
+  if (handle_) lt_.destroy(handle_);
 }
 
 GemmEngine::Plan& GemmEngine::plan_for(const Key& key, int64_t m, int64_t n, int64_t k,
@@ -57,51 +58,52 @@ GemmEngine::Plan& GemmEngine::plan_for(const Key& key, int64_t m, int64_t n, int
   auto it = plans_.find(key);
   if (it != plans_.end()) return *it->second;
   auto p = std::make_unique<Plan>();
+  p->lt = &lt_;
   // fp32 accumulation and fp32 alpha/beta for both bf16 and f32 inputs (no TF32).
-  REMAT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  REMAT_CUBLAS_CHECK(lt_.matmul_desc_create(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const cublasOperation_t ta = a.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t tb = b.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
   REMAT_CUBLAS_CHECK(
-      cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+      lt_.matmul_desc_set_attribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
   REMAT_CUBLAS_CHECK(
-      cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+      lt_.matmul_desc_set_attribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
   // Stored shapes: A is (m x k) or, transposed, (k x m); likewise B (k x n) / (n x k).
-  REMAT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->a, dtype_of(a.bf16),
-                                                static_cast<uint64_t>(a.trans ? k : m),
-                                                static_cast<uint64_t>(a.trans ? m : k), a.ld));
-  REMAT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->b, dtype_of(b.bf16),
-                                                static_cast<uint64_t>(b.trans ? n : k),
-                                                static_cast<uint64_t>(b.trans ? k : n), b.ld));
-  REMAT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->d, dtype_of(d_bf16), static_cast<uint64_t>(m),
-                                                static_cast<uint64_t>(n), ldd));
+  REMAT_CUBLAS_CHECK(lt_.matrix_layout_create(&p->a, dtype_of(a.bf16),
+                                              static_cast<uint64_t>(a.trans ? k : m),
+                                              static_cast<uint64_t>(a.trans ? m : k), a.ld));
+  REMAT_CUBLAS_CHECK(lt_.matrix_layout_create(&p->b, dtype_of(b.bf16),
+                                              static_cast<uint64_t>(b.trans ? n : k),
+                                              static_cast<uint64_t>(b.trans ? k : n), b.ld));
+  REMAT_CUBLAS_CHECK(lt_.matrix_layout_create(&p->d, dtype_of(d_bf16), static_cast<uint64_t>(m),
+                                              static_cast<uint64_t>(n), ldd));
 
   cublasLtMatmulPreference_t pref = nullptr;
-  REMAT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  REMAT_CUBLAS_CHECK(lt_.matmul_preference_create(&pref));
   const uint64_t ws = ws_bytes;
   const uint32_t al_a = static_cast<uint32_t>(align_a), al_b = static_cast<uint32_t>(align_b),
                  al_d = static_cast<uint32_t>(align_d);
-  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
-                                       sizeof(ws));
-  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a,
-                                       sizeof(al_a));
-  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b,
-                                       sizeof(al_b));
-  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_d,
-                                       sizeof(al_d));
-  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d,
-                                       sizeof(al_d));
+  lt_.matmul_preference_set_attribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+                                      sizeof(ws));
+  lt_.matmul_preference_set_attribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a,
+                                      sizeof(al_a));
+  lt_.matmul_preference_set_attribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b,
+                                      sizeof(al_b));
+  lt_.matmul_preference_set_attribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_d,
+                                      sizeof(al_d));
+  lt_.matmul_preference_set_attribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d,
+                                      sizeof(al_d));
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
-  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(handle_, p->desc, p->a, p->b, p->d, p->d,
-                                                           pref, 1, &result, &found);
-  cublasLtMatmulPreferenceDestroy(pref);
+  const cublasStatus_t st = lt_.matmul_algo_get_heuristic(handle_, p->desc, p->a, p->b, p->d, p->d,
+                                                          pref, 1, &result, &found);
+  lt_.matmul_preference_destroy(pref);
   if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
     throw BackendError(fmt::format(
         "[gemm] cuBLASLt has no algorithm for m={} n={} k={} ({}{}, {}{} -> {}, ld {}/{}/{}, "
         "alignment {}/{}/{}): {}",
         m, n, k, a.bf16 ? "bf16" : "f32", a.trans ? "^T" : "", b.bf16 ? "bf16" : "f32",
         b.trans ? "^T" : "", d_bf16 ? "bf16" : "f32", a.ld, b.ld, ldd, align_a, align_b, align_d,
-        cublasLtGetStatusString(st)));
+        lt_.get_status_string(st)));
   }
   p->algo = result.algo;
   return *plans_.emplace(key, std::move(p)).first->second;
@@ -117,8 +119,8 @@ void GemmEngine::matmul(int64_t m, int64_t n, int64_t k, const GemmOperand& a, c
       b.trans, a.bf16, d_bf16, align_a, align_b, align_d, static_cast<int>(ws_bytes >> 20)};
   Plan& p = plan_for(key, m, n, k, a, b, d_bf16, ldd, ws_bytes, align_a, align_b, align_d);
   const float alpha = 1.0f;
-  REMAT_CUBLAS_CHECK(cublasLtMatmul(handle_, p.desc, &alpha, a.ptr, p.a, b.ptr, p.b, &beta, d, p.d,
-                                    d, p.d, &p.algo, workspace, ws_bytes, stream_));
+  REMAT_CUBLAS_CHECK(lt_.matmul(handle_, p.desc, &alpha, a.ptr, p.a, b.ptr, p.b, &beta, d, p.d, d,
+                                p.d, &p.algo, workspace, ws_bytes, stream_));
 }
 
 }  // namespace remat::cuda

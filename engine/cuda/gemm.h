@@ -16,6 +16,8 @@
 #include <memory>
 #include <tuple>
 
+#include "engine/cuda/cublaslt_library.h"
+
 namespace remat::cuda {
 
 /// One GEMM operand as cuBLASLt sees it (column-major). A and B must have the same dtype.
@@ -28,7 +30,7 @@ struct GemmOperand {
 
 class GemmEngine {
  public:
-  /// Creates the cuBLASLt handle (needs a device).
+  /// Creates the cuBLASLt handle (needs a device), loading cuBLASLt on the first call.
   explicit GemmEngine(cudaStream_t stream);
   ~GemmEngine();
   GemmEngine(const GemmEngine&) = delete;
@@ -48,6 +50,7 @@ class GemmEngine {
                  int align_b, int align_d);
 
   cudaStream_t stream_;
+  const CublasLtLibrary& lt_;
   cublasLtHandle_t handle_ = nullptr;
   std::map<Key, std::unique_ptr<Plan>> plans_;
 };
