@@ -1,7 +1,7 @@
 // cuBLASLt, loaded when the CUDA backend first needs it instead of when the program starts.
-// Linked, its initializers ran in every process, CPU runs included: 76-300 ms of a `remat-train
-// --version` that took 0.12-0.14 s on the AMD VM (the variation is the host's load; see the
-// README's "One thread pool" for the measurement). Internal header of engine/cuda.
+// Linked, its initializers ran in every process, CPU runs included: 80-110 ms on a quiet AMD VM
+// (up to 300 on a busy host), where `remat-train plan --config configs/tiny.toml` now takes
+// 0.018 s (the README's "One thread pool" has the measurement). Internal header of engine/cuda.
 #pragma once
 
 #include <cublasLt.h>
