@@ -236,6 +236,15 @@ TEST_CASE("OpenMP threads sleep at barriers unless the user chose a wait policy"
   // passive).
   auto chosen = remat::test::run_binary("--version", true, "-u OMP_WAIT_POLICY -u GOMP_SPINCOUNT");
   CHECK_THAT(chosen.out, Contains("OpenMP: wait policy passive (chosen by remat-train"));
+  // libgomp initializes once: the re-exec happens before any library's initializer runs (from
+  // main() it came after them, and libgomp printed its settings twice).
+  auto shown = remat::test::run_binary("--version", true,
+                                       "-u OMP_WAIT_POLICY -u GOMP_SPINCOUNT OMP_DISPLAY_ENV=TRUE");
+  const std::string begin = "OPENMP DISPLAY ENVIRONMENT BEGIN";
+  const size_t first = shown.out.find(begin);
+  REQUIRE(first != std::string::npos);
+  CHECK(shown.out.find(begin, first + 1) == std::string::npos);
+  CHECK_THAT(shown.out, Contains("OMP_WAIT_POLICY = 'PASSIVE'"));
   auto user = remat::test::run_binary("--version", true,
                                       "-u REMAT_TRAIN_SET_WAIT_POLICY OMP_WAIT_POLICY=active");
   CHECK_THAT(user.out, Contains("OpenMP: wait policy active (OMP_WAIT_POLICY)"));

@@ -2,6 +2,7 @@
 #include "engine/cpu/openmp_wait.h"
 
 #include <alloca.h>
+#include <sys/auxv.h>
 #include <unistd.h>
 
 #include <cstddef>
@@ -11,26 +12,41 @@ namespace remat::cpu {
 
 namespace {
 
-bool chooses_wait_policy(const char* entry) {
-  return std::strncmp(entry, "OMP_WAIT_POLICY=", 16) == 0 ||
-         std::strncmp(entry, "GOMP_SPINCOUNT=", 15) == 0;
+bool starts_with(const char* entry, const char* prefix) {
+  return std::strncmp(entry, prefix, std::strlen(prefix)) == 0;
 }
+
+bool chooses_wait_policy(const char* entry) {
+  return starts_with(entry, "OMP_WAIT_POLICY=") || starts_with(entry, "GOMP_SPINCOUNT=");
+}
+
+// Under valgrind (its preload libraries are in LD_PRELOAD) the exec would leave the tool.
+bool under_valgrind(const char* entry) {
+  return starts_with(entry, "LD_PRELOAD=") && std::strstr(entry, "vgpreload") != nullptr;
+}
+
+constexpr const char* kMarkerName = "REMAT_TRAIN_SET_WAIT_POLICY=";
 
 }  // namespace
 
 void reexec_with_passive_openmp_wait(int /*argc*/, char** argv, char** envp) {
   if (argv == nullptr || envp == nullptr) return;
+  // Started as `ld-linux-x86-64.so.2 remat-train ...`: /proc/self/exe is the loader, which would
+  // take the first argument for the program.
+  if (getauxval(AT_BASE) == 0) return;
   std::size_t n = 0;
   for (; envp[n] != nullptr; ++n)
-    if (chooses_wait_policy(envp[n])) return;
+    if (chooses_wait_policy(envp[n]) || under_valgrind(envp[n])) return;
   // On the stack: before libc's initializer the heap is best left alone, and execve copies it.
   auto** env = static_cast<char**>(alloca((n + 3) * sizeof(char*)));
-  std::memcpy(env, envp, n * sizeof(char*));
+  std::size_t kept = 0;
+  for (std::size_t i = 0; i < n; ++i)
+    if (!starts_with(envp[i], kMarkerName)) env[kept++] = envp[i];  // one marker, not two
   static char kPassive[] = "OMP_WAIT_POLICY=passive";
   static char kMarker[] = "REMAT_TRAIN_SET_WAIT_POLICY=1";  // for --version: who chose it
-  env[n] = kPassive;
-  env[n + 1] = kMarker;
-  env[n + 2] = nullptr;
+  env[kept] = kPassive;
+  env[kept + 1] = kMarker;
+  env[kept + 2] = nullptr;
   execve("/proc/self/exe", argv, env);  // returns only on failure
 }
 

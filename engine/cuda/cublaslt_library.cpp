@@ -43,6 +43,10 @@ Loaded load() {
 #ifdef REMAT_CUBLASLT_DIR
     const std::string built_with = fmt::format("{}/{}", REMAT_CUBLASLT_DIR, kSoname);
     handle = dlopen(built_with.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (handle == nullptr) {
+      const char* also = dlerror();
+      out.error += fmt::format("; {}", also ? also : built_with + ": dlopen failed");
+    }
 #endif
   }
   if (handle == nullptr) return out;
