@@ -15,7 +15,8 @@ Benchmark on a quiet machine only (`uptime`; no build or test running beside it)
 --save DIR keeps each run's JSON (and the machine's) in DIR; --from DIR prints the table of such
 a folder again, running nothing. --readme FILE --machine NAME also writes the table into FILE,
 between the lines `<!-- bench_targets: NAME -->` and `<!-- /bench_targets: NAME -->`, replacing
-what was there; it refuses (exit 1, FILE untouched) a table that is not the machine's own: a run
+what was there, and names the command that wrote it with `--readme README.md` whatever FILE was
+(a copy, say, to look at before it replaces the README); it refuses (exit 1, FILE untouched) a table that is not the machine's own: a run
 that warned (a moving floor, CPU steal), a floor below 90% of the highest of all the runs, a
 tuning environment variable, or rows left out.
 
@@ -354,11 +355,13 @@ def readme_refusal(runs, models, machine):
     return None
 
 
-def readme_block(runs, rounds, models, machine, readme, name):
+def readme_block(runs, rounds, models, machine, name):
+    # The block is README.md's whatever file this run wrote (on a busy host, a copy that is
+    # checked before it replaces the README), so the command it names writes README.md.
     patience = machine.get("patience")
     cmd = (f"python3 scripts/bench_targets.py --rounds {rounds} "
            + (f"--patience {patience:g} " if patience else "")
-           + f"--readme {shlex.quote(os.path.basename(readme))} --machine {shlex.quote(name)}")
+           + f"--readme README.md --machine {shlex.quote(name)}")
     start, end = machine["start"], machine["end"]
     if start[:10] == end[:10]:
         end = end[11:]  # the same day
@@ -472,7 +475,7 @@ def main():
         if why:
             sys.exit(f"bench_targets: {a.readme} not written: {why}")
         write_readme(a.readme, a.machine,
-                     readme_block(runs, a.rounds, models, machine, a.readme, a.machine))
+                     readme_block(runs, a.rounds, models, machine, a.machine))
         print(f"bench_targets: wrote the {a.machine} table into {a.readme}", file=sys.stderr)
 
 

@@ -36,8 +36,9 @@ j["cpu_steal"] = 0.0
 print(json.dumps(j))
 FAKE
 chmod +x "$d/remat-train"
-printf '<!-- bench_targets: Test VM -->\nold\n<!-- /bench_targets: Test VM -->\n' >"$d/README.md"
-cp "$d/README.md" "$d/README.orig"
+# A copy of the README, as on a busy host: the block still names README.md in its command.
+printf '<!-- bench_targets: Test VM -->\nold\n<!-- /bench_targets: Test VM -->\n' >"$d/copy.md"
+cp "$d/copy.md" "$d/copy.orig"
 bt() {  # bt ROUNDS [args...]: the script with the fake binary; stdout in $d/out, stderr in $d/err
   rm -f "$d/calls"
   FAKE_DIR=$d FAKE_ROUNDS=$1 python3 scripts/bench_targets.py --binary "$d/remat-train" \
@@ -45,7 +46,7 @@ bt() {  # bt ROUNDS [args...]: the script with the fake binary; stdout in $d/out
 }
 
 # Round 1 warned; round 2 was clean but slow beside round 3 (150 < 90% of 190); 3 and 4 stand.
-bt warn:190,clean:150,clean:190,clean:188 --rounds 2 --patience 5 --readme "$d/README.md" \
+bt warn:190,clean:150,clean:190,clean:188 --rounds 2 --patience 5 --readme "$d/copy.md" \
   --machine "Test VM" || fail "clean rounds were not written: $(cat "$d/err")"
 [ "$(cat "$d/calls")" = 24 ] || fail "ran $(cat "$d/calls") benches, not 4 rounds of 6"
 grep -q "0 clean round(s) of 1 so far; this round's floor 188-190 GFLOP/s, CPU steal at most 0%; 6 run(s) warned, first gpt2 none: warning: the SGEMM floor moved (fake)" "$d/err" ||
@@ -55,19 +56,19 @@ grep -q '^| GPT-2 124M, 1024 tokens, `none` | 300.0, 400.0 |' "$d/out" ||
   fail "not rounds 3 and 4 in the table: $(cat "$d/out")"
 grep -q "2 round(s), and 2 more set aside for a busy host (--patience)" "$d/out" ||
   fail "the set-aside rounds are not counted: $(cat "$d/out")"
-grep -q -- "--rounds 2 --patience 5 --readme README.md --machine 'Test VM'" "$d/README.md" ||
-  fail "the README block does not give the command: $(cat "$d/README.md")"
-grep -q "2 rounds through the rows, and 2 more set aside for a busy host" "$d/README.md" ||
-  fail "the README block does not count the set-aside rounds: $(cat "$d/README.md")"
+grep -q -- "--rounds 2 --patience 5 --readme README.md --machine 'Test VM'" "$d/copy.md" ||
+  fail "the README block does not give the command: $(cat "$d/copy.md")"
+grep -q "2 rounds through the rows, and 2 more set aside for a busy host" "$d/copy.md" ||
+  fail "the README block does not count the set-aside rounds: $(cat "$d/copy.md")"
 
 # The time is up and no two rounds are clean: the last two stand, and --readme refuses them.
-cp "$d/README.orig" "$d/README.md"
-bt warn:190,clean:150,warn:190 --rounds 2 --patience 0.0001 --readme "$d/README.md" \
+cp "$d/copy.orig" "$d/copy.md"
+bt warn:190,clean:150,warn:190 --rounds 2 --patience 0.0001 --readme "$d/copy.md" \
   --machine "Test VM" && fail "rounds that warned were written"
 [ "$(cat "$d/calls")" = 12 ] || fail "ran $(cat "$d/calls") benches after the time was up"
 grep -q "1 clean round(s) of 2; the last 2 stand" "$d/err" || fail "timeout: $(cat "$d/err")"
 grep -q "not written: 6 warning(s) in the runs and 6 run(s) with the floor below 90%" "$d/err" || fail "no refusal after the timeout: $(cat "$d/err")"
-cmp -s "$d/README.md" "$d/README.orig" || fail "the README was changed after the timeout"
+cmp -s "$d/copy.md" "$d/copy.orig" || fail "the file was changed after the timeout"
 
 # Without --patience: exactly --rounds rounds, whatever they read.
 bt warn:190,clean:150,clean:190 --rounds 2 || fail "a plain run failed: $(cat "$d/err")"
