@@ -122,8 +122,10 @@ void gemm(int64_t M, int64_t N, int64_t K, const float* a, int64_t ars, int64_t 
 }
 
 // 2^x as exp2_ps of engine/cpu/vector_math.h, 16 lanes: the same operations in the same order
-// (min/max, round to nearest, the polynomial of engine/cpu/exp2_poly.h by FMAs, the exponent
-// bits, the mask below -126), so every lane gets the bits the AVX2 version gives.
+// (min/max, round to nearest, the polynomial of engine/cpu/exp2_poly.h by FMAs, the mask below
+// -126), so every lane gets the bits the AVX2 version gives. It multiplies by 2^n where exp2_ps
+// adds n to the exponent field: both exact (tests/test_vector_math.cpp pins exp2_ps to this
+// multiply).
 inline __m512 exp2_ps512(__m512 x) {
   const __m512 lo = _mm512_set1_ps(-126.0f);
   const __m512 xc = _mm512_min_ps(_mm512_max_ps(x, lo), _mm512_set1_ps(127.0f));
