@@ -16,9 +16,9 @@ Benchmark on a quiet machine only (`uptime`; no build or test running beside it)
 a folder again, running nothing. --readme FILE --machine NAME also writes the table into FILE,
 between the lines `<!-- bench_targets: NAME -->` and `<!-- /bench_targets: NAME -->`, replacing
 what was there, and names the command that wrote it with `--readme README.md` whatever FILE was
-(a copy, say, to look at before it replaces the README); it refuses (exit 1, FILE untouched) a table that is not the machine's own: a run
-that warned (a moving floor, CPU steal), a floor below 90% of the highest of all the runs, a
-tuning environment variable, or rows left out.
+(a copy, say, to look at before it replaces the README); it refuses (exit 1, FILE untouched) a
+table that is not the machine's own: a run that warned (a moving floor, CPU steal), a floor below
+90% of the highest of all the runs, a tuning environment variable, or rows left out.
 
 --patience MINUTES is for a shared host: it runs rounds until --rounds of them are clean (no run
 warned, and no floor reading below 90% of the highest of the clean rounds), setting the others

@@ -31,8 +31,8 @@ float exp2_model(float x) {
   return x >= -126.0f ? y : 0.0f;  // false for NaN
 }
 
-// Every stride-th float bit pattern from `lo` to `hi` (both positive patterns), with both signs,
-// plus the edges where the clamp, the rounding and the exponent field change.
+// Every stride-th float bit pattern from +0 to 130, with both signs, plus the edges where the
+// clamp and the rounding change, and the special values.
 std::vector<float> sample_floats(uint32_t stride) {
   std::vector<float> xs;
   const uint32_t hi = std::bit_cast<uint32_t>(130.0f);
