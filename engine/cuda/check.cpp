@@ -16,8 +16,9 @@ void throw_cuda_error(cudaError_t e, const char* expr, const char* file, int lin
 }
 
 void throw_cublas_error(cublasStatus_t s, const char* expr, const char* file, int line) {
+  const CublasLtLibrary& lt = cublaslt();  // loaded: a status comes only from a call into it
   throw BackendError(fmt::format("[cublas] {} failed at {}:{}: {} ({})", expr, file, line,
-                                 cublaslt().get_status_string(s), cublaslt().get_status_name(s)));
+                                 lt.get_status_string(s), lt.get_status_name(s)));
 }
 
 std::string cudnn_last_error() {
