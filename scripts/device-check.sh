@@ -8,7 +8,8 @@
 #     OUT=/some/folder bash scripts/device-check.sh
 # and bring back $OUT: device-check.rows.jsonl (one JSON object per line, appended as soon as
 # each result is measured, so a run killed by a time limit still returns everything done so far),
-# device-check.json (the summary, written last), device-check.log (everything printed), logs/.
+# device-check.json (the summary, written last), device-check.log (everything printed) and
+# logs.tar.gz (logs/: each stage's full output; configs/: the models it trained).
 #
 # Rows, in order (each has "stage" and "status"; "t_s" is seconds since the start):
 #   start, binaries, libraries, versions (cuDNN: header built with, runtime, wheel header),
@@ -21,13 +22,15 @@
 #   moments in pinned host memory: step time beside the run that keeps them, device and host
 #   peaks against the planner's), fit (fit --measure, full, FIT_MEMORY), longest (one step of
 #   124M at the planner's maximum for the whole card, or "skipped" with the estimated step time),
-#   summary.
+#   sanitizer (compute-sanitizer memcheck over every gpu test, racecheck over the tests of our
+#   kernels that use shared memory; "partial" when the time cap came first with no error), summary.
 # Time: stops starting work after BUDGET_S (420) seconds and caps every step with `timeout`, so
 # the whole check stays under 8 minutes.
 #   env: OUT (results folder; default a new temp folder), BUNDLE (default device-bundle),
 #        BUDGET_S, POLICIES ("none save_attn save_dots full"), FIT_MEMORY (pool budget of the
-#        fit --measure stage, 6GiB: its longest context, ~77k tokens, takes seconds a step),
-#        DRY_RUN=1 (stop before using any GPU, as if there were none), CUDNN_ROOT, CUDA_HOME.
+#        fit --measure stage, 6GiB: its longest context, ~87k tokens, takes seconds a step),
+#        DRY_RUN=1 (stop before using any GPU, as if there were none), CUDNN_ROOT, CUDA_HOME,
+#        PACK_LOGS=0 (leave logs/ and configs/ unpacked), SANITIZE=0 (no compute-sanitizer stage).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 START=$(date +%s)
@@ -48,6 +51,7 @@ exec > >(tee "$LOG") 2>&1
 TEE_PID=$!
 finish() {
   local rc=$?
+  [ "${PACK_LOGS:-1}" = 1 ] && pack_logs
   exec 1>&3 2>&4 3>&- 4>&-
   wait "$TEE_PID" 2>/dev/null || while kill -0 "$TEE_PID" 2>/dev/null; do sleep 0.1; done
   exit "$rc"
@@ -61,18 +65,24 @@ cap() { local l; l=$(left); echo $((l < $1 ? (l > 5 ? l : 5) : $1)); }  # timeou
 
 # ---- rows ----
 emit() {  # one finished JSON line: appended to the rows file at once, and logged
-  printf '%s\n' "$1" >> "$ROWS"
-  say "row $1"
+  local line=$1
+  # A row that could not be made still counts, as a failure (a blank line would hide one).
+  [ -n "$line" ] || line='{"stage": "row", "status": "failed", "note": "a row could not be written: see the log"}'
+  printf '%s\n' "$line" >> "$ROWS"
+  say "row $line"
 }
 row() {  # row key=value ... key:=<json value>
   emit "$("$PY" - "$(elapsed)" "$@" <<'PY'
 import json, sys
 out = {}
 for a in sys.argv[2:]:
-    k, sep, v = a.partition(":=")
-    if not sep:
-        k, _, v = a.partition("=")
-    out[k] = json.loads(v) if sep else v
+    # The key ends at the first "="; "key:=" marks a JSON value. Values are free text and may
+    # hold ":=" themselves (Catch prints "B := 2"), so only the key decides.
+    k, _, v = a.partition("=")
+    if k.endswith(":"):
+        out[k[:-1]] = json.loads(v)
+    else:
+        out[k] = v
 out["t_s"] = int(sys.argv[1])
 print(json.dumps(out))
 PY
@@ -88,7 +98,7 @@ runs = [r for r in rows if r["stage"] == "train"]
 failed = [r for r in rows if r.get("status") in ("failed", "timeout", "missing", "disagrees")]
 gemm = next((r for r in rows if r["stage"] == "gemm"), {})
 def label(r):
-    parts = [r["stage"], r.get("tag"), r.get("model"), r.get("seq_len"), r.get("policy")]
+    parts = [r["stage"], r.get("tag"), r.get("name"), r.get("model"), r.get("seq_len"), r.get("policy")]
     return " ".join(str(p) for p in parts if p not in (None, "")) + ": " + r["status"]
 out = {"stage": "summary", "status": status if status != "auto" else ("ok" if not failed else "failures"),
        "elapsed_s": int(elapsed), "gpu": next((r.get("name") for r in rows if r["stage"] == "gpu"), None),
@@ -96,6 +106,7 @@ out = {"stage": "summary", "status": status if status != "auto" else ("ok" if no
        "train_runs": {s: sum(r["status"] == s for r in runs) for s in ("ok", "OOM", "failed", "timeout", "skipped")},
        "peaks_agree": sum(bool(r.get("peak_agrees")) for r in runs),
        "bf16_gemm_peak_tflops": gemm.get("peak_tflops"),
+       "sanitizer": {r["name"]: r["status"] for r in rows if r["stage"] == "sanitizer"},
        "failures": [label(r) for r in failed]}
 with open(rows_path, "a") as f:
     f.write(json.dumps(out) + "\n")
@@ -329,7 +340,10 @@ if summary:
     model_flops = sum(v for k, v in flops.items() if k != "recompute")  # MFU counts no recompute
     ms = summary.get("median_step_ms") or 0
     peak_b, pred_b = summary.get("peak_bytes", 0), summary.get("predicted_peak_bytes", 0)
-    row.update(step_ms=round(ms, 1), tokens_per_s=round(summary.get("tokens_per_s", 0)),
+    # tokens/s of the median step: the run's own figure counts step 1 with its start-up (cuDNN
+    # plans, first-touch allocations), which in a 3-step run is most of the time.
+    tokens = int(seq) * summary.get("batch_size", 1)
+    row.update(step_ms=round(ms, 1), tokens_per_s=round(tokens / (ms / 1000)) if ms > 0 else 0,
                peak_bytes=peak_b, predicted_peak_bytes=pred_b, peak_agrees=peak_b == pred_b,
                peak_gib=round(peak_b / 2**30, 2), predicted_peak_gib=round(pred_b / 2**30, 2),
                flops_per_step=sum(flops.values()), recompute_flops=flops.get("recompute", 0))
@@ -468,6 +482,58 @@ PY
     "$r" "$budget" "$est" "$note")"
 }
 
+# ---- 10. compute-sanitizer over the gpu tests ----
+# memcheck: out-of-bounds and misaligned accesses in every kernel the tests launch (ours, cuBLASLt's,
+# cuDNN's, NCCL's). Without API error reports: NCCL 2.28 probes kernels that its wheel does not
+# build for this GPU (cudaFuncGetAttributes, then clears the error), 24 reports on an H200 with no
+# memory error behind them; our own code checks every API return itself. racecheck: shared-memory
+# hazards in our kernels that tile through shared memory (LayerNorm, the LM head, the reductions,
+# then ring attention, whose larger cases take ~10-25 s each under it); cuDNN's would take too long.
+# A run that reaches its time cap with no error reported is "partial": how far it got is in
+# test_cases, and only an error or a failed test is a failure.
+find_sanitizer() {
+  local c
+  for c in "$(command -v compute-sanitizer)" "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer" \
+    /usr/local/cuda*/bin/compute-sanitizer /opt/nvidia/*/compute-sanitizer/compute-sanitizer; do
+    [ -x "$c" ] && { echo "$c"; return; }
+  done
+}
+run_sanitizer() {  # name seconds filter [compute-sanitizer options...]
+  local name=$1 seconds=$2 filter=$3 out=$OUT/logs/sanitizer-$1.txt rc t0 status sanitizer
+  shift 3
+  if [ "${SANITIZE:-1}" = 0 ]; then
+    row stage=sanitizer name="$name" status=skipped note="SANITIZE=0"
+    return
+  fi
+  sanitizer=$(find_sanitizer)
+  if [ -z "$sanitizer" ]; then
+    row stage=sanitizer name="$name" status=skipped note="no compute-sanitizer on this machine"
+    return
+  fi
+  if [ "$(left)" -lt 40 ]; then row stage=sanitizer name="$name" status=skipped note="time budget"; return; fi
+  say "compute-sanitizer $* on $filter"
+  t0=$(date +%s)
+  # -d yes: each finished test case is logged with its time, so a timeout shows how far it got.
+  timeout -k 5 "$(cap "$seconds")" "$sanitizer" "$@" --error-exitcode 99 --print-limit 20 \
+    "$GT" "$filter" -d yes > "$out" 2>&1
+  rc=$?
+  # 99: the sanitizer found errors; other non-zero codes are failed test assertions.
+  case $rc in
+    0) status=clean ;;
+    124 | 137) if grep -q '^========= [A-Z]' <(grep -v 'COMPUTE-SANITIZER' "$out"); then status=failed; else status=partial; fi ;;
+    *) status=failed ;;
+  esac
+  row stage=sanitizer name="$name" options="$*" filter="$filter" status="$status" exit_code:="$rc" \
+    seconds:="$(($(date +%s) - t0))" error_summary="$(grep -m1 'ERROR SUMMARY' "$out")" \
+    test_cases:="$(grep -c '^[0-9.]* s: ' "$out")" \
+    output="$(if [ "$status" != clean ]; then grep -v '^[0-9.]* s: ' "$out" | tail -40; fi)"
+}
+
+# logs/ and configs/ leave as one archive beside the three result files: fewer files to copy back.
+pack_logs() {
+  tar czf "$OUT/logs.tar.gz" -C "$OUT" logs configs 2>/dev/null && rm -rf "$OUT/logs" "$OUT/configs"
+}
+
 # ---- the check ----
 row stage=start status=ok host="$(uname -n)" out="$OUT" budget_s:="$BUDGET_S"
 locate_binaries || { summary failed; exit 1; }
@@ -487,5 +553,8 @@ run_offload
 run_fit
 train_model gpt2-350m
 run_longest
+run_sanitizer memcheck 180 "[gpu]" --tool memcheck --report-api-errors no
+run_sanitizer racecheck 60 "[layernorm],[lm_head],[optimizer],[pointwise],[embedding],[linear]" --tool racecheck
+run_sanitizer racecheck-ring 120 "[ring]" --tool racecheck
 summary auto
 ! grep -qE '"status": "(failed|timeout|missing|disagrees)"' "$ROWS"

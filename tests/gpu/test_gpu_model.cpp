@@ -32,6 +32,7 @@
 #include "engine/trainer.h"
 #include "layers/models.h"
 #include "tests/ops/backend_rows.h"
+#include "tests/temp_dir.h"
 
 namespace remat {
 namespace {
@@ -199,6 +200,79 @@ TEST_CASE("offloaded checkpoints and moments give the CUDA losses of keeping the
   std::printf("offload vs keep on CUDA (bf16, RoPE): max |loss difference| over 8 steps %.3g\n",
               max_abs_diff(got, want));
   check_tracks("offloaded vs kept", got, want, kPolicyRunToRun);
+}
+
+namespace {
+
+/// Every parameter's value and AdamW moments, as host floats, in model order.
+std::vector<std::vector<float>> param_state(Backend& be, Model& model) {
+  std::vector<std::vector<float>> out;
+  for (Param& p : model.params())
+    for (const Buffer* b : {&p.value, &p.m, &p.v}) out.push_back(test::fetch(be, b->tensor()));
+  return out;
+}
+
+struct CudaRun {
+  std::vector<double> losses;
+  std::vector<std::vector<float>> state;
+};
+
+/// Steps [from, to) of `cfg` on a fresh CUDA backend, optionally resumed from checkpoint folder
+/// `resume`, optionally ending with a checkpoint written under `save_dir`.
+CudaRun cuda_train_range(const Config& cfg, DType act, int64_t from, int64_t to,
+                         const std::string& resume, const std::string& save_dir) {
+  cuda::CudaBackend be(DeviceConfig{}, act);
+  auto model = make_model(cfg, be);
+  auto data = make_synthetic_data(cfg);
+  Trainer trainer(cfg.train, resolve_remat_plan(cfg, *model), be, *model, *data);
+  if (!resume.empty()) {
+    Checkpoint ckpt(resume);
+    ckpt.load_into(be, *model, /*with_optimizer=*/true);
+    trainer.set_steps_done(ckpt.state().step);
+  }
+  REQUIRE(trainer.steps_done() == from);
+  CudaRun run;
+  while (trainer.steps_done() < to) run.losses.push_back(trainer.step().loss);
+  if (!save_dir.empty()) {
+    CheckpointState st;
+    st.step = trainer.steps_done();
+    st.config_toml = config_to_toml(cfg);
+    write_checkpoint(save_dir, be, *model, st);
+  }
+  run.state = param_state(be, *model);
+  return run;
+}
+
+}  // namespace
+
+TEST_CASE("a CUDA run resumed from its checkpoint equals the run straight through, bit for bit",
+          "[gpu][checkpoint]") {
+  // The MLP is deterministic on CUDA, so 4 steps, a checkpoint, and 4 more on a fresh backend,
+  // model and trainer must give the 8-step run's losses, weights and AdamW moments exactly: the
+  // checkpoint stages device tensors through host memory, in both directions.
+  const Config cfg = parse_config(kMlpToml, "mlp(test)", {});
+  for (DType act : kCudaActivationTypes) {
+    INFO("activations " << dtype_name(act));
+    test::TempDir tmp("gpu-ckpt");
+    const CudaRun whole = cuda_train_range(cfg, act, 0, 8, "", "");
+    const CudaRun first = cuda_train_range(cfg, act, 0, 4, "", tmp / "ckpt");
+    const std::string mid = latest_checkpoint(tmp / "ckpt");
+    REQUIRE(mid == tmp / "ckpt/step_00000004");
+    const CudaRun second = cuda_train_range(cfg, act, 4, 8, mid, "");
+    std::vector<double> losses = first.losses;
+    losses.insert(losses.end(), second.losses.begin(), second.losses.end());
+    CHECK(losses == whole.losses);
+    CHECK(second.state == whole.state);
+
+    // The same checkpoint opens on the CPU backend with the GPU's weights and moments, unchanged.
+    cpu::CpuBackend cpu(uint64_t{1} << 30, 1);
+    auto model = make_model(cfg, cpu);
+    Checkpoint(mid).load_into(cpu, *model, /*with_optimizer=*/true);
+    cuda::CudaBackend gpu(DeviceConfig{}, act);
+    auto gpu_model = make_model(cfg, gpu);
+    Checkpoint(mid).load_into(gpu, *gpu_model, /*with_optimizer=*/true);
+    CHECK(param_state(cpu, *model) == param_state(gpu, *gpu_model));
+  }
 }
 
 TEST_CASE("cuDNN's attention plans need no more workspace than the planner reserves (GPT-2 shapes)",

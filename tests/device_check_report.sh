@@ -1,0 +1,71 @@
+#!/bin/bash
+# scripts/device-check.sh reports a failing gpu test as a failure: its row says "failed" and keeps
+# the end of the test's output, the summary lists it, and the check exits non-zero. Fake binaries
+# and a fake nvidia-smi stand in for the bundle and the GPU; the failing test prints Catch's
+# captured values ("B := 2"), which once made its row unwritable and the check report "ok".
+set -euo pipefail
+
+d=$(mktemp -d)
+trap 'rm -rf "$d"' EXIT
+fail() {
+  echo "FAILED: $*" >&2
+  exit 1
+}
+mkdir -p "$d/bundle" "$d/bin"
+
+cat >"$d/bin/nvidia-smi" <<'FAKE'
+#!/bin/sh
+echo "Fake GPU, 1000, 900, 1.0"
+FAKE
+# Training runs write a summary whose peaks agree with the plan, so that only the test fails.
+cat >"$d/bundle/remat-train" <<'FAKE'
+#!/bin/sh
+case "$1" in
+  --version) echo "CUDA: CUDA runtime 13.0 (driver 13.0), cuDNN 9.1.0 (built with 9.1.0)" ;;
+  plan) echo '{"policies": [{"policy": "none", "peak_bytes": 1}]}' ;;
+  *)
+    while [ $# -gt 0 ] && [ "$1" != --metrics ]; do shift; done
+    [ $# -lt 2 ] || echo '{"summary": {"median_step_ms": 1, "tokens_per_s": 1, "peak_bytes": 5,
+      "predicted_peak_bytes": 5, "host_peak_bytes": 7, "predicted_host_peak_bytes": 7}}' |
+      tr -d '\n' >"$2"
+    ;;
+esac
+FAKE
+cat >"$d/bundle/remat_gpu_tests" <<'FAKE'
+#!/bin/sh
+if [ "$1" = --list-tags ]; then
+  printf 'All available tags:\n   2  [gpu]\n   1  [attention]\n   1  [linear]\n2 tags\n'
+  exit 0
+fi
+if [ "$1" = "[attention]" ]; then
+  printf 'tests/ops/test_attention.cpp:420: FAILED:\n  allclose(delta (=)): 6 of 6 mismatch\nwith messages:\n  B := 2\n  theta := 0.0f\n'
+  exit 1
+fi
+echo "All tests passed"
+FAKE
+cat >"$d/bundle/remat_bench_gemm" <<'FAKE'
+#!/bin/sh
+echo "bf16 GEMM peak: 100.0 TFLOP/s"
+FAKE
+chmod +x "$d"/bin/* "$d"/bundle/*
+
+rc=0
+PATH="$d/bin:$PATH" OUT="$d/out" BUNDLE="$d/bundle" BUDGET_S=60 POLICIES=none SANITIZE=0 \
+  PACK_LOGS=0 bash scripts/device-check.sh >"$d/log" 2>&1 || rc=$?
+rows=$d/out/device-check.rows.jsonl
+[ "$rc" -ne 0 ] || fail "the check exited 0 with a failing gpu test (log: $(tail -5 "$d/log"))"
+if grep -q '^$' "$rows"; then fail "the rows file has a blank line (a row was lost)"; fi
+python3 - "$rows" <<'PY' || fail "rows: $(cat "$rows")"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+att = [r for r in rows if r["stage"] == "gpu_test" and r["tag"] == "[attention]"]
+assert len(att) == 1 and att[0]["status"] == "failed", att
+assert "B := 2" in att[0]["output"], att[0]["output"]
+lin = [r for r in rows if r["stage"] == "gpu_test" and r["tag"] == "[linear]"]
+assert len(lin) == 1 and lin[0]["status"] == "passed", lin
+s = rows[-1]
+assert s["stage"] == "summary" and s["status"] == "failures", s
+assert "gpu_test [attention]: failed" in s["failures"], s["failures"]
+assert s["gpu_tests"]["failed"] == 1 and s["gpu_tests"]["passed"] == 1, s["gpu_tests"]
+PY
+echo "device-check reports the failing gpu test: ok"
