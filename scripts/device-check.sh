@@ -22,6 +22,8 @@
 #   moments in pinned host memory: step time beside the run that keeps them, device and host
 #   peaks against the planner's), fit (fit --measure, full, FIT_MEMORY), longest (one step of
 #   124M at the planner's maximum for the whole card, or "skipped" with the estimated step time),
+#   long (two steps of 124M, full, at the longest power-of-two length from 64k whose steps fit
+#   LONG_STEP_S: the second step's executed TFLOP/s against the rate `plan` assumes),
 #   sanitizer (compute-sanitizer memcheck over every gpu test, racecheck over the tests of our
 #   kernels that use shared memory; "partial" when the time cap came first with no error), summary.
 # Time: stops starting work after BUDGET_S (420) seconds and caps every step with `timeout`, so
@@ -30,7 +32,8 @@
 #        BUDGET_S, POLICIES ("none save_attn save_dots full"), FIT_MEMORY (pool budget of the
 #        fit --measure stage, 6GiB: its longest context, ~87k tokens, takes seconds a step),
 #        DRY_RUN=1 (stop before using any GPU, as if there were none), CUDNN_ROOT, CUDA_HOME,
-#        PACK_LOGS=0 (leave logs/ and configs/ unpacked), SANITIZE=0 (no compute-sanitizer stage).
+#        LONG_STEP_S (90: seconds for the long stage's two steps), PACK_LOGS=0 (leave logs/ and
+#        configs/ unpacked), SANITIZE=0 (no compute-sanitizer stage).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 START=$(date +%s)
@@ -445,6 +448,13 @@ plan_field() {  # budget_mib seq_len jq-like python expression on the plan JSON
   "$RT" plan --config "$CFG/gpt2-124m.toml" --memory "$1MiB" --seq-len "$2" --json 2>/dev/null |
     "$PY" -c "import json,sys; j=json.load(sys.stdin); p=next(p for p in j['policies'] if p['policy']=='full'); print($3)"
 }
+step_seconds() {  # reference metrics file, FLOPs of a step: that step's seconds at the reference's rate
+  "$PY" - "$1" "$2" <<'PY' 2>/dev/null
+import json, sys
+s = next(json.loads(l)["summary"] for l in open(sys.argv[1]) if '"summary"' in l)
+print(round(s["median_step_ms"] / 1000 * float(sys.argv[2]) / sum(s["flops_per_step"].values())))
+PY
+}
 run_longest() {
   local budget=$((GPU_FREE_MIB - 1024)) ref=$OUT/logs/train-gpt2-124m-32768-full.jsonl longest est
   longest=$(plan_field "$budget" 32768 "p['longest_seq_len']")
@@ -454,12 +464,8 @@ run_longest() {
   fi
   # Step time at the maximum: the measured 32k step scaled by the planner's FLOPs (attention
   # grows with T^2, so this is close); plus ~20 s of start-up (weights, cuDNN plans).
-  est=$("$PY" - "$ref" "$(plan_field "$budget" "$longest" "sum(p['flops'].values())")" <<'PY'
-import json, sys
-s = next(json.loads(l)["summary"] for l in open(sys.argv[1]) if '"summary"' in l)
-print(round(s["median_step_ms"] / 1000 * float(sys.argv[2]) / sum(s["flops_per_step"].values()) + 20))
-PY
-)
+  est=$(step_seconds "$ref" "$(plan_field "$budget" "$longest" "sum(p['flops'].values())")")
+  [ -z "$est" ] || est=$((est + 20))
   # cuDNN indexes (B, T, 3C) with 32-bit offsets in places: past 2^31 elements a step may fail.
   local note="" elems=$((longest * 3 * 768))
   if [ "$elems" -ge $((1 << 31)) ]; then note="T x 3C = $elems elements, past 2^31"; fi
@@ -480,6 +486,57 @@ PY
   r=$(train_row gpt2-124m "$longest" full "$status" "$rc" "$(($(date +%s) - t0))" "$m")
   emit "$("$PY" -c 'import json,sys; r=json.loads(sys.argv[1]); r.update(stage="longest", budget_mib=int(sys.argv[2]), est_seconds=int(sys.argv[3]), note=sys.argv[4]); print(json.dumps(r))' \
     "$r" "$budget" "$est" "$note")"
+}
+
+# ---- 9b. a long context that finishes in time: cuDNN past 32k, and the rate plan's estimate uses --
+# The longest T (doubling from 64k, up to the card's maximum) whose two steps fit LONG_STEP_S by
+# the 32k step scaled with the planner's FLOPs; two steps, so that the second one's time (without
+# cuDNN's plan building) gives the executed and model TFLOP/s at that length: the number that
+# `plan` and `fit` estimate as 989 TFLOP/s x 0.4 (cmd/fit_command.cpp).
+run_long() {
+  local budget=$((GPU_FREE_MIB - 1024)) ref=$OUT/logs/train-gpt2-124m-32768-full.jsonl
+  local target longest T=65536 pick="" est="" e
+  target=${LONG_STEP_S:-90}
+  if [ "$(($(left) - 60))" -lt "$target" ]; then target=$(($(left) - 60)); fi
+  longest=$(plan_field "$budget" 32768 "p['longest_seq_len']")
+  if [ ! -f "$ref" ] || [ -z "$longest" ] || [ "$target" -lt 20 ]; then
+    row stage=long status=skipped note="no 32k full run, no plan, or under 20 s left for it" \
+      seconds_for_it:="$target"
+    return
+  fi
+  while [ "$T" -le "$longest" ]; do
+    e=$(step_seconds "$ref" "$(plan_field "$budget" "$T" "sum(p['flops'].values())")")
+    if [ -z "$e" ] || [ $((2 * e + 20)) -gt "$target" ]; then break; fi
+    pick=$T est=$e
+    T=$((T * 2))
+  done
+  if [ -z "$pick" ]; then
+    row stage=long status=skipped note="64k tokens would not finish in $target s" seconds_for_it:="$target"
+    return
+  fi
+  say "train gpt2-124m seq_len=$pick policy=full, 2 steps (estimated $est s each)"
+  local m=$OUT/logs/train-long.jsonl rc t0 status
+  t0=$(date +%s)
+  timeout -k 5 "$(cap $((2 * est + 60)))" "$RT" --config "$CFG/gpt2-124m.toml" --set train.seq_len="$pick" \
+    --set remat.policy=full --set train.steps=2 --metrics "$m" -q
+  rc=$?
+  case $rc in 0) status=ok ;; 3) status=OOM ;; 124 | 137) status=timeout ;; *) status=failed ;; esac
+  emit "$("$PY" - "$(train_row gpt2-124m "$pick" full "$status" "$rc" "$(($(date +%s) - t0))" "$m")" \
+    "$m" "$est" "${PEAK_TFLOPS:-989}" <<'PY'
+import json, sys
+r = json.loads(sys.argv[1])
+r.update(stage="long", est_step_seconds=int(sys.argv[3]))
+steps = [json.loads(l) for l in open(sys.argv[2]) if '"step_ms"' in l and '"summary"' not in l] if r["status"] == "ok" else []
+if len(steps) >= 2 and r.get("flops_per_step"):
+    ms = steps[-1]["step_ms"]  # the second step: cuDNN's plans are built by then
+    executed = r["flops_per_step"] / (ms / 1000) / 1e12
+    model = (r["flops_per_step"] - r["recompute_flops"]) / (ms / 1000) / 1e12
+    r.update(second_step_ms=round(ms, 1), executed_tflops=round(executed, 1),
+             model_tflops=round(model, 1), mfu=round(model / float(sys.argv[4]), 3),
+             efficiency_vs_989=round(executed / 989.4, 3))
+print(json.dumps(r))
+PY
+)"
 }
 
 # ---- 10. compute-sanitizer over the gpu tests ----
@@ -553,6 +610,7 @@ run_offload
 run_fit
 train_model gpt2-350m
 run_longest
+run_long
 run_sanitizer memcheck 180 "[gpu]" --tool memcheck --report-api-errors no
 run_sanitizer racecheck 60 "[layernorm],[lm_head],[optimizer],[pointwise],[embedding],[linear]" --tool racecheck
 run_sanitizer racecheck-ring 120 "[ring]" --tool racecheck
