@@ -23,6 +23,8 @@ cat >"$d/bundle/remat-train" <<'FAKE'
 case "$1" in
   --version) echo "CUDA: CUDA runtime 13.0 (driver 13.0), cuDNN 9.1.0 (built with 9.1.0)" ;;
   plan) echo '{"policies": [{"policy": "none", "peak_bytes": 1}]}' ;;
+  fit) echo '{"policies": [{"longest_seq_len": 9, "predicted_peak_bytes": 5, "measured":
+    {"measured_peak_bytes": 5, "exit_at_longest": 0, "exit_above_longest": 3}}]}' ;;
   *)
     while [ $# -gt 0 ] && [ "$1" != --metrics ]; do shift; done
     [ $# -lt 2 ] || echo '{"summary": {"median_step_ms": 1, "tokens_per_s": 1, "peak_bytes": 5,
@@ -49,9 +51,10 @@ echo "bf16 GEMM peak: 100.0 TFLOP/s"
 FAKE
 chmod +x "$d"/bin/* "$d"/bundle/*
 
+# The fakes take no time: a budget of 600 s runs every stage whatever the machine's load.
 rc=0
-PATH="$d/bin:$PATH" OUT="$d/out" BUNDLE="$d/bundle" BUDGET_S=60 POLICIES=none SANITIZE=0 \
-  PACK_LOGS=0 bash scripts/device-check.sh >"$d/log" 2>&1 || rc=$?
+env -u DRY_RUN -u LONG_STEP_S -u PACK_LOGS -u FIT_MEMORY PATH="$d/bin:$PATH" OUT="$d/out" \
+  BUNDLE="$d/bundle" BUDGET_S=600 POLICIES=none SANITIZE=0 bash scripts/device-check.sh >"$d/log" 2>&1 || rc=$?
 rows=$d/out/device-check.rows.jsonl
 [ "$rc" -ne 0 ] || fail "the check exited 0 with a failing gpu test (log: $(tail -5 "$d/log"))"
 if grep -q '^$' "$rows"; then fail "the rows file has a blank line (a row was lost)"; fi
@@ -65,7 +68,10 @@ lin = [r for r in rows if r["stage"] == "gpu_test" and r["tag"] == "[linear]"]
 assert len(lin) == 1 and lin[0]["status"] == "passed", lin
 s = rows[-1]
 assert s["stage"] == "summary" and s["status"] == "failures", s
-assert "gpu_test [attention]: failed" in s["failures"], s["failures"]
+assert s["failures"] == ["gpu_test [attention]: failed"], s["failures"]
 assert s["gpu_tests"]["failed"] == 1 and s["gpu_tests"]["passed"] == 1, s["gpu_tests"]
 PY
+tar tzf "$d/out/logs.tar.gz" | grep -qx 'logs/gpu_test-attention.txt' ||
+  fail "logs.tar.gz lacks the failing test's log"
+[ ! -e "$d/out/logs" ] || fail "logs/ was left beside logs.tar.gz"
 echo "device-check reports the failing gpu test: ok"
