@@ -71,7 +71,8 @@ assert s["stage"] == "summary" and s["status"] == "failures", s
 assert s["failures"] == ["gpu_test [attention]: failed"], s["failures"]
 assert s["gpu_tests"]["failed"] == 1 and s["gpu_tests"]["passed"] == 1, s["gpu_tests"]
 PY
-tar tzf "$d/out/logs.tar.gz" | grep -qx 'logs/gpu_test-attention.txt' ||
-  fail "logs.tar.gz lacks the failing test's log"
+# Listed into a file first: `tar | grep -q` would fail under pipefail when grep stops reading early.
+tar tzf "$d/out/logs.tar.gz" >"$d/listing"
+grep -qx 'logs/gpu_test-attention.txt' "$d/listing" || fail "logs.tar.gz lacks the failing test's log"
 [ ! -e "$d/out/logs" ] || fail "logs/ was left beside logs.tar.gz"
 echo "device-check reports the failing gpu test: ok"
