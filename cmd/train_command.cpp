@@ -188,8 +188,7 @@ class TrainRun {
     if (every > 0 && (m.step % every == 0 || m.step == last)) val = evaluate(m.step);
     if (metrics_) metrics_->step(m, data_.task_metric_name(), val);
     step_ms_.push_back(m.step_ms);
-    total_ms_ += m.step_ms;
-    tokens_ += static_cast<int64_t>(m.tokens_per_s * m.step_ms / 1000.0 + 0.5);
+    tokens_per_step_ = std::round(m.tokens_per_s * m.step_ms / 1000.0);
     summary_.final_loss = m.loss;
     summary_.final_task_metric = m.task_metric;
     const int64_t ck = cfg_.checkpoint.every;
@@ -275,7 +274,10 @@ class TrainRun {
     summary_.peak = be_.pool().peak_snapshot();
     summary_.host_peak = be_.host_pool().peak_snapshot();
     summary_.median_step_ms = median(step_ms_);
-    summary_.tokens_per_s = total_ms_ > 0 ? static_cast<double>(tokens_) * 1000.0 / total_ms_ : 0;
+    // The rate of the median step, beside which it is printed: a mean over all steps would count
+    // step 1's start-up (cuDNN plans, first-touch allocations), most of a short run on a GPU.
+    summary_.tokens_per_s =
+        summary_.median_step_ms > 0 ? tokens_per_step_ * 1000.0 / summary_.median_step_ms : 0;
     return summary_;
   }
 
@@ -291,8 +293,7 @@ class TrainRun {
   std::unique_ptr<MetricsWriter> metrics_;
   RunSummary summary_;
   std::vector<double> step_ms_;
-  int64_t tokens_ = 0;
-  double total_ms_ = 0;
+  double tokens_per_step_ = 0;  // the job's tokens of one step (every rank's rows)
   int64_t last_checkpoint_step_ = -1;
 };
 

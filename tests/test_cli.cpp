@@ -122,6 +122,11 @@ TEST_CASE("tiny.toml trains, prints the summary and writes JSONL metrics", "[smo
                         "median_step_ms", "tokens_per_s"})
     CHECK(s.contains(k));
   CHECK(s["policy"] == "full");
+  // tokens/s is the median step's rate, printed beside it (a mean over the steps would count
+  // step 1's start-up, and the two figures of one line would disagree).
+  const double tokens = s["batch_size"].get<double>() * s["seq_len"].get<double>();
+  CHECK(s["tokens_per_s"].get<double>() ==
+        Approx(tokens * 1000.0 / s["median_step_ms"].get<double>()).epsilon(1e-9));
   std::remove(m.c_str());
 }
 
