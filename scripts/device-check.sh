@@ -471,9 +471,21 @@ s = next(json.loads(l)["summary"] for l in open(sys.argv[1]) if '"summary"' in l
 print(round(s["median_step_ms"] / 1000 * float(sys.argv[2]) / sum(s["flops_per_step"].values())))
 PY
 }
+# The card's planned maximum for 124M `full` (budget: the free memory less 1 GiB) and the 32k
+# `full` run that stages 9 and 9b scale step times from; planned once for both.
+CARD_BUDGET_MIB=0 CARD_LONGEST="" REF_32K=""
+plan_card() {
+  CARD_BUDGET_MIB=$((GPU_FREE_MIB - 1024))
+  CARD_LONGEST=$(plan_field "$CARD_BUDGET_MIB" 32768 "p['longest_seq_len']")
+  REF_32K=$OUT/logs/train-gpt2-124m-32768-full.jsonl
+}
+# cuDNN indexes (B, T, 3C) with 32-bit offsets in places: past 2^31 elements a step may fail.
+int32_note() {  # seq_len: a note when 124M's (T, 3C) qkv passes 2^31 elements, else nothing
+  local elems=$(($1 * 3 * 768))
+  if [ "$elems" -ge $((1 << 31)) ]; then echo "T x 3C = $elems elements, past 2^31"; fi
+}
 run_longest() {
-  local budget=$((GPU_FREE_MIB - 1024)) ref=$OUT/logs/train-gpt2-124m-32768-full.jsonl longest est
-  longest=$(plan_field "$budget" 32768 "p['longest_seq_len']")
+  local budget=$CARD_BUDGET_MIB ref=$REF_32K longest=$CARD_LONGEST est
   if [ -z "$longest" ] || [ ! -f "$ref" ]; then
     row stage=longest status=skipped note="no plan or no 32k reference run" budget_mib:="$budget"
     return
@@ -482,9 +494,8 @@ run_longest() {
   # grows with T^2, so this is close); plus ~20 s of start-up (weights, cuDNN plans).
   est=$(step_seconds "$ref" "$(plan_field "$budget" "$longest" "sum(p['flops'].values())")")
   [ -z "$est" ] || est=$((est + 20))
-  # cuDNN indexes (B, T, 3C) with 32-bit offsets in places: past 2^31 elements a step may fail.
-  local note="" elems=$((longest * 3 * 768))
-  if [ "$elems" -ge $((1 << 31)) ]; then note="T x 3C = $elems elements, past 2^31"; fi
+  local note
+  note=$(int32_note "$longest")
   if [ -z "$est" ] || [ "$est" -gt "$(($(left) - 10))" ]; then
     row stage=longest status=skipped model=gpt2-124m policy=full seq_len:="$longest" \
       budget_mib:="$budget" est_seconds:="${est:-null}" seconds_left:="$(left)" \
@@ -511,11 +522,10 @@ run_longest() {
 # cuDNN's plan building) gives the executed and model TFLOP/s at that length: the number that
 # `plan` and `fit` estimate as 989 TFLOP/s x 0.4 (cmd/fit_command.cpp).
 run_long() {
-  local budget=$((GPU_FREE_MIB - 1024)) ref=$OUT/logs/train-gpt2-124m-32768-full.jsonl
-  local target longest T=65536 pick="" est="" e
+  local budget=$CARD_BUDGET_MIB ref=$REF_32K longest=$CARD_LONGEST
+  local target T=65536 pick="" est="" e
   target=${LONG_STEP_S:-90}
   if [ "$(($(left) - 60))" -lt "$target" ]; then target=$(($(left) - 60)); fi
-  longest=$(plan_field "$budget" 32768 "p['longest_seq_len']")
   if [ ! -f "$ref" ] || [ -z "$longest" ] || [ "$target" -lt 20 ]; then
     row stage=long status=skipped note="no 32k full run, no plan, or under 20 s left for it" \
       seconds_for_it:="$target"
@@ -532,9 +542,8 @@ run_long() {
     return
   fi
   say "train gpt2-124m seq_len=$pick policy=full, 2 steps (estimated $est s each)"
-  local m=$OUT/logs/train-long.jsonl rc t0 status note=""
-  # cuDNN indexes (B, T, 3C) with 32-bit offsets in places: past 2^31 elements a step may fail.
-  if [ $((pick * 3 * 768)) -ge $((1 << 31)) ]; then note="T x 3C past 2^31 elements"; fi
+  local m=$OUT/logs/train-long.jsonl rc t0 status note
+  note=$(int32_note "$pick")
   t0=$(date +%s)
   timeout -k 5 "$(cap $((2 * est + 60)))" "$RT" --config "$CFG/gpt2-124m.toml" --set train.seq_len="$pick" \
     --set remat.policy=full --set train.steps=2 --set device.memory="${budget}MiB" --metrics "$m" -q
@@ -642,6 +651,7 @@ train_model gpt2-124m
 run_offload
 run_fit
 train_model gpt2-350m
+plan_card
 run_longest
 run_long
 run_sanitizer memcheck 180 "[gpu]" --tool memcheck --report-api-errors no
