@@ -29,7 +29,8 @@ REMAT_HOST_DEVICE inline uint64_t rng_bits(uint64_t seed, uint64_t stream, uint6
 
 /// Uniform in (0, 1).
 REMAT_HOST_DEVICE inline double rng_uniform(uint64_t seed, uint64_t stream, uint64_t index) {
-  return (static_cast<double>(rng_bits(seed, stream, index) >> 11) + 0.5) * (1.0 / 9007199254740992.0);
+  return (static_cast<double>(rng_bits(seed, stream, index) >> 11) + 0.5) *
+         (1.0 / 9007199254740992.0);
 }
 
 /// Standard normal (Box-Muller on two uniforms of the same counter).

@@ -40,6 +40,8 @@ std::optional<uint64_t> parse_size(std::string_view text) {
   if (!parts) return std::nullopt;
   auto [v, unit] = *parts;
   double mult = 0;
+  // One unit a line reads as a table.
+  // clang-format off
   if (unit.empty() || unit == "b") mult = 1;
   else if (unit == "kib" || unit == "k") mult = 1024.0;
   else if (unit == "mib" || unit == "m") mult = 1024.0 * 1024;
@@ -50,6 +52,7 @@ std::optional<uint64_t> parse_size(std::string_view text) {
   else if (unit == "gb") mult = 1e9;
   else if (unit == "tb") mult = 1e12;
   else return std::nullopt;
+  // clang-format on
   double bytes = v * mult;
   if (bytes > 1.8e19) return std::nullopt;
   return static_cast<uint64_t>(std::llround(bytes));
@@ -60,11 +63,13 @@ std::optional<int64_t> parse_count(std::string_view text) {
   if (!parts) return std::nullopt;
   auto [v, unit] = *parts;
   double mult = 0;
+  // clang-format off
   if (unit.empty()) mult = 1;
   else if (unit == "k") mult = 1024.0;
   else if (unit == "m") mult = 1024.0 * 1024;
   else if (unit == "g") mult = 1024.0 * 1024 * 1024;
   else return std::nullopt;
+  // clang-format on
   double n = v * mult;
   if (n != std::floor(n) || n > 9.0e18) return std::nullopt;
   return static_cast<int64_t>(n);

@@ -194,8 +194,8 @@ TEST_CASE("checkpoint weights only: load_into without optimizer, load_weights, w
   const Param& p0 = a.model->params()[0];
   std::vector<int64_t> shape;
   const std::vector<float> w = ck.weight(p0.name, &shape);
-  CHECK(shape == std::vector<int64_t>(p0.value.tensor().shape.begin(),
-                                      p0.value.tensor().shape.end()));
+  CHECK(shape ==
+        std::vector<int64_t>(p0.value.tensor().shape.begin(), p0.value.tensor().shape.end()));
   CHECK(std::memcmp(w.data(), p0.value.f32(), p0.value.tensor().bytes()) == 0);
   CHECK(checkpoint_error([&] { ck.weight("nope"); }).find("'nope'") != std::string::npos);
 
