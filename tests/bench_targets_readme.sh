@@ -3,15 +3,10 @@
 # and only there, only from runs that are the machine's own (no warning, no tuning variable, every
 # row), and leaves the file untouched otherwise. Run from the repository root on the saved runs of
 # tests/data/bench_targets; the written block is compared with readme_expected.md.
-set -euo pipefail
+# shellcheck source=tests/lib.sh
+source "$(dirname "$0")/lib.sh"
 
 fixture=tests/data/bench_targets
-d=$(mktemp -d)
-trap 'rm -rf "$d"' EXIT
-fail() {
-  echo "FAILED: $*" >&2
-  exit 1
-}
 
 cp -r "$fixture" "$d/runs"
 printf 'Intro.\n\n<!-- bench_targets: Test VM -->\nold table\n<!-- /bench_targets: Test VM -->\n\n<!-- bench_targets: Other VM -->\nother table\n<!-- /bench_targets: Other VM -->\nAfter.\n' \

@@ -3,14 +3,8 @@
 # the end of the test's output, the summary lists it, and the check exits non-zero. Fake binaries
 # and a fake nvidia-smi stand in for the bundle and the GPU; the failing test prints Catch's
 # captured values ("B := 2"), which once made its row unwritable and the check report "ok".
-set -euo pipefail
-
-d=$(mktemp -d)
-trap 'rm -rf "$d"' EXIT
-fail() {
-  echo "FAILED: $*" >&2
-  exit 1
-}
+# shellcheck source=tests/lib.sh
+source "$(dirname "$0")/lib.sh"
 mkdir -p "$d/bundle" "$d/bin"
 
 cat >"$d/bin/nvidia-smi" <<'FAKE'
