@@ -12,8 +12,10 @@ Benchmark on a quiet machine only (`uptime`; no build or test running beside it)
                            [--patience MINUTES] [--save DIR] [--from DIR]
                            [--readme README.md --machine NAME]
 
---save DIR keeps each run's JSON (and the machine's) in DIR, and every round run, set-aside ones
-too, in DIR/rounds (numbered from 1 in the order run); --from DIR prints the table of such
+--save DIR keeps each run's JSON (and the machine's) in DIR, the table's rounds numbered from 0;
+and every round run, set-aside ones too, in DIR/rounds, numbered from 1 in the order run and
+written as each round ends (machine.json's "kept" names the rounds that stood; --from does not
+read DIR/rounds); --from DIR prints the table of such
 a folder again, running nothing. --readme FILE --machine NAME also writes the table into FILE,
 between the lines `<!-- bench_targets: NAME -->` and `<!-- /bench_targets: NAME -->`, replacing
 what was there, and names the command that wrote it with `--readme README.md` whatever FILE was
@@ -21,10 +23,10 @@ what was there, and names the command that wrote it with `--readme README.md` wh
 table that is not the machine's own: a run that warned (a moving floor, CPU steal), a floor below
 90% of the highest of all the runs, a tuning environment variable, or rows left out.
 
---patience MINUTES is for a shared host: it runs rounds until --rounds of them are clean (no run
-warned, and no floor reading below 90% of the highest of the clean rounds), setting the others
-aside, or until MINUTES have passed; then the last --rounds rounds stand, and --readme refuses
-them as above. The table says how many rounds were set aside.
+--patience MINUTES is for a shared host: it runs rounds until --rounds of them can stand together
+(no run warned, and no floor reading below 90% of the highest of the rounds kept), setting the
+others aside, or until MINUTES have passed; then the last --rounds rounds stand, and --readme
+refuses them as above. The table says how many rounds were set aside.
 """
 import argparse
 import datetime
@@ -97,10 +99,11 @@ def as_runs(rounds):
 def clean_rounds(rounds, want):
     """The rounds that can stand together: none of their runs warned, and none of their floor
     readings fell below FLOOR_DIP of the highest of those rounds. Of the sets of rounds that can,
-    the one under the highest floor reading that holds `want` rounds (the machine's fastest state
-    that lasted), else the largest. A round whose own floor moved by more than the dip stands with
-    none; it does not set the others aside (seen on an AMD EPYC Zen 5 VM: one round reading
-    388-484 GFLOP/s beside rounds at 416-453 and 430-458, which can stand together)."""
+    the largest up to `want` rounds, and of those the one under the highest floor. run_rounds asks
+    after every round and stops at the first set of `want`, so a faster spell that might come
+    later is not waited for. A round whose own floor moved by more than the dip stands with none;
+    it does not set the others aside (seen on an AMD EPYC Zen 5 VM: one round reading 388-484
+    GFLOP/s beside rounds at 416-453 and 430-458, which can stand together)."""
     quiet = [rnd for rnd in rounds if not any(j.get("warnings") for j in rnd.values())]
     best, best_key = [], (0, 0.0)
     for top in quiet:
@@ -125,29 +128,44 @@ def round_summary(rnd):
     return line + (f"; {len(warned)} run(s) warned, first {warned[0]}" if warned else "")
 
 
-def run_rounds(binary, models, want, patience_min):
-    """({(round, model, policy): JSON} of the rounds that stand, every round run). Without
-    patience, `want` rounds, whatever they read; with it, rounds until `want` are clean or the
-    time is up (then the last `want` rounds run)."""
+def save_round(save_dir, number, rnd):
+    """Writes one finished round into save_dir/rounds, numbered from 1 in the order run."""
+    if save_dir:
+        for (m, p), j in rnd.items():
+            with open(os.path.join(save_dir, "rounds", run_name(number, m, p)), "w") as f:
+                json.dump(j, f, indent=2)
+
+
+def run_rounds(binary, models, want, patience_min, save_dir=None):
+    """({(round, model, policy): JSON} of the rounds that stand, the numbers (from 1, in the order
+    run) of those rounds, how many rounds ran). Without patience, `want` rounds, whatever they
+    read; with it, rounds until `want` are clean or the time is up (then the last `want` rounds
+    run). Each round is saved as it ends, so a run cut short keeps what it measured."""
     if not patience_min:
-        rounds = [run_round(binary, models, f"{r + 1}/{want}") for r in range(want)]
-        return as_runs(rounds), rounds
+        rounds = []
+        for r in range(want):
+            rounds.append(run_round(binary, models, f"{r + 1}/{want}"))
+            save_round(save_dir, r + 1, rounds[-1])
+        return as_runs(rounds), list(range(1, want + 1)), want
     deadline = time.monotonic() + 60 * patience_min
     rounds = []
     while True:
         rounds.append(run_round(binary, models, f"{len(rounds) + 1} (until {want} clean)"))
+        save_round(save_dir, len(rounds), rounds[-1])
         kept = clean_rounds(rounds, want)
         print(f"bench_targets: {len(kept)} clean round(s) of {len(rounds)} so far; "
               + round_summary(rounds[-1]), file=sys.stderr)
         if len(kept) >= want:
-            chosen = kept[-want:]
+            assert len(kept) == want  # each round grows a set by one at most
+            chosen = kept
             break
         if time.monotonic() >= deadline and len(rounds) >= want:
             print(f"bench_targets: --patience {patience_min:g}: {len(kept)} clean round(s) of "
                   f"{len(rounds)}; the last {want} stand", file=sys.stderr)
             chosen = rounds[-want:]
             break
-    return as_runs(chosen), rounds
+    numbers = [next(n for n, rnd in enumerate(rounds, 1) if rnd is c) for c in chosen]
+    return as_runs(chosen), numbers, len(rounds)
 
 
 def run_name(rnd, model, policy):
@@ -425,7 +443,8 @@ def main():
     ap.add_argument("--rows", default="gpt2,mlp4,long", help="a subset of gpt2,mlp4,long")
     ap.add_argument("--patience", type=float, default=0, metavar="MINUTES",
                     help="run rounds until --rounds are clean, for at most MINUTES")
-    ap.add_argument("--save", help="keep each run's JSON in this folder")
+    ap.add_argument("--save", help="keep each run's JSON in this folder, every round's in its "
+                    "rounds/")
     ap.add_argument("--from", dest="from_dir", help="print the table of a --save folder")
     ap.add_argument("--readme", help="write the table into this file's block for --machine")
     ap.add_argument("--machine", help="the name of the --readme block, e.g. 'AMD VM'")
@@ -468,22 +487,23 @@ def main():
         if not os.access(a.binary, os.X_OK):
             sys.exit(f"bench_targets: {a.binary} is not an executable. Fix: build it (make build)")
         start = utc_now()
-        runs, every_round = run_rounds(a.binary, models, a.rounds, a.patience)
-        set_aside = len(every_round) - a.rounds
+        if a.save:
+            rounds_dir = os.path.join(a.save, "rounds")
+            if os.path.isdir(rounds_dir) and os.listdir(rounds_dir):
+                sys.exit(f"bench_targets: {rounds_dir} holds an earlier run's rounds. Fix: pass "
+                         "another --save folder, or move that one away")
+            os.makedirs(rounds_dir, exist_ok=True)
+        runs, kept, ran = run_rounds(a.binary, models, a.rounds, a.patience, a.save)
+        set_aside = ran - a.rounds
         machine = {"cpu": cpu_model(), "device": runs[(0, models[0], "none")]["device"],
                    "start": start, "end": utc_now(), "env": tuning_env(), "set_aside": set_aside,
-                   "patience": a.patience}
+                   "patience": a.patience, "kept": kept}
         if a.save:
             os.makedirs(a.save, exist_ok=True)
             with open(os.path.join(a.save, "machine.json"), "w") as f:
                 json.dump(machine, f, indent=2)
             for (r, m, p), j in runs.items():
                 with open(os.path.join(a.save, run_name(r, m, p)), "w") as f:
-                    json.dump(j, f, indent=2)
-            # Every round as it ran, set-aside ones too: the record of a busy host.
-            os.makedirs(os.path.join(a.save, "rounds"), exist_ok=True)
-            for (r, m, p), j in as_runs(every_round).items():
-                with open(os.path.join(a.save, "rounds", run_name(r + 1, m, p)), "w") as f:
                     json.dump(j, f, indent=2)
     print("\n".join(table(runs, a.rounds, models) + footer(runs, a.rounds, models, machine)))
     if a.readme:

@@ -36,7 +36,9 @@ printf '<!-- bench_targets: Test VM -->\nold\n<!-- /bench_targets: Test VM -->\n
 cp "$d/copy.md" "$d/copy.orig"
 # The script refuses to write a table when a tuning variable is set; some machines set one for
 # every process (OPENBLAS_CORETYPE=Haswell on one development VM), and the fake needs none.
-tuning=$(compgen -e | grep -E '^(REMAT_GEMM|REMAT_ATTENTION_ISA|OPENBLAS_|GOTO_|OMP_|GOMP_|ONEDNN_|DNNL_|BLIS_)' || true)
+# The list is the script's own (TUNING_ENV).
+tuning=$(python3 -c 'import os, sys; sys.path.insert(0, "scripts"); import bench_targets as b
+print("\n".join(k for k in os.environ if k.startswith(b.TUNING_ENV)))')
 for v in $tuning; do unset "$v"; done
 bt() {  # bt ROUNDS [args...]: the script with the fake binary; stdout in $d/out, stderr in $d/err
   rm -f "$d/calls"
@@ -72,6 +74,23 @@ grep -q '^| GPT-2 124M, 1024 tokens, `none` | 200.0, 300.0 |' "$d/out" ||
   fail "--save did not keep every round: $(ls "$d/saved/rounds")"
 python3 -c 'import json, sys; sys.exit(json.load(open(sys.argv[1]))["step_ms"] != 100.0)' \
   "$d/saved/rounds/1-gpt2-none.json" || fail "the set-aside round 1 is not saved as round 1"
+python3 -c 'import json, sys; sys.exit(json.load(open(sys.argv[1]))["step_ms"] != 200.0)' \
+  "$d/saved/0-gpt2-none.json" || fail "the table's first round is not saved as round 0"
+python3 -c 'import json, sys; m = json.load(open(sys.argv[1]))
+sys.exit(m["kept"] != [2, 3] or m["set_aside"] != 1)' "$d/saved/machine.json" ||
+  fail "machine.json does not name the kept rounds: $(cat "$d/saved/machine.json")"
+# A second run into the same folder would mix its rounds with the first's: refused before running.
+bt clean:430-458 --rounds 1 --save "$d/saved" && fail "a --save folder with rounds was reused"
+grep -q "holds an earlier run's rounds" "$d/err" || fail "reused --save: $(cat "$d/err")"
+[ ! -e "$d/calls" ] || fail "a reused --save folder ran benches"
+
+# Two sets of two complete with round 3: 1+3 (400-440, 415-435) and 2+3 (450-460, 415-435). The
+# one under the higher floor stands.
+bt clean:400-440,clean:450-460,clean:415-435 --rounds 2 --patience 5 ||
+  fail "no two rounds stood: $(cat "$d/err")"
+# shellcheck disable=SC2016
+grep -q '^| GPT-2 124M, 1024 tokens, `none` | 200.0, 300.0 |' "$d/out" ||
+  fail "not rounds 2 and 3, under the higher floor: $(cat "$d/out")"
 
 # The time is up and no two rounds are clean: the last two stand, and --readme refuses them.
 cp "$d/copy.orig" "$d/copy.md"

@@ -51,16 +51,15 @@ BlasInfo blas_info() {
   info.gemm = route.describe;
   info.gemm_chosen_by = route.chosen_by;
   info.gemm_warning = route.warning;
-  // Where every GEMM tile runs on oneDNN, OpenBLAS multiplies only ring attention's blocks, and
-  // a slow kernel costs the steps nothing else: the warning says which products it slows.
-  const bool tiles_on_openblas =
-      !(route.onednn_untransposed && route.onednn_min_k == 0 && route.onednn_transposed);
+  // Where every GEMM tile runs on oneDNN, a slow OpenBLAS kernel slows only ring attention: the
+  // warning says which products it slows.
   if (kernel.below_cpu())
     info.warning = fmt::format(
         "BELOW THIS CPU: the {} kernel does not use the CPU's wider vectors (~2-5x slower {}); "
         "unset OPENBLAS_CORETYPE",
         kernel.core,
-        tiles_on_openblas ? "GEMMs" : "ring attention only: the GEMM tiles run on oneDNN");
+        route.all_onednn() ? "ring attention; the GEMM tiles run on oneDNN and are not slowed"
+                           : "GEMMs");
   return info;
 }
 

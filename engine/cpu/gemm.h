@@ -44,6 +44,8 @@ struct GemmRoute {
     return ta == CblasNoTrans ? onednn_untransposed && K >= onednn_min_k : onednn_transposed;
   }
   bool uses_onednn() const { return onednn_untransposed || onednn_transposed; }
+  /// Every product on oneDNN: OpenBLAS then multiplies only ring attention's blocks.
+  bool all_onednn() const { return onednn_untransposed && onednn_min_k == 0 && onednn_transposed; }
 };
 /// The rule above: `want` is REMAT_GEMM ("", "openblas" or "onednn"), `dnn` the loaded oneDNN
 /// (null when it is missing, for `missing_reason`), `cpu` this CPU's widest vector ISA. Throws
