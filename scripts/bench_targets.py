@@ -97,21 +97,20 @@ def as_runs(rounds):
 
 
 def clean_rounds(rounds, want):
-    """The rounds that can stand together: none of their runs warned, and none of their floor
+    """The indices of the rounds that can stand together: none of their runs warned, and none of their floor
     readings fell below FLOOR_DIP of the highest of those rounds. Of the sets of rounds that can,
     the largest up to `want` rounds, and of those the one under the highest floor. run_rounds asks
     after every round and stops at the first set of `want`, so a faster spell that might come
     later is not waited for. A round whose own floor moved by more than the dip stands with none;
     it does not set the others aside (seen on an AMD EPYC Zen 5 VM: one round reading 388-484
     GFLOP/s beside rounds at 416-453 and 430-458, which can stand together)."""
-    quiet = [rnd for rnd in rounds if not any(j.get("warnings") for j in rnd.values())]
+    quiet = {i: floor_range(rnd)[:2] for i, rnd in enumerate(rounds)
+             if not any(j.get("warnings") for j in rnd.values())}  # index: (lowest, highest)
     best, best_key = [], (0, 0.0)
-    for top in quiet:
-        lo, hi, _ = floor_range(top)
+    for lo, hi in quiet.values():
         if lo < FLOOR_DIP * hi:
             continue
-        window = [rnd for rnd in quiet
-                  if floor_range(rnd)[1] <= hi and floor_range(rnd)[0] >= FLOOR_DIP * hi]
+        window = [i for i, (l, h) in quiet.items() if h <= hi and l >= FLOOR_DIP * hi]
         key = (min(len(window), want), hi)  # more rounds first, up to `want`; then the faster
         if key > best_key:
             best, best_key = window, key
@@ -157,15 +156,13 @@ def run_rounds(binary, models, want, patience_min, save_dir=None):
               + round_summary(rounds[-1]), file=sys.stderr)
         if len(kept) >= want:
             assert len(kept) == want  # each round grows a set by one at most
-            chosen = kept
             break
         if time.monotonic() >= deadline and len(rounds) >= want:
             print(f"bench_targets: --patience {patience_min:g}: {len(kept)} clean round(s) of "
                   f"{len(rounds)}; the last {want} stand", file=sys.stderr)
-            chosen = rounds[-want:]
+            kept = range(len(rounds) - want, len(rounds))
             break
-    numbers = [next(n for n, rnd in enumerate(rounds, 1) if rnd is c) for c in chosen]
-    return as_runs(chosen), numbers, len(rounds)
+    return as_runs([rounds[i] for i in kept]), [i + 1 for i in kept], len(rounds)
 
 
 def run_name(rnd, model, policy):

@@ -72,12 +72,15 @@ grep -q '^| GPT-2 124M, 1024 tokens, `none` | 200.0, 300.0 |' "$d/out" ||
   fail "not rounds 2 and 3 in the table: $(cat "$d/out")"
 [ "$(find "$d/saved/rounds" -name '*.json' | wc -l)" = 18 ] ||
   fail "--save did not keep every round: $(ls "$d/saved/rounds")"
-python3 -c 'import json, sys; sys.exit(json.load(open(sys.argv[1]))["step_ms"] != 100.0)' \
-  "$d/saved/rounds/1-gpt2-none.json" || fail "the set-aside round 1 is not saved as round 1"
-python3 -c 'import json, sys; sys.exit(json.load(open(sys.argv[1]))["step_ms"] != 200.0)' \
-  "$d/saved/0-gpt2-none.json" || fail "the table's first round is not saved as round 0"
-python3 -c 'import json, sys; m = json.load(open(sys.argv[1]))
-sys.exit(m["kept"] != [2, 3] or m["set_aside"] != 1)' "$d/saved/machine.json" ||
+json_holds() {  # json_holds FILE EXPR: EXPR (Python, over the file's JSON as j) is true
+  python3 -c 'import json, sys; j = json.load(open(sys.argv[1])); sys.exit(not eval(sys.argv[2]))' \
+    "$1" "$2"
+}
+json_holds "$d/saved/rounds/1-gpt2-none.json" 'j["step_ms"] == 100.0' ||
+  fail "the set-aside round 1 is not saved as round 1"
+json_holds "$d/saved/0-gpt2-none.json" 'j["step_ms"] == 200.0' ||
+  fail "the table's first round is not saved as round 0"
+json_holds "$d/saved/machine.json" 'j["kept"] == [2, 3] and j["set_aside"] == 1' ||
   fail "machine.json does not name the kept rounds: $(cat "$d/saved/machine.json")"
 # A second run into the same folder would mix its rounds with the first's: refused before running.
 bt clean:430-458 --rounds 1 --save "$d/saved" && fail "a --save folder with rounds was reused"
