@@ -1,9 +1,9 @@
 // The vectorized 2^x of the CPU kernels (exp2_ps, engine/cpu/vector_math.h: the attention
 // softmax, the LM-head loss, GELU's tanh). Its bits are pinned by a scalar model of the same
 // steps: clamp, round to nearest, the polynomial of engine/cpu/exp2_poly.h by single-rounding
-// FMAs, times 2^n. The AVX-512 twin (engine/cpu/attention_gemm_avx512.cpp) multiplies by 2^n
-// where exp2_ps adds n to the exponent field, so both must equal this model for the attention
-// kernels to give the same bits on either ISA.
+// FMAs, times 2^n. exp2_ps and its AVX-512 twin (engine/cpu/attention_gemm_avx512.cpp) add n to
+// the exponent field instead, so both must equal this model for the attention kernels to give
+// the same bits on either ISA.
 #include <bit>
 #include <catch2/catch.hpp>
 #include <cfenv>

@@ -122,10 +122,9 @@ void gemm(int64_t M, int64_t N, int64_t K, const float* a, int64_t ars, int64_t 
 }
 
 // 2^x as exp2_ps of engine/cpu/vector_math.h, 16 lanes: the same operations in the same order
-// (min/max, round to nearest, the polynomial of engine/cpu/exp2_poly.h by FMAs, the mask below
-// -126), so every lane gets the bits the AVX2 version gives. It multiplies by 2^n where exp2_ps
-// adds n to the exponent field: both exact (tests/test_vector_math.cpp pins exp2_ps to this
-// multiply).
+// (min/max, round to nearest, the polynomial of engine/cpu/exp2_poly.h by FMAs, n added to the
+// exponent field of p = 2^r by an integer add, the mask below -126), so every lane gets the bits
+// the AVX2 version gives. The add keeps the FMA pipes for the tiles' GEMMs (see exp2_ps).
 inline __m512 exp2_ps512(__m512 x) {
   const __m512 lo = _mm512_set1_ps(-126.0f);
   const __m512 xc = _mm512_min_ps(_mm512_max_ps(x, lo), _mm512_set1_ps(127.0f));
@@ -133,10 +132,9 @@ inline __m512 exp2_ps512(__m512 x) {
   const __m512 r = _mm512_sub_ps(xc, n);
   __m512 p = _mm512_set1_ps(kExp2Poly[0]);
   for (int k = 1; k < kExp2PolyTerms; ++k) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kExp2Poly[k]));
-  const __m512i e =
-      _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-  const __m512 y = _mm512_mul_ps(p, _mm512_castsi512_ps(e));
-  return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, lo, _CMP_GE_OQ), y);
+  const __m512i scaled =
+      _mm512_add_epi32(_mm512_castps_si512(p), _mm512_slli_epi32(_mm512_cvtps_epi32(n), 23));
+  return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, lo, _CMP_GE_OQ), _mm512_castsi512_ps(scaled));
 }
 
 }  // namespace

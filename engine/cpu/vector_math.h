@@ -22,7 +22,7 @@ namespace remat::cpu {
 // and r in [-1/2, 1/2] (exact); 2^r by its Taylor series in r ln2 to degree 7 (truncation error <
 // 6e-9 relative); 2^n by adding n to the exponent field of p = 2^r, an integer add where a multiply
 // by 2^n would take one of the two FMA pipes that the attention tiles' GEMMs keep busy. The add is
-// exact, the same bits as that multiply (the AVX-512 twin multiplies): p is in [2^-1/2, 2^1/2], n
+// exact, the same bits as that multiply (the AVX-512 twin adds too): p is in [2^-1/2, 2^1/2], n
 // in [-126, 127], and n = -126 only with r >= 0 (x is clamped to -126 first), so p 2^n is a normal
 // float. Against double exp2 (tests/test_vector_math.cpp): < 1 ulp.
 inline __m256 exp2_ps(__m256 x) {
