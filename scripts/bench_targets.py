@@ -12,16 +12,17 @@ Benchmark on a quiet machine only (`uptime`; no build or test running beside it)
                            [--patience MINUTES] [--save DIR] [--from DIR]
                            [--readme README.md --machine NAME]
 
---save DIR keeps each run's JSON (and the machine's) in DIR, the table's rounds numbered from 0;
+--save DIR keeps each run's JSON (and the machine's) in DIR, the table's rounds numbered from 0,
 and every round run, set-aside ones too, in DIR/rounds, numbered from 1 in the order run and
-written as each round ends (machine.json's "kept" names the rounds that stood; --from does not
-read DIR/rounds); --from DIR prints the table of such
-a folder again, running nothing. --readme FILE --machine NAME also writes the table into FILE,
-between the lines `<!-- bench_targets: NAME -->` and `<!-- /bench_targets: NAME -->`, replacing
-what was there, and names the command that wrote it with `--readme README.md` whatever FILE was
-(a copy, say, to look at before it replaces the README); it refuses (exit 1, FILE untouched) a
-table that is not the machine's own: a run that warned (a moving floor, CPU steal), a floor below
-90% of the highest of all the runs, a tuning environment variable, or rows left out.
+written as each round ends (machine.json's "kept" names the rounds that stood). --from DIR prints
+the table of such a folder again, running nothing (it does not read DIR/rounds).
+
+--readme FILE --machine NAME also writes the table into FILE, between the lines
+`<!-- bench_targets: NAME -->` and `<!-- /bench_targets: NAME -->`, replacing what was there, and
+names the command that wrote it with `--readme README.md` whatever FILE was (a copy, say, to look
+at before it replaces the README); it refuses (exit 1, FILE untouched) a table that is not the
+machine's own: a run that warned (a moving floor, CPU steal), a floor below 90% of the highest of
+all the runs, a tuning environment variable, or rows left out.
 
 --patience MINUTES is for a shared host: it runs rounds until --rounds of them can stand together
 (no run warned, and no floor reading below 90% of the highest of the rounds kept), setting the
@@ -97,8 +98,8 @@ def as_runs(rounds):
 
 
 def clean_rounds(rounds, want):
-    """The indices of the rounds that can stand together: none of their runs warned, and none of their floor
-    readings fell below FLOOR_DIP of the highest of those rounds. Of the sets of rounds that can,
+    """The indices of the rounds that can stand together: none of their runs warned, and none of
+    their floor readings fell below FLOOR_DIP of the highest of those rounds. Of the sets of rounds that can,
     the largest up to `want` rounds, and of those the one under the highest floor. run_rounds asks
     after every round and stops at the first set of `want`, so a faster spell that might come
     later is not waited for. A round whose own floor moved by more than the dip stands with none;
@@ -495,8 +496,7 @@ def main():
         machine = {"cpu": cpu_model(), "device": runs[(0, models[0], "none")]["device"],
                    "start": start, "end": utc_now(), "env": tuning_env(), "set_aside": set_aside,
                    "patience": a.patience, "kept": kept}
-        if a.save:
-            os.makedirs(a.save, exist_ok=True)
+        if a.save:  # the folder was made with its rounds/ before the run
             with open(os.path.join(a.save, "machine.json"), "w") as f:
                 json.dump(machine, f, indent=2)
             for (r, m, p), j in runs.items():
