@@ -1,0 +1,806 @@
+#!/usr/bin/env python3
+"""The PyTorch reference trainer (issue 47): remat-train's GPT as a competent PyTorch user would
+train it at long context, so that the two tools can be compared side by side on one machine.
+
+Someone choosing remat-train would otherwise write this: nn.Module blocks, F.scaled_dot_product_
+attention(is_causal=True), torch.utils.checkpoint per block (or selective activation
+checkpointing), bf16 autocast over fp32 master weights, fused AdamW, global-norm clipping,
+torch.compile. This script is that program, for the same model and the same config file:
+
+  * it reads a remat-train TOML config (`--set section.key=value` overrides as remat-train's) and
+    builds the same GPT: LayerNorm (eps 1e-5), fused qkv with heads contiguous, RoPE on pairs
+    (i, i + HS/2) or learned positions, tanh GELU, the LM head tied to wte, mean cross-entropy;
+    parameter names are those of remat-train's model.safetensors, so `--init` loads its weights;
+  * it trains N steps with AdamW (betas 0.9/0.95, eps 1e-8, weight decay on 2-D weights only),
+    remat-train's schedule (linear warmup, cosine to lr * min_lr_ratio) and global-norm clipping,
+    on random tokens (seeded) or on the llm.c token shards remat-train reads;
+  * it prints what `remat-train bench` prints about a step: the median step time after warm-up,
+    tokens/s, the model FLOPs as MFU counts them (each GEMM of the forward, 2*M*N*K, plus causal
+    attention's two GEMMs over T(T+1)/2 pairs, all times 3; the LM head's forward times 3) and the
+    achieved TFLOP/s, and the peak memory (torch.cuda.max_memory_allocated on CUDA; on the CPU the
+    process's peak RSS over the RSS before the model was built).
+
+Old PyTorch still runs it, with the fallback named in the banner: torch < 2.0 has no SDPA (the
+explicit causal softmax is used) and no torch.compile; selective checkpointing (policies
+save_attn and save_dots) needs torch >= 2.4 and is refused below it.
+
+tests/torch_reference_check.sh checks it against the binary: from the same weights and batch,
+step 1's loss agrees within 1e-5 relative (fp32) and step 2's loss and learning rate within 1e-4
+(AdamW parity). A side-by-side CPU comparison (GPT-2 124M, T = 1024, batch 1):
+
+    build/remat-train bench --config configs/gpt2-124m.toml --set train.seq_len=1024 \\
+        --set remat.policy=none --set device.backend=cpu --steps 3
+    python3 scripts/torch_reference.py --config configs/gpt2-124m.toml \\
+        --set train.seq_len=1024 --policy none --device cpu --steps 4 --warmup 1
+"""
+import argparse
+import contextlib
+import functools
+import gc
+import glob
+import json
+import math
+import os
+import re
+import resource
+import statistics
+import struct
+import sys
+import time
+
+try:
+    import tomllib
+except ImportError:  # Python < 3.11: the small parser below reads remat-train's configs
+    tomllib = None
+
+
+def die(problem, fix):
+    print(f"error: [torch_reference] {problem}. Fix: {fix}", file=sys.stderr)
+    sys.exit(2)
+
+
+try:
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+    import torch.utils.checkpoint as ckpt
+except ImportError:
+    die("PyTorch is not installed for " + sys.executable,
+        "apt-get install python3-torch (and run /usr/bin/python3), or pip install torch")
+
+TORCH = tuple(int(x) for x in re.findall(r"\d+", torch.__version__)[:2])
+HAS_SDPA = hasattr(F, "scaled_dot_product_attention")
+HAS_COMPILE = hasattr(torch, "compile")
+HAS_SAC = hasattr(ckpt, "create_selective_checkpoint_contexts")
+BETAS, ADAM_EPS, LN_EPS = (0.9, 0.95), 1e-8, 1e-5
+SHARD_MAGIC, SHARD_VERSION = 20240520, 1
+POLICIES = ("none", "full", "save_attn", "save_dots")
+
+# remat-train's defaults (engine/config.h) for the keys this script reads.
+DEFAULTS = {
+    "model": {"kind": "gpt", "n_layer": 2, "n_head": 4, "n_embd": 64, "vocab_size": 256,
+              "n_ctx": 1024, "d_ff": 0, "position": "learned", "rope_theta": 10000.0,
+              "dropout": 0.0},
+    "train": {"seq_len": 256, "batch_size": 4, "steps": 20, "lr": 1e-3, "warmup_steps": 0,
+              "min_lr_ratio": 0.1, "weight_decay": 0.1, "grad_clip": 1.0, "seed": 1337,
+              "loss_chunk": 0},
+    "data": {"source": "synthetic", "task": "random", "path": [], "order": "random"},
+    "remat": {"policy": "none"},
+    "device": {"backend": "auto", "precision": "bf16", "threads": 0},
+}
+
+
+# ---- the config ----
+
+def toml_value(text):
+    """One TOML value of the kinds remat-train's configs use; a bare word is a string (--set)."""
+    text = text.strip()
+    if text.startswith("[") and text.endswith("]"):
+        inner = text[1:-1].strip()
+        return [toml_value(v) for v in re.findall(r'"[^"]*"|\'[^\']*\'|[^,\s][^,]*', inner)]
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "\"'":
+        return text[1:-1]
+    if text in ("true", "false"):
+        return text == "true"
+    for kind in (int, float):
+        try:
+            return kind(text.replace("_", ""))
+        except ValueError:
+            pass
+    return text
+
+
+def strip_comment(line):
+    """The line without its # comment (a # inside a quoted string stays)."""
+    quote = None
+    for i, ch in enumerate(line):
+        if quote:
+            quote = None if ch == quote else quote
+        elif ch in "\"'":
+            quote = ch
+        elif ch == "#":
+            return line[:i].strip()
+    return line.strip()
+
+
+def parse_toml_subset(text):
+    """Sections, `key = value` and comments: enough for remat-train's configs without tomllib."""
+    out = {}
+    section = out
+    for line in map(strip_comment, text.splitlines()):
+        if not line:
+            continue
+        m = re.fullmatch(r"\[([A-Za-z0-9_.]+)\]", line)
+        if m:
+            section = out.setdefault(m.group(1), {})
+            continue
+        key, _, value = line.partition("=")
+        section[key.strip()] = toml_value(value)
+    return out
+
+
+def load_config(path, overrides):
+    try:
+        text = open(path, "rb").read().decode()
+    except OSError as e:
+        die(f"cannot read config {path}: {e.strerror}", "pass --config FILE (see configs/)")
+    try:
+        raw = tomllib.loads(text) if tomllib else parse_toml_subset(text)
+    except Exception as e:  # tomllib.TOMLDecodeError names the line
+        die(f"{path}: {e}", "correct the TOML (remat-train rejects it too)")
+    cfg = {s: dict(d, **raw.get(s, {})) for s, d in DEFAULTS.items()}
+    for item in overrides:
+        key, eq, value = item.partition("=")
+        section, dot, name = key.partition(".")
+        if not eq or not dot or not name:
+            die(f"--set {item}: expected section.key=value", "write e.g. --set train.seq_len=4096")
+        try:
+            parsed = tomllib.loads(f"v = {value}")["v"] if tomllib else toml_value(value)
+        except Exception:  # remat-train accepts bare words: --set data.source=tokens
+            parsed = value
+        cfg.setdefault(section, {})[name] = parsed
+    if cfg["model"]["kind"] != "gpt":
+        die(f"model.kind = {cfg['model']['kind']}: only the GPT has a reference here",
+            "use a GPT config (configs/tiny.toml, configs/gpt2-124m.toml)")
+    return cfg
+
+
+# ---- the model (names as remat-train's model.safetensors) ----
+
+def rope_tables(T, HS, theta, device):
+    """cos, sin of angle t * theta^(-2i/HS) for the pairs (i, i + HS/2), float32 (T, HS/2)."""
+    i = torch.arange(HS // 2, dtype=torch.float64, device=device)
+    ang = torch.arange(T, dtype=torch.float64, device=device)[:, None] * theta ** (-2.0 * i / HS)
+    return torch.cos(ang).float(), torch.sin(ang).float()
+
+
+def apply_rope(x, cos, sin):
+    half = x.shape[-1] // 2
+    a, b = x[..., :half], x[..., half:]
+    c, s = cos.to(x.dtype), sin.to(x.dtype)
+    return torch.cat([a * c - b * s, a * s + b * c], dim=-1)
+
+
+def causal_attention(q, k, v):
+    """(B, H, T, HS) each. SDPA picks a flash / memory-efficient kernel; before torch 2.0 the
+    explicit T x T softmax is all PyTorch has."""
+    if HAS_SDPA:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    T = q.shape[-2]
+    scores = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(q.shape[-1]))
+    mask = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)
+    return torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1) @ v
+
+
+class Attention(nn.Module):
+    def __init__(self, C, H):
+        super().__init__()
+        self.n_head = H
+        self.qkv = nn.Linear(C, 3 * C)  # q, k, v; heads contiguous in each
+        self.proj = nn.Linear(C, C)
+
+    def forward(self, h, rope):
+        B, T, C = h.shape
+        H = self.n_head
+        q, k, v = (t.reshape(B, T, H, C // H).transpose(1, 2) for t in self.qkv(h).split(C, -1))
+        if rope is not None:
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        return self.proj(causal_attention(q, k, v).transpose(1, 2).reshape(B, T, C))
+
+
+class Mlp(nn.Module):
+    def __init__(self, C, FF):
+        super().__init__()
+        self.fc = nn.Linear(C, FF)
+        self.proj = nn.Linear(FF, C)
+
+    def forward(self, h):
+        return self.proj(F.gelu(self.fc(h), approximate="tanh"))
+
+
+class Block(nn.Module):
+    def __init__(self, C, H, FF, dropout):
+        super().__init__()
+        self.ln1, self.attn = nn.LayerNorm(C, eps=LN_EPS), Attention(C, H)
+        self.ln2, self.mlp = nn.LayerNorm(C, eps=LN_EPS), Mlp(C, FF)
+        self.dropout = dropout
+
+    def forward(self, x, rope):
+        x = x + F.dropout(self.attn(self.ln1(x), rope), self.dropout, self.training)
+        return x + F.dropout(self.mlp(self.ln2(x)), self.dropout, self.training)
+
+
+class Gpt(nn.Module):
+    def __init__(self, m, remat, loss_chunk):
+        super().__init__()
+        C, L, V = m["n_embd"], m["n_layer"], m["vocab_size"]
+        FF = m["d_ff"] or 4 * C
+        self.m, self.remat, self.loss_chunk = m, remat, loss_chunk
+        self.wte = nn.Parameter(torch.empty(V, C))
+        self.wpe = nn.Parameter(torch.empty(m["n_ctx"], C)) if m["position"] == "learned" else None
+        self.blocks = nn.ModuleList(Block(C, m["n_head"], FF, m["dropout"]) for _ in range(L))
+        self.lnf = nn.LayerNorm(C, eps=LN_EPS)
+        self._rope = {}
+        self.init_weights()
+
+    def init_weights(self):
+        """GPT-2's, as remat-train's: N(0, 0.02), residual projections / sqrt(2L), wpe
+        N(0, 0.01), LayerNorms 1 and 0, biases 0."""
+        resid = 0.02 / math.sqrt(2 * len(self.blocks))
+        for name, p in self.named_parameters():
+            if p.dim() == 1:
+                nn.init.ones_(p) if ".ln" in name or name.startswith("lnf") else nn.init.zeros_(p)
+            else:
+                std = 0.01 if name == "wpe" else resid if name.endswith("proj.weight") else 0.02
+                nn.init.normal_(p, 0.0, std)
+
+    def rope(self, T, device):
+        if self.wpe is not None:
+            return None
+        key = (T, str(device))
+        if key not in self._rope:  # built once per length, like a registered buffer
+            C, H = self.m["n_embd"], self.m["n_head"]
+            self._rope = {key: rope_tables(T, C // H, float(self.m["rope_theta"]), device)}
+        return self._rope[key]
+
+    def forward(self, idx, targets):
+        T = idx.shape[1]
+        x = F.embedding(idx, self.wte)
+        if self.wpe is not None:
+            x = x + self.wpe[:T]
+        rope = self.rope(T, idx.device)
+        for block in self.blocks:
+            x = self.remat(block, x, rope)
+        return lm_loss(self.lnf(x), self.wte, targets, self.loss_chunk)
+
+
+def chunk_loss(h, wte, targets):
+    return F.cross_entropy(F.linear(h, wte).float(), targets, reduction="sum")
+
+
+def lm_loss(x, wte, targets, chunk):
+    """Mean cross-entropy of the tied head. At long context the (B*T, V) logits would be the
+    largest tensor of the step, so rows go in checkpointed chunks whose logits are recomputed in
+    the backward pass (what remat-train's fused head avoids storing, too)."""
+    h, t = x.reshape(-1, x.shape[-1]), targets.reshape(-1)
+    n = t.numel()
+    if chunk >= n:
+        return chunk_loss(h, wte, t) / n
+    total = 0.0
+    for i in range(0, n, chunk):
+        total = total + ckpt.checkpoint(chunk_loss, h[i:i + chunk], wte, t[i:i + chunk],
+                                        use_reentrant=False)
+    return total / n
+
+
+# ---- activation checkpointing ----
+
+def sdpa_ops():
+    names = ["_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+             "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu"]
+    return {getattr(torch.ops.aten, n).default for n in names if hasattr(torch.ops.aten, n)}
+
+
+def remat_fn(policy):
+    """How each block runs: as is, checkpointed, or checkpointed saving some ops' outputs."""
+    if policy == "none":
+        return lambda block, x, rope: block(x, rope)
+    if policy == "full":
+        return lambda block, x, rope: ckpt.checkpoint(block, x, rope, use_reentrant=False)
+    if not HAS_SAC:
+        die(f"policy {policy} is selective activation checkpointing, which needs torch >= 2.4 "
+            f"(torch.utils.checkpoint.create_selective_checkpoint_contexts); this is torch "
+            f"{torch.__version__}", "use --policy none or full, or a newer PyTorch")
+    aten = torch.ops.aten
+    save = sdpa_ops()
+    if policy == "save_dots":  # JAX's dots_saveable: every GEMM output and attention
+        save |= {aten.mm.default, aten.addmm.default, aten.bmm.default}
+
+    def decide(ctx, op, *args, **kwargs):
+        return (ckpt.CheckpointPolicy.MUST_SAVE if op in save
+                else ckpt.CheckpointPolicy.PREFER_RECOMPUTE)
+
+    context = functools.partial(ckpt.create_selective_checkpoint_contexts, decide)
+    return lambda block, x, rope: ckpt.checkpoint(block, x, rope, use_reentrant=False,
+                                                  context_fn=context)
+
+
+# ---- weights, optimizer, schedule ----
+
+def load_safetensors(path, model):
+    """remat-train's model.safetensors (f32, names as the model's) into `model`, checked."""
+    if os.path.isdir(path) and not os.path.exists(os.path.join(path, "model.safetensors")):
+        steps = sorted(glob.glob(os.path.join(path, "step_*")))  # a checkpoint.dir: its newest
+        path = steps[-1] if steps else path
+    if os.path.isdir(path):
+        path = os.path.join(path, "model.safetensors")
+    try:
+        blob = bytearray(open(path, "rb").read())
+        (n,) = struct.unpack("<Q", blob[:8])
+        header = json.loads(blob[8:8 + n])
+    except (OSError, ValueError, struct.error) as e:
+        die(f"--init {path}: not a readable safetensors file ({e})",
+            "pass a remat-train checkpoint folder or its model.safetensors")
+    header.pop("__metadata__", None)
+    want = model.state_dict()
+    if set(header) != set(want):
+        diff = sorted(set(header) ^ set(want))[:4]
+        die(f"--init {path}: parameter names differ from the config's model ({', '.join(diff)})",
+            "use the config the checkpoint was trained with (model.position, n_layer)")
+    with torch.no_grad():
+        for name, t in header.items():
+            a, b = t["data_offsets"]
+            if t["dtype"] != "F32" or list(t["shape"]) != list(want[name].shape):
+                die(f"--init {path}: {name} is {t['dtype']} {t['shape']}, the model wants F32 "
+                    f"{list(want[name].shape)}", "use the config the checkpoint was trained with")
+            src = torch.frombuffer(blob, dtype=torch.float32, offset=8 + n + a,
+                                   count=(b - a) // 4)
+            want[name].copy_(src.reshape(t["shape"]))
+
+
+def make_optimizer(model, train, device):
+    """AdamW, decay on 2-D weights only; the fused kernel where this torch has one for the
+    device (CUDA from 2.0, CPU from 2.4), else the multi-tensor (foreach) one."""
+    params = list(model.parameters())
+    decay = train["weight_decay"]
+    groups = [{"params": [p for p in params if p.dim() == 2], "weight_decay": decay},
+              {"params": [p for p in params if p.dim() != 2], "weight_decay": 0.0}]
+    fused_ok = TORCH >= (2, 0) if device.type == "cuda" else TORCH >= (2, 4)
+    for kind in (["fused"] if fused_ok else []) + ["foreach"]:
+        try:
+            return torch.optim.AdamW(groups, lr=train["lr"], betas=BETAS, eps=ADAM_EPS,
+                                     **{kind: True}), kind
+        except (TypeError, RuntimeError):
+            continue
+    return torch.optim.AdamW(groups, lr=train["lr"], betas=BETAS, eps=ADAM_EPS), "single-tensor"
+
+
+def learning_rate(train, s):
+    """remat-train's: linear warmup over warmup_steps, then cosine from lr to lr * min_lr_ratio."""
+    lr, warmup, steps = train["lr"], train["warmup_steps"], train["steps"]
+    if s < warmup:
+        return lr * (s + 1) / warmup
+    decay = steps - warmup
+    if decay <= 1:
+        return lr
+    lo = lr * train["min_lr_ratio"]
+    return lo + 0.5 * (lr - lo) * (1 + math.cos(math.pi * (s - warmup) / (decay - 1)))
+
+
+# ---- data ----
+
+def read_shard(path, V):
+    try:
+        blob = bytearray(open(path, "rb").read())
+    except OSError as e:
+        die(f"cannot read token shard {path}: {e.strerror}", "check --tokens / data.path")
+    if len(blob) < 1024:
+        die(f"{path}: shorter than the 1024-byte header", "pass an llm.c token shard")
+    magic, version, n = struct.unpack("<3i", blob[:12])
+    if magic != SHARD_MAGIC or version != SHARD_VERSION:
+        die(f"{path}: bad magic {magic} / version {version} (a token shard starts with "
+            f"{SHARD_MAGIC}, 1)", "regenerate it with an llm.c-format tokenizer")
+    if len(blob) != 1024 + 2 * n:
+        die(f"{path}: {len(blob)} bytes for {n} tokens (expected {1024 + 2 * n})",
+            "the shard is truncated: regenerate it")
+    tokens = torch.frombuffer(blob, dtype=torch.int16, offset=1024, count=n).to(torch.int32)
+    tokens = tokens & 0xFFFF  # the uint16 tokens, read as int16 (older torch has no uint16)
+    if n and int(tokens.max()) >= V:
+        die(f"{path}: token {int(tokens.max())} is outside the vocabulary "
+            f"(model.vocab_size = {V})", f"raise model.vocab_size to {int(tokens.max()) + 1}")
+    return tokens
+
+
+def shard_paths(spec):
+    paths = []
+    for s in [spec] if isinstance(spec, str) else spec:
+        if os.path.isdir(s):
+            paths += sorted(glob.glob(os.path.join(s, "*.bin")))
+        else:
+            paths += sorted(glob.glob(s)) or [s]
+    return list(dict.fromkeys(paths))
+
+
+class TokenWindows:
+    """remat-train's windows of seq_len + 1 tokens of one shard. Sequential order is the
+    binary's exactly (stride seq_len, row r = step * B + row takes window r mod n_windows);
+    random order draws starts from torch's generator, not remat-train's counter RNG."""
+
+    def __init__(self, paths, V, T, B, order, seed):
+        self.shards = [read_shard(p, V) for p in paths]
+        self.T, self.B, self.order, self.seed = T, B, order, seed
+        self.windows = [(i, k * T) for i, s in enumerate(self.shards)
+                        for k in range(max(0, (s.numel() - 1) // T))]
+        self.starts = [(i, s.numel() - T) for i, s in enumerate(self.shards) if s.numel() > T]
+        if not self.windows:
+            die(f"the token data is shorter than one window (seq_len + 1 = {T + 1} tokens)",
+                "lower train.seq_len, or add data")
+
+    def window(self, step, row):
+        r = step * self.B + row
+        if self.order == "sequential":
+            return self.windows[r % len(self.windows)]
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + r)
+        total = sum(n for _, n in self.starts)
+        k = int(torch.randint(total, (1,), generator=g))
+        for i, n in self.starts:
+            if k < n:
+                return i, k
+            k -= n
+
+    def batch(self, step):
+        rows = []
+        for row in range(self.B):
+            i, start = self.window(step, row)
+            rows.append(self.shards[i][start:start + self.T + 1])
+        w = torch.stack(rows).long()
+        return w[:, :-1], w[:, 1:]
+
+
+class RandomTokens:
+    """Uniform random tokens, seeded per step: throughput runs (the loss stays near ln V)."""
+
+    def __init__(self, V, T, B, seed):
+        self.V, self.T, self.B, self.seed = V, T, B, seed
+
+    def batch(self, step):
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
+        w = torch.randint(self.V, (self.B, self.T + 1), generator=g)
+        return w[:, :-1], w[:, 1:]
+
+
+def make_data(cfg, args, T, B):
+    V, seed = cfg["model"]["vocab_size"], cfg["train"]["seed"]
+    spec = args.tokens or (cfg["data"]["path"] if cfg["data"]["source"] == "tokens" else None)
+    if spec:
+        paths = shard_paths(spec)
+        return TokenWindows(paths, V, T, B, cfg["data"]["order"], seed), \
+            f"tokens: {', '.join(paths)}, {cfg['data']['order']} windows of {T + 1}"
+    return RandomTokens(V, T, B, seed), f"random tokens (seed {seed})"
+
+
+# ---- measuring ----
+
+def model_flops(m, B, T):
+    """MFU's count, as remat-train's: 3x every forward GEMM (2*M*N*K) and causal attention's two
+    GEMMs over T(T+1)/2 pairs per head, plus the tied head's forward, also 3x."""
+    C, L, H, V = m["n_embd"], m["n_layer"], m["n_head"], m["vocab_size"]
+    FF, N = m["d_ff"] or 4 * C, B * T
+    gemms = 2 * N * C * (3 * C) + 2 * N * C * C + 2 * N * C * FF + 2 * N * FF * C
+    attention = 2 * 2 * (C // H) * B * H * T * (T + 1) / 2
+    return 3 * (L * (gemms + attention) + 2 * N * C * V)
+
+
+def rss_bytes():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def peak_memory(device, rss_before):
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device), "torch.cuda.max_memory_allocated"
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+    return peak - rss_before, f"RSS: peak over the {rss_before / 2**20:.0f} MiB before the model"
+
+
+def parse_bytes(text):
+    m = re.fullmatch(r"\s*([0-9.]+)\s*([KMGT]?)(i?)B?\s*", text, re.I)
+    if not m:
+        die(f"--cap {text}: not a size", "write e.g. --cap 40GiB")
+    scale = (1024 if m.group(3) else 1000) ** "_KMGT".index(m.group(2).upper() or "_")
+    return int(float(m.group(1)) * scale)
+
+
+def fmt_flops(n, unit=""):
+    return f"{n / 1e12:.3f} TFLOP{unit}" if n >= 1e12 else f"{n / 1e9:.3f} GFLOP{unit}"
+
+
+def fmt_bytes(n):
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+# ---- training ----
+
+class Trainer:
+    def __init__(self, cfg, args, device, dtype):
+        self.cfg, self.args, self.device = cfg, args, device
+        self.train = cfg["train"]
+        self.autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) \
+            if dtype == "bf16" else contextlib.nullcontext
+        self.offload = (lambda: torch.autograd.graph.save_on_cpu(pin_memory=True)) \
+            if args.offload else contextlib.nullcontext
+
+    def build(self, loss_chunk):
+        self.model = Gpt(self.cfg["model"], remat_fn(self.args.policy), loss_chunk).to(self.device)
+        if self.args.init:
+            load_safetensors(self.args.init, self.model)
+        self.forward = torch.compile(self.model) if self.args.compile else self.model
+        self.opt, self.opt_kind = make_optimizer(self.model, self.train, self.device)
+        self.params = list(self.model.parameters())
+
+    def step(self, s, data):
+        """One optimizer step; returns loss, grad_norm, lr, ms. The data is part of the step."""
+        sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
+        sync()
+        t0 = time.perf_counter()
+        lr = learning_rate(self.train, s)
+        for g in self.opt.param_groups:
+            g["lr"] = lr
+        idx, tgt = data.batch(s)
+        idx, tgt = idx.to(self.device, non_blocking=True), tgt.to(self.device, non_blocking=True)
+        with self.autocast(), self.offload():
+            loss = self.forward(idx, tgt)
+        loss.backward()
+        clip = self.train["grad_clip"]
+        norm = torch.nn.utils.clip_grad_norm_(self.params, clip if clip > 0 else float("inf"))
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        sync()
+        ms = (time.perf_counter() - t0) * 1e3
+        return float(loss), float(norm), lr, ms
+
+
+def pick_device(cfg, args):
+    name = args.device or {"auto": "cuda" if torch.cuda.is_available() else "cpu"}.get(
+        cfg["device"]["backend"], cfg["device"]["backend"])
+    if name not in ("cpu", "cuda"):
+        die(f"device {name}: unknown", "pass --device cpu or --device cuda")
+    if name == "cuda" and not torch.cuda.is_available():
+        die(f"no CUDA device for this torch {torch.__version__}",
+            "pass --device cpu, or install a CUDA build of PyTorch")
+    return torch.device(name)
+
+
+def default_loss_chunk(cfg, B, T):
+    """train.loss_chunk when set; else all rows at once while the logits stay under 1 GiB
+    (fp32), and chunks of 256 MiB of logits above that."""
+    V, n = cfg["model"]["vocab_size"], B * T
+    if cfg["train"]["loss_chunk"] > 0:
+        return cfg["train"]["loss_chunk"]
+    return n if n * V * 4 <= 2**30 else max(64, (2**28 // (4 * V)) // 64 * 64)
+
+
+def attention_path():
+    if HAS_SDPA:
+        return "F.scaled_dot_product_attention(is_causal=True)"
+    return (f"explicit causal softmax over T x T (torch {torch.__version__} has no "
+            "F.scaled_dot_product_attention; it came in 2.0)")
+
+
+def banner(cfg, args, device, dtype, trainer, T, B, data_desc, out):
+    m = cfg["model"]
+    n_params = sum(p.numel() for p in trainer.model.parameters())
+    threads = torch.get_num_threads() if device.type == "cpu" else "-"
+    dev = f"cpu, {threads} threads" if device.type == "cpu" else \
+        f"cuda: {torch.cuda.get_device_name(device)}"
+    print(f"torch_reference  torch {torch.__version__} | {dev} | {dtype}"
+          f"{' (autocast, fp32 master weights)' if dtype == 'bf16' else ''} | policy "
+          f"{args.policy}{' + save_on_cpu offload' if args.offload else ''}"
+          f"{' | torch.compile' if args.compile else ''}", file=out)
+    print(f"attention {attention_path()}", file=out)
+    chunk = trainer.model.loss_chunk
+    loss = "full logits" if chunk >= B * T else f"chunks of {chunk} rows (checkpointed)"
+    print(f"model gpt L={m['n_layer']} H={m['n_head']} C={m['n_embd']} V={m['vocab_size']} "
+          f"({m['position']} positions) | {n_params / 1e6:.2f}M params | batch {B} x {T} | "
+          f"AdamW {trainer.opt_kind} | loss {loss}", file=out)
+    print(f"data {data_desc}", file=out)
+
+
+def run(cfg, args, device, dtype, out):
+    T, B = cfg["train"]["seq_len"], cfg["train"]["batch_size"]
+    m = cfg["model"]
+    if m["position"] == "learned" and T > m["n_ctx"]:
+        die(f"train.seq_len = {T} is longer than model.n_ctx = {m['n_ctx']} (learned positions)",
+            "raise model.n_ctx or use model.position = rope")
+    rss_before = rss_bytes()
+    trainer = Trainer(cfg, args, device, dtype)
+    trainer.build(args.loss_chunk or default_loss_chunk(cfg, B, T))
+    data, data_desc = make_data(cfg, args, T, B)
+    banner(cfg, args, device, dtype, trainer, T, B, data_desc, out)
+    steps = []
+    for s in range(cfg["train"]["steps"]):
+        loss, norm, lr, ms = trainer.step(s, data)
+        steps.append({"step": s + 1, "loss": loss, "grad_norm": norm, "lr": lr, "ms": ms})
+        print(f"step {s + 1:>5}/{cfg['train']['steps']}  loss {loss:.6f}  lr {lr:.3e}  "
+              f"grad_norm {norm:.4f}  {ms:9.1f} ms", file=out, flush=True)
+    timed = steps[args.warmup:] or steps[-1:]
+    median = statistics.median(s["ms"] for s in timed)
+    flops = model_flops(m, B, T)
+    peak, peak_kind = peak_memory(device, rss_before)
+    return {"tool": "torch_reference", "torch": torch.__version__, "device": device.type,
+            "threads": torch.get_num_threads(), "dtype": dtype, "attention": attention_path(),
+            "policy": args.policy, "offload": bool(args.offload), "compile": bool(args.compile),
+            "optimizer": f"AdamW {trainer.opt_kind}", "seq_len": T, "batch_size": B,
+            "params": sum(p.numel() for p in trainer.model.parameters()),
+            "timed_steps": len(timed), "median_step_ms": median,
+            "tokens_per_s": B * T / (median / 1e3), "model_flops_per_step": flops,
+            "model_tflops": flops / (median / 1e3) / 1e12, "peak_bytes": peak,
+            "peak_kind": peak_kind, "steps": steps}
+
+
+def print_summary(r, out):
+    first = r["steps"][0]["step"] + len(r["steps"]) - r["timed_steps"]
+    print(f"median step {r['median_step_ms']:.1f} ms (steps {first}-{r['steps'][-1]['step']}) | "
+          f"{r['tokens_per_s']:.0f} tokens/s | model "
+          f"{fmt_flops(r['model_flops_per_step'], '/step')} "
+          f"(GEMMs + causal attention, x3) -> {fmt_flops(r['model_tflops'] * 1e12, '/s')}",
+          file=out)
+    print(f"peak memory {fmt_bytes(r['peak_bytes'])} ({r['peak_kind']})", file=out)
+
+
+# ---- the longest context under a cap (CUDA) ----
+
+def is_oom(e):
+    return isinstance(e, getattr(torch.cuda, "OutOfMemoryError", ())) or "out of memory" in str(e)
+
+
+def try_seq_len(cfg, args, device, dtype, T):
+    """Two real steps at seq_len T (the first allocates AdamW's state); the peak, or None."""
+    probe = {s: dict(v) for s, v in cfg.items()}
+    probe["train"]["seq_len"], probe["train"]["steps"] = T, 2
+    trainer, result = Trainer(probe, args, device, dtype), None
+    try:
+        torch.cuda.reset_peak_memory_stats(device)
+        B = probe["train"]["batch_size"]
+        trainer.build(args.loss_chunk or default_loss_chunk(probe, B, T))
+        data, _ = make_data(probe, args, T, B)
+        ms = [trainer.step(s, data)[3] for s in range(2)][-1]
+        result = torch.cuda.max_memory_allocated(device), ms
+    except RuntimeError as e:
+        if not is_oom(e):
+            raise
+    # Out of the except block, so that the traceback's frames no longer hold the step's tensors.
+    trainer = None
+    gc.collect()
+    torch.cuda.empty_cache()
+    return result
+
+
+def probe_line(T, result):
+    if result is None:
+        return f"seq_len {T:>9}: OOM"
+    return f"seq_len {T:>9}: ran, peak {fmt_bytes(result[0])}, {result[1]:.1f} ms a step"
+
+
+def longest(cfg, args, device, dtype, out):
+    if device.type != "cuda":
+        die("--longest needs CUDA (its OOM is the search's signal)", "pass --device cuda")
+    cap = parse_bytes(args.cap)
+    total = torch.cuda.get_device_properties(device).total_memory
+    torch.cuda.set_per_process_memory_fraction(min(1.0, cap / total), device)
+    T0, grain = cfg["train"]["seq_len"], args.granularity
+    n_ctx = cfg["model"]["n_ctx"] if cfg["model"]["position"] == "learned" else None
+    good, bad, T, results = None, None, T0, {}
+    while bad is None and (n_ctx is None or T <= n_ctx):  # doubling
+        results[T] = try_seq_len(cfg, args, device, dtype, T)
+        print(probe_line(T, results[T]), file=out, flush=True)
+        good, bad = (T, bad) if results[T] else (good, T)
+        T *= 2
+    if bad is None:
+        bad = n_ctx + 1 if n_ctx else T
+    lo = good or 0
+    while bad - lo > grain:  # binary search on multiples of the grain
+        mid = (lo + bad) // 2 // grain * grain
+        if mid <= lo:
+            break
+        results[mid] = try_seq_len(cfg, args, device, dtype, mid)
+        print(probe_line(mid, results[mid]), file=out, flush=True)
+        lo, bad = (mid, bad) if results[mid] else (lo, mid)
+    best = lo if lo and results.get(lo) else None
+    return {"tool": "torch_reference", "torch": torch.__version__, "policy": args.policy,
+            "dtype": dtype, "offload": bool(args.offload), "cap_bytes": cap,
+            "longest_seq_len": best, "peak_bytes": results[best][0] if best else None,
+            "step_ms": results[best][1] if best else None, "oom_at": bad}
+
+
+# ---- the command line ----
+
+def parse_args(argv):
+    ap = argparse.ArgumentParser(
+        prog="torch_reference.py", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Train remat-train's GPT in plain PyTorch from the same TOML config, and "
+                    "report a step as `remat-train bench` does (median ms, tokens/s, model "
+                    "TFLOP/s, peak memory).",
+        epilog=__doc__[__doc__.index("tests/torch_reference_check.sh"):])
+    ap.add_argument("--config", required=True, help="remat-train TOML config (configs/*.toml)")
+    ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                    help="override a config key, as remat-train's --set (repeatable)")
+    ap.add_argument("--steps", type=int, help="steps to train (sets train.steps: the schedule too)")
+    ap.add_argument("--warmup", type=int, default=1, help="untimed first steps (default 1)")
+    ap.add_argument("--init", help="start from remat-train weights: model.safetensors, a "
+                                   "step_* folder, or a checkpoint.dir (its newest)")
+    ap.add_argument("--tokens", help="llm.c token shard(s) (file, folder or glob); default: the "
+                                     "config's data.path when data.source = tokens, else random")
+    ap.add_argument("--policy", choices=POLICIES,
+                    help="none; full = torch.utils.checkpoint per block; save_attn / save_dots = "
+                         "selective checkpointing (torch >= 2.4). Default: the config's "
+                         "remat.policy")
+    ap.add_argument("--offload", action="store_true",
+                    help="keep saved activations in pinned host memory (save_on_cpu; CUDA only)")
+    ap.add_argument("--dtype", choices=("fp32", "bf16"),
+                    help="bf16 = autocast over fp32 master weights. Default: fp32 on the CPU, "
+                         "device.precision on CUDA")
+    ap.add_argument("--compile", action="store_true", help="torch.compile the model (torch >= 2.0)")
+    ap.add_argument("--device", choices=("cpu", "cuda"), help="default: device.backend")
+    ap.add_argument("--threads", type=int,
+                    help="CPU threads (torch.set_num_threads); default device.threads or all cores")
+    ap.add_argument("--loss-chunk", type=int, default=0,
+                    help="rows per checkpointed LM-head chunk; default train.loss_chunk, else "
+                         "full logits up to 1 GiB of them")
+    ap.add_argument("--json", action="store_true",
+                    help="print the summary (with every step) as one JSON object on stdout; "
+                         "the banner and step lines go to stderr")
+    ap.add_argument("--longest", action="store_true",
+                    help="CUDA: double seq_len from train.seq_len, then binary search, with real "
+                         "steps until OOM under --cap; report the longest that ran")
+    ap.add_argument("--cap", default="40GiB", help="memory cap for --longest (default 40GiB)")
+    ap.add_argument("--granularity", type=int, default=1024,
+                    help="--longest's binary search step in tokens (default 1024)")
+    return ap.parse_args(argv)
+
+
+def resolve(args, cfg, device):
+    """Fills the defaults that come from the config, refusing what this torch cannot do."""
+    if args.steps is not None:
+        cfg["train"]["steps"] = args.steps
+    if cfg["train"]["steps"] < 1:
+        die("train.steps must be at least 1", "pass --steps N")
+    if args.policy is None:
+        args.policy = cfg["remat"]["policy"]
+        if args.policy not in POLICIES:
+            die(f"remat.policy = {args.policy} has no PyTorch equivalent here",
+                f"pass --policy {'|'.join(POLICIES)}")
+    if args.policy in ("save_attn", "save_dots"):
+        remat_fn(args.policy)  # the torch-version check, before any work
+    if args.offload and device.type != "cuda":
+        die("--offload (torch.autograd.graph.save_on_cpu) copies to the host from a GPU",
+            "drop --offload on the CPU, or pass --device cuda")
+    if args.compile and not HAS_COMPILE:
+        die(f"torch {torch.__version__} has no torch.compile (it came in 2.0)", "drop --compile")
+    dtype = args.dtype or ("fp32" if device.type == "cpu" else cfg["device"]["precision"])
+    threads = args.threads or cfg["device"]["threads"] or len(os.sched_getaffinity(0))
+    torch.set_num_threads(threads)
+    return dtype
+
+
+def main(argv):
+    args = parse_args(argv)
+    cfg = load_config(args.config, args.set)
+    device = pick_device(cfg, args)
+    dtype = resolve(args, cfg, device)
+    torch.manual_seed(cfg["train"]["seed"])
+    out = sys.stderr if args.json else sys.stdout
+    if args.longest:
+        r = longest(cfg, args, device, dtype, out)
+        if not args.json:
+            print(f"longest seq_len that ran under {args.cap}: {r['longest_seq_len']}", file=out)
+    else:
+        r = run(cfg, args, device, dtype, out)
+        if not args.json:
+            print_summary(r, out)
+    if args.json:
+        print(json.dumps(r))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
