@@ -18,20 +18,25 @@ torch.compile. This script is that program, for the same model and the same conf
     tokens/s, the model FLOPs as MFU counts them (each GEMM of the forward, 2*M*N*K, plus causal
     attention's two GEMMs over T(T+1)/2 pairs, all times 3; the LM head's forward times 3) and the
     achieved TFLOP/s, and the peak memory (torch.cuda.max_memory_allocated on CUDA; on the CPU the
-    process's peak RSS over the RSS before the model was built).
+    process's peak RSS over the RSS before the model was built). remat-train's count adds the
+    elementwise ops (LayerNorm, GELU, softmax): 0.2% more at GPT-2 124M, T = 1024.
 
 Old PyTorch still runs it, with the fallback named in the banner: torch < 2.0 has no SDPA (the
 explicit causal softmax is used) and no torch.compile; selective checkpointing (policies
 save_attn and save_dots) needs torch >= 2.4 and is refused below it.
 
 tests/torch_reference_check.sh checks it against the binary: from the same weights and batch,
-step 1's loss agrees within 1e-5 relative (fp32) and step 2's loss and learning rate within 1e-4
-(AdamW parity). A side-by-side CPU comparison (GPT-2 124M, T = 1024, batch 1):
+step 1's loss agrees within 1e-5 relative (fp32), and 3 steps' losses, learning rates and
+gradient norms within 1e-4 (AdamW parity). A side-by-side CPU comparison (GPT-2 124M,
+T = 1024, batch 1; one warm-up and 3 timed steps each; then the same with policy full):
 
     build/remat-train bench --config configs/gpt2-124m.toml --set train.seq_len=1024 \\
         --set remat.policy=none --set device.backend=cpu --steps 3
-    python3 scripts/torch_reference.py --config configs/gpt2-124m.toml \\
+    /usr/bin/python3 scripts/torch_reference.py --config configs/gpt2-124m.toml \\
         --set train.seq_len=1024 --policy none --device cpu --steps 4 --warmup 1
+
+Compare them on a quiet machine, alternated: with more threads than free cores, OpenMP's
+spinning threads can make PyTorch's step many times slower.
 """
 import argparse
 import contextlib
