@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Runs issue 10's CPU benchmark rows and prints the README's table of them.
+"""Runs issue 10's CPU benchmark rows and prints the performance page's table of them.
 
 Each row is one `remat-train bench --json` run; a round runs every row once, `none` and `full` of
 one model side by side, so that a `full` step is compared with the `none` step of its own round
@@ -10,23 +10,23 @@ Benchmark on a quiet machine only (`uptime`; no build or test running beside it)
 
   scripts/bench_targets.py [--binary build/remat-train] [--rounds 2] [--rows gpt2,mlp4,long]
                            [--patience MINUTES] [--save DIR] [--from DIR]
-                           [--readme README.md --machine NAME]
+                           [--page docs/performance.md --machine NAME]
 
 --save DIR keeps each run's JSON (and the machine's) in DIR, the table's rounds numbered from 0,
 and every round run, set-aside ones too, in DIR/rounds, numbered from 1 in the order run and
 written as each round ends (machine.json's "kept" names the rounds that stood). --from DIR prints
 the table of such a folder again, running nothing (it does not read DIR/rounds).
 
---readme FILE --machine NAME also writes the table into FILE, between the lines
+--page FILE --machine NAME also writes the table into FILE, between the lines
 `<!-- bench_targets: NAME -->` and `<!-- /bench_targets: NAME -->`, replacing what was there, and
-names the command that wrote it with `--readme README.md` whatever FILE was (a copy, say, to look
-at before it replaces the README); it refuses (exit 1, FILE untouched) a table that is not the
+names the command that wrote it with `--page docs/performance.md` whatever FILE was (a copy, say,
+to look at before it replaces the page); it refuses (exit 1, FILE untouched) a table that is not the
 machine's own: a run that warned (a moving floor, CPU steal), a floor below 90% of the highest of
 all the runs, a tuning environment variable, or rows left out.
 
 --patience MINUTES is for a shared host: it runs rounds until --rounds of them can stand together
 (no run warned, and no floor reading below 90% of the highest of the rounds kept), setting the
-others aside, or until MINUTES have passed; then the last --rounds rounds stand, and --readme
+others aside, or until MINUTES have passed; then the last --rounds rounds stand, and --page
 refuses them as above. The table says how many rounds were set aside.
 """
 import argparse
@@ -357,9 +357,9 @@ def set_aside_note(machine):
 
 def setup_refusal(models, env):
     """Why runs of these rows, with these tuning variables (None: not recorded), cannot stand in
-    the README as the machine's own, or None. Known before any run."""
+    the performance page as the machine's own, or None. Known before any run."""
     if set(models) != set(MODELS):
-        return f"--readme needs every row ({','.join(MODELS)}). Fix: drop --rows"
+        return f"--page needs every row ({','.join(MODELS)}). Fix: drop --rows"
     if env is None:
         return ("its machine.json does not record the environment. Fix: run the rows again "
                 "(this script records it)")
@@ -368,8 +368,8 @@ def setup_refusal(models, env):
     return None
 
 
-def readme_refusal(runs, models, machine):
-    """Why this table must not stand in the README as the machine's own, or None."""
+def page_refusal(runs, models, machine):
+    """Why this table must not stand in the performance page as the machine's own, or None."""
     why = setup_refusal(models, machine.get("env"))
     if why:
         return why
@@ -381,13 +381,13 @@ def readme_refusal(runs, models, machine):
     return None
 
 
-def readme_block(runs, rounds, models, machine, name):
-    # The block is README.md's whatever file this run wrote (on a busy host, a copy that is
-    # checked before it replaces the README), so the command it names writes README.md.
+def page_block(runs, rounds, models, machine, name):
+    # The block is docs/performance.md's whatever file this run wrote (on a busy host, a copy
+    # that is checked before it replaces the page), so the command it names writes that page.
     patience = machine.get("patience")
     cmd = (f"python3 scripts/bench_targets.py --rounds {rounds} "
            + (f"--patience {patience:g} " if patience else "")
-           + f"--readme README.md --machine {shlex.quote(name)}")
+           + f"--page docs/performance.md --machine {shlex.quote(name)}")
     start, end = machine["start"], machine["end"]
     if start[:10] == end[:10]:
         end = end[11:]  # the same day
@@ -403,7 +403,7 @@ def readme_block(runs, rounds, models, machine, name):
             + [f"- {t}" for t in tail] + [f"<!-- /bench_targets: {name} -->"])
 
 
-def read_readme(path, name):
+def read_page(path, name):
     """(the file's text, the pattern of its block named `name`); exits with the fix if the file
     cannot be read or has not exactly one such block. Checked before the runs as well, so that a
     wrong name does not cost a run of every row."""
@@ -411,7 +411,8 @@ def read_readme(path, name):
         with open(path) as f:
             text = f.read()
     except OSError as e:
-        sys.exit(f"bench_targets: --readme {path}: {e.strerror}. Fix: pass the README's path")
+        sys.exit(f"bench_targets: --page {path}: {e.strerror}. Fix: pass the page's path "
+                 "(docs/performance.md)")
     begin, end = f"<!-- bench_targets: {name} -->", f"<!-- /bench_targets: {name} -->"
     pattern = re.compile(re.escape(begin) + r"\n.*?" + re.escape(end) + r"\n", re.S)
     found = pattern.findall(text)
@@ -424,9 +425,9 @@ def read_readme(path, name):
     return text, pattern
 
 
-def write_readme(path, name, block):
+def write_page(path, name, block):
     """Replaces the block named `name` in the file at `path`."""
-    text, pattern = read_readme(path, name)
+    text, pattern = read_page(path, name)
     text = pattern.sub(lambda _: "\n".join(block) + "\n", text)
     tmp = path + ".bench_targets.tmp"
     with open(tmp, "w") as f:
@@ -444,12 +445,14 @@ def main():
     ap.add_argument("--save", help="keep each run's JSON in this folder, every round's in its "
                     "rounds/")
     ap.add_argument("--from", dest="from_dir", help="print the table of a --save folder")
-    ap.add_argument("--readme", help="write the table into this file's block for --machine")
-    ap.add_argument("--machine", help="the name of the --readme block, e.g. 'AMD VM'")
+    ap.add_argument("--page", help="write the table into this file's block for --machine")
+    # The tables lived in README.md until the manual pages (docs/) took them; the old name works.
+    ap.add_argument("--readme", dest="page", help=argparse.SUPPRESS)
+    ap.add_argument("--machine", help="the name of the --page block, e.g. 'AMD VM'")
     a = ap.parse_args()
-    if bool(a.readme) != bool(a.machine):
-        sys.exit("bench_targets: --readme and --machine go together. Fix: pass both, e.g. "
-                 "--readme README.md --machine 'AMD VM'")
+    if bool(a.page) != bool(a.machine):
+        sys.exit("bench_targets: --page and --machine go together. Fix: pass both, e.g. "
+                 "--page docs/performance.md --machine 'AMD VM'")
     models = [m for m in a.rows.split(",") if m]
     for m in models:
         if m not in MODELS:
@@ -459,12 +462,12 @@ def main():
     if a.patience < 0 or (a.patience and a.from_dir):
         sys.exit("bench_targets: --patience takes minutes (> 0) and runs the rows: not with "
                  "--from. Fix: drop one of them")
-    if a.readme:  # what can be refused before the runs is refused before them
-        read_readme(a.readme, a.machine)
+    if a.page:  # what can be refused before the runs is refused before them
+        read_page(a.page, a.machine)
         if not a.from_dir:
             why = setup_refusal(models, tuning_env())
             if why:
-                sys.exit(f"bench_targets: {a.readme} would not be written: {why}")
+                sys.exit(f"bench_targets: {a.page} would not be written: {why}")
     runs = {}
     if a.from_dir:
         with open(os.path.join(a.from_dir, "machine.json")) as f:
@@ -503,13 +506,12 @@ def main():
                 with open(os.path.join(a.save, run_name(r, m, p)), "w") as f:
                     json.dump(j, f, indent=2)
     print("\n".join(table(runs, a.rounds, models) + footer(runs, a.rounds, models, machine)))
-    if a.readme:
-        why = readme_refusal(runs, models, machine)
+    if a.page:
+        why = page_refusal(runs, models, machine)
         if why:
-            sys.exit(f"bench_targets: {a.readme} not written: {why}")
-        write_readme(a.readme, a.machine,
-                     readme_block(runs, a.rounds, models, machine, a.machine))
-        print(f"bench_targets: wrote the {a.machine} table into {a.readme}", file=sys.stderr)
+            sys.exit(f"bench_targets: {a.page} not written: {why}")
+        write_page(a.page, a.machine, page_block(runs, a.rounds, models, machine, a.machine))
+        print(f"bench_targets: wrote the {a.machine} table into {a.page}", file=sys.stderr)
 
 
 if __name__ == "__main__":

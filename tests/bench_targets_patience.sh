@@ -1,7 +1,7 @@
 #!/bin/bash
 # scripts/bench_targets.py --patience: on a shared host it runs rounds until --rounds of them are
 # clean, setting aside the rounds that warned or ran in a slow spell, and says how many; when the
-# time is up, the last rounds stand and --readme refuses them. A fake `remat-train` stands in for
+# time is up, the last rounds stand and --page refuses them. A fake `remat-train` stands in for
 # the binary: each call prints a saved run of tests/data/bench_targets with the floor and warnings
 # of the round it belongs to (FAKE_ROUNDS), and its round's number in step_ms, so the table shows
 # which rounds were kept.
@@ -31,7 +31,8 @@ j["cpu_steal"] = 0.0
 print(json.dumps(j))
 FAKE
 chmod +x "$d/remat-train"
-# A copy of the README, as on a busy host: the block still names README.md in its command.
+# A copy of the performance page, as on a busy host: the block still names docs/performance.md in
+# its command.
 printf '<!-- bench_targets: Test VM -->\nold\n<!-- /bench_targets: Test VM -->\n' >"$d/copy.md"
 cp "$d/copy.md" "$d/copy.orig"
 # The script refuses to write a table when a tuning variable is set; some machines set one for
@@ -47,7 +48,7 @@ bt() {  # bt ROUNDS [args...]: the script with the fake binary; stdout in $d/out
 }
 
 # Round 1 warned; round 2 was clean but slow beside round 3 (150 < 90% of 190); 3 and 4 stand.
-bt warn:190,clean:150,clean:190,clean:188 --rounds 2 --patience 5 --readme "$d/copy.md" \
+bt warn:190,clean:150,clean:190,clean:188 --rounds 2 --patience 5 --page "$d/copy.md" \
   --machine "Test VM" || fail "clean rounds were not written: $(cat "$d/err")"
 [ "$(cat "$d/calls")" = 24 ] || fail "ran $(cat "$d/calls") benches, not 4 rounds of 6"
 grep -q "0 clean round(s) of 1 so far; this round's floor 188-190 GFLOP/s, CPU steal at most 0%; 6 run(s) warned, first gpt2 none: warning: the SGEMM floor moved (fake)" "$d/err" ||
@@ -57,10 +58,10 @@ grep -q '^| GPT-2 124M, 1024 tokens, `none` | 300.0, 400.0 |' "$d/out" ||
   fail "not rounds 3 and 4 in the table: $(cat "$d/out")"
 grep -q "2 round(s), and 2 more set aside for a busy host (--patience)" "$d/out" ||
   fail "the set-aside rounds are not counted: $(cat "$d/out")"
-grep -q -- "--rounds 2 --patience 5 --readme README.md --machine 'Test VM'" "$d/copy.md" ||
-  fail "the README block does not give the command: $(cat "$d/copy.md")"
+grep -q -- "--rounds 2 --patience 5 --page docs/performance.md --machine 'Test VM'" "$d/copy.md" ||
+  fail "the page's block does not give the command: $(cat "$d/copy.md")"
 grep -q "2 rounds through the rows, and 2 more set aside for a busy host" "$d/copy.md" ||
-  fail "the README block does not count the set-aside rounds: $(cat "$d/copy.md")"
+  fail "the page's block does not count the set-aside rounds: $(cat "$d/copy.md")"
 
 # A round whose own floor moved by more than 10% (388-484) sets no other aside: rounds 2 and 3
 # (416-453, 430-458) stand together, so the run stops there. --save keeps every round.
@@ -95,9 +96,9 @@ bt clean:400-440,clean:450-460,clean:415-435 --rounds 2 --patience 5 ||
 grep -q '^| GPT-2 124M, 1024 tokens, `none` | 200.0, 300.0 |' "$d/out" ||
   fail "not rounds 2 and 3, under the higher floor: $(cat "$d/out")"
 
-# The time is up and no two rounds are clean: the last two stand, and --readme refuses them.
+# The time is up and no two rounds are clean: the last two stand, and --page refuses them.
 cp "$d/copy.orig" "$d/copy.md"
-bt warn:190,clean:150,warn:190 --rounds 2 --patience 0.0001 --readme "$d/copy.md" \
+bt warn:190,clean:150,warn:190 --rounds 2 --patience 0.0001 --page "$d/copy.md" \
   --machine "Test VM" && fail "rounds that warned were written"
 [ "$(cat "$d/calls")" = 12 ] || fail "ran $(cat "$d/calls") benches after the time was up"
 grep -q "1 clean round(s) of 2; the last 2 stand" "$d/err" || fail "timeout: $(cat "$d/err")"
