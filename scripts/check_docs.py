@@ -183,10 +183,26 @@ def matches(expected, actual, token_masks):
 
 
 def first_difference(exp, act):
+    if "..." in exp:
+        return first_missing(exp, act)
     for n, (e, a) in enumerate(zip(exp, act)):
         if e != a and e != "...":
             return f"    line {n + 1}:\n      page:   {e}\n      binary: {a}"
     return f"    the page has {len(exp)} lines, the binary printed {len(act)}"
+
+
+def first_missing(exp, act):
+    """With `...` the page's lines are not where the binary's are: the first page line missing
+    from the output, searched in order (the lines before it found first)."""
+    j = 0
+    for n, e in enumerate(exp):
+        if e != "...":
+            if e not in act[j:]:
+                return (f"    line {n + 1} is not in the binary's output after the lines before "
+                        f"it:\n      page:   {e}")
+            j = act.index(e, j) + 1
+    return ("    every line is in the binary's output, in order, but other lines lie between "
+            "them: a `...` is missing")
 
 
 def run(cmd, cwd, env):
