@@ -8,17 +8,21 @@
 #                  seconds, two at a time; `make test` ends with this step when clang++ is present
 #   make golden    regenerate the PyTorch golden (tests/golden/) with Debian's python3-torch,
 #                  installed here only: `make test` never needs it
+#   make install   build, then install into PREFIX (default /usr/local; e.g. PREFIX=$HOME/.local):
+#                  bin/remat-train, its scripts as bin/remat-train-*, share/remat-train/configs
+#   make uninstall remove every file the last install listed in BUILD/install_manifest.txt
 BUILD    ?= build
 JOBS     ?= $(shell nproc)
 WERROR   ?= $(or $(REMAT_WERROR),OFF)
 CMAKE_FLAGS ?=
+PREFIX   ?= /usr/local
 
 # 20 s per target keeps `make test` under CI's 15 minutes on a noisy 2-core VM (14m57s with 40 s
 # on 2026-12-02, the tests themselves slowed by the host). Longer runs: `make fuzz FUZZ_TIME=600`.
 FUZZ_TIME ?= 20
 FUZZ_TARGETS := config shard safetensors gpt2_tokenizer checkpoint_state
 
-.PHONY: all deps build run test sanitize format clean fuzz golden
+.PHONY: all deps build run test sanitize format clean fuzz golden install uninstall
 
 all: build
 
@@ -59,6 +63,13 @@ golden: build
 	@dpkg-query -W -f='$${Status}' python3-torch 2>/dev/null | grep -q "install ok installed" || \
 	  { echo "[golden] installing python3-torch"; $(if $(filter 0,$(shell id -u)),,sudo) apt-get install -y -qq --no-install-recommends python3-torch >/dev/null; }
 	/usr/bin/python3 scripts/torch_golden.py --binary $(BUILD)/remat-train
+
+# CMake lists what it installed in $(BUILD)/install_manifest.txt, which `make uninstall` reads.
+install: build
+	cmake --install $(BUILD) --prefix $(PREFIX)
+
+uninstall:
+	@bash scripts/uninstall.sh $(BUILD)/install_manifest.txt
 
 format:
 	@git ls-files '*.h' '*.cpp' '*.cu' '*.cuh' | xargs clang-format -i

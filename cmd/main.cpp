@@ -16,6 +16,7 @@
 
 #include "cmd/commands.h"
 #include "engine/config.h"
+#include "engine/config_path.h"
 #include "engine/cpu/blas_kernel.h"
 #include "engine/cpu/openmp_wait.h"
 #include "engine/error.h"
@@ -292,6 +293,12 @@ int run(int argc, char** argv) {
         "[parallel] a launcher started {} ranks of `remat-train {}`, which runs on one. Fix: run "
         "it without mpirun/srun (only `train` runs on several ranks)",
         remat::parallel::launched_ranks(), app.get_subcommands().front()->get_name()));
+  // A relative --config missing here comes from the installed share/remat-train/ (configs from
+  // any folder after `make install`); resolved once, the banner names the file actually read and
+  // the child processes of fit and sweep read it too.
+  for (std::string* path : {&train.config_path, &plan.config_path, &compare.config_path,
+                            &fit.config_path, &sweep.config_path, &bench.config_path})
+    *path = remat::resolve_config_path(*path);
   if (train_cmd->parsed()) {
     if (train_steps > 0) train.overrides.push_back(fmt::format("train.steps={}", train_steps));
     return remat::cli::run_train(train);

@@ -14,6 +14,7 @@
 #include <map>
 #include <sstream>
 
+#include "engine/config_path.h"
 #include "engine/error.h"
 #include "engine/parallel/layout.h"
 #include "engine/policy.h"
@@ -678,12 +679,32 @@ toml::table parse_toml(const std::string& toml_text, const std::string& name) {
   }
 }
 
+// The folder of the running executable, through symlinks (/proc/self/exe is the real file), so a
+// link to an installed remat-train still finds its share/ folder. Empty when it cannot be read.
+std::string executable_dir() {
+  std::error_code ec;
+  const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  return ec ? std::string() : exe.parent_path().string();
+}
+
+// Where an installed remat-train keeps `path`: `make install` puts the example configs in
+// PREFIX/share/remat-train/configs beside PREFIX/bin/remat-train (CMakeLists.txt, install rules).
+std::filesystem::path installed_data_path(const std::string& path, const std::string& exe_dir) {
+  return std::filesystem::path(exe_dir) / ".." / "share" / "remat-train" / path;
+}
+
 // A config file is a small regular file: a device (/dev/zero), a FIFO or a directory is refused
 // before a byte is read, and so is a file too large to be a config (reading it could not end).
 std::string read_config_file(const std::string& path) {
   namespace fs = std::filesystem;
   std::error_code ec;
   const fs::file_status st = fs::status(path, ec);
+  if ((ec || !fs::exists(st)) && fs::path(path).is_relative())
+    throw ConfigError(fmt::format(
+        "{}: [config] cannot open the config file: not in the current folder ({}) nor in the "
+        "installed configs ({}). Fix: check the path (configs/ has ready ones)",
+        path, (fs::current_path(ec) / path).lexically_normal().string(),
+        installed_data_path(path, executable_dir()).lexically_normal().string()));
   if (ec || !fs::exists(st))
     throw ConfigError(fmt::format(
         "{}: [config] cannot open the config file. Fix: check the path (configs/ has ready ones)",
@@ -715,7 +736,22 @@ Config parse_config(const std::string& toml_text, const std::string& name,
   return build(parse_toml(toml_text, name), name, overrides);
 }
 
-Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+std::string resolve_config_path(const std::string& path, const std::string& exe_dir) {
+  std::error_code ec;
+  if (path.empty() || std::filesystem::path(path).is_absolute() ||
+      std::filesystem::exists(path, ec) || exe_dir.empty())
+    return path;
+  const std::filesystem::path installed = installed_data_path(path, exe_dir);
+  return std::filesystem::exists(installed, ec) ? installed.lexically_normal().string() : path;
+}
+
+std::string resolve_config_path(const std::string& path) {
+  return resolve_config_path(path, executable_dir());
+}
+
+Config load_config(const std::string& given, const std::vector<std::string>& overrides) {
+  // Resolved here too, not only by the CLI: every caller finds the installed configs the same way.
+  const std::string path = resolve_config_path(given);
   toml::table root = parse_toml(read_config_file(path), path);
   // An empty, comment-only or truncated file must not train the built-in defaults: the file
   // says at least which model it trains, as [model] kind.

@@ -5,9 +5,10 @@
 # out/sweep-<config name> (or the --out DIR among the args), then scripts/plot_sweep.py DIR.
 # Without --seq-lens it sweeps 128..2k (doubling); without --steps, 2 steps per point.
 # Environment: BUILD (build folder, default build), REMAT (a remat-train binary to use instead).
+# Installed (`make install`) it is remat-train-sweep and uses the remat-train beside it.
 set -euo pipefail
 
-usage() { sed -n '2,7p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'; }
 if [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then
   usage
   exit 0
@@ -18,12 +19,25 @@ if [ $# -lt 1 ]; then
 fi
 config=$1
 shift
-root=$(cd "$(dirname "$0")/.." && pwd)
-build=${BUILD:-build}
-remat=${REMAT:-$root/$build/remat-train}
-if [ ! -x "$remat" ]; then
-  echo "[sweep.sh] building $remat"
-  make -C "$root" build BUILD="$build" >/dev/null
+here=$(cd "$(dirname "$(readlink -f "$0")")" && pwd)  # through symlinks: a link on the PATH still finds its neighbours
+if [ -f "$here/../Makefile" ] && [ -f "$here/plot_sweep.py" ]; then
+  # In the source tree: the build folder's binary, built if missing.
+  root=$(cd "$here/.." && pwd)
+  build=${BUILD:-build}
+  remat=${REMAT:-$root/$build/remat-train}
+  plot=$here/plot_sweep.py
+  if [ ! -x "$remat" ]; then
+    echo "[sweep.sh] building $remat"
+    make -C "$root" build BUILD="$build" >/dev/null
+  fi
+else
+  # Installed (`make install`) as remat-train-sweep: the binary and plot script beside it.
+  remat=${REMAT:-$here/remat-train}
+  plot=$here/remat-train-plot-sweep
+  if [ ! -x "$remat" ]; then
+    echo "error: [sweep.sh] $remat not found. Fix: reinstall (make install) or set REMAT to a remat-train binary" >&2
+    exit 2
+  fi
 fi
 
 args=("$@")
@@ -56,7 +70,7 @@ if ! python3 -c 'import matplotlib' 2>/dev/null && /usr/bin/python3 -c 'import m
   py=/usr/bin/python3
 fi
 if [ -f "$out/sweep.json" ]; then
-  "$py" "$root/scripts/plot_sweep.py" "$out" ||
+  "$py" "$plot" "$out" ||
     echo "[sweep.sh] no plot: install python3-matplotlib (scripts/install-deps.sh)" >&2
 fi
 exit $status
