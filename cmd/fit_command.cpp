@@ -243,8 +243,8 @@ int run_fit(const FitOptions& opt) {
                                       conf_t, fastest->policy)
                         : fmt::format("; at your configured {}, no policy fits", conf_t);
 
-  // What tiling the MLP would add to the longest context, when it is off (README: "Tiling the
-  // MLP"): one more search, for the policy that reaches furthest.
+  // What tiling the MLP would add to the longest context, when it is off (docs/tiling-offload.md:
+  // "Tiling the MLP"): one more search, for the policy that reaches furthest.
   std::string tiling_hint;
   nlohmann::json tiling_json;  // null when there is no hint
   int64_t hinted_tile = 0;     // the hint's tile_tokens, which the offload hint builds on
@@ -264,8 +264,9 @@ int run_fit(const FitOptions& opt) {
     }
   }
 
-  // What host memory would add on a GPU (README: "Offloading checkpoints"), on top of the tiling
-  // hint's setting when it had one: the checkpoints out of the card, bounded by the host budget.
+  // What host memory would add on a GPU (docs/tiling-offload.md: "Offloading checkpoints"), on top
+  // of the tiling hint's setting when it had one: the checkpoints out of the card, bounded by the
+  // host budget.
   std::string offload_hint;
   nlohmann::json offload_json;  // null when there is no hint
   if (!target.host_is_device() && longest && longest->cfg.remat.offload == OffloadKind::None &&

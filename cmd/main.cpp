@@ -124,7 +124,7 @@ int run(int argc, char** argv) {
   app.footer(
       "`remat-train --config FILE [--set ...]` is short for `remat-train train --config FILE`.\n"
       "`remat-train SUBCOMMAND --help` lists a subcommand's flags; every config key, its default "
-      "and range are in README.md (\"Config keys\").");
+      "and range are in docs/configs.md; every subcommand in docs/commands.md.");
   app.require_subcommand(1);
   bool show_version = false;
   app.add_flag("--version", show_version,
@@ -332,14 +332,33 @@ int run(int argc, char** argv) {
 
 }  // namespace
 
-// What each kind of error exits with (README, "Exit codes"): bad input the user can fix is a
-// usage error, a run that does not fit is out of memory, anything else a runtime failure.
+// What each kind of error exits with (docs/commands.md, "Exit codes"): bad input the user can
+// fix is a usage error, a run that does not fit is out of memory, anything else a runtime failure.
 static int exit_code_of(const remat::Error& e) {
   if (dynamic_cast<const remat::OutOfMemory*>(&e)) return kExitOutOfMemory;
   if (dynamic_cast<const remat::ConfigError*>(&e) || dynamic_cast<const remat::DataError*>(&e) ||
       dynamic_cast<const remat::CheckpointError*>(&e))
     return kExitUsage;
   return kExitRuntime;
+}
+
+// The manual's page that answers a kind of error, named at the end of its one-line message so
+// that a user who hits it knows where to read on (docs/ in the repository; `make install` puts
+// the same pages in share/doc/remat-train). Empty where the message alone is the answer.
+static const char* docs_page_of(const remat::Error& e) {
+  if (dynamic_cast<const remat::OutOfMemory*>(&e)) return "docs/planning.md";
+  if (dynamic_cast<const remat::ConfigError*>(&e)) return "docs/configs.md";
+  if (dynamic_cast<const remat::DataError*>(&e)) return "docs/data.md";
+  if (dynamic_cast<const remat::CheckpointError*>(&e)) return "docs/checkpoints.md";
+  if (dynamic_cast<const remat::Diverged*>(&e)) return "docs/training.md";
+  if (dynamic_cast<const remat::BackendError*>(&e)) return "docs/gpu.md";
+  return "";
+}
+
+static std::string error_line(const remat::Error& e) {
+  const std::string page = docs_page_of(e);
+  return page.empty() ? fmt::format("error: {}", e.what())
+                      : fmt::format("error: {} (see {})", e.what(), page);
 }
 
 // Before any library initializes (engine/cpu/openmp_wait.h says why).
@@ -365,14 +384,14 @@ int main(int argc, char** argv) {
     remat::parallel::finalize_world();
     return code;
   } catch (const remat::Error& e) {
-    return stop_all_ranks(fmt::format("error: {}", e.what()), exit_code_of(e));
+    return stop_all_ranks(error_line(e), exit_code_of(e));
   } catch (const std::bad_alloc&) {
     // The pool checks every device allocation against the budget; what is left is host memory
     // (a buffer beside the pool), which is out of memory all the same.
     return stop_all_ranks(
         "error: [memory] out of host memory: the model or a buffer does not fit this machine's "
         "RAM. Fix: `remat-train plan` shows the peak; choose a smaller model, train.batch_size or "
-        "train.seq_len",
+        "train.seq_len (see docs/planning.md)",
         kExitOutOfMemory);
   } catch (const std::exception& e) {
     return stop_all_ranks(

@@ -3,7 +3,7 @@
 // sweep goes on. Records predicted peak (the planner, in this process), measured peak, status,
 // median ms/step, tokens/s and the recompute overhead; writes DIR/sweep.csv and DIR/sweep.json
 // after every point (through a temporary file and a rename), so Ctrl-C or a crash keeps what
-// finished. The schema is in README.md, "Finding the longest context"; scripts/plot_sweep.py reads
+// finished. The schema is in docs/planning.md, "`fit` and `sweep`"; scripts/plot_sweep.py reads
 // it.
 #include <fmt/format.h>
 #include <unistd.h>

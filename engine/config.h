@@ -172,7 +172,7 @@ BatchShare batch_share(const Config& c);
 std::string config_to_toml(const Config& c);
 
 /// Every config key as a Markdown table: key, type, default, what the parser accepts (read from
-/// the parser's own readers) and meaning. `remat-train keys` prints it; the README shows it.
+/// the parser's own readers) and meaning. `remat-train keys` prints it; docs/configs.md shows it.
 std::string config_keys_markdown();
 
 /// Parses and validates `path`, then applies each "section.key=value" override with the same

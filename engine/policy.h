@@ -29,7 +29,7 @@ struct Policy {
 
 /// The table, in the order the tool lists policies: none, full, save_dots, save_attn, names, auto.
 const std::vector<Policy>& policy_table();
-/// The table as Markdown (`remat-train keys --policies`, the README's list of policies).
+/// The table as Markdown (`remat-train keys --policies`, the list of policies in docs/remat.md).
 std::string policy_table_markdown();
 /// The table row named `name`, or nullptr.
 const Policy* find_policy(std::string_view name);

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Removes what `cmake --install` (`make install`) put in place:
 #   scripts/uninstall.sh MANIFEST     (`make uninstall` gives it build/install_manifest.txt)
-# Every file MANIFEST lists, then the share/remat-train folders left empty. bin/ and share/
-# themselves stay: other programs live there.
+# Every file MANIFEST lists, then share/remat-train and share/doc/remat-train where left empty
+# (bin/ and share/ themselves stay: other programs live there).
 set -euo pipefail
 
 usage() { sed -n '2,5p' "$0" | sed 's/^# \{0,1\}//'; }
@@ -29,13 +29,14 @@ while IFS= read -r f || [ -n "$f" ]; do
   else
     gone=$((gone + 1))
   fi
-  case "$f" in */share/remat-train/*) dirs["$(dirname -- "$f")"]=1 ;; esac
+  case "$f" in */share/remat-train/* | */share/doc/remat-train/*) dirs["$(dirname -- "$f")"]=1 ;; esac
 done <"$manifest"
 
-# The folders under share/remat-train, deepest first, up to share/remat-train: only when empty.
+# The folders under share/remat-train and share/doc/remat-train, deepest first, up to those two:
+# only when empty.
 while IFS= read -r d; do
   while [ -n "$d" ] && rmdir -- "$d" 2>/dev/null; do
-    case "$d" in */share/remat-train) break ;; esac
+    case "$d" in */share/remat-train | */share/doc/remat-train) break ;; esac
     d=$(dirname -- "$d")
   done
 done < <(for d in "${!dirs[@]}"; do echo "${#d} $d"; done | sort -rn | cut -d' ' -f2-)

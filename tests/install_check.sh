@@ -23,7 +23,8 @@ cmake --install "$build" --prefix "$prefix" >"$d/install.log" || fail "cmake --i
 cp "$manifest" "$d/manifest.txt"
 restore
 for f in bin/remat-train bin/remat-train-sweep bin/remat-train-plot-sweep bin/remat-train-plot-run \
-  share/remat-train/configs/copy.toml share/remat-train/configs/tiny.toml; do
+  share/remat-train/configs/copy.toml share/remat-train/configs/tiny.toml \
+  share/doc/remat-train/README.md share/doc/remat-train/docs/configs.md; do
   [ -x "$prefix/$f" ] || [ -f "$prefix/$f" ] || fail "not installed: $f"
   grep -qx "$prefix/$f" "$d/manifest.txt" || fail "not in the manifest: $f"
 done
@@ -72,6 +73,7 @@ while IFS= read -r f; do
   [ ! -e "$f" ] || fail "left after uninstall: $f"
 done <"$d/manifest.txt"
 [ ! -e "$prefix/share/remat-train" ] || fail "left after uninstall: $prefix/share/remat-train"
+[ ! -e "$prefix/share/doc/remat-train" ] || fail "left after uninstall: $prefix/share/doc/remat-train"
 status=0
 bash scripts/uninstall.sh "$d/no-manifest.txt" >"$d/out.txt" 2>&1 || status=$?
 if [ $status -eq 0 ] || ! grep -q "Fix:" "$d/out.txt"; then

@@ -23,9 +23,9 @@ class OneDnn;  // engine/cpu/onednn.h
 /// the result is still the same bits for every thread count.
 ///
 /// The default, from measurements of whole training steps (alternated runs of `remat-train
-/// bench`, the README's "The GEMM library"): where oneDNN 2.6 dispatches to AVX-512 (an Intel
-/// Xeon with AMX) every product on oneDNN made the MLP's step 6-12% and GPT-2's 1-4% faster than
-/// with the weight gradients dY^T X on OpenBLAS's SkylakeX kernel. Where it dispatches only to
+/// bench`, docs/performance.md, "The GEMM library"): where oneDNN 2.6 dispatches to AVX-512 (an
+/// Intel Xeon with AMX) every product on oneDNN made the MLP's step 6-12% and GPT-2's 1-4% faster
+/// than with the weight gradients dY^T X on OpenBLAS's SkylakeX kernel. Where it dispatches only to
 /// AVX2 (an AMD EPYC Zen 3) its dY^T X ran at 45-90% of OpenBLAS's rate, and the MLP's step was
 /// faster all on OpenBLAS, except a product with a long K (the LM head's dY W, K = the
 /// vocabulary), where oneDNN was ~20% faster. So: every product on oneDNN where it dispatches to

@@ -5,10 +5,10 @@
 // on the products X W^T and dY W and about even on the weight gradients dY^T X, and whole steps
 // are faster with every product on it; on AVX2 (an AMD EPYC Zen 3 VM, where it dispatches to
 // avx2) it is even with OpenBLAS's Zen kernel on the first two and 45-90% of its rate on dY^T X,
-// and a whole step is faster on OpenBLAS (README, "Performance (CPU)"). BLIS (Debian's 0.9) ran
+// and a whole step is faster on OpenBLAS (docs/performance.md). BLIS (Debian's 0.9) ran
 // at about half OpenBLAS's rate on the same tiles; whole products on BLIS's own threads were a
 // few percent faster on the AMD VM, but a step on them ran 2x slower beside one busy process
-// (README, "The GEMM library").
+// (docs/performance.md, "The GEMM library").
 // Loaded rather than linked: the library is 40 MB, and a binary without it (the GPU device's
 // bundle) keeps OpenBLAS.
 //

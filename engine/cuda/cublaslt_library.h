@@ -1,7 +1,7 @@
 // cuBLASLt, loaded when the CUDA backend first needs it instead of when the program starts.
 // Linked, its initializers ran in every process, CPU runs included: 72-110 ms on a quiet AMD VM
 // (up to ~300 beside a build), where `remat-train plan --config configs/tiny.toml` now takes
-// 0.018 s (the README's "Start-up" has the measurement). Internal header of engine/cuda.
+// 0.018 s (docs/performance.md, "Start-up", has the measurement). Internal header of engine/cuda.
 #pragma once
 
 #include <cublasLt.h>
