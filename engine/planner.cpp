@@ -357,17 +357,26 @@ int64_t default_tile_tokens(int64_t rows) {
   return std::clamp<int64_t>(rows / 8, 64, 4096);
 }
 
+std::vector<int64_t> auto_tile_tokens(int64_t rows) {
+  std::vector<int64_t> tiles{default_tile_tokens(rows)};
+  const int64_t smallest = std::max<int64_t>(64, rows / 64);
+  while (tiles.back() / 2 >= smallest) tiles.push_back(tiles.back() / 2);
+  return tiles;
+}
+
 AutoPlan choose_auto(const Planner& planner, const Config& cfg) {
   // What auto may add when no per-block plan fits, cheapest first: MLP tiling (a little GEMM
-  // efficiency), then checkpoints in host memory (copies that hide behind compute), then the AdamW
-  // moments too (copies at the update that do not). Offload only where host memory is not the
-  // device's own (a GPU target); settings the config makes itself are kept.
+  // efficiency), in smaller chunks while it does not fit, then checkpoints in host memory (copies
+  // that hide behind compute), then the AdamW moments too (copies at the update that do not).
+  // Offload only where host memory is not the device's own (a GPU target); settings the config
+  // makes itself are kept.
   std::vector<Config> candidates{cfg};
-  if (cfg.model.kind == ModelKind::Gpt && cfg.remat.tile_tokens == 0) {
-    Config tiled = cfg;
-    tiled.remat.tile_tokens = default_tile_tokens(cfg.train.batch_size * cfg.train.seq_len);
-    candidates.push_back(tiled);
-  }
+  if (cfg.model.kind == ModelKind::Gpt && cfg.remat.tile_tokens == 0)
+    for (int64_t tile : auto_tile_tokens(cfg.train.batch_size * cfg.train.seq_len)) {
+      Config tiled = cfg;
+      tiled.remat.tile_tokens = tile;
+      candidates.push_back(tiled);
+    }
   if (!planner.target().host_is_device() && cfg.remat.offload == OffloadKind::None)
     for (OffloadKind k : {OffloadKind::Checkpoints, OffloadKind::CheckpointsOptimizer}) {
       // Sharded moments stay on the device (config validation refuses both together).

@@ -202,15 +202,22 @@ Config with_auto_plan(const Config& cfg, const AutoPlan& chosen);
 /// model, train and data sections of `cfg` matter; its [remat] section is ignored.
 AutoPlan choose_auto_plan(const Planner& planner, const Config& cfg);
 
-/// The MLP chunk auto (and fit's hint) tries for `rows` token rows: an eighth of them, so the
-/// MLP's activations shrink ~8x, between 64 and 4096 rows, so its GEMMs keep their speed.
+/// The MLP chunk auto (and fit's hint) tries first for `rows` token rows: an eighth of them, so
+/// the MLP's activations shrink ~8x, between 64 and 4096 rows, so its GEMMs keep their speed.
 int64_t default_tile_tokens(int64_t rows);
 
+/// The MLP chunks auto tries for `rows` token rows, in order: default_tile_tokens, then halved
+/// while at least rows / 64 (and 64). Smaller chunks lower the peak a little more each time (the
+/// MLP half's transient buffers), which is what fit's tiling hint counts on: it plans the longest
+/// context with the chunk of a shorter length, a smaller share of the rows there.
+std::vector<int64_t> auto_tile_tokens(int64_t rows);
+
 /// choose_auto_plan, and when no per-block plan fits, the same search with more added, in order,
-/// until one fits: the MLP tiled by default_tile_tokens (a GPT whose remat.tile_tokens is 0), then
-/// on a GPU target (not the CPU, whose host memory is the device's) checkpoints in host memory,
-/// then the AdamW moments too (when remat.offload is "none"). When nothing fits, the candidate
-/// with the smallest peak. tile_tokens and offload say what the plan runs with.
+/// until one fits: the MLP tiled by each of auto_tile_tokens (a GPT whose remat.tile_tokens is
+/// 0), then on a GPU target (not the CPU, whose host memory is the device's) checkpoints in host
+/// memory, then the AdamW moments too (when remat.offload is "none"), both with the smallest
+/// chunk. When nothing fits, the candidate with the smallest peak. tile_tokens and offload say
+/// what the plan runs with.
 AutoPlan choose_auto(const Planner& planner, const Config& cfg);
 
 /// Where every command resolves "auto": when `cfg` says remat.policy = "auto" (and has no plan

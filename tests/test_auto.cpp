@@ -325,3 +325,52 @@ TEST_CASE("when nothing fits untiled, auto tiles the MLP, and the run keeps to i
   set.remat.tile_tokens = 100;
   CHECK(choose_auto(planner, set).tile_tokens == 100);
 }
+
+TEST_CASE("auto's MLP chunks: an eighth of the rows, then halved down to a 64th (at least 64)",
+          "[planner]") {
+  CHECK(auto_tile_tokens(5846) == std::vector<int64_t>{730, 365, 182, 91});
+  CHECK(auto_tile_tokens(128) == std::vector<int64_t>{64});
+  CHECK(auto_tile_tokens(8192) == std::vector<int64_t>{1024, 512, 256, 128});
+  CHECK(auto_tile_tokens(1 << 20) == std::vector<int64_t>{4096});  // a 64th is past the largest
+}
+
+TEST_CASE("when the first MLP chunk does not fit, auto tries smaller ones before giving up",
+          "[planner]") {
+  // 4 blocks at 1024 token rows, chunks of 128 first, then 64; an MLP 16x wide, so that its
+  // chunks set the peak.
+  Config cfg =
+      parse_config(tiny_gpt(4), "t", {"remat.policy=auto", "train.seq_len=512", "model.d_ff=512"});
+  const std::vector<int64_t> tiles = auto_tile_tokens(2 * 512);
+  REQUIRE(tiles == std::vector<int64_t>{128, 64});
+  Config second = cfg;
+  second.remat.tile_tokens = tiles[1];
+  // The budget is what the second chunk needs at its best: the first must not fit in it.
+  const uint64_t budget = choose_auto_plan(cpu_planner(UINT64_MAX), second).min_peak_bytes;
+  Config first = cfg;
+  first.remat.tile_tokens = tiles[0];
+  REQUIRE_FALSE(choose_auto_plan(cpu_planner(budget), first).fits);
+  const AutoPlan a = choose_auto(cpu_planner(budget), cfg);
+  CHECK(a.fits);
+  CHECK(a.tile_tokens == tiles[1]);
+  CHECK(a.peak_bytes <= budget);
+}
+
+TEST_CASE("fit's tiling hint is a length auto then plans to fit", "[smoke]") {
+  // fit plans the hint with the chunk of the untiled maximum, a smaller share of the rows at the
+  // longer length than auto's first chunk there: auto must still find a plan at the hinted length.
+  const std::string path = write_tmp("hint.toml", tiny_gpt(4));
+  const std::string budget = "6MiB";
+  Result r = run(fmt::format("fit --config {} --memory {} --json", path, budget), false);
+  REQUIRE(r.code == 0);
+  const auto j = nlohmann::json::parse(r.out);
+  REQUIRE(j["tiling_hint"].is_object());
+  const int64_t hinted = j["tiling_hint"]["longest_seq_len"].get<int64_t>();
+  r = run(fmt::format("plan --config {} --memory {} --seq-len {} --set remat.policy=auto --json",
+                      path, budget, hinted),
+          false);
+  REQUIRE(r.code == 0);
+  const auto plan = nlohmann::json::parse(r.out);
+  INFO(r.out.substr(0, 2000));
+  CHECK(plan["auto"]["fits"].get<bool>());
+  std::remove(path.c_str());
+}

@@ -208,9 +208,10 @@ TEST_CASE("auto offloads on a GPU target when nothing else fits, and never on th
                    {"model.n_layer=8", "model.n_embd=64", "model.n_head=4",
                     "model.position=\"rope\"", "model.vocab_size=256", "train.seq_len=8192",
                     "train.batch_size=1", "remat.policy=\"auto\"", "data.task=\"random\""});
-  // The smallest device peak without offload, tiled as auto would tile: one byte less than it.
+  // The smallest device peak without offload, tiled in the smallest chunks auto tries: one byte
+  // less than it.
   Config tiled_full = with_block_plan(cfg, std::vector<std::string>(8, "full"));
-  tiled_full.remat.tile_tokens = default_tile_tokens(8192);
+  tiled_full.remat.tile_tokens = auto_tile_tokens(8192).back();
   const auto gpu_planner = [&](uint64_t budget) {
     return Planner(plan_target(cfg, "h200", budget), test::synthetic_run_parts);
   };
