@@ -114,6 +114,18 @@ struct FitRow {
   Measured measured;
 };
 
+/// " (a step ~31 min at the estimated rate)": what the longest context costs in time, which a
+/// length that fits can make impractical. Empty without a rate.
+std::string say_step_time(const FitRow& r, int64_t batch_size) {
+  if (r.tok_s_longest <= 0) return "";
+  const double s = static_cast<double>(r.longest * batch_size) / r.tok_s_longest;
+  const std::string t = s < 1      ? fmt::format("{:.0f} ms", s * 1e3)
+                        : s < 120  ? fmt::format("{:.1f} s", s)
+                        : s < 7200 ? fmt::format("{:.0f} min", s / 60)
+                                   : fmt::format("{:.1f} h", s / 3600);
+  return fmt::format(" (a step ~{} at the estimated rate)", t);
+}
+
 std::vector<std::string> concat(std::vector<std::string> a, const std::vector<std::string>& b) {
   a.insert(a.end(), b.begin(), b.end());
   return a;
@@ -235,8 +247,9 @@ int run_fit(const FitOptions& opt) {
   const std::string conf_t = format_count(base.train.seq_len);
   std::string recommendation =
       longest && longest->longest > 0
-          ? fmt::format("longest: {} with {}{}", say_tokens(longest->longest), longest->policy,
-                        longest->capped ? " (capped by model.n_ctx)" : "")
+          ? fmt::format("longest: {} with {}{}{}", say_tokens(longest->longest), longest->policy,
+                        longest->capped ? " (capped by model.n_ctx)" : "",
+                        say_step_time(*longest, base.train.batch_size))
           : std::string("longest: nothing fits, not even seq_len 1");
   recommendation += fastest
                         ? fmt::format("; at your configured {}, {} is the fastest policy that fits",
@@ -375,6 +388,15 @@ int run_fit(const FitOptions& opt) {
     if (r.capped) {
       fmt::print("* capped by model.n_ctx = {} (learned positions), not by memory\n",
                  r.cfg.model.n_ctx);
+      break;
+    }
+  // Offload on a CPU target moves bytes from one pool to another in the same RAM: its rows reach
+  // further within the budget only because the budget counts the device pool alone.
+  for (const auto& r : rows)
+    if (target.host_is_device() && r.cfg.remat.offload != OffloadKind::None) {
+      fmt::print(
+          "note: on the CPU the host pool is this machine's RAM too: offload buys no memory here "
+          "(its rows count the device pool against the budget, not the host pool)\n");
       break;
     }
   fmt::print("\n{}\n", recommendation);

@@ -8,7 +8,7 @@ Examples. Every line of a fenced block that starts with `$ remat-train` is a com
 continues it; a trailing `# comment` is not run); the lines after it, up to the next `$ ` line or
 the end of the block, are its expected output: stdout, and stderr too when the command fails. A line `...`
 stands for any number of lines. Timings (ms/step, tok/s, tokens/s, GFLOP/s, ms, elapsed,
-ETA) and the load average (and CPU steal) printed beside them are masked on both sides, and runs of spaces compare as one, so a check fails only when
+ETA, fit's "a step ~N min") and the load average (and CPU steal) printed beside them are masked on both sides, and runs of spaces compare as one, so a check fails only when
 something a run determines (memory, losses, FLOPs, messages) differs.
 
 HTML comments right before a block steer it (the pages show none of them; the prefix is
@@ -59,6 +59,7 @@ TIMING_PATTERNS = [
     (re.compile(r"(elapsed|ETA) [\dhms]+"), r"\1 <t>"),
     (re.compile(r"load average [\d.]+"), "load average <t>"),
     (re.compile(r", CPU steal \d+%"), ""),  # only printed when the host took some
+    (re.compile(r"a step ~[\d.]+ (ms|s|min|h) at"), "a step ~<t> at"),  # fit: from a measured rate
 ]
 MARKER = re.compile(r"<!--\s*readme-check:\s*(\S+)\s*(.*?)\s*-->")
 NAMED_EXTENSIONS = (".jsonl", ".png", ".patch", ".toml", ".py", ".sh", ".md")
