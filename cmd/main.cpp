@@ -343,8 +343,8 @@ static int exit_code_of(const remat::Error& e) {
 }
 
 // The manual's page that answers a kind of error, named at the end of its one-line message so
-// that a user who hits it knows where to read on (docs/ in the repository; `make install` puts
-// the same pages in share/doc/remat-train). Empty where the message alone is the answer.
+// that a user who hits it knows where to read on (docs/ in the repository, or the installed copy
+// in share/doc/remat-train). Empty where the message alone is the answer.
 static const char* docs_page_of(const remat::Error& e) {
   if (dynamic_cast<const remat::OutOfMemory*>(&e)) return "docs/planning.md";
   if (dynamic_cast<const remat::ConfigError*>(&e)) return "docs/configs.md";
@@ -358,7 +358,7 @@ static const char* docs_page_of(const remat::Error& e) {
 static std::string error_line(const remat::Error& e) {
   const std::string page = docs_page_of(e);
   return page.empty() ? fmt::format("error: {}", e.what())
-                      : fmt::format("error: {} (see {})", e.what(), page);
+                      : fmt::format("error: {} (see {})", e.what(), remat::docs_page_path(page));
 }
 
 // Before any library initializes (engine/cpu/openmp_wait.h says why).

@@ -749,6 +749,15 @@ std::string resolve_config_path(const std::string& path) {
   return resolve_config_path(path, executable_dir());
 }
 
+std::string docs_page_path(const std::string& page) {
+  const std::string exe_dir = executable_dir();
+  if (exe_dir.empty()) return page;
+  const std::filesystem::path installed =
+      std::filesystem::path(exe_dir) / ".." / "share" / "doc" / "remat-train" / page;
+  std::error_code ec;
+  return std::filesystem::exists(installed, ec) ? installed.lexically_normal().string() : page;
+}
+
 Config load_config(const std::string& given, const std::vector<std::string>& overrides) {
   // Resolved here too, not only by the CLI: every caller finds the installed configs the same way.
   const std::string path = resolve_config_path(given);

@@ -13,4 +13,9 @@ namespace remat {
 std::string resolve_config_path(const std::string& path);
 std::string resolve_config_path(const std::string& path, const std::string& exe_dir);
 
+/// Where a page of the manual (`docs/configs.md`) is for the user of this binary: the installed
+/// copy, `<exe_dir>/../share/doc/remat-train/PAGE`, when there is one (`make install` puts the
+/// manual there); else PAGE as given, the repository's own.
+std::string docs_page_path(const std::string& page);
+
 }  // namespace remat

@@ -47,6 +47,10 @@ status=0
 remat-train plan --config configs/nowhere.toml >out.txt 2>&1 || status=$?
 [ $status -eq 2 ] || fail "a missing config exited $status"
 grep -q "share/remat-train/configs/nowhere.toml" out.txt || fail "the error does not name the installed configs: $(cat out.txt)"
+# The error points at the installed manual's page, which a user without the repository can open.
+grep -q "(see $prefix/share/doc/remat-train/docs/configs.md)" out.txt ||
+  fail "the error does not name the installed manual's page: $(cat out.txt)"
+[ -f "$prefix/share/doc/remat-train/docs/configs.md" ] || fail "the page the error names is not installed"
 
 remat-train-sweep configs/copy.toml --seq-lens 128 --policies full --steps 1 --out sw >out.txt 2>&1 ||
   fail "remat-train-sweep: $(cat out.txt)"
