@@ -1,6 +1,6 @@
 # Thin wrapper over CMake (CMakeLists.txt is the source of truth).
 #   make run       install missing packages, build Release, train configs/long.toml on the CPU,
-#                  then sample from the checkpoint it wrote
+#                  then sample from the checkpoint it wrote and draw the run into out/long.png
 #   make test      same set-up, build, run every test (ctest)
 #   make sanitize  ASan + UBSan build, runs the cpu tests
 #   make format    clang-format every source file
@@ -9,13 +9,17 @@
 #   make golden    regenerate the PyTorch golden (tests/golden/) with Debian's python3-torch,
 #                  installed here only: `make test` never needs it
 #   make install   build, then install into PREFIX (default /usr/local; e.g. PREFIX=$HOME/.local):
-#                  bin/remat-train, its scripts as bin/remat-train-*, share/remat-train/configs
+#                  bin/remat-train, its scripts as bin/remat-train-*, share/remat-train/configs,
+#                  the manual in share/doc/remat-train
 #   make uninstall remove every file the last install listed in BUILD/install_manifest.txt
 BUILD    ?= build
 JOBS     ?= $(shell nproc)
 WERROR   ?= $(or $(REMAT_WERROR),OFF)
 CMAKE_FLAGS ?=
 PREFIX   ?= /usr/local
+# Debian's python3-matplotlib lives in /usr/bin/python3, which another python3 on the PATH (pyenv,
+# a venv) may shadow: the plots use whichever of the two has it.
+PLOT_PYTHON = $(shell python3 -c 'import matplotlib' 2>/dev/null && echo python3 || echo /usr/bin/python3)
 
 # 20 s per target keeps `make test` under CI's 15 minutes on a noisy 2-core VM (14m57s with 40 s
 # on 2026-12-02, the tests themselves slowed by the host). Longer runs: `make fuzz FUZZ_TIME=600`.
@@ -35,9 +39,12 @@ build: deps
 
 # The demo starts over each time: out/long holds only its own checkpoints.
 run: build
-	rm -rf out/long
-	./$(BUILD)/remat-train --config configs/long.toml
+	rm -rf out/long out/long.jsonl out/long.png
+	mkdir -p out
+	./$(BUILD)/remat-train --config configs/long.toml --metrics out/long.jsonl
 	./$(BUILD)/remat-train sample --checkpoint out/long --prompt "// The memory pool" --tokens 200 --temperature 0.8 --top-k 40
+	@$(PLOT_PYTHON) scripts/plot_run.py out/long.jsonl --out out/long.png || \
+	  echo "[run] no plot: install python3-matplotlib (scripts/install-deps.sh)"
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(shell nproc)
