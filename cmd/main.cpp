@@ -7,6 +7,7 @@
 
 #include <CLI/CLI.hpp>
 #include <charconv>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <new>
@@ -353,6 +354,9 @@ static int stop_all_ranks(const std::string& message, int code) {
 
 int main(int argc, char** argv) {
   remat::cpu::select_blas_kernel();  // before any BLAS call (engine/cpu/blas_kernel.h says why)
+  // A file over RLIMIT_FSIZE (ulimit -f, a quota-like limit) is a full disk: the write fails with
+  // EFBIG and the error names the file, where SIGXFSZ's default would kill the run silently.
+  std::signal(SIGXFSZ, SIG_IGN);
   try {
     const int code = run(argc, argv);
     remat::parallel::finalize_world();
