@@ -301,7 +301,8 @@ class Soak:
             self.mounts[index] = mnt
             print(f"[soak] disk fills: slot 0 checkpoints on a 4 MiB tmpfs at {mnt}", flush=True)
             return os.path.join(mnt, "ck")
-        print(f"[soak] disk fills: cannot mount a tmpfs ({r.stderr.strip() or 'not root'}); "
+        why = (r.stderr.strip().splitlines() or ["not root"])[0]
+        print(f"[soak] disk fills: cannot mount a tmpfs ({why}); "
               "using RLIMIT_FSIZE (files over 64 KiB fail with EFBIG) in its place", flush=True)
         return None
 
