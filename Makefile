@@ -6,6 +6,8 @@
 #   make format    clang-format every source file
 #   make fuzz      libFuzzer targets (clang, ASan + UBSan) in build-fuzz, each run FUZZ_TIME
 #                  seconds, two at a time; `make test` ends with this step when clang++ is present
+#   make soak      the long form of the soak test of files other processes change under running
+#                  jobs (tests/soak/soak.py; SOAK_MINUTES, default 10; SOAK_SLOTS, SOAK_SEED)
 #   make golden    regenerate the PyTorch golden (tests/golden/) with Debian's python3-torch,
 #                  installed here only: `make test` never needs it
 #   make install   build, then install into PREFIX (default /usr/local; e.g. PREFIX=$HOME/.local):
@@ -26,7 +28,7 @@ PLOT_PYTHON = $(shell python3 -c 'import matplotlib' 2>/dev/null && echo python3
 FUZZ_TIME ?= 20
 FUZZ_TARGETS := config shard safetensors gpt2_tokenizer checkpoint_state
 
-.PHONY: all deps build run test sanitize format clean fuzz golden install uninstall
+.PHONY: all deps build run test sanitize format clean fuzz golden install uninstall soak
 
 all: build
 
@@ -63,6 +65,14 @@ sanitize: deps
 	@cmake -S . -B build-sanitize -DCMAKE_BUILD_TYPE=RelWithDebInfo -DREMAT_SANITIZE=ON -DREMAT_WERROR=$(WERROR) -DREMAT_CUDA=OFF >/dev/null
 	@cmake --build build-sanitize -j $(JOBS)
 	cd build-sanitize && ctest --output-on-failure -L cpu -j $(shell nproc)
+
+# The short form (a minute) runs in `make test` (ctest soak_short, labels smoke;soak).
+SOAK_MINUTES ?= 10
+SOAK_SLOTS ?= 3
+SOAK_SEED ?= $(shell date +%s)
+soak: build
+	python3 tests/soak/soak.py --binary $(BUILD)/remat-train --minutes $(SOAK_MINUTES) \
+	  --slots $(SOAK_SLOTS) --seed $(SOAK_SEED)
 
 # scripts/torch_golden.py runs under Debian's python3 (/usr/bin/python3), which python3-torch
 # installs into; another python3 first on PATH would not see it.

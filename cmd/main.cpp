@@ -7,6 +7,7 @@
 
 #include <CLI/CLI.hpp>
 #include <charconv>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <new>
@@ -348,6 +349,7 @@ static int exit_code_of(const remat::Error& e) {
 static const char* docs_page_of(const remat::Error& e) {
   if (dynamic_cast<const remat::OutOfMemory*>(&e)) return "docs/planning.md";
   if (dynamic_cast<const remat::ConfigError*>(&e)) return "docs/configs.md";
+  if (dynamic_cast<const remat::DataChanged*>(&e)) return "docs/shared-files.md";
   if (dynamic_cast<const remat::DataError*>(&e)) return "docs/data.md";
   if (dynamic_cast<const remat::CheckpointError*>(&e)) return "docs/checkpoints.md";
   if (dynamic_cast<const remat::Diverged*>(&e)) return "docs/training.md";
@@ -379,6 +381,9 @@ static int stop_all_ranks(const std::string& message, int code) {
 
 int main(int argc, char** argv) {
   remat::cpu::select_blas_kernel();  // before any BLAS call (engine/cpu/blas_kernel.h says why)
+  // A file over RLIMIT_FSIZE (ulimit -f, a quota-like limit) is a full disk: the write fails with
+  // EFBIG and the error names the file, where SIGXFSZ's default would kill the run silently.
+  std::signal(SIGXFSZ, SIG_IGN);
   try {
     const int code = run(argc, argv);
     remat::parallel::finalize_world();

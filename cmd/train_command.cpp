@@ -24,6 +24,7 @@
 #include "engine/parallel/communicator.h"
 #include "engine/parallel/context_ring.h"
 #include "engine/planner.h"
+#include "engine/run_lock.h"
 #include "engine/trainer.h"
 #include "engine/units.h"
 #include "layers/models.h"
@@ -141,14 +142,21 @@ class TrainRun {
       note_divergence();
       throw;
     }
-    summary_.interrupted = stop_signal_ != 0;
+    summary_.interrupted = stop_signal_ != 0 || !data_change_.empty();
     return finish_summary();
   }
 
   void train_until(int64_t last) {
-    while (trainer_.steps_done() < last && !stop_requested()) one_step(last);
+    try {
+      while (trainer_.steps_done() < last && !stop_requested()) one_step(last);
+    } catch (const DataChanged& e) {
+      // Several ranks cannot agree on where to stop without another exchange: the job aborts
+      // (cmd/main.cpp), its newest checkpoint stays.
+      if (world_.size() > 1) throw;
+      data_change_ = e.what();  // stops like a signal: the steps done are kept
+    }
     progress_.finish();
-    const bool stopped = stop_signal_ != 0;
+    const bool stopped = stop_signal_ != 0 || !data_change_.empty();
     if (!cfg_.checkpoint.dir.empty() && trainer_.steps_done() != last_checkpoint_step_ &&
         (!stopped || cfg_.checkpoint.on_interrupt) && trainer_.steps_done() > 0)
       save_checkpoint();
@@ -156,6 +164,20 @@ class TrainRun {
 
   /// The stop signal every rank agreed on (0: none).
   int stop_signal() const { return stop_signal_; }
+
+  /// Throws the DataChanged that stopped the run, saying where its steps went; nothing otherwise.
+  void throw_data_change() const {
+    if (data_change_.empty()) return;
+    if (cfg_.checkpoint.dir.empty())
+      throw DataChanged(data_change_ +
+                        ". The steps done were not saved: checkpoint.dir is not set");
+    throw DataChanged(
+        data_change_ +
+        (summary_.checkpoint_path.empty()
+             ? ". This run did no step, so it wrote no checkpoint"
+             : fmt::format(". Training state is in {} (--resume latest continues there)",
+                           summary_.checkpoint_path)));
+  }
 
   void close_metrics() {
     if (!metrics_) return;
@@ -185,7 +207,12 @@ class TrainRun {
     progress_.update(m);
     std::optional<double> val;
     const int64_t every = cfg_.train.eval_every;
-    if (every > 0 && (m.step % every == 0 || m.step == last)) val = evaluate(m.step);
+    try {
+      if (every > 0 && (m.step % every == 0 || m.step == last)) val = evaluate(m.step);
+    } catch (const DataChanged&) {  // the step itself is done: its line is kept
+      if (metrics_) metrics_->step(m, data_.task_metric_name(), std::nullopt);
+      throw;
+    }
     if (metrics_) metrics_->step(m, data_.task_metric_name(), val);
     step_ms_.push_back(m.step_ms);
     tokens_per_step_ = std::round(m.tokens_per_s * m.step_ms / 1000.0);
@@ -283,6 +310,7 @@ class TrainRun {
 
   parallel::Communicator& world_;
   int stop_signal_ = 0;
+  std::string data_change_;  // the DataChanged message that stopped the run ("" if none)
   const TrainOptions& opt_;
   Config& cfg_;
   Backend& be_;
@@ -425,6 +453,13 @@ int run_train(const TrainOptions& options) {
   resolve_ranks(cfg, world);
   if (!cfg.log.metrics.empty()) cfg.log.metrics = rank_metrics_path(cfg.log.metrics, world.rank());
   check_output_paths(cfg);
+  // Before the folder is read (latest) or written: one run per checkpoint.dir, until exit. Rank 0
+  // writes the checkpoints, so it holds the lock for the job.
+  std::unique_ptr<RunLock> lock;
+  if (!cfg.checkpoint.dir.empty() && world.rank() == 0) {
+    lock = std::make_unique<RunLock>(cfg.checkpoint.dir);
+    if (!lock->warning().empty()) fmt::print(stderr, "{}\n", lock->warning());
+  }
   // The checkpoint is opened (and verified) before anything is built, so a bad one fails fast.
   std::unique_ptr<Checkpoint> resume;
   if (!opt.resume.empty()) {
@@ -505,6 +540,7 @@ int run_train(const TrainOptions& options) {
   const RunSummary summary = run.run(opt.stop_at, predicted);
   if (!opt.quiet) print_summary(stdout, summary);
   run.close_metrics();
+  run.throw_data_change();  // exit 2 (a DataError), after the summary and metrics are written
   return summary.interrupted ? 128 + run.stop_signal() : 0;
 }
 

@@ -1,8 +1,8 @@
 // The data a run trains on, chosen by [data] source:
 //   synthetic  generated tasks (data/synthetic.h)
 //   tokens     llm.c token shards (.bin: 256 x int32 header, magic 20240520, version 1,
-//              token count; then uint16 tokens), memory-mapped (data/token_corpus.h)
-//   text       any files read as bytes (vocabulary 256), memory-mapped
+//              token count; then uint16 tokens), read with pread (data/token_corpus.h)
+//   text       any files read as bytes (vocabulary 256), read with pread
 // File-backed sources touch no file until DataSource::open(), so a dry run (plan, fit) of a config
 // whose files live on another machine still works.
 #pragma once

@@ -129,7 +129,7 @@ void FileData::open() {
   // Random order reads scattered windows (read-ahead would fetch pages no window needs);
   // sequential order walks each shard front to back.
   const auto access =
-      data_.order == "random" ? MappedFile::Access::Random : MappedFile::Access::Sequential;
+      data_.order == "random" ? DataFile::Access::Random : DataFile::Access::Sequential;
   for (const Shard& s : corpus_.shards()) s.advise(access);
   row_.assign(static_cast<size_t>(T_ + 1), 0);
   open_ = true;
@@ -207,15 +207,21 @@ template <class WindowOf>
 void FileData::fill_batch(Backend& be, const Batch& batch, WindowOf window_of) {
   const int64_t Tl = share_.positions.tokens();
   std::vector<int32_t> inputs(static_cast<size_t>(share_.rows * Tl)), targets(inputs.size());
+  touched_.clear();
   for (int64_t b = 0; b < share_.rows; ++b) {
     const Window w = window_of(share_.first_row + b);
     w.shard->read(w.start, T_ + 1, row_.data(), V_);
+    if (std::find(touched_.begin(), touched_.end(), w.shard) == touched_.end())
+      touched_.push_back(w.shard);
     // This rank's positions (all of them on one rank).
     share_.positions.for_each([&](int64_t j, int64_t t) {
       inputs[static_cast<size_t>(b * Tl + j)] = row_[static_cast<size_t>(t)];
       targets[static_cast<size_t>(b * Tl + j)] = row_[static_cast<size_t>(t + 1)];
     });
   }
+  // After the reads, before the batch is used: a file that changed since open (even while these
+  // windows were read) stops the run here, and this batch is never trained on.
+  for (const Shard* s : touched_) s->check_unchanged();
   be.upload(batch.inputs, inputs.data());
   be.upload(batch.targets, targets.data());
 }

@@ -16,7 +16,7 @@
 // sequential windows from its start, the same at every evaluation.
 //
 // The constructor touches no file, so a dry run (plan, fit) works on a machine without the data:
-// next() on a backend that does not compute only allocates the batch. open() maps and checks
+// next() on a backend that does not compute only allocates the batch. open() opens and checks
 // every file; next() on a computing backend needs it.
 #pragma once
 
@@ -98,7 +98,8 @@ class FileData : public DataSource {
   bool open_ = false;
   TokenCorpus corpus_, val_corpus_;
   WindowSet train_, val_;
-  std::vector<int32_t> row_;  // one window of T + 1 tokens, reused
+  std::vector<int32_t> row_;           // one window of T + 1 tokens, reused
+  std::vector<const Shard*> touched_;  // the shards one batch read, checked before it is used
 };
 
 }  // namespace remat

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <set>
 #include <system_error>
+#include <vector>
 
 #include "engine/error.h"
 
@@ -152,7 +153,6 @@ Shard::Shard(const std::string& path, DataFormat format) : file_(path), format_(
   if (size == 0)
     shard_error(path, "the file is empty", "remove it from the data paths, or fill it");
   if (format == DataFormat::Text) {
-    tokens_ = file_.data();
     n_tokens_ = static_cast<int64_t>(size);
     return;
   }
@@ -161,7 +161,8 @@ Shard::Shard(const std::string& path, DataFormat format) : file_(path), format_(
                 fmt::format("{} bytes, shorter than the {}-byte header of a token shard", size,
                             kShardHeaderBytes),
                 kTokensFix);
-  const uint8_t* h = file_.data();
+  uint8_t h[kShardHeaderBytes];
+  file_.read(0, sizeof h, h);
   if (header_word(h, 0) != kShardMagic)
     shard_error(path,
                 fmt::format("bad magic number {} (a token shard starts with {})", header_word(h, 0),
@@ -192,8 +193,25 @@ Shard::Shard(const std::string& path, DataFormat format) : file_(path), format_(
             "found)",
             size - expected, count, expected, size),
         "regenerate the shard, or fix the token count in its header");
-  tokens_ = h + kShardHeaderBytes;
+  first_byte_ = kShardHeaderBytes;
   n_tokens_ = count;
+}
+
+void Shard::decode(const uint8_t* bytes, int64_t n, int32_t* out) const {
+  if (format_ == DataFormat::Text) {
+    for (int64_t i = 0; i < n; ++i) out[i] = bytes[i];
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i)  // little-endian on every host
+    out[i] = bytes[2 * i] | (bytes[2 * i + 1] << 8);
+}
+
+int32_t Shard::token(int64_t i) const {
+  uint8_t bytes[2];
+  file_.read(offset_of(i), static_cast<size_t>(bytes_per_token()), bytes);
+  int32_t out = 0;
+  decode(bytes, 1, &out);
+  return out;
 }
 
 void Shard::bad_token(int64_t index, int64_t vocab) const {
@@ -203,16 +221,17 @@ void Shard::bad_token(int64_t index, int64_t vocab) const {
       "= {}). "
       "Fix: raise "
       "model.vocab_size to at least {}, or re-tokenize the data with a vocabulary of {}",
-      path(), index, format_ == DataFormat::Text ? index : kShardHeaderBytes + 2 * index, v, vocab,
-      v + 1, vocab));
+      path(), index, offset_of(index), v, vocab, v + 1, vocab));
 }
 
 void Shard::read(int64_t start, int64_t n, int32_t* out, int64_t vocab) const {
+  // One buffer per thread, reused: a window is read once per row of every step.
+  thread_local std::vector<uint8_t> bytes;
+  bytes.resize(static_cast<size_t>(n * bytes_per_token()));
+  file_.read(offset_of(start), bytes.size(), bytes.data());
+  decode(bytes.data(), n, out);
   int32_t largest = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    out[i] = token(start + i);
-    largest = std::max(largest, out[i]);
-  }
+  for (int64_t i = 0; i < n; ++i) largest = std::max(largest, out[i]);
   if (largest < vocab) return;  // the common case: one compare per window, not per token
   for (int64_t i = 0; i < n; ++i)
     if (out[i] >= vocab) bad_token(start + i, vocab);
@@ -220,15 +239,10 @@ void Shard::read(int64_t start, int64_t n, int32_t* out, int64_t vocab) const {
 
 void Shard::check_tokens(int64_t vocab) const {
   if (format_ == DataFormat::Text && vocab >= 256) return;  // a byte is always in range
-  constexpr int64_t kChunk = 1 << 16;  // the max of a chunk vectorizes; the index is found after
-  for (int64_t begin = 0; begin < n_tokens_; begin += kChunk) {
-    const int64_t end = std::min(n_tokens_, begin + kChunk);
-    int32_t largest = 0;
-    for (int64_t i = begin; i < end; ++i) largest = std::max(largest, token(i));
-    if (largest < vocab) continue;
-    for (int64_t i = begin; i < end; ++i)
-      if (token(i) >= vocab) bad_token(i, vocab);
-  }
+  constexpr int64_t kChunk = 1 << 18;  // tokens per read: 512 KiB of a token shard
+  std::vector<int32_t> chunk(static_cast<size_t>(kChunk));
+  for (int64_t begin = 0; begin < n_tokens_; begin += kChunk)
+    read(begin, std::min(kChunk, n_tokens_ - begin), chunk.data(), vocab);
 }
 
 // ---- TokenCorpus ----
@@ -239,8 +253,9 @@ TokenCorpus TokenCorpus::open(const std::vector<std::string>& entries, DataForma
   c.format_ = format;
   for (const std::string& path : expand_data_paths(entries, format, key)) {
     Shard s(path, format);
-    s.advise(MappedFile::Access::Sequential);
+    s.advise(DataFile::Access::Sequential);
     s.check_tokens(vocab);
+    s.check_unchanged();  // the pass saw one version of the file from its first byte to its last
     c.shards_.push_back(std::move(s));
   }
   return c;

@@ -1,4 +1,4 @@
-// The files a file-backed source reads, memory-mapped (data/mapped_file.h):
+// The files a file-backed source reads, with pread (data/data_file.h says why not mmap):
 //   tokens  llm.c token shards: a header of 256 little-endian int32 (magic 20240520, version 1,
 //           token count, the rest unused), then `count` little-endian uint16 tokens
 //   text    any file, one token per byte (vocabulary 256)
@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "data/mapped_file.h"
+#include "data/data_file.h"
 
 namespace remat {
 
@@ -32,30 +32,34 @@ inline constexpr int64_t kShardHeaderBytes = 256 * 4;
 std::vector<std::string> expand_data_paths(const std::vector<std::string>& entries,
                                            DataFormat format, const std::string& key);
 
-/// One mapped and validated file of tokens.
+/// One opened and validated file of tokens.
 class Shard {
  public:
-  /// Maps `path` and checks its size and header (tokens) or that it is not empty (text).
+  /// Opens `path` and checks its size and header (tokens) or that it is not empty (text).
   Shard(const std::string& path, DataFormat format);
   const std::string& path() const { return file_.path(); }
   int64_t size() const { return n_tokens_; }       // tokens
   uint64_t bytes() const { return file_.size(); }  // the whole file
-  int32_t token(int64_t i) const {
-    if (format_ == DataFormat::Text) return tokens_[i];
-    return tokens_[2 * i] | (tokens_[2 * i + 1] << 8);  // little-endian on every host
-  }
+  /// Token `i` (one read: for tests and messages; windows use read()).
+  int32_t token(int64_t i) const;
   /// Copies tokens [start, start + n) to `out`, checking each against `vocab` (DataError naming the
-  /// file, the token index and value, and the fix).
+  /// file, the token index and value, and the fix). One pread; DataChanged when the file shrank.
   void read(int64_t start, int64_t n, int32_t* out, int64_t vocab) const;
   /// The same check over the whole shard (one sequential pass).
   void check_tokens(int64_t vocab) const;
-  void advise(MappedFile::Access access) const { file_.advise(access); }
+  /// DataChanged when the file is no longer the one opened, as it was (data/data_file.h).
+  void check_unchanged() const { file_.check_unchanged(); }
+  void advise(DataFile::Access access) const { file_.advise(access); }
 
  private:
   [[noreturn]] void bad_token(int64_t index, int64_t vocab) const;
-  MappedFile file_;
+  int bytes_per_token() const { return format_ == DataFormat::Text ? 1 : 2; }
+  uint64_t offset_of(int64_t token) const { return first_byte_ + token * bytes_per_token(); }
+  /// Decodes tokens [start, start + n), read into `bytes`, into `out`.
+  void decode(const uint8_t* bytes, int64_t n, int32_t* out) const;
+  DataFile file_;
   DataFormat format_;
-  const uint8_t* tokens_ = nullptr;  // first token in the mapping
+  uint64_t first_byte_ = 0;  // of the first token in the file
   int64_t n_tokens_ = 0;
 };
 
@@ -63,7 +67,7 @@ class Shard {
 class TokenCorpus {
  public:
   TokenCorpus() = default;
-  /// Expands `entries`, maps and validates every file, and scans every token against `vocab`.
+  /// Expands `entries`, opens and validates every file, and scans every token against `vocab`.
   /// The full scan costs one sequential pass over the data at open (seconds for the GB-scale
   /// corpora this tool trains on), and in exchange a bad token is reported before training starts
   /// instead of at whatever step first draws it; windows are still checked as they are read.

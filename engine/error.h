@@ -29,6 +29,14 @@ class DataError : public Error {
   using Error::Error;
 };
 
+/// A data file that changed while a run read it (truncated, replaced, rewritten or appended to):
+/// names the file and what changed. Exit code 2 (a DataError); `train` stops like on SIGTERM first,
+/// keeping the steps done in a checkpoint, and the batch that saw the change is never used.
+class DataChanged : public DataError {
+ public:
+  using DataError::DataError;
+};
+
 /// A checkpoint that cannot be resumed from: missing, truncated, corrupt, or made by a model of
 /// another shape. Names the file (and the key or tensor). Exit code 2.
 class CheckpointError : public Error {
