@@ -132,6 +132,10 @@ def main():
             print(f"| {row} | `{policy}` | {ma and f'{ma:.1f}' or '-'} | "
                   f"{mb and f'{mb:.1f}' or '-'} | {ratio} | {fmt_gib(pa)} | "
                   f"{fmt_gib(pb)}{f' ({kb})' if pb and kb else ''} |")
+    warned = [(row, policy, n + 1, w) for (row, policy, tool), js in results.items()
+              if tool == "remat-train" for n, j in enumerate(js) for w in j.get("warnings", [])]
+    for row, policy, n, w in warned:
+        print(f"\n{row} {policy}, remat-train's run {n}: {w}")
     torch_runs = [j for (_, _, tool), js in results.items() if tool == "pytorch" for j in js]
     print(f"\nPyTorch {torch_runs[0]['torch'] if torch_runs else '-'}; "
           f"{torch_runs[0]['attention'] if torch_runs else ''}")
