@@ -352,8 +352,7 @@ static const char* docs_page_of(const remat::Error& e) {
   if (dynamic_cast<const remat::DataChanged*>(&e)) return "docs/shared-files.md";
   if (dynamic_cast<const remat::DataError*>(&e)) return "docs/data.md";
   if (dynamic_cast<const remat::CheckpointError*>(&e)) return "docs/checkpoints.md";
-  if (dynamic_cast<const remat::Diverged*>(&e)) return "docs/training.md";
-  if (dynamic_cast<const remat::BackendError*>(&e)) return "docs/gpu.md";
+  if (dynamic_cast<const remat::Diverged*>(&e)) return "docs/commands.md";
   return "";
 }
 
@@ -396,7 +395,7 @@ int main(int argc, char** argv) {
     return stop_all_ranks(
         "error: [memory] out of host memory: the model or a buffer does not fit this machine's "
         "RAM. Fix: `remat-train plan` shows the peak; choose a smaller model, train.batch_size or "
-        "train.seq_len (see docs/planning.md)",
+        "train.seq_len (see " + remat::docs_page_path("docs/planning.md") + ")",
         kExitOutOfMemory);
   } catch (const std::exception& e) {
     return stop_all_ranks(

@@ -44,6 +44,11 @@ def read_run(path):
             raise BadInput(f"{path}:{n}: not JSON ({e.msg} at column {e.colno}). Fix: {FIX_FILE}", 2)
         if not isinstance(obj, dict):
             raise BadInput(f"{path}:{n}: not a JSON object. Fix: {FIX_FILE}", 2)
+        if obj.get("event") == "resume":
+            # A run killed after its last checkpoint logged steps that the resume does again: keep
+            # the resumed ones, or the curves would run backwards.
+            rows = [r for r in rows if r["step"] <= obj.get("step", 0)]
+            continue
         if "event" in obj:
             continue
         if "summary" in obj:

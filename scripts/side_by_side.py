@@ -58,7 +58,10 @@ def run_json(cmd):
     if p.returncode != 0:
         last = (p.stderr.strip().splitlines() or ["(no message)"])[-1]
         return None, f"exit {p.returncode}: {last}"
-    return json.loads(p.stdout), None
+    try:
+        return json.loads(p.stdout), None
+    except ValueError as e:
+        return None, f"printed no JSON ({e})"
 
 
 def step_ms(tool, j):
@@ -145,7 +148,12 @@ def main():
             ours, torch = commands(opt, row, policy)
             ours[0] = os.path.relpath(ours[0], ROOT)
             print(f"    {shlex.join(ours)}\n    {shlex.join(torch)}")
-    return 0
+    missing = [f"{row} {policy} {tool}" for row in rows for policy in policies
+               for tool in ("remat-train", "pytorch") if (row, policy, tool) not in results]
+    if missing:
+        print(f"error: [side_by_side] no result for {', '.join(missing)}. Fix: see the runs' "
+              "messages above", file=sys.stderr)
+    return 1 if missing else 0
 
 
 if __name__ == "__main__":
