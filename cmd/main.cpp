@@ -395,7 +395,8 @@ int main(int argc, char** argv) {
     return stop_all_ranks(
         "error: [memory] out of host memory: the model or a buffer does not fit this machine's "
         "RAM. Fix: `remat-train plan` shows the peak; choose a smaller model, train.batch_size or "
-        "train.seq_len (see " + remat::docs_page_path("docs/planning.md") + ")",
+        "train.seq_len (see " +
+            remat::docs_page_path("docs/planning.md") + ")",
         kExitOutOfMemory);
   } catch (const std::exception& e) {
     return stop_all_ranks(
