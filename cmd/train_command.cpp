@@ -171,12 +171,27 @@ class TrainRun {
     if (cfg_.checkpoint.dir.empty())
       throw DataChanged(data_change_ +
                         ". The steps done were not saved: checkpoint.dir is not set");
-    throw DataChanged(
-        data_change_ +
-        (summary_.checkpoint_path.empty()
-             ? ". This run did no step, so it wrote no checkpoint"
-             : fmt::format(". Training state is in {} (--resume latest continues there)",
-                           summary_.checkpoint_path)));
+    // With checkpoint.on_interrupt off the stop writes none: the newest checkpoint (periodic, or
+    // the one this run resumed from) may be behind the steps done, or there may be none.
+    const int64_t done = trainer_.steps_done();
+    const int64_t saved = std::max<int64_t>(last_checkpoint_step_, 0);
+    std::string where;
+    if (done == 0)
+      where = ". This run did no step, so it wrote no checkpoint";
+    else if (done == saved)
+      where = summary_.checkpoint_path.empty()
+                  ? fmt::format(
+                        ". Training state is the checkpoint of step {} in {} (--resume "
+                        "latest continues there)",
+                        saved, cfg_.checkpoint.dir)
+                  : fmt::format(". Training state is in {} (--resume latest continues there)",
+                                summary_.checkpoint_path);
+    else
+      where = fmt::format(". The last {} steps were not saved (checkpoint.on_interrupt = false){}",
+                          done - saved,
+                          saved > 0 ? fmt::format("; --resume latest continues from step {}", saved)
+                                    : std::string());
+    throw DataChanged(data_change_ + where);
   }
 
   void close_metrics() {

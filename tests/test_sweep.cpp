@@ -92,7 +92,15 @@ TEST_CASE("fit prints the table and the recommendation, and --measure rejects a 
   Result r = run("fit --config configs/long.toml --gpu h200", true);
   REQUIRE(r.code == 0);
   CHECK_THAT(r.out, Contains("longest T") && Contains("save_attn") && Contains("989 TFLOP/s") &&
-                        Contains("longest: ") && Contains("is the fastest policy that fits"));
+                        Contains("longest: ") && Contains("is the fastest policy that fits") &&
+                        Contains(" (a step ~") && Contains(" at the estimated rate)"));
+  // The CPU's host pool is its own RAM: an offloading row says offload buys nothing there.
+  r = run("fit --config configs/copy.toml --memory 64MiB --policies full,full:offload=checkpoints",
+          true);
+  REQUIRE(r.code == 0);
+  CHECK_THAT(r.out, Contains("offload buys no memory here"));
+  r = run("fit --config configs/copy.toml --memory 64MiB --policies full", true);
+  CHECK_THAT(r.out, !Contains("offload buys no memory here"));
   CHECK(run("fit --config configs/long.toml --gpu h200 --measure").code == 2);
   CHECK(run("fit --config configs/mlp4.toml").code == 2);
 }
