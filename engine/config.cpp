@@ -738,8 +738,10 @@ Config parse_config(const std::string& toml_text, const std::string& name,
 
 std::string resolve_config_path(const std::string& path, const std::string& exe_dir) {
   std::error_code ec;
+  // Only a path that is not there falls back; one that cannot be looked at (EACCES) is read as
+  // given, so that its own error is the one reported, not another file's contents.
   if (path.empty() || std::filesystem::path(path).is_absolute() ||
-      std::filesystem::exists(path, ec) || exe_dir.empty())
+      std::filesystem::exists(path, ec) || ec || exe_dir.empty())
     return path;
   const std::filesystem::path installed = installed_data_path(path, exe_dir);
   return std::filesystem::exists(installed, ec) ? installed.lexically_normal().string() : path;

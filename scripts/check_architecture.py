@@ -17,7 +17,7 @@ import re
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DIAGRAM_NAME = re.compile(r"^\s*(?:\+--\s+)?([a-z_]+/[a-z_]*)\s")
+DIAGRAM_NAME = re.compile(r"^\s*(?:\+--\s+)?([a-z0-9_]+/[a-z0-9_/]*)\s")
 RULE_ROW = re.compile(r"^\|\s*(`[^|]+)\|\s*(`[^|]+)\|\s*$")
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
 SOURCE_EXT = (".h", ".cpp", ".cu", ".cuh")
