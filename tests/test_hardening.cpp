@@ -28,10 +28,13 @@
 #include "engine/planner.h"
 #include "engine/safetensors.h"
 #include "layers/models.h"
+#include "tests/child_process.h"
 #include "tests/cli_util.h"
 #include "tests/temp_dir.h"
 
 using Catch::Matchers::Contains;
+using remat::test::Child;
+using remat::test::eventually;
 using remat::test::run_binary;
 using remat::test::TempDir;
 namespace fs = std::filesystem;
@@ -73,50 +76,6 @@ std::string config_error(const std::function<void()>& f) {
 const std::string kSmall =
     "--config configs/tiny.toml --set model.n_layer=1 --set model.n_embd=8 --set model.n_head=2 "
     "--set train.seq_len=16 --set train.batch_size=2 --set data.task=random";
-
-// The binary as a child we can signal: `sh -c "exec remat-train ARGS"` from the source folder,
-// stdout and stderr into `log`. The pid is the binary's own (exec).
-struct Child {
-  pid_t pid = -1;
-  int status = 0;
-  bool reaped = false;
-
-  Child(const std::string& args, const std::string& log) {
-    const std::string cmd =
-        fmt::format("cd {} && exec {} {} >{} 2>&1", REMAT_SOURCE_DIR, REMAT_BINARY, args, log);
-    pid = fork();
-    if (pid == 0) {
-      setpgid(0, 0);  // its own group: a stray signal must not reach the test runner
-      execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
-      _exit(127);
-    }
-  }
-  ~Child() {
-    if (!reaped && pid > 0) {
-      kill(-pid, SIGKILL);
-      waitpid(pid, &status, 0);
-    }
-  }
-  /// Waits up to `limit_s`; false when it is still running.
-  bool wait(double limit_s) {
-    const auto t0 = Clock::now();
-    while (seconds_since(t0) < limit_s) {
-      if (waitpid(pid, &status, WNOHANG) == pid) return reaped = true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    return false;
-  }
-  int exit_code() const { return reaped && WIFEXITED(status) ? WEXITSTATUS(status) : -1; }
-};
-
-bool eventually(const std::function<bool()>& cond, double limit_s) {
-  const auto t0 = Clock::now();
-  while (seconds_since(t0) < limit_s) {
-    if (cond()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return false;
-}
 
 size_t step_lines(const std::string& path) {
   size_t n = 0;

@@ -17,10 +17,13 @@
 #include "data/token_corpus.h"
 #include "engine/checkpoint.h"
 #include "engine/error.h"
+#include "tests/child_process.h"
 #include "tests/cli_util.h"
 #include "tests/temp_dir.h"
 
 using Catch::Matchers::Contains;
+using remat::test::Child;
+using remat::test::eventually;
 using remat::test::run_binary;
 using remat::test::TempDir;
 namespace fs = std::filesystem;
@@ -43,43 +46,6 @@ void replace_file(const std::string& path, const std::string& text) {
   write_text(path + ".new", text);
   fs::rename(path + ".new", path);
 }
-
-bool eventually(const std::function<bool()>& cond, double limit_s) {
-  const auto t0 = Clock::now();
-  while (std::chrono::duration<double>(Clock::now() - t0).count() < limit_s) {
-    if (cond()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return false;
-}
-
-// The binary as a child we can signal (its own process group), output into `log`.
-struct Child {
-  pid_t pid = -1;
-  int status = 0;
-  bool reaped = false;
-  Child(const std::string& args, const std::string& log) {
-    const std::string cmd =
-        fmt::format("cd {} && exec {} {} >{} 2>&1", REMAT_SOURCE_DIR, REMAT_BINARY, args, log);
-    pid = fork();
-    if (pid == 0) {
-      setpgid(0, 0);
-      execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
-      _exit(127);
-    }
-  }
-  ~Child() {
-    if (!reaped && pid > 0) {
-      kill(-pid, SIGKILL);
-      waitpid(pid, &status, 0);
-    }
-  }
-  bool wait(double limit_s) {
-    return eventually([&] { return waitpid(pid, &status, WNOHANG) == pid; }, limit_s) &&
-           (reaped = true);
-  }
-  int exit_code() const { return reaped && WIFEXITED(status) ? WEXITSTATUS(status) : -1; }
-};
 
 // A tiny GPT on bytes (tests/soak/soak.toml, smaller): a step takes about a millisecond.
 std::string config_args(const TempDir& dir, bool with_val, const std::string& ck = "ck") {
