@@ -687,10 +687,16 @@ std::string executable_dir() {
   return ec ? std::string() : exe.parent_path().string();
 }
 
-// Where an installed remat-train keeps `path`: `make install` puts the example configs in
-// PREFIX/share/remat-train/configs beside PREFIX/bin/remat-train (CMakeLists.txt, install rules).
+// Where an installed remat-train keeps `path` under PREFIX/share/`share_dir`: `make install` puts
+// the example configs in share/remat-train/configs and the manual in share/doc/remat-train,
+// beside PREFIX/bin/remat-train (CMakeLists.txt, install rules).
+std::filesystem::path installed_path(const std::string& exe_dir, const std::string& share_dir,
+                                     const std::string& path) {
+  return std::filesystem::path(exe_dir) / ".." / "share" / share_dir / path;
+}
+
 std::filesystem::path installed_data_path(const std::string& path, const std::string& exe_dir) {
-  return std::filesystem::path(exe_dir) / ".." / "share" / "remat-train" / path;
+  return installed_path(exe_dir, "remat-train", path);
 }
 
 // A config file is a small regular file: a device (/dev/zero), a FIFO or a directory is refused
@@ -754,8 +760,7 @@ std::string resolve_config_path(const std::string& path) {
 std::string docs_page_path(const std::string& page) {
   const std::string exe_dir = executable_dir();
   if (exe_dir.empty()) return page;
-  const std::filesystem::path installed =
-      std::filesystem::path(exe_dir) / ".." / "share" / "doc" / "remat-train" / page;
+  const std::filesystem::path installed = installed_path(exe_dir, "doc/remat-train", page);
   std::error_code ec;
   return std::filesystem::exists(installed, ec) ? installed.lexically_normal().string() : page;
 }
