@@ -198,6 +198,22 @@ void Backend::layernorm_backward(const LayerNormBackwardArgs& a) {
   run_op("layernorm_backward", a, &Backend::layernorm_backward_impl);
 }
 
+void Backend::rmsnorm_forward(const RmsNormForwardArgs& a) {
+  run_op("rmsnorm_forward", a, &Backend::rmsnorm_forward_impl);
+}
+
+void Backend::rmsnorm_backward(const RmsNormBackwardArgs& a) {
+  run_op("rmsnorm_backward", a, &Backend::rmsnorm_backward_impl);
+}
+
+void Backend::qk_norm_forward(const QkNormForwardArgs& a) {
+  run_op("qk_norm_forward", a, &Backend::qk_norm_forward_impl);
+}
+
+void Backend::qk_norm_backward(const QkNormBackwardArgs& a) {
+  run_op("qk_norm_backward", a, &Backend::qk_norm_backward_impl);
+}
+
 void Backend::attention_forward(const AttentionForwardArgs& a) {
   run_op("attention_forward", a, &Backend::attention_forward_impl);
 }
@@ -232,6 +248,14 @@ void Backend::activation_forward(const ActivationForwardArgs& a) {
 
 void Backend::activation_backward(const ActivationBackwardArgs& a) {
   run_op("activation_backward", a, &Backend::activation_backward_impl);
+}
+
+void Backend::swiglu_forward(const SwiGluForwardArgs& a) {
+  run_op("swiglu_forward", a, &Backend::swiglu_forward_impl);
+}
+
+void Backend::swiglu_backward(const SwiGluBackwardArgs& a) {
+  run_op("swiglu_backward", a, &Backend::swiglu_backward_impl);
 }
 
 void Backend::add(const Tensor& out, const Tensor& a, const Tensor& b) {

@@ -36,6 +36,8 @@
 #include "engine/ops/loss.h"
 #include "engine/ops/op.h"
 #include "engine/ops/ring_attention.h"
+#include "engine/ops/rmsnorm.h"
+#include "engine/ops/swiglu.h"
 #include "engine/tensor.h"
 #include "engine/workspace.h"
 
@@ -119,6 +121,10 @@ class Backend {
   void linear_backward(const LinearBackwardArgs& a);
   void layernorm_forward(const LayerNormForwardArgs& a);
   void layernorm_backward(const LayerNormBackwardArgs& a);
+  void rmsnorm_forward(const RmsNormForwardArgs& a);
+  void rmsnorm_backward(const RmsNormBackwardArgs& a);
+  void qk_norm_forward(const QkNormForwardArgs& a);
+  void qk_norm_backward(const QkNormBackwardArgs& a);
   void attention_forward(const AttentionForwardArgs& a);
   void attention_backward(const AttentionBackwardArgs& a);
   void attention_delta(const AttentionDeltaArgs& a);
@@ -127,6 +133,8 @@ class Backend {
   virtual bool attention_backward_needs_out() const = 0;
   void activation_forward(const ActivationForwardArgs& a);
   void activation_backward(const ActivationBackwardArgs& a);
+  void swiglu_forward(const SwiGluForwardArgs& a);
+  void swiglu_backward(const SwiGluBackwardArgs& a);
   /// out = a + b elementwise (N, C) act. out may alias a or b.
   void add(const Tensor& out, const Tensor& a, const Tensor& b);
   void embedding_forward(const EmbeddingForwardArgs& a);
@@ -208,11 +216,17 @@ class Backend {
   virtual void linear_backward_impl(const LinearBackwardArgs& a, const OpWorkspace& ws) = 0;
   virtual void layernorm_forward_impl(const LayerNormForwardArgs& a) = 0;
   virtual void layernorm_backward_impl(const LayerNormBackwardArgs& a) = 0;
+  virtual void rmsnorm_forward_impl(const RmsNormForwardArgs& a) = 0;
+  virtual void rmsnorm_backward_impl(const RmsNormBackwardArgs& a) = 0;
+  virtual void qk_norm_forward_impl(const QkNormForwardArgs& a) = 0;
+  virtual void qk_norm_backward_impl(const QkNormBackwardArgs& a) = 0;
   virtual void attention_forward_impl(const AttentionForwardArgs& a, const OpWorkspace& ws) = 0;
   virtual void attention_backward_impl(const AttentionBackwardArgs& a, const OpWorkspace& ws) = 0;
   virtual void attention_delta_impl(const AttentionDeltaArgs& a) = 0;
   virtual void activation_forward_impl(const ActivationForwardArgs& a) = 0;
   virtual void activation_backward_impl(const ActivationBackwardArgs& a) = 0;
+  virtual void swiglu_forward_impl(const SwiGluForwardArgs& a) = 0;
+  virtual void swiglu_backward_impl(const SwiGluBackwardArgs& a) = 0;
   virtual void add_impl(const Tensor& out, const Tensor& a, const Tensor& b) = 0;
   virtual void embedding_forward_impl(const EmbeddingForwardArgs& a) = 0;
   virtual void embedding_backward_impl(const EmbeddingBackwardArgs& a, const OpWorkspace& ws) = 0;

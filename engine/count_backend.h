@@ -46,11 +46,17 @@ class CountBackend : public Backend {
   void linear_backward_impl(const LinearBackwardArgs&, const OpWorkspace&) override {}
   void layernorm_forward_impl(const LayerNormForwardArgs&) override {}
   void layernorm_backward_impl(const LayerNormBackwardArgs&) override {}
+  void rmsnorm_forward_impl(const RmsNormForwardArgs&) override {}
+  void rmsnorm_backward_impl(const RmsNormBackwardArgs&) override {}
+  void qk_norm_forward_impl(const QkNormForwardArgs&) override {}
+  void qk_norm_backward_impl(const QkNormBackwardArgs&) override {}
   void attention_forward_impl(const AttentionForwardArgs&, const OpWorkspace&) override {}
   void attention_backward_impl(const AttentionBackwardArgs&, const OpWorkspace&) override {}
   void attention_delta_impl(const AttentionDeltaArgs&) override {}
   void activation_forward_impl(const ActivationForwardArgs&) override {}
   void activation_backward_impl(const ActivationBackwardArgs&) override {}
+  void swiglu_forward_impl(const SwiGluForwardArgs&) override {}
+  void swiglu_backward_impl(const SwiGluBackwardArgs&) override {}
   void add_impl(const Tensor&, const Tensor&, const Tensor&) override {}
   void embedding_forward_impl(const EmbeddingForwardArgs&) override {}
   void embedding_backward_impl(const EmbeddingBackwardArgs&, const OpWorkspace&) override {}

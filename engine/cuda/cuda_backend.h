@@ -71,11 +71,17 @@ class CudaBackend final : public Backend {
   void linear_backward_impl(const LinearBackwardArgs& a, const OpWorkspace& ws) override;
   void layernorm_forward_impl(const LayerNormForwardArgs& a) override;
   void layernorm_backward_impl(const LayerNormBackwardArgs& a) override;
+  void rmsnorm_forward_impl(const RmsNormForwardArgs& a) override;
+  void rmsnorm_backward_impl(const RmsNormBackwardArgs& a) override;
+  void qk_norm_forward_impl(const QkNormForwardArgs& a) override;
+  void qk_norm_backward_impl(const QkNormBackwardArgs& a) override;
   void attention_forward_impl(const AttentionForwardArgs& a, const OpWorkspace& ws) override;
   void attention_backward_impl(const AttentionBackwardArgs& a, const OpWorkspace& ws) override;
   void attention_delta_impl(const AttentionDeltaArgs& a) override;
   void activation_forward_impl(const ActivationForwardArgs& a) override;
   void activation_backward_impl(const ActivationBackwardArgs& a) override;
+  void swiglu_forward_impl(const SwiGluForwardArgs& a) override;
+  void swiglu_backward_impl(const SwiGluBackwardArgs& a) override;
   void add_impl(const Tensor& out, const Tensor& a, const Tensor& b) override;
   void embedding_forward_impl(const EmbeddingForwardArgs& a) override;
   void embedding_backward_impl(const EmbeddingBackwardArgs& a, const OpWorkspace& ws) override;

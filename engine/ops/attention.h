@@ -6,31 +6,47 @@
 
 #include "engine/error.h"
 #include "engine/ops/op.h"
+#include "engine/ops/rope.h"
 #include "engine/tensor.h"
 
 namespace remat {
 
 /// Causal multi-head self-attention with the flash contract: the forward saves only its output
 /// and the per-row log-sum-exp, never a T x T matrix. With rope_theta > 0, rotary position
-/// embedding is applied to q and k inside the op (qkv is saved unrotated).
+/// embedding is applied to q and k inside the op (qkv is saved unrotated), with the frequencies
+/// of engine/ops/rope.h.
+/// Grouped-query attention: NH query heads share KVH key/value heads (NH a multiple of KVH), key
+/// and value head j serving query heads j*g .. j*g+g-1 (g = NH / KVH), as transformers' repeat_kv
+/// lays them out; n_kv_head = 0 means KVH = NH (multi-head). The head size HS is out's width over
+/// NH (not necessarily C / NH: Qwen3 sets it apart), and qkv's width is (NH + 2 KVH) HS.
 struct AttentionForwardArgs {
-  Tensor out;  // (B, T, C) act
+  Tensor out;  // (B, T, NH HS) act
   Tensor lse;  // (B, NH, T) f32: log-sum-exp of each row of scaled scores
-  Tensor qkv;  // (B, T, 3C) act: q | k | v, heads contiguous inside each
+  Tensor qkv;  // (B, T, (NH + 2 KVH) HS) act: q | k | v, heads contiguous inside each
   int n_head = 1;
   float rope_theta = 0;  // 0: no rotary embedding
+  int n_kv_head = 0;     // 0: n_head
+  RopeScaling rope_scaling{};
 };
 
+/// KVH of an attention op's arguments (n_kv_head = 0 means one per query head).
+inline int kv_heads(int n_head, int n_kv_head) {
+  return n_kv_head > 0 ? n_kv_head : n_head;
+}
+
 struct AttentionBackwardArgs {
-  Tensor dqkv;  // (B, T, 3C) act [=]
-  Tensor dout;  // (B, T, C) act
-  Tensor qkv;   // (B, T, 3C) act; CLOBBERED: the backward is its last reader (CUDA, bf16 with
-                // RoPE, rotates q and k in place instead of staging a rotated copy of 3C/token)
-  Tensor out;   // (B, T, C) act; may be empty when `delta` is given (backends that read D)
-  Tensor lse;   // (B, NH, T) f32
+  Tensor dqkv;  // (B, T, (NH + 2 KVH) HS) act [=]
+  Tensor dout;  // (B, T, NH HS) act
+  // qkv: (B, T, (NH + 2 KVH) HS) act; CLOBBERED: the backward is its last reader (CUDA, bf16
+  // with RoPE, rotates q and k in place instead of staging a rotated copy of them)
+  Tensor qkv;
+  Tensor out;  // (B, T, NH HS) act; may be empty when `delta` is given (backends that read D)
+  Tensor lse;  // (B, NH, T) f32
   int n_head = 1;
   float rope_theta = 0;
   Tensor delta{};  // (B, NH, T) f32 from attention_delta, or empty: then D comes from out and dout
+  int n_kv_head = 0;  // 0: n_head
+  RopeScaling rope_scaling{};
 };
 
 /// D = rowsum(dO * O) per row and head: the one term of attention's backward that reads the
@@ -55,9 +71,14 @@ inline void check(const AttentionForwardArgs& a) {
   REMAT_ASSERT(a.qkv.ndim() == 3 && a.out.ndim() == 3, "attention_forward: qkv {} out {}",
                a.qkv.shape_str(), a.out.shape_str());
   const int64_t B = a.qkv.dim(0), T = a.qkv.dim(1), C = a.out.dim(2);
-  REMAT_ASSERT(a.qkv.dim(2) == 3 * C && a.out.dim(0) == B && a.out.dim(1) == T,
-               "attention_forward: qkv {} vs out {}", a.qkv.shape_str(), a.out.shape_str());
-  REMAT_ASSERT(a.n_head > 0 && C % a.n_head == 0, "attention_forward: {} heads, C={}", a.n_head, C);
+  const int KVH = kv_heads(a.n_head, a.n_kv_head);
+  REMAT_ASSERT(a.n_head > 0 && C % a.n_head == 0 && a.n_head % KVH == 0,
+               "attention_forward: {} query heads, {} key/value heads, out width {}", a.n_head, KVH,
+               C);
+  REMAT_ASSERT(
+      a.qkv.dim(2) == C / a.n_head * (a.n_head + 2 * KVH) && a.out.dim(0) == B && a.out.dim(1) == T,
+      "attention_forward: qkv {} vs out {} ({} query, {} key/value heads)", a.qkv.shape_str(),
+      a.out.shape_str(), a.n_head, KVH);
   REMAT_ASSERT(a.lse.numel() == B * a.n_head * T, "attention_forward: lse {}", a.lse.shape_str());
 }
 inline OpCost cost(const AttentionForwardArgs& a) {
@@ -67,7 +88,13 @@ inline OpCost cost(const AttentionForwardArgs& a) {
 }
 
 inline void check(const AttentionBackwardArgs& a) {
-  REMAT_ASSERT(a.dqkv.numel() == a.qkv.numel() && 3 * a.dout.numel() == a.qkv.numel() &&
+  const int KVH = kv_heads(a.n_head, a.n_kv_head);
+  REMAT_ASSERT(
+      a.n_head > 0 && a.n_head % KVH == 0 && a.dout.ndim() == 3 && a.dout.dim(2) % a.n_head == 0,
+      "attention_backward: {} query heads, {} key/value heads, dout {}", a.n_head, KVH,
+      a.dout.shape_str());
+  REMAT_ASSERT(a.dqkv.numel() == a.qkv.numel() &&
+                   a.dout.numel() / a.n_head * (a.n_head + 2 * KVH) == a.qkv.numel() &&
                    (a.out.empty() ? !a.delta.empty() : a.dout.numel() == a.out.numel()),
                "attention_backward: dqkv {} qkv {} dout {} out {}", a.dqkv.shape_str(),
                a.qkv.shape_str(), a.dout.shape_str(), a.out.shape_str());
