@@ -167,7 +167,7 @@ BenchReport make_report(const Config& cfg, const std::string& device, std::vecto
   r.device = device;
   r.policy = cfg.remat.plan.empty() ? cfg.remat.policy : "per-block plan";
   r.batch_size = cfg.train.batch_size;
-  r.seq_len = cfg.model.kind == ModelKind::Gpt ? cfg.train.seq_len : 0;
+  r.seq_len = cfg.model.has_sequence() ? cfg.train.seq_len : 0;
   std::vector<const TimedStep*> sorted;
   for (const auto& s : steps) sorted.push_back(&s);
   std::sort(sorted.begin(), sorted.end(), [](auto* a, auto* b) { return a->ms < b->ms; });
@@ -346,9 +346,9 @@ int run_bench(const BenchOptions& opt) {
     timed.push_back(std::move(t));
   }
   if (timed.empty()) return 128 + experiments::interrupt_signal();
-  const BenchReport report = make_report(
-      cfg, be.describe(), std::move(timed),
-      cfg.train.batch_size * (cfg.model.kind == ModelKind::Gpt ? cfg.train.seq_len : 1));
+  const BenchReport report =
+      make_report(cfg, be.describe(), std::move(timed),
+                  cfg.train.batch_size * (cfg.model.has_sequence() ? cfg.train.seq_len : 1));
   if (opt.json)
     print_json(report);
   else

@@ -112,11 +112,11 @@ void print_json(const std::vector<CompareRow>& rows, const CompareRow& ref, doub
 
 void print_table(const Config& cfg, const std::vector<CompareRow>& rows, const CompareRow& ref,
                  double none_peak) {
-  fmt::print("compare {} | {} steps | batch {}{}{} | {}\n", cfg.path, cfg.train.steps,
-             cfg.train.batch_size,
-             cfg.model.kind == ModelKind::Gpt ? fmt::format(" x seq_len {}", cfg.train.seq_len)
-                                              : std::string(),
-             tiling_note(cfg), load_note());
+  fmt::print(
+      "compare {} | {} steps | batch {}{}{} | {}\n", cfg.path, cfg.train.steps,
+      cfg.train.batch_size,
+      cfg.model.has_sequence() ? fmt::format(" x seq_len {}", cfg.train.seq_len) : std::string(),
+      tiling_note(cfg), load_note());
   size_t w = 10;  // the policy column fits its longest entry ("full:tile=1024:offload=...")
   for (const auto& r : rows) w = std::max(w, r.policy.size());
   const std::string same_as = &ref == &rows.front() ? "none" : ref.policy;

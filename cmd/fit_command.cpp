@@ -159,9 +159,10 @@ int run_fit(const FitOptions& opt) {
   add_rank_sets(sets, opt.config_path, opt.ranks, context);
   const Config base = load_config(opt.config_path, sets);
   if (opt.measure) refuse_several_ranks(base, "fit --measure");
-  if (base.model.kind != ModelKind::Gpt)
+  if (!base.model.has_sequence())
     throw ConfigError(fmt::format(
-        "{}: [fit] model.kind = \"{}\" has no sequence length to fit. Fix: use a gpt config",
+        "{}: [fit] model.kind = \"{}\" has no sequence length to fit. Fix: use a gpt or llama "
+        "config",
         base.path, base.model.kind));
   if (opt.measure && !opt.gpu.empty())
     throw ConfigError(

@@ -113,7 +113,7 @@ int run_plan(const PlanOptions& opt) {
   add_rank_sets(sets, opt.config_path, opt.ranks, opt.context);
   Config cfg = load_config(opt.config_path, sets);
   // A GPU plan at a --seq-len sizes a learned position table to it; the MLP has none.
-  if (!opt.gpu.empty() && opt.seq_len && cfg.model.kind == ModelKind::Gpt) {
+  if (!opt.gpu.empty() && opt.seq_len && cfg.model.has_sequence()) {
     sets.push_back("model.n_ctx=" + std::to_string(std::max<int64_t>(*opt.seq_len, 1)));
     cfg = load_config(opt.config_path, sets);
   }
@@ -129,7 +129,7 @@ int run_plan(const PlanOptions& opt) {
   std::vector<PolicyRow> rows;
   auto add_row = [&](const std::string& label, const Config& c) {
     PolicyRow r{label, planner.dry_run(c), 0, 0};
-    if (c.model.kind == ModelKind::Gpt) r.longest = planner.longest_seq_len(c, &r.run);
+    if (c.model.has_sequence()) r.longest = planner.longest_seq_len(c, &r.run);
     r.max_batch = planner.largest_batch(c, &r.run);
     rows.push_back(std::move(r));
   };
@@ -221,7 +221,7 @@ int run_plan(const PlanOptions& opt) {
         format_bytes(pk.by_category[static_cast<size_t>(MemCategory::Checkpoints)]),
         r.run.host_peak.total_bytes ? format_bytes(r.run.host_peak.total_bytes) : std::string("-"),
         100.0 * r.run.recompute_overhead(), planner.fits(r.run) ? "yes" : "NO", pk.phase,
-        cfg.model.kind == ModelKind::Gpt ? format_count(r.longest) : std::string("-"), r.max_batch);
+        cfg.model.has_sequence() ? format_count(r.longest) : std::string("-"), r.max_batch);
   }
   if (chosen.fits)
     fmt::print("\nauto: {}\n      plan = [{}] (--emit-config prints it as a [remat] table)\n",

@@ -241,9 +241,10 @@ int run_sweep(const SweepOptions& opt) {
   const std::vector<int64_t> seq_lens = parse_seq_lens(opt.seq_lens);
   const Config base = load_config(opt.config_path, opt.overrides);
   refuse_several_ranks(base, "sweep");
-  if (base.model.kind != ModelKind::Gpt)
+  if (!base.model.has_sequence())
     throw ConfigError(fmt::format(
-        "{}: [sweep] model.kind = \"{}\" has no sequence length to sweep. Fix: use a gpt config",
+        "{}: [sweep] model.kind = \"{}\" has no sequence length to sweep. Fix: use a gpt or "
+        "llama config",
         base.path, base.model.kind));
   const std::vector<std::string> policies =
       parse_policies(opt.policies, builtin_policies(), "sweep");

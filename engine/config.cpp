@@ -137,7 +137,8 @@ std::string read_choice(const toml::node& n, const Origin& o, std::vector<std::s
 // The config spellings of the enum-like keys, in the order `keys` lists them.
 template <class E>
 using EnumNames = std::vector<std::pair<std::string_view, E>>;
-const EnumNames<ModelKind> kModelKinds = {{"gpt", ModelKind::Gpt}, {"mlp", ModelKind::Mlp}};
+const EnumNames<ModelKind> kModelKinds = {
+    {"gpt", ModelKind::Gpt}, {"llama", ModelKind::Llama}, {"mlp", ModelKind::Mlp}};
 const EnumNames<PositionKind> kPositions = {{"learned", PositionKind::Learned},
                                             {"rope", PositionKind::Rope}};
 const EnumNames<BackendKind> kBackends = {
@@ -213,6 +214,57 @@ bool read_bool(const toml::node& n, const Origin& o) {
   return *n.value<bool>();
 }
 
+// model.rope_scaling as config.json writes it: an inline table { rope_type = "llama3", factor
+// = 8.0, low_freq_factor = 1.0, high_freq_factor = 4.0, original_max_position_embeddings = 8192 }
+// ("type" is accepted for rope_type, as older config.json files spell it; "default" or "none" is
+// no scaling).
+RopeScaling read_rope_scaling(const toml::node& n, const Origin& o) {
+  if (g_describe) {
+    *g_describe = {"table", "{ rope_type = \"llama3\", factor = 8.0, ... } or \"none\""};
+    return {};
+  }
+  if (n.is_string() && (*n.value<std::string>() == "none" || *n.value<std::string>() == "default"))
+    return {};
+  const toml::table* t = n.as_table();
+  const std::string example =
+      "write { rope_type = \"llama3\", factor = 8.0, low_freq_factor = 1.0, high_freq_factor = "
+      "4.0, original_max_position_embeddings = 8192 } or \"none\"";
+  if (!t) fail(o, fmt::format("expected a table, got {}", type_name(n)), example);
+  RopeScaling s;
+  std::string type;
+  bool has_factor = false, has_context = false;
+  for (auto&& [k, v] : *t) {
+    const std::string key(k.str());
+    const Origin ko{o.where, o.key + "." + key};
+    if (key == "rope_type" || key == "type") {
+      type = read_choice(v, ko, {"llama3", "default", "none"});
+    } else if (key == "factor") {
+      s.factor = read_float(v, ko, 1.0, 1e6);
+      has_factor = true;
+    } else if (key == "low_freq_factor") {
+      s.low_freq_factor = read_float(v, ko, 1e-6, 1e6);
+    } else if (key == "high_freq_factor") {
+      s.high_freq_factor = read_float(v, ko, 1e-6, 1e6);
+    } else if (key == "original_max_position_embeddings") {
+      s.original_context = read_int(v, ko, 1, std::numeric_limits<int64_t>::max(), true);
+      has_context = true;
+    } else {
+      fail(ko, fmt::format("unknown key '{}' in rope_scaling", key), example);
+    }
+  }
+  if (type.empty()) fail(o, "rope_scaling has no rope_type", example);
+  if (type != "llama3") return {};
+  if (!has_factor || !has_context)
+    fail(o, "llama3 rope_scaling needs factor and original_max_position_embeddings", example);
+  if (!(s.high_freq_factor > s.low_freq_factor))
+    fail(o,
+         fmt::format("high_freq_factor = {} must exceed low_freq_factor = {}", s.high_freq_factor,
+                     s.low_freq_factor),
+         "use the values of the model's config.json (Llama 3.1: 1.0 and 4.0)");
+  s.kind = RopeScaling::Llama3;
+  return s;
+}
+
 // One path or a list of them: "data/*.bin" or ["a.bin", "b.bin"].
 std::vector<std::string> read_path_list(const toml::node& n, const Origin& o) {
   if (g_describe) {
@@ -283,8 +335,24 @@ const std::vector<KeySpec>& key_specs() {
        [](Config& c, auto& n, auto& o) { c.model.position = read_enum(n, o, kPositions); }},
       {"model", "rope_theta", "RoPE base",
        [](Config& c, auto& n, auto& o) { c.model.rope_theta = read_float(n, o, 1.0, 1e12); }},
-      {"model", "dropout", "dropout after attention and MLP outputs",
+      {"model", "dropout", "dropout after attention and MLP outputs (gpt)",
        [](Config& c, auto& n, auto& o) { c.model.dropout = read_float(n, o, 0.0, 0.99); }},
+      {"model", "n_kv_head", "key/value heads, grouped-query attention (llama); 0 = n_head",
+       [](Config& c, auto& n, auto& o) { c.model.n_kv_head = read_int(n, o, 0, 4096, false); }},
+      {"model", "head_dim", "head size (llama); 0 = n_embd / n_head",
+       [](Config& c, auto& n, auto& o) { c.model.head_dim = read_int(n, o, 0, 4096, false); }},
+      {"model", "norm_eps", "RMSNorm epsilon (llama: rms_norm_eps)",
+       [](Config& c, auto& n, auto& o) { c.model.norm_eps = read_float(n, o, 1e-12, 0.1); }},
+      {"model", "rope_scaling",
+       "RoPE frequency scaling (llama): { rope_type = \"llama3\", factor, low_freq_factor, "
+       "high_freq_factor, original_max_position_embeddings }",
+       [](Config& c, auto& n, auto& o) { c.model.rope_scaling = read_rope_scaling(n, o); }},
+      {"model", "attention_bias", "q/k/v projection biases (llama: Qwen2)",
+       [](Config& c, auto& n, auto& o) { c.model.attention_bias = read_bool(n, o); }},
+      {"model", "qk_norm", "per-head RMSNorm of q and k before RoPE (llama: Qwen3)",
+       [](Config& c, auto& n, auto& o) { c.model.qk_norm = read_bool(n, o); }},
+      {"model", "tie_embeddings", "LM head shares the token embedding (tie_word_embeddings)",
+       [](Config& c, auto& n, auto& o) { c.model.tie_embeddings = read_bool(n, o); }},
       {"train", "seq_len", "tokens per row",
        [](Config& c, auto& n, auto& o) { c.train.seq_len = read_int(n, o, 1, 1ll << 32, true); }},
       {"train", "batch_size", "rows per step",
@@ -446,19 +514,51 @@ void read_section(Config& c, const std::string& section, const toml::table& tbl,
   }
 }
 
+// The keys that belong to one family of sequence models: the Llama family's in a GPT config (the
+// GPT block has no grouped-query attention, RMSNorm or untied head), and GPT's dropout and
+// learned positions in a Llama config.
+void validate_model_family(const Config& c, const Origins& o) {
+  const auto& m = c.model;
+  if (m.kind == ModelKind::Gpt) {
+    for (const char* key : {"model.n_kv_head", "model.head_dim", "model.norm_eps",
+                            "model.rope_scaling", "model.attention_bias", "model.qk_norm"})
+      if (o.all().count(key))
+        fail(o.of(key), fmt::format("{} applies to model.kind = \"llama\", not \"gpt\"", key),
+             fmt::format("remove {}, or set model.kind = \"llama\"", key));
+    if (!m.tie_embeddings)
+      fail(o.of("model.tie_embeddings"), "the GPT's LM head is always the token embedding",
+           "remove model.tie_embeddings, or set model.kind = \"llama\"");
+    return;
+  }
+  if (m.position != PositionKind::Rope)
+    fail(o.of("model.position"), "the Llama family encodes positions with RoPE only",
+         "remove model.position (llama uses rope)");
+  if (m.dropout > 0)
+    fail(o.of("model.dropout"), "model.dropout applies to model.kind = \"gpt\"",
+         "remove model.dropout (the Llama family trains without dropout)");
+  if (m.n_head % m.kv_heads() != 0)
+    fail(o.of("model.n_kv_head"),
+         fmt::format("n_head = {} is not a multiple of n_kv_head = {}", m.n_head, m.kv_heads()),
+         "choose n_kv_head dividing n_head (each key/value head serves n_head / n_kv_head "
+         "query heads)");
+}
+
 // Cross-field checks, each naming the key a user would change.
 void validate(const Config& c, const Origins& o) {
   const auto& m = c.model;
   const auto& t = c.train;
-  if (m.kind == ModelKind::Gpt) {
-    if (m.n_embd % m.n_head != 0)
+  if (m.has_sequence()) {
+    if (m.head_dim == 0 && m.n_embd % m.n_head != 0)
       fail(o.of("model.n_head"),
            fmt::format("n_embd = {} is not divisible by n_head = {}", m.n_embd, m.n_head),
-           "choose n_head dividing n_embd");
-    if (m.position == PositionKind::Rope && (m.n_embd / m.n_head) % 2 != 0)
-      fail(o.of("model.n_head"),
-           fmt::format("rope needs an even head size, got {}", m.n_embd / m.n_head),
-           "choose n_head so that n_embd / n_head is even");
+           m.kind == ModelKind::Llama ? "choose n_head dividing n_embd, or set model.head_dim"
+                                      : "choose n_head dividing n_embd");
+    if (m.position == PositionKind::Rope && m.head_size() % 2 != 0)
+      fail(o.of(m.head_dim ? "model.head_dim" : "model.n_head"),
+           fmt::format("rope needs an even head size, got {}", m.head_size()),
+           m.head_dim ? "choose an even model.head_dim"
+                      : "choose n_head so that n_embd / n_head is even");
+    validate_model_family(c, o);
     if (m.position == PositionKind::Learned && t.seq_len > m.n_ctx)
       fail(o.of("train.seq_len"),
            fmt::format("seq_len = {} exceeds model.n_ctx = {} with learned positions", t.seq_len,
@@ -482,8 +582,11 @@ void validate(const Config& c, const Origins& o) {
            fmt::format("model.kind = \"mlp\" trains on the regression task, not \"{}\"",
                        c.data.task),
            "set data.task = \"regression\"");
-    for (const char* key : {"model.n_head", "model.vocab_size", "model.n_ctx", "model.d_ff",
-                            "model.position", "model.rope_theta", "model.dropout"})
+    for (const char* key :
+         {"model.n_head", "model.vocab_size", "model.n_ctx", "model.d_ff", "model.position",
+          "model.rope_theta", "model.dropout", "model.n_kv_head", "model.head_dim",
+          "model.norm_eps", "model.rope_scaling", "model.attention_bias", "model.qk_norm",
+          "model.tie_embeddings"})
       // In the file it is a mistake; from --set it is harmless (ignored), so one list of
       // overrides can sweep shapes across both kinds. A value that would change the model
       // (rope, dropout) is an error from anywhere.
@@ -491,7 +594,8 @@ void validate(const Config& c, const Origins& o) {
           (o.of(key).where.rfind("--set ", 0) != 0 ||
            (key == std::string("model.position") && m.position == PositionKind::Rope) ||
            (key == std::string("model.dropout") && m.dropout > 0)))
-        fail(o.of(key), fmt::format("{} applies to model.kind = \"gpt\", not \"mlp\"", key),
+        fail(o.of(key),
+             fmt::format("{} applies to model.kind = \"gpt\" or \"llama\", not \"mlp\"", key),
              fmt::format("remove {} (the MLP's width is model.n_embd)", key));
     if (c.remat.tile_tokens > 0)
       fail(o.of("remat.tile_tokens"),
@@ -504,8 +608,8 @@ void validate(const Config& c, const Origins& o) {
                      t.batch_size, c.parallel.data),
          "choose a train.batch_size that is a multiple of parallel.data");
   if (c.parallel.context > 1) {
-    if (m.kind != ModelKind::Gpt)
-      fail(o.of("parallel.context"), "context parallel splits the tokens of a GPT's sequences",
+    if (!m.has_sequence())
+      fail(o.of("parallel.context"), "context parallel splits the tokens of a model's sequences",
            "remove parallel.context (the MLP has no sequence)");
     if (m.position != PositionKind::Rope)
       fail(o.of("parallel.context"),
@@ -662,6 +766,8 @@ Config build(toml::table root, const std::string& name, const std::vector<std::s
     read_section(c, section, *tbl, origins, where);
   }
   if (c.model.kind == ModelKind::Mlp && !root["data"]["task"]) c.data.task = "regression";
+  if (c.model.kind == ModelKind::Llama && !root["model"]["position"])
+    c.model.position = PositionKind::Rope;  // the family's only kind of positions
   validate(c, origins);
   c.origins = origins.all();
   return c;
@@ -775,7 +881,7 @@ Config load_config(const std::string& given, const std::vector<std::string>& ove
   if (!model || !model->contains("kind"))
     throw ConfigError(fmt::format(
         "{}: [config] model.kind: missing: a config names at least the model it trains. Fix: "
-        "add [model] with kind = \"gpt\" or \"mlp\" (configs/ has complete examples)",
+        "add [model] with kind = \"gpt\", \"llama\" or \"mlp\" (configs/ has complete examples)",
         path));
   return build(std::move(root), path, overrides);
 }
@@ -801,8 +907,27 @@ std::string config_to_toml(const Config& c) {
                     {"position", config_name(c.model.position)},
                     {"rope_theta", c.model.rope_theta},
                     {"dropout", c.model.dropout}};
-  if (c.model.kind !=
-      ModelKind::Gpt)  // the MLP refuses the GPT's keys, so its state.json omits them
+  if (c.model.kind == ModelKind::Llama) {  // a GPT refuses these keys, so only llama writes them
+    model.erase("n_ctx");
+    model.erase("dropout");
+    model.insert("n_kv_head", c.model.n_kv_head);
+    model.insert("head_dim", c.model.head_dim);
+    model.insert("norm_eps", c.model.norm_eps);
+    if (c.model.rope_scaling.kind == RopeScaling::Llama3) {
+      const RopeScaling& s = c.model.rope_scaling;
+      model.insert("rope_scaling",
+                   toml::table{{"rope_type", "llama3"},
+                               {"factor", s.factor},
+                               {"low_freq_factor", s.low_freq_factor},
+                               {"high_freq_factor", s.high_freq_factor},
+                               {"original_max_position_embeddings", s.original_context}});
+    }
+    model.insert("attention_bias", c.model.attention_bias);
+    model.insert("qk_norm", c.model.qk_norm);
+    model.insert("tie_embeddings", c.model.tie_embeddings);
+  }
+  if (c.model.kind ==
+      ModelKind::Mlp)  // the MLP refuses the GPT's keys, so its state.json omits them
     for (const char* key :
          {"n_head", "vocab_size", "n_ctx", "d_ff", "position", "rope_theta", "dropout"})
       model.erase(key);

@@ -12,13 +12,14 @@
 #include <type_traits>
 #include <vector>
 
+#include "engine/ops/rope.h"
 #include "engine/token_positions.h"
 
 namespace remat {
 
 // The enum-like keys, parsed once when the config is read; config_name() gives each value's
 // spelling in a config file ("gpt", "rope", "cuda", "fp32"), for messages and state.json.
-enum class ModelKind : uint8_t { Gpt, Mlp };                                   // model.kind
+enum class ModelKind : uint8_t { Gpt, Llama, Mlp };                            // model.kind
 enum class PositionKind : uint8_t { Learned, Rope };                           // model.position
 enum class BackendKind : uint8_t { Auto, Cpu, Cuda };                          // device.backend
 enum class Precision : uint8_t { Bf16, Fp32 };                                 // device.precision
@@ -45,7 +46,7 @@ struct fmt::formatter<E> : fmt::formatter<std::string_view> {
 namespace remat {
 
 struct ModelConfig {
-  ModelKind kind = ModelKind::Gpt;  // gpt | mlp (the checkpointing tutorial's MLP)
+  ModelKind kind = ModelKind::Gpt;  // gpt | llama | mlp (the checkpointing tutorial's MLP)
   int64_t n_layer = 2;              // blocks
   int64_t n_head = 4;               // attention heads (gpt)
   int64_t n_embd = 64;              // channels; the MLP's width
@@ -55,7 +56,19 @@ struct ModelConfig {
   PositionKind position = PositionKind::Learned;
   double rope_theta = 10000.0;  // RoPE base
   double dropout = 0.0;         // attention-output and MLP-output dropout probability
+  // The Llama family (kind = "llama"; names as in Hugging Face's config.json where they differ):
+  int64_t n_kv_head = 0;        // key/value heads (grouped-query attention); 0 = n_head
+  int64_t head_dim = 0;         // head size; 0 = n_embd / n_head
+  double norm_eps = 1e-5;       // RMSNorm epsilon (rms_norm_eps)
+  RopeScaling rope_scaling{};   // none, or llama3 frequency scaling
+  bool attention_bias = false;  // q/k/v projection biases (Qwen2)
+  bool qk_norm = false;         // per-head RMSNorm of q and k before RoPE (Qwen3)
+  bool tie_embeddings = true;   // LM head = token embedding (tie_word_embeddings)
   int64_t ff() const { return d_ff > 0 ? d_ff : 4 * n_embd; }
+  /// Models over token sequences (gpt, llama): attention, seq_len, an LM head.
+  bool has_sequence() const { return kind != ModelKind::Mlp; }
+  int64_t kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
+  int64_t head_size() const { return head_dim > 0 ? head_dim : n_embd / n_head; }
 };
 
 struct TrainConfig {

@@ -246,7 +246,7 @@ DryRun Planner::dry_run(const Config& cfg, bool track_largest) const {
 }
 
 int64_t Planner::longest_seq_len(const Config& cfg, const DryRun* at_cfg) const {
-  if (cfg.model.kind != ModelKind::Gpt) return 0;
+  if (!cfg.model.has_sequence()) return 0;
   const int64_t hi = cfg.model.position == PositionKind::Learned ? cfg.model.n_ctx : (1ll << 26);
   return largest_fitting(
       hi, target_.pool_budget(),
@@ -371,7 +371,7 @@ AutoPlan choose_auto(const Planner& planner, const Config& cfg) {
   // Offload only where host memory is not the device's own (a GPU target); settings the config
   // makes itself are kept.
   std::vector<Config> candidates{cfg};
-  if (cfg.model.kind == ModelKind::Gpt && cfg.remat.tile_tokens == 0)
+  if (cfg.model.has_sequence() && cfg.remat.tile_tokens == 0)
     for (int64_t tile : auto_tile_tokens(cfg.train.batch_size * cfg.train.seq_len)) {
       Config tiled = cfg;
       tiled.remat.tile_tokens = tile;

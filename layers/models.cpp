@@ -193,6 +193,7 @@ ModelShape model_shape(const TrainConfig& train) {
 
 std::unique_ptr<Model> make_model(const ModelConfig& model, const ModelShape& shape, Backend& be) {
   if (model.kind == ModelKind::Mlp) return std::make_unique<MlpModel>(model, shape, be);
+  if (model.kind == ModelKind::Llama) return make_llama_model(model, shape, be);
   return std::make_unique<GptModel>(model, shape, be);
 }
 

@@ -1,6 +1,8 @@
-// The two models remat-train trains, built from a config for one (batch, sequence) shape:
+// The models remat-train trains, built from a config for one (batch, sequence) shape:
 //   GptModel: token (+ learned position) embedding, L pre-LN blocks, final LayerNorm, LM head
 //             tied to the token embedding, mean next-token cross-entropy (fused and chunked).
+//   LlamaModel (layers/llama_model.cpp): token embedding, L Llama-family blocks (RMSNorm,
+//             grouped-query attention with RoPE, SwiGLU), final RMSNorm, tied or untied LM head.
 //   MlpModel: the checkpointing tutorial's L relu layers on synthetic regression, MSE loss.
 #pragma once
 
@@ -37,6 +39,9 @@ struct ModelShape {
 ModelShape model_shape(const TrainConfig& train);
 
 std::unique_ptr<Model> make_model(const ModelConfig& model, const ModelShape& shape, Backend& be);
+/// The Llama family's model (layers/llama_model.cpp); make_model picks it for kind = "llama".
+std::unique_ptr<Model> make_llama_model(const ModelConfig& model, const ModelShape& shape,
+                                        Backend& be);
 /// The model of `cfg`: [model] at the shape of [train], this rank's share of it under [parallel]
 /// (cfg.parallel.rank), with ring attention over `ring_channel` (null: a dry run).
 std::unique_ptr<Model> make_model(const Config& cfg, Backend& be,

@@ -1,0 +1,265 @@
+// Llama-family block forward/backward against the backend interface (see layers/llama_block.h).
+#include "layers/llama_block.h"
+
+#include <algorithm>
+
+namespace remat {
+namespace {
+
+// The saved activations of a Llama block `blocks.i`, in slot order: name, kind, and what needs
+// each one in the backward pass. Dots are GEMM outputs (qkv, res, gate, up); the attention's
+// output and log-sum-exp are Attention; the norms' outputs and statistics are Norm; the SwiGLU
+// product is Pointwise. res is the o_proj GEMM's output plus the residual, so it counts as a dot.
+using K = ActKind;
+constexpr SlotInfo<LlamaBlock::Slot> kSlots[] = {
+    {LlamaBlock::X, "x", K::Input},                   // (B,T,C)  block input     -> norm1 bwd
+    {LlamaBlock::Norm1, "norm1", K::Norm},            // (B,T,C)  RMSNorm 1       -> qkv dW
+    {LlamaBlock::Norm1Rstd, "norm1.rstd", K::Norm},   // (B*T)    f32 1/rms       -> norm1 bwd
+    {LlamaBlock::Qkv, "qkv", K::Dot},                 // (B,T,W)  q|k|v           -> attention
+    {LlamaBlock::QkvNormed, "qkv.normed", K::Norm},   // (B,T,W)  q, k normed     -> attention
+    {LlamaBlock::QkvRstd, "qkv.rstd", K::Norm},       // (B*T,NH+KVH) f32         -> qk_norm bwd
+    {LlamaBlock::Attn, "attn", K::Attention},         // (B,T,NH*HS) output       -> o_proj dW
+    {LlamaBlock::AttnLse, "attn.lse", K::Attention},  // (B,NH,T) f32 log-sum-exp -> attention
+    {LlamaBlock::Res, "res", K::Dot},                 // (B,T,C)  x + o_proj(attn) -> norm2 bwd
+    {LlamaBlock::Norm2, "norm2", K::Norm},            // (B,T,C)  RMSNorm 2       -> gate/up dW
+    {LlamaBlock::Norm2Rstd, "norm2.rstd", K::Norm},   // (B*T)    f32             -> norm2 bwd
+    {LlamaBlock::Gate, "gate", K::Dot},               // (B,T,FF) gate GEMM       -> swiglu bwd
+    {LlamaBlock::Up, "up", K::Dot},                   // (B,T,FF) up GEMM         -> swiglu bwd
+    {LlamaBlock::Act, "act", K::Pointwise},           // (B,T,FF) silu(gate) * up -> down dW
+};
+static_assert(std::size(kSlots) == LlamaBlock::kNumSlots && slots_in_order(kSlots),
+              "kSlots lists every slot of LlamaBlock::Slot, in order");
+
+}  // namespace
+
+LlamaBlock::LlamaBlock(LlamaBlockParams p, const LlamaBlockShape& s, int64_t index)
+    : p_(p), s_(s), index_(index) {
+  REMAT_ASSERT((p.q_norm_weight == nullptr) == (p.k_norm_weight == nullptr),
+               "llama block {}: q_norm and k_norm come together", index);
+  for (const auto& info : kSlots) {
+    if (!qk_norm() && (info.slot == QkvNormed || info.slot == QkvRstd)) continue;
+    if (tiled() && info.slot >= Norm2) break;
+    names_.emplace_back(info.name);
+    kinds_.push_back(info.kind);
+  }
+}
+
+AttentionForwardArgs LlamaBlock::attention_args(const Tensor& out, const Tensor& lse,
+                                                const Tensor& qkv) const {
+  return {.out = out,
+          .lse = lse,
+          .qkv = qkv,
+          .n_head = static_cast<int>(s_.NH),
+          .rope_theta = s_.rope_theta,
+          .n_kv_head = static_cast<int>(s_.KVH),
+          .rope_scaling = s_.rope_scaling};
+}
+
+LlamaBlock::MlpActs LlamaBlock::MlpChunk::rows(int64_t n) const {
+  return {norm2.tensor().row_range(0, n), norm2_rstd.tensor().row_range(0, n),
+          gate.tensor().row_range(0, n), up.tensor().row_range(0, n), act.tensor().row_range(0, n)};
+}
+
+LlamaBlock::MlpChunk LlamaBlock::allocate_mlp_chunk(Backend& be) const {
+  const int64_t rows = std::min(s_.tile_tokens, s_.B * s_.T);
+  const DType act = be.act_dtype();
+  MemoryPool& pool = be.pool();
+  return {pool.allocate({rows, s_.C}, act, MemCategory::Transient, "mlp.tile.norm2"),
+          pool.allocate({rows, 1}, DType::F32, MemCategory::Transient, "mlp.tile.norm2.rstd"),
+          pool.allocate({rows, s_.FF}, act, MemCategory::Transient, "mlp.tile.gate"),
+          pool.allocate({rows, s_.FF}, act, MemCategory::Transient, "mlp.tile.up"),
+          pool.allocate({rows, s_.FF}, act, MemCategory::Transient, "mlp.tile.act")};
+}
+
+void LlamaBlock::mlp_acts_forward(Backend& be, const MlpActs& m, const Tensor& res,
+                                  int64_t r0) const {
+  be.rmsnorm_forward({m.norm2, m.norm2_rstd, res.row_range(r0, m.norm2.rows()),
+                      p_.norm2_weight->value, s_.norm_eps});
+  be.linear_forward({m.gate, m.norm2, p_.gate_weight->value});
+  be.linear_forward({m.up, m.norm2, p_.up_weight->value});
+  be.swiglu_forward({m.act, m.gate, m.up});
+}
+
+void LlamaBlock::mlp_out_forward(Backend& be, const Tensor& y, const Tensor& res,
+                                 const Tensor& act) const {
+  be.copy(y, res);  // accumulate straight into the residual: no temporary
+  be.linear_forward({.out = y, .inp = act, .weight = p_.down_weight->value, .accumulate = true});
+}
+
+void LlamaBlock::mlp_forward_tiled(Backend& be, const Tensor& res, const Tensor& y) const {
+  const MlpChunk c = allocate_mlp_chunk(be);
+  be.for_each_row_tile(s_.B * s_.T, s_.tile_tokens, [&](int64_t r0, int64_t n) {
+    const MlpActs m = c.rows(n);
+    mlp_acts_forward(be, m, res, r0);
+    mlp_out_forward(be, y.row_range(r0, n), res.row_range(r0, n), m.act);
+  });
+}
+
+void LlamaBlock::forward(Backend& be, ActStore& a, const Tensor& y) {
+  const DType act = be.act_dtype();
+  const int64_t B = s_.B, T = s_.T, N = B * T;
+  auto has = [&](Slot s) { return a.has(slot(s)); };
+  auto get = [&](Slot s) -> const Tensor& { return a.get(slot(s)); };
+  auto make = [&](Slot s, std::vector<int64_t> shape, DType dt) -> const Tensor& {
+    return a.make(be, slot(s), shape, dt, names_);
+  };
+  // Each step runs only when one of its outputs is missing: a recompute reuses saved tensors.
+  if (!has(Norm1) || !has(Norm1Rstd))
+    be.rmsnorm_forward({make(Norm1, {B, T, s_.C}, act), make(Norm1Rstd, {N}, DType::F32), get(X),
+                        p_.norm1_weight->value, s_.norm_eps});
+  if (!has(Qkv))
+    be.linear_forward({make(Qkv, {B, T, qkv_width()}, act), get(Norm1), p_.qkv_weight->value,
+                       p_.qkv_bias ? p_.qkv_bias->value.tensor() : Tensor()});
+  if (qk_norm() && (!has(QkvNormed) || !has(QkvRstd)))
+    be.qk_norm_forward({make(QkvNormed, {B, T, qkv_width()}, act),
+                        make(QkvRstd, {N, s_.NH + s_.KVH}, DType::F32), get(Qkv),
+                        p_.q_norm_weight->value, p_.k_norm_weight->value, static_cast<int>(s_.NH),
+                        static_cast<int>(s_.KVH), s_.norm_eps});
+  if (!has(Attn) || !has(AttnLse)) {
+    const AttentionForwardArgs args =
+        attention_args(make(Attn, {B, T, s_.NH * s_.HS}, act),
+                       make(AttnLse, {B, s_.NH, T}, DType::F32), get(qk_norm() ? QkvNormed : Qkv));
+    if (s_.ring)
+      s_.ring->forward(be, args);
+    else
+      be.attention_forward(args);
+  }
+  if (!has(Res)) {
+    const Tensor& res = make(Res, {B, T, s_.C}, act);
+    be.copy(res, get(X));
+    be.linear_forward(
+        {.out = res, .inp = get(Attn), .weight = p_.proj_weight->value, .accumulate = true});
+  }
+  if (tiled()) {  // the MLP half has no slots: it runs, chunk by chunk, when y is wanted
+    if (!y.empty()) mlp_forward_tiled(be, get(Res), y);
+    return;
+  }
+  if (!has(Norm2) || !has(Norm2Rstd))
+    be.rmsnorm_forward({make(Norm2, {B, T, s_.C}, act), make(Norm2Rstd, {N}, DType::F32), get(Res),
+                        p_.norm2_weight->value, s_.norm_eps});
+  if (!has(Gate))
+    be.linear_forward({make(Gate, {B, T, s_.FF}, act), get(Norm2), p_.gate_weight->value});
+  if (!has(Up)) be.linear_forward({make(Up, {B, T, s_.FF}, act), get(Norm2), p_.up_weight->value});
+  if (!has(Act)) be.swiglu_forward({make(Act, {B, T, s_.FF}, act), get(Gate), get(Up)});
+  if (!y.empty()) mlp_out_forward(be, y, get(Res), get(Act));
+}
+
+void LlamaBlock::mlp_backward_rows(Backend& be, const MlpActs& m, const Tensor& res,
+                                   const Tensor& dresid, int64_t r0) const {
+  MemoryPool& pool = be.pool();
+  const DType act = be.act_dtype();
+  const int64_t n = m.norm2.rows();
+  const Tensor dres = dresid.row_range(r0, n);
+  // y = res + act Wd^T
+  Buffer dact = pool.allocate({n, s_.FF}, act, MemCategory::Transient, "grad.act");
+  be.linear_backward({dact, p_.down_weight->grad, {}, dres, m.act, p_.down_weight->value});
+  Buffer dgate = pool.allocate({n, s_.FF}, act, MemCategory::Transient, "grad.gate");
+  Buffer dup = pool.allocate({n, s_.FF}, act, MemCategory::Transient, "grad.up");
+  be.swiglu_backward({dgate, dup, dact, m.gate, m.up});
+  dact.reset();
+  // d norm2 = dgate Wg + dup Wu: two GEMMs into two buffers, then one add.
+  Buffer dnorm2 = pool.allocate({n, s_.C}, act, MemCategory::Transient, "grad.norm2");
+  be.linear_backward({dnorm2, p_.gate_weight->grad, {}, dgate, m.norm2, p_.gate_weight->value});
+  dgate.reset();
+  Buffer dnorm2_up = pool.allocate({n, s_.C}, act, MemCategory::Transient, "grad.norm2.up");
+  be.linear_backward({dnorm2_up, p_.up_weight->grad, {}, dup, m.norm2, p_.up_weight->value});
+  dup.reset();
+  be.add(dnorm2, dnorm2, dnorm2_up);
+  dnorm2_up.reset();
+  be.rmsnorm_backward({dres, p_.norm2_weight->grad, dnorm2, res.row_range(r0, n),
+                       p_.norm2_weight->value, m.norm2_rstd});
+}
+
+void LlamaBlock::mlp_backward_tiled(Backend& be, const Tensor& res, const Tensor& dresid) const {
+  const MlpChunk c = allocate_mlp_chunk(be);
+  be.for_each_row_tile(s_.B * s_.T, s_.tile_tokens, [&](int64_t r0, int64_t n) {
+    const MlpActs m = c.rows(n);
+    const Phase outer = be.phase();  // the chunk's forward counts as recompute
+    be.set_phase(Phase::Recompute);
+    mlp_acts_forward(be, m, res, r0);
+    be.set_phase(outer);
+    mlp_backward_rows(be, m, res, dresid, r0);
+  });
+}
+
+// Attention half: res = x + attn Wo^T, attn = attention(qk_norm(x Wqkv^T + b)). As in the GPT
+// block, everything attention's backward does not read is freed before it (its the block's
+// peak): norm1 is recomputed from x afterwards with the same bits, and where the backend takes
+// D = rowsum(dO * O) instead of O, D is formed first and O freed.
+void LlamaBlock::attention_backward(Backend& be, ActStore& a, const Tensor& dresid) const {
+  MemoryPool& pool = be.pool();
+  const DType act = be.act_dtype();
+  const int64_t B = s_.B, T = s_.T;
+  const int NH = static_cast<int>(s_.NH);
+  Buffer dattn = pool.allocate({B, T, s_.NH * s_.HS}, act, MemCategory::Transient, "grad.attn");
+  be.linear_backward(
+      {dattn, p_.proj_weight->grad, {}, dresid, a.get(slot(Attn)), p_.proj_weight->value});
+  a.release(slot(Norm1));  // until after attention's backward
+  Buffer delta;
+  if (!be.attention_backward_needs_out()) {
+    delta = pool.allocate({B, s_.NH, T}, DType::F32, MemCategory::Transient, "attn.delta");
+    be.attention_delta({delta, dattn, a.get(slot(Attn)), NH});
+    a.release(slot(Attn));
+  }
+  // With qk_norm, attention reads (and clobbers) the normed copy and hands its gradient to the
+  // q/k norm's backward, which reads the unnormed qkv.
+  const Slot attn_in = qk_norm() ? QkvNormed : Qkv;
+  Buffer dqkv_attn = pool.allocate({B, T, qkv_width()}, act, MemCategory::Transient,
+                                   qk_norm() ? "grad.qkv.normed" : "grad.qkv");
+  const AttentionBackwardArgs args{.dqkv = dqkv_attn,
+                                   .dout = dattn,
+                                   .qkv = a.get(slot(attn_in)),
+                                   .out = delta.empty() ? a.get(slot(Attn)) : Tensor{},
+                                   .lse = a.get(slot(AttnLse)),
+                                   .n_head = NH,
+                                   .rope_theta = s_.rope_theta,
+                                   .delta = delta,
+                                   .n_kv_head = static_cast<int>(s_.KVH),
+                                   .rope_scaling = s_.rope_scaling};
+  if (s_.ring)
+    s_.ring->backward(be, args);
+  else
+    be.attention_backward(args);
+  delta.reset();
+  dattn.reset();
+  for (Slot s : {attn_in, Attn, AttnLse}) a.release(slot(s));
+  Buffer dqkv;
+  if (qk_norm()) {
+    dqkv = pool.allocate({B, T, qkv_width()}, act, MemCategory::Transient, "grad.qkv");
+    be.qk_norm_backward({dqkv, p_.q_norm_weight->grad, p_.k_norm_weight->grad, dqkv_attn,
+                         a.get(slot(Qkv)), p_.q_norm_weight->value, p_.k_norm_weight->value,
+                         a.get(slot(QkvRstd)), NH, static_cast<int>(s_.KVH)});
+    dqkv_attn.reset();
+    a.release(slot(Qkv));
+    a.release(slot(QkvRstd));
+  } else {
+    dqkv = std::move(dqkv_attn);
+  }
+  a.peak_passed();  // what is left (x, norm1, dqkv, dnorm1) is well below the attention step
+  be.rmsnorm_forward({a.make(be, slot(Norm1), {B, T, s_.C}, act, names_), a.get(slot(Norm1Rstd)),
+                      a.get(slot(X)), p_.norm1_weight->value, s_.norm_eps});
+  Buffer dnorm1 = pool.allocate({B, T, s_.C}, act, MemCategory::Transient, "grad.norm1");
+  be.linear_backward({dnorm1, p_.qkv_weight->grad,
+                      p_.qkv_bias ? p_.qkv_bias->grad.tensor() : Tensor(), dqkv, a.get(slot(Norm1)),
+                      p_.qkv_weight->value});
+  dqkv.reset();
+  a.release(slot(Norm1));
+  be.rmsnorm_backward({dresid, p_.norm1_weight->grad, dnorm1, a.get(slot(X)),
+                       p_.norm1_weight->value, a.get(slot(Norm1Rstd))});
+}
+
+void LlamaBlock::backward(Backend& be, ActStore& a, const Tensor& dresid) {
+  if (tiled()) {
+    mlp_backward_tiled(be, a.get(slot(Res)), dresid);
+  } else {
+    mlp_backward_rows(be,
+                      {a.get(slot(Norm2)), a.get(slot(Norm2Rstd)), a.get(slot(Gate)),
+                       a.get(slot(Up)), a.get(slot(Act))},
+                      a.get(slot(Res)), dresid, 0);
+    for (Slot s : {Norm2, Norm2Rstd, Gate, Up, Act}) a.release(slot(s));
+  }
+  a.release(slot(Res));
+  attention_backward(be, a, dresid);
+}
+
+}  // namespace remat

@@ -1,0 +1,116 @@
+// LlamaModel (see layers/models.h): token embedding, L Llama-family blocks, final RMSNorm, LM head
+// (tied to the embedding or its own weight), mean next-token cross-entropy (fused and chunked).
+// Positions come from RoPE inside attention; there is no position table and no dropout.
+#include <fmt/format.h>
+
+#include "engine/parallel/context_ring.h"
+#include "layers/layer.h"
+#include "layers/llama_block.h"
+#include "layers/models.h"
+
+namespace remat {
+namespace {
+
+class LlamaModel : public Model {
+ public:
+  LlamaModel(const ModelConfig& model, const ModelShape& s, Backend& be) : m_(model) {
+    B_ = s.batch_size;
+    if (s.context_ranks > 1)
+      ring_ = std::make_unique<parallel::ContextRing>(s.ring_channel, s.context_ranks,
+                                                      s.context_rank, s.seq_len);
+    T_ = ring_ ? ring_->positions().tokens() : s.seq_len;  // this rank's tokens of each row
+    loss_rows_all_ranks_ = B_ * s.seq_len * s.data_ranks;
+    const int64_t C = m_.n_embd, V = m_.vocab_size, L = m_.n_layer;
+    const int64_t NH = m_.n_head, KVH = m_.kv_heads(), HS = m_.head_size(), FF = m_.ff();
+    loss_chunk_ = s.loss_chunk > 0 ? s.loss_chunk : default_loss_chunk_rows(B_ * T_, V);
+    // transformers' _init_weights for these models: N(0, initializer_range = 0.02) for every
+    // matrix, ones for the norms, zeros for biases. Fine-tuning starts from --init hf:DIR instead.
+    const ParamInit normal{ParamInit::Normal, 0.02};
+    const ParamInit ones{ParamInit::Ones}, zeros{ParamInit::Zeros};
+    params_.reserve(static_cast<size_t>(3 + 11 * L));  // pointers into it stay valid
+    auto add = [&](const std::string& name, std::vector<int64_t> shape, ParamInit init) {
+      params_.push_back(make_param(be, name, shape, init, s.seed, s.moments));
+      return &params_.back();
+    };
+    wte_ = add("wte", {V, C}, normal);
+    LlamaBlockShape shape{.B = B_, .T = T_, .C = C, .NH = NH, .KVH = KVH, .HS = HS, .FF = FF};
+    shape.rope_theta = static_cast<float>(m_.rope_theta);
+    shape.rope_scaling = m_.rope_scaling;
+    shape.norm_eps = static_cast<float>(m_.norm_eps);
+    shape.tile_tokens = s.tile_tokens;
+    shape.ring = ring_.get();
+    const int64_t W = (NH + 2 * KVH) * HS;
+    for (int64_t l = 0; l < L; ++l) {
+      const std::string p = fmt::format("blocks.{}.", l);
+      LlamaBlockParams bp{};
+      bp.norm1_weight = add(p + "norm1.weight", {C}, ones);
+      bp.qkv_weight = add(p + "attn.qkv.weight", {W, C}, normal);
+      bp.qkv_bias = m_.attention_bias ? add(p + "attn.qkv.bias", {W}, zeros) : nullptr;
+      if (m_.qk_norm) {
+        bp.q_norm_weight = add(p + "attn.q_norm.weight", {HS}, ones);
+        bp.k_norm_weight = add(p + "attn.k_norm.weight", {HS}, ones);
+      }
+      bp.proj_weight = add(p + "attn.proj.weight", {C, NH * HS}, normal);
+      bp.norm2_weight = add(p + "norm2.weight", {C}, ones);
+      bp.gate_weight = add(p + "mlp.gate.weight", {FF, C}, normal);
+      bp.up_weight = add(p + "mlp.up.weight", {FF, C}, normal);
+      bp.down_weight = add(p + "mlp.down.weight", {C, FF}, normal);
+      blocks_.push_back(std::make_unique<LlamaBlock>(bp, shape, l));
+    }
+    normf_weight_ = add("normf.weight", {C}, ones);
+    lm_head_ = m_.tie_embeddings ? wte_ : add("lm_head.weight", {V, C}, normal);
+  }
+
+  std::string describe() const override {
+    return fmt::format("llama L={} H={}/{} C={} HS={} FF={} V={}{}", m_.n_layer, m_.n_head,
+                       m_.kv_heads(), m_.n_embd, m_.head_size(), m_.ff(), m_.vocab_size,
+                       m_.tie_embeddings ? " (tied head)" : "");
+  }
+  std::vector<int64_t> stream_shape() const override { return {B_, T_, m_.n_embd}; }
+  int64_t loss_rows() const override { return B_ * T_; }
+
+  Buffer stem_forward(Backend& be, const Batch& batch, MemCategory category) override {
+    Buffer x = be.pool().allocate(stream_shape(), be.act_dtype(), category, "blocks.0.x");
+    be.embedding_forward({x, batch.inputs, wte_->value, Tensor()});
+    return x;
+  }
+
+  void stem_backward(Backend& be, const Batch& batch, const Tensor& dx) override {
+    be.embedding_backward({wte_->grad, Tensor(), dx, batch.inputs});
+  }
+
+  // normf -> fused LM head + cross-entropy (which yields d normf_out) -> normf backward.
+  void head_forward_backward(Backend& be, const Tensor& x, const Batch& batch, const Tensor& losses,
+                             const Tensor& dx) override {
+    MemoryPool& pool = be.pool();
+    const int64_t N = B_ * T_, C = m_.n_embd;
+    Buffer normf = pool.allocate({N, C}, be.act_dtype(), MemCategory::Transient, "normf");
+    Buffer rstd = pool.allocate({N}, DType::F32, MemCategory::Transient, "normf.rstd");
+    be.rmsnorm_forward({normf, rstd, x, normf_weight_->value, static_cast<float>(m_.norm_eps)});
+    Buffer dnormf = pool.allocate({N, C}, be.act_dtype(), MemCategory::Transient, "grad.normf");
+    be.lm_head_loss({losses, dnormf, lm_head_->grad, normf, lm_head_->value,
+                     batch.targets.tensor().view({N}),
+                     1.0f / static_cast<float>(loss_rows_all_ranks_), loss_chunk_});
+    normf.reset();
+    be.fill(dx, 0.0f);
+    be.rmsnorm_backward({dx, normf_weight_->grad, dnormf, x, normf_weight_->value, rstd});
+  }
+
+ private:
+  ModelConfig m_;
+  std::unique_ptr<parallel::ContextRing> ring_;  // context parallel only
+  int64_t B_ = 0, T_ = 0, loss_chunk_ = 0;
+  int64_t loss_rows_all_ranks_ = 0;  // the mean loss's divisor (see GptModel)
+  Param* wte_ = nullptr;
+  Param* normf_weight_ = nullptr;
+  Param* lm_head_ = nullptr;  // wte_ when tied
+};
+
+}  // namespace
+
+std::unique_ptr<Model> make_llama_model(const ModelConfig& model, const ModelShape& shape,
+                                        Backend& be) {
+  return std::make_unique<LlamaModel>(model, shape, be);
+}
+
+}  // namespace remat
