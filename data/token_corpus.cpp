@@ -16,7 +16,8 @@ namespace fs = std::filesystem;
 namespace {
 
 const char* kTokensFix =
-    "regenerate the shard with an llm.c-format tokenizer, or set data.source = \"text\"";
+    "regenerate the shard with an llm.c-format tokenizer (or scripts/prepare_data.py), or set "
+    "data.source = \"text\"";
 
 [[noreturn]] void path_error(const std::string& key, const std::string& problem,
                              const std::string& fix) {
@@ -177,8 +178,8 @@ Shard::Shard(const std::string& path, DataFormat format) : file_(path), format_(
                 fmt::format("unsupported version {} for magic {} (llm.c writes version {} there: "
                             "{} tokens)",
                             version, magic, want, wide ? "uint32" : "uint16"),
-                fmt::format("regenerate the shard with llm.c's write_datafile (magic {} goes "
-                            "with version {}, {} with {})",
+                fmt::format("regenerate the shard with llm.c's write_datafile or "
+                            "scripts/prepare_data.py (magic {} goes with version {}, {} with {})",
                             kShardMagic, kShardVersion, kShard32Magic, kShard32Version));
   token_bytes_ = wide ? 4 : 2;
   const int64_t count = header_word(h, 2);
