@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""scripts/prepare_data.py against the `tokenizers` package.
+"""scripts/prepare_data.py and `sample --tokenizer tokenizer.json` against the `tokenizers` package.
 
 Run by tests/prepare_data_check.sh (which skips when `tokenizers` is missing), in a scratch folder:
   prepare_data_check.py REPO REMAT_TRAIN
@@ -7,7 +7,9 @@ Two tokenizers, built here: a byte-level BPE trained on the fly (GPT-2's pre-tok
 so uint16 shards) and one written by hand with Llama 3's split regex and 66k ids (uint32 shards,
 merged tokens and the end-of-text past 65535). For each: the shards hold exactly the ids that
 `tokenizers` gives each document, one end-of-text between documents, whatever --chunk-bytes cuts;
-and remat-train trains on them with the `--set` options the script printed.
+remat-train trains on them with the `--set` options the script printed; and `sample`'s text with
+--tokenizer is byte for byte `tokenizers`' decode (skip_special_tokens=False) of the ids it prints
+without (random draws over the whole vocabulary, so partial UTF-8, special and odd tokens too).
 """
 import array
 import json
@@ -137,6 +139,18 @@ dir = "{tag}-ckpt"
     check(b"val_loss" in p.stdout, f"{tag}: no validation in the run:\n{p.stdout.decode()}")
 
 
+def sample_matches_decode(tag, tok, prompt_ids):
+    """The checkpoint of train(tag), whose model.vocab_size is the tokenizer's: with and without
+    --tokenizer, sample draws the same ids (the same candidates), so the text is their decode."""
+    sample = [BINARY, "sample", "--checkpoint", f"{tag}-ckpt", "--tokens", "300",
+              "--temperature", "1", "--seed", "5", "--prompt", " ".join(map(str, prompt_ids))]
+    ids = [int(x) for x in run(sample).stdout.split()]
+    check(len(ids) == 300, f"{tag}: sample printed {len(ids)} ids")
+    text = run(sample + ["--tokenizer", "tokenizer.json"]).stdout
+    want = (tok.decode(prompt_ids + ids, skip_special_tokens=False) + "\n").encode()
+    check(text == want, f"{tag}: sample's text is not tokenizers' decode:\n{text!r}\n{want!r}")
+
+
 def gpt2_style():
     """A trained byte-level BPE with GPT-2's pre-tokenizer: 16-bit ids."""
     os.makedirs("gpt2", exist_ok=True)
@@ -184,6 +198,7 @@ def gpt2_style():
     prompt = [int(x) for x in encoded]
     check(prompt == tok.encode("the quick café 😀", add_special_tokens=False).ids, "--encode")
     train("gpt2", printed)
+    sample_matches_decode("gpt2", tok, prompt)
 
     # JSONL with its own key and --eot as text; a missing key names the line.
     with open("docs.jsonl", "w", encoding="utf-8") as f:
@@ -214,7 +229,7 @@ def llama3_style():
     os.chdir("llama3")
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
     vocab = {c: i for i, c in enumerate(alphabet)}
-    for i in range(len(vocab), 66000):  # never made by a merge, but the model may sample them
+    for i in range(len(vocab), 66000):  # never made by a merge, but sample may draw them
         vocab[f"<filler {i}>" if i % 2 else f"Ā{i}"] = i
     merges = [("t", "h"), ("th", "e"), ("Ġ", "the"), ("Ã", "©"), ("q", "u"), ("Ġ", "qu"),
               ("o", "x"), ("f", "ox"), ("Ġ", "fox")]
@@ -243,10 +258,11 @@ def llama3_style():
     prompt = tok.encode("the fox café", add_special_tokens=False).ids
     check(max(prompt) >= 66000, f"prompt ids {prompt}")
     train("llama3", p.stdout.decode())
+    sample_matches_decode("llama3", tok, prompt)
     os.chdir("..")
 
 
 gpt2_style()
 llama3_style()
 print("prepare_data.py: uint16 and uint32 shards equal tokenizers' ids; remat-train trained on "
-      "them")
+      "them; sample's text equals tokenizers' decode")
