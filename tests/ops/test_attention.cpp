@@ -5,6 +5,9 @@
 // tolerances and shared helpers: tests/test_util.h (through tests/ops/op_test.h).
 #include "engine/cpu/attention_gemm.h"
 #include "tests/ops/op_test.h"
+#if defined(REMAT_HAVE_CUDA) && !REMAT_TEST_CUDA_ROWS
+#include "engine/cuda/cudnn_graphs.h"
+#endif
 
 namespace remat::test {
 namespace {
@@ -670,6 +673,82 @@ TEST_CASE("causal attention forward and backward on CUDA match the CPU, with and
   r.check_same(d_c, d_g, r.pick(kCudaF32Gemm, kCudaBf16Gemm), "delta (=)");
 }
 
+TEST_CASE(
+    "grouped-query attention with llama3 rope scaling on CUDA matches the CPU (cuDNN's own "
+    "key/value heads)",
+    "[gpu][attention]") {
+  // (B, NH, KVH, T, HS): 2 query heads per key/value head, multi-query, 3 per group, and head
+  // sizes cuDNN takes (multiples of 8): 64, 128 (a head size apart from width / heads, as
+  // Qwen3's), 40; partial tiles. Scaled RoPE, plain RoPE and none.
+  const auto [B, NH, KVH, T, HS] = GENERATE(table<int64_t, int64_t, int64_t, int64_t, int64_t>(
+      {{2, 4, 2, 129, 64}, {1, 4, 1, 200, 128}, {2, 6, 2, 67, 40}}));
+  const int rope = GENERATE(0, 1, 2);  // none, plain, llama3-scaled
+  const DType act = GENERATE(from_range(kCudaActivationTypes));
+  CAPTURE(B, NH, KVH, T, HS, rope, dtype_name(act));
+  const float theta = rope > 0 ? 10000.0f : 0.0f;
+  const RopeScaling scaling = rope == 2 ? kLlama3Short : RopeScaling{};
+  CudaRow r(act);
+  const int64_t C = NH * HS, W = (NH + 2 * KVH) * HS;
+  const int n_head = static_cast<int>(NH), n_kv = static_cast<int>(KVH);
+  auto [qkv_c, qkv_g] = r.act_pair({B, T, W}, r.act_values(B * T * W, 55));
+  auto [o_c, o_g] = r.zeros_act({B, T, C});
+  auto [l_c, l_g] = r.zeros_f32({B, NH, T});
+  const AttentionForwardArgs fc{.out = o_c,
+                                .lse = l_c,
+                                .qkv = qkv_c,
+                                .n_head = n_head,
+                                .rope_theta = theta,
+                                .n_kv_head = n_kv,
+                                .rope_scaling = scaling};
+  AttentionForwardArgs fg = fc;
+  fg.out = o_g;
+  fg.lse = l_g;
+  fg.qkv = qkv_g;
+  r.cpu.attention_forward(fc);
+  r.gpu->attention_forward(fg);
+  r.check_same(o_c, o_g, kCudaAttention, "out");
+  r.check_same(l_c, l_g, kCudaAttention, "lse");
+  auto [do_c, do_g] = r.act_pair({B, T, C}, r.act_values(B * T * C, 56));
+  auto [dq_c, dq_g] =
+      r.act_pair({B, T, W}, std::vector<float>(static_cast<size_t>(B * T * W), 7.0f));
+  const AttentionBackwardArgs bc{.dqkv = dq_c,
+                                 .dout = do_c,
+                                 .qkv = qkv_c,
+                                 .out = o_c,
+                                 .lse = l_c,
+                                 .n_head = n_head,
+                                 .rope_theta = theta,
+                                 .n_kv_head = n_kv,
+                                 .rope_scaling = scaling};
+  AttentionBackwardArgs bg = bc;
+  bg.dqkv = dq_g;
+  bg.dout = do_g;
+  bg.qkv = qkv_g;
+  bg.out = o_g;
+  bg.lse = l_g;
+  r.cpu.attention_backward(bc);
+  r.gpu->attention_backward(bg);
+  r.check_same(dq_c, dq_g, kCudaAttention, "dqkv (=): dq, dk and dv summed over each group");
+}
+#endif
+
+#if defined(REMAT_HAVE_CUDA) && !REMAT_TEST_CUDA_ROWS
+TEST_CASE("cuDNN's grouped-query attention graphs finalize on the host", "[cuda][attention]") {
+  // No device needed (tests/test_cudnn_graphs.cpp): K and V with fewer heads than Q, dK and dV
+  // reduced over each group (two more backward ops), multi-query included.
+  struct Shape {
+    int64_t B, NH, KVH, T, HS;
+  };
+  const Shape shapes[] = {{1, 32, 8, 1024, 128}, {2, 4, 1, 67, 64}, {1, 6, 2, 129, 40}};
+  for (const Shape& s : shapes) {
+    INFO("B=" << s.B << " NH=" << s.NH << " KVH=" << s.KVH << " T=" << s.T << " HS=" << s.HS);
+    std::string summary;
+    REQUIRE_NOTHROW(summary = cuda::check_attention_graphs_finalize(s.B, s.NH, s.T, s.HS, s.KVH));
+    CHECK(summary == "fwd 14 ops, bwd 24 ops");
+  }
+  // KVH = NH is multi-head attention: the graph of before.
+  CHECK(cuda::check_attention_graphs_finalize(1, 4, 64, 64, 4) == "fwd 14 ops, bwd 22 ops");
+}
 #endif
 
 }  // namespace remat::test
