@@ -119,6 +119,9 @@ TEST_CASE("llama: losses, gradients and weights are bitwise identical under ever
   for (const auto& family : {std::vector<std::string>{}, kPlain}) {
     const RunRecord ref = train3(with(family, {"remat.policy=none"}));
     for (const auto& s : kSettings) {
+      if (!family.empty() &&
+          fmt::format("{}", fmt::join(s, " ")).find("qkv.normed") != std::string::npos)
+        continue;  // the plain block has no q/k norm (the slots test checks the refusal)
       INFO(fmt::format("{} | {}", fmt::join(family, " "), fmt::join(s, " ")));
       const RunRecord r = train3(with(family, s));
       check_same_bits(r, ref);

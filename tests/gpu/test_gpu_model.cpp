@@ -322,6 +322,98 @@ TEST_CASE("the planner predicts the CUDA pool's peak to the byte", "[gpu][planne
   }
 }
 
+namespace {
+
+// The Llama family with every option on: grouped-query attention (4 query heads on 2 key/value
+// heads), head_dim apart from n_embd / n_head, q/k/v biases, the q/k norm, an untied head and
+// llama3 RoPE scaling whose band edges fall among the trained positions' frequencies.
+const char* kLlamaToml = R"(
+[model]
+kind = "llama"
+n_layer = 2
+n_head = 4
+n_kv_head = 2
+head_dim = 24
+n_embd = 64
+d_ff = 160
+vocab_size = 64
+rope_theta = 500000.0
+rope_scaling = { rope_type = "llama3", factor = 8.0, low_freq_factor = 1.0, high_freq_factor = 4.0, original_max_position_embeddings = 16 }
+attention_bias = true
+qk_norm = true
+tie_embeddings = false
+[train]
+seq_len = 64
+batch_size = 4
+steps = 20
+lr = 3e-3
+warmup_steps = 3
+seed = 1337
+[data]
+task = "copy"
+[remat]
+policy = "none"
+)";
+
+}  // namespace
+
+TEST_CASE("20 llama training steps on CUDA track the CPU losses (GQA, q/k norm, biases, scaling)",
+          "[gpu][llama_training]") {
+  for (const std::vector<std::string>& sets : std::vector<std::vector<std::string>>{
+           {}, {"model.qk_norm=false", "model.n_kv_head=1", "model.tie_embeddings=true"}}) {
+    Config cfg = parse_config(kLlamaToml, "llama(test)", sets);
+    cpu::CpuBackend cpu(uint64_t{8} << 30, 0);
+    const auto want = train_losses(cpu, cfg);
+    for (DType act : kCudaActivationTypes) {
+      cuda::CudaBackend gpu(DeviceConfig{}, act);
+      check_tracks(fmt::format("llama {} {}", fmt::join(sets, " "), dtype_name(act)),
+                   train_losses(gpu, cfg), want, act == DType::BF16 ? kTrainBf16 : kTrainF32);
+    }
+  }
+}
+
+TEST_CASE(
+    "llama: remat policies, tiling and offload give the CUDA losses of none within cuDNN's "
+    "run-to-run noise",
+    "[gpu][llama_policies]") {
+  Config none = parse_config(kLlamaToml, "llama(test)", {"train.steps=8"});
+  cuda::CudaBackend a(DeviceConfig{}, DType::BF16);
+  const auto want = train_losses(a, none);
+  for (const std::vector<std::string>& sets : std::vector<std::vector<std::string>>{
+           {"remat.policy=full"},
+           {"remat.policy=save_dots"},
+           {"remat.policy=full", "remat.tile_tokens=37"},
+           {"remat.policy=full", "remat.offload=\"checkpoints+optimizer\""}}) {
+    std::vector<std::string> with = sets;
+    with.push_back("train.steps=8");
+    Config cfg = parse_config(kLlamaToml, "llama(test)", with);
+    cuda::CudaBackend b(DeviceConfig{}, DType::BF16);
+    const auto got = train_losses(b, cfg);
+    std::printf("llama %s vs none on CUDA (bf16): max |loss difference| over 8 steps %.3g\n",
+                fmt::format("{}", fmt::join(sets, " ")).c_str(), max_abs_diff(got, want));
+    check_tracks(fmt::format("{}", fmt::join(sets, " ")), got, want, kPolicyRunToRun);
+  }
+}
+
+TEST_CASE("llama: the planner predicts the CUDA pool's peak to the byte", "[gpu][llama_planner]") {
+  for (std::vector<std::string> sets : std::vector<std::vector<std::string>>{
+           {"remat.policy=none"},
+           {"remat.policy=full", "remat.tile_tokens=37"},
+           {"remat.policy=save_attn", "remat.offload=\"checkpoints+optimizer\""}}) {
+    const std::string policy = fmt::format("{}", fmt::join(sets, " "));
+    sets.push_back("train.steps=1");
+    Config cfg = parse_config(kLlamaToml, "llama(test)", sets);
+    cuda::CudaBackend gpu(DeviceConfig{}, DType::BF16);
+    CountBackend count(CountTarget{DeviceKind::Cuda, DType::BF16, 1}, gpu.pool().budget_bytes());
+    train_losses(gpu, cfg);
+    train_losses(count, cfg);
+    const uint64_t measured = gpu.pool().peak_bytes(), predicted = count.pool().peak_bytes();
+    INFO(policy << ": measured " << measured << " predicted " << predicted);
+    CHECK(measured == predicted);
+    CHECK(gpu.host_pool().peak_bytes() == count.host_pool().peak_bytes());
+  }
+}
+
 TEST_CASE("a single-rank NCCL communicator sums the gradients of one rank into themselves",
           "[gpu][nccl]") {
   // The NCCL path of data parallel on the one-GPU device: bootstrapped through a one-rank
