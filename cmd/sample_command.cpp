@@ -1,4 +1,5 @@
-// `remat-train sample`: generation from a checkpoint on the CPU with the KV-cached GptDecoder.
+// `remat-train sample`: generation from a checkpoint on the CPU with a KV-cached decoder
+// (layers/decoder.h: the GPT's or the Llama family's).
 // Byte models (data.source = "text") take and print text; token models take token ids and print
 // ids, or text through --tokenizer: llm.c's gpt2_tokenizer.bin, or a Hugging Face tokenizer.json
 // of a byte-level BPE (Llama 3, Qwen; data/bpe_tokenizer.h), told apart by their first byte.
@@ -30,7 +31,7 @@
 #include "engine/config.h"
 #include "engine/error.h"
 #include "engine/rng.h"
-#include "layers/gpt_decoder.h"
+#include "layers/decoder.h"
 
 namespace remat::cli {
 namespace {
@@ -274,11 +275,11 @@ int run_sample(const SampleOptions& opt) {
   const std::string path = resolve_checkpoint(opt.checkpoint);
   const Checkpoint ckpt(path);
   const Config cfg = parse_config(ckpt.state().config_toml, path + "/state.json");
-  if (cfg.model.kind != ModelKind::Gpt)
-    throw ConfigError(
-        fmt::format("[sample] {}/state.json: model.kind = \"{}\"; only GPT models generate. Fix: "
-                    "sample from a checkpoint of a model.kind = \"gpt\" run",
-                    path, cfg.model.kind));
+  if (!cfg.model.has_sequence())
+    throw ConfigError(fmt::format(
+        "[sample] {}/state.json: model.kind = \"{}\"; only GPT and Llama models generate. Fix: "
+        "sample from a checkpoint of a model.kind = \"gpt\" or \"llama\" run",
+        path, cfg.model.kind));
   const bool bytes = cfg.data.source == "text";
   std::optional<Detokenizer> tok;
   if (!opt.tokenizer.empty()) {
@@ -297,7 +298,7 @@ int run_sample(const SampleOptions& opt) {
   const Prompt prompt = make_prompt(opt, cfg, bytes, tok ? &*tok : nullptr);
   const int64_t n_prompt = static_cast<int64_t>(prompt.ids.size());
   const int64_t capacity = positions_needed(cfg, n_prompt, opt.tokens);
-  GptDecoder dec(
+  const std::unique_ptr<Decoder> dec = make_decoder(
       cfg.model,
       [&](const std::string& name, std::vector<int64_t>* shape) {
         return ckpt.weight(name, shape);
@@ -312,11 +313,11 @@ int run_sample(const SampleOptions& opt) {
   Sampler sampler(opt.temperature, opt.top_k, opt.seed);
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<float> logits;
-  for (int32_t id : prompt.ids) logits = dec.forward(id);
+  for (int32_t id : prompt.ids) logits = dec->forward(id);
   for (int64_t i = 0; i < opt.tokens; ++i) {
     const int32_t next = sampler.pick(logits, n_candidates, static_cast<uint64_t>(i));
     out.put(next);
-    if (i + 1 < opt.tokens) logits = dec.forward(next);
+    if (i + 1 < opt.tokens) logits = dec->forward(next);
   }
   out.end();
   const double ms =

@@ -8,23 +8,16 @@
 #pragma once
 
 #include <cstdint>
-#include <functional>
 #include <string>
 #include <vector>
 
 #include "engine/config.h"
+#include "layers/decoder.h"
 
 namespace remat {
 
-/// Supplies one named weight as host f32 and writes its shape (e.g. Checkpoint::weight). Throws
-/// (CheckpointError) when the weight does not exist.
-using WeightSource =
-    std::function<std::vector<float>(const std::string& name, std::vector<int64_t>* shape)>;
-
-class GptDecoder {
+class GptDecoder : public Decoder {
  public:
-  static constexpr int64_t kDefaultParallelMacs = 1 << 20;
-
   /// Loads every weight of `model` (kind "gpt") from `weights`, checking each shape against the
   /// config (CheckpointError naming the tensor when one differs). `max_positions` is the KV
   /// cache's capacity; with learned positions it is capped at model.n_ctx. A product of at
@@ -36,13 +29,13 @@ class GptDecoder {
 
   /// Appends `token` at the next position and returns the logits (vocab_size) that predict the
   /// token after it. Throws Error past the capacity, DataError for a token outside the vocabulary.
-  std::vector<float> forward(int32_t token);
+  std::vector<float> forward(int32_t token) override;
   /// Empties the cache: the next forward() is position 0 again.
-  void reset() { pos_ = 0; }
+  void reset() override { pos_ = 0; }
 
-  int64_t position() const { return pos_; }       // tokens in the cache
-  int64_t capacity() const { return capacity_; }  // positions the cache holds
-  int64_t vocab_size() const { return V_; }
+  int64_t position() const override { return pos_; }       // tokens in the cache
+  int64_t capacity() const override { return capacity_; }  // positions the cache holds
+  int64_t vocab_size() const override { return V_; }
 
  private:
   struct Layer {

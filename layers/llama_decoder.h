@@ -1,0 +1,64 @@
+// LlamaDecoder: the trained Llama-family model (layers/llama_model.cpp, layers/llama_block.cpp)
+// run one token at a time on the host for generation, with a key/value cache per layer. The
+// cache holds the KVH key/value heads only, not one per query head: grouped-query attention's
+// saving, NH / KVH times less cache than multi-head attention of the same width. It reproduces
+// the training forward in structure (RMSNorm pre-norm blocks, the fused q | k | v projection
+// with its optional biases, the per-head q/k RMSNorm before RoPE, RoPE in the rotate_half layout
+// with engine/ops/rope.h's scaled frequencies and the attention kernel's angle table, SwiGLU,
+// the final RMSNorm and the tied or untied head), so its per-position losses equal the trainer's
+// within float rounding (tests/test_llama_decoder.cpp).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/config.h"
+#include "layers/decoder.h"
+
+namespace remat {
+
+class LlamaDecoder : public Decoder {
+ public:
+  /// Loads every weight of `model` (kind "llama") from `weights`, checking each shape against
+  /// the config (CheckpointError naming the tensor when one differs). `max_positions` is the KV
+  /// cache's capacity. Products of at least `parallel_macs` multiply-adds run on all OpenMP
+  /// threads (tests pass 0 to exercise the threaded paths); results do not depend on the thread
+  /// count.
+  LlamaDecoder(const ModelConfig& model, const WeightSource& weights, int64_t max_positions,
+               int64_t parallel_macs = kDefaultParallelMacs);
+
+  std::vector<float> forward(int32_t token) override;
+  void reset() override { pos_ = 0; }
+  int64_t position() const override { return pos_; }
+  int64_t capacity() const override { return capacity_; }
+  int64_t vocab_size() const override { return V_; }
+
+ private:
+  struct Layer {
+    std::vector<float> norm1_w, qkv_w, qkv_b, q_norm_w, k_norm_w, proj_w;  // qkv_b, q/k: optional
+    std::vector<float> norm2_w, gate_w, up_w, down_w;
+    std::vector<float> k_cache, v_cache;  // (capacity, KVH HS): keys normed and rotated, values
+  };
+
+  void load(const WeightSource& weights);
+  void fill_rope_table();
+  void rope(float* head_vec) const;  // rotates one head's q or k at position pos_
+  void attention(const Layer& l, const float* q, float* out);
+  void block(Layer& l, std::vector<float>& x);
+
+  ModelConfig m_;
+  int64_t C_ = 0, NH_ = 0, KVH_ = 0, HS_ = 0, FF_ = 0, V_ = 0;
+  int64_t capacity_ = 0, pos_ = 0;
+  int64_t parallel_macs_ = kDefaultParallelMacs;
+  float eps_ = 1e-5f;
+  std::vector<float> wte_, normf_w_, lm_head_;  // lm_head_ empty when tied to wte_
+  std::vector<Layer> layers_;
+  std::vector<float> rope_cos_, rope_sin_;  // (capacity, HS/2)
+  // Scratch of one step, kept to avoid allocating per token.
+  std::vector<float> h_, qkv_, att_, gate_, up_;
+  std::vector<float> delta_;   // (C): an attention or MLP output before it joins the residual
+  std::vector<float> scores_;  // (NH, capacity): one row of attention weights per query head
+};
+
+}  // namespace remat

@@ -1,0 +1,348 @@
+// The Llama family's CPU model (layers/llama_block.cpp, layers/llama_model.cpp, the remat
+// executor) against the independent double-precision reference of tests/llama_reference.h: one
+// step's loss and every element of every parameter gradient, for the options one at a time and
+// together. First the reference is checked against central differences of its own forward, and
+// its llama3 frequencies against engine/ops/rope.h's (two independent transcriptions of
+// transformers' formula).
+//
+// Gradient checks and the bitwise remat tests (tests/test_llama.cpp) cannot see a bug that the
+// forward and the backward share (a key/value head serving the wrong query heads, the q/k norm
+// after RoPE, a llama3 band scaled the wrong way): these tests can.
+//
+// Shapes are small and awkward on purpose, as in tests/test_reference.cpp: T = 70 spans two
+// attention tiles with a ragged second one, C = 24, d_ff = 40 is no multiple of a kernel panel,
+// the LM-head chunk (37 rows) does not divide B*T = 140, the tiled MLP's 37-row chunks do not
+// divide it either. rope_theta = 100 turns every frequency through a visible angle by t = 69.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <numbers>
+#include <string>
+#include <vector>
+
+#include "engine/config.h"
+#include "engine/cpu/cpu_backend.h"
+#include "engine/ops/rope.h"
+#include "engine/remat.h"
+#include "layers/models.h"
+#include "tests/llama_reference.h"
+#include "tests/test_util.h"
+
+using namespace remat;
+using remat::test::allclose;
+using remat::test::Tolerance;
+
+namespace {
+
+// ---- tolerances (fp32 model against the double reference) ----
+//
+// Loss: relative 1e-6, as for the GPT. Measured worst relative error over the rows below: 3.5e-8.
+constexpr double kLossRelTol = 1e-6;
+// Gradients: atol scaled by the largest |reference| entry of each tensor (rounding noise follows
+// the tensor's scale: every entry is a sum of float products through two blocks, a T x T
+// attention and the chunked head) plus rtol on the element, as for the GPT. Measured worst error
+// as a fraction of its tensor's largest entry (OpenBLAS/oneDNN on the 2-core CI VM, 2 threads):
+//   plain MHA tied 1.4e-6 (qkv.weight); untied + biases 2.4e-6 (norm1.weight);
+//   q/k norm, head_dim 12: 1.0e-6 (q_norm.weight); tiled MLP, every option but GQA: 1.1e-6.
+// 1e-5 leaves 4x over the worst for other GEMM kernels and thread counts, while a planted bug
+// (q heads normed with k_norm's weight) moves gradients by 0.5..1.2 of the largest entry and the
+// loss by 3e-3..9e-3.
+constexpr Tolerance kGradTol{1e-5, 1e-5, true};
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// Scale of each parameter's random values, by role: norms around 1, scores of O(1) so attention
+// is far from uniform, every matrix large enough that its term matters.
+struct ParamScale {
+  double mean = 0, sd = 0;
+};
+ParamScale param_scale(const std::string& name, int64_t C, int64_t A, int64_t FF) {
+  if (ends_with(name, "norm1.weight") || ends_with(name, "norm2.weight") ||
+      ends_with(name, "_norm.weight") || name == "normf.weight")
+    return {1.0, 0.3};
+  if (name == "wte") return {0, 0.5};
+  if (ends_with(name, ".bias")) return {0, 0.2};
+  if (ends_with(name, "attn.qkv.weight")) return {0, 0.3};
+  if (ends_with(name, "attn.proj.weight")) return {0, 1.0 / std::sqrt(static_cast<double>(A))};
+  if (ends_with(name, "mlp.down.weight")) return {0, 1.0 / std::sqrt(static_cast<double>(FF))};
+  return {0, 1.0 / std::sqrt(static_cast<double>(C))};  // gate, up, lm_head
+}
+
+// Overwrites every parameter of `model` with seeded random values and returns them, widened: the
+// reference sees exactly the float values.
+ref::Tensors randomize_params(Model& model, const ModelConfig& m, uint64_t seed) {
+  ref::Tensors out;
+  for (Param& p : model.params()) {
+    const ParamScale sc = param_scale(p.name, m.n_embd, m.n_head * m.head_size(), m.ff());
+    float* w = p.value.f32();
+    const int64_t n = p.value.tensor().numel();
+    ref::Vec& r = out[p.name];
+    r.resize(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) {
+      w[i] = static_cast<float>(
+          sc.mean + sc.sd * rng_normal(seed, hash_name(p.name.c_str()), static_cast<uint64_t>(i)));
+      r[static_cast<size_t>(i)] = w[i];
+    }
+  }
+  return out;
+}
+
+const char* kBase = R"(
+[model]
+kind = "llama"
+n_layer = 2
+n_head = 3
+n_embd = 24
+d_ff = 40
+vocab_size = 13
+rope_theta = 100.0
+[train]
+seq_len = 70
+batch_size = 2
+loss_chunk = 37
+[device]
+threads = 2
+)";
+
+// The model's config as the reference's shape. theta and eps reach the model's ops as floats, so
+// the reference takes them rounded the same way.
+ref::LlamaShape reference_shape(const Config& cfg) {
+  const ModelConfig& m = cfg.model;
+  ref::LlamaShape s;
+  s.B = cfg.train.batch_size;
+  s.T = cfg.train.seq_len;
+  s.C = m.n_embd;
+  s.NH = m.n_head;
+  s.KVH = m.kv_heads();
+  s.HS = m.head_size();
+  s.FF = m.ff();
+  s.V = m.vocab_size;
+  s.L = m.n_layer;
+  s.rope_theta = static_cast<float>(m.rope_theta);
+  s.norm_eps = static_cast<float>(m.norm_eps);
+  s.scaling.on = m.rope_scaling.kind == RopeScaling::Llama3;
+  s.scaling.factor = m.rope_scaling.factor;
+  s.scaling.low_freq_factor = m.rope_scaling.low_freq_factor;
+  s.scaling.high_freq_factor = m.rope_scaling.high_freq_factor;
+  s.scaling.original_context = static_cast<double>(m.rope_scaling.original_context);
+  s.attention_bias = m.attention_bias;
+  s.qk_norm = m.qk_norm;
+  s.tied = m.tie_embeddings;
+  return s;
+}
+
+// How many of the head's frequencies fall in each llama3 band: high (kept), medium (blended), low
+// (divided by factor), from their wavelengths before scaling.
+struct Bands {
+  int high = 0, medium = 0, low = 0;
+};
+Bands llama3_bands(const ref::LlamaShape& s) {
+  Bands b;
+  for (int64_t i = 0; i < s.HS / 2; ++i) {
+    const double wavelen =
+        2 * std::numbers::pi *
+        std::pow(s.rope_theta, static_cast<double>(2 * i) / static_cast<double>(s.HS));
+    if (wavelen < s.scaling.original_context / s.scaling.high_freq_factor)
+      ++b.high;
+    else if (wavelen > s.scaling.original_context / s.scaling.low_freq_factor)
+      ++b.low;
+    else
+      ++b.medium;
+  }
+  return b;
+}
+
+void compare_llama(const std::vector<std::string>& sets) {
+  const Config cfg = parse_config(kBase, "reference-llama", sets);
+  const ModelConfig& m = cfg.model;
+  cpu::CpuBackend be(1ull << 30, test::kTestThreads);
+  auto model = make_model(cfg, be);
+  const ref::Tensors params = randomize_params(*model, m, 2025);
+
+  const int64_t B = cfg.train.batch_size, T = cfg.train.seq_len;
+  Batch batch;
+  batch.inputs = test::make_ids(be, {B, T}, static_cast<int32_t>(m.vocab_size), 11, 1);
+  batch.targets = test::make_ids(be, {B, T}, static_cast<int32_t>(m.vocab_size), 11, 2);
+  batch.n_tokens = B * T;
+  const int32_t* in = batch.inputs.tensor().i32();
+  const int32_t* tg = batch.targets.tensor().i32();
+  const std::vector<int32_t> inputs(in, in + B * T), targets(tg, tg + B * T);
+
+  const RematPlan plan = resolve_remat_plan(cfg, *model);
+  for (Param& p : model->params()) be.fill(p.grad, 0.0f);
+  model->begin_step(0);
+  const double loss = forward_backward(be, *model, plan, batch).mean;
+
+  ref::Tensors grads;
+  const double want =
+      ref::llama_loss_and_grads(reference_shape(cfg), params, inputs, targets, grads);
+  const double loss_rel = std::abs(loss - want) / std::abs(want);
+  INFO(fmt::format("{}: loss {:.9g}, reference {:.9g}, rel err {:.3g}", model->describe(), loss,
+                   want, loss_rel));
+  CHECK(loss_rel <= kLossRelTol);
+  REQUIRE(grads.size() == model->params().size());
+  for (Param& p : model->params()) {
+    const ref::Vec& want_grad = grads.at(p.name);
+    const test::Closeness c = allclose(test::to_host(p.grad.tensor()), want_grad, kGradTol, p.name);
+    UNSCOPED_INFO(c.report);
+    CHECK(c);
+    // A gradient that is zero everywhere would compare equal without testing its term.
+    CHECK(std::any_of(want_grad.begin(), want_grad.end(), [](double g) { return g != 0; }));
+  }
+}
+
+// The reference's own parameters, seeded, for the central-difference check.
+ref::Tensors reference_params(const ref::LlamaShape& s) {
+  ref::Tensors P;
+  for (const auto& [name, n] : ref::llama_param_sizes(s)) {
+    const ParamScale sc = param_scale(name, s.C, s.NH * s.HS, s.FF);
+    const double sd = ends_with(name, "attn.qkv.weight") ? 0.5 : std::max(sc.sd, 0.3);
+    ref::Vec& v = P[name];
+    for (int64_t i = 0; i < n; ++i)
+      v.push_back(sc.mean + sd * rng_normal(99, hash_name(name.c_str()), static_cast<uint64_t>(i)));
+  }
+  return P;
+}
+
+// The reference's backward against central differences of its forward, in double. Double
+// rounding (~1e-16) over a step of 1e-5 leaves ~1e-10 of noise and the O(eps^2) truncation is
+// ~1e-10 too, so 1e-6 of the tensor's largest gradient is generous while any wrong term is
+// orders of magnitude larger. Eight elements of every tensor (all of the small ones).
+void reference_selfcheck(const ref::LlamaShape& s) {
+  ref::Tensors P = reference_params(s);
+  std::vector<int32_t> inputs, targets;
+  for (int64_t i = 0; i < s.B * s.T; ++i) {
+    inputs.push_back(static_cast<int32_t>(rng_bits(5, 1, static_cast<uint64_t>(i)) %
+                                          static_cast<uint64_t>(s.V)));
+    targets.push_back(static_cast<int32_t>(rng_bits(5, 2, static_cast<uint64_t>(i)) %
+                                           static_cast<uint64_t>(s.V)));
+  }
+  ref::Tensors grads, scratch;
+  ref::llama_loss_and_grads(s, P, inputs, targets, grads);
+  REQUIRE(grads.size() == P.size());
+  constexpr double kEps = 1e-5;
+  for (auto& [name, values] : P) {
+    double max_g = 0;
+    for (double g : grads.at(name)) max_g = std::max(max_g, std::abs(g));
+    CHECK(max_g > 0);
+    const size_t n = values.size();
+    for (size_t k = 0; k < std::min<size_t>(8, n); ++k) {
+      const size_t i = n <= 8 ? k : (k * 7919 + 13) % n;
+      const double orig = values[i];
+      values[i] = orig + kEps;
+      const double up = ref::llama_loss_and_grads(s, P, inputs, targets, scratch);
+      values[i] = orig - kEps;
+      const double down = ref::llama_loss_and_grads(s, P, inputs, targets, scratch);
+      values[i] = orig;
+      const double fd = (up - down) / (2 * kEps);
+      const double g = grads.at(name)[i];
+      INFO(fmt::format("{}[{}]: reference backward {:.10g}, central difference {:.10g}", name, i, g,
+                       fd));
+      CHECK(std::abs(fd - g) <= 1e-6 * std::max(max_g, 1e-3));
+    }
+  }
+}
+
+ref::LlamaShape selfcheck_shape() {
+  ref::LlamaShape s;
+  s.B = 2;
+  s.T = 7;
+  s.C = 8;
+  s.NH = 2;
+  s.KVH = 2;
+  s.HS = 4;
+  s.FF = 12;
+  s.V = 5;
+  s.L = 2;
+  s.rope_theta = 10.0;  // fast rotations at T = 7: every frequency matters
+  s.norm_eps = 1e-5;
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("llama reference: its backward matches central differences of its forward",
+          "[llama][reference]") {
+  SECTION("plain: multi-head, tied head") {
+    reference_selfcheck(selfcheck_shape());
+  }
+  SECTION("every option: grouped-query, head_dim != C / NH, biases, q/k norm, llama3, untied") {
+    ref::LlamaShape s = selfcheck_shape();
+    s.NH = 4;
+    s.KVH = 2;
+    s.HS = 6;
+    s.rope_theta = 100.0;
+    s.scaling = {.on = true,
+                 .factor = 8.0,
+                 .low_freq_factor = 1.0,
+                 .high_freq_factor = 4.0,
+                 .original_context = 32};
+    s.attention_bias = s.qk_norm = true;
+    s.tied = false;
+    const Bands b = llama3_bands(s);
+    CHECK((b.high == 1 && b.medium == 1 && b.low == 1));
+    reference_selfcheck(s);
+  }
+  SECTION("multi-query: one key/value head for three query heads") {
+    ref::LlamaShape s = selfcheck_shape();
+    s.NH = 3;
+    s.KVH = 1;
+    s.HS = 4;
+    reference_selfcheck(s);
+  }
+}
+
+// Two transcriptions of transformers' _compute_llama3_parameters, one per band structure (an
+// if/else chain in engine/ops/rope.h, torch.where passes here), over heads whose frequencies
+// fill all three bands.
+TEST_CASE("llama reference: llama3 frequencies agree with engine/ops/rope.h",
+          "[llama][reference]") {
+  for (const double theta : {100.0, 10000.0, 500000.0})
+    for (const int64_t HS : {6, 8, 64, 128})
+      for (const int64_t ctx : {16, 32, 8192}) {
+        ref::LlamaShape s;
+        s.HS = HS;
+        s.rope_theta = theta;
+        s.scaling = {.on = true,
+                     .factor = 8.0,
+                     .low_freq_factor = 1.0,
+                     .high_freq_factor = 4.0,
+                     .original_context = static_cast<double>(ctx)};
+        const RopeScaling r{.kind = RopeScaling::Llama3,
+                            .factor = 8.0,
+                            .low_freq_factor = 1.0,
+                            .high_freq_factor = 4.0,
+                            .original_context = ctx};
+        const std::vector<double> engine = rope_inv_freq(HS, theta, r);
+        const ref::Vec want = ref::llama_inv_freq(s);
+        INFO(fmt::format("theta {} HS {} original context {}", theta, HS, ctx));
+        CHECK(allclose(engine, want, Tolerance{1e-14, 0}));
+      }
+}
+
+TEST_CASE("llama matches the double reference: plain multi-head attention, tied head",
+          "[llama][reference]") {
+  compare_llama({"model.rope_theta=10000.0", "remat.policy=\"full\""});
+}
+
+TEST_CASE("llama matches the double reference: untied head with q/k/v biases",
+          "[llama][reference]") {
+  compare_llama(
+      {"model.attention_bias=true", "model.tie_embeddings=false", "remat.policy=\"save_attn\""});
+}
+
+TEST_CASE("llama matches the double reference: q/k norm with head_dim != n_embd / n_head",
+          "[llama][reference]") {
+  compare_llama({"model.qk_norm=true", "model.head_dim=12", "remat.policy=\"save_dots\""});
+}
+
+TEST_CASE("llama matches the double reference: tiled MLP with every option but GQA",
+          "[llama][reference]") {
+  compare_llama({"model.qk_norm=true", "model.attention_bias=true", "model.tie_embeddings=false",
+                 "model.head_dim=10", "remat.tile_tokens=37", "remat.policy=\"full\""});
+}
