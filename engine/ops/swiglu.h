@@ -1,7 +1,6 @@
 // SwiGLU's gate (Llama-family MLPs): out = silu(gate) * up, silu(g) = g / (1 + exp(-g)), applied
 // between the gate/up GEMMs and the down GEMM. Arguments, shape checks, FLOPs and bytes. Kernels:
-// engine/cpu/swiglu.cpp, engine/cuda/activation.cpp (+ elementwise.cu); tests:
-// tests/ops/test_swiglu.cpp.
+// engine/cpu/swiglu.cpp, engine/cuda/swiglu.cpp (+ swiglu.cu); tests: tests/ops/test_swiglu.cpp.
 #pragma once
 
 #include "engine/error.h"

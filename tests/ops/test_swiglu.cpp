@@ -3,6 +3,8 @@
 // overwritten), and the same bits for any thread count.
 // Against the CPU backend, the specification every other backend is checked against;
 // tolerances and shared helpers: tests/test_util.h (through tests/ops/op_test.h).
+#include <chrono>
+
 #include "tests/ops/op_test.h"
 
 namespace remat::test {
@@ -108,6 +110,31 @@ TEST_CASE("swiglu gives the same bits for any thread count", "[ops]") {
   }
   CHECK(bitwise_equal(by_threads[0], by_threads[1]));
   CHECK(bitwise_equal(by_threads[0], by_threads[2]));
+}
+
+TEST_CASE("swiglu timing on the CPU, run by hand", "[.][swiglu-bench]") {
+  // Not a test: remat_tests "[swiglu-bench]" on a quiet machine. A TinyLlama MLP's gate at 1024
+  // tokens (FF = 5632), best of 10 calls after a warm-up, with the tests' thread count.
+  CpuBackend be(kTestBudgetBytes, kTestThreads);
+  SwiGluCall s(be, 1024, 5632, 131);
+  auto best_ms = [](auto&& fn) {
+    fn();
+    double best = 1e30;
+    for (int rep = 0; rep < 10; ++rep) {
+      const auto t0 = std::chrono::steady_clock::now();
+      fn();
+      best = std::min(
+          best,
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    }
+    return best;
+  };
+  const double fwd = best_ms([&] { s.forward(); }), bwd = best_ms([&] { s.backward(); });
+  const double n = static_cast<double>(s.N * s.FF);
+  fmt::print(
+      "swiglu {} x {}, {} threads: forward {:.3f} ms ({:.2f} ns/element), backward {:.3f} ms "
+      "({:.2f} ns/element)\n",
+      s.N, s.FF, kTestThreads, fwd, fwd * 1e6 / n, bwd, bwd * 1e6 / n);
 }
 
 #if REMAT_TEST_CUDA_ROWS
