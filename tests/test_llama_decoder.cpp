@@ -50,6 +50,13 @@ batch_size = 2
 threads = 2
 )";
 
+// llama3 scaling with an original context (32) shorter than the tested positions (37) and edges
+// (wavelengths 8 and 32) that put a frequency of the head in each band: with theta 100, HS = 8 has
+// wavelengths 6.3 | 19.9 | 62.8, 199 and HS = 12 has 6.3 | 13.5, 29.2 | 62.8, 135, 292.
+const std::string kLlama3 =
+    "model.rope_scaling={rope_type=\"llama3\", factor=8.0, low_freq_factor=1.0, "
+    "high_freq_factor=4.0, original_max_position_embeddings=32}";
+
 // Moves every parameter off its initial value (norm weights off 1, biases off 0) by enough that a
 // swapped or misread tensor changes the logits.
 void perturb(Model& model) {
@@ -84,8 +91,8 @@ double cross_entropy(const std::vector<float>& logits, int32_t target) {
 }
 
 // The decoder's per-position cross-entropies against the training forward's row losses: float
-// rounding of two summation orders, measured <= 1.5e-7 relative (6e-7 absolute on losses ~5);
-// 1e-5 leaves ~70x, while a decoder that skips RoPE on the keys is off by 0.1..0.2. The serial
+// rounding of two summation orders, measured <= 1.7e-7 relative (6e-7 absolute on losses ~5);
+// 1e-5 leaves ~60x, while a decoder that skips RoPE on the keys is off by 0.1..0.2. The serial
 // and the fully threaded decoder agree bit for bit.
 void check_decoder_parity(const std::vector<std::string>& sets) {
   const Config cfg = parse_config(kParity, "llama-sample-parity", sets);
@@ -130,6 +137,13 @@ TEST_CASE("llama decoder matches the training forward at every position", "[llam
   SECTION("untied head, q/k/v biases, q/k norm, head_dim != n_embd / n_head") {
     check_decoder_parity({"model.tie_embeddings=false", "model.attention_bias=true",
                           "model.qk_norm=true", "model.head_dim=12"});
+  }
+  SECTION("grouped-query attention (4 query heads on 2) with llama3 scaling") {
+    check_decoder_parity({"model.n_kv_head=2", kLlama3});
+  }
+  SECTION("multi-query attention, head_dim != n_embd / n_head, q/k norm, untied, biases") {
+    check_decoder_parity({"model.n_kv_head=1", "model.head_dim=12", "model.qk_norm=true",
+                          "model.tie_embeddings=false", "model.attention_bias=true", kLlama3});
   }
 }
 
@@ -201,10 +215,13 @@ TEST_CASE("sample continues the sentence a tiny llama byte model memorized",
 kind = "llama"
 n_layer = 2
 n_head = 4
+n_kv_head = 2
+head_dim = 24
 n_embd = 64
 d_ff = 160
 vocab_size = 256
 rope_theta = 10000.0
+rope_scaling = {{ rope_type = "llama3", factor = 8.0, low_freq_factor = 1.0, high_freq_factor = 4.0, original_max_position_embeddings = 32 }}
 attention_bias = true
 qk_norm = true
 tie_embeddings = false
