@@ -1,12 +1,15 @@
 // `remat-train sample`: generation from a checkpoint on the CPU with the KV-cached GptDecoder.
 // Byte models (data.source = "text") take and print text; token models take token ids and print
-// ids, or text through llm.c's GPT-2 tokenizer. Random draws come from the counter-based RNG
-// keyed by (seed, token index), so a seed reproduces the output exactly.
+// ids, or text through --tokenizer: llm.c's gpt2_tokenizer.bin, or a Hugging Face tokenizer.json
+// of a byte-level BPE (Llama 3, Qwen; data/bpe_tokenizer.h), told apart by their first byte.
+// Token text is printed through a Utf8Stream, so a character split across tokens prints whole and
+// bytes that are no UTF-8 print as U+FFFD. Random draws come from the counter-based RNG keyed by
+// (seed, token index), so a seed reproduces the output exactly.
 //
 // An empty prompt still needs one token to condition on: byte models start from '\n' (text files
 // are lines, so a newline is the most neutral context); token models start from the tokenizer's
-// end-of-text token when --tokenizer is given (GPT-2 documents are separated by it), else from
-// token 0. That start token is not printed.
+// end-of-text token when --tokenizer is given (documents are separated by it), else from token 0.
+// That start token is not printed.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -21,6 +24,7 @@
 #include <optional>
 
 #include "cmd/commands.h"
+#include "data/bpe_tokenizer.h"
 #include "data/gpt2_tokenizer.h"
 #include "engine/checkpoint.h"
 #include "engine/config.h"
@@ -83,7 +87,8 @@ std::vector<int32_t> parse_token_ids(const std::string& text, int64_t vocab,
     if (ec != std::errc() || end != word.data() + word.size() || id < 0)
       throw ConfigError(
           fmt::format("[sample] {}: \"{}\" is not a token id. Fix: this is a token model; give ids "
-                      "like \"50256 464 318\"",
+                      "like \"50256 464 318\" (scripts/prepare_data.py --tokenizer tokenizer.json "
+                      "--encode TEXT prints a text's ids)",
                       source, word));
     if (id >= vocab)
       throw ConfigError(fmt::format(
@@ -151,10 +156,32 @@ class Sampler {
   std::vector<double> weights_;
 };
 
+// The --tokenizer file: llm.c's binary GPT-2 table or a tokenizer.json.
+class Detokenizer {
+ public:
+  explicit Detokenizer(const std::string& path) : path_(path) {
+    if (BpeTokenizer::looks_like_json(path))
+      bpe_.emplace(path);
+    else
+      gpt2_.emplace(path);
+  }
+  const std::string& path() const { return path_; }
+  int64_t vocab_size() const { return bpe_ ? bpe_->vocab_size() : gpt2_->vocab_size(); }
+  int64_t eot_token() const { return bpe_ ? bpe_->eot_token() : gpt2_->eot_token(); }
+  const std::string& decode(int64_t id) const {
+    return bpe_ ? bpe_->decode(id) : gpt2_->decode(id);
+  }
+
+ private:
+  std::string path_;
+  std::optional<Gpt2Tokenizer> gpt2_;
+  std::optional<BpeTokenizer> bpe_;
+};
+
 // Writes tokens to stdout as they come, flushed so a slow generation shows progress.
 class Printer {
  public:
-  Printer(bool bytes, const Gpt2Tokenizer* tok) : bytes_(bytes), tok_(tok) {}
+  Printer(bool bytes, const Detokenizer* tok) : bytes_(bytes), tok_(tok) {}
   void prompt(const std::vector<int32_t>& ids) {
     // Generated ids print alone (they are data to pipe on); text prints as a continuation.
     if (bytes_ || tok_)
@@ -164,8 +191,7 @@ class Printer {
     if (bytes_) {
       std::fputc(id, stdout);
     } else if (tok_) {
-      const std::string& s = tok_->decode(id);
-      std::fwrite(s.data(), 1, s.size(), stdout);
+      write(utf8_.push(tok_->decode(id)));
     } else {
       fmt::print("{}{}", first_ ? "" : " ", id);
       first_ = false;
@@ -173,13 +199,16 @@ class Printer {
     std::fflush(stdout);
   }
   void end() {
+    write(utf8_.finish());
     std::fputc('\n', stdout);
     std::fflush(stdout);
   }
 
  private:
+  static void write(const std::string& s) { std::fwrite(s.data(), 1, s.size(), stdout); }
   bool bytes_;
-  const Gpt2Tokenizer* tok_;
+  const Detokenizer* tok_;
+  Utf8Stream utf8_;
   bool first_ = true;
 };
 
@@ -190,15 +219,28 @@ struct Prompt {
 };
 
 Prompt make_prompt(const SampleOptions& opt, const Config& cfg, bool bytes,
-                   const Gpt2Tokenizer* tok) {
+                   const Detokenizer* tok) {
   const std::string text = read_prompt(opt);
   Prompt p;
   if (bytes)
     for (unsigned char c : text) p.ids.push_back(c);
   else
     p.ids = parse_token_ids(text, cfg.model.vocab_size, prompt_source(opt));
+  if (tok)
+    for (int32_t id : p.ids)
+      if (id >= tok->vocab_size())
+        throw ConfigError(fmt::format(
+            "[sample] {}: token id {} is outside the vocabulary of --tokenizer {} ({} ids). Fix: "
+            "give ids of that tokenizer",
+            prompt_source(opt), id, tok->path(), tok->vocab_size()));
   if (!p.ids.empty()) return p;
   const int64_t start = bytes ? kByteStartToken : tok ? tok->eot_token() : 0;
+  if (start < 0)
+    throw ConfigError(fmt::format(
+        "[sample] --tokenizer {} names no end-of-text token (no eos_token in a "
+        "tokenizer_config.json beside it, no <|end_of_text|> or <|endoftext|>), which an empty "
+        "prompt starts from. Fix: give a --prompt of token ids",
+        tok->path()));
   if (start >= cfg.model.vocab_size)
     throw ConfigError(fmt::format(
         "[sample] the empty prompt starts from end-of-text token {}, outside the model's "
@@ -239,7 +281,7 @@ int run_sample(const SampleOptions& opt) {
                     "sample from a checkpoint of a model.kind = \"gpt\" run",
                     path, cfg.model.kind));
   const bool bytes = cfg.data.source == "text";
-  std::optional<Gpt2Tokenizer> tok;
+  std::optional<Detokenizer> tok;
   if (!opt.tokenizer.empty()) {
     if (bytes)
       throw ConfigError(

@@ -16,7 +16,8 @@ namespace fs = std::filesystem;
 namespace {
 
 const char* kTokensFix =
-    "regenerate the shard with an llm.c-format tokenizer, or set data.source = \"text\"";
+    "regenerate the shard with an llm.c-format tokenizer (or scripts/prepare_data.py), or set "
+    "data.source = \"text\"";
 
 [[noreturn]] void path_error(const std::string& key, const std::string& problem,
                              const std::string& fix) {
@@ -163,83 +164,109 @@ Shard::Shard(const std::string& path, DataFormat format) : file_(path), format_(
                 kTokensFix);
   uint8_t h[kShardHeaderBytes];
   file_.read(0, sizeof h, h);
-  if (header_word(h, 0) != kShardMagic)
+  const int32_t magic = header_word(h, 0), version = header_word(h, 1);
+  if (magic != kShardMagic && magic != kShard32Magic)
     shard_error(path,
-                fmt::format("bad magic number {} (a token shard starts with {})", header_word(h, 0),
-                            kShardMagic),
+                fmt::format("bad magic number {} (a token shard starts with {}, uint16 tokens, or "
+                            "{}, uint32 tokens)",
+                            magic, kShardMagic, kShard32Magic),
                 kTokensFix);
-  if (header_word(h, 1) != kShardVersion)
+  const bool wide = magic == kShard32Magic;
+  const int32_t want = wide ? kShard32Version : kShardVersion;
+  if (version != want)
     shard_error(path,
-                fmt::format("unsupported version {} (expected {}: uint16 tokens)",
-                            header_word(h, 1), kShardVersion),
-                "regenerate the shard with uint16 tokens (version 1)");
+                fmt::format("unsupported version {} for magic {} (llm.c writes version {} there: "
+                            "{} tokens)",
+                            version, magic, want, wide ? "uint32" : "uint16"),
+                fmt::format("regenerate the shard with llm.c's write_datafile or "
+                            "scripts/prepare_data.py (magic {} goes with version {}, {} with {})",
+                            kShardMagic, kShardVersion, kShard32Magic, kShard32Version));
+  token_bytes_ = wide ? 4 : 2;
   const int64_t count = header_word(h, 2);
   if (count < 0)
     shard_error(path, fmt::format("negative token count {} in the header", count), kTokensFix);
-  const uint64_t expected = static_cast<uint64_t>(kShardHeaderBytes + 2 * count);
+  const uint64_t expected =
+      static_cast<uint64_t>(kShardHeaderBytes) + static_cast<uint64_t>(token_bytes_ * count);
   if (size < expected)
     shard_error(
         path,
         fmt::format(
-            "truncated: the header declares {} tokens ({} bytes with the header), the file has {} "
-            "bytes ({} missing)",
-            count, expected, size, expected - size),
+            "truncated: the header declares {} {} tokens ({} bytes with the header), the file has "
+            "{} bytes ({} missing)",
+            count, wide ? "uint32" : "uint16", expected, size, expected - size),
         "re-download or regenerate the shard");
   if (size > expected)
     shard_error(
         path,
         fmt::format(
-            "{} trailing bytes after the {} tokens the header declares ({} bytes expected, {} "
+            "{} trailing bytes after the {} {} tokens the header declares ({} bytes expected, {} "
             "found)",
-            size - expected, count, expected, size),
+            size - expected, count, wide ? "uint32" : "uint16", expected, size),
         "regenerate the shard, or fix the token count in its header");
   first_byte_ = kShardHeaderBytes;
   n_tokens_ = count;
 }
 
 void Shard::decode(const uint8_t* bytes, int64_t n, int32_t* out) const {
-  if (format_ == DataFormat::Text) {
+  // Little-endian on every host. A uint32 token above INT32_MAX lands negative here; read()
+  // compares as unsigned, so it still fails the vocabulary check.
+  if (token_bytes_ == 1) {
     for (int64_t i = 0; i < n; ++i) out[i] = bytes[i];
-    return;
+  } else if (token_bytes_ == 2) {
+    for (int64_t i = 0; i < n; ++i) out[i] = bytes[2 * i] | (bytes[2 * i + 1] << 8);
+  } else {
+    for (int64_t i = 0; i < n; ++i) {
+      const uint8_t* b = bytes + 4 * i;
+      out[i] = static_cast<int32_t>(static_cast<uint32_t>(b[0]) | static_cast<uint32_t>(b[1]) << 8 |
+                                    static_cast<uint32_t>(b[2]) << 16 |
+                                    static_cast<uint32_t>(b[3]) << 24);
+    }
   }
-  for (int64_t i = 0; i < n; ++i)  // little-endian on every host
-    out[i] = bytes[2 * i] | (bytes[2 * i + 1] << 8);
 }
 
-int32_t Shard::token(int64_t i) const {
-  uint8_t bytes[2];
-  file_.read(offset_of(i), static_cast<size_t>(bytes_per_token()), bytes);
+int64_t Shard::token(int64_t i) const {
+  uint8_t bytes[4];
+  file_.read(offset_of(i), static_cast<size_t>(token_bytes_), bytes);
   int32_t out = 0;
   decode(bytes, 1, &out);
-  return out;
+  return token_bytes_ == 4 ? static_cast<int64_t>(static_cast<uint32_t>(out)) : out;
 }
 
 void Shard::bad_token(int64_t index, int64_t vocab) const {
-  const int32_t v = token(index);
+  const int64_t v = token(index);
+  // No model.vocab_size reaches such a value (engine/config.cpp caps it at 2^24): the shard is
+  // corrupt or made for something else, and raising the vocabulary is no fix.
+  const std::string fix =
+      v >= (int64_t{1} << 24)
+          ? "regenerate the shard (no vocabulary reaches that id: a corrupt or foreign file)"
+          : fmt::format(
+                "raise model.vocab_size to at least {}, or re-tokenize the data with a "
+                "vocabulary of {}",
+                v + 1, vocab);
   throw DataError(fmt::format(
       "[data] {}: token index {} (byte offset {}) is {}, outside the vocabulary (model.vocab_size "
-      "= {}). "
-      "Fix: raise "
-      "model.vocab_size to at least {}, or re-tokenize the data with a vocabulary of {}",
-      path(), index, offset_of(index), v, vocab, v + 1, vocab));
+      "= {}). Fix: {}",
+      path(), index, offset_of(index), v, vocab, fix));
 }
 
 void Shard::read(int64_t start, int64_t n, int32_t* out, int64_t vocab) const {
   // One buffer per thread, reused: a window is read once per row of every step.
   thread_local std::vector<uint8_t> bytes;
-  bytes.resize(static_cast<size_t>(n * bytes_per_token()));
+  bytes.resize(static_cast<size_t>(n * token_bytes_));
   file_.read(offset_of(start), bytes.size(), bytes.data());
   decode(bytes.data(), n, out);
-  int32_t largest = 0;
-  for (int64_t i = 0; i < n; ++i) largest = std::max(largest, out[i]);
+  // Unsigned: a uint32 token past INT32_MAX decoded negative, and must not pass as small.
+  uint32_t largest = 0;
+  for (int64_t i = 0; i < n; ++i) largest = std::max(largest, static_cast<uint32_t>(out[i]));
   if (largest < vocab) return;  // the common case: one compare per window, not per token
   for (int64_t i = 0; i < n; ++i)
-    if (out[i] >= vocab) bad_token(start + i, vocab);
+    if (static_cast<uint32_t>(out[i]) >= vocab) bad_token(start + i, vocab);
 }
 
 void Shard::check_tokens(int64_t vocab) const {
   if (format_ == DataFormat::Text && vocab >= 256) return;  // a byte is always in range
-  constexpr int64_t kChunk = 1 << 18;  // tokens per read: 512 KiB of a token shard
+  constexpr int64_t kChunk =
+      1 << 18;  // tokens per read: 512 KiB of a uint16 shard, 1 MiB of uint32
   std::vector<int32_t> chunk(static_cast<size_t>(kChunk));
   for (int64_t begin = 0; begin < n_tokens_; begin += kChunk)
     read(begin, std::min(kChunk, n_tokens_ - begin), chunk.data(), vocab);

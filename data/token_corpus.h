@@ -1,6 +1,8 @@
 // The files a file-backed source reads, with pread (data/data_file.h says why not mmap):
-//   tokens  llm.c token shards: a header of 256 little-endian int32 (magic 20240520, version 1,
-//           token count, the rest unused), then `count` little-endian uint16 tokens
+//   tokens  llm.c token shards: a header of 256 little-endian int32 (magic, version, token count,
+//           the rest unused), then `count` little-endian tokens: uint16 for GPT-2's format (magic
+//           20240520, version 1), uint32 for Llama 3's (magic 20240801, version 7), whose
+//           vocabularies (128k-152k) do not fit 16 bits. The header decides; a corpus may mix both.
 //   text    any file, one token per byte (vocabulary 256)
 // Every problem is a one-line DataError that names the file (or the data.path entry) and the fix.
 #pragma once
@@ -15,8 +17,11 @@ namespace remat {
 
 enum class DataFormat { Tokens, Text };
 
-inline constexpr int32_t kShardMagic = 20240520;
-inline constexpr int32_t kShardVersion = 1;  // uint16 tokens
+// llm.c's dev/data/data_common.py (HEADERS_INFO) writes these two pairs.
+inline constexpr int32_t kShardMagic = 20240520;  // "gpt-2": uint16 tokens
+inline constexpr int32_t kShardVersion = 1;
+inline constexpr int32_t kShard32Magic = 20240801;  // "llama-3": uint32 tokens
+inline constexpr int32_t kShard32Version = 7;
 inline constexpr int64_t kShardHeaderBytes = 256 * 4;
 
 /// The files named by a data.path-style list, in a deterministic order: the entries in the order
@@ -38,10 +43,12 @@ class Shard {
   /// Opens `path` and checks its size and header (tokens) or that it is not empty (text).
   Shard(const std::string& path, DataFormat format);
   const std::string& path() const { return file_.path(); }
-  int64_t size() const { return n_tokens_; }       // tokens
-  uint64_t bytes() const { return file_.size(); }  // the whole file
-  /// Token `i` (one read: for tests and messages; windows use read()).
-  int32_t token(int64_t i) const;
+  int64_t size() const { return n_tokens_; }            // tokens
+  uint64_t bytes() const { return file_.size(); }       // the whole file
+  int bytes_per_token() const { return token_bytes_; }  // 1 (text), 2 or 4 (the header says)
+  /// Token `i` as stored (one read: for tests and messages; windows use read()). int64_t: a uint32
+  /// shard can hold values no int32_t does, and a message must show them as they are.
+  int64_t token(int64_t i) const;
   /// Copies tokens [start, start + n) to `out`, checking each against `vocab` (DataError naming the
   /// file, the token index and value, and the fix). One pread; DataChanged when the file shrank.
   void read(int64_t start, int64_t n, int32_t* out, int64_t vocab) const;
@@ -53,12 +60,14 @@ class Shard {
 
  private:
   [[noreturn]] void bad_token(int64_t index, int64_t vocab) const;
-  int bytes_per_token() const { return format_ == DataFormat::Text ? 1 : 2; }
-  uint64_t offset_of(int64_t token) const { return first_byte_ + token * bytes_per_token(); }
+  uint64_t offset_of(int64_t token) const {
+    return first_byte_ + static_cast<uint64_t>(token) * static_cast<uint64_t>(token_bytes_);
+  }
   /// Decodes tokens [start, start + n), read into `bytes`, into `out`.
   void decode(const uint8_t* bytes, int64_t n, int32_t* out) const;
   DataFile file_;
   DataFormat format_;
+  int token_bytes_ = 1;
   uint64_t first_byte_ = 0;  // of the first token in the file
   int64_t n_tokens_ = 0;
 };

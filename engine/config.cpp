@@ -331,22 +331,23 @@ struct KeySpec {
 const std::vector<KeySpec>& key_specs() {
   static const std::vector<KeySpec> specs = {
       {"model", "kind",
-       "the model: \"gpt\" or the checkpointing tutorial's \"mlp\" (required in a config file)",
+       "the model: \"gpt\", the Llama family (\"llama\": Llama, Qwen, Mistral, SmolLM) or the "
+       "checkpointing tutorial's \"mlp\" (required in a config file)",
        [](Config& c, auto& n, auto& o) { c.model.kind = read_enum(n, o, kModelKinds); }},
       {"model", "from_hf",
        "a Hugging Face model folder: every other [model] key from its config.json (docs/hf.md)",
        [](Config& c, auto& n, auto& o) { c.model.from_hf = read_hf_folder(n, o); }},
       {"model", "n_layer", "blocks",
        [](Config& c, auto& n, auto& o) { c.model.n_layer = read_int(n, o, 1, 4096, false); }},
-      {"model", "n_head", "attention heads (gpt)",
+      {"model", "n_head", "attention heads (query heads)",
        [](Config& c, auto& n, auto& o) { c.model.n_head = read_int(n, o, 1, 4096, false); }},
       {"model", "n_embd", "channels; the MLP's width",
        [](Config& c, auto& n, auto& o) { c.model.n_embd = read_int(n, o, 1, 1 << 20, true); }},
-      {"model", "vocab_size", "tokens (gpt); 256 for text read as bytes",
+      {"model", "vocab_size", "tokens; 256 for text read as bytes",
        [](Config& c, auto& n, auto& o) { c.model.vocab_size = read_int(n, o, 2, 1 << 24, true); }},
       {"model", "n_ctx", "learned position table length (gpt with position = \"learned\")",
        [](Config& c, auto& n, auto& o) { c.model.n_ctx = read_int(n, o, 1, 1ll << 32, true); }},
-      {"model", "d_ff", "MLP hidden size; 0 = 4 x n_embd",
+      {"model", "d_ff", "MLP hidden size (llama: intermediate_size); 0 = 4 x n_embd",
        [](Config& c, auto& n, auto& o) { c.model.d_ff = read_int(n, o, 0, 1 << 22, true); }},
       {"model", "position", "learned position table or rotary embeddings",
        [](Config& c, auto& n, auto& o) { c.model.position = read_enum(n, o, kPositions); }},
@@ -437,7 +438,7 @@ const std::vector<KeySpec>& key_specs() {
       {"remat", "blocks", "which blocks are checkpointed; [] = all",
        [](Config& c, auto& n, auto& o) { c.remat.blocks = read_int_list(n, o); }},
       {"remat", "tile_tokens",
-       "GPT: each block's LayerNorm 2 and MLP run over chunks of N token rows and are recomputed "
+       "each block's second norm and MLP run over chunks of N token rows and are recomputed "
        "in the backward; 0 = off (auto may turn it on)",
        [](Config& c, auto& n, auto& o) { c.remat.tile_tokens = read_int(n, o, 0, kMax, false); }},
       {"remat", "offload",

@@ -145,18 +145,21 @@ void LlamaBlock::forward(Backend& be, ActStore& a, const Tensor& y) {
 }
 
 void LlamaBlock::mlp_backward_rows(Backend& be, const MlpActs& m, const Tensor& res,
-                                   const Tensor& dresid, int64_t r0) const {
+                                   const Tensor& dresid, int64_t r0, ActStore* store) const {
   MemoryPool& pool = be.pool();
   const DType act = be.act_dtype();
   const int64_t n = m.norm2.rows();
   const Tensor dres = dresid.row_range(r0, n);
-  // y = res + act Wd^T
-  Buffer dact = pool.allocate({n, s_.FF}, act, MemCategory::Transient, "grad.act");
-  be.linear_backward({dact, p_.down_weight->grad, {}, dres, m.act, p_.down_weight->value});
+  // y = res + act Wd^T. Three (n, FF) tensors at most are live beside the saved ones: d act,
+  // which becomes d gate in place (SwiGLU's backward allows it), and d up; act, then gate and up,
+  // go as soon as they have been read for the last time.
   Buffer dgate = pool.allocate({n, s_.FF}, act, MemCategory::Transient, "grad.gate");
+  be.linear_backward({dgate, p_.down_weight->grad, {}, dres, m.act, p_.down_weight->value});
+  if (store) store->release(slot(Act));
   Buffer dup = pool.allocate({n, s_.FF}, act, MemCategory::Transient, "grad.up");
-  be.swiglu_backward({dgate, dup, dact, m.gate, m.up});
-  dact.reset();
+  be.swiglu_backward({dgate, dup, dgate, m.gate, m.up});
+  if (store)
+    for (Slot s : {Gate, Up}) store->release(slot(s));
   // d norm2 = dgate Wg + dup Wu: two GEMMs into two buffers, then one add.
   Buffer dnorm2 = pool.allocate({n, s_.C}, act, MemCategory::Transient, "grad.norm2");
   be.linear_backward({dnorm2, p_.gate_weight->grad, {}, dgate, m.norm2, p_.gate_weight->value});
@@ -255,7 +258,7 @@ void LlamaBlock::backward(Backend& be, ActStore& a, const Tensor& dresid) {
     mlp_backward_rows(be,
                       {a.get(slot(Norm2)), a.get(slot(Norm2Rstd)), a.get(slot(Gate)),
                        a.get(slot(Up)), a.get(slot(Act))},
-                      a.get(slot(Res)), dresid, 0);
+                      a.get(slot(Res)), dresid, 0, &a);
     for (Slot s : {Norm2, Norm2Rstd, Gate, Up, Act}) a.release(slot(s));
   }
   a.release(slot(Res));

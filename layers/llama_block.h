@@ -90,9 +90,10 @@ class LlamaBlock : public Block {
   void mlp_out_forward(Backend& be, const Tensor& y, const Tensor& res, const Tensor& act) const;
   void mlp_forward_tiled(Backend& be, const Tensor& res, const Tensor& y) const;
   // The MLP half's backward on rows [r0, r0 + n): dresid's rows gain d res through rmsnorm2; the
-  // weight gradients add.
+  // weight gradients add. With `store` (the untiled block), act, gate and up are freed as soon as
+  // their last reader is done.
   void mlp_backward_rows(Backend& be, const MlpActs& m, const Tensor& res, const Tensor& dresid,
-                         int64_t r0) const;
+                         int64_t r0, ActStore* store = nullptr) const;
   void mlp_backward_tiled(Backend& be, const Tensor& res, const Tensor& dresid) const;
   void attention_backward(Backend& be, ActStore& a, const Tensor& dresid) const;
   LlamaBlockParams p_;

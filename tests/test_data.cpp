@@ -61,6 +61,20 @@ std::string shard_bytes(const std::vector<uint16_t>& tokens, int32_t magic = kSh
   return s;
 }
 
+/// A uint32 shard (llm.c's Llama 3 format); the header fields can be overridden as above.
+std::string shard32_bytes(const std::vector<uint32_t>& tokens, int32_t magic = kShard32Magic,
+                          int32_t version = kShard32Version, int64_t count = -1) {
+  std::string s(static_cast<size_t>(kShardHeaderBytes), '\0');
+  put_u32(s, 0, static_cast<uint32_t>(magic));
+  put_u32(s, 4, static_cast<uint32_t>(version));
+  put_u32(s, 8, static_cast<uint32_t>(count >= 0 ? count : static_cast<int64_t>(tokens.size())));
+  for (uint32_t t : tokens) {
+    s.resize(s.size() + 4);
+    put_u32(s, s.size() - 4, t);
+  }
+  return s;
+}
+
 /// Tokens that say where they are: shard `id`, position i -> id * 1000 + i (unique below 65536).
 std::vector<uint16_t> tagged_tokens(int id, int n) {
   std::vector<uint16_t> t(static_cast<size_t>(n));
@@ -204,6 +218,101 @@ TEST_CASE("each window read is checked against the vocabulary too", "[data]") {
   const std::string msg = data_error([&] { s.read(4, 8, out.data(), 10); });  // tokens 4..11
   CHECK_THAT(msg, Contains(dir / "a.bin") && Contains("token index 10 ") && Contains("is 10") &&
                       Contains("byte offset 1044") && Contains("raise model.vocab_size"));
+}
+
+// Llama 3's vocabulary (128256) and Qwen's (151936) need ids past 65535: llm.c's "llama-3" shards.
+TEST_CASE("uint32 token shards hold ids past 65535 and share every reader path", "[data]") {
+  TempDir dir;
+  const std::vector<uint32_t> tokens = {0, 65535, 65536, 128255, 151935, 7};
+  write_bytes(dir / "a.bin", shard32_bytes(tokens));
+  Shard s(dir / "a.bin", DataFormat::Tokens);
+  REQUIRE(s.size() == 6);
+  CHECK(s.bytes_per_token() == 4);
+  CHECK(s.bytes() == 1024 + 24);
+  for (size_t i = 0; i < tokens.size(); ++i) CHECK(s.token(static_cast<int64_t>(i)) == tokens[i]);
+  std::vector<int32_t> out(4);
+  s.read(1, 4, out.data(), 151936);
+  CHECK(out == std::vector<int32_t>{65535, 65536, 128255, 151935});
+
+  SECTION("a corpus mixes uint16 and uint32 shards") {
+    write_bytes(dir / "b.bin", shard_bytes({1, 2, 3}));
+    const TokenCorpus c =
+        TokenCorpus::open({dir / "*.bin"}, DataFormat::Tokens, 151936, "data.path");
+    REQUIRE(c.shards().size() == 2);
+    CHECK(c.shards()[0].bytes_per_token() == 4);
+    CHECK(c.shards()[1].bytes_per_token() == 2);
+    CHECK(c.total_tokens() == 9);
+  }
+  SECTION("windows and the held-out tail read the uint32 values") {
+    std::vector<uint32_t> big(100);
+    for (size_t i = 0; i < big.size(); ++i) big[i] = 100000 + static_cast<uint32_t>(i);
+    write_bytes(dir / "big.bin", shard32_bytes(big));  // 25 held out: [75, 100)
+    auto data = open_data(data_config("tokens", {dir / "big.bin"}, 8, 2,
+                                      "order = \"sequential\"\nval_fraction = 0.25", 110000));
+    cpu::CpuBackend be(1ull << 30, 1);
+    Batch b = data->next(be, 0);  // windows 0 and 1: tokens [0, 9) and [8, 17)
+    const std::vector<int32_t> in = download(be, b.inputs), tg = download(be, b.targets);
+    for (int64_t t = 0; t < 8; ++t) {
+      CHECK(in[static_cast<size_t>(t)] == 100000 + t);
+      CHECK(tg[static_cast<size_t>(t)] == 100001 + t);
+      CHECK(in[static_cast<size_t>(8 + t)] == 100008 + t);
+    }
+    REQUIRE(data->val_split().windows() == 3);  // (25 - 1) / 8
+    Batch v = data->validation_batch(be, 0);
+    CHECK(download(be, v.inputs)[0] == 100075);
+    CHECK_THAT(data->describe(), Contains("tokens: 1 shard, 100 tokens (train 75, val 25)"));
+  }
+  SECTION("a file truncated under the reader is DataChanged, as for uint16") {
+    fs::resize_file(dir / "a.bin", 1024 + 10);
+    CHECK_THROWS_AS(s.read(0, 6, out.data(), 151936), DataChanged);
+  }
+}
+
+TEST_CASE("bad uint32 shards are one-line DataErrors naming the file, index and fix", "[data]") {
+  TempDir dir;
+  const std::string f = dir / "bad.bin";
+  const std::vector<uint32_t> ok = {1, 70000, 128255, 3, 4, 5};
+  auto open = [&] { return TokenCorpus::open({f}, DataFormat::Tokens, 128256, "data.path"); };
+  std::string msg;
+  SECTION("a token at the vocabulary size") {
+    std::vector<uint32_t> t = ok;
+    t[3] = 128256;
+    write_bytes(f, shard32_bytes(t));
+    msg = data_error(open);
+    CHECK_THAT(msg, Contains("token index 3 (byte offset 1036) is 128256") &&
+                        Contains("model.vocab_size = 128256") &&
+                        Contains("raise model.vocab_size to at least 128257"));
+  }
+  SECTION("a token past INT32_MAX is refused, not read as negative") {
+    std::vector<uint32_t> t = ok;
+    t[4] = 0xffffffffu;
+    write_bytes(f, shard32_bytes(t));
+    msg = data_error(open);
+    CHECK_THAT(msg, Contains("token index 4 ") && Contains("is 4294967295") &&
+                        Contains("Fix: regenerate the shard"));
+  }
+  SECTION("the Llama 3 magic with GPT-2's version, and the reverse") {
+    write_bytes(f, shard32_bytes(ok, kShard32Magic, kShardVersion));
+    msg = data_error(open);
+    CHECK_THAT(msg, Contains("unsupported version 1 for magic 20240801") && Contains("uint32"));
+    write_bytes(f, shard_bytes({1, 2}, kShardMagic, kShard32Version));
+    CHECK_THAT(data_error(open), Contains("unsupported version 7 for magic 20240520"));
+  }
+  SECTION("truncated and trailing bytes count 4 bytes a token") {
+    write_bytes(f, shard32_bytes(ok, kShard32Magic, kShard32Version, 8));
+    msg = data_error(open);
+    CHECK_THAT(msg, Contains("8 uint32 tokens") && Contains("8 missing"));
+    write_bytes(f, shard32_bytes(ok) + "xy");
+    CHECK_THAT(data_error(open), Contains("2 trailing bytes after the 6 uint32 tokens"));
+  }
+  SECTION("an unknown magic names both formats") {
+    write_bytes(f, shard32_bytes(ok, 20240802));
+    msg = data_error(open);
+    CHECK_THAT(
+        msg, Contains("bad magic number 20240802") && Contains("20240520") && Contains("20240801"));
+  }
+  CHECK_THAT(msg, StartsWith("[data] " + f + ": ") && Contains("Fix:"));
+  CHECK(msg.find('\n') == std::string::npos);
 }
 
 TEST_CASE("path errors name the entry and the fix", "[data]") {

@@ -16,10 +16,13 @@
 // product OpenBLAS measured ~49 GFLOP/s per core here, less than this whole kernel reaches
 // (tests/bench/bench_attention.cpp), and its call overhead and packing are per tile pair.
 //
-// Thread mapping: forward, one (batch, head, pair of query tiles) per task, largest first;
-// backward, one (batch, head) per task, which owns that head's dq, dk, dv. Every output element
-// is summed in a fixed order that does not depend on the thread that computes it, so results
-// are bitwise reproducible for any thread count.
+// Grouped-query attention (NH query heads over KVH key/value heads) reads each key/value head in
+// place or packs it once per task for the G = NH / KVH query heads it serves, never a copy per
+// query head. Thread mapping: forward, one (batch, key/value head, pair of (query head, query
+// tile) units) per task, largest first; backward, one (batch, key/value head) per task, which
+// owns dk, dv and its query heads' dq. Every output element is summed in a fixed order that does
+// not depend on the thread that computes it, so results are bitwise reproducible for any thread
+// count.
 #include <omp.h>
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -329,31 +332,48 @@ float dot_in_gemm_order(const float* x, const float* y, int64_t len) {
 // ---- geometry, RoPE and tile packing ----
 
 struct Heads {
-  int64_t B, T, C, NH, HS, HSp, row;  // row: qkv row stride (3C); HSp: packed row stride
+  int64_t B, T, NH, HS, HSp;
+  int64_t KVH, G;  // key/value heads; query heads per key/value head (NH / KVH)
+  int64_t row;     // qkv's row stride, (NH + 2 KVH) HS
+  int64_t k_off;   // where a qkv row's keys start (NH HS), and its values (k_off + KVH HS)
+  int64_t v_off;
+  int64_t out_row;  // the row stride of out and dout, NH HS
   float scale;
   const float* rope_cos = nullptr;  // (T, HS/2), null without RoPE
   const float* rope_sin = nullptr;
 
-  Heads(const Tensor& qkv, int n_head) {
+  Heads(const Tensor& qkv, int n_head, int n_kv_head) {
     B = qkv.dim(0);
     T = qkv.dim(1);
-    C = qkv.dim(2) / 3;
     NH = n_head;
-    HS = C / NH;
+    KVH = kv_heads(n_head, n_kv_head);
+    G = NH / KVH;
+    HS = qkv.dim(2) / (NH + 2 * KVH);
     HSp = padded(HS);
-    row = 3 * C;
+    row = qkv.dim(2);
+    out_row = NH * HS;
+    k_off = NH * HS;
+    v_off = k_off + KVH * HS;
     scale = 1.0f / std::sqrt(static_cast<float>(HS));
   }
+  // Element offsets of query head bh = b NH + hd (in qkv rows) and of key/value head
+  // bkv = b KVH + j (its keys; its values are v_off - k_off further).
+  int64_t q_offset(int64_t bh) const { return (bh / NH) * T * row + (bh % NH) * HS; }
+  int64_t k_offset(int64_t bkv) const { return (bkv / KVH) * T * row + k_off + (bkv % KVH) * HS; }
+  // transformers' repeat_kv: key/value head j serves query heads j G .. j G + G - 1.
+  int64_t query_head(int64_t bkv, int64_t r) const {
+    return (bkv / KVH) * NH + (bkv % KVH) * G + r;
+  }
+  int64_t kv_head_of(int64_t bh) const { return (bh / NH) * KVH + (bh % NH) / G; }
 };
 
-// Fills the cos/sin table: angle(t, i) = t * theta^(-2i/HS), computed in double because t * freq
-// reaches 1e6 at long context.
-void fill_rope_table(float* cos_t, float* sin_t, int64_t T, int64_t HS, float theta, int threads) {
+// Fills the cos/sin table: angle(t, i) = t * inv_freq[i] (engine/ops/rope.h, with its scaling),
+// in double because t * freq reaches 1e6 at long context.
+void fill_rope_table(float* cos_t, float* sin_t, int64_t T, int64_t HS, float theta,
+                     const RopeScaling& scaling, int threads) {
   const int64_t half = HS / 2;
-  std::vector<double> freq(static_cast<size_t>(half));  // once per call, not per position
-  for (int64_t i = 0; i < half; ++i)
-    freq[static_cast<size_t>(i)] = std::pow(
-        static_cast<double>(theta), -2.0 * static_cast<double>(i) / static_cast<double>(HS));
+  const std::vector<double> freq =  // once per call, not per position
+      rope_inv_freq(HS, static_cast<double>(theta), scaling);
 #pragma omp parallel for schedule(static) num_threads(threads)
   for (int64_t t = 0; t < T; ++t) {
     for (int64_t i = 0; i < half; ++i) {
@@ -472,7 +492,8 @@ struct Workspace {
   }
 };
 
-Workspace make_workspace(const OpWorkspace& op_ws, Heads& h, int threads, float theta) {
+Workspace make_workspace(const OpWorkspace& op_ws, Heads& h, int threads, float theta,
+                         const RopeScaling& scaling) {
   const bool rope = theta > 0;
   REMAT_ASSERT(!rope || h.HS % 2 == 0, "attention: RoPE needs an even head size, got {}", h.HS);
   const Buffer& buf = op_ws.at("attn.workspace");
@@ -486,7 +507,7 @@ Workspace make_workspace(const OpWorkspace& op_ws, Heads& h, int threads, float 
   if (rope) {
     float* cos_t = ws.base;
     float* sin_t = cos_t + h.T * h.HS / 2;
-    fill_rope_table(cos_t, sin_t, h.T, h.HS, theta, threads);
+    fill_rope_table(cos_t, sin_t, h.T, h.HS, theta, scaling, threads);
     h.rope_cos = cos_t;
     h.rope_sin = sin_t;
   }
@@ -505,8 +526,8 @@ void unrotate_row(float* d, int64_t t, const Heads& h) {
   }
 }
 
-// Rotates every head's q and k rows of qkv in place with RoPE (load_row, as the forward's tiles
-// rotate them). Each row is one task's, so the bits do not depend on the thread count.
+// Rotates every query and key head's rows of qkv in place with RoPE (load_row, as the forward's
+// tiles rotate them). Each row is one task's, so the bits do not depend on the thread count.
 void rotate_qk_in_place(float* qkv, const Heads& h, int threads) {
   const int64_t n_rows = h.B * h.T;
 #pragma omp parallel num_threads(threads)
@@ -516,8 +537,8 @@ void rotate_qk_in_place(float* qkv, const Heads& h, int threads) {
     for (int64_t r = 0; r < n_rows; ++r) {
       const int64_t t = r % h.T;
       for (int64_t part = 0; part < 2; ++part)  // q, then k
-        for (int64_t hd = 0; hd < h.NH; ++hd) {
-          float* row = qkv + r * h.row + part * h.C + hd * h.HS;
+        for (int64_t hd = 0; hd < (part == 0 ? h.NH : h.KVH); ++hd) {
+          float* row = qkv + r * h.row + part * h.k_off + hd * h.HS;
           load_row(tmp.data(), row, t, h, 1.0f);
           std::copy(tmp.begin(), tmp.end(), row);
         }
@@ -528,18 +549,21 @@ void rotate_qk_in_place(float* qkv, const Heads& h, int threads) {
 }  // namespace
 
 void CpuBackend::attention_forward_impl(const AttentionForwardArgs& a, const OpWorkspace& op_ws) {
-  Heads h(a.qkv, a.n_head);
-  Workspace ws = make_workspace(op_ws, h, threads_, a.rope_theta);
+  Heads h(a.qkv, a.n_head, a.n_kv_head);
+  Workspace ws = make_workspace(op_ws, h, threads_, a.rope_theta, a.rope_scaling);
   const float* qkv = a.qkv.f32();
   float* out = a.out.f32();
   float* lse = a.lse.f32();
-  const int64_t BH = h.B * h.NH, n_qt = (h.T + kTq - 1) / kTq;
+  const int64_t BKV = h.B * h.KVH, n_qt = (h.T + kTq - 1) / kTq;
 
-  // A task is a (batch, head) and a group of up to kGroup adjacent query tiles: each key tile is
-  // loaded (rotated, with RoPE) once for the group, and every query tile sees the same products
-  // in the same order as it would alone. Largest groups first, so the last tasks are short.
+  // A task is a (batch, key/value head) and a group of up to kGroup units, a unit being one of
+  // the head's G query heads on one query tile (query tiles ascending, the G heads of a tile
+  // adjacent): each key tile is loaded (rotated, with RoPE) once for the group, and every unit
+  // sees the same products in the same order as it would alone. Multi-head attention (G = 1)
+  // groups adjacent query tiles of one head; grouped-query attention, query heads that share a
+  // key/value head. Largest groups first, so the last tasks are short.
   constexpr int64_t kGroup = kAttnForwardGroup;
-  const int64_t n_groups = (n_qt + kGroup - 1) / kGroup;
+  const int64_t n_units = n_qt * h.G, n_groups = (n_units + kGroup - 1) / kGroup;
 
 #pragma omp parallel num_threads(threads_)
   {
@@ -556,24 +580,27 @@ void CpuBackend::attention_forward_impl(const AttentionForwardArgs& a, const OpW
     float* corr = carve.take(kTq);            // rescale of this key tile
     float* tmp = carve.take(h.HSp);
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t task = 0; task < BH * n_groups; ++task) {
-      const int64_t group = n_groups - 1 - task / BH, bh = task % BH;
-      const int64_t b = bh / h.NH, hd = bh % h.NH;
-      const float* head = qkv + b * h.T * h.row + hd * h.HS;
-      const int64_t qt0 = group * kGroup, n_in = std::min(kGroup, n_qt - qt0);
-      int64_t i0[kGroup] = {}, nq[kGroup] = {};
+    for (int64_t task = 0; task < BKV * n_groups; ++task) {
+      const int64_t group = n_groups - 1 - task / BKV, bkv = task % BKV;
+      const float* keys = qkv + h.k_offset(bkv);
+      const float* values = keys + (h.v_off - h.k_off);
+      const int64_t u0 = group * kGroup, n_in = std::min(kGroup, n_units - u0);
+      int64_t i0[kGroup] = {}, nq[kGroup] = {}, bh[kGroup] = {};
       for (int64_t g = 0; g < n_in; ++g) {
-        i0[g] = (qt0 + g) * kTq;
+        bh[g] = h.query_head(bkv, (u0 + g) % h.G);
+        i0[g] = (u0 + g) / h.G * kTq;
         nq[g] = std::min(kTq, h.T - i0[g]);
-        load_transposed(qt_tile[g], kTq, head, i0[g], nq[g], h, h.scale * kLog2e, tmp);
+        load_transposed(qt_tile[g], kTq, qkv + h.q_offset(bh[g]), i0[g], nq[g], h, h.scale * kLog2e,
+                        tmp);
         std::fill(acc[g], acc[g] + nq[g] * h.HSp, 0.0f);
         std::fill(m[g], m[g] + kTq, kNegInf);
         std::fill(l[g], l[g] + kTq, 0.0f);
       }
+      // The last unit's query tile is the group's lowest (units ascend by query tile).
       const int64_t keys_end = i0[n_in - 1] + nq[n_in - 1];
       for (int64_t j0 = 0; j0 < keys_end; j0 += kTk) {
         const int64_t nk = std::min(kTk, h.T - j0);
-        const Rows k = rotated_rows(k_tile, head + h.C, j0, nk, h);
+        const Rows k = rotated_rows(k_tile, keys, j0, nk, h);
         for (int64_t g = 0; g < n_in; ++g) {
           if (j0 >= i0[g] + nq[g]) continue;  // above this query tile's diagonal
           gemm<false>(nk, kTq, h.HS, k.p, k.ld, 1, qt_tile[g], kTq, s, kTq);  // S^T = K Q^T
@@ -585,17 +612,18 @@ void CpuBackend::attention_forward_impl(const AttentionForwardArgs& a, const OpW
             if (corr[i] != 1.0f)
               for (int64_t c = 0; c < h.HS; ++c) acc[g][i * h.HSp + c] *= corr[i];
           // acc += P V: P^T is s, so A(i, j) = s[j * kTq + i].
-          gemm<true>(nq[g], h.HS, nk, s, 1, kTq, head + 2 * h.C + j0 * h.row, h.row, acc[g], h.HSp);
+          gemm<true>(nq[g], h.HS, nk, s, 1, kTq, values + j0 * h.row, h.row, acc[g], h.HSp);
         }
       }
       for (int64_t g = 0; g < n_in; ++g)
         for (int64_t i = 0; i < nq[g]; ++i) {
-          float* o = out + (b * h.T + i0[g] + i) * h.C + hd * h.HS;
+          const int64_t b = bh[g] / h.NH, hd = bh[g] % h.NH;
+          float* o = out + (b * h.T + i0[g] + i) * h.out_row + hd * h.HS;
           const float inv = 1.0f / l[g][i];
           for (int64_t c = 0; c < h.HS; ++c) o[c] = acc[g][i * h.HSp + c] * inv;
           const double lse2 =
               static_cast<double>(m[g][i]) + std::log2(static_cast<double>(l[g][i]));
-          lse[bh * h.T + i0[g] + i] = static_cast<float>(lse2 * std::numbers::ln2);
+          lse[bh[g] * h.T + i0[g] + i] = static_cast<float>(lse2 * std::numbers::ln2);
         }
     }
   }
@@ -621,49 +649,54 @@ struct BackwardTiles {
 };
 
 // The backward of one call: dq, dk, dv of every head. Two schedules give the same bits:
-//  - per head: one task owns a (batch, head) and walks its key tiles, each against the query
-//    tiles below it, adding dQ as it goes (no work is done twice);
-//  - split: first one task per (head, key tile) for dK and dV, then one per (head, query tile)
-//    for dQ, which recomputes S and dP transposed (S^T = K Q^T, as the forward does). It runs
-//    two more tile GEMMs than the five of per head, but has B * NH * T / 64 tasks instead of
-//    B * NH, so a batch of one with fewer heads than cores still uses every core.
-// Both sum every output element in the same order (keys ascending for dQ, queries ascending for
-// dK and dV) with the same FMA chains, so the choice, made from the thread count, changes no bit.
+//  - per head: one task owns a (batch, key/value head) with its G query heads and walks its key
+//    tiles, each against the query tiles below it, adding dQ as it goes (no work is done twice);
+//  - split: first one task per (key/value head, key tile) for dK and dV, then one per (query
+//    head, query tile) for dQ, which recomputes S and dP transposed (S^T = K Q^T, as the forward
+//    does). It runs two more tile GEMMs than the five of per head, but has B * NH * T / 64 tasks
+//    instead of B * KVH, so a batch of one with fewer heads than cores still uses every core.
+// Both sum every output element in the same order (keys ascending for dQ; for dK and dV the
+// group's query heads ascending, each over its queries ascending) with the same FMA chains, so
+// the choice, made from the thread count, changes no bit. A key tile's K^T and V^T are packed
+// once and serve all G query heads of its key/value head.
 struct AttentionBackward {
   Heads h;        // q and k: already rotated in place (rotate_qk_in_place), so no tables
   Heads unrot;    // the RoPE tables, to rotate dq and dk back (unrotate_row)
   Heads v_rows;   // V: not rotated
-  Heads do_rows;  // dO: not rotated, row stride C
+  Heads do_rows;  // dO: not rotated, row stride NH HS
   const float *qkv, *out, *dout, *lse;
   float* dqkv;
   bool rope;
   const float* delta = nullptr;  // D from attention_delta (then `out` is not read), or null
 
-  // Element offset of head bh's first row in a (B, T, row_stride) tensor.
-  int64_t head_offset(int64_t bh, int64_t row_stride) const {
-    return (bh / h.NH) * h.T * row_stride + (bh % h.NH) * h.HS;
+  // Query head bh = b NH + hd's rows; key/value head bkv = b KVH + j's keys and their gradients
+  // (its values and theirs are v_off - k_off further).
+  const float* head(int64_t bh) const { return qkv + h.q_offset(bh); }
+  float* dhead(int64_t bh) const { return dqkv + h.q_offset(bh); }
+  const float* kv_head(int64_t bkv) const { return qkv + h.k_offset(bkv); }
+  float* dkv_head(int64_t bkv) const { return dqkv + h.k_offset(bkv); }
+  int64_t out_offset(int64_t bh) const {
+    return (bh / h.NH) * h.T * h.out_row + (bh % h.NH) * h.HS;
   }
-  const float* head(int64_t bh) const { return qkv + head_offset(bh, h.row); }
-  float* dhead(int64_t bh) const { return dqkv + head_offset(bh, h.row); }
-  const float* dout_h(int64_t bh) const { return dout + head_offset(bh, h.C); }
-  const float* out_h(int64_t bh) const { return out + head_offset(bh, h.C); }
+  const float* dout_h(int64_t bh) const { return dout + out_offset(bh); }
+  const float* out_h(int64_t bh) const { return out + out_offset(bh); }
   float d_of(int64_t bh, int64_t t) const {  // D_t = dO_t . O_t
     if (delta) return delta[bh * h.T + t];
-    return dot_in_gemm_order(dout_h(bh) + t * h.C, out_h(bh) + t * h.C, h.HS);
+    return dot_in_gemm_order(dout_h(bh) + t * h.out_row, out_h(bh) + t * h.out_row, h.HS);
   }
 
   // Key tile j0's K^T (scaled), V^T and rotated K rows into the tiles.
-  Rows load_key_tile(const float* hd, int64_t j0, int64_t nk, BackwardTiles& w) const {
-    load_transposed(w.kt_tile, kTk, hd + h.C, j0, nk, h, h.scale * kLog2e, w.tmp);
-    load_transposed(w.vt_tile, kTk, hd + 2 * h.C, j0, nk, v_rows, 1.0f, w.tmp);
-    return rotated_rows(w.k_tile, hd + h.C, j0, nk, h);
+  Rows load_key_tile(const float* kh, int64_t j0, int64_t nk, BackwardTiles& w) const {
+    load_transposed(w.kt_tile, kTk, kh, j0, nk, h, h.scale * kLog2e, w.tmp);
+    load_transposed(w.vt_tile, kTk, kh + (h.v_off - h.k_off), j0, nk, v_rows, 1.0f, w.tmp);
+    return rotated_rows(w.k_tile, kh, j0, nk, h);
   }
 
   // S, dP and dS of query tile i0 against the loaded key tile j0 (row form); d[i]: D of row i0 + i.
   void scores_and_grad(const float* d, int64_t bh, int64_t i0, int64_t nq, int64_t j0, int64_t nk,
                        const Rows& q, BackwardTiles& w) const {
     gemm<false>(nq, kTk, h.HS, q.p, q.ld, 1, w.kt_tile, kTk, w.p, kTk);  // S = Q K^T
-    gemm<false>(nq, kTk, h.HS, dout_h(bh) + i0 * h.C, h.C, 1, w.vt_tile, kTk, w.ds,
+    gemm<false>(nq, kTk, h.HS, dout_h(bh) + i0 * h.out_row, h.out_row, 1, w.vt_tile, kTk, w.ds,
                 kTk);  // dP = dO V^T
     const float* lse_h = lse + bh * h.T;
     for (int64_t i = 0; i < nq; ++i) {
@@ -673,48 +706,62 @@ struct AttentionBackward {
     }
   }
 
-  // dK and dV of key tile j0 over the query tiles below it; dQ too when `with_dq` (per head).
-  // D of row t is read from d[t * d_stride].
-  void key_tile(int64_t bh, int64_t j0, bool with_dq, BackwardTiles& w, const float* d,
-                int64_t d_stride) const {
-    const float* hd = head(bh);
-    float* dh = dhead(bh);
+  // dK and dV of key/value head bkv's key tile j0 over the query tiles below it, for each of its
+  // query heads in turn; their dQ too when `with_dq` (per head). D of row t is element 0 of the
+  // query head's dq row t (split), or element r of dv row t for the group's r-th query head (per
+  // head).
+  void key_tile(int64_t bkv, int64_t j0, bool with_dq, BackwardTiles& w) const {
+    float* dkh = dkv_head(bkv);
     const int64_t nk = std::min(kTk, h.T - j0);
-    const Rows k = load_key_tile(hd, j0, nk, w);
+    const Rows k = load_key_tile(kv_head(bkv), j0, nk, w);
     std::fill(w.dk, w.dk + nk * h.HSp, 0.0f);
     std::fill(w.dv, w.dv + nk * h.HSp, 0.0f);
     float d_rows[kTq];
-    for (int64_t i0 = j0 / kTq * kTq; i0 < h.T; i0 += kTq) {
-      const int64_t nq = std::min(kTq, h.T - i0);
-      for (int64_t i = 0; i < nq; ++i) d_rows[i] = d[(i0 + i) * d_stride];
-      const Rows q = rotated_rows(w.q_tile, hd, i0, nq, h);
-      scores_and_grad(d_rows, bh, i0, nq, j0, nk, q, w);
-      const float* do_tile = dout_h(bh) + i0 * h.C;
-      gemm<true>(nk, h.HS, nq, w.p, 1, kTk, do_tile, h.C, w.dv, h.HSp);  // dV += P^T dO
-      gemm<true>(nk, h.HS, nq, w.ds, 1, kTk, q.p, q.ld, w.dk, h.HSp);    // dK += dS^T Q
-      if (with_dq)
-        gemm<true>(nq, h.HS, nk, w.ds, kTk, 1, k.p, k.ld, dh + i0 * h.row, h.row);  // dQ += dS K
+    for (int64_t r = 0; r < h.G; ++r) {
+      const int64_t bh = h.query_head(bkv, r);
+      const float* hd = head(bh);
+      float* dh = dhead(bh);
+      const float* d = with_dq ? dkh + (h.v_off - h.k_off) + r : dh;
+      for (int64_t i0 = j0 / kTq * kTq; i0 < h.T; i0 += kTq) {
+        const int64_t nq = std::min(kTq, h.T - i0);
+        for (int64_t i = 0; i < nq; ++i) d_rows[i] = d[(i0 + i) * h.row];
+        const Rows q = rotated_rows(w.q_tile, hd, i0, nq, h);
+        scores_and_grad(d_rows, bh, i0, nq, j0, nk, q, w);
+        const float* do_tile = dout_h(bh) + i0 * h.out_row;
+        gemm<true>(nk, h.HS, nq, w.p, 1, kTk, do_tile, h.out_row, w.dv, h.HSp);  // dV += P^T dO
+        gemm<true>(nk, h.HS, nq, w.ds, 1, kTk, q.p, q.ld, w.dk, h.HSp);          // dK += dS^T Q
+        if (with_dq)
+          gemm<true>(nq, h.HS, nk, w.ds, kTk, 1, k.p, k.ld, dh + i0 * h.row, h.row);  // dQ += dS K
+      }
     }
     for (int64_t j = 0; j < nk; ++j) {
-      float* dk_row = dh + (j0 + j) * h.row + h.C;
-      float* dv_row = dk_row + h.C;
+      float* dk_row = dkh + (j0 + j) * h.row;
+      float* dv_row = dk_row + (h.v_off - h.k_off);
       std::copy(w.dk + j * h.HSp, w.dk + j * h.HSp + h.HS, dk_row);
       std::copy(w.dv + j * h.HSp, w.dv + j * h.HSp + h.HS, dv_row);
       if (rope) unrotate_row(dk_row, j0 + j, unrot);
     }
   }
 
-  // Per-head schedule. Until key tile j0 is written, element 0 of row t's dv holds D_t: tile j0
-  // reads D of rows >= j0 only, then overwrites rows j0 .. j0+nk-1, whose D no later tile reads.
-  void per_head(int64_t bh, BackwardTiles& w) const {
-    float* dh = dhead(bh);
-    for (int64_t t = 0; t < h.T; ++t) {
-      std::fill(dh + t * h.row, dh + t * h.row + h.HS, 0.0f);
-      dh[t * h.row + 2 * h.C] = d_of(bh, t);
+  // Per-head schedule. Until key tile j0 is written, element r of row t's dv holds D_t of the
+  // group's r-th query head (G <= HS): tile j0 reads D of rows >= j0 only, then overwrites rows
+  // j0 .. j0+nk-1, whose D no later tile reads.
+  void per_head(int64_t bkv, BackwardTiles& w) const {
+    float* dv = dkv_head(bkv) + (h.v_off - h.k_off);
+    for (int64_t r = 0; r < h.G; ++r) {
+      const int64_t bh = h.query_head(bkv, r);
+      float* dh = dhead(bh);
+      for (int64_t t = 0; t < h.T; ++t) {
+        std::fill(dh + t * h.row, dh + t * h.row + h.HS, 0.0f);
+        dv[t * h.row + r] = d_of(bh, t);
+      }
     }
-    for (int64_t j0 = 0; j0 < h.T; j0 += kTk) key_tile(bh, j0, true, w, dh + 2 * h.C, h.row);
+    for (int64_t j0 = 0; j0 < h.T; j0 += kTk) key_tile(bkv, j0, true, w);
     if (rope)
-      for (int64_t t = 0; t < h.T; ++t) unrotate_row(dh + t * h.row, t, unrot);
+      for (int64_t r = 0; r < h.G; ++r) {
+        float* dh = dhead(h.query_head(bkv, r));
+        for (int64_t t = 0; t < h.T; ++t) unrotate_row(dh + t * h.row, t, unrot);
+      }
   }
 
   // Split schedule, dQ of query tile i0, after every key tile of its head has been written:
@@ -723,6 +770,7 @@ struct AttentionBackward {
   // ds, per-column lse and D in dv.
   void query_tile(int64_t bh, int64_t i0, BackwardTiles& w) const {
     const float* hd = head(bh);
+    const float* kh = kv_head(h.kv_head_of(bh));
     float* dh = dhead(bh);
     const int64_t nq = std::min(kTq, h.T - i0);
     float* lse2 = w.dv;
@@ -740,10 +788,10 @@ struct AttentionBackward {
     for (int64_t j0 = 0; j0 < i0 + nq; j0 += kTk) {
       const int64_t nk = std::min(kTk, h.T - j0);
       for (int64_t r = 0; r < nk; ++r)  // K * scale * log2(e), rotated, as key_tile's K^T
-        load_row(w.k_tile + r * h.HSp, hd + h.C + (j0 + r) * h.row, j0 + r, h, h.scale * kLog2e);
-      const Rows k = rotated_rows(w.q_tile, hd + h.C, j0, nk, h);
+        load_row(w.k_tile + r * h.HSp, kh + (j0 + r) * h.row, j0 + r, h, h.scale * kLog2e);
+      const Rows k = rotated_rows(w.q_tile, kh, j0, nk, h);
       gemm<false>(nk, kTq, h.HS, w.k_tile, h.HSp, 1, qt, kTq, w.p, kTq);  // S^T = K Q^T
-      gemm<false>(nk, kTq, h.HS, hd + 2 * h.C + j0 * h.row, h.row, 1, dot, kTq, w.ds,
+      gemm<false>(nk, kTq, h.HS, kh + (h.v_off - h.k_off) + j0 * h.row, h.row, 1, dot, kTq, w.ds,
                   kTq);  // dP^T = V dO^T
       softmax_grad_columns(w.p, w.ds, nk, j0 - i0, nq, lse2, d, h.scale);
       gemm<true>(nq, h.HS, nk, w.ds, 1, kTq, k.p, k.ld, dh + i0 * h.row, h.row);  // dQ += dS K
@@ -756,8 +804,8 @@ struct AttentionBackward {
 }  // namespace
 
 void CpuBackend::attention_backward_impl(const AttentionBackwardArgs& a, const OpWorkspace& op_ws) {
-  Heads h(a.qkv, a.n_head);
-  Workspace ws = make_workspace(op_ws, h, threads_, a.rope_theta);
+  Heads h(a.qkv, a.n_head, a.n_kv_head);
+  Workspace ws = make_workspace(op_ws, h, threads_, a.rope_theta, a.rope_scaling);
   static_assert(kTq == kTk, "the query-tile pass reuses key tiles as query tiles");
   // RoPE: q and k are rotated in place once (qkv is CLOBBERED, engine/ops/attention.h) instead of
   // once per tile pair (each query tile's rows once per key tile below it, and each key tile's
@@ -775,13 +823,15 @@ void CpuBackend::attention_backward_impl(const AttentionBackwardArgs& a, const O
   if (!a.delta.empty()) bw.delta = a.delta.f32();
   bw.v_rows.rope_cos = bw.v_rows.rope_sin = nullptr;
   bw.do_rows.rope_cos = bw.do_rows.rope_sin = nullptr;
-  bw.do_rows.row = h.C;
-  const int64_t BH = h.B * h.NH, n_tiles = (h.T + kTk - 1) / kTk;
+  bw.do_rows.row = h.out_row;
+  const int64_t BH = h.B * h.NH, BKV = h.B * h.KVH, n_tiles = (h.T + kTk - 1) / kTk;
   // The split schedule runs 7 tile GEMMs where per head runs 5 (measured ~1.4-1.7x the work), so
-  // it pays only when one task per head would leave at least a third of the threads idle: a
-  // batch of one with fewer heads than cores (1 head on 2 threads, 12 heads on 32).
-  const int64_t rounds = (BH + threads_ - 1) / threads_;
-  const bool split = 2 * rounds * threads_ >= 3 * BH;
+  // it pays only when one task per key/value head would leave at least a third of the threads
+  // idle: a batch of one with fewer heads than cores (1 head on 2 threads, 12 heads on 32). It
+  // also takes the groups whose D do not fit in a dv row (more query heads per key/value head
+  // than the head size), since it keeps D in the rows of dq.
+  const int64_t rounds = (BKV + threads_ - 1) / threads_;
+  const bool split = 2 * rounds * threads_ >= 3 * BKV || h.G > h.HS;
 
 #pragma omp parallel num_threads(threads_)
   {
@@ -789,7 +839,7 @@ void CpuBackend::attention_backward_impl(const AttentionBackwardArgs& a, const O
     BackwardTiles w(carve, h.HSp);
     if (!split) {
 #pragma omp for schedule(dynamic, 1)
-      for (int64_t bh = 0; bh < BH; ++bh) bw.per_head(bh, w);
+      for (int64_t bkv = 0; bkv < BKV; ++bkv) bw.per_head(bkv, w);
     } else {
       // D_t into element 0 of row t's dq, for both passes (the dq rows are zeroed later).
 #pragma omp for schedule(static)
@@ -797,8 +847,8 @@ void CpuBackend::attention_backward_impl(const AttentionBackwardArgs& a, const O
         bw.dhead(r / h.T)[(r % h.T) * h.row] = bw.d_of(r / h.T, r % h.T);
         // Key tiles: the lowest first (they see the most query tiles).
 #pragma omp for schedule(dynamic, 1)
-      for (int64_t task = 0; task < BH * n_tiles; ++task)
-        bw.key_tile(task % BH, (task / BH) * kTk, false, w, bw.dhead(task % BH), h.row);
+      for (int64_t task = 0; task < BKV * n_tiles; ++task)
+        bw.key_tile(task % BKV, (task / BKV) * kTk, false, w);
         // Query tiles: the highest first (they see the most key tiles).
 #pragma omp for schedule(dynamic, 1)
       for (int64_t task = 0; task < BH * n_tiles; ++task)

@@ -2,7 +2,9 @@
 // on single-threaded OpenBLAS calls inside OpenMP tasks: each output element is computed by one
 // task in one fixed order, so the results do not depend on the thread count. The tiles skip key
 // tiles that lie wholly after their queries (positions are global, so the mask compares them,
-// not local indices).
+// not local indices). With grouped-query heads a query head reads its key/value head's columns
+// of kv in place, and the backward's task owns a key/value head, whose dk and dv it sums over the
+// group's query heads in order.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -18,13 +20,11 @@ namespace {
 constexpr int64_t kTile = 64;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// cos and sin of RoPE's angles at global position p: angle(i) = p * theta^(-2i/HS) in double, as
+// cos and sin of RoPE's angles at global position p: angle(i) = p * inv_freq[i] in double, as
 // the self-attention kernel's table computes them.
-void rope_angles(int64_t p, int64_t HS, float theta, float* cs, float* sn) {
-  for (int64_t i = 0; i < HS / 2; ++i) {
-    const double freq = std::pow(static_cast<double>(theta),
-                                 -2.0 * static_cast<double>(i) / static_cast<double>(HS));
-    const double ang = static_cast<double>(p) * freq;
+void rope_angles(int64_t p, const std::vector<double>& inv_freq, float* cs, float* sn) {
+  for (size_t i = 0; i < inv_freq.size(); ++i) {
+    const double ang = static_cast<double>(p) * inv_freq[i];
     cs[i] = static_cast<float>(std::cos(ang));
     sn[i] = static_cast<float>(std::sin(ang));
   }
@@ -57,66 +57,81 @@ TileRange range_of(const std::vector<int64_t>& pos, int64_t i0, int64_t n) {
 // (when theta > 0), one token per task: what split and merge-grad share.
 template <class PerToken>
 void for_each_token(int64_t B, int64_t T, int64_t HS, const TokenPositions& positions, float theta,
-                    int threads, PerToken&& per_token) {
+                    const RopeScaling& scaling, int threads, PerToken&& per_token) {
   const std::vector<int64_t> pos = positions.list();
+  const std::vector<double> inv_freq =
+      theta > 0 ? rope_inv_freq(HS, static_cast<double>(theta), scaling) : std::vector<double>{};
 #pragma omp parallel for schedule(static) num_threads(threads)
   for (int64_t t = 0; t < T; ++t) {
     std::vector<float> cs(static_cast<size_t>(HS / 2)), sn(cs.size());
-    if (theta > 0) rope_angles(pos[static_cast<size_t>(t)], HS, theta, cs.data(), sn.data());
+    if (theta > 0) rope_angles(pos[static_cast<size_t>(t)], inv_freq, cs.data(), sn.data());
     for (int64_t b = 0; b < B; ++b) per_token(b * T + t, cs.data(), sn.data());
   }
 }
 
-// One token's q and k heads from `q` and `k` into `dq` and `dk` (rotated, rotated back, or copied
-// without RoPE), and its v row copied.
-void move_heads(const float* q, const float* k, const float* v, float* dq, float* dk, float* dv,
-                int64_t C, int64_t NH, const float* cs, const float* sn, bool rope, bool back) {
-  const int64_t HS = C / NH;
-  for (int64_t h = 0; h < NH; ++h) {
-    if (rope) {
-      rotate(dq + h * HS, q + h * HS, HS, cs, sn, back);
-      rotate(dk + h * HS, k + h * HS, HS, cs, sn, back);
-    } else {
-      std::copy_n(q + h * HS, HS, dq + h * HS);
-      std::copy_n(k + h * HS, HS, dk + h * HS);
-    }
+// One token's n heads of HS from `x` into `d`: rotated, rotated back, or copied without RoPE.
+void move_heads(const float* x, float* d, int64_t n, int64_t HS, const float* cs, const float* sn,
+                bool rope, bool back) {
+  for (int64_t h = 0; h < n; ++h) {
+    if (rope)
+      rotate(d + h * HS, x + h * HS, HS, cs, sn, back);
+    else
+      std::copy_n(x + h * HS, HS, d + h * HS);
   }
-  std::copy_n(v, C, dv);
 }
+
+// The widths of an op's heads: C = NH HS of q, K = KVH HS of k and of v.
+struct RingHeads {
+  int64_t NH, KVH, G, HS, C, K;
+  RingHeads(int64_t q_width, int n_head, int n_kv_head)
+      : NH(n_head),
+        KVH(kv_heads(n_head, n_kv_head)),
+        G(NH / KVH),
+        HS(q_width / n_head),
+        C(q_width),
+        K(KVH * HS) {}
+};
 
 }  // namespace
 
 void CpuBackend::ring_split_impl(const RingSplitArgs& a) {
-  const int64_t C = a.q.dim(-1);
+  const RingHeads h(a.q.dim(-1), a.n_head, a.n_kv_head);
+  const int64_t W = h.C + 2 * h.K;
   const float* qkv = a.qkv.f32();
   float *q = a.q.f32(), *kv = a.kv.f32();
-  for_each_token(a.qkv.dim(0), a.qkv.dim(1), C / a.n_head, a.pos, a.rope_theta, threads_,
+  const bool rope = a.rope_theta > 0;
+  for_each_token(a.qkv.dim(0), a.qkv.dim(1), h.HS, a.pos, a.rope_theta, a.rope_scaling, threads_,
                  [&](int64_t r, const float* cs, const float* sn) {
-                   const float* src = qkv + r * 3 * C;
-                   float* dkv = kv + r * 2 * C;
-                   move_heads(src, src + C, src + 2 * C, q + r * C, dkv, dkv + C, C, a.n_head, cs,
-                              sn, a.rope_theta > 0, false);
+                   const float* src = qkv + r * W;
+                   float* dkv = kv + r * 2 * h.K;
+                   move_heads(src, q + r * h.C, h.NH, h.HS, cs, sn, rope, false);
+                   move_heads(src + h.C, dkv, h.KVH, h.HS, cs, sn, rope, false);
+                   std::copy_n(src + h.C + h.K, h.K, dkv + h.K);
                  });
 }
 
 void CpuBackend::ring_merge_grad_impl(const RingMergeGradArgs& a) {
-  const int64_t C = a.dq.dim(-1);
+  const RingHeads h(a.dq.dim(-1), a.n_head, a.n_kv_head);
+  const int64_t W = h.C + 2 * h.K;
   const float *dq = a.dq.f32(), *dkv = a.dkv.f32();
   float* dqkv = a.dqkv.f32();
-  for_each_token(a.dqkv.dim(0), a.dqkv.dim(1), C / a.n_head, a.pos, a.rope_theta, threads_,
+  const bool rope = a.rope_theta > 0;
+  for_each_token(a.dqkv.dim(0), a.dqkv.dim(1), h.HS, a.pos, a.rope_theta, a.rope_scaling, threads_,
                  [&](int64_t r, const float* cs, const float* sn) {
-                   const float* g = dkv + r * 2 * C;
-                   float* d = dqkv + r * 3 * C;
-                   move_heads(dq + r * C, g, g + C, d, d + C, d + 2 * C, C, a.n_head, cs, sn,
-                              a.rope_theta > 0, true);
+                   const float* g = dkv + r * 2 * h.K;
+                   float* d = dqkv + r * W;
+                   move_heads(dq + r * h.C, d, h.NH, h.HS, cs, sn, rope, true);
+                   move_heads(g, d + h.C, h.KVH, h.HS, cs, sn, rope, true);
+                   std::copy_n(g + h.K, h.K, d + h.C + h.K);
                  });
 }
 
 // Per (batch, head, query tile): for each visible key tile, S = scale Q K^T with the causal mask
 // on global positions, the online softmax update of (m, l), acc rescaled, then acc += P V.
 void CpuBackend::ring_block_forward_impl(const RingBlockForwardArgs& a) {
-  const int64_t B = a.q.dim(0), Tq = a.q.dim(1), C = a.q.dim(2), Tk = a.kv.dim(1);
-  const int64_t NH = a.n_head, HS = C / NH;
+  const RingHeads hs(a.q.dim(2), a.n_head, a.n_kv_head);
+  const int64_t B = a.q.dim(0), Tq = a.q.dim(1), C = hs.C, Tk = a.kv.dim(1), K = hs.K;
+  const int64_t NH = hs.NH, HS = hs.HS;
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
   const std::vector<int64_t> qp = a.q_pos.list(), kp = a.k_pos.list();
   const int64_t n_qt = (Tq + kTile - 1) / kTile, n_kt = (Tk + kTile - 1) / kTile;
@@ -138,10 +153,10 @@ void CpuBackend::ring_block_forward_impl(const RingBlockForwardArgs& a) {
         const int64_t j0 = kt * kTile, kn = std::min(kTile, Tk - j0);
         const TileRange kr = range_of(kp, j0, kn);
         if (kr.lo > qr.hi) continue;  // every key after every query
-        const float* K = kv + (b * Tk + j0) * 2 * C + h * HS;
-        const float* V = K + C;
+        const float* Kt = kv + (b * Tk + j0) * 2 * K + h / hs.G * HS;
+        const float* V = Kt + K;
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, blas_int(qn), blas_int(kn),
-                    blas_int(HS), scale, Q, blas_int(C), K, blas_int(2 * C), 0.0f, S.data(),
+                    blas_int(HS), scale, Q, blas_int(C), Kt, blas_int(2 * K), 0.0f, S.data(),
                     blas_int(kn));
         const bool masked = kr.hi > qr.lo;
         for (int64_t i = 0; i < qn; ++i) {
@@ -167,7 +182,7 @@ void CpuBackend::ring_block_forward_impl(const RingBlockForwardArgs& a) {
           for (int64_t c = 0; c < HS; ++c) A[i * C + c] *= corr;
         }
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, blas_int(qn), blas_int(HS),
-                    blas_int(kn), 1.0f, S.data(), blas_int(kn), V, blas_int(2 * C), 1.0f, A,
+                    blas_int(kn), 1.0f, S.data(), blas_int(kn), V, blas_int(2 * K), 1.0f, A,
                     blas_int(C));
       }
     }
@@ -193,11 +208,13 @@ void CpuBackend::ring_finish_impl(const RingFinishArgs& a) {
   }
 }
 
-// Per (batch, head): the flash backward over the visible (query tile, key tile) pairs in a fixed
-// order. dK and dV of a head are written by this task alone.
+// Per (batch, key/value head): the flash backward of each of its query heads in turn over the
+// visible (query tile, key tile) pairs in a fixed order. dK and dV of a key/value head are
+// written by this task alone, summed over its query heads in order.
 void CpuBackend::ring_block_backward_impl(const RingBlockBackwardArgs& a) {
-  const int64_t B = a.q.dim(0), Tq = a.q.dim(1), C = a.q.dim(2), Tk = a.kv.dim(1);
-  const int64_t NH = a.n_head, HS = C / NH;
+  const RingHeads hs(a.q.dim(2), a.n_head, a.n_kv_head);
+  const int64_t B = a.q.dim(0), Tq = a.q.dim(1), C = hs.C, Tk = a.kv.dim(1), K = hs.K;
+  const int64_t NH = hs.NH, KVH = hs.KVH, HS = hs.HS;
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
   const std::vector<int64_t> qp = a.q_pos.list(), kp = a.k_pos.list();
   const int64_t n_qt = (Tq + kTile - 1) / kTile, n_kt = (Tk + kTile - 1) / kTile;
@@ -208,52 +225,56 @@ void CpuBackend::ring_block_backward_impl(const RingBlockBackwardArgs& a) {
   {
     std::vector<float> P(static_cast<size_t>(kTile * kTile)), dP(P.size());
 #pragma omp for schedule(dynamic)
-    for (int64_t bh = 0; bh < B * NH; ++bh) {
-      const int64_t b = bh / NH, h = bh % NH;
-      for (int64_t qt = 0; qt < n_qt; ++qt) {
-        const int64_t i0 = qt * kTile, qn = std::min(kTile, Tq - i0);
-        const TileRange qr = range_of(qp, i0, qn);
-        const float* Q = q + (b * Tq + i0) * C + h * HS;
-        const float* dO = dout + (b * Tq + i0) * C + h * HS;
-        float* dQ = dq + (b * Tq + i0) * C + h * HS;
-        const float* LSE = lse + bh * Tq + i0;
-        const float* D = delta + bh * Tq + i0;
-        for (int64_t kt = 0; kt < n_kt; ++kt) {
-          const int64_t j0 = kt * kTile, kn = std::min(kTile, Tk - j0);
-          const TileRange kr = range_of(kp, j0, kn);
-          if (kr.lo > qr.hi) continue;
-          const float* K = kv + (b * Tk + j0) * 2 * C + h * HS;
-          const float* V = K + C;
-          float* dK = dkv + (b * Tk + j0) * 2 * C + h * HS;
-          float* dV = dK + C;
-          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, blas_int(qn), blas_int(kn),
-                      blas_int(HS), scale, Q, blas_int(C), K, blas_int(2 * C), 0.0f, P.data(),
-                      blas_int(kn));
-          for (int64_t i = 0; i < qn; ++i)
-            for (int64_t j = 0; j < kn; ++j) {
-              float& p = P[static_cast<size_t>(i * kn + j)];
-              p = kp[static_cast<size_t>(j0 + j)] > qp[static_cast<size_t>(i0 + i)]
-                      ? 0.0f
-                      : std::exp(p - LSE[i]);
-            }
-          // dV += P^T dO; dP = dO V^T; dS = P (dP - D) in P; dQ += scale dS K; dK += scale dS^T Q
-          cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, blas_int(kn), blas_int(HS),
-                      blas_int(qn), 1.0f, P.data(), blas_int(kn), dO, blas_int(C), 1.0f, dV,
-                      blas_int(2 * C));
-          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, blas_int(qn), blas_int(kn),
-                      blas_int(HS), 1.0f, dO, blas_int(C), V, blas_int(2 * C), 0.0f, dP.data(),
-                      blas_int(kn));
-          for (int64_t i = 0; i < qn; ++i)
-            for (int64_t j = 0; j < kn; ++j) {
-              const size_t e = static_cast<size_t>(i * kn + j);
-              P[e] *= dP[e] - D[i];
-            }
-          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, blas_int(qn), blas_int(HS),
-                      blas_int(kn), scale, P.data(), blas_int(kn), K, blas_int(2 * C), 1.0f, dQ,
-                      blas_int(C));
-          cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, blas_int(kn), blas_int(HS),
-                      blas_int(qn), scale, P.data(), blas_int(kn), Q, blas_int(C), 1.0f, dK,
-                      blas_int(2 * C));
+    for (int64_t bkv = 0; bkv < B * KVH; ++bkv) {
+      const int64_t b = bkv / KVH, kvh = bkv % KVH;
+      for (int64_t h = kvh * hs.G; h < (kvh + 1) * hs.G; ++h) {
+        const int64_t bh = b * NH + h;
+        for (int64_t qt = 0; qt < n_qt; ++qt) {
+          const int64_t i0 = qt * kTile, qn = std::min(kTile, Tq - i0);
+          const TileRange qr = range_of(qp, i0, qn);
+          const float* Q = q + (b * Tq + i0) * C + h * HS;
+          const float* dO = dout + (b * Tq + i0) * C + h * HS;
+          float* dQ = dq + (b * Tq + i0) * C + h * HS;
+          const float* LSE = lse + bh * Tq + i0;
+          const float* D = delta + bh * Tq + i0;
+          for (int64_t kt = 0; kt < n_kt; ++kt) {
+            const int64_t j0 = kt * kTile, kn = std::min(kTile, Tk - j0);
+            const TileRange kr = range_of(kp, j0, kn);
+            if (kr.lo > qr.hi) continue;
+            const float* Kt = kv + (b * Tk + j0) * 2 * K + kvh * HS;
+            const float* V = Kt + K;
+            float* dK = dkv + (b * Tk + j0) * 2 * K + kvh * HS;
+            float* dV = dK + K;
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, blas_int(qn), blas_int(kn),
+                        blas_int(HS), scale, Q, blas_int(C), Kt, blas_int(2 * K), 0.0f, P.data(),
+                        blas_int(kn));
+            for (int64_t i = 0; i < qn; ++i)
+              for (int64_t j = 0; j < kn; ++j) {
+                float& p = P[static_cast<size_t>(i * kn + j)];
+                p = kp[static_cast<size_t>(j0 + j)] > qp[static_cast<size_t>(i0 + i)]
+                        ? 0.0f
+                        : std::exp(p - LSE[i]);
+              }
+            // dV += P^T dO; dP = dO V^T; dS = P (dP - D) in P; dQ += scale dS K;
+            // dK += scale dS^T Q
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, blas_int(kn), blas_int(HS),
+                        blas_int(qn), 1.0f, P.data(), blas_int(kn), dO, blas_int(C), 1.0f, dV,
+                        blas_int(2 * K));
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, blas_int(qn), blas_int(kn),
+                        blas_int(HS), 1.0f, dO, blas_int(C), V, blas_int(2 * K), 0.0f, dP.data(),
+                        blas_int(kn));
+            for (int64_t i = 0; i < qn; ++i)
+              for (int64_t j = 0; j < kn; ++j) {
+                const size_t e = static_cast<size_t>(i * kn + j);
+                P[e] *= dP[e] - D[i];
+              }
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, blas_int(qn), blas_int(HS),
+                        blas_int(kn), scale, P.data(), blas_int(kn), Kt, blas_int(2 * K), 1.0f, dQ,
+                        blas_int(C));
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, blas_int(kn), blas_int(HS),
+                        blas_int(qn), scale, P.data(), blas_int(kn), Q, blas_int(C), 1.0f, dK,
+                        blas_int(2 * K));
+          }
         }
       }
     }

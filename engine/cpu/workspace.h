@@ -55,9 +55,9 @@ constexpr int64_t attention_workspace_floats(int64_t T, int64_t HS, int threads,
   return (use_rope ? T * HS : 0) + static_cast<int64_t>(threads) * attention_thread_floats(HS);
 }
 
-inline WorkspaceList attention_workspace(const Tensor& qkv, int n_head, float rope_theta,
-                                         int threads) {
-  const int64_t T = qkv.dim(1), HS = qkv.dim(2) / 3 / n_head;
+inline WorkspaceList attention_workspace(const Tensor& qkv, int n_head, int n_kv_head,
+                                         float rope_theta, int threads) {
+  const int64_t T = qkv.dim(1), HS = qkv.dim(2) / (n_head + 2 * kv_heads(n_head, n_kv_head));
   return {
       {"attn.workspace", DType::F32, {attention_workspace_floats(T, HS, threads, rope_theta > 0)}}};
 }
@@ -70,10 +70,10 @@ inline WorkspaceList workspace(const LinearBackwardArgs&, const WorkspaceTarget&
   return {};
 }
 inline WorkspaceList workspace(const AttentionForwardArgs& a, const WorkspaceTarget& t) {
-  return attention_workspace(a.qkv, a.n_head, a.rope_theta, t.threads);
+  return attention_workspace(a.qkv, a.n_head, a.n_kv_head, a.rope_theta, t.threads);
 }
 inline WorkspaceList workspace(const AttentionBackwardArgs& a, const WorkspaceTarget& t) {
-  return attention_workspace(a.qkv, a.n_head, a.rope_theta, t.threads);
+  return attention_workspace(a.qkv, a.n_head, a.n_kv_head, a.rope_theta, t.threads);
 }
 inline WorkspaceList workspace(const EmbeddingBackwardArgs&, const WorkspaceTarget&) {
   return {};

@@ -1,19 +1,27 @@
 // CUDA attention (engine/ops/attention.h): RoPE and dtype staging around cuDNN's fused flash
 // attention (the AttentionEngine of cudnn_attention.cpp), in the op's workspace.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <vector>
+
 #include "engine/cuda/cuda_backend.h"
 #include "engine/cuda/cudnn_attention.h"
 #include "engine/cuda/kernels.cuh"
 #include "engine/cuda/op_util.h"
 #include "engine/cuda/workspace.h"
+#include "engine/error.h"
 
 namespace remat::cuda {
 
 // ---- attention ----
-// cuDNN reads q, k, v straight from a bf16 (B, T, 3C) buffer. With bf16 activations and no RoPE
-// that is qkv itself; otherwise a staging copy in the workspace holds bf16 q, k (rotated) and v.
-// The backward rotates again (the same bits as the forward) -- with bf16 activations in place,
-// since it is qkv's last reader -- and maps the gradients with respect to rotated q, k back
-// through R^T (and to f32 if needed) afterwards.
+// cuDNN reads q, k, v straight from a bf16 (B, T, W) buffer, W = (NH + 2 KVH) HS: NH query heads,
+// then KVH key and KVH value heads, which cuDNN's grouped-query support reads as they are (no
+// head is repeated). With bf16 activations and no RoPE that is qkv itself; otherwise a staging
+// copy in the workspace holds bf16 q, k (rotated) and v. The backward rotates again (the same
+// bits as the forward) -- with bf16 activations in place, since it is qkv's last reader -- and
+// maps the gradients with respect to rotated q, k back through R^T (and to f32 if needed)
+// afterwards. The rotation's frequencies are engine/ops/rope.h's, its scaling applied.
 
 namespace {
 
@@ -45,24 +53,50 @@ AttnScratch carve(const OpWorkspace& ws, const AttentionWorkspaceLayout& w) {
   return s;
 }
 
+// The heads of one attention call: shape for cuDNN, and RoPE's frequencies (none when theta is 0).
+struct Heads {
+  AttentionShape shape;
+  kern::RopeFrequencies freq;
+  Heads(const Tensor& qkv, int n_head, int n_kv_head, float theta, const RopeScaling& scaling) {
+    const int64_t KVH = kv_heads(n_head, n_kv_head);
+    shape = {qkv.dim(0), n_head, qkv.dim(1), qkv.dim(2) / (n_head + 2 * KVH), KVH};
+    if (theta <= 0) return;
+    if (shape.HS / 2 > kern::kMaxRopePairs)
+      throw BackendError(
+          fmt::format("[attention] RoPE on CUDA takes head sizes up to {}, got {}. Fix: more heads "
+                      "(model.n_head) for the same width",
+                      2 * kern::kMaxRopePairs, shape.HS));
+    const std::vector<double> f = rope_inv_freq(shape.HS, static_cast<double>(theta), scaling);
+    freq.n = static_cast<int>(f.size());
+    std::copy(f.begin(), f.end(), freq.inv_freq);
+  }
+  /// dst = src with q, k rotated (inverse: by R^T), or copied when there is no RoPE.
+  kern::RopeParams rope(void* dst, bool dst_bf16, const void* src, bool src_bf16,
+                        bool inverse) const {
+    return {dst,       dst_bf16, src,     src_bf16, shape.B * shape.T, shape.T, shape.NH,
+            shape.KVH, shape.HS, inverse, freq};
+  }
+};
+
 // The q|k|v cuDNN reads: qkv itself (bf16, no RoPE), else the workspace's bf16 copy, rotated.
-const void* staged_qkv(const AttnScratch& s, const Tensor& qkv, int64_t NH, float theta,
+const void* staged_qkv(const AttnScratch& s, const Tensor& qkv, const Heads& h,
                        cudaStream_t stream) {
   if (!s.qkv) return qkv.data;
-  const int64_t B = qkv.dim(0), T = qkv.dim(1), C = qkv.dim(2) / 3;
-  kern::rope_apply(s.qkv, true, qkv.data, is_bf16(qkv), B * T, T, C, NH, theta, false, stream);
+  kern::rope_apply(h.rope(s.qkv, true, qkv.data, is_bf16(qkv), false), stream);
   return s.qkv;
 }
 
 }  // namespace
 
 void CudaBackend::attention_forward_impl(const AttentionForwardArgs& a, const OpWorkspace& ws) {
-  const int64_t B = a.qkv.dim(0), T = a.qkv.dim(1), C = a.out.dim(2), NH = a.n_head;
-  const AttnScratch s = carve(ws, attention_workspace_layout(a.qkv, NH, a.rope_theta > 0, false));
-  const void* qkv = staged_qkv(s, a.qkv, NH, a.rope_theta, stream());
+  const Heads h(a.qkv, a.n_head, a.n_kv_head, a.rope_theta, a.rope_scaling);
+  const int64_t n_out = a.out.numel();
+  const AttnScratch s =
+      carve(ws, attention_workspace_layout(a.qkv, a.n_head, a.n_kv_head, a.rope_theta > 0, false));
+  const void* qkv = staged_qkv(s, a.qkv, h, stream());
   void* out = s.out ? s.out : a.out.data;
-  attn_->forward({B, NH, T, C / NH}, {qkv, out, a.lse.f32()}, s.cudnn_plan);
-  if (s.out) kern::cast(a.out.data, is_bf16(a.out), s.out, true, B * T * C, stream());
+  attn_->forward(h.shape, {qkv, out, a.lse.f32()}, s.cudnn_plan);
+  if (s.out) kern::cast(a.out.data, is_bf16(a.out), s.out, true, n_out, stream());
   finish_op();
 }
 
@@ -75,35 +109,35 @@ void CudaBackend::attention_delta_impl(const AttentionDeltaArgs& a) {
 
 void CudaBackend::attention_backward_impl(const AttentionBackwardArgs& a, const OpWorkspace& ws) {
   REMAT_ASSERT(!a.out.empty(), "cuda attention_backward: cuDNN needs out (it computes D itself)");
-  const int64_t B = a.qkv.dim(0), T = a.qkv.dim(1), C = a.out.dim(2), NH = a.n_head;
+  const Heads h(a.qkv, a.n_head, a.n_kv_head, a.rope_theta, a.rope_scaling);
+  const int64_t n_out = a.out.numel();
   const bool rope = a.rope_theta > 0;
-  const AttnScratch s = carve(ws, attention_workspace_layout(a.qkv, NH, rope, true));
+  const AttnScratch s =
+      carve(ws, attention_workspace_layout(a.qkv, a.n_head, a.n_kv_head, rope, true));
   const void* qkv = nullptr;
   if (rope && !s.qkv) {  // bf16: rotate q, k in place (the op's contract clobbers qkv)
-    kern::rope_apply(a.qkv.data, true, a.qkv.data, true, B * T, T, C, NH, a.rope_theta, false,
-                     stream());
+    kern::rope_apply(h.rope(a.qkv.data, true, a.qkv.data, true, false), stream());
     qkv = a.qkv.data;
   } else {
-    qkv = staged_qkv(s, a.qkv, NH, a.rope_theta, stream());
+    qkv = staged_qkv(s, a.qkv, h, stream());
   }
   const void* out = a.out.data;
   const void* dout = a.dout.data;
   if (s.out) {
-    kern::cast(s.out, true, a.out.data, is_bf16(a.out), B * T * C, stream());
+    kern::cast(s.out, true, a.out.data, is_bf16(a.out), n_out, stream());
     out = s.out;
   }
   if (s.dout) {
-    kern::cast(s.dout, true, a.dout.data, is_bf16(a.dout), B * T * C, stream());
+    kern::cast(s.dout, true, a.dout.data, is_bf16(a.dout), n_out, stream());
     dout = s.dout;
   }
   void* dqkv = s.dqkv ? s.dqkv : a.dqkv.data;
-  attn_->backward({B, NH, T, C / NH},
-                  {qkv, out, dout, a.lse.f32(), dqkv, s.dq_accum, s.softmax_sum}, s.cudnn_plan);
+  attn_->backward(h.shape, {qkv, out, dout, a.lse.f32(), dqkv, s.dq_accum, s.softmax_sum},
+                  s.cudnn_plan);
   // dq, dk are gradients with respect to the rotated q, k: apply R^T (in place when dqkv is
   // bf16); with f32 activations this is also the cast out of the bf16 staging buffer.
   if (rope || s.dqkv)
-    kern::rope_apply(a.dqkv.data, is_bf16(a.dqkv), dqkv, true, B * T, T, C, NH, a.rope_theta, true,
-                     stream());
+    kern::rope_apply(h.rope(a.dqkv.data, is_bf16(a.dqkv), dqkv, true, true), stream());
   finish_op();
 }
 

@@ -144,7 +144,8 @@ class GraphBuilder {
     keep(std::move(mm));
     add_op(std::move(op));
   }
-  /// y = reduce(x) over the axes where y has extent 1.
+  /// y = reduce(x) over the axes where y has extent 1, or, where y has k of x's n > k, over each
+  /// group of n / k adjacent indices (the grouped-query heads of one key/value head).
   void reduction(cudnnReduceTensorOp_t mode, cudnnBackendDescriptor_t x,
                  cudnnBackendDescriptor_t y) {
     Desc red(CUDNN_BACKEND_REDUCTION_DESCRIPTOR);
@@ -184,18 +185,20 @@ class GraphBuilder {
   int64_t next_virtual_ = kFirstVirtual;
 };
 
-// Strides of the views into the (B, T, 3C) qkv (and dqkv) buffer, dims in B, H, S, D order:
-// a head's rows are 3C apart, heads HS apart, batches 3CT apart.
+// Strides of the views into the (B, T, W) qkv (and dqkv) buffer, dims in B, H, S, D order:
+// a head's rows are W apart, heads HS apart, batches W T apart. `full_head` is the layout of a
+// key/value gradient per query head (B, NH, T, HS), before its sum over the group.
 struct Strides {
-  Dims qkv, qkv_t, out, row, scores, scores_t;
+  Dims qkv, qkv_t, out, row, scores, scores_t, full_head;
   explicit Strides(const AttentionShape& s) {
-    const int64_t C = s.C(), T = s.T, H = s.NH, D = s.HS;
-    qkv = {3 * C * T, D, 3 * C, 1};
-    qkv_t = {3 * C * T, D, 1, 3 * C};  // [B, H, D, S]: K^T and V^T as the graph consumes them
+    const int64_t C = s.C(), W = s.W(), T = s.T, H = s.NH, D = s.HS;
+    qkv = {W * T, D, W, 1};
+    qkv_t = {W * T, D, 1, W};  // [B, H, D, S]: K^T and V^T as the graph consumes them
     out = {C * T, D, C, 1};
     row = {H * T, T, 1, 1};
     scores = {H * T * T, T * T, T, 1};
     scores_t = {H * T * T, T * T, 1, T};
+    full_head = {H * T * D, T * D, D, 1};
   }
 };
 
@@ -215,14 +218,16 @@ cudnnBackendDescriptor_t causal_mask(GraphBuilder& g, const AttentionShape& s, c
   return masked;
 }
 
-// Forward, 14 ops: S = Q K^T scaled, causal mask, row max, exp, row sum, P V, and the LSE.
+// Forward, 14 ops: S = Q K^T scaled, causal mask, row max, exp, row sum, P V, and the LSE. K and
+// V have KVH heads: the matmuls broadcast each over its NH / KVH query heads.
 void build_forward(GraphBuilder& g, const AttentionShape& s) {
   const Strides st(s);
-  const Dims hd = {s.B, s.NH, s.T, s.HS}, hd_t = {s.B, s.NH, s.HS, s.T};
+  const Dims hd = {s.B, s.NH, s.T, s.HS};
+  const Dims kv = {s.B, s.kv_heads(), s.T, s.HS}, kv_t = {s.B, s.kv_heads(), s.HS, s.T};
   const Dims sd = {s.B, s.NH, s.T, s.T}, rd = {s.B, s.NH, s.T, 1};
   auto q = g.tensor(kQ, hd, st.qkv, kBF16);
-  auto kt = g.tensor(kKt, hd_t, st.qkv_t, kBF16);
-  auto v = g.tensor(kV, hd, st.qkv, kBF16);
+  auto kt = g.tensor(kKt, kv_t, st.qkv_t, kBF16);
+  auto v = g.tensor(kV, kv, st.qkv, kBF16);
   auto o = g.tensor(kO, hd, st.out, kBF16);
   auto stats = g.tensor(kStats, rd, st.row, kF32);
   auto scale = g.scalar(kScale);
@@ -249,21 +254,38 @@ void build_forward(GraphBuilder& g, const AttentionShape& s) {
   g.matmul(p, v, o);
 }
 
-// Backward, 22 ops, the non-deterministic dQ-accumulator variant: cuDNN's deterministic one needs
-// a workspace quadratic in T on Hopper, useless at long context.
+// dK or dV (B, KVH, T, HS) = a (B, NH, T, T) x b (B, NH, T, HS): with grouped-query heads the
+// product is formed per query head (a virtual bf16 tensor) and summed over each group by a
+// reduction, the graph cuDNN's frontend builds for its fused kernel to recognize.
+void grouped_matmul(GraphBuilder& g, const AttentionShape& s, const Strides& st,
+                    cudnnBackendDescriptor_t a, cudnnBackendDescriptor_t b,
+                    cudnnBackendDescriptor_t out) {
+  if (s.kv_heads() == s.NH) {
+    g.matmul(a, b, out);
+    return;
+  }
+  auto per_query_head = g.virt({s.B, s.NH, s.T, s.HS}, st.full_head, kBF16);
+  g.matmul(a, b, per_query_head);
+  g.reduction(CUDNN_REDUCE_TENSOR_ADD, per_query_head, out);
+}
+
+// Backward, 22 ops (24 with grouped-query heads: dK and dV each summed over the group), the
+// non-deterministic dQ-accumulator variant: cuDNN's deterministic one needs a workspace quadratic
+// in T on Hopper, useless at long context.
 void build_backward(GraphBuilder& g, const AttentionShape& s) {
   const Strides st(s);
-  const Dims hd = {s.B, s.NH, s.T, s.HS}, hd_t = {s.B, s.NH, s.HS, s.T};
+  const Dims hd = {s.B, s.NH, s.T, s.HS};
+  const Dims kv = {s.B, s.kv_heads(), s.T, s.HS}, kv_t = {s.B, s.kv_heads(), s.HS, s.T};
   const Dims sd = {s.B, s.NH, s.T, s.T}, rd = {s.B, s.NH, s.T, 1};
   auto q = g.tensor(kQ, hd, st.qkv, kBF16);
-  auto kt = g.tensor(kKt, hd_t, st.qkv_t, kBF16);
-  auto vt = g.tensor(kV, hd_t, st.qkv_t, kBF16);
+  auto kt = g.tensor(kKt, kv_t, st.qkv_t, kBF16);
+  auto vt = g.tensor(kV, kv_t, st.qkv_t, kBF16);
   auto o = g.tensor(kO, hd, st.out, kBF16);
   auto dO = g.tensor(kdO, hd, st.out, kBF16);  // dO strides == O strides (cuDNN 9.5.0 assumed so)
   auto stats = g.tensor(kStats, rd, st.row, kF32);
   auto dq = g.tensor(kdQ, hd, st.qkv, kBF16);
-  auto dk = g.tensor(kdK, hd, st.qkv, kBF16);
-  auto dv = g.tensor(kdV, hd, st.qkv, kBF16);
+  auto dk = g.tensor(kdK, kv, st.qkv, kBF16);
+  auto dv = g.tensor(kdV, kv, st.qkv, kBF16);
   auto scale = g.scalar(kScale);
   auto neg_inf = g.scalar(kNegInf);
   auto one = g.scalar(kOne);
@@ -289,7 +311,7 @@ void build_backward(GraphBuilder& g, const AttentionShape& s) {
   // dV = P^T dO
   auto pt = g.virt(sd, st.scores_t, kBF16);
   g.reshape(p, pt);
-  g.matmul(pt, dO, dv);
+  grouped_matmul(g, s, st, pt, dO, dv);
   // dS = P (dO V^T - D) scale
   auto dp = g.virt(sd, st.scores);
   g.matmul(dO, vt, dp);
@@ -302,9 +324,9 @@ void build_backward(GraphBuilder& g, const AttentionShape& s) {
   // dK = dS^T Q
   auto dst_ = g.virt(sd, st.scores_t, kBF16);
   g.reshape(ds, dst_);
-  g.matmul(dst_, q, dk);
+  grouped_matmul(g, s, st, dst_, q, dk);
   // dQ = dS K, accumulated in f32 then converted
-  auto k = g.virt(hd, st.qkv);
+  auto k = g.virt(kv, st.qkv);
   g.reshape(kt, k);
   g.matmul(ds, k, dq_accum);
   g.pointwise(CUDNN_POINTWISE_IDENTITY, dq_accum, nullptr, dq);
@@ -432,10 +454,11 @@ void build_plan(AttentionEngine::Graph& graph, cudnnHandle_t handle, const Atten
   std::string all;
   for (const auto& r : reasons) all += "\n  " + r;
   throw BackendError(fmt::format(
-      "[attention] no cuDNN engine supports causal flash attention {} for B={} heads={} T={} "
-      "head size={} (bf16). Fix: cuDNN needs an sm_80+ GPU and a head size that is a multiple "
-      "of 8 and at most 128 (256 on Hopper). Engine configs tried ({}):{}",
-      backward ? "backward" : "forward", s.B, s.NH, s.T, s.HS, reasons.size(), all));
+      "[attention] no cuDNN engine supports causal flash attention {} for B={} heads={} "
+      "key/value heads={} T={} head size={} (bf16). Fix: cuDNN needs an sm_80+ GPU and a head "
+      "size that is a multiple of 8 and at most 128 (256 on Hopper). Engine configs tried "
+      "({}):{}",
+      backward ? "backward" : "forward", s.B, s.NH, s.kv_heads(), s.T, s.HS, reasons.size(), all));
 }
 
 void execute(cudnnHandle_t handle, const AttentionEngine::Graph& g,
@@ -466,7 +489,7 @@ AttentionEngine::~AttentionEngine() {
 }
 
 AttentionEngine::Graph& AttentionEngine::graph_for(const AttentionShape& s, bool backward) {
-  auto key = std::make_tuple(s.B, s.NH, s.T, s.HS, backward);
+  auto key = std::make_tuple(s.B, s.NH, s.T, s.HS, s.kv_heads(), backward);
   auto it = graphs_.find(key);
   if (it != graphs_.end()) return *it->second;
   auto g = make_graph(s, backward, handle_);
@@ -485,19 +508,19 @@ static const float kNegInfValue = -std::numeric_limits<float>::infinity();
 void AttentionEngine::forward(const AttentionShape& s, const AttentionForwardPtrs& p,
                               void* workspace) {
   Graph& g = graph_for(s, false);
-  const int64_t C = s.C();
+  const int64_t k_at = s.C() * 2, v_at = k_at + s.kv_heads() * s.HS * 2;  // bytes into a row
   float scale = 1.0f / std::sqrt(static_cast<float>(s.HS));
   auto* qkv = static_cast<char*>(const_cast<void*>(p.qkv));
   std::vector<int64_t> uids = {kQ, kKt, kV, kO, kStats, kScale, kNegInf};
   std::vector<void*> ptrs = {
-      qkv, qkv + C * 2, qkv + 2 * C * 2, p.out, p.lse, &scale, const_cast<float*>(&kNegInfValue)};
+      qkv, qkv + k_at, qkv + v_at, p.out, p.lse, &scale, const_cast<float*>(&kNegInfValue)};
   execute(handle_, g, uids, ptrs, workspace);
 }
 
 void AttentionEngine::backward(const AttentionShape& s, const AttentionBackwardPtrs& p,
                                void* workspace) {
   Graph& g = graph_for(s, true);
-  const int64_t C = s.C();
+  const int64_t C = s.C(), k_at = C * 2, v_at = k_at + s.kv_heads() * s.HS * 2;
   float scale = 1.0f / std::sqrt(static_cast<float>(s.HS));
   // cuDNN >= 9.6 initialises the dQ accumulator itself; older 9.x expect zeros (the frontend
   // zero-fills it only for those), so do the same.
@@ -509,14 +532,14 @@ void AttentionEngine::backward(const AttentionShape& s, const AttentionBackwardP
   std::vector<int64_t> uids = {kQ,  kKt, kV,     kO,      kdO,  kStats,      kdQ,
                                kdK, kdV, kScale, kNegInf, kOne, kSoftmaxSum, kdQAccum};
   std::vector<void*> ptrs = {qkv,
-                             qkv + C * 2,
-                             qkv + 2 * C * 2,
+                             qkv + k_at,
+                             qkv + v_at,
                              const_cast<void*>(p.out),
                              const_cast<void*>(p.dout),
                              const_cast<float*>(p.lse),
                              dqkv,
-                             dqkv + C * 2,
-                             dqkv + 2 * C * 2,
+                             dqkv + k_at,
+                             dqkv + v_at,
                              &scale,
                              const_cast<float*>(&kNegInfValue),
                              const_cast<float*>(&kOneValue),
@@ -525,8 +548,9 @@ void AttentionEngine::backward(const AttentionShape& s, const AttentionBackwardP
   execute(handle_, g, uids, ptrs, workspace);
 }
 
-std::string check_attention_graphs_finalize(int64_t B, int64_t NH, int64_t T, int64_t HS) {
-  const AttentionShape s{B, NH, T, HS};
+std::string check_attention_graphs_finalize(int64_t B, int64_t NH, int64_t T, int64_t HS,
+                                            int64_t KVH) {
+  const AttentionShape s{B, NH, T, HS, KVH};
   auto fwd = make_graph(s, false, nullptr);
   auto bwd = make_graph(s, true, nullptr);
   return fmt::format("fwd {} ops, bwd {} ops", fwd->n_ops, bwd->n_ops);

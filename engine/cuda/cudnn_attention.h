@@ -1,10 +1,13 @@
 // Causal flash attention through cuDNN's backend graph API (cuDNN's composite causal SDPA graph:
-// matmul, scale, causal mask, softmax with stats, matmul; and its 22-op backward). Internal header
-// of engine/cuda. Layout: q, k, v come from one bf16 (B, T, 3C) buffer (q | k | v, heads
-// contiguous), read in place through strides; out / dout are (B, T, C) bf16; lse (B, NH, T) f32 is
-// cuDNN's "Stats" (max + ln sum exp of the scaled, masked scores: the same quantity as the CPU's
-// lse). dqkv is written as (B, T, 3C) bf16. RoPE and f32<->bf16 staging happen in
-// engine/cuda/cuda_backend.cpp. Plans are built once per shape (0.1-1 s each) and cached.
+// matmul, scale, causal mask, softmax with stats, matmul; and its 22-op backward, 24 with
+// grouped-query heads). Internal header of engine/cuda. Layout: q, k, v come from one bf16
+// (B, T, W) buffer, W = (NH + 2 KVH) HS (NH query heads | KVH key heads | KVH value heads, each
+// head contiguous), read in place through strides: cuDNN's grouped-query attention takes K and V
+// with KVH heads and serves query head h from key/value head h / (NH / KVH), transformers'
+// repeat_kv order. out / dout are (B, T, C) bf16, C = NH HS; lse (B, NH, T) f32 is cuDNN's
+// "Stats" (max + ln sum exp of the scaled, masked scores: the same quantity as the CPU's lse).
+// dqkv is written as (B, T, W) bf16. RoPE and f32<->bf16 staging happen in
+// engine/cuda/attention.cpp. Plans are built once per shape (0.1-1 s each) and cached.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -19,21 +22,24 @@ namespace remat::cuda {
 
 struct AttentionShape {
   int64_t B = 0, NH = 0, T = 0, HS = 0;
-  int64_t C() const { return NH * HS; }
+  int64_t KVH = 0;  // key/value heads; 0: NH
+  int64_t kv_heads() const { return KVH > 0 ? KVH : NH; }
+  int64_t C() const { return NH * HS; }                     // out's width
+  int64_t W() const { return (NH + 2 * kv_heads()) * HS; }  // qkv's
 };
 
 struct AttentionForwardPtrs {
-  const void* qkv = nullptr;  // (B, T, 3C) bf16
+  const void* qkv = nullptr;  // (B, T, W) bf16
   void* out = nullptr;        // (B, T, C) bf16
   float* lse = nullptr;       // (B, NH, T) f32
 };
 
 struct AttentionBackwardPtrs {
-  const void* qkv = nullptr;     // (B, T, 3C) bf16 (the same, rotated, q and k as the forward)
+  const void* qkv = nullptr;     // (B, T, W) bf16 (the same, rotated, q and k as the forward)
   const void* out = nullptr;     // (B, T, C) bf16
   const void* dout = nullptr;    // (B, T, C) bf16
   const float* lse = nullptr;    // (B, NH, T) f32
-  void* dqkv = nullptr;          // (B, T, 3C) bf16 [=]
+  void* dqkv = nullptr;          // (B, T, W) bf16 [=]
   float* dq_accum = nullptr;     // (B, NH, T, HS) f32 scratch
   float* softmax_sum = nullptr;  // (B, NH, T) f32 scratch
 };
@@ -64,7 +70,8 @@ class AttentionEngine {
   cudaStream_t stream_;
   int64_t workspace_limit_;
   cudnnHandle_t handle_ = nullptr;
-  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, bool>, std::unique_ptr<Graph>> graphs_;
+  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, bool>, std::unique_ptr<Graph>>
+      graphs_;
 };
 
 }  // namespace remat::cuda

@@ -10,8 +10,10 @@
 namespace remat::cuda {
 
 /// Builds and finalizes the causal attention forward and backward operation graphs for this
-/// shape (no handle, no device). Returns a one-line summary ("fwd 14 ops, bwd 22 ops");
+/// shape, KVH key/value heads (0: NH) (no handle, no device). Returns a one-line summary ("fwd 14
+/// ops, bwd 22 ops"; 24 with grouped-query heads, whose dK and dV are reduced over each group);
 /// throws BackendError with cuDNN's reason when a graph does not finalize.
-std::string check_attention_graphs_finalize(int64_t B, int64_t NH, int64_t T, int64_t HS);
+std::string check_attention_graphs_finalize(int64_t B, int64_t NH, int64_t T, int64_t HS,
+                                            int64_t KVH = 0);
 
 }  // namespace remat::cuda

@@ -279,32 +279,29 @@ __global__ void sum_squares_kernel(const float* x, int64_t n, double* partials) 
 
 // ---- RoPE ----
 
-// One thread per pair: per row, C/2 rotation pairs in q, C/2 in k, and C/2 element pairs of v
-// (copied). angle(t, i) = t * theta^(-2i/HS) in double (t * freq reaches 1e6 at long context),
-// as the CPU's table.
+// One thread per pair: per row, (NH + KVH) HS/2 rotation pairs in the query and key heads, and
+// KVH HS/2 element pairs of v (copied). angle(t, i) = t * inv_freq[i] in double (t * freq reaches
+// 1e6 at long context), the frequencies those of the CPU's table (engine/ops/rope.h).
 template <typename Td, typename Ts>
-__global__ void rope_kernel(Td* dst, const Ts* src, int64_t BT, int64_t T_len, int64_t C,
-                            int64_t HS, float theta, bool inverse) {
-  const int64_t half_c = C / 2, per_row = 3 * half_c, n = BT * per_row, half = HS / 2;
+__global__ void rope_kernel(Td* dst, const Ts* src, RopeParams p) {
+  const int64_t half = p.HS / 2, rotated = (p.NH + p.KVH) * half;
+  const int64_t per_row = (p.NH + 2 * p.KVH) * half, n = p.BT * per_row, W = 2 * per_row;
   for (int64_t w = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; w < n;
        w += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t row = w / per_row, r = w % per_row, part = r / half_c, k = r % half_c;
-    const int64_t base = row * 3 * C;
-    if (part == 2 || theta <= 0) {  // v, or no rotation: copy two elements
-      const int64_t i0 = base + part * C + 2 * k;
+    const int64_t row = w / per_row, r = w % per_row, base = row * W;
+    if (r >= rotated || p.freq.n == 0) {  // v, or no rotation: copy two elements
+      const int64_t i0 = base + 2 * r;
       dst[i0] = from_f32<Td>(to_f32(src[i0]));
       dst[i0 + 1] = from_f32<Td>(to_f32(src[i0 + 1]));
       continue;
     }
-    const int64_t h = k / half, i = k % half;
-    const int64_t i0 = base + part * C + h * HS + i, i1 = i0 + half;
-    const double freq =
-        pow(static_cast<double>(theta), -2.0 * static_cast<double>(i) / static_cast<double>(HS));
+    const int64_t h = r / half, i = r % half;  // h: a query head, then the key heads
+    const int64_t i0 = base + h * p.HS + i, i1 = i0 + half;
     double sn_d, cs_d;
-    sincos(static_cast<double>(row % T_len) * freq, &sn_d, &cs_d);
+    sincos(static_cast<double>(row % p.T) * p.freq.inv_freq[i], &sn_d, &cs_d);
     const float cs = static_cast<float>(cs_d), sn = static_cast<float>(sn_d);
     const float a = to_f32(src[i0]), b = to_f32(src[i1]);
-    if (!inverse) {
+    if (!p.inverse) {
       dst[i0] = from_f32<Td>(a * cs - b * sn);
       dst[i1] = from_f32<Td>(a * sn + b * cs);
     } else {
@@ -489,22 +486,20 @@ void attention_delta(float* delta, const void* dout, const void* out, bool acts_
         delta, static_cast<const float*>(dout), static_cast<const float*>(out), B, T, C, NH);
 }
 
-void rope_apply(void* dst, bool dst_bf16, const void* src, bool src_bf16, int64_t BT, int64_t T,
-                int64_t C, int64_t NH, float theta, bool inverse, cudaStream_t s) {
-  const int64_t n = BT * 3 * (C / 2), HS = C / NH;
-  const unsigned g = grid_for(n);
-  if (dst_bf16 && src_bf16)
-    rope_kernel<bf16, bf16><<<g, kThreads, 0, s>>>(
-        static_cast<bf16*>(dst), static_cast<const bf16*>(src), BT, T, C, HS, theta, inverse);
-  else if (dst_bf16)
-    rope_kernel<bf16, float><<<g, kThreads, 0, s>>>(
-        static_cast<bf16*>(dst), static_cast<const float*>(src), BT, T, C, HS, theta, inverse);
-  else if (src_bf16)
-    rope_kernel<float, bf16><<<g, kThreads, 0, s>>>(
-        static_cast<float*>(dst), static_cast<const bf16*>(src), BT, T, C, HS, theta, inverse);
+void rope_apply(const RopeParams& p, cudaStream_t s) {
+  const unsigned g = grid_for(p.BT * (p.NH + 2 * p.KVH) * (p.HS / 2));
+  if (p.dst_bf16 && p.src_bf16)
+    rope_kernel<bf16, bf16>
+        <<<g, kThreads, 0, s>>>(static_cast<bf16*>(p.dst), static_cast<const bf16*>(p.src), p);
+  else if (p.dst_bf16)
+    rope_kernel<bf16, float>
+        <<<g, kThreads, 0, s>>>(static_cast<bf16*>(p.dst), static_cast<const float*>(p.src), p);
+  else if (p.src_bf16)
+    rope_kernel<float, bf16>
+        <<<g, kThreads, 0, s>>>(static_cast<float*>(p.dst), static_cast<const bf16*>(p.src), p);
   else
-    rope_kernel<float, float><<<g, kThreads, 0, s>>>(
-        static_cast<float*>(dst), static_cast<const float*>(src), BT, T, C, HS, theta, inverse);
+    rope_kernel<float, float>
+        <<<g, kThreads, 0, s>>>(static_cast<float*>(p.dst), static_cast<const float*>(p.src), p);
 }
 
 }  // namespace remat::cuda::kern

@@ -133,11 +133,27 @@ constexpr int kSumSquaresBlocks = 256;
 void sum_squares_partials(const float* x, int64_t n, double* partials, cudaStream_t s);
 
 // ---- attention helpers ----
-/// dst (B*T, 3C) = src with q and k rotated by RoPE (NeoX half-split; angle t theta^(-2i/HS));
-/// inverse = true applies R^T (gradients back to the unrotated input). theta <= 0: plain copy.
-/// v is copied. dst may alias src (each thread owns a rotation pair).
-void rope_apply(void* dst, bool dst_bf16, const void* src, bool src_bf16, int64_t BT, int64_t T,
-                int64_t C, int64_t NH, float theta, bool inverse, cudaStream_t s);
+/// RoPE's inverse frequencies of one head (engine/ops/rope.h's rope_inv_freq, scaling applied
+/// on the host), by value in a kernel's parameters: n = HS / 2 pairs, 0 for no rotation.
+constexpr int kMaxRopePairs = 128;  // head sizes up to 256, cuDNN's largest
+struct RopeFrequencies {
+  int n = 0;
+  double inv_freq[kMaxRopePairs] = {};
+};
+/// dst (BT, (NH + 2 KVH) HS) = src (q | k | v, heads contiguous) with the NH query and KVH key
+/// heads rotated by RoPE (NeoX half-split; angle t inv_freq[i], t = row % T); inverse = true
+/// applies R^T (gradients back to the unrotated input). freq.n = 0: a plain copy. v is copied.
+/// dst may alias src (each thread owns a rotation pair).
+struct RopeParams {
+  void* dst;
+  bool dst_bf16;
+  const void* src;
+  bool src_bf16;
+  int64_t BT, T, NH, KVH, HS;
+  bool inverse;
+  RopeFrequencies freq;
+};
+void rope_apply(const RopeParams& p, cudaStream_t s);
 
 /// delta (B, NH, T) f32 = rowsum(dout * out) per row and head; dout, out (B, T, C) act.
 void attention_delta(float* delta, const void* dout, const void* out, bool bf16, int64_t B,

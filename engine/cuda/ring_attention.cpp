@@ -3,6 +3,9 @@
 // blocks between ranks with NCCL (engine/cuda/nccl_sync.cpp).
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <vector>
+
 #include "engine/cuda/cuda_backend.h"
 #include "engine/cuda/op_util.h"
 #include "engine/cuda/ring_kernels.cuh"
@@ -38,17 +41,34 @@ void check_head_size(int64_t HS, int64_t smem_bytes, int64_t limit) {
         HS, smem_bytes, limit, kern::kRingMaxHeadSize));
 }
 
+// RoPE's frequencies of a head of HS (none without RoPE), for the split and merge kernels.
+kern::RopeFrequencies rope_frequencies(int64_t HS, float theta, const RopeScaling& scaling) {
+  kern::RopeFrequencies f;
+  if (theta <= 0) return f;
+  if (HS / 2 > kern::kMaxRopePairs)
+    throw BackendError(
+        fmt::format("[parallel] ring attention on CUDA: RoPE takes head sizes up "
+                    "to {}, got {}. Fix: more heads (model.n_head)",
+                    2 * kern::kMaxRopePairs, HS));
+  const std::vector<double> inv = rope_inv_freq(HS, static_cast<double>(theta), scaling);
+  f.n = static_cast<int>(inv.size());
+  std::copy(inv.begin(), inv.end(), f.inv_freq);
+  return f;
+}
+
 }  // namespace
 
 void CudaBackend::ring_split_impl(const RingSplitArgs& a) {
+  const int64_t C = a.q.dim(-1);
   kern::ring_split({.q = a.q.f32(),
                     .kv = a.kv.f32(),
                     .qkv = a.qkv.data,
                     .B = a.qkv.dim(0),
                     .T = a.qkv.dim(1),
-                    .C = a.q.dim(-1),
+                    .C = C,
                     .NH = a.n_head,
-                    .theta = a.rope_theta,
+                    .KVH = kv_heads(a.n_head, a.n_kv_head),
+                    .freq = rope_frequencies(C / a.n_head, a.rope_theta, a.rope_scaling),
                     .pos = device_positions(a.pos),
                     .bf16 = is_bf16(a.qkv)},
                    stream());
@@ -56,14 +76,16 @@ void CudaBackend::ring_split_impl(const RingSplitArgs& a) {
 }
 
 void CudaBackend::ring_merge_grad_impl(const RingMergeGradArgs& a) {
+  const int64_t C = a.dq.dim(-1);
   kern::ring_merge_grad({.dqkv = a.dqkv.data,
                          .dq = a.dq.f32(),
                          .dkv = a.dkv.f32(),
                          .B = a.dqkv.dim(0),
                          .T = a.dqkv.dim(1),
-                         .C = a.dq.dim(-1),
+                         .C = C,
                          .NH = a.n_head,
-                         .theta = a.rope_theta,
+                         .KVH = kv_heads(a.n_head, a.n_kv_head),
+                         .freq = rope_frequencies(C / a.n_head, a.rope_theta, a.rope_scaling),
                          .pos = device_positions(a.pos),
                          .bf16 = is_bf16(a.dqkv)},
                         stream());
@@ -83,6 +105,7 @@ void CudaBackend::ring_block_forward_impl(const RingBlockForwardArgs& a) {
                             .Tk = a.kv.dim(1),
                             .C = C,
                             .NH = a.n_head,
+                            .KVH = kv_heads(a.n_head, a.n_kv_head),
                             .q_pos = device_positions(a.q_pos),
                             .k_pos = device_positions(a.k_pos)},
                            stream());
@@ -119,6 +142,7 @@ void CudaBackend::ring_block_backward_impl(const RingBlockBackwardArgs& a) {
                              .Tk = a.kv.dim(1),
                              .C = C,
                              .NH = a.n_head,
+                             .KVH = kv_heads(a.n_head, a.n_kv_head),
                              .q_pos = device_positions(a.q_pos),
                              .k_pos = device_positions(a.k_pos),
                              .bf16 = is_bf16(a.dout)},

@@ -6,9 +6,11 @@
 // Tiles: a block of 4 warps holds 32 queries and 32 keys in shared memory (rows padded to HS + 1
 // floats, so that lane j reading key row j hits its own bank). In the score step each warp owns
 // 8 query rows and each lane one key. The backward runs as two kernels so that every output
-// has one owner: one per key tile (dK, dV over all query tiles), one per query tile (dQ over all
-// key tiles), each recomputing P and dS; accumulators live in shared memory, each element owned
-// by one thread, summed in tile order, then added to the [+=] output once.
+// has one owner: one per key tile of a key/value head (dK, dV over all query tiles of each of its
+// query heads), one per query tile of a query head (dQ over all key tiles), each recomputing P
+// and dS; accumulators live in shared memory, each element owned by one thread, summed in head
+// and tile order, then added to the [+=] output once. RoPE's frequencies come from the host
+// (engine/ops/rope.h's, with their scaling), by value in the kernels' parameters.
 #include <climits>
 #include <mutex>
 
@@ -51,56 +53,67 @@ __device__ __forceinline__ long long warp_max_i64(long long v) {
 // ---- split / merge: one thread per element of q, k or v ----
 
 // Element c of one head-split row after RoPE's half-split rotation at position `pos` (R, or R^T
-// when `inverse`), as the CPU's rotate() computes it; `row` points at the row's C elements.
+// when `inverse`), as the CPU's rotate() computes it; `row` points at the row's first head.
 template <typename T>
-__device__ float rotated(const T* row, int64_t c, int64_t HS, int64_t pos, float theta,
-                         bool inverse) {
+__device__ float rotated(const T* row, int64_t c, int64_t HS, int64_t pos,
+                         const RopeFrequencies& freq, bool inverse) {
   const int64_t h = c / HS, i = c % HS, half = HS / 2;
   const int64_t k = i < half ? i : i - half;
   const float a = to_f32(row[h * HS + k]), b = to_f32(row[h * HS + k + half]);
-  const double freq =
-      pow(static_cast<double>(theta), -2.0 * static_cast<double>(k) / static_cast<double>(HS));
   double sn_d, cs_d;
-  sincos(static_cast<double>(pos) * freq, &sn_d, &cs_d);
+  sincos(static_cast<double>(pos) * freq.inv_freq[k], &sn_d, &cs_d);
   const float cs = static_cast<float>(cs_d), sn = static_cast<float>(sn_d);
   if (!inverse) return i < half ? a * cs - b * sn : a * sn + b * cs;
   return i < half ? a * cs + b * sn : b * cs - a * sn;
 }
 
+// Where element c of a qkv row (C + 2K wide) lives: in q (c < C), the keys (c < C + K, rotated
+// too) or the values; `offset` is c's column in its part, with the keys and values as kv's row.
+struct QkvColumn {
+  int part;  // 0: q, 1: k, 2: v
+  int64_t offset;
+};
+__device__ __forceinline__ QkvColumn qkv_column(int64_t c, int64_t C, int64_t K) {
+  if (c < C) return {0, c};
+  return {c < C + K ? 1 : 2, c - C};
+}
+
 template <typename T>
 __global__ void ring_split_kernel(RingSplitParams p) {
   const T* qkv = static_cast<const T*>(p.qkv);
-  const int64_t C = p.C, HS = C / p.NH, n = p.B * p.T * 3 * C;
+  const int64_t C = p.C, HS = C / p.NH, K = p.KVH * HS, W = C + 2 * K, n = p.B * p.T * W;
   for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < n;
        e += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t row = e / (3 * C), part = (e % (3 * C)) / C, c = e % C;
-    const T* src = qkv + row * 3 * C + part * C;
+    const int64_t row = e / W;
+    const QkvColumn col = qkv_column(e % W, C, K);
+    const T* src = qkv + row * W + (col.part == 0 ? 0 : C);  // q's heads, or k's (then v's)
     float v;
-    if (part == 2 || p.theta <= 0)
-      v = to_f32(src[c]);
+    if (col.part == 2 || p.freq.n == 0)
+      v = to_f32(src[col.offset]);
     else
-      v = rotated(src, c, HS, position_of(p.pos, row % p.T), p.theta, false);
-    if (part == 0)
-      p.q[row * C + c] = v;
+      v = rotated(src, col.offset, HS, position_of(p.pos, row % p.T), p.freq, false);
+    if (col.part == 0)
+      p.q[row * C + col.offset] = v;
     else
-      p.kv[row * 2 * C + (part - 1) * C + c] = v;
+      p.kv[row * 2 * K + col.offset] = v;
   }
 }
 
 template <typename T>
 __global__ void ring_merge_grad_kernel(RingMergeGradParams p) {
   T* dqkv = static_cast<T*>(p.dqkv);
-  const int64_t C = p.C, HS = C / p.NH, n = p.B * p.T * 3 * C;
+  const int64_t C = p.C, HS = C / p.NH, K = p.KVH * HS, W = C + 2 * K, n = p.B * p.T * W;
   for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < n;
        e += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t row = e / (3 * C), part = (e % (3 * C)) / C, c = e % C;
-    const float* src = part == 0 ? p.dq + row * C : p.dkv + row * 2 * C + (part - 1) * C;
+    const int64_t row = e / W;
+    const QkvColumn col = qkv_column(e % W, C, K);
+    const float* src = col.part == 0 ? p.dq + row * C : p.dkv + row * 2 * K;
     float v;
-    if (part == 2 || p.theta <= 0)
-      v = src[c];
+    if (col.part == 2 || p.freq.n == 0)
+      v = src[col.offset];
     else
-      v = rotated(src, c, HS, position_of(p.pos, row % p.T), p.theta, true);
-    dqkv[row * 3 * C + part * C + c] = from_f32<T>(v);
+      v = rotated(src, col.offset, HS, position_of(p.pos, row % p.T), p.freq, true);
+    dqkv[e] = from_f32<T>(v);
   }
 }
 
@@ -166,6 +179,7 @@ constexpr int64_t forward_smem_floats(int64_t HS) {
 __global__ void __launch_bounds__(kBlockThreads) ring_forward_kernel(RingForwardParams p) {
   extern __shared__ float smem[];
   const int64_t C = p.C, HS = C / p.NH, h = blockIdx.y, b = blockIdx.z;
+  const int64_t K = p.KVH * HS, kv_col = h / (p.NH / p.KVH) * HS;  // this head's keys in kv
   const int ld = static_cast<int>(HS) + 1;
   const ForwardSmem s = forward_smem(smem, ld, HS);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -189,8 +203,8 @@ __global__ void __launch_bounds__(kBlockThreads) ring_forward_kernel(RingForward
     const LanePositions kp = lane_positions(p.k_pos, j0, kn);
     if (kp.lo > qp.hi) continue;  // every key after every query (the same for every warp)
     __syncthreads();              // the previous tile's K, V are read
-    load_tile(s.K, ld, p.kv, 2 * C, b * p.Tk + j0, kn, h * HS, HS);
-    load_tile(s.V, ld, p.kv, 2 * C, b * p.Tk + j0, kn, C + h * HS, HS);
+    load_tile(s.K, ld, p.kv, 2 * K, b * p.Tk + j0, kn, kv_col, HS);
+    load_tile(s.V, ld, p.kv, 2 * K, b * p.Tk + j0, kn, K + kv_col, HS);
     __syncthreads();
 #pragma unroll 1
     for (int k = 0; k < kRowsPerWarp; ++k) {
@@ -312,48 +326,51 @@ __device__ void probabilities(const BackwardSmem& s, int ld, int64_t HS, float s
   }
 }
 
-// Grid (key tiles, NH, B): dK and dV of 32 keys over every query tile that sees them.
+// Grid (key tiles, KVH, B): dK and dV of 32 keys of one key/value head over every query tile
+// that sees them, of each of its query heads in turn.
 __global__ void __launch_bounds__(kBlockThreads) ring_backward_kv_kernel(RingBackwardParams p) {
   extern __shared__ float smem[];
-  const int64_t C = p.C, HS = C / p.NH, h = blockIdx.y, b = blockIdx.z;
+  const int64_t C = p.C, HS = C / p.NH, kvh = blockIdx.y, b = blockIdx.z;
+  const int64_t K = p.KVH * HS, G = p.NH / p.KVH;
   const int ld = static_cast<int>(HS) + 1;
   const BackwardSmem s = backward_smem(smem, ld, HS);
   const int64_t j0 = int64_t{blockIdx.x} * kTile;
   const int64_t kn = p.Tk - j0 < kTile ? p.Tk - j0 : kTile;
   const float scale = 1.0f / sqrtf(static_cast<float>(HS));
   const LanePositions kp = lane_positions(p.k_pos, j0, kn);
-  load_tile(s.K, ld, p.kv, 2 * C, b * p.Tk + j0, kn, h * HS, HS);
-  load_tile(s.V, ld, p.kv, 2 * C, b * p.Tk + j0, kn, C + h * HS, HS);
+  load_tile(s.K, ld, p.kv, 2 * K, b * p.Tk + j0, kn, kvh * HS, HS);
+  load_tile(s.V, ld, p.kv, 2 * K, b * p.Tk + j0, kn, K + kvh * HS, HS);
   float *dK = s.acc0, *dV = s.acc1;
   for (int64_t e = threadIdx.x; e < kTile * HS; e += blockDim.x) dK[e] = dV[e] = 0.0f;
 
-  for (int64_t i0 = 0; i0 < p.Tq; i0 += kTile) {
-    const int64_t qn = p.Tq - i0 < kTile ? p.Tq - i0 : kTile;
-    const LanePositions qp = lane_positions(p.q_pos, i0, qn);
-    if (kp.lo > qp.hi) continue;  // no query of this tile sees a key of ours
-    __syncthreads();              // the previous query tile is used up
-    load_query_side(s, ld, p, b, h, i0, qn);
-    __syncthreads();
-    probabilities(s, ld, HS, scale, qn, kn, qp, kp);
-    __syncthreads();
-    // dV[j] += sum_r P[r][j] dO[r]; dK[j] += scale sum_r dS[r][j] Q[r]: one thread per element.
-    for (int64_t e = threadIdx.x; e < kn * HS; e += blockDim.x) {
-      const int64_t j = e / HS, c = e % HS;
-      float sv = 0.0f, sk = 0.0f;
-      for (int64_t r = 0; r < qn; ++r) {
-        sv = fmaf(s.P[r * (kTile + 1) + j], s.dO[r * ld + c], sv);
-        sk = fmaf(s.dS[r * (kTile + 1) + j], s.Q[r * ld + c], sk);
+  for (int64_t h = kvh * G; h < (kvh + 1) * G; ++h)
+    for (int64_t i0 = 0; i0 < p.Tq; i0 += kTile) {
+      const int64_t qn = p.Tq - i0 < kTile ? p.Tq - i0 : kTile;
+      const LanePositions qp = lane_positions(p.q_pos, i0, qn);
+      if (kp.lo > qp.hi) continue;  // no query of this tile sees a key of ours
+      __syncthreads();              // the previous query tile is used up
+      load_query_side(s, ld, p, b, h, i0, qn);
+      __syncthreads();
+      probabilities(s, ld, HS, scale, qn, kn, qp, kp);
+      __syncthreads();
+      // dV[j] += sum_r P[r][j] dO[r]; dK[j] += scale sum_r dS[r][j] Q[r]: one thread per element.
+      for (int64_t e = threadIdx.x; e < kn * HS; e += blockDim.x) {
+        const int64_t j = e / HS, c = e % HS;
+        float sv = 0.0f, sk = 0.0f;
+        for (int64_t r = 0; r < qn; ++r) {
+          sv = fmaf(s.P[r * (kTile + 1) + j], s.dO[r * ld + c], sv);
+          sk = fmaf(s.dS[r * (kTile + 1) + j], s.Q[r * ld + c], sk);
+        }
+        dV[e] += sv;
+        dK[e] += scale * sk;
       }
-      dV[e] += sv;
-      dK[e] += scale * sk;
     }
-  }
   __syncthreads();
   for (int64_t e = threadIdx.x; e < kn * HS; e += blockDim.x) {
     const int64_t j = e / HS, c = e % HS;
-    float* row = p.dkv + (b * p.Tk + j0 + j) * 2 * C + h * HS + c;
+    float* row = p.dkv + (b * p.Tk + j0 + j) * 2 * K + kvh * HS + c;
     row[0] += dK[e];
-    row[C] += dV[e];
+    row[K] += dV[e];
   }
 }
 
@@ -361,6 +378,7 @@ __global__ void __launch_bounds__(kBlockThreads) ring_backward_kv_kernel(RingBac
 __global__ void __launch_bounds__(kBlockThreads) ring_backward_q_kernel(RingBackwardParams p) {
   extern __shared__ float smem[];
   const int64_t C = p.C, HS = C / p.NH, h = blockIdx.y, b = blockIdx.z;
+  const int64_t K = p.KVH * HS, kv_col = h / (p.NH / p.KVH) * HS;  // this head's keys in kv
   const int ld = static_cast<int>(HS) + 1;
   const BackwardSmem s = backward_smem(smem, ld, HS);
   const int64_t i0 = int64_t{blockIdx.x} * kTile;
@@ -376,8 +394,8 @@ __global__ void __launch_bounds__(kBlockThreads) ring_backward_q_kernel(RingBack
     const LanePositions kp = lane_positions(p.k_pos, j0, kn);
     if (kp.lo > qp.hi) continue;
     __syncthreads();
-    load_tile(s.K, ld, p.kv, 2 * C, b * p.Tk + j0, kn, h * HS, HS);
-    load_tile(s.V, ld, p.kv, 2 * C, b * p.Tk + j0, kn, C + h * HS, HS);
+    load_tile(s.K, ld, p.kv, 2 * K, b * p.Tk + j0, kn, kv_col, HS);
+    load_tile(s.V, ld, p.kv, 2 * K, b * p.Tk + j0, kn, K + kv_col, HS);
     __syncthreads();
     probabilities(s, ld, HS, scale, qn, kn, qp, kp);
     __syncthreads();
@@ -427,7 +445,7 @@ int64_t ring_backward_smem_bytes(int64_t HS) {
 }
 
 void ring_split(const RingSplitParams& p, cudaStream_t s) {
-  const int64_t n = p.B * p.T * 3 * p.C;
+  const int64_t n = p.B * p.T * (p.C + 2 * p.KVH * (p.C / p.NH));
   dispatch_act(p.bf16, [&](auto tag) {
     using T = decltype(tag);
     ring_split_kernel<T><<<grid_for(n), kThreads, 0, s>>>(p);
@@ -435,7 +453,7 @@ void ring_split(const RingSplitParams& p, cudaStream_t s) {
 }
 
 void ring_merge_grad(const RingMergeGradParams& p, cudaStream_t s) {
-  const int64_t n = p.B * p.T * 3 * p.C;
+  const int64_t n = p.B * p.T * (p.C + 2 * p.KVH * (p.C / p.NH));
   dispatch_act(p.bf16, [&](auto tag) {
     using T = decltype(tag);
     ring_merge_grad_kernel<T><<<grid_for(n), kThreads, 0, s>>>(p);
@@ -463,8 +481,9 @@ void ring_block_backward(const RingBackwardParams& p, cudaStream_t s) {
   const int64_t bytes = ring_backward_smem_bytes(p.C / p.NH);
   allow_smem(ring_backward_kv_kernel, backward_kv_allowed, bytes);
   allow_smem(ring_backward_q_kernel, backward_q_allowed, bytes);
-  const unsigned nh = static_cast<unsigned>(p.NH), nb = static_cast<unsigned>(p.B);
-  ring_backward_kv_kernel<<<dim3(tiles(p.Tk), nh, nb), kBlockThreads, static_cast<size_t>(bytes),
+  const unsigned nh = static_cast<unsigned>(p.NH), nkv = static_cast<unsigned>(p.KVH);
+  const unsigned nb = static_cast<unsigned>(p.B);
+  ring_backward_kv_kernel<<<dim3(tiles(p.Tk), nkv, nb), kBlockThreads, static_cast<size_t>(bytes),
                             s>>>(p);
   ring_backward_q_kernel<<<dim3(tiles(p.Tq), nh, nb), kBlockThreads, static_cast<size_t>(bytes),
                            s>>>(p);

@@ -7,11 +7,18 @@
 // query rows, one lane per key), not cuDNN: cuDNN's fused attention masks by local index, and a
 // ring step's mask compares global positions of two arbitrary token sets. Every output element
 // is summed by one thread in one fixed order (no atomics): the same bits every run.
+//
+// Grouped-query heads: NH query heads of HS over KVH key/value heads, query head h reading
+// key/value head h / (NH / KVH). C = NH HS is q's width, K = KVH HS the keys' and the values', so
+// kv rows are 2K wide; the kv kernel of the backward owns a key/value head and sums its dk, dv
+// over the group's query heads in order.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
+
+#include "engine/cuda/kernels.cuh"
 
 namespace remat::cuda::kern {
 
@@ -26,26 +33,26 @@ struct RingPositions {
 /// The largest head size the kernels take (their tiles live in shared memory).
 constexpr int64_t kRingMaxHeadSize = 256;
 
-/// q (B, T, C), kv (B, T, 2C) f32 = qkv (B, T, 3C) act split, q and k rotated by RoPE at their
-/// global positions when theta > 0.
+/// q (B, T, C), kv (B, T, 2K) f32 = qkv (B, T, C + 2K) act split, q and k rotated by RoPE at
+/// their global positions with the frequencies `freq` (freq.n = 0: no rotation).
 struct RingSplitParams {
   float* q;
   float* kv;
   const void* qkv;
-  int64_t B, T, C, NH;
-  float theta;
+  int64_t B, T, C, NH, KVH;
+  RopeFrequencies freq;
   RingPositions pos;
   bool bf16;
 };
 void ring_split(const RingSplitParams& p, cudaStream_t s);
 
-/// dqkv (B, T, 3C) act = dq, dk rotated back (R^T) and dv.
+/// dqkv (B, T, C + 2K) act = dq, dk rotated back (R^T) and dv.
 struct RingMergeGradParams {
   void* dqkv;
   const float* dq;
   const float* dkv;
-  int64_t B, T, C, NH;
-  float theta;
+  int64_t B, T, C, NH, KVH;
+  RopeFrequencies freq;
   RingPositions pos;
   bool bf16;
 };
@@ -59,7 +66,7 @@ struct RingForwardParams {
   float* row_sum;
   const float* q;
   const float* kv;
-  int64_t B, Tq, Tk, C, NH;
+  int64_t B, Tq, Tk, C, NH, KVH;
   RingPositions q_pos, k_pos;
 };
 void ring_block_forward(const RingForwardParams& p, cudaStream_t s);
@@ -85,7 +92,7 @@ struct RingBackwardParams {
   const void* dout;
   const float* lse;
   const float* delta;
-  int64_t B, Tq, Tk, C, NH;
+  int64_t B, Tq, Tk, C, NH, KVH;
   RingPositions q_pos, k_pos;
   bool bf16;
 };

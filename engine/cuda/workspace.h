@@ -32,12 +32,13 @@ constexpr uint64_t kCudnnPlanWorkspaceBytes = uint64_t{32} << 20;
 /// flash attention takes bf16 q/k/v only and RoPE must rotate q and k before it, hence the bf16
 /// staging copies; its backward needs an fp32 dQ accumulator and the per-row sum(dO * O). The
 /// last part is cuDNN's own plan workspace, the fixed reserve above.
+/// W = (NH + 2 KVH) HS is qkv's width, C = NH HS out's (engine/ops/attention.h).
 struct AttentionWorkspaceLayout {
-  uint64_t qkv_bf16 = 0;     // (B, T, 3C) bf16: cast from f32 acts, or q, k rotated (RoPE) in
+  uint64_t qkv_bf16 = 0;     // (B, T, W) bf16: cast from f32 acts, or q, k rotated (RoPE) in
                              // the forward; the bf16 backward rotates qkv itself in place
   uint64_t out_bf16 = 0;     // (B, T, C) bf16: f32 activations only
   uint64_t dout_bf16 = 0;    // (B, T, C) bf16: backward, f32 activations only
-  uint64_t dqkv_bf16 = 0;    // (B, T, 3C) bf16: backward, f32 activations only
+  uint64_t dqkv_bf16 = 0;    // (B, T, W) bf16: backward, f32 activations only
   uint64_t dq_accum = 0;     // (B, NH, T, HS) f32: backward
   uint64_t softmax_sum = 0;  // (B, NH, T) f32: backward
   uint64_t cudnn_plan = 0;   // kCudnnPlanWorkspaceBytes: the plan's own workspace
@@ -46,22 +47,24 @@ struct AttentionWorkspaceLayout {
   }
 };
 
-inline AttentionWorkspaceLayout attention_workspace_layout(const Tensor& qkv, int64_t n_head,
-                                                           bool use_rope, bool backward) {
-  const int64_t B = qkv.dim(0), T = qkv.dim(1), C = qkv.dim(2) / 3;
+inline AttentionWorkspaceLayout attention_workspace_layout(const Tensor& qkv, int n_head,
+                                                           int n_kv_head, bool use_rope,
+                                                           bool backward) {
+  const int64_t B = qkv.dim(0), T = qkv.dim(1), W = qkv.dim(2);
+  const int64_t C = W / (n_head + 2 * kv_heads(n_head, n_kv_head)) * n_head;
   auto bytes = [](int64_t n, size_t elem) {
     return MemoryPool::accounted_bytes(static_cast<size_t>(n) * elem);
   };
   const bool f32_acts = qkv.dtype == DType::F32;
   AttentionWorkspaceLayout w;
   // The backward is qkv's last reader, so with bf16 activations it rotates qkv in place: at the
-  // block's peak that saves 3C bf16 per token (6 B/token/channel with the rest of the peak ~30).
-  if (f32_acts || (use_rope && !backward)) w.qkv_bf16 = bytes(B * T * 3 * C, 2);
+  // block's peak that saves W bf16 per token (6 B/token/channel with the rest of the peak ~30).
+  if (f32_acts || (use_rope && !backward)) w.qkv_bf16 = bytes(B * T * W, 2);
   if (f32_acts) w.out_bf16 = bytes(B * T * C, 2);
   if (backward) {
     if (f32_acts) {
       w.dout_bf16 = bytes(B * T * C, 2);
-      w.dqkv_bf16 = bytes(B * T * 3 * C, 2);
+      w.dqkv_bf16 = bytes(B * T * W, 2);
     }
     w.dq_accum = bytes(B * T * C, 4);
     w.softmax_sum = bytes(B * n_head * T, 4);
@@ -80,9 +83,10 @@ inline WorkspaceList gemm_workspace(const Tensor& weight, bool bf16_gemm) {
   return w;
 }
 
-inline WorkspaceList attention_workspace(const Tensor& qkv, int n_head, float rope_theta,
-                                         bool backward) {
-  const uint64_t bytes = attention_workspace_layout(qkv, n_head, rope_theta > 0, backward).total();
+inline WorkspaceList attention_workspace(const Tensor& qkv, int n_head, int n_kv_head,
+                                         float rope_theta, bool backward) {
+  const uint64_t bytes =
+      attention_workspace_layout(qkv, n_head, n_kv_head, rope_theta > 0, backward).total();
   return {{"attn.workspace", DType::BF16, {static_cast<int64_t>(bytes / 2)}}};
 }
 
@@ -95,10 +99,10 @@ inline WorkspaceList workspace(const LinearBackwardArgs& a, const WorkspaceTarge
   return gemm_workspace(a.weight, a.dout.dtype == DType::BF16 && !a.dinp.empty());
 }
 inline WorkspaceList workspace(const AttentionForwardArgs& a, const WorkspaceTarget&) {
-  return attention_workspace(a.qkv, a.n_head, a.rope_theta, false);
+  return attention_workspace(a.qkv, a.n_head, a.n_kv_head, a.rope_theta, false);
 }
 inline WorkspaceList workspace(const AttentionBackwardArgs& a, const WorkspaceTarget&) {
-  return attention_workspace(a.qkv, a.n_head, a.rope_theta, true);
+  return attention_workspace(a.qkv, a.n_head, a.n_kv_head, a.rope_theta, true);
 }
 /// Tokens bucketed by id (positions (N) i32 + bucket starts (N+1) i32), so the scatter-add is
 /// deterministic without atomics ("embedding.buckets").

@@ -8,6 +8,11 @@
 // What travels and what accumulates is f32 on every backend (q, kv, the running softmax, dq, dkv);
 // the tensors the rest of the block sees (qkv, the output, dout, dqkv) are activations, bf16 on a
 // CUDA backend that stores them so.
+//
+// Grouped-query attention (engine/ops/attention.h): NH query heads of HS, KVH key/value heads
+// (n_kv_head = 0: KVH = NH), query head h reading key/value head h / (NH / KVH). C = NH HS is q's
+// width and out's, K = KVH HS the keys' and the values': kv is (B, T, 2K), so what travels around
+// the ring per token is 2 KVH HS floats, NH / KVH times less than multi-head attention's.
 #pragma once
 
 #include <algorithm>
@@ -16,7 +21,9 @@
 #include <vector>
 
 #include "engine/error.h"
+#include "engine/ops/attention.h"
 #include "engine/ops/op.h"
+#include "engine/ops/rope.h"
 #include "engine/tensor.h"
 #include "engine/token_positions.h"
 
@@ -41,25 +48,30 @@ inline double causal_pairs(const TokenPositions& q, const TokenPositions& k) {
   return n;
 }
 
-/// qkv (B, T, 3C) -> q (B, T, C) and kv (B, T, 2C) = k | v, q and k rotated (RoPE) at their
-/// global positions when rope_theta > 0: what travels around the ring is kv.
+/// qkv (B, T, C + 2K) -> q (B, T, C) and kv (B, T, 2K) = k | v, q and k rotated (RoPE, with
+/// its scaling: engine/ops/rope.h) at their global positions when rope_theta > 0: what travels
+/// around the ring is kv.
 struct RingSplitArgs {
   Tensor q;    // (B, T, C) f32 [=]
-  Tensor kv;   // (B, T, 2C) f32 [=]
-  Tensor qkv;  // (B, T, 3C) act
+  Tensor kv;   // (B, T, 2K) f32 [=]
+  Tensor qkv;  // (B, T, C + 2K) act
   int n_head = 1;
   float rope_theta = 0;
   TokenPositions pos;
+  int n_kv_head = 0;  // 0: n_head
+  RopeScaling rope_scaling{};
 };
 
 /// The gradient back through RingSplitArgs: dqkv = the inverse rotation of dq and dk, and dv.
 struct RingMergeGradArgs {
-  Tensor dqkv;  // (B, T, 3C) act [=]
+  Tensor dqkv;  // (B, T, C + 2K) act [=]
   Tensor dq;    // (B, T, C) f32
-  Tensor dkv;   // (B, T, 2C) f32
+  Tensor dkv;   // (B, T, 2K) f32
   int n_head = 1;
   float rope_theta = 0;
   TokenPositions pos;
+  int n_kv_head = 0;  // 0: n_head
+  RopeScaling rope_scaling{};
 };
 
 /// One ring step forward: queries q (at q_pos) against keys and values kv (at k_pos), folded into
@@ -70,9 +82,10 @@ struct RingBlockForwardArgs {
   Tensor row_max;  // (B, NH, Tq) f32, -inf before the first step
   Tensor row_sum;  // (B, NH, Tq) f32, 0 before the first step
   Tensor q;        // (B, Tq, C) f32 (rotated)
-  Tensor kv;       // (B, Tk, 2C) f32 (k rotated | v)
+  Tensor kv;       // (B, Tk, 2K) f32 (k rotated | v)
   int n_head = 1;
   TokenPositions q_pos, k_pos;
+  int n_kv_head = 0;  // 0: n_head
 };
 
 /// After the last ring step: out = acc / l, lse = m + log(l).
@@ -86,26 +99,36 @@ struct RingFinishArgs {
 };
 
 /// One ring step backward, with the flash backward's recomputation from lse and
-/// D = rowsum(dO * O) (attention_delta): dq and dkv = dk | dv accumulate.
+/// D = rowsum(dO * O) (attention_delta): dq and dkv = dk | dv accumulate (dk and dv of a
+/// key/value head summed over its query heads).
 struct RingBlockBackwardArgs {
   Tensor dq;     // (B, Tq, C) f32 [+=]
-  Tensor dkv;    // (B, Tk, 2C) f32 [+=]
+  Tensor dkv;    // (B, Tk, 2K) f32 [+=]
   Tensor q;      // (B, Tq, C) f32 (rotated)
-  Tensor kv;     // (B, Tk, 2C) f32
+  Tensor kv;     // (B, Tk, 2K) f32
   Tensor dout;   // (B, Tq, C) act
   Tensor lse;    // (B, NH, Tq) f32
   Tensor delta;  // (B, NH, Tq) f32
   int n_head = 1;
   TokenPositions q_pos, k_pos;
+  int n_kv_head = 0;  // 0: n_head
 };
 
+/// Whether NH query heads over `n_kv_head` key/value heads fit q of width C and kv of width
+/// `kv_width` = 2 KVH HS (HS = C / NH).
+inline bool ring_heads_fit(int64_t C, int64_t kv_width, int n_head, int n_kv_head) {
+  const int KVH = kv_heads(n_head, n_kv_head);
+  return n_head > 0 && C % n_head == 0 && n_head % KVH == 0 && kv_width == 2 * KVH * (C / n_head);
+}
+
 inline void check(const RingSplitArgs& a) {
-  const int64_t C = a.q.dim(-1);
-  REMAT_ASSERT(a.qkv.ndim() == 3 && a.qkv.dim(2) == 3 * C && a.kv.dim(-1) == 2 * C &&
-                   a.q.rows() == a.qkv.rows() && a.kv.rows() == a.qkv.rows() &&
-                   a.pos.tokens() == a.qkv.dim(1) && C % a.n_head == 0,
-               "ring_split: q {} kv {} qkv {} positions {}", a.q.shape_str(), a.kv.shape_str(),
-               a.qkv.shape_str(), a.pos.tokens());
+  const int64_t C = a.q.dim(-1), K2 = a.kv.dim(-1);
+  REMAT_ASSERT(a.qkv.ndim() == 3 && a.qkv.dim(2) == C + K2 && a.q.rows() == a.qkv.rows() &&
+                   a.kv.rows() == a.qkv.rows() && a.pos.tokens() == a.qkv.dim(1) &&
+                   ring_heads_fit(C, K2, a.n_head, a.n_kv_head),
+               "ring_split: q {} kv {} qkv {} positions {} ({} query, {} key/value heads)",
+               a.q.shape_str(), a.kv.shape_str(), a.qkv.shape_str(), a.pos.tokens(), a.n_head,
+               kv_heads(a.n_head, a.n_kv_head));
 }
 inline OpCost cost(const RingSplitArgs& a) {
   return {6 * static_cast<double>(a.q.numel()),
@@ -113,10 +136,10 @@ inline OpCost cost(const RingSplitArgs& a) {
 }
 
 inline void check(const RingMergeGradArgs& a) {
-  const int64_t C = a.dq.dim(-1);
-  REMAT_ASSERT(a.dqkv.ndim() == 3 && a.dqkv.dim(2) == 3 * C && a.dkv.dim(-1) == 2 * C &&
-                   a.dq.rows() == a.dqkv.rows() && a.dkv.rows() == a.dqkv.rows() &&
-                   a.pos.tokens() == a.dqkv.dim(1),
+  const int64_t C = a.dq.dim(-1), K2 = a.dkv.dim(-1);
+  REMAT_ASSERT(a.dqkv.ndim() == 3 && a.dqkv.dim(2) == C + K2 && a.dq.rows() == a.dqkv.rows() &&
+                   a.dkv.rows() == a.dqkv.rows() && a.pos.tokens() == a.dqkv.dim(1) &&
+                   ring_heads_fit(C, K2, a.n_head, a.n_kv_head),
                "ring_merge_grad: dq {} dkv {} dqkv {}", a.dq.shape_str(), a.dkv.shape_str(),
                a.dqkv.shape_str());
 }
@@ -127,10 +150,11 @@ inline OpCost cost(const RingMergeGradArgs& a) {
 
 inline void check(const RingBlockForwardArgs& a) {
   const int64_t B = a.q.dim(0), Tq = a.q.dim(1), C = a.q.dim(2);
-  REMAT_ASSERT(a.kv.ndim() == 3 && a.kv.dim(0) == B && a.kv.dim(2) == 2 * C &&
+  REMAT_ASSERT(a.kv.ndim() == 3 && a.kv.dim(0) == B &&
+                   ring_heads_fit(C, a.kv.dim(2), a.n_head, a.n_kv_head) &&
                    a.acc.numel() == a.q.numel() && a.row_max.numel() == B * a.n_head * Tq &&
                    a.row_sum.numel() == a.row_max.numel() && a.q_pos.tokens() == Tq &&
-                   a.k_pos.tokens() == a.kv.dim(1) && C % a.n_head == 0,
+                   a.k_pos.tokens() == a.kv.dim(1),
                "ring_block_forward: q {} kv {} acc {} row_max {}", a.q.shape_str(),
                a.kv.shape_str(), a.acc.shape_str(), a.row_max.shape_str());
 }
@@ -154,7 +178,8 @@ inline OpCost cost(const RingFinishArgs& a) {
 inline void check(const RingBlockBackwardArgs& a) {
   const int64_t B = a.q.dim(0), Tq = a.q.dim(1), C = a.q.dim(2);
   REMAT_ASSERT(a.dq.numel() == a.q.numel() && a.dkv.numel() == a.kv.numel() &&
-                   a.dout.numel() == a.q.numel() && a.kv.dim(2) == 2 * C &&
+                   a.dout.numel() == a.q.numel() &&
+                   ring_heads_fit(C, a.kv.dim(2), a.n_head, a.n_kv_head) &&
                    a.lse.numel() == B * a.n_head * Tq && a.delta.numel() == a.lse.numel() &&
                    a.q_pos.tokens() == Tq && a.k_pos.tokens() == a.kv.dim(1),
                "ring_block_backward: q {} kv {} dq {} dkv {}", a.q.shape_str(), a.kv.shape_str(),

@@ -17,7 +17,7 @@ struct SwiGluForwardArgs {
 };
 
 struct SwiGluBackwardArgs {
-  Tensor dgate;  // (N, FF) act [=]
+  Tensor dgate;  // (N, FF) act [=]; may alias dout (each element is read before it is written)
   Tensor dup;    // (N, FF) act [=]
   Tensor dout;   // (N, FF) act
   Tensor gate;   // (N, FF) act

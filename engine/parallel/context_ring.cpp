@@ -55,16 +55,23 @@ Tensor rows_of(const Buffer& buf, int64_t B, int64_t T, int64_t cols) {
   return Tensor(buf.tensor().data, {B, T, cols}, DType::F32);
 }
 
+// Width of a kv block's rows: the keys and values of KVH heads of HS = C / NH (grouped-query
+// attention sends its KVH heads, not one per query head).
+int64_t kv_width(int64_t C, int n_head, int n_kv_head) {
+  return 2 * kv_heads(n_head, n_kv_head) * (C / n_head);
+}
+
 }  // namespace
 
 void ContextRing::forward(Backend& be, const AttentionForwardArgs& a) const {
   MemoryPool& pool = be.pool();
   const int64_t B = a.out.dim(0), T = a.out.dim(1), C = a.out.dim(2), Tmax = max_tokens();
+  const int64_t KV = kv_width(C, a.n_head, a.n_kv_head);
   REMAT_ASSERT(T == tokens(rank_), "ring attention: {} local tokens, the layout gives {}", T,
                tokens(rank_));
   Buffer q = pool.allocate({B, T, C}, DType::F32, MemCategory::Transient, "ring.q");
-  Buffer kv[2] = {pool.allocate({B, Tmax, 2 * C}, DType::F32, MemCategory::Transient, "ring.kv0"),
-                  pool.allocate({B, Tmax, 2 * C}, DType::F32, MemCategory::Transient, "ring.kv1")};
+  Buffer kv[2] = {pool.allocate({B, Tmax, KV}, DType::F32, MemCategory::Transient, "ring.kv0"),
+                  pool.allocate({B, Tmax, KV}, DType::F32, MemCategory::Transient, "ring.kv1")};
   Buffer row_sum =
       pool.allocate({B, a.n_head, T}, DType::F32, MemCategory::Transient, "ring.row_sum");
   // The running sum is f32 whatever the activations are: in out itself when that is f32.
@@ -72,7 +79,8 @@ void ContextRing::forward(Backend& be, const AttentionForwardArgs& a) const {
   if (a.out.dtype != DType::F32)
     acc_buf = pool.allocate({B, T, C}, DType::F32, MemCategory::Transient, "ring.acc");
   const Tensor acc = acc_buf.empty() ? a.out : acc_buf.tensor();
-  be.ring_split({q, rows_of(kv[0], B, T, 2 * C), a.qkv, a.n_head, a.rope_theta, positions()});
+  be.ring_split({q, rows_of(kv[0], B, T, KV), a.qkv, a.n_head, a.rope_theta, positions(),
+                 a.n_kv_head, a.rope_scaling});
   be.fill(acc, 0.0f);
   be.fill(a.lse, -std::numeric_limits<float>::infinity());  // the running max until the finish
   be.fill(row_sum, 0.0f);
@@ -80,12 +88,12 @@ void ContextRing::forward(Backend& be, const AttentionForwardArgs& a) const {
     const int src = source(s), cur = s % 2;
     Request pass;
     if (s + 1 < ranks_) {  // hand this kv on while attending to it
-      const int64_t n_out = B * tokens(src) * 2 * C, n_in = B * tokens(source(s + 1)) * 2 * C;
+      const int64_t n_out = B * tokens(src) * KV, n_in = B * tokens(source(s + 1)) * KV;
       be.count_ring_bytes(4.0 * static_cast<double>(n_out));
       if (channel_) pass = channel_->start(kv[cur].f32(), n_out, kv[1 - cur].f32(), n_in);
     }
-    be.ring_block_forward({acc, a.lse, row_sum, q, rows_of(kv[cur], B, tokens(src), 2 * C),
-                           a.n_head, positions(), pos_[static_cast<size_t>(src)]});
+    be.ring_block_forward({acc, a.lse, row_sum, q, rows_of(kv[cur], B, tokens(src), KV), a.n_head,
+                           positions(), pos_[static_cast<size_t>(src)], a.n_kv_head});
     if (channel_) channel_->wait(pass);
   }
   be.ring_finish({a.out, acc, a.lse, a.lse, row_sum, a.n_head});
@@ -94,6 +102,7 @@ void ContextRing::forward(Backend& be, const AttentionForwardArgs& a) const {
 void ContextRing::backward(Backend& be, const AttentionBackwardArgs& a) const {
   MemoryPool& pool = be.pool();
   const int64_t B = a.dout.dim(0), T = a.dout.dim(1), C = a.dout.dim(2), Tmax = max_tokens();
+  const int64_t KV = kv_width(C, a.n_head, a.n_kv_head);
   Buffer delta_buf;
   Tensor delta = a.delta;
   if (delta.empty()) {  // a backend that keeps O (the count backend planning CUDA): D from it
@@ -103,27 +112,28 @@ void ContextRing::backward(Backend& be, const AttentionBackwardArgs& a) const {
   }
   Buffer q = pool.allocate({B, T, C}, DType::F32, MemCategory::Transient, "ring.q");
   Buffer dq = pool.allocate({B, T, C}, DType::F32, MemCategory::Transient, "ring.dq");
-  Buffer kv[2] = {pool.allocate({B, Tmax, 2 * C}, DType::F32, MemCategory::Transient, "ring.kv0"),
-                  pool.allocate({B, Tmax, 2 * C}, DType::F32, MemCategory::Transient, "ring.kv1")};
-  Buffer dkv[2] = {
-      pool.allocate({B, Tmax, 2 * C}, DType::F32, MemCategory::Transient, "ring.dkv0"),
-      pool.allocate({B, Tmax, 2 * C}, DType::F32, MemCategory::Transient, "ring.dkv1")};
-  be.ring_split({q, rows_of(kv[0], B, T, 2 * C), a.qkv, a.n_head, a.rope_theta, positions()});
+  Buffer kv[2] = {pool.allocate({B, Tmax, KV}, DType::F32, MemCategory::Transient, "ring.kv0"),
+                  pool.allocate({B, Tmax, KV}, DType::F32, MemCategory::Transient, "ring.kv1")};
+  Buffer dkv[2] = {pool.allocate({B, Tmax, KV}, DType::F32, MemCategory::Transient, "ring.dkv0"),
+                   pool.allocate({B, Tmax, KV}, DType::F32, MemCategory::Transient, "ring.dkv1")};
+  be.ring_split({q, rows_of(kv[0], B, T, KV), a.qkv, a.n_head, a.rope_theta, positions(),
+                 a.n_kv_head, a.rope_scaling});
   be.fill(dq, 0.0f);
-  be.fill(rows_of(dkv[0], B, T, 2 * C), 0.0f);
+  be.fill(rows_of(dkv[0], B, T, KV), 0.0f);
   for (int s = 0; s < ranks_; ++s) {
     const int src = source(s), cur = s % 2;
-    const int64_t n_out = B * tokens(src) * 2 * C;
-    const int64_t n_in = B * tokens(s + 1 < ranks_ ? source(s + 1) : rank_) * 2 * C;
+    const int64_t n_out = B * tokens(src) * KV;
+    const int64_t n_in = B * tokens(s + 1 < ranks_ ? source(s + 1) : rank_) * KV;
     // The kv block moves on while this rank works on it (the backward only reads it) ...
     Request values;
     if (s + 1 < ranks_) {
       be.count_ring_bytes(4.0 * static_cast<double>(n_out));
       if (channel_) values = channel_->start(kv[cur].f32(), n_out, kv[1 - cur].f32(), n_in);
     }
-    const Tensor dkv_src = rows_of(dkv[cur], B, tokens(src), 2 * C);
-    be.ring_block_backward({dq, dkv_src, q, rows_of(kv[cur], B, tokens(src), 2 * C), a.dout, a.lse,
-                            delta, a.n_head, positions(), pos_[static_cast<size_t>(src)]});
+    const Tensor dkv_src = rows_of(dkv[cur], B, tokens(src), KV);
+    be.ring_block_backward({dq, dkv_src, q, rows_of(kv[cur], B, tokens(src), KV), a.dout, a.lse,
+                            delta, a.n_head, positions(), pos_[static_cast<size_t>(src)],
+                            a.n_kv_head});
     // ... and its accumulator follows once this rank has added to it, holding the sum of the
     // ranks it has visited; after the last step it goes home to rank src. Every rank starts the
     // two exchanges in this order, which is how MPI and NCCL match them.
@@ -139,7 +149,8 @@ void ContextRing::backward(Backend& be, const AttentionBackwardArgs& a) const {
   // After `ranks` steps and hops, this rank's own accumulator is in buffer ranks % 2 (buffer 0
   // when there was no hop at all).
   const Buffer& mine = ranks_ == 1 ? dkv[0] : dkv[ranks_ % 2];
-  be.ring_merge_grad({a.dqkv, dq, rows_of(mine, B, T, 2 * C), a.n_head, a.rope_theta, positions()});
+  be.ring_merge_grad({a.dqkv, dq, rows_of(mine, B, T, KV), a.n_head, a.rope_theta, positions(),
+                      a.n_kv_head, a.rope_scaling});
 }
 
 }  // namespace remat::parallel

@@ -5,35 +5,60 @@
 // tolerances and shared helpers: tests/test_util.h (through tests/ops/op_test.h).
 #include "engine/cpu/attention_gemm.h"
 #include "tests/ops/op_test.h"
+#if defined(REMAT_HAVE_CUDA) && !REMAT_TEST_CUDA_ROWS
+#include "engine/cuda/cudnn_graphs.h"
+#endif
 
 namespace remat::test {
 namespace {
 
 // Naive causal multi-head attention in double, forward and its analytic backward, with optional
 // half-split (GPT-NeoX) rotary embedding of q and k: for pair (i, i + HS/2) at position t the
-// angle is t * theta^(-2i/HS) and (x_i, x_{i+HS/2}) -> (x_i cos - x_{i+HS/2} sin,
+// angle is t * inv_freq_i and (x_i, x_{i+HS/2}) -> (x_i cos - x_{i+HS/2} sin,
 // x_i sin + x_{i+HS/2} cos). Backward: with P = softmax(S), D_t = dO_t . O_t,
 // dV = P^T dO, dS = P * (dO V^T - D), dQ = scale dS K, dK = scale dS^T Q, then dq, dk rotated
-// back by R^T.
+// back by R^T. Grouped-query attention as transformers' repeat_kv: the KVH key/value heads are
+// repeated G = NH / KVH times (query head h reads key/value head h / G), and dk, dv of a
+// key/value head are the sums over the query heads that read it.
 struct AttentionRef {
-  std::vector<double> out;   // (B, T, C)
+  std::vector<double> out;   // (B, T, NH HS)
   std::vector<double> lse;   // (B, NH, T)
-  std::vector<double> dqkv;  // (B, T, 3C)
+  std::vector<double> dqkv;  // (B, T, (NH + 2 KVH) HS)
+};
+
+// RoPE's inverse frequency of pair i, written from the formulas (Su et al.; transformers'
+// _compute_llama3_parameters for the Llama 3 rescaling), not with engine/ops/rope.h.
+double reference_inv_freq(int64_t i, int64_t HS, double theta, const RopeScaling& s) {
+  const double base = 1.0 / std::pow(theta, 2.0 * static_cast<double>(i) / static_cast<double>(HS));
+  if (s.kind != RopeScaling::Llama3) return base;
+  const double wavelen = 2 * std::numbers::pi / base;
+  const double old_context = static_cast<double>(s.original_context);
+  if (wavelen < old_context / s.high_freq_factor) return base;            // high frequencies: kept
+  if (wavelen > old_context / s.low_freq_factor) return base / s.factor;  // low: stretched
+  const double smooth =
+      (old_context / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+  return (1 - smooth) * base / s.factor + smooth * base;
+}
+
+struct RefShape {
+  int64_t B, T, NH, KVH, HS;
+  double theta;
+  RopeScaling scaling;
 };
 
 AttentionRef attention_reference(const std::vector<double>& qkv, const std::vector<double>& dout,
-                                 int64_t B, int64_t T, int64_t C, int64_t NH, double theta) {
-  const int64_t HS = C / NH, half = HS / 2, row = 3 * C;
+                                 const RefShape& sh) {
+  const int64_t B = sh.B, T = sh.T, NH = sh.NH, KVH = sh.KVH, HS = sh.HS, G = NH / KVH;
+  const int64_t half = HS / 2, C = NH * HS, row = (NH + 2 * KVH) * HS;
   const double scale = 1.0 / std::sqrt(static_cast<double>(HS));
   AttentionRef r{std::vector<double>(static_cast<size_t>(B * T * C)),
                  std::vector<double>(static_cast<size_t>(B * NH * T)),
                  std::vector<double>(static_cast<size_t>(B * T * row))};
   // rotate(x, t, sign): sign +1 applies R_t, -1 applies R_t^T.
   auto rotate = [&](double* x, int64_t t, double sign) {
-    if (theta <= 0) return;
+    if (sh.theta <= 0) return;
     for (int64_t i = 0; i < half; ++i) {
-      const double ang = static_cast<double>(t) *
-                         std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(HS));
+      const double ang = static_cast<double>(t) * reference_inv_freq(i, HS, sh.theta, sh.scaling);
       const double c = std::cos(ang), s = sign * std::sin(ang);
       const double a = x[i], b = x[i + half];
       x[i] = a * c - b * s;
@@ -45,61 +70,69 @@ AttentionRef attention_reference(const std::vector<double>& qkv, const std::vect
     for (int64_t i = 0; i < n; ++i) acc += a[i] * b[i];
     return acc;
   };
+  auto at = [](std::vector<double>& v, int64_t i) -> double& { return v[static_cast<size_t>(i)]; };
   std::vector<double> q(static_cast<size_t>(T * HS)), k(q.size()), v(q.size()), dq(q.size()),
       dk(q.size()), dv(q.size()), p(static_cast<size_t>(T));
   for (int64_t b = 0; b < B; ++b) {
-    for (int64_t h = 0; h < NH; ++h) {
+    for (int64_t kvh = 0; kvh < KVH; ++kvh) {
       for (int64_t t = 0; t < T; ++t) {
         for (int64_t d = 0; d < HS; ++d) {
-          const double* src = qkv.data() + (b * T + t) * row + h * HS + d;
-          q[static_cast<size_t>(t * HS + d)] = src[0];
-          k[static_cast<size_t>(t * HS + d)] = src[C];
-          v[static_cast<size_t>(t * HS + d)] = src[2 * C];
+          const double* src = qkv.data() + (b * T + t) * row + C + kvh * HS + d;
+          at(k, t * HS + d) = src[0];
+          at(v, t * HS + d) = src[KVH * HS];
         }
-        rotate(&q[static_cast<size_t>(t * HS)], t, 1);
-        rotate(&k[static_cast<size_t>(t * HS)], t, 1);
+        rotate(&at(k, t * HS), t, 1);
       }
-      std::fill(dq.begin(), dq.end(), 0.0);
       std::fill(dk.begin(), dk.end(), 0.0);
       std::fill(dv.begin(), dv.end(), 0.0);
-      for (int64_t t = 0; t < T; ++t) {
-        const double* qt = &q[static_cast<size_t>(t * HS)];
-        double mx = -INFINITY;
-        for (int64_t j = 0; j <= t; ++j) {
-          p[static_cast<size_t>(j)] = scale * dot(qt, &k[static_cast<size_t>(j * HS)], HS);
-          mx = std::max(mx, p[static_cast<size_t>(j)]);
-        }
-        double sum = 0;
-        for (int64_t j = 0; j <= t; ++j) sum += std::exp(p[static_cast<size_t>(j)] - mx);
-        const double lse = mx + std::log(sum);
-        r.lse[static_cast<size_t>((b * NH + h) * T + t)] = lse;
-        double* o = r.out.data() + (b * T + t) * C + h * HS;
-        for (int64_t j = 0; j <= t; ++j) {
-          p[static_cast<size_t>(j)] = std::exp(p[static_cast<size_t>(j)] - lse);
+      for (int64_t h = kvh * G; h < (kvh + 1) * G; ++h) {
+        for (int64_t t = 0; t < T; ++t) {
           for (int64_t d = 0; d < HS; ++d)
-            o[d] += p[static_cast<size_t>(j)] * v[static_cast<size_t>(j * HS + d)];
+            at(q, t * HS + d) = qkv[static_cast<size_t>((b * T + t) * row + h * HS + d)];
+          rotate(&at(q, t * HS), t, 1);
         }
-        const double* dot_t = dout.data() + (b * T + t) * C + h * HS;
-        const double D = dot(dot_t, o, HS);
-        for (int64_t j = 0; j <= t; ++j) {
-          const double pj = p[static_cast<size_t>(j)];
-          const double dp = dot(dot_t, &v[static_cast<size_t>(j * HS)], HS);
-          const double ds = pj * (dp - D) * scale;
-          for (int64_t d = 0; d < HS; ++d) {
-            dv[static_cast<size_t>(j * HS + d)] += pj * dot_t[d];
-            dq[static_cast<size_t>(t * HS + d)] += ds * k[static_cast<size_t>(j * HS + d)];
-            dk[static_cast<size_t>(j * HS + d)] += ds * qt[d];
+        std::fill(dq.begin(), dq.end(), 0.0);
+        for (int64_t t = 0; t < T; ++t) {
+          const double* qt = &at(q, t * HS);
+          double mx = -INFINITY;
+          for (int64_t j = 0; j <= t; ++j) {
+            at(p, j) = scale * dot(qt, &at(k, j * HS), HS);
+            mx = std::max(mx, at(p, j));
           }
+          double sum = 0;
+          for (int64_t j = 0; j <= t; ++j) sum += std::exp(at(p, j) - mx);
+          const double lse = mx + std::log(sum);
+          at(r.lse, (b * NH + h) * T + t) = lse;
+          double* o = r.out.data() + (b * T + t) * C + h * HS;
+          for (int64_t j = 0; j <= t; ++j) {
+            at(p, j) = std::exp(at(p, j) - lse);
+            for (int64_t d = 0; d < HS; ++d) o[d] += at(p, j) * at(v, j * HS + d);
+          }
+          const double* dot_t = dout.data() + (b * T + t) * C + h * HS;
+          const double D = dot(dot_t, o, HS);
+          for (int64_t j = 0; j <= t; ++j) {
+            const double pj = at(p, j);
+            const double dp = dot(dot_t, &at(v, j * HS), HS);
+            const double ds = pj * (dp - D) * scale;
+            for (int64_t d = 0; d < HS; ++d) {
+              at(dv, j * HS + d) += pj * dot_t[d];
+              at(dq, t * HS + d) += ds * at(k, j * HS + d);
+              at(dk, j * HS + d) += ds * qt[d];
+            }
+          }
+        }
+        for (int64_t t = 0; t < T; ++t) {
+          rotate(&at(dq, t * HS), t, -1);
+          for (int64_t d = 0; d < HS; ++d)
+            at(r.dqkv, (b * T + t) * row + h * HS + d) = at(dq, t * HS + d);
         }
       }
       for (int64_t t = 0; t < T; ++t) {
-        rotate(&dq[static_cast<size_t>(t * HS)], t, -1);
-        rotate(&dk[static_cast<size_t>(t * HS)], t, -1);
+        rotate(&at(dk, t * HS), t, -1);
         for (int64_t d = 0; d < HS; ++d) {
-          double* dst = r.dqkv.data() + (b * T + t) * row + h * HS + d;
-          dst[0] = dq[static_cast<size_t>(t * HS + d)];
-          dst[C] = dk[static_cast<size_t>(t * HS + d)];
-          dst[2 * C] = dv[static_cast<size_t>(t * HS + d)];
+          double* dst = r.dqkv.data() + (b * T + t) * row + C + kvh * HS + d;
+          dst[0] = at(dk, t * HS + d);
+          dst[KVH * HS] = at(dv, t * HS + d);
         }
       }
     }
@@ -112,44 +145,61 @@ AttentionRef attention_reference(const std::vector<double>& qkv, const std::vect
 namespace {
 
 /// One attention call's tensors on `be`: q, k, v and dout drawn from streams `stream` and
-/// `stream + 1`, the outputs allocated; forward() and backward() run the op on them.
+/// `stream + 1`, the outputs allocated; forward() and backward() run the op on them. KVH
+/// key/value heads (0: one per query head) and the RoPE scaling are optional.
 struct AttentionCall {
   Backend& be;
-  int64_t B, NH, T, HS, C;
+  int64_t B, NH, T, HS, C, KVH, W;  // C: out's width NH HS; W: qkv's, (NH + 2 KVH) HS
   float theta;
+  RopeScaling scaling;
   Buffer qkv, dout, out, lse, dqkv;
 
   AttentionCall(Backend& backend, int64_t b, int64_t nh, int64_t t, int64_t hs, float rope_theta,
-                uint64_t stream)
+                uint64_t stream, int64_t kvh = 0, RopeScaling rope_scaling = {})
       : be(backend),
         B(b),
         NH(nh),
         T(t),
         HS(hs),
         C(nh * hs),
+        KVH(kvh > 0 ? kvh : nh),
+        W((nh + 2 * KVH) * hs),
         theta(rope_theta),
-        qkv(make_randn(be, {B, T, 3 * C}, kSeed, stream)),
+        scaling(rope_scaling),
+        qkv(make_randn(be, {B, T, W}, kSeed, stream)),
         dout(make_randn(be, {B, T, C}, kSeed, stream + 1)),
         out(make_tensor(be, {B, T, C})),
         lse(make_tensor(be, {B, NH, T})),
-        dqkv(make_filled(be, {B, T, 3 * C}, 7.0f)) {}  // [=]: the 7s must disappear
+        dqkv(make_filled(be, {B, T, W}, 7.0f)) {}  // [=]: the 7s must disappear
+
+  int n_head() const { return static_cast<int>(NH); }
+  int n_kv_head() const { return KVH == NH ? 0 : static_cast<int>(KVH); }
+  RefShape ref_shape() const { return {B, T, NH, KVH, HS, static_cast<double>(theta), scaling}; }
 
   void forward() {
-    be.attention_forward(
-        {.out = out, .lse = lse, .qkv = qkv, .n_head = static_cast<int>(NH), .rope_theta = theta});
+    be.attention_forward({.out = out,
+                          .lse = lse,
+                          .qkv = qkv,
+                          .n_head = n_head(),
+                          .rope_theta = theta,
+                          .n_kv_head = n_kv_head(),
+                          .rope_scaling = scaling});
   }
   /// The op CLOBBERS qkv (engine/ops/attention.h: with RoPE the CPU rotates q and k in place);
   /// the harness puts its values back, so that the call can run again and a reference can read
-  /// them.
-  void backward() {
+  /// them. `delta`: D from attention_delta, then out is not passed.
+  void backward(const Tensor& delta = Tensor{}) {
     const std::vector<float> kept = to_host(qkv);
     be.attention_backward({.dqkv = dqkv,
                            .dout = dout,
                            .qkv = qkv,
-                           .out = out,
+                           .out = delta.empty() ? out.tensor() : Tensor{},
                            .lse = lse,
-                           .n_head = static_cast<int>(NH),
-                           .rope_theta = theta});
+                           .n_head = n_head(),
+                           .rope_theta = theta,
+                           .delta = delta,
+                           .n_kv_head = n_kv_head(),
+                           .rope_scaling = scaling});
     be.upload(qkv, kept.data());
   }
   /// Host copies of out, lse and dqkv.
@@ -160,35 +210,46 @@ struct AttentionCall {
 
 // Runs attention forward and backward on random q, k, v, dout and compares outputs, log-sum-exp
 // and dq, dk, dv with the double reference.
-void check_attention_against_reference(int64_t B, int64_t NH, int64_t T, int64_t HS, float theta) {
-  CAPTURE(B, NH, T, HS, theta);
-  CpuBackend be(kTestBudgetBytes, kTestThreads);
-  AttentionCall a(be, B, NH, T, HS, theta, 51);
-  const int64_t C = a.C;
+void check_attention_against_reference(int64_t B, int64_t NH, int64_t T, int64_t HS, float theta,
+                                       int64_t KVH = 0, RopeScaling scaling = {},
+                                       int threads = kTestThreads) {
+  CAPTURE(B, NH, T, HS, theta, KVH, threads);
+  CpuBackend be(kTestBudgetBytes, threads);
+  AttentionCall a(be, B, NH, T, HS, theta, 51, KVH, scaling);
+  const int64_t C = a.C, W = a.W;
   // Queries 1.5x wider than keys: peakier softmax rows, so the online max rescale matters.
   for (int64_t i = 0; i < B * T; ++i)
-    for (int64_t c = 0; c < C; ++c) a.qkv.f32()[i * 3 * C + c] *= 1.5f;
+    for (int64_t c = 0; c < C; ++c) a.qkv.f32()[i * W + c] *= 1.5f;
   a.forward();
   a.backward();
   const Buffer& out = a.out;
   const Buffer& lse = a.lse;
   const Buffer& dqkv = a.dqkv;
-  const AttentionRef ref = attention_reference(to_double(a.qkv), to_double(a.dout), B, T, C, NH,
-                                               static_cast<double>(theta));
+  const AttentionRef ref = attention_reference(to_double(a.qkv), to_double(a.dout), a.ref_shape());
   CHECK(allclose(to_host(out), ref.out, kTolAttention, "out"));
   CHECK(allclose(to_host(lse), ref.lse, kTolAttention, "lse"));
   // dq, dk, dv separately: each has its own scale and a bug usually hits only one of them.
+  const int64_t begin[3] = {0, C, C + a.KVH * HS}, end[3] = {C, C + a.KVH * HS, W};
   for (int part = 0; part < 3; ++part) {
     std::vector<float> got;
     std::vector<double> want;
     for (int64_t i = 0; i < B * T; ++i)
-      for (int64_t c = 0; c < C; ++c) {
-        got.push_back(dqkv.f32()[i * 3 * C + part * C + c]);
-        want.push_back(ref.dqkv[static_cast<size_t>(i * 3 * C + part * C + c)]);
+      for (int64_t c = begin[part]; c < end[part]; ++c) {
+        got.push_back(dqkv.f32()[i * W + c]);
+        want.push_back(ref.dqkv[static_cast<size_t>(i * W + c)]);
       }
     CHECK(allclose(got, want, kTolAttention, part == 0 ? "dq" : part == 1 ? "dk" : "dv"));
   }
 }
+
+/// Llama 3's rescaling with a short original context, so that at the tested positions (up to
+/// 200) it changes most angles: at HS = 16 and theta = 10^4 the pairs of wavelength 2 pi /
+/// 10^(-i/2) fall in all three bands (pair 0 kept, pair 1 blended, pairs 2..7 divided by 8).
+const RopeScaling kLlama3Short{.kind = RopeScaling::Llama3,
+                               .factor = 8.0,
+                               .low_freq_factor = 1.0,
+                               .high_freq_factor = 4.0,
+                               .original_context = 32};
 
 // (B, NH, T): several batches and heads where T is small, one batch of two heads at T = 1000, and
 // batches of one with 1 head (whose backward the tests' two threads split over query and key
@@ -361,8 +422,7 @@ TEST_CASE("attention stays in its workspace after another backend raised the Ope
   AttentionCall a(one, B, NH, T, HS, 0.0f, 75);
   a.forward();
   a.backward();
-  const AttentionRef ref =
-      attention_reference(to_double(a.qkv), to_double(a.dout), B, T, a.C, NH, 0.0);
+  const AttentionRef ref = attention_reference(to_double(a.qkv), to_double(a.dout), a.ref_shape());
   CHECK(allclose(to_host(a.out), ref.out, kTolAttention, "out"));
   CHECK(allclose(to_host(a.dqkv), ref.dqkv, kTolAttention, "dqkv"));
 }
@@ -402,6 +462,182 @@ TEST_CASE("attention workspace measured by the pool is the stated formula and ha
         (2048 - 64) * HS);
 }
 
+namespace {
+
+// (B, NH, KVH, T, HS) of grouped-query attention: 2 and 3 query heads per key/value head (3: the
+// forward's pairs of units straddle query tiles), multi-query (one key/value head), partial
+// tiles; HS = 128 with 4 query heads (a head size set apart from the model's width, as Qwen3's
+// 128 beside a width of 1024 over 16 heads); HS = 2 under 4 query heads per key/value head, more
+// heads than a dv row has room for their D, so the backward runs split at any thread count.
+using GqaShape = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t>;
+const std::vector<GqaShape> kGqaShapes = {{2, 4, 2, 129, 16}, {1, 4, 1, 200, 64}, {2, 3, 1, 7, 40},
+                                          {1, 4, 2, 70, 128}, {2, 6, 2, 64, 24},  {1, 4, 1, 65, 2}};
+
+// The largest |a - b| of two tensors' host copies.
+double max_abs_difference(const std::vector<float>& a, const std::vector<float>& b) {
+  double m = 0;
+  for (size_t i = 0; i < a.size(); ++i)
+    m = std::max(m, std::abs(static_cast<double>(a[i]) - static_cast<double>(b[i])));
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE("grouped-query attention matches a double reference that repeats key/value heads",
+          "[ops][attention]") {
+  const auto [B, NH, KVH, T, HS] = GENERATE(from_range(kGqaShapes));
+  const float theta = GENERATE(0.0f, 10000.0f);
+  check_attention_against_reference(B, NH, T, HS, theta, KVH);
+}
+
+TEST_CASE("attention with llama3 rope scaling matches a double reference of the rescaled angles",
+          "[ops][attention]") {
+  // Multi-head, grouped-query and multi-query; one thread runs the backward per head, three split.
+  const auto [B, NH, KVH, T, HS] = GENERATE(table<int64_t, int64_t, int64_t, int64_t, int64_t>(
+      {{1, 2, 0, 200, 16}, {2, 4, 2, 129, 16}, {1, 4, 1, 70, 64}}));
+  const int threads = GENERATE(1, 3);
+  check_attention_against_reference(B, NH, T, HS, 10000.0f, KVH, kLlama3Short, threads);
+}
+
+TEST_CASE("llama3 rope scaling changes attention's output at the tested positions",
+          "[ops][attention]") {
+  // Were the scaled angles no different from the plain ones at these positions, the scaled rows
+  // above would test nothing of the scaling.
+  CpuBackend be(kTestBudgetBytes, kTestThreads);
+  AttentionCall plain(be, 1, 4, 70, 16, 10000.0f, 53, 2);
+  AttentionCall scaled(be, 1, 4, 70, 16, 10000.0f, 53, 2, kLlama3Short);
+  plain.forward();
+  scaled.forward();
+  CHECK(max_abs_difference(to_host(plain.out), to_host(scaled.out)) > 0.05);
+}
+
+TEST_CASE("grouped-query attention's backward with llama3 rope scaling matches central differences",
+          "[ops][attention]") {
+  const bool rope = GENERATE(false, true);
+  const int64_t KVH = GENERATE(int64_t{2}, int64_t{1});
+  CAPTURE(rope, KVH);
+  CpuBackend be(kTestBudgetBytes, kFdThreads);
+  // T = 70 crosses a 64-row tile; HS = 8 gives rotary frequencies 1, 0.1, 0.01, 0.001, rescaled
+  // by kLlama3Short to 1, 0.0125, 0.00125, 0.000125.
+  const int64_t B = 1, NH = 4, T = 70, HS = 8;
+  AttentionCall a(be, B, NH, T, HS, rope ? 10000.0f : 0.0f, 63, KVH,
+                  rope ? kLlama3Short : RopeScaling{});
+  auto loss = [&] {
+    a.forward();
+    return weighted_sum(a.out, a.dout);
+  };
+  loss();
+  a.backward();
+  CHECK(allclose(to_host(a.dqkv), central_differences(a.qkv.f32(), B * T * a.W, kFdEps, loss),
+                 kTolGradcheck, "dqkv"));
+}
+
+TEST_CASE(
+    "grouped-query attention gives the same bits for any thread count and both backward "
+    "schedules",
+    "[ops][attention]") {
+  // A batch of one: 4 query heads over 2 key/value heads run the backward per head on 1 and 2
+  // threads, split on 3; over 1, per head on 1 thread, split on 2 and 3. 6 over 2 (3 per group):
+  // per head on 1 and 2, split on 3. dK and dV sum their group's query heads in one order in
+  // both.
+  const auto [NH, KVH, T, HS] = GENERATE(table<int64_t, int64_t, int64_t, int64_t>(
+      {{4, 2, 129, 16}, {4, 1, 200, 40}, {6, 2, 130, 64}}));
+  const bool rope = GENERATE(false, true);
+  CAPTURE(NH, KVH, T, HS, rope);
+  const float theta = rope ? 10000.0f : 0.0f;
+  const RopeScaling scaling = rope ? kLlama3Short : RopeScaling{};
+  std::vector<std::vector<float>> by_threads[3];
+  for (int threads : {1, 2, 3}) {
+    CpuBackend be(kTestBudgetBytes, threads);
+    AttentionCall a(be, 1, NH, T, HS, theta, 87, KVH, scaling);
+    a.forward();
+    a.backward();
+    by_threads[threads - 1] = a.results();
+    if (threads == 2) {  // and again on the same backend
+      a.forward();
+      a.backward();
+      CHECK(bitwise_equal(a.results(), by_threads[1]));
+    }
+  }
+  CHECK(bitwise_equal(by_threads[0], by_threads[1]));
+  CHECK(bitwise_equal(by_threads[0], by_threads[2]));
+}
+
+TEST_CASE(
+    "grouped-query attention's backward given D from attention_delta gives the bits it gets "
+    "from O",
+    "[ops][attention]") {
+  const int threads = GENERATE(1, 3);
+  const auto [NH, KVH, T, HS] =
+      GENERATE(table<int64_t, int64_t, int64_t, int64_t>({{4, 2, 129, 16}, {4, 1, 200, 40}}));
+  const bool rope = GENERATE(false, true);
+  CAPTURE(threads, NH, KVH, T, HS, rope);
+  CpuBackend be(kTestBudgetBytes, threads);
+  AttentionCall a(be, 1, NH, T, HS, rope ? 10000.0f : 0.0f, 89, KVH,
+                  rope ? kLlama3Short : RopeScaling{});
+  a.forward();
+  a.backward();
+  const std::vector<float> from_o = to_host(a.dqkv);
+  Buffer delta = make_filled(be, {1, NH, T}, 7.0f);
+  be.attention_delta({delta, a.dout, a.out, a.n_head()});
+  be.fill(a.dqkv, 7.0f);
+  a.backward(delta);
+  CHECK(bitwise_equal({to_host(a.dqkv)}, {from_o}));
+}
+
+TEST_CASE("grouped-query attention's workspace is the stated formula at its head size",
+          "[ops][attention]") {
+  // qkv is (NH + 2 KVH) HS wide: a rule that took it for 3 NH HS would size the tiles for another
+  // head size, and the RoPE table with it.
+  const bool use_rope = GENERATE(false, true);
+  CAPTURE(use_rope);
+  CpuBackend be(kTestBudgetBytes, kTestThreads);
+  const int64_t NH = 8, KVH = 2, T = 100, HS = 128;
+  AttentionCall a(be, 1, NH, T, HS, use_rope ? 10000.0f : 0.0f, 85, KVH);
+  const uint64_t want = MemoryPool::accounted_bytes(
+      static_cast<size_t>(4 * cpu::attention_workspace_floats(T, HS, be.threads(), use_rope)));
+  const uint64_t live = be.pool().live_bytes();
+  be.pool().reset_peak();
+  a.forward();
+  CHECK(be.pool().peak_bytes() - live == want);
+  be.pool().reset_peak();
+  a.backward();
+  CHECK(be.pool().peak_bytes() - live == want);
+}
+
+TEST_CASE("rope_inv_freq gives Llama 3.1 8B's rescaled frequencies, and GPT's plain ones exactly",
+          "[ops][attention]") {
+  // theta 500000, HS 128, factor 8, low 1, high 4, original context 8192: wavelengths under
+  // 8192 / 4 = 2048 are kept (pairs 0..28), over 8192 are divided by 8 (pairs 35..63), between
+  // blended. Values: transformers' formula evaluated in double (Python), by pair index.
+  const RopeScaling llama31{.kind = RopeScaling::Llama3,
+                            .factor = 8.0,
+                            .low_freq_factor = 1.0,
+                            .high_freq_factor = 4.0,
+                            .original_context = 8192};
+  const std::vector<double> f = rope_inv_freq(128, 500000.0, llama31);
+  REQUIRE(f.size() == 64);
+  const std::vector<std::pair<size_t, double>> want = {
+      {0, 1.0},                      // wavelength 2 pi: kept
+      {20, 0.016560440080994446},    // 379: kept
+      {28, 0.003211445994752591},    // 1956: kept, the last one
+      {29, 0.002166570763503359},    // 2402: blended, smooth 0.8036
+      {32, 0.0005248461609929547},   // 4443: blended, smooth 0.2813
+      {34, 0.0001785078127679964},   // 6695: blended, smooth 0.0745
+      {35, 9.556212353964683e-05},   // 8219: divided by 8, the first one
+      {63, 3.068925988914511e-07}};  // 2.6e6: divided by 8
+  for (const auto& [i, v] : want) {
+    CAPTURE(i);
+    CHECK(f[i] == Approx(v).epsilon(1e-12));
+  }
+  // Without scaling: theta^(-2i / HS) computed as the CPU's table always did, to the bit (GPT's
+  // RoPE must not move).
+  const std::vector<double> plain = rope_inv_freq(64, static_cast<double>(10000.0f));
+  for (size_t i = 0; i < plain.size(); ++i)
+    CHECK(plain[i] == std::pow(static_cast<double>(10000.0f),
+                               -2.0 * static_cast<double>(i) / static_cast<double>(64)));
+}
+
 #if REMAT_TEST_CUDA_ROWS
 TEST_CASE("causal attention forward and backward on CUDA match the CPU, with and without RoPE",
           "[gpu][attention]") {
@@ -435,6 +671,83 @@ TEST_CASE("causal attention forward and backward on CUDA match the CPU, with and
   r.cpu.attention_delta({d_c, do_c, o2_c, n_head});
   r.gpu->attention_delta({d_g, do_g, o2_g, n_head});
   r.check_same(d_c, d_g, r.pick(kCudaF32Gemm, kCudaBf16Gemm), "delta (=)");
+}
+
+TEST_CASE(
+    "grouped-query attention with llama3 rope scaling on CUDA matches the CPU (cuDNN's own "
+    "key/value heads)",
+    "[gpu][attention]") {
+  // (B, NH, KVH, T, HS): 2 query heads per key/value head, multi-query, 3 per group, and head
+  // sizes cuDNN takes (multiples of 8): 64, 128 (a head size apart from width / heads, as
+  // Qwen3's), 40; partial tiles. Scaled RoPE, plain RoPE and none.
+  const auto [B, NH, KVH, T, HS] = GENERATE(table<int64_t, int64_t, int64_t, int64_t, int64_t>(
+      {{2, 4, 2, 129, 64}, {1, 4, 1, 200, 128}, {2, 6, 2, 67, 40}}));
+  const int rope = GENERATE(0, 1, 2);  // none, plain, llama3-scaled
+  const DType act = GENERATE(from_range(kCudaActivationTypes));
+  CAPTURE(B, NH, KVH, T, HS, rope, dtype_name(act));
+  const float theta = rope > 0 ? 10000.0f : 0.0f;
+  const RopeScaling scaling = rope == 2 ? kLlama3Short : RopeScaling{};
+  CudaRow r(act);
+  const int64_t C = NH * HS, W = (NH + 2 * KVH) * HS;
+  const int n_head = static_cast<int>(NH), n_kv = static_cast<int>(KVH);
+  auto [qkv_c, qkv_g] = r.act_pair({B, T, W}, r.act_values(B * T * W, 55));
+  auto [o_c, o_g] = r.zeros_act({B, T, C});
+  auto [l_c, l_g] = r.zeros_f32({B, NH, T});
+  const AttentionForwardArgs fc{.out = o_c,
+                                .lse = l_c,
+                                .qkv = qkv_c,
+                                .n_head = n_head,
+                                .rope_theta = theta,
+                                .n_kv_head = n_kv,
+                                .rope_scaling = scaling};
+  AttentionForwardArgs fg = fc;
+  fg.out = o_g;
+  fg.lse = l_g;
+  fg.qkv = qkv_g;
+  r.cpu.attention_forward(fc);
+  r.gpu->attention_forward(fg);
+  r.check_same(o_c, o_g, kCudaAttention, "out");
+  r.check_same(l_c, l_g, kCudaAttention, "lse");
+  auto [do_c, do_g] = r.act_pair({B, T, C}, r.act_values(B * T * C, 56));
+  auto [dq_c, dq_g] =
+      r.act_pair({B, T, W}, std::vector<float>(static_cast<size_t>(B * T * W), 7.0f));
+  const AttentionBackwardArgs bc{.dqkv = dq_c,
+                                 .dout = do_c,
+                                 .qkv = qkv_c,
+                                 .out = o_c,
+                                 .lse = l_c,
+                                 .n_head = n_head,
+                                 .rope_theta = theta,
+                                 .n_kv_head = n_kv,
+                                 .rope_scaling = scaling};
+  AttentionBackwardArgs bg = bc;
+  bg.dqkv = dq_g;
+  bg.dout = do_g;
+  bg.qkv = qkv_g;
+  bg.out = o_g;
+  bg.lse = l_g;
+  r.cpu.attention_backward(bc);
+  r.gpu->attention_backward(bg);
+  r.check_same(dq_c, dq_g, kCudaAttention, "dqkv (=): dq, dk and dv summed over each group");
+}
+#endif
+
+#if defined(REMAT_HAVE_CUDA) && !REMAT_TEST_CUDA_ROWS
+TEST_CASE("cuDNN's grouped-query attention graphs finalize on the host", "[cuda][attention]") {
+  // No device needed (tests/test_cudnn_graphs.cpp): K and V with fewer heads than Q, dK and dV
+  // reduced over each group (two more backward ops), multi-query included.
+  struct Shape {
+    int64_t B, NH, KVH, T, HS;
+  };
+  const Shape shapes[] = {{1, 32, 8, 1024, 128}, {2, 4, 1, 67, 64}, {1, 6, 2, 129, 40}};
+  for (const Shape& s : shapes) {
+    INFO("B=" << s.B << " NH=" << s.NH << " KVH=" << s.KVH << " T=" << s.T << " HS=" << s.HS);
+    std::string summary;
+    REQUIRE_NOTHROW(summary = cuda::check_attention_graphs_finalize(s.B, s.NH, s.T, s.HS, s.KVH));
+    CHECK(summary == "fwd 14 ops, bwd 24 ops");
+  }
+  // KVH = NH is multi-head attention: the graph of before.
+  CHECK(cuda::check_attention_graphs_finalize(1, 4, 64, 64, 4) == "fwd 14 ops, bwd 22 ops");
 }
 #endif
 

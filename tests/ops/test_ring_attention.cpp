@@ -84,50 +84,67 @@ Buffer filled(Backend& be, const std::vector<int64_t>& shape, DType dtype, float
   return put(be, shape, dtype, std::vector<float>(static_cast<size_t>(n), value));
 }
 
-// One attention problem: the whole sequence's qkv and dout, and how many ranks split it.
+// One attention problem: the whole sequence's qkv and dout, and how many ranks split it. KVH
+// key/value heads (as many as query heads unless set), RoPE scaled when `scaling` says.
 struct RingProblem {
   int64_t B, NH, T, HS;
   int ranks;
   float theta;
-  std::vector<float> qkv, dout;  // (B, T, 3C), (B, T, C)
-  int64_t C() const { return NH * HS; }
+  std::vector<float> qkv, dout;  // (B, T, W), (B, T, C)
+  int64_t KVH = 0;
+  RopeScaling scaling{};
+  int64_t C() const { return NH * HS; }        // q's and out's width
+  int64_t K() const { return KVH * HS; }       // the keys' and the values'
+  int64_t W() const { return C() + 2 * K(); }  // qkv's
+  int nh() const { return static_cast<int>(NH); }
+  int n_kv() const { return KVH == NH ? 0 : static_cast<int>(KVH); }
   TokenPositions positions(int rank) const { return context_positions(T, ranks, rank); }
 };
-RingProblem make_problem(int64_t B, int64_t NH, int64_t T, int64_t HS, int ranks, float theta) {
-  RingProblem p{B, NH, T, HS, ranks, theta, {}, {}};
-  p.qkv = host_values(B * T * 3 * p.C(), 91);
+RingProblem make_problem(int64_t B, int64_t NH, int64_t T, int64_t HS, int ranks, float theta,
+                         int64_t KVH = 0, RopeScaling scaling = {}) {
+  RingProblem p{B, NH, T, HS, ranks, theta, {}, {}, KVH > 0 ? KVH : NH, scaling};
+  p.qkv = host_values(B * T * p.W(), 91);
   p.dout = host_values(B * T * p.C(), 92);
   return p;
 }
 
-// What each rank ends with, in its local token order.
+// What each rank ends with, in its local token order, and the bytes it counted as sent to the
+// next rank.
 struct RankResult {
   std::vector<float> out, lse, dqkv;
+  double ring_bytes = 0;
 };
 
 // The single-device attention of the whole problem on the CPU, cut into each rank's tokens.
 std::vector<RankResult> single_device(const RingProblem& p) {
   CpuBackend be(kTestBudgetBytes, kTestThreads);
-  const int64_t C = p.C();
-  const int nh = static_cast<int>(p.NH);
-  Buffer qkv = put(be, {p.B, p.T, 3 * C}, DType::F32, p.qkv);
+  const int64_t C = p.C(), W = p.W();
+  Buffer qkv = put(be, {p.B, p.T, W}, DType::F32, p.qkv);
   Buffer dout = put(be, {p.B, p.T, C}, DType::F32, p.dout);
   Buffer out = make_tensor(be, {p.B, p.T, C}), lse = make_tensor(be, {p.B, p.NH, p.T});
-  Buffer dqkv = make_tensor(be, {p.B, p.T, 3 * C});
-  be.attention_forward({.out = out, .lse = lse, .qkv = qkv, .n_head = nh, .rope_theta = p.theta});
+  Buffer dqkv = make_tensor(be, {p.B, p.T, W});
+  be.attention_forward({.out = out,
+                        .lse = lse,
+                        .qkv = qkv,
+                        .n_head = p.nh(),
+                        .rope_theta = p.theta,
+                        .n_kv_head = p.n_kv(),
+                        .rope_scaling = p.scaling});
   be.attention_backward({.dqkv = dqkv,
                          .dout = dout,
                          .qkv = qkv,
                          .out = out,
                          .lse = lse,
-                         .n_head = nh,
-                         .rope_theta = p.theta});
+                         .n_head = p.nh(),
+                         .rope_theta = p.theta,
+                         .n_kv_head = p.n_kv(),
+                         .rope_scaling = p.scaling});
   const auto out_h = to_host(out), lse_h = to_host(lse), dqkv_h = to_host(dqkv);
   std::vector<RankResult> r;
   for (int i = 0; i < p.ranks; ++i) {
     const std::vector<int64_t> pos = p.positions(i).list();
     r.push_back({gather_rows(out_h, p.B, p.T, C, pos), gather_heads(lse_h, p.B, p.NH, p.T, pos),
-                 gather_rows(dqkv_h, p.B, p.T, 3 * C, pos)});
+                 gather_rows(dqkv_h, p.B, p.T, W, pos)});
   }
   return r;
 }
@@ -140,30 +157,30 @@ struct RingRank {
 // The ring's ops played on `be` in one thread, with activations (qkv, dout, out, dqkv) of type
 // `act` and everything that travels or accumulates in f32, as ContextRing holds them.
 std::vector<RankResult> play_ring_ops(Backend& be, DType act, const RingProblem& p) {
-  const int64_t B = p.B, NH = p.NH, C = p.C();
-  const int nh = static_cast<int>(NH);
+  const int64_t B = p.B, NH = p.NH, C = p.C(), W = p.W(), K2 = 2 * p.K();
+  const int nh = p.nh(), n_kv = p.n_kv();
   std::vector<RingRank> r(static_cast<size_t>(p.ranks));
   for (int i = 0; i < p.ranks; ++i) {
     RingRank& k = r[static_cast<size_t>(i)];
     k.pos = p.positions(i);
     const std::vector<int64_t> pos = k.pos.list();
     const int64_t Tl = k.pos.tokens();
-    k.qkv = put(be, {B, Tl, 3 * C}, act, gather_rows(p.qkv, B, p.T, 3 * C, pos));
+    k.qkv = put(be, {B, Tl, W}, act, gather_rows(p.qkv, B, p.T, W, pos));
     k.dout = put(be, {B, Tl, C}, act, gather_rows(p.dout, B, p.T, C, pos));
     k.q = make_tensor(be, {B, Tl, C});
-    k.kv = make_tensor(be, {B, Tl, 2 * C});
+    k.kv = make_tensor(be, {B, Tl, K2});
     k.acc = filled(be, {B, Tl, C}, DType::F32, 0.0f);
     k.out = filled(be, {B, Tl, C}, act, 7.0f);  // [=]: the 7s must go
     k.lse = filled(be, {B, NH, Tl}, DType::F32, -std::numeric_limits<float>::infinity());
     k.row_sum = filled(be, {B, NH, Tl}, DType::F32, 0.0f);
-    be.ring_split({k.q, k.kv, k.qkv, nh, p.theta, k.pos});
+    be.ring_split({k.q, k.kv, k.qkv, nh, p.theta, k.pos, n_kv, p.scaling});
   }
   // Forward: rank i meets kv of ranks i, i - 1, ... (ring order).
   for (int i = 0; i < p.ranks; ++i) {
     RingRank& k = r[static_cast<size_t>(i)];
     for (int s = 0; s < p.ranks; ++s) {
       const RingRank& src = r[static_cast<size_t>(((i - s) % p.ranks + p.ranks) % p.ranks)];
-      be.ring_block_forward({k.acc, k.lse, k.row_sum, k.q, src.kv, nh, k.pos, src.pos});
+      be.ring_block_forward({k.acc, k.lse, k.row_sum, k.q, src.kv, nh, k.pos, src.pos, n_kv});
     }
     be.ring_finish({k.out, k.acc, k.lse, k.lse, k.row_sum, nh});
   }
@@ -172,19 +189,19 @@ std::vector<RankResult> play_ring_ops(Backend& be, DType act, const RingProblem&
     k.delta = make_tensor(be, {B, NH, k.pos.tokens()});
     be.attention_delta({k.delta, k.dout, k.out, nh});
     k.dq = filled(be, {B, k.pos.tokens(), C}, DType::F32, 0.0f);
-    k.dkv = filled(be, {B, k.pos.tokens(), 2 * C}, DType::F32, 0.0f);
+    k.dkv = filled(be, {B, k.pos.tokens(), K2}, DType::F32, 0.0f);
   }
   for (int j = 0; j < p.ranks; ++j)
     for (int s = 0; s < p.ranks; ++s) {
       RingRank& k = r[static_cast<size_t>((j + s) % p.ranks)];
       RingRank& src = r[static_cast<size_t>(j)];
       be.ring_block_backward(
-          {k.dq, src.dkv, k.q, src.kv, k.dout, k.lse, k.delta, nh, k.pos, src.pos});
+          {k.dq, src.dkv, k.q, src.kv, k.dout, k.lse, k.delta, nh, k.pos, src.pos, n_kv});
     }
   std::vector<RankResult> res;
   for (RingRank& k : r) {
-    k.dqkv = filled(be, {B, k.pos.tokens(), 3 * C}, act, 7.0f);  // [=]
-    be.ring_merge_grad({k.dqkv, k.dq, k.dkv, nh, p.theta, k.pos});
+    k.dqkv = filled(be, {B, k.pos.tokens(), W}, act, 7.0f);  // [=]
+    be.ring_merge_grad({k.dqkv, k.dq, k.dkv, nh, p.theta, k.pos, n_kv, p.scaling});
     res.push_back({get(be, k.out), get(be, k.lse), get(be, k.dqkv)});
   }
   return res;
@@ -275,13 +292,19 @@ std::vector<RankResult> run_context_ring(MakeBackend make_backend, DType act,
       LocalRing::Channel channel(ring, i, *be);
       parallel::ContextRing cr(&channel, p.ranks, i, p.T);
       const std::vector<int64_t> pos = cr.positions().list();
-      const int64_t B = p.B, NH = p.NH, C = p.C(), Tl = cr.positions().tokens();
-      const int nh = static_cast<int>(NH);
-      Buffer qkv = put(*be, {B, Tl, 3 * C}, act, gather_rows(p.qkv, B, p.T, 3 * C, pos));
+      const int64_t B = p.B, NH = p.NH, C = p.C(), W = p.W(), Tl = cr.positions().tokens();
+      const int nh = p.nh();
+      Buffer qkv = put(*be, {B, Tl, W}, act, gather_rows(p.qkv, B, p.T, W, pos));
       Buffer dout = put(*be, {B, Tl, C}, act, gather_rows(p.dout, B, p.T, C, pos));
       Buffer out = filled(*be, {B, Tl, C}, act, 7.0f), lse = make_tensor(*be, {B, NH, Tl});
-      Buffer dqkv = filled(*be, {B, Tl, 3 * C}, act, 7.0f);
-      cr.forward(*be, {.out = out, .lse = lse, .qkv = qkv, .n_head = nh, .rope_theta = p.theta});
+      Buffer dqkv = filled(*be, {B, Tl, W}, act, 7.0f);
+      cr.forward(*be, {.out = out,
+                       .lse = lse,
+                       .qkv = qkv,
+                       .n_head = nh,
+                       .rope_theta = p.theta,
+                       .n_kv_head = p.n_kv(),
+                       .rope_scaling = p.scaling});
       Buffer delta;
       if (!be->attention_backward_needs_out()) {
         delta = make_tensor(*be, {B, NH, Tl});
@@ -294,8 +317,11 @@ std::vector<RankResult> run_context_ring(MakeBackend make_backend, DType act,
                         .lse = lse,
                         .n_head = nh,
                         .rope_theta = p.theta,
-                        .delta = delta});
-      res[static_cast<size_t>(i)] = {get(*be, out), get(*be, lse), get(*be, dqkv)};
+                        .delta = delta,
+                        .n_kv_head = p.n_kv(),
+                        .rope_scaling = p.scaling});
+      res[static_cast<size_t>(i)] = {get(*be, out), get(*be, lse), get(*be, dqkv),
+                                     be->cost(be->phase()).ring_bytes};
     } catch (...) {
       errors[static_cast<size_t>(i)] = std::current_exception();
       ring.fail();
@@ -352,6 +378,51 @@ TEST_CASE("the context ring's schedule over ranks in threads gives single-device
   check_ranks(run_context_ring(cpu, DType::F32, p), single_device(p), kTolAttention, kTolAttention);
 }
 
+/// Llama 3's rescaling with a short original context (32 tokens), so that it changes most
+/// angles at these sequence lengths.
+const RopeScaling kRingLlama3{.kind = RopeScaling::Llama3,
+                              .factor = 8.0,
+                              .low_freq_factor = 1.0,
+                              .high_freq_factor = 4.0,
+                              .original_context = 32};
+
+TEST_CASE("ring attention with grouped-query heads gives single-device attention at every position",
+          "[ops][parallel][attention]") {
+  // 4 query heads over 2 key/value heads and over 1 (multi-query), RoPE plain and llama3-scaled:
+  // the ops played rank by rank, and ContextRing with a thread per rank.
+  const int64_t KVH = GENERATE(int64_t{2}, int64_t{1});
+  const int rope = GENERATE(0, 1, 2);  // none, plain, llama3-scaled
+  const RingShape shape = GENERATE(from_range(kRingShapes));
+  CAPTURE(KVH, rope, shape.T, shape.ranks);
+  const RingProblem p = make_problem(2, 4, shape.T, 16, shape.ranks, rope > 0 ? 10000.0f : 0.0f,
+                                     KVH, rope == 2 ? kRingLlama3 : RopeScaling{});
+  const std::vector<RankResult> want = single_device(p);
+  CpuBackend be(kTestBudgetBytes, kTestThreads);
+  check_ranks(play_ring_ops(be, DType::F32, p), want, kTolAttention, kTolAttention);
+  if (shape.ranks > 1) {
+    auto cpu = [] { return std::make_unique<CpuBackend>(kTestBudgetBytes, 1); };
+    check_ranks(run_context_ring(cpu, DType::F32, p), want, kTolAttention, kTolAttention);
+  }
+}
+
+TEST_CASE("the context ring sends the key/value heads only: NH / KVH times less than multi-head",
+          "[ops][parallel][attention]") {
+  // The same problem with 4 key/value heads (multi-head), 2 and 1: every block that travels
+  // (kv forward and backward, and the dk | dv accumulators) is 2 KVH HS floats per token.
+  const int ranks = GENERATE(2, 3);
+  CAPTURE(ranks);
+  auto cpu = [] { return std::make_unique<CpuBackend>(kTestBudgetBytes, 1); };
+  std::vector<double> sent;  // rank 0's bytes, by KVH
+  for (int64_t KVH : {4, 2, 1}) {
+    const RingProblem p = make_problem(1, 4, 101, 16, ranks, 10000.0f, KVH);
+    const std::vector<RankResult> got = run_context_ring(cpu, DType::F32, p);
+    sent.push_back(got[0].ring_bytes);
+  }
+  CHECK(sent[0] > 0);
+  CHECK(sent[1] == sent[0] / 2);
+  CHECK(sent[2] == sent[0] / 4);
+}
+
 #if REMAT_TEST_CUDA_ROWS
 TEST_CASE("ring attention's ops and the context ring on CUDA match the CPU", "[gpu][ring]") {
   // The ring's inputs rounded to bf16 first when the GPU stores bf16 activations, so that a row
@@ -373,6 +444,31 @@ TEST_CASE("ring attention's ops and the context ring on CUDA match the CPU", "[g
     check_ranks(play_ring_ops(gpu, act, p), want, act_tol, kCudaF32Gemm);
   }
   if (shape.ranks > 1 && HS == 16) {  // the ring itself: a backend per rank, so fewer cases
+    auto make_gpu = [act] { return std::make_unique<cuda::CudaBackend>(DeviceConfig{}, act); };
+    check_ranks(run_context_ring(make_gpu, act, p), want, act_tol, kCudaF32Gemm);
+  }
+}
+
+TEST_CASE("ring attention with grouped-query heads on CUDA matches the CPU", "[gpu][ring]") {
+  // 4 query heads over 2 and over 1 key/value head, RoPE none or llama3-scaled: the ops, and the
+  // ring with a backend per rank when there are several.
+  const int rope = GENERATE(0, 2);  // none, llama3-scaled
+  const DType act = GENERATE(from_range(kCudaActivationTypes));
+  const int64_t KVH = GENERATE(int64_t{2}, int64_t{1});
+  const RingShape shape = GENERATE(from_range(kRingShapes));
+  CAPTURE(shape.T, shape.ranks, rope, KVH, dtype_name(act));
+  RingProblem p = make_problem(2, 4, shape.T, 16, shape.ranks, rope > 0 ? 10000.0f : 0.0f, KVH,
+                               rope == 2 ? kRingLlama3 : RopeScaling{});
+  if (act == DType::BF16)
+    for (std::vector<float>* v : {&p.qkv, &p.dout})
+      for (float& x : *v) x = from_bf16_bits(to_bf16_bits(x));
+  const std::vector<RankResult> want = single_device(p);
+  const Tolerance act_tol = act == DType::BF16 ? kCudaBf16Pointwise : kCudaF32Gemm;
+  {
+    cuda::CudaBackend gpu(DeviceConfig{}, act);
+    check_ranks(play_ring_ops(gpu, act, p), want, act_tol, kCudaF32Gemm);
+  }
+  if (shape.ranks > 1) {
     auto make_gpu = [act] { return std::make_unique<cuda::CudaBackend>(DeviceConfig{}, act); };
     check_ranks(run_context_ring(make_gpu, act, p), want, act_tol, kCudaF32Gemm);
   }

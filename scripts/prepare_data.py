@@ -1,0 +1,479 @@
+#!/usr/bin/env python3
+"""Tokenize text into llm.c token shards that `remat-train` trains on (data.source = "tokens").
+
+  prepare_data.py --tokenizer DIR/tokenizer.json INPUT --out DIR [--text-key text] [--eot ID|TOKEN]
+                  [--val-fraction F] [--shard-tokens N] [--chunk-bytes N] [--force]
+  prepare_data.py --tokenizer DIR/tokenizer.json --encode "some text"    # prints the ids
+
+INPUT is a text file (one document), a folder (every *.txt under it, sorted by path, hidden
+entries skipped; one document each) or a .jsonl file (one document per line, its --text-key
+string). The tokenizer is a Hugging Face tokenizer.json, read with the `tokenizers` package
+(Tokenizer.from_file); no special tokens are added inside documents, and one end-of-text token
+separates consecutive documents: --eot (an id or a token string), else tokenizer_config.json's
+eos_token beside tokenizer.json, else <|end_of_text|> or <|endoftext|> if the vocabulary has it.
+
+Shards: DIR/train_000000.bin, ... and DIR/val_000000.bin, ..., each at most --shard-tokens tokens,
+in llm.c's format (dev/data/data_common.py, write_datafile): a header of 256 little-endian int32
+(magic, version, token count), then the tokens, uint16 (magic 20240520, version 1) when every id
+fits 16 bits, else uint32 (magic 20240801, version 7: Llama 3's 128256 ids, Qwen's 151k).
+Validation is the last --val-fraction of the input's bytes, from the first document or line
+start at or after that point (data.val_fraction's tail, cut where a document or a line begins).
+
+Long documents are encoded in pieces of about --chunk-bytes, cut only at a newline between a
+character that is not whitespace and a printable ASCII one: byte-level BPE pre-tokenizers (GPT-2's,
+Llama 3's, Qwen's regexes) make that newline a pre-token of its own whether the text is cut there
+or not, so the ids are the same as the whole document's, and the pieces are encoded on every core.
+A tokenizer that prepends to each input (add_prefix_space, Metaspace, Prepend) is never cut.
+
+Progress (tokens/s, documents, bytes) goes to stderr; at the end, stdout has the `--set` options
+that train on the shards. Errors are one line, `error: [prepare] ... Fix: ...`, exit 2.
+Needs `tokenizers` (pip install tokenizers, in a virtual environment).
+"""
+import argparse
+import array
+import json
+import os
+import re
+import shlex
+import sys
+import time
+
+GPT2_FORMAT = (20240520, 1, "H")  # magic, version, array typecode (uint16)
+LLAMA3_FORMAT = (20240801, 7, "I")  # uint32
+HEADER_INTS = 256
+SHARD_NAME = re.compile(r"^(train|val)_\d{6}\.bin$")
+EOT_FALLBACKS = ("<|end_of_text|>", "<|endoftext|>")
+# Encode this many bytes (or pieces) per encode_batch call: enough to keep every core busy.
+BATCH_BYTES = 16 << 20
+BATCH_PIECES = 4096
+
+
+class Fail(Exception):
+    """A one-line error for the user: `error: [prepare] MESSAGE`, exit 2."""
+
+
+def load_tokenizer(path):
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        raise Fail(f"the Python package `tokenizers` is not importable by {sys.executable}. Fix: "
+                   "python3 -m venv VENV && VENV/bin/pip install tokenizers, then run "
+                   "VENV/bin/python scripts/prepare_data.py ...")
+    if not os.path.isfile(path):
+        raise Fail(f"{path}: no such file. Fix: pass the model's tokenizer.json to --tokenizer")
+    try:
+        tok = Tokenizer.from_file(path)
+    except Exception as e:  # tokenizers raises a bare Exception for a malformed file
+        raise Fail(f"{path}: not a tokenizer.json `tokenizers` can load ({str(e).splitlines()[0]})."
+                   " Fix: pass the model's Hugging Face tokenizer.json")
+    return tok
+
+
+def vocab_size_of(tok):
+    """One past the largest id: what model.vocab_size must at least be (ids may have gaps)."""
+    return max(tok.get_vocab(with_added_tokens=True).values()) + 1
+
+
+def splits_safely(path):
+    """Whether encoding a document in pieces gives its ids: no step prepends to each input."""
+    with open(path, encoding="utf-8") as f:
+        spec = json.load(f)
+
+    def prepends(node):
+        if isinstance(node, dict):
+            if node.get("add_prefix_space") is True or node.get("type") in ("Metaspace", "Prepend"):
+                return True
+            return any(prepends(v) for v in node.values())
+        if isinstance(node, list):
+            return any(prepends(v) for v in node)
+        return False
+
+    return not (prepends(spec.get("normalizer")) or prepends(spec.get("pre_tokenizer")))
+
+
+def resolve_eot(tok, tokenizer_path, given):
+    """(id, text, where it came from)."""
+    vocab = tok.get_vocab(with_added_tokens=True)
+    if given is not None:
+        if given.isdigit():
+            i = int(given)
+            text = tok.id_to_token(i)
+            if text is None:
+                raise Fail(f"--eot {given}: no token has that id in {tokenizer_path}. Fix: pass an "
+                           "id of the vocabulary, or the token's text")
+            return i, text, "--eot"
+        if given not in vocab:
+            raise Fail(f"--eot {given!r}: not a token of {tokenizer_path}. Fix: pass the "
+                       "end-of-text token's exact text or its id")
+        return vocab[given], given, "--eot"
+    config = os.path.join(os.path.dirname(os.path.abspath(tokenizer_path)), "tokenizer_config.json")
+    if os.path.isfile(config):
+        try:
+            with open(config, encoding="utf-8") as f:
+                eos = json.load(f).get("eos_token")
+        except (OSError, ValueError, AttributeError) as e:
+            raise Fail(f"{config}: cannot read its eos_token ({e}). Fix: repair it, or pass --eot")
+        if isinstance(eos, dict):
+            eos = eos.get("content")
+        if isinstance(eos, str):
+            if eos not in vocab:
+                raise Fail(f"{config}: eos_token {eos!r} is not in {tokenizer_path}. Fix: pass "
+                           "--eot with the end-of-text token")
+            return vocab[eos], eos, "tokenizer_config.json's eos_token"
+    for text in EOT_FALLBACKS:
+        if text in vocab:
+            return vocab[text], text, "the vocabulary"
+    raise Fail(f"{tokenizer_path}: no end-of-text token found (no tokenizer_config.json eos_token "
+               f"beside it, no {' or '.join(EOT_FALLBACKS)}). Fix: pass --eot ID or --eot TOKEN")
+
+
+def input_files(path):
+    """(files, kind): kind is "text" or "jsonl"."""
+    if os.path.isdir(path):
+        files = []
+        for folder, dirs, names in os.walk(path):
+            dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+            files += [os.path.join(folder, n) for n in names
+                      if n.endswith(".txt") and not n.startswith(".")]
+        if not files:
+            raise Fail(f"{path}: no *.txt files under it. Fix: put the text there as .txt files, "
+                       "or pass a file")
+        return sorted(files, key=os.fsencode), "text"
+    if not os.path.isfile(path):
+        raise Fail(f"{path}: no such file or folder. Fix: pass a text file, a folder of .txt files "
+                   "or a .jsonl file")
+    return [path], ("jsonl" if path.endswith(".jsonl") else "text")
+
+
+def ends_in_non_space(buf, end):
+    """Whether the character that ends at buf[end] (inclusive) is neither whitespace nor cut."""
+    b = buf[end]
+    if b < 0x80:
+        return 0x21 <= b <= 0x7E
+    start = end
+    while start > 0 and end - start < 3 and 0x80 <= buf[start] <= 0xBF:
+        start -= 1
+    try:
+        return not bytes(buf[start:end + 1]).decode("utf-8").isspace()
+    except UnicodeDecodeError:
+        return False
+
+
+def cut_point(buf, lo):
+    """The first p >= lo where a document may be cut without changing its ids, or -1 if none yet:
+    buf[p-1] is a newline between a character that is not whitespace and printable ASCII. Only
+    there is the newline a pre-token of its own, cut or not: at the end of an input, a whitespace
+    run is one pre-token (\\s+(?!\\S) has nothing left to leave its last character for)."""
+    j = buf.find(b"\n", max(lo - 1, 1))
+    while j >= 0 and j + 1 < len(buf):
+        if 0x21 <= buf[j + 1] <= 0x7E and ends_in_non_space(buf, j - 1):
+            return j + 1
+        j = buf.find(b"\n", j + 1)
+    return -1
+
+
+def decode_utf8(raw, path, offset):
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise Fail(f"{path}: not UTF-8 at byte {offset + e.start}. Fix: convert the file to UTF-8 "
+                   "(iconv -f LATIN1 -t UTF-8, say)")
+
+
+class Pieces:
+    """Documents as (split, document number, piece number, text), in input order."""
+
+    def __init__(self, files, kind, text_key, chunk, can_split, val_fraction):
+        self.files, self.kind, self.text_key = files, kind, text_key
+        self.chunk, self.can_split = chunk, can_split
+        self.total_bytes = sum(os.path.getsize(f) for f in files)
+        held = int(val_fraction * self.total_bytes)
+        self.val_from = self.total_bytes - held if held > 0 else None  # input byte offset
+        self.bytes_done = 0
+        self.documents = 0
+        self.empty = 0
+
+    def split_of(self, offset):
+        return "val" if self.val_from is not None and offset >= self.val_from else "train"
+
+    def __iter__(self):
+        base = 0
+        for path in self.files:
+            if self.kind == "jsonl":
+                yield from self._jsonl(path, base)
+            else:
+                yield from self._text(path, base)
+            base += os.path.getsize(path)
+            self.bytes_done = base
+
+    def _next_cut(self, buf, start, eof, val_cut):
+        """Where the piece at the head of `buf` (input offset `start`) ends, or -1: read more.
+        A cut not found yet lies at len(buf) or later, past any found one: the least found wins."""
+        cuts = []
+        if val_cut and self.val_from is not None and start < self.val_from:  # at a line start
+            cuts.append(cut_point(buf, self.val_from - start))
+        if self.can_split:
+            cuts.append(cut_point(buf, self.chunk))
+        found = [c for c in cuts if c > 0]
+        if found:
+            return min(found)
+        return len(buf) if eof else -1
+
+    def _pieces(self, blocks, path, start, file_base, val_cut):
+        """The pieces of one document whose bytes come in `blocks`, at input offset `start`;
+        `val_cut`: cut it where the val tail begins (text files; a JSONL line goes whole)."""
+        doc, piece, buf, eof = None, 0, bytearray(), False
+        blocks = iter(blocks)
+        while True:
+            cut = -1 if not buf else self._next_cut(buf, start, eof, val_cut)
+            if cut < 0:
+                if eof:
+                    break
+                block = next(blocks, None)
+                if block is None:
+                    eof = True
+                else:
+                    buf += block
+                continue
+            if doc is None:
+                doc = self.documents
+                self.documents += 1
+            text = decode_utf8(buf[:cut], path, start - file_base)
+            yield self.split_of(start), doc, piece, text
+            piece, start = piece + 1, start + cut
+            del buf[:cut]
+            self.bytes_done = start
+        if doc is None:
+            self.empty += 1
+
+    def _text(self, path, base):
+        def blocks():
+            with open(path, "rb") as f:
+                while True:
+                    block = f.read(self.chunk)
+                    if not block:
+                        return
+                    yield block
+
+        yield from self._pieces(blocks(), path, base, base, True)
+
+    def _jsonl(self, path, base):
+        offset = base
+        with open(path, "rb") as f:
+            for number, line in enumerate(f, 1):
+                start, offset = offset, offset + len(line)
+                if not line.strip():
+                    continue
+                try:
+                    obj = json.loads(line)
+                except ValueError as e:
+                    raise Fail(f"{path}:{number}: not a JSON object ({e}). Fix: one JSON object "
+                               "per line")
+                text = obj.get(self.text_key) if isinstance(obj, dict) else None
+                if not isinstance(text, str):
+                    keys = ", ".join(obj) if isinstance(obj, dict) else "none: not an object"
+                    raise Fail(f"{path}:{number}: no string under {self.text_key!r} (keys: "
+                               f"{keys}). Fix: pass --text-key with the key that holds the text")
+                # "replace": a lone surrogate (JSON's "\ud800") has no UTF-8 form.
+                yield from self._pieces([text.encode("utf-8", "replace")], path, start, base, False)
+                self.bytes_done = offset
+
+
+class ShardWriter:
+    """One split's shards: at most `shard_tokens` tokens each, an end-of-text between documents."""
+
+    def __init__(self, out, split, fmt, shard_tokens, eot):
+        self.out, self.split, self.shard_tokens, self.eot = out, split, shard_tokens, eot
+        self.magic, self.version, self.typecode = fmt
+        self.buf = array.array(self.typecode)
+        self.last = None  # (document, piece) of the last piece appended
+        self.paths, self.tokens = [], 0
+
+    def add(self, doc, piece, ids):
+        # A piece that continues the last one joins it; anything else starts a new document here.
+        if self.last is not None and self.last != (doc, piece - 1):
+            self.buf.append(self.eot)
+        self.buf.extend(ids)
+        self.last = (doc, piece)
+        while len(self.buf) >= self.shard_tokens:
+            self._write(self.buf[:self.shard_tokens])
+            del self.buf[:self.shard_tokens]
+
+    def close(self):
+        if self.buf:
+            self._write(self.buf)
+            self.buf = array.array(self.typecode)
+
+    def _write(self, tokens):
+        path = os.path.join(self.out, f"{self.split}_{len(self.paths):06d}.bin")
+        tmp = os.path.join(self.out, f".{self.split}_{len(self.paths):06d}.bin.tmp")
+        if sys.byteorder != "little":
+            tokens = array.array(self.typecode, tokens)
+            tokens.byteswap()
+        header = array.array("i", [self.magic, self.version, len(tokens)] + [0] * (HEADER_INTS - 3))
+        if sys.byteorder != "little":
+            header.byteswap()
+        # Written under a hidden name, then renamed: a glob never sees half a shard.
+        with open(tmp, "wb") as f:
+            header.tofile(f)
+            tokens.tofile(f)
+        os.replace(tmp, path)
+        self.paths.append(path)
+        self.tokens += len(tokens)
+
+
+def size(n):
+    """1536 -> "1.5 KiB"."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n} B" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024.0
+
+
+class Progress:
+    """A status line on stderr: rewritten in place on a terminal, every 10 s otherwise."""
+
+    def __init__(self, pieces):
+        self.pieces = pieces
+        self.start = self.last = time.monotonic()
+        self.tty = sys.stderr.isatty()
+
+    def line(self, tokens):
+        p, secs = self.pieces, max(time.monotonic() - self.start, 1e-9)
+        pct = 100.0 * p.bytes_done / p.total_bytes if p.total_bytes else 100.0
+        return (f"[prepare] {tokens:,} tokens, {p.documents:,} documents, "
+                f"{size(p.bytes_done)} of {size(p.total_bytes)} ({pct:.0f}%), "
+                f"{tokens / secs:,.0f} tok/s")
+
+    def update(self, tokens, final=False):
+        now = time.monotonic()
+        if not final and now - self.last < (0.5 if self.tty else 10.0):
+            return
+        self.last = now
+        end = "\n" if final or not self.tty else ""
+        sys.stderr.write(("\r\033[K" if self.tty else "") + self.line(tokens) + end)
+        sys.stderr.flush()
+
+
+def prepare(args):
+    if args.shard_tokens < 1 or args.shard_tokens >= 2**31:
+        raise Fail(f"--shard-tokens {args.shard_tokens}: a shard's header counts tokens in an "
+                   "int32. Fix: pass 1 to 2147483647")
+    if not 0 <= args.val_fraction < 1:
+        raise Fail(f"--val-fraction {args.val_fraction}: not in [0, 1). Fix: pass 0.01, say")
+    if args.chunk_bytes < 1:
+        raise Fail(f"--chunk-bytes {args.chunk_bytes}: must be positive. Fix: pass 1048576, say")
+    files, kind = input_files(args.input)
+    tok = load_tokenizer(args.tokenizer)
+    vocab = vocab_size_of(tok)
+    eot, eot_text, eot_from = resolve_eot(tok, args.tokenizer, args.eot)
+    fmt = GPT2_FORMAT if vocab <= 2**16 else LLAMA3_FORMAT
+
+    os.makedirs(args.out, exist_ok=True)
+    old = sorted(n for n in os.listdir(args.out) if SHARD_NAME.match(n))
+    if old and not args.force:
+        raise Fail(f"{args.out}: has shards already ({', '.join(old[:3])}"
+                   f"{', ...' if len(old) > 3 else ''}). Fix: choose another --out, or pass "
+                   "--force to replace them")
+    for name in old:  # --force: a shorter output must not leave a stale tail shard behind
+        os.remove(os.path.join(args.out, name))
+
+    pieces = Pieces(files, kind, args.text_key, args.chunk_bytes, splits_safely(args.tokenizer),
+                    args.val_fraction)
+    writers = {s: ShardWriter(args.out, s, fmt, args.shard_tokens, eot) for s in ("train", "val")}
+    sys.stderr.write(f"[prepare] {len(files)} {kind} file{'s' if len(files) != 1 else ''}, "
+                     f"vocabulary {vocab:,} ({'uint16' if fmt is GPT2_FORMAT else 'uint32'} "
+                     f"shards), end-of-text {eot_text!r} = {eot} (from {eot_from})\n")
+    progress = Progress(pieces)
+    batch, batch_bytes = [], 0
+
+    def flush():
+        encodings = tok.encode_batch([p[3] for p in batch], add_special_tokens=False)
+        for (split, doc, piece, _), enc in zip(batch, encodings):
+            writers[split].add(doc, piece, enc.ids)
+        batch.clear()
+        progress.update(sum(w.tokens + len(w.buf) for w in writers.values()))
+
+    for p in pieces:
+        batch.append(p)
+        batch_bytes += len(p[3])
+        if batch_bytes >= BATCH_BYTES or len(batch) >= BATCH_PIECES:
+            flush()
+            batch_bytes = 0
+    if batch:
+        flush()
+    for w in writers.values():
+        w.close()
+    progress.update(sum(w.tokens for w in writers.values()), final=True)
+
+    train, val = writers["train"], writers["val"]
+    if not train.paths:
+        raise Fail(f"{args.input}: no text to train on ({pieces.empty} empty documents"
+                   f"{', all in the validation tail' if val.paths else ''}). Fix: give more text, "
+                   "or lower --val-fraction")
+    if args.val_fraction > 0 and not val.paths:
+        raise Fail(f"{args.input}: no document or line starts in the last {args.val_fraction} of "
+                   "the input, so nothing was held out (train shards written). Fix: raise "
+                   "--val-fraction, or pass --val-fraction 0 and set data.val_fraction in training")
+
+    def shards(w):
+        plural = "s" if len(w.paths) != 1 else ""
+        return f"{len(w.paths)} {w.split} shard{plural} ({w.tokens:,} tokens)"
+
+    kind_name = "uint16" if fmt is GPT2_FORMAT else "uint32"
+    print(f"wrote {shards(train)}{' and ' + shards(val) if val.paths else ''}, {kind_name}, "
+          f"{pieces.documents:,} documents, to {args.out}")
+    options = ["--set data.source=tokens",
+               "--set " + shlex.quote(f"data.path={os.path.join(args.out, 'train_*.bin')}")]
+    if val.paths:
+        options += ["--set " + shlex.quote(f"data.val_path={os.path.join(args.out, 'val_*.bin')}"),
+                    "--set data.val_fraction=0"]
+    options.append(f"--set model.vocab_size={vocab}")
+    print("train on them with (model.vocab_size may be larger, a multiple of 64 say):")
+    print("  " + " ".join(options))
+
+
+def encode(args):
+    tok = load_tokenizer(args.tokenizer)
+    print(" ".join(str(i) for i in tok.encode(args.encode, add_special_tokens=False).ids))
+
+
+def main():
+    ap = argparse.ArgumentParser(
+        description="Tokenize text into llm.c token shards for remat-train (see docs/data.md).")
+    ap.add_argument("input", nargs="?", help="a text file, a folder of .txt files or a .jsonl file")
+    ap.add_argument("--tokenizer", required=True, help="the model's tokenizer.json")
+    ap.add_argument("--out", help="the folder the shards go to (created if missing)")
+    ap.add_argument("--text-key", default="text", help="JSONL: the key holding the text (text)")
+    ap.add_argument("--eot", help="end-of-text token between documents: an id or the token's text")
+    ap.add_argument("--val-fraction", type=float, default=0.01,
+                    help="the input's tail held out as val shards (0.01; 0: none)")
+    ap.add_argument("--shard-tokens", type=int, default=100_000_000,
+                    help="tokens per shard at most (100000000, as llm.c)")
+    ap.add_argument("--chunk-bytes", type=int, default=1 << 20,
+                    help="encode long documents in pieces of about this many bytes (1048576)")
+    ap.add_argument("--force", action="store_true", help="replace the shards already in --out")
+    ap.add_argument("--encode", metavar="TEXT",
+                    help="print TEXT's ids (for `remat-train sample --prompt`) and exit")
+    args = ap.parse_args()
+    try:
+        if args.encode is not None:
+            encode(args)
+        elif args.input is None or args.out is None:
+            raise Fail("INPUT and --out are needed to write shards. Fix: prepare_data.py "
+                       "--tokenizer tokenizer.json INPUT --out DIR (or --encode TEXT)")
+        else:
+            prepare(args)
+    except Fail as e:
+        if sys.stderr.isatty():
+            sys.stderr.write("\n")
+        sys.stderr.write(f"error: [prepare] {e}\n")
+        sys.exit(2)
+    except OSError as e:
+        sys.stderr.write(f"error: [prepare] {e.filename}: {e.strerror}. Fix: check the path and "
+                         "its permissions\n")
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

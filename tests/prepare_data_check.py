@@ -1,0 +1,268 @@
+#!/usr/bin/env python3
+"""scripts/prepare_data.py and `sample --tokenizer tokenizer.json` against the `tokenizers` package.
+
+Run by tests/prepare_data_check.sh (which skips when `tokenizers` is missing), in a scratch folder:
+  prepare_data_check.py REPO REMAT_TRAIN
+Two tokenizers, built here: a byte-level BPE trained on the fly (GPT-2's pre-tokenizer, 16-bit ids,
+so uint16 shards) and one written by hand with Llama 3's split regex and 66k ids (uint32 shards,
+merged tokens and the end-of-text past 65535). For each: the shards hold exactly the ids that
+`tokenizers` gives each document, one end-of-text between documents, whatever --chunk-bytes cuts;
+remat-train trains on them with the `--set` options the script printed; and `sample`'s text with
+--tokenizer is byte for byte `tokenizers`' decode (skip_special_tokens=False) of the ids it prints
+without (random draws over the whole vocabulary, so partial UTF-8, special and odd tokens too).
+"""
+import array
+import json
+import os
+import random
+import shlex
+import struct
+import subprocess
+import sys
+
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+REPO, BINARY = sys.argv[1], sys.argv[2]
+SCRIPT = os.path.join(REPO, "scripts", "prepare_data.py")
+LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
+                r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "café", "naïve", "über",
+         "日本語", "€5", "—", "😀", "it's", "42", "1999", "x+y", "\t", "(ok)"]
+
+
+def fail(message):
+    print(f"FAILED: {message}", file=sys.stderr)
+    sys.exit(1)
+
+
+def check(cond, message):
+    if not cond:
+        fail(message)
+
+
+def run(cmd, expect=0):
+    p = subprocess.run(cmd, capture_output=True)
+    if p.returncode != expect:
+        fail(f"{shlex.join(cmd)}: exit {p.returncode}, expected {expect}\n"
+             f"{p.stdout.decode(errors='replace')}{p.stderr.decode(errors='replace')}")
+    return p
+
+
+def prepare(*args, expect=0):
+    return run([sys.executable, SCRIPT, *args], expect)
+
+
+def one_error_line(p, *needles):
+    err = p.stderr.decode().strip().split("\n")[-1]
+    check(err.startswith("error: [prepare] ") and "Fix:" in err, f"not a one-line error: {err!r}")
+    for n in needles:
+        check(n in err, f"{n!r} not in {err!r}")
+
+
+def read_shard(path):
+    with open(path, "rb") as f:
+        data = f.read()
+    magic, version, count = struct.unpack("<3i", data[:12])
+    tokens = array.array("H" if magic == 20240520 else "I")
+    tokens.frombytes(data[1024:])
+    check(len(tokens) == count, f"{path}: header says {count} tokens, the file has {len(tokens)}")
+    return magic, version, list(tokens)
+
+
+def shards(out, split):
+    names = sorted(n for n in os.listdir(out) if n.startswith(split + "_") and n.endswith(".bin"))
+    return [read_shard(os.path.join(out, n)) for n in names]
+
+
+def documents(seed, n, lines):
+    rng = random.Random(seed)
+    docs = []
+    for _ in range(n):
+        rows = []
+        for _ in range(rng.randrange(lines // 2, lines)):
+            row = " ".join(rng.choice(WORDS) for _ in range(rng.randrange(3, 12)))
+            rows.append(rng.choice(["", "", "  ", "\n"]) + row)  # some lines start blank
+        docs.append("\n".join(rows) + "\n")
+    return docs
+
+
+def expected_stream(tok, docs, eot):
+    out = []
+    for i, d in enumerate(docs):
+        if i:
+            out.append(eot)
+        out += tok.encode(d, add_special_tokens=False).ids
+    return out
+
+
+def check_shards(out, tok, docs, eot, magic, version, shard_tokens, val=True):
+    train, val_shards = shards(out, "train"), shards(out, "val")
+    for m, v, t in train + val_shards:
+        check((m, v) == (magic, version), f"{out}: header {m}, {v}, expected {magic}, {version}")
+    for _, _, t in train[:-1]:
+        check(len(t) == shard_tokens, f"{out}: a train shard of {len(t)} tokens, not "
+              f"{shard_tokens}")
+    a = [x for s in train for x in s[2]]
+    b = [x for s in val_shards for x in s[2]]
+    want = expected_stream(tok, docs, eot)
+    # val starts inside a document (no end-of-text) or at the start of one (one between them)
+    check(a + b == want or a + [eot] + b == want, f"{out}: the shards are not the documents' ids")
+    if val:
+        check(0.02 < len(b) / len(want) < 0.25, f"{out}: val holds {len(b)} of {len(want)} tokens")
+    else:
+        check(not b, f"{out}: val shards with --val-fraction 0")
+    return a, b
+
+
+def train(tag, printed):
+    options = shlex.split(printed.strip().split("\n")[-1])
+    with open(f"{tag}.toml", "w") as f:
+        f.write(f"""[model]
+kind = "gpt"
+n_layer = 1
+n_head = 2
+n_embd = 16
+position = "rope"
+[train]
+seq_len = 32
+batch_size = 2
+steps = 4
+eval_every = 2
+eval_tokens = 64
+[device]
+backend = "cpu"
+threads = 1
+[checkpoint]
+dir = "{tag}-ckpt"
+""")
+    p = run([BINARY, "train", "--config", f"{tag}.toml", *options])
+    check(b"val_loss" in p.stdout, f"{tag}: no validation in the run:\n{p.stdout.decode()}")
+
+
+def sample_matches_decode(tag, tok, prompt_ids):
+    """The checkpoint of train(tag), whose model.vocab_size is the tokenizer's: with and without
+    --tokenizer, sample draws the same ids (the same candidates), so the text is their decode."""
+    sample = [BINARY, "sample", "--checkpoint", f"{tag}-ckpt", "--tokens", "300",
+              "--temperature", "1", "--seed", "5", "--prompt", " ".join(map(str, prompt_ids))]
+    ids = [int(x) for x in run(sample).stdout.split()]
+    check(len(ids) == 300, f"{tag}: sample printed {len(ids)} ids")
+    text = run(sample + ["--tokenizer", "tokenizer.json"]).stdout
+    want = (tok.decode(prompt_ids + ids, skip_special_tokens=False) + "\n").encode()
+    check(text == want, f"{tag}: sample's text is not tokenizers' decode:\n{text!r}\n{want!r}")
+
+
+def gpt2_style():
+    """A trained byte-level BPE with GPT-2's pre-tokenizer: 16-bit ids."""
+    os.makedirs("gpt2", exist_ok=True)
+    os.chdir("gpt2")
+    docs = documents(1, 6, 120)
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=500, show_progress=False,
+                                  special_tokens=["<|endoftext|>", "<|end of turn|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(docs, trainer)
+    tok.save("tokenizer.json")
+    eot = tok.token_to_id("<|endoftext|>")
+    os.makedirs("docs/sub", exist_ok=True)
+    for i, d in enumerate(docs):  # docs/0.txt ... docs/sub/5.txt, sorted by path
+        with open(f"docs/{'sub/' if i == 5 else ''}{i}.txt", "w", encoding="utf-8") as f:
+            f.write(d)
+    for skipped in ("docs/.hidden.txt", "docs/notes.md"):
+        with open(skipped, "w") as f:
+            f.write("never read")
+
+    p = prepare("--tokenizer", "tokenizer.json", "docs", "--out", "out", "--val-fraction", "0.1",
+                "--chunk-bytes", "300", "--shard-tokens", "1000")
+    check(b"tok/s" in p.stderr and b"documents" in p.stderr, "no progress on stderr")
+    cut = check_shards("out", tok, docs, eot, 20240520, 1, 1000)
+    check(len(shards("out", "train")) > 3, "expected several train shards")
+    printed = p.stdout.decode()
+    check("--set 'data.path=out/train_*.bin'" in printed and "model.vocab_size=" in printed,
+          f"no --set line:\n{printed}")
+
+    p = prepare("--tokenizer", "tokenizer.json", "docs", "--out", "out", expect=2)
+    one_error_line(p, "has shards already", "--force")
+    # --force, with shards big enough for all: the earlier run's other shards must go.
+    p = prepare("--tokenizer", "tokenizer.json", "docs", "--out", "out", "--val-fraction", "0.1",
+                "--force")
+    check(sorted(os.listdir("out")) == ["train_000000.bin", "val_000000.bin"],
+          f"stale shards left: {sorted(os.listdir('out'))}")
+    whole = check_shards("out", tok, docs, eot, 20240520, 1, 10**8)
+    check(whole == cut, "pieces of --chunk-bytes 300 and whole documents tokenize differently")
+    printed = p.stdout.decode()
+
+    encoded = run([sys.executable, SCRIPT, "--tokenizer", "tokenizer.json", "--encode",
+                   "the quick café 😀"]).stdout.split()
+    prompt = [int(x) for x in encoded]
+    check(prompt == tok.encode("the quick café 😀", add_special_tokens=False).ids, "--encode")
+    train("gpt2", printed)
+    sample_matches_decode("gpt2", tok, prompt)
+
+    # JSONL with its own key and --eot as text; a missing key names the line.
+    with open("docs.jsonl", "w", encoding="utf-8") as f:
+        for d in docs:
+            f.write(json.dumps({"id": 1, "body": d}) + "\n\n")
+    turn = tok.token_to_id("<|end of turn|>")
+    prepare("--tokenizer", "tokenizer.json", "docs.jsonl", "--out", "jl", "--text-key", "body",
+            "--eot", "<|end of turn|>", "--val-fraction", "0")
+    check_shards("jl", tok, docs, turn, 20240520, 1, 10**8, val=False)
+    one_error_line(prepare("--tokenizer", "tokenizer.json", "docs.jsonl", "--out", "jl2",
+                           expect=2), "docs.jsonl:1", "'text'", "--text-key")
+    # The eos_token of a tokenizer_config.json beside tokenizer.json is the default.
+    with open("tokenizer_config.json", "w") as f:
+        json.dump({"eos_token": {"content": "<|end of turn|>"}}, f)
+    prepare("--tokenizer", "tokenizer.json", "docs", "--out", "cfg", "--val-fraction", "0")
+    check_shards("cfg", tok, docs, turn, 20240520, 1, 10**8, val=False)
+    os.remove("tokenizer_config.json")
+    one_error_line(prepare("--tokenizer", "tokenizer.json", "docs", "--out", "bad", "--eot",
+                           "99999", expect=2), "--eot 99999")
+    one_error_line(prepare("--tokenizer", "missing.json", "docs", "--out", "bad", expect=2),
+                   "missing.json")
+    os.chdir("..")
+
+
+def llama3_style():
+    """A hand-made tokenizer with Llama 3's split regex and 66k ids: uint32 shards."""
+    os.makedirs("llama3", exist_ok=True)
+    os.chdir("llama3")
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {c: i for i, c in enumerate(alphabet)}
+    for i in range(len(vocab), 66000):  # never made by a merge, but sample may draw them
+        vocab[f"<filler {i}>" if i % 2 else f"Ā{i}"] = i
+    merges = [("t", "h"), ("th", "e"), ("Ġ", "the"), ("Ã", "©"), ("q", "u"), ("Ġ", "qu"),
+              ("o", "x"), ("f", "ox"), ("Ġ", "fox")]
+    for a, b in merges:
+        vocab.setdefault(a, len(vocab))
+        vocab.setdefault(a + b, len(vocab))
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(LLAMA3_SPLIT), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(["<|end_of_text|>"])
+    tok.save("tokenizer.json")
+    eot = tok.token_to_id("<|end_of_text|>")
+    check(eot >= 66000, f"end-of-text id {eot}")
+    docs = documents(2, 3, 80)
+    os.makedirs("docs")
+    for i, d in enumerate(docs):
+        with open(f"docs/{i}.txt", "w", encoding="utf-8") as f:
+            f.write(d)
+    p = prepare("--tokenizer", "tokenizer.json", "docs", "--out", "out", "--val-fraction", "0.1",
+                "--chunk-bytes", "200")
+    train_ids, _ = check_shards("out", tok, docs, eot, 20240801, 7, 10**8)
+    check(max(train_ids) >= 66000, "no id past 65535 in the uint32 shards")
+    check("uint32" in p.stdout.decode(), p.stdout.decode())
+    prompt = tok.encode("the fox café", add_special_tokens=False).ids
+    check(max(prompt) >= 66000, f"prompt ids {prompt}")
+    train("llama3", p.stdout.decode())
+    sample_matches_decode("llama3", tok, prompt)
+    os.chdir("..")
+
+
+gpt2_style()
+llama3_style()
+print("prepare_data.py: uint16 and uint32 shards equal tokenizers' ids; remat-train trained on "
+      "them; sample's text equals tokenizers' decode")
