@@ -857,7 +857,7 @@ TEST_CASE("hf CLI: --init hf: then export gives the folder back, bit for bit", "
   }
 }
 
-TEST_CASE("hf CLI: plan and fit read config.json alone; errors exit 2", "[hf]") {
+TEST_CASE("hf CLI: plan and fit read config.json alone, and errors exit 2", "[hf]") {
   TempDir tmp("hf-plan");
   Json j =
       llama_config({.V = 128256, .C = 4096, .L = 32, .NH = 32, .KVH = 8, .HS = 128, .FF = 14336});
