@@ -500,6 +500,8 @@ nlohmann::ordered_json config_json(const ModelConfig& m, int64_t seq_len,
   }
   for (const char* key : {"bos_token_id", "eos_token_id", "pad_token_id"})
     if (source && source->contains(key)) j[key] = (*source)[key];
+  // transformers 4.56+ write "dtype"; older releases read only "torch_dtype".
+  j["dtype"] = torch_dtype;
   j["torch_dtype"] = torch_dtype;
   j["use_cache"] = true;
   return j;
