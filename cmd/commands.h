@@ -24,8 +24,8 @@ struct TrainOptions {
   std::vector<std::string> overrides;  // --set section.key=value
   std::string metrics_path;            // --metrics FILE (overrides log.metrics)
   std::string resume;                  // --resume DIR | latest (the newest in checkpoint.dir)
-  std::string init_path;               // --init FILE: weights only (model.safetensors or a folder)
-  int64_t stop_at = 0;  // --stop-at STEP: stop (and checkpoint) after this step; 0 = train.steps
+  std::string init_path;  // --init FILE: weights only (model.safetensors, a folder, or hf:DIR)
+  int64_t stop_at = 0;    // --stop-at STEP: stop (and checkpoint) after this step; 0 = train.steps
   bool quiet = false;
 };
 
@@ -111,6 +111,22 @@ struct SampleOptions {
 
 /// Generates from a checkpoint with KV-cached decoding on the CPU; prints to stdout.
 int run_sample(const SampleOptions& opt);
+
+/// --checkpoint as `sample` and `export` take it: a step_* folder, or a checkpoint.dir (its
+/// newest complete checkpoint). `command` names the subcommand in errors.
+std::string resolve_checkpoint(const std::string& arg, const char* command);
+
+struct ExportOptions {
+  std::string checkpoint;      // --checkpoint DIR (a step_* folder, or a checkpoint.dir)
+  std::string out;             // --hf OUT: the Hugging Face folder to write (absent or empty)
+  bool bf16 = true;            // --dtype bf16 (default) | fp32
+  std::string tokenizer_from;  // --tokenizer-from DIR: tokenizer files and token ids from there
+  uint64_t shard_bytes = 5'000'000'000;  // --shard-size: shards with an index above this
+};
+
+/// Writes a checkpoint as a Hugging Face model folder (docs/hf.md): config.json and the
+/// weights, into OUT.tmp-<pid>, renamed to OUT when complete.
+int run_export(const ExportOptions& opt);
 
 /// The multi-line --version text: version, backends built, BLAS and its CPU kernel.
 std::string version_text();

@@ -92,11 +92,44 @@ CLI::Validator at_least(int64_t lo) {
 }
 
 // -c/--config and --set: every subcommand that reads a config takes both.
-void add_config_options(CLI::App* cmd, std::string& config_path,
-                        std::vector<std::string>& overrides) {
-  cmd->add_option("-c,--config", config_path, "TOML config file (see configs/)")->required();
+CLI::Option* add_config_options(CLI::App* cmd, std::string& config_path,
+                                std::vector<std::string>& overrides) {
+  CLI::Option* config =
+      cmd->add_option("-c,--config", config_path, "TOML config file (see configs/)")->required();
   cmd->add_option("--set", overrides, "Override a config key: --set section.key=value (repeatable)")
       ->type_name("SECTION.KEY=VALUE");
+  return config;
+}
+
+// --model hf:DIR: the subcommands that train or plan a model take it from a Hugging Face folder's
+// config.json (docs/hf.md); --config is then optional.
+void add_model_option(CLI::App* cmd, CLI::Option* config, std::string& model) {
+  config->required(false);
+  cmd->add_option("--model", model,
+                  "hf:DIR: the model of a Hugging Face folder's config.json (the same as --set "
+                  "model.from_hf=DIR; without --config, every other key at its default)");
+}
+
+// --model hf:DIR as --set model.from_hf=DIR, or, without --config, as the whole config ("hf:DIR",
+// which load_config reads as a config of that model and defaults).
+void apply_model_option(const std::string& model, std::string& config_path,
+                        std::vector<std::string>& overrides) {
+  if (model.empty()) {
+    if (config_path.empty())
+      throw remat::ConfigError(
+          "--config is required. Fix: give --config FILE, or --model hf:DIR for a Hugging Face "
+          "model with default settings");
+    return;
+  }
+  if (model.rfind("hf:", 0) != 0 || model.size() == 3)
+    throw remat::ConfigError(
+        fmt::format("--model {}: expected hf:DIR, a Hugging Face model folder. Fix: write --model "
+                    "hf:path/to/model (the folder holding config.json)",
+                    model));
+  if (config_path.empty())
+    config_path = model;
+  else
+    overrides.push_back(remat::from_hf_override(model.substr(3)));
 }
 
 // --policies a,b,c: the default list is the policy table's built-in rows.
@@ -132,9 +165,11 @@ int run(int argc, char** argv) {
                "Print version, backends, BLAS and CPU kernel, then exit");
 
   remat::cli::TrainOptions train;
+  std::string train_model, plan_model, fit_model, sweep_model;
   CLI::App* train_cmd =
       app.add_subcommand("train", "Train a model from a TOML config (the default subcommand)");
-  add_config_options(train_cmd, train.config_path, train.overrides);
+  add_model_option(train_cmd, add_config_options(train_cmd, train.config_path, train.overrides),
+                   train_model);
   int64_t train_steps = 0;
   train_cmd->add_option("--steps", train_steps, "Steps to train (the same as --set train.steps=N)")
       ->check(at_least(1));
@@ -144,7 +179,8 @@ int run(int argc, char** argv) {
       "Continue bit-for-bit from a checkpoint folder, or 'latest' (the newest in checkpoint.dir)");
   train_cmd
       ->add_option("--init", train.init_path,
-                   "Start from these weights only (model.safetensors or a checkpoint folder)")
+                   "Start from these weights only (model.safetensors, a checkpoint folder, or "
+                   "hf:DIR, a Hugging Face folder, which implies --model hf:DIR)")
       ->excludes(resume_opt);
   train_cmd
       ->add_option("--stop-at", train.stop_at,
@@ -157,7 +193,8 @@ int run(int argc, char** argv) {
   std::string plan_memory, plan_seq_len, plan_batch;
   CLI::App* plan_cmd = app.add_subcommand(
       "plan", "Predict peak memory, FLOPs and the longest seq_len per policy (no compute)");
-  add_config_options(plan_cmd, plan.config_path, plan.overrides);
+  add_model_option(plan_cmd, add_config_options(plan_cmd, plan.config_path, plan.overrides),
+                   plan_model);
   auto* mem_opt = plan_cmd->add_option("--memory", plan_memory,
                                        "Memory budget, e.g. 80GiB (default: the config's device)");
   plan_cmd->add_option("--gpu", plan.gpu, "Plan for a GPU preset: " + gpu_preset_list())
@@ -191,7 +228,7 @@ int run(int argc, char** argv) {
   std::string fit_memory, fit_batch;
   CLI::App* fit_cmd = app.add_subcommand(
       "fit", "The longest seq_len that fits, per policy, and the fastest policy at yours");
-  add_config_options(fit_cmd, fit.config_path, fit.overrides);
+  add_model_option(fit_cmd, add_config_options(fit_cmd, fit.config_path, fit.overrides), fit_model);
   auto* fit_mem_opt = fit_cmd->add_option(
       "--memory", fit_memory, "Memory budget, e.g. 80GiB (default: the config's device)");
   auto* fit_gpu_opt =
@@ -215,7 +252,8 @@ int run(int argc, char** argv) {
   CLI::App* sweep_cmd = app.add_subcommand(
       "sweep",
       "Train a few steps at every (seq_len, policy) point; write sweep.csv and sweep.json");
-  add_config_options(sweep_cmd, sweep.config_path, sweep.overrides);
+  add_model_option(sweep_cmd, add_config_options(sweep_cmd, sweep.config_path, sweep.overrides),
+                   sweep_model);
   sweep_cmd
       ->add_option(
           "--seq-lens", sweep.seq_lens,
@@ -265,6 +303,27 @@ int run(int argc, char** argv) {
       ->check(at_least(0));
   sample_cmd->add_option("--seed", sample.seed, "Random seed (default 1337)");
 
+  remat::cli::ExportOptions export_opt;
+  std::string export_dtype = "bf16", export_shard;
+  CLI::App* export_cmd = app.add_subcommand(
+      "export", "Write a checkpoint as a Hugging Face model folder (config.json + safetensors)");
+  export_cmd
+      ->add_option("--checkpoint", export_opt.checkpoint,
+                   "Checkpoint folder, or a checkpoint.dir (its newest)")
+      ->required();
+  export_cmd
+      ->add_option("--hf", export_opt.out,
+                   "The folder to write; it must not exist or be empty (never overwritten)")
+      ->required();
+  export_cmd->add_option("--dtype", export_dtype, "Weights as bf16 (default) or fp32")
+      ->check(CLI::IsMember({"bf16", "fp32"}));
+  export_cmd->add_option("--tokenizer-from", export_opt.tokenizer_from,
+                         "Copy tokenizer files and token ids from this Hugging Face folder "
+                         "(default: the run's model.from_hf, when it is still there)");
+  export_cmd->add_option("--shard-size", export_shard,
+                         "Weights above this size go into shards with an index (default 5GB, as "
+                         "save_pretrained)");
+
   std::vector<std::string> args;
   try {
     std::vector<std::string> names;
@@ -294,6 +353,13 @@ int run(int argc, char** argv) {
         "[parallel] a launcher started {} ranks of `remat-train {}`, which runs on one. Fix: run "
         "it without mpirun/srun (only `train` runs on several ranks)",
         remat::parallel::launched_ranks(), app.get_subcommands().front()->get_name()));
+  if (train_cmd->parsed() && train.config_path.empty() && train_model.empty() &&
+      train.init_path.rfind("hf:", 0) == 0)
+    train_model = train.init_path;  // --init hf:DIR alone: that folder's model, default settings
+  if (train_cmd->parsed()) apply_model_option(train_model, train.config_path, train.overrides);
+  if (plan_cmd->parsed()) apply_model_option(plan_model, plan.config_path, plan.overrides);
+  if (fit_cmd->parsed()) apply_model_option(fit_model, fit.config_path, fit.overrides);
+  if (sweep_cmd->parsed()) apply_model_option(sweep_model, sweep.config_path, sweep.overrides);
   // A relative --config missing here comes from the installed share/remat-train/ (configs from
   // any folder after `make install`); resolved once, the banner names the file actually read and
   // the child processes of fit and sweep read it too.
@@ -306,6 +372,17 @@ int run(int argc, char** argv) {
   }
   if (compare_cmd->parsed()) return remat::cli::run_compare(compare);
   if (sample_cmd->parsed()) return remat::cli::run_sample(sample);
+  if (export_cmd->parsed()) {
+    export_opt.bf16 = export_dtype == "bf16";
+    if (!export_shard.empty()) {
+      const std::optional<uint64_t> v = remat::parse_size(export_shard);
+      if (!v || *v == 0)
+        throw remat::ConfigError(
+            fmt::format("--shard-size {}: not a size. Fix: write e.g. 5GB or 500MB", export_shard));
+      export_opt.shard_bytes = *v;
+    }
+    return remat::cli::run_export(export_opt);
+  }
   if (keys_cmd->parsed()) {
     fmt::print("{}",
                keys_policies ? remat::policy_table_markdown() : remat::config_keys_markdown());

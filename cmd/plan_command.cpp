@@ -113,7 +113,8 @@ int run_plan(const PlanOptions& opt) {
   add_rank_sets(sets, opt.config_path, opt.ranks, opt.context);
   Config cfg = load_config(opt.config_path, sets);
   // A GPU plan at a --seq-len sizes a learned position table to it; the MLP has none.
-  if (!opt.gpu.empty() && opt.seq_len && cfg.model.has_sequence()) {
+  // A Hugging Face model's table is its config.json's (model.from_hf), n_positions included.
+  if (!opt.gpu.empty() && opt.seq_len && cfg.model.has_sequence() && cfg.model.from_hf.empty()) {
     sets.push_back("model.n_ctx=" + std::to_string(std::max<int64_t>(*opt.seq_len, 1)));
     cfg = load_config(opt.config_path, sets);
   }

@@ -34,28 +34,29 @@
 #include "layers/decoder.h"
 
 namespace remat::cli {
-namespace {
-
-constexpr int32_t kByteStartToken = '\n';
-constexpr int64_t kByteVocab = 256;
 
 // --checkpoint names a step_* folder (it has a state.json) or a checkpoint.dir (its newest).
-std::string resolve_checkpoint(const std::string& arg) {
+std::string resolve_checkpoint(const std::string& arg, const char* command) {
   namespace fs = std::filesystem;
   if (fs::exists(fs::path(arg) / "state.json")) return arg;
   if (!fs::is_directory(arg))
     throw CheckpointError(
-        fmt::format("[sample] --checkpoint {}: no such folder. Fix: pass a step_* checkpoint "
+        fmt::format("[{}] --checkpoint {}: no such folder. Fix: pass a step_* checkpoint "
                     "folder, or the checkpoint.dir of a training run",
-                    arg));
+                    command, arg));
   const std::string latest = latest_checkpoint(arg);
   if (latest.empty())
     throw CheckpointError(
-        fmt::format("[sample] --checkpoint {}: no state.json and no complete step_* checkpoint in "
+        fmt::format("[{}] --checkpoint {}: no state.json and no complete step_* checkpoint in "
                     "it. Fix: pass a step_* folder, or train with checkpoint.dir set first",
-                    arg));
+                    command, arg));
   return latest;
 }
+
+namespace {
+
+constexpr int32_t kByteStartToken = '\n';
+constexpr int64_t kByteVocab = 256;
 
 std::string read_prompt(const SampleOptions& opt) {
   if (opt.prompt_file.empty()) return opt.prompt;
@@ -272,7 +273,7 @@ int64_t positions_needed(const Config& cfg, int64_t prompt_len, int64_t tokens) 
 }  // namespace
 
 int run_sample(const SampleOptions& opt) {
-  const std::string path = resolve_checkpoint(opt.checkpoint);
+  const std::string path = resolve_checkpoint(opt.checkpoint, "sample");
   const Checkpoint ckpt(path);
   const Config cfg = parse_config(ckpt.state().config_toml, path + "/state.json");
   if (!cfg.model.has_sequence())

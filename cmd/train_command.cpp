@@ -21,6 +21,7 @@
 #include "engine/devices.h"
 #include "engine/error.h"
 #include "engine/experiments/interrupt.h"
+#include "engine/hf_weights.h"
 #include "engine/parallel/communicator.h"
 #include "engine/parallel/context_ring.h"
 #include "engine/planner.h"
@@ -103,6 +104,26 @@ void check_same_model(const Config& run, const Checkpoint& ckpt) {
                                      saved_value, ckpt.path()),
                          fmt::format("resume with {} = {} (a checkpoint continues the same model)",
                                      key, saved_value));
+}
+
+// `--init hf:DIR` trains that folder's model: it implies model.from_hf = DIR, and a config that
+// names another folder is refused (its weights would not fit the model, or worse, would).
+std::vector<std::string> overrides_for_init(const TrainOptions& opt) {
+  std::vector<std::string> sets = opt.overrides;
+  if (opt.init_path.rfind("hf:", 0) != 0) return sets;
+  const std::string dir = opt.init_path.substr(3);
+  const std::optional<std::string> named = config_from_hf(opt.config_path, opt.overrides);
+  if (!named) {
+    sets.push_back(from_hf_override(dir));
+    return sets;
+  }
+  std::error_code ec1, ec2;
+  if (std::filesystem::weakly_canonical(*named, ec1) != std::filesystem::weakly_canonical(dir, ec2))
+    throw ConfigError(fmt::format(
+        "{}: [hf] --init hf:{} but model.from_hf = \"{}\": the weights would not be the "
+        "model's. Fix: name one folder (--init hf:DIR implies model.from_hf = DIR)",
+        opt.config_path, dir, *named));
+  return sets;
 }
 
 // One training run: the loop, its evaluations and checkpoints, and what it reports.
@@ -294,6 +315,10 @@ class TrainRun {
     CheckpointState state;
     state.step = trainer_.steps_done();
     state.config_toml = config_to_toml(cfg_);
+    // Where the model came from, so that `export` finds its tokenizer files (the config keeps
+    // the expanded keys, not the folder, so that a resume never needs it).
+    if (!cfg_.model.from_hf.empty())
+      state.extra["hf_source"] = std::filesystem::absolute(cfg_.model.from_hf).string();
     state.data_cursor = data_.cursor(state.step);
     if (summary_.final_val_loss) state.extra["val_loss"] = *summary_.final_val_loss;
     const std::string path =
@@ -463,7 +488,7 @@ int run_train(const TrainOptions& options) {
   parallel::Communicator& world = parallel::init_world();
   TrainOptions opt = options;
   opt.quiet = opt.quiet || world.rank() != 0;  // one rank prints; errors come from any rank
-  Config cfg = load_config(opt.config_path, opt.overrides);
+  Config cfg = load_config(opt.config_path, overrides_for_init(opt));
   if (!opt.metrics_path.empty()) cfg.log.metrics = opt.metrics_path;
   resolve_ranks(cfg, world);
   if (!cfg.log.metrics.empty()) cfg.log.metrics = rank_metrics_path(cfg.log.metrics, world.rank());
@@ -517,6 +542,10 @@ int run_train(const TrainOptions& options) {
     trainer.set_steps_done(resume->state().step);
     info.resume_line =
         fmt::format("resumed from {} at step {}", resume->path(), resume->state().step);
+  } else if (opt.init_path.rfind("hf:", 0) == 0) {
+    info.resume_line =
+        fmt::format("weights from {}: {} (optimizer state and step start fresh)", opt.init_path,
+                    hf::load_weights(cfg.model.from_hf, cfg.model, be, *model));
   } else if (!opt.init_path.empty()) {
     load_weights(opt.init_path, be, *model);
     info.resume_line =

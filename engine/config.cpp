@@ -12,10 +12,12 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <optional>
 #include <sstream>
 
 #include "engine/config_path.h"
 #include "engine/error.h"
+#include "engine/hf_model.h"
 #include "engine/parallel/layout.h"
 #include "engine/policy.h"
 #include "engine/units.h"
@@ -265,6 +267,18 @@ RopeScaling read_rope_scaling(const toml::node& n, const Origin& o) {
   return s;
 }
 
+// model.from_hf: a folder (whether it holds a config.json is hf::read_model_keys's to say).
+std::string read_hf_folder(const toml::node& n, const Origin& o) {
+  if (g_describe) {
+    *g_describe = {"string", "a folder holding config.json"};
+    return {};
+  }
+  if (!n.is_string() || n.value<std::string>()->empty())
+    fail(o, fmt::format("expected a folder (a string), got {}", type_name(n)),
+         "write from_hf = \"path/to/model\" (the folder holding config.json)");
+  return *n.value<std::string>();
+}
+
 // One path or a list of them: "data/*.bin" or ["a.bin", "b.bin"].
 std::vector<std::string> read_path_list(const toml::node& n, const Origin& o) {
   if (g_describe) {
@@ -320,6 +334,9 @@ const std::vector<KeySpec>& key_specs() {
        "the model: \"gpt\", the Llama family (\"llama\": Llama, Qwen, Mistral, SmolLM) or the "
        "checkpointing tutorial's \"mlp\" (required in a config file)",
        [](Config& c, auto& n, auto& o) { c.model.kind = read_enum(n, o, kModelKinds); }},
+      {"model", "from_hf",
+       "a Hugging Face model folder: every other [model] key from its config.json (docs/hf.md)",
+       [](Config& c, auto& n, auto& o) { c.model.from_hf = read_hf_folder(n, o); }},
       {"model", "n_layer", "blocks",
        [](Config& c, auto& n, auto& o) { c.model.n_layer = read_int(n, o, 1, 4096, false); }},
       {"model", "n_head", "attention heads (query heads)",
@@ -740,6 +757,38 @@ void apply_override(toml::table& root, const std::string& text, Origins& origins
   origins.set(section + "." + key, o.where);
 }
 
+using WhereFn = std::function<std::string(const std::string&, const toml::node&)>;
+
+// model.from_hf = "DIR": the [model] table becomes DIR/config.json's (engine/hf_model.h), so that
+// it is exactly the checkpoint's. Any other [model] key beside it is an error, except vocab_size
+// (a vocabulary padded for faster GEMMs: --init hf: pads the rows, docs/hf.md). Each key taken
+// from config.json names "DIR/config.json" as its origin in messages.
+std::optional<hf::ModelKeys> expand_from_hf(toml::table& root, const WhereFn& where,
+                                            std::map<std::string, std::string>& from_set) {
+  toml::table* model = root["model"].as_table();
+  if (!model || !model->contains("from_hf")) return std::nullopt;
+  const Origin o{where("model.from_hf", *model->get("from_hf")), "model.from_hf"};
+  const std::string dir = read_hf_folder(*model->get("from_hf"), o);
+  for (auto&& [k, v] : *model) {
+    const std::string key(k.str());
+    if (key != "from_hf" && key != "vocab_size")
+      fail({where("model." + key, v), "model." + key},
+           fmt::format("set beside model.from_hf = \"{}\", whose config.json gives every "
+                       "[model] key (--model hf: and --init hf: set model.from_hf too)",
+                       dir),
+           fmt::format("remove model.{}: the model is the folder's (docs/hf.md)", key));
+  }
+  hf::ModelKeys keys = hf::read_model_keys(dir);
+  const std::string origin = (std::filesystem::path(dir) / "config.json").string();
+  for (auto&& [k, v] : toml::parse(keys.toml)) {
+    const std::string key(k.str());
+    if (model->contains(key)) continue;  // vocab_size, given beside from_hf
+    model->insert_or_assign(key, v);
+    from_set["model." + key] = origin;
+  }
+  return keys;
+}
+
 Config build(toml::table root, const std::string& name, const std::vector<std::string>& overrides) {
   Origins origins(name);
   std::map<std::string, std::string> from_set;
@@ -754,6 +803,7 @@ Config build(toml::table root, const std::string& name, const std::vector<std::s
     auto it = from_set.find(full);
     return it != from_set.end() ? it->second : pos(name, n.source());
   };
+  const std::optional<hf::ModelKeys> hf_keys = expand_from_hf(root, where, from_set);
   for (auto&& [k, node] : root) {
     const std::string section(k.str());
     const toml::table* tbl = node.as_table();
@@ -769,6 +819,14 @@ Config build(toml::table root, const std::string& name, const std::vector<std::s
   if (c.model.kind == ModelKind::Mlp && !root["data"]["task"]) c.data.task = "regression";
   if (c.model.kind == ModelKind::Llama && !root["model"]["position"])
     c.model.position = PositionKind::Rope;  // the family's only kind of positions
+  if (hf_keys && hf_keys->attention_window > 0 && c.train.seq_len > hf_keys->attention_window)
+    fail(origins.of("train.seq_len"),
+         fmt::format("seq_len = {} is longer than the sliding window of {} ({} in {}/config.json): "
+                     "attention here sees every earlier token, and {} sees only the last {}",
+                     c.train.seq_len, hf_keys->attention_window, hf_keys->window_key,
+                     c.model.from_hf, hf_keys->architecture, hf_keys->attention_window),
+         fmt::format("train at seq_len <= {}, where the two are the same (docs/hf.md)",
+                     hf_keys->attention_window));
   validate(c, origins);
   c.origins = origins.all();
   return c;
@@ -872,14 +930,48 @@ std::string docs_page_path(const std::string& page) {
   return std::filesystem::exists(installed, ec) ? installed.lexically_normal().string() : page;
 }
 
+std::string from_hf_override(const std::string& dir) {
+  std::string quoted;
+  for (char ch : dir) {
+    if (ch == '"' || ch == '\\') quoted += '\\';
+    quoted += ch;
+  }
+  return fmt::format("model.from_hf=\"{}\"", quoted);
+}
+
+std::optional<std::string> config_from_hf(const std::string& given,
+                                          const std::vector<std::string>& overrides) {
+  for (auto it = overrides.rbegin(); it != overrides.rend(); ++it)
+    if (it->rfind("model.from_hf=", 0) == 0) {
+      toml::table root;
+      Origins unused(given);
+      apply_override(root, *it, unused);
+      return root["model"]["from_hf"].value<std::string>();
+    }
+  if (given.rfind("hf:", 0) == 0) return given.substr(3);
+  const std::string path = resolve_config_path(given);
+  return parse_toml(read_config_file(path), path)["model"]["from_hf"].value<std::string>();
+}
+
 Config load_config(const std::string& given, const std::vector<std::string>& overrides) {
+  // "hf:DIR" is `--model hf:DIR` without --config: no file, the model from DIR, every other key
+  // at its default (the name is what fit's and sweep's trials pass on as --config).
+  if (given.rfind("hf:", 0) == 0) {
+    std::vector<std::string> sets{from_hf_override(given.substr(3))};
+    sets.insert(sets.end(), overrides.begin(), overrides.end());
+    return build(toml::table{}, given, sets);
+  }
   // Resolved here too, not only by the CLI: every caller finds the installed configs the same way.
   const std::string path = resolve_config_path(given);
   toml::table root = parse_toml(read_config_file(path), path);
   // An empty, comment-only or truncated file must not train the built-in defaults: the file
   // says at least which model it trains, as [model] kind.
   const toml::table* model = root["model"].as_table();
-  if (!model || !model->contains("kind"))
+  const bool from_hf = (model && model->contains("from_hf")) ||
+                       std::any_of(overrides.begin(), overrides.end(), [](const std::string& o) {
+                         return o.rfind("model.from_hf=", 0) == 0;
+                       });
+  if (!from_hf && (!model || !model->contains("kind")))
     throw ConfigError(fmt::format(
         "{}: [config] model.kind: missing: a config names at least the model it trains. Fix: "
         "add [model] with kind = \"gpt\", \"llama\" or \"mlp\" (configs/ has complete examples)",

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -64,6 +65,9 @@ struct ModelConfig {
   bool attention_bias = false;  // q/k/v projection biases (Qwen2)
   bool qk_norm = false;         // per-head RMSNorm of q and k before RoPE (Qwen3)
   bool tie_embeddings = true;   // LM head = token embedding (tie_word_embeddings)
+  // model.from_hf: the Hugging Face folder whose config.json gave the keys above (docs/hf.md).
+  // Not written back by config_to_toml, which writes the keys themselves.
+  std::string from_hf;
   int64_t ff() const { return d_ff > 0 ? d_ff : 4 * n_embd; }
   /// Models over token sequences (gpt, llama): attention, seq_len, an LM head.
   bool has_sequence() const { return kind != ModelKind::Mlp; }
@@ -188,8 +192,16 @@ std::string config_to_toml(const Config& c);
 /// the parser's own readers) and meaning. `remat-train keys` prints it; docs/configs.md shows it.
 std::string config_keys_markdown();
 
+/// The model.from_hf that `path` and `overrides` set (the last --set wins), if any; reads the
+/// file's TOML without checking the rest of it.
+std::optional<std::string> config_from_hf(const std::string& path,
+                                          const std::vector<std::string>& overrides);
+/// The --set that means model.from_hf = `dir` (quoted, so that any folder name reads as a string).
+std::string from_hf_override(const std::string& dir);
+
 /// Parses and validates `path`, then applies each "section.key=value" override with the same
-/// validation. Throws ConfigError (or IoError when the file cannot be read).
+/// validation. A `path` of "hf:DIR" is no file: the [model] of DIR/config.json (model.from_hf),
+/// every other key at its default. Throws ConfigError (or IoError when the file cannot be read).
 Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
 /// Same, from TOML text; `name` stands for the file in messages.
 Config parse_config(const std::string& toml_text, const std::string& name,

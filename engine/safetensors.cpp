@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <tuple>
@@ -86,6 +87,45 @@ uint64_t xxh3_64(const void* data, size_t bytes) {
 
 std::string hex64(uint64_t v) {
   return fmt::format("{:016x}", v);
+}
+
+bool to_f32(std::string_view dtype, const std::byte* src, size_t n, float* dst) {
+  if (dtype == "F32") {
+    std::memcpy(dst, src, n * sizeof(float));
+    return true;
+  }
+  const bool bf16 = dtype == "BF16";
+  if (!bf16 && dtype != "F16") return false;
+  for (size_t i = 0; i < n; ++i) {
+    uint16_t h = 0;
+    std::memcpy(&h, src + 2 * i, 2);
+    uint32_t bits = 0;
+    if (bf16) {
+      bits = static_cast<uint32_t>(h) << 16;
+    } else {
+      const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+      const uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
+      if (exp == 0x1f) {  // inf, NaN (payload kept)
+        bits = sign | 0x7f800000u | (mant << 13);
+      } else if (exp != 0) {  // normal: rebias 15 -> 127
+        bits = sign | ((exp + 112) << 23) | (mant << 13);
+      } else {  // zero or subnormal: mant x 2^-24, exact in f32
+        const float v = std::ldexp(static_cast<float>(mant), -24);
+        std::memcpy(&bits, &v, 4);
+        bits |= sign;
+      }
+    }
+    std::memcpy(dst + i, &bits, 4);
+  }
+  return true;
+}
+
+uint16_t f32_to_bf16(float x) {
+  uint32_t u = 0;
+  std::memcpy(&u, &x, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x0040u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
 }
 
 std::string shape_string(const std::vector<int64_t>& shape) {
@@ -341,6 +381,15 @@ Reader::Reader(MappedFile file) : file_(std::move(file)) {
   check_layout(path, tensors_, 8 + n, size);
   data_start_ = file_.data() + 8 + n;
   for (size_t i = 0; i < tensors_.size(); ++i) index_[tensors_[i].name] = i;
+}
+
+void Reader::release(const TensorInfo& t) const {
+  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const auto first = reinterpret_cast<uintptr_t>(data(t));
+  const uintptr_t begin = (first + page - 1) / page * page;
+  const uintptr_t end = (first + t.bytes()) / page * page;
+  // Pages shared with a neighbouring tensor stay; advice is only advice, so a failure is ignored.
+  if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
 }
 
 const TensorInfo* Reader::find(const std::string& name) const {

@@ -100,6 +100,10 @@ class Reader {
   const TensorInfo* find(const std::string& name) const;
   /// First byte of a tensor's data (in the mapping).
   const std::byte* data(const TensorInfo& t) const { return data_start_ + t.begin; }
+  /// Gives a tensor's pages back to the kernel once it has been read (they are read from the file
+  /// again if touched): streaming a model larger than memory through the mapping then never holds
+  /// more than the tensor at hand.
+  void release(const TensorInfo& t) const;
 
  private:
   MappedFile file_;
@@ -108,6 +112,12 @@ class Reader {
   std::map<std::string, size_t> index_;
   std::map<std::string, std::string> metadata_;
 };
+
+/// Converts `n` elements of a floating-point dtype ("F32", "BF16" or "F16") to f32, exactly (every
+/// bf16 and f16 value is an f32 value). Returns false for any other dtype.
+bool to_f32(std::string_view dtype, const std::byte* src, size_t n, float* dst);
+/// f32 -> bf16, rounding to nearest even (NaN stays a quiet NaN of the same sign).
+uint16_t f32_to_bf16(float x);
 
 /// "[2, 3]": how messages print a shape.
 std::string shape_string(const std::vector<int64_t>& shape);

@@ -1,0 +1,181 @@
+// `remat-train export`: a checkpoint as a Hugging Face model folder that transformers'
+// from_pretrained loads (docs/hf.md): config.json (engine/hf_model) and the weights under
+// transformers' names and layouts (engine/hf_weights), plus the tokenizer files of the folder the
+// run started from, when that is known. Nothing is overwritten: OUT must be absent or empty, and
+// everything is written into OUT.tmp-<pid> beside it, fsync'd, then renamed into place, so a
+// killed export leaves no OUT that looks complete.
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "cmd/commands.h"
+#include "engine/checkpoint.h"
+#include "engine/config.h"
+#include "engine/error.h"
+#include "engine/hf_model.h"
+#include "engine/hf_weights.h"
+#include "engine/safetensors.h"
+#include "engine/units.h"
+
+namespace remat::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+// What a Hugging Face folder holds besides the model: the tokenizer (its fast and slow forms,
+// GPT-2's vocab.json and merges.txt) and the generation defaults.
+constexpr const char* kTokenizerFiles[] = {
+    "tokenizer.json",    "tokenizer_config.json", "special_tokens_map.json",
+    "added_tokens.json", "tokenizer.model",       "vocab.json",
+    "merges.txt",        "generation_config.json"};
+
+void fsync_path(const fs::path& p, int flags) {
+  const int fd = ::open(p.c_str(), flags | O_CLOEXEC);
+  if (fd < 0) safetensors::throw_io_error("open", p.string(), errno);
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  if (rc != 0) safetensors::throw_io_error("fsync", p.string(), err);
+}
+
+void write_synced(const fs::path& path, const std::string& text) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) safetensors::throw_io_error("create", path.string(), errno);
+  try {
+    safetensors::write_all(fd, text.data(), text.size(), path.string());
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  if (rc != 0) safetensors::throw_io_error("fsync", path.string(), err);
+}
+
+void copy_synced(const fs::path& from, const fs::path& to) {
+  std::error_code ec;
+  fs::copy_file(from, to, ec);
+  if (ec) safetensors::throw_io_error("copy " + from.string() + " to", to.string(), ec.value());
+  fsync_path(to, O_RDONLY);
+}
+
+// OUT as a folder name without a trailing slash, so that OUT.tmp-<pid> lies beside it.
+fs::path output_folder(const std::string& arg) {
+  fs::path p = fs::path(arg).lexically_normal();
+  if (!p.has_filename()) p = p.parent_path();
+  return p;
+}
+
+// The Hugging Face folder the tokenizer files and token ids come from: --tokenizer-from, else
+// the folder the run was initialized from (state.json's hf_source), if it is still there.
+struct TokenizerSource {
+  fs::path dir;      // empty: none
+  std::string note;  // why none, when one was expected
+};
+
+TokenizerSource tokenizer_source(const ExportOptions& opt, const Checkpoint& ckpt) {
+  std::error_code ec;
+  if (!opt.tokenizer_from.empty()) {
+    if (!fs::is_directory(opt.tokenizer_from, ec))
+      throw ConfigError(fmt::format(
+          "[export] --tokenizer-from {}: no such folder. Fix: give the Hugging Face folder the "
+          "model came from",
+          opt.tokenizer_from));
+    return {opt.tokenizer_from, ""};
+  }
+  const nlohmann::json& extra = ckpt.state().extra;
+  if (!extra.contains("hf_source") || !extra["hf_source"].is_string()) return {};
+  const std::string dir = extra["hf_source"].get<std::string>();
+  if (!fs::is_directory(dir, ec))
+    return {{},
+            fmt::format("no tokenizer files: {} (the run's model.from_hf) is gone; "
+                        "--tokenizer-from DIR copies them",
+                        dir)};
+  return {dir, ""};
+}
+
+}  // namespace
+
+int run_export(const ExportOptions& opt) {
+  const std::string path = resolve_checkpoint(opt.checkpoint, "export");
+  const Checkpoint ckpt(path);
+  const Config cfg = parse_config(ckpt.state().config_toml, path + "/state.json");
+  const std::string arch = hf::architecture_of(cfg.model);
+  const fs::path out = output_folder(opt.out);
+  std::error_code ec;
+  if (fs::exists(out, ec) && (!fs::is_directory(out, ec) || !fs::is_empty(out, ec)))
+    throw CheckpointError(fmt::format(
+        "[export] --hf {}: exists and is not an empty folder, and export never overwrites. Fix: "
+        "choose a new folder, or remove that one",
+        opt.out));
+
+  const TokenizerSource tok = tokenizer_source(opt, ckpt);
+  nlohmann::json source;
+  const fs::path source_config = tok.dir / "config.json";
+  const bool has_source = !tok.dir.empty() && fs::is_regular_file(source_config, ec);
+  if (has_source) {
+    try {
+      std::ifstream in(source_config, std::ios::binary);
+      source = nlohmann::json::parse(in);
+    } catch (const nlohmann::json::exception& e) {
+      throw ConfigError(fmt::format("{}: [export] not valid JSON ({}). Fix: correct the file",
+                                    source_config.string(), e.what()));
+    }
+  }
+
+  const fs::path tmp = out.string() + fmt::format(".tmp-{}", ::getpid());
+  fs::create_directories(tmp, ec);
+  if (ec) safetensors::throw_io_error("create the folder", tmp.string(), ec.value());
+  std::vector<std::string> files, copied;
+  try {
+    const nlohmann::ordered_json config =
+        hf::config_json(cfg.model, cfg.train.seq_len, opt.bf16 ? "bfloat16" : "float32",
+                        has_source && source.is_object() ? &source : nullptr);
+    write_synced(tmp / "config.json", config.dump(2) + "\n");
+    files = hf::write_weights(tmp.string(), cfg.model,
+                              [&](const std::string& name) { return ckpt.weight(name); },
+                              {opt.bf16, opt.shard_bytes});
+    for (const char* name : kTokenizerFiles)
+      if (!tok.dir.empty() && fs::is_regular_file(tok.dir / name, ec)) {
+        copy_synced(tok.dir / name, tmp / name);
+        copied.emplace_back(name);
+      }
+    fsync_path(tmp, O_RDONLY | O_DIRECTORY);
+    // rename(2) replaces an empty folder, and only an empty one: a folder filled meanwhile by
+    // someone else makes it fail instead of losing their files.
+    if (::rename(tmp.c_str(), out.c_str()) != 0)
+      safetensors::throw_io_error("rename " + tmp.string() + " to", out.string(), errno);
+    fsync_path(out.has_parent_path() ? out.parent_path() : fs::path("."), O_RDONLY | O_DIRECTORY);
+  } catch (...) {
+    fs::remove_all(tmp, ec);
+    throw;
+  }
+
+  uint64_t bytes = 0;
+  for (const std::string& f : files) bytes += fs::file_size(out / f, ec);
+  std::string extra = tok.note.empty() ? "" : "; " + tok.note;
+  if (!copied.empty()) {
+    // The folder as the user named it when it lies below here (state.json keeps it absolute).
+    fs::path shown = tok.dir.lexically_relative(fs::current_path(ec));
+    if (shown.empty() || *shown.begin() == "..") shown = tok.dir;
+    extra = fmt::format("; copied {} from {}", fmt::join(copied, ", "), shown.string());
+  }
+  fmt::print(
+      "exported {} (step {}) to {}: {}, {} weights in {} ({}){}\n", path, ckpt.state().step,
+      out.string(), arch, opt.bf16 ? "bf16" : "fp32",
+      files.size() == 1 ? files.front() : fmt::format("{} shards and an index", files.size() - 1),
+      format_bytes(bytes), extra);
+  return 0;
+}
+
+}  // namespace remat::cli

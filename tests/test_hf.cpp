@@ -1,0 +1,982 @@
+// Hugging Face folders in and out (engine/hf_model, engine/hf_weights, `train --init hf:`,
+// `export`, `--model hf:`; docs/hf.md).
+//
+// The fixtures are written here, by this file's own list of transformers' tensor names and
+// shapes, never by the mapping under test, so that a wrong name or layout in engine/hf_model.cpp
+// (q/k/v in another order, a Conv1D weight not transposed) shows as a mismatch. The goldens of
+// tests/golden/hf/ (transformers 4.57.6 itself, scripts/hf_golden.py) check the numbers: one
+// forward/backward of each imported model against transformers' loss and every gradient.
+//
+// Tolerances against the goldens (fp32 here against transformers' fp32): the loss within 1e-6
+// relative, every gradient within 1e-5 of its tensor's largest entry (max |ours - theirs| <=
+// 1e-5 max |theirs|). Measured at writing, grouped-query heads and llama3 RoPE included: the
+// loss within 9e-8 relative, the gradients within 9.5e-7 of their largest entry (an embedding;
+// GPT-2's key bias, whose gradient is rounding noise on both sides, is compared with the q and v
+// biases of its tensor). Both sides sum the same ~100-term products in other orders (blocked
+// GEMMs, flash attention against a full softmax), each step rounding at 6e-8, so ~1e-6 is the
+// scale of disagreement; the bounds leave ~10x. A mapping bug moves numbers by O(1): q/k/v in
+// another order, or a Conv1D weight not transposed, fails the import checks, the loss and the
+// gradients (both were planted and caught).
+#include <fmt/format.h>
+
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "engine/config.h"
+#include "engine/cpu/cpu_backend.h"
+#include "engine/error.h"
+#include "engine/hf_model.h"
+#include "engine/hf_weights.h"
+#include "engine/remat.h"
+#include "engine/rng.h"
+#include "engine/safetensors.h"
+#include "layers/models.h"
+#include "tests/cli_util.h"
+#include "tests/temp_dir.h"
+#include "tests/test_util.h"
+
+namespace remat::test {
+namespace {
+
+namespace fs = std::filesystem;
+using Json = nlohmann::json;
+using Catch::Matchers::Contains;
+
+const std::string kGoldenDir = std::string(REMAT_SOURCE_DIR) + "/tests/golden/hf";
+
+// ---- Hugging Face folders as this test writes and reads them ----
+
+struct HfTensor {
+  std::vector<int64_t> shape;
+  std::vector<float> data;
+};
+using HfTensors = std::map<std::string, HfTensor>;
+
+int64_t numel(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+// Values that bf16 and f16 both hold exactly (8 significant bits, none below 2^-10), so one
+// fixture serves every dtype.
+HfTensor random_tensor(std::vector<int64_t> shape, uint64_t seed, uint64_t stream) {
+  HfTensor t{std::move(shape), {}};
+  t.data.resize(static_cast<size_t>(numel(t.shape)));
+  for (size_t i = 0; i < t.data.size(); ++i) {
+    const float v = static_cast<float>(rng_normal(seed, stream, i) * 0.5);
+    uint32_t bits = 0;
+    std::memcpy(&bits, &v, 4);
+    bits &= 0xffff0000u;
+    std::memcpy(&t.data[i], &bits, 4);
+    if (std::abs(t.data[i]) < std::ldexp(1.0f, -10)) t.data[i] = 0.0f;
+  }
+  return t;
+}
+
+void write_file(const fs::path& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary);
+  out << text;
+  REQUIRE(out.good());
+}
+
+// One safetensors file of `names` (all of `t` when empty), as F32, BF16 or F16.
+void write_tensors(const fs::path& path, const HfTensors& t, const std::string& dtype,
+                   const std::vector<std::string>& names = {}) {
+  std::vector<std::string> which = names;
+  if (which.empty())
+    for (const auto& [name, tensor] : t) which.push_back(name);
+  std::vector<safetensors::TensorInfo> infos;
+  for (const std::string& n : which) infos.push_back({n, dtype, t.at(n).shape});
+  safetensors::Writer w(path.string(), infos, {{"format", "pt"}});
+  for (const std::string& n : which) {
+    const std::vector<float>& d = t.at(n).data;
+    if (dtype == "F32") {
+      w.write(d.data(), d.size() * 4);
+      continue;
+    }
+    std::vector<uint16_t> h(d.size());
+    for (size_t i = 0; i < d.size(); ++i) {
+      uint32_t bits = 0;
+      std::memcpy(&bits, &d[i], 4);
+      if (dtype == "BF16") {
+        h[i] = static_cast<uint16_t>(bits >> 16);
+      } else {  // F16 of a value with few enough bits and a small enough exponent: exact
+        const uint32_t sign = (bits >> 16) & 0x8000u;
+        const int exp = static_cast<int>((bits >> 23) & 0xff) - 127 + 15;
+        const uint32_t mant = (bits >> 13) & 0x3ffu;
+        h[i] = (bits & 0x7fffffffu) == 0 ? static_cast<uint16_t>(sign)
+                                         : static_cast<uint16_t>(sign | (exp << 10) | mant);
+      }
+    }
+    w.write(h.data(), h.size() * 2);
+  }
+  w.finish();
+}
+
+// Every tensor of a Hugging Face folder (one file, or the shards of its index), as f32.
+HfTensors read_folder(const fs::path& dir) {
+  std::vector<std::string> files;
+  if (fs::exists(dir / "model.safetensors.index.json")) {
+    std::ifstream in(dir / "model.safetensors.index.json");
+    const Json index = Json::parse(in);
+    std::set<std::string> unique;
+    for (const auto& [name, file] : index["weight_map"].items())
+      unique.insert(file.get<std::string>());
+    files.assign(unique.begin(), unique.end());
+  } else {
+    files.push_back("model.safetensors");
+  }
+  HfTensors out;
+  for (const std::string& f : files) {
+    safetensors::Reader r((dir / f).string());
+    for (const safetensors::TensorInfo& t : r.tensors()) {
+      HfTensor& h = out[t.name];
+      h.shape = t.shape;
+      h.data.resize(static_cast<size_t>(numel(t.shape)));
+      REQUIRE(safetensors::to_f32(t.dtype, r.data(t), h.data.size(), h.data.data()));
+    }
+  }
+  return out;
+}
+
+Json read_json(const fs::path& path) {
+  std::ifstream in(path);
+  REQUIRE(in.good());
+  return Json::parse(in);
+}
+
+// ---- fixtures: transformers' names and shapes, written out here ----
+
+struct LlamaShape {
+  std::string arch = "LlamaForCausalLM";
+  int64_t V = 37, C = 32, L = 2, NH = 4, KVH = 4, HS = 8, FF = 48;
+  bool bias = false, qk_norm = false, tied = false;
+};
+
+HfTensors llama_tensors(const LlamaShape& s, uint64_t seed) {
+  HfTensors t;
+  uint64_t stream = 0;
+  auto add = [&](const std::string& name, std::vector<int64_t> shape) {
+    t[name] = random_tensor(std::move(shape), seed, stream++);
+  };
+  add("model.embed_tokens.weight", {s.V, s.C});
+  for (int64_t l = 0; l < s.L; ++l) {
+    const std::string p = fmt::format("model.layers.{}.", l);
+    add(p + "input_layernorm.weight", {s.C});
+    add(p + "self_attn.q_proj.weight", {s.NH * s.HS, s.C});
+    add(p + "self_attn.k_proj.weight", {s.KVH * s.HS, s.C});
+    add(p + "self_attn.v_proj.weight", {s.KVH * s.HS, s.C});
+    if (s.bias) {
+      add(p + "self_attn.q_proj.bias", {s.NH * s.HS});
+      add(p + "self_attn.k_proj.bias", {s.KVH * s.HS});
+      add(p + "self_attn.v_proj.bias", {s.KVH * s.HS});
+    }
+    if (s.qk_norm) {
+      add(p + "self_attn.q_norm.weight", {s.HS});
+      add(p + "self_attn.k_norm.weight", {s.HS});
+    }
+    add(p + "self_attn.o_proj.weight", {s.C, s.NH * s.HS});
+    add(p + "post_attention_layernorm.weight", {s.C});
+    add(p + "mlp.gate_proj.weight", {s.FF, s.C});
+    add(p + "mlp.up_proj.weight", {s.FF, s.C});
+    add(p + "mlp.down_proj.weight", {s.C, s.FF});
+  }
+  add("model.norm.weight", {s.C});
+  if (!s.tied) add("lm_head.weight", {s.V, s.C});
+  return t;
+}
+
+Json llama_config(const LlamaShape& s) {
+  Json j = {{"architectures", {s.arch}},
+            {"hidden_size", s.C},
+            {"intermediate_size", s.FF},
+            {"num_hidden_layers", s.L},
+            {"num_attention_heads", s.NH},
+            {"num_key_value_heads", s.KVH},
+            {"head_dim", s.HS},
+            {"vocab_size", s.V},
+            {"hidden_act", "silu"},
+            {"rms_norm_eps", 1e-5},
+            {"rope_theta", 500000.0},
+            {"tie_word_embeddings", s.tied},
+            {"max_position_embeddings", 64},
+            {"torch_dtype", "float32"}};
+  if (s.arch == "Qwen3ForCausalLM") j["attention_bias"] = false;
+  return j;
+}
+
+struct Gpt2Shape {
+  int64_t V = 41, C = 32, L = 2, NH = 4, FF = 48, P = 24;
+};
+
+HfTensors gpt2_tensors(const Gpt2Shape& s, uint64_t seed) {
+  HfTensors t;
+  uint64_t stream = 0;
+  auto add = [&](const std::string& name, std::vector<int64_t> shape) {
+    t[name] = random_tensor(std::move(shape), seed, stream++);
+  };
+  add("transformer.wte.weight", {s.V, s.C});
+  add("transformer.wpe.weight", {s.P, s.C});
+  for (int64_t l = 0; l < s.L; ++l) {
+    const std::string p = fmt::format("transformer.h.{}.", l);
+    add(p + "ln_1.weight", {s.C});
+    add(p + "ln_1.bias", {s.C});
+    add(p + "attn.c_attn.weight", {s.C, 3 * s.C});  // Conv1D: (in, out)
+    add(p + "attn.c_attn.bias", {3 * s.C});
+    add(p + "attn.c_proj.weight", {s.C, s.C});
+    add(p + "attn.c_proj.bias", {s.C});
+    add(p + "ln_2.weight", {s.C});
+    add(p + "ln_2.bias", {s.C});
+    add(p + "mlp.c_fc.weight", {s.C, s.FF});
+    add(p + "mlp.c_fc.bias", {s.FF});
+    add(p + "mlp.c_proj.weight", {s.FF, s.C});
+    add(p + "mlp.c_proj.bias", {s.C});
+  }
+  add("transformer.ln_f.weight", {s.C});
+  add("transformer.ln_f.bias", {s.C});
+  return t;
+}
+
+Json gpt2_config(const Gpt2Shape& s) {
+  return {{"architectures", {"GPT2LMHeadModel"}},
+          {"vocab_size", s.V},
+          {"n_embd", s.C},
+          {"n_layer", s.L},
+          {"n_head", s.NH},
+          {"n_inner", s.FF},
+          {"n_positions", s.P},
+          {"activation_function", "gelu_new"},
+          {"layer_norm_epsilon", 1e-5},
+          {"bos_token_id", 0},
+          {"eos_token_id", 0}};
+}
+
+void write_folder(const fs::path& dir, const Json& config, const HfTensors& t,
+                  const std::string& dtype = "F32") {
+  fs::create_directories(dir);
+  write_file(dir / "config.json", config.dump(2));
+  write_tensors(dir / "model.safetensors", t, dtype);
+}
+
+// ---- our side ----
+
+struct Loaded {
+  Config cfg;
+  std::unique_ptr<cpu::CpuBackend> be;
+  std::unique_ptr<Model> model;
+  std::string note;
+};
+
+Loaded load(const fs::path& dir, const std::vector<std::string>& sets = {}) {
+  Loaded l;
+  std::vector<std::string> all = {"train.seq_len=13", "train.batch_size=2"};
+  all.insert(all.end(), sets.begin(), sets.end());
+  l.cfg = load_config("hf:" + dir.string(), all);
+  l.be = std::make_unique<cpu::CpuBackend>(1ull << 30, kTestThreads);
+  l.model = make_model(l.cfg, *l.be);
+  l.note = hf::load_weights(dir.string(), l.cfg.model, *l.be, *l.model);
+  return l;
+}
+
+std::vector<float> param_values(Model& model, const std::string& name, bool grad = false) {
+  for (Param& p : model.params())
+    if (p.name == name) return to_host(grad ? p.grad.tensor() : p.value.tensor());
+  FAIL("no parameter " << name);
+  return {};
+}
+
+std::vector<float> concat(std::initializer_list<const std::vector<float>*> parts) {
+  std::vector<float> out;
+  for (const auto* p : parts) out.insert(out.end(), p->begin(), p->end());
+  return out;
+}
+
+std::vector<float> transposed(const HfTensor& t) {
+  const int64_t rows = t.shape[0], cols = t.shape[1];
+  std::vector<float> out(t.data.size());
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) out[c * rows + r] = t.data[r * cols + c];
+  return out;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
+}
+
+// Our parameters, as this test assembles them from a Llama-family folder's tensors.
+std::map<std::string, std::vector<float>> expected_llama(const LlamaShape& s, const HfTensors& t) {
+  std::map<std::string, std::vector<float>> want;
+  want["wte"] = t.at("model.embed_tokens.weight").data;
+  for (int64_t l = 0; l < s.L; ++l) {
+    const std::string p = fmt::format("model.layers.{}.", l), o = fmt::format("blocks.{}.", l);
+    auto d = [&](const std::string& n) { return &t.at(p + n).data; };
+    want[o + "norm1.weight"] = *d("input_layernorm.weight");
+    want[o + "attn.qkv.weight"] = concat(
+        {d("self_attn.q_proj.weight"), d("self_attn.k_proj.weight"), d("self_attn.v_proj.weight")});
+    if (s.bias)
+      want[o + "attn.qkv.bias"] = concat(
+          {d("self_attn.q_proj.bias"), d("self_attn.k_proj.bias"), d("self_attn.v_proj.bias")});
+    if (s.qk_norm) {
+      want[o + "attn.q_norm.weight"] = *d("self_attn.q_norm.weight");
+      want[o + "attn.k_norm.weight"] = *d("self_attn.k_norm.weight");
+    }
+    want[o + "attn.proj.weight"] = *d("self_attn.o_proj.weight");
+    want[o + "norm2.weight"] = *d("post_attention_layernorm.weight");
+    want[o + "mlp.gate.weight"] = *d("mlp.gate_proj.weight");
+    want[o + "mlp.up.weight"] = *d("mlp.up_proj.weight");
+    want[o + "mlp.down.weight"] = *d("mlp.down_proj.weight");
+  }
+  want["normf.weight"] = t.at("model.norm.weight").data;
+  if (!s.tied) want["lm_head.weight"] = t.at("lm_head.weight").data;
+  return want;
+}
+
+std::map<std::string, std::vector<float>> expected_gpt2(const Gpt2Shape& s, const HfTensors& t) {
+  std::map<std::string, std::vector<float>> want;
+  want["wte"] = t.at("transformer.wte.weight").data;
+  want["wpe"] = t.at("transformer.wpe.weight").data;
+  for (int64_t l = 0; l < s.L; ++l) {
+    const std::string p = fmt::format("transformer.h.{}.", l), o = fmt::format("blocks.{}.", l);
+    want[o + "ln1.weight"] = t.at(p + "ln_1.weight").data;
+    want[o + "ln1.bias"] = t.at(p + "ln_1.bias").data;
+    want[o + "attn.qkv.weight"] = transposed(t.at(p + "attn.c_attn.weight"));
+    want[o + "attn.qkv.bias"] = t.at(p + "attn.c_attn.bias").data;
+    want[o + "attn.proj.weight"] = transposed(t.at(p + "attn.c_proj.weight"));
+    want[o + "attn.proj.bias"] = t.at(p + "attn.c_proj.bias").data;
+    want[o + "ln2.weight"] = t.at(p + "ln_2.weight").data;
+    want[o + "ln2.bias"] = t.at(p + "ln_2.bias").data;
+    want[o + "mlp.fc.weight"] = transposed(t.at(p + "mlp.c_fc.weight"));
+    want[o + "mlp.fc.bias"] = t.at(p + "mlp.c_fc.bias").data;
+    want[o + "mlp.proj.weight"] = transposed(t.at(p + "mlp.c_proj.weight"));
+    want[o + "mlp.proj.bias"] = t.at(p + "mlp.c_proj.bias").data;
+  }
+  want["lnf.weight"] = t.at("transformer.ln_f.weight").data;
+  want["lnf.bias"] = t.at("transformer.ln_f.bias").data;
+  return want;
+}
+
+void check_params(Model& model, const std::map<std::string, std::vector<float>>& want) {
+  REQUIRE(model.params().size() == want.size());
+  for (const auto& [name, values] : want) {
+    INFO("parameter " << name);
+    CHECK(same_bits(param_values(model, name), values));
+  }
+}
+
+// Export through write_weights (fp32) and compare every tensor, name and bits, with `t`.
+void check_export_round_trip(Loaded& l, const HfTensors& t) {
+  TempDir out("hf-export");
+  hf::write_weights(out.str(), l.cfg.model,
+                    [&](const std::string& name) { return param_values(*l.model, name); },
+                    {.bf16 = false});
+  const HfTensors back = read_folder(out.path);
+  REQUIRE(back.size() == t.size());
+  for (const auto& [name, tensor] : t) {
+    INFO("tensor " << name);
+    REQUIRE(back.count(name));
+    CHECK(back.at(name).shape == tensor.shape);
+    CHECK(same_bits(back.at(name).data, tensor.data));
+  }
+}
+
+std::string config_error(const std::string& path, const std::vector<std::string>& sets = {}) {
+  try {
+    load_config(path, sets);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+std::string load_error(const fs::path& dir) {
+  try {
+    load(dir);
+  } catch (const CheckpointError& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+}  // namespace
+
+// ---- config.json -> [model] ----
+
+TEST_CASE("hf config.json: every architecture maps to its [model] keys", "[hf]") {
+  TempDir tmp("hf-config");
+  SECTION("Llama 3.1: GQA, llama3 RoPE scaling, untied") {
+    Json j =
+        llama_config({.V = 128256, .C = 4096, .L = 32, .NH = 32, .KVH = 8, .HS = 128, .FF = 14336});
+    j["rope_scaling"] = {{"rope_type", "llama3"},
+                         {"factor", 8.0},
+                         {"low_freq_factor", 1.0},
+                         {"high_freq_factor", 4.0},
+                         {"original_max_position_embeddings", 8192}};
+    write_file(tmp.path / "config.json", j.dump());
+    const Config c = load_config("hf:" + tmp.str());
+    CHECK(c.model.kind == ModelKind::Llama);
+    CHECK(c.model.position == PositionKind::Rope);
+    CHECK(c.model.n_layer == 32);
+    CHECK(c.model.n_head == 32);
+    CHECK(c.model.n_kv_head == 8);
+    CHECK(c.model.head_dim == 128);
+    CHECK(c.model.n_embd == 4096);
+    CHECK(c.model.d_ff == 14336);
+    CHECK(c.model.vocab_size == 128256);
+    CHECK(c.model.rope_theta == 500000.0);
+    CHECK(c.model.norm_eps == 1e-5);
+    CHECK(c.model.rope_scaling.kind == RopeScaling::Llama3);
+    CHECK(c.model.rope_scaling.factor == 8.0);
+    CHECK(c.model.rope_scaling.original_context == 8192);
+    CHECK_FALSE(c.model.tie_embeddings);
+    CHECK_FALSE(c.model.attention_bias);
+    CHECK_FALSE(c.model.qk_norm);
+    CHECK(c.model.from_hf == tmp.str());
+    // state.json keeps the expanded keys, not the folder: a resume never needs it.
+    const std::string toml = config_to_toml(c);
+    CHECK(toml.find("from_hf") == std::string::npos);
+    const Config again = parse_config(toml, "state.json");
+    CHECK(again.model.rope_scaling == c.model.rope_scaling);
+    CHECK(again.model.n_kv_head == 8);
+  }
+  SECTION("Qwen2: q/k/v biases always, defaults where keys are absent") {
+    write_file(tmp.path / "config.json", Json{{"architectures", {"Qwen2ForCausalLM"}},
+                                              {"hidden_size", 256},
+                                              {"num_attention_heads", 32},
+                                              {"num_hidden_layers", 2},
+                                              {"intermediate_size", 96},
+                                              {"vocab_size", 300},
+                                              {"use_sliding_window", false},
+                                              {"sliding_window", 4096},
+                                              {"tie_word_embeddings", true}}
+                                             .dump());
+    const Config c = load_config("hf:" + tmp.str());
+    CHECK(c.model.attention_bias);
+    CHECK_FALSE(c.model.qk_norm);
+    CHECK(c.model.n_kv_head == 32);  // Qwen2Config's default when the key is absent
+    CHECK(c.model.norm_eps == 1e-6);
+    CHECK(c.model.rope_theta == 10000.0);
+    CHECK(c.model.tie_embeddings);
+  }
+  SECTION("Qwen3: q/k norms, head_dim 128 by default") {
+    write_file(tmp.path / "config.json", Json{{"architectures", {"Qwen3ForCausalLM"}},
+                                              {"hidden_size", 256},
+                                              {"num_attention_heads", 4},
+                                              {"num_key_value_heads", 2},
+                                              {"num_hidden_layers", 1},
+                                              {"intermediate_size", 96},
+                                              {"vocab_size", 300}}
+                                             .dump());
+    const Config c = load_config("hf:" + tmp.str());
+    CHECK(c.model.qk_norm);
+    CHECK_FALSE(c.model.attention_bias);
+    CHECK(c.model.head_dim == 128);
+    CHECK_FALSE(c.model.tie_embeddings);
+  }
+  SECTION("Mistral: head_dim null, sliding window null or beyond seq_len") {
+    Json j = llama_config({.arch = "MistralForCausalLM"});
+    j["head_dim"] = nullptr;
+    j["sliding_window"] = nullptr;
+    write_file(tmp.path / "config.json", j.dump());
+    Config c = load_config("hf:" + tmp.str(), {"train.seq_len=100000"});
+    CHECK(c.model.head_size() == 8);
+    CHECK(c.model.n_kv_head == 4);
+    j["sliding_window"] = 64;
+    write_file(tmp.path / "config.json", j.dump());
+    c = load_config("hf:" + tmp.str(), {"train.seq_len=64"});
+    CHECK(c.train.seq_len == 64);
+    CHECK_THAT(config_error("hf:" + tmp.str(), {"train.seq_len=65"}),
+               Contains("train.seq_len") && Contains("sliding window of 64"));
+    j.erase("sliding_window");  // MistralConfig's default: 4096
+    write_file(tmp.path / "config.json", j.dump());
+    CHECK_THAT(config_error("hf:" + tmp.str(), {"train.seq_len=4097"}),
+               Contains("sliding window of 4096"));
+  }
+  SECTION("transformers v5: rope_parameters, also one per layer type") {
+    Json j = llama_config({});
+    j.erase("rope_theta");
+    j["rope_parameters"] = {{"rope_type", "llama3"},   {"rope_theta", 250000.0},
+                            {"factor", 32.0},          {"low_freq_factor", 1.0},
+                            {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 8192}};
+    write_file(tmp.path / "config.json", j.dump());
+    Config c = load_config("hf:" + tmp.str());
+    CHECK(c.model.rope_theta == 250000.0);
+    CHECK(c.model.rope_scaling.factor == 32.0);
+    j["rope_parameters"] = {{"full_attention", {{"rope_type", "default"}, {"rope_theta", 1e6}}}};
+    write_file(tmp.path / "config.json", j.dump());
+    c = load_config("hf:" + tmp.str());
+    CHECK(c.model.rope_theta == 1e6);
+    CHECK(c.model.rope_scaling.kind == RopeScaling::None);
+  }
+  SECTION("GPT-2: learned positions, n_positions -> n_ctx, tied") {
+    write_file(tmp.path / "config.json", gpt2_config({}).dump());
+    const Config c = load_config("hf:" + tmp.str(), {"train.seq_len=24"});
+    CHECK(c.model.kind == ModelKind::Gpt);
+    CHECK(c.model.position == PositionKind::Learned);
+    CHECK(c.model.n_ctx == 24);
+    CHECK(c.model.d_ff == 48);
+    CHECK(c.model.vocab_size == 41);
+    CHECK(c.model.dropout == 0.0);
+    CHECK_THAT(config_error("hf:" + tmp.str(), {"train.seq_len=25"}),
+               Contains("train.seq_len") && Contains("n_ctx = 24"));
+  }
+}
+
+TEST_CASE("hf config.json: what is not computed here is refused, naming the key", "[hf]") {
+  TempDir tmp("hf-refuse");
+  auto error_with = [&](const std::function<void(Json&)>& change,
+                        const LlamaShape& s = LlamaShape{}) {
+    Json j = llama_config(s);
+    change(j);
+    write_file(tmp.path / "config.json", j.dump());
+    return config_error("hf:" + tmp.str());
+  };
+  CHECK_THAT(error_with([](Json& j) { j["architectures"] = {"GemmaForCausalLM"}; }),
+             Contains("config.json: [hf] architectures = [\"GemmaForCausalLM\"]") &&
+                 Contains("LlamaForCausalLM"));
+  for (const char* type : {"yarn", "linear", "dynamic", "longrope"})
+    CHECK_THAT(error_with([&](Json& j) {
+                 j["rope_scaling"] = {{"rope_type", type}, {"factor", 4.0}};
+               }),
+               Contains(fmt::format("rope_scaling.rope_type = \"{}\"", type)));
+  CHECK_THAT(error_with([](Json& j) {
+               j["rope_scaling"] = {{"type", "yarn"}, {"factor", 4.0}};
+             }),
+             Contains("rope_scaling.type = \"yarn\""));
+  CHECK_THAT(error_with([](Json& j) {
+               j["rope_parameters"] = {{"rope_type", "yarn"}, {"factor", 2.0}};
+             }),
+             Contains("rope_parameters.rope_type = \"yarn\""));
+  CHECK_THAT(error_with([](Json& j) { j["hidden_act"] = "gelu"; }),
+             Contains("hidden_act = \"gelu\""));
+  CHECK_THAT(error_with([](Json& j) { j["mlp_bias"] = true; }), Contains("mlp_bias = true"));
+  CHECK_THAT(error_with([](Json& j) { j["attention_bias"] = true; }),
+             Contains("attention_bias = true") && Contains("o_proj"));
+  CHECK_THAT(error_with([](Json& j) { j["attention_bias"] = true; }, {.arch = "Qwen3ForCausalLM"}),
+             Contains("attention_bias = true"));
+  CHECK_THAT(error_with([](Json& j) { j["partial_rotary_factor"] = 0.5; }),
+             Contains("partial_rotary_factor = 0.5"));
+  CHECK_THAT(error_with([](Json& j) {
+               j["architectures"] = {"Qwen2ForCausalLM"};
+               j["use_sliding_window"] = true;
+               j["sliding_window"] = 8;
+               j["max_window_layers"] = 1;
+             }),
+             Contains("train.seq_len") && Contains("sliding window of 8"));
+  CHECK_THAT(error_with([](Json& j) {
+               j["quantization_config"] = {{"bits", 4}};
+             }),
+             Contains("quantization_config"));
+  // GPT-2's fixed choices.
+  Json g = gpt2_config({});
+  g["activation_function"] = "relu";
+  write_file(tmp.path / "config.json", g.dump());
+  CHECK_THAT(config_error("hf:" + tmp.str()), Contains("activation_function = \"relu\""));
+  g = gpt2_config({});
+  g["tie_word_embeddings"] = false;
+  write_file(tmp.path / "config.json", g.dump());
+  CHECK_THAT(config_error("hf:" + tmp.str()), Contains("tie_word_embeddings = false"));
+  // The [model] table is the folder's: another key beside from_hf names itself (vocab_size, a
+  // padded vocabulary, is the one exception).
+  write_file(tmp.path / "config.json", llama_config({}).dump());
+  write_file(tmp.path / "run.toml",
+             fmt::format("[model]\nfrom_hf = \"{}\"\nn_layer = 3\n", tmp.str()));
+  CHECK_THAT(config_error(tmp / "run.toml"),
+             Contains("run.toml:3:11: [config] model.n_layer: set beside model.from_hf"));
+  write_file(tmp.path / "run.toml", fmt::format("[model]\nfrom_hf = \"{}\"\n", tmp.str()));
+  CHECK(load_config(tmp / "run.toml", {"model.vocab_size=64"}).model.vocab_size == 64);
+  CHECK_THAT(config_error("hf:" + tmp.str() + "/missing"), Contains("no such folder"));
+}
+
+// ---- weights in and out ----
+
+TEST_CASE("hf weights: each architecture imports by name and exports back bit for bit", "[hf]") {
+  TempDir tmp("hf-weights");
+  SECTION("Llama, untied") {
+    const LlamaShape s{};
+    const HfTensors t = llama_tensors(s, 1);
+    write_folder(tmp.path, llama_config(s), t);
+    Loaded l = load(tmp.path);
+    check_params(*l.model, expected_llama(s, t));
+    check_export_round_trip(l, t);
+  }
+  SECTION("Qwen2: q/k/v biases, tied, GQA") {
+    const LlamaShape s{.arch = "Qwen2ForCausalLM", .KVH = 2, .bias = true, .tied = true};
+    const HfTensors t = llama_tensors(s, 2);
+    write_folder(tmp.path, llama_config(s), t);
+    Loaded l = load(tmp.path);
+    check_params(*l.model, expected_llama(s, t));
+    check_export_round_trip(l, t);
+  }
+  SECTION("Qwen3: q/k norms, head_dim apart from n_embd / n_head") {
+    const LlamaShape s{.arch = "Qwen3ForCausalLM", .KVH = 2, .HS = 12, .qk_norm = true};
+    const HfTensors t = llama_tensors(s, 3);
+    write_folder(tmp.path, llama_config(s), t);
+    Loaded l = load(tmp.path);
+    check_params(*l.model, expected_llama(s, t));
+    check_export_round_trip(l, t);
+  }
+  SECTION("Mistral") {
+    const LlamaShape s{.arch = "MistralForCausalLM", .KVH = 1};
+    const HfTensors t = llama_tensors(s, 4);
+    write_folder(tmp.path, llama_config(s), t);
+    Loaded l = load(tmp.path);
+    check_params(*l.model, expected_llama(s, t));
+    check_export_round_trip(l, t);
+  }
+  SECTION("GPT-2: Conv1D weights transposed in, transposed back out") {
+    const Gpt2Shape s{};
+    const HfTensors t = gpt2_tensors(s, 5);
+    write_folder(tmp.path, gpt2_config(s), t);
+    Loaded l = load(tmp.path);
+    check_params(*l.model, expected_gpt2(s, t));
+    check_export_round_trip(l, t);
+  }
+  SECTION("GPT-2 saved from the bare GPT2Model (no transformer. prefix), with old buffers") {
+    const Gpt2Shape s{};
+    HfTensors t = gpt2_tensors(s, 6);
+    HfTensors bare;
+    for (auto& [name, tensor] : t) bare[name.substr(std::string("transformer.").size())] = tensor;
+    bare["h.0.attn.bias"] = random_tensor({1, 1, s.P, s.P}, 6, 99);
+    bare["h.0.attn.masked_bias"] = random_tensor({1}, 6, 98);
+    write_folder(tmp.path, gpt2_config(s), bare);
+    Loaded l = load(tmp.path);
+    check_params(*l.model, expected_gpt2(s, t));
+    CHECK_THAT(l.note, Contains("2 buffers skipped"));
+  }
+}
+
+TEST_CASE("hf weights: BF16 and F16 convert exactly, shards load as one file", "[hf]") {
+  TempDir tmp("hf-dtypes");
+  const LlamaShape s{.arch = "Qwen2ForCausalLM", .KVH = 2, .bias = true};
+  const HfTensors t = llama_tensors(s, 7);
+  for (const char* dtype : {"BF16", "F16"}) {
+    INFO(dtype);
+    const fs::path dir = tmp.path / dtype;
+    write_folder(dir, llama_config(s), t, dtype);
+    Loaded l = load(dir);
+    check_params(*l.model, expected_llama(s, t));
+    CHECK_THAT(l.note, Contains(fmt::format("({} -> f32)", dtype)));
+  }
+  // f16 specials and subnormals, and bf16 -> f32 -> bf16 rounding to nearest even.
+  const uint16_t f16[] = {0x0001, 0x03ff, 0x8400, 0x7c00, 0xfc00, 0x3c00};
+  float f32[6];
+  REQUIRE(safetensors::to_f32("F16", reinterpret_cast<const std::byte*>(f16), 6, f32));
+  CHECK(f32[0] == std::ldexp(1.0f, -24));
+  CHECK(f32[1] == std::ldexp(1023.0f, -24));
+  CHECK(f32[2] == -std::ldexp(1.0f, -14));
+  CHECK(std::isinf(f32[3]));
+  CHECK(f32[4] < 0);
+  CHECK(f32[5] == 1.0f);
+  CHECK(safetensors::f32_to_bf16(1.0f + std::ldexp(1.0f, -8)) == 0x3f80);  // tie: to even
+  CHECK(safetensors::f32_to_bf16(1.0f + 3 * std::ldexp(1.0f, -8)) == 0x3f82);
+
+  const fs::path sharded = tmp.path / "sharded";
+  fs::create_directories(sharded);
+  write_file(sharded / "config.json", llama_config(s).dump());
+  std::vector<std::string> first, second;
+  Json index = {{"metadata", {{"total_size", 0}}}, {"weight_map", Json::object()}};
+  for (const auto& [name, tensor] : t) {
+    (name.find("layers.1.") == std::string::npos ? first : second).push_back(name);
+    index["weight_map"][name] = name.find("layers.1.") == std::string::npos
+                                    ? "model-00001-of-00002.safetensors"
+                                    : "model-00002-of-00002.safetensors";
+  }
+  write_tensors(sharded / "model-00001-of-00002.safetensors", t, "BF16", first);
+  write_tensors(sharded / "model-00002-of-00002.safetensors", t, "F32", second);
+  write_file(sharded / "model.safetensors.index.json", index.dump());
+  Loaded l = load(sharded);
+  check_params(*l.model, expected_llama(s, t));
+  CHECK_THAT(l.note, Contains("from 2 files (BF16, F32 -> f32)"));
+  // Exported in shards too: every parameter whole in one shard, the index naming each tensor.
+  TempDir out("hf-shards");
+  const std::vector<std::string> files = hf::write_weights(
+      out.str(), l.cfg.model, [&](const std::string& n) { return param_values(*l.model, n); },
+      {.bf16 = false, .shard_bytes = 20000});
+  CHECK(files.size() > 2);
+  CHECK(files.back() == "model.safetensors.index.json");
+  const HfTensors back = read_folder(out.path);
+  REQUIRE(back.size() == t.size());
+  for (const auto& [name, tensor] : t) CHECK(same_bits(back.at(name).data, tensor.data));
+}
+
+TEST_CASE("hf weights: a vocabulary padded or stripped by model.vocab_size", "[hf]") {
+  TempDir tmp("hf-vocab");
+  const LlamaShape s{};  // V = 37, untied: the embedding and the head both change
+  const HfTensors t = llama_tensors(s, 8);
+  write_folder(tmp.path, llama_config(s), t);
+  const int64_t C = s.C;
+  Loaded padded = load(tmp.path, {"model.vocab_size=64"});
+  CHECK_THAT(padded.note, Contains("vocabulary rows 37..63 added as zeros"));
+  for (const char* name : {"wte", "lm_head.weight"}) {
+    const std::vector<float> w = param_values(*padded.model, name);
+    const std::vector<float>& f =
+        t.at(name == std::string("wte") ? "model.embed_tokens.weight" : "lm_head.weight").data;
+    CHECK(std::equal(f.begin(), f.end(), w.begin()));
+    CHECK(std::all_of(w.begin() + 37 * C, w.end(), [](float v) { return v == 0.0f; }));
+  }
+  Loaded stripped = load(tmp.path, {"model.vocab_size=32"});
+  CHECK_THAT(stripped.note, Contains("vocabulary rows 32..36 of the file dropped"));
+  const std::vector<float>& emb = t.at("model.embed_tokens.weight").data;
+  CHECK(same_bits(param_values(*stripped.model, "wte"),
+                  std::vector<float>(emb.begin(), emb.begin() + 32 * C)));
+}
+
+TEST_CASE("hf weights: a missing, left-over or mis-shaped tensor is refused by name", "[hf]") {
+  TempDir tmp("hf-bad");
+  const LlamaShape s{.KVH = 2};
+  const HfTensors good = llama_tensors(s, 9);
+  auto error_with = [&](const std::function<void(HfTensors&)>& change) {
+    HfTensors t = good;
+    change(t);
+    write_folder(tmp.path, llama_config(s), t);
+    return load_error(tmp.path);
+  };
+  CHECK_THAT(error_with([](HfTensors& t) { t.erase("model.layers.1.self_attn.k_proj.weight"); }),
+             Contains("no tensor 'model.layers.1.self_attn.k_proj.weight'") &&
+                 Contains("blocks.1.attn.qkv.weight"));
+  CHECK_THAT(error_with([](HfTensors& t) {
+               t["model.layers.0.mlp.extra.weight"] = t["model.norm.weight"];
+             }),
+             Contains("model.safetensors: tensor 'model.layers.0.mlp.extra.weight' is not part"));
+  CHECK_THAT(error_with([](HfTensors& t) {
+               t["model.layers.0.self_attn.q_proj.weight"] = random_tensor({32, 16}, 1, 1);
+             }),
+             Contains("tensor 'model.layers.0.self_attn.q_proj.weight' has shape [32, 16]") &&
+                 Contains("[32, 32]"));
+  // A tied head stored anyway must equal the embedding.
+  const LlamaShape tied{.tied = true};
+  HfTensors t = llama_tensors(tied, 10);
+  t["lm_head.weight"] = t["model.embed_tokens.weight"];
+  write_folder(tmp.path, llama_config(tied), t);
+  CHECK_THAT(load(tmp.path).note, Contains("lm_head.weight equals the embedding"));
+  t["lm_head.weight"].data[5] += 1;
+  write_folder(tmp.path, llama_config(tied), t);
+  CHECK_THAT(load_error(tmp.path),
+             Contains("lm_head.weight differs from model.embed_tokens.weight"));
+  fs::remove(tmp.path / "model.safetensors");
+  CHECK_THAT(load_error(tmp.path), Contains("neither model.safetensors nor"));
+}
+
+TEST_CASE("hf export: config.json names the architecture transformers builds", "[hf]") {
+  ModelConfig m;
+  m.kind = ModelKind::Llama;
+  m.position = PositionKind::Rope;
+  m.n_head = 4;
+  m.n_kv_head = 2;
+  m.n_embd = 32;
+  CHECK(hf::architecture_of(m) == "LlamaForCausalLM");
+  m.attention_bias = true;
+  CHECK(hf::architecture_of(m) == "Qwen2ForCausalLM");
+  m.qk_norm = true;
+  CHECK_THROWS_WITH(hf::architecture_of(m), Contains("o_proj"));
+  m.attention_bias = false;
+  CHECK(hf::architecture_of(m) == "Qwen3ForCausalLM");
+  const nlohmann::ordered_json j = hf::config_json(m, 128, "bfloat16", nullptr);
+  CHECK(j["head_dim"] == 8);
+  CHECK(j["num_key_value_heads"] == 2);
+  CHECK(j["max_position_embeddings"] == 128);
+  CHECK(j["torch_dtype"] == "bfloat16");
+  m.kind = ModelKind::Gpt;
+  CHECK_THROWS_WITH(hf::architecture_of(m), Contains("RoPE"));
+  m.position = PositionKind::Learned;
+  CHECK(hf::architecture_of(m) == "GPT2LMHeadModel");
+}
+
+// ---- the binary: --init hf:, export, --model hf: ----
+
+TEST_CASE("hf CLI: --init hf: then export gives the folder back, bit for bit", "[hf]") {
+  TempDir tmp("hf-cli");
+  struct Case {
+    std::string name;
+    Json config;
+    HfTensors tensors;
+  };
+  std::vector<Case> cases;
+  LlamaShape llama{};
+  Json llama_json = llama_config(llama);
+  llama_json["rope_scaling"] = {{"rope_type", "llama3"},
+                                {"factor", 8.0},
+                                {"low_freq_factor", 1.0},
+                                {"high_freq_factor", 4.0},
+                                {"original_max_position_embeddings", 16}};
+  cases.push_back({"llama", llama_json, llama_tensors(llama, 11)});
+  const LlamaShape qwen2{.arch = "Qwen2ForCausalLM", .bias = true, .tied = true};
+  cases.push_back({"qwen2", llama_config(qwen2), llama_tensors(qwen2, 12)});
+  const LlamaShape qwen3{.arch = "Qwen3ForCausalLM", .HS = 12, .qk_norm = true};
+  cases.push_back({"qwen3", llama_config(qwen3), llama_tensors(qwen3, 13)});
+  cases.push_back({"gpt2", gpt2_config({}), gpt2_tensors({}, 14)});
+  for (const Case& c : cases) {
+    INFO(c.name);
+    const fs::path src = tmp.path / c.name;
+    write_folder(src, c.config, c.tensors);
+    write_file(src / "tokenizer.json", "{}");
+    // lr = 0: the step changes nothing, so the checkpoint holds the imported weights.
+    CliResult r = run_binary(fmt::format("train --init hf:{} --set train.lr=0 --steps 1 --set "
+                                         "checkpoint.dir={} --set train.seq_len=16 --set "
+                                         "train.batch_size=1",
+                                         src.string(), (tmp.path / (c.name + "-run")).string()),
+                             true);
+    INFO(r.out);
+    REQUIRE(r.code == 0);
+    CHECK_THAT(r.out, Contains("weights from hf:"));
+    const fs::path out = tmp.path / (c.name + "-out");
+    r = run_binary(fmt::format("export --checkpoint {} --hf {} --dtype fp32",
+                               (tmp.path / (c.name + "-run")).string(), out.string()),
+                   true);
+    INFO(r.out);
+    REQUIRE(r.code == 0);
+    CHECK_THAT(r.out, Contains("copied tokenizer.json from"));
+    const HfTensors back = read_folder(out);
+    REQUIRE(back.size() == c.tensors.size());
+    for (const auto& [name, tensor] : c.tensors) {
+      INFO(name);
+      REQUIRE(back.count(name));
+      CHECK(same_bits(back.at(name).data, tensor.data));
+    }
+    // The exported config.json maps to the same [model] as the original.
+    const Config a = load_config("hf:" + src.string(), {"train.seq_len=16"});
+    const Config b = load_config("hf:" + out.string(), {"train.seq_len=16"});
+    CHECK(config_to_toml(a) == config_to_toml(b));
+    CHECK(fs::exists(out / "tokenizer.json"));
+    // Never over a folder that holds anything.
+    r = run_binary(fmt::format("export --checkpoint {} --hf {}",
+                               (tmp.path / (c.name + "-run")).string(), out.string()),
+                   true);
+    CHECK(r.code == 2);
+    CHECK_THAT(r.out, Contains("export never overwrites"));
+  }
+}
+
+TEST_CASE("hf CLI: plan and fit read config.json alone, and errors exit 2", "[hf]") {
+  TempDir tmp("hf-plan");
+  Json j =
+      llama_config({.V = 128256, .C = 4096, .L = 32, .NH = 32, .KVH = 8, .HS = 128, .FF = 14336});
+  write_file(tmp.path / "config.json", j.dump());
+  CliResult r = run_binary(fmt::format("fit --model hf:{} --gpu h200", tmp.str()), true);
+  INFO(r.out);
+  CHECK(r.code == 0);
+  CHECK_THAT(r.out, Contains("longest"));
+  r = run_binary(fmt::format("plan --model hf:{} --gpu h200 --seq-len 4k", tmp.str()), true);
+  INFO(r.out);
+  CHECK(r.code == 0);
+  j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
+  write_file(tmp.path / "config.json", j.dump());
+  r = run_binary(fmt::format("plan --model hf:{}", tmp.str()), true);
+  CHECK(r.code == 2);
+  CHECK_THAT(r.out, Contains("rope_scaling.rope_type = \"yarn\""));
+  r = run_binary(fmt::format("plan --model {}", tmp.str()), true);
+  CHECK(r.code == 2);
+  CHECK_THAT(r.out, Contains("expected hf:DIR"));
+  // A tensor missing from the folder: exit 2, the tensor and the folder named.
+  const LlamaShape s{};
+  HfTensors t = llama_tensors(s, 15);
+  t.erase("model.norm.weight");
+  write_folder(tmp.path, llama_config(s), t);
+  r = run_binary(fmt::format("train --init hf:{} --steps 1", tmp.str()), true);
+  CHECK(r.code == 2);
+  CHECK_THAT(r.out, Contains("no tensor 'model.norm.weight'"));
+  // --init hf: with a config that names another model.
+  write_file(tmp.path / "run.toml", "[model]\nkind = \"llama\"\n");
+  r = run_binary(
+      fmt::format("train --config {} --init hf:{} --steps 1", tmp / "run.toml", tmp.str()), true);
+  CHECK(r.code == 2);
+  CHECK_THAT(r.out, Contains("model.kind: set beside model.from_hf"));
+}
+
+// ---- against transformers: the goldens of tests/golden/hf ----
+
+namespace {
+
+// The golden `name` of tests/golden/hf: imported, exported back bit for bit, and one
+// forward/backward of its recorded tokens against transformers' loss and every gradient.
+void check_golden(const std::string& name) {
+  const fs::path dir = fs::path(kGoldenDir) / name;
+  const Json meta = read_json(dir / "golden.json");
+  safetensors::Reader golden((dir / "golden.safetensors").string());
+  auto golden_tensor = [&](const std::string& n) {
+    const safetensors::TensorInfo* t = golden.find(n);
+    REQUIRE(t != nullptr);
+    std::vector<float> v(static_cast<size_t>(numel(t->shape)));
+    REQUIRE(safetensors::to_f32(t->dtype, golden.data(*t), v.size(), v.data()));
+    return v;
+  };
+  const int64_t B = meta["B"], T = meta["T"];
+  Loaded l = load(dir, {fmt::format("train.seq_len={}", T), fmt::format("train.batch_size={}", B)});
+  check_export_round_trip(l, read_folder(dir));
+  if (golden.find("rope_inv_freq")) {  // the RoPE the imported config computes is transformers'
+    const std::vector<double> ours =
+        rope_inv_freq(l.cfg.model.head_size(), l.cfg.model.rope_theta, l.cfg.model.rope_scaling);
+    const std::vector<float> theirs = golden_tensor("rope_inv_freq");
+    REQUIRE(ours.size() == theirs.size());
+    for (size_t i = 0; i < ours.size(); ++i)
+      CHECK(std::abs(ours[i] - theirs[i]) <= 1e-6 * theirs[i]);
+  }
+
+  Buffer inputs = make_tensor(*l.be, {B, T}, DType::I32);
+  Buffer targets = make_tensor(*l.be, {B, T}, DType::I32);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i < T; ++i) {
+      const Json& row = meta["tokens"][static_cast<size_t>(b)];
+      inputs.tensor().i32()[b * T + i] = row[static_cast<size_t>(i)].get<int32_t>();
+      targets.tensor().i32()[b * T + i] = row[static_cast<size_t>(i + 1)].get<int32_t>();
+    }
+  for (Param& p : l.model->params()) l.be->fill(p.grad.tensor(), 0.0f);
+  const Batch batch{std::move(inputs), std::move(targets), B * T};
+  const StepLoss loss =
+      forward_backward(*l.be, *l.model, resolve_remat_plan(l.cfg, *l.model), batch);
+  const double want_loss = meta["loss"];
+  INFO(fmt::format("{}: loss {:.9g} against {:.9g}", name, loss.mean, want_loss));
+  CHECK(std::abs(loss.mean - want_loss) <= 1e-6 * std::abs(want_loss));
+
+  size_t compared = 0;
+  hf::for_each_tensor(
+      l.cfg.model, [&](const std::string& n) { return param_values(*l.model, n, true); },
+      [&](const hf::Piece& pc, const std::vector<float>& ours) {
+        const std::vector<float> theirs = golden_tensor(pc.name);
+        REQUIRE(ours.size() == theirs.size());
+        double max_abs = 0, max_diff = 0;
+        for (size_t i = 0; i < ours.size(); ++i) {
+          max_abs = std::max(max_abs, std::abs(static_cast<double>(theirs[i])));
+          max_diff = std::max(max_diff, std::abs(static_cast<double>(ours[i]) - theirs[i]));
+        }
+        INFO(pc.name << ": max |diff| " << max_diff << " of max |grad| " << max_abs);
+        CHECK(max_diff <= 1e-5 * max_abs);
+        ++compared;
+      });
+  // Every gradient transformers recorded was compared (a tied head's is the embedding's).
+  CHECK(compared == meta["gradients"].size());
+}
+
+}  // namespace
+
+TEST_CASE("hf golden: transformers' loss and every gradient, GPT-2", "[hf][golden]") {
+  check_golden("gpt2");
+}
+TEST_CASE("hf golden: transformers' loss and every gradient, Llama (sharded, llama3 RoPE)",
+          "[hf][golden]") {
+  check_golden("llama");
+}
+TEST_CASE("hf golden: transformers' loss and every gradient, Llama tied (MQA)", "[hf][golden]") {
+  check_golden("llama-tied");
+}
+TEST_CASE("hf golden: transformers' loss and every gradient, Qwen2", "[hf][golden]") {
+  check_golden("qwen2");
+}
+TEST_CASE("hf golden: transformers' loss and every gradient, Qwen3", "[hf][golden]") {
+  check_golden("qwen3");
+}
+TEST_CASE("hf golden: transformers' loss and every gradient, Mistral", "[hf][golden]") {
+  check_golden("mistral");
+}
+
+}  // namespace remat::test
