@@ -290,7 +290,8 @@ int run(int argc, char** argv) {
   sample_cmd->add_option("--prompt-file", sample.prompt_file, "Read the prompt from a file")
       ->excludes(prompt_opt);
   sample_cmd->add_option("--tokenizer", sample.tokenizer,
-                         "llm.c gpt2_tokenizer.bin: print a token model's output as text");
+                         "llm.c gpt2_tokenizer.bin or a model's tokenizer.json (byte-level BPE): "
+                         "print a token model's output as text");
   sample_cmd->add_option("--tokens", sample.tokens, "Tokens to generate (default 256)")
       ->check(at_least(1));
   sample_cmd

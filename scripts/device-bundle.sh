@@ -153,7 +153,12 @@ main() {
   for b in "${BINARIES[@]}"; do [ -x "$BUILD/$b" ] || die "$BUILD/$b is not built (drop --no-build)"; done
   rm -rf "$OUT"
   mkdir -p "$OUT/lib/compat"
-  for b in "${BINARIES[@]}"; do cp "$BUILD/$b" "$OUT/"; done
+  # Symbols stripped: the device needs none of them, and the carry limit is 64 MiB in all (the
+  # Llama family's kernels and op tests took the bundle past 60 MiB unstripped).
+  for b in "${BINARIES[@]}"; do
+    cp "$BUILD/$b" "$OUT/"
+    strip --strip-unneeded "$OUT/$(basename "$b")"
+  done
   copy_libs
   set_runpaths
   verify
