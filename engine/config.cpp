@@ -974,7 +974,8 @@ Config load_config(const std::string& given, const std::vector<std::string>& ove
   if (!from_hf && (!model || !model->contains("kind")))
     throw ConfigError(fmt::format(
         "{}: [config] model.kind: missing: a config names at least the model it trains. Fix: "
-        "add [model] with kind = \"gpt\", \"llama\" or \"mlp\" (configs/ has complete examples)",
+        "add [model] with kind = \"gpt\", \"llama\" or \"mlp\" (configs/ has complete examples), "
+        "or pass --model hf:DIR for a Hugging Face model folder",
         path));
   return build(std::move(root), path, overrides);
 }
