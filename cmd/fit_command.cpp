@@ -71,10 +71,14 @@ double step_flops(const DryRun& r) {
   return f;
 }
 
-double est_tokens_per_s(const DryRun& r, const Config& c, const Rate& rate) {
+// The step's FLOPs at the rate, plus what its host copies and a host AdamW (weights offloaded)
+// add beyond the compute they overlap (copy_time at the same rate).
+double est_tokens_per_s(const DryRun& r, const Config& c, const Rate& rate,
+                        const PlanTarget& target) {
   const double f = step_flops(r);
   if (rate.flops_per_s <= 0 || f <= 0) return 0;
-  return static_cast<double>(c.train.batch_size * c.train.seq_len) * rate.flops_per_s / f;
+  const double step_s = f / rate.flops_per_s + copy_time(r, target, rate.flops_per_s).exposed_s;
+  return static_cast<double>(c.train.batch_size * c.train.seq_len) / step_s;
 }
 
 /// "2,598,161 tokens", or "64k tokens (65,536)": exact, with the k/M form (k = 1024) a
@@ -200,10 +204,10 @@ int run_fit(const FitOptions& opt) {
       Config c = r.cfg;
       c.train.seq_len = r.longest;
       r.at_longest = planner.dry_run(c, false);
-      r.tok_s_longest = est_tokens_per_s(r.at_longest, c, rate);
+      r.tok_s_longest = est_tokens_per_s(r.at_longest, c, rate, target);
     }
     r.fits_configured = planner.fits(r.at_configured);
-    r.tok_s_configured = est_tokens_per_s(r.at_configured, r.cfg, rate);
+    r.tok_s_configured = est_tokens_per_s(r.at_configured, r.cfg, rate, target);
     rows.push_back(std::move(r));
   }
 
@@ -332,6 +336,7 @@ int run_fit(const FitOptions& opt) {
                           {"longest_seq_len", r.longest},
                           {"capped_by_n_ctx", r.capped},
                           {"predicted_peak_bytes", r.at_longest.peak.total_bytes},
+                          {"predicted_host_peak_bytes", r.at_longest.host_peak.total_bytes},
                           {"recompute_overhead", r.at_longest.recompute_overhead()},
                           {"est_tokens_per_s", r.tok_s_longest},
                           {"at_configured",
@@ -360,9 +365,20 @@ int run_fit(const FitOptions& opt) {
   fmt::print("     tokens/s estimated from step FLOPs / rate: {}\n\n", rate.note);
   size_t w = 10;  // the policy column fits its longest entry ("full:tile=1024:offload=...")
   for (const auto& r : rows) w = std::max(w, r.policy.size());
-  fmt::print("{:<{}} {:>11} {:>12} {:>10} {:>11}   {:>12} {:>11}{}\n", "policy", w, "longest T",
-             "peak there", "recompute", "est. tok/s", fmt::format("at {}: peak", conf_t),
-             "est. tok/s", opt.measure ? "   measured" : "");
+  // What a length needs of the host, to size the machine: shown when some row offloads.
+  const bool any_host = std::any_of(rows.begin(), rows.end(), [](const FitRow& r) {
+    return r.cfg.remat.offload != OffloadKind::None;
+  });
+  auto host_cell = [&](const FitRow& r) {
+    if (!any_host) return std::string();
+    return fmt::format(" {:>12}", r.longest && r.cfg.remat.offload != OffloadKind::None
+                                      ? format_bytes(r.at_longest.host_peak.total_bytes)
+                                      : std::string("-"));
+  };
+  fmt::print("{:<{}} {:>11} {:>12}{} {:>10} {:>11}   {:>12} {:>11}{}\n", "policy", w, "longest T",
+             "peak there", any_host ? fmt::format(" {:>12}", "host there") : "", "recompute",
+             "est. tok/s", fmt::format("at {}: peak", conf_t), "est. tok/s",
+             opt.measure ? "   measured" : "");
   for (const auto& r : rows) {
     std::string measured;
     if (r.measured.done) {
@@ -378,9 +394,9 @@ int run_fit(const FitOptions& opt) {
                             format_count(r.longest + 1));
       measured = m.agrees() ? "   ok: " + fits + above : std::string("   DISAGREES (below)");
     }
-    fmt::print("{:<{}} {:>11} {:>12} {:>9.1f}% {:>11}   {:>12} {:>11}{}\n", r.policy, w,
+    fmt::print("{:<{}} {:>11} {:>12}{} {:>9.1f}% {:>11}   {:>12} {:>11}{}\n", r.policy, w,
                format_count(r.longest) + (r.capped ? "*" : ""),
-               r.longest ? format_bytes(r.at_longest.peak.total_bytes) : "-",
+               r.longest ? format_bytes(r.at_longest.peak.total_bytes) : "-", host_cell(r),
                100.0 * r.at_longest.recompute_overhead(), fmt_rate(r.tok_s_longest),
                (r.fits_configured ? "" : "NO ") + format_bytes(r.at_configured.peak.total_bytes),
                r.fits_configured ? fmt_rate(r.tok_s_configured) : "-", measured);

@@ -91,10 +91,8 @@ std::string tiling_note(const Config& cfg) {
   std::string note;
   if (cfg.remat.tile_tokens > 0)
     note += fmt::format(", MLP in chunks of {} tokens", cfg.remat.tile_tokens);
-  if (cfg.remat.offloads_optimizer())
-    note += ", checkpoints and AdamW moments in host memory";
-  else if (cfg.remat.offloads_checkpoints())
-    note += ", checkpoints in host memory";
+  if (cfg.remat.offloads_checkpoints())
+    note += fmt::format(", {} in host memory", offloaded_what(cfg.remat.offload));
   return note;
 }
 
@@ -107,12 +105,21 @@ std::string copy_line(const DryRun& run, const PlanTarget& target) {
     return line + (target.host_is_device()
                        ? " (CPU: the host pool is the same RAM; offload here tests the executor)"
                        : " (no link or peak rates for this target: use --gpu NAME)");
-  return line + fmt::format("; {:.3g} s at the link's rate vs compute >= {:.3g} s at peak ({}); {}",
-                            ct.copy_s, ct.compute_s, target.rates_note,
-                            ct.exposed_s > 0
-                                ? fmt::format("up to {:.3g} s of copying is not hidden by compute",
-                                              ct.exposed_s)
-                                : std::string("the copies hide behind compute"));
+  const std::string host_update =
+      ct.host_update_s > 0
+          ? fmt::format(
+                "; AdamW on the host ~{:.3g} s ({} parameters x {:.0f} B at an assumed "
+                "{:.0f} GB/s of host memory traffic), not hidden",
+                ct.host_update_s, format_grouped(run.host_updated_params), kHostUpdateBytesPerParam,
+                target.host_update_bytes_per_s / 1e9)
+          : std::string();
+  return line +
+         fmt::format(
+             "; {:.3g} s at the link's rate vs compute >= {:.3g} s at peak ({}){}; {}", ct.copy_s,
+             ct.compute_s, target.rates_note, host_update,
+             ct.exposed_s > 0
+                 ? fmt::format("up to {:.3g} s of copying is not hidden by compute", ct.exposed_s)
+                 : std::string("the copies hide behind compute"));
 }
 
 std::string parallel_note(const Config& cfg) {

@@ -149,7 +149,8 @@ const EnumNames<Precision> kPrecisions = {{"bf16", Precision::Bf16}, {"fp32", Pr
 const EnumNames<OffloadKind> kOffloads = {
     {"none", OffloadKind::None},
     {"checkpoints", OffloadKind::Checkpoints},
-    {"checkpoints+optimizer", OffloadKind::CheckpointsOptimizer}};
+    {"checkpoints+optimizer", OffloadKind::CheckpointsOptimizer},
+    {"checkpoints+optimizer+weights", OffloadKind::CheckpointsOptimizerWeights}};
 
 template <class E>
 E read_enum(const toml::node& n, const Origin& o, const EnumNames<E>& names) {
@@ -443,7 +444,8 @@ const std::vector<KeySpec>& key_specs() {
        [](Config& c, auto& n, auto& o) { c.remat.tile_tokens = read_int(n, o, 0, kMax, false); }},
       {"remat", "offload",
        "host memory between uses: checkpoints (out after each block's forward, back before its "
-       "recompute), and the AdamW moments (streamed through the device at the update)",
+       "recompute), the AdamW moments (streamed through the device at the update), and the fp32 "
+       "weights and gradients (fetched per block; AdamW then runs on the host)",
        [](Config& c, auto& n, auto& o) { c.remat.offload = read_enum(n, o, kOffloads); }},
       {"device", "backend", "auto = CUDA when a GPU is found, else the CPU",
        [](Config& c, auto& n, auto& o) { c.device.backend = read_enum(n, o, kBackends); }},
@@ -646,10 +648,17 @@ void validate(const Config& c, const Origins& o) {
          "set e.g. parallel.bucket_bytes = \"16MiB\"");
   if (c.parallel.shard_optimizer && c.remat.offloads_optimizer())
     fail(o.of("parallel.shard_optimizer"),
-         "parallel.shard_optimizer keeps each rank's share of the AdamW moments on its device, and "
-         "remat.offload = \"checkpoints+optimizer\" moves them all to host memory",
+         fmt::format("parallel.shard_optimizer keeps each rank's share of the AdamW moments on its "
+                     "device, and remat.offload = \"{}\" moves them all to host memory",
+                     c.remat.offload),
          "keep one: remat.offload = \"checkpoints\" with the sharded moments, or "
          "parallel.shard_optimizer = false");
+  if (c.remat.offloads_weights() && c.parallel.world_ranks() > 1)
+    fail(o.of("remat.offload"),
+         fmt::format("remat.offload = \"{}\" trains on one rank, and [parallel] asks for {}",
+                     c.remat.offload, c.parallel.world_ranks()),
+         "run one rank (parallel.data = parallel.context = 1), or offload less: \"checkpoints\" "
+         "or \"checkpoints+optimizer\"");
   const bool file_data = c.data.source != "synthetic";
   if (file_data && c.data.path.empty())
     fail(o.of("data.path"), fmt::format("data.source = \"{}\" needs files to read", c.data.source),
@@ -1093,6 +1102,19 @@ std::string_view config_name(Precision v) {
 }
 std::string_view config_name(OffloadKind v) {
   return enum_name(v, kOffloads);
+}
+std::string_view offloaded_what(OffloadKind v) {
+  switch (v) {
+    case OffloadKind::None:
+      return "nothing";
+    case OffloadKind::Checkpoints:
+      return "checkpoints";
+    case OffloadKind::CheckpointsOptimizer:
+      return "checkpoints and AdamW moments";
+    case OffloadKind::CheckpointsOptimizerWeights:
+      return "checkpoints, AdamW moments, weights and gradients";
+  }
+  return "?";
 }
 
 void throw_config_error(const Config& c, const std::string& key, const std::string& problem,

@@ -20,16 +20,23 @@ namespace remat {
 
 // The enum-like keys, parsed once when the config is read; config_name() gives each value's
 // spelling in a config file ("gpt", "rope", "cuda", "fp32"), for messages and state.json.
-enum class ModelKind : uint8_t { Gpt, Llama, Mlp };                            // model.kind
-enum class PositionKind : uint8_t { Learned, Rope };                           // model.position
-enum class BackendKind : uint8_t { Auto, Cpu, Cuda };                          // device.backend
-enum class Precision : uint8_t { Bf16, Fp32 };                                 // device.precision
-enum class OffloadKind : uint8_t { None, Checkpoints, CheckpointsOptimizer };  // remat.offload
+enum class ModelKind : uint8_t { Gpt, Llama, Mlp };    // model.kind
+enum class PositionKind : uint8_t { Learned, Rope };   // model.position
+enum class BackendKind : uint8_t { Auto, Cpu, Cuda };  // device.backend
+enum class Precision : uint8_t { Bf16, Fp32 };         // device.precision
+enum class OffloadKind : uint8_t {                     // remat.offload
+  None,
+  Checkpoints,
+  CheckpointsOptimizer,
+  CheckpointsOptimizerWeights
+};
 std::string_view config_name(ModelKind v);
 std::string_view config_name(PositionKind v);
 std::string_view config_name(BackendKind v);
 std::string_view config_name(Precision v);
 std::string_view config_name(OffloadKind v);
+/// What an offload kind keeps in host memory, in words: "checkpoints and AdamW moments".
+std::string_view offloaded_what(OffloadKind v);
 
 }  // namespace remat
 
@@ -109,10 +116,16 @@ struct RematConfig {
   std::vector<std::string> plan;  // one policy per block; overrides policy/blocks when set
   int64_t tile_tokens = 0;        // GPT: LayerNorm 2 + MLP in chunks of this many rows; 0 = off
   // What lives in host memory between its uses: checkpoints (copied out after each block's
-  // forward, back before its recompute) and optionally the AdamW moments.
+  // forward, back before its recompute), optionally the AdamW moments, and optionally the fp32
+  // weights and gradients too (the device then holds only the weights of the blocks it runs, and
+  // AdamW runs on the host's cores: engine/weight_stream.h).
   OffloadKind offload = OffloadKind::None;
   bool offloads_checkpoints() const { return offload != OffloadKind::None; }
-  bool offloads_optimizer() const { return offload == OffloadKind::CheckpointsOptimizer; }
+  bool offloads_optimizer() const {
+    return offload == OffloadKind::CheckpointsOptimizer ||
+           offload == OffloadKind::CheckpointsOptimizerWeights;
+  }
+  bool offloads_weights() const { return offload == OffloadKind::CheckpointsOptimizerWeights; }
 };
 
 struct DeviceConfig {

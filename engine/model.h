@@ -21,12 +21,18 @@ namespace remat {
 enum class MomentHome : uint8_t { Device, Host, Sharded };
 
 /// One trainable tensor with its gradient and AdamW moments (all f32, all from the pool).
+/// With remat.offload = "checkpoints+optimizer+weights" all four live in the host pool
+/// (`on_host`): the step's WeightStream (engine/weight_stream.h) swaps device copies into `value`
+/// and `grad` while a block that reads them runs, and swaps the host ones back after, so the ops
+/// read `value` and `grad` as always, and everything outside a step (checkpoints, AdamW, export)
+/// sees the host copies.
 struct Param {
   std::string name;              // "blocks.3.attn.qkv.weight": the name used in checkpoint files
   Buffer value;                  // category weights
   Buffer grad;                   // category grads
   Buffer m, v;                   // category optimizer; empty when the moments are sharded
   bool moments_on_host = false;  // m and v live in the host pool (remat.offload)
+  bool on_host = false;          // value and grad too (and the moments): AdamW on the host
   bool use_decay = false;        // 2-D weights only
 };
 
@@ -143,6 +149,13 @@ class Model {
   virtual std::string describe() const = 0;
   std::vector<Param>& params() { return params_; }
   int64_t n_params() const;
+  /// The parameters each part of a step reads, for fetching them ahead when they live on the
+  /// host: the stem (its forward reads their values; its backward writes their gradients), the
+  /// head (values and gradients), and block i (every parameter named "blocks.<i>."). A tied
+  /// embedding is in both the stem's and the head's list.
+  const std::vector<Param*>& stem_params() const { return stem_params_; }
+  const std::vector<Param*>& head_params() const { return head_params_; }
+  std::vector<Param*> block_params(size_t i);
   size_t n_blocks() const { return blocks_.size(); }
   Block& block(size_t i) { return *blocks_[i]; }
   /// Shape of the residual stream, e.g. (B, T, C).
@@ -165,6 +178,7 @@ class Model {
  protected:
   std::vector<Param> params_;
   std::vector<std::unique_ptr<Block>> blocks_;
+  std::vector<Param*> stem_params_, head_params_;  // set by each model's constructor
 };
 
 }  // namespace remat

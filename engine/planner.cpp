@@ -32,6 +32,9 @@ const std::vector<GpuPreset>& gpu_presets() {
   // Host RAM: what one card of a common node has beside it (an H200 here has 128 GiB); set
   // device.host_memory for yours. Links: pinned cudaMemcpy reaches ~80% of the PCIe line rate
   // (5.0 x16: 63 GB/s, 4.0 x16: 32 GB/s per direction). Peaks: the vendors' dense figures.
+  // AdamW on the host (kAssumedHostUpdateBytesPerS, every preset): 100 GB/s of host memory
+  // traffic, about a third of what a two-socket DDR5 server streams; an assumption until a device
+  // run measures the step with the weights offloaded.
   constexpr uint64_t GiB = 1ull << 30;
   // Between ranks: SXM cards talk over NVLink inside a node of 8 (line rate per direction per
   // card) and over one 400 Gb/s (Hopper) or 200 Gb/s (A100) InfiniBand port each across nodes;
@@ -68,6 +71,7 @@ PlanTarget plan_target(const Config& cfg, const std::string& gpu, std::optional<
           t.host_bytes = p.host_bytes;
           t.host_note = fmt::format("assumed beside one {}", p.name);
           t.link_bytes_per_s = p.link_gb_per_s * 1e9;
+          t.host_update_bytes_per_s = kAssumedHostUpdateBytesPerS;
           const bool fp32 = cfg.device.precision == Precision::Fp32;
           t.peak_flops_per_s = (fp32 ? p.fp32_tflops : p.bf16_tflops) * 1e12;
           t.rates_note = fmt::format("{} ~{:.0f} GB/s per direction, {} dense peak {:.1f} TFLOP/s",
@@ -136,10 +140,11 @@ double DryRun::total(double OpCost::*field) const {
   return b;
 }
 
-CopyTime copy_time(const DryRun& run, const PlanTarget& target) {
+CopyTime copy_time(const DryRun& run, const PlanTarget& target, double flops_per_s) {
   CopyTime t;
   if (target.link_bytes_per_s <= 0 || target.peak_flops_per_s <= 0) return t;
   t.modelled = true;
+  const double rate = flops_per_s > 0 ? flops_per_s : target.peak_flops_per_s;
   auto phase = [&](Phase p) { return run.cost[static_cast<size_t>(p)]; };
   // The phases whose copies can hide behind their own compute.
   const std::vector<std::vector<Phase>> overlaps = {
@@ -151,10 +156,16 @@ CopyTime copy_time(const DryRun& run, const PlanTarget& target) {
       flops += phase(p).flops;
     }
     const double copy = bytes / target.link_bytes_per_s;
-    const double compute = flops / target.peak_flops_per_s;
+    const double compute = flops / rate;
     t.copy_s += copy;
     t.compute_s += compute;
     t.exposed_s += std::max(0.0, copy - compute);
+  }
+  // AdamW on the host hides behind nothing: the next step's first fetch waits for it.
+  if (run.host_updated_params > 0 && target.host_update_bytes_per_s > 0) {
+    t.host_update_s = static_cast<double>(run.host_updated_params) * kHostUpdateBytesPerParam /
+                      target.host_update_bytes_per_s;
+    t.exposed_s += t.host_update_s;
   }
   return t;
 }
@@ -238,6 +249,8 @@ DryRun Planner::dry_run(const Config& cfg, bool track_largest) const {
   for (int i = 0; i < kNumPhases; ++i)
     r.cost[static_cast<size_t>(i)] = be.cost(static_cast<Phase>(i));
   r.n_params = model.n_params();
+  for (Param& p : model.params())
+    if (p.on_host) r.host_updated_params += p.value.tensor().numel();
   r.ranks = static_cast<int>(cfg.parallel.world_ranks());
   r.context_ranks = static_cast<int>(cfg.parallel.context);
   r.grad_sent_bytes = trainer.sent_bytes_per_step();
@@ -326,10 +339,8 @@ std::string AutoPlan::mix() const {
 std::string AutoPlan::summary() const {
   std::string host;
   if (offload != OffloadKind::None && host_peak_bytes > 0)
-    host = fmt::format(
-        ", {} in host memory: peak {} of {}",
-        offload == OffloadKind::Checkpoints ? "checkpoints" : "checkpoints and AdamW moments",
-        format_bytes(host_peak_bytes), format_bytes(host_budget_bytes));
+    host = fmt::format(", {} in host memory: peak {} of {}", offloaded_what(offload),
+                       format_bytes(host_peak_bytes), format_bytes(host_budget_bytes));
   return fmt::format(
       "chose {}{} (recompute +{:.2f}%, predicted peak {} of budget {}{})", mix(),
       tile_tokens > 0 ? fmt::format(", MLP in chunks of {} tokens", tile_tokens) : std::string(),
@@ -367,7 +378,8 @@ std::vector<int64_t> auto_tile_tokens(int64_t rows) {
 AutoPlan choose_auto(const Planner& planner, const Config& cfg) {
   // What auto may add when no per-block plan fits, cheapest first: MLP tiling (a little GEMM
   // efficiency), in smaller chunks while it does not fit, then checkpoints in host memory (copies
-  // that hide behind compute), then the AdamW moments too (copies at the update that do not).
+  // that hide behind compute), then the AdamW moments too (copies at the update that do not),
+  // then the weights and gradients (fetched per block; AdamW on the host's cores; one rank only).
   // Offload only where host memory is not the device's own (a GPU target); settings the config
   // makes itself are kept.
   std::vector<Config> candidates{cfg};
@@ -378,9 +390,12 @@ AutoPlan choose_auto(const Planner& planner, const Config& cfg) {
       candidates.push_back(tiled);
     }
   if (!planner.target().host_is_device() && cfg.remat.offload == OffloadKind::None)
-    for (OffloadKind k : {OffloadKind::Checkpoints, OffloadKind::CheckpointsOptimizer}) {
-      // Sharded moments stay on the device (config validation refuses both together).
-      if (k == OffloadKind::CheckpointsOptimizer && cfg.parallel.shard_optimizer) break;
+    for (OffloadKind k : {OffloadKind::Checkpoints, OffloadKind::CheckpointsOptimizer,
+                          OffloadKind::CheckpointsOptimizerWeights}) {
+      // Sharded moments stay on the device (config validation refuses both together), and
+      // weights on the host train on one rank.
+      if (k != OffloadKind::Checkpoints && cfg.parallel.shard_optimizer) break;
+      if (k == OffloadKind::CheckpointsOptimizerWeights && cfg.parallel.world_ranks() > 1) break;
       Config offloaded = candidates.back();
       offloaded.remat.offload = k;
       candidates.push_back(offloaded);

@@ -35,7 +35,10 @@ struct PlanTarget {
   // a CUDA budget without a preset).
   double link_bytes_per_s = 0;  // device <-> host copies, each direction
   double peak_flops_per_s = 0;  // dense peak at the activation dtype (fp32 accumulation)
-  std::string rates_note;       // "PCIe 5.0 x16 ~50 GB/s, bf16 dense 989 TFLOP/s"
+  // The host's AdamW over parameters in host memory (remat.offload with weights), in bytes of
+  // host memory traffic per second: 28 per parameter (reads w, g, m, v; writes w, m, v).
+  double host_update_bytes_per_s = 0;
+  std::string rates_note;  // "PCIe 5.0 x16 ~50 GB/s, bf16 dense 989 TFLOP/s"
   // Between ranks (parallel.data > 1): within a node of `gpus_per_node` cards, and across nodes.
   double peer_bytes_per_s = 0, network_bytes_per_s = 0;
   int gpus_per_node = 0;
@@ -80,6 +83,7 @@ struct DryRun {
   MemorySnapshot host_peak;  // the host pool (remat.offload)
   std::array<OpCost, kNumPhases> cost{};
   int64_t n_params = 0;
+  int64_t host_updated_params = 0;    // of them, updated by the host's cores (weights offloaded)
   double recompute_overhead() const;  // recompute FLOPs / (forward + loss + backward FLOPs)
   double flops() const;               // every phase
   double to_host_bytes() const { return total(&OpCost::to_host_bytes); }  // copies per step
@@ -99,13 +103,23 @@ struct DryRun {
 /// when the target has none). Copies overlap the compute of their own phase: forward copies
 /// the forward, the backward's the recompute and backward, the optimizer's the update;
 /// `exposed_s` is what a phase's copies take beyond its compute, the stall a user would see.
+/// With the weights in host memory, AdamW runs on the host's cores while the device waits: its
+/// estimate `host_update_s` is part of `exposed_s`.
 struct CopyTime {
   double copy_s = 0;     // both directions, serialized on one copy engine
   double compute_s = 0;  // every FLOP of the step at the peak rate: a lower bound
   double exposed_s = 0;
+  double host_update_s = 0;
   bool modelled = false;
 };
-CopyTime copy_time(const DryRun& run, const PlanTarget& target);
+/// Host memory traffic of one AdamW update per parameter: w, g, m, v read; w, m, v written.
+constexpr double kHostUpdateBytesPerParam = 28;
+/// The rate the planner assumes for it beside a GPU preset (bytes/s); see planner.cpp.
+constexpr double kAssumedHostUpdateBytesPerS = 100e9;
+/// `flops_per_s`: the compute rate to set the copies against (0: the target's peak, the
+/// lower bound; fit passes its estimated rate, so what its step time adds is what that rate would
+/// not hide).
+CopyTime copy_time(const DryRun& run, const PlanTarget& target, double flops_per_s = 0);
 
 /// Data parallel: the gradient exchange of a step beside the backward it overlaps, at the
 /// target's link between ranks (within a node up to gpus_per_node ranks, else the network).

@@ -85,10 +85,11 @@ PolicyVariant parse_policy_variant(const std::string& entry, const std::string& 
   size_t at = entry.find(':');
   v.policy = entry.substr(0, at);
   const auto bad = [&](const std::string& what) {
-    return ConfigError(fmt::format(
-        "--policies: [{}] \"{}\": {}. Fix: write POLICY[:tile=N][:offload=KIND], e.g. "
-        "full:tile=1024:offload=checkpoints (KIND: none, checkpoints, checkpoints+optimizer)",
-        command, entry, what));
+    return ConfigError(
+        fmt::format("--policies: [{}] \"{}\": {}. Fix: write POLICY[:tile=N][:offload=KIND], e.g. "
+                    "full:tile=1024:offload=checkpoints (KIND: none, checkpoints, "
+                    "checkpoints+optimizer, checkpoints+optimizer+weights)",
+                    command, entry, what));
   };
   while (at != std::string::npos) {
     const size_t next = entry.find(':', at + 1);
@@ -103,7 +104,8 @@ PolicyVariant parse_policy_variant(const std::string& entry, const std::string& 
       v.tile_tokens = *n;
     } else if (key == "offload" && !v.offload) {
       for (OffloadKind k :
-           {OffloadKind::None, OffloadKind::Checkpoints, OffloadKind::CheckpointsOptimizer})
+           {OffloadKind::None, OffloadKind::Checkpoints, OffloadKind::CheckpointsOptimizer,
+            OffloadKind::CheckpointsOptimizerWeights})
         if (value == config_name(k)) v.offload = k;
       if (!v.offload) throw bad(fmt::format("offload=\"{}\" is not an offload kind", value));
     } else {

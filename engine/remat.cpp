@@ -5,10 +5,12 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <optional>
 #include <utility>
 
 #include "engine/error.h"
 #include "engine/policy.h"
+#include "engine/weight_stream.h"
 
 namespace remat {
 
@@ -232,6 +234,31 @@ class CheckpointOffload {
   Pending retiring_, to_host_, to_device_;
 };
 
+// The executor's side of WeightStream: a no-op when the model's parameters live on the device.
+// Each call names the use it expects, so the executor and step_uses() cannot drift apart.
+class ParamUses {
+ public:
+  // `uses` is called only when there is a stream to make: listing them costs O(blocks x params).
+  template <class Uses>
+  ParamUses(Backend& be, Model& model, Uses&& uses, bool keep_grads) {
+    if (!model.params().empty() && model.params().front().on_host)
+      stream_.emplace(be, uses(), keep_grads);
+  }
+  void begin() {
+    if (stream_) stream_->begin(next_);
+  }
+  void end() {
+    if (stream_) stream_->end(next_++);
+  }
+  void finish() {
+    if (stream_) stream_->finish();
+  }
+
+ private:
+  std::optional<WeightStream> stream_;
+  size_t next_ = 0;
+};
+
 }  // namespace
 
 StepLoss forward_backward(Backend& be, Model& model, const RematPlan& plan, const Batch& batch,
@@ -247,17 +274,23 @@ StepLoss forward_backward(Backend& be, Model& model, const RematPlan& plan, cons
     stores.emplace_back(fmt::format("blocks.{}", i), model.block(i).act_names().size(),
                         slot_categories(plan.blocks[i]));
   CheckpointOffload offload(be, plan, stores);  // declared after stores: destroyed before them
+  ParamUses params(
+      be, model, [&] { return step_uses(model, plan); }, true);
 
   // ---- forward ----
   be.set_phase(Phase::Forward);
   pool.set_phase("forward (embedding)");
+  params.begin();
   Buffer x = model.stem_forward(be, batch, input_category(plan, 0));
+  params.end();
   for (size_t i = 0; i < L; ++i) {
     pool.set_phase(fmt::format("forward block {}", i));
     stores[i].put(0, std::move(x));
     Buffer y =
         pool.allocate(shape, be.act_dtype(), input_category(plan, i + 1), input_name(i + 1, L));
+    params.begin();
     model.block(i).forward(be, stores[i], y);
+    params.end();
     stores[i].keep_only(plan.blocks[i].keep);
     offload.after_forward(i);
     x = std::move(y);
@@ -269,7 +302,9 @@ StepLoss forward_backward(Backend& be, Model& model, const RematPlan& plan, cons
   pool.set_phase("loss");
   Buffer dresid = pool.allocate(shape, be.act_dtype(), MemCategory::Transient, "dresid");
   Buffer losses = pool.allocate({model.loss_rows()}, DType::F32, MemCategory::Transient, "losses");
+  params.begin();
   model.head_forward_backward(be, x, batch, losses, dresid);
+  params.end();
   x.reset();
   StepLoss result = read_losses(be, losses);
   losses.reset();
@@ -281,19 +316,26 @@ StepLoss forward_backward(Backend& be, Model& model, const RematPlan& plan, cons
     offload.before_segment(s);
     stores[seg->end - 1].on_peak_passed([&offload, s] { offload.prefetch_before(s); });
     for (size_t j = seg->begin; j < seg->end; ++j) {
+      REMAT_ASSERT(stores[j].complete() != block_recomputes(plan, j),
+                   "block {}: recomputed {}, planned {}", j, !stores[j].complete(),
+                   block_recomputes(plan, j));
       if (stores[j].complete()) continue;
       be.set_phase(Phase::Recompute);
       pool.set_phase(fmt::format("recompute block {}", j));
       Buffer y;
       if (j + 1 < seg->end && !stores[j + 1].has(0))
         y = pool.allocate(shape, be.act_dtype(), MemCategory::Activations, input_name(j + 1, L));
+      params.begin();
       model.block(j).forward(be, stores[j], y);
+      params.end();
       if (!y.empty()) stores[j + 1].put(0, std::move(y));
     }
     for (size_t j = seg->end; j-- > seg->begin;) {
       be.set_phase(Phase::Backward);
       pool.set_phase(fmt::format("backward block {}", j));
+      params.begin();
       model.block(j).backward(be, stores[j], dresid);
+      params.end();
       stores[j].peak_passed();
       stores[j].clear();
       if (grads_ready) grads_ready(j);
@@ -301,7 +343,10 @@ StepLoss forward_backward(Backend& be, Model& model, const RematPlan& plan, cons
   }
   be.set_phase(Phase::Backward);
   pool.set_phase("backward (embedding)");
+  params.begin();
   model.stem_backward(be, batch, dresid);
+  params.end();
+  params.finish();
   return result;
 }
 
@@ -311,14 +356,20 @@ StepLoss forward_loss(Backend& be, Model& model, const Batch& batch) {
   const std::vector<int64_t> shape = model.stream_shape();
   be.set_phase(Phase::Forward);
   pool.set_phase("eval forward");
+  ParamUses params(
+      be, model, [&] { return eval_uses(model); }, false);
+  params.begin();
   Buffer x = model.stem_forward(be, batch, MemCategory::Activations);
+  params.end();
   for (size_t i = 0; i < L; ++i) {
     const Block& block = model.block(i);
     ActStore store(fmt::format("blocks.{}", i), block.act_names().size(),
                    std::vector<MemCategory>(block.act_names().size(), MemCategory::Activations));
     store.put(0, std::move(x));
     Buffer y = pool.allocate(shape, be.act_dtype(), MemCategory::Activations, input_name(i + 1, L));
+    params.begin();
     model.block(i).forward(be, store, y);
+    params.end();
     store.clear();
     x = std::move(y);
   }
@@ -326,7 +377,10 @@ StepLoss forward_loss(Backend& be, Model& model, const Batch& batch) {
   pool.set_phase("eval loss");
   Buffer dx = pool.allocate(shape, be.act_dtype(), MemCategory::Transient, "dresid");
   Buffer losses = pool.allocate({model.loss_rows()}, DType::F32, MemCategory::Transient, "losses");
+  params.begin();
   model.head_forward_backward(be, x, batch, losses, dx);
+  params.end();
+  params.finish();
   return read_losses(be, losses);
 }
 

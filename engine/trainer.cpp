@@ -8,6 +8,7 @@
 #include <memory>
 #include <utility>
 
+#include "engine/cpu/host_optimizer.h"
 #include "engine/cuda_api.h"
 #include "engine/error.h"
 #include "engine/parallel/communicator.h"
@@ -151,9 +152,8 @@ std::string Trainer::divergence_message(const StepMetrics& m) {
   // with a non-finite sum anywhere (every rank diverges at the same step, so all of them call).
   std::vector<double> bad;
   for (Param& p : model_.params()) {
-    const Tensor g = p.grad;
-    const bool finite = sharded_ ? sharded_->grad_finite(p)
-                                 : std::isfinite(be_.sum_squares(std::span<const Tensor>(&g, 1)));
+    const bool finite =
+        sharded_ ? sharded_->grad_finite(p) : std::isfinite(sum_squares({p.grad.tensor()}, p));
     bad.push_back(finite ? 0.0 : 1.0);
   }
   if (sharded_ && dp_.comm) bad = parallel::sum_over_ranks(*dp_.comm, bad);
@@ -173,8 +173,7 @@ std::string Trainer::divergence_message(const StepMetrics& m) {
 
 void Trainer::check_weights_finite() {
   for (Param& p : model_.params()) {
-    const Tensor w = p.value;
-    if (!std::isfinite(be_.sum_squares(std::span<const Tensor>(&w, 1))))
+    if (!std::isfinite(sum_squares({p.value.tensor()}, p)))
       throw Diverged(fmt::format(
           "[train] diverged by step {}: the weights are not finite (first: {}); no checkpoint was "
           "written for this step. Fix: lower train.lr, raise train.warmup_steps or set "
@@ -199,7 +198,9 @@ StepMetrics Trainer::step() {
   m.data_flops = batch.making_flops;
   const int64_t n_tokens = batch.n_tokens;
   be_.set_phase(Phase::Backward);
-  for (Param& p : model_.params()) be_.fill(p.grad, 0.0f);
+  // Host parameters' gradients are made zero on the device and copied over the host ones.
+  for (Param& p : model_.params())
+    if (!p.on_host) be_.fill(p.grad, 0.0f);
   model_.begin_step(step_);
   parallel::GradientSync* sync = grad_sync_.get();
   StepLoss loss =
@@ -244,14 +245,26 @@ double Trainer::grad_sum_squares() {
   std::vector<Tensor> grads;
   grads.reserve(model_.params().size());
   for (Param& p : model_.params()) grads.push_back(p.grad);
-  return be_.sum_squares(grads);
+  return model_.params().empty() ? 0.0 : sum_squares(grads, model_.params().front());
+}
+
+// Host parameters (remat.offload = "checkpoints+optimizer+weights") are summed on the host's
+// cores, by the CPU backend's own code: the same bits as the CPU backend without the offload.
+// Every parameter of a model lives in the same place, so `like` stands for all of `tensors`.
+double Trainer::sum_squares(const std::vector<Tensor>& tensors, const Param& like) {
+  if (!like.on_host) return be_.sum_squares(tensors);
+  if (!be_.computes()) return 0.0;
+  be_.synchronize();  // the gradients' copies to the host are done
+  return cpu::host_sum_squares(tensors);
 }
 
 // AdamW on every parameter (sharded: on this rank's shards, engine/parallel/sharded_adamw.h).
 // Moments in the host pool (remat.offload = "checkpoints+optimizer") pass through the device: a
 // parameter's m and v come in while the previous parameter updates and go back while the next one
 // does, so at most three parameters' moments are on the device at a time -- a fixed rule, which
-// the planner's dry run follows to the byte.
+// the planner's dry run follows to the byte. Parameters whose weights live in the host pool too
+// ("checkpoints+optimizer+weights") never come to the device here: the host's cores update them
+// (after grad_sum_squares, which waited for their gradients' copies).
 void Trainer::update_weights(float lr, float grad_scale) {
   if (sharded_) {
     AdamWArgs hyper;
@@ -292,12 +305,20 @@ void Trainer::update_weights(float lr, float grad_scale) {
   };
   std::vector<Param*> on_host;
   for (Param& p : model_.params())
-    if (p.moments_on_host) on_host.push_back(&p);
+    if (p.moments_on_host && !p.on_host) on_host.push_back(&p);
   // Host parameter k's moments sit in slot k % 3: k + 1 comes in, k updates, k - 1 goes out.
   std::array<std::unique_ptr<Staged>, 3> slots;
   size_t k = 0;
   for (Param& p : model_.params()) {
     AdamWArgs a{p.value, p.grad, p.m, p.v};
+    a.lr = lr;
+    a.weight_decay = p.use_decay ? static_cast<float>(train_.weight_decay) : 0.0f;
+    a.grad_scale = grad_scale;
+    a.step = step_ + 1;
+    if (p.on_host) {  // everything is in host memory: the host's cores update it in place
+      if (be_.computes()) cpu::host_adamw_update(a);
+      continue;
+    }
     Staged* staged = nullptr;
     if (p.moments_on_host) {
       if (k == 0) slots[0] = std::make_unique<Staged>(be_, p);
@@ -308,10 +329,6 @@ void Trainer::update_weights(float lr, float grad_scale) {
       a.m = staged->m;
       a.v = staged->v;
     }
-    a.lr = lr;
-    a.weight_decay = p.use_decay ? static_cast<float>(train_.weight_decay) : 0.0f;
-    a.grad_scale = grad_scale;
-    a.step = step_ + 1;
     be_.adamw_update(a);
     if (!staged) continue;
     staged->m_copy = be_.copy_to_host(p.m, staged->m);

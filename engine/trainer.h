@@ -120,6 +120,8 @@ class Trainer {
                                       const std::vector<double>& weights);
   /// Of the summed gradients (the global norm's square).
   double grad_sum_squares();
+  /// be_.sum_squares, or the host's for parameters in host memory (like `like`).
+  double sum_squares(const std::vector<Tensor>& tensors, const Param& like);
   void update_weights(float lr, float grad_scale);
   TrainConfig train_;
   Backend& be_;

@@ -2,31 +2,37 @@
 // initialization from a counter-based RNG keyed by (seed, parameter name).
 #include "layers/layer.h"
 
+#include "engine/error.h"
 #include "engine/rng.h"
 
 namespace remat {
 
 Param make_param(Backend& be, const std::string& name, const std::vector<int64_t>& shape,
-                 ParamInit init, uint64_t seed, MomentHome moments) {
-  MemoryPool& pool = be.pool();
-  const bool on_host = moments == MomentHome::Host;
+                 ParamInit init, uint64_t seed, MomentHome moments, bool on_host) {
+  REMAT_ASSERT(!on_host || moments == MomentHome::Host, "{}: weights on the host, moments not",
+               name);
+  const bool moments_on_host = moments == MomentHome::Host;
+  MemoryPool& pool = on_host ? be.host_pool() : be.pool();
+  // Zeros and ones in whichever pool the tensor is in (a host-pool tensor is filled on the host).
+  auto fill = [&](const Buffer& t, bool host, float value) {
+    if (host)
+      be.fill_host(t, value);
+    else
+      be.fill(t, value);
+  };
   Param p;
   p.name = name;
   p.value = pool.allocate(shape, DType::F32, MemCategory::Weights, name);
   p.grad = pool.allocate(shape, DType::F32, MemCategory::Grads, name + ".grad");
-  p.moments_on_host = on_host;
+  p.moments_on_host = moments_on_host;
+  p.on_host = on_host;
   p.use_decay = shape.size() >= 2;
-  be.fill(p.grad, 0.0f);
+  fill(p.grad, on_host, 0.0f);
   if (moments != MomentHome::Sharded) {
-    MemoryPool& home = on_host ? be.host_pool() : be.pool();
+    MemoryPool& home = moments_on_host ? be.host_pool() : be.pool();
     p.m = home.allocate(shape, DType::F32, MemCategory::Optimizer, name + ".adam_m");
     p.v = home.allocate(shape, DType::F32, MemCategory::Optimizer, name + ".adam_v");
-    for (const Buffer* moment : {&p.m, &p.v}) {
-      if (on_host)
-        be.fill_host(*moment, 0.0f);
-      else
-        be.fill(*moment, 0.0f);
-    }
+    for (const Buffer* moment : {&p.m, &p.v}) fill(*moment, moments_on_host, 0.0f);
   }
   if (init.kind == ParamInit::Normal) {
     if (be.computes()) {  // a dry run needs no values
@@ -42,7 +48,7 @@ Param make_param(Backend& be, const std::string& name, const std::vector<int64_t
       be.upload(p.value, host.data());
     }
   } else {
-    be.fill(p.value, init.kind == ParamInit::Ones ? 1.0f : 0.0f);
+    fill(p.value, on_host, init.kind == ParamInit::Ones ? 1.0f : 0.0f);
   }
   return p;
 }

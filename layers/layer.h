@@ -24,8 +24,11 @@ struct ParamInit {
 
 /// Allocates a parameter with its gradient and AdamW moments, initialized deterministically
 /// from (seed, name). 2-D weights get weight decay. `moments`: where the AdamW moments live (none
-/// are allocated here when they are sharded over ranks).
+/// are allocated here when they are sharded over ranks). `on_host`: the value, gradient and
+/// moments all live in the host pool (remat.offload = "checkpoints+optimizer+weights"; `moments`
+/// must then be Host).
 Param make_param(Backend& be, const std::string& name, const std::vector<int64_t>& shape,
-                 ParamInit init, uint64_t seed, MomentHome moments = MomentHome::Device);
+                 ParamInit init, uint64_t seed, MomentHome moments = MomentHome::Device,
+                 bool on_host = false);
 
 }  // namespace remat

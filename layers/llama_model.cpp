@@ -29,7 +29,7 @@ class LlamaModel : public Model {
     const ParamInit ones{ParamInit::Ones}, zeros{ParamInit::Zeros};
     params_.reserve(static_cast<size_t>(3 + 11 * L));  // pointers into it stay valid
     auto add = [&](const std::string& name, std::vector<int64_t> shape, ParamInit init) {
-      params_.push_back(make_param(be, name, shape, init, s.seed, s.moments));
+      params_.push_back(make_param(be, name, shape, init, s.seed, s.moments, s.weights_on_host));
       return &params_.back();
     };
     wte_ = add("wte", {V, C}, normal);
@@ -59,6 +59,8 @@ class LlamaModel : public Model {
     }
     normf_weight_ = add("normf.weight", {C}, ones);
     lm_head_ = m_.tie_embeddings ? wte_ : add("lm_head.weight", {V, C}, normal);
+    stem_params_ = {wte_};
+    head_params_ = {normf_weight_, lm_head_};
   }
 
   std::string describe() const override {

@@ -33,7 +33,7 @@ class GptModel : public Model {
     const ParamInit ones{ParamInit::Ones}, zeros{ParamInit::Zeros};
     params_.reserve(static_cast<size_t>(3 + 12 * L + 2));
     auto add = [&](const std::string& name, std::vector<int64_t> shape, ParamInit init) {
-      params_.push_back(make_param(be, name, shape, init, seed, s.moments));
+      params_.push_back(make_param(be, name, shape, init, seed, s.moments, s.weights_on_host));
       return &params_.back();
     };
     wte_ = add("wte", {V, C}, normal);
@@ -68,6 +68,9 @@ class GptModel : public Model {
     }
     lnf_weight_ = add("lnf.weight", {C}, ones);
     lnf_bias_ = add("lnf.bias", {C}, zeros);
+    stem_params_ = {wte_};
+    if (wpe_) stem_params_.push_back(wpe_);
+    head_params_ = {lnf_weight_, lnf_bias_, wte_};  // the LM head is the tied embedding
   }
 
   std::string describe() const override {
@@ -127,11 +130,11 @@ class MlpModel : public Model {
     // He initialization keeps the relu stack's activations at unit scale.
     const ParamInit he{ParamInit::Normal, std::sqrt(2.0 / static_cast<double>(D_))};
     for (int64_t l = 0; l < L_; ++l) {
-      params_.push_back(
-          make_param(be, fmt::format("blocks.{}.fc.weight", l), {D_, D_}, he, s.seed, s.moments));
+      params_.push_back(make_param(be, fmt::format("blocks.{}.fc.weight", l), {D_, D_}, he, s.seed,
+                                   s.moments, s.weights_on_host));
       Param* w = &params_.back();
       params_.push_back(make_param(be, fmt::format("blocks.{}.fc.bias", l), {D_}, ParamInit{},
-                                   s.seed, s.moments));
+                                   s.seed, s.moments, s.weights_on_host));
       // Block 0's input is the data: stem_backward reads no gradient of it.
       blocks_.push_back(std::make_unique<MlpBlock>(w, &params_.back(), B_, D_, l > 0));
     }
@@ -165,6 +168,14 @@ int64_t Model::n_params() const {
   return n;
 }
 
+std::vector<Param*> Model::block_params(size_t i) {
+  const std::string prefix = fmt::format("blocks.{}.", i);
+  std::vector<Param*> out;
+  for (Param& p : params_)
+    if (p.name.compare(0, prefix.size(), prefix) == 0) out.push_back(&p);
+  return out;
+}
+
 std::unique_ptr<Model> make_model(const Config& cfg, Backend& be,
                                   parallel::RingChannel* ring_channel) {
   ModelShape shape = model_shape(cfg.train);
@@ -179,6 +190,7 @@ std::unique_ptr<Model> make_model(const Config& cfg, Backend& be,
     shape.moments = MomentHome::Sharded;
   else if (cfg.remat.offloads_optimizer())
     shape.moments = MomentHome::Host;
+  shape.weights_on_host = cfg.remat.offloads_weights();
   return make_model(cfg.model, shape, be);
 }
 

@@ -34,6 +34,8 @@ struct ModelShape {
   // remat.offload = "checkpoints+optimizer": AdamW m, v on the host; parallel.shard_optimizer:
   // spread over the ranks, none per parameter.
   MomentHome moments = MomentHome::Device;
+  // remat.offload = "checkpoints+optimizer+weights": weights and gradients on the host too.
+  bool weights_on_host = false;
 };
 /// The shape of a single-rank run of `train` (make_model(Config) splits the batch over ranks).
 ModelShape model_shape(const TrainConfig& train);

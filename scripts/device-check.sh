@@ -19,8 +19,8 @@
 #   MLP, cuDNN's tolerance on the GPT, plan workspaces, planner vs measured peak), gemm (bf16
 #   peak: the MFU denominator), train per GPT-2 124M/350M x 4k/32k x policy (ms/step, tokens/s,
 #   MFU, measured vs predicted peak), offload (124M at 32k, full, MLP tiled, checkpoints and AdamW
-#   moments in pinned host memory: step time beside the run that keeps them, device and host
-#   peaks against the planner's), fit (fit --measure, full, FIT_MEMORY), longest (one step of
+#   moments in pinned host memory, then also the weights and gradients with AdamW on the host:
+#   step time beside the run that keeps them, device and host peaks against the planner's), fit (fit --measure, full, FIT_MEMORY), longest (one step of
 #   124M at the planner's maximum for the whole card, or "skipped" with the estimated step time),
 #   long (two steps of 124M, full, at the longest power-of-two length from 64k whose steps fit
 #   LONG_STEP_S: the second step's executed TFLOP/s against the rate `plan` assumes),
@@ -294,7 +294,7 @@ run_gpu_tests() {
     # Passing tests print their measurements (workspace sizes, loss differences): keep those;
     # a failure keeps the end of its output.
     local notes
-    if [ $rc -eq 0 ]; then notes=$(grep -E '^(cuDNN plan workspace|policies )' "$out"); else notes=$(tail -40 "$out"); fi
+    if [ $rc -eq 0 ]; then notes=$(grep -E '^(cuDNN plan workspace|policies )|weights on the host vs kept' "$out"); else notes=$(tail -40 "$out"); fi
     row stage=gpu_test tag="$tag" status="$status" exit_code:="$rc" seconds:="$(($(date +%s) - t0))" \
       output="$notes"
   done
@@ -400,23 +400,25 @@ train_model() {  # model: 4k and 32k under each policy
   done
 }
 
-# ---- 7b. offload: the same 32k full run with checkpoints and moments in pinned host memory ----
+# ---- 7b. offload: the same 32k full run with checkpoints and moments (then weights and gradients
+# too, AdamW on the host) in pinned host memory; $1 is remat.offload ----
 run_offload() {
-  local m=$OUT/logs/train-gpt2-124m-32768-full-offload.jsonl rc t0 status
-  if [ "$(left)" -lt 30 ]; then row stage=offload status=skipped note="time budget"; return; fi
-  say "train gpt2-124m seq_len=32768 policy=full tile_tokens=4096 offload=checkpoints+optimizer"
+  local kind=$1 m rc t0 status
+  m=$OUT/logs/train-gpt2-124m-32768-full-offload-${kind//+/-}.jsonl
+  if [ "$(left)" -lt 30 ]; then row stage=offload offload="$kind" status=skipped note="time budget"; return; fi
+  say "train gpt2-124m seq_len=32768 policy=full tile_tokens=4096 offload=$kind"
   t0=$(date +%s)
   timeout -k 5 "$(cap 90)" "$RT" --config "$CFG/gpt2-124m.toml" --set train.seq_len=32768 \
     --set remat.policy=full --set remat.tile_tokens=4096 \
-    --set remat.offload=checkpoints+optimizer --metrics "$m" -q
+    --set remat.offload="$kind" --metrics "$m" -q
   rc=$?
   case $rc in 0) status=ok ;; 3) status=OOM ;; 124 | 137) status=timeout ;; *) status=failed ;; esac
   local r
   r=$(train_row gpt2-124m 32768 full "$status" "$rc" "$(($(date +%s) - t0))" "$m")
-  emit "$("$PY" - "$r" "$OUT/logs/train-gpt2-124m-32768-full.jsonl" <<'PY'
+  emit "$("$PY" - "$r" "$OUT/logs/train-gpt2-124m-32768-full.jsonl" "$kind" <<'PY'
 import json, os, sys
 r = json.loads(sys.argv[1])
-r.update(stage="offload", offload="checkpoints+optimizer", tile_tokens=4096)
+r.update(stage="offload", offload=sys.argv[3], tile_tokens=4096)
 if os.path.exists(sys.argv[2]):  # the run that keeps everything on the card, for the step time
     for line in open(sys.argv[2]):
         if '"summary"' in line:
@@ -648,7 +650,8 @@ write_config gpt2-350m 24 16 1024
 run_gpu_tests
 run_gemm
 train_model gpt2-124m
-run_offload
+run_offload checkpoints+optimizer
+run_offload checkpoints+optimizer+weights
 run_fit
 train_model gpt2-350m
 plan_card

@@ -149,7 +149,8 @@ TEST_CASE("llama: a tiled MLP gives the same bits under every policy and with of
     INFO(fmt::format("{}", fmt::join(s, " ")));
     check_same_bits(train3(with(s, {"remat.tile_tokens=17"})), ref);
   }
-  for (const char* offload : {"checkpoints", "checkpoints+optimizer"}) {
+  for (const char* offload :
+       {"checkpoints", "checkpoints+optimizer", "checkpoints+optimizer+weights"}) {
     INFO(offload);
     const RunRecord moved = train3({"remat.policy=full", "remat.tile_tokens=17",
                                     fmt::format("remat.offload=\"{}\"", offload)});
@@ -170,6 +171,8 @@ TEST_CASE("llama: predicted device and host peaks equal the measured ones to the
       {"remat.policy=save_dots", "remat.tile_tokens=1"},
       {"remat.policy=full", "remat.offload=\"checkpoints\""},
       {"remat.policy=full", "remat.tile_tokens=17", "remat.offload=\"checkpoints+optimizer\""},
+      {"remat.policy=save_attn", "remat.offload=\"checkpoints+optimizer+weights\""},
+      {"remat.policy=full", "remat.every=2", "remat.offload=\"checkpoints+optimizer+weights\""},
   };
   for (const auto& family : {std::vector<std::string>{}, kPlain})
     for (const auto& s : settings) {

@@ -105,7 +105,8 @@ TEST_CASE("offloading gives bitwise the losses, gradients, weights and moments o
   };
   for (const auto& s : settings) {
     const Record kept = train(kBase, s);
-    for (const char* offload : {"checkpoints", "checkpoints+optimizer"}) {
+    for (const char* offload :
+         {"checkpoints", "checkpoints+optimizer", "checkpoints+optimizer+weights"}) {
       INFO(fmt::format("{} with remat.offload = {}", fmt::join(s, " "), offload));
       const Record moved = train(kBase, with(s, fmt::format("remat.offload=\"{}\"", offload)));
       check_same_bits(moved, kept);
@@ -118,8 +119,10 @@ TEST_CASE("offloading gives bitwise the losses, gradients, weights and moments o
                                         "model.n_embd=24",          "train.batch_size=6",
                                         "data.task=\"regression\"", "remat.policy=full"};
   const Record kept = train("", mlp);
-  const Record moved = train("", with(mlp, "remat.offload=\"checkpoints+optimizer\""));
-  check_same_bits(moved, kept);
+  for (const char* offload : {"checkpoints+optimizer", "checkpoints+optimizer+weights"}) {
+    INFO(offload);
+    check_same_bits(train("", with(mlp, fmt::format("remat.offload=\"{}\"", offload))), kept);
+  }
 }
 
 TEST_CASE("the device holds at most two checkpoints and the host every offloaded one",
@@ -152,7 +155,8 @@ TEST_CASE("predicted device and host peaks equal the measured ones to the byte",
   const std::vector<std::string> shape = {
       "model.n_layer=4",    "model.n_embd=48", "model.n_head=4",     "train.seq_len=61",
       "train.batch_size=2", "model.n_ctx=256", "model.vocab_size=50"};
-  for (const char* offload : {"checkpoints", "checkpoints+optimizer"})
+  for (const char* offload :
+       {"checkpoints", "checkpoints+optimizer", "checkpoints+optimizer+weights"})
     for (const char* tile : {"remat.tile_tokens=0", "remat.tile_tokens=17"})
       for (const std::vector<std::string>& policy : std::vector<std::vector<std::string>>{
                {"remat.policy=full"},

@@ -157,6 +157,23 @@ TEST_CASE("2 x 10 steps with a checkpoint between equal 20 steps, bit for bit, w
     CHECK(std::equal(second.losses.begin(), second.losses.end(), whole.losses.begin() + 10));
     CHECK(test::bitwise_equal(second.tensors, whole.tensors));
   }
+  SECTION("weights, gradients and moments on the host, before or after the checkpoint") {
+    // The checkpoint of a run with the state in host memory is the same file: either half may
+    // run with it, with the evaluation's forward_loss between steps.
+    const std::vector<std::string> host = {"remat.offload=\"checkpoints+optimizer+weights\""};
+    const Config moved =
+        parse_config(config_text(tmp / "corpus.txt", tmp / "ckpt2", 20), "resume-test", host);
+    const Snapshot first_moved = train_range(moved, 0, 10, "", tmp / "ckpt2");
+    CHECK(first_moved.losses == first.losses);
+    CHECK(test::bitwise_equal(first_moved.tensors, first.tensors));
+    const Snapshot second = train_range(cfg, 10, 20, tmp / "ckpt2/step_00000010", "");
+    CHECK(std::equal(second.losses.begin(), second.losses.end(), whole.losses.begin() + 10));
+    CHECK(test::bitwise_equal(second.tensors, whole.tensors));
+    const Snapshot second_moved = train_range(moved, 10, 20, mid, "");
+    CHECK(std::equal(second_moved.losses.begin(), second_moved.losses.end(),
+                     whole.losses.begin() + 10));
+    CHECK(test::bitwise_equal(second_moved.tensors, whole.tensors));
+  }
   SECTION("a mistake is caught: resuming without the optimizer state diverges") {
     cpu::CpuBackend be(1ull << 30, 2);
     auto model = make_model(cfg, be);

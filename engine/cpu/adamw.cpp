@@ -1,10 +1,12 @@
 // CPU optimizer ops: the global sum of squares (for gradient clipping) and the AdamW update
-// (engine/ops/adamw.h).
+// (engine/ops/adamw.h). The CPU backend runs them, and so does the trainer on any backend for
+// parameters whose state lives in host memory (engine/cpu/host_optimizer.h).
 
 #include <cmath>
 #include <vector>
 
 #include "engine/cpu/cpu_backend.h"
+#include "engine/cpu/host_optimizer.h"
 
 namespace remat::cpu {
 
@@ -30,7 +32,7 @@ double chunk_sum_squares(const float* p, int64_t n) {
 
 // Fixed chunking (independent of the thread count) and an in-order final sum: the result is
 // the same bits on every run and every thread count.
-double CpuBackend::sum_squares_impl(std::span<const Tensor> tensors) {
+double host_sum_squares(std::span<const Tensor> tensors) {
   constexpr int64_t kChunk = 1 << 16;
   double total = 0;
   for (const Tensor& t : tensors) {
@@ -50,7 +52,7 @@ double CpuBackend::sum_squares_impl(std::span<const Tensor> tensors) {
 
 // AdamW with decoupled weight decay (Loshchilov & Hutter).
 // reference: https://pytorch.org/docs/stable/generated/torch.optim.AdamW.html
-void CpuBackend::adamw_update_impl(const AdamWArgs& a) {
+void host_adamw_update(const AdamWArgs& a) {
   const int64_t n = a.param.numel();
   float* p = a.param.f32();
   const float* g = a.grad.f32();
@@ -67,6 +69,14 @@ void CpuBackend::adamw_update_impl(const AdamWArgs& a) {
     const float vhat = v[i] / bc2;
     p[i] -= a.lr * (mhat / (std::sqrt(vhat) + a.eps) + a.weight_decay * p[i]);
   }
+}
+
+double CpuBackend::sum_squares_impl(std::span<const Tensor> tensors) {
+  return host_sum_squares(tensors);
+}
+
+void CpuBackend::adamw_update_impl(const AdamWArgs& a) {
+  host_adamw_update(a);
 }
 
 }  // namespace remat::cpu

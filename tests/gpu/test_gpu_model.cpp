@@ -414,6 +414,61 @@ TEST_CASE("llama: the planner predicts the CUDA pool's peak to the byte", "[gpu]
   }
 }
 
+TEST_CASE("weights, gradients and moments on the host give the CUDA losses of keeping them",
+          "[gpu][weights]") {
+  // The weights come in on the copy stream ahead of each block and the gradients go out after
+  // it: a missing wait would show as garbage. Step 1's loss comes before any update, so it is
+  // bitwise the kept run's on the deterministic MLP; after that the host's AdamW (the CPU code)
+  // may round an update's last bit differently from the device kernel.
+  const char* weights = "remat.offload=\"checkpoints+optimizer+weights\"";
+  for (DType act : kCudaActivationTypes) {
+    INFO("activations " << dtype_name(act));
+    Config kept = parse_config(kMlpToml, "mlp(test)", {"remat.policy=full"});
+    Config moved = parse_config(kMlpToml, "mlp(test)", {"remat.policy=full", weights});
+    cuda::CudaBackend a(DeviceConfig{}, act), b(DeviceConfig{}, act);
+    const auto want = train_losses(a, kept), got = train_losses(b, moved);
+    REQUIRE(got.size() == want.size());
+    CHECK(got.front() == want.front());
+    std::printf("mlp weights on the host vs kept on CUDA (%s): max |loss difference| %.3g\n",
+                dtype_name(act), max_abs_diff(got, want));
+    check_tracks("mlp weights on the host", got, want, kPolicyRunToRun);
+    CHECK(b.pool().live_bytes(MemCategory::Weights) == 0);
+  }
+  for (const char* toml : {kTinyToml, kLlamaToml}) {
+    const std::vector<std::string> base = {"train.steps=8", "remat.policy=full"};
+    std::vector<std::string> moved = base;
+    moved.push_back(weights);
+    cuda::CudaBackend a(DeviceConfig{}, DType::BF16), b(DeviceConfig{}, DType::BF16);
+    const auto want = train_losses(a, parse_config(toml, "weights(test)", base));
+    const auto got = train_losses(b, parse_config(toml, "weights(test)", moved));
+    std::printf("%s weights on the host vs kept on CUDA (bf16): max |loss difference| %.3g\n",
+                toml == kTinyToml ? "gpt" : "llama", max_abs_diff(got, want));
+    check_tracks("weights on the host", got, want, kPolicyRunToRun);
+  }
+}
+
+TEST_CASE("with the weights on the host the planner predicts both CUDA pools to the byte",
+          "[gpu][weights][planner]") {
+  for (const char* toml : {kTinyToml, kLlamaToml})
+    for (std::vector<std::string> sets :
+         std::vector<std::vector<std::string>>{{"remat.policy=full"},
+                                               {"remat.policy=save_attn", "remat.tile_tokens=37"},
+                                               {"remat.policy=full", "remat.every=2"}}) {
+      const std::string policy = fmt::format("{}", fmt::join(sets, " "));
+      sets.push_back("train.steps=1");
+      sets.push_back("remat.offload=\"checkpoints+optimizer+weights\"");
+      Config cfg = parse_config(toml, "weights(test)", sets);
+      cuda::CudaBackend gpu(DeviceConfig{}, DType::BF16);
+      CountBackend count(CountTarget{DeviceKind::Cuda, DType::BF16, 1}, gpu.pool().budget_bytes());
+      train_losses(gpu, cfg);
+      train_losses(count, cfg);
+      INFO(policy << ": measured " << gpu.pool().peak_bytes() << " predicted "
+                  << count.pool().peak_bytes());
+      CHECK(gpu.pool().peak_bytes() == count.pool().peak_bytes());
+      CHECK(gpu.host_pool().peak_bytes() == count.host_pool().peak_bytes());
+    }
+}
+
 TEST_CASE("a single-rank NCCL communicator sums the gradients of one rank into themselves",
           "[gpu][nccl]") {
   // The NCCL path of data parallel on the one-GPU device: bootstrapped through a one-rank
