@@ -43,10 +43,19 @@ nlohmann::json row_json(const PolicyRow& r, const Planner& planner) {
   const CopyTime ct = copy_time(r.run, t);
   nlohmann::json copies = {{"to_host_bytes", r.run.to_host_bytes()},
                            {"to_device_bytes", r.run.to_device_bytes()}};
+  nlohmann::json by_phase = nlohmann::json::object();
+  for (int i = 0; i < kNumPhases; ++i) {
+    const OpCost& c = r.run.cost[static_cast<size_t>(i)];
+    if (c.to_host_bytes + c.to_device_bytes > 0)
+      by_phase[phase_name(static_cast<Phase>(i))] = {{"to_host_bytes", c.to_host_bytes},
+                                                     {"to_device_bytes", c.to_device_bytes}};
+  }
+  copies["by_phase"] = by_phase;
   if (ct.modelled) {
     copies["copy_seconds"] = ct.copy_s;
     copies["compute_seconds_at_peak"] = ct.compute_s;
     copies["exposed_seconds"] = ct.exposed_s;
+    copies["host_update_seconds"] = ct.host_update_s;
   }
   nlohmann::json row = {{"policy", r.label},
                         {"peak_bytes", r.run.peak.total_bytes},
@@ -252,12 +261,18 @@ int run_plan(const PlanOptions& opt) {
       format_flops(phase_flops(c.run, Phase::Recompute)), 100.0 * c.run.recompute_overhead(),
       format_flops(phase_flops(c.run, Phase::Optimizer)));
   if (c.run.host_peak.total_bytes || c.run.to_host_bytes() > 0) {
-    fmt::print(
-        "  host pool: peak {} ({} B) of budget {}, {} of it checkpoints\n",
-        format_bytes(c.run.host_peak.total_bytes), c.run.host_peak.total_bytes,
-        format_bytes(target.host_bytes),
-        format_bytes(c.run.host_peak.by_category[static_cast<size_t>(MemCategory::Checkpoints)]));
+    // What the host holds at its peak, by category (checkpoints; moments; weights, gradients).
+    std::string parts;
+    for (MemCategory cat : {MemCategory::Checkpoints, MemCategory::Optimizer, MemCategory::Weights,
+                            MemCategory::Grads})
+      if (const uint64_t b = c.run.host_peak.by_category[static_cast<size_t>(cat)]; b > 0)
+        parts += fmt::format("{}{} {}", parts.empty() ? "" : ", ", format_bytes(b),
+                             mem_category_name(cat));
+    fmt::print("  host pool: peak {} ({} B) of budget {}: {}\n",
+               format_bytes(c.run.host_peak.total_bytes), c.run.host_peak.total_bytes,
+               format_bytes(target.host_bytes), parts.empty() ? "nothing" : parts);
     fmt::print("{}\n", copy_line(c.run, target));
+    fmt::print("{}\n", copy_phase_line(c.run, target));
   }
   if (c.run.ranks > 1) fmt::print("{}\n", exchange_line(c.run, target));
   if (!target.reserve_bytes) fmt::print("  (on the CPU a real run measures exactly this peak)\n");

@@ -114,12 +114,37 @@ std::string copy_line(const DryRun& run, const PlanTarget& target) {
                 target.host_update_bytes_per_s / 1e9)
           : std::string();
   return line +
-         fmt::format(
-             "; {:.3g} s at the link's rate vs compute >= {:.3g} s at peak ({}){}; {}", ct.copy_s,
-             ct.compute_s, target.rates_note, host_update,
-             ct.exposed_s > 0
-                 ? fmt::format("up to {:.3g} s of copying is not hidden by compute", ct.exposed_s)
-                 : std::string("the copies hide behind compute"));
+         fmt::format("; {:.3g} s at the link's rate vs compute >= {:.3g} s at peak ({}){}; {}",
+                     ct.copy_s, ct.compute_s, target.rates_note, host_update,
+                     ct.exposed_s > 0
+                         ? fmt::format("up to {:.3g} s of copying{} is not hidden by compute",
+                                       ct.exposed_s, ct.host_update_s > 0 ? " and host AdamW" : "")
+                         : std::string("the copies hide behind compute"));
+}
+
+std::string copy_phase_line(const DryRun& run, const PlanTarget& target) {
+  // The groups copy_time sets against their own compute.
+  struct Group {
+    const char* name;
+    std::vector<Phase> phases;
+  };
+  const Group groups[] = {{"forward+loss", {Phase::Forward, Phase::Loss}},
+                          {"recompute+backward", {Phase::Recompute, Phase::Backward}},
+                          {"optimizer", {Phase::Optimizer}}};
+  std::string line = "  copies by phase:";
+  for (const Group& g : groups) {
+    double out = 0, in = 0;
+    for (Phase p : g.phases) {
+      out += run.cost[static_cast<size_t>(p)].to_host_bytes;
+      in += run.cost[static_cast<size_t>(p)].to_device_bytes;
+    }
+    line += fmt::format(" {} {} out, {} in", g.name, format_bytes(static_cast<uint64_t>(out)),
+                        format_bytes(static_cast<uint64_t>(in)));
+    if (target.link_bytes_per_s > 0)
+      line += fmt::format(" ({:.3g} s)", (out + in) / target.link_bytes_per_s);
+    line += g.phases.front() == Phase::Optimizer ? "" : ";";
+  }
+  return line;
 }
 
 std::string parallel_note(const Config& cfg) {

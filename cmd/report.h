@@ -103,6 +103,9 @@ void add_rank_sets(std::vector<std::string>& sets, const std::string& config_pat
 /// compute of their phase on the target's links between ranks.
 std::string exchange_line(const DryRun& run, const PlanTarget& target);
 std::string copy_line(const DryRun& run, const PlanTarget& target);
+/// "  copies by phase: forward+loss 1.2 GiB out, 0 B in (0.03 s); ...": each phase group's copy
+/// volume (and its time at the target's link rate, when it has one), as copy_time groups them.
+std::string copy_phase_line(const DryRun& run, const PlanTarget& target);
 
 /// A write to the metrics file failed (disk full, quota, I/O error). The training loop catches it
 /// to save a checkpoint before the run exits 1.
