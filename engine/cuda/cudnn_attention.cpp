@@ -282,6 +282,7 @@ void build_backward(GraphBuilder& g, const AttentionShape& s) {
   const Dims kv = {s.B, s.kv_heads(), s.key_rows(), s.HS};
   const Dims kv_t = {s.B, s.kv_heads(), s.HS, s.key_rows()};
   const Dims sd = {s.B, s.NH, s.T, s.key_rows()}, rd = {s.B, s.NH, s.T, 1};
+  const Dims sd_t = {s.B, s.NH, s.key_rows(), s.T};  // P^T and dS^T
   auto q = g.tensor(kQ, hd, st.qkv, kBF16);
   auto kt = g.tensor(kKt, kv_t, st.kv_t, kBF16);
   auto vt = g.tensor(kV, kv_t, st.kv_t, kBF16);
@@ -314,7 +315,7 @@ void build_backward(GraphBuilder& g, const AttentionShape& s) {
   auto p = g.virt(sd, st.scores);
   g.pointwise(CUDNN_POINTWISE_EXP, s3, nullptr, p);
   // dV = P^T dO
-  auto pt = g.virt(sd, st.scores_t, kBF16);
+  auto pt = g.virt(sd_t, st.scores_t, kBF16);
   g.reshape(p, pt);
   grouped_matmul(g, s, st, pt, dO, dv);
   // dS = P (dO V^T - D) scale
@@ -327,7 +328,7 @@ void build_backward(GraphBuilder& g, const AttentionShape& s) {
   auto ds = g.virt(sd, st.scores);
   g.pointwise(CUDNN_POINTWISE_MUL, d2, scale, ds);
   // dK = dS^T Q
-  auto dst_ = g.virt(sd, st.scores_t, kBF16);
+  auto dst_ = g.virt(sd_t, st.scores_t, kBF16);
   g.reshape(ds, dst_);
   grouped_matmul(g, s, st, dst_, q, dk);
   // dQ = dS K, accumulated in f32 then converted

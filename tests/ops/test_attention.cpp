@@ -648,9 +648,10 @@ namespace {
 
 /// Attention over chunks against the unchunked op, both f32 on the CPU: the chunked path merges
 /// the pairs' outputs by their lse and sums dq over key chunks and dk, dv over query chunks, so
-/// only the order and grouping of float sums differ. Measured (the rows below, 2 threads): at most
-/// 4.3e-7 of the largest entry (dk, llama3 RoPE, chunks of 7), so this leaves ~10x; a wrong
-/// merge weight, a dropped or doubled pair or a wrong mask gives errors of order 1e-2 and more.
+/// only the order and grouping of float sums differ. Measured over the rows below (2 threads):
+/// at most 1.0e-6 of the largest entry (dqkv), 7.4e-7 (out), 2.9e-7 (lse), so this leaves 5x. A
+/// merge weight off by 1e-4 already fails it (3e-4 errors in out, tried); a dropped or doubled
+/// pair or a wrong mask gives errors of order 1e-2 and more.
 inline constexpr Tolerance kTolAttentionChunks{5e-6, 5e-6, true};
 
 // (B, NH, KVH, T, HS, theta, scaling) of the chunked rows: multi-head with two batch rows,
