@@ -194,6 +194,11 @@ int run_plan(const PlanOptions& opt) {
                           {"n_params", rows.front().run.n_params},
                           {"policies", nlohmann::json::array()}};
     for (const auto& r : rows) out["policies"].push_back(row_json(r, planner));
+    // Only where attention runs over chunks (remat.attention_chunk, or a CUDA target past cuDNN's
+    // limit), so that plans without it keep their shape.
+    if (const AttentionChunks ch = attention_chunks_of(cfg, target.count.device); ch.chunked())
+      out["attention_chunks"] = {
+          {"tokens", ch.L}, {"count", ch.count()}, {"automatic", cfg.remat.attention_chunk == 0}};
     out["auto"] = {{"plan", chosen.policies},
                    {"fits", chosen.fits},
                    {"peak_bytes", chosen.peak_bytes},
@@ -218,7 +223,8 @@ int run_plan(const PlanOptions& opt) {
   fmt::print("model {} L={} C={} | {:.2f}M params | batch {} x seq_len {}{}{}\n\n", cfg.model.kind,
              cfg.model.n_layer, cfg.model.n_embd,
              static_cast<double>(rows.front().run.n_params) / 1e6, cfg.train.batch_size,
-             cfg.train.seq_len, parallel_note(cfg), tiling_note(cfg));
+             cfg.train.seq_len, parallel_note(cfg),
+             tiling_note(cfg) + attention_chunk_note(cfg, target.count.device));
   fmt::print("{:<28} {:>11} {:>11} {:>11} {:>11} {:>10} {:>5}  {:<22} {:>12} {:>9}\n", "policy",
              "peak", "activations", "checkpoints", "host peak", "recompute", "fits", "peak during",
              "longest T", "max batch");

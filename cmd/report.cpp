@@ -13,6 +13,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "engine/cpu/workspace.h"
+#include "engine/cuda/workspace.h"
 #include "engine/error.h"
 #include "engine/machine_load.h"
 #include "engine/units.h"
@@ -94,6 +96,22 @@ std::string tiling_note(const Config& cfg) {
   if (cfg.remat.offloads_checkpoints())
     note += fmt::format(", {} in host memory", offloaded_what(cfg.remat.offload));
   return note;
+}
+
+AttentionChunks attention_chunks_of(const Config& cfg, DeviceKind device) {
+  const ModelConfig& m = cfg.model;
+  if (!m.has_sequence() || cfg.parallel.context > 1) return {};
+  const int64_t W = (m.n_head + 2 * m.kv_heads()) * m.head_size();
+  const Tensor qkv(nullptr, {cfg.train.batch_size, cfg.train.seq_len, W}, DType::BF16);
+  return device == DeviceKind::Cuda ? cuda::attention_chunks(qkv, cfg.remat.attention_chunk)
+                                    : cpu::attention_chunks(qkv, cfg.remat.attention_chunk);
+}
+
+std::string attention_chunk_note(const Config& cfg, DeviceKind device) {
+  const AttentionChunks ch = attention_chunks_of(cfg, device);
+  if (!ch.chunked()) return "";
+  return fmt::format(", attention in {} chunks of {} tokens{}", ch.count(), ch.L,
+                     cfg.remat.attention_chunk > 0 ? "" : " (cuDNN's 2^31-element limit)");
 }
 
 std::string copy_line(const DryRun& run, const PlanTarget& target) {

@@ -87,6 +87,13 @@ double cpu_steal_share();
 /// memory" when remat.offload is, else "": for headers.
 std::string tiling_note(const Config& cfg);
 
+/// The chunks attention runs in on `device` (engine/ops/attention.h): one chunk (not chunked)
+/// without a sequence or with context parallel (the ring runs attention there).
+AttentionChunks attention_chunks_of(const Config& cfg, DeviceKind device);
+/// ", attention in N chunks of L tokens" (and why, when the backend chose it) when attention runs
+/// over chunks on `device`, else "": for headers.
+std::string attention_chunk_note(const Config& cfg, DeviceKind device);
+
 /// "  copies per step: X to host, Y back to the device; T s at the link's rate vs compute >= U s
 /// at peak (...); the copies hide behind compute": what offloading costs on `target`.
 /// " (on 8 ranks: 2 rows of the batch per data-parallel group, 4,096 tokens of each row per

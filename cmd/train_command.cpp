@@ -554,7 +554,8 @@ int run_train(const TrainOptions& options) {
   info.backend_line = fmt::format("{} ({})", be.describe(), choice.why);
   info.model_line = model->describe();
   info.n_params = model->n_params();
-  info.policy_line = trainer.plan().describe() + tiling_note(cfg);
+  info.policy_line = trainer.plan().describe() + tiling_note(cfg) +
+                     attention_chunk_note(cfg, be.workspace_target().device);
   info.budget_bytes = be.pool().budget_bytes();
   info.predicted_peak_bytes = predicted.peak.total_bytes;
   info.predicted_host_peak_bytes = predicted.host_peak.total_bytes;

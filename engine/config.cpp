@@ -442,6 +442,17 @@ const std::vector<KeySpec>& key_specs() {
        "each block's second norm and MLP run over chunks of N token rows and are recomputed "
        "in the backward; 0 = off (auto may turn it on)",
        [](Config& c, auto& n, auto& o) { c.remat.tile_tokens = read_int(n, o, 0, kMax, false); }},
+      {"remat", "attention_chunk",
+       "attention runs as (query chunk, key chunk) pairs of N tokens, merged exactly; 0 = only "
+       "where the backend needs it (CUDA, past cuDNN's 2^31-element limit)",
+       [](Config& c, auto& n, auto& o) {
+         c.remat.attention_chunk = read_int(n, o, 0, kMax, true);
+         if (c.remat.attention_chunk % 64 != 0)
+           fail(o,
+                fmt::format("remat.attention_chunk = {} is not a multiple of 64 tokens",
+                            c.remat.attention_chunk),
+                "use 0 (chunk only where needed) or a multiple of 64, such as 262144");
+       }},
       {"remat", "offload",
        "host memory between uses: checkpoints (out after each block's forward, back before its "
        "recompute), the AdamW moments (streamed through the device at the update), and the fp32 "
@@ -1060,6 +1071,7 @@ std::string config_to_toml(const Config& c) {
   if (!c.remat.save.empty()) remat.insert("save", strings(c.remat.save));
   if (!c.remat.plan.empty()) remat.insert("plan", strings(c.remat.plan));
   remat.insert("tile_tokens", c.remat.tile_tokens);
+  remat.insert("attention_chunk", c.remat.attention_chunk);
   remat.insert("offload", std::string(config_name(c.remat.offload)));
   if (c.remat.policy == "auto") {  // auto refuses every/blocks/plan beside it
     remat.erase("every");

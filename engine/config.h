@@ -115,6 +115,7 @@ struct RematConfig {
   std::vector<std::string> save;  // policy "names": activations to keep (JAX save_only_these_names)
   std::vector<std::string> plan;  // one policy per block; overrides policy/blocks when set
   int64_t tile_tokens = 0;        // GPT: LayerNorm 2 + MLP in chunks of this many rows; 0 = off
+  int64_t attention_chunk = 0;    // tokens per attention chunk; 0 = where the backend needs it
   // What lives in host memory between its uses: checkpoints (copied out after each block's
   // forward, back before its recompute), optionally the AdamW moments, and optionally the fp32
   // weights and gradients too (the device then holds only the weights of the blocks it runs, and

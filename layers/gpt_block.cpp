@@ -19,6 +19,7 @@ GptBlock::GptBlock(GptBlockParams p, const GptBlockShape& s, int64_t index)
       dropout_(s.dropout),
       seed_(s.seed),
       tile_tokens_(s.tile_tokens),
+      attention_chunk_(s.attention_chunk),
       ring_(s.ring),
       first_row_(s.first_row),
       dropout_salt_(s.dropout_salt) {}
@@ -135,8 +136,13 @@ void GptBlock::forward(Backend& be, ActStore& a, const Tensor& y) {
   }
   if (!a.has(Attn) || !a.has(AttnLse)) {
     const AttentionForwardArgs args{make(Attn, {B_, T_, C_}, act),
-                                    make(AttnLse, {B_, NH_, T_}, DType::F32), a.get(Qkv),
-                                    static_cast<int>(NH_), rope_theta_};
+                                    make(AttnLse, {B_, NH_, T_}, DType::F32),
+                                    a.get(Qkv),
+                                    static_cast<int>(NH_),
+                                    rope_theta_,
+                                    0,
+                                    {},
+                                    attention_chunk_};
     if (ring_)
       ring_->forward(be, args);
     else
@@ -264,7 +270,8 @@ void GptBlock::backward(Backend& be, ActStore& a, const Tensor& dresid) {
                                    .lse = a.get(AttnLse),
                                    .n_head = static_cast<int>(NH_),
                                    .rope_theta = rope_theta_,
-                                   .delta = delta};
+                                   .delta = delta,
+                                   .chunk_tokens = attention_chunk_};
   if (ring_)
     ring_->backward(be, args);
   else

@@ -36,8 +36,9 @@ struct GptBlockShape {
   int64_t B = 0, T = 0, C = 0, NH = 0, FF = 0;
   float rope_theta = 0;  // 0: no rotary embedding (learned positions)
   float dropout = 0;
-  uint64_t seed = 0;        // train.seed: dropout masks derive from it
-  int64_t tile_tokens = 0;  // rows per MLP chunk; 0 = untiled
+  uint64_t seed = 0;            // train.seed: dropout masks derive from it
+  int64_t tile_tokens = 0;      // rows per MLP chunk; 0 = untiled
+  int64_t attention_chunk = 0;  // remat.attention_chunk: tokens per attention chunk; 0 = automatic
   // Several ranks (engine/parallel): attention as a ring over the context group when set, and
   // dropout masks as a single rank would draw them for these rows (data parallel: the rows before
   // this rank's) or, with context parallel, from a stream of this rank's own.
@@ -111,6 +112,7 @@ class GptBlock : public Block {
   float dropout_;
   uint64_t seed_;
   int64_t tile_tokens_;
+  int64_t attention_chunk_;
   const parallel::ContextRing* ring_;
   int64_t first_row_;
   uint64_t dropout_salt_;

@@ -52,7 +52,8 @@ AttentionForwardArgs LlamaBlock::attention_args(const Tensor& out, const Tensor&
           .n_head = static_cast<int>(s_.NH),
           .rope_theta = s_.rope_theta,
           .n_kv_head = static_cast<int>(s_.KVH),
-          .rope_scaling = s_.rope_scaling};
+          .rope_scaling = s_.rope_scaling,
+          .chunk_tokens = s_.attention_chunk};
 }
 
 LlamaBlock::MlpActs LlamaBlock::MlpChunk::rows(int64_t n) const {
@@ -218,7 +219,8 @@ void LlamaBlock::attention_backward(Backend& be, ActStore& a, const Tensor& dres
                                    .rope_theta = s_.rope_theta,
                                    .delta = delta,
                                    .n_kv_head = static_cast<int>(s_.KVH),
-                                   .rope_scaling = s_.rope_scaling};
+                                   .rope_scaling = s_.rope_scaling,
+                                   .chunk_tokens = s_.attention_chunk};
   if (s_.ring)
     s_.ring->backward(be, args);
   else

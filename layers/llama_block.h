@@ -36,7 +36,8 @@ struct LlamaBlockShape {
   float rope_theta = 10000;
   RopeScaling rope_scaling{};
   float norm_eps = 1e-5f;
-  int64_t tile_tokens = 0;                      // rows per MLP chunk; 0 = untiled
+  int64_t tile_tokens = 0;      // rows per MLP chunk; 0 = untiled
+  int64_t attention_chunk = 0;  // remat.attention_chunk: tokens per attention chunk; 0 = automatic
   const parallel::ContextRing* ring = nullptr;  // context parallel: attention as a ring
 };
 

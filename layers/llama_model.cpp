@@ -38,6 +38,7 @@ class LlamaModel : public Model {
     shape.rope_scaling = m_.rope_scaling;
     shape.norm_eps = static_cast<float>(m_.norm_eps);
     shape.tile_tokens = s.tile_tokens;
+    shape.attention_chunk = s.attention_chunk;
     shape.ring = ring_.get();
     const int64_t W = (NH + 2 * KVH) * HS;
     for (int64_t l = 0; l < L; ++l) {

@@ -49,6 +49,7 @@ class GptModel : public Model {
     shape.dropout = static_cast<float>(m_.dropout);
     shape.seed = seed;
     shape.tile_tokens = s.tile_tokens;
+    shape.attention_chunk = s.attention_chunk;
     for (int64_t l = 0; l < L; ++l) {
       const std::string p = fmt::format("blocks.{}.", l);
       GptBlockParams bp{};
@@ -186,6 +187,7 @@ std::unique_ptr<Model> make_model(const Config& cfg, Backend& be,
   shape.context_rank = cfg.parallel.context_rank();
   shape.ring_channel = ring_channel;
   shape.tile_tokens = cfg.remat.tile_tokens;
+  shape.attention_chunk = cfg.remat.attention_chunk;
   if (cfg.parallel.shards_optimizer())
     shape.moments = MomentHome::Sharded;
   else if (cfg.remat.offloads_optimizer())

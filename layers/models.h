@@ -28,9 +28,10 @@ struct ModelShape {
   // attention is a ring over `ring_channel` (null: a dry run of rank context_rank).
   int context_ranks = 1, context_rank = 0;
   parallel::RingChannel* ring_channel = nullptr;
-  uint64_t seed = 0;        // train.seed
-  int64_t loss_chunk = 0;   // train.loss_chunk; 0 = chosen by the tool
-  int64_t tile_tokens = 0;  // remat.tile_tokens (gpt): token rows per MLP chunk; 0 = untiled
+  uint64_t seed = 0;            // train.seed
+  int64_t loss_chunk = 0;       // train.loss_chunk; 0 = chosen by the tool
+  int64_t tile_tokens = 0;      // remat.tile_tokens (gpt): token rows per MLP chunk; 0 = untiled
+  int64_t attention_chunk = 0;  // remat.attention_chunk: tokens per attention chunk; 0 = automatic
   // remat.offload = "checkpoints+optimizer": AdamW m, v on the host; parallel.shard_optimizer:
   // spread over the ranks, none per parameter.
   MomentHome moments = MomentHome::Device;

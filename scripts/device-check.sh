@@ -18,9 +18,11 @@
 #   gpu_test per test binary tag (parity vs the CPU in fp32 and bf16, bitwise policies on the
 #   MLP, cuDNN's tolerance on the GPT, plan workspaces, planner vs measured peak), gemm (bf16
 #   peak: the MFU denominator), train per GPT-2 124M/350M x 4k/32k x policy (ms/step, tokens/s,
-#   MFU, measured vs predicted peak), offload (124M at 32k, full, MLP tiled, checkpoints and AdamW
-#   moments in pinned host memory, then also the weights and gradients with AdamW on the host:
-#   step time beside the run that keeps them, device and host peaks against the planner's), fit (fit --measure, full, FIT_MEMORY), longest (one step of
+#   MFU, measured vs predicted peak; gpt2-124m-chunked: 32k, full, attention in chunks of 8192),
+#   offload (124M at 32k, full, MLP tiled, checkpoints and AdamW moments in pinned host memory,
+#   then also the weights and gradients with AdamW on the host: step time beside the run that
+#   keeps them, device and host peaks against the planner's), fit (fit --measure, full,
+#   FIT_MEMORY), longest (one step of
 #   124M at the planner's maximum for the whole card, or "skipped" with the estimated step time),
 #   long (two steps of 124M, full, at the longest power-of-two length from 64k whose steps fit
 #   LONG_STEP_S: the second step's executed TFLOP/s against the rate `plan` assumes),
@@ -630,6 +632,16 @@ run_sanitizer() {  # name seconds filter [compute-sanitizer options...]
     output="$(if [ "$status" != clean ]; then grep -v '^[0-9.]* s: ' "$out" | tail -40; fi)"
 }
 
+# ---- 7b. attention over chunks ----
+# GPT-2 124M at 32k under full in chunks of 8192 tokens (remat.attention_chunk: 4 chunks, 10 cuDNN
+# calls per attention op): its row beside the unchunked gpt2-124m 32768 full row gives the
+# schedule's cost in step_ms, and peak_agrees checks its workspace rule on the card. The op's
+# parity rows run as gpu_test tag [chunks].
+run_chunked() {
+  sed 's/^\[remat\]$/[remat]\nattention_chunk = 8192/' "$CFG/gpt2-124m.toml" > "$CFG/gpt2-124m-chunked.toml"
+  train_one gpt2-124m-chunked 32768 full
+}
+
 # logs/ and configs/ leave as one archive beside the three result files: fewer files to copy back.
 pack_logs() {
   tar czf "$OUT/logs.tar.gz" -C "$OUT" logs configs 2>/dev/null && rm -rf "$OUT/logs" "$OUT/configs"
@@ -650,6 +662,7 @@ write_config gpt2-350m 24 16 1024
 run_gpu_tests
 run_gemm
 train_model gpt2-124m
+run_chunked
 run_offload checkpoints+optimizer
 run_offload checkpoints+optimizer+weights
 run_fit

@@ -109,6 +109,11 @@ TEST_CASE("config errors name file, line, key and the fix", "[config]") {
   CHECK_THAT(error_of("[model]\nn_layer = 2\n[remat]\nevery = 3\n"), Contains("remat.every"));
   CHECK_THAT(error_of("[model]\nn_layer = 2\n[remat]\nblocks = [0, 5]\n"),
              Contains("remat.blocks") && Contains("block 5"));
+  CHECK_THAT(error_of("[remat]\nattention_chunk = 100\n"),
+             Contains("bad.toml:2:") && Contains("remat.attention_chunk") &&
+                 Contains("multiple of 64") && Contains("Fix:"));
+  CHECK_THAT(error_of("[remat]\nattention_chunk = -64\n"),
+             Contains("remat.attention_chunk") && Contains("out of range"));
   CHECK_THAT(error_of("[device]\nmemory = \"lots\"\n"),
              Contains("device.memory") && Contains("512MiB"));
   CHECK_THAT(error_of("[model]\nkind = \"mlp\"\n[data]\ntask = \"copy\"\n"), Contains("data.task"));
@@ -150,5 +155,5 @@ TEST_CASE("the key table states what the readers accept, one row per key", "[con
   size_t rows = 0;
   for (size_t at = 0; (at = table.find("\n| `", at)) != std::string::npos; ++at) ++rows;
   CHECK_THAT(table, Contains("| `parallel.data` | integer | `0` | 0..65536 |"));
-  CHECK(rows == 58);
+  CHECK(rows == 59);
 }

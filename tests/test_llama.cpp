@@ -159,6 +159,21 @@ TEST_CASE("llama: a tiled MLP gives the same bits under every policy and with of
   }
 }
 
+TEST_CASE("llama: attention over chunks gives the same bits under every policy, near unchunked",
+          "[llama][remat][chunks]") {
+  const std::vector<std::string> chunked = {"train.seq_len=150", "remat.attention_chunk=64"};
+  const RunRecord ref = train3(with(chunked, {"remat.policy=none"}));
+  for (const char* policy : {"remat.policy=full", "remat.policy=save_dots"}) {
+    INFO(policy);
+    check_same_bits(train3(with(chunked, {policy})), ref);
+  }
+  // Against unchunked attention: the same losses but for float rounding (the op tests bound it).
+  const RunRecord whole = train3({"train.seq_len=150", "remat.policy=none"});
+  for (size_t s = 0; s < ref.losses.size(); ++s)
+    CHECK(std::abs(ref.losses[s] - whole.losses[s]) <= 1e-5 * std::abs(whole.losses[s]));
+  CHECK_FALSE(test::bitwise_equal(ref.grads, whole.grads));  // chunking really ran
+}
+
 TEST_CASE("llama: predicted device and host peaks equal the measured ones to the byte",
           "[llama][planner]") {
   const std::vector<std::vector<std::string>> settings = {
@@ -173,6 +188,9 @@ TEST_CASE("llama: predicted device and host peaks equal the measured ones to the
       {"remat.policy=full", "remat.tile_tokens=17", "remat.offload=\"checkpoints+optimizer\""},
       {"remat.policy=save_attn", "remat.offload=\"checkpoints+optimizer+weights\""},
       {"remat.policy=full", "remat.every=2", "remat.offload=\"checkpoints+optimizer+weights\""},
+      // attention over chunks of 64, 64 and 22 tokens: its f32 copies and sums in the workspace
+      {"train.seq_len=150", "remat.policy=full", "remat.attention_chunk=64"},
+      {"train.seq_len=150", "remat.policy=none", "remat.attention_chunk=64"},
   };
   for (const auto& family : {std::vector<std::string>{}, kPlain})
     for (const auto& s : settings) {

@@ -549,6 +549,8 @@ void rotate_qk_in_place(float* qkv, const Heads& h, int threads) {
 }  // namespace
 
 void CpuBackend::attention_forward_impl(const AttentionForwardArgs& a, const OpWorkspace& op_ws) {
+  if (const AttentionChunks ch = attention_chunks(a.qkv, a.chunk_tokens); ch.chunked())
+    return attention_forward_chunked(a, op_ws, ch);
   Heads h(a.qkv, a.n_head, a.n_kv_head);
   Workspace ws = make_workspace(op_ws, h, threads_, a.rope_theta, a.rope_scaling);
   const float* qkv = a.qkv.f32();
@@ -804,6 +806,8 @@ struct AttentionBackward {
 }  // namespace
 
 void CpuBackend::attention_backward_impl(const AttentionBackwardArgs& a, const OpWorkspace& op_ws) {
+  if (const AttentionChunks ch = attention_chunks(a.qkv, a.chunk_tokens); ch.chunked())
+    return attention_backward_chunked(a, op_ws, ch);
   Heads h(a.qkv, a.n_head, a.n_kv_head);
   Workspace ws = make_workspace(op_ws, h, threads_, a.rope_theta, a.rope_scaling);
   static_assert(kTq == kTk, "the query-tile pass reuses key tiles as query tiles");

@@ -84,6 +84,12 @@ class CpuBackend : public Backend {
   void adamw_update_impl(const AdamWArgs& a) override;
 
  private:
+  // Chunked attention (engine/cpu/attention_chunks.cpp): the pairs of engine/ops/attention.h's
+  // chunk schedule on the ring's kernels.
+  void attention_forward_chunked(const AttentionForwardArgs& a, const OpWorkspace& ws,
+                                 const AttentionChunks& ch);
+  void attention_backward_chunked(const AttentionBackwardArgs& a, const OpWorkspace& ws,
+                                  const AttentionChunks& ch);
   int threads_;
 };
 

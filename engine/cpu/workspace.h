@@ -55,6 +55,34 @@ constexpr int64_t attention_workspace_floats(int64_t T, int64_t HS, int threads,
   return (use_rope ? T * HS : 0) + static_cast<int64_t>(threads) * attention_thread_floats(HS);
 }
 
+/// The chunks the CPU runs attention in: remat.attention_chunk as given; automatic (0) never
+/// chunks (the CPU kernel has no size limit).
+inline AttentionChunks attention_chunks(const Tensor& qkv, int64_t chunk_tokens) {
+  return {qkv.dim(1), chunk_tokens};
+}
+
+/// Chunked attention (engine/cpu/attention_chunks.cpp) runs each (query chunk, key chunk) pair on
+/// the ring's kernels, so its workspace is theirs instead of the flash tiles: q and kv in f32
+/// (rotated; (B, T, C + 2K), C = NH HS, K = KVH HS), and for one pair its output and softmax
+/// statistics ((L, C) + 2 (NH, L)); the backward adds dq and dkv in f32 ((B, T, C + 2K)), and
+/// reuses the pair part for one query chunk's lse and D (2 (NH, L)), plus D for every row
+/// (B, NH, T) when the caller passes none.
+inline WorkspaceList attention_chunk_workspace(const Tensor& qkv, int n_head, int n_kv_head,
+                                               const AttentionChunks& ch, bool backward,
+                                               bool needs_delta) {
+  const int64_t B = qkv.dim(0), T = qkv.dim(1), W = qkv.dim(2);
+  const int64_t HS = W / (n_head + 2 * kv_heads(n_head, n_kv_head)), C = n_head * HS;
+  WorkspaceList w{{"attn.chunk_qkv", DType::F32, {B * T * W}}};
+  if (!backward) {
+    w.push_back({"attn.chunk_pair", DType::F32, {ch.L * C + 2 * n_head * ch.L}});
+    return w;
+  }
+  w.push_back({"attn.chunk_grads", DType::F32, {B * T * W}});
+  w.push_back(
+      {"attn.chunk_pair", DType::F32, {2 * n_head * ch.L + (needs_delta ? B * n_head * T : 0)}});
+  return w;
+}
+
 inline WorkspaceList attention_workspace(const Tensor& qkv, int n_head, int n_kv_head,
                                          float rope_theta, int threads) {
   const int64_t T = qkv.dim(1), HS = qkv.dim(2) / (n_head + 2 * kv_heads(n_head, n_kv_head));
@@ -70,9 +98,13 @@ inline WorkspaceList workspace(const LinearBackwardArgs&, const WorkspaceTarget&
   return {};
 }
 inline WorkspaceList workspace(const AttentionForwardArgs& a, const WorkspaceTarget& t) {
+  if (const AttentionChunks ch = attention_chunks(a.qkv, a.chunk_tokens); ch.chunked())
+    return attention_chunk_workspace(a.qkv, a.n_head, a.n_kv_head, ch, false, false);
   return attention_workspace(a.qkv, a.n_head, a.n_kv_head, a.rope_theta, t.threads);
 }
 inline WorkspaceList workspace(const AttentionBackwardArgs& a, const WorkspaceTarget& t) {
+  if (const AttentionChunks ch = attention_chunks(a.qkv, a.chunk_tokens); ch.chunked())
+    return attention_chunk_workspace(a.qkv, a.n_head, a.n_kv_head, ch, true, a.delta.empty());
   return attention_workspace(a.qkv, a.n_head, a.n_kv_head, a.rope_theta, t.threads);
 }
 inline WorkspaceList workspace(const EmbeddingBackwardArgs&, const WorkspaceTarget&) {

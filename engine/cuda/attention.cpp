@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "engine/cuda/check.h"
 #include "engine/cuda/cuda_backend.h"
 #include "engine/cuda/cudnn_attention.h"
 #include "engine/cuda/kernels.cuh"
@@ -22,6 +23,15 @@ namespace remat::cuda {
 // bits as the forward) -- with bf16 activations in place, since it is qkv's last reader -- and
 // maps the gradients with respect to rotated q, k back through R^T (and to f32 if needed)
 // afterwards. The rotation's frequencies are engine/ops/rope.h's, its scaling applied.
+//
+// Attention over chunks (engine/ops/attention.h's schedule, chunks from attention_chunks in
+// engine/cuda/workspace.h): one batch row at a time, each (query chunk i, key chunk j <= i) pair
+// is one cuDNN call on views of the same bf16 qkv (causal on the diagonal, unmasked elsewhere).
+// The forward merges each pair's bf16 output and lse into the query chunk's f32 output and the
+// global lse (kern::attention_merge), then casts the output once; the backward gives every pair
+// the global O, dO and its query chunk's lse (copied to a packed (NH, L) tensor), so cuDNN's
+// recomputed probabilities and D are the whole sequence's, and sums the pair's bf16 dq into the
+// query chunk's f32 dq and its dk | dv into the row's f32 dk | dv before one cast into dqkv.
 
 namespace {
 
@@ -29,6 +39,10 @@ namespace {
 struct AttnScratch {
   void *qkv = nullptr, *out = nullptr, *dout = nullptr, *dqkv = nullptr;
   float *dq_accum = nullptr, *softmax_sum = nullptr;
+  void* pair_out = nullptr;  // chunked: see AttentionWorkspaceLayout
+  float *pair_lse = nullptr, *out_sum = nullptr;
+  void* pair_dqkv = nullptr;
+  float *dq_sum = nullptr, *dkv_sum = nullptr;
   void* cudnn_plan = nullptr;  // kCudnnPlanWorkspaceBytes for cuDNN's plan
 };
 
@@ -49,6 +63,12 @@ AttnScratch carve(const OpWorkspace& ws, const AttentionWorkspaceLayout& w) {
   s.dqkv = take(w.dqkv_bf16);
   s.dq_accum = static_cast<float*>(take(w.dq_accum));
   s.softmax_sum = static_cast<float*>(take(w.softmax_sum));
+  s.pair_out = take(w.pair_out);
+  s.pair_lse = static_cast<float*>(take(w.pair_lse));
+  s.out_sum = static_cast<float*>(take(w.out_sum));
+  s.pair_dqkv = take(w.pair_dqkv);
+  s.dq_sum = static_cast<float*>(take(w.dq_sum));
+  s.dkv_sum = static_cast<float*>(take(w.dkv_sum));
   s.cudnn_plan = take(w.cudnn_plan);
   return s;
 }
@@ -86,14 +106,95 @@ const void* staged_qkv(const AttnScratch& s, const Tensor& qkv, const Heads& h,
   return s.qkv;
 }
 
+// Byte address of row r of a (rows, width) tensor of `elem`-byte elements.
+const char* row_at(const void* base, int64_t r, int64_t width, int64_t elem) {
+  return static_cast<const char*>(base) + r * width * elem;
+}
+char* row_at(void* base, int64_t r, int64_t width, int64_t elem) {
+  return static_cast<char*>(base) + r * width * elem;
+}
+
+// The pair (query chunk i, key chunk j) of batch row b as one cuDNN call's shape.
+AttentionShape pair_shape(const Heads& h, const AttentionChunks& ch, int64_t i, int64_t j) {
+  return {1, h.shape.NH, ch.length(i), h.shape.HS, h.shape.KVH, ch.length(j), i == j};
+}
+
+// Forward over chunks: qkv is the bf16 (B, T, W) cuDNN reads (rotated).
+void forward_chunked(AttentionEngine& attn, const AttentionForwardArgs& a, const Heads& h,
+                     const AttnScratch& s, const AttentionChunks& ch, const void* qkv,
+                     cudaStream_t stream) {
+  const int64_t T = h.shape.T, W = h.shape.W(), C = h.shape.C(), NH = h.shape.NH;
+  const int64_t out_elem = is_bf16(a.out) ? 2 : 4;
+  for (int64_t b = 0; b < h.shape.B; ++b)
+    for (int64_t i = 0; i < ch.count(); ++i) {
+      const int64_t qs = b * T + ch.start(i), qn = ch.length(i);
+      float* lse = a.lse.f32() + b * NH * T + ch.start(i);  // head rows T apart
+      for (int64_t j = 0; j <= i; ++j) {
+        const int64_t ks = b * T + ch.start(j);
+        attn.forward(pair_shape(h, ch, i, j),
+                     {row_at(qkv, qs, W, 2), s.pair_out, s.pair_lse, row_at(qkv, ks, W, 2)},
+                     s.cudnn_plan);
+        kern::attention_merge(s.out_sum, lse, T, s.pair_out, s.pair_lse, qn, NH, h.shape.HS, j == 0,
+                              stream);
+      }
+      kern::cast(row_at(a.out.data, qs, C, out_elem), is_bf16(a.out), s.out_sum, false, qn * C,
+                 stream);
+    }
+}
+
+// Backward over chunks: qkv, out, dout are the bf16 tensors cuDNN reads (q, k rotated). Writes
+// dqkv with respect to the rotated q, k, in the activations' dtype.
+void backward_chunked(AttentionEngine& attn, const AttentionBackwardArgs& a, const Heads& h,
+                      const AttnScratch& s, const AttentionChunks& ch, const void* qkv,
+                      const void* out, const void* dout, cudaStream_t stream) {
+  const int64_t T = h.shape.T, W = h.shape.W(), C = h.shape.C(), NH = h.shape.NH;
+  const int64_t KV = W - C;  // dk | dv per row
+  const bool dqkv_bf16 = is_bf16(a.dqkv);
+  const int64_t elem = dqkv_bf16 ? 2 : 4;
+  for (int64_t b = 0; b < h.shape.B; ++b) {
+    REMAT_CUDA_CHECK(
+        cudaMemsetAsync(s.dkv_sum, 0, static_cast<size_t>(T * KV) * sizeof(float), stream));
+    for (int64_t i = 0; i < ch.count(); ++i) {
+      const int64_t qs = b * T + ch.start(i), qn = ch.length(i);
+      REMAT_CUDA_CHECK(
+          cudaMemsetAsync(s.dq_sum, 0, static_cast<size_t>(qn * C) * sizeof(float), stream));
+      // The query chunk's lse, packed (NH, qn): cuDNN reads its statistics 16-byte aligned.
+      REMAT_CUDA_CHECK(cudaMemcpy2DAsync(
+          s.pair_lse, static_cast<size_t>(qn) * 4, a.lse.f32() + b * NH * T + ch.start(i),
+          static_cast<size_t>(T) * 4, static_cast<size_t>(qn) * 4, static_cast<size_t>(NH),
+          cudaMemcpyDeviceToDevice, stream));
+      for (int64_t j = 0; j <= i; ++j) {
+        const int64_t ks = b * T + ch.start(j), kn = ch.length(j);
+        attn.backward(pair_shape(h, ch, i, j),
+                      {row_at(qkv, qs, W, 2), row_at(out, qs, C, 2), row_at(dout, qs, C, 2),
+                       s.pair_lse, s.pair_dqkv, s.dq_accum, s.softmax_sum, row_at(qkv, ks, W, 2)},
+                      s.cudnn_plan);
+        kern::add_rows(s.dq_sum, C, s.pair_dqkv, W, qn, C, stream);
+        // dk | dv: columns [C, W) of the pair's rows
+        kern::add_rows(s.dkv_sum + ch.start(j) * KV, KV, static_cast<char*>(s.pair_dqkv) + C * 2, W,
+                       kn, KV, stream);
+      }
+      kern::cast_rows(row_at(a.dqkv.data, qs, W, elem), dqkv_bf16, W, s.dq_sum, C, qn, C, stream);
+    }
+    kern::cast_rows(row_at(a.dqkv.data, b * T, W, elem) + C * elem, dqkv_bf16, W, s.dkv_sum, KV, T,
+                    KV, stream);
+  }
+}
+
 }  // namespace
 
 void CudaBackend::attention_forward_impl(const AttentionForwardArgs& a, const OpWorkspace& ws) {
   const Heads h(a.qkv, a.n_head, a.n_kv_head, a.rope_theta, a.rope_scaling);
   const int64_t n_out = a.out.numel();
   const AttnScratch s =
-      carve(ws, attention_workspace_layout(a.qkv, a.n_head, a.n_kv_head, a.rope_theta > 0, false));
+      carve(ws, attention_workspace_layout(a.qkv, a.n_head, a.n_kv_head, a.rope_theta > 0, false,
+                                           a.chunk_tokens));
   const void* qkv = staged_qkv(s, a.qkv, h, stream());
+  if (const AttentionChunks ch = attention_chunks(a.qkv, a.chunk_tokens); ch.chunked()) {
+    forward_chunked(*attn_, a, h, s, ch, qkv, stream());
+    finish_op();
+    return;
+  }
   void* out = s.out ? s.out : a.out.data;
   attn_->forward(h.shape, {qkv, out, a.lse.f32()}, s.cudnn_plan);
   if (s.out) kern::cast(a.out.data, is_bf16(a.out), s.out, true, n_out, stream());
@@ -112,8 +213,8 @@ void CudaBackend::attention_backward_impl(const AttentionBackwardArgs& a, const 
   const Heads h(a.qkv, a.n_head, a.n_kv_head, a.rope_theta, a.rope_scaling);
   const int64_t n_out = a.out.numel();
   const bool rope = a.rope_theta > 0;
-  const AttnScratch s =
-      carve(ws, attention_workspace_layout(a.qkv, a.n_head, a.n_kv_head, rope, true));
+  const AttnScratch s = carve(
+      ws, attention_workspace_layout(a.qkv, a.n_head, a.n_kv_head, rope, true, a.chunk_tokens));
   const void* qkv = nullptr;
   if (rope && !s.qkv) {  // bf16: rotate q, k in place (the op's contract clobbers qkv)
     kern::rope_apply(h.rope(a.qkv.data, true, a.qkv.data, true, false), stream());
@@ -130,6 +231,15 @@ void CudaBackend::attention_backward_impl(const AttentionBackwardArgs& a, const 
   if (s.dout) {
     kern::cast(s.dout, true, a.dout.data, is_bf16(a.dout), n_out, stream());
     dout = s.dout;
+  }
+  if (const AttentionChunks ch = attention_chunks(a.qkv, a.chunk_tokens); ch.chunked()) {
+    backward_chunked(*attn_, a, h, s, ch, qkv, out, dout, stream());
+    // dq, dk with respect to the rotated q, k: R^T in place, in the activations' dtype.
+    if (rope)
+      kern::rope_apply(h.rope(a.dqkv.data, is_bf16(a.dqkv), a.dqkv.data, is_bf16(a.dqkv), true),
+                       stream());
+    finish_op();
+    return;
   }
   void* dqkv = s.dqkv ? s.dqkv : a.dqkv.data;
   attn_->backward(h.shape, {qkv, out, dout, a.lse.f32(), dqkv, s.dq_accum, s.softmax_sum},

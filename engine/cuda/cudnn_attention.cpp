@@ -186,19 +186,21 @@ class GraphBuilder {
 };
 
 // Strides of the views into the (B, T, W) qkv (and dqkv) buffer, dims in B, H, S, D order:
-// a head's rows are W apart, heads HS apart, batches W T apart. `full_head` is the layout of a
-// key/value gradient per query head (B, NH, T, HS), before its sum over the group.
+// a head's rows are W apart, heads HS apart, batches W T apart (queries; keys and values W Tk).
+// `full_head` is the layout of a key/value gradient per query head (B, NH, Tk, HS), before its
+// sum over the group. Scores are (B, NH, T, Tk).
 struct Strides {
-  Dims qkv, qkv_t, out, row, scores, scores_t, full_head;
+  Dims qkv, kv, kv_t, out, row, scores, scores_t, full_head;
   explicit Strides(const AttentionShape& s) {
-    const int64_t C = s.C(), W = s.W(), T = s.T, H = s.NH, D = s.HS;
+    const int64_t C = s.C(), W = s.W(), T = s.T, Tk = s.key_rows(), H = s.NH, D = s.HS;
     qkv = {W * T, D, W, 1};
-    qkv_t = {W * T, D, 1, W};  // [B, H, D, S]: K^T and V^T as the graph consumes them
+    kv = {W * Tk, D, W, 1};
+    kv_t = {W * Tk, D, 1, W};  // [B, H, D, S]: K^T and V^T as the graph consumes them
     out = {C * T, D, C, 1};
     row = {H * T, T, 1, 1};
-    scores = {H * T * T, T * T, T, 1};
-    scores_t = {H * T * T, T * T, 1, T};
-    full_head = {H * T * D, T * D, D, 1};
+    scores = {H * T * Tk, T * Tk, Tk, 1};
+    scores_t = {H * T * Tk, T * Tk, 1, Tk};
+    full_head = {H * Tk * D, Tk * D, D, 1};
   }
 };
 
@@ -206,7 +208,8 @@ struct Strides {
 cudnnBackendDescriptor_t causal_mask(GraphBuilder& g, const AttentionShape& s, const Strides& st,
                                      cudnnBackendDescriptor_t scores,
                                      cudnnBackendDescriptor_t neg_inf) {
-  const Dims sd = {s.B, s.NH, s.T, s.T};
+  if (!s.causal) return scores;  // an off-diagonal pair: every key precedes every query
+  const Dims sd = {s.B, s.NH, s.T, s.key_rows()};
   auto row = g.virt(sd, st.scores, CUDNN_DATA_INT32);
   g.pointwise(CUDNN_POINTWISE_GEN_INDEX, scores, nullptr, row, nullptr, CUDNN_DATA_INT32, 2);
   auto col = g.virt(sd, st.scores, CUDNN_DATA_INT32);
@@ -223,11 +226,12 @@ cudnnBackendDescriptor_t causal_mask(GraphBuilder& g, const AttentionShape& s, c
 void build_forward(GraphBuilder& g, const AttentionShape& s) {
   const Strides st(s);
   const Dims hd = {s.B, s.NH, s.T, s.HS};
-  const Dims kv = {s.B, s.kv_heads(), s.T, s.HS}, kv_t = {s.B, s.kv_heads(), s.HS, s.T};
-  const Dims sd = {s.B, s.NH, s.T, s.T}, rd = {s.B, s.NH, s.T, 1};
+  const Dims kv = {s.B, s.kv_heads(), s.key_rows(), s.HS};
+  const Dims kv_t = {s.B, s.kv_heads(), s.HS, s.key_rows()};
+  const Dims sd = {s.B, s.NH, s.T, s.key_rows()}, rd = {s.B, s.NH, s.T, 1};
   auto q = g.tensor(kQ, hd, st.qkv, kBF16);
-  auto kt = g.tensor(kKt, kv_t, st.qkv_t, kBF16);
-  auto v = g.tensor(kV, kv, st.qkv, kBF16);
+  auto kt = g.tensor(kKt, kv_t, st.kv_t, kBF16);
+  auto v = g.tensor(kV, kv, st.kv, kBF16);
   auto o = g.tensor(kO, hd, st.out, kBF16);
   auto stats = g.tensor(kStats, rd, st.row, kF32);
   auto scale = g.scalar(kScale);
@@ -264,7 +268,7 @@ void grouped_matmul(GraphBuilder& g, const AttentionShape& s, const Strides& st,
     g.matmul(a, b, out);
     return;
   }
-  auto per_query_head = g.virt({s.B, s.NH, s.T, s.HS}, st.full_head, kBF16);
+  auto per_query_head = g.virt({s.B, s.NH, s.key_rows(), s.HS}, st.full_head, kBF16);
   g.matmul(a, b, per_query_head);
   g.reduction(CUDNN_REDUCE_TENSOR_ADD, per_query_head, out);
 }
@@ -275,17 +279,19 @@ void grouped_matmul(GraphBuilder& g, const AttentionShape& s, const Strides& st,
 void build_backward(GraphBuilder& g, const AttentionShape& s) {
   const Strides st(s);
   const Dims hd = {s.B, s.NH, s.T, s.HS};
-  const Dims kv = {s.B, s.kv_heads(), s.T, s.HS}, kv_t = {s.B, s.kv_heads(), s.HS, s.T};
-  const Dims sd = {s.B, s.NH, s.T, s.T}, rd = {s.B, s.NH, s.T, 1};
+  const Dims kv = {s.B, s.kv_heads(), s.key_rows(), s.HS};
+  const Dims kv_t = {s.B, s.kv_heads(), s.HS, s.key_rows()};
+  const Dims sd = {s.B, s.NH, s.T, s.key_rows()}, rd = {s.B, s.NH, s.T, 1};
+  const Dims sd_t = {s.B, s.NH, s.key_rows(), s.T};  // P^T and dS^T
   auto q = g.tensor(kQ, hd, st.qkv, kBF16);
-  auto kt = g.tensor(kKt, kv_t, st.qkv_t, kBF16);
-  auto vt = g.tensor(kV, kv_t, st.qkv_t, kBF16);
+  auto kt = g.tensor(kKt, kv_t, st.kv_t, kBF16);
+  auto vt = g.tensor(kV, kv_t, st.kv_t, kBF16);
   auto o = g.tensor(kO, hd, st.out, kBF16);
   auto dO = g.tensor(kdO, hd, st.out, kBF16);  // dO strides == O strides (cuDNN 9.5.0 assumed so)
   auto stats = g.tensor(kStats, rd, st.row, kF32);
   auto dq = g.tensor(kdQ, hd, st.qkv, kBF16);
-  auto dk = g.tensor(kdK, kv, st.qkv, kBF16);
-  auto dv = g.tensor(kdV, kv, st.qkv, kBF16);
+  auto dk = g.tensor(kdK, kv, st.kv, kBF16);
+  auto dv = g.tensor(kdV, kv, st.kv, kBF16);
   auto scale = g.scalar(kScale);
   auto neg_inf = g.scalar(kNegInf);
   auto one = g.scalar(kOne);
@@ -309,7 +315,7 @@ void build_backward(GraphBuilder& g, const AttentionShape& s) {
   auto p = g.virt(sd, st.scores);
   g.pointwise(CUDNN_POINTWISE_EXP, s3, nullptr, p);
   // dV = P^T dO
-  auto pt = g.virt(sd, st.scores_t, kBF16);
+  auto pt = g.virt(sd_t, st.scores_t, kBF16);
   g.reshape(p, pt);
   grouped_matmul(g, s, st, pt, dO, dv);
   // dS = P (dO V^T - D) scale
@@ -322,11 +328,11 @@ void build_backward(GraphBuilder& g, const AttentionShape& s) {
   auto ds = g.virt(sd, st.scores);
   g.pointwise(CUDNN_POINTWISE_MUL, d2, scale, ds);
   // dK = dS^T Q
-  auto dst_ = g.virt(sd, st.scores_t, kBF16);
+  auto dst_ = g.virt(sd_t, st.scores_t, kBF16);
   g.reshape(ds, dst_);
   grouped_matmul(g, s, st, dst_, q, dk);
   // dQ = dS K, accumulated in f32 then converted
-  auto k = g.virt(kv, st.qkv);
+  auto k = g.virt(kv, st.kv);
   g.reshape(kt, k);
   g.matmul(ds, k, dq_accum);
   g.pointwise(CUDNN_POINTWISE_IDENTITY, dq_accum, nullptr, dq);
@@ -489,7 +495,7 @@ AttentionEngine::~AttentionEngine() {
 }
 
 AttentionEngine::Graph& AttentionEngine::graph_for(const AttentionShape& s, bool backward) {
-  auto key = std::make_tuple(s.B, s.NH, s.T, s.HS, s.kv_heads(), backward);
+  auto key = std::make_tuple(s.B, s.NH, s.T, s.HS, s.kv_heads(), s.key_rows(), s.causal, backward);
   auto it = graphs_.find(key);
   if (it != graphs_.end()) return *it->second;
   auto g = make_graph(s, backward, handle_);
@@ -511,9 +517,10 @@ void AttentionEngine::forward(const AttentionShape& s, const AttentionForwardPtr
   const int64_t k_at = s.C() * 2, v_at = k_at + s.kv_heads() * s.HS * 2;  // bytes into a row
   float scale = 1.0f / std::sqrt(static_cast<float>(s.HS));
   auto* qkv = static_cast<char*>(const_cast<void*>(p.qkv));
+  auto* kv = p.kv ? static_cast<char*>(const_cast<void*>(p.kv)) : qkv;
   std::vector<int64_t> uids = {kQ, kKt, kV, kO, kStats, kScale, kNegInf};
   std::vector<void*> ptrs = {
-      qkv, qkv + k_at, qkv + v_at, p.out, p.lse, &scale, const_cast<float*>(&kNegInfValue)};
+      qkv, kv + k_at, kv + v_at, p.out, p.lse, &scale, const_cast<float*>(&kNegInfValue)};
   execute(handle_, g, uids, ptrs, workspace);
 }
 
@@ -528,12 +535,13 @@ void AttentionEngine::backward(const AttentionShape& s, const AttentionBackwardP
     REMAT_CUDA_CHECK(
         cudaMemsetAsync(p.dq_accum, 0, static_cast<size_t>(s.B * s.T * C) * 4, stream_));
   auto* qkv = static_cast<char*>(const_cast<void*>(p.qkv));
+  auto* kv = p.kv ? static_cast<char*>(const_cast<void*>(p.kv)) : qkv;
   auto* dqkv = static_cast<char*>(p.dqkv);
   std::vector<int64_t> uids = {kQ,  kKt, kV,     kO,      kdO,  kStats,      kdQ,
                                kdK, kdV, kScale, kNegInf, kOne, kSoftmaxSum, kdQAccum};
   std::vector<void*> ptrs = {qkv,
-                             qkv + k_at,
-                             qkv + v_at,
+                             kv + k_at,
+                             kv + v_at,
                              const_cast<void*>(p.out),
                              const_cast<void*>(p.dout),
                              const_cast<float*>(p.lse),
@@ -549,8 +557,8 @@ void AttentionEngine::backward(const AttentionShape& s, const AttentionBackwardP
 }
 
 std::string check_attention_graphs_finalize(int64_t B, int64_t NH, int64_t T, int64_t HS,
-                                            int64_t KVH) {
-  const AttentionShape s{B, NH, T, HS, KVH};
+                                            int64_t KVH, int64_t Tk, bool causal) {
+  const AttentionShape s{B, NH, T, HS, KVH, Tk, causal};
   auto fwd = make_graph(s, false, nullptr);
   auto bwd = make_graph(s, true, nullptr);
   return fmt::format("fwd {} ops, bwd {} ops", fwd->n_ops, bwd->n_ops);

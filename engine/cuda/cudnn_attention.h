@@ -8,6 +8,9 @@
 // "Stats" (max + ln sum exp of the scaled, masked scores: the same quantity as the CPU's lse).
 // dqkv is written as (B, T, W) bf16. RoPE and f32<->bf16 staging happen in
 // engine/cuda/attention.cpp. Plans are built once per shape (0.1-1 s each) and cached.
+// Attention over chunks (engine/ops/attention.h) calls the same graphs on one (query chunk, key
+// chunk) pair: T query rows against Tk key rows read from `kv` (the key chunk's rows of the same
+// (B, T, W) layout), causal on the square diagonal pairs and unmasked on the others.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -21,9 +24,12 @@
 namespace remat::cuda {
 
 struct AttentionShape {
-  int64_t B = 0, NH = 0, T = 0, HS = 0;
-  int64_t KVH = 0;  // key/value heads; 0: NH
+  int64_t B = 0, NH = 0, T = 0, HS = 0;  // T: query rows
+  int64_t KVH = 0;                       // key/value heads; 0: NH
+  int64_t Tk = 0;                        // key rows; 0: T
+  bool causal = true;                    // top-left causal mask (row >= col), else none
   int64_t kv_heads() const { return KVH > 0 ? KVH : NH; }
+  int64_t key_rows() const { return Tk > 0 ? Tk : T; }
   int64_t C() const { return NH * HS; }                     // out's width
   int64_t W() const { return (NH + 2 * kv_heads()) * HS; }  // qkv's
 };
@@ -32,6 +38,7 @@ struct AttentionForwardPtrs {
   const void* qkv = nullptr;  // (B, T, W) bf16
   void* out = nullptr;        // (B, T, C) bf16
   float* lse = nullptr;       // (B, NH, T) f32
+  const void* kv = nullptr;   // (B, Tk, W) bf16, whose k | v are read; null: qkv's
 };
 
 struct AttentionBackwardPtrs {
@@ -42,6 +49,8 @@ struct AttentionBackwardPtrs {
   void* dqkv = nullptr;          // (B, T, W) bf16 [=]
   float* dq_accum = nullptr;     // (B, NH, T, HS) f32 scratch
   float* softmax_sum = nullptr;  // (B, NH, T) f32 scratch
+  const void* kv = nullptr;      // (B, Tk, W) bf16, whose k | v are read; null: qkv's. dk | dv
+                                 // are written into rows [0, Tk) of dqkv
 };
 
 class AttentionEngine {
@@ -70,7 +79,8 @@ class AttentionEngine {
   cudaStream_t stream_;
   int64_t workspace_limit_;
   cudnnHandle_t handle_ = nullptr;
-  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, bool>, std::unique_ptr<Graph>>
+  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool>,
+           std::unique_ptr<Graph>>
       graphs_;
 };
 

@@ -12,8 +12,10 @@ namespace remat::cuda {
 /// Builds and finalizes the causal attention forward and backward operation graphs for this
 /// shape, KVH key/value heads (0: NH) (no handle, no device). Returns a one-line summary ("fwd 14
 /// ops, bwd 22 ops"; 24 with grouped-query heads, whose dK and dV are reduced over each group);
-/// throws BackendError with cuDNN's reason when a graph does not finalize.
+/// throws BackendError with cuDNN's reason when a graph does not finalize. Tk > 0 and causal =
+/// false: the graphs of an off-diagonal pair of attention over chunks (T queries against Tk keys,
+/// no mask: 4 ops fewer each).
 std::string check_attention_graphs_finalize(int64_t B, int64_t NH, int64_t T, int64_t HS,
-                                            int64_t KVH = 0);
+                                            int64_t KVH = 0, int64_t Tk = 0, bool causal = true);
 
 }  // namespace remat::cuda

@@ -155,6 +155,21 @@ struct RopeParams {
 };
 void rope_apply(const RopeParams& p, cudaStream_t s);
 
+// ---- attention over chunks (engine/cuda/attention_chunks.cu) ----
+/// Folds one pair's output o_ij (n, NH HS) bf16 and lse_ij (NH, n) f32 into the running o
+/// (n, NH HS) f32 and lse (head h's n rows at h * lse_stride): lse' = m + log(e^(lse - m) +
+/// e^(lse_ij - m)) with m the larger, o' = e^(lse - lse') o + e^(lse_ij - lse') o_ij; `first`:
+/// o = o_ij, lse = lse_ij (what the formula gives from lse = -inf).
+void attention_merge(float* o, float* lse, int64_t lse_stride, const void* o_ij,
+                     const float* lse_ij, int64_t n, int64_t NH, int64_t HS, bool first,
+                     cudaStream_t s);
+/// dst[r ld_dst + c] += src[r ld_src + c], r < rows, c < cols; dst f32, src bf16.
+void add_rows(float* dst, int64_t ld_dst, const void* src, int64_t ld_src, int64_t rows,
+              int64_t cols, cudaStream_t s);
+/// dst[r ld_dst + c] = src[r ld_src + c] converted, r < rows, c < cols; src f32, dst act.
+void cast_rows(void* dst, bool dst_bf16, int64_t ld_dst, const float* src, int64_t ld_src,
+               int64_t rows, int64_t cols, cudaStream_t s);
+
 /// delta (B, NH, T) f32 = rowsum(dout * out) per row and head; dout, out (B, T, C) act.
 void attention_delta(float* delta, const void* dout, const void* out, bool bf16, int64_t B,
                      int64_t T, int64_t C, int64_t NH, cudaStream_t s);

@@ -4,6 +4,8 @@
 // dtype, so bf16-vs-f32 decisions read the arguments' dtypes.
 #pragma once
 
+#include <algorithm>
+
 #include "engine/ops/attention.h"
 #include "engine/ops/embedding.h"
 #include "engine/ops/linear.h"
@@ -27,6 +29,33 @@ constexpr uint64_t kGemmWorkspaceBytes = uint64_t{32} << 20;
 /// GPT-2 shapes and checks them against it.
 constexpr uint64_t kCudnnPlanWorkspaceBytes = uint64_t{32} << 20;
 
+/// The most elements one tensor of a cuDNN attention call may span from its pointer: cuDNN's fused
+/// attention addresses its tensors with 32-bit offsets (PyTorch and Paddle refuse cuDNN calls on
+/// tensors past 2^31 - 1 elements for the same reason). Our q, k and v are strided views of the
+/// (B, T, W) qkv buffer, so a view of T rows reaches T W elements from its pointer, not T NH HS:
+/// the bound is taken on that span (Llama-3.1-8B, W = 6144: 349,525 tokens), the safe reading
+/// whichever of elements or offsets the kernels count. Every other tensor of a call (out, dq's
+/// accumulator: C < W per row; lse: NH per row) spans less.
+constexpr int64_t kCudnnMaxSpan = (int64_t{1} << 31) - 1;
+
+/// The chunks the CUDA backend runs attention in (engine/ops/attention.h): remat.attention_chunk
+/// when given, else none while the whole call stays within kCudnnMaxSpan, else the fewest chunks
+/// of equal length (a multiple of 64) whose views stay within it. A chunked call runs each batch
+/// row by itself; when only the batch passes the bound (B T W beyond it, T W not), two chunks are
+/// taken so that it does. A given chunk longer than the bound allows is shortened to it.
+inline AttentionChunks attention_chunks(const Tensor& qkv, int64_t chunk_tokens) {
+  const int64_t B = qkv.dim(0), T = qkv.dim(1), W = qkv.dim(2);
+  const int64_t longest = std::max<int64_t>(64, kCudnnMaxSpan / W / 64 * 64);
+  const bool fits = B * T * W <= kCudnnMaxSpan;
+  if (const AttentionChunks given{T, std::min(chunk_tokens, longest)};
+      chunk_tokens > 0 && (given.chunked() || fits))
+    return given;
+  if (fits) return {T, 0};
+  const int64_t n = std::max<int64_t>(2, (T + longest - 1) / longest);
+  const int64_t L = ((T + n - 1) / n + 63) / 64 * 64;
+  return {T, std::min(L, longest)};
+}
+
 /// The attention workspace: one pool allocation "attn.workspace" that engine/cuda/cuda_backend.cpp
 /// carves into these parts, in this order, each rounded to MemoryPool::kAlignment. cuDNN's fused
 /// flash attention takes bf16 q/k/v only and RoPE must rotate q and k before it, hence the bf16
@@ -41,15 +70,24 @@ struct AttentionWorkspaceLayout {
   uint64_t dqkv_bf16 = 0;    // (B, T, W) bf16: backward, f32 activations only
   uint64_t dq_accum = 0;     // (B, NH, T, HS) f32: backward
   uint64_t softmax_sum = 0;  // (B, NH, T) f32: backward
-  uint64_t cudnn_plan = 0;   // kCudnnPlanWorkspaceBytes: the plan's own workspace
+  // Attention over chunks of L tokens: dq_accum and softmax_sum are then one pair's, (L, C) and
+  // (NH, L), and out_bf16 / dqkv_bf16 are not used (results go through f32 sums)
+  uint64_t pair_out = 0;    // (L, C) bf16: forward, one pair's output
+  uint64_t pair_lse = 0;    // (NH, L) f32: one pair's lse (forward), its query chunk's (backward)
+  uint64_t out_sum = 0;     // (L, C) f32: forward, the query chunk's output merged over key chunks
+  uint64_t pair_dqkv = 0;   // (L, W) bf16: backward, one pair's dq | dk | dv
+  uint64_t dq_sum = 0;      // (L, C) f32: backward, the query chunk's dq summed over key chunks
+  uint64_t dkv_sum = 0;     // (T, 2 KVH HS) f32: backward, one batch row's dk | dv summed
+  uint64_t cudnn_plan = 0;  // kCudnnPlanWorkspaceBytes: the plan's own workspace
   uint64_t total() const {
-    return qkv_bf16 + out_bf16 + dout_bf16 + dqkv_bf16 + dq_accum + softmax_sum + cudnn_plan;
+    return qkv_bf16 + out_bf16 + dout_bf16 + dqkv_bf16 + dq_accum + softmax_sum + pair_out +
+           pair_lse + out_sum + pair_dqkv + dq_sum + dkv_sum + cudnn_plan;
   }
 };
 
 inline AttentionWorkspaceLayout attention_workspace_layout(const Tensor& qkv, int n_head,
                                                            int n_kv_head, bool use_rope,
-                                                           bool backward) {
+                                                           bool backward, int64_t chunk_tokens) {
   const int64_t B = qkv.dim(0), T = qkv.dim(1), W = qkv.dim(2);
   const int64_t C = W / (n_head + 2 * kv_heads(n_head, n_kv_head)) * n_head;
   auto bytes = [](int64_t n, size_t elem) {
@@ -57,6 +95,27 @@ inline AttentionWorkspaceLayout attention_workspace_layout(const Tensor& qkv, in
   };
   const bool f32_acts = qkv.dtype == DType::F32;
   AttentionWorkspaceLayout w;
+  if (const AttentionChunks ch = attention_chunks(qkv, chunk_tokens); ch.chunked()) {
+    const int64_t L = ch.L;
+    if (f32_acts || (use_rope && !backward)) w.qkv_bf16 = bytes(B * T * W, 2);
+    w.pair_lse = bytes(n_head * L, 4);
+    if (!backward) {
+      w.pair_out = bytes(L * C, 2);
+      w.out_sum = bytes(L * C, 4);
+    } else {
+      if (f32_acts) {
+        w.out_bf16 = bytes(B * T * C, 2);
+        w.dout_bf16 = bytes(B * T * C, 2);
+      }
+      w.dq_accum = bytes(L * C, 4);
+      w.softmax_sum = bytes(n_head * L, 4);
+      w.pair_dqkv = bytes(L * W, 2);
+      w.dq_sum = bytes(L * C, 4);
+      w.dkv_sum = bytes(T * (W - C), 4);
+    }
+    w.cudnn_plan = kCudnnPlanWorkspaceBytes;
+    return w;
+  }
   // The backward is qkv's last reader, so with bf16 activations it rotates qkv in place: at the
   // block's peak that saves W bf16 per token (6 B/token/channel with the rest of the peak ~30).
   if (f32_acts || (use_rope && !backward)) w.qkv_bf16 = bytes(B * T * W, 2);
@@ -84,9 +143,10 @@ inline WorkspaceList gemm_workspace(const Tensor& weight, bool bf16_gemm) {
 }
 
 inline WorkspaceList attention_workspace(const Tensor& qkv, int n_head, int n_kv_head,
-                                         float rope_theta, bool backward) {
+                                         float rope_theta, bool backward, int64_t chunk_tokens) {
   const uint64_t bytes =
-      attention_workspace_layout(qkv, n_head, n_kv_head, rope_theta > 0, backward).total();
+      attention_workspace_layout(qkv, n_head, n_kv_head, rope_theta > 0, backward, chunk_tokens)
+          .total();
   return {{"attn.workspace", DType::BF16, {static_cast<int64_t>(bytes / 2)}}};
 }
 
@@ -99,10 +159,10 @@ inline WorkspaceList workspace(const LinearBackwardArgs& a, const WorkspaceTarge
   return gemm_workspace(a.weight, a.dout.dtype == DType::BF16 && !a.dinp.empty());
 }
 inline WorkspaceList workspace(const AttentionForwardArgs& a, const WorkspaceTarget&) {
-  return attention_workspace(a.qkv, a.n_head, a.n_kv_head, a.rope_theta, false);
+  return attention_workspace(a.qkv, a.n_head, a.n_kv_head, a.rope_theta, false, a.chunk_tokens);
 }
 inline WorkspaceList workspace(const AttentionBackwardArgs& a, const WorkspaceTarget&) {
-  return attention_workspace(a.qkv, a.n_head, a.n_kv_head, a.rope_theta, true);
+  return attention_workspace(a.qkv, a.n_head, a.n_kv_head, a.rope_theta, true, a.chunk_tokens);
 }
 /// Tokens bucketed by id (positions (N) i32 + bucket starts (N+1) i32), so the scatter-add is
 /// deterministic without atomics ("embedding.buckets").

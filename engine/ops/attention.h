@@ -2,7 +2,28 @@
 // bytes. Kernels: engine/cpu/attention.cpp, engine/cuda/attention.cpp (cuDNN, through
 // cudnn_attention.cpp); workspaces: engine/{cpu,cuda}/workspace.h; tests:
 // tests/ops/test_attention.cpp.
+//
+// Attention over chunks (remat.attention_chunk; issue 49): cuDNN's fused attention takes tensors
+// that it addresses with 32-bit offsets, so past a length some tensor of one call passes 2^31
+// elements (Llama-3.1-8B's qkv view at 349,525 tokens). The causal attention of a sequence then
+// runs as (query chunk i, key chunk j <= i) pairs of L tokens (the last chunk shorter when L does
+// not divide T): the diagonal pair i == i is ordinary causal attention of the chunk (a square,
+// top-left causal mask), every other pair is unmasked (all its keys precede all its queries).
+// Forward: each pair gives O_ij and lse_ij, merged per query chunk in f32 over j ascending, the
+// context ring's online merge (m = max, lse = m + log(exp(lse - m) + exp(lse_ij - m)),
+// O = exp(lse_old - lse) O + exp(lse_ij - lse) O_ij), which is O = sum_j exp(lse_ij - lse) O_ij.
+// Backward: each pair recomputes its probabilities from the global lse and D = rowsum(dO * O)
+// (the flash backward restricted to the pair), dQ_i summed over key chunks j and dK_j, dV_j over
+// query chunks i, in f32. Why pairs and not query chunks against every earlier key (one call per
+// query chunk, bottom-right causal alignment, no forward merge): with query chunks alone K and V
+// stay whole and pass the limit themselves at about 4x the length (GQA) -- short of 8B's 1.2M --
+// and a bottom-right diagonal is a graph pattern our raw cuDNN graphs (no cudnn-frontend) would
+// have to spell out and cuDNN's fused engines to recognize, which cannot be checked without a
+// GPU; pairs need only the two patterns already in use (causal square, and no mask). Every call
+// of a pair touches at most L rows of each tensor, whatever T is.
 #pragma once
+
+#include <algorithm>
 
 #include "engine/error.h"
 #include "engine/ops/op.h"
@@ -27,6 +48,7 @@ struct AttentionForwardArgs {
   float rope_theta = 0;  // 0: no rotary embedding
   int n_kv_head = 0;     // 0: n_head
   RopeScaling rope_scaling{};
+  int64_t chunk_tokens = 0;  // remat.attention_chunk: tokens per chunk; 0: where a backend needs
 };
 
 /// KVH of an attention op's arguments (n_kv_head = 0 means one per query head).
@@ -47,6 +69,17 @@ struct AttentionBackwardArgs {
   Tensor delta{};  // (B, NH, T) f32 from attention_delta, or empty: then D comes from out and dout
   int n_kv_head = 0;  // 0: n_head
   RopeScaling rope_scaling{};
+  int64_t chunk_tokens = 0;  // as in AttentionForwardArgs
+};
+
+/// The chunks of chunked attention: [i L, min((i + 1) L, T)) for i < count(); L = 0 or L >= T is
+/// one chunk (unchunked).
+struct AttentionChunks {
+  int64_t T = 0, L = 0;
+  bool chunked() const { return L > 0 && L < T; }
+  int64_t count() const { return chunked() ? (T + L - 1) / L : 1; }
+  int64_t start(int64_t i) const { return chunked() ? i * L : 0; }
+  int64_t length(int64_t i) const { return chunked() ? std::min(L, T - i * L) : T; }
 };
 
 /// D = rowsum(dO * O) per row and head: the one term of attention's backward that reads the

@@ -153,6 +153,7 @@ struct AttentionCall {
   float theta;
   RopeScaling scaling;
   Buffer qkv, dout, out, lse, dqkv;
+  int64_t chunk = 0;  // chunk_tokens of both calls (attention over chunks); 0: the backend's choice
 
   AttentionCall(Backend& backend, int64_t b, int64_t nh, int64_t t, int64_t hs, float rope_theta,
                 uint64_t stream, int64_t kvh = 0, RopeScaling rope_scaling = {})
@@ -183,7 +184,8 @@ struct AttentionCall {
                           .n_head = n_head(),
                           .rope_theta = theta,
                           .n_kv_head = n_kv_head(),
-                          .rope_scaling = scaling});
+                          .rope_scaling = scaling,
+                          .chunk_tokens = chunk});
   }
   /// The op CLOBBERS qkv (engine/ops/attention.h: with RoPE the CPU rotates q and k in place);
   /// the harness puts its values back, so that the call can run again and a reference can read
@@ -199,7 +201,8 @@ struct AttentionCall {
                            .rope_theta = theta,
                            .delta = delta,
                            .n_kv_head = n_kv_head(),
-                           .rope_scaling = scaling});
+                           .rope_scaling = scaling,
+                           .chunk_tokens = chunk});
     be.upload(qkv, kept.data());
   }
   /// Host copies of out, lse and dqkv.
@@ -212,10 +215,11 @@ struct AttentionCall {
 // and dq, dk, dv with the double reference.
 void check_attention_against_reference(int64_t B, int64_t NH, int64_t T, int64_t HS, float theta,
                                        int64_t KVH = 0, RopeScaling scaling = {},
-                                       int threads = kTestThreads) {
-  CAPTURE(B, NH, T, HS, theta, KVH, threads);
+                                       int threads = kTestThreads, int64_t chunk = 0) {
+  CAPTURE(B, NH, T, HS, theta, KVH, threads, chunk);
   CpuBackend be(kTestBudgetBytes, threads);
   AttentionCall a(be, B, NH, T, HS, theta, 51, KVH, scaling);
+  a.chunk = chunk;
   const int64_t C = a.C, W = a.W;
   // Queries 1.5x wider than keys: peakier softmax rows, so the online max rescale matters.
   for (int64_t i = 0; i < B * T; ++i)
@@ -638,6 +642,139 @@ TEST_CASE("rope_inv_freq gives Llama 3.1 8B's rescaled frequencies, and GPT's pl
                                -2.0 * static_cast<double>(i) / static_cast<double>(64)));
 }
 
+// ---- attention over chunks (engine/ops/attention.h; engine/cpu/attention_chunks.cpp) ----
+
+namespace {
+
+/// Attention over chunks against the unchunked op, both f32 on the CPU: the chunked path merges
+/// the pairs' outputs by their lse and sums dq over key chunks and dk, dv over query chunks, so
+/// only the order and grouping of float sums differ. Measured over the rows below (2 threads):
+/// at most 1.0e-6 of the largest entry (dqkv), 7.4e-7 (out), 2.9e-7 (lse), so this leaves 5x. A
+/// merge weight off by 1e-4 already fails it (3e-4 errors in out, tried); a dropped or doubled
+/// pair or a wrong mask gives errors of order 1e-2 and more.
+inline constexpr Tolerance kTolAttentionChunks{5e-6, 5e-6, true};
+
+// (B, NH, KVH, T, HS, theta, scaling) of the chunked rows: multi-head with two batch rows,
+// grouped-query with llama3 RoPE scaling, multi-query with RoPE, a head size of 128.
+struct ChunkRow {
+  int64_t B, NH, KVH, T, HS;
+  float theta;
+  RopeScaling scaling;
+};
+const std::vector<ChunkRow> kChunkRows = {{2, 3, 0, 129, 16, 0.0f, {}},
+                                          {1, 4, 2, 200, 16, 10000.0f, kLlama3Short},
+                                          {1, 4, 1, 150, 64, 10000.0f, {}},
+                                          {2, 2, 0, 100, 128, 10000.0f, {}}};
+
+// One forward and one backward (D from attention_delta, as the blocks run it on the CPU) with
+// `chunk` tokens per chunk: out, lse, dqkv.
+std::vector<std::vector<float>> run_attention(const ChunkRow& r, int64_t chunk,
+                                              int threads = kTestThreads) {
+  CpuBackend be(kTestBudgetBytes, threads);
+  AttentionCall a(be, r.B, r.NH, r.T, r.HS, r.theta, 71, r.KVH, r.scaling);
+  a.chunk = chunk;
+  a.forward();
+  Buffer delta = make_tensor(be, {r.B, r.NH, r.T});
+  be.attention_delta({delta, a.dout, a.out, a.n_head()});
+  a.backward(delta);
+  return a.results();
+}
+
+std::vector<double> widened(const std::vector<float>& v) {
+  return {v.begin(), v.end()};
+}
+
+}  // namespace
+
+TEST_CASE("attention over one chunk gives the unchunked op's bits", "[ops][attention][chunks]") {
+  const ChunkRow r = GENERATE(from_range(kChunkRows));
+  CAPTURE(r.B, r.NH, r.KVH, r.T, r.HS, r.theta);
+  const auto whole = run_attention(r, 0);
+  for (const int64_t chunk : {r.T, r.T + 1, r.T + 64}) {
+    CAPTURE(chunk);
+    const auto one = run_attention(r, chunk);
+    for (size_t i = 0; i < whole.size(); ++i) CHECK(test::bitwise_equal({one[i]}, {whole[i]}));
+  }
+}
+
+TEST_CASE("attention over chunks matches the unchunked op within a measured bound",
+          "[ops][attention][chunks]") {
+  const ChunkRow r = GENERATE(from_range(kChunkRows));
+  // 7 and 33 divide none of the lengths, 64 one of them; T - 1 leaves a last chunk of one token.
+  const int64_t chunk = GENERATE(int64_t{7}, int64_t{33}, int64_t{64}, int64_t{-1});
+  const int64_t L = chunk > 0 ? chunk : r.T - 1;
+  CAPTURE(r.B, r.NH, r.KVH, r.T, r.HS, r.theta, L);
+  const auto whole = run_attention(r, 0);
+  const auto chunked = run_attention(r, L);
+  const char* names[] = {"out", "lse", "dqkv"};
+  for (size_t i = 0; i < whole.size(); ++i)
+    CHECK(allclose(chunked[i], widened(whole[i]), kTolAttentionChunks, names[i]));
+  // The chunked path really ran: its bits differ from the unchunked op's somewhere.
+  CHECK_FALSE(test::bitwise_equal({chunked[2]}, {whole[2]}));
+}
+
+TEST_CASE("attention over chunks matches the double-precision causal reference",
+          "[ops][attention][chunks]") {
+  // The same references and tolerance as the unchunked op, GQA and MQA with llama3 RoPE.
+  const auto [B, NH, KVH, T, HS] = GENERATE(table<int64_t, int64_t, int64_t, int64_t, int64_t>(
+      {{2, 3, 0, 129, 16}, {1, 4, 2, 200, 16}, {1, 4, 1, 70, 64}}));
+  const int64_t chunk = GENERATE(int64_t{16}, int64_t{50});
+  check_attention_against_reference(B, NH, T, HS, 0.0f, KVH, {}, kTestThreads, chunk);
+  check_attention_against_reference(B, NH, T, HS, 10000.0f, KVH, kLlama3Short, kTestThreads, chunk);
+}
+
+TEST_CASE("attention over chunks: the backward matches central differences",
+          "[ops][attention][chunks]") {
+  const bool rope = GENERATE(false, true);
+  const int64_t KVH = GENERATE(int64_t{0}, int64_t{2});
+  CAPTURE(rope, KVH);
+  CpuBackend be(kTestBudgetBytes, kFdThreads);
+  const int64_t B = 1, NH = 4, T = 70, HS = 8;
+  AttentionCall a(be, B, NH, T, HS, rope ? 10000.0f : 0.0f, 65, KVH,
+                  rope ? kLlama3Short : RopeScaling{});
+  a.chunk = 32;  // chunks of 32, 32 and 6 tokens: 6 pairs
+  auto loss = [&] {
+    a.forward();
+    return weighted_sum(a.out, a.dout);
+  };
+  loss();
+  a.backward();
+  CHECK(allclose(to_host(a.dqkv), central_differences(a.qkv.f32(), B * T * a.W, kFdEps, loss),
+                 kTolGradcheck, "dqkv"));
+}
+
+TEST_CASE("attention over chunks gives the same bits for 1, 2 and 3 threads",
+          "[ops][attention][chunks]") {
+  const ChunkRow r = kChunkRows[1];
+  const auto one = run_attention(r, 33, 1);
+  for (int threads : {2, 3}) {
+    CAPTURE(threads);
+    const auto many = run_attention(r, 33, threads);
+    for (size_t i = 0; i < one.size(); ++i) CHECK(test::bitwise_equal({many[i]}, {one[i]}));
+  }
+}
+
+TEST_CASE("attention over chunks holds the workspace its rule states, and returns it",
+          "[ops][attention][chunks]") {
+  CpuBackend be(kTestBudgetBytes, kTestThreads);
+  const int64_t B = 2, NH = 4, KVH = 2, T = 150, HS = 16, L = 64;
+  AttentionCall a(be, B, NH, T, HS, 10000.0f, 83, KVH);
+  a.chunk = L;
+  const int64_t W = a.W, C = a.C;
+  auto bytes = [](int64_t floats) {
+    return MemoryPool::accounted_bytes(static_cast<size_t>(4 * floats));
+  };
+  const uint64_t live = be.pool().live_bytes();
+  be.pool().reset_peak();
+  a.forward();
+  CHECK(be.pool().peak_bytes() - live == bytes(B * T * W) + bytes(L * C + 2 * NH * L));
+  CHECK(be.pool().live_bytes() == live);
+  be.pool().reset_peak();
+  a.backward();  // with out, no delta: D for every row in the pair part
+  CHECK(be.pool().peak_bytes() - live == 2 * bytes(B * T * W) + bytes(2 * NH * L + B * NH * T));
+  CHECK(be.pool().live_bytes() == live);
+}
+
 #if REMAT_TEST_CUDA_ROWS
 TEST_CASE("causal attention forward and backward on CUDA match the CPU, with and without RoPE",
           "[gpu][attention]") {
@@ -730,6 +867,76 @@ TEST_CASE(
   r.gpu->attention_backward(bg);
   r.check_same(dq_c, dq_g, kCudaAttention, "dqkv (=): dq, dk and dv summed over each group");
 }
+
+TEST_CASE("attention over chunks on CUDA matches the CPU and unchunked CUDA",
+          "[gpu][attention][chunks]") {
+  // Each pair is one cuDNN call (causal on the diagonal, unmasked off it), merged in f32: the
+  // chunked CUDA op against the unchunked CPU op, and against CUDA's own unchunked op. 64 divides
+  // none of the lengths; 128 leaves one pair per row at T = 129.
+  const ChunkRow row = GENERATE(from_range(kChunkRows));
+  const int64_t chunk = GENERATE(int64_t{64}, int64_t{128});
+  const DType act = GENERATE(from_range(kCudaActivationTypes));
+  CAPTURE(row.B, row.NH, row.KVH, row.T, row.HS, row.theta, chunk, dtype_name(act));
+  CudaRow r(act);
+  const int64_t B = row.B, NH = row.NH, T = row.T, HS = row.HS, C = NH * HS;
+  const int64_t KVH = row.KVH > 0 ? row.KVH : NH, W = (NH + 2 * KVH) * HS;
+  const int n_head = static_cast<int>(NH), n_kv = static_cast<int>(row.KVH);
+  auto [qkv_c, qkv_g] = r.act_pair({B, T, W}, r.act_values(B * T * W, 57));
+  auto [o_c, o_g] = r.zeros_act({B, T, C});
+  auto [l_c, l_g] = r.zeros_f32({B, NH, T});
+  Buffer ou_g = r.zeros_act({B, T, C}).second;  // CUDA's unchunked op
+  Buffer lu_g = r.zeros_f32({B, NH, T}).second;
+  const AttentionForwardArgs fc{o_c, l_c, qkv_c, n_head, row.theta, n_kv, row.scaling, 0};
+  const AttentionForwardArgs fg{o_g, l_g, qkv_g, n_head, row.theta, n_kv, row.scaling, chunk};
+  const AttentionForwardArgs fu{ou_g, lu_g, qkv_g, n_head, row.theta, n_kv, row.scaling, 0};
+  r.cpu.attention_forward(fc);
+  r.gpu->attention_forward(fg);
+  r.gpu->attention_forward(fu);
+  r.check_same(o_c, o_g, kCudaAttention, "out, chunked CUDA against the CPU");
+  r.check_same(l_c, l_g, kCudaAttention, "lse, chunked CUDA against the CPU");
+  CHECK(allclose(fetch(*r.gpu, o_g), widened(fetch(*r.gpu, ou_g)), kCudaAttention,
+                 "out, chunked against unchunked CUDA"));
+  CHECK(allclose(fetch(*r.gpu, l_g), widened(fetch(*r.gpu, lu_g)), kCudaAttention,
+                 "lse, chunked against unchunked CUDA"));
+  auto [do_c, do_g] = r.act_pair({B, T, C}, r.act_values(B * T * C, 58));
+  auto [dq_c, dq_g] =
+      r.act_pair({B, T, W}, std::vector<float>(static_cast<size_t>(B * T * W), 7.0f));
+  Buffer dqu_g =
+      r.act_pair({B, T, W}, std::vector<float>(static_cast<size_t>(B * T * W), 7.0f)).second;
+  // The backward clobbers qkv (bf16 with RoPE): each CUDA call gets its own copy.
+  Buffer qkv2_g = r.act_pair({B, T, W}, r.act_values(B * T * W, 57)).second;
+  r.cpu.attention_backward({.dqkv = dq_c,
+                            .dout = do_c,
+                            .qkv = qkv_c,
+                            .out = o_c,
+                            .lse = l_c,
+                            .n_head = n_head,
+                            .rope_theta = row.theta,
+                            .n_kv_head = n_kv,
+                            .rope_scaling = row.scaling});
+  r.gpu->attention_backward({.dqkv = dq_g,
+                             .dout = do_g,
+                             .qkv = qkv_g,
+                             .out = o_g,
+                             .lse = l_g,
+                             .n_head = n_head,
+                             .rope_theta = row.theta,
+                             .n_kv_head = n_kv,
+                             .rope_scaling = row.scaling,
+                             .chunk_tokens = chunk});
+  r.gpu->attention_backward({.dqkv = dqu_g,
+                             .dout = do_g,
+                             .qkv = qkv2_g,
+                             .out = ou_g,
+                             .lse = lu_g,
+                             .n_head = n_head,
+                             .rope_theta = row.theta,
+                             .n_kv_head = n_kv,
+                             .rope_scaling = row.scaling});
+  r.check_same(dq_c, dq_g, kCudaAttention, "dqkv (=), chunked CUDA against the CPU");
+  CHECK(allclose(fetch(*r.gpu, dq_g), widened(fetch(*r.gpu, dqu_g)), kCudaAttention,
+                 "dqkv, chunked against unchunked CUDA"));
+}
 #endif
 
 #if defined(REMAT_HAVE_CUDA) && !REMAT_TEST_CUDA_ROWS
@@ -748,6 +955,22 @@ TEST_CASE("cuDNN's grouped-query attention graphs finalize on the host", "[cuda]
   }
   // KVH = NH is multi-head attention: the graph of before.
   CHECK(cuda::check_attention_graphs_finalize(1, 4, 64, 64, 4) == "fwd 14 ops, bwd 22 ops");
+}
+
+TEST_CASE("cuDNN's graphs of an off-diagonal chunk pair finalize on the host",
+          "[cuda][attention][chunks]") {
+  // Attention over chunks: T queries against Tk earlier keys, no mask (the causal mask's four ops
+  // gone), with multi-head, grouped-query and multi-query heads; the diagonal pairs are the
+  // causal graphs above at the chunk's length.
+  CHECK(cuda::check_attention_graphs_finalize(1, 4, 64, 64, 0, 128, false) ==
+        "fwd 10 ops, bwd 18 ops");
+  CHECK(cuda::check_attention_graphs_finalize(1, 32, 22, 128, 8, 64, false) ==
+        "fwd 10 ops, bwd 20 ops");
+  CHECK(cuda::check_attention_graphs_finalize(1, 4, 64, 64, 1, 64, false) ==
+        "fwd 10 ops, bwd 20 ops");
+  // A square causal pair of a chunk is the causal graph.
+  CHECK(cuda::check_attention_graphs_finalize(1, 4, 64, 64, 0, 64, true) ==
+        "fwd 14 ops, bwd 22 ops");
 }
 #endif
 
