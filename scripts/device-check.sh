@@ -30,7 +30,8 @@
 #   kernels that use shared memory; "partial" when the time cap came first with no error), summary.
 # Time: stops starting work after BUDGET_S (420) seconds and caps every step with `timeout`, so
 # the whole check stays under 8 minutes.
-#   env: OUT (results folder; default a new temp folder), BUNDLE (default device-bundle),
+#   env: OUT (results folder; default a new temp folder), BUNDLE (default device-bundle; when
+#        that folder is missing, BUNDLE.tar.gz is unpacked into a temp folder),
 #        BUDGET_S, POLICIES ("none save_attn save_dots full"), FIT_MEMORY (pool budget of the
 #        fit --measure stage, 6GiB: its longest context, ~87k tokens, takes seconds a step),
 #        DRY_RUN=1 (stop before using any GPU, as if there were none), CUDNN_ROOT, CUDA_HOME,
@@ -138,6 +139,18 @@ PY
 # ---- 1. binaries: the bundle, or a build where the machine can make one ----
 BUNDLE=${BUNDLE:-device-bundle}
 locate_binaries() {
+  # The bundle travels gzipped (scripts/device-bundle.sh): unpacked into a temp folder, not OUT.
+  if [ ! -x "$BUNDLE/remat-train" ] && [ -f "$BUNDLE.tar.gz" ]; then
+    local unpacked
+    unpacked=$(mktemp -d)
+    if tar -C "$unpacked" -xzf "$BUNDLE.tar.gz"; then
+      BUNDLE=$unpacked/$(basename "$BUNDLE")
+      say "unpacked the bundle into $BUNDLE"
+    else
+      row stage=binaries status=failed note="could not unpack $BUNDLE.tar.gz"
+      return 1
+    fi
+  fi
   if [ -x "$BUNDLE/remat-train" ]; then
     RT=$BUNDLE/remat-train GT=$BUNDLE/remat_gpu_tests GB=$BUNDLE/remat_bench_gemm
     row stage=binaries status=ok source=bundle bundle="$BUNDLE" \

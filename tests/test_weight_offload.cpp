@@ -12,6 +12,7 @@
 
 #include "data/synthetic.h"
 #include "engine/cpu/cpu_backend.h"
+#include "engine/cuda/workspace.h"
 #include "engine/error.h"
 #include "engine/planner.h"
 #include "engine/remat.h"
@@ -296,4 +297,43 @@ TEST_CASE("auto moves the weights to the host when nothing else fits a GPU targe
   const CopyTime t = copy_time(run, planner.target());
   CHECK(t.host_update_s == Approx(static_cast<double>(run.n_params) * 28 / 100e9));
   CHECK(t.exposed_s >= t.host_update_s);
+}
+
+TEST_CASE("CUDA attention chunks: automatic lengths, the loop order and the workspace they save",
+          "[offload][chunks][planner]") {
+  // Llama-3.1-8B's qkv (W = (32 + 2 x 8) x 128) at 1,157,817 tokens: past cuDNN's span, so
+  // automatic chunks of at most 64k tokens, a multiple of 64, covering the row.
+  const auto qkv = [](int64_t T, int64_t W) {
+    return Tensor(reinterpret_cast<void*>(256), Dims{1, T, W}, DType::BF16);
+  };
+  const Tensor big = qkv(1157817, 6144);
+  const AttentionChunks ch = cuda::attention_chunks(big, 0);
+  CHECK(ch.chunked());
+  CHECK(ch.L <= cuda::kAutoAttentionChunkTokens);
+  CHECK(ch.L % 64 == 0);
+  CHECK(ch.count() * ch.L >= 1157817);
+  CHECK((ch.count() - 1) * ch.L < 1157817);
+  // Within the span: unchunked, unless the config asks; a given length is kept (only the span
+  // bounds it, not the automatic cap).
+  CHECK_FALSE(cuda::attention_chunks(qkv(300000, 6144), 0).chunked());
+  CHECK(cuda::attention_chunks(qkv(300000, 6144), 4096).L == 4096);
+  CHECK(cuda::attention_chunks(big, 100032).L == 100032);
+  CHECK(cuda::attention_chunks(big, 1 << 30).L == (cuda::kCudnnMaxSpan / 6144) / 64 * 64);
+  // The row-long f32 sum is the narrower of dq and dk | dv: grouped-query attention keeps dk | dv
+  // (2 x 8 x 128 = 2048 per token) over the row, multi-head attention dq.
+  CHECK_FALSE(cuda::chunk_key_outer(4096, 2048));
+  CHECK(cuda::chunk_key_outer(768, 1536));
+  // The chunked backward's workspace against one unchunked call's f32 dq accumulator (T x C x
+  // 4 B): below it for GQA (its row-long sum is dk | dv, half as wide), within one pair's
+  // scratch (under 2 GiB at 64k-token chunks) above it for MHA (its row-long sum is dq itself).
+  for (const auto& [W, NH, KVH] :
+       std::vector<std::tuple<int64_t, int, int>>{{6144, 32, 8}, {3 * 1600, 25, 25}}) {
+    const Tensor t = qkv(1157817, W);
+    const cuda::AttentionWorkspaceLayout w =
+        cuda::attention_workspace_layout(t, NH, KVH, true, true, 0);
+    const uint64_t unchunked_dq = uint64_t{1157817} * (W / (NH + 2 * KVH)) * NH * 4;
+    INFO("W " << W << ": chunked workspace " << w.total() << " B");
+    CHECK(w.total() < unchunked_dq + (KVH < NH ? 0 : uint64_t{2} << 30));
+    CHECK(w.dq_accum < unchunked_dq / 16);  // one pair's, not the row's
+  }
 }

@@ -30,8 +30,9 @@ namespace remat::cuda {
 // The forward merges each pair's bf16 output and lse into the query chunk's f32 output and the
 // global lse (kern::attention_merge), then casts the output once; the backward gives every pair
 // the global O, dO and its query chunk's lse (copied to a packed (NH, L) tensor), so cuDNN's
-// recomputed probabilities and D are the whole sequence's, and sums the pair's bf16 dq into the
-// query chunk's f32 dq and its dk | dv into the row's f32 dk | dv before one cast into dqkv.
+// recomputed probabilities and D are the whole sequence's, and sums the pair's bf16 dq and dk | dv
+// in f32 (one of them over the whole row, the other per chunk: backward_chunked) before one cast
+// into dqkv.
 
 namespace {
 
@@ -143,41 +144,65 @@ void forward_chunked(AttentionEngine& attn, const AttentionForwardArgs& a, const
 }
 
 // Backward over chunks: qkv, out, dout are the bf16 tensors cuDNN reads (q, k rotated). Writes
-// dqkv with respect to the rotated q, k, in the activations' dtype.
+// dqkv with respect to the rotated q, k, in the activations' dtype. One of dq (C per row) and
+// dk | dv (KV per row) is summed over the whole row, the other per chunk: the narrower one over
+// the row (chunk_key_outer), so multi-head attention loops key chunks outside and grouped-query
+// attention query chunks. Either way dq_i sums its key chunks j ascending and dk_j, dv_j their
+// query chunks i ascending: the same bits in both orders.
 void backward_chunked(AttentionEngine& attn, const AttentionBackwardArgs& a, const Heads& h,
                       const AttnScratch& s, const AttentionChunks& ch, const void* qkv,
                       const void* out, const void* dout, cudaStream_t stream) {
   const int64_t T = h.shape.T, W = h.shape.W(), C = h.shape.C(), NH = h.shape.NH;
   const int64_t KV = W - C;  // dk | dv per row
+  const bool key_outer = chunk_key_outer(C, KV);
   const bool dqkv_bf16 = is_bf16(a.dqkv);
-  const int64_t elem = dqkv_bf16 ? 2 : 4;
+  const int64_t elem = dqkv_bf16 ? 2 : 4, n = ch.count();
+  auto zero = [stream](float* p, int64_t floats) {
+    REMAT_CUDA_CHECK(cudaMemsetAsync(p, 0, static_cast<size_t>(floats) * sizeof(float), stream));
+  };
   for (int64_t b = 0; b < h.shape.B; ++b) {
-    REMAT_CUDA_CHECK(
-        cudaMemsetAsync(s.dkv_sum, 0, static_cast<size_t>(T * KV) * sizeof(float), stream));
-    for (int64_t i = 0; i < ch.count(); ++i) {
-      const int64_t qs = b * T + ch.start(i), qn = ch.length(i);
-      REMAT_CUDA_CHECK(
-          cudaMemsetAsync(s.dq_sum, 0, static_cast<size_t>(qn * C) * sizeof(float), stream));
-      // The query chunk's lse, packed (NH, qn): cuDNN reads its statistics 16-byte aligned.
-      REMAT_CUDA_CHECK(cudaMemcpy2DAsync(
-          s.pair_lse, static_cast<size_t>(qn) * 4, a.lse.f32() + b * NH * T + ch.start(i),
-          static_cast<size_t>(T) * 4, static_cast<size_t>(qn) * 4, static_cast<size_t>(NH),
-          cudaMemcpyDeviceToDevice, stream));
-      for (int64_t j = 0; j <= i; ++j) {
-        const int64_t ks = b * T + ch.start(j), kn = ch.length(j);
+    const int64_t row0 = b * T;
+    if (key_outer)
+      zero(s.dq_sum, T * C);
+    else
+      zero(s.dkv_sum, T * KV);
+    for (int64_t o = 0; o < n; ++o) {  // the outer chunk: keys (key_outer) or queries
+      if (key_outer)
+        zero(s.dkv_sum, ch.length(o) * KV);
+      else
+        zero(s.dq_sum, ch.length(o) * C);
+      for (int64_t x = key_outer ? o : 0; key_outer ? x < n : x <= o; ++x) {
+        const int64_t i = key_outer ? x : o, j = key_outer ? o : x;
+        const int64_t qs = row0 + ch.start(i), qn = ch.length(i);
+        const int64_t ks = row0 + ch.start(j), kn = ch.length(j);
+        // The query chunk's lse, packed (NH, qn): cuDNN reads its statistics 16-byte aligned.
+        if (key_outer || x == 0)
+          REMAT_CUDA_CHECK(cudaMemcpy2DAsync(
+              s.pair_lse, static_cast<size_t>(qn) * 4, a.lse.f32() + b * NH * T + ch.start(i),
+              static_cast<size_t>(T) * 4, static_cast<size_t>(qn) * 4, static_cast<size_t>(NH),
+              cudaMemcpyDeviceToDevice, stream));
         attn.backward(pair_shape(h, ch, i, j),
                       {row_at(qkv, qs, W, 2), row_at(out, qs, C, 2), row_at(dout, qs, C, 2),
                        s.pair_lse, s.pair_dqkv, s.dq_accum, s.softmax_sum, row_at(qkv, ks, W, 2)},
                       s.cudnn_plan);
-        kern::add_rows(s.dq_sum, C, s.pair_dqkv, W, qn, C, stream);
+        float* dq = key_outer ? s.dq_sum + ch.start(i) * C : s.dq_sum;
+        float* dkv = key_outer ? s.dkv_sum : s.dkv_sum + ch.start(j) * KV;
+        kern::add_rows(dq, C, s.pair_dqkv, W, qn, C, stream);
         // dk | dv: columns [C, W) of the pair's rows
-        kern::add_rows(s.dkv_sum + ch.start(j) * KV, KV, static_cast<char*>(s.pair_dqkv) + C * 2, W,
-                       kn, KV, stream);
+        kern::add_rows(dkv, KV, static_cast<char*>(s.pair_dqkv) + C * 2, W, kn, KV, stream);
       }
-      kern::cast_rows(row_at(a.dqkv.data, qs, W, elem), dqkv_bf16, W, s.dq_sum, C, qn, C, stream);
+      const int64_t os = row0 + ch.start(o), on = ch.length(o);
+      if (key_outer)
+        kern::cast_rows(row_at(a.dqkv.data, os, W, elem) + C * elem, dqkv_bf16, W, s.dkv_sum, KV,
+                        on, KV, stream);
+      else
+        kern::cast_rows(row_at(a.dqkv.data, os, W, elem), dqkv_bf16, W, s.dq_sum, C, on, C, stream);
     }
-    kern::cast_rows(row_at(a.dqkv.data, b * T, W, elem) + C * elem, dqkv_bf16, W, s.dkv_sum, KV, T,
-                    KV, stream);
+    if (key_outer)
+      kern::cast_rows(row_at(a.dqkv.data, row0, W, elem), dqkv_bf16, W, s.dq_sum, C, T, C, stream);
+    else
+      kern::cast_rows(row_at(a.dqkv.data, row0, W, elem) + C * elem, dqkv_bf16, W, s.dkv_sum, KV, T,
+                      KV, stream);
   }
 }
 

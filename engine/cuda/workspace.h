@@ -38,22 +38,38 @@ constexpr uint64_t kCudnnPlanWorkspaceBytes = uint64_t{32} << 20;
 /// accumulator: C < W per row; lse: NH per row) spans less.
 constexpr int64_t kCudnnMaxSpan = (int64_t{1} << 31) - 1;
 
+/// Automatic chunks are at most this long: a pair's scratch grows with its length (in the
+/// backward (L, C) f32 twice and (L, W) bf16: 2.4 GiB for Llama-3.1-8B at 64k), while a pair of
+/// 64k x 64k tokens still keeps cuDNN's kernels busy; the calls grow as (T / L)^2 / 2, a few
+/// hundred at 2M tokens, each seconds long.
+constexpr int64_t kAutoAttentionChunkTokens = 65536;
+
 /// The chunks the CUDA backend runs attention in (engine/ops/attention.h): remat.attention_chunk
 /// when given, else none while the whole call stays within kCudnnMaxSpan, else the fewest chunks
-/// of equal length (a multiple of 64) whose views stay within it. A chunked call runs each batch
-/// row by itself; when only the batch passes the bound (B T W beyond it, T W not), two chunks are
-/// taken so that it does. A given chunk longer than the bound allows is shortened to it.
+/// of equal length (a multiple of 64, at most kAutoAttentionChunkTokens) whose views stay within
+/// it. A chunked call runs each batch row by itself; when only the batch passes the bound (B T W
+/// beyond it, T W not), two chunks are taken so that it does. A given chunk longer than the bound
+/// allows is shortened to it.
 inline AttentionChunks attention_chunks(const Tensor& qkv, int64_t chunk_tokens) {
   const int64_t B = qkv.dim(0), T = qkv.dim(1), W = qkv.dim(2);
-  const int64_t longest = std::max<int64_t>(64, kCudnnMaxSpan / W / 64 * 64);
+  const int64_t bound = std::max<int64_t>(64, kCudnnMaxSpan / W / 64 * 64);
   const bool fits = B * T * W <= kCudnnMaxSpan;
-  if (const AttentionChunks given{T, std::min(chunk_tokens, longest)};
+  if (const AttentionChunks given{T, std::min(chunk_tokens, bound)};
       chunk_tokens > 0 && (given.chunked() || fits))
     return given;
   if (fits) return {T, 0};
+  const int64_t longest = std::min(kAutoAttentionChunkTokens, bound);
   const int64_t n = std::max<int64_t>(2, (T + longest - 1) / longest);
   const int64_t L = ((T + n - 1) / n + 63) / 64 * 64;
   return {T, std::min(L, longest)};
+}
+
+/// Whether the chunked backward loops key chunks outside (dq summed over the whole row, dk | dv
+/// per chunk) rather than query chunks (the reverse): whichever keeps the narrower of dq (C per
+/// token) and dk | dv (KV = 2 KVH HS per token) as the whole row's sum. Multi-head attention
+/// (KV = 2C) loops keys outside; grouped-query attention with KVH <= NH / 2, queries.
+constexpr bool chunk_key_outer(int64_t C, int64_t KV) {
+  return KV > C;
 }
 
 /// The attention workspace: one pool allocation "attn.workspace" that engine/cuda/cuda_backend.cpp
@@ -72,12 +88,14 @@ struct AttentionWorkspaceLayout {
   uint64_t softmax_sum = 0;  // (B, NH, T) f32: backward
   // Attention over chunks of L tokens: dq_accum and softmax_sum are then one pair's, (L, C) and
   // (NH, L), and out_bf16 / dqkv_bf16 are not used (results go through f32 sums)
-  uint64_t pair_out = 0;    // (L, C) bf16: forward, one pair's output
-  uint64_t pair_lse = 0;    // (NH, L) f32: one pair's lse (forward), its query chunk's (backward)
-  uint64_t out_sum = 0;     // (L, C) f32: forward, the query chunk's output merged over key chunks
-  uint64_t pair_dqkv = 0;   // (L, W) bf16: backward, one pair's dq | dk | dv
-  uint64_t dq_sum = 0;      // (L, C) f32: backward, the query chunk's dq summed over key chunks
-  uint64_t dkv_sum = 0;     // (T, 2 KVH HS) f32: backward, one batch row's dk | dv summed
+  uint64_t pair_out = 0;   // (L, C) bf16: forward, one pair's output
+  uint64_t pair_lse = 0;   // (NH, L) f32: one pair's lse (forward), its query chunk's (backward)
+  uint64_t out_sum = 0;    // (L, C) f32: forward, the query chunk's output merged over key chunks
+  uint64_t pair_dqkv = 0;  // (L, W) bf16: backward, one pair's dq | dk | dv
+  // Backward: dq summed over key chunks and dk | dv over query chunks, in f32, one over the
+  // whole batch row (T rows) and the other over one chunk (L rows): chunk_key_outer says which.
+  uint64_t dq_sum = 0;      // (L or T, C) f32
+  uint64_t dkv_sum = 0;     // (T or L, 2 KVH HS) f32
   uint64_t cudnn_plan = 0;  // kCudnnPlanWorkspaceBytes: the plan's own workspace
   uint64_t total() const {
     return qkv_bf16 + out_bf16 + dout_bf16 + dqkv_bf16 + dq_accum + softmax_sum + pair_out +
@@ -110,8 +128,9 @@ inline AttentionWorkspaceLayout attention_workspace_layout(const Tensor& qkv, in
       w.dq_accum = bytes(L * C, 4);
       w.softmax_sum = bytes(n_head * L, 4);
       w.pair_dqkv = bytes(L * W, 2);
-      w.dq_sum = bytes(L * C, 4);
-      w.dkv_sum = bytes(T * (W - C), 4);
+      const bool key_outer = chunk_key_outer(C, W - C);
+      w.dq_sum = bytes((key_outer ? T : L) * C, 4);
+      w.dkv_sum = bytes((key_outer ? L : T) * (W - C), 4);
     }
     w.cudnn_plan = kCudnnPlanWorkspaceBytes;
     return w;
