@@ -904,15 +904,24 @@ def longest(cfg, args, device, dtype, out):
     T0, grain = cfg["train"]["seq_len"], args.granularity
     n_ctx = cfg["model"]["n_ctx"] if cfg["model"]["position"] == "learned" else None
     good, bad, T, results = None, None, T0, {}
-    while bad is None and (n_ctx is None or T <= n_ctx):  # doubling
+    start, limit = time.monotonic(), args.time_limit
+
+    def out_of_time():  # --time-limit: no new probe once the search has spent it
+        return limit > 0 and time.monotonic() - start > limit
+
+    while bad is None and (n_ctx is None or T <= n_ctx) and not out_of_time():  # doubling
         results[T] = try_seq_len(cfg, args, device, dtype, T)
         print(probe_line(T, results[T]), file=out, flush=True)
         good, bad = (T, bad) if results[T] else (good, T)
         T *= 2
+    bounded = bad is None and out_of_time()  # the answer is a lower bound
     if bad is None:
         bad = n_ctx + 1 if n_ctx else T
     lo = good or 0
-    while bad - lo > grain:  # binary search on multiples of the grain
+    while bad - lo > grain and not bounded:  # binary search on multiples of the grain
+        if out_of_time():
+            bounded = True
+            break
         mid = (lo + bad) // 2 // grain * grain
         if mid <= lo:
             break
@@ -923,7 +932,9 @@ def longest(cfg, args, device, dtype, out):
     return {"tool": "torch_reference", "torch": torch.__version__, "policy": args.policy,
             "dtype": dtype, "offload": bool(args.offload), "cap_bytes": cap,
             "longest_seq_len": best, "peak_bytes": results[best][0] if best else None,
-            "step_ms": results[best][1] if best else None, "oom_at": bad}
+            "step_ms": results[best][1] if best else None,
+            "oom_at": None if bounded and not any(r is None for r in results.values()) else bad,
+            "time_limited": bounded, "probes": {str(k): v and v[0] for k, v in results.items()}}
 
 
 # ---- the command line ----
@@ -969,6 +980,9 @@ def parse_args(argv):
     ap.add_argument("--cap", default="40GiB", help="memory cap for --longest (default 40GiB)")
     ap.add_argument("--granularity", type=int, default=1024,
                     help="--longest's binary search step in tokens (default 1024)")
+    ap.add_argument("--time-limit", type=float, default=0,
+                    help="--longest: start no probe after this many seconds; the answer is then "
+                         "the longest that ran so far (time_limited in --json). Default: none")
     return ap.parse_args(argv)
 
 
