@@ -22,8 +22,9 @@
 #     PyTorch's torch.cuda.max_memory_allocated, remat-train's op families (bench on a GPU times
 #     the ops with a sync after each, so its own step is slower: untimed_step_ms is the step
 #     without them, and the row's step_ms). The tools of a row run back to back and the first
-#     of them changes from one row to the next (remat-train, eager, compile; eager, compile,
-#     remat-train; ...), so that a drift of the machine does not favour one tool;
+#     of them changes from one row to the next (remat-train, eager; eager, remat-train; ...), so
+#     that a drift of the machine does not favour one tool; the torch.compile rows (a minute or
+#     more of compiling each) come after the eager rows of a model, each with a remat-train run;
 #   longest: the longest context of 124M (then 350M) under CAP (40GiB) with none, then full:
 #     remat-train's `fit --memory CAP` answer confirmed by one real step under device.memory =
 #     CAP; PyTorch's by real steps (torch_reference.py --longest: doubling from 32k, then a
@@ -256,9 +257,9 @@ PY
 )" speed
 }
 ROW_N=0
-speed_row() {  # model seq policy: each tool once, the first one rotating from row to row
-  local model=$1 seq=$2 policy=$3 tools=(remat eager) i n
-  [ "${COMPILE:-1}" = 1 ] && tools+=(compile)
+speed_row() {  # model seq policy: each of $TOOLS once, the first one rotating from row to row
+  local model=$1 seq=$2 policy=$3 tools i n
+  read -ra tools <<< "${TOOLS:-remat eager}"
   n=${#tools[@]}
   for ((i = 0; i < n; i++)); do
     local tool=${tools[$(((ROW_N + i) % n))]}
@@ -406,18 +407,28 @@ PY
 row stage=start status=ok host="$(uname -n)" out="$OUT" budget_s:="$BUDGET_S" steps:="$STEPS" cap="$CAP"
 locate || exit 1
 detect_gpu || exit 0
+# torch.compile takes a minute or more per run (its first step), so its rows come after the eager
+# ones of the same model; each is paired with a fresh remat-train run, alternated as the others.
+COMPILE_TOOLS="remat compile"
+[ "${COMPILE:-1}" = 1 ] || COMPILE_TOOLS=""
+compile_rows() {  # model seq...
+  if [ -n "$COMPILE_TOOLS" ]; then TOOLS=$COMPILE_TOOLS speed_model "$@"; fi
+}
 if [ "$DRY" = 1 ]; then
   # The plumbing of every stage, once: a GPT row with every tool, the fit + step of longest, the
   # llama row.
-  POLICIES=full speed_model gpt2-124m 4096
+  POLICIES=full TOOLS="remat eager${COMPILE_TOOLS:+ compile}" speed_model gpt2-124m 4096
   longest gpt2-124m none
-  COMPILE=0 POLICIES=full speed_model llama-3.2-1b 4096
+  POLICIES=full speed_model llama-3.2-1b 4096
 else
   speed_model gpt2-124m 32768 4096
   longest gpt2-124m none
+  compile_rows gpt2-124m 32768 4096
   speed_model gpt2-350m 32768 4096
   longest gpt2-124m full
-  COMPILE=${COMPILE:-1} POLICIES=full speed_model llama-3.2-1b 4096 32768
+  POLICIES=full speed_model llama-3.2-1b 4096 32768
+  compile_rows gpt2-350m 32768 4096
+  POLICIES=full compile_rows llama-3.2-1b 4096 32768
   longest gpt2-350m none
   longest gpt2-350m full
 fi
