@@ -6,7 +6,10 @@
 // op family, with the recompute phase's share, the time making the batch took (reading or
 // generating it, and uploading it) and the time no op accounts for (allocation, offload copies,
 // gradient sync, host overhead). Timings are reports, never pass/fail. --json prints the same
-// report as one JSON document.
+// report as one JSON document. On an asynchronous backend (CUDA) op timing synchronizes after
+// every op, which makes the step slower than a training step: there the N timed steps follow N
+// steps with op timing off, whose median is the step a run gets (untimed_step_ms); the rows
+// break down the op-timed step, which they add up to.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -110,6 +113,8 @@ struct BenchReport {
   double share_with_data = 0;   // the same with the batch's FLOPs counted too
   double throughput = 0;        // tokens (GPT) or rows (MLP) per second of the median step
   std::vector<FamilyRow> rows;  // the families, unlisted ops, data and no op: they add up
+  std::vector<double> untimed_ms;  // steps with op timing off (asynchronous backends only)
+  double untimed_step_ms = 0;      // their median (0: none were run)
   FamilyRow recompute;          // of all the rows: the recompute phase (calls 0: none)
   std::vector<std::string> warnings;
 };
@@ -165,7 +170,7 @@ std::vector<FamilyRow> breakdown(const TimedStep& med, FamilyRow& recompute) {
 }
 
 BenchReport make_report(const Config& cfg, const std::string& device, std::vector<TimedStep> steps,
-                        int64_t units_per_step) {
+                        std::vector<double> untimed_ms, int64_t units_per_step) {
   BenchReport r;
   r.config = cfg.path;
   r.device = device;
@@ -207,6 +212,8 @@ BenchReport make_report(const Config& cfg, const std::string& device, std::vecto
         100 * steal));
   r.rows = breakdown(r.median_step, r.recompute);
   r.steps = std::move(steps);
+  r.untimed_ms = std::move(untimed_ms);
+  if (!r.untimed_ms.empty()) r.untimed_step_ms = median(r.untimed_ms);
   return r;
 }
 
@@ -222,6 +229,11 @@ void print_text(const BenchReport& r) {
   for (const auto& w : r.warnings) fmt::print("{}\n", w);
   fmt::print("step:  {:.1f} ms (median of {}, after 1 warm-up), {:.0f} {}/s\n", r.median_step.ms,
              r.steps.size(), r.throughput, r.seq_len > 0 ? "tokens" : "rows");
+  if (r.untimed_step_ms > 0)
+    fmt::print(
+        "       {:.1f} ms without the sync after each op (median of {} steps before the timed "
+        "ones): the timed step is {:+.0f}%\n",
+        r.untimed_step_ms, r.untimed_ms.size(), 100 * (r.median_step.ms / r.untimed_step_ms - 1));
   fmt::print("       {} executed -> {:.1f} GFLOP/s{}\n", format_flops(r.median_step.flops),
              r.median_step.flops / step_s / 1e9,
              r.floors.empty() ? std::string()
@@ -291,6 +303,10 @@ void print_json(const BenchReport& r) {
       {"batch_size", r.batch_size},
       {"seq_len", r.seq_len > 0 ? json(r.seq_len) : json()},
       {"step_ms", r.median_step.ms},
+      // The step without a sync after each op (asynchronous backends; null on the CPU, whose
+      // ops are synchronous and timed at no cost).
+      {"untimed_step_ms", r.untimed_step_ms > 0 ? json(r.untimed_step_ms) : json()},
+      {"untimed_steps_ms", r.untimed_ms},
       {"throughput", r.throughput},
       {"throughput_unit", r.seq_len > 0 ? "tokens/s" : "rows/s"},
       {"gflop", r.median_step.flops / 1e9},
@@ -319,7 +335,8 @@ void print_json(const BenchReport& r) {
 int run_bench(const BenchOptions& opt) {
   std::vector<std::string> sets = opt.overrides;
   const int64_t steps = opt.steps > 0 ? opt.steps : 3;
-  sets.push_back(fmt::format("train.steps={}", steps + 1));  // the schedule covers the warm-up
+  // The schedule covers the warm-up (and the untimed steps of an asynchronous backend).
+  sets.push_back(fmt::format("train.steps={}", 2 * steps + 1));
   Config cfg = load_config(opt.config_path, sets);
   refuse_several_ranks(cfg, "bench");
   BackendChoice choice = make_backend(cfg);
@@ -337,6 +354,14 @@ int run_bench(const BenchOptions& opt) {
 
   if (!opt.json) fmt::print(stderr, "bench: warm-up step...\n");
   trainer.step();
+  // A synchronous backend times its ops for the cost of reading a clock; an asynchronous one
+  // waits for every op, so its step as a run takes it is measured first, with op timing off.
+  std::vector<double> untimed_ms;
+  if (device.device != DeviceKind::Cpu)
+    for (int64_t s = 0; s < steps && !experiments::interrupted(); ++s) {
+      if (!opt.json) fmt::print(stderr, "bench: untimed step {}/{}...\n", s + 1, steps);
+      untimed_ms.push_back(trainer.step().step_ms);
+    }
   be.set_op_timing(true);
   std::vector<TimedStep> timed;
   for (int64_t s = 0; s < steps && !experiments::interrupted(); ++s) {
@@ -351,7 +376,7 @@ int run_bench(const BenchOptions& opt) {
   }
   if (timed.empty()) return 128 + experiments::interrupt_signal();
   const BenchReport report =
-      make_report(cfg, be.describe(), std::move(timed),
+      make_report(cfg, be.describe(), std::move(timed), std::move(untimed_ms),
                   cfg.train.batch_size * (cfg.model.has_sequence() ? cfg.train.seq_len : 1));
   if (opt.json)
     print_json(report);

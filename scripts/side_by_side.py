@@ -4,14 +4,15 @@
 A speed figure alone proves little on a shared machine; against the tool a user would pick
 instead, measured in the same minutes, it says which is faster and by how much. For each row
 (a config, its --set overrides, a policy) this runs, round after round, `remat-train bench
---json` and `scripts/torch_reference.py --json` (the same GPT in plain PyTorch, checked against
+--json` and `scripts/torch_reference.py --json` (the same model in plain PyTorch, checked against
 remat-train by ctest torch_reference_matches_remat_train), alternating which goes first, and
 prints the medians and their ratio as a Markdown table, each row with both commands.
 
     python3 scripts/side_by_side.py [--rounds 2] [--steps 3] [--device cpu|cuda] [--out FILE]
         [--row NAME ...]   rows: tiny (a smoke test), gpt2-124m-1k (default on the CPU),
                            gpt2-124m-4k, gpt2-124m-32k,
-                           gpt2-350m-4k, gpt2-350m-32k (the GPU rows), each under --policies
+                           gpt2-350m-4k, gpt2-350m-32k (the GPU rows), llama-3.2-1b-4k,
+                           llama-3.2-1b-32k (the Llama family, GPU), each under --policies
         [--policies none,full]  [--torch-python /usr/bin/python3]  [--binary build/remat-train]
 
 Benchmark on a quiet machine (`uptime`; nothing else running): an OpenMP step slows 2-3x when
@@ -35,6 +36,9 @@ ROWS = {
     "gpt2-124m-32k": ("configs/gpt2-124m.toml", ["train.seq_len=32768", "train.batch_size=1"]),
     "gpt2-350m-4k": ("configs/gpt2-350m.toml", ["train.seq_len=4096", "train.batch_size=1"]),
     "gpt2-350m-32k": ("configs/gpt2-350m.toml", ["train.seq_len=32768", "train.batch_size=1"]),
+    "llama-3.2-1b-4k": ("configs/llama-3.2-1b.toml", ["train.seq_len=4096", "train.batch_size=1"]),
+    "llama-3.2-1b-32k": ("configs/llama-3.2-1b.toml",
+                         ["train.seq_len=32768", "train.batch_size=1"]),
 }
 
 

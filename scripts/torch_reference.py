@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""The PyTorch reference trainer (issue 47): remat-train's GPT as a competent PyTorch user would
-train it at long context, so that the two tools can be compared side by side on one machine.
+"""The PyTorch reference trainer (issue 47): remat-train's GPT and its Llama-family model as a
+competent PyTorch user would train them at long context, so that the two tools can be compared
+side by side on one machine.
 
 Someone choosing remat-train would otherwise write this: nn.Module blocks, F.scaled_dot_product_
 attention(is_causal=True), torch.utils.checkpoint per block (or selective activation
@@ -11,6 +12,12 @@ torch.compile. This script is that program, for the same model and the same conf
     builds the same GPT: LayerNorm (eps 1e-5), fused qkv with heads contiguous, RoPE on pairs
     (i, i + HS/2) or learned positions, tanh GELU, the LM head tied to wte, mean cross-entropy;
     parameter names are those of remat-train's model.safetensors, so `--init` loads its weights;
+  * model.kind = "llama" is the Llama family as transformers writes it (LlamaForCausalLM, Qwen2's
+    q/k/v biases, Qwen3's q/k norm): RMSNorm with its statistics in f32 and the normalized row
+    cast back before the weight multiplies it, fused q|k|v rows, grouped-query attention (SDPA's
+    enable_gqa on CUDA in bf16, else K and V heads repeat_interleave'd: key/value head j serves
+    query heads j*g .. j*g+g-1), RoPE on the pairs (i, i + HS/2) with transformers' llama3
+    frequency scaling, F.silu(gate) * up, the LM head tied to wte or its own lm_head.weight;
   * it trains N steps with AdamW (betas 0.9/0.95, eps 1e-8, weight decay on 2-D weights only),
     remat-train's schedule (linear warmup, cosine to lr * min_lr_ratio) and global-norm clipping,
     on random tokens (seeded) or on the llm.c token shards remat-train reads;
@@ -27,7 +34,9 @@ save_attn and save_dots) needs torch >= 2.4 and is refused below it.
 
 tests/torch_reference_check.sh checks it against the binary: from the same weights and batch,
 step 1's loss agrees within 1e-5 relative (fp32), and 3 steps' losses, learning rates and
-gradient norms within 1e-4 (AdamW parity). A side-by-side CPU comparison (GPT-2 124M,
+gradient norms within 1e-4 (AdamW parity), for two GPTs and two Llama-family models (grouped-
+query attention with llama3 scaling and an untied head; multi-query with Qwen's biases and q/k
+norm and a tied head). A side-by-side CPU comparison (GPT-2 124M,
 T = 1024, batch 1; one warm-up and 3 timed steps each; then the same with policy full):
 
     build/remat-train bench --config configs/gpt2-124m.toml --set train.seq_len=1024 \\
@@ -77,6 +86,7 @@ TORCH = tuple(int(x) for x in re.findall(r"\d+", torch.__version__)[:2])
 HAS_SDPA = hasattr(F, "scaled_dot_product_attention")
 HAS_COMPILE = hasattr(torch, "compile")
 HAS_SAC = hasattr(ckpt, "create_selective_checkpoint_contexts")
+HAS_GQA = TORCH >= (2, 5)  # F.scaled_dot_product_attention(..., enable_gqa=True)
 BETAS, ADAM_EPS, LN_EPS = (0.9, 0.95), 1e-8, 1e-5
 SHARD_MAGIC, SHARD_VERSION = 20240520, 1
 POLICIES = ("none", "full", "save_attn", "save_dots")
@@ -85,7 +95,9 @@ POLICIES = ("none", "full", "save_attn", "save_dots")
 DEFAULTS = {
     "model": {"kind": "gpt", "n_layer": 2, "n_head": 4, "n_embd": 64, "vocab_size": 256,
               "n_ctx": 1024, "d_ff": 0, "position": "learned", "rope_theta": 10000.0,
-              "dropout": 0.0},
+              "dropout": 0.0, "n_kv_head": 0, "head_dim": 0, "norm_eps": 1e-5,
+              "rope_scaling": "none", "attention_bias": False, "qk_norm": False,
+              "tie_embeddings": True},
     "train": {"seq_len": 256, "batch_size": 4, "steps": 20, "lr": 1e-3, "warmup_steps": 0,
               "min_lr_ratio": 0.1, "weight_decay": 0.1, "grad_clip": 1.0, "seed": 1337,
               "loss_chunk": 0},
@@ -100,6 +112,9 @@ DEFAULTS = {
 def toml_value(text):
     """One TOML value of the kinds remat-train's configs use; a bare word is a string (--set)."""
     text = text.strip()
+    if text.startswith("{") and text.endswith("}"):  # an inline table of scalars (rope_scaling)
+        pairs = (item.partition("=") for item in text[1:-1].split(",") if item.strip())
+        return {k.strip(): toml_value(v) for k, _, v in pairs}
     if text.startswith("[") and text.endswith("]"):
         inner = text[1:-1].strip()
         return [toml_value(v) for v in re.findall(r'"[^"]*"|\'[^\']*\'|[^,\s][^,]*', inner)]
@@ -164,18 +179,67 @@ def load_config(path, overrides):
         except Exception:  # remat-train accepts bare words: --set data.source=tokens
             parsed = value
         cfg.setdefault(section, {})[name] = parsed
-    if cfg["model"]["kind"] != "gpt":
-        die(f"model.kind = {cfg['model']['kind']}: only the GPT has a reference here",
-            "use a GPT config (configs/tiny.toml, configs/gpt2-124m.toml)")
+    m = cfg["model"]
+    if m["kind"] not in ("gpt", "llama"):
+        die(f"model.kind = {m['kind']}: only the GPT and the Llama family have a reference here",
+            "use a gpt or llama config (configs/gpt2-124m.toml, configs/llama-3.2-1b.toml)")
+    if m["kind"] == "llama":
+        explicit = "position" in raw.get("model", {}) or \
+            any(o.startswith("model.position=") for o in overrides)
+        if explicit and m["position"] != "rope":
+            die("the Llama family encodes positions with RoPE only", "remove model.position")
+        m["position"] = "rope"
+        m["rope_scaling"] = rope_scaling(m["rope_scaling"])
+        if m["n_head"] % (m["n_kv_head"] or m["n_head"]):
+            die(f"n_head = {m['n_head']} is not a multiple of n_kv_head = {m['n_kv_head']}",
+                "choose n_kv_head dividing n_head")
     return cfg
+
+
+def rope_scaling(value):
+    """model.rope_scaling as remat-train reads it: "none"/"default", or llama3's table."""
+    if isinstance(value, str) and value in ("none", "default"):
+        return None
+    if not isinstance(value, dict):
+        die(f"model.rope_scaling = {value!r}: expected a table or \"none\"",
+            'write { rope_type = "llama3", factor = 8.0, ... } or "none"')
+    kind = value.get("rope_type", value.get("type"))
+    if kind in ("none", "default"):
+        return None
+    if kind != "llama3" or "factor" not in value or \
+            "original_max_position_embeddings" not in value:
+        die(f"model.rope_scaling = {value}: only llama3 with factor and "
+            "original_max_position_embeddings is known", "use the model's config.json values")
+    return {"factor": float(value["factor"]),
+            "low_freq_factor": float(value.get("low_freq_factor", 1.0)),
+            "high_freq_factor": float(value.get("high_freq_factor", 4.0)),
+            "original": float(value["original_max_position_embeddings"])}
 
 
 # ---- the model (names as remat-train's model.safetensors) ----
 
-def rope_tables(T, HS, theta, device):
-    """cos, sin of angle t * theta^(-2i/HS) for the pairs (i, i + HS/2), float32 (T, HS/2)."""
+def rope_inv_freq(HS, theta, scaling, device):
+    """theta^(-2i/HS) for i < HS/2 in float64, then transformers' llama3 rescaling
+    (_compute_llama3_parameters): wavelengths longer than original / low_freq_factor divided by
+    factor, shorter than original / high_freq_factor kept, those between blended."""
     i = torch.arange(HS // 2, dtype=torch.float64, device=device)
-    ang = torch.arange(T, dtype=torch.float64, device=device)[:, None] * theta ** (-2.0 * i / HS)
+    inv = theta ** (-2.0 * i / HS)
+    if scaling is None:
+        return inv
+    factor, low, high, old = (scaling[k] for k in ("factor", "low_freq_factor",
+                                                   "high_freq_factor", "original"))
+    wavelen = 2 * math.pi / inv
+    scaled = torch.where(wavelen > old / low, inv / factor, inv)
+    smooth = (old / wavelen - low) / (high - low)
+    blended = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= old / high) & (wavelen <= old / low)
+    return torch.where(medium, blended, scaled)
+
+
+def rope_tables(T, HS, theta, device, scaling=None):
+    """cos, sin of angle t * inv_freq[i] for the pairs (i, i + HS/2), float32 (T, HS/2)."""
+    ang = torch.arange(T, dtype=torch.float64, device=device)[:, None] * \
+        rope_inv_freq(HS, theta, scaling, device)
     return torch.cos(ang).float(), torch.sin(ang).float()
 
 
@@ -187,8 +251,15 @@ def apply_rope(x, cos, sin):
 
 
 def causal_attention(q, k, v):
-    """(B, H, T, HS) each. SDPA picks a flash / memory-efficient kernel; before torch 2.0 the
-    explicit T x T softmax is all PyTorch has."""
+    """q (B, H, T, HS), k and v (B, KVH, T, HS). SDPA picks a flash / memory-efficient kernel;
+    before torch 2.0 the explicit T x T softmax is all PyTorch has. Grouped-query attention: SDPA's
+    enable_gqa where its flash kernel takes it (CUDA, 16-bit, torch >= 2.5), else each key/value
+    head repeated for its g query heads (transformers' repeat_kv)."""
+    g = q.shape[1] // k.shape[1]
+    if g > 1:
+        if HAS_SDPA and HAS_GQA and q.is_cuda and q.dtype in (torch.bfloat16, torch.float16):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
     if HAS_SDPA:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
     T = q.shape[-2]
@@ -296,6 +367,116 @@ def lm_loss(x, wte, targets, chunk):
         total = total + ckpt.checkpoint(chunk_loss, h[i:i + chunk], wte, t[i:i + chunk],
                                         use_reentrant=False)
     return total / n
+
+
+# ---- the Llama family (names as remat-train's layers/llama_model.cpp) ----
+
+class RmsNorm(nn.Module):
+    """transformers' LlamaRMSNorm: statistics in f32, the normalized row cast back to the input's
+    dtype, then times the weight."""
+
+    def __init__(self, C, eps):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(C))
+        self.eps = eps
+
+    def forward(self, x):
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, C, H, KVH, HS, bias, qk_norm, eps):
+        super().__init__()
+        self.n_head, self.n_kv_head, self.head_size = H, KVH, HS
+        self.qkv = nn.Linear(C, (H + 2 * KVH) * HS, bias=bias)  # rows q | k | v
+        if qk_norm:
+            self.q_norm, self.k_norm = RmsNorm(HS, eps), RmsNorm(HS, eps)
+        self.qk_norm = qk_norm
+        self.proj = nn.Linear(H * HS, C, bias=False)
+
+    def forward(self, h, rope):
+        B, T, _ = h.shape
+        H, KVH, HS = self.n_head, self.n_kv_head, self.head_size
+        q, k, v = self.qkv(h).split([H * HS, KVH * HS, KVH * HS], -1)
+        q, k, v = q.view(B, T, H, HS), k.view(B, T, KVH, HS), v.view(B, T, KVH, HS)
+        if self.qk_norm:  # Qwen3: per head, before RoPE
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        return self.proj(causal_attention(q, k, v).transpose(1, 2).reshape(B, T, H * HS))
+
+
+class SwiGluMlp(nn.Module):
+    def __init__(self, C, FF):
+        super().__init__()
+        self.gate = nn.Linear(C, FF, bias=False)
+        self.up = nn.Linear(C, FF, bias=False)
+        self.down = nn.Linear(FF, C, bias=False)
+
+    def forward(self, h):
+        return self.down(F.silu(self.gate(h)) * self.up(h))
+
+
+class LlamaBlock(nn.Module):
+    def __init__(self, m, C, HS, FF):
+        super().__init__()
+        H, eps = m["n_head"], float(m["norm_eps"])
+        self.norm1 = RmsNorm(C, eps)
+        self.attn = LlamaAttention(C, H, m["n_kv_head"] or H, HS, m["attention_bias"],
+                                   m["qk_norm"], eps)
+        self.norm2 = RmsNorm(C, eps)
+        self.mlp = SwiGluMlp(C, FF)
+
+    def forward(self, x, rope):
+        x = x + self.attn(self.norm1(x), rope)
+        return x + self.mlp(self.norm2(x))
+
+
+class Llama(nn.Module):
+    def __init__(self, m, remat, loss_chunk):
+        super().__init__()
+        C, L, V = m["n_embd"], m["n_layer"], m["vocab_size"]
+        self.head_size = m["head_dim"] or C // m["n_head"]
+        self.m, self.remat, self.loss_chunk = m, remat, loss_chunk
+        self.wte = nn.Parameter(torch.empty(V, C))
+        self.blocks = nn.ModuleList(LlamaBlock(m, C, self.head_size, m["d_ff"] or 4 * C)
+                                    for _ in range(L))
+        self.normf = RmsNorm(C, float(m["norm_eps"]))
+        self.lm_head = None if m["tie_embeddings"] else nn.Linear(C, V, bias=False)
+        self._rope = {}
+        self.init_weights()
+
+    def init_weights(self):
+        """transformers' _init_weights, as remat-train's: N(0, 0.02) for every matrix, norms 1,
+        biases 0."""
+        for name, p in self.named_parameters():
+            if p.dim() == 2:
+                nn.init.normal_(p, 0.0, 0.02)
+            elif name.endswith("norm1.weight") or name.endswith("norm2.weight") or \
+                    name.endswith("_norm.weight") or name == "normf.weight":
+                nn.init.ones_(p)
+            else:
+                nn.init.zeros_(p)
+
+    def rope(self, T, device):
+        key = (T, str(device))
+        if key not in self._rope:
+            self._rope = {key: rope_tables(T, self.head_size, float(self.m["rope_theta"]),
+                                           device, self.m["rope_scaling"])}
+        return self._rope[key]
+
+    def forward(self, idx, targets):
+        x = F.embedding(idx, self.wte)
+        rope = self.rope(idx.shape[1], idx.device)
+        for block in self.blocks:
+            x = self.remat(block, x, rope)
+        head = self.wte if self.lm_head is None else self.lm_head.weight
+        return lm_loss(self.normf(x), head, targets, self.loss_chunk)
+
+
+MODELS = {"gpt": Gpt, "llama": Llama}
 
 
 # ---- activation checkpointing ----
@@ -488,11 +669,18 @@ def make_data(cfg, args, T, B):
 
 def model_flops(m, B, T):
     """MFU's count, as remat-train's: 3x every forward GEMM (2*M*N*K) and causal attention's two
-    GEMMs over T(T+1)/2 pairs per head, plus the tied head's forward, also 3x."""
+    GEMMs over T(T+1)/2 pairs per query head, plus the LM head's forward, also 3x. The Llama
+    family's qkv GEMM is (H + 2 KVH) * HS wide and its MLP has three GEMMs (gate, up, down)."""
     C, L, H, V = m["n_embd"], m["n_layer"], m["n_head"], m["vocab_size"]
     FF, N = m["d_ff"] or 4 * C, B * T
-    gemms = 2 * N * C * (3 * C) + 2 * N * C * C + 2 * N * C * FF + 2 * N * FF * C
-    attention = 2 * 2 * (C // H) * B * H * T * (T + 1) / 2
+    if m["kind"] == "llama":
+        HS = m["head_dim"] or C // H
+        KVH = m["n_kv_head"] or H
+        gemms = 2 * N * C * (H + 2 * KVH) * HS + 2 * N * H * HS * C + 3 * 2 * N * C * FF
+    else:
+        HS = C // H
+        gemms = 2 * N * C * (3 * C) + 2 * N * C * C + 2 * N * C * FF + 2 * N * FF * C
+    attention = 2 * 2 * HS * B * H * T * (T + 1) / 2
     return 3 * (L * (gemms + attention) + 2 * N * C * V)
 
 
@@ -536,7 +724,8 @@ class Trainer:
             if args.offload else contextlib.nullcontext
 
     def build(self, loss_chunk):
-        self.model = Gpt(self.cfg["model"], remat_fn(self.args.policy), loss_chunk).to(self.device)
+        m = self.cfg["model"]
+        self.model = MODELS[m["kind"]](m, remat_fn(self.args.policy), loss_chunk).to(self.device)
         if self.args.init:
             load_safetensors(self.args.init, self.model)
         self.forward = torch.compile(self.model) if self.args.compile else self.model
@@ -562,7 +751,7 @@ class Trainer:
         self.opt.zero_grad(set_to_none=True)
         sync()
         ms = (time.perf_counter() - t0) * 1e3
-        return float(loss), float(norm), lr, ms
+        return float(loss.detach()), float(norm), lr, ms
 
 
 def pick_device(cfg, args):
@@ -585,11 +774,30 @@ def default_loss_chunk(cfg, B, T):
     return n if n * V * 4 <= 2**30 else max(64, (2**28 // (4 * V)) // 64 * 64)
 
 
-def attention_path():
+def attention_path(m=None, device=None, dtype=None):
+    if m and m["kind"] == "llama" and (m["n_kv_head"] or m["n_head"]) != m["n_head"]:
+        gqa = HAS_SDPA and HAS_GQA and device is not None and device.type == "cuda" and \
+            dtype == "bf16"
+        return ("F.scaled_dot_product_attention(is_causal=True, enable_gqa=True)" if gqa else
+                f"{attention_path()} over K/V heads repeat_interleave'd for grouped queries")
     if HAS_SDPA:
         return "F.scaled_dot_product_attention(is_causal=True)"
     return (f"explicit causal softmax over T x T (torch {torch.__version__} has no "
             "F.scaled_dot_product_attention; it came in 2.0)")
+
+
+def describe_model(m):
+    if m["kind"] == "gpt":
+        return (f"gpt L={m['n_layer']} H={m['n_head']} C={m['n_embd']} V={m['vocab_size']} "
+                f"({m['position']} positions)")
+    H, C = m["n_head"], m["n_embd"]
+    s = m["rope_scaling"]
+    extras = [f"rope theta {m['rope_theta']:g}" + (f" llama3 x{s['factor']:g}" if s else "")]
+    extras += [k for k in ("attention_bias", "qk_norm") if m[k]]
+    extras.append("tied head" if m["tie_embeddings"] else "own lm_head")
+    return (f"llama L={m['n_layer']} H={H}/{m['n_kv_head'] or H} C={C} "
+            f"HS={m['head_dim'] or C // H} FF={m['d_ff'] or 4 * C} V={m['vocab_size']} "
+            f"({', '.join(extras)})")
 
 
 def banner(cfg, args, device, dtype, trainer, T, B, data_desc, out):
@@ -602,11 +810,10 @@ def banner(cfg, args, device, dtype, trainer, T, B, data_desc, out):
           f"{' (autocast, fp32 master weights)' if dtype == 'bf16' else ''} | policy "
           f"{args.policy}{' + save_on_cpu offload' if args.offload else ''}"
           f"{' | torch.compile' if args.compile else ''}", file=out)
-    print(f"attention {attention_path()}", file=out)
+    print(f"attention {attention_path(m, device, dtype)}", file=out)
     chunk = trainer.model.loss_chunk
     loss = "full logits" if chunk >= B * T else f"chunks of {chunk} rows (checkpointed)"
-    print(f"model gpt L={m['n_layer']} H={m['n_head']} C={m['n_embd']} V={m['vocab_size']} "
-          f"({m['position']} positions) | {n_params / 1e6:.2f}M params | batch {B} x {T} | "
+    print(f"model {describe_model(m)} | {n_params / 1e6:.2f}M params | batch {B} x {T} | "
           f"AdamW {trainer.opt_kind} | loss {loss}", file=out)
     print(f"data {data_desc}", file=out)
 
@@ -633,7 +840,8 @@ def run(cfg, args, device, dtype, out):
     flops = model_flops(m, B, T)
     peak, peak_kind = peak_memory(device, rss_before)
     return {"tool": "torch_reference", "torch": torch.__version__, "device": device.type,
-            "threads": torch.get_num_threads(), "dtype": dtype, "attention": attention_path(),
+            "threads": torch.get_num_threads(), "dtype": dtype,
+            "attention": attention_path(m, device, dtype), "model": describe_model(m),
             "policy": args.policy, "offload": bool(args.offload), "compile": bool(args.compile),
             "optimizer": f"AdamW {trainer.opt_kind}", "seq_len": T, "batch_size": B,
             "params": sum(p.numel() for p in trainer.model.parameters()),
@@ -696,15 +904,24 @@ def longest(cfg, args, device, dtype, out):
     T0, grain = cfg["train"]["seq_len"], args.granularity
     n_ctx = cfg["model"]["n_ctx"] if cfg["model"]["position"] == "learned" else None
     good, bad, T, results = None, None, T0, {}
-    while bad is None and (n_ctx is None or T <= n_ctx):  # doubling
+    start, limit = time.monotonic(), args.time_limit
+
+    def out_of_time():  # --time-limit: no new probe once the search has spent it
+        return limit > 0 and time.monotonic() - start > limit
+
+    while bad is None and (n_ctx is None or T <= n_ctx) and not out_of_time():  # doubling
         results[T] = try_seq_len(cfg, args, device, dtype, T)
         print(probe_line(T, results[T]), file=out, flush=True)
         good, bad = (T, bad) if results[T] else (good, T)
         T *= 2
+    bounded = bad is None and out_of_time()  # the answer is a lower bound
     if bad is None:
         bad = n_ctx + 1 if n_ctx else T
     lo = good or 0
-    while bad - lo > grain:  # binary search on multiples of the grain
+    while bad - lo > grain and not bounded:  # binary search on multiples of the grain
+        if out_of_time():
+            bounded = True
+            break
         mid = (lo + bad) // 2 // grain * grain
         if mid <= lo:
             break
@@ -715,7 +932,9 @@ def longest(cfg, args, device, dtype, out):
     return {"tool": "torch_reference", "torch": torch.__version__, "policy": args.policy,
             "dtype": dtype, "offload": bool(args.offload), "cap_bytes": cap,
             "longest_seq_len": best, "peak_bytes": results[best][0] if best else None,
-            "step_ms": results[best][1] if best else None, "oom_at": bad}
+            "step_ms": results[best][1] if best else None,
+            "oom_at": None if bounded and not any(r is None for r in results.values()) else bad,
+            "time_limited": bounded, "probes": {str(k): v and v[0] for k, v in results.items()}}
 
 
 # ---- the command line ----
@@ -761,6 +980,9 @@ def parse_args(argv):
     ap.add_argument("--cap", default="40GiB", help="memory cap for --longest (default 40GiB)")
     ap.add_argument("--granularity", type=int, default=1024,
                     help="--longest's binary search step in tokens (default 1024)")
+    ap.add_argument("--time-limit", type=float, default=0,
+                    help="--longest: start no probe after this many seconds; the answer is then "
+                         "the longest that ran so far (time_limited in --json). Default: none")
     return ap.parse_args(argv)
 
 

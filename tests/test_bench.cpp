@@ -137,6 +137,10 @@ TEST_CASE("bench --json prints one document whose rows add up to the median step
   CHECK(j.at("data_gflop") == 0);  // token batches cost no FLOPs: the two shares are one
   CHECK(j.at("share_of_sgemm_with_data") == j.at("share_of_sgemm"));
   CHECK(j.at("warnings").is_array());
+  // The CPU's ops are synchronous: no untimed steps before the timed ones (an asynchronous
+  // backend, CUDA, runs as many with op timing off and reports their median here).
+  CHECK(j.at("untimed_step_ms").is_null());
+  CHECK(j.at("untimed_steps_ms").empty());
 }
 
 // The regression task's batch (normals and its teacher's GEMM) is not an op: the step reports its
