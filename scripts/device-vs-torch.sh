@@ -73,33 +73,9 @@ finish() {
 trap finish EXIT
 
 # ---- time and rows (scripts/device-check.sh's conventions) ----
-elapsed() { echo $(($(date +%s) - START)); }
-left() { echo $((BUDGET_S - $(elapsed))); }
-say() { echo "[device-vs-torch $(elapsed)s] $*"; }
-cap() { local l; l=$(left); echo $((l < $1 ? (l > 5 ? l : 5) : $1)); }  # timeout: at most $1 s
-emit() {  # one finished JSON line: appended to the rows file at once, and logged
-  local line=$1
-  [ -n "$line" ] || line="{\"stage\": \"${2:-row}\", \"status\": \"failed\", \"note\": \"its row could not be written: see the log\"}"
-  printf '%s\n' "$line" >> "$ROWS"
-  say "row $line"
-}
-row() {  # row key=value ... key:=<json value>
-  local a stage=row
-  for a in "$@"; do case $a in stage=*) stage=${a#stage=} ;; esac; done
-  emit "$("$PY" - "$(elapsed)" "$@" <<'PY'
-import json, sys
-out = {}
-for a in sys.argv[2:]:
-    k, _, v = a.partition("=")
-    if k.endswith(":"):
-        out[k[:-1]] = json.loads(v)
-    else:
-        out[k] = v
-out["t_s"] = int(sys.argv[1])
-print(json.dumps(out))
-PY
-)" "$stage"
-}
+DEVICE_SCRIPT=device-vs-torch
+# elapsed, left, say, cap, emit and row
+. scripts/device-rows.sh
 status_of() {  # exit code -> status
   case $1 in 0) echo ok ;; 3) echo OOM ;; 124 | 137) echo timeout ;; *) echo failed ;; esac
 }

@@ -13,18 +13,7 @@ source "$(dirname "$0")/lib.sh"
 repo=$(cd "$(dirname "$0")/.." && pwd)
 bin=$(realpath "${1:-$repo/build/remat-train}")
 [ -x "$bin" ] || fail "no remat-train binary at $bin (run make build, or pass its path)"
-py=
-for p in ${REMAT_TORCH_PYTHON:-} python3 /usr/bin/python3; do
-  if command -v "$p" >/dev/null && "$p" -c 'import torch' 2>/dev/null; then
-    py=$p
-    break
-  fi
-done
-if [ -z "$py" ]; then
-  echo "skipped: PyTorch not installed for ${REMAT_TORCH_PYTHON:+$REMAT_TORCH_PYTHON, }python3 or" \
-    "/usr/bin/python3 (apt-get install python3-torch, or set REMAT_TORCH_PYTHON to a python with torch)"
-  exit 77
-fi
+find_torch_python
 
 DRY_RUN=1 COMPILE=0 PACK_LOGS=0 OUT=$d/out REMAT_BIN=$bin TORCH_PYTHON=$py \
   bash "$repo/scripts/device-vs-torch.sh" >"$d/run.txt" 2>&1 || {

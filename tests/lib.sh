@@ -9,3 +9,21 @@ fail() {
   echo "FAILED: $*" >&2
   exit 1
 }
+
+# Sets $py to a python with PyTorch (REMAT_TORCH_PYTHON first, then python3, then /usr/bin/python3,
+# whose Debian package may have it when the PATH's python3 has not), or exits 77 (ctest: skipped)
+# saying how to get one.
+# shellcheck disable=SC2034  # py is the caller's
+find_torch_python() {
+  py=
+  local p
+  for p in ${REMAT_TORCH_PYTHON:-} python3 /usr/bin/python3; do
+    if command -v "$p" >/dev/null && "$p" -c 'import torch' 2>/dev/null; then
+      py=$p
+      return 0
+    fi
+  done
+  echo "skipped: PyTorch not installed for ${REMAT_TORCH_PYTHON:+$REMAT_TORCH_PYTHON, }python3 or" \
+    "/usr/bin/python3 (apt-get install python3-torch, or set REMAT_TORCH_PYTHON to a python with torch)"
+  exit 77
+}
