@@ -161,11 +161,17 @@ CopyTime copy_time(const DryRun& run, const PlanTarget& target, double flops_per
     t.compute_s += compute;
     t.exposed_s += std::max(0.0, copy - compute);
   }
-  // AdamW on the host hides behind nothing: the next step's first fetch waits for it.
+  // AdamW on the host overlaps the next step's forward in fetch order (engine/trainer.cpp's
+  // HostAdamW): the first use waits for its whole update, the rest only beyond that compute.
   if (run.host_updated_params > 0 && target.host_update_bytes_per_s > 0) {
-    t.host_update_s = static_cast<double>(run.host_updated_params) * kHostUpdateBytesPerParam /
-                      target.host_update_bytes_per_s;
-    t.exposed_s += t.host_update_s;
+    const auto seconds = [&](int64_t params) {
+      return static_cast<double>(params) * kHostUpdateBytesPerParam /
+             target.host_update_bytes_per_s;
+    };
+    t.host_update_s = seconds(run.host_updated_params);
+    const double first = seconds(run.host_first_use_params);
+    const double forward = (phase(Phase::Forward).flops + phase(Phase::Loss).flops) / rate;
+    t.exposed_s += first + std::max(0.0, t.host_update_s - first - forward);
   }
   return t;
 }
@@ -251,6 +257,8 @@ DryRun Planner::dry_run(const Config& cfg, bool track_largest) const {
   r.n_params = model.n_params();
   for (Param& p : model.params())
     if (p.on_host) r.host_updated_params += p.value.tensor().numel();
+  if (r.host_updated_params > 0)
+    for (const Param* p : model.stem_params()) r.host_first_use_params += p->value.tensor().numel();
   r.ranks = static_cast<int>(cfg.parallel.world_ranks());
   r.context_ranks = static_cast<int>(cfg.parallel.context);
   r.grad_sent_bytes = trainer.sent_bytes_per_step();

@@ -84,6 +84,7 @@ struct DryRun {
   std::array<OpCost, kNumPhases> cost{};
   int64_t n_params = 0;
   int64_t host_updated_params = 0;    // of them, updated by the host's cores (weights offloaded)
+  int64_t host_first_use_params = 0;  // of those, the ones the step reads first (the stem's)
   double recompute_overhead() const;  // recompute FLOPs / (forward + loss + backward FLOPs)
   double flops() const;               // every phase
   double to_host_bytes() const { return total(&OpCost::to_host_bytes); }  // copies per step
@@ -103,8 +104,10 @@ struct DryRun {
 /// when the target has none). Copies overlap the compute of their own phase: forward copies
 /// the forward, the backward's the recompute and backward, the optimizer's the update;
 /// `exposed_s` is what a phase's copies take beyond its compute, the stall a user would see.
-/// With the weights in host memory, AdamW runs on the host's cores while the device waits: its
-/// estimate `host_update_s` is part of `exposed_s`.
+/// With the weights in host memory, AdamW runs on the host's cores (`host_update_s`), in the
+/// order the next step fetches the weights and overlapping it: the device waits for the first
+/// use's parameters (the stem's), and for the rest only as far as they outlast the forward's
+/// compute; that wait is part of `exposed_s`.
 struct CopyTime {
   double copy_s = 0;     // both directions, serialized on one copy engine
   double compute_s = 0;  // every FLOP of the step at the peak rate: a lower bound

@@ -240,9 +240,9 @@ class ParamUses {
  public:
   // `uses` is called only when there is a stream to make: listing them costs O(blocks x params).
   template <class Uses>
-  ParamUses(Backend& be, Model& model, Uses&& uses, bool keep_grads) {
+  ParamUses(Backend& be, Model& model, Uses&& uses, bool keep_grads, const ParamReady& ready = {}) {
     if (!model.params().empty() && model.params().front().on_host)
-      stream_.emplace(be, uses(), keep_grads);
+      stream_.emplace(be, uses(), keep_grads, ready);
   }
   void begin() {
     if (stream_) stream_->begin(next_);
@@ -262,7 +262,7 @@ class ParamUses {
 }  // namespace
 
 StepLoss forward_backward(Backend& be, Model& model, const RematPlan& plan, const Batch& batch,
-                          const BlockGradsReady& grads_ready) {
+                          const BlockGradsReady& grads_ready, const ParamReady& param_ready) {
   const size_t L = model.n_blocks();
   REMAT_ASSERT(plan.blocks.size() == L, "plan has {} blocks, model {}", plan.blocks.size(), L);
   MemoryPool& pool = be.pool();
@@ -275,7 +275,7 @@ StepLoss forward_backward(Backend& be, Model& model, const RematPlan& plan, cons
                         slot_categories(plan.blocks[i]));
   CheckpointOffload offload(be, plan, stores);  // declared after stores: destroyed before them
   ParamUses params(
-      be, model, [&] { return step_uses(model, plan); }, true);
+      be, model, [&] { return step_uses(model, plan); }, true, param_ready);
 
   // ---- forward ----
   be.set_phase(Phase::Forward);

@@ -63,8 +63,13 @@ using BlockGradsReady = std::function<void(size_t block)>;
 
 /// Runs one forward + backward of `model` under `plan` on `be`. Parameter gradients accumulate
 /// into the model's grad buffers (the caller zeroes them).
+/// Called with a host parameter (remat.offload with weights) before its weights are copied to
+/// the device: the previous step's AdamW may still be updating them on a host thread.
+using ParamReady = std::function<void(const Param&)>;
+
 StepLoss forward_backward(Backend& be, Model& model, const RematPlan& plan, const Batch& batch,
-                          const BlockGradsReady& grads_ready = {});
+                          const BlockGradsReady& grads_ready = {},
+                          const ParamReady& param_ready = {});
 
 /// The loss of `batch` with no backward pass (evaluation): each block's activations are freed as
 /// soon as its output exists, so this never needs more memory than a training step. The fused

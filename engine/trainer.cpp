@@ -5,7 +5,11 @@
 #include <array>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <memory>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
 #include <utility>
 
 #include "engine/cpu/host_optimizer.h"
@@ -14,6 +18,7 @@
 #include "engine/parallel/communicator.h"
 #include "engine/parallel/grad_reducer.h"
 #include "engine/parallel/sharded_adamw.h"
+#include "engine/weight_stream.h"
 
 namespace remat {
 
@@ -79,6 +84,48 @@ std::unique_ptr<parallel::ShardedGradientSync> make_sharded_sync(Backend& be, Mo
 
 }  // namespace
 
+// AdamW of the host parameters on a thread of its own, parameter by parameter in the order the
+// next step fetches their weights (the stem, block 0, 1, ..., the head): that step's first
+// blocks compute while the later ones update, and WeightStream waits (wait_for) only for a
+// parameter it is about to copy. Each update is the same call as the synchronous path's, on the
+// same numbers, so the bits do not depend on the thread.
+class HostAdamW {
+ public:
+  ~HostAdamW() { wait_all(); }
+  void start(std::vector<std::pair<const Param*, AdamWArgs>> updates) {
+    wait_all();
+    index_.clear();
+    for (size_t i = 0; i < updates.size(); ++i) index_[updates[i].first] = i;
+    done_ = 0;
+    worker_ = std::thread([this, updates = std::move(updates)] {
+      for (size_t i = 0; i < updates.size(); ++i) {
+        cpu::host_adamw_update(updates[i].second);
+        {
+          std::lock_guard<std::mutex> lock(mutex_);
+          done_ = i + 1;
+        }
+        updated_.notify_all();
+      }
+    });
+  }
+  void wait_for(const Param& p) {
+    const auto it = index_.find(&p);
+    if (!worker_.joinable() || it == index_.end()) return;
+    std::unique_lock<std::mutex> lock(mutex_);
+    updated_.wait(lock, [&] { return done_ > it->second; });
+  }
+  void wait_all() {
+    if (worker_.joinable()) worker_.join();
+  }
+
+ private:
+  std::thread worker_;
+  std::unordered_map<const Param*, size_t> index_;
+  std::mutex mutex_;
+  std::condition_variable updated_;
+  size_t done_ = 0;  // updates finished, in order
+};
+
 std::unique_ptr<parallel::GradientSync> make_gradient_sync(Backend& be, Model& model,
                                                            const DataParallel& dp) {
   if (dp.ranks <= 1) return nullptr;
@@ -108,7 +155,9 @@ Trainer::Trainer(TrainConfig train, RematPlan plan, Backend& be, Model& model, D
       model_(model),
       data_(data),
       plan_(std::move(plan)),
-      dp_(dp) {
+      dp_(dp),
+      host_update_(std::make_unique<HostAdamW>()),
+      host_update_async_(!be.device_is_host() && be.computes()) {
   if (!dp_.shard_optimizer) {
     grad_sync_ = make_gradient_sync(be, model, dp_);
     return;
@@ -119,6 +168,10 @@ Trainer::Trainer(TrainConfig train, RematPlan plan, Backend& be, Model& model, D
 }
 
 Trainer::~Trainer() = default;
+
+void Trainer::wait_host_update() {
+  host_update_->wait_all();
+}
 
 DistributedMoments* Trainer::sharded_moments() const {
   return sharded_.get();
@@ -172,6 +225,7 @@ std::string Trainer::divergence_message(const StepMetrics& m) {
 }
 
 void Trainer::check_weights_finite() {
+  wait_host_update();
   for (Param& p : model_.params()) {
     if (!std::isfinite(sum_squares({p.value.tensor()}, p)))
       throw Diverged(fmt::format(
@@ -203,10 +257,12 @@ StepMetrics Trainer::step() {
     if (!p.on_host) be_.fill(p.grad, 0.0f);
   model_.begin_step(step_);
   parallel::GradientSync* sync = grad_sync_.get();
-  StepLoss loss =
-      forward_backward(be_, model_, plan_, batch,
-                       sync ? BlockGradsReady([sync](size_t block) { sync->block_done(block); })
-                            : BlockGradsReady());
+  HostAdamW& host_update = *host_update_;
+  StepLoss loss = forward_backward(
+      be_, model_, plan_, batch,
+      sync ? BlockGradsReady([sync](size_t block) { sync->block_done(block); }) : BlockGradsReady(),
+      [&host_update](const Param& p) { host_update.wait_for(p); });
+  wait_host_update();  // every weight was fetched, so every update is done; the thread ends
   batch = Batch();
   if (sync) sync->finish();  // every gradient is the sum over the ranks (sharded: this rank's)
   m.task_metric = data_.task_metric(loss.row_losses);
@@ -306,6 +362,7 @@ void Trainer::update_weights(float lr, float grad_scale) {
   std::vector<Param*> on_host;
   for (Param& p : model_.params())
     if (p.moments_on_host && !p.on_host) on_host.push_back(&p);
+  std::vector<std::pair<const Param*, AdamWArgs>> host_updates;  // weights in host memory
   // Host parameter k's moments sit in slot k % 3: k + 1 comes in, k updates, k - 1 goes out.
   std::array<std::unique_ptr<Staged>, 3> slots;
   size_t k = 0;
@@ -316,7 +373,7 @@ void Trainer::update_weights(float lr, float grad_scale) {
     a.grad_scale = grad_scale;
     a.step = step_ + 1;
     if (p.on_host) {  // everything is in host memory: the host's cores update it in place
-      if (be_.computes()) cpu::host_adamw_update(a);
+      if (be_.computes()) host_updates.emplace_back(&p, a);
       continue;
     }
     Staged* staged = nullptr;
@@ -337,9 +394,26 @@ void Trainer::update_weights(float lr, float grad_scale) {
     ++k;
   }
   for (auto& slot : slots) slot.reset();
+  if (host_updates.empty()) return;
+  // In the order the next step fetches them (the stem's first), each parameter once.
+  std::vector<std::pair<const Param*, AdamWArgs>> ordered;
+  for (const ParamUse& use : eval_uses(model_))
+    for (const Param* p : use.params)
+      for (auto& u : host_updates)
+        if (u.first == p && std::none_of(ordered.begin(), ordered.end(),
+                                         [p](const auto& o) { return o.first == p; }))
+          ordered.push_back(u);
+  REMAT_ASSERT(ordered.size() == host_updates.size(), "host AdamW: {} of {} parameters ordered",
+               ordered.size(), host_updates.size());
+  if (host_update_async_) {
+    host_update_->start(std::move(ordered));
+  } else {
+    for (const auto& u : ordered) cpu::host_adamw_update(u.second);
+  }
 }
 
 double Trainer::evaluate(int64_t eval_tokens) {
+  wait_host_update();
   const int64_t n = data_.validation_batches(eval_tokens);
   if (n == 0) return std::nan("");
   struct TrainingAgain {  // dropout back on, also when a batch throws

@@ -16,6 +16,7 @@
 namespace remat {
 
 class DistributedMoments;
+class HostAdamW;
 namespace parallel {
 class Communicator;
 class GradientSync;
@@ -112,6 +113,14 @@ class Trainer {
   /// Continues after `steps` steps (resume): the LR schedule, AdamW bias correction and the data
   /// stream pick up there.
   void set_steps_done(int64_t steps) { step_ = steps; }
+  /// With the weights in host memory on a device that is not the host (CUDA), AdamW runs on a
+  /// host thread while the next step starts, in the order that step fetches the weights; this
+  /// waits until it is done. Whatever reads the weights or moments between steps calls it first
+  /// (check_weights_finite and evaluate do it themselves).
+  void wait_host_update();
+  /// Tests: run that update on its thread on the CPU backend too (off there: the thread would
+  /// compete with the step's own for the same cores).
+  void set_host_update_async(bool on) { host_update_async_ = on; }
 
  private:
   std::string divergence_message(const StepMetrics& m);
@@ -131,6 +140,8 @@ class Trainer {
   DataParallel dp_;
   std::unique_ptr<parallel::GradientSync> grad_sync_;  // ranks > 1 only
   std::unique_ptr<parallel::ShardedAdamW> sharded_;    // uses grad_sync_ (declared after it)
+  std::unique_ptr<HostAdamW> host_update_;             // host parameters' AdamW, off the step
+  bool host_update_async_ = false;
   int64_t step_ = 0;
 };
 

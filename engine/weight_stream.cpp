@@ -40,8 +40,9 @@ bool contains(const std::vector<Param*>& v, const Param* p) {
 }
 }  // namespace
 
-WeightStream::WeightStream(Backend& be, std::vector<ParamUse> uses, bool keep_grads)
-    : be_(be), uses_(std::move(uses)), keep_grads_(keep_grads) {
+WeightStream::WeightStream(Backend& be, std::vector<ParamUse> uses, bool keep_grads,
+                           std::function<void(const Param&)> ready)
+    : be_(be), uses_(std::move(uses)), keep_grads_(keep_grads), ready_(std::move(ready)) {
   for (size_t k = 0; k < uses_.size(); ++k)
     for (Param* p : uses_[k].params) {
       REMAT_ASSERT(p->on_host, "weight stream: {} is not a host parameter", p->name);
@@ -69,6 +70,7 @@ void WeightStream::restore(Param* p) noexcept {
 // The device copy is allocated before the swap, so an out-of-memory leaves the Param as it was.
 void WeightStream::fetch(Param* p) {
   State& s = state(p);
+  if (ready_) ready_(*p);  // the previous step's AdamW is done with it
   const Tensor& host = p->value;
   Buffer dev = be_.pool().allocate(host.shape, DType::F32, MemCategory::Weights, p->name);
   s.fetch = be_.copy_to_device(dev, host);

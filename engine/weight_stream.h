@@ -20,6 +20,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <map>
 #include <vector>
 
@@ -50,7 +51,9 @@ class WeightStream {
   /// `uses`: every use of the step, in order (every parameter must be on_host). `keep_grads`:
   /// copy each gradient to the host after its last use (a training step), or drop it
   /// (evaluation, whose fused loss head still adds into the LM head's gradient).
-  WeightStream(Backend& be, std::vector<ParamUse> uses, bool keep_grads);
+  /// `ready`: called with each parameter before its host weights are read (ParamReady).
+  WeightStream(Backend& be, std::vector<ParamUse> uses, bool keep_grads,
+               std::function<void(const Param&)> ready = {});
   /// Orders every copy in flight before the device buffers are freed, and puts every host
   /// buffer back into its Param (also while an error unwinds).
   ~WeightStream();
@@ -83,6 +86,7 @@ class WeightStream {
   Backend& be_;
   std::vector<ParamUse> uses_;
   bool keep_grads_;
+  std::function<void(const Param&)> ready_;
   std::map<Param*, State> states_;
   std::vector<Param*> on_device_;  // parameters whose value is a device copy now
   std::vector<Param*> going_out_;  // gradients copying to the host, retired at the next end()
