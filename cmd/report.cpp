@@ -127,7 +127,7 @@ std::string copy_line(const DryRun& run, const PlanTarget& target) {
       ct.host_update_s > 0
           ? fmt::format(
                 "; AdamW on the host ~{:.3g} s ({} parameters x {:.0f} B at an assumed "
-                "{:.0f} GB/s of host memory traffic), not hidden",
+                "{:.0f} GB/s of host memory traffic), overlapping the next forward",
                 ct.host_update_s, format_grouped(run.host_updated_params), kHostUpdateBytesPerParam,
                 target.host_update_bytes_per_s / 1e9)
           : std::string();
