@@ -127,9 +127,10 @@ std::string copy_line(const DryRun& run, const PlanTarget& target) {
       ct.host_update_s > 0
           ? fmt::format(
                 "; AdamW on the host ~{:.3g} s ({} parameters x {:.0f} B at an assumed "
-                "{:.0f} GB/s of host memory traffic), overlapping the next forward",
+                "{:.0f} GB/s of host memory traffic), overlapping the next forward, after the "
+                "gradient norm's ~{:.3g} s",
                 ct.host_update_s, format_grouped(run.host_updated_params), kHostUpdateBytesPerParam,
-                target.host_update_bytes_per_s / 1e9)
+                target.host_update_bytes_per_s / 1e9, ct.host_norm_s)
           : std::string();
   return line +
          fmt::format("; {:.3g} s at the link's rate vs compute >= {:.3g} s at peak ({}){}; {}",

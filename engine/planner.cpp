@@ -14,6 +14,7 @@
 #include "engine/devices.h"
 #include "engine/error.h"
 #include "engine/units.h"
+#include "engine/weight_stream.h"
 
 namespace remat {
 
@@ -162,16 +163,17 @@ CopyTime copy_time(const DryRun& run, const PlanTarget& target, double flops_per
     t.exposed_s += std::max(0.0, copy - compute);
   }
   // AdamW on the host overlaps the next step's forward in fetch order (engine/trainer.cpp's
-  // HostAdamW): the first use waits for its whole update, the rest only beyond that compute.
+  // HostAdamW): the first two uses wait for their whole update, the rest only beyond that
+  // compute; the gradient norm before it overlaps nothing.
   if (run.host_updated_params > 0 && target.host_update_bytes_per_s > 0) {
-    const auto seconds = [&](int64_t params) {
-      return static_cast<double>(params) * kHostUpdateBytesPerParam /
-             target.host_update_bytes_per_s;
+    const auto seconds = [&](int64_t params, double bytes_per_param) {
+      return static_cast<double>(params) * bytes_per_param / target.host_update_bytes_per_s;
     };
-    t.host_update_s = seconds(run.host_updated_params);
-    const double first = seconds(run.host_first_use_params);
+    t.host_update_s = seconds(run.host_updated_params, kHostUpdateBytesPerParam);
+    t.host_norm_s = seconds(run.host_updated_params, kHostNormBytesPerParam);
+    const double first = seconds(run.host_first_use_params, kHostUpdateBytesPerParam);
     const double forward = (phase(Phase::Forward).flops + phase(Phase::Loss).flops) / rate;
-    t.exposed_s += first + std::max(0.0, t.host_update_s - first - forward);
+    t.exposed_s += t.host_norm_s + first + std::max(0.0, t.host_update_s - first - forward);
   }
   return t;
 }
@@ -257,8 +259,14 @@ DryRun Planner::dry_run(const Config& cfg, bool track_largest) const {
   r.n_params = model.n_params();
   for (Param& p : model.params())
     if (p.on_host) r.host_updated_params += p.value.tensor().numel();
-  if (r.host_updated_params > 0)
-    for (const Param* p : model.stem_params()) r.host_first_use_params += p->value.tensor().numel();
+  if (r.host_updated_params > 0) {
+    const std::vector<ParamUse> uses = eval_uses(model);
+    std::vector<const Param*> first;  // the first two uses' parameters, each once
+    for (size_t k = 0; k < std::min<size_t>(2, uses.size()); ++k)
+      for (const Param* p : uses[k].params)
+        if (std::find(first.begin(), first.end(), p) == first.end()) first.push_back(p);
+    for (const Param* p : first) r.host_first_use_params += p->value.tensor().numel();
+  }
   r.ranks = static_cast<int>(cfg.parallel.world_ranks());
   r.context_ranks = static_cast<int>(cfg.parallel.context);
   r.grad_sent_bytes = trainer.sent_bytes_per_step();

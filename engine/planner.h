@@ -83,8 +83,10 @@ struct DryRun {
   MemorySnapshot host_peak;  // the host pool (remat.offload)
   std::array<OpCost, kNumPhases> cost{};
   int64_t n_params = 0;
-  int64_t host_updated_params = 0;    // of them, updated by the host's cores (weights offloaded)
-  int64_t host_first_use_params = 0;  // of those, the ones the step reads first (the stem's)
+  int64_t host_updated_params = 0;  // of them, updated by the host's cores (weights offloaded)
+  // Of those, the ones the step's first two uses read (the stem's and block 0's): the
+  // stream fetches a use's weights one use ahead, so the device waits for both updates.
+  int64_t host_first_use_params = 0;
   double recompute_overhead() const;  // recompute FLOPs / (forward + loss + backward FLOPs)
   double flops() const;               // every phase
   double to_host_bytes() const { return total(&OpCost::to_host_bytes); }  // copies per step
@@ -106,17 +108,22 @@ struct DryRun {
 /// `exposed_s` is what a phase's copies take beyond its compute, the stall a user would see.
 /// With the weights in host memory, AdamW runs on the host's cores (`host_update_s`), in the
 /// order the next step fetches the weights and overlapping it: the device waits for the first
-/// use's parameters (the stem's), and for the rest only as far as they outlast the forward's
-/// compute; that wait is part of `exposed_s`.
+/// two uses' parameters (the stem's and block 0's: each is fetched one use ahead), and for the
+/// rest only as far as they outlast the forward's compute. Before it the gradient norm reads
+/// every gradient on the host while the device idles (`host_norm_s`). Both waits are part of
+/// `exposed_s`.
 struct CopyTime {
   double copy_s = 0;     // both directions, serialized on one copy engine
   double compute_s = 0;  // every FLOP of the step at the peak rate: a lower bound
   double exposed_s = 0;
   double host_update_s = 0;
+  double host_norm_s = 0;
   bool modelled = false;
 };
 /// Host memory traffic of one AdamW update per parameter: w, g, m, v read; w, m, v written.
 constexpr double kHostUpdateBytesPerParam = 28;
+/// And of the gradient norm's pass: g read.
+constexpr double kHostNormBytesPerParam = 4;
 /// The rate the planner assumes for it beside a GPU preset (bytes/s); see planner.cpp.
 constexpr double kAssumedHostUpdateBytesPerS = 100e9;
 /// `flops_per_s`: the compute rate to set the copies against (0: the target's peak, the

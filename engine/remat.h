@@ -61,12 +61,15 @@ struct StepLoss {
 /// (data parallel starts summing them over the ranks then; engine/parallel/grad_reducer.h).
 using BlockGradsReady = std::function<void(size_t block)>;
 
-/// Runs one forward + backward of `model` under `plan` on `be`. Parameter gradients accumulate
-/// into the model's grad buffers (the caller zeroes them).
 /// Called with a host parameter (remat.offload with weights) before its weights are copied to
 /// the device: the previous step's AdamW may still be updating them on a host thread.
 using ParamReady = std::function<void(const Param&)>;
 
+/// Runs one forward + backward of `model` under `plan` on `be`. Parameter gradients accumulate
+/// into the model's grad buffers (the caller zeroes them), except for parameters in host memory
+/// (Param::on_host): their gradients are made zero on the device and copied OVER the host ones
+/// after their last use (engine/weight_stream.h), so a step leaves that step's gradients only.
+/// `grads_ready`'s "final" then means enqueued on the device (that offload runs on one rank).
 StepLoss forward_backward(Backend& be, Model& model, const RematPlan& plan, const Batch& batch,
                           const BlockGradsReady& grads_ready = {},
                           const ParamReady& param_ready = {});

@@ -405,6 +405,7 @@ void Trainer::update_weights(float lr, float grad_scale) {
           ordered.push_back(u);
   REMAT_ASSERT(ordered.size() == host_updates.size(), "host AdamW: {} of {} parameters ordered",
                ordered.size(), host_updates.size());
+  be_.synchronize();  // every gradient's copy to the host is done before the host reads them
   if (host_update_async_) {
     host_update_->start(std::move(ordered));
   } else {

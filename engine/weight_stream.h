@@ -14,9 +14,11 @@
 //     and copied to the host after its last one (a tied embedding: from the head to the stem's
 //     backward); the copy overlaps the next use, after which the device copy is freed.
 // Weights and gradients travel in fp32, as they are stored: the device computes with the same
-// bits as without this offload (the ops cast to bf16 where they always did), so a run with it is
-// bitwise identical to one without on the same backend. The cost is twice bf16's copy volume,
-// which the planner times at the target's link rate.
+// bits as without this offload (the ops cast to bf16 where they always did). The update then runs
+// on the host's cores with the CPU backend's code: on the CPU a run with this offload is bitwise
+// the run without it; on CUDA it matches to the rounding of the host's AdamW against the
+// device kernel's. The cost is twice bf16's copy volume, which the planner times at the target's
+// link rate. Every parameter of the model must appear in some use (checked).
 #pragma once
 
 #include <cstddef>
@@ -67,6 +69,8 @@ class WeightStream {
   /// After the last use: every copy retired, every Param holding its host buffers again.
   void finish();
   size_t size() const { return uses_.size(); }
+  /// How many distinct parameters the uses name.
+  size_t params() const { return states_.size(); }
 
  private:
   struct State {

@@ -328,13 +328,19 @@ TEST_CASE("auto moves the weights to the host when nothing else fits a GPU targe
   CHECK(run.host_updated_params == run.n_params);
   const CopyTime t = copy_time(run, planner.target());
   CHECK(t.host_update_s == Approx(static_cast<double>(run.n_params) * 28 / 100e9));
-  // The device waits for the stem's update (the first fetch); the rest overlaps the forward.
-  CHECK(run.host_first_use_params == 32000 * 512);
+  // The device waits for the stem's and block 0's updates (fetched one use ahead) and the norm;
+  // the rest overlaps the forward.
+  // wte (32000 x 512) and block 0: norms 2 x 512, q|k|v (8 + 2 x 2) x 64 x 512, proj 512 x 512,
+  // gate, up and down 3 x 2048 x 512.
+  CHECK(run.host_first_use_params ==
+        32000 * 512 + 2 * 512 + 768 * 512 + 512 * 512 + 3 * 2048 * 512);
   DryRun without = run;
   without.host_updated_params = 0;
   const double waited = t.exposed_s - copy_time(without, planner.target()).exposed_s;
-  CHECK(waited >= static_cast<double>(run.host_first_use_params) * 28 / 100e9 - 1e-12);
-  CHECK(waited <= t.host_update_s);
+  CHECK(t.host_norm_s == Approx(static_cast<double>(run.n_params) * 4 / 100e9));
+  CHECK(waited >=
+        static_cast<double>(run.host_first_use_params) * 28 / 100e9 + t.host_norm_s - 1e-12);
+  CHECK(waited <= t.host_update_s + t.host_norm_s + 1e-12);
 }
 
 TEST_CASE("CUDA attention chunks: automatic lengths, the loop order and the workspace they save",

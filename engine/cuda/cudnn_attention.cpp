@@ -511,6 +511,15 @@ int64_t AttentionEngine::plan_workspace_bytes(const AttentionShape& s, bool back
 static const float kOneValue = 1.0f;
 static const float kNegInfValue = -std::numeric_limits<float>::infinity();
 
+// The mask's -inf only where the graph has the mask (causal_mask): an off-diagonal pair of
+// chunked attention has none, and a variant pack should bind only tensors its graph uses.
+static void bind_mask_scalar(const AttentionShape& s, std::vector<int64_t>& uids,
+                             std::vector<void*>& ptrs) {
+  if (!s.causal) return;
+  uids.push_back(kNegInf);
+  ptrs.push_back(const_cast<float*>(&kNegInfValue));
+}
+
 void AttentionEngine::forward(const AttentionShape& s, const AttentionForwardPtrs& p,
                               void* workspace) {
   Graph& g = graph_for(s, false);
@@ -518,9 +527,9 @@ void AttentionEngine::forward(const AttentionShape& s, const AttentionForwardPtr
   float scale = 1.0f / std::sqrt(static_cast<float>(s.HS));
   auto* qkv = static_cast<char*>(const_cast<void*>(p.qkv));
   auto* kv = p.kv ? static_cast<char*>(const_cast<void*>(p.kv)) : qkv;
-  std::vector<int64_t> uids = {kQ, kKt, kV, kO, kStats, kScale, kNegInf};
-  std::vector<void*> ptrs = {
-      qkv, kv + k_at, kv + v_at, p.out, p.lse, &scale, const_cast<float*>(&kNegInfValue)};
+  std::vector<int64_t> uids = {kQ, kKt, kV, kO, kStats, kScale};
+  std::vector<void*> ptrs = {qkv, kv + k_at, kv + v_at, p.out, p.lse, &scale};
+  bind_mask_scalar(s, uids, ptrs);
   execute(handle_, g, uids, ptrs, workspace);
 }
 
@@ -537,8 +546,8 @@ void AttentionEngine::backward(const AttentionShape& s, const AttentionBackwardP
   auto* qkv = static_cast<char*>(const_cast<void*>(p.qkv));
   auto* kv = p.kv ? static_cast<char*>(const_cast<void*>(p.kv)) : qkv;
   auto* dqkv = static_cast<char*>(p.dqkv);
-  std::vector<int64_t> uids = {kQ,  kKt, kV,     kO,      kdO,  kStats,      kdQ,
-                               kdK, kdV, kScale, kNegInf, kOne, kSoftmaxSum, kdQAccum};
+  std::vector<int64_t> uids = {kQ,  kKt, kV,     kO,   kdO,         kStats,  kdQ,
+                               kdK, kdV, kScale, kOne, kSoftmaxSum, kdQAccum};
   std::vector<void*> ptrs = {qkv,
                              kv + k_at,
                              kv + v_at,
@@ -549,10 +558,10 @@ void AttentionEngine::backward(const AttentionShape& s, const AttentionBackwardP
                              dqkv + k_at,
                              dqkv + v_at,
                              &scale,
-                             const_cast<float*>(&kNegInfValue),
                              const_cast<float*>(&kOneValue),
                              p.softmax_sum,
                              p.dq_accum};
+  bind_mask_scalar(s, uids, ptrs);
   execute(handle_, g, uids, ptrs, workspace);
 }
 
