@@ -6,16 +6,17 @@
 // OpenBLAS threads every call, which for a small model costs more in OpenMP barriers than the
 // arithmetic (measured: 60 tokens of a C = 64 model took 6 s instead of 6 ms on a loaded
 // 2-core machine). Here a product runs on several threads only when it is large enough to pay
-// for the parallel region.
+// for the parallel region. The product, the RoPE table, the attention over the cache and the
+// weight loading are layers/decoder_common.h's, shared with the Llama family's decoder.
 #include "layers/gpt_decoder.h"
 
 #include <fmt/format.h>
-#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cmath>
 
 #include "engine/error.h"
+#include "engine/ops/rope.h"
 
 namespace remat {
 namespace {
@@ -36,26 +37,12 @@ void layernorm(float* y, const float* x, const std::vector<float>& w, const std:
   for (int64_t c = 0; c < C; ++c) y[c] = (x[c] - mean) * rstd * w[c] + b[c];
 }
 
-// y[o] = base[o] + W[o, :] . x for o < out, W (out, in) row-major. Each y[o] is one dot product
-// in a fixed order, so the result does not depend on the thread count.
-void gemv(float* y, const float* base, const float* W, const float* x, int64_t out, int64_t in,
-          int64_t parallel_macs) {
-#pragma omp parallel for schedule(static) if (out * in >= parallel_macs)
-  for (int64_t o = 0; o < out; ++o) {
-    const float* w = W + o * in;
-    float s = 0;
-#pragma omp simd reduction(+ : s)
-    for (int64_t i = 0; i < in; ++i) s += w[i] * x[i];
-    y[o] = (base ? base[o] : 0.0f) + s;
-  }
-}
-
 // y {=, +=} W x + b: PyTorch's Linear on one row.
 void linear(float* y, const float* x, const std::vector<float>& W, const std::vector<float>& b,
             int64_t out, int64_t in, bool accumulate, int64_t parallel_macs) {
   if (accumulate)
     for (int64_t o = 0; o < out; ++o) y[o] += b[o];
-  gemv(y, accumulate ? y : b.data(), W.data(), x, out, in, parallel_macs);
+  detail::decoder_gemv(y, accumulate ? y : b.data(), W.data(), x, out, in, parallel_macs);
 }
 
 void gelu(float* v, int64_t n) {
@@ -64,12 +51,6 @@ void gelu(float* v, int64_t n) {
     const float u = kGeluScale * (x + 0.044715f * x * x * x);
     v[i] = 0.5f * x * (1.0f + std::tanh(u));
   }
-}
-
-int64_t numel(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
 }
 
 }  // namespace
@@ -90,7 +71,10 @@ GptDecoder::GptDecoder(const ModelConfig& model, const WeightSource& weights, in
   REMAT_ASSERT(capacity_ > 0, "GptDecoder: capacity {} (max_positions {})", capacity_,
                max_positions);
   load(weights);
-  if (!learned_) fill_rope_table(static_cast<float>(m_.rope_theta));
+  // theta rounded to float first, as the training model passes it; no frequency scaling.
+  if (!learned_)
+    rope_ = detail::RopeTable(
+        rope_inv_freq(HS_, static_cast<double>(static_cast<float>(m_.rope_theta))), capacity_);
   for (Layer& l : layers_) {
     l.k_cache.assign(static_cast<size_t>(capacity_ * C_), 0.0f);
     l.v_cache.assign(static_cast<size_t>(capacity_ * C_), 0.0f);
@@ -103,18 +87,8 @@ GptDecoder::GptDecoder(const ModelConfig& model, const WeightSource& weights, in
 }
 
 void GptDecoder::load(const WeightSource& weights) {
-  // A checkpoint whose tensors disagree with its own config is corrupt or hand-edited; reading it
-  // anyway would index out of bounds, so every shape is checked before use.
-  auto get = [&](const std::string& name, std::vector<int64_t> want) {
-    std::vector<int64_t> shape;
-    std::vector<float> w = weights(name, &shape);
-    if (shape != want || static_cast<int64_t>(w.size()) != numel(want))
-      throw CheckpointError(fmt::format(
-          "[sample] tensor {} has shape [{}] ({} values), but the model config needs [{}]. Fix: "
-          "sample from a checkpoint written by remat-train, whose state.json config matches its "
-          "weights",
-          name, fmt::join(shape, ", "), w.size(), fmt::join(want, ", ")));
-    return w;
+  auto get = [&](const std::string& name, const std::vector<int64_t>& want) {
+    return detail::load_decoder_weight(weights, name, want);
   };
   wte_ = get("wte", {V_, C_});
   if (learned_) wpe_ = get("wpe", {m_.n_ctx, C_});
@@ -139,68 +113,6 @@ void GptDecoder::load(const WeightSource& weights) {
   lnf_b_ = get("lnf.bias", {C_});
 }
 
-// The same table as engine/cpu/attention.cpp's fill_rope_table, bit for bit: theta rounded to
-// float first (the model passes it as float), angles in double, then cos/sin rounded to float.
-void GptDecoder::fill_rope_table(float theta) {
-  const int64_t half = HS_ / 2;
-  rope_cos_.resize(static_cast<size_t>(capacity_ * half));
-  rope_sin_.resize(static_cast<size_t>(capacity_ * half));
-  for (int64_t t = 0; t < capacity_; ++t)
-    for (int64_t i = 0; i < half; ++i) {
-      const double freq = std::pow(static_cast<double>(theta),
-                                   -2.0 * static_cast<double>(i) / static_cast<double>(HS_));
-      const double ang = static_cast<double>(t) * freq;
-      rope_cos_[static_cast<size_t>(t * half + i)] = static_cast<float>(std::cos(ang));
-      rope_sin_[static_cast<size_t>(t * half + i)] = static_cast<float>(std::sin(ang));
-    }
-}
-
-// Half-split (GPT-NeoX) layout: element i pairs with i + HS/2, as the training kernel rotates.
-void GptDecoder::rope(float* v) const {
-  const int64_t half = HS_ / 2;
-  const float* cs = rope_cos_.data() + pos_ * half;
-  const float* sn = rope_sin_.data() + pos_ * half;
-  for (int64_t i = 0; i < half; ++i) {
-    const float a = v[i], b = v[i + half];
-    v[i] = a * cs[i] - b * sn[i];
-    v[i + half] = a * sn[i] + b * cs[i];
-  }
-}
-
-// One query (all heads) against cached positions 0..pos_ (the current one included): causal by
-// construction, since later positions are not in the cache yet.
-void GptDecoder::attention(const Layer& l, const float* q, float* out) {
-  const float scale = 1.0f / std::sqrt(static_cast<float>(HS_));
-  const int64_t n = pos_ + 1;
-  // Heads are independent (each has its own row of scores), so long caches split across threads.
-#pragma omp parallel for schedule(static) if (2 * n * C_ >= parallel_macs_)
-  for (int64_t h = 0; h < NH_; ++h) {
-    const float* qh = q + h * HS_;
-    float* sc = scores_.data() + h * capacity_;
-    float mx = -INFINITY;
-    for (int64_t t = 0; t < n; ++t) {
-      const float* k = l.k_cache.data() + t * C_ + h * HS_;
-      float s = 0;
-      for (int64_t c = 0; c < HS_; ++c) s += qh[c] * k[c];
-      sc[t] = s * scale;
-      mx = std::max(mx, sc[t]);
-    }
-    // Subtracting the max keeps exp() in range for any score magnitude.
-    float sum = 0;
-    for (int64_t t = 0; t < n; ++t) {
-      sc[t] = std::exp(sc[t] - mx);
-      sum += sc[t];
-    }
-    float* oh = out + h * HS_;
-    std::fill(oh, oh + HS_, 0.0f);
-    for (int64_t t = 0; t < n; ++t) {
-      const float p = sc[t] / sum;
-      const float* v = l.v_cache.data() + t * C_ + h * HS_;
-      for (int64_t c = 0; c < HS_; ++c) oh[c] += p * v[c];
-    }
-  }
-}
-
 // Pre-LN block on the residual vector x (updated in place): x += proj(attn(ln1 x)); x +=
 // proj(gelu(fc(ln2 x))). The new position's k (rotated) and v enter the cache on the way.
 void GptDecoder::block(Layer& l, std::vector<float>& x) {
@@ -211,12 +123,22 @@ void GptDecoder::block(Layer& l, std::vector<float>& x) {
   const float* v = q + 2 * C_;
   if (!learned_)
     for (int64_t h = 0; h < NH_; ++h) {
-      rope(q + h * HS_);
-      rope(k + h * HS_);
+      rope_.rotate(q + h * HS_, pos_);
+      rope_.rotate(k + h * HS_, pos_);
     }
   std::copy(k, k + C_, l.k_cache.begin() + pos_ * C_);
   std::copy(v, v + C_, l.v_cache.begin() + pos_ * C_);
-  attention(l, q, att_.data());
+  detail::cache_attention({.out = att_.data(),
+                           .scores = scores_.data(),
+                           .q = q,
+                           .k_cache = l.k_cache.data(),
+                           .v_cache = l.v_cache.data(),
+                           .n_pos = pos_ + 1,
+                           .NH = NH_,
+                           .KVH = NH_,  // one key/value head per query head
+                           .HS = HS_,
+                           .capacity = capacity_},
+                          parallel_macs_);
   linear(x.data(), att_.data(), l.proj_w, l.proj_b, C_, C_, true, parallel_macs_);
   layernorm(h_.data(), x.data(), l.ln2_w, l.ln2_b, C_);
   linear(fc_.data(), h_.data(), l.fc_w, l.fc_b, FF_, C_, false, parallel_macs_);
@@ -225,18 +147,12 @@ void GptDecoder::block(Layer& l, std::vector<float>& x) {
 }
 
 std::vector<float> GptDecoder::forward(int32_t token) {
-  if (pos_ >= capacity_) {
-    if (learned_ && capacity_ == m_.n_ctx)
-      throw Error(fmt::format(
-          "[sample] position {} is past the model's {} learned positions (model.n_ctx). "
-          "Fix: lower --tokens so that prompt + tokens <= {}",
-          pos_, m_.n_ctx, m_.n_ctx));
-    throw Error(fmt::format("[sample] position {} is past the decoder's cache of {} positions",
-                            pos_, capacity_));
-  }
-  if (token < 0 || token >= V_)
-    throw DataError(
-        fmt::format("[sample] token {} is outside the model's vocabulary of {}", token, V_));
+  if (pos_ >= capacity_ && learned_ && capacity_ == m_.n_ctx)
+    throw Error(
+        fmt::format("[sample] position {} is past the model's {} learned positions (model.n_ctx). "
+                    "Fix: lower --tokens so that prompt + tokens <= {}",
+                    pos_, m_.n_ctx, m_.n_ctx));
+  detail::check_next_token(pos_, capacity_, token, V_);
   std::vector<float> x(wte_.begin() + token * C_, wte_.begin() + (token + 1) * C_);
   if (learned_)
     for (int64_t c = 0; c < C_; ++c)
@@ -246,7 +162,7 @@ std::vector<float> GptDecoder::forward(int32_t token) {
   layernorm(h_.data(), x.data(), lnf_w_, lnf_b_, C_);
   // Tied LM head: logits = wte h.
   std::vector<float> logits(static_cast<size_t>(V_));
-  gemv(logits.data(), nullptr, wte_.data(), h_.data(), V_, C_, parallel_macs_);
+  detail::decoder_gemv(logits.data(), nullptr, wte_.data(), h_.data(), V_, C_, parallel_macs_);
   return logits;
 }
 

@@ -13,6 +13,7 @@
 
 #include "engine/config.h"
 #include "layers/decoder.h"
+#include "layers/decoder_common.h"
 
 namespace remat {
 
@@ -45,9 +46,6 @@ class GptDecoder : public Decoder {
   };
 
   void load(const WeightSource& weights);
-  void fill_rope_table(float theta);
-  void rope(float* head_vec) const;  // rotates one head's q or k at position pos_
-  void attention(const Layer& l, const float* q, float* out);
   void block(Layer& l, std::vector<float>& x);
 
   ModelConfig m_;
@@ -57,7 +55,7 @@ class GptDecoder : public Decoder {
   bool learned_ = true;
   std::vector<float> wte_, wpe_, lnf_w_, lnf_b_;
   std::vector<Layer> layers_;
-  std::vector<float> rope_cos_, rope_sin_;  // (capacity, HS/2)
+  detail::RopeTable rope_;  // empty with learned positions
   // Scratch of one step, kept to avoid allocating per token.
   std::vector<float> h_, qkv_, att_, fc_;
   std::vector<float> scores_;  // (n_head, capacity): one row of attention weights per head

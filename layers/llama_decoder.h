@@ -15,6 +15,7 @@
 
 #include "engine/config.h"
 #include "layers/decoder.h"
+#include "layers/decoder_common.h"
 
 namespace remat {
 
@@ -42,9 +43,6 @@ class LlamaDecoder : public Decoder {
   };
 
   void load(const WeightSource& weights);
-  void fill_rope_table();
-  void rope(float* head_vec) const;  // rotates one head's q or k at position pos_
-  void attention(const Layer& l, const float* q, float* out);
   void block(Layer& l, std::vector<float>& x);
 
   ModelConfig m_;
@@ -54,7 +52,7 @@ class LlamaDecoder : public Decoder {
   float eps_ = 1e-5f;
   std::vector<float> wte_, normf_w_, lm_head_;  // lm_head_ empty when tied to wte_
   std::vector<Layer> layers_;
-  std::vector<float> rope_cos_, rope_sin_;  // (capacity, HS/2)
+  detail::RopeTable rope_;
   // Scratch of one step, kept to avoid allocating per token.
   std::vector<float> h_, qkv_, att_, gate_, up_;
   std::vector<float> delta_;   // (C): an attention or MLP output before it joins the residual

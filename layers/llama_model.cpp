@@ -1,36 +1,30 @@
 // LlamaModel (see layers/models.h): token embedding, L Llama-family blocks, final RMSNorm, LM head
 // (tied to the embedding or its own weight), mean next-token cross-entropy (fused and chunked).
-// Positions come from RoPE inside attention; there is no position table and no dropout.
+// Positions come from RoPE inside attention; there is no position table and no dropout. The
+// rows, the stem and the LM head's call are layers/token_model.h's, shared with the GPT.
 #include <fmt/format.h>
 
-#include "engine/parallel/context_ring.h"
 #include "layers/layer.h"
 #include "layers/llama_block.h"
 #include "layers/models.h"
+#include "layers/token_model.h"
 
 namespace remat {
 namespace {
 
-class LlamaModel : public Model {
+class LlamaModel : public detail::TokenModel {
  public:
-  LlamaModel(const ModelConfig& model, const ModelShape& s, Backend& be) : m_(model) {
-    B_ = s.batch_size;
-    if (s.context_ranks > 1)
-      ring_ = std::make_unique<parallel::ContextRing>(s.ring_channel, s.context_ranks,
-                                                      s.context_rank, s.seq_len);
-    T_ = ring_ ? ring_->positions().tokens() : s.seq_len;  // this rank's tokens of each row
-    loss_rows_all_ranks_ = B_ * s.seq_len * s.data_ranks;
+  LlamaModel(const ModelConfig& model, const ModelShape& s, Backend& be)
+      : TokenModel(s, model.n_embd, model.vocab_size), m_(model) {
     const int64_t C = m_.n_embd, V = m_.vocab_size, L = m_.n_layer;
     const int64_t NH = m_.n_head, KVH = m_.kv_heads(), HS = m_.head_size(), FF = m_.ff();
-    loss_chunk_ = s.loss_chunk > 0 ? s.loss_chunk : default_loss_chunk_rows(B_ * T_, V);
     // transformers' _init_weights for these models: N(0, initializer_range = 0.02) for every
     // matrix, ones for the norms, zeros for biases. Fine-tuning starts from --init hf:DIR instead.
     const ParamInit normal{ParamInit::Normal, 0.02};
     const ParamInit ones{ParamInit::Ones}, zeros{ParamInit::Zeros};
     params_.reserve(static_cast<size_t>(3 + 11 * L));  // pointers into it stay valid
-    auto add = [&](const std::string& name, std::vector<int64_t> shape, ParamInit init) {
-      params_.push_back(make_param(be, name, shape, init, s.seed, s.moments, s.weights_on_host));
-      return &params_.back();
+    auto add = [&](const std::string& name, const std::vector<int64_t>& shape, ParamInit init) {
+      return add_param(be, s, name, shape, init);
     };
     wte_ = add("wte", {V, C}, normal);
     LlamaBlockShape shape{.B = B_, .T = T_, .C = C, .NH = NH, .KVH = KVH, .HS = HS, .FF = FF};
@@ -69,19 +63,6 @@ class LlamaModel : public Model {
                        m_.kv_heads(), m_.n_embd, m_.head_size(), m_.ff(), m_.vocab_size,
                        m_.tie_embeddings ? " (tied head)" : "");
   }
-  std::vector<int64_t> stream_shape() const override { return {B_, T_, m_.n_embd}; }
-  int64_t loss_rows() const override { return B_ * T_; }
-
-  Buffer stem_forward(Backend& be, const Batch& batch, MemCategory category) override {
-    Buffer x = be.pool().allocate(stream_shape(), be.act_dtype(), category, "blocks.0.x");
-    be.embedding_forward({x, batch.inputs, wte_->value, Tensor()});
-    return x;
-  }
-
-  void stem_backward(Backend& be, const Batch& batch, const Tensor& dx) override {
-    be.embedding_backward({wte_->grad, Tensor(), dx, batch.inputs});
-  }
-
   // normf -> fused LM head + cross-entropy (which yields d normf_out) -> normf backward.
   void head_forward_backward(Backend& be, const Tensor& x, const Batch& batch, const Tensor& losses,
                              const Tensor& dx) override {
@@ -91,9 +72,7 @@ class LlamaModel : public Model {
     Buffer rstd = pool.allocate({N}, DType::F32, MemCategory::Transient, "normf.rstd");
     be.rmsnorm_forward({normf, rstd, x, normf_weight_->value, static_cast<float>(m_.norm_eps)});
     Buffer dnormf = pool.allocate({N, C}, be.act_dtype(), MemCategory::Transient, "grad.normf");
-    be.lm_head_loss({losses, dnormf, lm_head_->grad, normf, lm_head_->value,
-                     batch.targets.tensor().view({N}),
-                     1.0f / static_cast<float>(loss_rows_all_ranks_), loss_chunk_});
+    lm_head_loss(be, normf, *lm_head_, batch, losses, dnormf);
     normf.reset();
     be.fill(dx, 0.0f);
     be.rmsnorm_backward({dx, normf_weight_->grad, dnormf, x, normf_weight_->value, rstd});
@@ -101,10 +80,6 @@ class LlamaModel : public Model {
 
  private:
   ModelConfig m_;
-  std::unique_ptr<parallel::ContextRing> ring_;  // context parallel only
-  int64_t B_ = 0, T_ = 0, loss_chunk_ = 0;
-  int64_t loss_rows_all_ranks_ = 0;  // the mean loss's divisor (see GptModel)
-  Param* wte_ = nullptr;
   Param* normf_weight_ = nullptr;
   Param* lm_head_ = nullptr;  // wte_ when tied
 };

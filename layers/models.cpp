@@ -5,36 +5,31 @@
 
 #include <cmath>
 
-#include "engine/parallel/context_ring.h"
 #include "engine/rng.h"
 #include "engine/units.h"
 #include "layers/gpt_block.h"
 #include "layers/layer.h"
 #include "layers/mlp_block.h"
+#include "layers/token_model.h"
 
 namespace remat {
 namespace {
 
-class GptModel : public Model {
+// The rows, the stem and the LM head's call are layers/token_model.h's, shared with the Llama
+// family's model.
+class GptModel : public detail::TokenModel {
  public:
-  GptModel(const ModelConfig& model, const ModelShape& s, Backend& be) : m_(model) {
-    B_ = s.batch_size;
-    if (s.context_ranks > 1)
-      ring_ = std::make_unique<parallel::ContextRing>(s.ring_channel, s.context_ranks,
-                                                      s.context_rank, s.seq_len);
-    T_ = ring_ ? ring_->positions().tokens() : s.seq_len;  // this rank's tokens of each row
-    loss_rows_all_ranks_ = B_ * s.seq_len * s.data_ranks;
+  GptModel(const ModelConfig& model, const ModelShape& s, Backend& be)
+      : TokenModel(s, model.n_embd, model.vocab_size), m_(model) {
     const int64_t C = m_.n_embd, V = m_.vocab_size, FF = m_.ff(), L = m_.n_layer;
     const uint64_t seed = s.seed;
-    loss_chunk_ = s.loss_chunk > 0 ? s.loss_chunk : default_loss_chunk_rows(B_ * T_, V);
     // GPT-2 initialization: N(0, 0.02); residual projections scaled by 1/sqrt(2L).
     const ParamInit normal{ParamInit::Normal, 0.02};
     const ParamInit resid{ParamInit::Normal, 0.02 / std::sqrt(2.0 * static_cast<double>(L))};
     const ParamInit ones{ParamInit::Ones}, zeros{ParamInit::Zeros};
     params_.reserve(static_cast<size_t>(3 + 12 * L + 2));
-    auto add = [&](const std::string& name, std::vector<int64_t> shape, ParamInit init) {
-      params_.push_back(make_param(be, name, shape, init, seed, s.moments, s.weights_on_host));
-      return &params_.back();
+    auto add = [&](const std::string& name, const std::vector<int64_t>& shape, ParamInit init) {
+      return add_param(be, s, name, shape, init);
     };
     wte_ = add("wte", {V, C}, normal);
     if (m_.position == PositionKind::Learned)
@@ -78,19 +73,6 @@ class GptModel : public Model {
     return fmt::format("gpt L={} H={} C={} V={} ({} positions)", m_.n_layer, m_.n_head, m_.n_embd,
                        m_.vocab_size, m_.position);
   }
-  std::vector<int64_t> stream_shape() const override { return {B_, T_, m_.n_embd}; }
-  int64_t loss_rows() const override { return B_ * T_; }
-
-  Buffer stem_forward(Backend& be, const Batch& batch, MemCategory category) override {
-    Buffer x = be.pool().allocate(stream_shape(), be.act_dtype(), category, "blocks.0.x");
-    be.embedding_forward({x, batch.inputs, wte_->value, wpe_ ? wpe_->value.tensor() : Tensor()});
-    return x;
-  }
-
-  void stem_backward(Backend& be, const Batch& batch, const Tensor& dx) override {
-    be.embedding_backward({wte_->grad, wpe_ ? wpe_->grad.tensor() : Tensor(), dx, batch.inputs});
-  }
-
   // lnf -> fused LM head + cross-entropy (which yields d lnf_out) -> lnf backward.
   void head_forward_backward(Backend& be, const Tensor& x, const Batch& batch, const Tensor& losses,
                              const Tensor& dx) override {
@@ -100,8 +82,7 @@ class GptModel : public Model {
     Buffer stats = pool.allocate({N, 2}, DType::F32, MemCategory::Transient, "lnf.stats");
     be.layernorm_forward({lnf, stats, x, lnf_weight_->value, lnf_bias_->value});
     Buffer dlnf = pool.allocate({N, C}, be.act_dtype(), MemCategory::Transient, "grad.lnf");
-    be.lm_head_loss({losses, dlnf, wte_->grad, lnf, wte_->value, batch.targets.tensor().view({N}),
-                     1.0f / static_cast<float>(loss_rows_all_ranks_), loss_chunk_});
+    lm_head_loss(be, lnf, *wte_, batch, losses, dlnf);  // the tied embedding is the head
     lnf.reset();
     be.fill(dx, 0.0f);
     be.layernorm_backward(
@@ -110,13 +91,6 @@ class GptModel : public Model {
 
  private:
   ModelConfig m_;
-  std::unique_ptr<parallel::ContextRing> ring_;  // context parallel only
-  int64_t B_ = 0, T_ = 0, loss_chunk_ = 0;
-  // The mean loss's divisor: this rank's rows times the data-parallel ranks, so that the
-  // gradients summed over the ranks are those of the mean over the whole batch.
-  int64_t loss_rows_all_ranks_ = 0;
-  Param* wte_ = nullptr;
-  Param* wpe_ = nullptr;
   Param* lnf_weight_ = nullptr;
   Param* lnf_bias_ = nullptr;
 };
@@ -158,7 +132,7 @@ class MlpModel : public Model {
 
  private:
   int64_t L_, D_, B_ = 0;
-  int64_t rows_all_ranks_ = 0;  // the mean's divisor (see GptModel)
+  int64_t rows_all_ranks_ = 0;  // the mean's divisor (see detail::TokenModel)
 };
 
 }  // namespace

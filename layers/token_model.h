@@ -1,0 +1,55 @@
+// What the two language models (GptModel in layers/models.cpp, LlamaModel in
+// layers/llama_model.cpp) share: the rows of a step (this rank's tokens of each row under context
+// parallelism, and the ring their attention runs over), the divisor of the mean loss, parameter
+// creation, the token-embedding stem (plus the GPT's learned positions when it has them) and the
+// fused LM head + cross-entropy call. Each model declares its own parameters, blocks and final
+// norm in its own file, and names its own transient buffers.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/model.h"
+#include "engine/parallel/context_ring.h"
+#include "layers/layer.h"
+#include "layers/models.h"
+
+namespace remat::detail {
+
+class TokenModel : public Model {
+ public:
+  std::vector<int64_t> stream_shape() const override { return {B_, T_, n_embd_}; }
+  int64_t loss_rows() const override { return B_ * T_; }
+  /// Token embedding (+ learned positions when wpe_ is set) into "blocks.0.x".
+  Buffer stem_forward(Backend& be, const Batch& batch, MemCategory category) override;
+  void stem_backward(Backend& be, const Batch& batch, const Tensor& dx) override;
+
+ protected:
+  /// Sets up the ring (context_ranks > 1), this rank's rows and the loss chunking.
+  TokenModel(const ModelShape& s, int64_t n_embd, int64_t vocab_size);
+
+  /// Appends a parameter initialized from the run's seed, its moments and weights placed as
+  /// `s` says. params_ must be reserved for all of them first: blocks keep pointers into it.
+  Param* add_param(Backend& be, const ModelShape& s, const std::string& name,
+                   const std::vector<int64_t>& shape, ParamInit init);
+
+  /// The fused LM head and cross-entropy on the final norm's output `normed` (N, C): per-row
+  /// losses (N) [=], d normed (N, C) [=], head.grad [+=]; the mean over all ranks' rows.
+  void lm_head_loss(Backend& be, const Tensor& normed, Param& head, const Batch& batch,
+                    const Tensor& losses, const Tensor& dnormed);
+
+  std::unique_ptr<parallel::ContextRing> ring_;  // context parallel only
+  int64_t B_ = 0, T_ = 0, loss_chunk_ = 0;
+  // The mean loss's divisor: this rank's rows times the data-parallel ranks, so that the
+  // gradients summed over the ranks are those of the mean over the whole batch.
+  int64_t loss_rows_all_ranks_ = 0;
+  Param* wte_ = nullptr;
+  Param* wpe_ = nullptr;  // learned positions (GPT with position = "learned"), else null
+
+ private:
+  int64_t n_embd_ = 0;
+};
+
+}  // namespace remat::detail
