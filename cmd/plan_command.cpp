@@ -108,7 +108,9 @@ std::string remat_table(const AutoPlan& a, const PlanTarget& t) {
           ? fmt::format(", host peak {} of {}", format_bytes(a.host_peak_bytes),
                         format_bytes(a.host_budget_bytes))
           : std::string(),
-      quoted, a.tile_tokens > 0 ? fmt::format("tile_tokens = {}\n", a.tile_tokens) : std::string(),
+      quoted,
+      (a.every > 1 ? fmt::format("every = {}\n", a.every) : std::string()) +
+          (a.tile_tokens > 0 ? fmt::format("tile_tokens = {}\n", a.tile_tokens) : std::string()),
       a.offload != OffloadKind::None ? fmt::format("offload = \"{}\"\n", a.offload)
                                      : std::string());
 }
@@ -208,6 +210,7 @@ int run_plan(const PlanOptions& opt) {
                    {"dry_runs", chosen.n_dry_runs},
                    {"tile_tokens", chosen.tile_tokens},
                    {"offload", config_name(chosen.offload)},
+                   {"every", chosen.every},
                    {"host_peak_bytes", chosen.host_peak_bytes}};
     fmt::print("{}\n", out.dump(2));
     return 0;

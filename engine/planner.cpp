@@ -358,13 +358,15 @@ std::string AutoPlan::summary() const {
     host = fmt::format(", {} in host memory: peak {} of {}", offloaded_what(offload),
                        format_bytes(host_peak_bytes), format_bytes(host_budget_bytes));
   return fmt::format(
-      "chose {}{} (recompute +{:.2f}%, predicted peak {} of budget {}{})", mix(),
+      "chose {}{}{} (recompute +{:.2f}%, predicted peak {} of budget {}{})", mix(),
+      every > 1 ? fmt::format(", checkpoint segments of {} blocks", every) : std::string(),
       tile_tokens > 0 ? fmt::format(", MLP in chunks of {} tokens", tile_tokens) : std::string(),
       100.0 * recompute_overhead, format_bytes(peak_bytes), format_bytes(budget_bytes), host);
 }
 
 std::string AutoPlan::infeasible_message() const {
   std::string how;
+  if (every > 1) how += fmt::format(", checkpoint segments of {} blocks", every);
   if (tile_tokens > 0) how += fmt::format(", the MLP in chunks of {} tokens", tile_tokens);
   if (offload != OffloadKind::None)
     how += fmt::format(", {} in host memory (host peak {} of budget {})", config_name(offload),
@@ -416,12 +418,29 @@ AutoPlan choose_auto(const Planner& planner, const Config& cfg) {
       offloaded.remat.offload = k;
       candidates.push_back(offloaded);
     }
+  // Segments of two blocks keep half the checkpoints (full recomputes each block's forward once
+  // either way) for two blocks' activations at the backward's peak: for when the checkpoints fill
+  // the host (or the card), after everything that keeps one block's working set.
+  // Paired: the last candidate without offload (the smallest MLP chunk) and each offloading one.
+  if (cfg.model.n_layer >= 2) {
+    const size_t n = candidates.size();
+    for (size_t i = 0; i < n; ++i) {
+      const bool last_without_offload =
+          candidates[i].remat.offload == OffloadKind::None &&
+          (i + 1 == n || candidates[i + 1].remat.offload != OffloadKind::None);
+      if (candidates[i].remat.offload == OffloadKind::None && !last_without_offload) continue;
+      Config paired = candidates[i];
+      paired.remat.every = 2;
+      candidates.push_back(paired);
+    }
+  }
   AutoPlan best;
   int64_t n_dry_runs = 0;
   for (const Config& c : candidates) {
     AutoPlan p = choose_auto_plan(planner, c);
     p.tile_tokens = c.remat.tile_tokens;
     p.offload = c.remat.offload;
+    p.every = c.remat.every;
     n_dry_runs += p.n_dry_runs;
     // When nothing fits, the smallest device peak is the one to name.
     if (p.fits || best.policies.empty() || p.min_peak_bytes < best.min_peak_bytes)
@@ -438,21 +457,22 @@ std::optional<AutoPlan> resolve_auto(const Planner& planner, Config& cfg) {
   cfg.remat.plan = chosen.policies;
   cfg.remat.tile_tokens = chosen.tile_tokens;
   cfg.remat.offload = chosen.offload;
+  cfg.remat.every = chosen.every;
   return chosen;
 }
 
-Config with_block_plan(const Config& cfg, const std::vector<std::string>& policies) {
+Config with_block_plan(const Config& cfg, const std::vector<std::string>& policies, int64_t every) {
   Config c = cfg;
   c.remat.policy = "none";  // remat.plan overrides it; "none" keeps the config free of "auto"
   c.remat.plan = policies;
-  c.remat.every = 1;
+  c.remat.every = every;
   c.remat.blocks.clear();
   c.remat.save.clear();
   return c;
 }
 
 Config with_auto_plan(const Config& cfg, const AutoPlan& chosen) {
-  Config c = with_block_plan(cfg, chosen.policies);
+  Config c = with_block_plan(cfg, chosen.policies, chosen.every);
   c.remat.tile_tokens = chosen.tile_tokens;
   c.remat.offload = chosen.offload;
   return c;
@@ -468,8 +488,9 @@ AutoPlan choose_auto_plan(const Planner& planner, const Config& cfg) {
     auto it = runs.find(counts);
     if (it == runs.end()) {
       ++best.n_dry_runs;
-      it =
-          runs.emplace(counts, planner.dry_run(with_block_plan(cfg, arrange(counts)), false)).first;
+      it = runs.emplace(counts, planner.dry_run(
+                                    with_block_plan(cfg, arrange(counts), cfg.remat.every), false))
+               .first;
     }
     return it->second;
   };

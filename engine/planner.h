@@ -198,14 +198,16 @@ class Planner {
 struct AutoPlan {
   std::vector<std::string> policies;  // one per block; every block "full" when nothing fits
   bool fits = false;
-  uint64_t peak_bytes = 0;           // predicted peak of `policies`
-  double recompute_flops = 0;        // per step
-  double recompute_overhead = 0;     // recompute / (forward + loss + backward) FLOPs
-  uint64_t min_peak_bytes = 0;       // every block "full", every = 1: the smallest peak of any plan
-  uint64_t min_host_peak_bytes = 0;  // that plan's host-pool peak
-  uint64_t budget_bytes = 0;         // the target's pool budget
-  int64_t n_dry_runs = 0;            // how many candidates the search evaluated
-  int64_t tile_tokens = 0;           // the MLP tiling the plan runs with (remat.tile_tokens)
+  uint64_t peak_bytes = 0;        // predicted peak of `policies`
+  double recompute_flops = 0;     // per step
+  double recompute_overhead = 0;  // recompute / (forward + loss + backward) FLOPs
+  // Every block "full" in the candidate's segments: the smallest peak of any plan.
+  uint64_t min_peak_bytes = 0;
+  uint64_t min_host_peak_bytes = 0;         // that plan's host-pool peak
+  uint64_t budget_bytes = 0;                // the target's pool budget
+  int64_t n_dry_runs = 0;                   // how many candidates the search evaluated
+  int64_t tile_tokens = 0;                  // the MLP tiling the plan runs with (remat.tile_tokens)
+  int64_t every = 1;                        // blocks per checkpoint segment (remat.every)
   OffloadKind offload = OffloadKind::None;  // what the plan keeps in host memory (remat.offload)
   uint64_t host_peak_bytes = 0;             // predicted host-pool peak of `policies`
   uint64_t host_budget_bytes = 0;
@@ -217,9 +219,12 @@ struct AutoPlan {
   std::string infeasible_message() const;
 };
 
-/// `cfg` with its [remat] section replaced by the per-block plan `policies` (every = 1).
-Config with_block_plan(const Config& cfg, const std::vector<std::string>& policies);
-/// `cfg` running what auto chose: its per-block plan (with_block_plan), tiling and offload.
+/// `cfg` with its [remat] section replaced by the per-block plan `policies`, checkpointed blocks
+/// in segments of `every`.
+Config with_block_plan(const Config& cfg, const std::vector<std::string>& policies,
+                       int64_t every = 1);
+/// `cfg` running what auto chose: its per-block plan (with_block_plan), segments, tiling and
+/// offload.
 Config with_auto_plan(const Config& cfg, const AutoPlan& chosen);
 
 /// The plan remat.policy = "auto" runs for `cfg` on the planner's target (see above). Only the
@@ -239,16 +244,18 @@ std::vector<int64_t> auto_tile_tokens(int64_t rows);
 /// choose_auto_plan, and when no per-block plan fits, the same search with more added, in order,
 /// until one fits: the MLP tiled by each of auto_tile_tokens (a GPT whose remat.tile_tokens is
 /// 0), then on a GPU target (not the CPU, whose host memory is the device's) checkpoints in host
-/// memory, then the AdamW moments too (when remat.offload is "none"), both with the smallest
-/// chunk. When nothing fits, the candidate with the smallest peak. tile_tokens and offload say
+/// memory, then the AdamW moments too, then the weights and gradients (when remat.offload is
+/// "none"), all with the smallest chunk; then each of those with checkpoint segments of two
+/// blocks (half the checkpoints for a larger working set: what a host full of checkpoints needs).
+/// When nothing fits, the candidate with the smallest peak. tile_tokens, offload and every say
 /// what the plan runs with.
 AutoPlan choose_auto(const Planner& planner, const Config& cfg);
 
 /// Where every command resolves "auto": when `cfg` says remat.policy = "auto" (and has no plan
 /// yet), chooses the plan for the planner's target (choose_auto), writes it into cfg.remat.plan
-/// (every block "full" when nothing fits), its tiling into cfg.remat.tile_tokens and its offload
-/// into cfg.remat.offload, and returns the choice, whose `fits` the caller acts on; otherwise
-/// returns nothing and leaves `cfg` as it is.
+/// (every block "full" when nothing fits), its tiling into cfg.remat.tile_tokens, its offload
+/// into cfg.remat.offload and its segments into cfg.remat.every, and returns the choice, whose
+/// `fits` the caller acts on; otherwise returns nothing and leaves `cfg` as it is.
 std::optional<AutoPlan> resolve_auto(const Planner& planner, Config& cfg);
 
 }  // namespace remat

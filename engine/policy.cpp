@@ -31,7 +31,8 @@ const std::vector<Policy>& policy_table() {
        "per block, the built-in policy the planner picks: the least recompute whose peak fits "
        "`device.memory`; when no plan fits, it tiles the MLP (`remat.tile_tokens`) and tries "
        "again, "
-       "then (GPU targets) moves checkpoints, then AdamW moments, to host memory (`remat.offload`)",
+       "then (GPU targets) moves checkpoints, then AdamW moments, then weights and gradients to "
+       "host memory (`remat.offload`), then pairs blocks into checkpoint segments (`remat.every`)",
        false, 0, nullptr},
   };
   return table;

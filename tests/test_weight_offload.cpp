@@ -381,3 +381,32 @@ TEST_CASE("CUDA attention chunks: automatic lengths, the loop order and the work
     CHECK(w.dq_accum < unchunked_dq / 16);  // one pair's, not the row's
   }
 }
+
+TEST_CASE("auto pairs blocks into checkpoint segments when the host is full of checkpoints",
+          "[offload][auto]") {
+  // GPT-2 1.5B's shape at 1.5M tokens on an H200 with its 128 GiB host: every block's
+  // checkpoint (2 x 1600 B per token, bf16) would take 215 GiB of host, so no plan of
+  // one-block segments fits, offloaded or not; segments of two halve them.
+  const Config cfg =
+      parse_config("", "auto-every",
+                   {"model.n_layer=48", "model.n_embd=1600", "model.n_head=25",
+                    "model.position=\"rope\"", "model.vocab_size=50304", "train.seq_len=1500000",
+                    "train.batch_size=1", "remat.policy=\"auto\"", "data.task=\"random\""});
+  const Planner h200(plan_target(cfg, "h200", std::nullopt), test::synthetic_run_parts);
+  const AutoPlan chosen = choose_auto(h200, cfg);
+  INFO(chosen.summary());
+  REQUIRE(chosen.fits);
+  CHECK(chosen.every == 2);
+  CHECK(chosen.offload != OffloadKind::None);
+  CHECK_THAT(chosen.summary(), Catch::Contains("checkpoint segments of 2 blocks"));
+  const Config run = with_auto_plan(cfg, chosen);
+  CHECK(run.remat.every == 2);
+  CHECK(h200.fits(h200.dry_run(run, false)));
+  Config single = run;
+  single.remat.every = 1;
+  CHECK_FALSE(h200.fits(h200.dry_run(single, false)));
+  // resolve_auto writes the segments into the config that runs.
+  Config resolved = cfg;
+  REQUIRE(resolve_auto(h200, resolved));
+  CHECK(resolved.remat.every == 2);
+}
