@@ -22,6 +22,7 @@
 #include "temp_dir.h"
 #include "tests/cli_util.h"
 #include "tests/configs.h"
+#include "tests/decoder_test_util.h"
 #include "tests/test_util.h"
 
 using namespace remat;
@@ -57,39 +58,6 @@ const std::string kLlama3 =
     "model.rope_scaling={rope_type=\"llama3\", factor=8.0, low_freq_factor=1.0, "
     "high_freq_factor=4.0, original_max_position_embeddings=32}";
 
-// Moves every parameter off its initial value (norm weights off 1, biases off 0) by enough that a
-// swapped or misread tensor changes the logits.
-void perturb(Model& model) {
-  uint64_t stream = 1;
-  for (Param& p : model.params()) {
-    float* v = p.value.f32();
-    for (int64_t i = 0; i < p.value.tensor().numel(); ++i)
-      v[i] += static_cast<float>(0.1 * rng_normal(77, stream, static_cast<uint64_t>(i)));
-    ++stream;
-  }
-}
-
-// The model's parameters as a WeightSource: on the CPU backend they are host memory.
-WeightSource weights_of(Model& model) {
-  return [&model](const std::string& name, std::vector<int64_t>* shape) {
-    for (Param& p : model.params())
-      if (p.name == name) {
-        const Tensor& t = p.value.tensor();
-        if (shape) *shape = std::vector<int64_t>(t.shape.begin(), t.shape.end());
-        return std::vector<float>(t.f32(), t.f32() + t.numel());
-      }
-    throw CheckpointError("no tensor " + name);
-  };
-}
-
-double cross_entropy(const std::vector<float>& logits, int32_t target) {
-  double mx = logits[0];
-  for (float l : logits) mx = std::max(mx, static_cast<double>(l));
-  double sum = 0;
-  for (float l : logits) sum += std::exp(static_cast<double>(l) - mx);
-  return mx + std::log(sum) - static_cast<double>(logits[static_cast<size_t>(target)]);
-}
-
 // The decoder's per-position cross-entropies against the training forward's row losses: float
 // rounding of two summation orders, measured <= 1.7e-7 relative (6e-7 absolute on losses ~5);
 // 1e-5 leaves ~60x, while a decoder that skips RoPE on the keys is off by 0.1..0.2. The serial
@@ -100,13 +68,13 @@ void check_decoder_parity(const std::vector<std::string>& sets) {
   const auto V = static_cast<int32_t>(cfg.model.vocab_size);
   cpu::CpuBackend be(1ull << 30, test::kTestThreads);
   auto model = make_model(cfg, be);
-  perturb(*model);
+  test::perturb(*model, 0.1, 77);
   Batch batch{test::make_ids(be, {B, T}, V, 5, 1), test::make_ids(be, {B, T}, V, 5, 2), B * T};
   const StepLoss want = forward_backward(be, *model, resolve_remat_plan(cfg, *model), batch);
   REQUIRE(static_cast<int64_t>(want.row_losses.size()) == B * T);
 
-  LlamaDecoder serial(cfg.model, weights_of(*model), T);
-  LlamaDecoder threaded(cfg.model, weights_of(*model), T, 0);
+  LlamaDecoder serial(cfg.model, test::weights_of(*model), T);
+  LlamaDecoder threaded(cfg.model, test::weights_of(*model), T, 0);
   const int32_t* in = batch.inputs.tensor().i32();
   const int32_t* tgt = batch.targets.tensor().i32();
   for (int64_t b = 0; b < B; ++b) {
@@ -117,7 +85,7 @@ void check_decoder_parity(const std::vector<std::string>& sets) {
     for (int64_t t = 0; t < T; ++t) {
       const std::vector<float> logits = serial.forward(in[b * T + t]);
       same_bits = same_bits && logits == threaded.forward(in[b * T + t]);
-      got.push_back(cross_entropy(logits, tgt[b * T + t]));
+      got.push_back(test::cross_entropy(logits, tgt[b * T + t]));
     }
     CHECK(serial.position() == T);
     const std::vector<float> row(want.row_losses.begin() + b * T,
@@ -154,7 +122,7 @@ TEST_CASE("llama decoder checks weight shapes, the vocabulary and its capacity",
   cpu::CpuBackend be(1ull << 30, test::kTestThreads);
   auto model = make_model(cfg, be);
   SECTION("a tensor of another shape is named") {
-    const WeightSource inner = weights_of(*model);
+    const WeightSource inner = test::weights_of(*model);
     const WeightSource bad = [&](const std::string& name, std::vector<int64_t>* shape) {
       std::vector<float> w = inner(name, shape);
       if (name == "blocks.1.attn.k_norm.weight") {
@@ -166,7 +134,7 @@ TEST_CASE("llama decoder checks weight shapes, the vocabulary and its capacity",
     CHECK_THROWS_WITH(LlamaDecoder(cfg.model, bad, 8), Contains("blocks.1.attn.k_norm.weight"));
   }
   SECTION("an untied head needs lm_head.weight") {
-    const WeightSource inner = weights_of(*model);
+    const WeightSource inner = test::weights_of(*model);
     const WeightSource no_head = [&](const std::string& name, std::vector<int64_t>* shape) {
       if (name == "lm_head.weight") throw CheckpointError("no tensor " + name);
       return inner(name, shape);
@@ -174,7 +142,7 @@ TEST_CASE("llama decoder checks weight shapes, the vocabulary and its capacity",
     CHECK_THROWS_AS(LlamaDecoder(cfg.model, no_head, 8), CheckpointError);
   }
   SECTION("positions past the cache, tokens outside the vocabulary") {
-    LlamaDecoder dec(cfg.model, weights_of(*model), 3);
+    LlamaDecoder dec(cfg.model, test::weights_of(*model), 3);
     CHECK(dec.capacity() == 3);
     CHECK(dec.vocab_size() == 61);
     for (int t = 0; t < 3; ++t) dec.forward(1);
@@ -190,12 +158,13 @@ TEST_CASE("make_decoder picks the decoder of model.kind", "[llama][sample]") {
   cpu::CpuBackend be(1ull << 30, test::kTestThreads);
   const Config llama = parse_config(kParity, "llama");
   auto llama_model = make_model(llama, be);
-  CHECK(dynamic_cast<LlamaDecoder*>(make_decoder(llama.model, weights_of(*llama_model), 4).get()));
+  CHECK(dynamic_cast<LlamaDecoder*>(
+      make_decoder(llama.model, test::weights_of(*llama_model), 4).get()));
   const Config gpt = parse_config(test::small_gpt_toml({}), "gpt");
   auto gpt_model = make_model(gpt, be);
-  CHECK(dynamic_cast<GptDecoder*>(make_decoder(gpt.model, weights_of(*gpt_model), 4).get()));
+  CHECK(dynamic_cast<GptDecoder*>(make_decoder(gpt.model, test::weights_of(*gpt_model), 4).get()));
   const Config mlp = parse_config(test::small_mlp_toml(2, 8, 2), "mlp");
-  CHECK_THROWS_WITH(make_decoder(mlp.model, weights_of(*gpt_model), 4),
+  CHECK_THROWS_WITH(make_decoder(mlp.model, test::weights_of(*gpt_model), 4),
                     Contains("only gpt and llama"));
 }
 

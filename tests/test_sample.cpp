@@ -23,6 +23,7 @@
 #include "layers/models.h"
 #include "temp_dir.h"
 #include "tests/cli_util.h"
+#include "tests/decoder_test_util.h"
 #include "tests/test_util.h"
 
 using namespace remat;
@@ -55,52 +56,19 @@ threads = 2
                       "sample-parity");
 }
 
-// Moves every parameter off its initial value (LayerNorm weights off 1, biases off 0), so a
-// swapped or misread tensor changes the logits.
-void perturb(Model& model) {
-  uint64_t stream = 1;
-  for (Param& p : model.params()) {
-    float* v = p.value.f32();
-    for (int64_t i = 0; i < p.value.tensor().numel(); ++i)
-      v[i] += static_cast<float>(0.05 * rng_normal(99, stream, static_cast<uint64_t>(i)));
-    ++stream;
-  }
-}
-
-// The model's parameters as a WeightSource: on the CPU backend they are host memory.
-WeightSource weights_of(Model& model) {
-  return [&model](const std::string& name, std::vector<int64_t>* shape) {
-    for (Param& p : model.params())
-      if (p.name == name) {
-        const Tensor& t = p.value.tensor();
-        if (shape) *shape = std::vector<int64_t>(t.shape.begin(), t.shape.end());
-        return std::vector<float>(t.f32(), t.f32() + t.numel());
-      }
-    throw CheckpointError("no tensor " + name);
-  };
-}
-
-double cross_entropy(const std::vector<float>& logits, int32_t target) {
-  double mx = logits[0];
-  for (float l : logits) mx = std::max(mx, static_cast<double>(l));
-  double sum = 0;
-  for (float l : logits) sum += std::exp(static_cast<double>(l) - mx);
-  return mx + std::log(sum) - static_cast<double>(logits[static_cast<size_t>(target)]);
-}
-
 void check_decoder_parity(const std::string& position) {
   const Config cfg = parity_config(position);
   const int64_t B = cfg.train.batch_size, T = cfg.train.seq_len;
   cpu::CpuBackend be(1ull << 30, test::kTestThreads);
   auto model = make_model(cfg, be);
-  perturb(*model);
+  test::perturb(*model, 0.05, 99);
   Batch batch{test::make_ids(be, {B, T}, 61, 5, 1), test::make_ids(be, {B, T}, 61, 5, 2), B * T};
   const StepLoss want = forward_backward(be, *model, resolve_remat_plan(cfg, *model), batch);
   REQUIRE(static_cast<int64_t>(want.row_losses.size()) == B * T);
 
   // Serial, and with every product split across threads (threshold 0): the same bits.
-  GptDecoder serial(cfg.model, weights_of(*model), T);
-  GptDecoder threaded(cfg.model, weights_of(*model), T, 0);
+  GptDecoder serial(cfg.model, test::weights_of(*model), T);
+  GptDecoder threaded(cfg.model, test::weights_of(*model), T, 0);
   const int32_t* in = batch.inputs.tensor().i32();
   const int32_t* tgt = batch.targets.tensor().i32();
   for (int64_t b = 0; b < B; ++b) {
@@ -111,7 +79,7 @@ void check_decoder_parity(const std::string& position) {
     for (int64_t t = 0; t < T; ++t) {
       const std::vector<float> logits = serial.forward(in[b * T + t]);
       same_bits = same_bits && logits == threaded.forward(in[b * T + t]);
-      got.push_back(cross_entropy(logits, tgt[b * T + t]));
+      got.push_back(test::cross_entropy(logits, tgt[b * T + t]));
     }
     const std::vector<float> row(want.row_losses.begin() + b * T,
                                  want.row_losses.begin() + (b + 1) * T);
@@ -195,7 +163,7 @@ TEST_CASE("decoder checks weight shapes and the learned-position limit", "[sampl
   cpu::CpuBackend be(1ull << 30, test::kTestThreads);
   auto model = make_model(cfg, be);
   SECTION("a tensor of another shape is named") {
-    const WeightSource inner = weights_of(*model);
+    const WeightSource inner = test::weights_of(*model);
     const WeightSource bad = [&](const std::string& name, std::vector<int64_t>* shape) {
       std::vector<float> w = inner(name, shape);
       if (name == "blocks.1.mlp.fc.bias") {
@@ -207,7 +175,7 @@ TEST_CASE("decoder checks weight shapes and the learned-position limit", "[sampl
     CHECK_THROWS_WITH(GptDecoder(cfg.model, bad, 8), Contains("blocks.1.mlp.fc.bias"));
   }
   SECTION("positions past n_ctx tell the user to lower --tokens") {
-    GptDecoder dec(cfg.model, weights_of(*model), 1000);
+    GptDecoder dec(cfg.model, test::weights_of(*model), 1000);
     CHECK(dec.capacity() == cfg.model.n_ctx);
     for (int64_t t = 0; t < cfg.model.n_ctx; ++t) dec.forward(1);
     CHECK_THROWS_WITH(dec.forward(1), Contains("--tokens"));
@@ -215,7 +183,7 @@ TEST_CASE("decoder checks weight shapes and the learned-position limit", "[sampl
     CHECK(dec.forward(1).size() == 61);
   }
   SECTION("a token outside the vocabulary") {
-    GptDecoder dec(cfg.model, weights_of(*model), 4);
+    GptDecoder dec(cfg.model, test::weights_of(*model), 4);
     CHECK_THROWS_AS(dec.forward(61), DataError);
   }
 }
