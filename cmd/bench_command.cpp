@@ -103,7 +103,8 @@ constexpr double kStealWarning = 0.05;
 struct BenchReport {
   std::string config, device, policy;
   int64_t batch_size = 0;
-  int64_t seq_len = 0;  // a GPT's; 0 for the MLP, whose throughput is in rows
+  int64_t seq_len = 0;     // a GPT's; 0 for the MLP, whose throughput is in rows
+  int64_t loss_chunk = 0;  // rows per LM-head chunk as run (0: the MLP, or the default)
   std::vector<TimedStep> steps;
   TimedStep median_step;       // the step of median time, whose ops the rows break down
   std::vector<double> floors;  // FLOP/s, one per step (empty off the CPU)
@@ -115,7 +116,7 @@ struct BenchReport {
   std::vector<FamilyRow> rows;  // the families, unlisted ops, data and no op: they add up
   std::vector<double> untimed_ms;  // steps with op timing off (asynchronous backends only)
   double untimed_step_ms = 0;      // their median (0: none were run)
-  FamilyRow recompute;          // of all the rows: the recompute phase (calls 0: none)
+  FamilyRow recompute;             // of all the rows: the recompute phase (calls 0: none)
   std::vector<std::string> warnings;
 };
 
@@ -177,6 +178,7 @@ BenchReport make_report(const Config& cfg, const std::string& device, std::vecto
   r.policy = cfg.remat.plan.empty() ? cfg.remat.policy : "per-block plan";
   r.batch_size = cfg.train.batch_size;
   r.seq_len = cfg.model.has_sequence() ? cfg.train.seq_len : 0;
+  r.loss_chunk = cfg.train.loss_chunk;
   std::vector<const TimedStep*> sorted;
   for (const auto& s : steps) sorted.push_back(&s);
   std::sort(sorted.begin(), sorted.end(), [](auto* a, auto* b) { return a->ms < b->ms; });
@@ -302,6 +304,8 @@ void print_json(const BenchReport& r) {
       {"policy", r.policy},
       {"batch_size", r.batch_size},
       {"seq_len", r.seq_len > 0 ? json(r.seq_len) : json()},
+      // The LM head's rows per chunk when the config or the budget set it (null: the default).
+      {"loss_chunk", r.loss_chunk > 0 ? json(r.loss_chunk) : json()},
       {"step_ms", r.median_step.ms},
       // The step without a sync after each op (asynchronous backends; null on the CPU, whose
       // ops are synchronous and timed at no cost).
@@ -344,6 +348,7 @@ int run_bench(const BenchOptions& opt) {
   const Planner planner(run_plan_target(be), make_run_parts);
   if (const std::optional<AutoPlan> chosen = resolve_auto(planner, cfg); chosen && !chosen->fits)
     throw OutOfMemory(chosen->infeasible_message());
+  resolve_loss_chunk(planner, cfg);
   const WorkspaceTarget device = be.workspace_target();
   const bool cpu_floor = device.device == DeviceKind::Cpu;
   std::unique_ptr<Model> model = make_model(cfg, be);

@@ -47,6 +47,7 @@ CompareRow run_policy(const Config& base, const std::string& policy, int64_t ste
     row.message = chosen->infeasible_message();
     return row;
   }
+  resolve_loss_chunk(planner, cfg);
   const DryRun plan = planner.dry_run(cfg, false);
   row.predicted = plan.peak.total_bytes;
   row.recompute_overhead = plan.recompute_overhead();

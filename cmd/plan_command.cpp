@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "cmd/commands.h"
 #include "cmd/report.h"
@@ -115,6 +116,23 @@ std::string remat_table(const AutoPlan& a, const PlanTarget& t) {
                                      : std::string());
 }
 
+// What `train` does to the LM head's chunk for the configured plan on this target
+// (resolve_loss_chunk): on a GPU with room, larger chunks than the default the rows above use.
+struct HeadChunk {
+  int64_t default_rows = 0, train_rows = 0;
+  uint64_t train_peak_bytes = 0;
+};
+std::optional<HeadChunk> head_chunk(const Planner& planner, Config cfg) {
+  if (cfg.train.loss_chunk > 0 || !cfg.model.has_sequence() ||
+      planner.target().count.device != DeviceKind::Cuda)
+    return std::nullopt;
+  HeadChunk h;
+  h.default_rows = default_loss_chunk_rows(loss_rows_per_rank(cfg), cfg.model.vocab_size);
+  h.train_rows = resolve_loss_chunk(planner, cfg).value_or(h.default_rows);
+  h.train_peak_bytes = planner.dry_run(cfg, false).peak.total_bytes;
+  return h;
+}
+
 }  // namespace
 
 int run_plan(const PlanOptions& opt) {
@@ -173,6 +191,8 @@ int run_plan(const PlanOptions& opt) {
       add_row("configured: " + configured, cfg);
     }
   }
+  const std::optional<HeadChunk> head =
+      head_chunk(planner, configured_auto ? with_auto_plan(cfg, chosen) : cfg);
   std::string auto_plan;
   for (const auto& p : chosen.policies)
     auto_plan += fmt::format("{}\"{}\"", auto_plan.empty() ? "" : ", ", p);
@@ -201,6 +221,10 @@ int run_plan(const PlanOptions& opt) {
     if (const AttentionChunks ch = attention_chunks_of(cfg, target.count.device); ch.chunked())
       out["attention_chunks"] = {
           {"tokens", ch.L}, {"count", ch.count()}, {"automatic", cfg.remat.attention_chunk == 0}};
+    if (head)  // GPU targets only, so that CPU plans keep their shape
+      out["loss_chunk"] = {{"default_rows", head->default_rows},
+                           {"train_rows", head->train_rows},
+                           {"train_peak_bytes", head->train_peak_bytes}};
     out["auto"] = {{"plan", chosen.policies},
                    {"fits", chosen.fits},
                    {"peak_bytes", chosen.peak_bytes},
@@ -284,6 +308,11 @@ int run_plan(const PlanOptions& opt) {
     fmt::print("{}\n", copy_phase_line(c.run, target));
   }
   if (c.run.ranks > 1) fmt::print("{}\n", exchange_line(c.run, target));
+  if (head && head->train_rows != head->default_rows)
+    fmt::print(
+        "  LM head: the rows above run it in chunks of {} rows; train gives it {} where the budget "
+        "has room (peak {})\n",
+        head->default_rows, head->train_rows, format_bytes(head->train_peak_bytes));
   if (!target.reserve_bytes) fmt::print("  (on the CPU a real run measures exactly this peak)\n");
   return 0;
 }

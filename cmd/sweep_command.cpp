@@ -272,6 +272,7 @@ int run_sweep(const SweepOptions& opt) {
       // auto: the child's `train` chooses the same plan for the same budget (or exits 3, when
       // the prediction is the all-"full" plan's peak, the smallest achievable).
       resolve_auto(planner, c);
+      resolve_loss_chunk(planner, c);  // and the head's chunk, likewise
       const DryRun d = planner.dry_run(c, false);
       p.predicted_peak_bytes = d.peak.total_bytes;
       p.predicted_host_peak_bytes = d.host_peak.total_bytes;

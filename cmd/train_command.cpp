@@ -528,6 +528,8 @@ int run_train(const TrainOptions& options) {
     if (!chosen->fits) throw OutOfMemory(chosen->infeasible_message());
     if (!opt.quiet) fmt::print("auto: {}\n", chosen->summary());
   }
+  if (const std::optional<int64_t> rows = resolve_loss_chunk(planner, cfg); rows && !opt.quiet)
+    fmt::print("loss head: chunks of {} rows, sized to the budget (train.loss_chunk = 0)\n", *rows);
   const DryRun predicted = planner.dry_run(cfg);
   refuse_plan_over_budget(planner, cfg, predicted);
   std::unique_ptr<Model> model = make_model(cfg, be, ring_channel.get());

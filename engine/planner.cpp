@@ -393,6 +393,51 @@ std::vector<int64_t> auto_tile_tokens(int64_t rows) {
   return tiles;
 }
 
+int64_t loss_rows_per_rank(const Config& cfg) {
+  const auto ceil_div = [](int64_t a, int64_t b) { return (a + b - 1) / std::max<int64_t>(b, 1); };
+  return ceil_div(cfg.train.batch_size, cfg.parallel.data_ranks()) *
+         ceil_div(cfg.train.seq_len, cfg.parallel.context);
+}
+
+std::vector<int64_t> gpu_loss_chunk_candidates(int64_t rows, int64_t vocab) {
+  const int64_t small = default_loss_chunk_rows(rows, vocab);
+  std::vector<int64_t> candidates;
+  if (small >= rows) return candidates;  // one chunk already
+  for (int64_t r = std::min((rows + 63) / 64 * 64, kGpuLossChunkRows); r > small; r /= 2)
+    candidates.push_back(r);
+  return candidates;
+}
+
+std::optional<int64_t> resolve_loss_chunk(const Planner& planner, Config& cfg) {
+  if (cfg.train.loss_chunk > 0 || !cfg.model.has_sequence() ||
+      planner.target().count.device != DeviceKind::Cuda)
+    return std::nullopt;
+  const std::vector<int64_t> candidates =
+      gpu_loss_chunk_candidates(loss_rows_per_rank(cfg), cfg.model.vocab_size);
+  const auto fits_with = [&](size_t i) {
+    Config c = cfg;
+    c.train.loss_chunk = candidates[i];
+    return planner.fits(planner.dry_run(c, false));
+  };
+  if (candidates.empty()) return std::nullopt;
+  // Short contexts: the largest fits, one dry run. Otherwise the smallest index (largest chunk)
+  // that fits, if the last one does.
+  size_t lo = 0, hi = candidates.size() - 1;
+  if (!fits_with(0)) {
+    if (hi == 0 || !fits_with(hi)) return std::nullopt;
+    lo = 1;
+  }
+  while (lo < hi) {
+    const size_t mid = (lo + hi) / 2;
+    if (fits_with(mid))
+      hi = mid;
+    else
+      lo = mid + 1;
+  }
+  cfg.train.loss_chunk = candidates[lo];
+  return candidates[lo];
+}
+
 AutoPlan choose_auto(const Planner& planner, const Config& cfg) {
   // What auto may add when no per-block plan fits, cheapest first: MLP tiling (a little GEMM
   // efficiency), in smaller chunks while it does not fit, then checkpoints in host memory (copies

@@ -258,4 +258,33 @@ AutoPlan choose_auto(const Planner& planner, const Config& cfg);
 /// `fits` the caller acts on; otherwise returns nothing and leaves `cfg` as it is.
 std::optional<AutoPlan> resolve_auto(const Planner& planner, Config& cfg);
 
+// ---- the LM head's chunk on a GPU ----
+//
+// The fused LM head (engine/ops/loss.h) runs over chunks of rows; each chunk re-reads and
+// re-writes the f32 weight gradient (V x C) and runs three GEMMs of `rows` rows. The default
+// chunk (default_loss_chunk_rows: ~32 MiB of logits, 192 rows for GPT-2's vocabulary) keeps the
+// head's memory negligible, which is what the CPU and a GPU at its longest context want; a GPU
+// with room to spare wants thousands of rows: at 192 rows the weight gradient's traffic alone is
+// ~25% of the head's GEMM time on an H200, at 8192 rows under 1%.
+
+/// The LM head's rows on one rank: its share of the batch, and of each row's tokens under
+/// context parallel.
+int64_t loss_rows_per_rank(const Config& cfg);
+
+/// The largest LM-head chunk a GPU target is given, in rows.
+constexpr int64_t kGpuLossChunkRows = 8192;
+
+/// The chunks resolve_loss_chunk tries for `rows` token rows (one rank's) and `vocab`, largest
+/// first: min(rows rounded up to 64, kGpuLossChunkRows), halved while larger than the default
+/// chunk. Empty when the default chunk already holds every row.
+std::vector<int64_t> gpu_loss_chunk_candidates(int64_t rows, int64_t vocab);
+
+/// Where every command that runs steps sizes the LM head's chunk: when `cfg` leaves it to the
+/// tool (train.loss_chunk = 0) and the target is a GPU, the largest candidate whose dry run still
+/// fits both pools (the peak grows with the chunk, so a binary search), written into
+/// cfg.train.loss_chunk and returned. Nothing when the config sets the chunk, on the CPU, for the
+/// MLP, or when no candidate fits: the default chunk then stays. Call it after resolve_auto, so
+/// that the chunk grows into what the chosen plan leaves free and never changes the plan.
+std::optional<int64_t> resolve_loss_chunk(const Planner& planner, Config& cfg);
+
 }  // namespace remat

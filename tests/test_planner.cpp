@@ -306,3 +306,84 @@ TEST_CASE("with a sharded optimizer each rank's plan holds its share of the Adam
   CHECK(sum <=
         2 * sizeof(float) * static_cast<uint64_t>(unsharded.n_params) + 6 * MemoryPool::kAlignment);
 }
+
+namespace {
+
+// A CUDA target of `budget` pool bytes (no reserve), bf16 activations.
+Planner cuda_planner(uint64_t budget) {
+  PlanTarget t;
+  t.name = "cuda";
+  t.count = CountTarget{DeviceKind::Cuda, DType::BF16, 1};
+  t.device_bytes = budget;
+  return Planner(t, synthetic_run_parts);
+}
+
+uint64_t peak_with_chunk(const Planner& planner, Config cfg, int64_t rows) {
+  cfg.train.loss_chunk = rows;
+  return planner.dry_run(cfg, false).peak.total_bytes;
+}
+
+}  // namespace
+
+TEST_CASE("on a GPU the LM head's chunk grows to the largest candidate the budget holds",
+          "[planner][loss_chunk]") {
+  // 4 x 1024 rows and a vocabulary of 8192: the default chunk is 1024 rows (32 MiB of logits),
+  // the candidates 4096 and 2048.
+  const Config cfg =
+      parse_config("", "head.toml",
+                   {"model.n_layer=2", "model.n_embd=64", "model.n_head=2",
+                    "model.position=\"rope\"", "model.vocab_size=8192", "train.seq_len=1024",
+                    "train.batch_size=4", "remat.policy=full", "device.backend=\"cuda\""});
+  REQUIRE(default_loss_chunk_rows(4096, 8192) == 1024);
+  REQUIRE(gpu_loss_chunk_candidates(4096, 8192) == std::vector<int64_t>{4096, 2048});
+  const Planner roomy = cuda_planner(64ull << 30);
+  const uint64_t p1024 = peak_with_chunk(roomy, cfg, 1024);
+  const uint64_t p2048 = peak_with_chunk(roomy, cfg, 2048);
+  const uint64_t p4096 = peak_with_chunk(roomy, cfg, 4096);
+  // The head is this step's peak, so each candidate costs memory: 32 MiB of logits per 1024 rows.
+  REQUIRE(p1024 < p2048);
+  REQUIRE(p2048 < p4096);
+
+  SECTION("room for the largest: every row in one chunk") {
+    Config c = cfg;
+    CHECK(resolve_loss_chunk(roomy, c) == 4096);
+    CHECK(c.train.loss_chunk == 4096);
+  }
+  SECTION("room for the middle one only") {
+    const Planner between = cuda_planner(p4096 - 1);
+    Config c = cfg;
+    CHECK(resolve_loss_chunk(between, c) == 2048);
+    CHECK(c.train.loss_chunk == 2048);
+    const Planner exact = cuda_planner(p2048);
+    Config d = cfg;
+    CHECK(resolve_loss_chunk(exact, d) == 2048);
+  }
+  SECTION("no room beyond the default: the config is left as it is") {
+    const Planner tight = cuda_planner(p2048 - 1);
+    Config c = cfg;
+    CHECK_FALSE(resolve_loss_chunk(tight, c).has_value());
+    CHECK(c.train.loss_chunk == 0);
+  }
+  SECTION("the CPU, and a chunk the config sets, are never changed") {
+    Config c = cfg;
+    CHECK_FALSE(resolve_loss_chunk(cpu_planner(1, 64ull << 30), c).has_value());
+    CHECK(c.train.loss_chunk == 0);
+    c.train.loss_chunk = 512;
+    CHECK_FALSE(resolve_loss_chunk(roomy, c).has_value());
+    CHECK(c.train.loss_chunk == 512);
+  }
+}
+
+TEST_CASE("the GPU head chunk's candidates: capped, halved down to the default, none when small",
+          "[planner][loss_chunk]") {
+  // GPT-2's vocabulary: a 192-row default.
+  CHECK(gpu_loss_chunk_candidates(32768, 50257) ==
+        std::vector<int64_t>{8192, 4096, 2048, 1024, 512, 256});
+  // Rows round up to 64 and cap the first candidate.
+  CHECK(gpu_loss_chunk_candidates(1000, 50257) == std::vector<int64_t>{1024, 512, 256});
+  CHECK(gpu_loss_chunk_candidates(100, 50257).empty());
+  Config c = parse_config("", "r.toml", {"train.seq_len=1000", "train.batch_size=6"});
+  c.parallel.data = 2;
+  c.parallel.context = 3;
+  CHECK(loss_rows_per_rank(c) == 3 * 334);
+}
