@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "engine/cuda/check.h"
+#include "engine/cuda/kernels.cuh"
 
 namespace remat::cuda {
 
@@ -27,11 +28,12 @@ struct GemmEngine::Plan {
 
 namespace {
 
-// Largest power of two (up to 256) dividing the address: the heuristic must only pick kernels
-// whose vector loads that alignment allows (row offsets into chunks can be odd multiples of 2).
+// Largest power of two (up to 16, see gemm.h) dividing the address: the heuristic must only pick
+// kernels whose vector loads that alignment allows (row offsets into chunks can be odd multiples
+// of 2).
 int alignment_of(const void* p) {
   const auto v = reinterpret_cast<uintptr_t>(p);
-  int a = 256;
+  int a = 16;
   while (a > 1 && (v % static_cast<uintptr_t>(a)) != 0) a >>= 1;
   return a;
 }
@@ -51,37 +53,63 @@ GemmEngine::~GemmEngine() {
   if (handle_) lt_.destroy(handle_);
 }
 
-GemmEngine::Plan& GemmEngine::plan_for(const Key& key, int64_t m, int64_t n, int64_t k,
-                                       const GemmOperand& a, const GemmOperand& b, bool d_bf16,
-                                       int64_t ldd, size_t ws_bytes, int align_a, int align_b,
-                                       int align_d) {
+// One GEMM's signature, everything plan_for needs.
+struct GemmEngine::Shape {
+  int64_t m, n, k;
+  GemmOperand a, b;
+  bool d_bf16;
+  int64_t ldd;
+  size_t ws_bytes;
+  const float* bias;
+  int align_a, align_b, align_d, align_bias;
+  Key key() const {
+    return {m,       n,       k,       a.ld,       b.ld,
+            ldd,     a.trans, b.trans, a.bf16,     d_bf16,
+            align_a, align_b, align_d, align_bias, static_cast<int>(ws_bytes >> 20)};
+  }
+};
+
+GemmEngine::Plan* GemmEngine::plan_for(const Shape& s) {
+  const Key key = s.key();
   auto it = plans_.find(key);
-  if (it != plans_.end()) return *it->second;
+  if (it != plans_.end()) return it->second.get();
   auto p = std::make_unique<Plan>();
   p->lt = &lt_;
   // fp32 accumulation and fp32 alpha/beta for both bf16 and f32 inputs (no TF32).
   REMAT_CUBLAS_CHECK(lt_.matmul_desc_create(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-  const cublasOperation_t ta = a.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
-  const cublasOperation_t tb = b.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t ta = s.a.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t tb = s.b.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
   REMAT_CUBLAS_CHECK(
       lt_.matmul_desc_set_attribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
   REMAT_CUBLAS_CHECK(
       lt_.matmul_desc_set_attribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+  if (s.bias) {
+    // The heuristic reads the pointer's alignment; each call sets its own pointer.
+    const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+    const int32_t bias_type = CUDA_R_32F;
+    REMAT_CUBLAS_CHECK(lt_.matmul_desc_set_attribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE,
+                                                     &epilogue, sizeof(epilogue)));
+    REMAT_CUBLAS_CHECK(lt_.matmul_desc_set_attribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+                                                     &bias_type, sizeof(bias_type)));
+    REMAT_CUBLAS_CHECK(lt_.matmul_desc_set_attribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                     &s.bias, sizeof(s.bias)));
+  }
+  const int64_t m = s.m, n = s.n, k = s.k;
   // Stored shapes: A is (m x k) or, transposed, (k x m); likewise B (k x n) / (n x k).
-  REMAT_CUBLAS_CHECK(lt_.matrix_layout_create(&p->a, dtype_of(a.bf16),
-                                              static_cast<uint64_t>(a.trans ? k : m),
-                                              static_cast<uint64_t>(a.trans ? m : k), a.ld));
-  REMAT_CUBLAS_CHECK(lt_.matrix_layout_create(&p->b, dtype_of(b.bf16),
-                                              static_cast<uint64_t>(b.trans ? n : k),
-                                              static_cast<uint64_t>(b.trans ? k : n), b.ld));
-  REMAT_CUBLAS_CHECK(lt_.matrix_layout_create(&p->d, dtype_of(d_bf16), static_cast<uint64_t>(m),
-                                              static_cast<uint64_t>(n), ldd));
+  REMAT_CUBLAS_CHECK(lt_.matrix_layout_create(&p->a, dtype_of(s.a.bf16),
+                                              static_cast<uint64_t>(s.a.trans ? k : m),
+                                              static_cast<uint64_t>(s.a.trans ? m : k), s.a.ld));
+  REMAT_CUBLAS_CHECK(lt_.matrix_layout_create(&p->b, dtype_of(s.b.bf16),
+                                              static_cast<uint64_t>(s.b.trans ? n : k),
+                                              static_cast<uint64_t>(s.b.trans ? k : n), s.b.ld));
+  REMAT_CUBLAS_CHECK(lt_.matrix_layout_create(&p->d, dtype_of(s.d_bf16), static_cast<uint64_t>(m),
+                                              static_cast<uint64_t>(n), s.ldd));
 
   cublasLtMatmulPreference_t pref = nullptr;
   REMAT_CUBLAS_CHECK(lt_.matmul_preference_create(&pref));
-  const uint64_t ws = ws_bytes;
-  const uint32_t al_a = static_cast<uint32_t>(align_a), al_b = static_cast<uint32_t>(align_b),
-                 al_d = static_cast<uint32_t>(align_d);
+  const uint64_t ws = s.ws_bytes;
+  const uint32_t al_a = static_cast<uint32_t>(s.align_a), al_b = static_cast<uint32_t>(s.align_b),
+                 al_d = static_cast<uint32_t>(s.align_d);
   lt_.matmul_preference_set_attribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
                                       sizeof(ws));
   lt_.matmul_preference_set_attribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a,
@@ -98,29 +126,64 @@ GemmEngine::Plan& GemmEngine::plan_for(const Key& key, int64_t m, int64_t n, int
                                                           pref, 1, &result, &found);
   lt_.matmul_preference_destroy(pref);
   if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
+    if (s.bias) {  // no BIAS epilogue here: remembered, so the caller adds the bias every time
+      plans_.emplace(key, nullptr);
+      return nullptr;
+    }
     throw BackendError(fmt::format(
         "[gemm] cuBLASLt has no algorithm for m={} n={} k={} ({}{}, {}{} -> {}, ld {}/{}/{}, "
         "alignment {}/{}/{}): {}",
-        m, n, k, a.bf16 ? "bf16" : "f32", a.trans ? "^T" : "", b.bf16 ? "bf16" : "f32",
-        b.trans ? "^T" : "", d_bf16 ? "bf16" : "f32", a.ld, b.ld, ldd, align_a, align_b, align_d,
-        lt_.get_status_string(st)));
+        m, n, k, s.a.bf16 ? "bf16" : "f32", s.a.trans ? "^T" : "", s.b.bf16 ? "bf16" : "f32",
+        s.b.trans ? "^T" : "", s.d_bf16 ? "bf16" : "f32", s.a.ld, s.b.ld, s.ldd, s.align_a,
+        s.align_b, s.align_d, lt_.get_status_string(st)));
   }
   p->algo = result.algo;
-  return *plans_.emplace(key, std::move(p)).first->second;
+  return plans_.emplace(key, std::move(p)).first->second.get();
 }
 
 void GemmEngine::matmul(int64_t m, int64_t n, int64_t k, const GemmOperand& a, const GemmOperand& b,
                         void* d, bool d_bf16, int64_t ldd, float beta, void* workspace,
-                        size_t ws_bytes) {
+                        size_t ws_bytes, const float* bias) {
   REMAT_ASSERT(a.bf16 == b.bf16, "gemm: A and B dtypes differ");
-  const int align_a = alignment_of(a.ptr), align_b = alignment_of(b.ptr), align_d = alignment_of(d);
-  const Key key{
-      m,       n,      k,      a.ld,    b.ld,    ldd,     a.trans,
-      b.trans, a.bf16, d_bf16, align_a, align_b, align_d, static_cast<int>(ws_bytes >> 20)};
-  Plan& p = plan_for(key, m, n, k, a, b, d_bf16, ldd, ws_bytes, align_a, align_b, align_d);
+  Shape s{m,
+          n,
+          k,
+          a,
+          b,
+          d_bf16,
+          ldd,
+          ws_bytes,
+          bias,
+          alignment_of(a.ptr),
+          alignment_of(b.ptr),
+          alignment_of(d),
+          bias ? alignment_of(bias) : 0};
   const float alpha = 1.0f;
-  REMAT_CUBLAS_CHECK(lt_.matmul(handle_, p.desc, &alpha, a.ptr, p.a, b.ptr, p.b, &beta, d, p.d, d,
-                                p.d, &p.algo, workspace, ws_bytes, stream_));
+  auto run = [&](Plan& p) {
+    return lt_.matmul(handle_, p.desc, &alpha, a.ptr, p.a, b.ptr, p.b, &beta, d, p.d, d, p.d,
+                      &p.algo, workspace, ws_bytes, stream_);
+  };
+  if (Plan* p = plan_for(s); p && bias) {
+    REMAT_CUBLAS_CHECK(lt_.matmul_desc_set_attribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                     &bias, sizeof(bias)));
+    const cublasStatus_t st = run(*p);
+    if (st != CUBLAS_STATUS_NOT_SUPPORTED) {
+      REMAT_CUBLAS_CHECK(st);
+      return;
+    }
+    plans_[s.key()] = nullptr;  // refused at launch although the heuristic offered it
+  } else if (p) {
+    REMAT_CUBLAS_CHECK(run(*p));
+    return;
+  }
+  // A bias without the epilogue: into D first (D is m x n packed: ldd == m), then the GEMM
+  // accumulates onto it, as the CPU backend orders the sum.
+  REMAT_ASSERT(ldd == m, "gemm: a bias needs a packed D (ld {} for {} rows)", ldd, m);
+  kern::bias_rows(d, bias, n, m, beta == 0.0f, d_bf16, stream_);
+  beta = 1.0f;
+  s.bias = nullptr;
+  s.align_bias = 0;
+  REMAT_CUBLAS_CHECK(run(*plan_for(s)));
 }
 
 }  // namespace remat::cuda

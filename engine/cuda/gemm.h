@@ -4,8 +4,10 @@
 // TF32, so the fp32 mode is a faithful reference). A row-major (R, Cc) matrix is a column-major
 // (Cc, R) one with ld Cc; engine/cuda/gemm.cpp maps the row-major Linear ops onto this.
 // Descriptors, layouts and the heuristic's algorithm are cached per signature (shape, transposes,
-// leading dimensions, dtypes and pointer alignment), so a training step does no heuristic work
-// after the first.
+// leading dimensions, dtypes, bias and pointer alignment), so a training step does no heuristic
+// work after the first. Alignments enter the signature capped at 16 bytes, the most any kernel
+// asks for: where the pool happens to place a buffer then never changes the algorithm, so a run
+// repeats its GEMMs' bits from one launch of the program to the next.
 #pragma once
 
 #include <cublasLt.h>
@@ -36,18 +38,24 @@ class GemmEngine {
   GemmEngine(const GemmEngine&) = delete;
   GemmEngine& operator=(const GemmEngine&) = delete;
 
-  /// D = op(A) op(B) + beta D on the engine's stream. `workspace` (ws_bytes, from the pool) may
-  /// be reused by the next call as soon as this one is enqueued (same stream).
+  /// D = op(A) op(B) + beta D (+ bias, an f32 vector of m broadcast over D's n columns) on the
+  /// engine's stream. `workspace` (ws_bytes, from the pool) may be reused by the next call as soon
+  /// as this one is enqueued (same stream). The bias rides in cuBLASLt's BIAS epilogue, added to
+  /// the fp32 accumulator before D's one rounding; where this cuBLASLt offers no such algorithm
+  /// for the signature (f32 bias beside bf16 D is not in every release's tables), a kernel writes
+  /// it into D first and the GEMM accumulates onto it, decided once per signature.
   void matmul(int64_t m, int64_t n, int64_t k, const GemmOperand& a, const GemmOperand& b, void* d,
-              bool d_bf16, int64_t ldd, float beta, void* workspace, size_t ws_bytes);
+              bool d_bf16, int64_t ldd, float beta, void* workspace, size_t ws_bytes,
+              const float* bias = nullptr);
 
  private:
   struct Plan;
   using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int, int, int,
-                         int, int, int, int>;
-  Plan& plan_for(const Key& key, int64_t m, int64_t n, int64_t k, const GemmOperand& a,
-                 const GemmOperand& b, bool d_bf16, int64_t ldd, size_t ws_bytes, int align_a,
-                 int align_b, int align_d);
+                         int, int, int, int, int>;
+  struct Shape;
+  /// The cached plan of `s`, made on first use; null when `s` has a bias and cuBLASLt has no
+  /// algorithm with the BIAS epilogue for it (the caller then adds the bias itself).
+  Plan* plan_for(const Shape& s);
 
   cudaStream_t stream_;
   const CublasLtLibrary& lt_;

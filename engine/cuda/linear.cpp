@@ -1,5 +1,5 @@
-// CUDA linear layer (engine/ops/linear.h): cuBLASLt GEMMs (gemm.cpp) with the bias added by
-// our kernels; bf16 GEMMs read the bf16 weight copy of the op's workspace.
+// CUDA linear layer (engine/ops/linear.h): cuBLASLt GEMMs (gemm.cpp), the bias in the forward
+// GEMM's epilogue; bf16 GEMMs read the bf16 weight copy of the op's workspace.
 #include "engine/cuda/cuda_backend.h"
 #include "engine/cuda/gemm.h"
 #include "engine/cuda/kernels.cuh"
@@ -26,15 +26,10 @@ void CudaBackend::linear_forward_impl(const LinearForwardArgs& a, const OpWorksp
   const bool bf = is_bf16(a.inp);
   const void* w = gemm_weight(a.weight, ws);
   void* wsp = ws.at("gemm.workspace").tensor().data;
-  float beta = a.accumulate ? 1.0f : 0.0f;
-  // Bias first, then the GEMM accumulates onto it (as the CPU does): one rounding of the sum.
-  // TODO(cuda): cuBLASLt's BIAS epilogue would save this pass over out (#5).
-  if (!a.bias.empty()) {
-    kern::bias_rows(a.out.data, a.bias.f32(), N, OC, !a.accumulate, is_bf16(a.out), stream());
-    beta = 1.0f;
-  }
+  // The bias rides in the GEMM's epilogue (gemm.h): no pass of its own over out.
   gemm_->matmul(OC, N, C, {w, bf, C, true}, {a.inp.data, bf, C, false}, a.out.data, is_bf16(a.out),
-                OC, beta, wsp, kGemmWorkspaceBytes);
+                OC, a.accumulate ? 1.0f : 0.0f, wsp, kGemmWorkspaceBytes,
+                a.bias.empty() ? nullptr : a.bias.f32());
   finish_op();
   // The fused activation is the activation op after the GEMM here (one more pass over out).
   if (!a.act_out.empty()) activation_forward_impl({a.act_out, a.out, a.act});
