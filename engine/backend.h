@@ -101,6 +101,11 @@ class Backend {
   virtual void upload(const Tensor& dst, const void* host) = 0;
   /// Device -> host, raw bytes (src.bytes() of them). The count backend writes zeros.
   virtual void download(void* host, const Tensor& src) = 0;
+  /// The same without waiting: the bytes are in `host` once the next synchronize() or download()
+  /// returns, and `src` may be freed at once (pool frees are ordered after the copy). `host` must
+  /// stay valid until then. For a result the host needs only at the end of a step (the losses),
+  /// so that reading it does not stall the device mid-step. Default: download().
+  virtual void download_async(void* host, const Tensor& src) { download(host, src); }
 
   // ---- device <-> host pool (remat.offload) ----
   /// Starts copying device tensor `src` into host-pool tensor `dst` (same byte size) on the copy

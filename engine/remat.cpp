@@ -140,17 +140,23 @@ std::string input_name(size_t i, size_t L) {
   return i < L ? fmt::format("blocks.{}.x", i) : std::string("final.x");
 }
 
-// Per-row losses to the host and their mean. A dry run has none to read (and at 64M tokens they
-// are not free).
-StepLoss read_losses(Backend& be, const Tensor& losses) {
-  StepLoss result;
-  if (!be.computes()) return result;
+// Per-row losses to the host, started where the head writes them and finished when the step's
+// work is all enqueued: a download right after the head would stall the device until the host
+// had enqueued the backward's first ops. A dry run has none to read (and at 64M tokens they are
+// not free).
+void start_reading_losses(Backend& be, const Tensor& losses, StepLoss& result) {
+  if (!be.computes()) return;
   result.row_losses.resize(static_cast<size_t>(losses.numel()));
-  be.download(result.row_losses.data(), losses);
+  be.download_async(result.row_losses.data(), losses);
+}
+
+// Waits for the device, then the mean.
+void finish_reading_losses(Backend& be, StepLoss& result) {
+  if (!be.computes()) return;
+  be.synchronize();
   double sum = 0;
   for (float v : result.row_losses) sum += v;
   result.mean = sum / static_cast<double>(result.row_losses.size());
-  return result;
 }
 
 // The checkpoints of an offloading plan on their way between the device and the host pool (the
@@ -310,7 +316,8 @@ StepLoss forward_backward(Backend& be, Model& model, const RematPlan& plan, cons
   model.head_forward_backward(be, x, batch, losses, dresid);
   params.end();
   x.reset();
-  StepLoss result = read_losses(be, losses);
+  StepLoss result;
+  start_reading_losses(be, losses, result);
   losses.reset();
 
   // ---- backward, segment by segment ----
@@ -351,6 +358,7 @@ StepLoss forward_backward(Backend& be, Model& model, const RematPlan& plan, cons
   model.stem_backward(be, batch, dresid);
   params.end();
   params.finish();
+  finish_reading_losses(be, result);
   return result;
 }
 
@@ -385,7 +393,10 @@ StepLoss forward_loss(Backend& be, Model& model, const Batch& batch) {
   model.head_forward_backward(be, x, batch, losses, dx);
   params.end();
   params.finish();
-  return read_losses(be, losses);
+  StepLoss result;
+  start_reading_losses(be, losses, result);
+  finish_reading_losses(be, result);
+  return result;
 }
 
 }  // namespace remat

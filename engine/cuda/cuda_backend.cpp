@@ -266,6 +266,9 @@ CudaBackend::~CudaBackend() {
   for (cudaEvent_t e : free_events_) cudaEventDestroy(e);
   if (compute_ready_) cudaEventDestroy(compute_ready_);
   if (partials_) cudaFreeHost(partials_);
+  if (staging_) cudaFreeHost(staging_);
+  if (tokens_copy_.host) cudaFreeHost(tokens_copy_.host);
+  if (tokens_copy_.done) cudaEventDestroy(tokens_copy_.done);
   if (reduce_.scratch) cudaFree(reduce_.scratch);
 }
 
@@ -301,11 +304,49 @@ void CudaBackend::finish_op() {
 
 void CudaBackend::synchronize() {
   REMAT_CUDA_CHECK(cudaStreamSynchronize(stream()));
+  finish_downloads();
+}
+
+// Pageable destinations would make cudaMemcpyAsync wait for the copy, so the bytes go to pinned
+// staging on the stream and reach `host` after the next sync. Staging grows only while nothing
+// is pending (a sync first), and is kept: every step downloads the same sizes.
+void CudaBackend::download_async(void* host, const Tensor& src) {
+  const size_t bytes = src.bytes();
+  if (staging_used_ + bytes > staging_capacity_) {
+    if (!pending_downloads_.empty()) synchronize();
+    if (bytes > staging_capacity_) {
+      if (staging_) REMAT_CUDA_CHECK(cudaFreeHost(staging_));
+      staging_ = nullptr;
+      staging_capacity_ = 0;
+      REMAT_CUDA_CHECK(
+          cudaHostAlloc(reinterpret_cast<void**>(&staging_), bytes, cudaHostAllocDefault));
+      staging_capacity_ = bytes;
+    }
+  }
+  REMAT_CUDA_CHECK(
+      cudaMemcpyAsync(staging_ + staging_used_, src.data, bytes, cudaMemcpyDeviceToHost, stream()));
+  pending_downloads_.push_back({host, staging_used_, bytes});
+  staging_used_ += bytes;
+  finish_op();
+}
+
+void CudaBackend::finish_downloads() {
+  for (const PendingDownload& d : pending_downloads_)
+    std::memcpy(d.host, staging_ + d.offset, d.bytes);
+  pending_downloads_.clear();
+  staging_used_ = 0;
+}
+
+void CudaBackend::forget_tokens_if_overlapping(const void* data, size_t bytes) {
+  const auto* p = static_cast<const char*>(data);
+  const auto* t = static_cast<const char*>(tokens_copy_.device);
+  if (t && p < t + tokens_copy_.bytes && t < p + bytes) tokens_copy_.device = nullptr;
 }
 
 // cudaMemcpyDefault (unified addressing tells where each side is): `dst`/`src` may also be a
 // host-pool tensor, e.g. offloaded AdamW moments written or read by a checkpoint.
 void CudaBackend::upload(const Tensor& dst, const void* host) {
+  forget_tokens_if_overlapping(dst.data, dst.bytes());
   // From pageable memory the call returns once `host` has been staged, so it may be reused.
   REMAT_CUDA_CHECK(cudaMemcpyAsync(dst.data, host, dst.bytes(), cudaMemcpyDefault, stream()));
   finish_op();
@@ -313,7 +354,7 @@ void CudaBackend::upload(const Tensor& dst, const void* host) {
 
 void CudaBackend::download(void* host, const Tensor& src) {
   REMAT_CUDA_CHECK(cudaMemcpyAsync(host, src.data, src.bytes(), cudaMemcpyDefault, stream()));
-  REMAT_CUDA_CHECK(cudaStreamSynchronize(stream()));
+  synchronize();
 }
 
 // ---- device <-> host pool copies: the copy stream, ordered against the compute stream by
@@ -331,6 +372,7 @@ cudaEvent_t CudaBackend::take_event() {
 }
 
 void CudaBackend::enqueue_copy(const Tensor& dst, const Tensor& src, CopyTicket t) {
+  forget_tokens_if_overlapping(dst.data, dst.bytes());
   // The copy starts after everything enqueued on the compute stream so far: the source has been
   // written, and the destination (possibly memory the compute stream just freed) is no longer read.
   if (!compute_ready_)
@@ -372,6 +414,7 @@ void CudaBackend::fill_host_impl(const Tensor& t, float value) {
 // ---- data movement and pointwise ----
 
 void CudaBackend::fill_impl(const Tensor& t, float value) {
+  forget_tokens_if_overlapping(t.data, t.bytes());
   if (t.dtype == DType::I32)
     kern::fill_i32(static_cast<int32_t*>(t.data), t.numel(), static_cast<int32_t>(value), stream());
   else
@@ -380,6 +423,7 @@ void CudaBackend::fill_impl(const Tensor& t, float value) {
 }
 
 void CudaBackend::copy_impl(const Tensor& dst, const Tensor& src) {
+  forget_tokens_if_overlapping(dst.data, dst.bytes());
   if (dst.dtype == src.dtype) {
     // Default: either side may be a tensor of the pinned host pool (unified addressing).
     REMAT_CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, src.bytes(), cudaMemcpyDefault, stream()));

@@ -53,7 +53,9 @@ class CudaBackend final : public Backend {
   void upload(const Tensor& dst, const void* host) override;
   /// Device -> host; waits for every op enqueued before it.
   void download(void* host, const Tensor& src) override;
-  /// Waits until every enqueued op has finished (timing, tests).
+  /// Through pinned staging memory (see PendingDownloads in cuda_backend.cpp).
+  void download_async(void* host, const Tensor& src) override;
+  /// Waits until every enqueued op has finished (timing, tests); completes download_async.
   void synchronize() override;
   /// The workspace cuDNN's attention plan for this shape needs, in bytes (builds the plan once;
   /// the tests compare it with kCudnnPlanWorkspaceBytes).
@@ -118,6 +120,11 @@ class CudaBackend final : public Backend {
   friend class NcclShardedSync;   // likewise, for ZeRO-1
   friend class NcclRingChannel;   // likewise, for context parallel's ring
 
+  /// After a sync: copies each download_async's staged bytes to its destination.
+  void finish_downloads();
+  /// Forgets the tokens copy of embedding_forward if [data, data + bytes) overlaps them.
+  void forget_tokens_if_overlapping(const void* data, size_t bytes);
+
   std::shared_ptr<DeviceState> dev_;
   DType act_;
   cudaEvent_t compute_ready_ = nullptr;          // re-recorded before each copy
@@ -128,6 +135,24 @@ class CudaBackend final : public Backend {
   double* partials_ = nullptr;  // pinned, device-mapped host memory for sum_squares partials
   size_t partials_capacity_ = 0;
   kern::ColumnReduce reduce_;  // scratch of the bias / LayerNorm parameter-gradient reductions
+  // download_async: pinned staging (grown, kept) and the copies to finish after the next sync.
+  struct PendingDownload {
+    void* host;
+    size_t offset, bytes;
+  };
+  char* staging_ = nullptr;
+  size_t staging_capacity_ = 0, staging_used_ = 0;
+  std::vector<PendingDownload> pending_downloads_;
+  // The tokens embedding_forward saw, copied to pinned memory as the step starts, so that the
+  // embedding backward buckets them on the host without waiting for the device (embedding.cpp).
+  struct TokensCopy {
+    const void* device = nullptr;  // what was copied: tokens' data and size
+    size_t bytes = 0;
+    int32_t* host = nullptr;  // pinned, `capacity` bytes
+    size_t capacity = 0;
+    cudaEvent_t done = nullptr;
+  };
+  TokensCopy tokens_copy_;
 };
 
 }  // namespace remat::cuda

@@ -1,6 +1,7 @@
 // CUDA token (+ position) embedding (engine/ops/embedding.h); kernels in elementwise.cu.
 #include <cuda_runtime.h>
 
+#include <cstring>
 #include <vector>
 
 #include "engine/cuda/check.h"
@@ -10,6 +11,10 @@
 
 namespace remat::cuda {
 
+// The backward buckets the tokens on the host (below), so the forward, which the step starts with,
+// copies them to pinned memory on the stream: by the backward the copy is long done, and the
+// host reads it without waiting for the device (a download there would stall the device at the
+// end of every backward while the host sorts).
 void CudaBackend::embedding_forward_impl(const EmbeddingForwardArgs& a) {
   const int64_t B = a.tokens.dim(0), T = a.tokens.dim(1), C = a.wte.dim(1), V = a.wte.dim(0);
   kern::embedding_forward({.out = a.out.data,
@@ -22,17 +27,39 @@ void CudaBackend::embedding_forward_impl(const EmbeddingForwardArgs& a) {
                            .V = V,
                            .bf16 = is_bf16(a.out)},
                           stream());
+  TokensCopy& c = tokens_copy_;
+  const size_t bytes = a.tokens.bytes();
+  if (bytes > c.capacity) {
+    if (c.done) REMAT_CUDA_CHECK(cudaEventSynchronize(c.done));  // the old buffer's last copy
+    if (c.host) REMAT_CUDA_CHECK(cudaFreeHost(c.host));
+    c.host = nullptr;
+    c.capacity = 0;
+    REMAT_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&c.host), bytes, cudaHostAllocDefault));
+    c.capacity = bytes;
+  }
+  if (!c.done) REMAT_CUDA_CHECK(cudaEventCreateWithFlags(&c.done, cudaEventDisableTiming));
+  // The host may still be reading the previous copy only within embedding_backward_impl, which
+  // has returned: the buffer is free to overwrite.
+  REMAT_CUDA_CHECK(cudaMemcpyAsync(c.host, a.tokens.data, bytes, cudaMemcpyDeviceToHost, stream()));
+  REMAT_CUDA_CHECK(cudaEventRecord(c.done, stream()));
+  c.device = a.tokens.data;
+  c.bytes = bytes;
   finish_op();
 }
 
 // The scatter-add dwte[token] += dout row is made deterministic without atomics by bucketing
-// rows by token on the host (a counting sort of the B*T token ids, downloaded: one small sync per
-// step), then one GPU block column per distinct token sums its rows in order.
+// rows by token on the host (a counting sort of the B*T token ids from the forward's pinned
+// copy), then one GPU block column per distinct token sums its rows in order.
 void CudaBackend::embedding_backward_impl(const EmbeddingBackwardArgs& a, const OpWorkspace& ws) {
   const int64_t B = a.tokens.dim(0), T = a.tokens.dim(1), C = a.dwte.dim(1), V = a.dwte.dim(0);
   const int64_t N = B * T;
   std::vector<int32_t> tokens(static_cast<size_t>(N));
-  download(tokens.data(), a.tokens);
+  if (tokens_copy_.device == a.tokens.data && tokens_copy_.bytes == a.tokens.bytes()) {
+    REMAT_CUDA_CHECK(cudaEventSynchronize(tokens_copy_.done));  // done since the forward
+    std::memcpy(tokens.data(), tokens_copy_.host, a.tokens.bytes());
+  } else {  // a backward without its forward on this backend (tests): read them now
+    download(tokens.data(), a.tokens);
+  }
   std::vector<int32_t> count(static_cast<size_t>(V) + 1, 0);
   for (int32_t t : tokens) {
     REMAT_ASSERT(t >= 0 && t < V, "embedding_backward: token {} outside vocabulary {}", t, V);

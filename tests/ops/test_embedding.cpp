@@ -2,6 +2,8 @@
 // tokens.
 // Against the CPU backend, the specification every other backend is checked against;
 // tolerances and shared helpers: tests/test_util.h (through tests/ops/op_test.h).
+#include <algorithm>
+
 #include "tests/ops/op_test.h"
 
 namespace remat::test {
@@ -76,6 +78,15 @@ TEST_CASE("embedding forward and deterministic scatter-add backward on CUDA matc
   r.gpu->embedding_backward({wte_g, wpe_on_gpu, d_g, t_g});
   r.check_same(wte_c, wte_g, kCudaF32Gemm, "dwte (+=)");
   r.check_same(wpe_c, wpe_g, kCudaF32Gemm, "dwpe (+=)");
+  // The backward buckets the tokens from the forward's pinned copy. New tokens uploaded into the
+  // same tensor without a forward must not be read from that stale copy.
+  std::vector<int32_t> other(host_ids.rbegin(), host_ids.rend());
+  std::rotate(other.begin(), other.begin() + 1, other.end());
+  r.cpu.upload(t_c, other.data());
+  r.gpu->upload(t_g, other.data());
+  r.cpu.embedding_backward({wte_c, wpe_on_cpu, d_c, t_c});
+  r.gpu->embedding_backward({wte_g, wpe_on_gpu, d_g, t_g});
+  r.check_same(wte_c, wte_g, kCudaF32Gemm, "dwte (+=, tokens uploaded after the forward)");
 }
 #endif
 
