@@ -324,7 +324,7 @@ void CudaBackend::download_async(void* host, const Tensor& src) {
     }
   }
   REMAT_CUDA_CHECK(
-      cudaMemcpyAsync(staging_ + staging_used_, src.data, bytes, cudaMemcpyDeviceToHost, stream()));
+      cudaMemcpyAsync(staging_ + staging_used_, src.data, bytes, cudaMemcpyDefault, stream()));
   pending_downloads_.push_back({host, staging_used_, bytes});
   staging_used_ += bytes;
   finish_op();

@@ -40,7 +40,7 @@ void CudaBackend::embedding_forward_impl(const EmbeddingForwardArgs& a) {
   if (!c.done) REMAT_CUDA_CHECK(cudaEventCreateWithFlags(&c.done, cudaEventDisableTiming));
   // The host may still be reading the previous copy only within embedding_backward_impl, which
   // has returned: the buffer is free to overwrite.
-  REMAT_CUDA_CHECK(cudaMemcpyAsync(c.host, a.tokens.data, bytes, cudaMemcpyDeviceToHost, stream()));
+  REMAT_CUDA_CHECK(cudaMemcpyAsync(c.host, a.tokens.data, bytes, cudaMemcpyDefault, stream()));
   REMAT_CUDA_CHECK(cudaEventRecord(c.done, stream()));
   c.device = a.tokens.data;
   c.bytes = bytes;
