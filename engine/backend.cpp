@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstring>
 #include <iterator>
+#include <utility>
 
 #include "engine/cpu/workspace.h"
 #include "engine/cuda/workspace.h"
@@ -63,6 +64,11 @@ void Backend::run_op(const char* op, const Args& a,
 
 template <class Run>
 void Backend::timed(const char* op, const OpCost& c, Run&& run) {
+  timed(op, std::span<const OpCost>(&c, 1), std::forward<Run>(run));
+}
+
+template <class Run>
+void Backend::timed(const char* op, std::span<const OpCost> costs, Run&& run) {
   if (!op_timing_) {
     run();
     return;
@@ -72,8 +78,8 @@ void Backend::timed(const char* op, const OpCost& c, Run&& run) {
   synchronize();  // an asynchronous backend's op ends when its kernels do
   OpTime& t = op_times_[{op, phase_}];
   t.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  t.flops += c.flops;
-  ++t.calls;
+  for (const OpCost& c : costs) t.flops += c.flops;
+  t.calls += static_cast<int64_t>(costs.size());
 }
 
 Backend::Backend(std::unique_ptr<MemoryPool> pool, std::unique_ptr<MemoryPool> host_pool)
@@ -173,6 +179,23 @@ void Backend::fill(const Tensor& t, float value) {
   const OpCost c{0, act_bytes(t)};
   count(c);
   timed("fill", c, [&] { fill_impl(t, value); });
+}
+
+// Each tensor counted as its own fill, in order: the counters' sums keep their bits.
+void Backend::fill_zero(std::span<const Tensor> tensors) {
+  if (tensors.empty()) return;
+  std::vector<OpCost> costs;
+  costs.reserve(tensors.size());
+  for (const Tensor& t : tensors) {
+    REMAT_ASSERT(t.dtype == DType::F32, "fill_zero: {} tensor", dtype_name(t.dtype));
+    costs.push_back({0, act_bytes(t)});
+    count(costs.back());
+  }
+  timed("fill", costs, [&] { fill_zero_impl(tensors); });
+}
+
+void Backend::fill_zero_impl(std::span<const Tensor> tensors) {
+  for (const Tensor& t : tensors) fill_impl(t, 0.0f);
 }
 
 void Backend::copy(const Tensor& dst, const Tensor& src) {
@@ -298,6 +321,23 @@ double Backend::sum_squares(std::span<const Tensor> tensors) {
 
 void Backend::adamw_update(const AdamWArgs& a) {
   run_op("adamw_update", a, &Backend::adamw_update_impl);
+}
+
+// Checked and counted update by update, in order, as run_op does for each single call.
+void Backend::adamw_update(std::span<const AdamWArgs> all) {
+  if (all.empty()) return;
+  std::vector<OpCost> costs;
+  costs.reserve(all.size());
+  for (const AdamWArgs& a : all) {
+    check(a);
+    costs.push_back(remat::cost(a));
+    count(costs.back());
+  }
+  timed("adamw_update", costs, [&] { adamw_updates_impl(all); });
+}
+
+void Backend::adamw_updates_impl(std::span<const AdamWArgs> all) {
+  for (const AdamWArgs& a : all) adamw_update_impl(a);
 }
 
 int64_t default_loss_chunk_rows(int64_t n_rows, int64_t vocab) {

@@ -96,6 +96,10 @@ class Backend {
   // ---- data movement ----
   /// Sets every element to `value` (f32 or act tensors; i32 with an integral value).
   void fill(const Tensor& t, float value);
+  /// fill(t, 0.0f) of every f32 tensor of `tensors` (a step's gradients), counted and timed as
+  /// that many fills under one "fill" row; CUDA zeroes them in a few launches instead of one per
+  /// tensor. Nothing when empty.
+  void fill_zero(std::span<const Tensor> tensors);
   void copy(const Tensor& dst, const Tensor& src);
   /// Host -> device, raw bytes (dst.bytes() of them).
   virtual void upload(const Tensor& dst, const void* host) = 0;
@@ -161,6 +165,10 @@ class Backend {
   /// Sum of squares of every element of every tensor (f32), in double.
   double sum_squares(std::span<const Tensor> tensors);
   void adamw_update(const AdamWArgs& a);
+  /// adamw_update of each of `all`, in order, as that many calls would be checked, counted and
+  /// timed (one "adamw_update" row); CUDA updates them in a few launches instead of one per
+  /// parameter. The tensors of different updates must not overlap. Nothing when empty.
+  void adamw_update(std::span<const AdamWArgs> all);
 
   // ---- cost counters (every backend counts; the count backend only counts) ----
   void set_phase(Phase p) { phase_ = p; }
@@ -245,6 +253,9 @@ class Backend {
   virtual void dropout_impl(const DropoutArgs& a) = 0;
   virtual double sum_squares_impl(std::span<const Tensor> tensors) = 0;
   virtual void adamw_update_impl(const AdamWArgs& a) = 0;
+  // The batched ops' implementations; by default one single op's implementation per element.
+  virtual void fill_zero_impl(std::span<const Tensor> tensors);
+  virtual void adamw_updates_impl(std::span<const AdamWArgs> all);
   // The ops above that take an OpWorkspace receive the parts their backend's rule lists
   // (engine/cpu/workspace.h, engine/cuda/workspace.h), allocated by the public op.
 
@@ -277,6 +288,9 @@ class Backend {
               void (Backend::*impl)(const Args&, const OpWorkspace&));
   template <class Run>
   void timed(const char* op, const OpCost& c, Run&& run);
+  // One row for a batch: the ops' FLOPs and calls, as if each had been timed on its own.
+  template <class Run>
+  void timed(const char* op, std::span<const OpCost> costs, Run&& run);
   CopyTicket start_copy(const Tensor& dst, const Tensor& src, bool to_host);
   std::unique_ptr<MemoryPool> pool_;
   std::unique_ptr<MemoryPool> host_pool_;

@@ -82,6 +82,16 @@ std::unique_ptr<parallel::ShardedGradientSync> make_sharded_sync(Backend& be, Mo
                                                      dp.bucket_bytes, /*shard_only=*/true);
 }
 
+// Every gradient in device memory made zero by one batched call: on CUDA a few launches instead
+// of one per parameter (147 for GPT-2 124M).
+void zero_device_grads(Backend& be, Model& model) {
+  std::vector<Tensor> grads;
+  grads.reserve(model.params().size());
+  for (Param& p : model.params())
+    if (!p.on_host) grads.push_back(p.grad);
+  be.fill_zero(grads);
+}
+
 }  // namespace
 
 // AdamW of the host parameters on a thread of its own, parameter by parameter in the order the
@@ -253,8 +263,7 @@ StepMetrics Trainer::step() {
   const int64_t n_tokens = batch.n_tokens;
   be_.set_phase(Phase::Backward);
   // Host parameters' gradients are made zero on the device and copied over the host ones.
-  for (Param& p : model_.params())
-    if (!p.on_host) be_.fill(p.grad, 0.0f);
+  zero_device_grads(be_, model_);
   model_.begin_step(step_);
   parallel::GradientSync* sync = grad_sync_.get();
   HostAdamW& host_update = *host_update_;
@@ -363,6 +372,10 @@ void Trainer::update_weights(float lr, float grad_scale) {
   for (Param& p : model_.params())
     if (p.moments_on_host && !p.on_host) on_host.push_back(&p);
   std::vector<std::pair<const Param*, AdamWArgs>> host_updates;  // weights in host memory
+  // Parameters whose state is all in device memory, updated together (a few launches on CUDA):
+  // each run of them is issued before the next staged parameter's update, so the updates are
+  // counted in the order of the parameters, as one call each would be.
+  std::vector<AdamWArgs> on_device;
   // Host parameter k's moments sit in slot k % 3: k + 1 comes in, k updates, k - 1 goes out.
   std::array<std::unique_ptr<Staged>, 3> slots;
   size_t k = 0;
@@ -376,23 +389,24 @@ void Trainer::update_weights(float lr, float grad_scale) {
       if (be_.computes()) host_updates.emplace_back(&p, a);
       continue;
     }
-    Staged* staged = nullptr;
-    if (p.moments_on_host) {
-      if (k == 0) slots[0] = std::make_unique<Staged>(be_, p);
-      if (k + 1 < on_host.size())
-        slots[(k + 1) % 3] = std::make_unique<Staged>(be_, *on_host[k + 1]);
-      staged = slots[k % 3].get();
-      staged->wait();
-      a.m = staged->m;
-      a.v = staged->v;
+    if (!p.moments_on_host) {
+      on_device.push_back(a);
+      continue;
     }
+    be_.adamw_update(std::exchange(on_device, {}));
+    if (k == 0) slots[0] = std::make_unique<Staged>(be_, p);
+    if (k + 1 < on_host.size()) slots[(k + 1) % 3] = std::make_unique<Staged>(be_, *on_host[k + 1]);
+    Staged& staged = *slots[k % 3];
+    staged.wait();
+    a.m = staged.m;
+    a.v = staged.v;
     be_.adamw_update(a);
-    if (!staged) continue;
-    staged->m_copy = be_.copy_to_host(p.m, staged->m);
-    staged->v_copy = be_.copy_to_host(p.v, staged->v);
+    staged.m_copy = be_.copy_to_host(p.m, staged.m);
+    staged.v_copy = be_.copy_to_host(p.v, staged.v);
     if (k > 0) slots[(k - 1) % 3].reset();  // its copies out are done, then freed
     ++k;
   }
+  be_.adamw_update(on_device);
   for (auto& slot : slots) slot.reset();
   if (host_updates.empty()) return;
   // In the order the next step fetches them (the stem's first), each parameter once.

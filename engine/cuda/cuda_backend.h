@@ -98,6 +98,8 @@ class CudaBackend final : public Backend {
   void dropout_impl(const DropoutArgs& a) override;
   double sum_squares_impl(std::span<const Tensor> tensors) override;
   void adamw_update_impl(const AdamWArgs& a) override;
+  void adamw_updates_impl(std::span<const AdamWArgs> all) override;
+  void fill_zero_impl(std::span<const Tensor> tensors) override;
 
  private:
   CudaBackend(DType act_dtype, std::shared_ptr<DeviceState> dev);

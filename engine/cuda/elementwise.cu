@@ -242,41 +242,6 @@ __global__ void softmax_xent_kernel(float* logits, const int32_t* targets, float
   }
 }
 
-// ---- optimizer ----
-
-// AdamW with decoupled weight decay, as engine/cpu/cpu_backend.cpp.
-__global__ void adamw_kernel(float* p, const float* g, float* m, float* v, int64_t n, float lr,
-                             float beta1, float beta2, float eps, float wd, float grad_scale,
-                             float bc1, float bc2) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x) {
-    const float gi = g[i] * grad_scale;
-    const float mi = beta1 * m[i] + (1.0f - beta1) * gi;
-    const float vi = beta2 * v[i] + (1.0f - beta2) * gi * gi;
-    m[i] = mi;
-    v[i] = vi;
-    const float mhat = mi / bc1, vhat = vi / bc2;
-    p[i] -= lr * (mhat / (sqrtf(vhat) + eps) + wd * p[i]);
-  }
-}
-
-// Fixed grid (kSumSquaresBlocks x kThreads): each thread a grid-stride partial in double, then a
-// fixed-order tree in shared memory; the host adds the block partials in order.
-__global__ void sum_squares_kernel(const float* x, int64_t n, double* partials) {
-  __shared__ double part[kThreads];
-  double acc = 0;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x)
-    acc += static_cast<double>(x[i]) * x[i];
-  part[threadIdx.x] = acc;
-  __syncthreads();
-  for (int s = kThreads / 2; s > 0; s >>= 1) {
-    if (static_cast<int>(threadIdx.x) < s) part[threadIdx.x] += part[threadIdx.x + s];
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) partials[blockIdx.x] = part[0];
-}
-
 // ---- RoPE ----
 
 // One thread per pair: per row, (NH + KVH) HS/2 rotation pairs in the query and key heads, and
@@ -449,16 +414,6 @@ void softmax_xent(float* logits, const int32_t* targets, float* losses, int64_t 
                   float scale, bool write_bf16, cudaStream_t s) {
   softmax_xent_kernel<<<static_cast<unsigned>(rows), kXentThreads, 0, s>>>(logits, targets, losses,
                                                                            V, scale, write_bf16);
-}
-
-void adamw(const AdamWParams& p, cudaStream_t s) {
-  adamw_kernel<<<grid_for(p.n), kThreads, 0, s>>>(p.param, p.grad, p.m, p.v, p.n, p.lr, p.beta1,
-                                                  p.beta2, p.eps, p.weight_decay, p.grad_scale,
-                                                  p.bias_corr1, p.bias_corr2);
-}
-
-void sum_squares_partials(const float* x, int64_t n, double* partials, cudaStream_t s) {
-  sum_squares_kernel<<<kSumSquaresBlocks, kThreads, 0, s>>>(x, n, partials);
 }
 
 template <typename T>

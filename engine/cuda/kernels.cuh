@@ -1,5 +1,6 @@
-// Launchers of the CUDA backend's own kernels (elementwise.cu, layernorm.cu). Internal header
-// of engine/cuda, plain C++ so host files include it without CUDA device headers or fmt.
+// Launchers of the CUDA backend's own kernels (elementwise.cu, layernorm.cu, optimizer.cu).
+// Internal header of engine/cuda, plain C++ so host files include it without CUDA device headers
+// or fmt.
 // Conventions: every launcher enqueues on `stream` and returns at once; the caller checks
 // cudaGetLastError() after the op (CudaBackend::finish_op). `bf16` selects the storage type of
 // activation pointers (void*): __nv_bfloat16 when true, float when false. Parameters, their
@@ -115,7 +116,13 @@ void mse_loss(const MseLossParams& p, cudaStream_t s);
 void softmax_xent(float* logits, const int32_t* targets, float* losses, int64_t rows, int64_t V,
                   float scale, bool write_bf16, cudaStream_t s);
 
-// ---- optimizer ----
+// ---- optimizer (optimizer.cu) ----
+// The multi-tensor launchers take a host array of descriptors and launch once per group of them,
+// the group passed by value in the kernel's parameters (at most 4 KB): a step's ~150 parameters
+// in a handful of launches. Tensors per launch:
+constexpr int kAdamWPerLaunch = 48;        // 72 bytes of pointers and hyperparameters each
+constexpr int kSumSquaresPerLaunch = 128;  // 16 bytes each
+constexpr int kZeroPerLaunch = 128;        // 16 bytes each
 /// One AdamW update of n floats (engine/ops/adamw.h's AdamWArgs as raw pointers, with the bias
 /// corrections 1 - beta^step computed by the caller).
 struct AdamWParams {
@@ -127,10 +134,25 @@ struct AdamWParams {
   float lr, beta1, beta2, eps, weight_decay, grad_scale, bias_corr1, bias_corr2;
 };
 void adamw(const AdamWParams& p, cudaStream_t s);
+/// adamw of each of the `count` updates, with the same bits per element as one call each. Their
+/// tensors must not overlap (the order between updates is not defined).
+void adamw_multi(const AdamWParams* updates, int64_t count, cudaStream_t s);
+/// n floats of device memory.
+struct DeviceFloats {
+  float* data;
+  int64_t n;
+};
 constexpr int kSumSquaresBlocks = 256;
-/// partials[b] (kSumSquaresBlocks doubles, may be mapped host memory) = the block b's share of
-/// sum x^2, in double.
-void sum_squares_partials(const float* x, int64_t n, double* partials, cudaStream_t s);
+constexpr int kSumSquaresThreads = 256;
+/// partials[i kSumSquaresBlocks + b] (count x kSumSquaresBlocks doubles, may be mapped host
+/// memory) = block b's share of sum x^2 over tensor i, in double: thread t of block b sums
+/// x[j]^2 for j = b kSumSquaresThreads + t + k kSumSquaresBlocks kSumSquaresThreads in order of
+/// k, then the block adds its threads' sums as a tree (halves: t += t + 128, then + 64, ...).
+/// The tensors are only read.
+void sum_squares_partials(const DeviceFloats* tensors, int64_t count, double* partials,
+                          cudaStream_t s);
+/// Sets every element of each of the `count` tensors to 0.
+void zero_multi(const DeviceFloats* tensors, int64_t count, cudaStream_t s);
 
 // ---- attention helpers ----
 /// RoPE's inverse frequencies of one head (engine/ops/rope.h's rope_inv_freq, scaling applied

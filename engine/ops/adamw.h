@@ -1,6 +1,6 @@
 // The optimizer step (AdamW with decoupled weight decay and bias correction) and the global sum of
 // squares (gradient clipping): arguments, shape checks, FLOPs and bytes. Kernels:
-// engine/cpu/adamw.cpp, engine/cuda/adamw.cpp (+ elementwise.cu); tests: tests/ops/test_adamw.cpp,
+// engine/cpu/adamw.cpp, engine/cuda/adamw.cpp (+ optimizer.cu); tests: tests/ops/test_adamw.cpp,
 // tests/test_training_loop.cpp.
 #pragma once
 

@@ -45,10 +45,12 @@ double ShardedAdamW::grad_sum_squares() {
   return comm_ ? sum_over_ranks(*comm_, {mine})[0] : mine;
 }
 
-// Bucket by bucket: the update of bucket k's shard, then its gather, which travels while bucket
-// k + 1 updates.
+// Bucket by bucket: the update of bucket k's shard (its pieces in one batched call), then its
+// gather, which travels while bucket k + 1 updates.
 void ShardedAdamW::update(const AdamWArgs& hyper) {
+  std::vector<AdamWArgs> updates;
   for (size_t k = 0; k < pieces_.size(); ++k) {
+    updates.clear();
     for (const Piece& p : pieces_[k]) {
       AdamWArgs a = hyper;
       a.param = slice(p.param->value, p.offset, p.count);
@@ -56,8 +58,9 @@ void ShardedAdamW::update(const AdamWArgs& hyper) {
       a.m = slice(m_, p.at, p.count);
       a.v = slice(v_, p.at, p.count);
       if (!p.param->use_decay) a.weight_decay = 0.0f;
-      be_.adamw_update(a);
+      updates.push_back(a);
     }
+    be_.adamw_update(updates);
     reducer_.start_weight_gather(k);
   }
   reducer_.finish_weight_gathers();
