@@ -301,35 +301,63 @@ __global__ void sum_squares_kernel(const float* x, int64_t n, double* partials) 
 
 // ---- RoPE ----
 
-// One thread per pair: per row, (NH + KVH) HS/2 rotation pairs in the query and key heads, and
-// KVH HS/2 element pairs of v (copied). angle(t, i) = t * inv_freq[i] in double (t * freq reaches
-// 1e6 at long context), the frequencies those of the CPU's table (engine/ops/rope.h).
+// Heads whose loads one thread issues before its first store: a single head's load-store round
+// trip per step would leave each thread with one access in flight.
+constexpr int kRopeHeadsPerStep = 4;
+
+// Pair i of `heads` consecutive heads of one row: src and dst point at element i of the first
+// head, its partner is `half` further on. kRotate false: a copy (v, or no RoPE). Each element is
+// read before it is written, and only by this thread, so dst may alias src.
+template <bool kRotate, typename Td, typename Ts>
+__device__ __forceinline__ void rope_heads(Td* dst, const Ts* src, int64_t heads, int64_t HS,
+                                           int64_t half, float cs, float sn, bool inverse) {
+  auto put = [&](int64_t at, float a, float b) {
+    if (!kRotate) {
+      dst[at] = from_f32<Td>(a);
+      dst[at + half] = from_f32<Td>(b);
+    } else if (!inverse) {
+      dst[at] = from_f32<Td>(a * cs - b * sn);
+      dst[at + half] = from_f32<Td>(a * sn + b * cs);
+    } else {
+      dst[at] = from_f32<Td>(a * cs + b * sn);
+      dst[at + half] = from_f32<Td>(-a * sn + b * cs);
+    }
+  };
+  int64_t h = 0;
+  for (; h + kRopeHeadsPerStep <= heads; h += kRopeHeadsPerStep) {
+    float a[kRopeHeadsPerStep], b[kRopeHeadsPerStep];
+#pragma unroll
+    for (int k = 0; k < kRopeHeadsPerStep; ++k) {
+      a[k] = to_f32(src[(h + k) * HS]);
+      b[k] = to_f32(src[(h + k) * HS + half]);
+    }
+#pragma unroll
+    for (int k = 0; k < kRopeHeadsPerStep; ++k) put((h + k) * HS, a[k], b[k]);
+  }
+  for (; h < heads; ++h) put(h * HS, to_f32(src[h * HS]), to_f32(src[h * HS + half]));
+}
+
+// One thread per (row, pair i): the angle t * inv_freq[i] (in double: t * freq reaches 1e6 at
+// long context) is the same for every head of the row, so its sincos is computed once and
+// applied to the NH query and KVH key heads; the thread then copies elements i and i + HS/2 of
+// each v head. Adjacent threads take adjacent i, so each head's accesses stay coalesced. The
+// frequencies are those of the CPU's table (engine/ops/rope.h).
 template <typename Td, typename Ts>
 __global__ void rope_kernel(Td* dst, const Ts* src, RopeParams p) {
-  const int64_t half = p.HS / 2, rotated = (p.NH + p.KVH) * half;
-  const int64_t per_row = (p.NH + 2 * p.KVH) * half, n = p.BT * per_row, W = 2 * per_row;
+  const int64_t half = p.HS / 2, n = p.BT * half, W = (p.NH + 2 * p.KVH) * p.HS;
+  const int64_t rotated = p.freq.n == 0 ? 0 : p.NH + p.KVH;
   for (int64_t w = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; w < n;
        w += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t row = w / per_row, r = w % per_row, base = row * W;
-    if (r >= rotated || p.freq.n == 0) {  // v, or no rotation: copy two elements
-      const int64_t i0 = base + 2 * r;
-      dst[i0] = from_f32<Td>(to_f32(src[i0]));
-      dst[i0 + 1] = from_f32<Td>(to_f32(src[i0 + 1]));
-      continue;
+    const int64_t row = w / half, i = w % half, at = row * W + i;
+    if (rotated > 0) {
+      double sn_d, cs_d;
+      sincos(static_cast<double>(row % p.T) * p.freq.inv_freq[i], &sn_d, &cs_d);
+      const float cs = static_cast<float>(cs_d), sn = static_cast<float>(sn_d);
+      rope_heads<true>(dst + at, src + at, rotated, p.HS, half, cs, sn, p.inverse);
     }
-    const int64_t h = r / half, i = r % half;  // h: a query head, then the key heads
-    const int64_t i0 = base + h * p.HS + i, i1 = i0 + half;
-    double sn_d, cs_d;
-    sincos(static_cast<double>(row % p.T) * p.freq.inv_freq[i], &sn_d, &cs_d);
-    const float cs = static_cast<float>(cs_d), sn = static_cast<float>(sn_d);
-    const float a = to_f32(src[i0]), b = to_f32(src[i1]);
-    if (!p.inverse) {
-      dst[i0] = from_f32<Td>(a * cs - b * sn);
-      dst[i1] = from_f32<Td>(a * sn + b * cs);
-    } else {
-      dst[i0] = from_f32<Td>(a * cs + b * sn);
-      dst[i1] = from_f32<Td>(-a * sn + b * cs);
-    }
+    const int64_t rest = rotated * p.HS;
+    rope_heads<false>(dst + at + rest, src + at + rest, p.NH + 2 * p.KVH - rotated, p.HS, half,
+                      0.0f, 0.0f, p.inverse);
   }
 }
 
@@ -517,7 +545,7 @@ void attention_delta(float* delta, const void* dout, const void* out, bool acts_
 }
 
 void rope_apply(const RopeParams& p, cudaStream_t s) {
-  const unsigned g = grid_for(p.BT * (p.NH + 2 * p.KVH) * (p.HS / 2));
+  const unsigned g = grid_for(p.BT * (p.HS / 2));
   if (p.dst_bf16 && p.src_bf16)
     rope_kernel<bf16, bf16>
         <<<g, kThreads, 0, s>>>(static_cast<bf16*>(p.dst), static_cast<const bf16*>(p.src), p);
