@@ -1,5 +1,6 @@
-// Device helpers shared by the backend's .cu files: bf16/float conversion, launch geometry and
-// deterministic warp/block reductions (fixed shuffle trees, so the same bits every run).
+// Device helpers shared by the backend's .cu files: bf16/float conversion, launch geometry,
+// loops over 16-byte vectors for the pointwise kernels and deterministic warp/block reductions
+// (fixed shuffle trees, so the same bits every run).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -35,6 +36,72 @@ constexpr int kThreads = 256;
 inline unsigned grid_for(int64_t n, int threads = kThreads) {
   const int64_t b = (n + threads - 1) / threads;
   return static_cast<unsigned>(b < 1 ? 1 : (b > (1 << 16) ? (1 << 16) : b));
+}
+
+// ---- pointwise loops over 16-byte vectors ----
+// One thread per 2- or 4-byte element leaves a memory-bound kernel short of the bandwidth a
+// 16-byte access per thread reaches; the per-element math stays the scalar loop's, so the vector
+// and scalar paths give the same bits.
+
+/// Elements of T per 16-byte access.
+template <typename T>
+constexpr int kVecElems = static_cast<int>(16 / sizeof(T));
+
+/// N elements of T, loaded and stored whole: one 16-byte access, or two when N of a wider type
+/// ride along with a narrower one (cast's 8 floats).
+template <typename T, int N>
+struct alignas(N * sizeof(T) < 16 ? N * sizeof(T) : 16) Pack {
+  T v[N];
+};
+
+/// Whether every pointer allows 16-byte accesses (a pool block does; a view at an odd offset
+/// may not).
+template <typename... P>
+inline bool aligned16(const P*... p) {
+  return ((reinterpret_cast<uintptr_t>(p) % 16 == 0) && ...);
+}
+
+/// Grid-stride loop over [0, n): vec(i) for each whole group of N elements starting at i (a
+/// multiple of N) when `vectors`, then scalar(i) for the elements after the last whole group
+/// (every element when not `vectors`). A grid of (n / N) threads gives each one group.
+template <int N, typename Vec, typename Scalar>
+__device__ __forceinline__ void for_each_vector(int64_t n, bool vectors, Vec vec, Scalar scalar) {
+  const int64_t first = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  const int64_t stride = int64_t{gridDim.x} * blockDim.x;
+  const int64_t groups = vectors ? n / N : 0;
+  for (int64_t g = first; g < groups; g += stride) vec(g * N);
+  for (int64_t i = groups * N + first; i < n; i += stride) scalar(i);
+}
+
+template <int N, typename T>
+__device__ __forceinline__ Pack<T, N> load_pack(const T* p) {
+  return *reinterpret_cast<const Pack<T, N>*>(p);
+}
+
+// The vector step of map_elements: the packs are arguments, so all of them are loaded before
+// any element is stored.
+template <int N, typename To, typename F, typename... Ti>
+__device__ __forceinline__ void map_pack(To* out, int64_t i, const F& f, const Pack<Ti, N>&... x) {
+  Pack<To, N> y;
+#pragma unroll
+  for (int k = 0; k < N; ++k) y.v[k] = from_f32<To>(f(i + k, to_f32(x.v[k])...));
+  *reinterpret_cast<Pack<To, N>*>(out + i) = y;
+}
+
+/// out[i] = from_f32(f(i, to_f32(in[i])...)) for i < n, in groups of N when `vectors` (every
+/// pointer 16-byte aligned: aligned16). A thread reads its elements before it writes them and no
+/// other thread touches them, so out may alias any input.
+template <int N, typename To, typename F, typename... Ti>
+__device__ __forceinline__ void map_elements(To* out, int64_t n, bool vectors, const F& f,
+                                             const Ti*... in) {
+  for_each_vector<N>(
+      n, vectors, [&](int64_t i) { map_pack<N>(out, i, f, load_pack<N>(in + i)...); },
+      [&](int64_t i) { out[i] = from_f32<To>(f(i, to_f32(in[i])...)); });
+}
+
+/// Blocks for a pointwise kernel of n elements in groups of N: one group per thread.
+inline unsigned grid_for_vectors(int64_t n, int N) {
+  return grid_for((n + N - 1) / N);
 }
 
 __device__ __forceinline__ float warp_sum(float v) {

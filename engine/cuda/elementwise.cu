@@ -1,8 +1,9 @@
 // The CUDA backend's small kernels: fill/cast, residual add, GELU/ReLU, bias broadcast and bias
 // gradient, embedding gather and deterministic scatter-add, MSE, the LM head's softmax
-// cross-entropy, AdamW, sum of squares and RoPE. Each is memory-bound and written for clarity:
-// grid-stride loops, float math on bf16 or float storage, fixed-order reductions (no atomics),
-// so a recomputed activation is bitwise equal to the original and gradients repeat run to run.
+// cross-entropy, AdamW, sum of squares and RoPE. Each is memory-bound: grid-stride loops (the
+// pointwise ones over 16-byte vectors when the pointers are aligned, device_common.cuh), float
+// math on bf16 or float storage, fixed-order reductions (no atomics), so a recomputed activation
+// is bitwise equal to the original and gradients repeat run to run.
 // Semantics follow the CPU reference (engine/cpu/*.cpp) op by op.
 #include <algorithm>
 
@@ -13,94 +14,97 @@
 namespace remat::cuda::kern {
 namespace {
 
-// ---- data movement and pointwise: one thread per element, grid-stride ----
+// ---- data movement and pointwise: 16-byte vectors where aligned (device_common.cuh) ----
 
+// Any 2- or 4-byte type: `v` is already converted, so fill and fill_i32 share it.
 template <typename T>
-__global__ void fill_kernel(T* p, int64_t n, float value) {
-  const T v = from_f32<T>(value);
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x)
-    p[i] = v;
+__global__ void fill_kernel(T* p, int64_t n, T v, bool vectors) {
+  constexpr int N = kVecElems<T>;
+  Pack<T, N> pack;
+#pragma unroll
+  for (int k = 0; k < N; ++k) pack.v[k] = v;
+  for_each_vector<N>(
+      n, vectors, [&](int64_t i) { *reinterpret_cast<Pack<T, N>*>(p + i) = pack; },
+      [&](int64_t i) { p[i] = v; });
 }
 
-__global__ void fill_i32_kernel(int32_t* p, int64_t n, int32_t value) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x)
-    p[i] = value;
-}
-
+// Groups of 8: 16 bytes of the bf16 side, two 16-byte accesses of the f32 side.
 template <typename Td, typename Ts>
-__global__ void cast_kernel(Td* dst, const Ts* src, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x)
-    dst[i] = from_f32<Td>(to_f32(src[i]));
+__global__ void cast_kernel(Td* dst, const Ts* src, int64_t n, bool vectors) {
+  map_elements<8>(
+      dst, n, vectors, [](int64_t, float x) { return x; }, src);
 }
 
 template <typename T>
-__global__ void add_kernel(T* out, const T* a, const T* b, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x)
-    out[i] = from_f32<T>(to_f32(a[i]) + to_f32(b[i]));
+__global__ void add_kernel(T* out, const T* a, const T* b, int64_t n, bool vectors) {
+  map_elements<kVecElems<T>>(
+      out, n, vectors, [](int64_t, float x, float y) { return x + y; }, a, b);
 }
 
 template <typename T>
 __global__ void dropout_kernel(T* out, const T* inp, int64_t n, float p, float scale, uint64_t seed,
-                               uint64_t stream, uint64_t first_index) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x)
-    out[i] = from_f32<T>(rng_uniform(seed, stream, first_index + static_cast<uint64_t>(i)) >= p
-                             ? to_f32(inp[i]) * scale
-                             : 0.0f);
+                               uint64_t stream, uint64_t first_index, bool vectors) {
+  auto keep = [=](int64_t i, float x) {
+    return rng_uniform(seed, stream, first_index + static_cast<uint64_t>(i)) >= p ? x * scale
+                                                                                  : 0.0f;
+  };
+  map_elements<kVecElems<T>>(out, n, vectors, keep, inp);
 }
 
 // GELU, tanh approximation (GPT-2), as engine/cpu/cpu_backend.cpp.
 constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2/pi)
 
 template <typename T>
-__global__ void activation_forward_kernel(T* out, const T* inp, int64_t n, bool gelu) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x) {
-    const float x = to_f32(inp[i]);
-    float y;
+__global__ void activation_forward_kernel(T* out, const T* inp, int64_t n, bool gelu,
+                                          bool vectors) {
+  auto act = [gelu](int64_t, float x) {
     if (gelu) {
       const float u = kGeluScale * (x + 0.044715f * x * x * x);
-      y = 0.5f * x * (1.0f + tanhf(u));
-    } else {
-      y = x > 0 ? x : 0.0f;
+      return 0.5f * x * (1.0f + tanhf(u));
     }
-    out[i] = from_f32<T>(y);
-  }
+    return x > 0 ? x : 0.0f;
+  };
+  map_elements<kVecElems<T>>(out, n, vectors, act, inp);
 }
 
 template <typename T>
 __global__ void activation_backward_kernel(T* dinp, const T* dout, const T* inp, int64_t n,
-                                           bool gelu) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x) {
-    const float x = to_f32(inp[i]), dy = to_f32(dout[i]);  // read dout before writing dinp (alias)
-    float dx;
+                                           bool gelu, bool vectors) {
+  auto grad = [gelu](int64_t, float x, float dy) {
     if (gelu) {
       const float u = kGeluScale * (x + 0.044715f * x * x * x);
       const float th = tanhf(u);
       const float sech2 = 1.0f - th * th;
       const float du = kGeluScale * (1.0f + 3.0f * 0.044715f * x * x);
-      dx = dy * (0.5f * (1.0f + th) + 0.5f * x * sech2 * du);
-    } else {
-      dx = x > 0 ? dy : 0.0f;
+      return dy * (0.5f * (1.0f + th) + 0.5f * x * sech2 * du);
     }
-    dinp[i] = from_f32<T>(dx);
-  }
+    return x > 0 ? dy : 0.0f;
+  };
+  map_elements<kVecElems<T>>(dinp, n, vectors, grad, inp, dout);
 }
 
+// A group may cross a row end (cols need not be a multiple of N): one division per group, then
+// the column wraps.
 template <typename T>
 __global__ void bias_rows_kernel(T* out, const float* bias, int64_t rows, int64_t cols,
-                                 bool overwrite) {
-  const int64_t n = rows * cols;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x) {
+                                 bool overwrite, bool vectors) {
+  constexpr int N = kVecElems<T>;
+  auto group = [&](int64_t i) {
+    Pack<T, N> y;
+    if (!overwrite) y = load_pack<N>(out + i);
+    int64_t c = i % cols;
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      const float b = bias[c];
+      y.v[k] = from_f32<T>(overwrite ? b : to_f32(y.v[k]) + b);
+      c = c + 1 == cols ? 0 : c + 1;
+    }
+    *reinterpret_cast<Pack<T, N>*>(out + i) = y;
+  };
+  for_each_vector<N>(rows * cols, vectors, group, [&](int64_t i) {
     const float b = bias[i % cols];
     out[i] = from_f32<T>(overwrite ? b : to_f32(out[i]) + b);
-  }
+  });
 }
 
 // Column sums over one row chunk. Grid (column slices of 32, row chunks), block (32, 8):
@@ -139,21 +143,39 @@ __global__ void add_chunk_partials_kernel(float* dst, const float* partials, int
 
 // ---- embedding ----
 
+// Groups only when C is a multiple of N, so that a group lies in one row and reads whole
+// 16-byte pieces of wte and wpe.
 template <typename T>
 __global__ void embedding_forward_kernel(T* out, const int32_t* tokens, const float* wte,
                                          const float* wpe, int64_t BT, int64_t T_len, int64_t C,
-                                         int64_t V) {
-  const int64_t n = BT * C;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x) {
+                                         int64_t V, bool vectors) {
+  constexpr int N = kVecElems<T>;
+  // The CPU backend asserts; a device assert would kill the context, so a bad token poisons
+  // its row with NaN instead, which the loss then reports.
+  auto group = [&](int64_t i) {
     const int64_t bt = i / C, c = i % C;
     const int32_t id = tokens[bt];
-    // The CPU backend asserts; a device assert would kill the context, so a bad token poisons
-    // its row with NaN instead, which the loss then reports.
+    Pack<float, N> v;
+    if (id >= 0 && id < V) {
+      v = load_pack<N>(wte + id * C + c);
+    } else {
+#pragma unroll
+      for (int k = 0; k < N; ++k) v.v[k] = CUDART_NAN_F;
+    }
+    Pack<float, N> w;
+    if (wpe) w = load_pack<N>(wpe + (bt % T_len) * C + c);
+    Pack<T, N> y;
+#pragma unroll
+    for (int k = 0; k < N; ++k) y.v[k] = from_f32<T>(wpe ? v.v[k] + w.v[k] : v.v[k]);
+    *reinterpret_cast<Pack<T, N>*>(out + i) = y;
+  };
+  for_each_vector<N>(BT * C, vectors, group, [&](int64_t i) {
+    const int64_t bt = i / C, c = i % C;
+    const int32_t id = tokens[bt];
     float v = (id >= 0 && id < V) ? wte[id * C + c] : CUDART_NAN_F;
     if (wpe) v += wpe[(bt % T_len) * C + c];
     out[i] = from_f32<T>(v);
-  }
+  });
 }
 
 // One block column per bucket (a distinct token): threads over channels sum the bucket's rows
@@ -244,35 +266,63 @@ __global__ void softmax_xent_kernel(float* logits, const int32_t* targets, float
 
 // ---- RoPE ----
 
-// One thread per pair: per row, (NH + KVH) HS/2 rotation pairs in the query and key heads, and
-// KVH HS/2 element pairs of v (copied). angle(t, i) = t * inv_freq[i] in double (t * freq reaches
-// 1e6 at long context), the frequencies those of the CPU's table (engine/ops/rope.h).
+// Heads whose loads one thread issues before its first store: a single head's load-store round
+// trip per step would leave each thread with one access in flight.
+constexpr int kRopeHeadsPerStep = 4;
+
+// Pair i of `heads` consecutive heads of one row: src and dst point at element i of the first
+// head, its partner is `half` further on. kRotate false: a copy (v, or no RoPE). Each element is
+// read before it is written, and only by this thread, so dst may alias src.
+template <bool kRotate, typename Td, typename Ts>
+__device__ __forceinline__ void rope_heads(Td* dst, const Ts* src, int64_t heads, int64_t HS,
+                                           int64_t half, float cs, float sn, bool inverse) {
+  auto put = [&](int64_t at, float a, float b) {
+    if (!kRotate) {
+      dst[at] = from_f32<Td>(a);
+      dst[at + half] = from_f32<Td>(b);
+    } else if (!inverse) {
+      dst[at] = from_f32<Td>(a * cs - b * sn);
+      dst[at + half] = from_f32<Td>(a * sn + b * cs);
+    } else {
+      dst[at] = from_f32<Td>(a * cs + b * sn);
+      dst[at + half] = from_f32<Td>(-a * sn + b * cs);
+    }
+  };
+  int64_t h = 0;
+  for (; h + kRopeHeadsPerStep <= heads; h += kRopeHeadsPerStep) {
+    float a[kRopeHeadsPerStep], b[kRopeHeadsPerStep];
+#pragma unroll
+    for (int k = 0; k < kRopeHeadsPerStep; ++k) {
+      a[k] = to_f32(src[(h + k) * HS]);
+      b[k] = to_f32(src[(h + k) * HS + half]);
+    }
+#pragma unroll
+    for (int k = 0; k < kRopeHeadsPerStep; ++k) put((h + k) * HS, a[k], b[k]);
+  }
+  for (; h < heads; ++h) put(h * HS, to_f32(src[h * HS]), to_f32(src[h * HS + half]));
+}
+
+// One thread per (row, pair i): the angle t * inv_freq[i] (in double: t * freq reaches 1e6 at
+// long context) is the same for every head of the row, so its sincos is computed once and
+// applied to the NH query and KVH key heads; the thread then copies elements i and i + HS/2 of
+// each v head. Adjacent threads take adjacent i, so each head's accesses stay coalesced. The
+// frequencies are those of the CPU's table (engine/ops/rope.h).
 template <typename Td, typename Ts>
 __global__ void rope_kernel(Td* dst, const Ts* src, RopeParams p) {
-  const int64_t half = p.HS / 2, rotated = (p.NH + p.KVH) * half;
-  const int64_t per_row = (p.NH + 2 * p.KVH) * half, n = p.BT * per_row, W = 2 * per_row;
+  const int64_t half = p.HS / 2, n = p.BT * half, W = (p.NH + 2 * p.KVH) * p.HS;
+  const int64_t rotated = p.freq.n == 0 ? 0 : p.NH + p.KVH;
   for (int64_t w = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; w < n;
        w += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t row = w / per_row, r = w % per_row, base = row * W;
-    if (r >= rotated || p.freq.n == 0) {  // v, or no rotation: copy two elements
-      const int64_t i0 = base + 2 * r;
-      dst[i0] = from_f32<Td>(to_f32(src[i0]));
-      dst[i0 + 1] = from_f32<Td>(to_f32(src[i0 + 1]));
-      continue;
+    const int64_t row = w / half, i = w % half, at = row * W + i;
+    if (rotated > 0) {
+      double sn_d, cs_d;
+      sincos(static_cast<double>(row % p.T) * p.freq.inv_freq[i], &sn_d, &cs_d);
+      const float cs = static_cast<float>(cs_d), sn = static_cast<float>(sn_d);
+      rope_heads<true>(dst + at, src + at, rotated, p.HS, half, cs, sn, p.inverse);
     }
-    const int64_t h = r / half, i = r % half;  // h: a query head, then the key heads
-    const int64_t i0 = base + h * p.HS + i, i1 = i0 + half;
-    double sn_d, cs_d;
-    sincos(static_cast<double>(row % p.T) * p.freq.inv_freq[i], &sn_d, &cs_d);
-    const float cs = static_cast<float>(cs_d), sn = static_cast<float>(sn_d);
-    const float a = to_f32(src[i0]), b = to_f32(src[i1]);
-    if (!p.inverse) {
-      dst[i0] = from_f32<Td>(a * cs - b * sn);
-      dst[i1] = from_f32<Td>(a * sn + b * cs);
-    } else {
-      dst[i0] = from_f32<Td>(a * cs + b * sn);
-      dst[i1] = from_f32<Td>(-a * sn + b * cs);
-    }
+    const int64_t rest = rotated * p.HS;
+    rope_heads<false>(dst + at + rest, src + at + rest, p.NH + 2 * p.KVH - rotated, p.HS, half,
+                      0.0f, 0.0f, p.inverse);
   }
 }
 
@@ -281,14 +331,17 @@ __global__ void rope_kernel(Td* dst, const Ts* src, RopeParams p) {
 // ---- launchers ----
 
 void fill(void* p, int64_t n, float value, bool is_bf16, cudaStream_t s) {
-  dispatch_act(is_bf16, [&](auto tag) {
-    using T = decltype(tag);
-    fill_kernel<T><<<grid_for(n), kThreads, 0, s>>>(static_cast<T*>(p), n, value);
-  });
+  if (is_bf16)
+    fill_kernel<bf16><<<grid_for_vectors(n, kVecElems<bf16>), kThreads, 0, s>>>(
+        static_cast<bf16*>(p), n, __float2bfloat16(value), aligned16(p));
+  else
+    fill_kernel<float><<<grid_for_vectors(n, kVecElems<float>), kThreads, 0, s>>>(
+        static_cast<float*>(p), n, value, aligned16(p));
 }
 
 void fill_i32(int32_t* p, int64_t n, int32_t value, cudaStream_t s) {
-  fill_i32_kernel<<<grid_for(n), kThreads, 0, s>>>(p, n, value);
+  fill_kernel<int32_t>
+      <<<grid_for_vectors(n, kVecElems<int32_t>), kThreads, 0, s>>>(p, n, value, aligned16(p));
 }
 
 void cast(void* dst, bool dst_bf16, const void* src, bool src_bf16, int64_t n, cudaStream_t s) {
@@ -297,45 +350,48 @@ void cast(void* dst, bool dst_bf16, const void* src, bool src_bf16, int64_t n, c
                     s);
     return;
   }
+  const unsigned g = grid_for_vectors(n, 8);
+  const bool vectors = aligned16(dst, src);
   if (dst_bf16)
-    cast_kernel<bf16, float><<<grid_for(n), kThreads, 0, s>>>(static_cast<bf16*>(dst),
-                                                              static_cast<const float*>(src), n);
+    cast_kernel<bf16, float><<<g, kThreads, 0, s>>>(static_cast<bf16*>(dst),
+                                                    static_cast<const float*>(src), n, vectors);
   else
-    cast_kernel<float, bf16><<<grid_for(n), kThreads, 0, s>>>(static_cast<float*>(dst),
-                                                              static_cast<const bf16*>(src), n);
+    cast_kernel<float, bf16><<<g, kThreads, 0, s>>>(static_cast<float*>(dst),
+                                                    static_cast<const bf16*>(src), n, vectors);
 }
 
 void add(void* out, const void* a, const void* b, int64_t n, bool is_bf16, cudaStream_t s) {
   dispatch_act(is_bf16, [&](auto tag) {
     using T = decltype(tag);
-    add_kernel<T><<<grid_for(n), kThreads, 0, s>>>(static_cast<T*>(out), static_cast<const T*>(a),
-                                                   static_cast<const T*>(b), n);
+    add_kernel<T><<<grid_for_vectors(n, kVecElems<T>), kThreads, 0, s>>>(
+        static_cast<T*>(out), static_cast<const T*>(a), static_cast<const T*>(b), n,
+        aligned16(out, a, b));
   });
 }
 
 void dropout(const DropoutParams& p, cudaStream_t s) {
   dispatch_act(p.bf16, [&](auto tag) {
     using T = decltype(tag);
-    dropout_kernel<T><<<grid_for(p.n), kThreads, 0, s>>>(
+    dropout_kernel<T><<<grid_for_vectors(p.n, kVecElems<T>), kThreads, 0, s>>>(
         static_cast<T*>(p.out), static_cast<const T*>(p.inp), p.n, p.p, 1.0f / (1.0f - p.p), p.seed,
-        p.stream, p.first_index);
+        p.stream, p.first_index, aligned16(p.out, p.inp));
   });
 }
 
 void activation_forward(const ActivationParams& p, cudaStream_t s) {
   dispatch_act(p.bf16, [&](auto tag) {
     using T = decltype(tag);
-    activation_forward_kernel<T><<<grid_for(p.n), kThreads, 0, s>>>(
-        static_cast<T*>(p.out), static_cast<const T*>(p.inp), p.n, p.gelu);
+    activation_forward_kernel<T><<<grid_for_vectors(p.n, kVecElems<T>), kThreads, 0, s>>>(
+        static_cast<T*>(p.out), static_cast<const T*>(p.inp), p.n, p.gelu, aligned16(p.out, p.inp));
   });
 }
 
 void activation_backward(const ActivationParams& p, cudaStream_t s) {
   dispatch_act(p.bf16, [&](auto tag) {
     using T = decltype(tag);
-    activation_backward_kernel<T>
-        <<<grid_for(p.n), kThreads, 0, s>>>(static_cast<T*>(p.out), static_cast<const T*>(p.dout),
-                                            static_cast<const T*>(p.inp), p.n, p.gelu);
+    activation_backward_kernel<T><<<grid_for_vectors(p.n, kVecElems<T>), kThreads, 0, s>>>(
+        static_cast<T*>(p.out), static_cast<const T*>(p.dout), static_cast<const T*>(p.inp), p.n,
+        p.gelu, aligned16(p.out, p.dout, p.inp));
   });
 }
 
@@ -343,8 +399,8 @@ void bias_rows(void* out, const float* bias, int64_t rows, int64_t cols, bool ov
                bool is_bf16, cudaStream_t s) {
   dispatch_act(is_bf16, [&](auto tag) {
     using T = decltype(tag);
-    bias_rows_kernel<T><<<grid_for(rows * cols), kThreads, 0, s>>>(static_cast<T*>(out), bias, rows,
-                                                                   cols, overwrite);
+    bias_rows_kernel<T><<<grid_for_vectors(rows * cols, kVecElems<T>), kThreads, 0, s>>>(
+        static_cast<T*>(out), bias, rows, cols, overwrite, aligned16(out));
   });
 }
 
@@ -379,8 +435,10 @@ void embedding_forward(const EmbeddingForwardParams& p, cudaStream_t s) {
   const int64_t BT = p.B * p.T;
   dispatch_act(p.bf16, [&](auto tag) {
     using Tt = decltype(tag);
-    embedding_forward_kernel<Tt><<<grid_for(BT * p.C), kThreads, 0, s>>>(
-        static_cast<Tt*>(p.out), p.tokens, p.wte, p.wpe, BT, p.T, p.C, p.V);
+    constexpr int N = kVecElems<Tt>;
+    embedding_forward_kernel<Tt><<<grid_for_vectors(BT * p.C, N), kThreads, 0, s>>>(
+        static_cast<Tt*>(p.out), p.tokens, p.wte, p.wpe, BT, p.T, p.C, p.V,
+        p.C % N == 0 && aligned16(p.out, p.wte, p.wpe));
   });
 }
 
@@ -442,7 +500,7 @@ void attention_delta(float* delta, const void* dout, const void* out, bool acts_
 }
 
 void rope_apply(const RopeParams& p, cudaStream_t s) {
-  const unsigned g = grid_for(p.BT * (p.NH + 2 * p.KVH) * (p.HS / 2));
+  const unsigned g = grid_for(p.BT * (p.HS / 2));
   if (p.dst_bf16 && p.src_bf16)
     rope_kernel<bf16, bf16>
         <<<g, kThreads, 0, s>>>(static_cast<bf16*>(p.dst), static_cast<const bf16*>(p.src), p);

@@ -165,7 +165,7 @@ struct RopeFrequencies {
 /// dst (BT, (NH + 2 KVH) HS) = src (q | k | v, heads contiguous) with the NH query and KVH key
 /// heads rotated by RoPE (NeoX half-split; angle t inv_freq[i], t = row % T); inverse = true
 /// applies R^T (gradients back to the unrotated input). freq.n = 0: a plain copy. v is copied.
-/// dst may alias src (each thread owns a rotation pair).
+/// dst may alias src (each thread owns pair i of every head of one row).
 struct RopeParams {
   void* dst;
   bool dst_bf16;

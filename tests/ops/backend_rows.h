@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -53,6 +54,12 @@ inline float from_bf16_bits(uint16_t h) {
   return f;
 }
 
+/// `v` rounded to bf16 (and widened back), as a bf16 tensor stores it.
+inline std::vector<float> bf16_values(std::vector<float> v) {
+  for (float& x : v) x = from_bf16_bits(to_bf16_bits(x));
+  return v;
+}
+
 /// N(0, scale^2) host values, deterministic in (seed, stream).
 inline std::vector<float> host_randn(int64_t n, uint64_t stream, double scale = 1.0) {
   std::vector<float> v(static_cast<size_t>(n));
@@ -95,6 +102,53 @@ inline std::vector<float> fetch(Backend& be, const Tensor& t) {
   return out;
 }
 
+/// A tensor of `shape` that starts `offset` elements into a fresh block of `be`'s pool, holding
+/// `host` (rounded to bf16 when dtype is): a pool block is 256-byte aligned, so offset 1 leaves
+/// the data pointer off every 16-byte boundary and the CUDA pointwise kernels take their scalar
+/// path, while offset 0 gives them their 16-byte vectors.
+struct Placed {
+  Buffer block;
+  Tensor t;
+  operator const Tensor&() const { return t; }  // NOLINT: used where a view is, as Buffer is
+};
+inline Placed upload_at(Backend& be, const std::vector<int64_t>& shape, DType dtype, int64_t offset,
+                        const std::vector<float>& host) {
+  Placed p{be.pool().allocate({static_cast<int64_t>(host.size()) + offset}, dtype,
+                              MemCategory::Transient, "test"),
+           {}};
+  p.t =
+      Tensor(static_cast<char*>(p.block.tensor().data) + offset * dtype_size(dtype), shape, dtype);
+  REQUIRE(static_cast<size_t>(p.t.numel()) == host.size());
+  if (dtype == DType::BF16) {
+    std::vector<uint16_t> h(host.size());
+    for (size_t i = 0; i < host.size(); ++i) h[i] = to_bf16_bits(host[i]);
+    be.upload(p.t, h.data());
+  } else {
+    be.upload(p.t, host.data());
+  }
+  return p;
+}
+
+/// Whether two host copies hold the same bits; the report names the first difference.
+inline Closeness identical_bits(const std::vector<float>& got, const std::vector<float>& want,
+                                std::string_view what) {
+  Closeness c;
+  if (got.size() != want.size()) {
+    c.ok = false;
+    c.report = fmt::format("{}: {} elements, want {}", what, got.size(), want.size());
+    return c;
+  }
+  for (size_t i = 0; i < got.size(); ++i)
+    if (std::memcmp(&got[i], &want[i], sizeof(float)) != 0) {
+      c.ok = false;
+      c.report = fmt::format("{}: first difference at [{}]: got {:.9g}, want {:.9g}", what, i,
+                             got[i], want[i]);
+      return c;
+    }
+  c.report = fmt::format("{}: {} elements, same bits", what, got.size());
+  return c;
+}
+
 /// One CPU and one CUDA backend. Inputs go to both, rounded to bf16 first when the GPU stores
 /// bf16 activations, so that a row measures only the op's own error.
 struct CudaRow {
@@ -107,12 +161,13 @@ struct CudaRow {
   bool bf16() const { return act == DType::BF16; }
   Tolerance pick(Tolerance f32, Tolerance bf16_tol) const { return bf16() ? bf16_tol : f32; }
 
+  /// `v` as the GPU stores activations: rounded to bf16 when it stores bf16.
+  std::vector<float> stored(std::vector<float> v) const {
+    return bf16() ? bf16_values(std::move(v)) : v;
+  }
   /// Activation values: host_randn, bf16-representable when the GPU stores bf16.
   std::vector<float> act_values(int64_t n, uint64_t stream, double scale = 1.0) const {
-    auto v = host_randn(n, stream, scale);
-    if (bf16())
-      for (float& x : v) x = from_bf16_bits(to_bf16_bits(x));
-    return v;
+    return stored(host_randn(n, stream, scale));
   }
   /// The same values as an activation tensor on each backend (f32 on the CPU).
   std::pair<Buffer, Buffer> act_pair(const std::vector<int64_t>& shape,

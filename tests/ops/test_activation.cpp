@@ -148,6 +148,107 @@ TEST_CASE("elementwise primitives on CUDA match the CPU: add, fill, copy and cas
   r.gpu->copy(wide, x_g);  // a cast when activations are bf16; exact, as the inputs are bf16 values
   r.check_same(x_c, wide, kTolExact, "copy (cast to f32)");
 }
+
+TEST_CASE(
+    "pointwise ops on CUDA: 16-byte vectors, the scalar path and the tails give the same bits",
+    "[gpu][pointwise]") {
+  // Sizes about the vector widths (8 bf16 or 4 f32 per 16 bytes): one element, less than a
+  // group, groups and a tail of 3 (8k + 3). Each op runs on tensors at a pool block's start (the
+  // kernels' 16-byte vectors) and one element past it (their scalar path), in place where the
+  // GPT block runs it so. Both give the same bits, and those of the CPU as the GPU stores them;
+  // GELU, whose tanhf is not the CPU's, within tolerance.
+  const int64_t n = GENERATE(int64_t{1}, int64_t{7}, int64_t{8003});
+  const DType act = GENERATE(from_range(kCudaActivationTypes));
+  CAPTURE(n, dtype_name(act));
+  CudaRow r(act);
+  std::vector<float> xs = host_randn(n, 91, 2.0);
+  std::copy_n(std::begin(kActivationEdges), std::min<int64_t>(n, std::size(kActivationEdges)),
+              xs.begin());
+  xs = r.stored(xs);
+  const std::vector<float> ys = r.act_values(n, 92), zeros(static_cast<size_t>(n), 0.0f);
+  const std::vector<float> wide = host_randn(n, 94, 2.0);  // f32 values a bf16 cast rounds
+  const DropoutArgs drop{
+      .out = {}, .inp = {}, .p = 0.25f, .seed = kSeed, .stream = 7, .first_index = 1000003};
+  // What the GPU must store, in the order on_gpu runs the ops; `exact`: bit for bit.
+  struct Want {
+    const char* what;
+    std::vector<float> values;
+    bool exact = true;
+  };
+  Buffer x_c = upload(r.cpu, {n}, DType::F32, xs), y_c = upload(r.cpu, {n}, DType::F32, ys);
+  auto on_cpu = [&](auto op) {
+    Buffer o = upload(r.cpu, {n}, DType::F32, zeros);
+    op(o.tensor());
+    return r.stored(to_host(o));
+  };
+  std::vector<Want> want;
+  want.push_back({"add", on_cpu([&](const Tensor& o) { r.cpu.add(o, x_c, y_c); })});
+  want.push_back({"add (out aliases a)", want.back().values});
+  for (Activation kind : {Activation::Gelu, Activation::Relu})
+    want.push_back({kind == Activation::Gelu ? "gelu" : "relu", on_cpu([&](const Tensor& o) {
+                      r.cpu.activation_forward({o, x_c, kind});
+                    }),
+                    kind == Activation::Relu});
+  for (Activation kind : {Activation::Gelu, Activation::Relu})
+    want.push_back(
+        {kind == Activation::Gelu ? "gelu backward (dinp aliases dout)" : "relu backward",
+         on_cpu([&](const Tensor& o) {
+           r.cpu.activation_backward({o, y_c, x_c, kind});
+         }),
+         kind == Activation::Relu});
+  want.push_back({"dropout", on_cpu([&](const Tensor& o) {
+                    DropoutArgs d = drop;
+                    d.out = o;
+                    d.inp = x_c;
+                    r.cpu.dropout(d);
+                  })});
+  want.push_back({"dropout (in place)", want.back().values});
+  want.push_back({"fill", r.stored(std::vector<float>(static_cast<size_t>(n), -3.14159f))});
+  want.push_back({"cast f32 -> bf16", bf16_values(wide)});
+  want.push_back({"cast bf16 -> f32", bf16_values(wide)});
+
+  auto on_gpu = [&](int64_t offset) {
+    Backend& g = *r.gpu;
+    auto at = [&](DType t, const std::vector<float>& v) { return upload_at(g, {n}, t, offset, v); };
+    const Placed x = at(act, xs), y = at(act, ys);
+    std::vector<std::vector<float>> got;
+    auto run = [&](Placed o, auto op) {
+      op(o.t);
+      got.push_back(fetch(g, o));
+    };
+    run(at(act, zeros), [&](const Tensor& o) { g.add(o, x, y); });
+    run(at(act, xs), [&](const Tensor& o) { g.add(o, o, y); });
+    for (Activation kind : {Activation::Gelu, Activation::Relu})
+      run(at(act, zeros), [&](const Tensor& o) { g.activation_forward({o, x, kind}); });
+    run(at(act, ys), [&](const Tensor& o) { g.activation_backward({o, o, x, Activation::Gelu}); });
+    run(at(act, zeros), [&](const Tensor& o) {
+      g.activation_backward({o, y, x, Activation::Relu});
+    });
+    for (bool in_place : {false, true})
+      run(at(act, in_place ? xs : zeros), [&](const Tensor& o) {
+        DropoutArgs d = drop;
+        d.out = o;
+        d.inp = in_place ? o : x.t;
+        g.dropout(d);
+      });
+    run(at(act, zeros), [&](const Tensor& o) { g.fill(o, -3.14159f); });
+    const Placed w32 = at(DType::F32, wide), w16 = at(DType::BF16, wide);
+    run(at(DType::BF16, zeros), [&](const Tensor& o) { g.copy(o, w32); });
+    run(at(DType::F32, zeros), [&](const Tensor& o) { g.copy(o, w16); });
+    return got;
+  };
+  const auto vectors = on_gpu(0), scalars = on_gpu(1);
+  REQUIRE(vectors.size() == want.size());
+  for (size_t k = 0; k < want.size(); ++k) {
+    CAPTURE(want[k].what);
+    CHECK(identical_bits(scalars[k], vectors[k], "the scalar path against the vectors"));
+    if (want[k].exact)
+      CHECK(identical_bits(vectors[k], want[k].values, "the CPU's bits, as the GPU stores them"));
+    else
+      CHECK(allclose(vectors[k], want[k].values, r.pick(kCudaF32Pointwise, kCudaBf16Pointwise),
+                     "the CPU"));
+  }
+}
 #endif
 
 }  // namespace remat::test

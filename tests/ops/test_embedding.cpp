@@ -1,5 +1,5 @@
 // Op test of the token (+ position) embedding: gather forward, scatter-add backward with repeated
-// tokens.
+// tokens; on CUDA, the forward's 16-byte and scalar paths.
 // Against the CPU backend, the specification every other backend is checked against;
 // tolerances and shared helpers: tests/test_util.h (through tests/ops/op_test.h).
 #include <algorithm>
@@ -87,6 +87,43 @@ TEST_CASE("embedding forward and deterministic scatter-add backward on CUDA matc
   r.cpu.embedding_backward({wte_c, wpe_on_cpu, d_c, t_c});
   r.gpu->embedding_backward({wte_g, wpe_on_gpu, d_g, t_g});
   r.check_same(wte_c, wte_g, kCudaF32Gemm, "dwte (+=, tokens uploaded after the forward)");
+}
+
+TEST_CASE("embedding forward on CUDA: 16-byte groups and the scalar path store the CPU's bits",
+          "[gpu][embedding]") {
+  // C = 64: a row is whole groups (8 bf16 or 4 f32), read as 16-byte pieces of wte and wpe when
+  // out starts on 16 bytes; out one element past a block's start takes the scalar path. Both
+  // store the CPU's sums rounded once to the activation type. A token outside the vocabulary
+  // gives a NaN row on either path.
+  const int64_t B = 2, T = 9, V = 50, C = 64, maxT = 16;
+  const bool use_wpe = GENERATE(true, false);
+  const DType act = GENERATE(from_range(kCudaActivationTypes));
+  CAPTURE(use_wpe, dtype_name(act));
+  CudaRow r(act);
+  Buffer ids = make_ids(r.cpu, {B, T}, static_cast<int32_t>(V), kSeed, 104);
+  const int32_t* id = ids.tensor().i32();
+  std::vector<int32_t> host_ids(id, id + B * T);
+  Buffer t_c = upload_i32(r.cpu, {B, T}, host_ids), t_g = upload_i32(*r.gpu, {B, T}, host_ids);
+  auto [wte_c, wte_g] = r.f32_pair({V, C}, host_randn(V * C, 105));
+  auto [wpe_c, wpe_g] = r.f32_pair({maxT, C}, host_randn(maxT * C, 106));
+  const Tensor wpe_on_cpu = use_wpe ? wpe_c.tensor() : Tensor();
+  const Tensor wpe_on_gpu = use_wpe ? wpe_g.tensor() : Tensor();
+  Buffer o_c = r.zeros_act({B, T, C}).first;
+  r.cpu.embedding_forward({o_c, t_c, wte_c, wpe_on_cpu});
+  const std::vector<float> want = r.stored(to_host(o_c)), zeros(B * T * C, 0.0f);
+  host_ids[3] = static_cast<int32_t>(V);  // row 3: outside the vocabulary
+  Buffer bad_g = upload_i32(*r.gpu, {B, T}, host_ids);
+  for (int64_t offset : {0, 1}) {
+    CAPTURE(offset);
+    const Placed o = upload_at(*r.gpu, {B, T, C}, act, offset, zeros);
+    r.gpu->embedding_forward({o, t_g, wte_g, wpe_on_gpu});
+    CHECK(identical_bits(fetch(*r.gpu, o), want, "out"));
+    r.gpu->embedding_forward({o, bad_g, wte_g, wpe_on_gpu});
+    const std::vector<float> got = fetch(*r.gpu, o);
+    CHECK(std::all_of(got.begin() + 3 * C, got.begin() + 4 * C,
+                      [](float v) { return std::isnan(v); }));
+    CHECK(std::none_of(got.begin(), got.begin() + 3 * C, [](float v) { return std::isnan(v); }));
+  }
 }
 #endif
 
