@@ -1,10 +1,10 @@
 // The CUDA backend's small kernels: fill/cast, residual add, GELU/ReLU, bias broadcast and bias
 // gradient, embedding gather and deterministic scatter-add, MSE, the LM head's softmax
-// cross-entropy, AdamW, sum of squares and RoPE. Each is memory-bound: grid-stride loops (the
-// pointwise ones over 16-byte vectors when the pointers are aligned, device_common.cuh), float
-// math on bf16 or float storage, fixed-order reductions (no atomics), so a recomputed activation
-// is bitwise equal to the original and gradients repeat run to run.
-// Semantics follow the CPU reference (engine/cpu/*.cpp) op by op.
+// cross-entropy and RoPE (AdamW, the gradient norm and the batched zero fill: optimizer.cu).
+// Each is memory-bound: grid-stride loops (the pointwise ones over 16-byte vectors when the
+// pointers are aligned, device_common.cuh), float math on bf16 or float storage, fixed-order
+// reductions (no atomics), so a recomputed activation is bitwise equal to the original and
+// gradients repeat run to run. Semantics follow the CPU reference (engine/cpu/*.cpp) op by op.
 #include <algorithm>
 
 #include "engine/cuda/device_common.cuh"
