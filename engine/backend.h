@@ -110,6 +110,9 @@ class Backend {
   /// stay valid until then. For a result the host needs only at the end of a step (the losses),
   /// so that reading it does not stall the device mid-step. Default: download().
   virtual void download_async(void* host, const Tensor& src) { download(host, src); }
+  /// Drops every download_async not yet completed, so that no later sync writes into a `host`
+  /// an error has since freed (the step unwinding). Never throws.
+  virtual void discard_downloads() noexcept {}
 
   // ---- device <-> host pool (remat.offload) ----
   /// Starts copying device tensor `src` into host-pool tensor `dst` (same byte size) on the copy

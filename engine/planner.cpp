@@ -423,10 +423,12 @@ std::optional<int64_t> resolve_loss_chunk(const Planner& planner, Config& cfg) {
   // Short contexts: the largest fits, one dry run. Otherwise the smallest index (largest chunk)
   // that fits, if the last one does.
   size_t lo = 0, hi = candidates.size() - 1;
-  if (!fits_with(0)) {
-    if (hi == 0 || !fits_with(hi)) return std::nullopt;
+  if (fits_with(0))
+    hi = 0;
+  else if (hi == 0 || !fits_with(hi))
+    return std::nullopt;
+  else
     lo = 1;
-  }
   while (lo < hi) {
     const size_t mid = (lo + hi) / 2;
     if (fits_with(mid))

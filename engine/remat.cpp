@@ -5,6 +5,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <exception>
 #include <optional>
 #include <utility>
 
@@ -149,6 +150,22 @@ void start_reading_losses(Backend& be, const Tensor& losses, StepLoss& result) {
   result.row_losses.resize(static_cast<size_t>(losses.numel()));
   be.download_async(result.row_losses.data(), losses);
 }
+
+// Drops the losses' download if the step unwinds before finish_reading_losses: its destination
+// dies with the step.
+class LossDownload {
+ public:
+  explicit LossDownload(Backend& be) : be_(be) {}
+  LossDownload(const LossDownload&) = delete;
+  LossDownload& operator=(const LossDownload&) = delete;
+  ~LossDownload() {
+    if (std::uncaught_exceptions() > exceptions_) be_.discard_downloads();
+  }
+
+ private:
+  Backend& be_;
+  int exceptions_ = std::uncaught_exceptions();
+};
 
 // Waits for the device, then the mean.
 void finish_reading_losses(Backend& be, StepLoss& result) {
@@ -317,6 +334,7 @@ StepLoss forward_backward(Backend& be, Model& model, const RematPlan& plan, cons
   params.end();
   x.reset();
   StepLoss result;
+  const LossDownload unwinding_drops_it(be);
   start_reading_losses(be, losses, result);
   losses.reset();
 

@@ -327,42 +327,42 @@ uint64_t peak_with_chunk(const Planner& planner, Config cfg, int64_t rows) {
 
 TEST_CASE("on a GPU the LM head's chunk grows to the largest candidate the budget holds",
           "[planner][loss_chunk]") {
-  // 4 x 1024 rows and a vocabulary of 8192: the default chunk is 1024 rows (32 MiB of logits),
-  // the candidates 4096 and 2048.
+  // 4 x 2048 rows and a vocabulary of 8192: the default chunk is 1024 rows (32 MiB of logits),
+  // the candidates 8192, 4096 and 2048 (three, so that the search between them runs).
   const Config cfg =
       parse_config("", "head.toml",
                    {"model.n_layer=2", "model.n_embd=64", "model.n_head=2",
-                    "model.position=\"rope\"", "model.vocab_size=8192", "train.seq_len=1024",
+                    "model.position=\"rope\"", "model.vocab_size=8192", "train.seq_len=2048",
                     "train.batch_size=4", "remat.policy=full", "device.backend=\"cuda\""});
-  REQUIRE(default_loss_chunk_rows(4096, 8192) == 1024);
-  REQUIRE(gpu_loss_chunk_candidates(4096, 8192) == std::vector<int64_t>{4096, 2048});
+  REQUIRE(default_loss_chunk_rows(8192, 8192) == 1024);
+  REQUIRE(gpu_loss_chunk_candidates(8192, 8192) == std::vector<int64_t>{8192, 4096, 2048});
   const Planner roomy = cuda_planner(64ull << 30);
-  const uint64_t p1024 = peak_with_chunk(roomy, cfg, 1024);
   const uint64_t p2048 = peak_with_chunk(roomy, cfg, 2048);
   const uint64_t p4096 = peak_with_chunk(roomy, cfg, 4096);
+  const uint64_t p8192 = peak_with_chunk(roomy, cfg, 8192);
   // The head is this step's peak, so each candidate costs memory: 32 MiB of logits per 1024 rows.
-  REQUIRE(p1024 < p2048);
   REQUIRE(p2048 < p4096);
+  REQUIRE(p4096 < p8192);
+  const auto chosen_at = [&](uint64_t budget) {
+    Config c = cfg;
+    const std::optional<int64_t> rows = resolve_loss_chunk(cuda_planner(budget), c);
+    CHECK(c.train.loss_chunk == rows.value_or(0));  // written into the config, or left at 0
+    return rows;
+  };
 
   SECTION("room for the largest: every row in one chunk") {
-    Config c = cfg;
-    CHECK(resolve_loss_chunk(roomy, c) == 4096);
-    CHECK(c.train.loss_chunk == 4096);
+    CHECK(chosen_at(64ull << 30) == 8192);
+    CHECK(chosen_at(p8192) == 8192);
   }
-  SECTION("room for the middle one only") {
-    const Planner between = cuda_planner(p4096 - 1);
-    Config c = cfg;
-    CHECK(resolve_loss_chunk(between, c) == 2048);
-    CHECK(c.train.loss_chunk == 2048);
-    const Planner exact = cuda_planner(p2048);
-    Config d = cfg;
-    CHECK(resolve_loss_chunk(exact, d) == 2048);
+  SECTION("room for a middle one, found by the search between the ends") {
+    CHECK(chosen_at(p8192 - 1) == 4096);
+    CHECK(chosen_at(p4096) == 4096);
+  }
+  SECTION("room for the smallest candidate only") {
+    CHECK(chosen_at(p4096 - 1) == 2048);
   }
   SECTION("no room beyond the default: the config is left as it is") {
-    const Planner tight = cuda_planner(p2048 - 1);
-    Config c = cfg;
-    CHECK_FALSE(resolve_loss_chunk(tight, c).has_value());
-    CHECK(c.train.loss_chunk == 0);
+    CHECK_FALSE(chosen_at(p2048 - 1).has_value());
   }
   SECTION("the CPU, and a chunk the config sets, are never changed") {
     Config c = cfg;

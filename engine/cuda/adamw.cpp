@@ -77,6 +77,7 @@ void CudaBackend::adamw_updates_impl(std::span<const AdamWArgs> all) {
 }
 
 void CudaBackend::fill_zero_impl(std::span<const Tensor> tensors) {
+  for (const Tensor& t : tensors) forget_tokens_if_overlapping(t.data, t.bytes());
   const std::vector<kern::DeviceFloats> spans = device_floats(tensors);
   kern::zero_multi(spans.data(), static_cast<int64_t>(spans.size()), stream());
   finish_op();

@@ -269,6 +269,8 @@ CudaBackend::~CudaBackend() {
   if (staging_) cudaFreeHost(staging_);
   if (tokens_copy_.host) cudaFreeHost(tokens_copy_.host);
   if (tokens_copy_.done) cudaEventDestroy(tokens_copy_.done);
+  if (buckets_upload_.host) cudaFreeHost(buckets_upload_.host);
+  if (buckets_upload_.sent) cudaEventDestroy(buckets_upload_.sent);
   if (reduce_.scratch) cudaFree(reduce_.scratch);
 }
 
@@ -313,14 +315,16 @@ void CudaBackend::synchronize() {
 void CudaBackend::download_async(void* host, const Tensor& src) {
   const size_t bytes = src.bytes();
   if (staging_used_ + bytes > staging_capacity_) {
+    // Room for what was pending too, so that the same downloads next step need no sync.
+    const size_t wanted = staging_used_ + bytes;
     if (!pending_downloads_.empty()) synchronize();
-    if (bytes > staging_capacity_) {
+    if (wanted > staging_capacity_) {
       if (staging_) REMAT_CUDA_CHECK(cudaFreeHost(staging_));
       staging_ = nullptr;
       staging_capacity_ = 0;
       REMAT_CUDA_CHECK(
-          cudaHostAlloc(reinterpret_cast<void**>(&staging_), bytes, cudaHostAllocDefault));
-      staging_capacity_ = bytes;
+          cudaHostAlloc(reinterpret_cast<void**>(&staging_), wanted, cudaHostAllocDefault));
+      staging_capacity_ = wanted;
     }
   }
   REMAT_CUDA_CHECK(
@@ -328,6 +332,13 @@ void CudaBackend::download_async(void* host, const Tensor& src) {
   pending_downloads_.push_back({host, staging_used_, bytes});
   staging_used_ += bytes;
   finish_op();
+}
+
+void CudaBackend::discard_downloads() noexcept {
+  (void)cudaStreamSynchronize(stream());  // the copies into staging end before it is reused
+  (void)cudaGetLastError();
+  pending_downloads_.clear();
+  staging_used_ = 0;
 }
 
 void CudaBackend::finish_downloads() {

@@ -55,6 +55,7 @@ class CudaBackend final : public Backend {
   void download(void* host, const Tensor& src) override;
   /// Through pinned staging memory (see PendingDownloads in cuda_backend.cpp).
   void download_async(void* host, const Tensor& src) override;
+  void discard_downloads() noexcept override;
   /// Waits until every enqueued op has finished (timing, tests); completes download_async.
   void synchronize() override;
   /// The workspace cuDNN's attention plan for this shape needs, in bytes (builds the plan once;
@@ -155,6 +156,14 @@ class CudaBackend final : public Backend {
     cudaEvent_t done = nullptr;
   };
   TokensCopy tokens_copy_;
+  // The embedding backward's bucket table on its way to the device: pinned, so the upload does
+  // not wait for the stream (a pageable one may); refilled once its last upload is done.
+  struct PinnedUpload {
+    int32_t* host = nullptr;
+    size_t capacity = 0;  // bytes
+    cudaEvent_t sent = nullptr;
+  };
+  PinnedUpload buckets_upload_;
 };
 
 }  // namespace remat::cuda

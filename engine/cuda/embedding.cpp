@@ -82,9 +82,22 @@ void CudaBackend::embedding_backward_impl(const EmbeddingBackwardArgs& a, const 
     host[static_cast<size_t>(next[static_cast<size_t>(tokens[static_cast<size_t>(i)])]++)] =
         static_cast<int32_t>(i);
   const Buffer& buckets = ws.at("embedding.buckets");
-  REMAT_CUDA_CHECK(cudaMemcpyAsync(buckets.tensor().data, host.data(),
-                                   static_cast<size_t>(N + n_buckets + 1) * 4,
-                                   cudaMemcpyHostToDevice, stream()));
+  const size_t table_bytes = static_cast<size_t>(N + n_buckets + 1) * 4;
+  PinnedUpload& up = buckets_upload_;
+  if (up.sent) REMAT_CUDA_CHECK(cudaEventSynchronize(up.sent));  // the last step's upload
+  if (table_bytes > up.capacity) {
+    if (up.host) REMAT_CUDA_CHECK(cudaFreeHost(up.host));
+    up.host = nullptr;
+    up.capacity = 0;
+    REMAT_CUDA_CHECK(
+        cudaHostAlloc(reinterpret_cast<void**>(&up.host), host.size() * 4, cudaHostAllocDefault));
+    up.capacity = host.size() * 4;
+  }
+  if (!up.sent) REMAT_CUDA_CHECK(cudaEventCreateWithFlags(&up.sent, cudaEventDisableTiming));
+  std::memcpy(up.host, host.data(), table_bytes);
+  REMAT_CUDA_CHECK(
+      cudaMemcpyAsync(buckets.tensor().data, up.host, table_bytes, cudaMemcpyDefault, stream()));
+  REMAT_CUDA_CHECK(cudaEventRecord(up.sent, stream()));
   const int32_t* order = static_cast<const int32_t*>(buckets.tensor().data);
   kern::embedding_backward({.dwte = a.dwte.f32(),
                             .dwpe = a.dwpe.empty() ? nullptr : a.dwpe.f32(),

@@ -166,15 +166,24 @@ void GemmEngine::matmul(int64_t m, int64_t n, int64_t k, const GemmOperand& a, c
   if (Plan* p = plan_for(s); p && bias) {
     REMAT_CUBLAS_CHECK(lt_.matmul_desc_set_attribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
                                                      &bias, sizeof(bias)));
+    // Releases differ in how they refuse an epilogue at launch although the heuristic offered
+    // it: either status means "not this way", and the signature falls back for good.
     const cublasStatus_t st = run(*p);
-    if (st != CUBLAS_STATUS_NOT_SUPPORTED) {
+    if (st != CUBLAS_STATUS_NOT_SUPPORTED && st != CUBLAS_STATUS_INVALID_VALUE) {
       REMAT_CUBLAS_CHECK(st);
       return;
     }
-    plans_[s.key()] = nullptr;  // refused at launch although the heuristic offered it
+    plans_[s.key()] = nullptr;
   } else if (p) {
     REMAT_CUBLAS_CHECK(run(*p));
     return;
+  }
+  if (!bias_fallback_noted_) {  // once: the speed the epilogue was for is not there
+    bias_fallback_noted_ = true;
+    fmt::print(stderr,
+               "[gemm] note: cuBLASLt ({}) offers no BIAS epilogue with an f32 bias for m={} n={} "
+               "k={} ({} output): the bias runs as a kernel of its own there\n",
+               cublaslt_version(), m, n, k, d_bf16 ? "bf16" : "f32");
   }
   // A bias without the epilogue: into D first (D is m x n packed: ldd == m), then the GEMM
   // accumulates onto it, as the CPU backend orders the sum.

@@ -61,6 +61,7 @@ class GemmEngine {
   const CublasLtLibrary& lt_;
   cublasLtHandle_t handle_ = nullptr;
   std::map<Key, std::unique_ptr<Plan>> plans_;
+  bool bias_fallback_noted_ = false;
 };
 
 }  // namespace remat::cuda

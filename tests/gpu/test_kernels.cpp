@@ -1,9 +1,10 @@
 // Kernel-level checks of engine/cuda/elementwise.cu where no op exposes a kernel whole: RoPE
 // (inside attention) against the per-pair kernel it replaced (tests/gpu/rope_reference.cu), bit
 // for bit, for every head layout, type pair and direction, in place and not, and against a
-// double-precision rotation at positions past 10^6; bias_rows (inside the linear, before its GEMM)
-// on its 16-byte and scalar paths against the host's bits. The kernels run on the legacy default
-// stream between device-wide syncs, since the backend's own stream is not exposed.
+// double-precision rotation at positions past 10^6; bias_rows (the linear's fallback where
+// cuBLASLt has no bias epilogue) on its 16-byte and scalar paths against the host's bits. The
+// kernels run on the legacy default stream between device-wide syncs, since the backend's own
+// stream is not exposed.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -61,7 +62,8 @@ struct RopeShape {
 };
 // GPT-2's 12 heads (multi-head: 24 rotated heads, 6 steps of 4), grouped-query at HS = 128 (10
 // rotated: 2 steps and 2 single heads), multi-query at the largest head size, 256 (5 rotated),
-// HS = 16 with 3 heads (under one step), and HS = 2: one pair per head, 8 rotated heads.
+// HS = 16 with 3 query and 3 key heads (6 rotated: one step and 2 single heads), and HS = 2: one
+// pair per head, 8 rotated heads.
 const std::vector<RopeShape> kRopeShapes = {
     {2, 37, 12, 12, 64}, {1, 67, 8, 2, 128}, {1, 33, 4, 1, 256}, {3, 5, 3, 3, 16}, {2, 9, 5, 3, 2}};
 
