@@ -279,6 +279,11 @@ int64_t CudaBackend::attention_plan_workspace_bytes(int64_t B, int64_t NH, int64
   return attn_->plan_workspace_bytes({B, NH, T, HS}, backward);
 }
 
+std::vector<EngineOption> CudaBackend::attention_engine_survey(int64_t B, int64_t NH, int64_t T,
+                                                               int64_t HS, bool backward) {
+  return attn_->survey({B, NH, T, HS}, backward);
+}
+
 cudaStream_t CudaBackend::stream() const {
   return dev_->stream;
 }

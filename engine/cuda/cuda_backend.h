@@ -27,12 +27,12 @@
 
 #include "engine/backend.h"
 #include "engine/config.h"
+#include "engine/cuda/cudnn_attention.h"
 #include "engine/cuda/kernels.cuh"
 
 namespace remat::cuda {
 
 class GemmEngine;
-class AttentionEngine;
 struct DeviceState;
 
 class CudaBackend final : public Backend {
@@ -62,6 +62,9 @@ class CudaBackend final : public Backend {
   /// the tests compare it with kCudnnPlanWorkspaceBytes).
   int64_t attention_plan_workspace_bytes(int64_t B, int64_t NH, int64_t T, int64_t HS,
                                          bool backward);
+  /// Every engine config cuDNN offers for this attention shape (AttentionEngine::survey).
+  std::vector<EngineOption> attention_engine_survey(int64_t B, int64_t NH, int64_t T, int64_t HS,
+                                                    bool backward);
 
  protected:
   void copy_to_host_impl(const Tensor& dst, const Tensor& src, CopyTicket t) override;

@@ -383,6 +383,25 @@ int64_t engine_index(cudnnBackendDescriptor_t cfg) {
   return index;
 }
 
+// Whether cuDNN's numerical notes for the config's engine leave out NONDETERMINISTIC.
+bool engine_is_deterministic(cudnnBackendDescriptor_t cfg) {
+  Desc engine(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
+  cudnnBackendDescriptor_t raw = engine.get();
+  int64_t n = 0;
+  if (cudnnBackendGetAttribute(cfg, CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
+                               &n, &raw) != CUDNN_STATUS_SUCCESS)
+    return false;
+  std::array<cudnnBackendNumericalNote_t, CUDNN_NUMERICAL_NOTE_TYPE_COUNT> notes{};
+  int64_t count = 0;
+  if (cudnnBackendGetAttribute(raw, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE, CUDNN_TYPE_NUMERICAL_NOTE,
+                               static_cast<int64_t>(notes.size()), &count,
+                               notes.data()) != CUDNN_STATUS_SUCCESS)
+    return false;
+  for (int64_t i = 0; i < count; ++i)
+    if (notes[static_cast<size_t>(i)] == CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC) return false;
+  return true;
+}
+
 // The ranked engine configs of one heuristics mode; none (and a reason) if the query fails.
 std::vector<std::unique_ptr<Desc>> heuristic_configs(const AttentionEngine::Graph& graph,
                                                      cudnnBackendHeurMode_t mode,
@@ -505,6 +524,31 @@ AttentionEngine::Graph& AttentionEngine::graph_for(const AttentionShape& s, bool
 
 int64_t AttentionEngine::plan_workspace_bytes(const AttentionShape& s, bool backward) {
   return graph_for(s, backward).workspace_bytes;
+}
+
+std::vector<EngineOption> AttentionEngine::survey(const AttentionShape& s, bool backward) {
+  auto graph = make_graph(s, backward, handle_);
+  std::vector<EngineOption> options;
+  std::vector<std::string> reasons;
+  for (cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
+    auto cfgs = heuristic_configs(*graph, mode, reasons);
+    for (size_t i = 0; i < cfgs.size(); ++i) {
+      EngineOption o;
+      o.label = fmt::format("{} #{}", mode == CUDNN_HEUR_MODE_A ? "A" : "FALLBACK", i);
+      o.engine = engine_index(cfgs[i]->get());
+      o.deterministic = engine_is_deterministic(cfgs[i]->get());
+      std::vector<std::string> why;
+      // No workspace limit: the survey wants every plan's size, the limit is the caller's call.
+      o.finalizes =
+          try_config(*graph, cfgs[i], handle_, std::numeric_limits<int64_t>::max(), o.label, why);
+      if (o.finalizes)
+        o.workspace_bytes = graph->workspace_bytes;
+      else if (!why.empty())
+        o.why_not = why.back();
+      options.push_back(std::move(o));
+    }
+  }
+  return options;
 }
 
 // Scalars bound by value: the variant pack holds host pointers to these, read at execution.

@@ -19,7 +19,9 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <string>
 #include <tuple>
+#include <vector>
 
 namespace remat::cuda {
 
@@ -53,6 +55,16 @@ struct AttentionBackwardPtrs {
                                  // are written into rows [0, Tk) of dqkv
 };
 
+/// One engine config cuDNN's heuristics offer for a graph (AttentionEngine::survey).
+struct EngineOption {
+  std::string label;             // "A #0", "FALLBACK #2"
+  int64_t engine = -1;           // cuDNN's global engine index
+  bool deterministic = false;    // no CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC among its notes
+  bool finalizes = false;        // its execution plan finalizes on this device
+  int64_t workspace_bytes = -1;  // the plan's workspace (finalizing plans only)
+  std::string why_not;           // cuDNN's reason when it does not finalize
+};
+
 class AttentionEngine {
  public:
   /// Creates the cuDNN handle (needs a device) bound to `stream`. Only plans whose workspace is
@@ -70,6 +82,11 @@ class AttentionEngine {
   void backward(const AttentionShape& s, const AttentionBackwardPtrs& p, void* workspace);
   /// Builds (or finds) the plan for this shape; returns the workspace it needs in bytes.
   int64_t plan_workspace_bytes(const AttentionShape& s, bool backward);
+  /// Every engine config heuristics A and FALLBACK offer for this shape's graph, in their order,
+  /// whether its plan finalizes, its workspace, and whether cuDNN calls it deterministic: what a
+  /// deterministic backward could be built on, and at what workspace (the device check prints
+  /// it). Builds plans only to measure them; uses none.
+  std::vector<EngineOption> survey(const AttentionShape& s, bool backward);
 
   struct Graph;  // descriptors of one finalized graph and its plan (cudnn_attention.cpp)
 

@@ -299,6 +299,31 @@ TEST_CASE("cuDNN's attention plans need no more workspace than the planner reser
   }
 }
 
+// What a deterministic attention backward could use: cuDNN's engines for the backward graph, which
+// of them its notes call deterministic, and the workspace each needs beside the reserve. The
+// table is for the device run's log; the assertions tie the survey to the engine in use.
+TEST_CASE("cuDNN's engine survey lists the attention backward's options, the one in use first",
+          "[gpu][cudnn_engines]") {
+  cuda::CudaBackend gpu(DeviceConfig{}, DType::BF16);
+  const auto reserve = static_cast<int64_t>(cuda::kCudnnPlanWorkspaceBytes);
+  for (int64_t T : {int64_t{4096}, int64_t{32768}}) {
+    const std::vector<cuda::EngineOption> options =
+        gpu.attention_engine_survey(1, 12, T, 64, /*backward=*/true);
+    REQUIRE_FALSE(options.empty());
+    const cuda::EngineOption* used = nullptr;
+    for (const cuda::EngineOption& o : options) {
+      std::printf("cuDNN engine survey GPT-2 124M T=%lld backward: %s engine %lld, %s, %s\n",
+                  static_cast<long long>(T), o.label.c_str(), static_cast<long long>(o.engine),
+                  o.deterministic ? "deterministic" : "non-deterministic",
+                  o.finalizes ? fmt::format("workspace {} bytes", o.workspace_bytes).c_str()
+                              : ("no plan: " + o.why_not).c_str());
+      if (!used && o.finalizes && o.workspace_bytes <= reserve) used = &o;
+    }
+    REQUIRE(used != nullptr);
+    CHECK(used->workspace_bytes == gpu.attention_plan_workspace_bytes(1, 12, T, 64, true));
+  }
+}
+
 TEST_CASE("the planner predicts the CUDA pool's peak to the byte", "[gpu][planner]") {
   // cuDNN's plan workspace is a fixed reserve on both sides (engine/cuda/workspace.h), so
   // nothing the GPU decides at run time enters the peak.
