@@ -31,6 +31,9 @@
 #     binary search to LONGEST_GRAIN tokens, torch.cuda.set_per_process_memory_fraction(CAP)),
 #     stopped after LONGEST_S seconds (then time_limited: the longest that ran so far);
 #   speed for Llama-3.2-1B at 4k and 32k under full (if the budget allows);
+#   (right after 124M's first speed rows) rows with a "variant" (REMAT_SETS, --set overrides of
+#     remat-train's run): 124M under none at 32k and 4k with the LM head's former 192-row chunk,
+#     beside the rows that ran the chunk sized to the budget (their "loss_chunk");
 #   summary.
 # Time: no new work after BUDGET_S (480) seconds and every run capped with `timeout`, so the
 # whole run stays under 9 minutes with its start-up.
@@ -154,23 +157,26 @@ detect_gpu() {
 }
 
 # ---- speed rows ----
-speed_remat() {  # model seq policy order
-  local model=$1 seq=$2 policy=$3 order=$4 log rc t0 sets plan
-  log=$OUT/logs/remat-$model-$seq-$policy-$order
+speed_remat() {  # model seq policy order; REMAT_SETS="key=value ...": a variant of the row
+  local model=$1 seq=$2 policy=$3 order=$4 log rc t0 sets plan kv
+  log=$OUT/logs/remat-$model-$seq-$policy-$order${REMAT_SETS:+-${REMAT_SETS// /_}}
   mapfile -t sets < <(model_sets "$model")
   sets+=(--set train.seq_len="$(seq_of "$seq")" --set remat.policy="$policy" --set checkpoint.dir=)
+  for kv in ${REMAT_SETS:-}; do sets+=(--set "$kv"); done
   t0=$(date +%s)
   timeout -k 5 "$(cap 120)" "$RT" bench --config "$(config_of "$model")" "${sets[@]}" --steps "$STEPS" \
     --json > "$log.json" 2> "$log.err"
   rc=$?
   plan=$(timeout -k 5 "$(cap 30)" "$RT" plan --config "$(config_of "$model")" "${sets[@]}" --json 2>/dev/null)
   emit "$("$PY" - "$model" "$seq" "$policy" "$order" "$(status_of $rc)" "$rc" "$(($(date +%s) - t0))" \
-    "$log" "$plan" "$(elapsed)" <<'PY'
+    "$log" "$plan" "$(elapsed)" "${REMAT_SETS:-}" <<'PY'
 import json, sys
-model, seq, policy, order, status, rc, wall, log, plan, t = sys.argv[1:11]
+model, seq, policy, order, status, rc, wall, log, plan, t, variant = sys.argv[1:12]
 row = {"stage": "speed", "tool": "remat-train", "model": model, "seq_len": int(seq),
        "policy": policy, "order": int(order), "status": status, "exit_code": int(rc),
        "wall_s": int(wall)}
+if variant:
+    row["variant"] = variant
 try:
     j = json.load(open(log + ".json"))
     step = j.get("untimed_step_ms") or j["step_ms"]
@@ -178,7 +184,7 @@ try:
                op_timed_step_ms=round(j["step_ms"], 2),
                tokens_per_s=round(j["batch_size"] * j["seq_len"] / (step / 1e3)),
                model_tflops=round(j["model_gflop"] / step, 2), timed_steps=len(j["steps"]),
-               device=j["device"],
+               device=j["device"], loss_chunk=j.get("loss_chunk"),
                op_ms={r["key"]: round(r["ms"], 2) for r in j["op_families"]})
 except (OSError, ValueError, KeyError, TypeError) as e:
     if status == "ok":
@@ -394,10 +400,14 @@ if [ "$DRY" = 1 ]; then
   # The plumbing of every stage, once: a GPT row with every tool, the fit + step of longest, the
   # llama row.
   POLICIES=full TOOLS="remat eager${COMPILE_TOOLS:+ compile}" speed_model gpt2-124m 4096
+  REMAT_SETS="train.loss_chunk=16" POLICIES=full TOOLS=remat speed_model gpt2-124m 4096
   longest gpt2-124m none
   POLICIES=full speed_model llama-3.2-1b 4096
 else
   speed_model gpt2-124m 32768 4096
+  # What sizing the LM head's chunk to the budget is worth: the same rows with the 192-row chunk
+  # every GPU run had before it (the rows above say which chunk they ran: loss_chunk).
+  REMAT_SETS="train.loss_chunk=192" POLICIES=none TOOLS=remat speed_model gpt2-124m 32768 4096
   longest gpt2-124m none
   compile_rows gpt2-124m 32768 4096
   speed_model gpt2-350m 32768 4096

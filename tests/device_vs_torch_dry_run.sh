@@ -27,7 +27,10 @@ stages = [r["stage"] for r in rows]
 assert stages[:3] == ["start", "binaries", "gpu"], stages
 assert rows[1]["status"] == "ok" and rows[1]["dry_run"] is True, rows[1]
 assert rows[2]["status"] == "dry_run", rows[2]
-speed = {(r["model"], r["tool"]): r for r in rows if r["stage"] == "speed"}
+speed = {(r["model"], r["tool"]): r for r in rows if r["stage"] == "speed" and "variant" not in r}
+variants = [r for r in rows if r["stage"] == "speed" and "variant" in r]
+assert len(variants) == 1 and variants[0]["variant"] == "train.loss_chunk=16", variants
+assert variants[0]["status"] == "ok" and variants[0]["loss_chunk"] == 16, variants[0]
 assert set(speed) == {("gpt2-124m", "remat-train"), ("gpt2-124m", "torch-eager"),
                       ("llama-3.2-1b", "remat-train"), ("llama-3.2-1b", "torch-eager")}, set(speed)
 for (model, tool), r in speed.items():
@@ -40,10 +43,12 @@ for (model, tool), r in speed.items():
     else:
         assert r["peak_bytes"] > 0 and r["attention"], r
 assert "repeat_interleave" in speed[("llama-3.2-1b", "torch-eager")]["attention"]
-# The tools of a row take turns going first: the first row starts with remat-train, the next
-# one with the tool after it.
+# The tools of a row take turns going first: the first row starts with remat-train, the second
+# (the variant, remat-train alone) with the tool after it, so the third, Llama's, with
+# remat-train again and torch-eager second.
 assert speed[("gpt2-124m", "remat-train")]["order"] == 0
-assert speed[("llama-3.2-1b", "torch-eager")]["order"] == 0
+assert speed[("llama-3.2-1b", "remat-train")]["order"] == 0
+assert speed[("llama-3.2-1b", "torch-eager")]["order"] == 1
 longest = [r for r in rows if r["stage"] == "longest"]
 ours = next(r for r in longest if r["tool"] == "remat-train")
 assert ours["status"] == "confirmed" and ours["longest_seq_len"] > 0 and ours["peak_agrees"], ours
