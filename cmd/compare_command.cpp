@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstring>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "cmd/commands.h"
 #include "cmd/report.h"
@@ -33,7 +34,11 @@ struct CompareRow {
 
 void train_policy(const Config& cfg, Backend& be, int64_t steps, CompareRow& row);
 
-CompareRow run_policy(const Config& base, const std::string& policy, int64_t steps) {
+// `head_chunk`: the LM head's rows per chunk every policy runs, so that the policies differ in
+// remat alone. The first policy that fits sizes it to the budget (train's rule, resolve_loss_chunk:
+// none comes first and holds the most at the head, so the others fit it too); unset until then.
+CompareRow run_policy(const Config& base, const std::string& policy, int64_t steps,
+                      std::optional<int64_t>& head_chunk) {
   Config cfg = with_policy(base, policy);
   BackendChoice choice = make_backend(cfg);
   Backend& be = *choice.backend;
@@ -47,7 +52,15 @@ CompareRow run_policy(const Config& base, const std::string& policy, int64_t ste
     row.message = chosen->infeasible_message();
     return row;
   }
-  resolve_loss_chunk(planner, cfg);
+  if (head_chunk) {
+    cfg.train.loss_chunk = *head_chunk;
+  } else if (cfg.train.loss_chunk == 0 && cfg.model.has_sequence()) {
+    const DryRun at_default = planner.dry_run(cfg, false);
+    if (planner.fits(at_default))
+      head_chunk =
+          resolve_loss_chunk(planner, cfg)
+              .value_or(default_loss_chunk_rows(loss_rows_per_rank(cfg), cfg.model.vocab_size));
+  }
   const DryRun plan = planner.dry_run(cfg, false);
   row.predicted = plan.peak.total_bytes;
   row.recompute_overhead = plan.recompute_overhead();
@@ -158,9 +171,10 @@ int run_compare(const CompareOptions& opt) {
   experiments::install_interrupt_handler();
 
   std::vector<CompareRow> rows;
+  std::optional<int64_t> head_chunk;
   for (const auto& p : policies) {
     if (!opt.json) fmt::print(stderr, "compare: {} ({} steps)...\n", p, cfg.train.steps);
-    rows.push_back(run_policy(cfg, p, cfg.train.steps));
+    rows.push_back(run_policy(cfg, p, cfg.train.steps, head_chunk));
   }
   // Bits and time are compared with the first policy that ran (none, when it fits); memory with
   // none's peak, measured or, when it does not fit, predicted.
