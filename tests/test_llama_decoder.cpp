@@ -168,20 +168,11 @@ TEST_CASE("make_decoder picks the decoder of model.kind", "[llama][sample]") {
                     Contains("only gpt and llama"));
 }
 
-// Needs `train` to read text data and write checkpoints: trains a tiny llama byte model (every
-// option of the family on) on one repeated sentence, then greedy sampling from its start must
-// continue it. One thread, as in tests/test_sample.cpp: two OpenMP threads on a loaded 2-core
-// machine spend a tiny model's steps in barriers.
+// The same end to end as tests/test_sample.cpp's, for a tiny llama byte model with every option of
+// the family on.
 TEST_CASE("sample continues the sentence a tiny llama byte model memorized",
           "[llama][sample][smoke]") {
-  TempDir tmp("llama-e2e");
-  {
-    std::ofstream text(tmp / "fox.txt", std::ios::binary);
-    for (int i = 0; i < 400; ++i) text << "the quick brown fox jumps over the lazy dog. ";
-  }
-  std::ofstream(tmp / "fox.toml") << fmt::format(R"(
-[model]
-kind = "llama"
+  test::check_sample_continues_memorized_sentence(R"(kind = "llama"
 n_layer = 2
 n_head = 4
 n_kv_head = 2
@@ -190,35 +181,9 @@ n_embd = 64
 d_ff = 160
 vocab_size = 256
 rope_theta = 10000.0
-rope_scaling = {{ rope_type = "llama3", factor = 8.0, low_freq_factor = 1.0, high_freq_factor = 4.0, original_max_position_embeddings = 32 }}
+rope_scaling = { rope_type = "llama3", factor = 8.0, low_freq_factor = 1.0, high_freq_factor = 4.0, original_max_position_embeddings = 32 }
 attention_bias = true
 qk_norm = true
-tie_embeddings = false
-[train]
-seq_len = 64
-batch_size = 8
-steps = 150
-lr = 3e-3
-warmup_steps = 10
-[data]
-source = "text"
-path = "{}"
-[device]
-backend = "cpu"
-threads = 1
-[checkpoint]
-dir = "{}"
-)",
-                                                 tmp / "fox.txt", tmp / "ckpt");
-  const auto train = test::run_binary(fmt::format("train --config {} -q", tmp / "fox.toml"), true);
-  INFO(train.out);
-  REQUIRE(train.code == 0);
-  const auto sample = test::run_binary(
-      fmt::format("sample --checkpoint {} --prompt \"the quick brown\" --tokens 40 --temperature 0",
-                  tmp / "ckpt"),
-      true);
-  INFO(sample.out);
-  REQUIRE(sample.code == 0);
-  CHECK_THAT(sample.out, Contains("the quick brown fox jumps over the lazy dog") &&
-                             Contains("sampled 40 tokens"));
+tie_embeddings = false)",
+                                                  "llama-e2e");
 }

@@ -344,51 +344,16 @@ TEST_CASE("bad tokenizer.json files are DataErrors naming the file and the fix",
   CHECK(msg.find('\n') == std::string::npos);
 }
 
-// Needs `train` to read text data and write checkpoints: trains a tiny byte model on one repeated
-// sentence, then greedy sampling from its start must continue it (100 steps suffice; 150 leave a
-// margin). One thread: on a loaded 2-core machine two OpenMP threads made each step of this tiny
-// model 20x slower (540 ms instead of 25 ms) in barriers; one thread trains it in ~4 s.
+// Needs `train` to read text data and write checkpoints: a tiny GPT byte model memorizes one
+// sentence, then greedy sampling continues it (100 steps suffice; the helper's 150 leave a margin).
 TEST_CASE("sample continues the sentence a tiny byte model memorized", "[sample][smoke]") {
-  TempDir tmp("e2e");
-  {
-    std::ofstream text(tmp / "fox.txt", std::ios::binary);
-    for (int i = 0; i < 400; ++i) text << "the quick brown fox jumps over the lazy dog. ";
-  }
-  std::ofstream(tmp / "fox.toml") << fmt::format(R"(
-[model]
-kind = "gpt"
+  test::check_sample_continues_memorized_sentence(R"(kind = "gpt"
 n_layer = 2
 n_head = 4
 n_embd = 64
 vocab_size = 256
-position = "rope"
-[train]
-seq_len = 64
-batch_size = 8
-steps = 150
-lr = 3e-3
-warmup_steps = 10
-[data]
-source = "text"
-path = "{}"
-[device]
-backend = "cpu"
-threads = 1
-[checkpoint]
-dir = "{}"
-)",
-                                                 tmp / "fox.txt", tmp / "ckpt");
-  const auto train = test::run_binary(fmt::format("train --config {} -q", tmp / "fox.toml"), true);
-  INFO(train.out);
-  REQUIRE(train.code == 0);
-  const auto sample = test::run_binary(
-      fmt::format("sample --checkpoint {} --prompt \"the quick brown\" --tokens 40 --temperature 0",
-                  tmp / "ckpt"),
-      true);
-  INFO(sample.out);
-  REQUIRE(sample.code == 0);
-  CHECK_THAT(sample.out, Contains("the quick brown fox jumps over the lazy dog") &&
-                             Contains("sampled 40 tokens"));
+position = "rope")",
+                                                  "e2e");
 }
 
 // Sampling errors exit 2 with a fix; this needs only a checkpoint folder that is not there.
