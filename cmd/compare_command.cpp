@@ -52,16 +52,20 @@ CompareRow run_policy(const Config& base, const std::string& policy, int64_t ste
     row.message = chosen->infeasible_message();
     return row;
   }
+  std::optional<DryRun> at_default;  // the plan, unless the chunk grows
   if (head_chunk) {
     cfg.train.loss_chunk = *head_chunk;
   } else if (cfg.train.loss_chunk == 0 && cfg.model.has_sequence()) {
-    const DryRun at_default = planner.dry_run(cfg, false);
-    if (planner.fits(at_default))
-      head_chunk =
-          resolve_loss_chunk(planner, cfg)
-              .value_or(default_loss_chunk_rows(loss_rows_per_rank(cfg), cfg.model.vocab_size));
+    at_default = planner.dry_run(cfg, false);
+    if (planner.fits(*at_default)) {
+      head_chunk = resolve_loss_chunk(planner, cfg);
+      if (head_chunk)
+        at_default.reset();
+      else
+        head_chunk = default_loss_chunk(cfg);
+    }
   }
-  const DryRun plan = planner.dry_run(cfg, false);
+  const DryRun plan = at_default ? *at_default : planner.dry_run(cfg, false);
   row.predicted = plan.peak.total_bytes;
   row.recompute_overhead = plan.recompute_overhead();
   // The policy that does not fit is the one a comparison most needs to show: a row, not an exit.

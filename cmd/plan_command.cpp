@@ -127,7 +127,7 @@ std::optional<HeadChunk> head_chunk(const Planner& planner, Config cfg) {
       planner.target().count.device != DeviceKind::Cuda)
     return std::nullopt;
   HeadChunk h;
-  h.default_rows = default_loss_chunk_rows(loss_rows_per_rank(cfg), cfg.model.vocab_size);
+  h.default_rows = default_loss_chunk(cfg);
   h.train_rows = resolve_loss_chunk(planner, cfg).value_or(h.default_rows);
   h.train_peak_bytes = planner.dry_run(cfg, false).peak.total_bytes;
   return h;

@@ -399,6 +399,10 @@ int64_t loss_rows_per_rank(const Config& cfg) {
          ceil_div(cfg.train.seq_len, cfg.parallel.context);
 }
 
+int64_t default_loss_chunk(const Config& cfg) {
+  return default_loss_chunk_rows(loss_rows_per_rank(cfg), cfg.model.vocab_size);
+}
+
 std::vector<int64_t> gpu_loss_chunk_candidates(int64_t rows, int64_t vocab) {
   const int64_t small = default_loss_chunk_rows(rows, vocab);
   std::vector<int64_t> candidates;

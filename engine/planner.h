@@ -271,6 +271,9 @@ std::optional<AutoPlan> resolve_auto(const Planner& planner, Config& cfg);
 /// The LM head's rows on one rank: its share of the batch, and of each row's tokens under
 /// context parallel.
 int64_t loss_rows_per_rank(const Config& cfg);
+/// The chunk the model runs when train.loss_chunk = 0 and nothing resizes it:
+/// default_loss_chunk_rows of one rank's rows and the vocabulary.
+int64_t default_loss_chunk(const Config& cfg);
 
 /// The largest LM-head chunk a GPU target is given, in rows.
 constexpr int64_t kGpuLossChunkRows = 8192;

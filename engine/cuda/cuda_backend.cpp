@@ -267,10 +267,6 @@ CudaBackend::~CudaBackend() {
   if (compute_ready_) cudaEventDestroy(compute_ready_);
   if (partials_) cudaFreeHost(partials_);
   if (staging_) cudaFreeHost(staging_);
-  if (tokens_copy_.host) cudaFreeHost(tokens_copy_.host);
-  if (tokens_copy_.done) cudaEventDestroy(tokens_copy_.done);
-  if (buckets_upload_.host) cudaFreeHost(buckets_upload_.host);
-  if (buckets_upload_.sent) cudaEventDestroy(buckets_upload_.sent);
   if (reduce_.scratch) cudaFree(reduce_.scratch);
 }
 
@@ -346,6 +342,30 @@ void CudaBackend::discard_downloads() noexcept {
   staging_used_ = 0;
 }
 
+CudaBackend::PinnedBuffer::~PinnedBuffer() {
+  if (host) cudaFreeHost(host);
+  if (last_copy) cudaEventDestroy(last_copy);
+}
+
+void CudaBackend::PinnedBuffer::reserve(size_t bytes) {
+  if (bytes <= capacity) return;
+  wait();
+  if (host) REMAT_CUDA_CHECK(cudaFreeHost(host));
+  host = nullptr;
+  capacity = 0;
+  REMAT_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&host), bytes, cudaHostAllocDefault));
+  capacity = bytes;
+}
+
+void CudaBackend::PinnedBuffer::record(cudaStream_t s) {
+  if (!last_copy) REMAT_CUDA_CHECK(cudaEventCreateWithFlags(&last_copy, cudaEventDisableTiming));
+  REMAT_CUDA_CHECK(cudaEventRecord(last_copy, s));
+}
+
+void CudaBackend::PinnedBuffer::wait() const {
+  if (last_copy) REMAT_CUDA_CHECK(cudaEventSynchronize(last_copy));
+}
+
 void CudaBackend::finish_downloads() {
   for (const PendingDownload& d : pending_downloads_)
     std::memcpy(d.host, staging_ + d.offset, d.bytes);
@@ -355,8 +375,8 @@ void CudaBackend::finish_downloads() {
 
 void CudaBackend::forget_tokens_if_overlapping(const void* data, size_t bytes) {
   const auto* p = static_cast<const char*>(data);
-  const auto* t = static_cast<const char*>(tokens_copy_.device);
-  if (t && p < t + tokens_copy_.bytes && t < p + bytes) tokens_copy_.device = nullptr;
+  const auto* t = static_cast<const char*>(tokens_device_);
+  if (t && p < t + tokens_bytes_ && t < p + bytes) tokens_device_ = nullptr;
 }
 
 // cudaMemcpyDefault (unified addressing tells where each side is): `dst`/`src` may also be a

@@ -149,24 +149,32 @@ class CudaBackend final : public Backend {
   char* staging_ = nullptr;
   size_t staging_capacity_ = 0, staging_used_ = 0;
   std::vector<PendingDownload> pending_downloads_;
-  // The tokens embedding_forward saw, copied to pinned memory as the step starts, so that the
-  // embedding backward buckets them on the host without waiting for the device (embedding.cpp).
-  struct TokensCopy {
-    const void* device = nullptr;  // what was copied: tokens' data and size
-    size_t bytes = 0;
-    int32_t* host = nullptr;  // pinned, `capacity` bytes
-    size_t capacity = 0;
-    cudaEvent_t done = nullptr;
+  // Pinned host memory that copies on the stream read or write, grown on demand and kept. Freed
+  // after ~CudaBackend's body has synchronized the streams.
+  struct PinnedBuffer {
+    char* host = nullptr;
+    size_t capacity = 0;  // bytes
+    cudaEvent_t last_copy = nullptr;
+    PinnedBuffer() = default;
+    PinnedBuffer(const PinnedBuffer&) = delete;
+    PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+    ~PinnedBuffer();
+    /// Room for `bytes`; a buffer too small is replaced once its last copy is done.
+    void reserve(size_t bytes);
+    /// Marks the copy just enqueued on `s` as the buffer's last.
+    void record(cudaStream_t s);
+    /// Waits for the last copy (none yet: returns at once).
+    void wait() const;
   };
-  TokensCopy tokens_copy_;
+  // The tokens embedding_forward saw (`tokens_device`, `tokens_bytes`), copied to pinned memory as
+  // the step starts, so that the embedding backward buckets them on the host without waiting for
+  // the device (embedding.cpp).
+  PinnedBuffer tokens_copy_;
+  const void* tokens_device_ = nullptr;
+  size_t tokens_bytes_ = 0;
   // The embedding backward's bucket table on its way to the device: pinned, so the upload does
   // not wait for the stream (a pageable one may); refilled once its last upload is done.
-  struct PinnedUpload {
-    int32_t* host = nullptr;
-    size_t capacity = 0;  // bytes
-    cudaEvent_t sent = nullptr;
-  };
-  PinnedUpload buckets_upload_;
+  PinnedBuffer buckets_upload_;
 };
 
 }  // namespace remat::cuda

@@ -27,23 +27,15 @@ void CudaBackend::embedding_forward_impl(const EmbeddingForwardArgs& a) {
                            .V = V,
                            .bf16 = is_bf16(a.out)},
                           stream());
-  TokensCopy& c = tokens_copy_;
   const size_t bytes = a.tokens.bytes();
-  if (bytes > c.capacity) {
-    if (c.done) REMAT_CUDA_CHECK(cudaEventSynchronize(c.done));  // the old buffer's last copy
-    if (c.host) REMAT_CUDA_CHECK(cudaFreeHost(c.host));
-    c.host = nullptr;
-    c.capacity = 0;
-    REMAT_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&c.host), bytes, cudaHostAllocDefault));
-    c.capacity = bytes;
-  }
-  if (!c.done) REMAT_CUDA_CHECK(cudaEventCreateWithFlags(&c.done, cudaEventDisableTiming));
-  // The host may still be reading the previous copy only within embedding_backward_impl, which
-  // has returned: the buffer is free to overwrite.
-  REMAT_CUDA_CHECK(cudaMemcpyAsync(c.host, a.tokens.data, bytes, cudaMemcpyDefault, stream()));
-  REMAT_CUDA_CHECK(cudaEventRecord(c.done, stream()));
-  c.device = a.tokens.data;
-  c.bytes = bytes;
+  tokens_copy_.reserve(bytes);
+  // The host reads the previous copy only within embedding_backward_impl, which has returned:
+  // the buffer is free to overwrite in stream order.
+  REMAT_CUDA_CHECK(
+      cudaMemcpyAsync(tokens_copy_.host, a.tokens.data, bytes, cudaMemcpyDefault, stream()));
+  tokens_copy_.record(stream());
+  tokens_device_ = a.tokens.data;
+  tokens_bytes_ = bytes;
   finish_op();
 }
 
@@ -54,8 +46,8 @@ void CudaBackend::embedding_backward_impl(const EmbeddingBackwardArgs& a, const 
   const int64_t B = a.tokens.dim(0), T = a.tokens.dim(1), C = a.dwte.dim(1), V = a.dwte.dim(0);
   const int64_t N = B * T;
   std::vector<int32_t> tokens(static_cast<size_t>(N));
-  if (tokens_copy_.device == a.tokens.data && tokens_copy_.bytes == a.tokens.bytes()) {
-    REMAT_CUDA_CHECK(cudaEventSynchronize(tokens_copy_.done));  // done since the forward
+  if (tokens_device_ == a.tokens.data && tokens_bytes_ == a.tokens.bytes()) {
+    tokens_copy_.wait();  // done since the forward
     std::memcpy(tokens.data(), tokens_copy_.host, a.tokens.bytes());
   } else {  // a backward without its forward on this backend (tests): read them now
     download(tokens.data(), a.tokens);
@@ -83,21 +75,12 @@ void CudaBackend::embedding_backward_impl(const EmbeddingBackwardArgs& a, const 
         static_cast<int32_t>(i);
   const Buffer& buckets = ws.at("embedding.buckets");
   const size_t table_bytes = static_cast<size_t>(N + n_buckets + 1) * 4;
-  PinnedUpload& up = buckets_upload_;
-  if (up.sent) REMAT_CUDA_CHECK(cudaEventSynchronize(up.sent));  // the last step's upload
-  if (table_bytes > up.capacity) {
-    if (up.host) REMAT_CUDA_CHECK(cudaFreeHost(up.host));
-    up.host = nullptr;
-    up.capacity = 0;
-    REMAT_CUDA_CHECK(
-        cudaHostAlloc(reinterpret_cast<void**>(&up.host), host.size() * 4, cudaHostAllocDefault));
-    up.capacity = host.size() * 4;
-  }
-  if (!up.sent) REMAT_CUDA_CHECK(cudaEventCreateWithFlags(&up.sent, cudaEventDisableTiming));
-  std::memcpy(up.host, host.data(), table_bytes);
-  REMAT_CUDA_CHECK(
-      cudaMemcpyAsync(buckets.tensor().data, up.host, table_bytes, cudaMemcpyDefault, stream()));
-  REMAT_CUDA_CHECK(cudaEventRecord(up.sent, stream()));
+  buckets_upload_.wait();  // the last step's upload, before the host writes over it
+  buckets_upload_.reserve(host.size() * 4);
+  std::memcpy(buckets_upload_.host, host.data(), table_bytes);
+  REMAT_CUDA_CHECK(cudaMemcpyAsync(buckets.tensor().data, buckets_upload_.host, table_bytes,
+                                   cudaMemcpyDefault, stream()));
+  buckets_upload_.record(stream());
   const int32_t* order = static_cast<const int32_t*>(buckets.tensor().data);
   kern::embedding_backward({.dwte = a.dwte.f32(),
                             .dwpe = a.dwpe.empty() ? nullptr : a.dwpe.f32(),
