@@ -21,15 +21,15 @@
 #include "cmd/commands.h"
 #include "cmd/report.h"
 #include "data/dataset.h"
-#include "engine/config.h"
+#include "engine/config/config.h"
+#include "engine/core/machine.h"
+#include "engine/core/units.h"
 #include "engine/cpu/blas_kernel.h"
 #include "engine/devices.h"
 #include "engine/experiments/interrupt.h"
-#include "engine/machine_load.h"
-#include "engine/planner.h"
-#include "engine/remat.h"
-#include "engine/trainer.h"
-#include "engine/units.h"
+#include "engine/planner/planner.h"
+#include "engine/remat/executor.h"
+#include "engine/training/trainer.h"
 #include "layers/models.h"
 
 namespace remat::cli {
@@ -44,10 +44,11 @@ struct OpFamily {
 };
 const std::vector<OpFamily>& op_families() {
   static const std::vector<OpFamily> families = {
-      // The linear ops carry the bias and, where fused, the GELU/ReLU (engine/ops/linear.h).
+      // The linear ops carry the bias and, where fused, the GELU/ReLU (engine/core/ops/linear.h).
       {"linear", "linear (GEMM, fused bias + activation)", {"linear_forward", "linear_backward"}},
-      // attention_delta: the rowsum(dO * O) the backward takes (engine/ops/attention.h); the ring
-      // ops are context-parallel attention (engine/ops/ring_attention.h).
+      // attention_delta: the rowsum(dO * O) the backward takes (engine/core/ops/attention.h); the
+      // ring
+      // ops are context-parallel attention (engine/core/ops/ring_attention.h).
       {"attention",
        "attention",
        {"attention_forward", "attention_backward", "attention_delta", "ring_split",
@@ -73,7 +74,7 @@ struct TimedStep {
   double ms = 0;
   double data_ms = 0;      // of ms: making the batch
   double flops = 0;        // the ops' (training work), as executed
-  double model_flops = 0;  // the model's (engine/backend.h): the same under every policy
+  double model_flops = 0;  // the model's (engine/core/backend.h): the same under every policy
   double data_flops = 0;   // making the batch's, outside the ops (the regression's teacher GEMM)
   double sgemm_flops = 0;  // the floor, measured right after this step (CPU; 0 elsewhere)
   Backend::OpTimes ops;

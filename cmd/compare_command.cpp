@@ -11,11 +11,11 @@
 
 #include "cmd/commands.h"
 #include "cmd/report.h"
+#include "engine/core/error.h"
+#include "engine/core/units.h"
 #include "engine/devices.h"
-#include "engine/error.h"
 #include "engine/experiments/interrupt.h"
-#include "engine/planner.h"
-#include "engine/units.h"
+#include "engine/planner/planner.h"
 #include "layers/models.h"
 
 namespace remat::cli {

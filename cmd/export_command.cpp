@@ -1,9 +1,9 @@
 // `remat-train export`: a checkpoint as a Hugging Face model folder that transformers'
-// from_pretrained loads (docs/hf.md): config.json (engine/hf_model) and the weights under
-// transformers' names and layouts (engine/hf_weights), plus the tokenizer files of the folder the
-// run started from, when that is known. Nothing is overwritten: OUT must be absent or empty, and
-// everything is written into OUT.tmp-<pid> beside it, fsync'd, then renamed into place, so a
-// killed export leaves no OUT that looks complete.
+// from_pretrained loads (docs/hf.md): config.json (engine/config/hf_config) and the weights under
+// transformers' names and layouts (engine/model_files/hf_weights), plus the tokenizer files of the
+// folder the run started from, when that is known. Nothing is overwritten: OUT must be absent or
+// empty, and everything is written into OUT.tmp-<pid> beside it, fsync'd, then renamed into place,
+// so a killed export leaves no OUT that looks complete.
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -18,13 +18,13 @@
 #include <vector>
 
 #include "cmd/commands.h"
-#include "engine/checkpoint.h"
-#include "engine/config.h"
-#include "engine/error.h"
-#include "engine/hf_model.h"
-#include "engine/hf_weights.h"
-#include "engine/safetensors.h"
-#include "engine/units.h"
+#include "engine/config/config.h"
+#include "engine/config/hf_config.h"
+#include "engine/core/error.h"
+#include "engine/core/units.h"
+#include "engine/model_files/hf_weights.h"
+#include "engine/model_files/safetensors.h"
+#include "engine/training/checkpoint.h"
 
 namespace remat::cli {
 namespace {

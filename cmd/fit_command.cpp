@@ -18,13 +18,13 @@
 
 #include "cmd/commands.h"
 #include "cmd/report.h"
-#include "engine/config.h"
+#include "engine/config/config.h"
+#include "engine/core/error.h"
+#include "engine/core/units.h"
 #include "engine/cpu/blas_kernel.h"
-#include "engine/error.h"
 #include "engine/experiments/interrupt.h"
 #include "engine/experiments/trial.h"
-#include "engine/planner.h"
-#include "engine/units.h"
+#include "engine/planner/planner.h"
 #include "layers/models.h"
 
 namespace remat::cli {

@@ -16,15 +16,15 @@
 #include <vector>
 
 #include "cmd/commands.h"
-#include "engine/config.h"
-#include "engine/config_path.h"
+#include "engine/config/config.h"
+#include "engine/config/config_path.h"
+#include "engine/config/policy.h"
+#include "engine/core/error.h"
+#include "engine/core/units.h"
 #include "engine/cpu/blas_kernel.h"
 #include "engine/cpu/openmp_wait.h"
-#include "engine/error.h"
 #include "engine/parallel/communicator.h"
-#include "engine/planner.h"
-#include "engine/policy.h"
-#include "engine/units.h"
+#include "engine/planner/planner.h"
 
 namespace {
 

@@ -1,6 +1,6 @@
 // `remat-train plan`: predict peak memory, FLOPs and the longest context per policy without
-// computing anything (the executor on the count backend; engine/planner.h), including the plan
-// remat.policy = "auto" chooses; --emit-config prints only that plan, as a [remat] table.
+// computing anything (the executor on the count backend; engine/planner/planner.h), including the
+// plan remat.policy = "auto" chooses; --emit-config prints only that plan, as a [remat] table.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -9,10 +9,10 @@
 
 #include "cmd/commands.h"
 #include "cmd/report.h"
-#include "engine/config.h"
-#include "engine/error.h"
-#include "engine/planner.h"
-#include "engine/units.h"
+#include "engine/config/config.h"
+#include "engine/core/error.h"
+#include "engine/core/units.h"
+#include "engine/planner/planner.h"
 #include "layers/models.h"
 
 namespace remat::cli {

@@ -13,11 +13,11 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "engine/cpu/workspace.h"
-#include "engine/cuda/workspace.h"
-#include "engine/error.h"
-#include "engine/machine_load.h"
-#include "engine/units.h"
+#include "engine/core/cpu_workspace.h"
+#include "engine/core/cuda_workspace.h"
+#include "engine/core/error.h"
+#include "engine/core/machine.h"
+#include "engine/core/units.h"
 
 namespace remat::cli {
 

@@ -7,11 +7,11 @@
 #include <string>
 #include <vector>
 
-#include "engine/backend.h"
-#include "engine/config.h"
-#include "engine/error.h"
-#include "engine/planner.h"
-#include "engine/trainer.h"
+#include "engine/config/config.h"
+#include "engine/core/backend.h"
+#include "engine/core/error.h"
+#include "engine/planner/planner.h"
+#include "engine/training/trainer.h"
 
 namespace remat::cli {
 
@@ -87,7 +87,7 @@ double cpu_steal_share();
 /// memory" when remat.offload is, else "": for headers.
 std::string tiling_note(const Config& cfg);
 
-/// The chunks attention runs in on `device` (engine/ops/attention.h): one chunk (not chunked)
+/// The chunks attention runs in on `device` (engine/core/ops/attention.h): one chunk (not chunked)
 /// without a sequence or with context parallel (the ring runs attention there).
 AttentionChunks attention_chunks_of(const Config& cfg, DeviceKind device);
 /// ", attention in N chunks of L tokens" (and why, when the backend chose it) when attention runs

@@ -27,10 +27,10 @@
 #include "cmd/commands.h"
 #include "data/bpe_tokenizer.h"
 #include "data/gpt2_tokenizer.h"
-#include "engine/checkpoint.h"
-#include "engine/config.h"
-#include "engine/error.h"
-#include "engine/rng.h"
+#include "engine/config/config.h"
+#include "engine/core/error.h"
+#include "engine/core/rng.h"
+#include "engine/training/checkpoint.h"
 #include "layers/decoder.h"
 
 namespace remat::cli {

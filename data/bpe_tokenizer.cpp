@@ -11,7 +11,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "engine/error.h"
+#include "engine/core/error.h"
 
 namespace remat {
 namespace {
@@ -24,7 +24,8 @@ constexpr const char* kFix =
 constexpr const char* kOtherModelFix =
     "this decodes byte-level BPE tokenizers (GPT-2, Llama 3, Qwen); for another model, drop "
     "--tokenizer and read the ids";
-// model.vocab_size's own bound (engine/config.cpp): a larger id belongs to no model of this tool.
+// model.vocab_size's own bound (engine/config/config.cpp): a larger id belongs to no model of this
+// tool.
 constexpr int64_t kMaxId = int64_t{1} << 24;
 constexpr const char* kReplacement = "\xEF\xBF\xBD";  // U+FFFD
 

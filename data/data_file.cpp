@@ -10,7 +10,7 @@
 #include <cstring>
 #include <utility>
 
-#include "engine/error.h"
+#include "engine/core/error.h"
 
 namespace remat {
 namespace {

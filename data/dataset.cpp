@@ -3,7 +3,7 @@
 
 #include "data/file_data.h"
 #include "data/synthetic.h"
-#include "engine/error.h"
+#include "engine/core/error.h"
 
 namespace remat {
 

@@ -10,9 +10,9 @@
 #include <iterator>
 #include <set>
 
-#include "engine/error.h"
-#include "engine/rng.h"
-#include "engine/units.h"
+#include "engine/core/error.h"
+#include "engine/core/rng.h"
+#include "engine/core/units.h"
 
 namespace remat {
 namespace {

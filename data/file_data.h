@@ -25,8 +25,8 @@
 #include <vector>
 
 #include "data/token_corpus.h"
-#include "engine/config.h"
-#include "engine/trainer.h"
+#include "engine/config/config.h"
+#include "engine/training/trainer.h"
 
 namespace remat {
 

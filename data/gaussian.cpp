@@ -3,7 +3,7 @@
 
 #include <immintrin.h>
 
-#include "engine/rng.h"
+#include "engine/core/rng.h"
 
 namespace remat {
 namespace {

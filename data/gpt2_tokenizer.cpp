@@ -10,7 +10,7 @@
 #include <fstream>
 #include <iterator>
 
-#include "engine/error.h"
+#include "engine/core/error.h"
 
 namespace remat {
 namespace {

@@ -7,8 +7,8 @@
 #include <cmath>
 
 #include "data/gaussian.h"
+#include "engine/core/rng.h"
 #include "engine/cpu/gemm.h"
-#include "engine/rng.h"
 
 namespace remat {
 namespace {

@@ -8,8 +8,8 @@
 
 #include <memory>
 
-#include "engine/config.h"
-#include "engine/trainer.h"
+#include "engine/config/config.h"
+#include "engine/training/trainer.h"
 
 namespace remat {
 

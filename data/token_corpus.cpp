@@ -9,7 +9,7 @@
 #include <system_error>
 #include <vector>
 
-#include "engine/error.h"
+#include "engine/core/error.h"
 
 namespace remat {
 namespace fs = std::filesystem;
@@ -234,8 +234,8 @@ int64_t Shard::token(int64_t i) const {
 
 void Shard::bad_token(int64_t index, int64_t vocab) const {
   const int64_t v = token(index);
-  // No model.vocab_size reaches such a value (engine/config.cpp caps it at 2^24): the shard is
-  // corrupt or made for something else, and raising the vocabulary is no fix.
+  // No model.vocab_size reaches such a value (engine/config/config.cpp caps it at 2^24): the shard
+  // is corrupt or made for something else, and raising the vocabulary is no fix.
   const std::string fix =
       v >= (int64_t{1} << 24)
           ? "regenerate the shard (no vocabulary reaches that id: a corrupt or foreign file)"

@@ -5,8 +5,8 @@
 #include <memory>
 #include <string>
 
-#include "engine/backend.h"
-#include "engine/config.h"
+#include "engine/config/config.h"
+#include "engine/core/backend.h"
 
 namespace remat {
 class Model;

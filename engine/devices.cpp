@@ -1,8 +1,7 @@
 // Backend selection (see engine/devices.h).
 #include "engine/devices.h"
 
-#include <unistd.h>
-
+#include "engine/core/machine.h"
 #include "engine/cpu/cpu_backend.h"
 #include "engine/cuda_api.h"
 #include "engine/parallel/communicator.h"
@@ -11,13 +10,6 @@ namespace remat {
 
 int host_default_threads() {
   return cpu::default_threads();
-}
-
-uint64_t host_memory_bytes() {
-  const long pages = sysconf(_SC_PHYS_PAGES);
-  const long page = sysconf(_SC_PAGE_SIZE);
-  return pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page)
-                               : (8ull << 30);
 }
 
 BackendChoice make_backend(const Config& cfg) {

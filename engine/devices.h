@@ -6,8 +6,9 @@
 #include <memory>
 #include <string>
 
-#include "engine/backend.h"
-#include "engine/config.h"
+#include "engine/config/config.h"
+#include "engine/core/backend.h"
+#include "engine/core/machine.h"  // host_memory_bytes
 
 namespace remat {
 
@@ -17,8 +18,6 @@ struct BackendChoice {
 };
 
 BackendChoice make_backend(const Config& cfg);
-/// Physical memory of this machine (the CPU backend's default budget).
-uint64_t host_memory_bytes();
 /// Threads the CPU backend uses when device.threads = 0 (all cores).
 int host_default_threads();
 

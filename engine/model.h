@@ -10,8 +10,9 @@
 #include <utility>
 #include <vector>
 
-#include "engine/backend.h"
-#include "engine/memory_pool.h"
+#include "engine/config/act_kind.h"
+#include "engine/core/backend.h"
+#include "engine/core/memory_pool.h"
 
 namespace remat {
 
@@ -22,10 +23,10 @@ enum class MomentHome : uint8_t { Device, Host, Sharded };
 
 /// One trainable tensor with its gradient and AdamW moments (all f32, all from the pool).
 /// With remat.offload = "checkpoints+optimizer+weights" all four live in the host pool
-/// (`on_host`): the step's WeightStream (engine/weight_stream.h) swaps device copies into `value`
-/// and `grad` while a block that reads them runs, and swaps the host ones back after, so the ops
-/// read `value` and `grad` as always, and everything outside a step (checkpoints, AdamW, export)
-/// sees the host copies.
+/// (`on_host`): the step's WeightStream (engine/remat/weight_stream.h) swaps device copies into
+/// `value` and `grad` while a block that reads them runs, and swaps the host ones back after, so
+/// the ops read `value` and `grad` as always, and everything outside a step (checkpoints, AdamW,
+/// export) sees the host copies.
 struct Param {
   std::string name;              // "blocks.3.attn.qkv.weight": the name used in checkpoint files
   Buffer value;                  // category weights
@@ -78,10 +79,6 @@ class ActStore {
   std::vector<Buffer> slots_;
   std::vector<MemCategory> categories_;
 };
-
-/// What kind of computation produced a saved activation; remat policies select by kind
-/// (save_dots keeps Dot and Attention outputs, save_attn keeps Attention outputs).
-enum class ActKind : uint8_t { Input, Norm, Dot, Attention, Pointwise };
 
 /// One saved activation of a block: its slot (the index into the block's ActStore), its name
 /// (stable: configs and plans use it) and its kind. Each block lists its slots in ONE table, in

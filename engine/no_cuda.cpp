@@ -1,8 +1,8 @@
 // Stand-in for engine/cuda/ in builds without CUDA: the program links, and asking for the CUDA
 // backend is a clear error instead of an #ifdef at every call site.
 #ifndef REMAT_HAVE_CUDA
+#include "engine/core/error.h"
 #include "engine/cuda_api.h"
-#include "engine/error.h"
 #include "engine/parallel/context_ring.h"
 #include "engine/parallel/gradient_sync.h"
 

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/config.h"
+#include "engine/config/config.h"
 
 namespace remat {
 

@@ -7,7 +7,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "engine/error.h"
+#include "engine/core/error.h"
 
 namespace remat::detail {
 

@@ -36,7 +36,7 @@ void decoder_gemv(float* y, const float* base, const float* W, const float* x, i
 class RopeTable {
  public:
   RopeTable() = default;
-  /// `inv_freq`: the HS/2 frequencies of a head (engine/ops/rope.h's rope_inv_freq).
+  /// `inv_freq`: the HS/2 frequencies of a head (engine/core/ops/rope.h's rope_inv_freq).
   RopeTable(const std::vector<double>& inv_freq, int64_t capacity);
   /// Rotates one head's q or k (HS values) in place by the angles of position `pos`.
   void rotate(float* head, int64_t pos) const;

@@ -3,7 +3,7 @@
 
 #include <algorithm>
 
-#include "engine/rng.h"
+#include "engine/core/rng.h"
 
 namespace remat {
 

@@ -2,7 +2,7 @@
 //   res = x + proj(attention(ln1(x)))          attention: causal, multi-head, flash contract
 //   y   = res + mlp_proj(gelu(fc(ln2(res))))
 // Backward runs the chain in reverse; the residual-stream gradient flows through one (B,T,C)
-// buffer that each LayerNorm backward adds into (engine/backend.h's [+=] exception).
+// buffer that each LayerNorm backward adds into (engine/core/backend.h's [+=] exception).
 // With dropout p > 0, the attention and MLP branch outputs are dropped (inverted dropout) before
 // the residual adds; masks come from a counter-based RNG keyed by (seed, step, block, site), so
 // recompute and backward reproduce them without saving anything.
@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/backend.h"
+#include "engine/core/backend.h"
 #include "engine/model.h"
 #include "engine/parallel/context_ring.h"
 

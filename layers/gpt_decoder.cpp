@@ -15,8 +15,8 @@
 #include <algorithm>
 #include <cmath>
 
-#include "engine/error.h"
-#include "engine/ops/rope.h"
+#include "engine/core/error.h"
+#include "engine/core/ops/rope.h"
 
 namespace remat {
 namespace {

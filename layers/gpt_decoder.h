@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/config.h"
+#include "engine/config/config.h"
 #include "layers/decoder.h"
 #include "layers/decoder_common.h"
 

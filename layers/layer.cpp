@@ -2,8 +2,8 @@
 // initialization from a counter-based RNG keyed by (seed, parameter name).
 #include "layers/layer.h"
 
-#include "engine/error.h"
-#include "engine/rng.h"
+#include "engine/core/error.h"
+#include "engine/core/rng.h"
 
 namespace remat {
 

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/backend.h"
+#include "engine/core/backend.h"
 #include "engine/model.h"
 
 namespace remat {

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/backend.h"
+#include "engine/core/backend.h"
 #include "engine/model.h"
 #include "engine/parallel/context_ring.h"
 

@@ -13,8 +13,8 @@
 #include <algorithm>
 #include <cmath>
 
-#include "engine/error.h"
-#include "engine/ops/rope.h"
+#include "engine/core/error.h"
+#include "engine/core/ops/rope.h"
 #include "layers/gpt_decoder.h"
 
 namespace remat {
@@ -50,7 +50,7 @@ LlamaDecoder::LlamaDecoder(const ModelConfig& model, const WeightSource& weights
                capacity_, NH_, KVH_, HS_);
   load(weights);
   // The training attention's frequencies: theta rounded to float (the block passes it so), then
-  // engine/ops/rope.h's scaling.
+  // engine/core/ops/rope.h's scaling.
   rope_ = detail::RopeTable(
       rope_inv_freq(HS_, static_cast<double>(static_cast<float>(m_.rope_theta)), m_.rope_scaling),
       capacity_);

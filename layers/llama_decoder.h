@@ -4,7 +4,7 @@
 // saving, NH / KVH times less cache than multi-head attention of the same width. It reproduces
 // the training forward in structure (RMSNorm pre-norm blocks, the fused q | k | v projection
 // with its optional biases, the per-head q/k RMSNorm before RoPE, RoPE in the rotate_half layout
-// with engine/ops/rope.h's scaled frequencies and the attention kernel's angle table, SwiGLU,
+// with engine/core/ops/rope.h's scaled frequencies and the attention kernel's angle table, SwiGLU,
 // the final RMSNorm and the tied or untied head), so its per-position losses equal the trainer's
 // within float rounding (tests/test_llama_decoder.cpp).
 #pragma once
@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/config.h"
+#include "engine/config/config.h"
 #include "layers/decoder.h"
 #include "layers/decoder_common.h"
 

@@ -5,8 +5,8 @@
 
 #include <cmath>
 
-#include "engine/rng.h"
-#include "engine/units.h"
+#include "engine/core/rng.h"
+#include "engine/core/units.h"
 #include "layers/gpt_block.h"
 #include "layers/layer.h"
 #include "layers/mlp_block.h"

@@ -8,7 +8,7 @@
 
 #include <memory>
 
-#include "engine/config.h"
+#include "engine/config/config.h"
 #include "engine/model.h"
 
 namespace remat {

@@ -1,7 +1,7 @@
 // TokenModel (see layers/token_model.h).
 #include "layers/token_model.h"
 
-#include "engine/error.h"
+#include "engine/core/error.h"
 
 namespace remat::detail {
 

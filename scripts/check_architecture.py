@@ -3,11 +3,11 @@
 
 Two checks:
   1. every folder or file the page's diagram (its first fenced block) names in its left column
-     (`cmd/`, `engine/remat`, `+-- engine/cpu`) exists: a folder, or a stem with .h/.cpp/.cu;
+     (`cmd/`, `engine/remat/weight_stream`, `+-- engine/cpu`) exists: a folder, or a stem with .h/.cpp/.cu;
   2. every rule of the page's table "| files in | never include |" holds: no source file under
      the left cell's names has an `#include` of a file under the right cell's names.
 A name ending in `/` is a folder (its whole tree); otherwise a file stem (`engine/remat` is
-engine/remat.h and engine/remat.cpp). Exit 1 with one line per problem, 0 otherwise.
+engine/remat/executor.h and engine/remat/executor.cpp). Exit 1 with one line per problem, 0 otherwise.
 
   scripts/check_architecture.py [--page docs/architecture.md] [--root DIR]
 """
@@ -19,6 +19,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DIAGRAM_NAME = re.compile(r"^\s*(?:\+--\s+)?([a-z0-9_]+/[a-z0-9_/]*)\s")
 RULE_ROW = re.compile(r"^\|\s*(`[^|]+)\|\s*(`[^|]+)\|\s*$")
+LEVEL_ROW = re.compile(r"^\|\s*(\d+)\s*\|\s*(`[^|]+)\|\s*$")
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
 SOURCE_EXT = (".h", ".cpp", ".cu", ".cuh")
 
@@ -37,6 +38,48 @@ def rules(lines):
         if m:
             out.append((n, re.findall(r"`([^`]+)`", m.group(1)), re.findall(r"`([^`]+)`", m.group(2))))
     return out
+
+
+def levels(lines):
+    """[(line number, level, [names])] from the levels table, in page order."""
+    out = []
+    for n, line in enumerate(lines, 1):
+        m = LEVEL_ROW.match(line)
+        if m:
+            out.append((n, int(m.group(1)), re.findall(r"`([^`]+)`", m.group(2))))
+    return out
+
+
+def level_problems(root, where, table):
+    """Files in no level or in two, and includes that point up the levels table."""
+    problems = []
+    if not table:
+        return [f"{where}: no '| level | holds |' rows found"]
+    for row, _, names in table:
+        for name in names:
+            if not exists(root, name):
+                problems.append(f"{where}:{row}: the level names '{name}', which does not exist")
+
+    def level_of(rel):
+        return [(lvl, row) for row, lvl, names in table if any(covers(n, rel) for n in names)]
+
+    for rel in sources(root):
+        mine = level_of(rel)
+        if not mine:
+            problems.append(f"{rel} is in no level of {where}. Fix: add its folder to the levels "
+                            "table")
+            continue
+        if len(mine) > 1:
+            problems.append(f"{rel} is in levels {', '.join(str(l) for l, _ in mine)} of {where}")
+            continue
+        lvl, row = mine[0]
+        for n, target in includes(root, rel):
+            theirs = level_of(target)
+            if theirs and theirs[0][0] > lvl:
+                problems.append(f"{rel}:{n} includes {target} (level {theirs[0][0]}), above its "
+                                f"own level {lvl} ({where}:{row}): dependencies point down the "
+                                "levels table")
+    return problems
 
 
 def covers(name, rel):
@@ -87,6 +130,7 @@ def main():
     where = os.path.relpath(page, opt.root)
     problems = [f"{where}: the diagram names '{n}', which is no folder or source file. Fix: "
                 "correct the diagram" for n in diagram_names(lines) if not exists(opt.root, n)]
+    problems += level_problems(opt.root, where, levels(lines))
     table = rules(lines)
     if not table:
         problems.append(f"{where}: no '| files in | never include |' rule rows found")
@@ -104,8 +148,8 @@ def main():
                                     f"(files in {' '.join(sources_in)} never include {hit})")
     for p in problems:
         print(f"check_architecture: {p}")
-    print(f"check_architecture: {len(diagram_names(lines))} diagram names, {len(table)} rules, "
-          f"{len(problems)} problem(s)")
+    print(f"check_architecture: {len(diagram_names(lines))} diagram names, "
+          f"{len(levels(lines))} levels, {len(table)} rules, {len(problems)} problem(s)")
     return 1 if problems else 0
 
 

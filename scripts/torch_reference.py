@@ -91,7 +91,7 @@ BETAS, ADAM_EPS, LN_EPS = (0.9, 0.95), 1e-8, 1e-5
 SHARD_MAGIC, SHARD_VERSION = 20240520, 1
 POLICIES = ("none", "full", "save_attn", "save_dots")
 
-# remat-train's defaults (engine/config.h) for the keys this script reads.
+# remat-train's defaults (engine/config/config.h) for the keys this script reads.
 DEFAULTS = {
     "model": {"kind": "gpt", "n_layer": 2, "n_head": 4, "n_embd": 64, "vocab_size": 256,
               "n_ctx": 1024, "d_ff": 0, "position": "learned", "rope_theta": 10000.0,

@@ -13,9 +13,9 @@
 #include <string>
 #include <vector>
 
-#include "engine/checkpoint.h"
+#include "engine/core/rng.h"
 #include "engine/model.h"
-#include "engine/rng.h"
+#include "engine/training/checkpoint.h"
 #include "layers/decoder.h"
 #include "temp_dir.h"
 #include "tests/cli_util.h"

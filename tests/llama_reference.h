@@ -3,8 +3,8 @@
 // GPT, it shares no code with the kernels, the layers or the executor (only that header's plain
 // Linear loops): attention forms the full T x T probabilities with grouped heads indexed
 // directly, RoPE rotates from its definition, llama3 scaling is transcribed here from
-// transformers' _compute_llama3_parameters rather than taken from engine/ops/rope.h, and the LM
-// head forms all N x V logits. A bug that the model's forward and backward share (a key/value
+// transformers' _compute_llama3_parameters rather than taken from engine/core/ops/rope.h, and the
+// LM head forms all N x V logits. A bug that the model's forward and backward share (a key/value
 // head serving the wrong query heads, q/k norm after RoPE instead of before, a scaling band the
 // wrong way round) shows up as a difference against this independent statement of the model.
 //

@@ -5,7 +5,7 @@
 #include <cstdint>
 
 #include "data/synthetic.h"
-#include "engine/planner.h"
+#include "engine/planner/planner.h"
 #include "layers/models.h"
 
 namespace remat::test {

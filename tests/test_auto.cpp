@@ -18,11 +18,11 @@
 #include <set>
 
 #include "data/synthetic.h"
+#include "engine/core/error.h"
+#include "engine/core/units.h"
 #include "engine/cpu/cpu_backend.h"
-#include "engine/error.h"
-#include "engine/planner.h"
-#include "engine/remat.h"
-#include "engine/units.h"
+#include "engine/planner/planner.h"
+#include "engine/remat/executor.h"
 #include "layers/models.h"
 #include "tests/cli_util.h"
 #include "tests/planner_util.h"

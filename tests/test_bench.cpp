@@ -11,11 +11,11 @@
 #include <vector>
 
 #include "data/synthetic.h"
-#include "engine/config.h"
+#include "engine/config/config.h"
+#include "engine/core/machine.h"
 #include "engine/cpu/cpu_backend.h"
-#include "engine/machine_load.h"
-#include "engine/remat.h"
-#include "engine/trainer.h"
+#include "engine/remat/executor.h"
+#include "engine/training/trainer.h"
 #include "layers/models.h"
 #include "tests/cli_util.h"
 #include "tests/configs.h"
@@ -166,7 +166,7 @@ TEST_CASE("a step reports the time its batch took, within the step's, and its FL
   CHECK(gpt_trainer.step().data_flops == 0);
 }
 
-// bench's MFU counts the model's FLOPs (engine/backend.h): one number for every remat policy,
+// bench's MFU counts the model's FLOPs (engine/core/backend.h): one number for every remat policy,
 // 6 N D^2 for an MLP's GEMMs (with its ReLUs and loss beside them), whatever the step executes.
 TEST_CASE("model FLOPs are the same under every policy, and the MLP's count is 3x its forward",
           "[bench]") {

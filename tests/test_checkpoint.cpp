@@ -15,11 +15,11 @@
 #include <functional>
 #include <iterator>
 
-#include "engine/checkpoint.h"
-#include "engine/config.h"
-#include "engine/count_backend.h"
+#include "engine/config/config.h"
+#include "engine/core/count_backend.h"
 #include "engine/cpu/cpu_backend.h"
-#include "engine/safetensors.h"
+#include "engine/model_files/safetensors.h"
+#include "engine/training/checkpoint.h"
 #include "layers/models.h"
 #include "temp_dir.h"
 

@@ -1,9 +1,9 @@
 // Config parsing and validation: every error names the file (or --set flag), line, key and fix.
 #include <catch2/catch.hpp>
 
-#include "engine/config.h"
-#include "engine/error.h"
-#include "engine/units.h"
+#include "engine/config/config.h"
+#include "engine/core/error.h"
+#include "engine/core/units.h"
 
 using namespace remat;
 using Catch::Matchers::Contains;

@@ -5,9 +5,9 @@
 #include <fstream>
 #include <string>
 
-#include "engine/config.h"
-#include "engine/config_path.h"
-#include "engine/error.h"
+#include "engine/config/config.h"
+#include "engine/config/config_path.h"
+#include "engine/core/error.h"
 #include "tests/cli_util.h"
 #include "tests/temp_dir.h"
 

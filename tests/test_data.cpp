@@ -21,10 +21,10 @@
 #include "data/gaussian.h"
 #include "data/synthetic.h"
 #include "data/token_corpus.h"
-#include "engine/config.h"
-#include "engine/count_backend.h"
+#include "engine/config/config.h"
+#include "engine/core/count_backend.h"
+#include "engine/core/error.h"
 #include "engine/cpu/cpu_backend.h"
-#include "engine/error.h"
 #include "temp_dir.h"
 
 using namespace remat;

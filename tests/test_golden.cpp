@@ -25,7 +25,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/safetensors.h"
+#include "engine/model_files/safetensors.h"
 #include "tests/cli_util.h"
 #include "tests/temp_dir.h"
 

@@ -21,12 +21,12 @@
 #include <thread>
 
 #include "data/dataset.h"
-#include "engine/checkpoint.h"
-#include "engine/config.h"
-#include "engine/error.h"
-#include "engine/memory_pool.h"
-#include "engine/planner.h"
-#include "engine/safetensors.h"
+#include "engine/config/config.h"
+#include "engine/core/error.h"
+#include "engine/core/memory_pool.h"
+#include "engine/model_files/safetensors.h"
+#include "engine/planner/planner.h"
+#include "engine/training/checkpoint.h"
 #include "layers/models.h"
 #include "tests/child_process.h"
 #include "tests/cli_util.h"

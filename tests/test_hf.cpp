@@ -1,11 +1,12 @@
-// Hugging Face folders in and out (engine/hf_model, engine/hf_weights, `train --init hf:`,
-// `export`, `--model hf:`; docs/hf.md).
+// Hugging Face folders in and out (engine/config/hf_config, engine/model_files/hf_names and
+// hf_weights, `train --init hf:`, `export`, `--model hf:`; docs/hf.md).
 //
 // The fixtures are written here, by this file's own list of transformers' tensor names and
-// shapes, never by the mapping under test, so that a wrong name or layout in engine/hf_model.cpp
-// (q/k/v in another order, a Conv1D weight not transposed) shows as a mismatch. The goldens of
-// tests/golden/hf/ (transformers 4.57.6 itself, scripts/hf_golden.py) check the numbers: one
-// forward/backward of each imported model against transformers' loss and every gradient.
+// shapes, never by the mapping under test, so that a wrong name or layout in
+// engine/model_files/hf_names.cpp (q/k/v in another order, a Conv1D weight not transposed) shows as
+// a mismatch. The goldens of tests/golden/hf/ (transformers 4.57.6 itself, scripts/hf_golden.py)
+// check the numbers: one forward/backward of each imported model against transformers' loss and
+// every gradient.
 //
 // Tolerances against the goldens (fp32 here against transformers' fp32): the loss within 1e-6
 // relative, every gradient within 1e-5 of its tensor's largest entry (max |ours - theirs| <=
@@ -31,14 +32,15 @@
 #include <string>
 #include <vector>
 
-#include "engine/config.h"
+#include "engine/config/config.h"
+#include "engine/config/hf_config.h"
+#include "engine/core/error.h"
+#include "engine/core/rng.h"
 #include "engine/cpu/cpu_backend.h"
-#include "engine/error.h"
-#include "engine/hf_model.h"
-#include "engine/hf_weights.h"
-#include "engine/remat.h"
-#include "engine/rng.h"
-#include "engine/safetensors.h"
+#include "engine/model_files/hf_names.h"
+#include "engine/model_files/hf_weights.h"
+#include "engine/model_files/safetensors.h"
+#include "engine/remat/executor.h"
 #include "layers/decoder.h"
 #include "layers/models.h"
 #include "tests/cli_util.h"

@@ -7,11 +7,11 @@
 #include <fstream>
 
 #include "data/synthetic.h"
-#include "engine/config.h"
+#include "engine/config/config.h"
 #include "engine/cpu/cpu_backend.h"
 #include "engine/cpu/host_allocator.h"
-#include "engine/remat.h"
-#include "engine/trainer.h"
+#include "engine/remat/executor.h"
+#include "engine/training/trainer.h"
 #include "layers/models.h"
 #include "tests/configs.h"
 #include "tests/test_util.h"

@@ -12,10 +12,10 @@
 #include <string>
 #include <vector>
 
-#include "engine/config.h"
+#include "engine/config/config.h"
+#include "engine/core/error.h"
 #include "engine/cpu/cpu_backend.h"
-#include "engine/error.h"
-#include "engine/remat.h"
+#include "engine/remat/executor.h"
 #include "layers/gpt_decoder.h"
 #include "layers/llama_decoder.h"
 #include "layers/models.h"

@@ -2,7 +2,7 @@
 // executor) against the independent double-precision reference of tests/llama_reference.h: one
 // step's loss and every element of every parameter gradient, for the options one at a time and
 // together. First the reference is checked against central differences of its own forward, and
-// its llama3 frequencies against engine/ops/rope.h's (two independent transcriptions of
+// its llama3 frequencies against engine/core/ops/rope.h's (two independent transcriptions of
 // transformers' formula).
 //
 // Gradient checks and the bitwise remat tests (tests/test_llama.cpp) cannot see a bug that the
@@ -22,10 +22,10 @@
 #include <string>
 #include <vector>
 
-#include "engine/config.h"
+#include "engine/config/config.h"
+#include "engine/core/ops/rope.h"
 #include "engine/cpu/cpu_backend.h"
-#include "engine/ops/rope.h"
-#include "engine/remat.h"
+#include "engine/remat/executor.h"
 #include "layers/models.h"
 #include "tests/llama_reference.h"
 #include "tests/test_util.h"
@@ -298,9 +298,9 @@ TEST_CASE("llama reference: its backward matches central differences of its forw
 }
 
 // Two transcriptions of transformers' _compute_llama3_parameters, one per band structure (an
-// if/else chain in engine/ops/rope.h, torch.where passes here), over heads whose frequencies
+// if/else chain in engine/core/ops/rope.h, torch.where passes here), over heads whose frequencies
 // fill all three bands.
-TEST_CASE("llama reference: llama3 frequencies agree with engine/ops/rope.h",
+TEST_CASE("llama reference: llama3 frequencies agree with engine/core/ops/rope.h",
           "[llama][reference]") {
   for (const double theta : {100.0, 10000.0, 500000.0})
     for (const int64_t HS : {6, 8, 64, 128})

@@ -8,7 +8,7 @@
 
 #include "data/synthetic.h"
 #include "engine/cpu/cpu_backend.h"
-#include "engine/planner.h"
+#include "engine/planner/planner.h"
 #include "layers/models.h"
 #include "tests/planner_util.h"
 

@@ -6,10 +6,10 @@
 #include <cmath>
 
 #include "data/synthetic.h"
-#include "engine/config.h"
+#include "engine/config/config.h"
 #include "engine/cpu/cpu_backend.h"
-#include "engine/remat.h"
-#include "engine/trainer.h"
+#include "engine/remat/executor.h"
+#include "engine/training/trainer.h"
 #include "layers/models.h"
 #include "tests/configs.h"
 

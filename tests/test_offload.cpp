@@ -2,7 +2,7 @@
 // and its accounting run exactly as on a GPU, minus the second stream. Offloading moves bytes,
 // never changes them: losses, gradients and weights are bitwise those of the run without it; the
 // planner predicts both pools' peaks to the byte; the copy volume and the device's share of the
-// checkpoints follow the executor's rules (engine/remat.h).
+// checkpoints follow the executor's rules (engine/remat/executor.h).
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -12,10 +12,10 @@
 #include <nlohmann/json.hpp>
 
 #include "data/synthetic.h"
+#include "engine/config/policy.h"
+#include "engine/core/error.h"
 #include "engine/cpu/cpu_backend.h"
-#include "engine/error.h"
-#include "engine/planner.h"
-#include "engine/policy.h"
+#include "engine/planner/planner.h"
 #include "layers/models.h"
 #include "tests/cli_util.h"
 #include "tests/configs.h"

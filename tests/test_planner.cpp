@@ -7,9 +7,9 @@
 #include <cstring>
 
 #include "data/synthetic.h"
-#include "engine/budget_search.h"
 #include "engine/cpu/cpu_backend.h"
-#include "engine/planner.h"
+#include "engine/planner/budget_search.h"
+#include "engine/planner/planner.h"
 #include "layers/models.h"
 #include "tests/planner_util.h"
 

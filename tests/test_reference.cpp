@@ -20,9 +20,9 @@
 #include <string>
 #include <vector>
 
-#include "engine/config.h"
+#include "engine/config/config.h"
 #include "engine/cpu/cpu_backend.h"
-#include "engine/remat.h"
+#include "engine/remat/executor.h"
 #include "layers/models.h"
 #include "tests/configs.h"
 #include "tests/reference_model.h"

@@ -8,11 +8,11 @@
 #include <cstring>
 
 #include "data/synthetic.h"
-#include "engine/config.h"
+#include "engine/config/config.h"
+#include "engine/core/error.h"
 #include "engine/cpu/cpu_backend.h"
-#include "engine/error.h"
-#include "engine/remat.h"
-#include "engine/trainer.h"
+#include "engine/remat/executor.h"
+#include "engine/training/trainer.h"
 #include "layers/models.h"
 #include "test_util.h"
 #include "tests/configs.h"

@@ -15,10 +15,10 @@
 
 #include "data/bpe_tokenizer.h"
 #include "data/gpt2_tokenizer.h"
-#include "engine/config.h"
+#include "engine/config/config.h"
+#include "engine/core/error.h"
 #include "engine/cpu/cpu_backend.h"
-#include "engine/error.h"
-#include "engine/remat.h"
+#include "engine/remat/executor.h"
 #include "layers/gpt_decoder.h"
 #include "layers/models.h"
 #include "temp_dir.h"

@@ -15,8 +15,8 @@
 #include <thread>
 
 #include "data/token_corpus.h"
-#include "engine/checkpoint.h"
-#include "engine/error.h"
+#include "engine/core/error.h"
+#include "engine/training/checkpoint.h"
 #include "tests/child_process.h"
 #include "tests/cli_util.h"
 #include "tests/temp_dir.h"

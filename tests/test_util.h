@@ -1,6 +1,6 @@
 // Helpers for op-level tests: one `allclose` that explains a mismatch (max abs/rel error, the
 // first mismatching index, a few got/want pairs), the named tolerances every op test uses, a CPU
-// backend, pool-allocated tensors filled from the counter-based RNG (engine/rng.h) and central
+// backend, pool-allocated tensors filled from the counter-based RNG (engine/core/rng.h) and central
 // differences. Tensors of the CPU backend are host memory, so tests read them through t.f32().
 //
 // Usage: CHECK(allclose(got, want, kTolReduction, "dweight")) — Catch2 prints the report on failure
@@ -21,8 +21,8 @@
 #include <string_view>
 #include <vector>
 
+#include "engine/core/rng.h"
 #include "engine/cpu/cpu_backend.h"
-#include "engine/rng.h"
 
 namespace remat::test {
 

@@ -1,9 +1,10 @@
 // remat.offload = "checkpoints+optimizer+weights" on the CPU, where the host pool is a second
 // pool in the same RAM: every parameter's weights, gradients and AdamW moments live there, the
-// device pool holds a use's weights and gradients only while it runs (engine/weight_stream.h),
-// and AdamW runs on the host's code path. Bitwise neutral for every model, tied or untied head;
-// both pools predicted to the byte; the device's share and the copy volume follow the stream's
-// rules exactly; the planner's escalation and time estimate; the refusals.
+// device pool holds a use's weights and gradients only while it runs
+// (engine/remat/weight_stream.h), and AdamW runs on the host's code path. Bitwise neutral for every
+// model, tied or untied head; both pools predicted to the byte; the device's share and the copy
+// volume follow the stream's rules exactly; the planner's escalation and time estimate; the
+// refusals.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -11,13 +12,13 @@
 #include <cstring>
 
 #include "data/synthetic.h"
+#include "engine/core/cuda_workspace.h"
+#include "engine/core/error.h"
 #include "engine/cpu/cpu_backend.h"
-#include "engine/cuda/workspace.h"
-#include "engine/error.h"
-#include "engine/planner.h"
-#include "engine/remat.h"
-#include "engine/trainer.h"
-#include "engine/weight_stream.h"
+#include "engine/planner/planner.h"
+#include "engine/remat/executor.h"
+#include "engine/remat/weight_stream.h"
+#include "engine/training/trainer.h"
 #include "layers/models.h"
 #include "tests/planner_util.h"
 #include "tests/test_util.h"

@@ -1,15 +1,15 @@
 // CPU pointwise ops: the residual add, GELU (tanh) / ReLU forward and backward, and inverted
-// dropout with counter-based masks (engine/ops/activation.h). OpenMP over elements, static
+// dropout with counter-based masks (engine/core/ops/activation.h). OpenMP over elements, static
 // schedule: every element is computed the same way for any thread count.
 
 #include <algorithm>
 #include <cmath>
 #include <numbers>
 
+#include "engine/core/rng.h"
 #include "engine/cpu/activation_rows.h"
 #include "engine/cpu/cpu_backend.h"
 #include "engine/cpu/vector_math.h"
-#include "engine/rng.h"
 
 namespace remat::cpu {
 

@@ -7,7 +7,7 @@
 
 #include <cstdint>
 
-#include "engine/ops/activation.h"
+#include "engine/core/ops/activation.h"
 
 namespace remat::cpu {
 

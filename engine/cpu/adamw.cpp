@@ -1,5 +1,5 @@
 // CPU optimizer ops: the global sum of squares (for gradient clipping) and the AdamW update
-// (engine/ops/adamw.h). The CPU backend runs them, and so does the trainer on any backend for
+// (engine/core/ops/adamw.h). The CPU backend runs them, and so does the trainer on any backend for
 // parameters whose state lives in host memory (engine/cpu/host_optimizer.h).
 
 #include <cmath>

@@ -367,8 +367,8 @@ struct Heads {
   int64_t kv_head_of(int64_t bh) const { return (bh / NH) * KVH + (bh % NH) / G; }
 };
 
-// Fills the cos/sin table: angle(t, i) = t * inv_freq[i] (engine/ops/rope.h, with its scaling),
-// in double because t * freq reaches 1e6 at long context.
+// Fills the cos/sin table: angle(t, i) = t * inv_freq[i] (engine/core/ops/rope.h, with its
+// scaling), in double because t * freq reaches 1e6 at long context.
 void fill_rope_table(float* cos_t, float* sin_t, int64_t T, int64_t HS, float theta,
                      const RopeScaling& scaling, int threads) {
   const int64_t half = HS / 2;
@@ -468,7 +468,7 @@ void load_transposed(float* tile, int64_t width, const float* src, int64_t t0, i
 
 // Per-thread tiles, carved from one block in a fixed order (a bump allocator).
 // One thread's tile block, handed out piece by piece. The bound catches a carving order that
-// outgrows the size formula of engine/cpu/workspace.h (debug and sanitizer builds).
+// outgrows the size formula of engine/core/cpu_workspace.h (debug and sanitizer builds).
 struct Carve {
   float* p;
   float* end;
@@ -480,7 +480,7 @@ struct Carve {
   }
 };
 
-// The workspace, sized by engine/cpu/workspace.h and shared by forward and backward:
+// The workspace, sized by engine/core/cpu_workspace.h and shared by forward and backward:
 // [rope cos | rope sin | per-thread tiles]. Each thread carves its block in the order the
 // size formulas there list the pieces.
 struct Workspace {
@@ -633,7 +633,7 @@ void CpuBackend::attention_forward_impl(const AttentionForwardArgs& a, const OpW
 
 namespace {
 
-// One thread's backward tiles, carved in the order engine/cpu/workspace.h sizes them. The
+// One thread's backward tiles, carved in the order engine/core/cpu_workspace.h sizes them. The
 // query-tile pass reuses them under other names (see query_tile).
 struct BackwardTiles {
   float *q_tile, *kt_tile, *vt_tile, *k_tile, *p, *ds, *dk, *dv, *tmp;
@@ -811,8 +811,8 @@ void CpuBackend::attention_backward_impl(const AttentionBackwardArgs& a, const O
   Heads h(a.qkv, a.n_head, a.n_kv_head);
   Workspace ws = make_workspace(op_ws, h, threads_, a.rope_theta, a.rope_scaling);
   static_assert(kTq == kTk, "the query-tile pass reuses key tiles as query tiles");
-  // RoPE: q and k are rotated in place once (qkv is CLOBBERED, engine/ops/attention.h) instead of
-  // once per tile pair (each query tile's rows once per key tile below it, and each key tile's
+  // RoPE: q and k are rotated in place once (qkv is CLOBBERED, engine/core/ops/attention.h) instead
+  // of once per tile pair (each query tile's rows once per key tile below it, and each key tile's
   // once per query tile): the tiles below then read rotated rows like unrotated ones.
   Heads rows = h;
   if (a.rope_theta > 0) {

@@ -1,5 +1,5 @@
-// CPU attention over chunks: the schedule of engine/ops/attention.h's header, (query chunk i, key
-// chunk j <= i) pairs, each run on the context ring's kernels (engine/cpu/ring_attention.cpp),
+// CPU attention over chunks: the schedule of engine/core/ops/attention.h's header, (query chunk i,
+// key chunk j <= i) pairs, each run on the context ring's kernels (engine/cpu/ring_attention.cpp),
 // which take queries and keys at any global positions: on a diagonal pair the causal mask falls
 // inside the pair, on the others it masks nothing. The forward gives each pair its own output
 // and lse (a fresh online softmax finished by ring_finish) and merges them into out and lse in
@@ -15,8 +15,8 @@
 #include <cstring>
 #include <limits>
 
+#include "engine/core/cpu_workspace.h"
 #include "engine/cpu/cpu_backend.h"
-#include "engine/cpu/workspace.h"
 
 namespace remat::cpu {
 

@@ -1,5 +1,5 @@
 // CPU backend: construction, BLAS detection and data movement. Each op's kernel lives in the
-// file named after its engine/ops header: linear.cpp, layernorm.cpp, attention.cpp,
+// file named after its engine/core/ops header: linear.cpp, layernorm.cpp, attention.cpp,
 // activation.cpp (with the residual add and dropout), embedding.cpp, loss.cpp, adamw.cpp; the
 // GEMM tile grid they share is gemm.cpp.
 #include "engine/cpu/cpu_backend.h"
@@ -14,11 +14,11 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "engine/core/rng.h"
 #include "engine/cpu/attention_gemm.h"
 #include "engine/cpu/blas_kernel.h"
 #include "engine/cpu/gemm.h"
 #include "engine/cpu/host_allocator.h"
-#include "engine/rng.h"
 
 extern "C" {
 // OpenBLAS extensions (declared in its cblas.h as well; repeated so other BLAS builds fail loudly

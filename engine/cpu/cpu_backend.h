@@ -8,8 +8,8 @@
 #include <memory>
 #include <string>
 
-#include "engine/backend.h"
-#include "engine/cpu/workspace.h"
+#include "engine/core/backend.h"
+#include "engine/core/cpu_workspace.h"
 
 namespace remat::cpu {
 
@@ -84,7 +84,7 @@ class CpuBackend : public Backend {
   void adamw_update_impl(const AdamWArgs& a) override;
 
  private:
-  // Chunked attention (engine/cpu/attention_chunks.cpp): the pairs of engine/ops/attention.h's
+  // Chunked attention (engine/cpu/attention_chunks.cpp): the pairs of engine/core/ops/attention.h's
   // chunk schedule on the ring's kernels.
   void attention_forward_chunked(const AttentionForwardArgs& a, const OpWorkspace& ws,
                                  const AttentionChunks& ch);

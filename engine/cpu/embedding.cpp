@@ -1,4 +1,4 @@
-// CPU token (+ position) embedding forward and backward (engine/ops/embedding.h).
+// CPU token (+ position) embedding forward and backward (engine/core/ops/embedding.h).
 
 #include "engine/cpu/cpu_backend.h"
 

@@ -9,8 +9,8 @@
 #include <cstdlib>
 #include <string_view>
 
+#include "engine/core/error.h"
 #include "engine/cpu/onednn.h"
-#include "engine/error.h"
 
 namespace remat::cpu {
 

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <map>
 
-#include "engine/memory_pool.h"
+#include "engine/core/memory_pool.h"
 
 namespace remat::cpu {
 

@@ -7,14 +7,14 @@
 
 #include <span>
 
-#include "engine/ops/adamw.h"
-#include "engine/tensor.h"
+#include "engine/core/ops/adamw.h"
+#include "engine/core/tensor.h"
 
 namespace remat::cpu {
 
 /// Sum of squares of every element of every f32 tensor, in double, in a fixed order.
 double host_sum_squares(std::span<const Tensor> tensors);
-/// One AdamW update of a.param from a.grad, a.m and a.v (engine/ops/adamw.h), in place.
+/// One AdamW update of a.param from a.grad, a.m and a.v (engine/core/ops/adamw.h), in place.
 void host_adamw_update(const AdamWArgs& a);
 
 }  // namespace remat::cpu

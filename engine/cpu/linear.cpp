@@ -1,4 +1,4 @@
-// CPU linear layer, forward and backward (engine/ops/linear.h): GEMMs on the tile grid of
+// CPU linear layer, forward and backward (engine/core/ops/linear.h): GEMMs on the tile grid of
 // gemm.h, with the bias and the fused activations as tile epilogues. Row-major; a weight is
 // (OC, C) as in PyTorch, so out = inp W^T.
 

@@ -1,4 +1,4 @@
-// CPU losses (engine/ops/loss.h): the fused, chunked LM head + softmax cross-entropy and the
+// CPU losses (engine/core/ops/loss.h): the fused, chunked LM head + softmax cross-entropy and the
 // tutorial MLP's mean-squared error.
 
 #include <algorithm>
@@ -99,7 +99,7 @@ float mse_row(const float* x, const float* y, float* dx, int64_t D, float g) {
 // For each chunk of rows: logits = inp W^T; per row, a numerically stable softmax (subtract the
 // row max) gives loss = logsumexp - logit[target] and dlogits = (softmax - onehot) * scale,
 // written over the logits (softmax_xent_row); then dinp = dlogits W (in vocabulary slabs for a
-// long vocabulary: lm_head_dinp_slabs in engine/cpu/workspace.h) and dW += dlogits^T inp.
+// long vocabulary: lm_head_dinp_slabs in engine/core/cpu_workspace.h) and dW += dlogits^T inp.
 void CpuBackend::lm_head_loss_impl(const LmHeadLossArgs& a, const OpWorkspace& ws) {
   const int64_t N = a.inp.rows(), C = a.inp.dim(-1), V = a.weight.dim(0);
   const Buffer& chunk = ws.at("lm_head.logits_chunk");

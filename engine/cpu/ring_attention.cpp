@@ -1,4 +1,4 @@
-// CPU ring attention pieces (engine/ops/ring_attention.h). Plain tiles of 64 queries x 64 keys
+// CPU ring attention pieces (engine/core/ops/ring_attention.h). Plain tiles of 64 queries x 64 keys
 // on single-threaded OpenBLAS calls inside OpenMP tasks: each output element is computed by one
 // task in one fixed order, so the results do not depend on the thread count. The tiles skip key
 // tiles that lie wholly after their queries (positions are global, so the mask compares them,

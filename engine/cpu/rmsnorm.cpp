@@ -1,4 +1,4 @@
-// CPU RMSNorm forward/backward and the per-head q/k RMSNorm (engine/ops/rmsnorm.h).
+// CPU RMSNorm forward/backward and the per-head q/k RMSNorm (engine/core/ops/rmsnorm.h).
 // With xhat = x * rstd and g = dout * weight:
 //   dx = rstd * (g - xhat * mean(g * xhat)),  dweight += sum_rows dout * xhat.
 // Rows in parallel for the input gradient; parameter gradients over channel slices, each summing

@@ -1,4 +1,4 @@
-// CPU SwiGLU gate forward/backward (engine/ops/swiglu.h): out = silu(g) u, silu(g) = g s,
+// CPU SwiGLU gate forward/backward (engine/core/ops/swiglu.h): out = silu(g) u, silu(g) = g s,
 // s = sigmoid(g) = 1 / (1 + e^-g);  d g = dout u s (1 + g (1 - s)),  d u = dout g s.
 // e^-g is exp2_ps of -g log2(e) (engine/cpu/vector_math.h), 8 lanes at a time, as GELU's
 // (activation.cpp): a scalar std::exp per element was most of the op's time. Measured on a

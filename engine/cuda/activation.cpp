@@ -1,4 +1,4 @@
-// CUDA pointwise ops (engine/ops/activation.h): the residual add, GELU / ReLU forward and
+// CUDA pointwise ops (engine/core/ops/activation.h): the residual add, GELU / ReLU forward and
 // backward and dropout; kernels in elementwise.cu.
 #include "engine/cuda/cuda_backend.h"
 #include "engine/cuda/kernels.cuh"

@@ -1,5 +1,5 @@
-// CUDA optimizer ops (engine/ops/adamw.h): the global sum of squares, AdamW, and the zeroing of a
-// step's gradients; kernels in optimizer.cu. The batched forms hand every tensor to one
+// CUDA optimizer ops (engine/core/ops/adamw.h): the global sum of squares, AdamW, and the zeroing
+// of a step's gradients; kernels in optimizer.cu. The batched forms hand every tensor to one
 // multi-tensor launcher: a few launches a step instead of one per parameter.
 #include <cuda_runtime.h>
 

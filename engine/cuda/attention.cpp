@@ -1,17 +1,17 @@
-// CUDA attention (engine/ops/attention.h): RoPE and dtype staging around cuDNN's fused flash
+// CUDA attention (engine/core/ops/attention.h): RoPE and dtype staging around cuDNN's fused flash
 // attention (the AttentionEngine of cudnn_attention.cpp), in the op's workspace.
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <vector>
 
+#include "engine/core/cuda_workspace.h"
+#include "engine/core/error.h"
 #include "engine/cuda/check.h"
 #include "engine/cuda/cuda_backend.h"
 #include "engine/cuda/cudnn_attention.h"
 #include "engine/cuda/kernels.cuh"
 #include "engine/cuda/op_util.h"
-#include "engine/cuda/workspace.h"
-#include "engine/error.h"
 
 namespace remat::cuda {
 
@@ -22,14 +22,14 @@ namespace remat::cuda {
 // copy in the workspace holds bf16 q, k (rotated) and v. The backward rotates again (the same
 // bits as the forward) -- with bf16 activations in place, since it is qkv's last reader -- and
 // maps the gradients with respect to rotated q, k back through R^T (and to f32 if needed)
-// afterwards. The rotation's frequencies are engine/ops/rope.h's, its scaling applied.
+// afterwards. The rotation's frequencies are engine/core/ops/rope.h's, its scaling applied.
 //
-// Attention over chunks (engine/ops/attention.h's schedule, chunks from attention_chunks in
-// engine/cuda/workspace.h): one batch row at a time, each (query chunk i, key chunk j <= i) pair
-// is one cuDNN call on views of the same bf16 qkv (causal on the diagonal, unmasked elsewhere).
-// The forward merges each pair's bf16 output and lse into the query chunk's f32 output and the
-// global lse (kern::attention_merge), then casts the output once; the backward gives every pair
-// the global O, dO and its query chunk's lse (copied to a packed (NH, L) tensor), so cuDNN's
+// Attention over chunks (engine/core/ops/attention.h's schedule, chunks from attention_chunks in
+// engine/core/cuda_workspace.h): one batch row at a time, each (query chunk i, key chunk j <= i)
+// pair is one cuDNN call on views of the same bf16 qkv (causal on the diagonal, unmasked
+// elsewhere). The forward merges each pair's bf16 output and lse into the query chunk's f32 output
+// and the global lse (kern::attention_merge), then casts the output once; the backward gives every
+// pair the global O, dO and its query chunk's lse (copied to a packed (NH, L) tensor), so cuDNN's
 // recomputed probabilities and D are the whole sequence's, and sums the pair's bf16 dq and dk | dv
 // in f32 (one of them over the whole row, the other per chunk: backward_chunked) before one cast
 // into dqkv.

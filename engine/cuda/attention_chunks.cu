@@ -1,4 +1,4 @@
-// Kernels of attention over chunks (engine/ops/attention.h; host side in
+// Kernels of attention over chunks (engine/core/ops/attention.h; host side in
 // engine/cuda/attention.cpp): the forward's merge of one (query chunk, key chunk) pair into its
 // query chunk's running output and log-sum-exp, and the strided row sums and casts of the
 // backward's f32 accumulators. All memory-bound, one thread per element with grid-stride loops, no

@@ -10,7 +10,7 @@
 
 #include <string>
 
-#include "engine/error.h"
+#include "engine/core/error.h"
 
 namespace remat::cuda::detail {
 

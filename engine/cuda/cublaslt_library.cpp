@@ -6,7 +6,7 @@
 
 #include <optional>
 
-#include "engine/error.h"
+#include "engine/core/error.h"
 
 namespace remat::cuda {
 

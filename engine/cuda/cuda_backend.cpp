@@ -1,8 +1,8 @@
 // CUDA backend: device setup, the stream-ordered allocator, versions and data movement. Each op's
-// implementation lives in the file named after its engine/ops header (linear.cpp, layernorm.cpp,
-// attention.cpp, activation.cpp, embedding.cpp, loss.cpp, adamw.cpp); it enqueues kernels and
-// library calls on the one stream, then finish_op(). Kernels: elementwise.cu, layernorm.cu;
-// GEMMs: gemm.cpp (cuBLASLt); flash attention: cudnn_attention.cpp.
+// implementation lives in the file named after its engine/core/ops header (linear.cpp,
+// layernorm.cpp, attention.cpp, activation.cpp, embedding.cpp, loss.cpp, adamw.cpp); it enqueues
+// kernels and library calls on the one stream, then finish_op(). Kernels: elementwise.cu,
+// layernorm.cu; GEMMs: gemm.cpp (cuBLASLt); flash attention: cudnn_attention.cpp.
 #include "engine/cuda/cuda_backend.h"
 
 #include <cudnn.h>
@@ -14,17 +14,17 @@
 #include <map>
 #include <vector>
 
+#include "engine/core/cuda_workspace.h"
+#include "engine/core/machine.h"
+#include "engine/core/units.h"
 #include "engine/cuda/check.h"
 #include "engine/cuda/cublaslt_library.h"
 #include "engine/cuda/cudnn_attention.h"
 #include "engine/cuda/gemm.h"
 #include "engine/cuda/kernels.cuh"
 #include "engine/cuda/op_util.h"
-#include "engine/cuda/workspace.h"
 #include "engine/cuda_api.h"
-#include "engine/devices.h"
 #include "engine/parallel/communicator.h"
-#include "engine/units.h"
 
 namespace remat::cuda {
 

@@ -14,8 +14,8 @@
 // a weight (AdamW, upload, checkpoint load, fill), and keeping 2 bytes/param alive all the time
 // costs more memory than the largest single transient copy; the cast reads 6 bytes per weight per
 // use, negligible next to the GEMM at the sequence lengths this tool is for. The planner models
-// the copy (engine/cuda/workspace.h lists it as part of each GEMM op's workspace), so predicted
-// and measured peaks agree.
+// the copy (engine/core/cuda_workspace.h lists it as part of each GEMM op's workspace), so
+// predicted and measured peaks agree.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -25,8 +25,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/backend.h"
-#include "engine/config.h"
+#include "engine/config/config.h"
+#include "engine/core/backend.h"
 #include "engine/cuda/cudnn_attention.h"
 #include "engine/cuda/kernels.cuh"
 

@@ -8,9 +8,9 @@
 // "Stats" (max + ln sum exp of the scaled, masked scores: the same quantity as the CPU's lse).
 // dqkv is written as (B, T, W) bf16. RoPE and f32<->bf16 staging happen in
 // engine/cuda/attention.cpp. Plans are built once per shape (0.1-1 s each) and cached.
-// Attention over chunks (engine/ops/attention.h) calls the same graphs on one (query chunk, key
-// chunk) pair: T query rows against Tk key rows read from `kv` (the key chunk's rows of the same
-// (B, T, W) layout), causal on the square diagonal pairs and unmasked on the others.
+// Attention over chunks (engine/core/ops/attention.h) calls the same graphs on one (query chunk,
+// key chunk) pair: T query rows against Tk key rows read from `kv` (the key chunk's rows of the
+// same (B, T, W) layout), causal on the square diagonal pairs and unmasked on the others.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -69,7 +69,7 @@ class AttentionEngine {
  public:
   /// Creates the cuDNN handle (needs a device) bound to `stream`. Only plans whose workspace is
   /// at most `workspace_limit` bytes are used (the backend passes kCudnnPlanWorkspaceBytes, the
-  /// reserve the planner counts: engine/cuda/workspace.h).
+  /// reserve the planner counts: engine/core/cuda_workspace.h).
   AttentionEngine(cudaStream_t stream, int64_t workspace_limit);
   ~AttentionEngine();
   AttentionEngine(const AttentionEngine&) = delete;

@@ -7,9 +7,9 @@
 // gradients repeat run to run. Semantics follow the CPU reference (engine/cpu/*.cpp) op by op.
 #include <algorithm>
 
+#include "engine/core/rng.h"
 #include "engine/cuda/device_common.cuh"
 #include "engine/cuda/kernels.cuh"
-#include "engine/rng.h"
 
 namespace remat::cuda::kern {
 namespace {
@@ -306,7 +306,7 @@ __device__ __forceinline__ void rope_heads(Td* dst, const Ts* src, int64_t heads
 // long context) is the same for every head of the row, so its sincos is computed once and
 // applied to the NH query and KVH key heads; the thread then copies elements i and i + HS/2 of
 // each v head. Adjacent threads take adjacent i, so each head's accesses stay coalesced. The
-// frequencies are those of the CPU's table (engine/ops/rope.h).
+// frequencies are those of the CPU's table (engine/core/ops/rope.h).
 template <typename Td, typename Ts>
 __global__ void rope_kernel(Td* dst, const Ts* src, RopeParams p) {
   const int64_t half = p.HS / 2, n = p.BT * half, W = (p.NH + 2 * p.KVH) * p.HS;

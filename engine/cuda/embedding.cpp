@@ -1,4 +1,4 @@
-// CUDA token (+ position) embedding (engine/ops/embedding.h); kernels in elementwise.cu.
+// CUDA token (+ position) embedding (engine/core/ops/embedding.h); kernels in elementwise.cu.
 #include <cuda_runtime.h>
 
 #include <cstring>

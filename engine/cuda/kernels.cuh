@@ -36,8 +36,8 @@ void cast(void* dst, bool dst_bf16, const void* src, bool src_bf16, int64_t n, c
 // ---- pointwise ----
 /// out = a + b; out may alias a or b.
 void add(void* out, const void* a, const void* b, int64_t n, bool bf16, cudaStream_t s);
-/// Inverted dropout with the counter-based mask of engine/rng.h (same masks as the CPU backend);
-/// out may alias inp. engine/ops/activation.h's DropoutArgs as raw pointers.
+/// Inverted dropout with the counter-based mask of engine/core/rng.h (same masks as the CPU
+/// backend); out may alias inp. engine/core/ops/activation.h's DropoutArgs as raw pointers.
 struct DropoutParams {
   void* out;
   const void* inp;
@@ -123,7 +123,7 @@ void softmax_xent(float* logits, const int32_t* targets, float* losses, int64_t 
 constexpr int kAdamWPerLaunch = 48;        // 72 bytes of pointers and hyperparameters each
 constexpr int kSumSquaresPerLaunch = 128;  // 16 bytes each
 constexpr int kZeroPerLaunch = 128;        // 16 bytes each
-/// One AdamW update of n floats (engine/ops/adamw.h's AdamWArgs as raw pointers, with the bias
+/// One AdamW update of n floats (engine/core/ops/adamw.h's AdamWArgs as raw pointers, with the bias
 /// corrections 1 - beta^step computed by the caller).
 struct AdamWParams {
   float* param;
@@ -155,7 +155,7 @@ void sum_squares_partials(const DeviceFloats* tensors, int64_t count, double* pa
 void zero_multi(const DeviceFloats* tensors, int64_t count, cudaStream_t s);
 
 // ---- attention helpers ----
-/// RoPE's inverse frequencies of one head (engine/ops/rope.h's rope_inv_freq, scaling applied
+/// RoPE's inverse frequencies of one head (engine/core/ops/rope.h's rope_inv_freq, scaling applied
 /// on the host), by value in a kernel's parameters: n = HS / 2 pairs, 0 for no rotation.
 constexpr int kMaxRopePairs = 128;  // head sizes up to 256, cuDNN's largest
 struct RopeFrequencies {
@@ -197,7 +197,7 @@ void attention_delta(float* delta, const void* dout, const void* out, bool bf16,
                      int64_t T, int64_t C, int64_t NH, cudaStream_t s);
 
 // ---- layernorm (layernorm.cu) ----
-// engine/ops/layernorm.h's Args as raw pointers; act tensors are bf16 or f32 (`bf16`).
+// engine/core/ops/layernorm.h's Args as raw pointers; act tensors are bf16 or f32 (`bf16`).
 struct LayerNormForwardParams {
   void* out;
   float* stats;

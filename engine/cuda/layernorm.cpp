@@ -1,4 +1,4 @@
-// CUDA LayerNorm (engine/ops/layernorm.h): launches the kernels of layernorm.cu.
+// CUDA LayerNorm (engine/core/ops/layernorm.h): launches the kernels of layernorm.cu.
 #include "engine/cuda/cuda_backend.h"
 #include "engine/cuda/kernels.cuh"
 #include "engine/cuda/op_util.h"

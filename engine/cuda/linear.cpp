@@ -1,10 +1,10 @@
-// CUDA linear layer (engine/ops/linear.h): cuBLASLt GEMMs (gemm.cpp), the bias in the forward
+// CUDA linear layer (engine/core/ops/linear.h): cuBLASLt GEMMs (gemm.cpp), the bias in the forward
 // GEMM's epilogue; bf16 GEMMs read the bf16 weight copy of the op's workspace.
+#include "engine/core/cuda_workspace.h"
 #include "engine/cuda/cuda_backend.h"
 #include "engine/cuda/gemm.h"
 #include "engine/cuda/kernels.cuh"
 #include "engine/cuda/op_util.h"
-#include "engine/cuda/workspace.h"
 
 namespace remat::cuda {
 

@@ -1,12 +1,12 @@
-// CUDA losses (engine/ops/loss.h): the fused, chunked LM head + cross-entropy (cuBLASLt GEMMs
+// CUDA losses (engine/core/ops/loss.h): the fused, chunked LM head + cross-entropy (cuBLASLt GEMMs
 // around the softmax kernel) and the MLP's MSE; kernels in elementwise.cu.
 #include <algorithm>
 
+#include "engine/core/cuda_workspace.h"
 #include "engine/cuda/cuda_backend.h"
 #include "engine/cuda/gemm.h"
 #include "engine/cuda/kernels.cuh"
 #include "engine/cuda/op_util.h"
-#include "engine/cuda/workspace.h"
 
 namespace remat::cuda {
 

@@ -13,9 +13,9 @@
 #include <exception>
 #include <vector>
 
+#include "engine/core/error.h"
 #include "engine/cuda/cuda_backend.h"
 #include "engine/cuda_api.h"
-#include "engine/error.h"
 #include "engine/model.h"
 #include "engine/parallel/communicator.h"
 #include "engine/parallel/context_ring.h"

@@ -15,7 +15,7 @@
 
 namespace remat::cuda::kern {
 
-// ---- RMSNorm (rmsnorm.cu): engine/ops/rmsnorm.h's Args as raw pointers ----
+// ---- RMSNorm (rmsnorm.cu): engine/core/ops/rmsnorm.h's Args as raw pointers ----
 struct RmsNormForwardParams {
   void* out;
   float* rstd;

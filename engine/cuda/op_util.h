@@ -3,7 +3,7 @@
 
 #include <cstdint>
 
-#include "engine/tensor.h"
+#include "engine/core/tensor.h"
 
 namespace remat::cuda {
 

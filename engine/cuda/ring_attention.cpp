@@ -1,15 +1,15 @@
-// Ring attention (engine/ops/ring_attention.h) on CUDA: the ops' tensors as raw pointers for the
-// kernels of ring_attention.cu. The ring itself (engine/parallel/context_ring.h) passes the
+// Ring attention (engine/core/ops/ring_attention.h) on CUDA: the ops' tensors as raw pointers for
+// the kernels of ring_attention.cu. The ring itself (engine/parallel/context_ring.h) passes the
 // blocks between ranks with NCCL (engine/cuda/nccl_sync.cpp).
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <vector>
 
+#include "engine/core/error.h"
 #include "engine/cuda/cuda_backend.h"
 #include "engine/cuda/op_util.h"
 #include "engine/cuda/ring_kernels.cuh"
-#include "engine/error.h"
 
 namespace remat::cuda {
 

@@ -10,7 +10,7 @@
 // query heads), one per query tile of a query head (dQ over all key tiles), each recomputing P
 // and dS; accumulators live in shared memory, each element owned by one thread, summed in head
 // and tile order, then added to the [+=] output once. RoPE's frequencies come from the host
-// (engine/ops/rope.h's, with their scaling), by value in the kernels' parameters.
+// (engine/core/ops/rope.h's, with their scaling), by value in the kernels' parameters.
 #include <climits>
 #include <mutex>
 

@@ -1,7 +1,7 @@
-// Launchers of ring attention's CUDA kernels (ring_attention.cu): engine/ops/ring_attention.h's
-// Args as raw pointers. Internal header of engine/cuda, plain C++ like kernels.cuh (same
-// conventions: enqueue on `stream`, the caller checks the launch; `bf16` is the storage type of
-// the activation pointers; everything else is float).
+// Launchers of ring attention's CUDA kernels (ring_attention.cu):
+// engine/core/ops/ring_attention.h's Args as raw pointers. Internal header of engine/cuda, plain
+// C++ like kernels.cuh (same conventions: enqueue on `stream`, the caller checks the launch; `bf16`
+// is the storage type of the activation pointers; everything else is float).
 //
 // The kernels are plain fp32 flash tiles on the CUDA cores (32 queries x 32 keys, one warp per 8
 // query rows, one lane per key), not cuDNN: cuDNN's fused attention masks by local index, and a
@@ -22,7 +22,7 @@
 
 namespace remat::cuda::kern {
 
-/// A rank's token positions (engine/ops/ring_attention.h's TokenPositions) by value, for a
+/// A rank's token positions (engine/core/ops/ring_attention.h's TokenPositions) by value, for a
 /// kernel's parameters: local token t is the t-th position of the ranges in order.
 constexpr int kMaxRingRanges = 4;  // the context layout gives two
 struct RingPositions {

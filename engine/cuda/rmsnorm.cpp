@@ -1,10 +1,10 @@
-// CUDA RMSNorm and the per-head q/k RMSNorm (engine/ops/rmsnorm.h): launches the kernels of
+// CUDA RMSNorm and the per-head q/k RMSNorm (engine/core/ops/rmsnorm.h): launches the kernels of
 // rmsnorm.cu. The weight gradients go through the backend's column-reduction scratch (reduce_),
 // as LayerNorm's do.
+#include "engine/core/error.h"
 #include "engine/cuda/cuda_backend.h"
 #include "engine/cuda/norm_kernels.cuh"
 #include "engine/cuda/op_util.h"
-#include "engine/error.h"
 
 namespace remat::cuda {
 namespace {

@@ -1,4 +1,4 @@
-// RMSNorm and the per-head q/k RMSNorm (engine/ops/rmsnorm.h), as engine/cpu/rmsnorm.cpp: the
+// RMSNorm and the per-head q/k RMSNorm (engine/core/ops/rmsnorm.h), as engine/cpu/rmsnorm.cpp: the
 // statistics in float whatever the activation dtype, out = w * act(x * rstd) (the normalized row
 // rounded to the activation dtype before the weight multiplies it, as transformers'
 // LlamaRMSNorm), and with xhat = x rstd, g = dout w:

@@ -1,8 +1,8 @@
-// CUDA SwiGLU's gate (engine/ops/swiglu.h): launches the kernels of swiglu.cu.
+// CUDA SwiGLU's gate (engine/core/ops/swiglu.h): launches the kernels of swiglu.cu.
+#include "engine/core/error.h"
 #include "engine/cuda/cuda_backend.h"
 #include "engine/cuda/norm_kernels.cuh"
 #include "engine/cuda/op_util.h"
-#include "engine/error.h"
 
 namespace remat::cuda {
 

@@ -1,4 +1,4 @@
-// SwiGLU's gate (engine/ops/swiglu.h), as engine/cpu/swiglu.cpp: out = silu(g) u with
+// SwiGLU's gate (engine/core/ops/swiglu.h), as engine/cpu/swiglu.cpp: out = silu(g) u with
 // silu(g) = g s, s = sigmoid(g) = 1 / (1 + e^-g);  dg = dout u s (1 + g (1 - s)),  du = dout g s,
 // where 1 - s is e^-g s for g >= 0 (free of the cancellation of 1 - s as s nears 1; for g < 0,
 // e^-g overflows past g ~ -88 and 1 - s >= 1/2 has none). One thread per element,

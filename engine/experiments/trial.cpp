@@ -16,7 +16,7 @@
 #include <fstream>
 #include <thread>
 
-#include "engine/error.h"
+#include "engine/core/error.h"
 #include "engine/experiments/interrupt.h"
 
 extern char** environ;

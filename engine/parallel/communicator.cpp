@@ -9,7 +9,7 @@
 #include <cstring>
 #include <string_view>
 
-#include "engine/error.h"
+#include "engine/core/error.h"
 
 namespace remat::parallel {
 

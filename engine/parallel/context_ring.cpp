@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <limits>
 
-#include "engine/error.h"
+#include "engine/core/error.h"
 
 namespace remat::parallel {
 

@@ -1,25 +1,25 @@
 // Context parallel: every row's sequence is split over the `ranks` ranks of a context group
-// (engine/parallel/layout.h: two chunks per rank, one early and one late, for balanced causal
+// (engine/core/token_positions.h: two chunks per rank, one early and one late, for balanced causal
 // work), and attention becomes a ring. Every token-wise op (embedding, LayerNorm, the GEMMs, the
 // loss) runs on the rank's own tokens unchanged; only attention needs the others'.
 //
 // Ring attention, forward: each rank splits its qkv into q and kv = k | v (RoPE applied at the
 // tokens' global positions), then for `ranks` steps attends its queries to the kv it holds while
 // passing that kv on to rank r + 1 and receiving rank r - 1's, folding each step into a running
-// online softmax (engine/ops/ring_attention.h) and finishing with the same output and log-sum-exp
-// as single-device flash attention. Backward: the kv blocks travel the same way with a dk | dv
-// accumulator beside them; each rank adds its queries' share, and after the last step one more
-// hop brings every accumulator home, summed by the ranks in ring order.
+// online softmax (engine/core/ops/ring_attention.h) and finishing with the same output and
+// log-sum-exp as single-device flash attention. Backward: the kv blocks travel the same way with a
+// dk | dv accumulator beside them; each rank adds its queries' share, and after the last step one
+// more hop brings every accumulator home, summed by the ranks in ring order.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <vector>
 
-#include "engine/backend.h"
-#include "engine/ops/ring_attention.h"
+#include "engine/core/backend.h"
+#include "engine/core/ops/ring_attention.h"
+#include "engine/core/token_positions.h"
 #include "engine/parallel/communicator.h"
-#include "engine/parallel/layout.h"
 
 namespace remat::parallel {
 

@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "engine/error.h"
+#include "engine/core/error.h"
 
 namespace remat::parallel {
 

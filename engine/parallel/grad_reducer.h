@@ -21,8 +21,8 @@
 #include <utility>
 #include <vector>
 
-#include "engine/backend.h"
-#include "engine/memory_pool.h"
+#include "engine/core/backend.h"
+#include "engine/core/memory_pool.h"
 #include "engine/model.h"
 #include "engine/parallel/communicator.h"
 #include "engine/parallel/gradient_sync.h"

@@ -3,7 +3,7 @@
 // gradients. Implementations: GradientReducer (host memory, MPI: the CPU backend and every dry run
 // of a CPU target, sharded or not), the CUDA backend's NCCL all-reduce and NCCL reduce-scatter for
 // a sharded optimizer (engine/cuda/nccl_sync.cpp), and their plans for dry runs of CUDA targets
-// (engine/trainer.cpp).
+// (engine/training/trainer.cpp).
 #pragma once
 
 #include <algorithm>
@@ -14,8 +14,8 @@
 #include <utility>
 #include <vector>
 
-#include "engine/backend.h"
-#include "engine/memory_pool.h"
+#include "engine/core/backend.h"
+#include "engine/core/memory_pool.h"
 #include "engine/model.h"
 
 namespace remat::parallel {
@@ -116,8 +116,9 @@ inline uint64_t allreduce_sent_bytes(uint64_t bytes, int ranks) {
 }
 
 /// What every equal-shard sync shares (NCCL's, engine/cuda/nccl_sync.cpp, and the plan of it for
-/// dry runs, engine/trainer.cpp): the buckets split in ShardSplit::Equal over `ranks`, this rank's
-/// place, one slot of the largest padded bucket in the pool (category grads), and the bytes sent.
+/// dry runs, engine/training/trainer.cpp): the buckets split in ShardSplit::Equal over `ranks`,
+/// this rank's place, one slot of the largest padded bucket in the pool (category grads), and the
+/// bytes sent.
 class EqualShardSync : public ShardedGradientSync {
  public:
   EqualShardSync(Backend& be, Model& model, int rank, int ranks, uint64_t bucket_bytes);

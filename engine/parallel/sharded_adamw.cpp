@@ -5,7 +5,7 @@
 #include <cmath>
 #include <span>
 
-#include "engine/error.h"
+#include "engine/core/error.h"
 #include "engine/parallel/communicator.h"
 
 namespace remat::parallel {

@@ -17,11 +17,11 @@
 #include <map>
 #include <vector>
 
-#include "engine/backend.h"
-#include "engine/checkpoint.h"
-#include "engine/memory_pool.h"
+#include "engine/core/backend.h"
+#include "engine/core/memory_pool.h"
 #include "engine/model.h"
 #include "engine/parallel/communicator.h"
+#include "engine/parallel/distributed_moments.h"
 #include "engine/parallel/gradient_sync.h"
 
 namespace remat::parallel {

@@ -15,9 +15,9 @@
 #include <cstdlib>
 #include <vector>
 
+#include "engine/core/rng.h"
 #include "engine/cpu/attention_gemm.h"
 #include "engine/cpu/cpu_backend.h"
-#include "engine/rng.h"
 
 using namespace remat;
 

@@ -15,11 +15,11 @@
 #include <cstdlib>
 #include <vector>
 
+#include "engine/core/cpu_workspace.h"
 #include "engine/cpu/blas_kernel.h"
 #include "engine/cpu/cpu_backend.h"
 #include "engine/cpu/gemm.h"
 #include "engine/cpu/onednn.h"
-#include "engine/cpu/workspace.h"
 
 using namespace remat;
 

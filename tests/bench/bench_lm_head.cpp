@@ -10,9 +10,9 @@
 #include <chrono>
 #include <cstdlib>
 
+#include "engine/core/rng.h"
 #include "engine/cpu/blas_kernel.h"
 #include "engine/cpu/cpu_backend.h"
-#include "engine/rng.h"
 
 using namespace remat;
 

@@ -6,9 +6,9 @@
 #include <cstdint>
 #include <string>
 
-#include "engine/checkpoint_state.h"
-#include "engine/config.h"
-#include "engine/error.h"
+#include "engine/config/config.h"
+#include "engine/core/error.h"
+#include "engine/training/checkpoint_state.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string text(reinterpret_cast<const char*>(data), size);

@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/config.h"
-#include "engine/error.h"
+#include "engine/config/config.h"
+#include "engine/core/error.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string input(reinterpret_cast<const char*>(data), size);

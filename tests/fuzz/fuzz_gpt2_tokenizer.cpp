@@ -10,7 +10,7 @@
 
 #include "data/bpe_tokenizer.h"
 #include "data/gpt2_tokenizer.h"
-#include "engine/error.h"
+#include "engine/core/error.h"
 #include "tests/fuzz/fuzz_util.h"
 
 namespace {

@@ -3,8 +3,8 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "engine/error.h"
-#include "engine/safetensors.h"
+#include "engine/core/error.h"
+#include "engine/model_files/safetensors.h"
 #include "tests/fuzz/fuzz_util.h"
 
 volatile unsigned g_sink;  // keeps the reads of tensor bytes from being optimized away

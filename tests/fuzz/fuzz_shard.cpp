@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "data/token_corpus.h"
-#include "engine/error.h"
+#include "engine/core/error.h"
 #include "tests/fuzz/fuzz_util.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

@@ -12,11 +12,11 @@
 #include <cstring>
 #include <vector>
 
+#include "engine/core/cuda_workspace.h"
+#include "engine/core/rng.h"
 #include "engine/cuda/check.h"
 #include "engine/cuda/gemm.h"
-#include "engine/cuda/workspace.h"
 #include "engine/cuda_api.h"
-#include "engine/rng.h"
 
 namespace {
 

@@ -18,18 +18,18 @@
 #include <vector>
 
 #include "data/synthetic.h"
-#include "engine/checkpoint.h"
-#include "engine/config.h"
-#include "engine/count_backend.h"
+#include "engine/config/config.h"
+#include "engine/core/count_backend.h"
+#include "engine/core/cuda_workspace.h"
 #include "engine/cpu/blas_kernel.h"
 #include "engine/cpu/cpu_backend.h"
 #include "engine/cuda/cuda_backend.h"
-#include "engine/cuda/workspace.h"
 #include "engine/cuda_api.h"
 #include "engine/parallel/communicator.h"
 #include "engine/parallel/context_ring.h"
 #include "engine/parallel/gradient_sync.h"
-#include "engine/trainer.h"
+#include "engine/training/checkpoint.h"
+#include "engine/training/trainer.h"
 #include "layers/models.h"
 #include "tests/ops/backend_rows.h"
 #include "tests/temp_dir.h"
@@ -325,7 +325,7 @@ TEST_CASE("cuDNN's engine survey lists the attention backward's options, the one
 }
 
 TEST_CASE("the planner predicts the CUDA pool's peak to the byte", "[gpu][planner]") {
-  // cuDNN's plan workspace is a fixed reserve on both sides (engine/cuda/workspace.h), so
+  // cuDNN's plan workspace is a fixed reserve on both sides (engine/core/cuda_workspace.h), so
   // nothing the GPU decides at run time enters the peak.
   const std::vector<std::vector<std::string>> settings = {
       {"remat.policy=none"},

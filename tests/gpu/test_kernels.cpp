@@ -11,8 +11,8 @@
 #include <cmath>
 #include <vector>
 
+#include "engine/core/ops/rope.h"
 #include "engine/cuda/kernels.cuh"
-#include "engine/ops/rope.h"
 #include "tests/gpu/rope_reference.h"
 #include "tests/ops/backend_rows.h"
 

@@ -27,7 +27,7 @@ struct AttentionRef {
 };
 
 // RoPE's inverse frequency of pair i, written from the formulas (Su et al.; transformers'
-// _compute_llama3_parameters for the Llama 3 rescaling), not with engine/ops/rope.h.
+// _compute_llama3_parameters for the Llama 3 rescaling), not with engine/core/ops/rope.h.
 double reference_inv_freq(int64_t i, int64_t HS, double theta, const RopeScaling& s) {
   const double base = 1.0 / std::pow(theta, 2.0 * static_cast<double>(i) / static_cast<double>(HS));
   if (s.kind != RopeScaling::Llama3) return base;
@@ -187,7 +187,7 @@ struct AttentionCall {
                           .rope_scaling = scaling,
                           .chunk_tokens = chunk});
   }
-  /// The op CLOBBERS qkv (engine/ops/attention.h: with RoPE the CPU rotates q and k in place);
+  /// The op CLOBBERS qkv (engine/core/ops/attention.h: with RoPE the CPU rotates q and k in place);
   /// the harness puts its values back, so that the call can run again and a reference can read
   /// them. `delta`: D from attention_delta, then out is not passed.
   void backward(const Tensor& delta = Tensor{}) {
@@ -642,7 +642,7 @@ TEST_CASE("rope_inv_freq gives Llama 3.1 8B's rescaled frequencies, and GPT's pl
                                -2.0 * static_cast<double>(i) / static_cast<double>(64)));
 }
 
-// ---- attention over chunks (engine/ops/attention.h; engine/cpu/attention_chunks.cpp) ----
+// ---- attention over chunks (engine/core/ops/attention.h; engine/cpu/attention_chunks.cpp) ----
 
 namespace {
 

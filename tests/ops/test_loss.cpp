@@ -156,8 +156,8 @@ TEST_CASE(
     "threads",
     "[ops]") {
   // V >= 8192: the CPU's dinp = dlogits W runs as 8 vocabulary slabs summed in order
-  // (engine/cpu/workspace.h), into the slabs' own workspace. 8197 splits unevenly, and 13 rows in
-  // chunks of 8 leave a partial chunk.
+  // (engine/core/cpu_workspace.h), into the slabs' own workspace. 8197 splits unevenly, and 13 rows
+  // in chunks of 8 leave a partial chunk.
   constexpr int64_t N = 13, C = 24, V = 8197, kChunk = 8;
   static_assert(V >= cpu::kLmHeadSlabMinVocab);
   std::vector<float> got_dinp[2];

@@ -1,4 +1,4 @@
-// Op test of ring attention's local pieces (engine/ops/ring_attention.h) and of the ring that
+// Op test of ring attention's local pieces (engine/core/ops/ring_attention.h) and of the ring that
 // runs them (engine/parallel/context_ring.h). The ring of C ranks, played in one process step by
 // step as the ranks would (each rank's queries against every rank's kv in ring order, each kv
 // block's dk | dv accumulated by the ranks in ring order), gives the single-device flash
@@ -14,8 +14,8 @@
 #include <stdexcept>
 #include <thread>
 
+#include "engine/core/token_positions.h"
 #include "engine/parallel/context_ring.h"
-#include "engine/parallel/layout.h"
 #include "tests/ops/op_test.h"
 
 namespace remat::test {

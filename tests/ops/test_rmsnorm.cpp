@@ -1,11 +1,10 @@
-// Op test of RMSNorm and of the per-head q/k RMSNorm of a fused qkv row (engine/ops/rmsnorm.h):
-// forward against a double reference, including the rounding of the normalized row before the
-// weight multiplies it; backward against central differences and a double reference, with
-// dinp += as the residual stream (RMSNorm) or dinp = (q/k norm) and the weight gradients +=;
-// grouped-query layouts (NH = 4 query heads over KVH = 2 and 1 key/value heads); the same bits
-// for any thread count.
-// Against the CPU backend, the specification every other backend is checked against;
-// tolerances and shared helpers: tests/test_util.h (through tests/ops/op_test.h).
+// Op test of RMSNorm and of the per-head q/k RMSNorm of a fused qkv row
+// (engine/core/ops/rmsnorm.h): forward against a double reference, including the rounding of the
+// normalized row before the weight multiplies it; backward against central differences and a double
+// reference, with dinp += as the residual stream (RMSNorm) or dinp = (q/k norm) and the weight
+// gradients +=; grouped-query layouts (NH = 4 query heads over KVH = 2 and 1 key/value heads); the
+// same bits for any thread count. Against the CPU backend, the specification every other backend is
+// checked against; tolerances and shared helpers: tests/test_util.h (through tests/ops/op_test.h).
 #include "tests/ops/op_test.h"
 
 namespace remat::test {

@@ -1,5 +1,5 @@
-// Op test of SwiGLU's gate (engine/ops/swiglu.h), out = silu(gate) * up: forward against a double
-// reference, backward against the analytic derivative and central differences (dgate and dup
+// Op test of SwiGLU's gate (engine/core/ops/swiglu.h), out = silu(gate) * up: forward against a
+// double reference, backward against the analytic derivative and central differences (dgate and dup
 // overwritten), and the same bits for any thread count.
 // Against the CPU backend, the specification every other backend is checked against;
 // tolerances and shared helpers: tests/test_util.h (through tests/ops/op_test.h).

@@ -10,7 +10,7 @@
 #include <map>
 #include <vector>
 
-#include "engine/error.h"
+#include "engine/core/error.h"
 #include "engine/parallel/communicator.h"
 
 namespace remat::parallel {

@@ -1,0 +1,503 @@
+#include "engine/config/hf_config.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+
+#include "engine/core/error.h"
+
+namespace remat::hf {
+namespace {
+
+using Json = nlohmann::json;
+
+enum class Family : uint8_t { Llama, Mistral, Qwen2, Qwen3, Gpt2 };
+
+struct Architecture {
+  const char* name;
+  const char* model_type;
+  Family family;
+};
+
+const std::vector<Architecture> kArchitectures = {
+    {"LlamaForCausalLM", "llama", Family::Llama},
+    {"MistralForCausalLM", "mistral", Family::Mistral},
+    {"Qwen2ForCausalLM", "qwen2", Family::Qwen2},
+    {"Qwen3ForCausalLM", "qwen3", Family::Qwen3},
+    {"GPT2LMHeadModel", "gpt2", Family::Gpt2},
+};
+
+// transformers' defaults for a key a config.json leaves out (the configuration classes'
+// __init__ arguments, transformers 4.57): what the Python side would build from the same file.
+struct Defaults {
+  int64_t vocab, hidden, intermediate, layers, heads;
+  int64_t kv_heads;  // 0: num_attention_heads
+  int64_t head_dim;  // 0: hidden_size / num_attention_heads
+  bool tie;
+};
+
+Defaults defaults_of(Family f) {
+  switch (f) {
+    case Family::Llama:
+      return {32000, 4096, 11008, 32, 32, 0, 0, false};
+    case Family::Mistral:
+      return {32000, 4096, 14336, 32, 32, 8, 0, false};
+    case Family::Qwen2:
+      return {151936, 4096, 22016, 32, 32, 32, 0, false};
+    case Family::Qwen3:
+      return {151936, 4096, 22016, 32, 32, 32, 128, false};
+    case Family::Gpt2:
+      return {50257, 768, 0, 12, 12, 0, 0, true};  // PretrainedConfig ties by default
+  }
+  return {};
+}
+
+constexpr const char* kFixDocs = "docs/hf.md lists what remat-train imports";
+
+// Reads keys of one config.json; every refusal names the file, the key and its value.
+class ConfigFile {
+ public:
+  ConfigFile(std::string path, Json root) : path_(std::move(path)), root_(std::move(root)) {}
+  const Json& root() const { return root_; }
+  const std::string& path() const { return path_; }
+
+  [[noreturn]] void refuse(const std::string& key, const Json* value, const std::string& problem,
+                           const std::string& fix) const {
+    throw ConfigError(fmt::format("{}: [hf] {} = {}: {}. Fix: {}", path_, key,
+                                  value ? value->dump() : std::string("(absent)"), problem, fix));
+  }
+
+  /// The value of `key` in `obj`, or nullptr when it is absent or null (transformers reads both
+  /// as "use the default").
+  static const Json* get(const Json& obj, const std::string& key) {
+    const auto it = obj.find(key);
+    return it == obj.end() || it->is_null() ? nullptr : &*it;
+  }
+
+  int64_t integer(const Json& obj, const std::string& key, int64_t fallback, int64_t lo, int64_t hi,
+                  const std::string& shown = "") const {
+    const Json* v = get(obj, key);
+    if (!v) return fallback;
+    const std::string name = shown.empty() ? key : shown;
+    if (!v->is_number_integer()) refuse(name, v, "expected an integer", "correct config.json");
+    const int64_t x = v->is_number_unsigned() && v->get<uint64_t>() > uint64_t{INT64_MAX}
+                          ? INT64_MAX
+                          : v->get<int64_t>();
+    if (x < lo || x > hi)
+      refuse(name, v, fmt::format("out of range {}..{}", lo, hi), "correct config.json");
+    return x;
+  }
+
+  double number(const Json& obj, const std::string& key, double fallback,
+                const std::string& shown = "") const {
+    const Json* v = get(obj, key);
+    if (!v) return fallback;
+    if (!v->is_number())
+      refuse(shown.empty() ? key : shown, v, "expected a number", "correct config.json");
+    return v->get<double>();
+  }
+
+  bool boolean(const Json& obj, const std::string& key, bool fallback) const {
+    const Json* v = get(obj, key);
+    if (!v) return fallback;
+    if (!v->is_boolean()) refuse(key, v, "expected true or false", "correct config.json");
+    return v->get<bool>();
+  }
+
+  std::string string(const Json& obj, const std::string& key, const std::string& fallback,
+                     const std::string& shown = "") const {
+    const Json* v = get(obj, key);
+    if (!v) return fallback;
+    if (!v->is_string())
+      refuse(shown.empty() ? key : shown, v, "expected a string", "correct config.json");
+    return v->get<std::string>();
+  }
+
+ private:
+  std::string path_;
+  Json root_;
+};
+
+constexpr size_t kMaxConfigJsonBytes = 16u << 20;
+
+ConfigFile open_config(const std::string& dir) {
+  namespace fs = std::filesystem;
+  const std::string path = (fs::path(dir) / "config.json").string();
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec))
+    throw ConfigError(fmt::format(
+        "{}: [hf] no such folder. Fix: give a Hugging Face model folder (the one holding "
+        "config.json and model.safetensors)",
+        dir));
+  if (!fs::is_regular_file(path, ec))
+    throw ConfigError(fmt::format(
+        "{}: [hf] no config.json in the folder. Fix: give a Hugging Face model folder (the one "
+        "holding config.json)",
+        dir));
+  std::ifstream in(path, std::ios::binary);
+  std::string text(kMaxConfigJsonBytes + 1, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  if (in.bad())
+    throw ConfigError(
+        fmt::format("{}: [hf] cannot read the file. Fix: check its permissions", path));
+  text.resize(static_cast<size_t>(in.gcount()));
+  if (text.size() > kMaxConfigJsonBytes)
+    throw ConfigError(fmt::format(
+        "{}: [hf] larger than 16 MiB: not a model's config.json. Fix: check the folder", path));
+  Json root;
+  try {
+    root = Json::parse(text);
+  } catch (const Json::exception& e) {
+    throw ConfigError(
+        fmt::format("{}: [hf] not valid JSON ({}). Fix: correct config.json", path, e.what()));
+  }
+  if (!root.is_object())
+    throw ConfigError(fmt::format("{}: [hf] not a JSON object. Fix: correct config.json", path));
+  return ConfigFile(path, std::move(root));
+}
+
+std::string supported_names() {
+  std::string out;
+  for (const Architecture& a : kArchitectures)
+    out += (out.empty() ? "" : ", ") + std::string(a.name);
+  return out;
+}
+
+const Architecture& find_architecture(const ConfigFile& f) {
+  const Json& j = f.root();
+  if (const Json* archs = ConfigFile::get(j, "architectures")) {
+    if (!archs->is_array() || archs->size() != 1 || !(*archs)[0].is_string())
+      f.refuse("architectures", archs, "expected a list of one architecture name",
+               "remat-train imports one of " + supported_names());
+    const std::string name = (*archs)[0].get<std::string>();
+    for (const Architecture& a : kArchitectures)
+      if (name == a.name) return a;
+    f.refuse("architectures", archs, "not an architecture remat-train computes",
+             "use a checkpoint of " + supported_names() + " (" + kFixDocs + ")");
+  }
+  // A config.json without "architectures" (saved from a bare configuration): model_type decides.
+  const std::string type = f.string(j, "model_type", "");
+  for (const Architecture& a : kArchitectures)
+    if (type == a.model_type) return a;
+  f.refuse("model_type", ConfigFile::get(j, "model_type"),
+           "no \"architectures\" and not a model type remat-train computes",
+           "use a checkpoint of " + supported_names() + " (" + kFixDocs + ")");
+}
+
+// A float as TOML reads it back: always with a '.' or an exponent, shortest round trip.
+std::string toml_float(double v) {
+  std::string s = fmt::format("{}", v);
+  if (s.find_first_of(".eEn") == std::string::npos) s += ".0";
+  return s;
+}
+
+struct Rope {
+  double theta = 10000.0;
+  std::string scaling_toml;  // "" = none, else an inline table
+};
+
+// One RoPE description: the rope_scaling dict (rope_theta beside it) of transformers 4.x, or one
+// entry of v5's rope_parameters (theta inside it). `where` is how messages name the dict.
+std::string read_scaling(const ConfigFile& f, const Json& s, const std::string& where) {
+  const std::string type_key = s.contains("rope_type") ? "rope_type" : "type";
+  const std::string type = f.string(s, type_key, "default", where + "." + type_key);
+  if (const Json* p = ConfigFile::get(s, "partial_rotary_factor"))
+    if (!p->is_number() || p->get<double>() != 1.0)
+      f.refuse(where + ".partial_rotary_factor", p,
+               "partial rotary embeddings are not supported (every head dimension is rotated)",
+               kFixDocs);
+  if (type == "default") return "";
+  if (type != "llama3")
+    f.refuse(
+        where + "." + type_key, ConfigFile::get(s, type_key),
+        fmt::format("RoPE scaling \"{}\" is not supported (only \"default\" and \"llama3\")", type),
+        "use a checkpoint whose RoPE is unscaled or llama3-scaled (docs/hf.md)");
+  for (const char* key :
+       {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"})
+    if (!ConfigFile::get(s, key))
+      f.refuse(where + "." + key, nullptr, "llama3 RoPE scaling needs it", "correct config.json");
+  return fmt::format(
+      "{{ rope_type = \"llama3\", factor = {}, low_freq_factor = {}, high_freq_factor = {}, "
+      "original_max_position_embeddings = {} }}",
+      toml_float(f.number(s, "factor", 1, where + ".factor")),
+      toml_float(f.number(s, "low_freq_factor", 1, where + ".low_freq_factor")),
+      toml_float(f.number(s, "high_freq_factor", 4, where + ".high_freq_factor")),
+      f.integer(s, "original_max_position_embeddings", 0, 1, INT64_MAX,
+                where + ".original_max_position_embeddings"));
+}
+
+Rope read_rope(const ConfigFile& f) {
+  const Json& j = f.root();
+  Rope r;
+  if (const Json* p = ConfigFile::get(j, "partial_rotary_factor"))
+    if (!p->is_number() || p->get<double>() != 1.0)
+      f.refuse("partial_rotary_factor", p,
+               "partial rotary embeddings are not supported (every head dimension is rotated)",
+               kFixDocs);
+  r.theta = f.number(j, "rope_theta", 10000.0);
+  if (const Json* params = ConfigFile::get(j, "rope_parameters")) {
+    // transformers v5: {"rope_type": ..., "rope_theta": ...}, or one such dict per layer type
+    // ({"full_attention": {...}, "sliding_attention": {...}}), which must then agree.
+    if (!params->is_object())
+      f.refuse("rope_parameters", params, "expected a JSON object", "correct config.json");
+    const Json* one = params;
+    std::string where = "rope_parameters";
+    const bool per_layer_type =
+        !params->empty() &&
+        std::all_of(params->begin(), params->end(), [](const Json& v) { return v.is_object(); });
+    if (per_layer_type) {
+      for (const auto& [type, v] : params->items())
+        if (v != params->begin().value())
+          f.refuse("rope_parameters", params,
+                   fmt::format("layer types \"{}\" and \"{}\" rotate differently, and every "
+                               "layer here uses one RoPE",
+                               params->begin().key(), type),
+                   kFixDocs);
+      one = &params->begin().value();
+      where += "." + params->begin().key();
+    }
+    r.theta = f.number(*one, "rope_theta", r.theta, where + ".rope_theta");
+    r.scaling_toml = read_scaling(f, *one, where);
+  } else if (const Json* s = ConfigFile::get(j, "rope_scaling")) {
+    if (!s->is_object())
+      f.refuse("rope_scaling", s, "expected a JSON object or null", "correct config.json");
+    r.scaling_toml = read_scaling(f, *s, "rope_scaling");
+  }
+  if (!(r.theta >= 1.0 && r.theta <= 1e12))
+    f.refuse("rope_theta", ConfigFile::get(j, "rope_theta"), "out of range 1..1e12",
+             "correct config.json");
+  return r;
+}
+
+// The sliding window transformers would apply to some layer of this checkpoint, or 0.
+int64_t sliding_window(const ConfigFile& f, Family family, int64_t n_layer, std::string* key) {
+  const Json& j = f.root();
+  *key = "sliding_window";
+  if (family == Family::Mistral)  // every layer, unless null; MistralConfig's default is 4096
+    return f.integer(j, "sliding_window", j.contains("sliding_window") ? 0 : 4096, 1, INT64_MAX);
+  if (family != Family::Qwen2 && family != Family::Qwen3) return 0;
+  // Qwen2Config keeps sliding_window only with use_sliding_window, and applies it to the layers
+  // that layer_types marks (by default those from max_window_layers on).
+  if (!f.boolean(j, "use_sliding_window", false)) return 0;
+  const int64_t window =
+      f.integer(j, "sliding_window", j.contains("sliding_window") ? 0 : 4096, 1, INT64_MAX);
+  if (window == 0) return 0;
+  bool any_sliding = false;
+  if (const Json* types = ConfigFile::get(j, "layer_types")) {
+    if (!types->is_array())
+      f.refuse("layer_types", types, "expected a list of layer types", "correct config.json");
+    for (const Json& t : *types) {
+      if (!t.is_string() || (t != "full_attention" && t != "sliding_attention"))
+        f.refuse("layer_types", types,
+                 fmt::format("layer type {} is not computed here (full_attention and "
+                             "sliding_attention are)",
+                             t.dump()),
+                 kFixDocs);
+      any_sliding = any_sliding || t == "sliding_attention";
+    }
+  } else {
+    any_sliding = f.integer(j, "max_window_layers", 28, 0, INT64_MAX) < n_layer;
+  }
+  return any_sliding ? window : 0;
+}
+
+ModelKeys llama_family(const ConfigFile& f, const Architecture& arch) {
+  const Json& j = f.root();
+  const Defaults d = defaults_of(arch.family);
+  const int64_t C = f.integer(j, "hidden_size", d.hidden, 1, 1 << 20);
+  const int64_t NH = f.integer(j, "num_attention_heads", d.heads, 1, 4096);
+  const int64_t L = f.integer(j, "num_hidden_layers", d.layers, 1, 4096);
+  // Absent takes the class default; null means "as many as the query heads" (the classes' BC).
+  int64_t KVH = NH;
+  if (!j.contains("num_key_value_heads") && d.kv_heads > 0) KVH = d.kv_heads;
+  KVH = f.integer(j, "num_key_value_heads", KVH, 1, 4096);
+  int64_t HS = j.contains("head_dim") || d.head_dim == 0 ? 0 : d.head_dim;
+  HS = f.integer(j, "head_dim", HS, 1, 4096);
+  if (HS == 0) {
+    if (C % NH != 0)
+      f.refuse("hidden_size", ConfigFile::get(j, "hidden_size"),
+               fmt::format("not divisible by num_attention_heads = {}, and no head_dim", NH),
+               "correct config.json");
+    HS = C / NH;
+  }
+  const std::string act = f.string(j, "hidden_act", "silu");
+  if (act != "silu")
+    f.refuse("hidden_act", ConfigFile::get(j, "hidden_act"),
+             "the Llama family's MLP here is SwiGLU with SiLU", kFixDocs);
+  if (arch.family == Family::Llama && f.boolean(j, "mlp_bias", false))
+    f.refuse("mlp_bias", ConfigFile::get(j, "mlp_bias"),
+             "the MLP's gate, up and down projections have no biases here", kFixDocs);
+  // Llama's and Qwen3's attention_bias puts a bias on o_proj as well as on q, k and v; our block
+  // has q/k/v biases only (Qwen2's layout). Mistral's modeling code ignores the key.
+  if ((arch.family == Family::Llama || arch.family == Family::Qwen3) &&
+      f.boolean(j, "attention_bias", false))
+    f.refuse("attention_bias", ConfigFile::get(j, "attention_bias"),
+             fmt::format("{} then has an o_proj bias, which the attention here does not have "
+                         "(q/k/v biases only, as Qwen2)",
+                         arch.name),
+             kFixDocs);
+  if (const Json* q = ConfigFile::get(j, "quantization_config"))
+    f.refuse("quantization_config", q, "quantized weights are not imported",
+             "use the unquantized checkpoint (bf16, fp16 or fp32)");
+  const Rope rope = read_rope(f);
+  const double eps = f.number(j, "rms_norm_eps", 1e-6);
+
+  ModelKeys k;
+  k.architecture = arch.name;
+  k.attention_window = sliding_window(f, arch.family, L, &k.window_key);
+  k.toml = fmt::format(
+      "kind = \"llama\"\nposition = \"rope\"\nn_layer = {}\nn_head = {}\nn_kv_head = {}\n"
+      "head_dim = {}\nn_embd = {}\nd_ff = {}\nvocab_size = {}\nrope_theta = {}\nnorm_eps = {}\n"
+      "attention_bias = {}\nqk_norm = {}\ntie_embeddings = {}\n",
+      L, NH, KVH, HS, C, f.integer(j, "intermediate_size", d.intermediate, 1, 1 << 22),
+      f.integer(j, "vocab_size", d.vocab, 2, 1 << 24), toml_float(rope.theta), toml_float(eps),
+      arch.family == Family::Qwen2, arch.family == Family::Qwen3,
+      f.boolean(j, "tie_word_embeddings", d.tie));
+  if (!rope.scaling_toml.empty()) k.toml += "rope_scaling = " + rope.scaling_toml + "\n";
+  return k;
+}
+
+ModelKeys gpt2(const ConfigFile& f, const Architecture& arch) {
+  const Json& j = f.root();
+  const Defaults d = defaults_of(Family::Gpt2);
+  const int64_t C = f.integer(j, "n_embd", d.hidden, 1, 1 << 20);
+  const std::string act = f.string(j, "activation_function", "gelu_new");
+  if (act != "gelu_new")
+    f.refuse("activation_function", ConfigFile::get(j, "activation_function"),
+             "the GPT block's GELU is the tanh approximation (gelu_new)", kFixDocs);
+  const double eps = f.number(j, "layer_norm_epsilon", 1e-5);
+  if (std::abs(eps - 1e-5) > 1e-12)
+    f.refuse("layer_norm_epsilon", ConfigFile::get(j, "layer_norm_epsilon"),
+             "the GPT block's LayerNorm uses epsilon 1e-5", kFixDocs);
+  if (!f.boolean(j, "scale_attn_weights", true))
+    f.refuse("scale_attn_weights", ConfigFile::get(j, "scale_attn_weights"),
+             "attention scores here are always scaled by 1/sqrt(head size)", kFixDocs);
+  if (f.boolean(j, "scale_attn_by_inverse_layer_idx", false))
+    f.refuse("scale_attn_by_inverse_layer_idx",
+             ConfigFile::get(j, "scale_attn_by_inverse_layer_idx"),
+             "attention scores here are not scaled by layer", kFixDocs);
+  if (f.boolean(j, "add_cross_attention", false))
+    f.refuse("add_cross_attention", ConfigFile::get(j, "add_cross_attention"),
+             "the GPT block has no cross-attention", kFixDocs);
+  if (!f.boolean(j, "tie_word_embeddings", d.tie))
+    f.refuse("tie_word_embeddings", ConfigFile::get(j, "tie_word_embeddings"),
+             "the GPT's LM head is always its token embedding", kFixDocs);
+  if (const Json* q = ConfigFile::get(j, "quantization_config"))
+    f.refuse("quantization_config", q, "quantized weights are not imported",
+             "use the unquantized checkpoint");
+  ModelKeys k;
+  k.architecture = arch.name;
+  k.toml = fmt::format(
+      "kind = \"gpt\"\nposition = \"learned\"\nn_layer = {}\nn_head = {}\nn_embd = {}\n"
+      "d_ff = {}\nvocab_size = {}\nn_ctx = {}\n",
+      f.integer(j, "n_layer", d.layers, 1, 4096), f.integer(j, "n_head", d.heads, 1, 4096), C,
+      f.integer(j, "n_inner", 4 * C, 1, 1 << 22), f.integer(j, "vocab_size", d.vocab, 2, 1 << 24),
+      f.integer(j, "n_positions", 1024, 1, int64_t{1} << 32));
+  return k;
+}
+
+}  // namespace
+
+ModelKeys read_model_keys(const std::string& dir) {
+  const ConfigFile f = open_config(dir);
+  const Architecture& arch = find_architecture(f);
+  return arch.family == Family::Gpt2 ? gpt2(f, arch) : llama_family(f, arch);
+}
+
+std::string architecture_of(const ModelConfig& m) {
+  if (m.kind == ModelKind::Gpt) {
+    if (m.position != PositionKind::Learned)
+      throw ConfigError(
+          "[hf] a GPT with RoPE has no transformers architecture (GPT2LMHeadModel learns its "
+          "positions). Fix: export a model trained with model.position = \"learned\", or a "
+          "model.kind = \"llama\" one");
+    return "GPT2LMHeadModel";
+  }
+  if (m.kind != ModelKind::Llama)
+    throw ConfigError(
+        "[hf] the MLP model has no transformers architecture. Fix: export a gpt or llama model");
+  if (m.qk_norm && m.attention_bias)
+    throw ConfigError(
+        "[hf] q/k norms together with q/k/v biases have no transformers architecture "
+        "(Qwen3ForCausalLM's attention_bias also puts a bias on o_proj). Fix: export a model "
+        "with one of model.qk_norm and model.attention_bias");
+  if (m.qk_norm) return "Qwen3ForCausalLM";
+  if (m.attention_bias) return "Qwen2ForCausalLM";
+  return "LlamaForCausalLM";
+}
+
+nlohmann::ordered_json config_json(const ModelConfig& m, int64_t seq_len,
+                                   const std::string& torch_dtype, const nlohmann::json* source) {
+  const std::string arch = architecture_of(m);
+  using OJson = nlohmann::ordered_json;
+  OJson j;
+  j["architectures"] = {arch};
+  auto from_source = [&](const char* key, OJson fallback) -> OJson {
+    if (source && source->contains(key) && !(*source)[key].is_null()) return (*source)[key];
+    return fallback;
+  };
+  if (arch == "GPT2LMHeadModel") {
+    j["model_type"] = "gpt2";
+    j["vocab_size"] = m.vocab_size;
+    j["n_positions"] = m.n_ctx;
+    j["n_embd"] = m.n_embd;
+    j["n_layer"] = m.n_layer;
+    j["n_head"] = m.n_head;
+    j["n_inner"] = m.ff() == 4 * m.n_embd ? OJson(nullptr) : OJson(m.ff());
+    j["activation_function"] = "gelu_new";
+    // Our one dropout is transformers' resid_pdrop (after attention and after the MLP).
+    j["resid_pdrop"] = m.dropout;
+    j["embd_pdrop"] = 0.0;
+    j["attn_pdrop"] = 0.0;
+    j["layer_norm_epsilon"] = 1e-5;
+    j["initializer_range"] = 0.02;
+    j["scale_attn_weights"] = true;
+    j["tie_word_embeddings"] = true;
+  } else {
+    j["model_type"] = arch == "Qwen3ForCausalLM"   ? "qwen3"
+                      : arch == "Qwen2ForCausalLM" ? "qwen2"
+                                                   : "llama";
+    j["vocab_size"] = m.vocab_size;
+    j["hidden_size"] = m.n_embd;
+    j["intermediate_size"] = m.ff();
+    j["num_hidden_layers"] = m.n_layer;
+    j["num_attention_heads"] = m.n_head;
+    j["num_key_value_heads"] = m.kv_heads();
+    j["head_dim"] = m.head_size();
+    j["hidden_act"] = "silu";
+    j["max_position_embeddings"] = from_source("max_position_embeddings", seq_len);
+    j["rms_norm_eps"] = m.norm_eps;
+    j["rope_theta"] = m.rope_theta;
+    if (m.rope_scaling.kind == RopeScaling::Llama3)
+      j["rope_scaling"] = {{"rope_type", "llama3"},
+                           {"factor", m.rope_scaling.factor},
+                           {"low_freq_factor", m.rope_scaling.low_freq_factor},
+                           {"high_freq_factor", m.rope_scaling.high_freq_factor},
+                           {"original_max_position_embeddings", m.rope_scaling.original_context}};
+    else
+      j["rope_scaling"] = nullptr;
+    if (arch != "Qwen2ForCausalLM") j["attention_bias"] = false;  // Qwen2's are always on
+    if (arch == "LlamaForCausalLM") j["mlp_bias"] = false;
+    if (arch != "LlamaForCausalLM") {  // Qwen: full attention in every layer
+      j["use_sliding_window"] = false;
+      j["sliding_window"] = nullptr;
+      j["max_window_layers"] = m.n_layer;
+    }
+    j["attention_dropout"] = 0.0;
+    j["initializer_range"] = 0.02;
+    j["tie_word_embeddings"] = m.tie_embeddings;
+  }
+  for (const char* key : {"bos_token_id", "eos_token_id", "pad_token_id"})
+    if (source && source->contains(key)) j[key] = (*source)[key];
+  // transformers 4.56+ write "dtype"; older releases read only "torch_dtype".
+  j["dtype"] = torch_dtype;
+  j["torch_dtype"] = torch_dtype;
+  j["use_cache"] = true;
+  return j;
+}
+
+}  // namespace remat::hf

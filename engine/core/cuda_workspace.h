@@ -1,0 +1,198 @@
+// The CUDA backend's op workspaces (see engine/core/workspace.h): pure functions of an op's
+// arguments, no device code, so the planner evaluates them on any machine (the count backend
+// allocates these lists when it stands in for a GPU). Activation tensors carry the activation
+// dtype, so bf16-vs-f32 decisions read the arguments' dtypes.
+#pragma once
+
+#include <algorithm>
+
+#include "engine/core/ops/attention.h"
+#include "engine/core/ops/embedding.h"
+#include "engine/core/ops/linear.h"
+#include "engine/core/ops/loss.h"
+#include "engine/core/workspace.h"
+
+namespace remat::cuda {
+
+/// cuBLASLt workspace, held around every GEMM-based op (32 MiB: the size cuBLAS documents for
+/// Hopper; "gemm.workspace").
+constexpr uint64_t kGemmWorkspaceBytes = uint64_t{32} << 20;
+
+/// cuDNN's plan workspace for the attention graphs, as a fixed reserve. Its real size is known
+/// only once a plan is built on a GPU (the planner has none), and it is tiny for these graphs
+/// (llm.c reports ~16 bytes on H100; the dQ accumulator and sum(dO * O) are our own tensors
+/// below, not part of it). So the CUDA backend always reserves exactly this much and accepts
+/// only engine configs whose plan needs at most this much (engine/cuda/cudnn_attention.cpp skips
+/// the others and names them if none is left): planned and measured peaks then agree to the byte,
+/// whatever the plan needs. 32 MiB (the cuBLASLt workspace's size) is orders of magnitude of
+/// headroom at a negligible cost next to a GPU's memory; tests/gpu prints the real sizes for the
+/// GPT-2 shapes and checks them against it.
+constexpr uint64_t kCudnnPlanWorkspaceBytes = uint64_t{32} << 20;
+
+/// The most elements one tensor of a cuDNN attention call may span from its pointer: cuDNN's fused
+/// attention addresses its tensors with 32-bit offsets (PyTorch and Paddle refuse cuDNN calls on
+/// tensors past 2^31 - 1 elements for the same reason). Our q, k and v are strided views of the
+/// (B, T, W) qkv buffer, so a view of T rows reaches T W elements from its pointer, not T NH HS:
+/// the bound is taken on that span (Llama-3.1-8B, W = 6144: 349,525 tokens), the safe reading
+/// whichever of elements or offsets the kernels count. Every other tensor of a call (out, dq's
+/// accumulator: C < W per row; lse: NH per row) spans less.
+constexpr int64_t kCudnnMaxSpan = (int64_t{1} << 31) - 1;
+
+/// Automatic chunks are at most this long: a pair's scratch grows with its length (in the
+/// backward (L, C) f32 twice and (L, W) bf16: 2.4 GiB for Llama-3.1-8B at 64k), while a pair of
+/// 64k x 64k tokens still keeps cuDNN's kernels busy; the calls grow as (T / L)^2 / 2, a few
+/// hundred at 2M tokens, each seconds long.
+constexpr int64_t kAutoAttentionChunkTokens = 65536;
+
+/// The chunks the CUDA backend runs attention in (engine/core/ops/attention.h):
+/// remat.attention_chunk when given, else none while the whole call stays within kCudnnMaxSpan,
+/// else the fewest chunks of equal length (a multiple of 64, at most kAutoAttentionChunkTokens)
+/// whose views stay within it. A chunked call runs each batch row by itself; when only the batch
+/// passes the bound (B T W beyond it, T W not), two chunks are taken so that it does. A given chunk
+/// longer than the bound allows is shortened to it.
+inline AttentionChunks attention_chunks(const Tensor& qkv, int64_t chunk_tokens) {
+  const int64_t B = qkv.dim(0), T = qkv.dim(1), W = qkv.dim(2);
+  const int64_t bound = std::max<int64_t>(64, kCudnnMaxSpan / W / 64 * 64);
+  const bool fits = B * T * W <= kCudnnMaxSpan;
+  if (const AttentionChunks given{T, std::min(chunk_tokens, bound)};
+      chunk_tokens > 0 && (given.chunked() || fits))
+    return given;
+  if (fits) return {T, 0};
+  const int64_t longest = std::min(kAutoAttentionChunkTokens, bound);
+  const int64_t n = std::max<int64_t>(2, (T + longest - 1) / longest);
+  const int64_t L = ((T + n - 1) / n + 63) / 64 * 64;
+  return {T, std::min(L, longest)};
+}
+
+/// Whether the chunked backward loops key chunks outside (dq summed over the whole row, dk | dv
+/// per chunk) rather than query chunks (the reverse): whichever keeps the narrower of dq (C per
+/// token) and dk | dv (KV = 2 KVH HS per token) as the whole row's sum. Multi-head attention
+/// (KV = 2C) loops keys outside; grouped-query attention with KVH <= NH / 2, queries.
+constexpr bool chunk_key_outer(int64_t C, int64_t KV) {
+  return KV > C;
+}
+
+/// The attention workspace: one pool allocation "attn.workspace" that engine/cuda/cuda_backend.cpp
+/// carves into these parts, in this order, each rounded to MemoryPool::kAlignment. cuDNN's fused
+/// flash attention takes bf16 q/k/v only and RoPE must rotate q and k before it, hence the bf16
+/// staging copies; its backward needs an fp32 dQ accumulator and the per-row sum(dO * O). The
+/// last part is cuDNN's own plan workspace, the fixed reserve above.
+/// W = (NH + 2 KVH) HS is qkv's width, C = NH HS out's (engine/core/ops/attention.h).
+struct AttentionWorkspaceLayout {
+  uint64_t qkv_bf16 = 0;     // (B, T, W) bf16: cast from f32 acts, or q, k rotated (RoPE) in
+                             // the forward; the bf16 backward rotates qkv itself in place
+  uint64_t out_bf16 = 0;     // (B, T, C) bf16: f32 activations only
+  uint64_t dout_bf16 = 0;    // (B, T, C) bf16: backward, f32 activations only
+  uint64_t dqkv_bf16 = 0;    // (B, T, W) bf16: backward, f32 activations only
+  uint64_t dq_accum = 0;     // (B, NH, T, HS) f32: backward
+  uint64_t softmax_sum = 0;  // (B, NH, T) f32: backward
+  // Attention over chunks of L tokens: dq_accum and softmax_sum are then one pair's, (L, C) and
+  // (NH, L), and out_bf16 / dqkv_bf16 are not used (results go through f32 sums)
+  uint64_t pair_out = 0;   // (L, C) bf16: forward, one pair's output
+  uint64_t pair_lse = 0;   // (NH, L) f32: one pair's lse (forward), its query chunk's (backward)
+  uint64_t out_sum = 0;    // (L, C) f32: forward, the query chunk's output merged over key chunks
+  uint64_t pair_dqkv = 0;  // (L, W) bf16: backward, one pair's dq | dk | dv
+  // Backward: dq summed over key chunks and dk | dv over query chunks, in f32, one over the
+  // whole batch row (T rows) and the other over one chunk (L rows): chunk_key_outer says which.
+  uint64_t dq_sum = 0;      // (L or T, C) f32
+  uint64_t dkv_sum = 0;     // (T or L, 2 KVH HS) f32
+  uint64_t cudnn_plan = 0;  // kCudnnPlanWorkspaceBytes: the plan's own workspace
+  uint64_t total() const {
+    return qkv_bf16 + out_bf16 + dout_bf16 + dqkv_bf16 + dq_accum + softmax_sum + pair_out +
+           pair_lse + out_sum + pair_dqkv + dq_sum + dkv_sum + cudnn_plan;
+  }
+};
+
+inline AttentionWorkspaceLayout attention_workspace_layout(const Tensor& qkv, int n_head,
+                                                           int n_kv_head, bool use_rope,
+                                                           bool backward, int64_t chunk_tokens) {
+  const int64_t B = qkv.dim(0), T = qkv.dim(1), W = qkv.dim(2);
+  const int64_t C = W / (n_head + 2 * kv_heads(n_head, n_kv_head)) * n_head;
+  auto bytes = [](int64_t n, size_t elem) {
+    return MemoryPool::accounted_bytes(static_cast<size_t>(n) * elem);
+  };
+  const bool f32_acts = qkv.dtype == DType::F32;
+  AttentionWorkspaceLayout w;
+  if (const AttentionChunks ch = attention_chunks(qkv, chunk_tokens); ch.chunked()) {
+    const int64_t L = ch.L;
+    if (f32_acts || (use_rope && !backward)) w.qkv_bf16 = bytes(B * T * W, 2);
+    w.pair_lse = bytes(n_head * L, 4);
+    if (!backward) {
+      w.pair_out = bytes(L * C, 2);
+      w.out_sum = bytes(L * C, 4);
+    } else {
+      if (f32_acts) {
+        w.out_bf16 = bytes(B * T * C, 2);
+        w.dout_bf16 = bytes(B * T * C, 2);
+      }
+      w.dq_accum = bytes(L * C, 4);
+      w.softmax_sum = bytes(n_head * L, 4);
+      w.pair_dqkv = bytes(L * W, 2);
+      const bool key_outer = chunk_key_outer(C, W - C);
+      w.dq_sum = bytes((key_outer ? T : L) * C, 4);
+      w.dkv_sum = bytes((key_outer ? L : T) * (W - C), 4);
+    }
+    w.cudnn_plan = kCudnnPlanWorkspaceBytes;
+    return w;
+  }
+  // The backward is qkv's last reader, so with bf16 activations it rotates qkv in place: at the
+  // block's peak that saves W bf16 per token (6 B/token/channel with the rest of the peak ~30).
+  if (f32_acts || (use_rope && !backward)) w.qkv_bf16 = bytes(B * T * W, 2);
+  if (f32_acts) w.out_bf16 = bytes(B * T * C, 2);
+  if (backward) {
+    if (f32_acts) {
+      w.dout_bf16 = bytes(B * T * C, 2);
+      w.dqkv_bf16 = bytes(B * T * W, 2);
+    }
+    w.dq_accum = bytes(B * T * C, 4);
+    w.softmax_sum = bytes(B * n_head * T, 4);
+  }
+  w.cudnn_plan = kCudnnPlanWorkspaceBytes;
+  return w;
+}
+
+/// A bf16 GEMM reads a bf16 copy of its f32 weight, made for the duration of the op
+/// ("gemm.weight_bf16", (OC, C)); an f32 GEMM reads the weight itself.
+inline WorkspaceList gemm_workspace(const Tensor& weight, bool bf16_gemm) {
+  WorkspaceList w;
+  if (bf16_gemm)
+    w.push_back({"gemm.weight_bf16", DType::BF16, {weight.dim(0), weight.numel() / weight.dim(0)}});
+  w.push_back({"gemm.workspace", DType::BF16, {static_cast<int64_t>(kGemmWorkspaceBytes / 2)}});
+  return w;
+}
+
+inline WorkspaceList attention_workspace(const Tensor& qkv, int n_head, int n_kv_head,
+                                         float rope_theta, bool backward, int64_t chunk_tokens) {
+  const uint64_t bytes =
+      attention_workspace_layout(qkv, n_head, n_kv_head, rope_theta > 0, backward, chunk_tokens)
+          .total();
+  return {{"attn.workspace", DType::BF16, {static_cast<int64_t>(bytes / 2)}}};
+}
+
+// ---- the rules, one per op that has a workspace on any backend ----
+inline WorkspaceList workspace(const LinearForwardArgs& a, const WorkspaceTarget&) {
+  return gemm_workspace(a.weight, a.inp.dtype == DType::BF16);
+}
+inline WorkspaceList workspace(const LinearBackwardArgs& a, const WorkspaceTarget&) {
+  // Only dinp = dout W reads the weight in bf16; dW accumulates in f32 from bf16 operands.
+  return gemm_workspace(a.weight, a.dout.dtype == DType::BF16 && !a.dinp.empty());
+}
+inline WorkspaceList workspace(const AttentionForwardArgs& a, const WorkspaceTarget&) {
+  return attention_workspace(a.qkv, a.n_head, a.n_kv_head, a.rope_theta, false, a.chunk_tokens);
+}
+inline WorkspaceList workspace(const AttentionBackwardArgs& a, const WorkspaceTarget&) {
+  return attention_workspace(a.qkv, a.n_head, a.n_kv_head, a.rope_theta, true, a.chunk_tokens);
+}
+/// Tokens bucketed by id (positions (N) i32 + bucket starts (N+1) i32), so the scatter-add is
+/// deterministic without atomics ("embedding.buckets").
+inline WorkspaceList workspace(const EmbeddingBackwardArgs& a, const WorkspaceTarget&) {
+  return {{"embedding.buckets", DType::I32, {2 * a.tokens.numel() + 1}}};
+}
+/// The tied weight's bf16 copy and the GEMM workspace, then the logits chunk.
+inline WorkspaceList workspace(const LmHeadLossArgs& a, const WorkspaceTarget&) {
+  WorkspaceList w = gemm_workspace(a.weight, a.inp.dtype == DType::BF16);
+  w.push_back(logits_chunk_part(a));
+  return w;
+}
+
+}  // namespace remat::cuda

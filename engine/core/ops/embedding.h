@@ -1,0 +1,45 @@
+// Token (+ learned position) embedding: arguments, shape checks, FLOPs and bytes. Kernels:
+// engine/cpu/embedding.cpp, engine/cuda/embedding.cpp (+ elementwise.cu); workspace (CUDA
+// backward): engine/core/cuda_workspace.h; tests: tests/ops/test_embedding.cpp.
+#pragma once
+
+#include "engine/core/error.h"
+#include "engine/core/ops/op.h"
+#include "engine/core/tensor.h"
+
+namespace remat {
+
+struct EmbeddingForwardArgs {
+  Tensor out;     // (B, T, C) act = wte[tokens] (+ wpe[t])
+  Tensor tokens;  // (B, T) i32
+  Tensor wte;     // (V, C) f32
+  Tensor wpe;     // (maxT, C) f32, optional (rope models have none)
+};
+
+struct EmbeddingBackwardArgs {
+  Tensor dwte;    // (V, C) f32 [+=]
+  Tensor dwpe;    // (maxT, C) f32 [+=], optional
+  Tensor dout;    // (B, T, C) act
+  Tensor tokens;  // (B, T) i32
+};
+
+inline void check(const EmbeddingForwardArgs& a) {
+  REMAT_ASSERT(a.tokens.dtype == DType::I32 && a.out.numel() == a.tokens.numel() * a.wte.dim(1),
+               "embedding_forward: out {} tokens {} wte {}", a.out.shape_str(),
+               a.tokens.shape_str(), a.wte.shape_str());
+  REMAT_ASSERT(a.wpe.empty() || a.wpe.dim(0) >= a.tokens.dim(1),
+               "embedding_forward: wpe {} shorter than T={}", a.wpe.shape_str(), a.tokens.dim(1));
+}
+inline OpCost cost(const EmbeddingForwardArgs& a) {
+  return {static_cast<double>(a.out.numel()), 3 * act_bytes(a.out)};
+}
+
+inline void check(const EmbeddingBackwardArgs& a) {
+  REMAT_ASSERT(a.dout.numel() == a.tokens.numel() * a.dwte.dim(1),
+               "embedding_backward: dout {} tokens {}", a.dout.shape_str(), a.tokens.shape_str());
+}
+inline OpCost cost(const EmbeddingBackwardArgs& a) {
+  return {2.0 * static_cast<double>(a.dout.numel()), 3 * act_bytes(a.dout)};
+}
+
+}  // namespace remat

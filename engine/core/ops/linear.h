@@ -1,0 +1,87 @@
+// Linear layer y = x W^T + b (W is (out, in), as PyTorch's nn.Linear): arguments, shape checks,
+// FLOPs and bytes. Optional fused epilogues: the forward can also write act(y), and the backward
+// can take dinp on through the activation that produced inp; each equals the separate
+// activation op bit for bit on the CPU (same per-element code, applied while a GEMM tile is
+// still in cache). Kernels: engine/cpu/linear.cpp, engine/cuda/linear.cpp (cuBLASLt); workspaces:
+// engine/{cpu,cuda}/workspace.h; tests: tests/ops/test_linear.cpp.
+#pragma once
+
+#include "engine/core/error.h"
+#include "engine/core/ops/activation.h"
+#include "engine/core/ops/op.h"
+#include "engine/core/tensor.h"
+
+namespace remat {
+
+struct LinearForwardArgs {
+  Tensor out;     // (N, OC) act; with accumulate: out += inp W^T + b
+  Tensor inp;     // (N, C) act
+  Tensor weight;  // (OC, C) f32
+  Tensor bias{};  // (OC) f32, optional (empty)
+  bool accumulate = false;
+  Tensor act_out{};  // (N, OC) act, optional: act_out = act(out), out as written above
+  Activation act = Activation::Gelu;
+};
+
+struct LinearBackwardArgs {
+  // dinp shares no memory with dout, inp or inp_pre_act: the CPU backend keeps a weight
+  // gradient's partial sums in it before writing it (engine/cpu/linear.cpp).
+  Tensor dinp;     // (N, C) act [=], optional (empty: not needed)
+  Tensor dweight;  // (OC, C) f32 [+=]
+  Tensor dbias{};  // (OC) f32 [+=], optional
+  Tensor dout;     // (N, OC) act
+  Tensor inp;      // (N, C) act
+  Tensor weight;   // (OC, C) f32
+  // Optional (N, C) act: the pre-activation with inp = act(inp_pre_act). Then dinp is the
+  // gradient with respect to inp_pre_act: (dout W) * act'(inp_pre_act).
+  Tensor inp_pre_act{};
+  Activation act = Activation::Gelu;
+};
+
+inline void check(const LinearForwardArgs& a) {
+  const int64_t N = a.inp.rows(), C = a.inp.dim(-1), OC = a.weight.dim(0);
+  REMAT_ASSERT(a.weight.dim(-1) == C, "linear_forward: weight {} vs input {}", a.weight.shape_str(),
+               a.inp.shape_str());
+  REMAT_ASSERT(a.out.rows() == N && a.out.dim(-1) == OC, "linear_forward: out {} expected ({}, {})",
+               a.out.shape_str(), N, OC);
+  REMAT_ASSERT(a.bias.empty() || a.bias.numel() == OC, "linear_forward: bias {}",
+               a.bias.shape_str());
+  REMAT_ASSERT(a.act_out.empty() || a.act_out.numel() == N * OC, "linear_forward: act_out {}",
+               a.act_out.shape_str());
+}
+inline OpCost cost(const LinearForwardArgs& a) {
+  const double N = static_cast<double>(a.inp.rows()), C = static_cast<double>(a.inp.dim(-1)),
+               OC = static_cast<double>(a.weight.dim(0));
+  OpCost c{2.0 * N * C * OC, act_bytes(a.inp) + act_bytes(a.weight) + act_bytes(a.out)};
+  if (!a.act_out.empty()) {
+    c.flops += cost(ActivationForwardArgs{a.act_out, a.out, a.act}).flops;
+    c.bytes += act_bytes(a.act_out);
+  }
+  return c;
+}
+
+inline void check(const LinearBackwardArgs& a) {
+  const int64_t N = a.inp.rows(), C = a.inp.dim(-1), OC = a.weight.dim(0);
+  REMAT_ASSERT(a.dout.rows() == N && a.dout.dim(-1) == OC, "linear_backward: dout {}",
+               a.dout.shape_str());
+  REMAT_ASSERT(a.dweight.numel() == OC * C, "linear_backward: dweight {}", a.dweight.shape_str());
+  REMAT_ASSERT(a.dinp.empty() || a.dinp.numel() == N * C, "linear_backward: dinp {}",
+               a.dinp.shape_str());
+  REMAT_ASSERT(a.inp_pre_act.empty() || (!a.dinp.empty() && a.inp_pre_act.numel() == N * C),
+               "linear_backward: inp_pre_act {} needs a dinp of ({}, {})",
+               a.inp_pre_act.shape_str(), N, C);
+}
+inline OpCost cost(const LinearBackwardArgs& a) {
+  const double N = static_cast<double>(a.inp.rows()), C = static_cast<double>(a.inp.dim(-1)),
+               OC = static_cast<double>(a.weight.dim(0));
+  OpCost c{2.0 * N * C * OC * (a.dinp.empty() ? 1 : 2),
+           act_bytes(a.dout) * 2 + act_bytes(a.inp) + act_bytes(a.weight) * 3 + act_bytes(a.dinp)};
+  if (!a.inp_pre_act.empty()) {
+    const ActivationBackwardArgs act{a.dinp, a.dinp, a.inp_pre_act, a.act};
+    c.flops += cost(act).flops;
+    c.bytes += act_bytes(a.inp_pre_act);
+  }
+  return c;
+}
+
+}  // namespace remat

@@ -1,0 +1,388 @@
+#include "engine/model_files/hf_weights.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <set>
+
+#include "engine/core/error.h"
+#include "engine/model_files/safetensors.h"
+
+namespace remat::hf {
+namespace {
+
+namespace fs = std::filesystem;
+namespace st = safetensors;
+
+constexpr const char* kIndexFile = "model.safetensors.index.json";
+constexpr const char* kSingleFile = "model.safetensors";
+
+int64_t numel(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+// Elements of one row: a matrix's columns, 1 for a vector.
+int64_t row_elems(const std::vector<int64_t>& shape) {
+  return shape.size() > 1 ? numel(shape) / shape[0] : 1;
+}
+
+bool is_float(const std::string& dtype) {
+  return dtype == "F32" || dtype == "BF16" || dtype == "F16";
+}
+
+// The tensors of a folder: one file, or the shards its index lists, every one validated as
+// safetensors (st::Reader) before a name is trusted.
+class StateDict {
+ public:
+  struct Entry {
+    const st::Reader* file = nullptr;
+    const st::TensorInfo* info = nullptr;
+  };
+
+  explicit StateDict(const std::string& dir) : dir_(dir) {
+    const fs::path index = fs::path(dir) / kIndexFile;
+    std::error_code ec;
+    if (fs::is_regular_file(index, ec)) {
+      open_index(index.string());
+    } else if (fs::exists(fs::path(dir) / kSingleFile, ec)) {
+      const st::Reader& r = add_file(kSingleFile);
+      for (const st::TensorInfo& t : r.tensors()) entries_[t.name] = {&r, &t};
+    } else {
+      throw CheckpointError(fmt::format(
+          "[hf] {}: neither {} nor {} is in the folder. Fix: give a folder with safetensors "
+          "weights (pytorch_model.bin is not read: save the model again with "
+          "safe_serialization=True)",
+          dir, kSingleFile, kIndexFile));
+    }
+  }
+
+  const Entry* find(const std::string& name) const {
+    const auto it = entries_.find(name);
+    return it == entries_.end() ? nullptr : &it->second;
+  }
+  const std::map<std::string, Entry>& entries() const { return entries_; }
+  std::vector<std::string> names() const {
+    std::vector<std::string> out;
+    for (const auto& [name, e] : entries_) out.push_back(name);
+    return out;
+  }
+  size_t n_files() const { return files_.size(); }
+
+ private:
+  const st::Reader& add_file(const std::string& name) {
+    auto it = by_name_.find(name);
+    if (it != by_name_.end()) return *it->second;
+    files_.push_back(std::make_unique<st::Reader>((fs::path(dir_) / name).string()));
+    by_name_[name] = files_.back().get();
+    return *files_.back();
+  }
+
+  void open_index(const std::string& path) {
+    nlohmann::json j;
+    try {
+      std::ifstream in(path, std::ios::binary);
+      j = nlohmann::json::parse(in);
+    } catch (const nlohmann::json::exception& e) {
+      throw CheckpointError(
+          fmt::format("[hf] {}: not valid JSON ({}). Fix: save the model again", path, e.what()));
+    }
+    if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
+      throw CheckpointError(
+          fmt::format("[hf] {}: no \"weight_map\" object. Fix: save the model again", path));
+    for (const auto& [name, file] : j["weight_map"].items()) {
+      if (!file.is_string() || file.get<std::string>().find('/') != std::string::npos ||
+          file.get<std::string>().empty())
+        throw CheckpointError(fmt::format(
+            "[hf] {}: weight_map[\"{}\"] = {} is not a file name in the folder. Fix: save the "
+            "model again",
+            path, name, file.dump()));
+      const st::Reader& r = add_file(file.get<std::string>());
+      const st::TensorInfo* info = r.find(name);
+      if (!info)
+        throw CheckpointError(fmt::format(
+            "[hf] {}: the index puts tensor '{}' in this file, which has no such tensor. Fix: "
+            "download the shard again, or save the model again",
+            r.path(), name));
+      entries_[name] = {&r, info};
+    }
+    // A shard's tensor that the index leaves out would be loaded by transformers (it reads whole
+    // shards) and ignored here: the two would not build the same model.
+    for (const auto& f : files_)
+      for (const st::TensorInfo& t : f->tensors())
+        if (!entries_.count(t.name))
+          throw CheckpointError(fmt::format(
+              "[hf] {}: tensor '{}' is not in {}'s weight_map. Fix: save the model again",
+              f->path(), t.name, kIndexFile));
+  }
+
+ private:
+  std::string dir_;
+  std::vector<std::unique_ptr<st::Reader>> files_;
+  std::map<std::string, const st::Reader*> by_name_;
+  std::map<std::string, Entry> entries_;
+};
+
+std::vector<float> read_f32(const StateDict::Entry& e) {
+  std::vector<float> out(static_cast<size_t>(numel(e.info->shape)));
+  st::to_f32(e.info->dtype, e.file->data(*e.info), out.size(), out.data());
+  return out;
+}
+
+// (rows, cols) -> (cols, rows), in tiles so that both sides are read and written in runs.
+void transpose(const float* src, int64_t rows, int64_t cols, float* dst) {
+  constexpr int64_t kTile = 64;
+  for (int64_t r0 = 0; r0 < rows; r0 += kTile)
+    for (int64_t c0 = 0; c0 < cols; c0 += kTile)
+      for (int64_t r = r0; r < std::min(rows, r0 + kTile); ++r)
+        for (int64_t c = c0; c < std::min(cols, c0 + kTile); ++c)
+          dst[c * rows + r] = src[r * cols + c];
+}
+
+std::vector<int64_t> shape_of(const Tensor& t) {
+  return std::vector<int64_t>(t.shape.begin(), t.shape.end());
+}
+
+// Piece `pc` of our parameter `ours` (mapping `mp`) in the Hugging Face layout.
+void extract(const Mapping& mp, const Piece& pc, const std::vector<float>& ours,
+             std::vector<float>& piece) {
+  REMAT_ASSERT(static_cast<int64_t>(ours.size()) == numel(mp.shape), "hf: {} has {} values",
+               mp.ours, ours.size());
+  piece.resize(static_cast<size_t>(numel(pc.shape)));
+  if (mp.transposed)
+    transpose(ours.data(), mp.shape[0], mp.shape[1], piece.data());
+  else
+    std::copy_n(ours.begin() + pc.row0 * row_elems(mp.shape), piece.size(), piece.begin());
+}
+
+const Param& param_named(Model& model, const std::string& name) {
+  for (const Param& p : model.params())
+    if (p.name == name) return p;
+  REMAT_ASSERT(false, "hf: the model has no parameter {}", name);
+  return model.params().front();
+}
+
+[[noreturn]] void refuse(const std::string& where, const std::string& problem,
+                         const std::string& fix) {
+  throw CheckpointError(fmt::format("[hf] {}: {}. Fix: {}", where, problem, fix));
+}
+
+constexpr const char* kFixAnotherModel =
+    "the folder's config.json and its weights must be of one model; download the folder again";
+
+}  // namespace
+
+std::string load_weights(const std::string& dir, const ModelConfig& m, Backend& be, Model& model) {
+  StateDict sd(dir);
+  const std::vector<Mapping> maps = mappings(m, state_dict_prefix(m, sd.names()));
+  REMAT_ASSERT(maps.size() == model.params().size(), "hf: {} mappings for {} parameters",
+               maps.size(), model.params().size());
+
+  // Every name, dtype and shape first: a refused folder leaves the model untouched.
+  std::set<std::string> used;
+  std::set<std::string> dtypes;
+  std::optional<int64_t> file_vocab;  // the embedding's rows in the file
+  for (const Mapping& mp : maps) {
+    REMAT_ASSERT(shape_of(param_named(model, mp.ours).value.tensor()) == mp.shape,
+                 "hf: mapping of {} has another shape than the parameter", mp.ours);
+    for (const Piece& pc : mp.pieces) {
+      const StateDict::Entry* e = sd.find(pc.name);
+      if (!e)
+        refuse(dir,
+               fmt::format("no tensor '{}' (the model config.json describes makes {} of it)",
+                           pc.name, mp.ours),
+               kFixAnotherModel);
+      const std::vector<int64_t>& got = e->info->shape;
+      if (!is_float(e->info->dtype))
+        refuse(
+            e->file->path(),
+            fmt::format("tensor '{}' is {}; F32, BF16 and F16 are read", pc.name, e->info->dtype),
+            "save the model in one of them (quantized weights are not imported)");
+      const bool vocab_rows_differ = mp.vocab && got.size() == 2 && got[1] == pc.shape[1];
+      if (got != pc.shape && !vocab_rows_differ)
+        refuse(e->file->path(),
+               fmt::format("tensor '{}' has shape {} but the model config.json describes needs "
+                           "{} (for {})",
+                           pc.name, st::shape_string(got), st::shape_string(pc.shape), mp.ours),
+               kFixAnotherModel);
+      if (mp.vocab) {
+        if (file_vocab && got[0] != *file_vocab)
+          refuse(e->file->path(),
+                 fmt::format("tensor '{}' has {} rows but the embedding has {}", pc.name, got[0],
+                             *file_vocab),
+                 kFixAnotherModel);
+        file_vocab = got[0];
+      }
+      dtypes.insert(e->info->dtype);
+      used.insert(pc.name);
+    }
+  }
+
+  // A tied LM head is the embedding; a file that carries it anyway must agree, or the folder
+  // would mean two different models (which one transformers builds depends on load order).
+  std::string head_note;
+  const bool tied = m.kind == ModelKind::Gpt || m.tie_embeddings;
+  if (const StateDict::Entry* head = sd.find("lm_head.weight"); head && tied) {
+    const StateDict::Entry& emb = *sd.find(maps.front().pieces.front().name);
+    const bool same = head->info->shape == emb.info->shape &&
+                      (head->info->dtype == emb.info->dtype
+                           ? std::memcmp(head->file->data(*head->info), emb.file->data(*emb.info),
+                                         head->info->bytes()) == 0
+                           : read_f32(*head) == read_f32(emb));
+    if (!same)
+      refuse(head->file->path(),
+             fmt::format("lm_head.weight differs from {}, and config.json ties the LM head to "
+                         "the embedding (tie_word_embeddings)",
+                         maps.front().pieces.front().name),
+             "set \"tie_word_embeddings\": false in config.json if the head is its own weight");
+    head->file->release(*head->info);
+    emb.file->release(*emb.info);
+    used.insert("lm_head.weight");
+    head_note = "; lm_head.weight equals the embedding (tied): not loaded twice";
+  }
+  int64_t buffers = 0;
+  std::vector<std::string> left;
+  for (const std::string& name : sd.names()) {
+    if (used.count(name)) continue;
+    if (is_buffer(m, name))
+      ++buffers;
+    else
+      left.push_back(name);
+  }
+  if (!left.empty())
+    refuse(sd.find(left.front())->file->path(),
+           fmt::format("tensor '{}' is not part of the model config.json describes{}", left.front(),
+                       left.size() > 1 ? fmt::format(" ({} such tensors)", left.size()) : ""),
+           kFixAnotherModel);
+
+  std::vector<float> host, scratch;
+  for (const Mapping& mp : maps) {
+    const Param& p = param_named(model, mp.ours);
+    host.assign(static_cast<size_t>(numel(mp.shape)), 0.0f);  // padded vocabulary rows stay 0
+    for (const Piece& pc : mp.pieces) {
+      const StateDict::Entry& e = *sd.find(pc.name);
+      const std::byte* src = e.file->data(*e.info);
+      if (mp.transposed) {
+        scratch.resize(host.size());
+        st::to_f32(e.info->dtype, src, scratch.size(), scratch.data());
+        transpose(scratch.data(), pc.shape[0], pc.shape[1], host.data());
+      } else {
+        const int64_t rows = std::min(e.info->shape[0], pc.shape[0]);
+        st::to_f32(e.info->dtype, src, static_cast<size_t>(rows * row_elems(pc.shape)),
+                   host.data() + pc.row0 * row_elems(mp.shape));
+      }
+      e.file->release(*e.info);
+    }
+    be.upload(p.value.tensor(), host.data());
+  }
+
+  std::string vocab_note;
+  if (*file_vocab > m.vocab_size)
+    vocab_note = fmt::format("; vocabulary rows {}..{} of the file dropped (model.vocab_size = {})",
+                             m.vocab_size, *file_vocab - 1, m.vocab_size);
+  else if (*file_vocab < m.vocab_size)
+    vocab_note = fmt::format("; vocabulary rows {}..{} added as zeros (model.vocab_size = {})",
+                             *file_vocab, m.vocab_size - 1, m.vocab_size);
+  return fmt::format("{} tensors from {} file{} ({} -> f32){}{}{}",
+                     used.size() - !head_note.empty(), sd.n_files(), sd.n_files() == 1 ? "" : "s",
+                     fmt::join(dtypes, ", "), vocab_note, head_note,
+                     buffers ? fmt::format("; {} buffers skipped (recomputed)", buffers) : "");
+}
+
+void for_each_tensor(const ModelConfig& m, const ParamSource& source,
+                     const std::function<void(const Piece&, const std::vector<float>&)>& sink) {
+  const std::string prefix = m.kind == ModelKind::Gpt ? "transformer." : "model.";
+  std::vector<float> piece;
+  for (const Mapping& mp : mappings(m, prefix)) {
+    const std::vector<float> ours = source(mp.ours);
+    for (const Piece& pc : mp.pieces) {
+      extract(mp, pc, ours, piece);
+      sink(pc, piece);
+    }
+  }
+}
+
+std::vector<std::string> write_weights(const std::string& dir, const ModelConfig& m,
+                                       const ParamSource& source, const WriteOptions& opt) {
+  const std::string prefix = m.kind == ModelKind::Gpt ? "transformer." : "model.";
+  const std::vector<Mapping> maps = mappings(m, prefix);
+  const uint64_t elem = opt.bf16 ? 2 : 4;
+  // Shards hold whole parameters (q, k and v of one block stay together), in model order, each
+  // up to shard_bytes unless one parameter alone is larger.
+  std::vector<std::vector<size_t>> shards(1);
+  uint64_t in_shard = 0, total = 0;
+  for (size_t i = 0; i < maps.size(); ++i) {
+    const uint64_t bytes = static_cast<uint64_t>(numel(maps[i].shape)) * elem;
+    if (!shards.back().empty() && in_shard + bytes > opt.shard_bytes) {
+      shards.emplace_back();
+      in_shard = 0;
+    }
+    shards.back().push_back(i);
+    in_shard += bytes;
+    total += bytes;
+  }
+  const size_t n = shards.size();
+  std::vector<std::string> files;
+  nlohmann::json weight_map = nlohmann::json::object();
+  std::vector<uint16_t> half;
+  for (size_t s = 0; s < n; ++s) {
+    const std::string name =
+        n == 1 ? kSingleFile : fmt::format("model-{:05d}-of-{:05d}.safetensors", s + 1, n);
+    std::vector<st::TensorInfo> infos;
+    for (size_t i : shards[s])
+      for (const Piece& pc : maps[i].pieces) {
+        infos.push_back({pc.name, opt.bf16 ? "BF16" : "F32", pc.shape});
+        weight_map[pc.name] = name;
+      }
+    // transformers refuses a safetensors file whose metadata does not say "pt".
+    st::Writer w((fs::path(dir) / name).string(), infos, {{"format", "pt"}});
+    std::vector<float> piece;
+    for (size_t i : shards[s]) {
+      const Mapping& mp = maps[i];
+      const std::vector<float> ours = source(mp.ours);
+      for (const Piece& pc : mp.pieces) {
+        extract(mp, pc, ours, piece);
+        if (opt.bf16) {
+          half.resize(piece.size());
+          std::transform(piece.begin(), piece.end(), half.begin(), st::f32_to_bf16);
+          w.write(half.data(), half.size() * 2);
+        } else {
+          w.write(piece.data(), piece.size() * 4);
+        }
+      }
+    }
+    w.finish();
+    files.push_back(name);
+  }
+  if (n > 1) {
+    const nlohmann::json index = {{"metadata", {{"total_size", total}}},
+                                  {"weight_map", weight_map}};
+    const std::string path = (fs::path(dir) / kIndexFile).string();
+    const std::string text = index.dump(2) + "\n";
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) st::throw_io_error("create", path, errno);
+    st::write_all(fd, text.data(), text.size(), path);
+    if (::fsync(fd) != 0) {
+      const int err = errno;
+      ::close(fd);
+      st::throw_io_error("fsync", path, err);
+    }
+    ::close(fd);
+    files.push_back(kIndexFile);
+  }
+  return files;
+}
+
+}  // namespace remat::hf
