@@ -2,7 +2,7 @@
 // identical under every remat policy, granularity, MLP tiling, offload and thread count; the
 // planner's device and host peaks equal to the measured ones to the byte; the slot table and the
 // config keys. Numerical correctness against a double-precision reference and against
-// transformers is in tests/test_llama_reference.cpp and tests/test_hf.cpp.
+// transformers is in tests/test_reference.cpp and tests/test_hf.cpp.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -17,6 +17,7 @@
 #include "engine/remat/executor.h"
 #include "engine/training/trainer.h"
 #include "layers/models.h"
+#include "tests/configs.h"
 #include "tests/planner_util.h"
 #include "tests/test_util.h"
 
@@ -28,22 +29,16 @@ namespace {
 // heads), a head size that is not n_embd / n_head (Qwen3), q/k/v biases (Qwen2), the per-head q/k
 // norm (Qwen3), an untied head, llama3 RoPE scaling whose band edges fall inside the tested
 // positions' frequencies, and an MLP width that is no multiple of anything.
-const std::string kLlama = R"(
-[model]
-kind = "llama"
-n_layer = 4
-n_head = 4
-n_kv_head = 2
-head_dim = 12
-n_embd = 32
-d_ff = 72
-vocab_size = 37
-rope_theta = 500000.0
-rope_scaling = { rope_type = "llama3", factor = 8.0, low_freq_factor = 1.0, high_freq_factor = 4.0, original_max_position_embeddings = 16 }
-attention_bias = true
-qk_norm = true
-tie_embeddings = false
-[train]
+const std::string kLlama =
+    "[model]\n" +
+    test::llama_model_table(test::every_llama_option({.n_layer = 4,
+                                                      .head_dim = 12,
+                                                      .n_embd = 32,
+                                                      .d_ff = 72,
+                                                      .vocab_size = 37,
+                                                      .rope_theta = 500000.0,
+                                                      .llama3_context = 16})) +
+    R"([train]
 seq_len = 45
 batch_size = 2
 steps = 3
