@@ -35,6 +35,7 @@
 using Catch::Matchers::Contains;
 using remat::test::Child;
 using remat::test::eventually;
+using remat::test::read_text;
 using remat::test::run_binary;
 using remat::test::TempDir;
 namespace fs = std::filesystem;
@@ -45,11 +46,6 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-std::string read_text(const std::string& path) {
-  std::ifstream in(path);
-  return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
 std::vector<std::string> lines_of(const std::string& path) {
