@@ -120,6 +120,16 @@ int run_sample(const SampleOptions& opt);
 std::vector<int32_t> parse_token_ids(const std::string& text, int64_t vocab,
                                      const std::string& source, const std::string& fix);
 
+struct TokenizeOptions {
+  std::string tokenizer;            // --tokenizer FILE: a Hugging Face tokenizer.json
+  bool decode = false;              // --decode: ids on stdin, text out
+  bool add_special_tokens = false;  // --add-special-tokens: the post-processor's template
+};
+
+/// Text on stdin to its ids (a JSON list on stdout), or with --decode ids (a JSON list, or
+/// separated by whitespace) to their text, exactly (no newline added).
+int run_tokenize(const TokenizeOptions& opt);
+
 /// --checkpoint as `sample` and `export` take it: a step_* folder, or a checkpoint.dir (its
 /// newest complete checkpoint). `command` names the subcommand in errors.
 std::string resolve_checkpoint(const std::string& arg, const char* command);

@@ -312,6 +312,23 @@ int run(int argc, char** argv) {
       ->check(at_least(0));
   sample_cmd->add_option("--seed", sample.seed, "Random seed (default 1337)");
 
+  remat::cli::TokenizeOptions tokenize;
+  CLI::App* tokenize_cmd = app.add_subcommand(
+      "tokenize",
+      "Text on stdin to token ids (a JSON list) with a tokenizer.json, or ids to text (--decode)");
+  tokenize_cmd
+      ->add_option("--tokenizer", tokenize.tokenizer,
+                   "The model's Hugging Face tokenizer.json (a BPE model)")
+      ->required();
+  auto* decode_opt = tokenize_cmd->add_flag(
+      "--decode", tokenize.decode,
+      "Read token ids (a JSON list, or separated by whitespace) and print their text");
+  tokenize_cmd
+      ->add_flag("--add-special-tokens", tokenize.add_special_tokens,
+                 "Add the tokenizer's template of special tokens (Llama 2's <s>), as "
+                 "Tokenizer.encode does by default")
+      ->excludes(decode_opt);
+
   remat::cli::ExportOptions export_opt;
   std::string export_dtype = "bf16", export_shard;
   CLI::App* export_cmd = app.add_subcommand(
@@ -384,6 +401,7 @@ int run(int argc, char** argv) {
     sample.prompt_is_ids = prompt_ids_opt->count() > 0;
     return remat::cli::run_sample(sample);
   }
+  if (tokenize_cmd->parsed()) return remat::cli::run_tokenize(tokenize);
   if (export_cmd->parsed()) {
     export_opt.bf16 = export_dtype == "bf16";
     if (!export_shard.empty()) {
