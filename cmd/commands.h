@@ -99,11 +99,14 @@ struct BenchOptions {
 int run_bench(const BenchOptions& opt);
 
 struct SampleOptions {
-  std::string checkpoint;    // --checkpoint DIR (a step_* folder, or a checkpoint.dir: its newest)
-  std::string prompt;        // --prompt TEXT (byte models: text; token models: ids "50256 464")
-  std::string prompt_file;   // --prompt-file F
-  std::string tokenizer;     // --tokenizer gpt2_tokenizer.bin (llm.c): print token models as text
-  int64_t tokens = 256;      // --tokens N to generate
+  std::string checkpoint;  // --checkpoint DIR (a step_* folder, or a checkpoint.dir: its newest)
+  // --prompt TEXT: text for byte models and for token models with a tokenizer.json; otherwise ids
+  // ("50256 464"). --prompt-ids IDS puts the ids here and sets prompt_is_ids.
+  std::string prompt;
+  bool prompt_is_ids = false;
+  std::string prompt_file;  // --prompt-file F (read as --prompt is)
+  std::string tokenizer;    // --tokenizer tokenizer.json | gpt2_tokenizer.bin (llm.c, decodes only)
+  int64_t tokens = 256;     // --tokens N to generate
   double temperature = 1.0;  // --temperature T (0: greedy)
   int64_t top_k = 0;         // --top-k K (0: all)
   uint64_t seed = 1337;      // --seed S
@@ -111,6 +114,21 @@ struct SampleOptions {
 
 /// Generates from a checkpoint with KV-cached decoding on the CPU; prints to stdout.
 int run_sample(const SampleOptions& opt);
+
+/// Token ids separated by whitespace and/or commas ("50256 464, 318"), each in [0, vocab).
+/// Throws ConfigError naming `source` and the word, ending with `fix`.
+std::vector<int32_t> parse_token_ids(const std::string& text, int64_t vocab,
+                                     const std::string& source, const std::string& fix);
+
+struct TokenizeOptions {
+  std::string tokenizer;            // --tokenizer FILE: a Hugging Face tokenizer.json
+  bool decode = false;              // --decode: ids on stdin, text out
+  bool add_special_tokens = false;  // --add-special-tokens: the post-processor's template
+};
+
+/// Text on stdin to its ids (a JSON list on stdout), or with --decode ids (a JSON list, or
+/// separated by whitespace) to their text, exactly (no newline added).
+int run_tokenize(const TokenizeOptions& opt);
 
 /// --checkpoint as `sample` and `export` take it: a step_* folder, or a checkpoint.dir (its
 /// newest complete checkpoint). `command` names the subcommand in errors.

@@ -286,12 +286,20 @@ int run(int argc, char** argv) {
                    "Checkpoint folder, or a checkpoint.dir (its newest)")
       ->required();
   auto* prompt_opt = sample_cmd->add_option(
-      "--prompt", sample.prompt, "Prompt: text for byte models, token ids for token models");
-  sample_cmd->add_option("--prompt-file", sample.prompt_file, "Read the prompt from a file")
-      ->excludes(prompt_opt);
+      "--prompt", sample.prompt,
+      "Prompt text (byte models, and token models with --tokenizer tokenizer.json); token models "
+      "without a tokenizer.json take token ids here");
+  auto* prompt_file_opt =
+      sample_cmd->add_option("--prompt-file", sample.prompt_file, "Read --prompt from a file")
+          ->excludes(prompt_opt);
+  auto* prompt_ids_opt = sample_cmd
+                             ->add_option("--prompt-ids", sample.prompt,
+                                          "Prompt as token ids (token models): \"50256 464 318\"")
+                             ->excludes(prompt_opt)
+                             ->excludes(prompt_file_opt);
   sample_cmd->add_option("--tokenizer", sample.tokenizer,
-                         "llm.c gpt2_tokenizer.bin or a model's tokenizer.json (byte-level BPE): "
-                         "print a token model's output as text");
+                         "A model's tokenizer.json (encodes --prompt text, prints text) or llm.c's "
+                         "gpt2_tokenizer.bin (prints text)");
   sample_cmd->add_option("--tokens", sample.tokens, "Tokens to generate (default 256)")
       ->check(at_least(1));
   sample_cmd
@@ -303,6 +311,23 @@ int run(int argc, char** argv) {
                    "Sample from the K most likely tokens; 0 = all (default)")
       ->check(at_least(0));
   sample_cmd->add_option("--seed", sample.seed, "Random seed (default 1337)");
+
+  remat::cli::TokenizeOptions tokenize;
+  CLI::App* tokenize_cmd = app.add_subcommand(
+      "tokenize",
+      "Text on stdin to token ids (a JSON list) with a tokenizer.json, or ids to text (--decode)");
+  tokenize_cmd
+      ->add_option("--tokenizer", tokenize.tokenizer,
+                   "The model's Hugging Face tokenizer.json (a BPE model)")
+      ->required();
+  auto* decode_opt = tokenize_cmd->add_flag(
+      "--decode", tokenize.decode,
+      "Read token ids (a JSON list, or separated by whitespace) and print their text");
+  tokenize_cmd
+      ->add_flag("--add-special-tokens", tokenize.add_special_tokens,
+                 "Add the tokenizer's template of special tokens (Llama 2's <s>), as "
+                 "Tokenizer.encode does by default")
+      ->excludes(decode_opt);
 
   remat::cli::ExportOptions export_opt;
   std::string export_dtype = "bf16", export_shard;
@@ -372,7 +397,11 @@ int run(int argc, char** argv) {
     return remat::cli::run_train(train);
   }
   if (compare_cmd->parsed()) return remat::cli::run_compare(compare);
-  if (sample_cmd->parsed()) return remat::cli::run_sample(sample);
+  if (sample_cmd->parsed()) {
+    sample.prompt_is_ids = prompt_ids_opt->count() > 0;
+    return remat::cli::run_sample(sample);
+  }
+  if (tokenize_cmd->parsed()) return remat::cli::run_tokenize(tokenize);
   if (export_cmd->parsed()) {
     export_opt.bf16 = export_dtype == "bf16";
     if (!export_shard.empty()) {

@@ -5,7 +5,7 @@ Pages: README.md and every docs/**/*.md, or the PAGEs named (a page may lie outs
 repository: its relative links resolve from its own folder; its commands run as any page's).
 
 Examples. Every line of a fenced block that starts with `$ remat-train` is a command (a trailing `\\`
-continues it; a trailing `# comment` is not run); the lines after it, up to the next `$ ` line or
+continues it; a trailing `# comment` is not run; `<`, `>`, `>>` and `2>&1` standing alone redirect); the lines after it, up to the next `$ ` line or
 the end of the block, are its expected output: stdout, and stderr too when the command fails. A line `...`
 stands for any number of lines. Timings (ms/step, tok/s, tokens/s, GFLOP/s, ms, elapsed,
 ETA, fit's "a step ~N min") and the load average (and CPU steal) printed beside them are masked on both sides, and runs of spaces compare as one, so a check fails only when
@@ -141,11 +141,16 @@ def split_examples(body):
     return out
 
 
+# Redirections a command may use, as words of their own (`tokenize < text.txt > ids.json`): left
+# to the shell, where every other word is quoted.
+REDIRECTIONS = {"<", ">", ">>", "2>&1"}
+
+
 def strip_comment(cmd):
     lexer = shlex.shlex(cmd, posix=True, punctuation_chars=False)
     lexer.whitespace_split = True
     lexer.commenters = "#"
-    return " ".join(shlex.quote(t) for t in lexer)
+    return " ".join(t if t in REDIRECTIONS else shlex.quote(t) for t in lexer)
 
 
 def mask(line, token_masks):
