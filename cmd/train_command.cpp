@@ -84,8 +84,9 @@ Resumed resumed_run(const std::string& folder, const TrainOptions& opt) {
     if (!changes_on_resume(c.key))
       throw ConfigError(fmt::format(
           "{}: [checkpoint] {} is {} here but {} in the checkpoint {}: a resumed run continues the "
-          "same model, seed, batch and optimizer. Fix: resume without that change ({} = {}), or "
-          "start a new run from these weights with --init {} (a fresh optimizer, at step 0)",
+          "same model, seed, batch, optimizer and data order. Fix: resume without that change "
+          "({} = {}), or start a new run from these weights with --init {} (a fresh optimizer, "
+          "at step 0)",
           c.origin, c.key, c.after, c.before, folder, c.key, c.before, folder));
     r.changes.push_back(std::move(c));
   }
