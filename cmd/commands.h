@@ -27,6 +27,7 @@ struct TrainOptions {
   std::string init_path;  // --init FILE: weights only (model.safetensors, a folder, or hf:DIR)
   int64_t stop_at = 0;    // --stop-at STEP: stop (and checkpoint) after this step; 0 = train.steps
   bool quiet = false;
+  bool verbose = false;  // -v: the backend's libraries and kernels in the banner
 };
 
 int run_train(const TrainOptions& opt);
@@ -67,6 +68,7 @@ struct FitOptions {
   std::vector<std::string> policies;      // default: none,full,save_dots,save_attn
   bool measure = false;                   // confirm each answer with real steps in child processes
   bool json = false;
+  std::string emit_config;  // --emit-config FILE: the answer's [train] and [remat] keys, as TOML
 };
 
 /// Exit 1 when --measure disagrees with the planner (loudly, with both numbers).
@@ -130,9 +132,10 @@ struct TokenizeOptions {
 /// separated by whitespace) to their text, exactly (no newline added).
 int run_tokenize(const TokenizeOptions& opt);
 
-/// --checkpoint as `sample` and `export` take it: a step_* folder, or a checkpoint.dir (its
-/// newest complete checkpoint). `command` names the subcommand in errors.
-std::string resolve_checkpoint(const std::string& arg, const char* command);
+/// --checkpoint as `sample` and `export` take it (and train's --resume): a step_* folder, or a
+/// checkpoint.dir (its newest complete checkpoint). `command` and `flag` name them in errors.
+std::string resolve_checkpoint(const std::string& arg, const char* command,
+                               const char* flag = "--checkpoint");
 
 struct ExportOptions {
   std::string checkpoint;      // --checkpoint DIR (a step_* folder, or a checkpoint.dir)

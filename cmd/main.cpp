@@ -136,9 +136,8 @@ void apply_model_option(const std::string& model, std::string& config_path,
 void add_policies_option(CLI::App* cmd, std::vector<std::string>& policies) {
   cmd->add_option("--policies", policies,
                   fmt::format("Comma-separated policies, each optionally with :tile=N and "
-                              ":offload=checkpoints|checkpoints+optimizer, e.g. "
-                              "full:tile=1024:offload=checkpoints (default: {})",
-                              fmt::join(remat::builtin_policies(), ",")))
+                              ":offload={}, e.g. full:tile=1024:offload=checkpoints (default: {})",
+                              remat::offload_names("|"), fmt::join(remat::builtin_policies(), ",")))
       ->delimiter(',');
 }
 
@@ -176,7 +175,9 @@ int run(int argc, char** argv) {
   train_cmd->add_option("--metrics", train.metrics_path, "Write per-step metrics as JSONL to FILE");
   auto* resume_opt = train_cmd->add_option(
       "--resume", train.resume,
-      "Continue bit-for-bit from a checkpoint folder, or 'latest' (the newest in checkpoint.dir)");
+      "Continue bit-for-bit from a checkpoint: a step_* folder, a checkpoint.dir (its newest), or "
+      "'latest' (the newest in the config's checkpoint.dir). The model and settings are the "
+      "checkpoint's; --config and --set may change only what can change mid-run");
   train_cmd
       ->add_option("--init", train.init_path,
                    "Start from these weights only (model.safetensors, a checkpoint folder, or "
@@ -188,6 +189,8 @@ int run(int argc, char** argv) {
                    "to train.steps")
       ->check(at_least(1));
   train_cmd->add_flag("-q,--quiet", train.quiet, "No banner, progress or summary");
+  train_cmd->add_flag("-v,--verbose", train.verbose,
+                      "Name the BLAS, GEMM and attention kernels in the banner's first line");
 
   remat::cli::PlanOptions plan;
   std::string plan_memory, plan_seq_len, plan_batch;
@@ -246,7 +249,12 @@ int run(int argc, char** argv) {
           "--measure", fit.measure,
           "Confirm each answer with real steps (at the maximum and one above) in child processes")
       ->excludes(fit_gpu_opt);
-  fit_cmd->add_flag("--json", fit.json, "Machine-readable output");
+  auto* fit_json = fit_cmd->add_flag("--json", fit.json, "Machine-readable output");
+  fit_cmd
+      ->add_option("--emit-config", fit.emit_config,
+                   "Also write the answer's configuration (seq_len, batch and [remat]) to FILE, a "
+                   "TOML snippet to paste into the config; FILE must not exist")
+      ->excludes(fit_json);
 
   remat::cli::SweepOptions sweep;
   CLI::App* sweep_cmd = app.add_subcommand(
@@ -298,8 +306,9 @@ int run(int argc, char** argv) {
                              ->excludes(prompt_opt)
                              ->excludes(prompt_file_opt);
   sample_cmd->add_option("--tokenizer", sample.tokenizer,
-                         "A model's tokenizer.json (encodes --prompt text, prints text) or llm.c's "
-                         "gpt2_tokenizer.bin (prints text)");
+                         "A model's tokenizer.json (encodes --prompt text, prints text), llm.c's "
+                         "gpt2_tokenizer.bin (prints text), or 'bytes' (ids 0-255 are bytes: text "
+                         "in, text out)");
   sample_cmd->add_option("--tokens", sample.tokens, "Tokens to generate (default 256)")
       ->check(at_least(1));
   sample_cmd
@@ -382,7 +391,10 @@ int run(int argc, char** argv) {
   if (train_cmd->parsed() && train.config_path.empty() && train_model.empty() &&
       train.init_path.rfind("hf:", 0) == 0)
     train_model = train.init_path;  // --init hf:DIR alone: that folder's model, default settings
-  if (train_cmd->parsed()) apply_model_option(train_model, train.config_path, train.overrides);
+  // A resume needs no config: the checkpoint holds it (cmd/train_command.cpp).
+  if (train_cmd->parsed() &&
+      !(!train.resume.empty() && train.config_path.empty() && train_model.empty()))
+    apply_model_option(train_model, train.config_path, train.overrides);
   if (plan_cmd->parsed()) apply_model_option(plan_model, plan.config_path, plan.overrides);
   if (fit_cmd->parsed()) apply_model_option(fit_model, fit.config_path, fit.overrides);
   if (sweep_cmd->parsed()) apply_model_option(sweep_model, sweep.config_path, sweep.overrides);
@@ -450,23 +462,58 @@ static int exit_code_of(const remat::Error& e) {
   return kExitRuntime;
 }
 
-// The manual's page that answers a kind of error, named at the end of its one-line message so
-// that a user who hits it knows where to read on (docs/ in the repository, or the installed copy
-// in share/doc/remat-train). Empty where the message alone is the answer.
+// The manual's page that answers an error, named at the end of its one-line message so that a
+// user who hits it knows where to read on (docs/ in the repository, or the installed copy in
+// share/doc/remat-train). The component tag a message carries ("[hf] ...", "file: [sample] ...")
+// names the page of that component; untagged messages go by the kind of error. Empty where the
+// message alone is the answer.
+static const char* docs_page_of_tag(const std::string& message) {
+  static const std::pair<const char*, const char*> kPages[] = {
+      {"config", "docs/configs.md"},
+      {"hf", "docs/hf.md"},
+      {"export", "docs/hf.md"},
+      {"sample", "docs/checkpoints.md"},
+      {"tokenizer", "docs/checkpoints.md"},
+      {"checkpoint", "docs/checkpoints.md"},
+      {"data", "docs/data.md"},
+      {"parallel", "docs/multi-gpu.md"},
+      {"remat", "docs/remat.md"},
+      {"memory", "docs/planning.md"},
+      {"plan", "docs/planning.md"},
+      {"fit", "docs/planning.md"},
+      {"sweep", "docs/planning.md"},
+      {"metrics", "docs/training.md"},
+      {"train", "docs/training.md"},
+      {"cuda", "docs/gpu.md"},
+      {"device", "docs/gpu.md"}};
+  // The tag is the first "[word]" at the start or after ": ".
+  for (size_t at = message.find('['); at != std::string::npos; at = message.find('[', at + 1)) {
+    if (at != 0 && (at < 2 || message.compare(at - 2, 2, ": ") != 0)) continue;
+    const size_t end = message.find(']', at);
+    if (end == std::string::npos) return nullptr;
+    const std::string tag = message.substr(at + 1, end - at - 1);
+    for (const auto& [name, page] : kPages)
+      if (tag == name) return page;
+    return nullptr;
+  }
+  return nullptr;
+}
+
 static const char* docs_page_of(const remat::Error& e) {
+  if (dynamic_cast<const remat::DataChanged*>(&e)) return "docs/shared-files.md";
+  if (dynamic_cast<const remat::Diverged*>(&e)) return "docs/commands.md";
+  if (const char* page = docs_page_of_tag(e.what())) return page;
   if (dynamic_cast<const remat::OutOfMemory*>(&e)) return "docs/planning.md";
   if (dynamic_cast<const remat::ConfigError*>(&e)) return "docs/configs.md";
-  if (dynamic_cast<const remat::DataChanged*>(&e)) return "docs/shared-files.md";
   if (dynamic_cast<const remat::DataError*>(&e)) return "docs/data.md";
   if (dynamic_cast<const remat::CheckpointError*>(&e)) return "docs/checkpoints.md";
-  if (dynamic_cast<const remat::Diverged*>(&e)) return "docs/commands.md";
   return "";
 }
 
 static std::string error_line(const remat::Error& e) {
-  const std::string page = docs_page_of(e);
-  return page.empty() ? fmt::format("error: {}", e.what())
-                      : fmt::format("error: {} (see {})", e.what(), remat::docs_page_path(page));
+  const char* page = docs_page_of(e);
+  return *page == 0 ? fmt::format("error: {}", e.what())
+                    : fmt::format("error: {} (see {})", e.what(), remat::docs_page_path(page));
 }
 
 // Before any library initializes (engine/cpu/openmp_wait.h says why).

@@ -1,14 +1,15 @@
 // `remat-train sample`: generation from a checkpoint on the CPU with a KV-cached decoder
 // (layers/decoder.h: the GPT's or the Llama family's).
-// Byte models (data.source = "text") take and print text. Token models take --prompt as text
-// when --tokenizer is a Hugging Face tokenizer.json (encoded by data/hf_tokenizer.h, without
-// special tokens, as scripts/prepare_data.py encodes training data), and as token ids otherwise
-// (no tokenizer, or llm.c's gpt2_tokenizer.bin, which only decodes); --prompt-ids always takes ids.
-// They print ids, or text through --tokenizer (the two kinds told apart by a ".json" name or a
-// first byte '{'): a tokenizer.json through its DecodeStream (tokenizers' own streaming decode),
-// llm.c's table through a Utf8Stream, so a character split across tokens prints whole and bytes
-// that are no UTF-8 print as U+FFFD. Random draws come from the counter-based RNG keyed by
-// (seed, token index), so a seed reproduces the output exactly.
+// Byte models (data.source = "text", or token ids that are bytes: --tokenizer bytes) take and
+// print text. Token models take --prompt as text when --tokenizer is a Hugging Face tokenizer.json
+// (encoded by data/hf_tokenizer.h, without special tokens, as scripts/prepare_data.py encodes
+// training data), and as token ids otherwise (no tokenizer, or llm.c's gpt2_tokenizer.bin, which
+// only decodes); --prompt-ids always takes ids. They print ids, or text through --tokenizer (the
+// two kinds told apart by a ".json" name or a first byte '{'): a tokenizer.json through its
+// DecodeStream (tokenizers' own streaming decode), llm.c's table through a Utf8Stream, so a
+// character split across tokens prints whole and bytes that are no UTF-8 print as U+FFFD. Random
+// draws come from the counter-based RNG keyed by (seed, token index), so a seed reproduces the
+// output exactly.
 //
 // An empty prompt still needs one token to condition on: byte models start from '\n' (text files
 // are lines, so a newline is the most neutral context); token models start from the tokenizer's
@@ -39,21 +40,28 @@
 
 namespace remat::cli {
 
-// --checkpoint names a step_* folder (it has a state.json) or a checkpoint.dir (its newest).
-std::string resolve_checkpoint(const std::string& arg, const char* command) {
+// --checkpoint (or train's --resume) names a step_* folder (it has a state.json) or a
+// checkpoint.dir (its newest).
+std::string resolve_checkpoint(const std::string& arg, const char* command, const char* flag) {
   namespace fs = std::filesystem;
   if (fs::exists(fs::path(arg) / "state.json")) return arg;
+  if (arg == "latest" && !fs::is_directory(arg))
+    throw CheckpointError(
+        fmt::format("[{}] {} latest: without a config there is no checkpoint.dir to take the "
+                    "newest of. Fix: pass the checkpoint.dir itself (its newest checkpoint is "
+                    "taken), e.g. {} out/run, or a step_* folder",
+                    command, flag, flag));
   if (!fs::is_directory(arg))
     throw CheckpointError(
-        fmt::format("[{}] --checkpoint {}: no such folder. Fix: pass a step_* checkpoint "
+        fmt::format("[{}] {} {}: no such folder. Fix: pass a step_* checkpoint "
                     "folder, or the checkpoint.dir of a training run",
-                    command, arg));
+                    command, flag, arg));
   const std::string latest = latest_checkpoint(arg);
   if (latest.empty())
     throw CheckpointError(
-        fmt::format("[{}] --checkpoint {}: no state.json and no complete step_* checkpoint in "
+        fmt::format("[{}] {} {}: no state.json and no complete step_* checkpoint in "
                     "it. Fix: pass a step_* folder, or train with checkpoint.dir set first",
-                    command, arg));
+                    command, flag, arg));
   return latest;
 }
 
@@ -321,9 +329,17 @@ int run_sample(const SampleOptions& opt) {
         "[sample] {}/state.json: model.kind = \"{}\"; only GPT and Llama models generate. Fix: "
         "sample from a checkpoint of a model.kind = \"gpt\" or \"llama\" run",
         path, cfg.model.kind));
-  const bool bytes = cfg.data.source == "text";
+  // `--tokenizer bytes`: a token model whose ids are bytes (shards of scripts/prepare_data.py
+  // --tokenizer bytes) takes and prints text, as a model trained on text files does.
+  const bool byte_ids = opt.tokenizer == "bytes";
+  if (byte_ids && cfg.model.vocab_size < kByteVocab)
+    throw ConfigError(fmt::format(
+        "[sample] --tokenizer bytes reads ids 0-255 as bytes, and the model's vocabulary is {}. "
+        "Fix: drop --tokenizer bytes, or give the tokenizer the training data was made with",
+        cfg.model.vocab_size));
+  const bool bytes = cfg.data.source == "text" || byte_ids;
   std::optional<Detokenizer> tok;
-  if (!opt.tokenizer.empty()) {
+  if (!opt.tokenizer.empty() && !byte_ids) {
     if (bytes)
       throw ConfigError(
           "[sample] --tokenizer is for token models; this model reads bytes (data.source = "
@@ -350,6 +366,15 @@ int run_sample(const SampleOptions& opt) {
   const int64_t n_candidates = bytes ? kByteVocab : tok ? tok->vocab_size() : cfg.model.vocab_size;
 
   Printer out(bytes, tok ? &*tok : nullptr);
+  // The output ends with a newline however generation ends, so that an error (or the shell's
+  // prompt) starts a line of its own.
+  struct EndsLine {
+    Printer& out;
+    bool ended = false;
+    ~EndsLine() {
+      if (!ended) out.end();
+    }
+  } ends_line{out};
   if (!prompt.implied_start) out.prompt(prompt.ids);
   Sampler sampler(opt.temperature, opt.top_k, opt.seed);
   const auto t0 = std::chrono::steady_clock::now();
@@ -361,6 +386,7 @@ int run_sample(const SampleOptions& opt) {
     if (i + 1 < opt.tokens) logits = dec->forward(next);
   }
   out.end();
+  ends_line.ended = true;
   const double ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   fmt::print(stderr, "sampled {} tokens in {:.1f} ms ({:.1f} tok/s) from {}\n", opt.tokens, ms,

@@ -43,6 +43,11 @@ struct Batch {
   Buffer targets;
   int64_t n_tokens = 0;     // what tokens/s counts (B*T for GPT, B for the MLP)
   double making_flops = 0;  // FLOPs spent making it (the synthetic regression's teacher GEMM)
+  // The mean loss's divisor: the targets of the whole optimizer step, over every micro-batch and
+  // every rank (the trainer sets it), so that the gradients added up over the micro-batches and
+  // summed over the ranks are those of the step's mean loss. 0: this batch's rows on every rank
+  // (Model::loss_rows_all_ranks), as for a step of one micro-batch.
+  int64_t step_targets = 0;
 };
 
 /// The saved activations of one block, by slot (the block's act_names() order; slot 0 is "x",
@@ -163,8 +168,10 @@ class Model {
   /// Final stream -> per-row losses (N) f32 and dL/dx (written into dx) in one pass.
   virtual void head_forward_backward(Backend& be, const Tensor& x, const Batch& batch,
                                      const Tensor& losses, const Tensor& dx) = 0;
-  /// Rows of the loss (B*T for the GPT, B for the MLP) and the divisor of the mean.
+  /// Rows of the loss (B*T for the GPT, B for the MLP) on this rank.
   virtual int64_t loss_rows() const = 0;
+  /// The same over every rank of the job: the divisor of one batch's mean loss.
+  virtual int64_t loss_rows_all_ranks() const = 0;
   void begin_step(int64_t step) {
     for (auto& b : blocks_) b->begin_step(step);
   }

@@ -117,6 +117,7 @@ class MlpModel : public Model {
   std::string describe() const override { return fmt::format("mlp L={} D={}", L_, D_); }
   std::vector<int64_t> stream_shape() const override { return {B_, D_}; }
   int64_t loss_rows() const override { return B_; }
+  int64_t loss_rows_all_ranks() const override { return rows_all_ranks_; }
 
   Buffer stem_forward(Backend& be, const Batch& batch, MemCategory category) override {
     Buffer x = be.pool().allocate(stream_shape(), be.act_dtype(), category, "blocks.0.x");
@@ -127,7 +128,8 @@ class MlpModel : public Model {
   void stem_backward(Backend&, const Batch&, const Tensor&) override {}
   void head_forward_backward(Backend& be, const Tensor& x, const Batch& batch, const Tensor& losses,
                              const Tensor& dx) override {
-    be.mse_loss({losses, dx, x, batch.targets, 1.0f / static_cast<float>(rows_all_ranks_)});
+    const int64_t divisor = batch.step_targets > 0 ? batch.step_targets : rows_all_ranks_;
+    be.mse_loss({losses, dx, x, batch.targets, 1.0f / static_cast<float>(divisor)});
   }
 
  private:

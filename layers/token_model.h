@@ -22,6 +22,7 @@ class TokenModel : public Model {
  public:
   std::vector<int64_t> stream_shape() const override { return {B_, T_, n_embd_}; }
   int64_t loss_rows() const override { return B_ * T_; }
+  int64_t loss_rows_all_ranks() const override { return loss_rows_all_ranks_; }
   /// Token embedding (+ learned positions when wpe_ is set) into "blocks.0.x".
   Buffer stem_forward(Backend& be, const Batch& batch, MemCategory category) override;
   void stem_backward(Backend& be, const Batch& batch, const Tensor& dx) override;
@@ -36,7 +37,8 @@ class TokenModel : public Model {
                    const std::vector<int64_t>& shape, ParamInit init);
 
   /// The fused LM head and cross-entropy on the final norm's output `normed` (N, C): per-row
-  /// losses (N) [=], d normed (N, C) [=], head.grad [+=]; the mean over all ranks' rows.
+  /// losses (N) [=], d normed (N, C) [=], head.grad [+=]; the gradient of the mean over the
+  /// step's targets (Batch::step_targets; all ranks' rows when it is 0).
   void lm_head_loss(Backend& be, const Tensor& normed, Param& head, const Batch& batch,
                     const Tensor& losses, const Tensor& dnormed);
 

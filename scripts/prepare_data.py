@@ -25,9 +25,14 @@ Llama 3's, Qwen's regexes) make that newline a pre-token of its own whether the 
 or not, so the ids are the same as the whole document's, and the pieces are encoded on every core.
 A tokenizer that prepends to each input (add_prefix_space, Metaspace, Prepend) is never cut.
 
+`--tokenizer bytes` needs no file: every UTF-8 byte is its own token (ids 0-255, vocabulary 256,
+a newline between documents unless --eot), the ids a byte-level model trained on text files
+(data.source = "text") reads, for such a model fine-tuned on shards; `remat-train sample
+--tokenizer bytes` prints them as text.
+
 Progress (tokens/s, documents, bytes) goes to stderr; at the end, stdout has the `--set` options
 that train on the shards. Errors are one line, `error: [prepare] ... Fix: ...`, exit 2.
-Needs `tokenizers` (pip install tokenizers, in a virtual environment).
+Needs `tokenizers` (pip install tokenizers, in a virtual environment), except with --tokenizer bytes.
 """
 import argparse
 import array
@@ -52,7 +57,33 @@ class Fail(Exception):
     """A one-line error for the user: `error: [prepare] MESSAGE`, exit 2."""
 
 
+BYTES = "bytes"  # --tokenizer bytes: the text's UTF-8 bytes are the ids
+
+
+class ByteTokenizer:
+    """--tokenizer bytes, with the part of `tokenizers.Tokenizer` this script calls: token i is the
+    byte i (its text the character chr(i)), and a text encodes to its UTF-8 bytes."""
+
+    class Encoding:
+        def __init__(self, ids):
+            self.ids = ids
+
+    def get_vocab(self, with_added_tokens=True):
+        return {chr(i): i for i in range(256)}
+
+    def id_to_token(self, i):
+        return chr(i) if 0 <= i < 256 else None
+
+    def encode(self, text, add_special_tokens=False):
+        return self.Encoding(list(text.encode("utf-8")))
+
+    def encode_batch(self, texts, add_special_tokens=False):
+        return [self.encode(t) for t in texts]
+
+
 def load_tokenizer(path):
+    if path == BYTES:
+        return ByteTokenizer()
     try:
         from tokenizers import Tokenizer
     except ImportError:
@@ -76,6 +107,8 @@ def vocab_size_of(tok):
 
 def splits_safely(path):
     """Whether encoding a document in pieces gives its ids: no step prepends to each input."""
+    if path == BYTES:
+        return True
     with open(path, encoding="utf-8") as f:
         spec = json.load(f)
 
@@ -106,6 +139,8 @@ def resolve_eot(tok, tokenizer_path, given):
             raise Fail(f"--eot {given!r}: not a token of {tokenizer_path}. Fix: pass the "
                        "end-of-text token's exact text or its id")
         return vocab[given], given, "--eot"
+    if tokenizer_path == BYTES:
+        return 10, "\n", "--tokenizer bytes: a newline"
     config = os.path.join(os.path.dirname(os.path.abspath(tokenizer_path)), "tokenizer_config.json")
     if os.path.isfile(config):
         try:
@@ -442,7 +477,8 @@ def main():
     ap = argparse.ArgumentParser(
         description="Tokenize text into llm.c token shards for remat-train (see docs/data.md).")
     ap.add_argument("input", nargs="?", help="a text file, a folder of .txt files or a .jsonl file")
-    ap.add_argument("--tokenizer", required=True, help="the model's tokenizer.json")
+    ap.add_argument("--tokenizer", required=True,
+                    help="the model's tokenizer.json, or 'bytes': UTF-8 bytes are the ids (0-255)")
     ap.add_argument("--out", help="the folder the shards go to (created if missing)")
     ap.add_argument("--text-key", default="text", help="JSONL: the key holding the text (text)")
     ap.add_argument("--eot", help="end-of-text token between documents: an id or the token's text")

@@ -358,6 +358,9 @@ ModelKeys llama_family(const ConfigFile& f, const Architecture& arch) {
       arch.family == Family::Qwen2, arch.family == Family::Qwen3,
       f.boolean(j, "tie_word_embeddings", d.tie));
   if (!rope.scaling_toml.empty()) k.toml += "rope_scaling = " + rope.scaling_toml + "\n";
+  // The context the checkpoint was trained for: train warns past it without rope_scaling.
+  if (const int64_t n = f.integer(j, "max_position_embeddings", 0, 0, INT64_MAX); n > 0)
+    k.toml += fmt::format("max_position_embeddings = {}\n", n);
   return k;
 }
 
@@ -469,7 +472,9 @@ nlohmann::ordered_json config_json(const ModelConfig& m, int64_t seq_len,
     j["num_key_value_heads"] = m.kv_heads();
     j["head_dim"] = m.head_size();
     j["hidden_act"] = "silu";
-    j["max_position_embeddings"] = from_source("max_position_embeddings", seq_len);
+    j["max_position_embeddings"] =
+        from_source("max_position_embeddings",
+                    m.max_position_embeddings > 0 ? m.max_position_embeddings : seq_len);
     j["rms_norm_eps"] = m.norm_eps;
     j["rope_theta"] = m.rope_theta;
     if (m.rope_scaling.kind == RopeScaling::Llama3)

@@ -74,6 +74,9 @@ class Backend {
   virtual std::string name() const = 0;
   /// One line for the banner: device, threads, BLAS kernel / GPU name.
   virtual std::string describe() const = 0;
+  /// The same without the libraries' and kernels' detail (the CPU's BLAS, GEMM and attention
+  /// kernels), for a banner that is not verbose.
+  virtual std::string describe_brief() const { return describe(); }
   /// dtype of activations (f32 on the CPU, bf16 or f32 on CUDA).
   virtual DType act_dtype() const = 0;
   /// False for the count backend: its tensors have fake addresses and ops compute nothing.

@@ -42,6 +42,7 @@ class CpuBackend : public Backend {
   CpuBackend(uint64_t budget_bytes, int threads, uint64_t host_budget_bytes = UINT64_MAX);
   std::string name() const override { return "cpu"; }
   std::string describe() const override;
+  std::string describe_brief() const override;
   DType act_dtype() const override { return DType::F32; }
   bool device_is_host() const override { return true; }
   WorkspaceTarget workspace_target() const override { return {DeviceKind::Cpu, threads_}; }

@@ -417,6 +417,10 @@ const std::string& existing_folder(const std::string& path) {
 
 Checkpoint::Checkpoint(const std::string& path)
     : impl_(std::make_unique<Impl>(existing_folder(path))) {}
+
+CheckpointState read_checkpoint_state(const std::string& path) {
+  return read_state(existing_folder(path)).state;
+}
 Checkpoint::~Checkpoint() = default;
 Checkpoint::Checkpoint(Checkpoint&&) noexcept = default;
 Checkpoint& Checkpoint::operator=(Checkpoint&&) noexcept = default;

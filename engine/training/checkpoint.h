@@ -46,6 +46,10 @@ void prune_checkpoints(const std::string& dir, int64_t keep_last);
 /// The newest complete checkpoint folder in `dir`, or "" when there is none.
 std::string latest_checkpoint(const std::string& dir);
 
+/// The state.json of checkpoint folder `path` alone, parsed and validated (the tensor files are
+/// not read: Checkpoint verifies them). Throws CheckpointError.
+CheckpointState read_checkpoint_state(const std::string& path);
+
 /// One checkpoint opened for reading: state.json parsed, both tensor files checked against it
 /// (size, checksum) and as safetensors (header, dtypes, offsets), memory-mapped.
 class Checkpoint {
