@@ -2,16 +2,17 @@
 #include "data/bpe_tokenizer.h"
 
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "engine/core/error.h"
+#include "engine/core/regular_file.h"
 
 namespace remat {
 namespace {
@@ -72,17 +73,17 @@ std::string token_bytes(const std::string& s, const InverseTable& table) {
 }
 
 json read_json(const std::string& path, const std::string& fix, bool drop_merges) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  if (!fs::exists(path, ec)) fail(path, "no such file", fix);
-  // A device or pipe (/dev/zero) would be read forever.
-  if (!fs::is_regular_file(path, ec)) fail(path, "not a regular file", fix);
-  std::ifstream f(path, std::ios::binary);
-  if (!f)
-    fail(path, fmt::format("cannot open ({})", std::strerror(errno)), "check its permissions");
+  // A device or pipe (/dev/zero) would be read forever: refused before a byte is read.
+  RegularFile file = RegularFile::open_read(path);
+  if (!file.ok())
+    fail(path, file.problem_text(),
+         file.problem() == RegularFile::Problem::Error ? "check its permissions" : fix);
+  std::string text;
+  if (const int err = file.read_all(text))
+    fail(path, fmt::format("cannot read ({})", std::strerror(err)), "check the file");
   try {
     // "merges" (280k pairs in Llama 3's) serves encoding only: dropped as it is read.
-    return json::parse(f, [drop_merges](int, json::parse_event_t event, json& parsed) {
+    return json::parse(text, [drop_merges](int, json::parse_event_t event, json& parsed) {
       return !(drop_merges && event == json::parse_event_t::key && parsed == "merges");
     });
   } catch (const json::parse_error& e) {
@@ -193,12 +194,12 @@ const std::string& BpeTokenizer::decode(int64_t token) const {
 
 bool BpeTokenizer::looks_like_json(const std::string& path) {
   if (std::filesystem::path(path).extension() == ".json") return true;
-  std::error_code ec;
-  if (!std::filesystem::is_regular_file(path, ec)) return false;
-  std::ifstream f(path, std::ios::binary);
-  char c = 0;
-  while (f.get(c))
-    if (c != ' ' && c != '\t' && c != '\n' && c != '\r') return c == '{';
+  RegularFile file = RegularFile::open_read(path);
+  if (!file.ok()) return false;
+  char buf[4096];
+  for (ssize_t n; (n = ::read(file.fd(), buf, sizeof buf)) > 0;)
+    for (ssize_t i = 0; i < n; ++i)
+      if (buf[i] != ' ' && buf[i] != '\t' && buf[i] != '\n' && buf[i] != '\r') return buf[i] == '{';
   return false;
 }
 
