@@ -76,6 +76,20 @@ void edit_state(const fs::path& step, const std::string& from, const std::string
   write_text(step / "state.json", text);
 }
 
+// `export` (to `out`) and `sample` of checkpoint `step` both exit 2, naming state.json and
+// `tensor`.
+void check_export_and_sample_refused(const fs::path& step, const fs::path& out,
+                                     const std::string& tensor) {
+  for (const std::string& cmd :
+       {fmt::format("export --checkpoint {} --hf {}", step.string(), out.string()),
+        fmt::format("sample --checkpoint {} --tokens 2 --temperature 0", step.string())}) {
+    const CliResult r = run_bounded(cmd);
+    INFO(cmd << "\n" << r.out);
+    CHECK(r.code == 2);
+    CHECK_THAT(r.out, Contains("state.json") && Contains(tensor));
+  }
+}
+
 // Entries of `dir` whose name starts with `prefix`.
 std::vector<std::string> entries_starting(const fs::path& dir, const std::string& prefix) {
   std::vector<std::string> out;
@@ -190,14 +204,7 @@ TEST_CASE(
     fs::remove_all(edited);
     fs::copy(step, edited);
     edit_state(edited, e.from, e.to);
-    for (const std::string& cmd :
-         {fmt::format("export --checkpoint {} --hf {}", edited.string(), tmp / "out"),
-          fmt::format("sample --checkpoint {} --tokens 2", edited.string())}) {
-      const CliResult r = run_bounded(cmd);
-      INFO(cmd << "\n" << r.out);
-      CHECK(r.code == 2);
-      CHECK_THAT(r.out, Contains("state.json") && Contains(e.tensor));
-    }
+    check_export_and_sample_refused(edited, tmp / "out", e.tensor);
     CHECK(entries_starting(tmp.path, "out").empty());  // no out, no out.tmp-<pid>
   }
 }
@@ -211,16 +218,8 @@ TEST_CASE("issue 58.3: a tie_embeddings edited in state.json is refused, naming 
   // Tied, edited to untied: the head the config now asks for is missing.
   const fs::path tied = train_checkpoint(tmp / "tied", "--set model.tie_embeddings=true");
   edit_state(tied, "tie_embeddings = true", "tie_embeddings = false");
-  for (const fs::path& step : {untied, tied}) {
-    for (const std::string& cmd :
-         {fmt::format("export --checkpoint {} --hf {}", step.string(), tmp / "out"),
-          fmt::format("sample --checkpoint {} --tokens 2 --temperature 0", step.string())}) {
-      const CliResult r = run_bounded(cmd);
-      INFO(cmd << "\n" << r.out);
-      CHECK(r.code == 2);
-      CHECK_THAT(r.out, Contains("'lm_head.weight'") && Contains("state.json"));
-    }
-  }
+  for (const fs::path& step : {untied, tied})
+    check_export_and_sample_refused(step, tmp / "out", "'lm_head.weight'");
   CHECK(entries_starting(tmp.path, "out").empty());
 }
 
