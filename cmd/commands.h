@@ -11,6 +11,7 @@ namespace remat {
 struct RunParts;
 class Backend;
 struct Config;
+class Checkpoint;
 }  // namespace remat
 
 namespace remat::cli {
@@ -136,6 +137,9 @@ int run_tokenize(const TokenizeOptions& opt);
 /// checkpoint.dir (its newest complete checkpoint). `command` and `flag` name them in errors.
 std::string resolve_checkpoint(const std::string& arg, const char* command,
                                const char* flag = "--checkpoint");
+/// The config of checkpoint `ckpt` (its state.json), once its tensor files are known to hold
+/// exactly the parameters of the model that config describes (Checkpoint::check_matches).
+Config checkpoint_config(const Checkpoint& ckpt);
 
 struct ExportOptions {
   std::string checkpoint;      // --checkpoint DIR (a step_* folder, or a checkpoint.dir)

@@ -11,8 +11,8 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -21,6 +21,7 @@
 #include "engine/config/config.h"
 #include "engine/config/hf_config.h"
 #include "engine/core/error.h"
+#include "engine/core/regular_file.h"
 #include "engine/core/units.h"
 #include "engine/model_files/hf_weights.h"
 #include "engine/model_files/safetensors.h"
@@ -47,26 +48,15 @@ void fsync_path(const fs::path& p, int flags) {
   if (rc != 0) safetensors::throw_io_error("fsync", p.string(), err);
 }
 
-void write_synced(const fs::path& path, const std::string& text) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) safetensors::throw_io_error("create", path.string(), errno);
-  try {
-    safetensors::write_all(fd, text.data(), text.size(), path.string());
-  } catch (...) {
-    ::close(fd);
-    throw;
-  }
-  const int rc = ::fsync(fd);
-  const int err = errno;
-  ::close(fd);
-  if (rc != 0) safetensors::throw_io_error("fsync", path.string(), err);
-}
-
-void copy_synced(const fs::path& from, const fs::path& to) {
-  std::error_code ec;
-  fs::copy_file(from, to, ec);
-  if (ec) safetensors::throw_io_error("copy " + from.string() + " to", to.string(), ec.value());
-  fsync_path(to, O_RDONLY);
+// A file of a source folder, read whole: a regular file, never a FIFO that would block.
+std::string read_source_file(const fs::path& path) {
+  RegularFile file = RegularFile::open_read(path.string());
+  std::string text;
+  const int err = file.ok() ? file.read_all(text) : 0;
+  if (!file.ok() || err != 0)
+    throw IoError(fmt::format("[export] cannot read {}: {}. Fix: check the file", path.string(),
+                              file.ok() ? std::strerror(err) : file.problem_text()));
+  return text;
 }
 
 // OUT as a folder name without a trailing slash, so that OUT.tmp-<pid> lies beside it.
@@ -109,10 +99,17 @@ TokenizerSource tokenizer_source(const ExportOptions& opt, const Checkpoint& ckp
 int run_export(const ExportOptions& opt) {
   const std::string path = resolve_checkpoint(opt.checkpoint, "export");
   const Checkpoint ckpt(path);
-  const Config cfg = parse_config(ckpt.state().config_toml, path + "/state.json");
+  const Config cfg = checkpoint_config(ckpt);
   const std::string arch = hf::architecture_of(cfg.model);
   const fs::path out = output_folder(opt.out);
   std::error_code ec;
+  // rename(2) would not follow a link (it fails on one, dangling or not, after all the writing):
+  // the folder must be named as itself.
+  if (fs::is_symlink(out, ec))
+    throw CheckpointError(fmt::format(
+        "[export] --hf {}: is a symbolic link (to {}), and export writes a new folder of its own, "
+        "never through a link. Fix: give the folder's own path, or a new folder",
+        opt.out, fs::read_symlink(out, ec).string()));
   if (fs::exists(out, ec) && (!fs::is_directory(out, ec) || !fs::is_empty(out, ec)))
     throw CheckpointError(fmt::format(
         "[export] --hf {}: exists and is not an empty folder, and export never overwrites. Fix: "
@@ -125,8 +122,7 @@ int run_export(const ExportOptions& opt) {
   const bool has_source = !tok.dir.empty() && fs::is_regular_file(source_config, ec);
   if (has_source) {
     try {
-      std::ifstream in(source_config, std::ios::binary);
-      source = nlohmann::json::parse(in);
+      source = nlohmann::json::parse(read_source_file(source_config));
     } catch (const nlohmann::json::exception& e) {
       throw ConfigError(fmt::format("{}: [export] not valid JSON ({}). Fix: correct the file",
                                     source_config.string(), e.what()));
@@ -141,13 +137,13 @@ int run_export(const ExportOptions& opt) {
     const nlohmann::ordered_json config =
         hf::config_json(cfg.model, cfg.train.seq_len, opt.bf16 ? "bfloat16" : "float32",
                         has_source && source.is_object() ? &source : nullptr);
-    write_synced(tmp / "config.json", config.dump(2) + "\n");
+    safetensors::write_file_durably((tmp / "config.json").string(), config.dump(2) + "\n");
     files = hf::write_weights(tmp.string(), cfg.model,
                               [&](const std::string& name) { return ckpt.weight(name); },
                               {opt.bf16, opt.shard_bytes});
     for (const char* name : kTokenizerFiles)
       if (!tok.dir.empty() && fs::is_regular_file(tok.dir / name, ec)) {
-        copy_synced(tok.dir / name, tmp / name);
+        safetensors::write_file_durably((tmp / name).string(), read_source_file(tok.dir / name));
         copied.emplace_back(name);
       }
     fsync_path(tmp, O_RDONLY | O_DIRECTORY);

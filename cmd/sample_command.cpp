@@ -22,9 +22,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <numeric>
 #include <optional>
 
@@ -33,10 +32,13 @@
 #include "data/hf_tokenizer.h"
 #include "data/unicode_text.h"
 #include "engine/config/config.h"
+#include "engine/core/count_backend.h"
 #include "engine/core/error.h"
+#include "engine/core/regular_file.h"
 #include "engine/core/rng.h"
 #include "engine/training/checkpoint.h"
 #include "layers/decoder.h"
+#include "layers/models.h"
 
 namespace remat::cli {
 
@@ -65,6 +67,15 @@ std::string resolve_checkpoint(const std::string& arg, const char* command, cons
   return latest;
 }
 
+Config checkpoint_config(const Checkpoint& ckpt) {
+  const Config cfg = parse_config(ckpt.state().config_toml, ckpt.path() + "/state.json");
+  // The model on a count backend: its parameters' names and shapes, without memory or values.
+  CountBackend count(CountTarget{}, UINT64_MAX);
+  const std::unique_ptr<Model> model = make_model(cfg.model, model_shape(cfg.train), count);
+  ckpt.check_matches(*model);
+  return cfg;
+}
+
 namespace {
 
 constexpr int32_t kByteStartToken = '\n';
@@ -72,9 +83,14 @@ constexpr int64_t kByteVocab = 256;
 
 std::string read_prompt(const SampleOptions& opt) {
   if (opt.prompt_file.empty()) return opt.prompt;
-  std::ifstream f(opt.prompt_file, std::ios::binary);
-  if (!f) throw IoError(fmt::format("[sample] cannot read --prompt-file {}", opt.prompt_file));
-  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  RegularFile file = RegularFile::open_read(opt.prompt_file);
+  std::string text;
+  const int err = file.ok() ? file.read_all(text) : 0;
+  if (!file.ok() || err != 0)
+    throw ConfigError(fmt::format("[sample] --prompt-file {}: {}. Fix: give a text file",
+                                  opt.prompt_file,
+                                  file.ok() ? std::strerror(err) : file.problem_text()));
+  return text;
 }
 
 std::string prompt_source(const SampleOptions& opt) {
@@ -323,7 +339,7 @@ int64_t positions_needed(const Config& cfg, int64_t prompt_len, int64_t tokens) 
 int run_sample(const SampleOptions& opt) {
   const std::string path = resolve_checkpoint(opt.checkpoint, "sample");
   const Checkpoint ckpt(path);
-  const Config cfg = parse_config(ckpt.state().config_toml, path + "/state.json");
+  const Config cfg = checkpoint_config(ckpt);
   if (!cfg.model.has_sequence())
     throw ConfigError(fmt::format(
         "[sample] {}/state.json: model.kind = \"{}\"; only GPT and Llama models generate. Fix: "

@@ -4,6 +4,7 @@
 #include "data/hf_tokenizer.h"
 
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
@@ -21,6 +22,7 @@
 #include "data/tokenizer_pipeline.h"
 #include "data/unicode_text.h"
 #include "engine/core/error.h"
+#include "engine/core/regular_file.h"
 
 namespace remat {
 namespace {
@@ -45,16 +47,17 @@ constexpr int64_t kMaxId = int64_t{1} << 24;
 }
 
 json read_json(const std::string& path, const std::string& fix) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  if (!fs::exists(path, ec)) fail(path, "no such file", fix);
-  // A pipe or device (a FIFO, /dev/zero) would block or be read forever: refused unopened.
-  if (!fs::is_regular_file(path, ec)) fail(path, "not a regular file", fix);
-  std::ifstream f(path, std::ios::binary);
-  if (!f)
-    fail(path, fmt::format("cannot open ({})", std::strerror(errno)), "check its permissions");
+  // A pipe or device (a FIFO, /dev/zero) would block or be read forever: refused before a byte is
+  // read.
+  RegularFile file = RegularFile::open_read(path);
+  if (!file.ok())
+    fail(path, file.problem_text(),
+         file.problem() == RegularFile::Problem::Error ? "check its permissions" : fix);
+  std::string text;
+  if (const int err = file.read_all(text))
+    fail(path, fmt::format("cannot read ({})", std::strerror(err)), "check the file");
   try {
-    return json::parse(f);
+    return json::parse(text);
   } catch (const json::parse_error& e) {
     fail(path, fmt::format("not valid JSON (byte {})", e.byte), fix);
   }
@@ -492,12 +495,12 @@ const std::string& HfTokenizer::encode_problem() const {
 
 bool HfTokenizer::looks_like_json(const std::string& path) {
   if (std::filesystem::path(path).extension() == ".json") return true;
-  std::error_code ec;
-  if (!std::filesystem::is_regular_file(path, ec)) return false;
-  std::ifstream f(path, std::ios::binary);
-  char c = 0;
-  while (f.get(c))
-    if (c != ' ' && c != '\t' && c != '\n' && c != '\r') return c == '{';
+  RegularFile file = RegularFile::open_read(path);
+  if (!file.ok()) return false;
+  char buf[4096];
+  for (ssize_t n; (n = ::read(file.fd(), buf, sizeof buf)) > 0;)
+    for (ssize_t i = 0; i < n; ++i)
+      if (buf[i] != ' ' && buf[i] != '\t' && buf[i] != '\n' && buf[i] != '\r') return buf[i] == '{';
   return false;
 }
 

@@ -31,7 +31,8 @@ a newline between documents unless --eot), the ids a byte-level model trained on
 --tokenizer bytes` prints them as text.
 
 Progress (tokens/s, documents, bytes) goes to stderr; at the end, stdout has the `--set` options
-that train on the shards. Errors are one line, `error: [prepare] ... Fix: ...`, exit 2.
+that train on the shards. Errors are one line, `error: [prepare] ... Fix: ...`, exit 2; a run that
+fails (a full disk, bad input, ^C) removes the shards it wrote, so no partial set is left.
 Needs `tokenizers` (pip install tokenizers, in a virtual environment), except with --tokenizer bytes.
 """
 import argparse
@@ -323,6 +324,16 @@ class ShardWriter:
         self.buf = array.array(self.typecode)
         self.last = None  # (document, piece) of the last piece appended
         self.paths, self.tokens = [], 0
+        self.tmp = None  # the shard being written, under its hidden name
+
+    def remove_written(self):
+        """Deletes every shard this writer wrote, and the one it was writing."""
+        for path in self.paths + ([self.tmp] if self.tmp else []):
+            try:
+                os.remove(path)
+            except FileNotFoundError:
+                pass
+        self.paths, self.tmp = [], None
 
     def add(self, doc, piece, ids):
         # A piece that continues the last one joins it; anything else starts a new document here.
@@ -348,11 +359,19 @@ class ShardWriter:
         header = array.array("i", [self.magic, self.version, len(tokens)] + [0] * (HEADER_INTS - 3))
         if sys.byteorder != "little":
             header.byteswap()
-        # Written under a hidden name, then renamed: a glob never sees half a shard.
-        with open(tmp, "wb") as f:
-            header.tofile(f)
-            tokens.tofile(f)
-        os.replace(tmp, path)
+        # Written under a hidden name, then renamed: a glob never sees half a shard. A failed
+        # write (a full disk) names the shard; the run then removes what it wrote (prepare()).
+        self.tmp = tmp
+        try:
+            with open(tmp, "wb") as f:
+                header.tofile(f)
+                tokens.tofile(f)
+            os.replace(tmp, path)
+        except OSError as e:
+            raise Fail(f"{path}: cannot write it ({e.strerror}, as {tmp}). Fix: free space on that "
+                       "disk or choose another --out, then run again (this run's shards were "
+                       "removed)") from e
+        self.tmp = None
         self.paths.append(path)
         self.tokens += len(tokens)
 
@@ -420,6 +439,18 @@ def prepare(args):
                      f"vocabulary {vocab:,} ({'uint16' if fmt is GPT2_FORMAT else 'uint32'} "
                      f"shards), end-of-text {eot_text!r} = {eot} (from {eot_from})\n")
     progress = Progress(pieces)
+    try:
+        write_shards(tok, pieces, writers, progress)
+        check_splits(args, pieces, writers)
+    except BaseException:  # a full disk, bad input, ^C: no partial shard set is left behind
+        for w in writers.values():
+            w.remove_written()
+        raise
+    report(args, pieces, writers, fmt, vocab)
+
+
+def write_shards(tok, pieces, writers, progress):
+    """Encodes every piece and writes the shards of both splits."""
     batch, batch_bytes = [], 0
 
     def flush():
@@ -441,6 +472,9 @@ def prepare(args):
         w.close()
     progress.update(sum(w.tokens for w in writers.values()), final=True)
 
+
+def check_splits(args, pieces, writers):
+    """Both splits have shards (val: when asked for)."""
     train, val = writers["train"], writers["val"]
     if not train.paths:
         raise Fail(f"{args.input}: no text to train on ({pieces.empty} empty documents"
@@ -448,8 +482,13 @@ def prepare(args):
                    "or lower --val-fraction")
     if args.val_fraction > 0 and not val.paths:
         raise Fail(f"{args.input}: no document or line starts in the last {args.val_fraction} of "
-                   "the input, so nothing was held out (train shards written). Fix: raise "
+                   "the input, so nothing was held out (no shards kept). Fix: raise "
                    "--val-fraction, or pass --val-fraction 0 and set data.val_fraction in training")
+
+
+def report(args, pieces, writers, fmt, vocab):
+    """What was written, and the --set options that train on it."""
+    train, val = writers["train"], writers["val"]
 
     def shards(w):
         plural = "s" if len(w.paths) != 1 else ""
@@ -506,7 +545,8 @@ def main():
         sys.stderr.write(f"error: [prepare] {e}\n")
         sys.exit(2)
     except OSError as e:
-        sys.stderr.write(f"error: [prepare] {e.filename}: {e.strerror}. Fix: check the path and "
+        where = f"{e.filename}: " if e.filename else ""
+        sys.stderr.write(f"error: [prepare] {where}{e.strerror or e}. Fix: check the path and "
                          "its permissions\n")
         sys.exit(2)
 

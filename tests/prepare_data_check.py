@@ -199,6 +199,16 @@ def gpt2_style():
     check(whole == cut, "pieces of --chunk-bytes 300 and whole documents tokenize differently")
     printed = p.stdout.decode()
 
+    # A full disk: the error names the shard being written, and what this run wrote is removed.
+    # /dev/full fails every write with ENOSPC; a link to it stands for the third shard's file.
+    if os.path.exists("/dev/full"):
+        os.makedirs("full")
+        os.symlink("/dev/full", "full/.train_000002.bin.tmp")
+        p = prepare("--tokenizer", "tokenizer.json", "docs", "--out", "full", "--val-fraction",
+                    "0.1", "--chunk-bytes", "300", "--shard-tokens", "1000", expect=2)
+        one_error_line(p, "full/train_000002.bin", "No space left on device")
+        check(os.listdir("full") == [], f"a failed run left {sorted(os.listdir('full'))}")
+
     encoded = run([sys.executable, SCRIPT, "--tokenizer", "tokenizer.json", "--encode",
                    "the quick café 😀"]).stdout.split()
     prompt = [int(x) for x in encoded]

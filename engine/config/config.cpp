@@ -7,8 +7,9 @@
 #include <toml++/toml.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <functional>
 #include <limits>
 #include <map>
@@ -19,6 +20,7 @@
 #include "engine/config/hf_config.h"
 #include "engine/config/policy.h"
 #include "engine/core/error.h"
+#include "engine/core/regular_file.h"
 #include "engine/core/token_positions.h"
 #include "engine/core/units.h"
 
@@ -926,23 +928,21 @@ std::string read_config_file(const std::string& path) {
     throw ConfigError(fmt::format(
         "{}: [config] cannot open the config file. Fix: check the path (configs/ has ready ones)",
         path));
-  if (!fs::is_regular_file(st))
+  RegularFile file = RegularFile::open_read(path);
+  if (file.problem() == RegularFile::Problem::NotRegular)
     throw ConfigError(fmt::format(
         "{}: [config] not a regular file (a directory, device or pipe). Fix: give a .toml file",
         path));
-  std::ifstream in(path, std::ios::binary);
-  std::string text(kMaxConfigBytes + 1, '\0');
-  in.read(text.data(), static_cast<std::streamsize>(text.size()));
-  if (in.bad())
-    throw ConfigError(
-        fmt::format("{}: [config] cannot read the config file. Fix: check its "
-                    "permissions",
-                    path));
-  text.resize(static_cast<size_t>(in.gcount()));
-  if (text.size() > kMaxConfigBytes)
+  std::string text;
+  const int err = file.ok() ? file.read_all(text, kMaxConfigBytes) : file.error();
+  if (err == EFBIG)
     throw ConfigError(
         fmt::format("{}: [config] larger than {} bytes: not a config. Fix: give a .toml file", path,
                     kMaxConfigBytes));
+  if (!file.ok() || err != 0)
+    throw ConfigError(
+        fmt::format("{}: [config] cannot read the config file ({}). Fix: check its permissions",
+                    path, file.ok() ? std::strerror(err) : file.problem_text()));
   return text;
 }
 

@@ -59,9 +59,9 @@ class CudaBackend final : public Backend {
   /// Waits until every enqueued op has finished (timing, tests); completes download_async.
   void synchronize() override;
   /// The workspace cuDNN's attention plan for this shape needs, in bytes (builds the plan once;
-  /// the tests compare it with kCudnnPlanWorkspaceBytes).
-  int64_t attention_plan_workspace_bytes(int64_t B, int64_t NH, int64_t T, int64_t HS,
-                                         bool backward);
+  /// the tests compare it with cudnn_plan_reserve_bytes). Throws BackendError when no engine
+  /// config has a plan within that reserve.
+  int64_t attention_plan_workspace_bytes(const AttentionShape& s, bool backward);
   /// Every engine config cuDNN offers for this attention shape (AttentionEngine::survey).
   std::vector<EngineOption> attention_engine_survey(int64_t B, int64_t NH, int64_t T, int64_t HS,
                                                     bool backward);

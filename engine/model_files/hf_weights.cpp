@@ -1,15 +1,13 @@
 #include "engine/model_files/hf_weights.h"
 
-#include <fcntl.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -17,6 +15,7 @@
 #include <set>
 
 #include "engine/core/error.h"
+#include "engine/core/regular_file.h"
 #include "engine/model_files/safetensors.h"
 
 namespace remat::hf {
@@ -27,6 +26,8 @@ namespace st = safetensors;
 
 constexpr const char* kIndexFile = "model.safetensors.index.json";
 constexpr const char* kSingleFile = "model.safetensors";
+// An index lists one line per tensor: tens of KiB for the largest models.
+constexpr uint64_t kMaxIndexBytes = 256u << 20;
 
 int64_t numel(const std::vector<int64_t>& shape) {
   int64_t n = 1;
@@ -52,14 +53,20 @@ class StateDict {
     const st::TensorInfo* info = nullptr;
   };
 
+  // transformers 4.57's from_pretrained takes model.safetensors when the folder has one (a
+  // regular file), and only then model.safetensors.index.json: the same order here, so that a
+  // folder holding both is the same model on both sides. Anything else named model.safetensors (a
+  // FIFO, a folder) is refused by the Reader rather than passed over.
   explicit StateDict(const std::string& dir) : dir_(dir) {
-    const fs::path index = fs::path(dir) / kIndexFile;
+    const fs::path single = fs::path(dir) / kSingleFile, index = fs::path(dir) / kIndexFile;
     std::error_code ec;
-    if (fs::is_regular_file(index, ec)) {
-      open_index(index.string());
-    } else if (fs::exists(fs::path(dir) / kSingleFile, ec)) {
+    const bool has_index = fs::exists(index, ec);
+    if (fs::exists(single, ec)) {
       const st::Reader& r = add_file(kSingleFile);
       for (const st::TensorInfo& t : r.tensors()) entries_[t.name] = {&r, &t};
+      index_ignored_ = has_index;
+    } else if (has_index) {
+      open_index(index.string());
     } else {
       throw CheckpointError(fmt::format(
           "[hf] {}: neither {} nor {} is in the folder. Fix: give a folder with safetensors "
@@ -80,6 +87,8 @@ class StateDict {
     return out;
   }
   size_t n_files() const { return files_.size(); }
+  /// Whether an index beside model.safetensors was passed over.
+  bool index_ignored() const { return index_ignored_; }
 
  private:
   const st::Reader& add_file(const std::string& name) {
@@ -91,10 +100,18 @@ class StateDict {
   }
 
   void open_index(const std::string& path) {
+    RegularFile index = RegularFile::open_read(path);
+    std::string text;
+    if (!index.ok())
+      throw CheckpointError(fmt::format("[hf] {}: {}. Fix: give the folder's index file", path,
+                                        index.problem_text()));
+    if (const int err = index.read_all(text, kMaxIndexBytes))
+      throw CheckpointError(
+          fmt::format("[hf] {}: {}. Fix: save the model again", path,
+                      err == EFBIG ? "larger than any index (256 MiB)" : std::strerror(err)));
     nlohmann::json j;
     try {
-      std::ifstream in(path, std::ios::binary);
-      j = nlohmann::json::parse(in);
+      j = nlohmann::json::parse(text);
     } catch (const nlohmann::json::exception& e) {
       throw CheckpointError(
           fmt::format("[hf] {}: not valid JSON ({}). Fix: save the model again", path, e.what()));
@@ -133,6 +150,7 @@ class StateDict {
   std::vector<std::unique_ptr<st::Reader>> files_;
   std::map<std::string, const st::Reader*> by_name_;
   std::map<std::string, Entry> entries_;
+  bool index_ignored_ = false;
 };
 
 std::vector<float> read_f32(const StateDict::Entry& e) {
@@ -177,6 +195,22 @@ const Param& param_named(Model& model, const std::string& name) {
 [[noreturn]] void refuse(const std::string& where, const std::string& problem,
                          const std::string& fix) {
   throw CheckpointError(fmt::format("[hf] {}: {}. Fix: {}", where, problem, fix));
+}
+
+// A NaN or an infinity in a file's weights: found as the tensor is converted, so that a damaged
+// download is named here, not reported at step 1 as a divergence (whose first non-finite
+// gradient would be some other tensor's). `v` holds the first `n` values of tensor `name`.
+void check_finite(const StateDict::Entry& e, const std::string& name, const float* v, size_t n) {
+  const float* bad = std::find_if(v, v + n, [](float x) { return !std::isfinite(x); });
+  if (bad == v + n) return;
+  const size_t count =
+      static_cast<size_t>(std::count_if(bad, v + n, [](float x) { return !std::isfinite(x); }));
+  refuse(e.file->path(),
+         fmt::format("tensor '{}' holds {} at element {}{}", name,
+                     std::isnan(*bad) ? "NaN" : (*bad > 0 ? "inf" : "-inf"), bad - v,
+                     count > 1 ? fmt::format(" ({} values are not finite)", count) : ""),
+         "the file is damaged or the model it was saved from had diverged: download it again, "
+         "or use a checkpoint saved before that");
 }
 
 constexpr const char* kFixAnotherModel =
@@ -277,11 +311,14 @@ std::string load_weights(const std::string& dir, const ModelConfig& m, Backend& 
       if (mp.transposed) {
         scratch.resize(host.size());
         st::to_f32(e.info->dtype, src, scratch.size(), scratch.data());
+        check_finite(e, pc.name, scratch.data(), scratch.size());
         transpose(scratch.data(), pc.shape[0], pc.shape[1], host.data());
       } else {
         const int64_t rows = std::min(e.info->shape[0], pc.shape[0]);
-        st::to_f32(e.info->dtype, src, static_cast<size_t>(rows * row_elems(pc.shape)),
-                   host.data() + pc.row0 * row_elems(mp.shape));
+        float* dst = host.data() + pc.row0 * row_elems(mp.shape);
+        const size_t n = static_cast<size_t>(rows * row_elems(pc.shape));
+        st::to_f32(e.info->dtype, src, n, dst);
+        check_finite(e, pc.name, dst, n);
       }
       e.file->release(*e.info);
     }
@@ -295,10 +332,13 @@ std::string load_weights(const std::string& dir, const ModelConfig& m, Backend& 
   else if (*file_vocab < m.vocab_size)
     vocab_note = fmt::format("; vocabulary rows {}..{} added as zeros (model.vocab_size = {})",
                              *file_vocab, m.vocab_size - 1, m.vocab_size);
-  return fmt::format("{} tensors from {} file{} ({} -> f32){}{}{}",
-                     used.size() - !head_note.empty(), sd.n_files(), sd.n_files() == 1 ? "" : "s",
-                     fmt::join(dtypes, ", "), vocab_note, head_note,
-                     buffers ? fmt::format("; {} buffers skipped (recomputed)", buffers) : "");
+  return fmt::format(
+      "{} tensors from {} file{} ({} -> f32){}{}{}{}", used.size() - !head_note.empty(),
+      sd.n_files(), sd.n_files() == 1 ? "" : "s", fmt::join(dtypes, ", "), vocab_note, head_note,
+      buffers ? fmt::format("; {} buffers skipped (recomputed)", buffers) : "",
+      sd.index_ignored() ? fmt::format("; {} beside it not read (transformers loads {} first)",
+                                       kIndexFile, kSingleFile)
+                         : "");
 }
 
 void for_each_tensor(const ModelConfig& m, const ParamSource& source,
@@ -369,17 +409,7 @@ std::vector<std::string> write_weights(const std::string& dir, const ModelConfig
   if (n > 1) {
     const nlohmann::json index = {{"metadata", {{"total_size", total}}},
                                   {"weight_map", weight_map}};
-    const std::string path = (fs::path(dir) / kIndexFile).string();
-    const std::string text = index.dump(2) + "\n";
-    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) st::throw_io_error("create", path, errno);
-    st::write_all(fd, text.data(), text.size(), path);
-    if (::fsync(fd) != 0) {
-      const int err = errno;
-      ::close(fd);
-      st::throw_io_error("fsync", path, err);
-    }
-    ::close(fd);
+    st::write_file_durably((fs::path(dir) / kIndexFile).string(), index.dump(2) + "\n");
     files.push_back(kIndexFile);
   }
   return files;

@@ -6,7 +6,10 @@
 // Reading streams: each file is memory-mapped, each tensor converted (F32, BF16, F16 -> f32,
 // exactly), reshaped into one of our parameters and uploaded, and its pages given back before the
 // next; host memory holds one parameter at a time, never a file. Every name and shape is checked
-// before the first upload, so a refused folder leaves the model as it was.
+// before the first upload, so a folder refused for them leaves the model as it was; the values
+// are checked as they are converted (a NaN or an infinity is refused, naming the file and tensor,
+// and the caller stops with the model partly loaded). A folder holding both model.safetensors and
+// an index loads model.safetensors, as transformers does.
 #pragma once
 
 #include <cstdint>
@@ -23,9 +26,9 @@ namespace remat::hf {
 
 /// Loads the weights of the Hugging Face folder `dir` into `model` (built from `m`, which
 /// read_model_keys made from the same folder, possibly with another vocab_size). Throws
-/// CheckpointError naming the tensor and its file when one is missing, left over, mis-shaped or
-/// of another dtype. Returns one line for the banner: files, dtypes, and what was padded,
-/// stripped or skipped.
+/// CheckpointError naming the tensor and its file when one is missing, left over, mis-shaped, of
+/// another dtype or holds a NaN or an infinity. Returns one line for the banner: files, dtypes, and
+/// what was padded, stripped or skipped.
 std::string load_weights(const std::string& dir, const ModelConfig& m, Backend& be, Model& model);
 
 /// The f32 values of one of our parameters, by name (a checkpoint's tensor, a gradient, ...).

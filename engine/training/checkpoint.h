@@ -66,6 +66,11 @@ class Checkpoint {
   /// CheckpointError naming the tensor.
   void load_into(Backend& be, Model& model, bool with_optimizer,
                  DistributedMoments* moments = nullptr) const;
+  /// Both files hold exactly `model`'s parameters and their moments, by name and shape, where
+  /// `model` is the one state.json's config describes (built by the caller, on a count backend):
+  /// otherwise a CheckpointError naming the first tensor missing, left over or mis-shaped. A
+  /// state.json edited after the write (n_embd, vocab_size, d_ff, tie_embeddings) is caught here.
+  void check_matches(Model& model) const;
   /// Names of the tensors in model.safetensors, in file order.
   std::vector<std::string> weight_names() const;
   /// One weight as host f32 and its shape (for sampling). Throws CheckpointError if absent.
