@@ -183,6 +183,11 @@ int run(int argc, char** argv) {
                    "hf:DIR, a Hugging Face folder, which implies --model hf:DIR)")
       ->excludes(resume_opt);
   train_cmd
+      ->add_option("--init-adapter", train.init_adapter,
+                   "A LoRA run ([lora] rank > 0) starts its adapters from this PEFT adapter folder "
+                   "(adapter_config.json + adapter_model.safetensors) on the --init hf:DIR base")
+      ->excludes(resume_opt);
+  train_cmd
       ->add_option("--stop-at", train.stop_at,
                    "Stop after this step, write a checkpoint and exit 0; the schedule still runs "
                    "to train.steps")
@@ -312,10 +317,15 @@ int run(int argc, char** argv) {
       ->add_option("--checkpoint", export_opt.checkpoint,
                    "Checkpoint folder, or a checkpoint.dir (its newest)")
       ->required();
+  auto* export_hf = export_cmd->add_option(
+      "--hf", export_opt.out,
+      "The Hugging Face folder to write (a LoRA run: merged into its base); it must not exist or "
+      "be empty (never overwritten)");
   export_cmd
-      ->add_option("--hf", export_opt.out,
-                   "The folder to write; it must not exist or be empty (never overwritten)")
-      ->required();
+      ->add_option("--adapter", export_opt.adapter,
+                   "A LoRA run's PEFT adapter folder to write instead (peft loads it); it must not "
+                   "exist or be empty")
+      ->excludes(export_hf);
   export_cmd->add_option("--dtype", export_dtype, "Weights as bf16 (default) or fp32")
       ->check(CLI::IsMember({"bf16", "fp32"}));
   export_cmd->add_option("--tokenizer-from", export_opt.tokenizer_from,
@@ -374,6 +384,10 @@ int run(int argc, char** argv) {
   if (compare_cmd->parsed()) return remat::cli::run_compare(compare);
   if (sample_cmd->parsed()) return remat::cli::run_sample(sample);
   if (export_cmd->parsed()) {
+    if (export_opt.out.empty() && export_opt.adapter.empty())
+      throw remat::ConfigError(
+          "[export] nothing to write. Fix: give --hf OUT (a Hugging Face model folder) or "
+          "--adapter OUT (a LoRA run's PEFT adapter)");
     export_opt.bf16 = export_dtype == "bf16";
     if (!export_shard.empty()) {
       const std::optional<uint64_t> v = remat::parse_size(export_shard);
@@ -425,6 +439,11 @@ static int exit_code_of(const remat::Error& e) {
 // that a user who hits it knows where to read on (docs/ in the repository, or the installed copy
 // in share/doc/remat-train). Empty where the message alone is the answer.
 static const char* docs_page_of(const remat::Error& e) {
+  const std::string_view what = e.what();
+  if (what.find("[peft]") != std::string_view::npos ||
+      what.find("[config] lora.") != std::string_view::npos ||
+      what.find("[lora]") != std::string_view::npos || what.find("LoRA") != std::string_view::npos)
+    return "docs/lora.md";
   if (dynamic_cast<const remat::OutOfMemory*>(&e)) return "docs/planning.md";
   if (dynamic_cast<const remat::ConfigError*>(&e)) return "docs/configs.md";
   if (dynamic_cast<const remat::DataChanged*>(&e)) return "docs/shared-files.md";

@@ -31,6 +31,7 @@
 #include "engine/core/error.h"
 #include "engine/core/rng.h"
 #include "engine/training/checkpoint.h"
+#include "engine/training/lora_checkpoint.h"
 #include "layers/decoder.h"
 
 namespace remat::cli {
@@ -299,10 +300,11 @@ int run_sample(const SampleOptions& opt) {
   const Prompt prompt = make_prompt(opt, cfg, bytes, tok ? &*tok : nullptr);
   const int64_t n_prompt = static_cast<int64_t>(prompt.ids.size());
   const int64_t capacity = positions_needed(cfg, n_prompt, opt.tokens);
+  const CheckpointWeights weights(ckpt, cfg);  // a LoRA run's: its adapters merged into the base
   const std::unique_ptr<Decoder> dec = make_decoder(
       cfg.model,
       [&](const std::string& name, std::vector<int64_t>* shape) {
-        return ckpt.weight(name, shape);
+        return weights.weight(name, shape);
       },
       capacity);
   // Only ids the output can show: bytes, or the tokenizer's table (llm.c pads the model's

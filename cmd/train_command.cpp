@@ -13,6 +13,7 @@
 
 #include "cmd/commands.h"
 #include "cmd/report.h"
+#include "cmd/train_lora.h"
 #include "data/dataset.h"
 #include "engine/core/error.h"
 #include "engine/core/units.h"
@@ -215,6 +216,9 @@ class TrainRun {
     throw DataChanged(data_change_ + where);
   }
 
+  /// A LoRA run: what each checkpoint records of its frozen base (lora_checkpoint.h).
+  void set_lora_base(nlohmann::json record) { lora_base_ = std::move(record); }
+
   void close_metrics() {
     if (!metrics_) return;
     metrics_->summary(summary_);
@@ -319,6 +323,7 @@ class TrainRun {
     // the expanded keys, not the folder, so that a resume never needs it).
     if (!cfg_.model.from_hf.empty())
       state.extra["hf_source"] = std::filesystem::absolute(cfg_.model.from_hf).string();
+    if (!lora_base_.is_null()) state.extra["lora_base"] = lora_base_;
     state.data_cursor = data_.cursor(state.step);
     if (summary_.final_val_loss) state.extra["val_loss"] = *summary_.final_val_loss;
     const std::string path =
@@ -363,6 +368,7 @@ class TrainRun {
   std::vector<double> step_ms_;
   double tokens_per_step_ = 0;  // the job's tokens of one step (every rank's rows)
   int64_t last_checkpoint_step_ = -1;
+  nlohmann::json lora_base_;
 };
 
 }  // namespace
@@ -508,6 +514,7 @@ int run_train(const TrainOptions& options) {
   } else {
     refuse_to_overwrite(cfg);
   }
+  const LoraStart lora_start = check_lora_start(cfg, opt, resume.get());
 
   BackendChoice choice = make_backend(cfg);
   Backend& be = *choice.backend;
@@ -540,10 +547,12 @@ int run_train(const TrainOptions& options) {
 
   RunInfo info;
   if (resume) {
+    const std::string base_line = load_lora_base(lora_start, cfg, be, *model);  // LoRA's base
     resume->load_into(be, *model, /*with_optimizer=*/true, trainer.sharded_moments());
     trainer.set_steps_done(resume->state().step);
     info.resume_line =
         fmt::format("resumed from {} at step {}", resume->path(), resume->state().step);
+    if (!base_line.empty()) info.resume_line += "; " + base_line;
   } else if (opt.init_path.rfind("hf:", 0) == 0) {
     info.resume_line =
         fmt::format("weights from {}: {} (optimizer state and step start fresh)", opt.init_path,
@@ -553,8 +562,10 @@ int run_train(const TrainOptions& options) {
     info.resume_line =
         fmt::format("weights from {} (optimizer state and step start fresh)", opt.init_path);
   }
+  if (!opt.init_adapter.empty())
+    info.resume_line += "; " + load_init_adapter(opt.init_adapter, cfg, be, *model);
   info.backend_line = fmt::format("{} ({})", be.describe(), choice.why);
-  info.model_line = model->describe();
+  info.model_line = model->describe() + lora_summary(cfg, *model);
   info.n_params = model->n_params();
   info.policy_line = trainer.plan().describe() + tiling_note(cfg) +
                      attention_chunk_note(cfg, be.workspace_target().device);
@@ -581,6 +592,7 @@ int run_train(const TrainOptions& options) {
   if (!opt.quiet) print_banner(stdout, info, cfg);
 
   TrainRun run(opt, cfg, be, *model, *data, trainer, world);
+  run.set_lora_base(lora_start.base_record);
   run.open_metrics(resume != nullptr, resume ? resume->path() : std::string());
   resume.reset();  // unmaps the checkpoint's files before training
   experiments::install_interrupt_handler();

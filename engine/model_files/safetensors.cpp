@@ -81,6 +81,19 @@ void write_all(int fd, const void* data, size_t bytes, const std::string& path) 
   }
 }
 
+void write_text_durably(const std::string& path, const std::string& text) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw_io_error("create", path, errno);
+  try {
+    write_all(fd, text.data(), text.size(), path);
+    if (::fsync(fd) != 0) throw_io_error("fsync", path, errno);
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+  if (::close(fd) != 0) throw_io_error("close", path, errno);
+}
+
 uint64_t xxh3_64(const void* data, size_t bytes) {
   return XXH3_64bits(data, bytes);
 }

@@ -128,5 +128,7 @@ std::string shape_string(const std::vector<int64_t>& shape);
 [[noreturn]] void throw_io_error(const std::string& what, const std::string& path, int err);
 /// Writes all `bytes` to `fd` (retrying partial writes and EINTR); IoError naming `path` otherwise.
 void write_all(int fd, const void* data, size_t bytes, const std::string& path);
+/// Creates (or truncates) `path` with `text`, fsync'd and closed; IoError naming it otherwise.
+void write_text_durably(const std::string& path, const std::string& text);
 
 }  // namespace remat::safetensors
