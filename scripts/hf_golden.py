@@ -17,6 +17,10 @@ Each tests/golden/hf/<name>/ holds
     parameter, so its gradient, embedding + head, is stored once under the embedding's name),
   * golden.json: tokens, shapes, loss, versions, a description.
 
+LoRA goldens (tests/golden/hf/llama-lora, gpt2-lora; need peft): the base as above, a PEFT adapter
+with random A and B in adapter/, and golden.safetensors with the PeftModel's loss, logits and the
+gradient of every trainable tensor under its adapter_model.safetensors name (generate_lora).
+
 Loss convention (remat-train's): tokens x is B x (T+1); inputs = x[:, :T], targets = x[:, 1:];
 loss = mean over the B*T positions of cross_entropy(logits, targets), computed here from
 model(input_ids=inputs).logits (labels are not passed, so transformers' own shift is not used).

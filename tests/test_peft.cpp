@@ -348,6 +348,24 @@ TEST_CASE("peft: adapters that do not fit the run, or use features not trained, 
   CHECK_THAT(refusal(tmp.str("nowhere")), Contains("no such folder"));
 }
 
+TEST_CASE("peft: a base's fingerprint sees a weight changed in place, the same size", "[peft]") {
+  const Golden g("llama-lora");
+  TempDir tmp("peft-fingerprint");
+  for (const char* f : {"config.json", "model.safetensors"}) fs::copy_file(g.dir / f, tmp.path / f);
+  const Json before = hf::folder_fingerprint(tmp.str());
+  CHECK(hf::fingerprint_difference(before, hf::folder_fingerprint(tmp.str())).empty());
+  {  // a weight re-saved: the data's first byte (the first of the 16 slices starts there)
+    std::fstream f(tmp / "model.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+    uint64_t header = 0;
+    f.read(reinterpret_cast<char*>(&header), 8);
+    f.seekp(static_cast<std::streamoff>(8 + header));
+    const char flipped = 0x5a;
+    f.write(&flipped, 1);
+  }
+  CHECK_THAT(hf::fingerprint_difference(before, hf::folder_fingerprint(tmp.str())),
+             Contains("model.safetensors has other contents"));
+}
+
 // ---- the CLI: train --init-adapter, checkpoints, resume, export ----
 
 namespace {
