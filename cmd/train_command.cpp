@@ -564,6 +564,8 @@ int run_train(const TrainOptions& options) {
   }
   if (!opt.init_adapter.empty())
     info.resume_line += "; " + load_init_adapter(opt.init_adapter, cfg, be, *model);
+  if (!lora_start.note.empty())
+    info.resume_line += (info.resume_line.empty() ? "" : "; ") + lora_start.note;
   info.backend_line = fmt::format("{} ({})", be.describe(), choice.why);
   info.model_line = model->describe() + lora_summary(cfg, *model);
   info.n_params = model->n_params();

@@ -59,24 +59,32 @@ LoraStart check_lora_start(const Config& cfg, const TrainOptions& opt, const Che
           "[checkpoint] {}/state.json: a LoRA checkpoint without the record of its base "
           "(lora_base). Fix: resume from a checkpoint this version wrote",
           resume->path()));
-    if (opt.init_path.rfind("hf:", 0) == 0 && !same_folder(opt.init_path.substr(3), dir))
+    // --init hf:, --model hf: or model.from_hf naming another folder: another base.
+    if (!cfg.model.from_hf.empty() && !same_folder(cfg.model.from_hf, dir))
       throw ConfigError(fmt::format(
-          "[lora] --init {} but the checkpoint {} was trained on the base {}. Fix: drop --init "
-          "(a resume reads its base from the folder it records)",
-          opt.init_path, resume->path(), dir));
-    return {dir, resume->state().extra["lora_base"]};
+          "[lora] the model is {}'s but the checkpoint {} was trained on the base {}. Fix: name "
+          "that folder (--model hf:{}), or start a new run on the other base",
+          cfg.model.from_hf, resume->path(), dir, dir));
+    return {dir, resume->state().extra["lora_base"], ""};
   }
   if (!l.enabled()) return {};
+  // Without a base the weights are train.seed's: fine to measure steps (fit --measure and sweep
+  // run such trials), never to save adapters that only mean something on a real base.
+  if (opt.init_path.empty() && cfg.checkpoint.dir.empty())
+    return {"", nullptr,
+            "LoRA base initialised from train.seed (no --init hf:DIR): a run to measure, it "
+            "saves nothing"};
   if (opt.init_path.rfind("hf:", 0) != 0)
     throw_config_error(
         cfg, "lora.rank",
         opt.init_path.empty()
-            ? "LoRA trains adapters on a pretrained base, and this run names none"
+            ? "LoRA trains adapters on a pretrained base, and this run, which writes checkpoints, "
+              "names none"
             : fmt::format("LoRA trains on a Hugging Face base, and --init {} is a checkpoint",
                           opt.init_path),
         "pass --init hf:DIR, the base's folder (a checkpoint becomes one with export --hf)");
   const std::string dir = opt.init_path.substr(3);
-  return {dir, lora_base_record(dir)};
+  return {dir, lora_base_record(dir), ""};
 }
 
 std::string load_lora_base(const LoraStart& start, const Config& cfg, Backend& be, Model& model) {

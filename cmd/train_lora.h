@@ -18,13 +18,16 @@
 namespace remat::cli {
 
 struct LoraStart {
-  std::string base_dir;        // the frozen base's folder ("" without LoRA)
+  std::string base_dir;        // the frozen base's folder ("" without LoRA, or without a base)
   nlohmann::json base_record;  // what each checkpoint's state.json records of it (null without)
+  std::string note;            // for the banner: a LoRA run without a base says so
 };
 
-/// Before anything is built. Refuses, one line each (ConfigError, or CheckpointError for the
-/// checkpoint's problems): --init-adapter without [lora]; [lora] without a Hugging Face base
-/// (--init hf:DIR) or with --init of a checkpoint; a resume whose [lora] is not the checkpoint's,
+/// Before anything is built. A LoRA run without a base (no --init) that saves nothing trains on
+/// train.seed's weights (a measurement: fit --measure's and sweep's trials). Refuses, one line
+/// each (ConfigError, or CheckpointError for the checkpoint's problems): --init-adapter without
+/// [lora]; [lora] writing checkpoints without a Hugging Face base (--init hf:DIR), or with --init
+/// of a checkpoint; a resume whose [lora] is not the checkpoint's,
 /// whose checkpoint is (or is not) a LoRA one, whose base moved or changed, or with --init hf:DIR
 /// naming another base.
 LoraStart check_lora_start(const Config& cfg, const TrainOptions& opt, const Checkpoint* resume);

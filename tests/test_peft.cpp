@@ -495,6 +495,63 @@ TEST_CASE("cli: LoRA refuses a run without a base, and an adapter without LoRA",
   CHECK(r.code == 2);
   CHECK_THAT(r.out, Contains("r = 4 but lora.rank = 8"));
   CHECK_FALSE(fs::exists(tmp.path / "ckpt/step_00000001"));  // nothing written
+  // Without a base and without checkpoints, a run to measure (fit --measure's trials): it says so.
+  std::ofstream(tmp.path / "measure.toml")
+      << "[model]\nkind = \"llama\"\nn_layer = 1\n[train]\nseq_len = 16\nbatch_size = 1\n"
+         "steps = 1\n[lora]\nrank = 2\n";
+  r = run_command(cd + "train --config measure.toml");
+  INFO(r.out);
+  CHECK(r.code == 0);
+  CHECK_THAT(r.out, Contains("LoRA base initialised from train.seed"));
+}
+
+namespace {
+// Every step's loss of a metrics file, by step (full precision: JSON keeps the double).
+std::map<int64_t, double> step_losses(const fs::path& metrics) {
+  std::map<int64_t, double> out;
+  std::ifstream in(metrics);
+  for (std::string line; std::getline(in, line);) {
+    const Json j = Json::parse(line);
+    if (j.contains("step") && j.contains("loss") && !j.contains("event"))
+      out[j["step"].get<int64_t>()] = j["loss"].get<double>();
+  }
+  return out;
+}
+}  // namespace
+
+TEST_CASE("cli: a LoRA run resumed from its checkpoint continues bit for bit", "[peft][smoke]") {
+  const Golden g("llama-lora");
+  TempDir tmp("peft-resume");
+  std::ofstream(tmp.path / "lora.toml")
+      << lora_toml(g, "").replace(lora_toml(g, "").find("lr = 0.0"), 8, "lr = 0.01") +
+             "[data]\ntask = \"copy\"\n";
+  const std::string cd = fmt::format("cd {} && {} ", tmp.str(), REMAT_BINARY);
+  const std::string init =
+      fmt::format("--init hf:{} --init-adapter {}", g.dir.string(), (g.dir / "adapter").string());
+  REQUIRE(run_command(cd + "train --config lora.toml --steps 4 --metrics straight.jsonl " + init +
+                      " --set checkpoint.dir=straight")
+              .code == 0);
+  REQUIRE(run_command(cd + "train --config lora.toml --steps 4 --stop-at 2 --metrics split.jsonl " +
+                      init)
+              .code == 0);
+  const CliResult r = run_command(cd +
+                                  "train --config lora.toml --steps 4 --resume latest "
+                                  "--metrics split.jsonl --model hf:" +
+                                  g.dir.string());
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  const auto a = step_losses(tmp.path / "straight.jsonl"),
+             b = step_losses(tmp.path / "split.jsonl");
+  REQUIRE(a.size() == 4);
+  CHECK(a == b);
+  // Another base named beside a resume is refused.
+  const CliResult other = run_command(cd +
+                                      "train --config lora.toml --steps 5 --resume latest "
+                                      "--model hf:" +
+                                      (kGoldenDir / "llama").string());
+  INFO(other.out);
+  CHECK(other.code == 2);
+  CHECK_THAT(other.out, Contains("was trained on the base") && Contains("llama-lora"));
 }
 
 }  // namespace remat::test
