@@ -420,23 +420,28 @@ TEST_CASE(
   }
 }
 
+namespace {
+// One step of the llama above with `sets` on CUDA (bf16) and on the count backend standing in for
+// it: both pools' peaks the same to the byte.
+void check_llama_cuda_peaks(std::vector<std::string> sets) {
+  const std::string what = fmt::format("{}", fmt::join(sets, " "));
+  sets.push_back("train.steps=1");
+  Config cfg = parse_config(kLlamaToml, "llama(test)", sets);
+  cuda::CudaBackend gpu(DeviceConfig{}, DType::BF16);
+  CountBackend count(CountTarget{DeviceKind::Cuda, DType::BF16, 1}, gpu.pool().budget_bytes());
+  train_losses(gpu, cfg);
+  train_losses(count, cfg);
+  const uint64_t measured = gpu.pool().peak_bytes(), predicted = count.pool().peak_bytes();
+  INFO(what << ": measured " << measured << " predicted " << predicted);
+  CHECK(measured == predicted);
+  CHECK(gpu.host_pool().peak_bytes() == count.host_pool().peak_bytes());
+}
+}  // namespace
+
 TEST_CASE("llama: the planner predicts the CUDA pool's peak to the byte", "[gpu][llama_planner]") {
-  for (std::vector<std::string> sets : std::vector<std::vector<std::string>>{
-           {"remat.policy=none"},
-           {"remat.policy=full", "remat.tile_tokens=37"},
-           {"remat.policy=save_attn", "remat.offload=\"checkpoints+optimizer\""}}) {
-    const std::string policy = fmt::format("{}", fmt::join(sets, " "));
-    sets.push_back("train.steps=1");
-    Config cfg = parse_config(kLlamaToml, "llama(test)", sets);
-    cuda::CudaBackend gpu(DeviceConfig{}, DType::BF16);
-    CountBackend count(CountTarget{DeviceKind::Cuda, DType::BF16, 1}, gpu.pool().budget_bytes());
-    train_losses(gpu, cfg);
-    train_losses(count, cfg);
-    const uint64_t measured = gpu.pool().peak_bytes(), predicted = count.pool().peak_bytes();
-    INFO(policy << ": measured " << measured << " predicted " << predicted);
-    CHECK(measured == predicted);
-    CHECK(gpu.host_pool().peak_bytes() == count.host_pool().peak_bytes());
-  }
+  check_llama_cuda_peaks({"remat.policy=none"});
+  check_llama_cuda_peaks({"remat.policy=full", "remat.tile_tokens=37"});
+  check_llama_cuda_peaks({"remat.policy=save_attn", "remat.offload=\"checkpoints+optimizer\""});
 }
 
 // LoRA (docs/lora.md) on the llama above: rank 4 on every linear, adapter dropout, the final norm
@@ -467,18 +472,8 @@ TEST_CASE("lora: the planner predicts the CUDA pools' peaks to the byte", "[gpu]
            {"remat.policy=none"},
            {"remat.policy=full", "remat.tile_tokens=37"},
            {"remat.policy=save_attn", "remat.offload=\"checkpoints+optimizer+weights\""}}) {
-    const std::string policy = fmt::format("{}", fmt::join(sets, " "));
     sets.insert(sets.end(), kLora.begin(), kLora.end());
-    sets.push_back("train.steps=1");
-    Config cfg = parse_config(kLlamaToml, "llama(test)", sets);
-    cuda::CudaBackend gpu(DeviceConfig{}, DType::BF16);
-    CountBackend count(CountTarget{DeviceKind::Cuda, DType::BF16, 1}, gpu.pool().budget_bytes());
-    train_losses(gpu, cfg);
-    train_losses(count, cfg);
-    const uint64_t measured = gpu.pool().peak_bytes(), predicted = count.pool().peak_bytes();
-    INFO(policy << ": measured " << measured << " predicted " << predicted);
-    CHECK(measured == predicted);
-    CHECK(gpu.host_pool().peak_bytes() == count.host_pool().peak_bytes());
+    check_llama_cuda_peaks(sets);
   }
 }
 
