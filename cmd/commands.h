@@ -25,8 +25,9 @@ struct TrainOptions {
   std::vector<std::string> overrides;  // --set section.key=value
   std::string metrics_path;            // --metrics FILE (overrides log.metrics)
   std::string resume;                  // --resume DIR | latest (the newest in checkpoint.dir)
-  std::string init_path;  // --init FILE: weights only (model.safetensors, a folder, or hf:DIR)
-  int64_t stop_at = 0;    // --stop-at STEP: stop (and checkpoint) after this step; 0 = train.steps
+  std::string init_path;     // --init FILE: weights only (model.safetensors, a folder, or hf:DIR)
+  std::string init_adapter;  // --init-adapter DIR: a PEFT LoRA adapter to start the adapters from
+  int64_t stop_at = 0;  // --stop-at STEP: stop (and checkpoint) after this step; 0 = train.steps
   bool quiet = false;
   bool verbose = false;  // -v: the backend's libraries and kernels in the banner
 };
@@ -144,13 +145,15 @@ Config checkpoint_config(const Checkpoint& ckpt);
 struct ExportOptions {
   std::string checkpoint;      // --checkpoint DIR (a step_* folder, or a checkpoint.dir)
   std::string out;             // --hf OUT: the Hugging Face folder to write (absent or empty)
+  std::string adapter;         // --adapter OUT: a LoRA run's PEFT adapter folder instead
   bool bf16 = true;            // --dtype bf16 (default) | fp32
   std::string tokenizer_from;  // --tokenizer-from DIR: tokenizer files and token ids from there
   uint64_t shard_bytes = 5'000'000'000;  // --shard-size: shards with an index above this
 };
 
 /// Writes a checkpoint as a Hugging Face model folder (docs/hf.md): config.json and the
-/// weights, into OUT.tmp-<pid>, renamed to OUT when complete.
+/// weights (a LoRA run's merged into its base), or a LoRA run's PEFT adapter folder (--adapter,
+/// docs/lora.md), into OUT.tmp-<pid>, renamed to OUT when complete.
 int run_export(const ExportOptions& opt);
 
 /// The multi-line --version text: version, backends built, BLAS and its CPU kernel.

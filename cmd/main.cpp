@@ -184,6 +184,11 @@ int run(int argc, char** argv) {
                    "hf:DIR, a Hugging Face folder, which implies --model hf:DIR)")
       ->excludes(resume_opt);
   train_cmd
+      ->add_option("--init-adapter", train.init_adapter,
+                   "A LoRA run ([lora] rank > 0) starts its adapters from this PEFT adapter folder "
+                   "(adapter_config.json + adapter_model.safetensors) on the --init hf:DIR base")
+      ->excludes(resume_opt);
+  train_cmd
       ->add_option("--stop-at", train.stop_at,
                    "Stop after this step, write a checkpoint and exit 0; the schedule still runs "
                    "to train.steps")
@@ -346,10 +351,15 @@ int run(int argc, char** argv) {
       ->add_option("--checkpoint", export_opt.checkpoint,
                    "Checkpoint folder, or a checkpoint.dir (its newest)")
       ->required();
+  auto* export_hf = export_cmd->add_option(
+      "--hf", export_opt.out,
+      "The Hugging Face folder to write (a LoRA run: merged into its base); it must not exist or "
+      "be empty (never overwritten)");
   export_cmd
-      ->add_option("--hf", export_opt.out,
-                   "The folder to write; it must not exist or be empty (never overwritten)")
-      ->required();
+      ->add_option("--adapter", export_opt.adapter,
+                   "A LoRA run's PEFT adapter folder to write instead (peft loads it); it must not "
+                   "exist or be empty")
+      ->excludes(export_hf);
   export_cmd->add_option("--dtype", export_dtype, "Weights as bf16 (default) or fp32")
       ->check(CLI::IsMember({"bf16", "fp32"}));
   export_cmd->add_option("--tokenizer-from", export_opt.tokenizer_from,
@@ -415,6 +425,10 @@ int run(int argc, char** argv) {
   }
   if (tokenize_cmd->parsed()) return remat::cli::run_tokenize(tokenize);
   if (export_cmd->parsed()) {
+    if (export_opt.out.empty() && export_opt.adapter.empty())
+      throw remat::ConfigError(
+          "[export] nothing to write. Fix: give --hf OUT (a Hugging Face model folder) or "
+          "--adapter OUT (a LoRA run's PEFT adapter)");
     export_opt.bf16 = export_dtype == "bf16";
     if (!export_shard.empty()) {
       const std::optional<uint64_t> v = remat::parse_size(export_shard);
@@ -485,7 +499,9 @@ static const char* docs_page_of_tag(const std::string& message) {
       {"metrics", "docs/training.md"},
       {"train", "docs/training.md"},
       {"cuda", "docs/gpu.md"},
-      {"device", "docs/gpu.md"}};
+      {"device", "docs/gpu.md"},
+      {"lora", "docs/lora.md"},
+      {"peft", "docs/lora.md"}};
   // The tag is the first "[word]" at the start or after ": ".
   for (size_t at = message.find('['); at != std::string::npos; at = message.find('[', at + 1)) {
     if (at != 0 && (at < 2 || message.compare(at - 2, 2, ": ") != 0)) continue;
@@ -500,6 +516,11 @@ static const char* docs_page_of_tag(const std::string& message) {
 }
 
 static const char* docs_page_of(const remat::Error& e) {
+  // The [lora] keys, and any error about a LoRA run (its base, its checkpoint), are lora.md's.
+  const std::string_view what = e.what();
+  if (what.find("[config] lora.") != std::string_view::npos ||
+      what.find("LoRA") != std::string_view::npos)
+    return "docs/lora.md";
   if (dynamic_cast<const remat::DataChanged*>(&e)) return "docs/shared-files.md";
   if (dynamic_cast<const remat::Diverged*>(&e)) return "docs/commands.md";
   if (const char* page = docs_page_of_tag(e.what())) return page;

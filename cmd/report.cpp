@@ -370,11 +370,13 @@ void print_summary(std::FILE* out, const RunSummary& s) {
              format_flops(fwd), format_flops(bwd), format_flops(rec),
              fwd + bwd > 0 ? 100.0 * rec / (fwd + bwd) : 0.0);
   const double model = model_flops(c);  // MFU's count: the same for every policy
+  const bool frozen = c[static_cast<size_t>(Phase::Backward)].skipped_flops > 0;
   if (s.median_step_ms > 0)
     fmt::print(out,
                "  achieved        {:.1f} GFLOP/s executed ({:.1f} GFLOP/s of model FLOPs: 3x the "
-               "forward's + the loss head's)\n",
-               (fwd + bwd + rec) / (s.median_step_ms * 1e6), model / (s.median_step_ms * 1e6));
+               "forward's + the loss head's{})\n",
+               (fwd + bwd + rec) / (s.median_step_ms * 1e6), model / (s.median_step_ms * 1e6),
+               frozen ? ", less the frozen weights' gradients" : "");
   std::fflush(out);
 }
 

@@ -37,6 +37,7 @@
 #include "engine/core/regular_file.h"
 #include "engine/core/rng.h"
 #include "engine/training/checkpoint.h"
+#include "engine/training/lora_checkpoint.h"
 #include "layers/decoder.h"
 #include "layers/models.h"
 
@@ -71,7 +72,9 @@ Config checkpoint_config(const Checkpoint& ckpt) {
   const Config cfg = parse_config(ckpt.state().config_toml, ckpt.path() + "/state.json");
   // The model on a count backend: its parameters' names and shapes, without memory or values.
   CountBackend count(CountTarget{}, UINT64_MAX);
-  const std::unique_ptr<Model> model = make_model(cfg.model, model_shape(cfg.train), count);
+  ModelShape shape = model_shape(cfg.train);
+  shape.lora = cfg.lora;  // a LoRA checkpoint holds what trains: the adapters, not the base
+  const std::unique_ptr<Model> model = make_model(cfg.model, shape, count);
   ckpt.check_matches(*model);
   return cfg;
 }
@@ -371,10 +374,11 @@ int run_sample(const SampleOptions& opt) {
   const Prompt prompt = make_prompt(opt, cfg, bytes, tok ? &*tok : nullptr);
   const int64_t n_prompt = static_cast<int64_t>(prompt.ids.size());
   const int64_t capacity = positions_needed(cfg, n_prompt, opt.tokens);
+  const CheckpointWeights weights(ckpt, cfg);  // a LoRA run's: its adapters merged into the base
   const std::unique_ptr<Decoder> dec = make_decoder(
       cfg.model,
       [&](const std::string& name, std::vector<int64_t>* shape) {
-        return ckpt.weight(name, shape);
+        return weights.weight(name, shape);
       },
       capacity);
   // Only ids the output can show: bytes, or the tokenizer's table (llm.c pads the model's

@@ -14,6 +14,7 @@
 
 #include "cmd/commands.h"
 #include "cmd/report.h"
+#include "cmd/train_lora.h"
 #include "data/dataset.h"
 #include "engine/core/error.h"
 #include "engine/core/units.h"
@@ -273,6 +274,9 @@ class TrainRun {
     throw DataChanged(data_change_ + where);
   }
 
+  /// A LoRA run: what each checkpoint records of its frozen base (lora_checkpoint.h).
+  void set_lora_base(nlohmann::json record) { lora_base_ = std::move(record); }
+
   void close_metrics() {
     if (!metrics_) return;
     metrics_->summary(summary_);
@@ -376,6 +380,7 @@ class TrainRun {
     // Where the model came from, so that `export` finds its tokenizer files (the config keeps
     // the expanded keys, not the folder, so that a resume never needs it).
     if (!hf_source_.empty()) state.extra["hf_source"] = hf_source_;
+    if (!lora_base_.is_null()) state.extra["lora_base"] = lora_base_;
     // Each step drew grad_accum batches of the stream.
     state.data_cursor = data_.cursor(state.step * cfg_.train.grad_accum);
     if (summary_.final_val_loss) state.extra["val_loss"] = *summary_.final_val_loss;
@@ -424,6 +429,7 @@ class TrainRun {
   double tokens_per_step_ = 0;  // the job's tokens of one step (every rank's rows)
   int64_t last_checkpoint_step_ = -1;
   std::string hf_source_;
+  nlohmann::json lora_base_;
 };
 
 }  // namespace
@@ -586,6 +592,7 @@ int run_train(const TrainOptions& options) {
   } else {
     refuse_to_overwrite(cfg);
   }
+  const LoraStart lora_start = check_lora_start(cfg, opt, resume.get());
 
   BackendChoice choice = make_backend(cfg);
   Backend& be = *choice.backend;
@@ -618,10 +625,12 @@ int run_train(const TrainOptions& options) {
 
   RunInfo info;
   if (resume) {
+    const std::string base_line = load_lora_base(lora_start, cfg, be, *model);  // LoRA's base
     resume->load_into(be, *model, /*with_optimizer=*/true, trainer.sharded_moments());
     trainer.set_steps_done(resume->state().step);
     info.resume_line =
         fmt::format("resumed from {} at step {}", resume->path(), resume->state().step);
+    if (!base_line.empty()) info.resume_line += "; " + base_line;
     if (!resumed->changes.empty()) info.resume_line += "\n" + changes_line(resumed->changes);
     if (const auto dir =
             opt.config_path.empty() ? std::nullopt : config_from_hf(opt.config_path, opt.overrides))
@@ -636,10 +645,14 @@ int run_train(const TrainOptions& options) {
     info.resume_line =
         fmt::format("weights from {} (optimizer state and step start fresh)", opt.init_path);
   }
+  if (!opt.init_adapter.empty())
+    info.resume_line += "; " + load_init_adapter(opt.init_adapter, cfg, be, *model);
+  if (!lora_start.note.empty())
+    info.resume_line += (info.resume_line.empty() ? "" : "; ") + lora_start.note;
   // The libraries and kernels behind -v (`remat-train --version` names them too).
   info.backend_line =
       fmt::format("{} ({})", opt.verbose ? be.describe() : be.describe_brief(), choice.why);
-  info.model_line = model->describe();
+  info.model_line = model->describe() + lora_summary(cfg, *model);
   info.n_params = model->n_params();
   info.policy_line = trainer.plan().describe() + tiling_note(cfg) +
                      attention_chunk_note(cfg, be.workspace_target().device);
@@ -667,6 +680,7 @@ int run_train(const TrainOptions& options) {
 
   TrainRun run(opt, cfg, be, *model, *data, trainer, world);
   run.set_hf_source(hf_source_of(cfg, resumed));
+  run.set_lora_base(lora_start.base_record);
   run.open_metrics(resume != nullptr, resume ? resume->path() : std::string());
   resume.reset();  // unmaps the checkpoint's files before training
   experiments::install_interrupt_handler();

@@ -364,6 +364,30 @@ Trained train_one_rank(const remat::Config& cfg, bool shard) {
 
 }  // namespace
 
+TEST_CASE("LoRA over 2 data-parallel ranks, sharded or not, trains like one rank",
+          "[smoke][parallel][lora]") {
+  // The frozen base has no gradient to sum and no moments to shard: the adapters' and the
+  // modules' trained whole go through the buckets alone.
+  TempDir dir("dp-lora");
+  const std::string base = std::string(REMAT_SOURCE_DIR) + "/tests/golden/hf/llama-lora";
+  const std::string args = fmt::format(
+      "--init hf:{} --set device.threads=1 --set train.seq_len=13 --set train.batch_size=4 "
+      "--set train.steps=6 --set train.lr=0.01 --set lora.rank=4 --set lora.alpha=8 "
+      "--set lora.dropout=0.1 --set 'lora.modules_to_save=[\"norm\"]' -q --metrics ",
+      base);
+  const std::string one = (dir.path / "one.jsonl").string();
+  REQUIRE(run_ranks(1, "train " + args + one).code == 0);
+  for (const char* shard : {"false", "true"}) {
+    INFO("shard_optimizer " << shard);
+    const std::string two = (dir.path / fmt::format("two-{}.jsonl", shard)).string();
+    const CliResult r = run_ranks(
+        2, "train " + args + two + fmt::format(" --set parallel.shard_optimizer={}", shard));
+    INFO(r.out);
+    REQUIRE(r.code == 0);
+    check_close(losses_of(one), losses_of(two), 1e-6);
+  }
+}
+
 TEST_CASE("the sharded optimizer's path over one rank gives the unsharded trainer's bits",
           "[parallel]") {
   remat::test::SmallGpt g;

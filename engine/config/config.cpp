@@ -18,6 +18,7 @@
 
 #include "engine/config/config_path.h"
 #include "engine/config/hf_config.h"
+#include "engine/config/lora.h"
 #include "engine/config/policy.h"
 #include "engine/core/error.h"
 #include "engine/core/regular_file.h"
@@ -509,6 +510,29 @@ const std::vector<KeySpec>& key_specs() {
       {"parallel", "shard_optimizer",
        "ZeRO-1: each rank keeps and updates the AdamW moments of 1/ranks of the weights",
        [](Config& c, auto& n, auto& o) { c.parallel.shard_optimizer = read_bool(n, o); }},
+      {"lora", "rank",
+       "LoRA adapters of rank r on the chosen linears, every other weight frozen (docs/lora.md); "
+       "0 = off: full fine-tuning",
+       [](Config& c, auto& n, auto& o) { c.lora.rank = read_int(n, o, 0, 65536, false); }},
+      {"lora", "alpha", "the adapters' scale is alpha / rank (alpha / sqrt(rank) with rslora)",
+       [](Config& c, auto& n, auto& o) { c.lora.alpha = read_float(n, o, 1e-6, 1e6); }},
+      {"lora", "targets",
+       "Hugging Face module names that take adapters (llama: q_proj k_proj v_proj o_proj "
+       "gate_proj up_proj down_proj; gpt: c_attn c_proj c_fc), matched as peft does; [] = every "
+       "linear of the blocks",
+       [](Config& c, auto& n, auto& o) { c.lora.targets = read_string_list(n, o); }},
+      {"lora", "dropout", "dropout on each adapter's input (peft's lora_dropout)",
+       [](Config& c, auto& n, auto& o) { c.lora.dropout = read_float(n, o, 0.0, 0.99); }},
+      {"lora", "rslora", "rank-stabilized scale alpha / sqrt(rank) (peft's use_rslora)",
+       [](Config& c, auto& n, auto& o) { c.lora.rslora = read_bool(n, o); }},
+      {"lora", "modules_to_save",
+       "whole modules that train beside the adapters, by Hugging Face name as peft matches them: "
+       "embeddings, norms, the LM head (e.g. [\"embed_tokens\", \"norm\"])",
+       [](Config& c, auto& n, auto& o) { c.lora.modules_to_save = read_string_list(n, o); }},
+      {"lora", "base",
+       "the frozen base's storage: \"fp32\" (\"bf16\" and \"nf4\", QLoRA, are the next stage: "
+       "docs/lora.md)",
+       [](Config& c, auto& n, auto& o) { c.lora.base = read_choice(n, o, {"fp32"}); }},
   };
   return specs;
 }
@@ -587,6 +611,32 @@ void validate_model_family(const Config& c, const Origins& o) {
          fmt::format("n_head = {} is not a multiple of n_kv_head = {}", m.n_head, m.kv_heads()),
          "choose n_kv_head dividing n_head (each key/value head serves n_head / n_kv_head "
          "query heads)");
+}
+
+// [lora] against the model: off (rank 0) means no other key; on, the names must select linears
+// of the blocks and whole modules that can train (engine/config/lora.h says which and why).
+void validate_lora(const Config& c, const Origins& o) {
+  const LoraConfig& l = c.lora;
+  if (!l.enabled()) {
+    for (const char* key : {"lora.alpha", "lora.targets", "lora.dropout", "lora.rslora",
+                            "lora.modules_to_save", "lora.base"})
+      if (o.all().count(key))
+        fail(
+            o.of(key),
+            fmt::format("{} is set while lora.rank = 0, which is LoRA off (full fine-tuning)", key),
+            fmt::format("set lora.rank (e.g. 16) to train adapters, or remove {}", key));
+    return;
+  }
+  if (c.model.kind == ModelKind::Mlp)
+    fail(o.of("lora.rank"),
+         "LoRA adapts the linears of a language model's blocks; model.kind = \"mlp\" has none",
+         "remove [lora] (or set lora.rank = 0)");
+  if (const lora::SiteChoice s = lora::select_sites(c.model, l.targets); !s.problem.empty())
+    fail(o.of("lora.targets"), s.problem, "name the modules as in the model's Hugging Face form");
+  if (const lora::SavedChoice s = lora::select_saved(c.model, l.modules_to_save);
+      !s.problem.empty())
+    fail(o.of("lora.modules_to_save"), s.problem,
+         "name embeddings, norms or the LM head as in the model's Hugging Face form");
 }
 
 // Cross-field checks, each naming the key a user would change.
@@ -762,11 +812,12 @@ void validate(const Config& c, const Origins& o) {
         fail(o.of("remat.blocks"), fmt::format("block {} is listed twice", b),
              "list each block once");
   }
+  validate_lora(c, o);
 }
 
 // "section.key=value" -> inserts value (parsed as TOML, else as a bare string) into `root`.
-const std::vector<std::string> kSections = {"model",  "train", "data",       "remat",
-                                            "device", "log",   "checkpoint", "parallel"};
+const std::vector<std::string> kSections = {"model", "train", "data",       "remat",   "device",
+                                            "log",   "lora",  "checkpoint", "parallel"};
 
 void apply_override(toml::table& root, const std::string& text, Origins& origins) {
   const auto eq = text.find('=');
@@ -1167,6 +1218,15 @@ std::string config_to_toml(const Config& c) {
   toml::table root{{"model", model},     {"train", train},      {"data", data},
                    {"remat", remat},     {"device", device},    {"log", log},
                    {"checkpoint", ckpt}, {"parallel", parallel}};
+  // [lora] only when it is on: off is rank = 0 and no other key (which is refused beside it).
+  if (c.lora.enabled())
+    root.insert("lora", toml::table{{"rank", c.lora.rank},
+                                    {"alpha", c.lora.alpha},
+                                    {"targets", strings(c.lora.targets)},
+                                    {"dropout", c.lora.dropout},
+                                    {"rslora", c.lora.rslora},
+                                    {"modules_to_save", strings(c.lora.modules_to_save)},
+                                    {"base", c.lora.base}});
   std::ostringstream out;
   out << root << '\n';
   return out.str();
@@ -1314,21 +1374,27 @@ bool changes_on_resume(const std::string& key) {
 
 std::string config_keys_markdown() {
   // The defaults as config_to_toml writes them; a second config with file data brings out the
-  // [data] keys that only file sources use, a third the Llama family's [model] keys.
+  // [data] keys that only file sources use, a third the Llama family's [model] keys, a fourth
+  // the [lora] keys (written only when LoRA is on).
   Config defaults;
   Config with_files = defaults;
   with_files.data.source = "tokens";
   Config llama = defaults;  // and the [model] keys only the Llama family writes
   llama.model.kind = ModelKind::Llama;
+  Config with_lora = defaults;  // [lora] is written when it is on: its defaults but the rank
+  with_lora.lora.rank = 1;
   const toml::table plain = toml::parse(config_to_toml(defaults));
   const toml::table files = toml::parse(config_to_toml(with_files));
   const toml::table family = toml::parse(config_to_toml(llama));
+  toml::table lora = toml::parse(config_to_toml(with_lora));
+  lora["lora"].as_table()->insert_or_assign("rank", defaults.lora.rank);
   std::string out = "| key | type | default | accepted | meaning |\n|---|---|---|---|---|\n";
   for (const KeySpec& spec : key_specs()) {
     const KeyAccepts accepts = describe_key(spec);
     const toml::node* d = plain.at_path(fmt::format("{}.{}", spec.section, spec.key)).node();
     if (!d) d = files.at_path(fmt::format("{}.{}", spec.section, spec.key)).node();
     if (!d) d = family.at_path(fmt::format("{}.{}", spec.section, spec.key)).node();
+    if (!d) d = lora.at_path(fmt::format("{}.{}", spec.section, spec.key)).node();
     const std::string shown =
         d ? toml_literal(*d)
         : accepts.type == "strings" || accepts.type == "integers" || accepts.type == "paths" ? "[]"

@@ -160,6 +160,24 @@ struct CheckpointConfig {
   bool on_interrupt = true;  // SIGINT/SIGTERM/SIGHUP write one before exit
 };
 
+/// LoRA (docs/lora.md): adapters y = x W^T + s (x A^T) B^T on the chosen linears of the blocks,
+/// with every other parameter frozen except `modules_to_save`. Which modules the names select, the
+/// adapters' names and shapes: engine/config/lora.h.
+struct LoraConfig {
+  int64_t rank = 0;   // r; 0 = off (full fine-tuning)
+  double alpha = 16;  // scale s = alpha / rank (alpha / sqrt(rank) with rslora)
+  // Hugging Face module names, matched as peft does (llama: q_proj k_proj v_proj o_proj gate_proj
+  // up_proj down_proj; gpt: c_attn c_proj c_fc); [] = every linear of the blocks.
+  std::vector<std::string> targets;
+  double dropout = 0;  // on each adapter's input, as peft's lora_dropout
+  bool rslora = false;
+  std::vector<std::string>
+      modules_to_save;  // whole modules that train too: embeddings, norms, head
+  // The frozen base's storage. "fp32" in this build; "bf16" and "nf4" (QLoRA) are the next stage.
+  std::string base = "fp32";
+  bool enabled() const { return rank > 0; }
+};
+
 /// Several ranks (mpirun / srun; engine/parallel), data x context of them. Data parallel: each
 /// group of `context` ranks trains on train.batch_size / data rows of every step. Context
 /// parallel: each rank of a group holds 2 of 2 x context chunks of every row's tokens, and
@@ -194,6 +212,7 @@ struct Config {
   LogConfig log;
   CheckpointConfig checkpoint;
   ParallelConfig parallel;
+  LoraConfig lora;
 };
 
 /// Rows of each step this rank trains on: train.batch_size split over the data-parallel groups.

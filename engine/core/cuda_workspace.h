@@ -9,6 +9,7 @@
 #include "engine/core/ops/attention.h"
 #include "engine/core/ops/embedding.h"
 #include "engine/core/ops/linear.h"
+#include "engine/core/ops/lora.h"
 #include "engine/core/ops/loss.h"
 #include "engine/core/workspace.h"
 
@@ -211,6 +212,28 @@ inline WorkspaceList workspace(const LinearBackwardArgs& a, const WorkspaceTarge
   // Only dinp = dout W reads the weight in bf16; dW accumulates in f32 from bf16 operands.
   return gemm_workspace(a.weight, a.dout.dtype == DType::BF16 && !a.dinp.empty());
 }
+/// LoRA: h (N, r) in the activations' dtype (s drop(x) A^T, then dh in the backward), the dropped
+/// input (N, C) with dropout, a bf16 copy of A and B for bf16 GEMMs (cuBLASLt takes one dtype for
+/// both operands), and the GEMM workspace.
+inline WorkspaceList lora_workspace(const Tensor& inp, const Tensor& a, const Tensor& b, float p,
+                                    bool backward) {
+  const int64_t N = inp.rows(), C = inp.dim(-1), r = a.dim(0), n = b.dim(0);
+  WorkspaceList w{{"lora.h", inp.dtype, {N, r}}};
+  if (backward) w.push_back({"lora.dh", inp.dtype, {N, r}});
+  if (p > 0) w.push_back({"lora.dropped", inp.dtype, {N, C}});
+  if (inp.dtype == DType::BF16) {
+    w.push_back({"lora.a_bf16", DType::BF16, {r, C}});
+    w.push_back({"lora.b_bf16", DType::BF16, {n, r}});
+  }
+  w.push_back({"gemm.workspace", DType::BF16, {static_cast<int64_t>(kGemmWorkspaceBytes / 2)}});
+  return w;
+}
+inline WorkspaceList workspace(const LoraForwardArgs& a, const WorkspaceTarget&) {
+  return lora_workspace(a.inp, a.a, a.b, a.dropout.p, false);
+}
+inline WorkspaceList workspace(const LoraBackwardArgs& a, const WorkspaceTarget&) {
+  return lora_workspace(a.inp, a.a, a.b, a.dropout.p, true);
+}
 inline WorkspaceList workspace(const AttentionForwardArgs& a, const WorkspaceTarget&) {
   return attention_workspace(a.qkv, a.n_head, a.n_kv_head, a.rope_theta, false, a.chunk_tokens);
 }
@@ -219,7 +242,9 @@ inline WorkspaceList workspace(const AttentionBackwardArgs& a, const WorkspaceTa
 }
 /// Tokens bucketed by id (positions (N) i32 + bucket starts (N+1) i32), so the scatter-add is
 /// deterministic without atomics ("embedding.buckets").
+/// The token rows' buckets (none when the token table is frozen: only position rows add up).
 inline WorkspaceList workspace(const EmbeddingBackwardArgs& a, const WorkspaceTarget&) {
+  if (a.dwte.empty()) return {};
   return {{"embedding.buckets", DType::I32, {2 * a.tokens.numel() + 1}}};
 }
 /// The tied weight's bf16 copy and the GEMM workspace, then the logits chunk.

@@ -14,6 +14,7 @@
 #include <optional>
 #include <set>
 
+#include "engine/config/lora.h"
 #include "engine/core/error.h"
 #include "engine/core/regular_file.h"
 #include "engine/model_files/safetensors.h"
@@ -216,13 +217,78 @@ void check_finite(const StateDict::Entry& e, const std::string& name, const floa
 constexpr const char* kFixAnotherModel =
     "the folder's config.json and its weights must be of one model; download the folder again";
 
+// Our parameter `mp` from its pieces in `sd`, as f32 into `host` (its element count; vocabulary
+// rows the file lacks stay 0), each piece's pages given back once read.
+void assemble(const StateDict& sd, const Mapping& mp, std::vector<float>& host,
+              std::vector<float>& scratch) {
+  host.assign(static_cast<size_t>(numel(mp.shape)), 0.0f);  // padded vocabulary rows stay 0
+  for (const Piece& pc : mp.pieces) {
+    const StateDict::Entry& e = *sd.find(pc.name);
+    const std::byte* src = e.file->data(*e.info);
+    if (mp.transposed) {
+      scratch.resize(host.size());
+      st::to_f32(e.info->dtype, src, scratch.size(), scratch.data());
+      check_finite(e, pc.name, scratch.data(), scratch.size());
+      transpose(scratch.data(), pc.shape[0], pc.shape[1], host.data());
+    } else {
+      const int64_t rows = std::min(e.info->shape[0], pc.shape[0]);
+      float* dst = host.data() + pc.row0 * row_elems(mp.shape);
+      const size_t n = static_cast<size_t>(rows * row_elems(pc.shape));
+      st::to_f32(e.info->dtype, src, n, dst);
+      check_finite(e, pc.name, dst, n);
+    }
+    e.file->release(*e.info);
+  }
+}
+
 }  // namespace
+
+struct FolderReader::Impl {
+  StateDict sd;
+  std::vector<Mapping> maps;
+  Impl(const std::string& dir, const ModelConfig& m)
+      : sd(dir), maps(mappings(m, state_dict_prefix(m, sd.names()))) {}
+};
+
+FolderReader::FolderReader(const std::string& dir, const ModelConfig& m)
+    : impl_(std::make_unique<Impl>(dir, m)) {
+  for (const Mapping& mp : impl_->maps)
+    for (const Piece& pc : mp.pieces) {
+      const StateDict::Entry* e = impl_->sd.find(pc.name);
+      if (!e || !is_float(e->info->dtype) || e->info->shape.size() != pc.shape.size() ||
+          (!mp.vocab && e->info->shape != pc.shape))
+        refuse(dir,
+               fmt::format("no tensor '{}' of dtype F32, BF16 or F16 and shape {}", pc.name,
+                           st::shape_string(pc.shape)),
+               kFixAnotherModel);
+    }
+}
+FolderReader::~FolderReader() = default;
+
+std::vector<float> FolderReader::read(const std::string& ours) const {
+  for (const Mapping& mp : impl_->maps)
+    if (mp.ours == ours) {
+      std::vector<float> host, scratch;
+      assemble(impl_->sd, mp, host, scratch);
+      return host;
+    }
+  REMAT_ASSERT(false, "hf: no mapping for {}", ours);
+  return {};
+}
+
+bool FolderReader::has(const std::string& ours) const {
+  for (const Mapping& mp : impl_->maps)
+    if (mp.ours == ours) return true;
+  return false;
+}
 
 std::string load_weights(const std::string& dir, const ModelConfig& m, Backend& be, Model& model) {
   StateDict sd(dir);
   const std::vector<Mapping> maps = mappings(m, state_dict_prefix(m, sd.names()));
-  REMAT_ASSERT(maps.size() == model.params().size(), "hf: {} mappings for {} parameters",
-               maps.size(), model.params().size());
+  size_t base_params = 0;  // LoRA's adapters are no part of a Hugging Face model folder
+  for (const Param& p : model.params()) base_params += !lora::is_adapter_name(p.name);
+  REMAT_ASSERT(maps.size() == base_params, "hf: {} mappings for {} parameters", maps.size(),
+               base_params);
 
   // Every name, dtype and shape first: a refused folder leaves the model untouched.
   std::set<std::string> used;
@@ -303,26 +369,8 @@ std::string load_weights(const std::string& dir, const ModelConfig& m, Backend& 
 
   std::vector<float> host, scratch;
   for (const Mapping& mp : maps) {
-    const Param& p = param_named(model, mp.ours);
-    host.assign(static_cast<size_t>(numel(mp.shape)), 0.0f);  // padded vocabulary rows stay 0
-    for (const Piece& pc : mp.pieces) {
-      const StateDict::Entry& e = *sd.find(pc.name);
-      const std::byte* src = e.file->data(*e.info);
-      if (mp.transposed) {
-        scratch.resize(host.size());
-        st::to_f32(e.info->dtype, src, scratch.size(), scratch.data());
-        check_finite(e, pc.name, scratch.data(), scratch.size());
-        transpose(scratch.data(), pc.shape[0], pc.shape[1], host.data());
-      } else {
-        const int64_t rows = std::min(e.info->shape[0], pc.shape[0]);
-        float* dst = host.data() + pc.row0 * row_elems(mp.shape);
-        const size_t n = static_cast<size_t>(rows * row_elems(pc.shape));
-        st::to_f32(e.info->dtype, src, n, dst);
-        check_finite(e, pc.name, dst, n);
-      }
-      e.file->release(*e.info);
-    }
-    be.upload(p.value.tensor(), host.data());
+    assemble(sd, mp, host, scratch);
+    be.upload(param_named(model, mp.ours).value.tensor(), host.data());
   }
 
   std::string vocab_note;
@@ -339,6 +387,61 @@ std::string load_weights(const std::string& dir, const ModelConfig& m, Backend& 
       sd.index_ignored() ? fmt::format("; {} beside it not read (transformers loads {} first)",
                                        kIndexFile, kSingleFile)
                          : "");
+}
+
+nlohmann::json folder_fingerprint(const std::string& dir) {
+  constexpr int kSlices = 16;
+  constexpr uint64_t kSlice = 64 * 1024;
+  // The files a load reads: config.json, and the weights (the shards the index names, or the one).
+  std::vector<std::string> names = {"config.json"};
+  {
+    const StateDict sd(dir);
+    std::set<std::string> files;
+    for (const auto& [name, e] : sd.entries())
+      files.insert(fs::path(e.file->path()).filename().string());
+    names.insert(names.end(), files.begin(), files.end());
+    std::error_code ec;
+    if (fs::is_regular_file(fs::path(dir) / kIndexFile, ec)) names.push_back(kIndexFile);
+  }
+  nlohmann::json files = nlohmann::json::object();
+  for (const std::string& n : names) {
+    const st::MappedFile f((fs::path(dir) / n).string());
+    const std::byte* p = f.data();
+    const uint64_t size = f.size();
+    // The header of a safetensors file (8-byte length, then JSON), whole; the rest in slices.
+    uint64_t head = size;
+    if (n != "config.json" && n != kIndexFile && size >= 8) {
+      uint64_t len = 0;
+      std::memcpy(&len, p, 8);
+      head = std::min(size, 8 + len);
+    }
+    std::string bytes(reinterpret_cast<const char*>(p), head);
+    const uint64_t rest = size - head;
+    if (rest > 0)
+      for (int s = 0; s < kSlices; ++s) {
+        const uint64_t at = head + rest / kSlices * static_cast<uint64_t>(s);
+        bytes.append(reinterpret_cast<const char*>(p + at), std::min(kSlice, size - at));
+      }
+    files[n] = {{"bytes", size}, {"xxh3", st::hex64(st::xxh3_64(bytes.data(), bytes.size()))}};
+  }
+  return {{"files", files}};
+}
+
+std::string fingerprint_difference(const nlohmann::json& recorded, const nlohmann::json& now) {
+  const nlohmann::json& a = recorded.at("files");
+  const nlohmann::json& b = now.at("files");
+  for (const auto& [name, rec] : a.items()) {
+    if (!b.contains(name)) return fmt::format("{} is gone", name);
+    if (b[name]["bytes"] != rec["bytes"])
+      return fmt::format("{} is {} bytes, {} recorded", name, b[name]["bytes"].dump(),
+                         rec["bytes"].dump());
+    if (b[name]["xxh3"] != rec["xxh3"])
+      return fmt::format("{} has other contents (sampled XXH3-64 {}, {} recorded)", name,
+                         b[name]["xxh3"].get<std::string>(), rec["xxh3"].get<std::string>());
+  }
+  for (const auto& [name, rec] : b.items())
+    if (!a.contains(name)) return fmt::format("{} is new", name);
+  return "";
 }
 
 void for_each_tensor(const ModelConfig& m, const ParamSource& source,

@@ -14,6 +14,8 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -34,10 +36,43 @@ std::string load_weights(const std::string& dir, const ModelConfig& m, Backend& 
 /// The f32 values of one of our parameters, by name (a checkpoint's tensor, a gradient, ...).
 using ParamSource = std::function<std::vector<float>(const std::string& name)>;
 
+/// One of our parameters at a time from the Hugging Face folder `dir` of `m` (a LoRA run's frozen
+/// base, for the merged export and `sample`): the same assembly as load_weights, without a model.
+/// The constructor checks that every tensor `m` needs is there with its shape and a float dtype
+/// (CheckpointError otherwise).
+class FolderReader {
+ public:
+  FolderReader(const std::string& dir, const ModelConfig& m);
+  ~FolderReader();
+  FolderReader(const FolderReader&) = delete;
+  FolderReader& operator=(const FolderReader&) = delete;
+  /// Whether `ours` is one of the folder's parameters (a tied head is the embedding: no).
+  bool has(const std::string& ours) const;
+  /// Parameter `ours` as f32, in our layout.
+  std::vector<float> read(const std::string& ours) const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
 /// Calls `sink` with every Hugging Face tensor of `m`'s parameters, in model order, as f32
 /// (q/k/v split, GPT-2's Conv1D weights transposed back). The tests compare gradients this way.
 void for_each_tensor(const ModelConfig& m, const ParamSource& source,
                      const std::function<void(const Piece&, const std::vector<float>&)>& sink);
+
+/// What a LoRA checkpoint records of its frozen base (engine/training/lora_checkpoint.h): for each
+/// file of the folder `dir` that a load reads (config.json, the weights, their index), its
+/// size and an XXH3-64 over its header and 16 slices of 64 KiB spread evenly over the rest: about
+/// 1 MiB read per file, milliseconds for an 8B model's 16 GB, where hashing every byte would read
+/// all 16 GB at each resume, export and sample (seconds from a fast disk, minutes from a network
+/// one). It catches a file replaced, re-saved, re-quantized or fine-tuned anew (every weight
+/// moves, so every slice does), renamed tensors or shapes (the header); not an edit confined to
+/// bytes between the slices. {"files": {name: {"bytes": N, "xxh3": "hex"}}}.
+nlohmann::json folder_fingerprint(const std::string& dir);
+/// The first difference of `now` from `recorded` in words ("model.safetensors: 1234 bytes, 1200
+/// recorded"), or "" when they agree.
+std::string fingerprint_difference(const nlohmann::json& recorded, const nlohmann::json& now);
 
 struct WriteOptions {
   bool bf16 = true;  // else f32

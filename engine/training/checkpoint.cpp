@@ -135,12 +135,14 @@ FileRecord write_tensor_file(const fs::path& path, Model& model,
                              TensorSource& source, DistributedMoments* moments) {
   std::vector<st::TensorInfo> infos;
   for (Param& p : model.params())
-    for (const FieldSpec& f : fields)
-      infos.push_back({p.name + f.suffix, "F32", shape_of(p.value.tensor())});
+    if (p.trainable())
+      for (const FieldSpec& f : fields)
+        infos.push_back({p.name + f.suffix, "F32", shape_of(p.value.tensor())});
   const std::map<std::string, std::string> metadata = {
       {"format", "pt"}, {"producer", "remat-train " REMAT_VERSION}, {"step", std::to_string(step)}};
   st::Writer w(path.string(), std::move(infos), metadata);
-  for (Param& p : model.params())
+  for (Param& p : model.params()) {
+    if (!p.trainable()) continue;  // frozen: not in a checkpoint (engine/model.h)
     for (const FieldSpec& f : fields) {
       const size_t bytes = p.value.tensor().bytes();
       if (moments && f.moment >= 0) {
@@ -151,6 +153,7 @@ FileRecord write_tensor_file(const fs::path& path, Model& model,
         w.write(source.fetch((p.*f.field).tensor()), bytes);
       }
     }
+  }
   w.finish();
   return {w.bytes(), w.checksum()};
 }
@@ -271,8 +274,9 @@ std::vector<Target> targets(Model& model, const std::vector<FieldSpec>& fields,
                             DistributedMoments* moments = nullptr) {
   std::vector<Target> out;
   for (Param& p : model.params())
-    for (const FieldSpec& f : fields)
-      out.push_back({p.name + f.suffix, &p, &f, f.moment >= 0 ? moments : nullptr});
+    if (p.trainable())
+      for (const FieldSpec& f : fields)
+        out.push_back({p.name + f.suffix, &p, &f, f.moment >= 0 ? moments : nullptr});
   return out;
 }
 
@@ -337,7 +341,8 @@ std::string checkpoint_folder_name(int64_t step) {
 Buffer allocate_checkpoint_staging(Backend& be, Model& model) {
   if (!be.device_is_host()) return {};
   int64_t largest = 0;
-  for (Param& p : model.params()) largest = std::max(largest, p.value.tensor().numel());
+  for (Param& p : model.params())
+    if (p.trainable()) largest = std::max(largest, p.value.tensor().numel());
   if (largest == 0) return {};
   return be.pool().allocate({largest}, DType::F32, MemCategory::Transient, "checkpoint.staging");
 }
@@ -366,7 +371,8 @@ std::string write_checkpoint(const std::string& dir, Backend& be, Model& model,
 
 void send_checkpoint_moments(Model& model, DistributedMoments& moments) {
   for (Param& p : model.params())
-    for (const FieldSpec& f : kOptimizerFields) moments.gather(p, f.moment, nullptr);
+    if (p.trainable())
+      for (const FieldSpec& f : kOptimizerFields) moments.gather(p, f.moment, nullptr);
 }
 
 void prune_checkpoints(const std::string& dir, int64_t keep_last) {

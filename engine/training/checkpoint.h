@@ -1,5 +1,7 @@
 // Checkpoints: one folder per checkpoint, `DIR/step_00000100/`, holding
-//   model.safetensors      the parameters by name (f32), e.g. "blocks.3.attn.qkv.weight"
+//   model.safetensors      the trainable parameters by name (f32), e.g. "blocks.3.attn.qkv.weight"
+//                          (a LoRA run's adapters and modules_to_save: frozen ones are not
+//                          written, its state.json names the base they come from)
 //   optimizer.safetensors  AdamW moments, "<param>.exp_avg" and "<param>.exp_avg_sq" (f32)
 //   state.json             step, the full resolved config (TOML text), the data cursor, versions,
 //                          and each tensor file's size and XXH3-64 checksum

@@ -42,7 +42,8 @@ class PlannedAllReduce final : public parallel::GradientSync {
  public:
   PlannedAllReduce(Model& model, int ranks) {
     uint64_t bytes = 0;
-    for (Param& p : model.params()) bytes += p.grad.tensor().bytes();
+    for (Param& p : model.params())
+      if (p.trainable()) bytes += p.grad.tensor().bytes();
     sent_ = parallel::allreduce_sent_bytes(bytes, ranks);
   }
   void block_done(size_t) override {}
@@ -88,7 +89,7 @@ void zero_device_grads(Backend& be, Model& model) {
   std::vector<Tensor> grads;
   grads.reserve(model.params().size());
   for (Param& p : model.params())
-    if (!p.on_host) grads.push_back(p.grad);
+    if (p.trainable() && !p.on_host) grads.push_back(p.grad);
   be.fill_zero(grads);
 }
 
@@ -220,16 +221,19 @@ std::string Trainer::divergence_message(const StepMetrics& m) {
   // Sharded, each rank holds the sums of its shards only: the ranks agree on the first parameter
   // with a non-finite sum anywhere (every rank diverges at the same step, so all of them call).
   std::vector<double> bad;
+  std::vector<const Param*> trained;
   for (Param& p : model_.params()) {
+    if (!p.trainable()) continue;  // a frozen parameter has no gradient
     const bool finite =
         sharded_ ? sharded_->grad_finite(p) : std::isfinite(sum_squares({p.grad.tensor()}, p));
     bad.push_back(finite ? 0.0 : 1.0);
+    trained.push_back(&p);
   }
   if (sharded_ && dp_.comm) bad = parallel::sum_over_ranks(*dp_.comm, bad);
   std::string first = "none (the loss itself)";
   for (size_t i = 0; i < bad.size(); ++i)
     if (bad[i] > 0) {
-      first = model_.params()[i].name;
+      first = trained[i]->name;
       break;
     }
   return fmt::format(
@@ -243,6 +247,7 @@ std::string Trainer::divergence_message(const StepMetrics& m) {
 void Trainer::check_weights_finite() {
   wait_host_update();
   for (Param& p : model_.params()) {
+    if (!p.trainable()) continue;  // never updated: as finite as it was loaded
     if (!std::isfinite(sum_squares({p.value.tensor()}, p)))
       throw Diverged(fmt::format(
           "[train] diverged by step {}: the weights are not finite (first: {}); no checkpoint was "
@@ -347,14 +352,19 @@ Trainer::MicroBatchLoss Trainer::accumulate_gradients(StepMetrics& m) {
 double Trainer::grad_sum_squares() {
   if (sharded_) return sharded_->grad_sum_squares();  // each rank holds the sums of its shards
   std::vector<Tensor> grads;
-  grads.reserve(model_.params().size());
-  for (Param& p : model_.params()) grads.push_back(p.grad);
-  return model_.params().empty() ? 0.0 : sum_squares(grads, model_.params().front());
+  const Param* like = nullptr;
+  for (Param& p : model_.params())
+    if (p.trainable()) {
+      grads.push_back(p.grad);
+      if (!like) like = &p;
+    }
+  return like ? sum_squares(grads, *like) : 0.0;
 }
 
 // Host parameters (remat.offload = "checkpoints+optimizer+weights") are summed on the host's
 // cores, by the CPU backend's own code: the same bits as the CPU backend without the offload.
-// Every parameter of a model lives in the same place, so `like` stands for all of `tensors`.
+// Every trainable parameter of a model lives in the same place, so `like` stands for all of
+// `tensors`.
 double Trainer::sum_squares(const std::vector<Tensor>& tensors, const Param& like) {
   if (!like.on_host) return be_.sum_squares(tensors);
   if (!be_.computes()) return 0.0;
@@ -409,7 +419,7 @@ void Trainer::update_weights(float lr, float grad_scale) {
   };
   std::vector<Param*> on_host;
   for (Param& p : model_.params())
-    if (p.moments_on_host && !p.on_host) on_host.push_back(&p);
+    if (p.trainable() && p.moments_on_host && !p.on_host) on_host.push_back(&p);
   std::vector<std::pair<const Param*, AdamWArgs>> host_updates;  // weights in host memory
   // Parameters whose state is all in device memory, updated together (a few launches on CUDA):
   // each run of them is issued before the next staged parameter's update, so the updates are
@@ -419,6 +429,7 @@ void Trainer::update_weights(float lr, float grad_scale) {
   std::array<std::unique_ptr<Staged>, 3> slots;
   size_t k = 0;
   for (Param& p : model_.params()) {
+    if (!p.trainable()) continue;  // frozen: no gradient, no moments, never updated
     AdamWArgs a{p.value, p.grad, p.m, p.v};
     a.lr = lr;
     a.weight_decay = p.use_decay ? static_cast<float>(train_.weight_decay) : 0.0f;

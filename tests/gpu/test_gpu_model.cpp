@@ -456,22 +456,60 @@ TEST_CASE(
   }
 }
 
+namespace {
+// One step of the llama above with `sets` on CUDA (bf16) and on the count backend standing in for
+// it: both pools' peaks the same to the byte.
+void check_llama_cuda_peaks(std::vector<std::string> sets) {
+  const std::string what = fmt::format("{}", fmt::join(sets, " "));
+  sets.push_back("train.steps=1");
+  Config cfg = parse_config(kLlamaToml, "llama(test)", sets);
+  cuda::CudaBackend gpu(DeviceConfig{}, DType::BF16);
+  CountBackend count(CountTarget{DeviceKind::Cuda, DType::BF16, 1}, gpu.pool().budget_bytes());
+  train_losses(gpu, cfg);
+  train_losses(count, cfg);
+  const uint64_t measured = gpu.pool().peak_bytes(), predicted = count.pool().peak_bytes();
+  INFO(what << ": measured " << measured << " predicted " << predicted);
+  CHECK(measured == predicted);
+  CHECK(gpu.host_pool().peak_bytes() == count.host_pool().peak_bytes());
+}
+}  // namespace
+
 TEST_CASE("llama: the planner predicts the CUDA pool's peak to the byte", "[gpu][llama_planner]") {
+  check_llama_cuda_peaks({"remat.policy=none"});
+  check_llama_cuda_peaks({"remat.policy=full", "remat.tile_tokens=37"});
+  check_llama_cuda_peaks({"remat.policy=save_attn", "remat.offload=\"checkpoints+optimizer\""});
+}
+
+// LoRA (docs/lora.md) on the llama above: rank 4 on every linear, adapter dropout, the final norm
+// and the LM head trained whole, every other weight frozen (a random base: the adapters' path is
+// what these rows check).
+const std::vector<std::string> kLora = {"lora.rank=4", "lora.alpha=8", "lora.dropout=0.1",
+                                        "lora.modules_to_save=[\"norm\",\"lm_head\"]"};
+
+TEST_CASE("lora: 20 llama training steps on CUDA track the CPU losses (adapters, frozen base)",
+          "[gpu][lora_training]") {
+  for (const std::vector<std::string>& extra :
+       std::vector<std::vector<std::string>>{{}, {"remat.policy=full", "remat.tile_tokens=37"}}) {
+    std::vector<std::string> sets = kLora;
+    sets.insert(sets.end(), extra.begin(), extra.end());
+    Config cfg = parse_config(kLlamaToml, "llama(test)", sets);
+    cpu::CpuBackend cpu(uint64_t{8} << 30, 0);
+    const auto want = train_losses(cpu, cfg);
+    for (DType act : kCudaActivationTypes) {
+      cuda::CudaBackend gpu(DeviceConfig{}, act);
+      check_tracks(fmt::format("lora {} {}", fmt::join(extra, " "), dtype_name(act)),
+                   train_losses(gpu, cfg), want, act == DType::BF16 ? kTrainBf16 : kTrainF32);
+    }
+  }
+}
+
+TEST_CASE("lora: the planner predicts the CUDA pools' peaks to the byte", "[gpu][lora_planner]") {
   for (std::vector<std::string> sets : std::vector<std::vector<std::string>>{
            {"remat.policy=none"},
            {"remat.policy=full", "remat.tile_tokens=37"},
-           {"remat.policy=save_attn", "remat.offload=\"checkpoints+optimizer\""}}) {
-    const std::string policy = fmt::format("{}", fmt::join(sets, " "));
-    sets.push_back("train.steps=1");
-    Config cfg = parse_config(kLlamaToml, "llama(test)", sets);
-    cuda::CudaBackend gpu(DeviceConfig{}, DType::BF16);
-    CountBackend count(CountTarget{DeviceKind::Cuda, DType::BF16, 1}, gpu.pool().budget_bytes());
-    train_losses(gpu, cfg);
-    train_losses(count, cfg);
-    const uint64_t measured = gpu.pool().peak_bytes(), predicted = count.pool().peak_bytes();
-    INFO(policy << ": measured " << measured << " predicted " << predicted);
-    CHECK(measured == predicted);
-    CHECK(gpu.host_pool().peak_bytes() == count.host_pool().peak_bytes());
+           {"remat.policy=save_attn", "remat.offload=\"checkpoints+optimizer+weights\""}}) {
+    sets.insert(sets.end(), kLora.begin(), kLora.end());
+    check_llama_cuda_peaks(sets);
   }
 }
 
