@@ -33,9 +33,14 @@ struct TempDir {
 };
 
 /// The bytes of the file at `path` ("" when it cannot be opened).
-inline std::string read_text(const std::string& path) {
+inline std::string read_text(const std::filesystem::path& path) {
   std::ifstream in(path, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+/// Writes `text` as the whole file at `path`, byte for byte.
+inline void write_text(const std::filesystem::path& path, const std::string& text) {
+  std::ofstream(path, std::ios::binary) << text;
 }
 
 }  // namespace remat::test

@@ -38,6 +38,7 @@ using remat::test::eventually;
 using remat::test::read_text;
 using remat::test::run_binary;
 using remat::test::TempDir;
+using remat::test::write_text;
 namespace fs = std::filesystem;
 
 namespace {
@@ -53,10 +54,6 @@ std::vector<std::string> lines_of(const std::string& path) {
   std::vector<std::string> out;
   for (std::string line; std::getline(in, line);) out.push_back(line);
   return out;
-}
-
-void write_text(const std::string& path, const std::string& text) {
-  std::ofstream(path) << text;
 }
 
 std::string config_error(const std::function<void()>& f) {

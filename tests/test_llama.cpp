@@ -19,6 +19,7 @@
 #include "layers/models.h"
 #include "tests/configs.h"
 #include "tests/planner_util.h"
+#include "tests/run_record.h"
 #include "tests/test_util.h"
 
 using namespace remat;
@@ -54,16 +55,9 @@ const std::vector<std::string> kPlain = {
     "model.n_kv_head=4",   "model.head_dim=0",          "model.attention_bias=false",
     "model.qk_norm=false", "model.tie_embeddings=true", "model.rope_scaling=\"none\""};
 
-struct RunRecord {
-  std::vector<double> losses;
-  std::vector<std::vector<float>> params, grads, moments;
-  uint64_t peak = 0, host_peak = 0;
-};
-
-std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
+using test::check_same_bits;
+using test::with;
+using RunRecord = test::TrainedState;
 
 RunRecord train3(const std::vector<std::string>& sets, int threads = 2) {
   const Config cfg = parse_config(kLlama, "llama-test", sets);
@@ -72,27 +66,8 @@ RunRecord train3(const std::vector<std::string>& sets, int threads = 2) {
   Trainer trainer(cfg.train, resolve_remat_plan(cfg, *parts.model), be, *parts.model, *parts.data);
   RunRecord r;
   for (int s = 0; s < 3; ++s) r.losses.push_back(trainer.step().loss);
-  for (Param& p : parts.model->params()) {
-    r.params.emplace_back(p.value.f32(), p.value.f32() + p.value.tensor().numel());
-    r.grads.emplace_back(p.grad.f32(), p.grad.f32() + p.grad.tensor().numel());
-    for (const Buffer* m : {&p.m, &p.v}) {
-      std::vector<float> host(static_cast<size_t>(m->tensor().numel()));
-      be.download(host.data(), *m);
-      r.moments.push_back(std::move(host));
-    }
-  }
-  r.peak = be.pool().peak_bytes();
-  r.host_peak = be.host_pool().peak_bytes();
+  test::record_state(be, parts.model->params(), r);
   return r;
-}
-
-void check_same_bits(const RunRecord& r, const RunRecord& ref) {
-  REQUIRE(r.losses.size() == ref.losses.size());
-  for (size_t i = 0; i < ref.losses.size(); ++i)
-    CHECK(std::memcmp(&r.losses[i], &ref.losses[i], sizeof(double)) == 0);
-  CHECK(test::bitwise_equal(r.grads, ref.grads));
-  CHECK(test::bitwise_equal(r.params, ref.params));
-  CHECK(test::bitwise_equal(r.moments, ref.moments));
 }
 
 const std::vector<std::vector<std::string>> kSettings = {

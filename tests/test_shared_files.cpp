@@ -22,16 +22,12 @@
 #include "tests/temp_dir.h"
 
 using Catch::Matchers::Contains;
-using namespace remat::test;  // Child, eventually, run_binary, TempDir, read_text
+using namespace remat::test;  // Child, eventually, run_binary, TempDir, read_text, write_text
 namespace fs = std::filesystem;
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-void write_text(const std::string& path, const std::string& text) {
-  std::ofstream(path, std::ios::binary) << text;
-}
 
 // Replaces `path` by a new file (another inode), as `mv new path` does.
 void replace_file(const std::string& path, const std::string& text) {

@@ -86,20 +86,30 @@ constexpr Tolerance kTrainF32{.rtol = 0.01, .atol = 0.01};  // attention runs in
 // Same backend, different policy: only cuDNN's non-deterministic attention backward differs.
 constexpr Tolerance kPolicyRunToRun{.rtol = 2e-3, .atol = 2e-3};
 
-}  // namespace
-
-TEST_CASE("20 training steps on CUDA track the CPU losses (learned and rope positions)",
-          "[gpu][training]") {
-  for (const char* position : {"learned", "rope"}) {
-    Config cfg = parse_config(kTinyToml, "tiny(test)", {std::string("model.position=") + position});
+/// 20 steps of `toml` with each of `variants` (and `common`) on the CPU, then on CUDA with each
+/// activation type: CUDA's losses track the CPU's within kTrainBf16 / kTrainF32.
+void check_cuda_tracks_cpu(const std::string& toml, const char* what,
+                           const std::vector<std::vector<std::string>>& variants,
+                           const std::vector<std::string>& common = {}) {
+  for (const std::vector<std::string>& variant : variants) {
+    std::vector<std::string> sets = common;
+    sets.insert(sets.end(), variant.begin(), variant.end());
+    Config cfg = parse_config(toml, "tracks(test)", sets);
     cpu::CpuBackend cpu(uint64_t{8} << 30, 0);
     const auto want = train_losses(cpu, cfg);
     for (DType act : kCudaActivationTypes) {
       cuda::CudaBackend gpu(DeviceConfig{}, act);
-      check_tracks(std::string(position) + " " + dtype_name(act), train_losses(gpu, cfg), want,
-                   act == DType::BF16 ? kTrainBf16 : kTrainF32);
+      check_tracks(fmt::format("{} {} {}", what, fmt::join(variant, " "), dtype_name(act)),
+                   train_losses(gpu, cfg), want, act == DType::BF16 ? kTrainBf16 : kTrainF32);
     }
   }
+}
+
+}  // namespace
+
+TEST_CASE("20 training steps on CUDA track the CPU losses (learned and rope positions)",
+          "[gpu][training]") {
+  check_cuda_tracks_cpu(kTinyToml, "gpt", {{"model.position=learned"}, {"model.position=rope"}});
 }
 
 namespace {
@@ -278,6 +288,26 @@ TEST_CASE("a CUDA run resumed from its checkpoint equals the run straight throug
   }
 }
 
+namespace {
+
+// Builds the plan of one attention call and checks its workspace against the planner's reserve
+// for that shape, printing both (scripts/device-check.sh keeps the "cuDNN plan workspace" lines:
+// the figures the reserve should follow once a device has measured them).
+void check_plan_workspace(cuda::CudaBackend& gpu, const char* what, const cuda::AttentionShape& s,
+                          bool backward) {
+  const auto reserve =
+      cuda::cudnn_plan_reserve_bytes(s.B, s.NH, s.kv_heads(), s.key_rows(), s.HS, backward);
+  INFO(what << (backward ? " backward" : " forward"));
+  int64_t ws = -1;
+  REQUIRE_NOTHROW(ws = gpu.attention_plan_workspace_bytes(s, backward));
+  std::printf("cuDNN plan workspace %s %s: %lld bytes (reserve %llu)\n", what,
+              backward ? "backward" : "forward", static_cast<long long>(ws),
+              static_cast<unsigned long long>(reserve));
+  CHECK(ws <= static_cast<int64_t>(reserve));
+}
+
+}  // namespace
+
 TEST_CASE("cuDNN's attention plans need no more workspace than the planner reserves (GPT-2 shapes)",
           "[gpu][cudnn_workspace]") {
   cuda::CudaBackend gpu(DeviceConfig{}, DType::BF16);
@@ -288,14 +318,29 @@ TEST_CASE("cuDNN's attention plans need no more workspace than the planner reser
   for (const Shape& m : {Shape{"gpt2-124m", 12, 64}, Shape{"gpt2-350m", 16, 64}}) {
     for (int64_t T : {int64_t{4096}, int64_t{32768}}) {
       for (bool bwd : {false, true}) {
-        const int64_t ws = gpu.attention_plan_workspace_bytes(1, m.NH, T, m.HS, bwd);
-        std::printf("cuDNN plan workspace %s T=%lld %s: %lld bytes (reserve %llu)\n", m.model,
-                    static_cast<long long>(T), bwd ? "backward" : "forward",
-                    static_cast<long long>(ws),
-                    static_cast<unsigned long long>(cuda::kCudnnPlanWorkspaceBytes));
-        CHECK(ws <= static_cast<int64_t>(cuda::kCudnnPlanWorkspaceBytes));
+        const std::string what = fmt::format("{} T={}", m.model, T);
+        check_plan_workspace(gpu, what.c_str(), {1, m.NH, T, m.HS}, bwd);
       }
     }
+  }
+}
+
+TEST_CASE("cuDNN's attention plans fit the planner's reserve at Llama's grouped-query shapes",
+          "[gpu][cudnn_workspace]") {
+  // Llama-3.1-8B's attention: 32 query heads, 8 key/value heads of 128. Its grouped backward forms
+  // each query head's dK and dV before the sum over the group; if cuDNN keeps them in its
+  // workspace that is 64 MiB at 4k keys and 1 GiB at 64k (cudnn_plan_reserve_bytes reserves it).
+  // Then the pairs attention over chunks makes: an off-diagonal pair (no mask) of 8192 queries
+  // against 65536 keys, and a last query chunk of 1000 rows against a full key chunk.
+  cuda::CudaBackend gpu(DeviceConfig{}, DType::BF16);
+  const int64_t NH = 32, KVH = 8, HS = 128;
+  for (bool bwd : {false, true}) {
+    check_plan_workspace(gpu, "llama-3.1-8b T=4096", {1, NH, 4096, HS, KVH}, bwd);
+    check_plan_workspace(gpu, "llama-3.1-8b T=65536", {1, NH, 65536, HS, KVH}, bwd);
+    check_plan_workspace(gpu, "llama-3.1-8b pair 8192x65536 unmasked",
+                         {1, NH, 8192, HS, KVH, 65536, false}, bwd);
+    check_plan_workspace(gpu, "llama-3.1-8b pair 1000x8192 unmasked",
+                         {1, NH, 1000, HS, KVH, 8192, false}, bwd);
   }
 }
 
@@ -305,7 +350,8 @@ TEST_CASE("cuDNN's attention plans need no more workspace than the planner reser
 TEST_CASE("cuDNN's engine survey lists the attention backward's options, the one in use first",
           "[gpu][cudnn_engines]") {
   cuda::CudaBackend gpu(DeviceConfig{}, DType::BF16);
-  const auto reserve = static_cast<int64_t>(cuda::kCudnnPlanWorkspaceBytes);
+  const auto reserve =
+      static_cast<int64_t>(cuda::cudnn_plan_reserve_bytes(1, 12, 12, 4096, 64, true));
   for (int64_t T : {int64_t{4096}, int64_t{32768}}) {
     const std::vector<cuda::EngineOption> options =
         gpu.attention_engine_survey(1, 12, T, 64, /*backward=*/true);
@@ -320,16 +366,16 @@ TEST_CASE("cuDNN's engine survey lists the attention backward's options, the one
       if (!used && o.finalizes && o.workspace_bytes <= reserve) used = &o;
     }
     REQUIRE(used != nullptr);
-    CHECK(used->workspace_bytes == gpu.attention_plan_workspace_bytes(1, 12, T, 64, true));
+    CHECK(used->workspace_bytes == gpu.attention_plan_workspace_bytes({1, 12, T, 64}, true));
   }
 }
 
 namespace {
 
 /// One step of `toml` with each of `settings` (and `extra`) on CUDA against the planner's dry run
-/// (CountBackend): the device and host pools' peaks to the byte. cuDNN's plan workspace is a fixed
-/// reserve on both sides (engine/core/cuda_workspace.h), so nothing the GPU decides at run time
-/// enters the peak.
+/// (CountBackend): the device and host pools' peaks to the byte. cuDNN's plan workspace is a
+/// reserve sized from the shapes on both sides (engine/core/cuda_workspace.h), so nothing the GPU
+/// decides at run time enters the peak.
 void check_planner_peaks(const std::string& toml,
                          const std::vector<std::vector<std::string>>& settings,
                          const std::vector<std::string>& extra = {}) {
@@ -378,17 +424,9 @@ const std::string kLlamaToml =
 
 TEST_CASE("20 llama training steps on CUDA track the CPU losses (GQA, q/k norm, biases, scaling)",
           "[gpu][llama_training]") {
-  for (const std::vector<std::string>& sets : std::vector<std::vector<std::string>>{
-           {}, {"model.qk_norm=false", "model.n_kv_head=1", "model.tie_embeddings=true"}}) {
-    Config cfg = parse_config(kLlamaToml, "llama(test)", sets);
-    cpu::CpuBackend cpu(uint64_t{8} << 30, 0);
-    const auto want = train_losses(cpu, cfg);
-    for (DType act : kCudaActivationTypes) {
-      cuda::CudaBackend gpu(DeviceConfig{}, act);
-      check_tracks(fmt::format("llama {} {}", fmt::join(sets, " "), dtype_name(act)),
-                   train_losses(gpu, cfg), want, act == DType::BF16 ? kTrainBf16 : kTrainF32);
-    }
-  }
+  check_cuda_tracks_cpu(
+      kLlamaToml, "llama",
+      {{}, {"model.qk_norm=false", "model.n_kv_head=1", "model.tie_embeddings=true"}});
 }
 
 TEST_CASE(
@@ -419,6 +457,27 @@ TEST_CASE("llama: the planner predicts the CUDA pool's peak to the byte", "[gpu]
                       {{"remat.policy=none"},
                        {"remat.policy=full", "remat.tile_tokens=37"},
                        {"remat.policy=save_attn", "remat.offload=\"checkpoints+optimizer\""}});
+}
+
+// LoRA (docs/lora.md) on the llama above: rank 4 on every linear, adapter dropout, the final norm
+// and the LM head trained whole, every other weight frozen (a random base: the adapters' path is
+// what these rows check).
+const std::vector<std::string> kLora = {"lora.rank=4", "lora.alpha=8", "lora.dropout=0.1",
+                                        "lora.modules_to_save=[\"norm\",\"lm_head\"]"};
+
+TEST_CASE("lora: 20 llama training steps on CUDA track the CPU losses (adapters, frozen base)",
+          "[gpu][lora_training]") {
+  check_cuda_tracks_cpu(kLlamaToml, "lora", {{}, {"remat.policy=full", "remat.tile_tokens=37"}},
+                        kLora);
+}
+
+TEST_CASE("lora: the planner predicts the CUDA pools' peaks to the byte", "[gpu][lora_planner]") {
+  check_planner_peaks(
+      kLlamaToml,
+      {{"remat.policy=none"},
+       {"remat.policy=full", "remat.tile_tokens=37"},
+       {"remat.policy=save_attn", "remat.offload=\"checkpoints+optimizer+weights\""}},
+      kLora);
 }
 
 TEST_CASE("weights, gradients and moments on the host give the CUDA losses of keeping them",

@@ -5,8 +5,11 @@
 // tolerances and shared helpers: tests/test_util.h (through tests/ops/op_test.h).
 #include "engine/cpu/attention_gemm.h"
 #include "tests/ops/op_test.h"
-#if defined(REMAT_HAVE_CUDA) && !REMAT_TEST_CUDA_ROWS
+#if defined(REMAT_HAVE_CUDA)
 #include "engine/cuda/cudnn_graphs.h"
+#endif
+#if REMAT_TEST_CUDA_ROWS
+#include <cudnn.h>
 #endif
 
 namespace remat::test {
@@ -816,6 +819,21 @@ AttentionOutputs attention_on(CudaRow& r, bool gpu, const AttentionSetup& a, int
   return o;
 }
 
+/// The call on CUDA (over chunks of a.chunk tokens there; 0: unchunked) against the CPU's
+/// unchunked op: out, lse and dqkv within kCudaAttention. Returns CUDA's dqkv.
+std::vector<float> check_against_cpu(CudaRow& r, const AttentionSetup& a, int64_t B, int64_t T,
+                                     const std::vector<float>& qkv_values,
+                                     const std::vector<float>& dout_values) {
+  AttentionSetup unchunked = a;
+  unchunked.chunk = 0;
+  const AttentionOutputs c = attention_on(r, false, unchunked, B, T, qkv_values, dout_values);
+  const AttentionOutputs g = attention_on(r, true, a, B, T, qkv_values, dout_values);
+  r.check_same(c.out, g.out, kCudaAttention, "out");
+  r.check_same(c.lse, g.lse, kCudaAttention, "lse");
+  r.check_same(c.dqkv, g.dqkv, kCudaAttention, "dqkv (=): dq, dk and dv summed over each group");
+  return fetch(*r.gpu, g.dqkv);
+}
+
 }  // namespace
 
 TEST_CASE(
@@ -835,18 +853,17 @@ TEST_CASE(
   const AttentionSetup args{static_cast<int>(NH), static_cast<int>(KVH), rope > 0 ? 10000.0f : 0.0f,
                             rope == 2 ? kLlama3Short : RopeScaling{}};
   const std::vector<float> qkv = r.act_values(B * T * W, 55), dout = r.act_values(B * T * C, 56);
-  const AttentionOutputs c = attention_on(r, false, args, B, T, qkv, dout);
-  const AttentionOutputs g = attention_on(r, true, args, B, T, qkv, dout);
-  r.check_same(c.out, g.out, kCudaAttention, "out");
-  r.check_same(c.lse, g.lse, kCudaAttention, "lse");
-  r.check_same(c.dqkv, g.dqkv, kCudaAttention, "dqkv (=): dq, dk and dv summed over each group");
+  check_against_cpu(r, args, B, T, qkv, dout);
 }
 
 TEST_CASE("attention over chunks on CUDA matches the CPU and unchunked CUDA",
           "[gpu][attention][chunks]") {
   // Each pair is one cuDNN call (causal on the diagonal, unmasked off it), merged in f32: the
   // chunked CUDA op against the unchunked CPU op, and against CUDA's own unchunked op. 64 divides
-  // none of the lengths; 128 leaves one pair per row at T = 129.
+  // none of the lengths. 128 at T = 129 would leave a last chunk of one token, whose diagonal pair
+  // is a 1 x 1 causal call that cuDNN's backward refuses: the CUDA rule shortens the chunk to 127
+  // (127 + 2 tokens, three pairs per row; cuda::without_one_token_tail), so this row runs exactly
+  // that split; at T = 200, 150 and 100 it is 128 + 72, 128 + 22 and one chunk.
   const ChunkRow row = GENERATE(from_range(kChunkRows));
   const int64_t chunk = GENERATE(int64_t{64}, int64_t{128});
   const DType act = GENERATE(from_range(kCudaActivationTypes));
@@ -870,6 +887,26 @@ TEST_CASE("attention over chunks on CUDA matches the CPU and unchunked CUDA",
     CHECK(allclose(fetch(*r.gpu, *chunked[i]), widened(fetch(*r.gpu, *unchunked[i])),
                    kCudaAttention, "chunked against unchunked CUDA"));
   }
+}
+
+TEST_CASE("the cuDNN in use needs no padding mask: key lengths off multiples of 128 backpropagate",
+          "[gpu][cudnn_version]") {
+  // cuDNN up to 9.15.0 gives NaN in the attention backward when the key length is not a multiple
+  // of 128 unless the graph has a padding mask, which cudnn-frontend adds there and our raw graphs
+  // do not: the backend refuses those releases (cuda::cudnn_version_refusal), so the one it runs
+  // on must pass this. Key lengths 200 (unchunked: 200 % 128 = 72), and 64 + 64 + 64 + 8 (chunks
+  // of 64, every pair's key length off 128), grouped-query heads with RoPE, bf16 activations.
+  const int64_t version = static_cast<int64_t>(cudnnGetVersion());
+  std::printf("cuDNN in use: %lld\n", static_cast<long long>(version));
+  CHECK(cuda::cudnn_version_refusal(version).empty());
+  const int64_t chunk = GENERATE(int64_t{0}, int64_t{64});
+  CAPTURE(chunk);
+  CudaRow r(DType::BF16);
+  const int64_t B = 1, NH = 4, KVH = 2, T = 200, HS = 64, C = NH * HS, W = (NH + 2 * KVH) * HS;
+  const AttentionSetup args{static_cast<int>(NH), static_cast<int>(KVH), 10000.0f, {}, chunk};
+  const std::vector<float> dqkv =
+      check_against_cpu(r, args, B, T, r.act_values(B * T * W, 55), r.act_values(B * T * C, 56));
+  CHECK(std::all_of(dqkv.begin(), dqkv.end(), [](float v) { return std::isfinite(v); }));
 }
 #endif
 
