@@ -44,17 +44,17 @@ import shutil
 import struct
 import sys
 
+from golden_env import golden_dir, missing_packages
+
 try:
     import torch
     import torch.nn.functional as F
     import transformers
     from safetensors.torch import load_file, save_file
 except ImportError as e:
-    sys.exit(f"error: scripts/hf_golden.py needs torch, transformers and safetensors ({e}). Fix: "
-             "scripts/make-hf-venv.sh, then run it with /work/venv-hf/bin/python")
+    missing_packages("hf_golden.py", "torch, transformers and safetensors", e)
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-OUT = os.path.join(REPO, "tests", "golden", "hf")
+OUT = golden_dir("hf")
 B, T = 2, 13
 SEED = 20240611
 INIT_STD = 0.1          # initializer_range: large enough that attention is far from uniform
