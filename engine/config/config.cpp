@@ -1403,6 +1403,8 @@ std::string config_keys_markdown() {
   const toml::table family = toml::parse(config_to_toml(llama));
   toml::table lora = toml::parse(config_to_toml(with_lora));
   lora["lora"].as_table()->insert_or_assign("rank", defaults.lora.rank);
+  // double_quant is written only beside lora.base = "nf4" (config_to_toml): its default here.
+  lora["lora"].as_table()->insert_or_assign("double_quant", defaults.lora.double_quant);
   std::string out = "| key | type | default | accepted | meaning |\n|---|---|---|---|---|\n";
   for (const KeySpec& spec : key_specs()) {
     const KeyAccepts accepts = describe_key(spec);
