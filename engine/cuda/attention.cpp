@@ -209,6 +209,7 @@ void backward_chunked(AttentionEngine& attn, const AttentionBackwardArgs& a, con
 }  // namespace
 
 void CudaBackend::attention_forward_impl(const AttentionForwardArgs& a, const OpWorkspace& ws) {
+  refuse_documents(a.doc_start, "attention_forward");
   const Heads h(a.qkv, a.n_head, a.n_kv_head, a.rope_theta, a.rope_scaling);
   const int64_t n_out = a.out.numel();
   const AttnScratch s =
@@ -234,6 +235,7 @@ void CudaBackend::attention_delta_impl(const AttentionDeltaArgs& a) {
 }
 
 void CudaBackend::attention_backward_impl(const AttentionBackwardArgs& a, const OpWorkspace& ws) {
+  refuse_documents(a.doc_start, "attention_backward");
   REMAT_ASSERT(!a.out.empty(), "cuda attention_backward: cuDNN needs out (it computes D itself)");
   const Heads h(a.qkv, a.n_head, a.n_kv_head, a.rope_theta, a.rope_scaling);
   const int64_t n_out = a.out.numel();

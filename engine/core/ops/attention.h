@@ -49,6 +49,11 @@ struct AttentionForwardArgs {
   int n_kv_head = 0;     // 0: n_head
   RopeScaling rope_scaling{};
   int64_t chunk_tokens = 0;  // remat.attention_chunk: tokens per chunk; 0: where a backend needs
+  // Documents (data.attention = "document"): per token, the position in its row of the first
+  // token of its document. A query attends to the keys from there to itself, and RoPE rotates q
+  // and k at t - doc_start (positions restart at 0 in every document). Non-decreasing along a
+  // row. Empty: one document per row (causal attention at positions t).
+  Tensor doc_start{};  // (B, T) i32
 };
 
 /// KVH of an attention op's arguments (n_kv_head = 0 means one per query head).
@@ -70,6 +75,7 @@ struct AttentionBackwardArgs {
   int n_kv_head = 0;  // 0: n_head
   RopeScaling rope_scaling{};
   int64_t chunk_tokens = 0;  // as in AttentionForwardArgs
+  Tensor doc_start{};        // (B, T) i32, as in AttentionForwardArgs
 };
 
 /// The chunks of chunked attention: [i L, min((i + 1) L, T)) for i < count(); L = 0 or L >= T is
@@ -93,6 +99,12 @@ struct AttentionDeltaArgs {
   int n_head = 1;
 };
 
+/// Document starts (AttentionForwardArgs::doc_start) are empty or one i32 per token of (B, T).
+inline void check_doc_start(const Tensor& doc_start, int64_t B, int64_t T, const char* op) {
+  REMAT_ASSERT(doc_start.empty() || (doc_start.dtype == DType::I32 && doc_start.numel() == B * T),
+               "{}: doc_start {} for (B, T) = ({}, {})", op, doc_start.shape_str(), B, T);
+}
+
 // Causal attention does 2*HS FLOPs per (query, key) pair for each of its GEMM-like products:
 // S = QK^T and O = PV forward (2 products); S again, dV, dP, dQ, dK backward (5 products).
 inline double causal_pairs(const Tensor& qkv, int n_head) {
@@ -113,6 +125,7 @@ inline void check(const AttentionForwardArgs& a) {
       "attention_forward: qkv {} vs out {} ({} query, {} key/value heads)", a.qkv.shape_str(),
       a.out.shape_str(), a.n_head, KVH);
   REMAT_ASSERT(a.lse.numel() == B * a.n_head * T, "attention_forward: lse {}", a.lse.shape_str());
+  check_doc_start(a.doc_start, B, T, "attention_forward");
 }
 inline OpCost cost(const AttentionForwardArgs& a) {
   const double HS = static_cast<double>(a.out.dim(2) / a.n_head);
@@ -133,6 +146,7 @@ inline void check(const AttentionBackwardArgs& a) {
                a.qkv.shape_str(), a.dout.shape_str(), a.out.shape_str());
   REMAT_ASSERT(a.delta.empty() || (a.delta.dtype == DType::F32 && a.delta.numel() == a.lse.numel()),
                "attention_backward: delta {} vs lse {}", a.delta.shape_str(), a.lse.shape_str());
+  check_doc_start(a.doc_start, a.dout.dim(0), a.dout.dim(1), "attention_backward");
 }
 inline OpCost cost(const AttentionBackwardArgs& a) {
   const double HS = static_cast<double>(a.dout.dim(2) / a.n_head);

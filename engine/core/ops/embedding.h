@@ -10,17 +10,21 @@
 namespace remat {
 
 struct EmbeddingForwardArgs {
-  Tensor out;     // (B, T, C) act = wte[tokens] (+ wpe[t])
+  Tensor out;     // (B, T, C) act = wte[tokens] (+ wpe[t - doc_start])
   Tensor tokens;  // (B, T) i32
   Tensor wte;     // (V, C) f32
   Tensor wpe;     // (maxT, C) f32, optional (rope models have none)
+  // Documents (engine/core/ops/attention.h): the learned position of token t is t - doc_start,
+  // restarting at 0 in every document. Empty: t.
+  Tensor doc_start{};  // (B, T) i32
 };
 
 struct EmbeddingBackwardArgs {
-  Tensor dwte;    // (V, C) f32 [+=]
-  Tensor dwpe;    // (maxT, C) f32 [+=], optional
-  Tensor dout;    // (B, T, C) act
-  Tensor tokens;  // (B, T) i32
+  Tensor dwte;         // (V, C) f32 [+=]
+  Tensor dwpe;         // (maxT, C) f32 [+=], optional
+  Tensor dout;         // (B, T, C) act
+  Tensor tokens;       // (B, T) i32
+  Tensor doc_start{};  // (B, T) i32, as in EmbeddingForwardArgs
 };
 
 inline void check(const EmbeddingForwardArgs& a) {
@@ -29,6 +33,9 @@ inline void check(const EmbeddingForwardArgs& a) {
                a.tokens.shape_str(), a.wte.shape_str());
   REMAT_ASSERT(a.wpe.empty() || a.wpe.dim(0) >= a.tokens.dim(1),
                "embedding_forward: wpe {} shorter than T={}", a.wpe.shape_str(), a.tokens.dim(1));
+  REMAT_ASSERT(a.doc_start.empty() || a.doc_start.numel() == a.tokens.numel(),
+               "embedding_forward: doc_start {} tokens {}", a.doc_start.shape_str(),
+               a.tokens.shape_str());
 }
 inline OpCost cost(const EmbeddingForwardArgs& a) {
   return {static_cast<double>(a.out.numel()), 3 * act_bytes(a.out)};
@@ -37,6 +44,9 @@ inline OpCost cost(const EmbeddingForwardArgs& a) {
 inline void check(const EmbeddingBackwardArgs& a) {
   REMAT_ASSERT(a.dout.numel() == a.tokens.numel() * a.dwte.dim(1),
                "embedding_backward: dout {} tokens {}", a.dout.shape_str(), a.tokens.shape_str());
+  REMAT_ASSERT(a.doc_start.empty() || a.doc_start.numel() == a.tokens.numel(),
+               "embedding_backward: doc_start {} tokens {}", a.doc_start.shape_str(),
+               a.tokens.shape_str());
 }
 inline OpCost cost(const EmbeddingBackwardArgs& a) {
   return {2.0 * static_cast<double>(a.dout.numel()), 3 * act_bytes(a.dout)};
