@@ -25,6 +25,7 @@ void print_banner(std::FILE* out, const RunInfo& info, const Config& cfg) {
   fmt::print(out, "remat-train {} | {}\n", REMAT_VERSION, info.backend_line);
   fmt::print(out, "model  {} | {:.2f}M params | data {}\n", info.model_line,
              static_cast<double>(info.n_params) / 1e6, info.data_line);
+  if (!info.documents_line.empty()) fmt::print(out, "docs   {}\n", info.documents_line);
   fmt::print(
       out,
       "run    batch {} x seq_len {} | {} steps | remat {} | predicted peak {} of budget {}{}\n",

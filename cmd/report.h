@@ -26,8 +26,9 @@ struct RunInfo {
   uint64_t host_budget_bytes = 0;
   std::optional<uint64_t> none_peak_bytes;  // the same run without remat (when a policy is set)
   std::string data_line;
-  std::string resume_line;    // "resumed from DIR at step N", or empty
-  std::string parallel_line;  // data parallel: ranks, rows per rank, gradient traffic; or empty
+  std::string documents_line;  // documents, packing, loss masks ("" when none)
+  std::string resume_line;     // "resumed from DIR at step N", or empty
+  std::string parallel_line;   // data parallel: ranks, rows per rank, gradient traffic; or empty
 };
 
 struct RunSummary {

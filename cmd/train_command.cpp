@@ -511,6 +511,11 @@ int run_train(const TrainOptions& options) {
 
   BackendChoice choice = make_backend(cfg);
   Backend& be = *choice.backend;
+  if (cfg.data.documents() && be.workspace_target().device == DeviceKind::Cuda)
+    throw_config_error(cfg, "data.attention",
+                       "data.attention = \"document\" has no CUDA kernel yet (docs/gpu.md)",
+                       "train on the CPU (device.backend = \"cpu\"), or set data.attention = "
+                       "\"causal\"");
   // The ranks that split each sequence: consecutive world ranks, a ring over MPI on the CPU and
   // over NCCL (bootstrapped through MPI) on CUDA. Declared before the model, which uses it.
   std::unique_ptr<parallel::Communicator> context_group;
@@ -566,6 +571,7 @@ int run_train(const TrainOptions& options) {
     info.none_peak_bytes = planner.dry_run(with_policy(cfg, "none"), false).peak.total_bytes;
   }
   info.data_line = data->describe();
+  info.documents_line = data->documents_summary();
   if (world.size() > 1)
     info.parallel_line = fmt::format(
         "ranks  {} = data {} x context {}{}; predicted peak per rank; gradients {}{}, {} sent per "

@@ -38,11 +38,22 @@ struct Param {
 };
 
 /// A batch on the device. GPT: inputs and targets are (B, T) i32 tokens. MLP: (B, D) f32.
+/// A target that is not trained (a loss mask's 0, the step from one document into the next,
+/// padding) is kIgnoredTarget (engine/core/ops/loss.h).
 struct Batch {
   Buffer inputs;
   Buffer targets;
   int64_t n_tokens = 0;     // what tokens/s counts (B*T for GPT, B for the MLP)
   double making_flops = 0;  // FLOPs spent making it (the synthetic regression's teacher GEMM)
+  // Documents (data.attention = "document"): per token, the position in its row of its document's
+  // first token (global positions under context parallel; engine/core/ops/attention.h). Empty:
+  // causal attention over the whole row.
+  Buffer doc_start{};  // (B, T) i32
+  // This rank's targets that are trained; -1: every target (nothing is masked).
+  int64_t trained_targets = -1;
+  // The mean loss's divisor: the trained targets of the whole step, all rows of all ranks (the
+  // trainer sums trained_targets over the ranks). 0: every target of the step (B T on every rank).
+  int64_t loss_divisor = 0;
 };
 
 /// The saved activations of one block, by slot (the block's act_names() order; slot 0 is "x",

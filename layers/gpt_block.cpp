@@ -22,7 +22,8 @@ GptBlock::GptBlock(GptBlockParams p, const GptBlockShape& s, int64_t index)
       attention_chunk_(s.attention_chunk),
       ring_(s.ring),
       first_row_(s.first_row),
-      dropout_salt_(s.dropout_salt) {}
+      dropout_salt_(s.dropout_salt),
+      doc_start_(s.doc_start) {}
 
 DropoutArgs GptBlock::dropout_args(const Tensor& out, const Tensor& inp, Site site,
                                    int64_t first_row) const {
@@ -142,7 +143,8 @@ void GptBlock::forward(Backend& be, ActStore& a, const Tensor& y) {
                                     rope_theta_,
                                     0,
                                     {},
-                                    attention_chunk_};
+                                    attention_chunk_,
+                                    documents()};
     if (ring_)
       ring_->forward(be, args);
     else
@@ -271,7 +273,8 @@ void GptBlock::backward(Backend& be, ActStore& a, const Tensor& dresid) {
                                    .n_head = static_cast<int>(NH_),
                                    .rope_theta = rope_theta_,
                                    .delta = delta,
-                                   .chunk_tokens = attention_chunk_};
+                                   .chunk_tokens = attention_chunk_,
+                                   .doc_start = documents()};
   if (ring_)
     ring_->backward(be, args);
   else

@@ -45,6 +45,9 @@ struct GptBlockShape {
   const parallel::ContextRing* ring = nullptr;
   int64_t first_row = 0;
   uint64_t dropout_salt = 0;
+  // The step's documents: the model's (B, T) document starts (Batch::doc_start), which it sets
+  // before each step's first block runs; an empty tensor means causal attention. Null: never.
+  const Tensor* doc_start = nullptr;
 };
 
 class GptBlock : public Block {
@@ -116,6 +119,8 @@ class GptBlock : public Block {
   const parallel::ContextRing* ring_;
   int64_t first_row_;
   uint64_t dropout_salt_;
+  const Tensor* doc_start_;
+  Tensor documents() const { return doc_start_ ? *doc_start_ : Tensor{}; }
   int64_t step_ = 0;
   bool training_ = true;
 };

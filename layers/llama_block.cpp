@@ -53,7 +53,8 @@ AttentionForwardArgs LlamaBlock::attention_args(const Tensor& out, const Tensor&
           .rope_theta = s_.rope_theta,
           .n_kv_head = static_cast<int>(s_.KVH),
           .rope_scaling = s_.rope_scaling,
-          .chunk_tokens = s_.attention_chunk};
+          .chunk_tokens = s_.attention_chunk,
+          .doc_start = s_.doc_start ? *s_.doc_start : Tensor{}};
 }
 
 LlamaBlock::MlpActs LlamaBlock::MlpChunk::rows(int64_t n) const {
@@ -220,7 +221,8 @@ void LlamaBlock::attention_backward(Backend& be, ActStore& a, const Tensor& dres
                                    .delta = delta,
                                    .n_kv_head = static_cast<int>(s_.KVH),
                                    .rope_scaling = s_.rope_scaling,
-                                   .chunk_tokens = s_.attention_chunk};
+                                   .chunk_tokens = s_.attention_chunk,
+                                   .doc_start = s_.doc_start ? *s_.doc_start : Tensor{}};
   if (s_.ring)
     s_.ring->backward(be, args);
   else

@@ -45,6 +45,7 @@ class GptModel : public detail::TokenModel {
     shape.seed = seed;
     shape.tile_tokens = s.tile_tokens;
     shape.attention_chunk = s.attention_chunk;
+    shape.doc_start = &doc_start_;
     for (int64_t l = 0; l < L; ++l) {
       const std::string p = fmt::format("blocks.{}.", l);
       GptBlockParams bp{};

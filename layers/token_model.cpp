@@ -24,20 +24,24 @@ Param* TokenModel::add_param(Backend& be, const ModelShape& s, const std::string
 }
 
 Buffer TokenModel::stem_forward(Backend& be, const Batch& batch, MemCategory category) {
+  doc_start_ = batch.doc_start.empty() ? Tensor{} : batch.doc_start.tensor();
   Buffer x = be.pool().allocate(stream_shape(), be.act_dtype(), category, "blocks.0.x");
-  be.embedding_forward({x, batch.inputs, wte_->value, wpe_ ? wpe_->value.tensor() : Tensor()});
+  be.embedding_forward(
+      {x, batch.inputs, wte_->value, wpe_ ? wpe_->value.tensor() : Tensor(), doc_start_});
   return x;
 }
 
 void TokenModel::stem_backward(Backend& be, const Batch& batch, const Tensor& dx) {
-  be.embedding_backward({wte_->grad, wpe_ ? wpe_->grad.tensor() : Tensor(), dx, batch.inputs});
+  be.embedding_backward(
+      {wte_->grad, wpe_ ? wpe_->grad.tensor() : Tensor(), dx, batch.inputs, doc_start_});
 }
 
 void TokenModel::lm_head_loss(Backend& be, const Tensor& normed, Param& head, const Batch& batch,
                               const Tensor& losses, const Tensor& dnormed) {
   const int64_t N = B_ * T_;
+  const int64_t divisor = batch.loss_divisor > 0 ? batch.loss_divisor : loss_rows_all_ranks_;
   be.lm_head_loss({losses, dnormed, head.grad, normed, head.value, batch.targets.tensor().view({N}),
-                   1.0f / static_cast<float>(loss_rows_all_ranks_), loss_chunk_});
+                   1.0f / static_cast<float>(divisor), loss_chunk_});
 }
 
 }  // namespace remat::detail

@@ -36,11 +36,15 @@ class TokenModel : public Model {
                    const std::vector<int64_t>& shape, ParamInit init);
 
   /// The fused LM head and cross-entropy on the final norm's output `normed` (N, C): per-row
-  /// losses (N) [=], d normed (N, C) [=], head.grad [+=]; the mean over all ranks' rows.
+  /// losses (N) [=], d normed (N, C) [=], head.grad [+=]; the mean over the step's trained
+  /// targets, every rank's (Batch::loss_divisor), or over all its rows.
   void lm_head_loss(Backend& be, const Tensor& normed, Param& head, const Batch& batch,
                     const Tensor& losses, const Tensor& dnormed);
 
   std::unique_ptr<parallel::ContextRing> ring_;  // context parallel only
+  // The step's documents (Batch::doc_start), set by stem_forward; empty: causal. The blocks read
+  // it through the pointer their shape holds (GptBlockShape::doc_start).
+  Tensor doc_start_;
   int64_t B_ = 0, T_ = 0, loss_chunk_ = 0;
   // The mean loss's divisor: this rank's rows times the data-parallel ranks, so that the
   // gradients summed over the ranks are those of the mean over the whole batch.

@@ -255,6 +255,7 @@ StepMetrics Trainer::step() {
 
   pool.set_phase("data");
   Batch batch = data_.next(be_, step_);
+  if (batch.trained_targets >= 0) batch.loss_divisor = trained_in_step(batch.trained_targets);
   // A device's upload may still be running: timed ops (bench) must not be charged for it.
   if (be_.op_timing()) be_.synchronize();
   m.data_ms =
@@ -277,10 +278,9 @@ StepMetrics Trainer::step() {
   m.task_metric = data_.task_metric(loss.row_losses);
   // Context ranks hold a token or two more or less than each other: means weigh by tokens. The
   // third is the mean of the ranks' token counts, which times the ranks is the job's tokens.
-  const std::vector<double> means =
-      mean_over_ranks({loss.mean, m.task_metric.value_or(0.0), static_cast<double>(n_tokens)},
-                      {static_cast<double>(loss.row_losses.size()),
-                       static_cast<double>(data_.task_metric_count()), 1.0});
+  const std::vector<double> means = mean_over_ranks(
+      {loss.mean, m.task_metric.value_or(0.0), static_cast<double>(n_tokens)},
+      {static_cast<double>(loss.counted), static_cast<double>(data_.task_metric_count()), 1.0});
   m.loss = means[0];
   if (m.task_metric) m.task_metric = means[1];
   const double job_tokens = std::round(means[2] * dp_.ranks);
@@ -303,6 +303,16 @@ StepMetrics Trainer::step() {
   m.tokens_per_s = job_tokens * 1000.0 / std::max(m.step_ms, 1e-9);
   m.peak_bytes = pool.peak_bytes();
   return m;
+}
+
+// One number for the whole step, so that the gradient is exactly that of the mean over every
+// trained target of every rank (each rank's rows are scaled by it, then summed). A step with none
+// trains nothing: its gradient is zero whatever the divisor, so 1 keeps it finite.
+int64_t Trainer::trained_in_step(int64_t trained_here) {
+  double total = static_cast<double>(trained_here);
+  if (dp_.comm && dp_.ranks > 1)
+    total = parallel::sum_over_ranks(*dp_.comm, std::vector<double>{total})[0];
+  return std::max<int64_t>(1, std::llround(total));
 }
 
 double Trainer::grad_sum_squares() {
@@ -436,15 +446,22 @@ double Trainer::evaluate(int64_t eval_tokens) {
     ~TrainingAgain() { m.set_training(true); }
   } restore{model_};
   model_.set_training(false);
-  double sum = 0, tokens = 0;
+  // The mean over every trained target of every batch: batches that count alike (no loss mask)
+  // average their means, as they always have; others weigh each by its trained targets.
+  double sum = 0, weighted = 0, counted = 0;
+  bool alike = true;
   for (int64_t i = 0; i < n; ++i) {
     be_.pool().set_phase("eval data");
     Batch batch = data_.validation_batch(be_, i);
     const StepLoss loss = forward_loss(be_, model_, batch);
+    alike =
+        alike && (i == 0 || static_cast<double>(loss.counted) == counted / static_cast<double>(i));
     sum += loss.mean;
-    tokens = static_cast<double>(loss.row_losses.size());
+    weighted += loss.mean * static_cast<double>(loss.counted);
+    counted += static_cast<double>(loss.counted);
   }
-  return mean_over_ranks({sum / static_cast<double>(n)}, {tokens})[0];
+  const double mean = alike ? sum / static_cast<double>(n) : counted > 0 ? weighted / counted : 0;
+  return mean_over_ranks({mean}, {counted / static_cast<double>(n)})[0];
 }
 
 }  // namespace remat

@@ -48,6 +48,8 @@ class DataSource {
  public:
   virtual ~DataSource() = default;
   virtual std::string describe() const = 0;
+  /// Documents, packing and loss masks, once open (the run's banner line `docs`); "" when none.
+  virtual std::string documents_summary() const { return ""; }
   /// Opens and checks every input file (file-backed sources); throws DataError naming the file
   /// and the fix. Dry runs never call it: the planner needs the shapes, not the tokens.
   virtual void open() {}
@@ -127,6 +129,8 @@ class Trainer {
   /// Means over every rank, each rank's weighted by how many values it averaged; as is on one.
   std::vector<double> mean_over_ranks(const std::vector<double>& means,
                                       const std::vector<double>& weights);
+  /// The step's trained targets over every rank, given this rank's (Batch::loss_divisor).
+  int64_t trained_in_step(int64_t trained_here);
   /// Of the summed gradients (the global norm's square).
   double grad_sum_squares();
   /// be_.sum_squares, or the host's for parameters in host memory (like `like`).
