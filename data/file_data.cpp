@@ -106,7 +106,8 @@ FileData::FileData(const Config& cfg)
       val_(T_ + 1) {}
 
 std::string FileData::describe() const {
-  const std::string order = fmt::format("{} windows of {}", data_.order, T_ + 1);
+  const std::string order = packed() ? fmt::format("packed rows of {}", T_)
+                                     : fmt::format("{} windows of {}", data_.order, T_ + 1);
   if (!open_)
     return fmt::format("{}: {} (not opened), {}", data_.source, fmt::join(data_.path, ", "), order);
   const int64_t files = static_cast<int64_t>(corpus_.shards().size() + val_corpus_.shards().size());
