@@ -115,6 +115,16 @@ std::string attention_chunk_note(const Config& cfg, DeviceKind device) {
                      cfg.remat.attention_chunk > 0 ? "" : " (cuDNN's 2^31-element limit)");
 }
 
+std::string attention_flops_note(const Config& cfg) {
+  if (!cfg.data.documents()) return "";
+  if (cfg.data.mean_document_tokens > 0)
+    return fmt::format(
+        "; attention counted for documents of {:.0f} tokens on average (shards.json)",
+        cfg.data.mean_document_tokens);
+  return "; attention counted at its causal upper bound (documents cost less: a shards.json beside "
+         "the data with their mean length gives the estimate)";
+}
+
 std::string copy_line(const DryRun& run, const PlanTarget& target) {
   const CopyTime ct = copy_time(run, target);
   std::string line = fmt::format("  copies per step: {} to host, {} back to the device",
@@ -301,9 +311,9 @@ void print_summary(std::FILE* out, const RunSummary& s) {
       c[static_cast<size_t>(Phase::Forward)].flops + c[static_cast<size_t>(Phase::Loss)].flops;
   const double bwd = c[static_cast<size_t>(Phase::Backward)].flops;
   const double rec = c[static_cast<size_t>(Phase::Recompute)].flops;
-  fmt::print(out, "  FLOPs per step  forward+loss {}, backward {}, recompute {} (+{:.1f}%)\n",
+  fmt::print(out, "  FLOPs per step  forward+loss {}, backward {}, recompute {} (+{:.1f}%){}\n",
              format_flops(fwd), format_flops(bwd), format_flops(rec),
-             fwd + bwd > 0 ? 100.0 * rec / (fwd + bwd) : 0.0);
+             fwd + bwd > 0 ? 100.0 * rec / (fwd + bwd) : 0.0, s.flops_note);
   const double model = model_flops(c);  // MFU's count: the same for every policy
   if (s.median_step_ms > 0)
     fmt::print(out,

@@ -336,6 +336,7 @@ class TrainRun {
     summary_.policy = cfg_.remat.policy;
     summary_.seq_len = cfg_.train.seq_len;
     summary_.batch_size = cfg_.train.batch_size;
+    summary_.flops_note = attention_flops_note(cfg_);
     summary_.steps = trainer_.steps_done();
     summary_.task_metric_name = data_.task_metric_name();
     summary_.peak = be_.pool().peak_snapshot();

@@ -7,12 +7,11 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <iterator>
-#include <nlohmann/json.hpp>
 #include <set>
 
 #include "data/documents.h"
+#include "engine/config/shards_json.h"
 #include "engine/core/error.h"
 #include "engine/core/ops/loss.h"
 #include "engine/core/rng.h"
@@ -186,32 +185,26 @@ int64_t FileData::resolve_eot() const {
   if (data_.eot_token >= 0) return data_.eot_token;
   // What scripts/prepare_data.py recorded beside the shards: one shards.json per folder of them.
   namespace fs = std::filesystem;
-  std::set<fs::path> folders;
+  std::set<std::string> folders;
   for (const TokenCorpus* c : {&corpus_, &val_corpus_})
-    for (const Shard& s : c->shards()) folders.insert(fs::path(s.path()).parent_path());
+    for (const Shard& s : c->shards()) folders.insert(fs::path(s.path()).parent_path().string());
   int64_t eot = -1;
   std::string from;
-  for (const fs::path& folder : folders) {
-    const fs::path file = folder / "shards.json";
-    std::error_code ec;
-    if (!fs::exists(file, ec)) continue;
-    std::ifstream in(file);
-    nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
-    if (j.is_discarded() || !j.is_object() || !j.contains("eot_token") ||
-        !j["eot_token"].is_number_integer() || j["eot_token"].get<int64_t>() < 0 ||
-        j["eot_token"].get<int64_t>() >= V_)
-      throw DataError(fmt::format(
-          "[data] {}: no end-of-text id in [0, {}) under \"eot_token\". Fix: set data.eot_token, "
-          "or write the shards again with scripts/prepare_data.py",
-          file.string(), V_));
-    const int64_t id = j["eot_token"].get<int64_t>();
-    if (eot >= 0 && id != eot)
+  for (const std::string& folder : folders) {
+    const std::optional<ShardsJson> j = read_shards_json(folder.empty() ? "." : folder);
+    if (!j) continue;
+    if (!j->problem.empty() || j->eot_token < 0 || j->eot_token >= V_)
+      throw DataError(
+          fmt::format("[data] {}: no end-of-text id in [0, {}) under \"eot_token\"{}. Fix: set "
+                      "data.eot_token, or write the shards again with scripts/prepare_data.py",
+                      j->path, V_, j->problem.empty() ? "" : " (" + j->problem + ")"));
+    if (eot >= 0 && j->eot_token != eot)
       throw DataError(fmt::format(
           "[data] {} records end-of-text {}, {} records {}: the shards come from different "
           "tokenizers. Fix: train on one tokenizer's shards, or set data.eot_token",
-          from, eot, file.string(), id));
-    eot = id;
-    from = file.string();
+          from, eot, j->path, j->eot_token));
+    eot = j->eot_token;
+    from = j->path;
   }
   if (eot < 0)
     throw DataError(fmt::format(

@@ -23,7 +23,8 @@ GptBlock::GptBlock(GptBlockParams p, const GptBlockShape& s, int64_t index)
       ring_(s.ring),
       first_row_(s.first_row),
       dropout_salt_(s.dropout_salt),
-      doc_start_(s.doc_start) {}
+      doc_start_(s.doc_start),
+      mean_doc_tokens_(s.mean_doc_tokens) {}
 
 DropoutArgs GptBlock::dropout_args(const Tensor& out, const Tensor& inp, Site site,
                                    int64_t first_row) const {
@@ -144,7 +145,8 @@ void GptBlock::forward(Backend& be, ActStore& a, const Tensor& y) {
                                     0,
                                     {},
                                     attention_chunk_,
-                                    documents()};
+                                    documents(),
+                                    mean_doc_tokens_};
     if (ring_)
       ring_->forward(be, args);
     else
@@ -274,7 +276,8 @@ void GptBlock::backward(Backend& be, ActStore& a, const Tensor& dresid) {
                                    .rope_theta = rope_theta_,
                                    .delta = delta,
                                    .chunk_tokens = attention_chunk_,
-                                   .doc_start = documents()};
+                                   .doc_start = documents(),
+                                   .mean_doc_tokens = mean_doc_tokens_};
   if (ring_)
     ring_->backward(be, args);
   else

@@ -35,6 +35,7 @@ class LlamaModel : public detail::TokenModel {
     shape.attention_chunk = s.attention_chunk;
     shape.ring = ring_.get();
     shape.doc_start = &doc_start_;
+    shape.mean_doc_tokens = s.mean_doc_tokens;
     const int64_t W = (NH + 2 * KVH) * HS;
     for (int64_t l = 0; l < L; ++l) {
       const std::string p = fmt::format("blocks.{}.", l);

@@ -70,7 +70,8 @@ def read_shard(path):
 
 
 def shards(out, split):
-    names = sorted(n for n in os.listdir(out) if n.startswith(split + "_") and n.endswith(".bin"))
+    names = sorted(n for n in os.listdir(out) if n.startswith(split + "_") and n.endswith(".bin")
+                   and not n.endswith(".mask.bin"))
     return [read_shard(os.path.join(out, n)) for n in names]
 
 
@@ -187,8 +188,9 @@ def gpt2_style():
     # --force, with shards big enough for all: the earlier run's other shards must go.
     p = prepare("--tokenizer", "tokenizer.json", "docs", "--out", "out", "--val-fraction", "0.1",
                 "--force")
-    check(sorted(os.listdir("out")) == ["train_000000.bin", "val_000000.bin"],
+    check(sorted(os.listdir("out")) == ["shards.json", "train_000000.bin", "val_000000.bin"],
           f"stale shards left: {sorted(os.listdir('out'))}")
+    check(json.load(open("out/shards.json"))["eot_token"] == eot, "shards.json's eot_token")
     whole = check_shards("out", tok, docs, eot, 20240520, 1, 10**8)
     check(whole == cut, "pieces of --chunk-bytes 300 and whole documents tokenize differently")
     printed = p.stdout.decode()
@@ -262,7 +264,151 @@ def llama3_style():
     os.chdir("..")
 
 
+def documents_mode():
+    """--documents: every document ends with the end-of-text, shards end between documents."""
+    os.makedirs("documents", exist_ok=True)
+    os.chdir("documents")
+    docs = documents(3, 8, 40)
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=400, show_progress=False,
+                                  special_tokens=["<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(docs, trainer)
+    tok.save("tokenizer.json")
+    eot = tok.token_to_id("<|endoftext|>")
+    with open("docs.jsonl", "w", encoding="utf-8") as f:
+        for d in docs:
+            f.write(json.dumps({"text": d}) + "\n")
+    ids = [tok.encode(d, add_special_tokens=False).ids + [eot] for d in docs]
+    limit = max(len(d) for d in ids) + 5  # two documents never fit one shard of this size
+    p = prepare("--tokenizer", "tokenizer.json", "docs.jsonl", "--out", "out", "--documents",
+                "--val-fraction", "0", "--shard-tokens", str(limit))
+    got = [s[2] for s in shards("out", "train")]
+    check(got == ids, "--documents: not one document, ending with its end-of-text, per shard")
+    manifest = json.load(open("out/shards.json"))
+    check(manifest["eot_token"] == eot and manifest["mode"] == "documents" and
+          manifest["documents"]["train"] == len(docs), f"shards.json: {manifest}")
+    printed = p.stdout.decode()
+    check("--set data.order=packed --set data.attention=document" in printed, printed)
+    # A document longer than a shard is the one cut inside.
+    prepare("--tokenizer", "tokenizer.json", "docs.jsonl", "--out", "small", "--documents",
+            "--val-fraction", "0", "--shard-tokens", "50")
+    stream = [t for s in shards("small", "train") for t in s[2]]
+    check(stream == [t for d in ids for t in d], "--documents with small shards")
+    os.chdir("..")
+
+
+def token_mask(tok, text, ids, spans):
+    """1 for each token of `ids` (the byte-level example tokenizer's, of ASCII `text`) that starts
+    inside a trained span: a byte token is one character there, a special token its text."""
+    check(text.isascii(), "the example conversations are ASCII")
+    mask, pos = [], 0
+    for i in ids:
+        mask.append(int(any(a <= pos < b for a, b in spans)))
+        pos += len(tok.id_to_token(i)) if i >= 256 else 1
+    return mask
+
+
+def chat_mode():
+    """--chat on docs/examples/sft: the rendered conversations' ids, the masks, the errors."""
+    os.makedirs("chat", exist_ok=True)
+    os.chdir("chat")
+    sft = os.path.join(REPO, "docs", "examples", "sft")
+    sys.path.insert(0, os.path.join(REPO, "scripts"))
+    import prepare_data
+    tok = Tokenizer.from_file(os.path.join(sft, "tokenizer.json"))
+    own = prepare_data.ByteLevelTokenizer.load(os.path.join(sft, "tokenizer.json"))
+    check(own is not None, "the example tokenizer is not one prepare_data.py encodes itself")
+    records = [json.loads(line) for line in open(os.path.join(sft, "chat.jsonl"))]
+    template = prepare_data.ChatTemplate(os.path.join(sft, "tokenizer.json"))
+    end, eot = tok.token_to_id("<|im_end|>"), tok.token_to_id("<|endoftext|>")
+    want_ids, want_mask = [], []
+    for r in records:
+        text, spans = template.trained_spans(r["messages"])
+        # Without tokenizers, the script's own encoder gives tokenizers' ids.
+        check(own.encode(text).ids == tok.encode(text, add_special_tokens=False).ids,
+              f"byte-level encoder differs on {text!r}")
+        ids = tok.encode(text, add_special_tokens=False).ids
+        mask = token_mask(tok, text, ids, spans)
+        # Trained: every assistant message's content and its <|im_end|>, nothing else.
+        assistant = [m["content"] for m in r["messages"] if m["role"] == "assistant"]
+        trained = "".join(chr(i) if i < 256 else "|" for i, m in zip(ids, mask) if m)
+        check(trained == "".join(a + "|" for a in assistant), f"trained {trained!r}")
+        want_ids += ids + [eot]
+        want_mask += mask + [0]
+    out = prepare("--chat", os.path.join(sft, "chat.jsonl"), "--tokenizer",
+                  os.path.join(sft, "tokenizer.json"), "--out", "out", "--val-fraction", "0")
+    ((magic, _, got),) = shards("out", "train")
+    with open("out/train_000000.mask.bin", "rb") as f:
+        raw = f.read()
+    check(struct.unpack("<3i", raw[:12]) == (20240522, 1, len(got)), "mask header")
+    check(got == want_ids, "--chat ids are not the rendered conversations' ids")
+    check(list(raw[1024:]) == want_mask, "--chat mask")
+    check(json.load(open("out/shards.json"))["eot_token"] == eot, "shards.json")
+    check(b"loss masks beside them" in out.stdout, out.stdout.decode())
+
+    # The same marks from {% generation %} blocks: the template says which characters.
+    cfg = json.load(open(os.path.join(sft, "tokenizer_config.json")))
+    cfg["chat_template"] = cfg["chat_template"].replace(
+        "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}",
+        "{{ '<|im_start|>' + message['role'] + '\\n' }}{% if message['role'] == 'assistant' %}"
+        "{% generation %}{{ message['content'] + '<|im_end|>' }}{% endgeneration %}{% else %}"
+        "{{ message['content'] + '<|im_end|>' }}{% endif %}{{ '\\n' }}")
+    check("generation" in cfg["chat_template"], "the template was not rewritten")
+    os.makedirs("marked", exist_ok=True)
+    json.dump(cfg, open("marked/tokenizer_config.json", "w"))
+    tok.save("marked/tokenizer.json")
+    prepare("--chat", os.path.join(sft, "chat.jsonl"), "--tokenizer", "marked/tokenizer.json",
+            "--out", "out2", "--val-fraction", "0")
+    with open("out2/train_000000.mask.bin", "rb") as f:
+        check(f.read() == raw, "{% generation %} marks differ from turn-by-turn rendering")
+    try:  # and as transformers reads such a template, where it is installed
+        from transformers import PreTrainedTokenizerFast
+    except ImportError:
+        PreTrainedTokenizerFast = None
+    if PreTrainedTokenizerFast is not None:
+        hf = PreTrainedTokenizerFast(tokenizer_file="marked/tokenizer.json",
+                                     chat_template=cfg["chat_template"])
+        for r in records:
+            got = hf.apply_chat_template(r["messages"], tokenize=True, return_dict=True,
+                                         return_assistant_tokens_mask=True)
+            text, spans = template.trained_spans(r["messages"])
+            ids = tok.encode(text, add_special_tokens=False).ids
+            check(got["input_ids"] == ids, "transformers renders the conversation otherwise")
+            check(got["assistant_masks"] == token_mask(tok, text, ids, spans),
+                  "transformers' assistant mask differs")
+
+    # Bad input: one line, exit 2, the record's line named.
+    with open("bad.jsonl", "w") as f:
+        f.write(json.dumps(records[0]) + "\n" + json.dumps({"text": "hi"}) + "\n")
+    one_error_line(prepare("--chat", "bad.jsonl", "--tokenizer", os.path.join(sft,
+                   "tokenizer.json"), "--out", "bad", expect=2), "bad.jsonl:2", "\"messages\"")
+    with open("role.jsonl", "w") as f:
+        f.write(json.dumps(records[0]) + "\n\n" + json.dumps(
+            {"messages": [{"role": "tool", "content": "42"}]}) + "\n")
+    one_error_line(prepare("--chat", "role.jsonl", "--tokenizer", os.path.join(sft,
+                   "tokenizer.json"), "--out", "bad", expect=2), "role.jsonl:3",
+                   "refuses this conversation", "unknown role tool")
+    os.makedirs("plain", exist_ok=True)
+    tok.save("plain/tokenizer.json")
+    one_error_line(prepare("--chat", os.path.join(sft, "chat.jsonl"), "--tokenizer",
+                           "plain/tokenizer.json", "--out", "bad", expect=2),
+                   "tokenizer_config.json: no such file", "chat or instruct model")
+    json.dump({"eos_token": "<|im_end|>"}, open("plain/tokenizer_config.json", "w"))
+    one_error_line(prepare("--chat", os.path.join(sft, "chat.jsonl"), "--tokenizer",
+                           "plain/tokenizer.json", "--out", "bad", expect=2), "no chat_template")
+    one_error_line(prepare("--chat", os.path.join(sft, "chat.jsonl"), "--tokenizer",
+                           os.path.join(sft, "tokenizer.json"), "--out", "bad", "--eot",
+                           "<|im_end|>", expect=2), "chat.jsonl:1", "occurs inside the rendered")
+    os.chdir("..")
+
+
 gpt2_style()
 llama3_style()
+documents_mode()
+chat_mode()
 print("prepare_data.py: uint16 and uint32 shards equal tokenizers' ids; remat-train trained on "
-      "them; sample's text equals tokenizers' decode")
+      "them; sample's text equals tokenizers' decode; --documents ends every document and cuts "
+      "shards between them; --chat masks exactly the assistant turns")

@@ -18,6 +18,7 @@
 #include "engine/config/config_path.h"
 #include "engine/config/hf_config.h"
 #include "engine/config/policy.h"
+#include "engine/config/shards_json.h"
 #include "engine/core/error.h"
 #include "engine/core/token_positions.h"
 #include "engine/core/units.h"
@@ -894,6 +895,12 @@ Config build(toml::table root, const std::string& name, const std::vector<std::s
                      hf_keys->attention_window));
   validate(c, origins);
   c.origins = origins.all();
+  if (c.data.documents() && c.data.source == "tokens")
+    for (const std::string& folder : data_folders(c.data.path))
+      if (const std::optional<ShardsJson> s = read_shards_json(folder)) {
+        c.data.mean_document_tokens = s->mean_document_tokens;
+        break;
+      }
   return c;
 }
 

@@ -114,6 +114,10 @@ struct DataConfig {
   // shards (shards.json), needed by attention "document" and order "packed".
   int64_t eot_token = -1;
   std::string loss_mask = "auto";  // "auto": X.mask.bin beside a shard X.bin is read | "off"
+  // Resolved when the config is read, never a key: the documents' mean length recorded in a
+  // shards.json beside data.path (prepare_data.py), for document attention's FLOP estimates;
+  // 0: unknown (attention is counted at its causal upper bound).
+  double mean_document_tokens = 0;
   bool documents() const { return attention == "document"; }
 };
 

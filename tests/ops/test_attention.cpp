@@ -278,7 +278,7 @@ struct DocumentLayout {
   std::vector<std::vector<int64_t>> rows;
 };
 const std::vector<DocumentLayout> kDocumentLayouts = {
-    {200, {{1, 63, 70, 66}, {130, 5, 65}}},
+    {200, {{1, 62, 71, 66}, {130, 5, 65}}},
     {129, {{64, 64, 1}, {129}}},
     {7, {{3, 1, 3}, {1, 1, 1, 1, 1, 1, 1}}},
 };

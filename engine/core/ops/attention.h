@@ -54,6 +54,10 @@ struct AttentionForwardArgs {
   // and k at t - doc_start (positions restart at 0 in every document). Non-decreasing along a
   // row. Empty: one document per row (causal attention at positions t).
   Tensor doc_start{};  // (B, T) i32
+  // The FLOP count only (no kernel reads it): with documents, their mean length, so that the
+  // count is T (L + 1) / 2 pairs a row and head instead of the causal T (T + 1) / 2 (the data's
+  // documents are not known before a step, and not at all in a dry run); 0: the causal bound.
+  double mean_doc_tokens = 0;
 };
 
 /// KVH of an attention op's arguments (n_kv_head = 0 means one per query head).
@@ -74,8 +78,9 @@ struct AttentionBackwardArgs {
   Tensor delta{};  // (B, NH, T) f32 from attention_delta, or empty: then D comes from out and dout
   int n_kv_head = 0;  // 0: n_head
   RopeScaling rope_scaling{};
-  int64_t chunk_tokens = 0;  // as in AttentionForwardArgs
-  Tensor doc_start{};        // (B, T) i32, as in AttentionForwardArgs
+  int64_t chunk_tokens = 0;    // as in AttentionForwardArgs
+  Tensor doc_start{};          // (B, T) i32, as in AttentionForwardArgs
+  double mean_doc_tokens = 0;  // as in AttentionForwardArgs
 };
 
 /// The chunks of chunked attention: [i L, min((i + 1) L, T)) for i < count(); L = 0 or L >= T is
@@ -127,9 +132,19 @@ inline void check(const AttentionForwardArgs& a) {
   REMAT_ASSERT(a.lse.numel() == B * a.n_head * T, "attention_forward: lse {}", a.lse.shape_str());
   check_doc_start(a.doc_start, B, T, "attention_forward");
 }
+/// The pairs an attention call computes: the causal triangle, or with documents of
+/// `mean_doc_tokens` on average (AttentionForwardArgs) T (L + 1) / 2 a row and head.
+inline double attention_pairs(const Tensor& qkv, int n_head, const Tensor& doc_start,
+                              double mean_doc_tokens) {
+  const double T = static_cast<double>(qkv.dim(1));
+  if (doc_start.empty() || mean_doc_tokens <= 0 || mean_doc_tokens >= T)
+    return causal_pairs(qkv, n_head);
+  return static_cast<double>(qkv.dim(0)) * n_head * T * (mean_doc_tokens + 1) / 2;
+}
+
 inline OpCost cost(const AttentionForwardArgs& a) {
   const double HS = static_cast<double>(a.out.dim(2) / a.n_head);
-  return {2 * 2 * HS * causal_pairs(a.qkv, a.n_head),
+  return {2 * 2 * HS * attention_pairs(a.qkv, a.n_head, a.doc_start, a.mean_doc_tokens),
           act_bytes(a.qkv) + act_bytes(a.out) + act_bytes(a.lse)};
 }
 
@@ -150,9 +165,9 @@ inline void check(const AttentionBackwardArgs& a) {
 }
 inline OpCost cost(const AttentionBackwardArgs& a) {
   const double HS = static_cast<double>(a.dout.dim(2) / a.n_head);
-  return {5 * 2 * HS * causal_pairs(a.qkv, a.n_head), 2 * act_bytes(a.qkv) + act_bytes(a.dout) +
-                                                          act_bytes(a.out) + act_bytes(a.delta) +
-                                                          act_bytes(a.dqkv) + act_bytes(a.lse)};
+  return {5 * 2 * HS * attention_pairs(a.qkv, a.n_head, a.doc_start, a.mean_doc_tokens),
+          2 * act_bytes(a.qkv) + act_bytes(a.dout) + act_bytes(a.out) + act_bytes(a.delta) +
+              act_bytes(a.dqkv) + act_bytes(a.lse)};
 }
 
 inline void check(const AttentionDeltaArgs& a) {
