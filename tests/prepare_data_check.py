@@ -312,96 +312,51 @@ def token_mask(tok, text, ids, spans):
 
 
 def chat_mode():
-    """--chat on docs/examples/sft: the rendered conversations' ids, the masks, the errors."""
+    """--chat on docs/examples/sft against `tokenizers` (the ids; the script's own byte-level
+    encoder) and transformers (the assistant masks of a {% generation %} template), where they
+    are installed; tests/prepare_chat_check.py checks the rest without them."""
     os.makedirs("chat", exist_ok=True)
     os.chdir("chat")
-    sft = os.path.join(REPO, "docs", "examples", "sft")
     sys.path.insert(0, os.path.join(REPO, "scripts"))
+    sys.path.insert(0, os.path.join(REPO, "tests"))
+    import prepare_chat_check
     import prepare_data
+    sft = prepare_chat_check.SFT
     tok = Tokenizer.from_file(os.path.join(sft, "tokenizer.json"))
     own = prepare_data.ByteLevelTokenizer.load(os.path.join(sft, "tokenizer.json"))
     check(own is not None, "the example tokenizer is not one prepare_data.py encodes itself")
     records = [json.loads(line) for line in open(os.path.join(sft, "chat.jsonl"))]
     template = prepare_data.ChatTemplate(os.path.join(sft, "tokenizer.json"))
-    end, eot = tok.token_to_id("<|im_end|>"), tok.token_to_id("<|endoftext|>")
+    eot = tok.token_to_id("<|endoftext|>")
     want_ids, want_mask = [], []
     for r in records:
         text, spans = template.trained_spans(r["messages"])
-        # Without tokenizers, the script's own encoder gives tokenizers' ids.
-        check(own.encode(text).ids == tok.encode(text, add_special_tokens=False).ids,
-              f"byte-level encoder differs on {text!r}")
         ids = tok.encode(text, add_special_tokens=False).ids
-        mask = token_mask(tok, text, ids, spans)
-        # Trained: every assistant message's content and its <|im_end|>, nothing else.
-        assistant = [m["content"] for m in r["messages"] if m["role"] == "assistant"]
-        trained = "".join(chr(i) if i < 256 else "|" for i, m in zip(ids, mask) if m)
-        check(trained == "".join(a + "|" for a in assistant), f"trained {trained!r}")
+        check(own.encode(text).ids == ids, f"byte-level encoder differs on {text!r}")
         want_ids += ids + [eot]
-        want_mask += mask + [0]
-    out = prepare("--chat", os.path.join(sft, "chat.jsonl"), "--tokenizer",
-                  os.path.join(sft, "tokenizer.json"), "--out", "out", "--val-fraction", "0")
-    ((magic, _, got),) = shards("out", "train")
+        want_mask += token_mask(tok, text, ids, spans) + [0]
+    prepare("--chat", os.path.join(sft, "chat.jsonl"), "--tokenizer",
+            os.path.join(sft, "tokenizer.json"), "--out", "out", "--val-fraction", "0")
+    ((_, _, got),) = shards("out", "train")
+    check(got == want_ids, "--chat ids are not the rendered conversations' tokenizers ids")
     with open("out/train_000000.mask.bin", "rb") as f:
-        raw = f.read()
-    check(struct.unpack("<3i", raw[:12]) == (20240522, 1, len(got)), "mask header")
-    check(got == want_ids, "--chat ids are not the rendered conversations' ids")
-    check(list(raw[1024:]) == want_mask, "--chat mask")
-    check(json.load(open("out/shards.json"))["eot_token"] == eot, "shards.json")
-    check(b"loss masks beside them" in out.stdout, out.stdout.decode())
-
-    # The same marks from {% generation %} blocks: the template says which characters.
-    cfg = json.load(open(os.path.join(sft, "tokenizer_config.json")))
-    cfg["chat_template"] = cfg["chat_template"].replace(
-        "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}",
-        "{{ '<|im_start|>' + message['role'] + '\\n' }}{% if message['role'] == 'assistant' %}"
-        "{% generation %}{{ message['content'] + '<|im_end|>' }}{% endgeneration %}{% else %}"
-        "{{ message['content'] + '<|im_end|>' }}{% endif %}{{ '\\n' }}")
-    check("generation" in cfg["chat_template"], "the template was not rewritten")
-    os.makedirs("marked", exist_ok=True)
-    json.dump(cfg, open("marked/tokenizer_config.json", "w"))
-    tok.save("marked/tokenizer.json")
-    prepare("--chat", os.path.join(sft, "chat.jsonl"), "--tokenizer", "marked/tokenizer.json",
-            "--out", "out2", "--val-fraction", "0")
-    with open("out2/train_000000.mask.bin", "rb") as f:
-        check(f.read() == raw, "{% generation %} marks differ from turn-by-turn rendering")
-    try:  # and as transformers reads such a template, where it is installed
+        check(list(f.read()[1024:]) == want_mask, "--chat mask")
+    try:  # transformers reads the {% generation %} blocks as prepare_data.py does
         from transformers import PreTrainedTokenizerFast
     except ImportError:
         PreTrainedTokenizerFast = None
     if PreTrainedTokenizerFast is not None:
-        hf = PreTrainedTokenizerFast(tokenizer_file="marked/tokenizer.json",
-                                     chat_template=cfg["chat_template"])
+        source = prepare_chat_check.marked_tokenizer("marked")
+        marked = prepare_data.ChatTemplate("marked/tokenizer.json")
+        hf = PreTrainedTokenizerFast(tokenizer_file="marked/tokenizer.json", chat_template=source)
         for r in records:
             got = hf.apply_chat_template(r["messages"], tokenize=True, return_dict=True,
                                          return_assistant_tokens_mask=True)
-            text, spans = template.trained_spans(r["messages"])
+            text, spans = marked.trained_spans(r["messages"])
             ids = tok.encode(text, add_special_tokens=False).ids
             check(got["input_ids"] == ids, "transformers renders the conversation otherwise")
             check(got["assistant_masks"] == token_mask(tok, text, ids, spans),
                   "transformers' assistant mask differs")
-
-    # Bad input: one line, exit 2, the record's line named.
-    with open("bad.jsonl", "w") as f:
-        f.write(json.dumps(records[0]) + "\n" + json.dumps({"text": "hi"}) + "\n")
-    one_error_line(prepare("--chat", "bad.jsonl", "--tokenizer", os.path.join(sft,
-                   "tokenizer.json"), "--out", "bad", expect=2), "bad.jsonl:2", "\"messages\"")
-    with open("role.jsonl", "w") as f:
-        f.write(json.dumps(records[0]) + "\n\n" + json.dumps(
-            {"messages": [{"role": "tool", "content": "42"}]}) + "\n")
-    one_error_line(prepare("--chat", "role.jsonl", "--tokenizer", os.path.join(sft,
-                   "tokenizer.json"), "--out", "bad", expect=2), "role.jsonl:3",
-                   "refuses this conversation", "unknown role tool")
-    os.makedirs("plain", exist_ok=True)
-    tok.save("plain/tokenizer.json")
-    one_error_line(prepare("--chat", os.path.join(sft, "chat.jsonl"), "--tokenizer",
-                           "plain/tokenizer.json", "--out", "bad", expect=2),
-                   "tokenizer_config.json: no such file", "chat or instruct model")
-    json.dump({"eos_token": "<|im_end|>"}, open("plain/tokenizer_config.json", "w"))
-    one_error_line(prepare("--chat", os.path.join(sft, "chat.jsonl"), "--tokenizer",
-                           "plain/tokenizer.json", "--out", "bad", expect=2), "no chat_template")
-    one_error_line(prepare("--chat", os.path.join(sft, "chat.jsonl"), "--tokenizer",
-                           os.path.join(sft, "tokenizer.json"), "--out", "bad", "--eot",
-                           "<|im_end|>", expect=2), "chat.jsonl:1", "occurs inside the rendered")
     os.chdir("..")
 
 

@@ -25,6 +25,7 @@
 #include "engine/training/trainer.h"
 #include "layers/models.h"
 #include "temp_dir.h"
+#include "tests/cli_util.h"
 #include "tests/shard_files.h"
 #include "tests/test_util.h"
 
@@ -576,4 +577,37 @@ TEST_CASE("validation averages over the trained targets of all its batches", "[d
   }
   CHECK(counts.size() > 1);  // batches that count differently, or the test proves nothing
   CHECK(trainer.evaluate(1 << 20) == Approx(sum / static_cast<double>(counted)).epsilon(1e-12));
+}
+
+TEST_CASE("bad documents, masks and end-of-text ids stop the binary with one line, exit 2",
+          "[smoke][documents]") {
+  TempDir dir("docs-cli");
+  test::write_bytes(dir / "a.bin", test::shard_bytes({1, 2, 3, 4, 5, 6, 7, 8}));
+  const std::string base = fmt::format(
+      "--config configs/text.toml --set device.memory=1GiB --set remat.policy=full --set "
+      "data.source=tokens --set data.path={} --set train.seq_len=4",
+      dir / "a.bin");
+  auto one_line = [](const test::CliResult& r) {
+    INFO(r.out);
+    CHECK(r.code == 2);
+    CHECK(std::count(r.out.begin(), r.out.end(), '\n') == 1);
+    CHECK_THAT(r.out, Contains("Fix:"));
+  };
+  test::write_bytes(dir / "a.mask.bin", test::mask_bytes({1, 1, 1}));
+  const test::CliResult mask = test::run_binary(base, true);
+  one_line(mask);
+  CHECK_THAT(mask.out,
+             Contains(dir / "a.mask.bin") && Contains("the loss mask of " + dir / "a.bin"));
+  const test::CliResult eot =
+      test::run_binary(base + " --set data.loss_mask=off --set data.order=packed", true);
+  one_line(eot);
+  CHECK_THAT(eot.out, Contains("data.order = \"packed\" needs the end-of-text id"));
+  const test::CliResult synthetic =
+      test::run_binary("--config configs/copy.toml --set data.attention=document --steps 1", true);
+  one_line(synthetic);
+  CHECK_THAT(synthetic.out, Contains("data.attention") && Contains("data.eot_token"));
+  const test::CliResult vocab = test::run_binary(
+      "--config configs/copy.toml --set data.attention=document --set data.eot_token=64", true);
+  one_line(vocab);
+  CHECK_THAT(vocab.out, Contains("end-of-text id 64 is outside the vocabulary"));
 }
