@@ -370,25 +370,15 @@ class Pieces:
         yield from self._pieces(blocks(), path, base, base, True)
 
     def _jsonl(self, path, base):
-        offset = base
-        with open(path, "rb") as f:
-            for number, line in enumerate(f, 1):
-                start, offset = offset, offset + len(line)
-                if not line.strip():
-                    continue
-                try:
-                    obj = json.loads(line)
-                except ValueError as e:
-                    raise Fail(f"{path}:{number}: not a JSON object ({e}). Fix: one JSON object "
-                               "per line")
-                text = obj.get(self.text_key) if isinstance(obj, dict) else None
-                if not isinstance(text, str):
-                    keys = ", ".join(obj) if isinstance(obj, dict) else "none: not an object"
-                    raise Fail(f"{path}:{number}: no string under {self.text_key!r} (keys: "
-                               f"{keys}). Fix: pass --text-key with the key that holds the text")
-                # "replace": a lone surrogate (JSON's "\ud800") has no UTF-8 form.
-                yield from self._pieces([text.encode("utf-8", "replace")], path, start, base, False)
-                self.bytes_done = offset
+        for number, start, end, obj in jsonl_records(path, base):
+            text = obj.get(self.text_key) if isinstance(obj, dict) else None
+            if not isinstance(text, str):
+                keys = ", ".join(obj) if isinstance(obj, dict) else "none: not an object"
+                raise Fail(f"{path}:{number}: no string under {self.text_key!r} (keys: "
+                           f"{keys}). Fix: pass --text-key with the key that holds the text")
+            # "replace": a lone surrogate (JSON's "\ud800") has no UTF-8 form.
+            yield from self._pieces([text.encode("utf-8", "replace")], path, start, base, False)
+            self.bytes_done = end
 
 
 def write_file(path, header_ints, payload):
@@ -601,33 +591,39 @@ class ChatTemplate:
         return text, spans
 
 
-def conversation_records(path, val_from):
-    """(line number, split, messages) of each non-blank line of a chat JSONL file."""
-    offset = 0
+def jsonl_records(path, base=0):
+    """(line number, start offset, end offset, parsed JSON) of each non-blank line of a JSONL
+    file; offsets count from `base`."""
+    offset = base
     with open(path, "rb") as f:
         for number, line in enumerate(f, 1):
             start, offset = offset, offset + len(line)
             if not line.strip():
                 continue
             try:
-                record = json.loads(line)
+                yield number, start, offset, json.loads(line)
             except ValueError as e:
                 raise Fail(f"{path}:{number}: not a JSON object ({e}). Fix: one JSON object per "
                            "line")
-            messages = record.get("messages") if isinstance(record, dict) else None
-            if not isinstance(messages, list) or not messages:
-                keys = ", ".join(record) if isinstance(record, dict) else "none: not an object"
-                raise Fail(f"{path}:{number}: no \"messages\" list (keys: {keys}). Fix: each line "
-                           "holds {\"messages\": [{\"role\": \"user\", \"content\": \"...\"}, "
-                           "{\"role\": \"assistant\", \"content\": \"...\"}]}")
-            for j, m in enumerate(messages):
-                if (not isinstance(m, dict) or not isinstance(m.get("role"), str) or
-                        not isinstance(m.get("content"), str)):
-                    raise Fail(f"{path}:{number}: message {j} is not {{\"role\": string, "
-                               "\"content\": string}. Fix: give every message a role and a "
-                               "text content")
-            split = "val" if val_from is not None and start >= val_from else "train"
-            yield number, split, messages
+
+
+def conversation_records(path, val_from):
+    """(line number, split, messages) of each non-blank line of a chat JSONL file."""
+    for number, start, _, record in jsonl_records(path):
+        messages = record.get("messages") if isinstance(record, dict) else None
+        if not isinstance(messages, list) or not messages:
+            keys = ", ".join(record) if isinstance(record, dict) else "none: not an object"
+            raise Fail(f"{path}:{number}: no \"messages\" list (keys: {keys}). Fix: each line "
+                       "holds {\"messages\": [{\"role\": \"user\", \"content\": \"...\"}, "
+                       "{\"role\": \"assistant\", \"content\": \"...\"}]}")
+        for j, m in enumerate(messages):
+            if (not isinstance(m, dict) or not isinstance(m.get("role"), str) or
+                    not isinstance(m.get("content"), str)):
+                raise Fail(f"{path}:{number}: message {j} is not {{\"role\": string, "
+                           "\"content\": string}. Fix: give every message a role and a "
+                           "text content")
+        split = "val" if val_from is not None and start >= val_from else "train"
+        yield number, split, messages
 
 
 def prepare_chat(args, tok, writers, eot, eot_text):
@@ -803,7 +799,8 @@ def finish(args, writers, vocab, fmt, eot, eot_text, mode, what, empty):
         return f"{len(w.paths)} {w.split} shard{plural} ({w.tokens:,} tokens)"
 
     kind_name = "uint16" if fmt is GPT2_FORMAT else "uint32"
-    masks = f", loss masks beside them ({100.0 * (train.trained + val.trained) / max(1, train.tokens + val.tokens):.1f}% of tokens trained)" if args.chat else ""
+    share = 100.0 * (train.trained + val.trained) / max(1, train.tokens + val.tokens)
+    masks = f", loss masks beside them ({share:.1f}% of tokens trained)" if args.chat else ""
     print(f"wrote {shards(train)}{' and ' + shards(val) if val.paths else ''}, {kind_name}, "
           f"{what}, to {args.out}{masks}")
     manifest = {

@@ -30,14 +30,8 @@ WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "café"
          "日本語", "€5", "—", "😀", "it's", "42", "1999", "x+y", "\t", "(ok)"]
 
 
-def fail(message):
-    print(f"FAILED: {message}", file=sys.stderr)
-    sys.exit(1)
-
-
-def check(cond, message):
-    if not cond:
-        fail(message)
+sys.path.insert(0, os.path.join(REPO, "tests"))
+from prepare_chat_check import check, fail  # noqa: E402  (the shared checks)
 
 
 def run(cmd, expect=0):
@@ -318,7 +312,6 @@ def chat_mode():
     os.makedirs("chat", exist_ok=True)
     os.chdir("chat")
     sys.path.insert(0, os.path.join(REPO, "scripts"))
-    sys.path.insert(0, os.path.join(REPO, "tests"))
     import prepare_chat_check
     import prepare_data
     sft = prepare_chat_check.SFT

@@ -2,6 +2,7 @@
 // bad variants of it) byte by byte, so that the readers are checked against the layout itself.
 #pragma once
 
+#include <catch2/catch.hpp>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -9,6 +10,8 @@
 #include <vector>
 
 #include "data/token_corpus.h"
+#include "engine/core/backend.h"
+#include "engine/core/error.h"
 
 namespace remat::test {
 
@@ -63,6 +66,25 @@ inline std::string mask_bytes(const std::vector<uint8_t>& trained, int32_t magic
       shard_header(magic, version, count >= 0 ? count : static_cast<int64_t>(trained.size()));
   s.append(trained.begin(), trained.end());
   return s;
+}
+
+/// A batch's token tensor (inputs, targets, document starts) as host ids.
+inline std::vector<int32_t> download(Backend& be, const Buffer& b) {
+  std::vector<int32_t> out(static_cast<size_t>(b.tensor().numel()));
+  be.download(out.data(), b);
+  return out;
+}
+
+/// Runs `f`, which must throw DataError, and returns its message.
+template <class F>
+std::string data_error(F f) {
+  try {
+    f();
+  } catch (const DataError& e) {
+    return e.what();
+  }
+  FAIL("no DataError was thrown");
+  return "";
 }
 
 }  // namespace remat::test

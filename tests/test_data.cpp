@@ -79,23 +79,8 @@ std::unique_ptr<FileData> open_data(const Config& cfg) {
   return d;
 }
 
-std::vector<int32_t> download(Backend& be, const Buffer& b) {
-  std::vector<int32_t> out(static_cast<size_t>(b.tensor().numel()));
-  be.download(out.data(), b);
-  return out;
-}
-
-// Runs `f`, which must throw DataError, and returns its message.
-template <class F>
-std::string data_error(F f) {
-  try {
-    f();
-  } catch (const DataError& e) {
-    return e.what();
-  }
-  FAIL("no DataError was thrown");
-  return "";
-}
+using test::data_error;
+using test::download;
 
 }  // namespace
 

@@ -37,23 +37,8 @@ namespace {
 
 constexpr int32_t kIgnored = kIgnoredTarget;
 
-std::vector<int32_t> download(Backend& be, const Buffer& b) {
-  std::vector<int32_t> out(static_cast<size_t>(b.tensor().numel()));
-  be.download(out.data(), b);
-  return out;
-}
-
-// Runs `f`, which must throw DataError, and returns its message.
-template <class F>
-std::string data_error(F f) {
-  try {
-    f();
-  } catch (const DataError& e) {
-    return e.what();
-  }
-  FAIL("no DataError was thrown");
-  return "";
-}
+using test::data_error;
+using test::download;
 
 // A token-file config over `paths` (a TOML list), T tokens a row, B rows, [data] extras.
 Config files_config(const std::string& paths, int64_t T, int64_t B, const std::string& extra) {
@@ -360,44 +345,19 @@ namespace {
 
 // A small model's config: GPT (learned positions or RoPE) or the Llama family with every option.
 std::string model_toml(const std::string& kind, int64_t T, int64_t B) {
-  if (kind == "llama")
-    return fmt::format(R"(
-[model]
-kind = "llama"
-n_layer = 2
-n_head = 4
-n_kv_head = 2
-head_dim = 12
-n_embd = 32
-d_ff = 40
-vocab_size = 37
-attention_bias = true
-qk_norm = true
-tie_embeddings = false
-[train]
-seq_len = {}
-batch_size = {}
-loss_chunk = 16
-[device]
-threads = 2
-)",
-                       T, B);
-  return fmt::format(R"(
-[model]
-n_layer = 2
-n_head = 2
-n_embd = 16
-vocab_size = 37
-n_ctx = 160
-position = "{}"
-[train]
-seq_len = {}
-batch_size = {}
-loss_chunk = 16
-[device]
-threads = 2
-)",
-                     kind == "gpt-rope" ? "rope" : "learned", T, B);
+  const std::string model =
+      kind == "llama"
+          ? "kind = \"llama\"\nn_layer = 2\nn_head = 4\nn_kv_head = 2\nhead_dim = 12\n"
+            "n_embd = 32\nd_ff = 40\nvocab_size = 37\nattention_bias = true\nqk_norm = true\n"
+            "tie_embeddings = false\n"
+          : fmt::format(
+                "n_layer = 2\nn_head = 2\nn_embd = 16\nvocab_size = 37\nn_ctx = 160\n"
+                "position = \"{}\"\n",
+                kind == "gpt-rope" ? "rope" : "learned");
+  return fmt::format(
+      "[model]\n{}[train]\nseq_len = {}\nbatch_size = {}\nloss_chunk = 16\n[device]\n"
+      "threads = 2\n",
+      model, T, B);
 }
 
 struct Pass {

@@ -4,6 +4,12 @@
 // D_i = rowsum(dO_i * O_i). Tiles above the diagonal are skipped. No T x T matrix exists.
 // Optional RoPE (half-split / GPT-NeoX layout) rotates q and k as the forward loads its tiles;
 // the backward rotates them in place once (qkv is CLOBBERED there) and rotates dq, dk back.
+// Documents (doc_start, engine/core/ops/attention.h): a query tile's keys start at its first
+// document start, key tiles wholly before a query unit's document are skipped (forward) and a key
+// tile's query tiles end where their documents start past it (backward); inside a tile that
+// straddles a start the keys before it are masked (-inf forward; zero probabilities and score
+// gradients backward), and RoPE rotates at the position within the document. Without documents
+// nothing of this runs: causal attention keeps its bits.
 //
 // Every product is a small GEMM on one tile pair, done by a register-blocked AVX2/FMA kernel
 // (6 rows x 16 columns of accumulators), with a portable scalar fallback. Tile layouts are

@@ -409,6 +409,22 @@ const RopeScaling kRingLlama3{.kind = RopeScaling::Llama3,
                               .high_freq_factor = 4.0,
                               .original_context = 32};
 
+namespace {
+
+// The ring's ops played rank by rank, and ContextRing with a thread per rank (more than one rank),
+// each against the single-device attention of `p`.
+void check_played_and_threaded(const RingProblem& p) {
+  const std::vector<RankResult> want = single_device(p);
+  CpuBackend be(kTestBudgetBytes, kTestThreads);
+  check_ranks(play_ring_ops(be, DType::F32, p), want, kTolAttention, kTolAttention);
+  if (p.ranks > 1) {
+    auto cpu = [] { return std::make_unique<CpuBackend>(kTestBudgetBytes, 1); };
+    check_ranks(run_context_ring(cpu, DType::F32, p), want, kTolAttention, kTolAttention);
+  }
+}
+
+}  // namespace
+
 TEST_CASE("ring attention with grouped-query heads gives single-device attention at every position",
           "[ops][parallel][attention]") {
   // 4 query heads over 2 key/value heads and over 1 (multi-query), RoPE plain and llama3-scaled:
@@ -417,15 +433,8 @@ TEST_CASE("ring attention with grouped-query heads gives single-device attention
   const int rope = GENERATE(0, 1, 2);  // none, plain, llama3-scaled
   const RingShape shape = GENERATE(from_range(kRingShapes));
   CAPTURE(KVH, rope, shape.T, shape.ranks);
-  const RingProblem p = make_problem(2, 4, shape.T, 16, shape.ranks, rope > 0 ? 10000.0f : 0.0f,
-                                     KVH, rope == 2 ? kRingLlama3 : RopeScaling{});
-  const std::vector<RankResult> want = single_device(p);
-  CpuBackend be(kTestBudgetBytes, kTestThreads);
-  check_ranks(play_ring_ops(be, DType::F32, p), want, kTolAttention, kTolAttention);
-  if (shape.ranks > 1) {
-    auto cpu = [] { return std::make_unique<CpuBackend>(kTestBudgetBytes, 1); };
-    check_ranks(run_context_ring(cpu, DType::F32, p), want, kTolAttention, kTolAttention);
-  }
+  check_played_and_threaded(make_problem(2, 4, shape.T, 16, shape.ranks, rope > 0 ? 10000.0f : 0.0f,
+                                         KVH, rope == 2 ? kRingLlama3 : RopeScaling{}));
 }
 
 TEST_CASE("ring attention over C ranks with documents gives single-device document attention",
@@ -439,13 +448,7 @@ TEST_CASE("ring attention over C ranks with documents gives single-device docume
   RingProblem p = make_problem(2, 4, shape.T, 16, shape.ranks, theta, 2);
   const int64_t T = shape.T;
   p.doc_start = document_starts({{1, T / 3, T - 1 - T / 3}, {T}});
-  const std::vector<RankResult> want = single_device(p);
-  CpuBackend be(kTestBudgetBytes, kTestThreads);
-  check_ranks(play_ring_ops(be, DType::F32, p), want, kTolAttention, kTolAttention);
-  if (shape.ranks > 1) {
-    auto cpu = [] { return std::make_unique<CpuBackend>(kTestBudgetBytes, 1); };
-    check_ranks(run_context_ring(cpu, DType::F32, p), want, kTolAttention, kTolAttention);
-  }
+  check_played_and_threaded(p);
 }
 
 TEST_CASE("the context ring sends the key/value heads only: NH / KVH times less than multi-head",

@@ -3,6 +3,15 @@
 // cudnn_attention.cpp); workspaces: engine/{cpu,cuda}/workspace.h; tests:
 // tests/ops/test_attention.cpp.
 //
+// Documents (data.attention = "document", issue 61): a row may hold several documents, given as
+// data, doc_start: for each token the row position of its document's first token. A query at t
+// sees the keys [doc_start[t], t] (a block-diagonal causal mask) and RoPE rotates at
+// t - doc_start[t]. Per-token starts rather than per-row segment lists keep the arguments one
+// fixed-shape tensor, which a dry run allocates like any other, which context-parallel ranks
+// slice like the tokens (the ring passes the query side's starts with each block), and from
+// which a backend that wants segments (cuDNN's ragged layout) reads them off: a document starts
+// where doc_start[t] == t. The CUDA backend has no kernel for it yet and refuses it.
+//
 // Attention over chunks (remat.attention_chunk; issue 49): cuDNN's fused attention takes tensors
 // that it addresses with 32-bit offsets, so past a length some tensor of one call passes 2^31
 // elements (Llama-3.1-8B's qkv view at 349,525 tokens). The causal attention of a sequence then
