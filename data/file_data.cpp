@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <iterator>
 #include <set>
 
@@ -387,21 +388,21 @@ void FileData::packed_row(const Packing& packing, int64_t r) {
 }
 
 template <class RowOf>
-void FileData::fill_batch(Backend& be, Batch& batch, RowOf row_of) {
+FileData::HostBatch FileData::read_batch(RowOf row_of) {
   const int64_t Tl = share_.positions.tokens();
   const size_t n = static_cast<size_t>(share_.rows * Tl);
-  std::vector<int32_t> inputs(n), targets(n), docs(data_.documents() ? n : 0);
+  HostBatch h{std::vector<int32_t>(n), std::vector<int32_t>(n),
+              std::vector<int32_t>(data_.documents() ? n : 0), 0};
   touched_.clear();
-  int64_t trained = 0;
   for (int64_t b = 0; b < share_.rows; ++b) {
     row_of(share_.first_row + b);
     // This rank's positions (all of them on one rank).
     share_.positions.for_each([&](int64_t j, int64_t t) {
       const auto at = static_cast<size_t>(b * Tl + j), ti = static_cast<size_t>(t);
-      inputs[at] = row_[ti];
-      targets[at] = marks_ ? targets_[ti] : row_[ti + 1];
-      trained += targets[at] != kIgnoredTarget;
-      if (!docs.empty()) docs[at] = docs_[ti];
+      h.inputs[at] = row_[ti];
+      h.targets[at] = marks_ ? targets_[ti] : row_[ti + 1];
+      h.trained += h.targets[at] != kIgnoredTarget;
+      if (!h.docs.empty()) h.docs[at] = docs_[ti];
     });
   }
   // After the reads, before the batch is used: a file that changed since open (even while these
@@ -409,22 +410,37 @@ void FileData::fill_batch(Backend& be, Batch& batch, RowOf row_of) {
   std::sort(touched_.begin(), touched_.end());
   touched_.erase(std::unique(touched_.begin(), touched_.end()), touched_.end());
   for (const Shard* s : touched_) s->check_unchanged();
-  be.upload(batch.inputs, inputs.data());
-  be.upload(batch.targets, targets.data());
-  if (!docs.empty()) be.upload(batch.doc_start, docs.data());
-  if (marks_) batch.trained_targets = trained;
+  return h;
+}
+
+template <class RowOf>
+void FileData::fill_batch(Backend& be, Batch& batch, RowOf row_of) {
+  const HostBatch h = read_batch(row_of);
+  be.upload(batch.inputs, h.inputs.data());
+  be.upload(batch.targets, h.targets.data());
+  if (!h.docs.empty()) be.upload(batch.doc_start, h.docs.data());
+  if (marks_) batch.trained_targets = h.trained;
+}
+
+std::function<void(int64_t)> FileData::train_row_of(int64_t step) {
+  if (packed())
+    return [this, step](int64_t row) { packed_row(train_pack_, packed_train_row(step, row)); };
+  return [this, step](int64_t row) { window_row(train_window(step, row)); };
 }
 
 Batch FileData::next(Backend& be, int64_t step) {
   Batch batch = allocate_batch(be);
   if (!be.computes()) return batch;  // a dry run needs the shapes, not the tokens
   REMAT_ASSERT(open_, "FileData::next on a computing backend before open()");
-  if (packed())
-    fill_batch(be, batch,
-               [&](int64_t row) { packed_row(train_pack_, packed_train_row(step, row)); });
-  else
-    fill_batch(be, batch, [&](int64_t row) { window_row(train_window(step, row)); });
+  fill_batch(be, batch, train_row_of(step));
   return batch;
+}
+
+// The same rows as next() reads: twice read with marks, once counted, once trained.
+int64_t FileData::trained_targets(int64_t step) {
+  if (!marks_) return -1;
+  REMAT_ASSERT(open_, "FileData::trained_targets before open()");
+  return read_batch(train_row_of(step)).trained;
 }
 
 int64_t FileData::validation_batches(int64_t eval_tokens) const {

@@ -33,6 +33,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -83,6 +84,7 @@ class FileData : public DataSource {
   std::string documents_summary() const override;
   void open() override;
   Batch next(Backend& be, int64_t step) override;
+  int64_t trained_targets(int64_t step) override;
   int64_t validation_batches(int64_t eval_tokens) const override;
   Batch validation_batch(Backend& be, int64_t index) override;
   nlohmann::json cursor(int64_t steps) const override;
@@ -100,10 +102,20 @@ class FileData : public DataSource {
 
  private:
   Batch allocate_batch(Backend& be) const;
-  /// Fills the batch's rows: row_of(global row) fills one whole row into row_ (inputs),
+  /// This rank's part of a batch, on the host.
+  struct HostBatch {
+    std::vector<int32_t> inputs, targets, docs;  // docs: empty without documents
+    int64_t trained = 0;                         // targets that are not kIgnoredTarget
+  };
+  /// Reads the batch's rows: row_of(global row) fills one whole row into row_ (inputs),
   /// targets_ and docs_ (data/documents.h's marking), and each rank keeps its positions.
   template <class RowOf>
+  HostBatch read_batch(RowOf row_of);
+  /// read_batch, then uploads it into `batch`.
+  template <class RowOf>
   void fill_batch(Backend& be, Batch& batch, RowOf row_of);
+  /// The row_of of training step `step`'s rows (packed or windows).
+  std::function<void(int64_t)> train_row_of(int64_t step);
   /// One row from a window, or from a packed row's pieces.
   void window_row(const Window& w);
   void packed_row(const Packing& packing, int64_t r);

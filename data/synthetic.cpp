@@ -70,12 +70,12 @@ class TokenTask : public DataSource {
   }
 
   // Documents: each row's T + 1 tokens, then the marking every token source shares
-  // (data/documents.h), then this rank's positions.
-  void documents_batch(Backend& be, Batch& batch, int64_t step, std::vector<int32_t>& inputs,
-                       std::vector<int32_t>& targets) const {
+  // (data/documents.h), then this rank's positions. Returns the trained targets.
+  int64_t document_rows(int64_t step, std::vector<int32_t>& inputs, std::vector<int32_t>& targets,
+                        std::vector<int32_t>& docs) const {
     const int64_t Tl = share_.positions.tokens();
     std::vector<int32_t> row(static_cast<size_t>(T_ + 1)), row_targets(static_cast<size_t>(T_)),
-        row_docs(row_targets.size()), docs(inputs.size());
+        row_docs(row_targets.size());
     int64_t trained = 0;
     for (int64_t b = 0; b < share_.rows; ++b) {
       for (int64_t k = 0; k <= T_; ++k) row[static_cast<size_t>(k)] = token(step, b, k);
@@ -88,10 +88,23 @@ class TokenTask : public DataSource {
         trained += targets[at] >= 0;
       });
     }
+    return trained;
+  }
+
+  void documents_batch(Backend& be, Batch& batch, int64_t step, std::vector<int32_t>& inputs,
+                       std::vector<int32_t>& targets) const {
+    std::vector<int32_t> docs(inputs.size());
+    batch.trained_targets = document_rows(step, inputs, targets, docs);
     be.upload(batch.inputs, inputs.data());
     be.upload(batch.targets, targets.data());
     be.upload(batch.doc_start, docs.data());
-    batch.trained_targets = trained;
+  }
+
+  int64_t trained_targets(int64_t step) override {
+    if (eot_ < 0) return -1;
+    const auto n = static_cast<size_t>(share_.rows * share_.positions.tokens());
+    std::vector<int32_t> inputs(n), targets(n), docs(n);
+    return document_rows(step, inputs, targets, docs);
   }
 
   // Token k (of T + 1) of this rank's row b at `step`.

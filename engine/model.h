@@ -27,14 +27,25 @@ enum class MomentHome : uint8_t { Device, Host, Sharded };
 /// `value` and `grad` while a block that reads them runs, and swaps the host ones back after, so
 /// the ops read `value` and `grad` as always, and everything outside a step (checkpoints, AdamW,
 /// export) sees the host copies.
+///
+/// A frozen parameter (LoRA's base, docs/lora.md) is a value and nothing else: `grad`, `m` and `v`
+/// stay empty, so the ops skip its weight gradient (an empty dweight), and the trainer's loops,
+/// the gradient sums of several ranks, ZeRO-1's buckets, the weight stream and checkpoints pass it
+/// by (they iterate over trainable() parameters). Its value lives in the device pool whatever
+/// remat.offload says (it is read by every step and never updated). It is f32 today; the frozen
+/// base's other precisions (lora.base = "bf16", "nf4") are a value of another dtype that the ops
+/// dequantise per GEMM into their workspace, as the CUDA backend casts f32 weights to bf16 now
+/// (engine/core/cuda_workspace.h, "gemm.weight_bf16").
 struct Param {
   std::string name;              // "blocks.3.attn.qkv.weight": the name used in checkpoint files
   Buffer value;                  // category weights
-  Buffer grad;                   // category grads
-  Buffer m, v;                   // category optimizer; empty when the moments are sharded
+  Buffer grad;                   // category grads; empty when frozen
+  Buffer m, v;                   // category optimizer; empty when the moments are sharded or frozen
   bool moments_on_host = false;  // m and v live in the host pool (remat.offload)
   bool on_host = false;          // value and grad too (and the moments): AdamW on the host
   bool use_decay = false;        // 2-D weights only
+  bool frozen = false;           // no gradient, no moments: never updated
+  bool trainable() const { return !frozen; }
 };
 
 /// A batch on the device. GPT: inputs and targets are (B, T) i32 tokens. MLP: (B, D) f32.
@@ -51,9 +62,12 @@ struct Batch {
   Buffer doc_start{};  // (B, T) i32
   // This rank's targets that are trained; -1: every target (nothing is masked).
   int64_t trained_targets = -1;
-  // The mean loss's divisor: the trained targets of the whole step, all rows of all ranks (the
-  // trainer sums trained_targets over the ranks). 0: every target of the step (B T on every rank).
-  int64_t loss_divisor = 0;
+  // The mean loss's divisor: the trained targets of the whole optimizer step, over every
+  // micro-batch and every rank (the trainer sets it), so that the gradients added up over the
+  // micro-batches and summed over the ranks are those of the step's mean loss. 0: this batch's
+  // rows on every rank (Model::loss_rows_all_ranks), as for a step of one micro-batch with every
+  // target trained.
+  int64_t step_targets = 0;
 };
 
 /// The saved activations of one block, by slot (the block's act_names() order; slot 0 is "x",
@@ -157,6 +171,8 @@ class Model {
   virtual std::string describe() const = 0;
   std::vector<Param>& params() { return params_; }
   int64_t n_params() const;
+  /// Elements of the parameters that train (all of them unless some are frozen: LoRA).
+  int64_t n_trainable_params() const;
   /// The parameters each part of a step reads, for fetching them ahead when they live on the
   /// host: the stem (its forward reads their values; its backward writes their gradients), the
   /// head (values and gradients), and block i (every parameter named "blocks.<i>."). A tied
@@ -174,8 +190,10 @@ class Model {
   /// Final stream -> per-row losses (N) f32 and dL/dx (written into dx) in one pass.
   virtual void head_forward_backward(Backend& be, const Tensor& x, const Batch& batch,
                                      const Tensor& losses, const Tensor& dx) = 0;
-  /// Rows of the loss (B*T for the GPT, B for the MLP) and the divisor of the mean.
+  /// Rows of the loss (B*T for the GPT, B for the MLP) on this rank.
   virtual int64_t loss_rows() const = 0;
+  /// The same over every rank of the job: the divisor of one batch's mean loss.
+  virtual int64_t loss_rows_all_ranks() const = 0;
   void begin_step(int64_t step) {
     for (auto& b : blocks_) b->begin_step(step);
   }

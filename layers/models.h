@@ -40,6 +40,8 @@ struct ModelShape {
   // data.attention = "document": the documents' mean length the attention FLOP count assumes
   // (DataConfig::mean_document_tokens); 0: the causal upper bound.
   double mean_doc_tokens = 0;
+  // [lora]: adapters on the chosen linears, every other parameter frozen but modules_to_save.
+  LoraConfig lora{};
 };
 /// The shape of a single-rank run of `train` (make_model(Config) splits the batch over ranks).
 ModelShape model_shape(const TrainConfig& train);

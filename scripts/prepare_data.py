@@ -49,11 +49,17 @@ it must never occur inside a rendered conversation.
 Every mode writes shards.json beside the shards: the end-of-text id (which remat-train reads when
 data.eot_token is not set), the vocabulary size, the mode, and the documents' count and mean length.
 
+`--tokenizer bytes` needs no file: every UTF-8 byte is its own token (ids 0-255, vocabulary 256,
+a newline between documents unless --eot), the ids a byte-level model trained on text files
+(data.source = "text") reads, for such a model fine-tuned on shards; `remat-train sample
+--tokenizer bytes` prints them as text.
+
 Progress (tokens/s, documents, bytes) goes to stderr; at the end, stdout has the `--set` options
-that train on the shards. Errors are one line, `error: [prepare] ... Fix: ...`, exit 2.
-Needs `tokenizers` (pip install tokenizers, in a virtual environment), except for a byte-level
-tokenizer.json without merges (every byte a token of its own, plus added tokens), which this script
-encodes itself; --chat needs jinja2 (Debian's python3-jinja2).
+that train on the shards. Errors are one line, `error: [prepare] ... Fix: ...`, exit 2; a run that
+fails (a full disk, bad input, ^C) removes the shards it wrote, so no partial set is left.
+Needs `tokenizers` (pip install tokenizers, in a virtual environment), except with --tokenizer
+bytes and for a byte-level tokenizer.json without merges (every byte a token of its own, plus added
+tokens), which this script encodes itself; --chat needs jinja2 (Debian's python3-jinja2).
 """
 import argparse
 import array
@@ -156,7 +162,33 @@ class ByteLevelTokenizer:
         return [self.encode(t) for t in texts]
 
 
+BYTES = "bytes"  # --tokenizer bytes: the text's UTF-8 bytes are the ids
+
+
+class ByteTokenizer:
+    """--tokenizer bytes, with the part of `tokenizers.Tokenizer` this script calls: token i is the
+    byte i (its text the character chr(i)), and a text encodes to its UTF-8 bytes."""
+
+    class Encoding:
+        def __init__(self, ids):
+            self.ids = ids
+
+    def get_vocab(self, with_added_tokens=True):
+        return {chr(i): i for i in range(256)}
+
+    def id_to_token(self, i):
+        return chr(i) if 0 <= i < 256 else None
+
+    def encode(self, text, add_special_tokens=False):
+        return self.Encoding(list(text.encode("utf-8")))
+
+    def encode_batch(self, texts, add_special_tokens=False):
+        return [self.encode(t) for t in texts]
+
+
 def load_tokenizer(path):
+    if path == BYTES:
+        return ByteTokenizer()
     if not os.path.isfile(path):
         raise Fail(f"{path}: no such file. Fix: pass the model's tokenizer.json to --tokenizer")
     try:
@@ -183,6 +215,8 @@ def vocab_size_of(tok):
 
 def splits_safely(path):
     """Whether encoding a document in pieces gives its ids: no step prepends to each input."""
+    if path == BYTES:
+        return True
     with open(path, encoding="utf-8") as f:
         spec = json.load(f)
 
@@ -218,6 +252,8 @@ def resolve_eot(tok, tokenizer_path, given, chat=False):
             raise Fail(f"--eot {given!r}: not a token of {tokenizer_path}. Fix: pass the "
                        "end-of-text token's exact text or its id")
         return vocab[given], given, "--eot"
+    if tokenizer_path == BYTES:
+        return 10, "\n", "--tokenizer bytes: a newline"
     config = os.path.join(os.path.dirname(os.path.abspath(tokenizer_path)), "tokenizer_config.json")
     if os.path.isfile(config):
         try:
@@ -381,22 +417,6 @@ class Pieces:
             self.bytes_done = end
 
 
-def write_file(path, header_ints, payload):
-    """A header of 256 little-endian int32 (the given ones, then zeros) and `payload` (an array or
-    bytes), under a hidden name then renamed: a glob never sees half a file."""
-    header = array.array("i", header_ints + [0] * (HEADER_INTS - len(header_ints)))
-    if sys.byteorder != "little":
-        header.byteswap()
-        if isinstance(payload, array.array):
-            payload = array.array(payload.typecode, payload)
-            payload.byteswap()
-    tmp = os.path.join(os.path.dirname(path), "." + os.path.basename(path) + ".tmp")
-    with open(tmp, "wb") as f:
-        header.tofile(f)
-        f.write(payload.tobytes() if isinstance(payload, array.array) else payload)
-    os.replace(tmp, path)
-
-
 class ShardWriter:
     """One split's shards: at most `shard_tokens` tokens each, an end-of-text between documents.
     `whole`: every document ends with an end-of-text (the last too) and a shard ends between two
@@ -412,6 +432,17 @@ class ShardWriter:
         self.last = None  # (document, piece) of the last piece appended
         self.paths, self.tokens, self.trained = [], 0, 0
         self.documents, self.document_tokens = 0, 0
+        self.tmp = None  # the file being written, under its hidden name
+
+    def remove_written(self):
+        """Deletes every shard (and mask) this writer wrote, and the one it was writing."""
+        masks = [p[:-4] + ".mask.bin" for p in self.paths]
+        for path in self.paths + masks + ([self.tmp] if self.tmp else []):
+            try:
+                os.remove(path)
+            except FileNotFoundError:
+                pass
+        self.paths, self.tmp = [], None
 
     def add(self, doc, piece, ids, mask=None):
         # A piece that continues the last one joins it; anything else starts a new document here.
@@ -452,14 +483,37 @@ class ShardWriter:
             self.buf = array.array(self.typecode)
             self.mask = bytearray() if self.mask is not None else None
 
+    def _write_file(self, path, header_ints, payload):
+        """A header of 256 little-endian int32 (the given ones, then zeros) and `payload` (an array
+        or bytes), under a hidden name then renamed: a glob never sees half a file. A failed write
+        (a full disk) names the file; the run then removes what it wrote (prepare())."""
+        header = array.array("i", header_ints + [0] * (HEADER_INTS - len(header_ints)))
+        if sys.byteorder != "little":
+            header.byteswap()
+            if isinstance(payload, array.array):
+                payload = array.array(payload.typecode, payload)
+                payload.byteswap()
+        tmp = os.path.join(os.path.dirname(path), "." + os.path.basename(path) + ".tmp")
+        self.tmp = tmp
+        try:
+            with open(tmp, "wb") as f:
+                header.tofile(f)
+                f.write(payload.tobytes() if isinstance(payload, array.array) else payload)
+            os.replace(tmp, path)
+        except OSError as e:
+            raise Fail(f"{path}: cannot write it ({e.strerror}, as {tmp}). Fix: free space on that "
+                       "disk or choose another --out, then run again (this run's shards were "
+                       "removed)") from e
+        self.tmp = None
+
     def _write(self, tokens, mask):
         path = os.path.join(self.out, f"{self.split}_{len(self.paths):06d}.bin")
-        write_file(path, [self.magic, self.version, len(tokens)], tokens)
-        if mask is not None:
-            write_file(path[:-4] + ".mask.bin", [*MASK_FORMAT, len(mask)], bytes(mask))
-            self.trained += sum(mask)
-        self.paths.append(path)
+        self._write_file(path, [self.magic, self.version, len(tokens)], tokens)
+        self.paths.append(path)  # before its mask: a failed mask write removes the shard too
         self.tokens += len(tokens)
+        if mask is not None:
+            self._write_file(path[:-4] + ".mask.bin", [*MASK_FORMAT, len(mask)], bytes(mask))
+            self.trained += sum(mask)
 
 
 def tokenizer_config(tokenizer_path):
@@ -746,18 +800,29 @@ def prepare(args):
     sys.stderr.write(f"[prepare] {len(files)} {kind} file{'s' if len(files) != 1 else ''}, "
                      f"vocabulary {vocab:,} ({'uint16' if fmt is GPT2_FORMAT else 'uint32'} "
                      f"shards), end-of-text {eot_text!r} = {eot} (from {eot_from})\n")
-    if args.chat:
-        conversations, untrained = prepare_chat(args, tok, writers, eot, eot_text)
+    try:
+        if args.chat:
+            conversations, untrained = prepare_chat(args, tok, writers, eot, eot_text)
+            for w in writers.values():
+                w.close()
+            what, empty = f"{conversations:,} conversations", 0
+            if untrained:
+                what += f" ({untrained:,} without an assistant turn: nothing trained there)"
+        else:
+            pieces = Pieces(files, kind, args.text_key, args.chunk_bytes,
+                            splits_safely(args.tokenizer), args.val_fraction)
+            write_shards(tok, pieces, writers, Progress(pieces))
+            what, empty = f"{pieces.documents:,} documents", pieces.empty
+        check_splits(args, writers, empty)
+    except BaseException:  # a full disk, bad input, ^C: no partial shard set is left behind
         for w in writers.values():
-            w.close()
-        what = f"{conversations:,} conversations"
-        if untrained:
-            what += f" ({untrained:,} without an assistant turn: nothing trained there)"
-        finish(args, writers, vocab, fmt, eot, eot_text, mode, what, 0)
-        return
-    pieces = Pieces(files, kind, args.text_key, args.chunk_bytes, splits_safely(args.tokenizer),
-                    args.val_fraction)
-    progress = Progress(pieces)
+            w.remove_written()
+        raise
+    report(args, writers, vocab, fmt, eot, eot_text, mode, what)
+
+
+def write_shards(tok, pieces, writers, progress):
+    """Encodes every piece and writes the shards of both splits."""
     batch, batch_bytes = [], 0
 
     def flush():
@@ -778,12 +843,10 @@ def prepare(args):
     for w in writers.values():
         w.close()
     progress.update(sum(w.tokens for w in writers.values()), final=True)
-    finish(args, writers, vocab, fmt, eot, eot_text, mode, f"{pieces.documents:,} documents",
-           pieces.empty)
 
 
-def finish(args, writers, vocab, fmt, eot, eot_text, mode, what, empty):
-    """Checks what was written, records shards.json beside it, prints the --set options."""
+def check_splits(args, writers, empty):
+    """Both splits have shards (val: when asked for)."""
     train, val = writers["train"], writers["val"]
     if not train.paths:
         raise Fail(f"{args.input}: no text to train on ({empty} empty documents"
@@ -791,8 +854,13 @@ def finish(args, writers, vocab, fmt, eot, eot_text, mode, what, empty):
                    "or lower --val-fraction")
     if args.val_fraction > 0 and not val.paths:
         raise Fail(f"{args.input}: no document or line starts in the last {args.val_fraction} of "
-                   "the input, so nothing was held out (train shards written). Fix: raise "
+                   "the input, so nothing was held out (no shards kept). Fix: raise "
                    "--val-fraction, or pass --val-fraction 0 and set data.val_fraction in training")
+
+
+def report(args, writers, vocab, fmt, eot, eot_text, mode, what):
+    """What was written, and the --set options that train on it."""
+    train, val = writers["train"], writers["val"]
 
     def shards(w):
         plural = "s" if len(w.paths) != 1 else ""
@@ -805,7 +873,7 @@ def finish(args, writers, vocab, fmt, eot, eot_text, mode, what, empty):
           f"{what}, to {args.out}{masks}")
     manifest = {
         "eot_token": eot, "eot_text": eot_text, "vocab_size": vocab, "mode": mode,
-        "tokenizer": os.path.abspath(args.tokenizer),
+        "tokenizer": args.tokenizer if args.tokenizer == BYTES else os.path.abspath(args.tokenizer),
         "documents": {"train": train.documents, "val": val.documents},
         "mean_document_tokens": round(train.document_tokens / max(1, train.documents), 2),
     }
@@ -836,7 +904,8 @@ def main():
     ap = argparse.ArgumentParser(
         description="Tokenize text into llm.c token shards for remat-train (see docs/data.md).")
     ap.add_argument("input", nargs="?", help="a text file, a folder of .txt files or a .jsonl file")
-    ap.add_argument("--tokenizer", required=True, help="the model's tokenizer.json")
+    ap.add_argument("--tokenizer", required=True,
+                    help="the model's tokenizer.json, or 'bytes': UTF-8 bytes are the ids (0-255)")
     ap.add_argument("--out", help="the folder the shards go to (created if missing)")
     ap.add_argument("--text-key", default="text", help="JSONL: the key holding the text (text)")
     ap.add_argument("--eot", help="end-of-text token between documents: an id or the token's text")
@@ -871,7 +940,8 @@ def main():
         sys.stderr.write(f"error: [prepare] {e}\n")
         sys.exit(2)
     except OSError as e:
-        sys.stderr.write(f"error: [prepare] {e.filename}: {e.strerror}. Fix: check the path and "
+        where = f"{e.filename}: " if e.filename else ""
+        sys.stderr.write(f"error: [prepare] {where}{e.strerror or e}. Fix: check the path and "
                          "its permissions\n")
         sys.exit(2)
 

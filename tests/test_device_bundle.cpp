@@ -109,7 +109,8 @@ TEST_CASE("the device bundle is self-contained and device-check.sh dry-runs agai
   // What travels is the archive; the check below unpacks it (the folder is moved away first).
   const fs::path archive = bundle.string() + ".tar.gz";
   REQUIRE(fs::exists(archive));
-  CHECK(fs::file_size(archive) < (uint64_t{60} << 20));
+  // It travels beside the sources, 64 MiB in all: scripts/device-bundle.sh refuses past 48 MiB.
+  CHECK(fs::file_size(archive) < (uint64_t{48} << 20));
   CHECK(folder_bytes(bundle) < (uint64_t{160} << 20));
 
   for (const char* bin : {"remat-train", "remat_gpu_tests", "remat_bench_gemm"}) {

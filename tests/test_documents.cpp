@@ -411,7 +411,7 @@ Batch upload(Backend& be, const std::vector<int32_t>& inputs, const std::vector<
   if (!starts.empty()) b.doc_start = test::make_i32(be, {B, T}, starts);
   b.n_tokens = B * T;
   b.trained_targets = trained;
-  b.loss_divisor = divisor;
+  b.step_targets = divisor;
   return b;
 }
 
@@ -500,7 +500,7 @@ TEST_CASE("targets a loss mask hides change no bit of the gradient", "[documents
     FileData data(cfg);
     data.open();
     Batch b = data.next(be, 0);
-    b.loss_divisor = b.trained_targets;
+    b.step_targets = b.trained_targets;
     return run_once(cfg, be, b).grads;
   };
   CHECK(test::bitwise_equal(gradient(20, true), gradient(33, true)));

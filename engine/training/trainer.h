@@ -55,6 +55,10 @@ class DataSource {
   virtual void open() {}
   /// The batch of step `step` (0-based), allocated on `be` (category transient).
   virtual Batch next(Backend& be, int64_t step) = 0;
+  /// The trained targets of batch `step` on this rank, what next(be, step) counts in
+  /// Batch::trained_targets, counted on the host without making the batch; -1 when every target
+  /// trains. The trainer needs a whole step's count before its first micro-batch's backward.
+  virtual int64_t trained_targets(int64_t step) { return -1; }
   /// Validation: how many fixed batches make up `eval_tokens` tokens (0: no validation data), and
   /// batch `index` of them. The same batches at every evaluation, so the curve is comparable.
   virtual int64_t validation_batches(int64_t eval_tokens) const { return 0; }
@@ -79,6 +83,7 @@ struct StepMetrics {
   double data_ms = 0;     // of step_ms: making the batch (read or generated, and uploaded)
   double data_flops = 0;  // FLOPs making the batch took, outside the step's op counts
   double tokens_per_s = 0;
+  int64_t tokens = 0;       // of the optimizer step: every micro-batch's, on every rank
   uint64_t peak_bytes = 0;  // pool peak so far (setup included)
   std::optional<double> task_metric;
 };
@@ -94,8 +99,9 @@ class Trainer {
   Trainer(TrainConfig train, RematPlan plan, Backend& be, Model& model, DataSource& data,
           DataParallel dp = {});
   ~Trainer();
-  /// One step. Throws Diverged (before the optimizer update) when the loss or the gradient norm
-  /// is not finite.
+  /// One optimizer step over train.grad_accum micro-batches (accumulate_gradients in
+  /// trainer.cpp). Throws Diverged (before the optimizer update) when the loss or the gradient
+  /// norm is not finite.
   StepMetrics step();
   /// Throws Diverged naming the first parameter whose value is not finite (an update can overflow
   /// the weights while the step's loss was still finite). Run before a checkpoint is written.
@@ -125,12 +131,21 @@ class Trainer {
   void set_host_update_async(bool on) { host_update_async_ = on; }
 
  private:
+  /// This rank's loss over the step's micro-batches: their mean, the rows and tokens it averages.
+  struct MicroBatchLoss {
+    double mean = 0, rows = 0, tokens = 0;
+    std::optional<double> task_metric;
+  };
+  /// Forward and backward of every micro-batch of the step, gradients summed (and over the ranks);
+  /// adds the data's time and FLOPs to `m`.
+  MicroBatchLoss accumulate_gradients(StepMetrics& m);
   std::string divergence_message(const StepMetrics& m);
   /// Means over every rank, each rank's weighted by how many values it averaged; as is on one.
   std::vector<double> mean_over_ranks(const std::vector<double>& means,
                                       const std::vector<double>& weights);
-  /// The step's trained targets over every rank, given this rank's (Batch::loss_divisor).
-  int64_t trained_in_step(int64_t trained_here);
+  /// The divisor of the step's mean loss (Batch::step_targets): its trained targets over its
+  /// `micro` micro-batches and every rank.
+  int64_t targets_in_step(int64_t micro);
   /// Of the summed gradients (the global norm's square).
   double grad_sum_squares();
   /// be_.sum_squares, or the host's for parameters in host memory (like `like`).

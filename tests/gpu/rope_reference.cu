@@ -1,4 +1,5 @@
-// The per-pair RoPE kernel (tests/gpu/rope_reference.h), kept verbatim as the bits to match.
+// The per-pair RoPE kernel (tests/gpu/rope_reference.h), kept as the bits to match: its indexing
+// verbatim; its rotation with every product and sum rounded explicitly, as kern::rope_apply's.
 #include "engine/cuda/device_common.cuh"
 #include "tests/gpu/rope_reference.h"
 
@@ -29,12 +30,14 @@ __global__ void rope_pair_kernel(Td* dst, const Ts* src, RopeParams p) {
     sincos(static_cast<double>(row % p.T) * p.freq.inv_freq[i], &sn_d, &cs_d);
     const float cs = static_cast<float>(cs_d), sn = static_cast<float>(sn_d);
     const float a = to_f32(src[i0]), b = to_f32(src[i1]);
+    // Each product and sum rounded by itself, as kern::rope_apply does: nvcc contracts nothing
+    // here, so the comparison is bit for bit by construction, whatever either file's FMA fusion.
     if (!p.inverse) {
-      dst[i0] = from_f32<Td>(a * cs - b * sn);
-      dst[i1] = from_f32<Td>(a * sn + b * cs);
+      dst[i0] = from_f32<Td>(__fsub_rn(__fmul_rn(a, cs), __fmul_rn(b, sn)));
+      dst[i1] = from_f32<Td>(__fadd_rn(__fmul_rn(a, sn), __fmul_rn(b, cs)));
     } else {
-      dst[i0] = from_f32<Td>(a * cs + b * sn);
-      dst[i1] = from_f32<Td>(-a * sn + b * cs);
+      dst[i0] = from_f32<Td>(__fadd_rn(__fmul_rn(a, cs), __fmul_rn(b, sn)));
+      dst[i1] = from_f32<Td>(__fsub_rn(__fmul_rn(b, cs), __fmul_rn(a, sn)));
     }
   }
 }
