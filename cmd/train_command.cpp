@@ -597,11 +597,22 @@ int run_train(const TrainOptions& options) {
 
   BackendChoice choice = make_backend(cfg);
   Backend& be = *choice.backend;
-  if (cfg.data.documents() && be.workspace_target().device == DeviceKind::Cuda)
-    throw_config_error(cfg, "data.attention",
-                       "data.attention = \"document\" has no CUDA kernel yet (docs/gpu.md)",
-                       "train on the CPU (device.backend = \"cpu\"), or set data.attention = "
-                       "\"causal\"");
+  if (cfg.data.documents() && be.workspace_target().device == DeviceKind::Cuda) {
+    // The CUDA ops run documents through cuDNN with RoPE on one context rank (docs/gpu.md).
+    if (cfg.model.kind == ModelKind::Gpt && cfg.model.position == PositionKind::Learned)
+      throw_config_error(cfg, "data.attention",
+                         "data.attention = \"document\" on CUDA restarts RoPE positions, and "
+                         "this GPT's positions are a learned table, which has no CUDA kernel for "
+                         "documents (docs/gpu.md)",
+                         "set model.position = \"rope\", or train on the CPU "
+                         "(device.backend = \"cpu\")");
+    if (cfg.parallel.context > 1)
+      throw_config_error(cfg, "parallel.context",
+                         "data.attention = \"document\" over the context-parallel ring has no "
+                         "CUDA kernel (docs/gpu.md)",
+                         "set parallel.context = 1, or train on the CPU (device.backend = "
+                         "\"cpu\")");
+  }
   // The ranks that split each sequence: consecutive world ranks, a ring over MPI on the CPU and
   // over NCCL (bootstrapped through MPI) on CUDA. Declared before the model, which uses it.
   std::unique_ptr<parallel::Communicator> context_group;

@@ -152,19 +152,25 @@ def sample_matches_decode(tag, tok, prompt_text):
     check(by_text == text, f"{tag}: --prompt {prompt_text!r} is not tokenizers' ids {prompt_ids}")
 
 
+def byte_level_bpe(docs, vocab_size, special_tokens):
+    """A byte-level BPE with GPT-2's pre-tokenizer trained on `docs`, saved as tokenizer.json."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, show_progress=False,
+                                  special_tokens=special_tokens,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(docs, trainer)
+    tok.save("tokenizer.json")
+    return tok
+
+
 def gpt2_style():
     """A trained byte-level BPE with GPT-2's pre-tokenizer: 16-bit ids."""
     os.makedirs("gpt2", exist_ok=True)
     os.chdir("gpt2")
     docs = documents(1, 6, 120)
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=500, show_progress=False,
-                                  special_tokens=["<|endoftext|>", "<|end of turn|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(docs, trainer)
-    tok.save("tokenizer.json")
+    tok = byte_level_bpe(docs, 500, ["<|endoftext|>", "<|end of turn|>"])
     eot = tok.token_to_id("<|endoftext|>")
     os.makedirs("docs/sub", exist_ok=True)
     for i, d in enumerate(docs):  # docs/0.txt ... docs/sub/5.txt, sorted by path
@@ -279,14 +285,7 @@ def documents_mode():
     os.makedirs("documents", exist_ok=True)
     os.chdir("documents")
     docs = documents(3, 8, 40)
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=400, show_progress=False,
-                                  special_tokens=["<|endoftext|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(docs, trainer)
-    tok.save("tokenizer.json")
+    tok = byte_level_bpe(docs, 400, ["<|endoftext|>"])
     eot = tok.token_to_id("<|endoftext|>")
     with open("docs.jsonl", "w", encoding="utf-8") as f:
         for d in docs:

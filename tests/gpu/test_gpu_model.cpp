@@ -480,6 +480,35 @@ TEST_CASE("llama: the planner predicts the CUDA pool's peak to the byte", "[gpu]
   check_llama_cuda_peaks({"remat.policy=save_attn", "remat.offload=\"checkpoints+optimizer\""});
 }
 
+// Documents (data.attention = "document") on the synthetic tokens, token 5 ending a document
+// (about one token in 64, so most rows hold a few): cuDNN's one call per document, RoPE restarting
+// in each, the step into the next document untrained and the loss over the trained targets.
+const std::vector<std::string> kDocuments = {"data.attention=document", "data.eot_token=5"};
+
+TEST_CASE("documents: 20 training steps on CUDA track the CPU losses (llama, GPT with RoPE)",
+          "[gpu][documents]") {
+  for (const char* toml : {kLlamaToml, kTinyToml}) {
+    std::vector<std::string> sets = kDocuments;
+    if (toml == kTinyToml) sets.push_back("model.position=rope");
+    Config cfg = parse_config(toml, "documents(test)", sets);
+    cpu::CpuBackend cpu(uint64_t{8} << 30, 0);
+    const auto want = train_losses(cpu, cfg);
+    for (DType act : kCudaActivationTypes) {
+      cuda::CudaBackend gpu(DeviceConfig{}, act);
+      check_tracks(
+          fmt::format("documents {} {}", toml == kTinyToml ? "gpt" : "llama", dtype_name(act)),
+          train_losses(gpu, cfg), want, act == DType::BF16 ? kTrainBf16 : kTrainF32);
+    }
+  }
+}
+
+TEST_CASE("documents: the planner predicts the CUDA pool's peak to the byte", "[gpu][documents]") {
+  std::vector<std::string> sets = kDocuments;
+  check_llama_cuda_peaks(sets);
+  sets.insert(sets.end(), {"remat.policy=full", "remat.tile_tokens=37"});
+  check_llama_cuda_peaks(sets);
+}
+
 // LoRA (docs/lora.md) on the llama above: rank 4 on every linear, adapter dropout, the final norm
 // and the LM head trained whole, every other weight frozen (a random base: the adapters' path is
 // what these rows check).

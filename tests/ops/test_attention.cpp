@@ -920,24 +920,30 @@ namespace {
 // and lse: out, lse and dqkv within kCudaAttention. Returns CUDA's dqkv.
 std::vector<float> check_gqa_against_cpu(CudaRow& r, int64_t B, int64_t NH, int64_t KVH, int64_t T,
                                          int64_t HS, float theta, const RopeScaling& scaling,
-                                         int64_t chunk = 0) {
+                                         int64_t chunk = 0,
+                                         const std::vector<int32_t>& doc_starts = {}) {
   const int64_t C = NH * HS, W = (NH + 2 * KVH) * HS;
   const int n_head = static_cast<int>(NH), n_kv = static_cast<int>(KVH);
   auto [qkv_c, qkv_g] = r.act_pair({B, T, W}, r.act_values(B * T * W, 55));
   auto [o_c, o_g] = r.zeros_act({B, T, C});
   auto [l_c, l_g] = r.zeros_f32({B, NH, T});
+  // Documents (doc_starts given): the same (B, T) starts on both backends.
+  const Buffer docs_c = doc_starts.empty() ? Buffer() : make_i32(r.cpu, {B, T}, doc_starts);
+  const Buffer docs_g = doc_starts.empty() ? Buffer() : make_i32(*r.gpu, {B, T}, doc_starts);
   const AttentionForwardArgs fc{.out = o_c,
                                 .lse = l_c,
                                 .qkv = qkv_c,
                                 .n_head = n_head,
                                 .rope_theta = theta,
                                 .n_kv_head = n_kv,
-                                .rope_scaling = scaling};
+                                .rope_scaling = scaling,
+                                .doc_start = docs_c};
   AttentionForwardArgs fg = fc;
   fg.out = o_g;
   fg.lse = l_g;
   fg.qkv = qkv_g;
   fg.chunk_tokens = chunk;
+  fg.doc_start = docs_g;
   r.cpu.attention_forward(fc);
   r.gpu->attention_forward(fg);
   r.check_same(o_c, o_g, kCudaAttention, "out");
@@ -953,7 +959,8 @@ std::vector<float> check_gqa_against_cpu(CudaRow& r, int64_t B, int64_t NH, int6
                                  .n_head = n_head,
                                  .rope_theta = theta,
                                  .n_kv_head = n_kv,
-                                 .rope_scaling = scaling};
+                                 .rope_scaling = scaling,
+                                 .doc_start = docs_c};
   AttentionBackwardArgs bg = bc;
   bg.dqkv = dq_g;
   bg.dout = do_g;
@@ -961,6 +968,7 @@ std::vector<float> check_gqa_against_cpu(CudaRow& r, int64_t B, int64_t NH, int6
   bg.out = o_g;
   bg.lse = l_g;
   bg.chunk_tokens = chunk;
+  bg.doc_start = docs_g;
   r.cpu.attention_backward(bc);
   r.gpu->attention_backward(bg);
   r.check_same(dq_c, dq_g, kCudaAttention, "dqkv (=): dq, dk and dv summed over each group");
@@ -984,6 +992,27 @@ TEST_CASE(
   CudaRow r(act);
   check_gqa_against_cpu(r, B, NH, KVH, T, HS, rope > 0 ? 10000.0f : 0.0f,
                         rope == 2 ? kLlama3Short : RopeScaling{});
+}
+
+TEST_CASE("document attention on CUDA matches the CPU's (one cuDNN call per document)",
+          "[gpu][attention][documents]") {
+  // The CPU's document attention equals each document alone ([ops][documents]); CUDA's runs each
+  // document as one padded causal call (engine/cuda/attention.cpp). The layouts of the CPU rows:
+  // documents across 64-token tiles, of one token, a row of one document, rows of one-token
+  // documents; multi-head and grouped-query heads, plain and scaled RoPE restarting in each
+  // document, and none; chunked attention set (documents ignore it on CUDA).
+  const DocumentLayout layout = GENERATE(from_range(kDocumentLayouts));
+  const auto [NH, KVH, HS] =
+      GENERATE(table<int64_t, int64_t, int64_t>({{2, 2, 64}, {4, 2, 40}, {4, 1, 128}}));
+  const int rope = GENERATE(0, 1, 2);  // none, plain, llama3-scaled
+  const int64_t chunk = GENERATE(int64_t{0}, int64_t{64});
+  const DType act = GENERATE(from_range(kCudaActivationTypes));
+  const int64_t B = static_cast<int64_t>(layout.rows.size());
+  CAPTURE(layout.T, NH, KVH, HS, rope, chunk, dtype_name(act));
+  CudaRow r(act);
+  check_gqa_against_cpu(r, B, NH, KVH, layout.T, HS, rope > 0 ? 10000.0f : 0.0f,
+                        rope == 2 ? kLlama3Short : RopeScaling{}, chunk,
+                        document_starts(layout.rows));
 }
 
 TEST_CASE("attention over chunks on CUDA matches the CPU and unchunked CUDA",

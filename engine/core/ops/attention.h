@@ -10,7 +10,8 @@
 // fixed-shape tensor, which a dry run allocates like any other, which context-parallel ranks
 // slice like the tokens (the ring passes the query side's starts with each block), and from
 // which a backend that wants segments (cuDNN's ragged layout) reads them off: a document starts
-// where doc_start[t] == t. The CUDA backend has no kernel for it yet and refuses it.
+// where doc_start[t] == t. The CUDA backend reads them so: one cuDNN call per document
+// (engine/cuda/attention.cpp).
 //
 // Attention over chunks (remat.attention_chunk; issue 49): cuDNN's fused attention takes tensors
 // that it addresses with 32-bit offsets, so past a length some tensor of one call passes 2^31
