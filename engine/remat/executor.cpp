@@ -296,6 +296,27 @@ class ParamUses {
   size_t next_ = 0;
 };
 
+// The loss head on the last block's output x, shared by the training step and the evaluation:
+// d(loss)/dx and the per-row losses, both transient, dx allocated first and freed last (the
+// pool's peak, which the planner must reproduce to the byte, depends on that order).
+struct LossHead {
+  Buffer dx, losses;
+};
+LossHead run_loss_head(Backend& be, Model& model, ParamUses& params, const Buffer& x,
+                       const Batch& batch, const std::vector<int64_t>& shape,
+                       const char* pool_phase) {
+  MemoryPool& pool = be.pool();
+  be.set_phase(Phase::Loss);
+  pool.set_phase(pool_phase);
+  LossHead head;
+  head.dx = pool.allocate(shape, be.act_dtype(), MemCategory::Transient, "dresid");
+  head.losses = pool.allocate({model.loss_rows()}, DType::F32, MemCategory::Transient, "losses");
+  params.begin();
+  model.head_forward_backward(be, x, batch, head.losses, head.dx);
+  params.end();
+  return head;
+}
+
 }  // namespace
 
 StepLoss forward_backward(Backend& be, Model& model, const RematPlan& plan, const Batch& batch,
@@ -335,13 +356,7 @@ StepLoss forward_backward(Backend& be, Model& model, const RematPlan& plan, cons
   offload.finish_forward();
 
   // ---- loss head: loss and dL/dx in one pass ----
-  be.set_phase(Phase::Loss);
-  pool.set_phase("loss");
-  Buffer dresid = pool.allocate(shape, be.act_dtype(), MemCategory::Transient, "dresid");
-  Buffer losses = pool.allocate({model.loss_rows()}, DType::F32, MemCategory::Transient, "losses");
-  params.begin();
-  model.head_forward_backward(be, x, batch, losses, dresid);
-  params.end();
+  auto [dresid, losses] = run_loss_head(be, model, params, x, batch, shape, "loss");
   x.reset();
   StepLoss result;
   const LossDownload unwinding_drops_it(be);
@@ -413,16 +428,10 @@ StepLoss forward_loss(Backend& be, Model& model, const Batch& batch) {
     store.clear();
     x = std::move(y);
   }
-  be.set_phase(Phase::Loss);
-  pool.set_phase("eval loss");
-  Buffer dx = pool.allocate(shape, be.act_dtype(), MemCategory::Transient, "dresid");
-  Buffer losses = pool.allocate({model.loss_rows()}, DType::F32, MemCategory::Transient, "losses");
-  params.begin();
-  model.head_forward_backward(be, x, batch, losses, dx);
-  params.end();
+  LossHead head = run_loss_head(be, model, params, x, batch, shape, "eval loss");
   params.finish();
   StepLoss result;
-  start_reading_losses(be, losses, batch, result);
+  start_reading_losses(be, head.losses, batch, result);
   finish_reading_losses(be, result);
   return result;
 }

@@ -470,16 +470,13 @@ TEST_CASE("the context ring sends the key/value heads only: NH / KVH times less 
 }
 
 #if REMAT_TEST_CUDA_ROWS
-TEST_CASE("ring attention's ops and the context ring on CUDA match the CPU", "[gpu][ring]") {
-  // The ring's inputs rounded to bf16 first when the GPU stores bf16 activations, so that a row
-  // measures the kernels' own error: f32 tiles in another summation order, and one rounding of
-  // out and dqkv to bf16.
-  const float theta = GENERATE(0.0f, 10000.0f);
-  const DType act = GENERATE(from_range(kCudaActivationTypes));
-  const int64_t HS = GENERATE(16, 128);  // fewer than 32 lanes' columns, and four per lane
-  const RingShape shape = GENERATE(from_range(kRingShapes));
-  CAPTURE(shape.T, shape.ranks, theta, HS, dtype_name(act));
-  RingProblem p = make_problem(2, 2, shape.T, HS, shape.ranks, theta);
+namespace {
+
+// The ring's ops on one CUDA backend and, when `with_ring`, the context ring with a backend per
+// rank, against the single-device attention on the CPU. The inputs are rounded to bf16 first when
+// the GPU stores bf16 activations, so that a row measures the kernels' own error: f32 tiles in
+// another summation order, and one rounding of out and dqkv to bf16.
+void check_ring_on_cuda(RingProblem p, DType act, bool with_ring) {
   if (act == DType::BF16)
     for (std::vector<float>* v : {&p.qkv, &p.dout})
       for (float& x : *v) x = from_bf16_bits(to_bf16_bits(x));
@@ -489,10 +486,23 @@ TEST_CASE("ring attention's ops and the context ring on CUDA match the CPU", "[g
     cuda::CudaBackend gpu(DeviceConfig{}, act);
     check_ranks(play_ring_ops(gpu, act, p), want, act_tol, kCudaF32Gemm);
   }
-  if (shape.ranks > 1 && HS == 16) {  // the ring itself: a backend per rank, so fewer cases
+  if (with_ring) {
     auto make_gpu = [act] { return std::make_unique<cuda::CudaBackend>(DeviceConfig{}, act); };
     check_ranks(run_context_ring(make_gpu, act, p), want, act_tol, kCudaF32Gemm);
   }
+}
+
+}  // namespace
+
+TEST_CASE("ring attention's ops and the context ring on CUDA match the CPU", "[gpu][ring]") {
+  const float theta = GENERATE(0.0f, 10000.0f);
+  const DType act = GENERATE(from_range(kCudaActivationTypes));
+  const int64_t HS = GENERATE(16, 128);  // fewer than 32 lanes' columns, and four per lane
+  const RingShape shape = GENERATE(from_range(kRingShapes));
+  CAPTURE(shape.T, shape.ranks, theta, HS, dtype_name(act));
+  // The ring itself (a backend per rank) on fewer cases.
+  check_ring_on_cuda(make_problem(2, 2, shape.T, HS, shape.ranks, theta), act,
+                     shape.ranks > 1 && HS == 16);
 }
 
 TEST_CASE("ring attention with grouped-query heads on CUDA matches the CPU", "[gpu][ring]") {
@@ -503,21 +513,9 @@ TEST_CASE("ring attention with grouped-query heads on CUDA matches the CPU", "[g
   const int64_t KVH = GENERATE(int64_t{2}, int64_t{1});
   const RingShape shape = GENERATE(from_range(kRingShapes));
   CAPTURE(shape.T, shape.ranks, rope, KVH, dtype_name(act));
-  RingProblem p = make_problem(2, 4, shape.T, 16, shape.ranks, rope > 0 ? 10000.0f : 0.0f, KVH,
-                               rope == 2 ? kRingLlama3 : RopeScaling{});
-  if (act == DType::BF16)
-    for (std::vector<float>* v : {&p.qkv, &p.dout})
-      for (float& x : *v) x = from_bf16_bits(to_bf16_bits(x));
-  const std::vector<RankResult> want = single_device(p);
-  const Tolerance act_tol = act == DType::BF16 ? kCudaBf16Pointwise : kCudaF32Gemm;
-  {
-    cuda::CudaBackend gpu(DeviceConfig{}, act);
-    check_ranks(play_ring_ops(gpu, act, p), want, act_tol, kCudaF32Gemm);
-  }
-  if (shape.ranks > 1) {
-    auto make_gpu = [act] { return std::make_unique<cuda::CudaBackend>(DeviceConfig{}, act); };
-    check_ranks(run_context_ring(make_gpu, act, p), want, act_tol, kCudaF32Gemm);
-  }
+  check_ring_on_cuda(make_problem(2, 4, shape.T, 16, shape.ranks, rope > 0 ? 10000.0f : 0.0f, KVH,
+                                  rope == 2 ? kRingLlama3 : RopeScaling{}),
+                     act, shape.ranks > 1);
 }
 #endif
 
