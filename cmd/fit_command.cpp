@@ -484,7 +484,8 @@ int run_fit(const FitOptions& opt) {
   fmt::print("fit  {} on {} | pool budget {} | batch {}{} | configured seq_len {}{}\n", base.path,
              target.name, format_bytes(budget), base.train.batch_size, parallel_note(base), conf_t,
              tiling_note(base));
-  fmt::print("     tokens/s estimated from step FLOPs / rate: {}\n\n", rate.note);
+  fmt::print("     tokens/s estimated from step FLOPs / rate: {}{}\n\n", rate.note,
+             attention_flops_note(base));
   size_t w = 10;  // the policy column fits its longest entry ("full:tile=1024:offload=...")
   for (const auto& r : rows) w = std::max(w, r.policy.size());
   // What a length needs of the host, to size the machine: shown when some row offloads.

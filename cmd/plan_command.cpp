@@ -265,12 +265,12 @@ int run_plan(const PlanOptions& opt) {
   for (const auto& l : c.run.peak.largest) fmt::print(" {} {};", l.name, format_bytes(l.bytes));
   fmt::print(
       "\n  FLOPs per step: forward {}, loss {}, backward {}, recompute {} (+{:.1f}%), optimizer "
-      "{}\n",
+      "{}{}\n",
       format_flops(phase_flops(c.run, Phase::Forward)),
       format_flops(phase_flops(c.run, Phase::Loss)),
       format_flops(phase_flops(c.run, Phase::Backward)),
       format_flops(phase_flops(c.run, Phase::Recompute)), 100.0 * c.run.recompute_overhead(),
-      format_flops(phase_flops(c.run, Phase::Optimizer)));
+      format_flops(phase_flops(c.run, Phase::Optimizer)), attention_flops_note(cfg));
   if (c.run.host_peak.total_bytes || c.run.to_host_bytes() > 0) {
     // What the host holds at its peak, by category (checkpoints; moments; weights, gradients).
     std::string parts;

@@ -25,6 +25,7 @@ void print_banner(std::FILE* out, const RunInfo& info, const Config& cfg) {
   fmt::print(out, "remat-train {} | {}\n", REMAT_VERSION, info.backend_line);
   fmt::print(out, "model  {} | {:.2f}M params | data {}\n", info.model_line,
              static_cast<double>(info.n_params) / 1e6, info.data_line);
+  if (!info.documents_line.empty()) fmt::print(out, "docs   {}\n", info.documents_line);
   fmt::print(
       out,
       "run    batch {} x seq_len {}{} | {} steps | remat {} | predicted peak {} of budget {}{}\n",
@@ -149,6 +150,16 @@ std::string attention_chunk_note(const Config& cfg, DeviceKind device) {
   if (!ch.chunked()) return "";
   return fmt::format(", attention in {} chunks of {} tokens{}", ch.count(), ch.L,
                      cfg.remat.attention_chunk > 0 ? "" : " (cuDNN's 2^31-element limit)");
+}
+
+std::string attention_flops_note(const Config& cfg) {
+  if (!cfg.data.documents()) return "";
+  if (cfg.data.mean_document_tokens > 0)
+    return fmt::format(
+        "; attention counted for documents of {:.0f} tokens on average (shards.json)",
+        cfg.data.mean_document_tokens);
+  return "; attention counted at its causal upper bound (documents cost less: a shards.json beside "
+         "the data with their mean length gives the estimate)";
 }
 
 std::string copy_line(const DryRun& run, const PlanTarget& target) {
@@ -366,9 +377,9 @@ void print_summary(std::FILE* out, const RunSummary& s) {
       c[static_cast<size_t>(Phase::Forward)].flops + c[static_cast<size_t>(Phase::Loss)].flops;
   const double bwd = c[static_cast<size_t>(Phase::Backward)].flops;
   const double rec = c[static_cast<size_t>(Phase::Recompute)].flops;
-  fmt::print(out, "  FLOPs per step  forward+loss {}, backward {}, recompute {} (+{:.1f}%)\n",
+  fmt::print(out, "  FLOPs per step  forward+loss {}, backward {}, recompute {} (+{:.1f}%){}\n",
              format_flops(fwd), format_flops(bwd), format_flops(rec),
-             fwd + bwd > 0 ? 100.0 * rec / (fwd + bwd) : 0.0);
+             fwd + bwd > 0 ? 100.0 * rec / (fwd + bwd) : 0.0, s.flops_note);
   const double model = model_flops(c);  // MFU's count: the same for every policy
   const bool frozen = c[static_cast<size_t>(Phase::Backward)].skipped_flops > 0;
   if (s.median_step_ms > 0)

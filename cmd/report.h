@@ -26,8 +26,9 @@ struct RunInfo {
   uint64_t host_budget_bytes = 0;
   std::optional<uint64_t> none_peak_bytes;  // the same run without remat (when a policy is set)
   std::string data_line;
-  std::string resume_line;    // "resumed from DIR at step N", or empty
-  std::string parallel_line;  // data parallel: ranks, rows per rank, gradient traffic; or empty
+  std::string documents_line;  // documents, packing, loss masks ("" when none)
+  std::string resume_line;     // "resumed from DIR at step N", or empty
+  std::string parallel_line;   // data parallel: ranks, rows per rank, gradient traffic; or empty
 };
 
 struct RunSummary {
@@ -47,6 +48,7 @@ struct RunSummary {
   bool interrupted = false;
   std::optional<double> final_val_loss;
   std::string checkpoint_path;  // the last checkpoint written, or empty
+  std::string flops_note;       // attention_flops_note of the run's config
 };
 
 void print_banner(std::FILE* out, const RunInfo& info, const Config& cfg);
@@ -103,6 +105,10 @@ AttentionChunks attention_chunks_of(const Config& cfg, DeviceKind device);
 /// ", attention in N chunks of L tokens" (and why, when the backend chose it) when attention runs
 /// over chunks on `device`, else "": for headers.
 std::string attention_chunk_note(const Config& cfg, DeviceKind device);
+/// With data.attention = "document": what attention's FLOPs are counted for, "; attention counted
+/// for documents of N tokens on average (shards.json)" or "; attention counted at its causal upper
+/// bound ..." (no mean length known); "" for causal attention. For FLOP and time lines.
+std::string attention_flops_note(const Config& cfg);
 
 /// "  copies per step: X to host, Y back to the device; T s at the link's rate vs compute >= U s
 /// at peak (...); the copies hide behind compute": what offloading costs on `target`.

@@ -399,6 +399,7 @@ class TrainRun {
     summary_.policy = cfg_.remat.policy;
     summary_.seq_len = cfg_.train.seq_len;
     summary_.batch_size = cfg_.train.batch_size;
+    summary_.flops_note = attention_flops_note(cfg_);
     summary_.grad_accum = cfg_.train.grad_accum;
     summary_.steps = trainer_.steps_done();
     summary_.steps_run = static_cast<int64_t>(step_ms_.size());
@@ -596,6 +597,22 @@ int run_train(const TrainOptions& options) {
 
   BackendChoice choice = make_backend(cfg);
   Backend& be = *choice.backend;
+  if (cfg.data.documents() && be.workspace_target().device == DeviceKind::Cuda) {
+    // The CUDA ops run documents through cuDNN with RoPE on one context rank (docs/gpu.md).
+    if (cfg.model.kind == ModelKind::Gpt && cfg.model.position == PositionKind::Learned)
+      throw_config_error(cfg, "data.attention",
+                         "data.attention = \"document\" on CUDA restarts RoPE positions, and "
+                         "this GPT's positions are a learned table, which has no CUDA kernel for "
+                         "documents (docs/gpu.md)",
+                         "set model.position = \"rope\", or train on the CPU "
+                         "(device.backend = \"cpu\")");
+    if (cfg.parallel.context > 1)
+      throw_config_error(cfg, "parallel.context",
+                         "data.attention = \"document\" over the context-parallel ring has no "
+                         "CUDA kernel (docs/gpu.md)",
+                         "set parallel.context = 1, or train on the CPU (device.backend = "
+                         "\"cpu\")");
+  }
   // The ranks that split each sequence: consecutive world ranks, a ring over MPI on the CPU and
   // over NCCL (bootstrapped through MPI) on CUDA. Declared before the model, which uses it.
   std::unique_ptr<parallel::Communicator> context_group;
@@ -664,6 +681,7 @@ int run_train(const TrainOptions& options) {
     info.none_peak_bytes = planner.dry_run(with_policy(cfg, "none"), false).peak.total_bytes;
   }
   info.data_line = data->describe();
+  info.documents_line = data->documents_summary();
   if (world.size() > 1)
     info.parallel_line = fmt::format(
         "ranks  {} = data {} x context {}{}; predicted peak per rank; gradients {}{}, {} sent per "

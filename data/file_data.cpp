@@ -7,10 +7,14 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <iterator>
 #include <set>
 
+#include "data/documents.h"
+#include "engine/config/shards_json.h"
 #include "engine/core/error.h"
+#include "engine/core/ops/loss.h"
 #include "engine/core/rng.h"
 #include "engine/core/units.h"
 
@@ -102,7 +106,8 @@ FileData::FileData(const Config& cfg)
       val_(T_ + 1) {}
 
 std::string FileData::describe() const {
-  const std::string order = fmt::format("{} windows of {}", data_.order, T_ + 1);
+  const std::string order = packed() ? fmt::format("packed rows of {}", T_)
+                                     : fmt::format("{} windows of {}", data_.order, T_ + 1);
   if (!open_)
     return fmt::format("{}: {} (not opened), {}", data_.source, fmt::join(data_.path, ", "), order);
   const int64_t files = static_cast<int64_t>(corpus_.shards().size() + val_corpus_.shards().size());
@@ -118,21 +123,132 @@ std::string FileData::describe() const {
   return fmt::format("{}, {}", what, order);
 }
 
+std::string FileData::documents_summary() const {
+  if (!open_) return "";
+  std::vector<std::string> parts;
+  if (packed()) {
+    const Packing& p = train_pack_;
+    parts.push_back(fmt::format(
+        "{} documents (end-of-text {}), mean {:.1f} tokens, packed into {} rows of {}: {:.1f}% "
+        "padding",
+        p.documents(), eot_,
+        static_cast<double>(p.tokens()) / static_cast<double>(std::max<int64_t>(1, p.documents())),
+        p.rows(), T_, 100.0 * p.padding()));
+  } else if (data_.documents()) {
+    parts.push_back(fmt::format("documents end with end-of-text {}", eot_));
+  }
+  if (data_.documents())
+    parts.push_back("each token attends within its document, positions from 0");
+  const int64_t masked = corpus_.masked_shards() + val_corpus_.masked_shards();
+  if (masked > 0) {
+    int64_t trained = 0, tokens = 0;
+    for (const TokenCorpus* c : {&corpus_, &val_corpus_})
+      for (const Shard& sh : c->shards())
+        if (sh.mask()) {
+          trained += sh.mask()->trained();
+          tokens += sh.size();
+        }
+    parts.push_back(fmt::format(
+        "loss masks beside {} of {} shards ({:.1f}% of their tokens trained)", masked,
+        corpus_.shards().size() + val_corpus_.shards().size(),
+        100.0 * static_cast<double>(trained) / static_cast<double>(std::max<int64_t>(1, tokens))));
+  }
+  return fmt::format("{}", fmt::join(parts, "; "));
+}
+
 void FileData::open() {
   open_ = false;
   val_corpus_ = TokenCorpus();
-  corpus_ = TokenCorpus::open(data_.path, format_, V_, "data.path");
+  const bool masks = data_.loss_mask == "auto";
+  corpus_ = TokenCorpus::open(data_.path, format_, V_, "data.path", masks);
   if (!data_.val_path.empty())
-    val_corpus_ = TokenCorpus::open(data_.val_path, format_, V_, "data.val_path");
+    val_corpus_ = TokenCorpus::open(data_.val_path, format_, V_, "data.val_path", masks);
+  eot_ = data_.documents() || packed() ? resolve_eot() : -1;
   build_splits();
+  if (packed()) build_packing();
   check_splits();
+  marks_ =
+      data_.documents() || packed() || corpus_.masked_shards() + val_corpus_.masked_shards() > 0;
+  order_epoch_ = -1;
   // Random order reads scattered windows (read-ahead would fetch pages no window needs);
   // sequential order walks each shard front to back.
   const auto access =
       data_.order == "random" ? DataFile::Access::Random : DataFile::Access::Sequential;
   for (const Shard& s : corpus_.shards()) s.advise(access);
   row_.assign(static_cast<size_t>(T_ + 1), 0);
+  targets_.assign(static_cast<size_t>(T_), 0);
+  docs_.assign(static_cast<size_t>(T_), 0);
+  mask_.assign(static_cast<size_t>(T_ + 1), 1);
   open_ = true;
+}
+
+int64_t FileData::resolve_eot() const {
+  if (data_.eot_token >= 0) return data_.eot_token;
+  // What scripts/prepare_data.py recorded beside the shards: one shards.json per folder of them.
+  namespace fs = std::filesystem;
+  std::set<std::string> folders;
+  for (const TokenCorpus* c : {&corpus_, &val_corpus_})
+    for (const Shard& s : c->shards()) folders.insert(fs::path(s.path()).parent_path().string());
+  int64_t eot = -1;
+  std::string from;
+  for (const std::string& folder : folders) {
+    const std::optional<ShardsJson> j = read_shards_json(folder.empty() ? "." : folder);
+    if (!j) continue;
+    if (!j->problem.empty() || j->eot_token < 0 || j->eot_token >= V_)
+      throw DataError(
+          fmt::format("[data] {}: no end-of-text id in [0, {}) under \"eot_token\"{}. Fix: set "
+                      "data.eot_token, or write the shards again with scripts/prepare_data.py",
+                      j->path, V_, j->problem.empty() ? "" : " (" + j->problem + ")"));
+    if (eot >= 0 && j->eot_token != eot)
+      throw DataError(fmt::format(
+          "[data] {} records end-of-text {}, {} records {}: the shards come from different "
+          "tokenizers. Fix: train on one tokenizer's shards, or set data.eot_token",
+          from, eot, j->path, j->eot_token));
+    eot = j->eot_token;
+    from = j->path;
+  }
+  if (eot < 0)
+    throw DataError(fmt::format(
+        "[data] data.{} = \"{}\" needs the end-of-text id that ends each document, and none is "
+        "known: data.eot_token is not set and no shards.json lies beside the shards ({}). Fix: "
+        "set data.eot_token, or prepare the data with scripts/prepare_data.py (--documents or "
+        "--chat), which records it",
+        data_.documents() ? "attention" : "order", data_.documents() ? "document" : "packed",
+        corpus_.list_files(1)));
+  return eot;
+}
+
+const Shard& FileData::pack_shard(uint32_t index) const {
+  const size_t n = corpus_.shards().size();
+  return index < n ? corpus_.shards()[index] : val_corpus_.shards()[index - n];
+}
+
+// The splits' documents: the runs of each split's part of a shard up to and including each
+// end-of-text token (and the run to the part's end after the last one), as build_splits cuts them.
+void FileData::build_packing() {
+  std::vector<PackDocument> train, val;
+  auto add = [&](std::vector<PackDocument>& out, const Shard& s, uint32_t index, int64_t begin,
+                 int64_t end) {
+    int64_t start = begin;
+    for (int64_t e : s.document_ends(begin, end, eot_)) {
+      out.push_back({index, start, e});
+      start = e;
+    }
+  };
+  const auto& shards = corpus_.shards();
+  for (size_t i = 0; i < shards.size(); ++i) {
+    const Shard& s = shards[i];
+    const auto held =
+        static_cast<int64_t>(std::floor(data_.val_fraction * static_cast<double>(s.size())));
+    add(train, s, static_cast<uint32_t>(i), 0, s.size() - held);
+    if (data_.val_path.empty() && held > 0)
+      add(val, s, static_cast<uint32_t>(i), s.size() - held, s.size());
+  }
+  for (size_t i = 0; i < val_corpus_.shards().size(); ++i)
+    add(val, val_corpus_.shards()[i], static_cast<uint32_t>(shards.size() + i), 0,
+        val_corpus_.shards()[i].size());
+  train_pack_ = Packing::pack(train, T_, seed_);
+  val_pack_ = Packing::pack(val, T_, seed_);
 }
 
 void FileData::build_splits() {
@@ -158,6 +274,18 @@ void FileData::check_splits() const {
           fmt::format("[data] data.val_path: {} is also in data.path, so validation would measure "
                       "memorized data. Fix: keep each file in one of the two lists",
                       s.path()));
+  if (packed()) {  // rows of documents, however short: only an empty split has none
+    if (train_pack_.rows() == 0)
+      throw DataError(fmt::format("[data] data.path: no token to train on: {}. Fix: add data{}",
+                                  train_.list(),
+                                  data_.val_fraction > 0 ? " (or lower data.val_fraction)" : ""));
+    if ((!data_.val_path.empty() || data_.val_fraction > 0) && val_pack_.rows() == 0)
+      throw DataError(
+          fmt::format("[data] {}: the validation split holds no token: {}. Fix: {}",
+                      data_.val_path.empty() ? "data.val_fraction" : "data.val_path", val_.list(),
+                      data_.val_path.empty() ? "raise data.val_fraction" : "add validation data"));
+    return;
+  }
   if (train_.starts() == 0)
     throw DataError(fmt::format(
         "[data] data.path: dataset shorter than one window (seq_len + 1 = {} tokens){}: {}. Fix: "
@@ -184,6 +312,17 @@ Window FileData::train_window(int64_t step, int64_t row) const {
   return train_.start(scale_draw(rng_bits(seed_, kWindowStream, r), train_.starts()));
 }
 
+int64_t FileData::packed_train_row(int64_t step, int64_t row) const {
+  REMAT_ASSERT(open_ && packed(), "FileData: packed rows of an opened packed source");
+  const int64_t r = step * B_ + row, rows = train_pack_.rows();
+  const int64_t epoch = r / rows;
+  if (epoch != order_epoch_) {  // a step's rows are in at most two epochs: one is cached
+    order_ = epoch_order(rows, seed_, epoch);
+    order_epoch_ = epoch;
+  }
+  return order_[static_cast<size_t>(r % rows)];
+}
+
 Window FileData::val_window(int64_t index, int64_t row) const {
   REMAT_ASSERT(open_ && val_.windows() > 0, "FileData: no validation windows");
   // Fewer than B windows: rows wrap around within the split (repeats are harmless for a mean).
@@ -199,57 +338,131 @@ Batch FileData::allocate_batch(Backend& be) const {
       pool.allocate({share_.rows, Tl}, DType::I32, MemCategory::Transient, "batch.inputs");
   batch.targets =
       pool.allocate({share_.rows, Tl}, DType::I32, MemCategory::Transient, "batch.targets");
+  if (data_.documents())
+    batch.doc_start =
+        pool.allocate({share_.rows, Tl}, DType::I32, MemCategory::Transient, "batch.doc_start");
   batch.n_tokens = share_.rows * Tl;
   return batch;
 }
 
-template <class WindowOf>
-void FileData::fill_batch(Backend& be, const Batch& batch, WindowOf window_of) {
+// T + 1 tokens from the window's start: inputs row_[0 .. T), targets row_[1 .. T] unless marked.
+void FileData::window_row(const Window& w) {
+  w.shard->read(w.start, T_ + 1, row_.data(), V_);
+  touched_.push_back(w.shard);
+  if (!marks_) return;
+  const LossMask* mask = w.shard->mask();
+  if (mask) mask->read(w.start, T_ + 1, mask_.data());
+  mark_row(row_.data(), mask ? mask_.data() : nullptr, T_, data_.documents() ? eot_ : -1,
+           targets_.data(), docs_.data());
+}
+
+// A packed row: its pieces one after the other, each a document of its own (its first token
+// starts one), then padding: end-of-text tokens, each a document of one token, never trained.
+// A piece's targets are its next tokens; its last one is trained only when its document goes on
+// (a long document's piece), and then reads the token after the piece.
+void FileData::packed_row(const Packing& packing, int64_t r) {
+  int64_t t = 0;
+  for (const PackPiece& piece : packing.row(r)) {
+    const Shard& shard = pack_shard(piece.shard);
+    const int64_t n = piece.length, with_next = n + (piece.continues ? 1 : 0);
+    int32_t* tokens = row_.data() + t;  // n inputs; the next token lands on row_[t + n] for now
+    shard.read(piece.start, with_next, tokens, V_);
+    const int32_t next = piece.continues ? tokens[n] : kIgnoredTarget;
+    const LossMask* mask = shard.mask();
+    if (mask) mask->read(piece.start, with_next, mask_.data());
+    for (int64_t i = 0; i < n; ++i) {
+      const bool last = i + 1 == n;
+      const int32_t target = last ? next : tokens[i + 1];
+      const bool trained = target != kIgnoredTarget && (!mask || mask_[static_cast<size_t>(i + 1)]);
+      targets_[static_cast<size_t>(t + i)] = trained ? target : kIgnoredTarget;
+      docs_[static_cast<size_t>(t + i)] = static_cast<int32_t>(t);
+    }
+    touched_.push_back(&shard);
+    t += n;
+  }
+  for (; t < T_; ++t) {
+    row_[static_cast<size_t>(t)] = static_cast<int32_t>(eot_);
+    targets_[static_cast<size_t>(t)] = kIgnoredTarget;
+    docs_[static_cast<size_t>(t)] = static_cast<int32_t>(t);
+  }
+}
+
+template <class RowOf>
+FileData::HostBatch FileData::read_batch(RowOf row_of) {
   const int64_t Tl = share_.positions.tokens();
-  std::vector<int32_t> inputs(static_cast<size_t>(share_.rows * Tl)), targets(inputs.size());
+  const size_t n = static_cast<size_t>(share_.rows * Tl);
+  HostBatch h{std::vector<int32_t>(n), std::vector<int32_t>(n),
+              std::vector<int32_t>(data_.documents() ? n : 0), 0};
   touched_.clear();
   for (int64_t b = 0; b < share_.rows; ++b) {
-    const Window w = window_of(share_.first_row + b);
-    w.shard->read(w.start, T_ + 1, row_.data(), V_);
-    if (std::find(touched_.begin(), touched_.end(), w.shard) == touched_.end())
-      touched_.push_back(w.shard);
+    row_of(share_.first_row + b);
     // This rank's positions (all of them on one rank).
     share_.positions.for_each([&](int64_t j, int64_t t) {
-      inputs[static_cast<size_t>(b * Tl + j)] = row_[static_cast<size_t>(t)];
-      targets[static_cast<size_t>(b * Tl + j)] = row_[static_cast<size_t>(t + 1)];
+      const auto at = static_cast<size_t>(b * Tl + j), ti = static_cast<size_t>(t);
+      h.inputs[at] = row_[ti];
+      h.targets[at] = marks_ ? targets_[ti] : row_[ti + 1];
+      h.trained += h.targets[at] != kIgnoredTarget;
+      if (!h.docs.empty()) h.docs[at] = docs_[ti];
     });
   }
   // After the reads, before the batch is used: a file that changed since open (even while these
   // windows were read) stops the run here, and this batch is never trained on.
+  std::sort(touched_.begin(), touched_.end());
+  touched_.erase(std::unique(touched_.begin(), touched_.end()), touched_.end());
   for (const Shard* s : touched_) s->check_unchanged();
-  be.upload(batch.inputs, inputs.data());
-  be.upload(batch.targets, targets.data());
+  return h;
+}
+
+template <class RowOf>
+void FileData::fill_batch(Backend& be, Batch& batch, RowOf row_of) {
+  const HostBatch h = read_batch(row_of);
+  be.upload(batch.inputs, h.inputs.data());
+  be.upload(batch.targets, h.targets.data());
+  if (!h.docs.empty()) be.upload(batch.doc_start, h.docs.data());
+  if (marks_) batch.trained_targets = h.trained;
+}
+
+std::function<void(int64_t)> FileData::train_row_of(int64_t step) {
+  if (packed())
+    return [this, step](int64_t row) { packed_row(train_pack_, packed_train_row(step, row)); };
+  return [this, step](int64_t row) { window_row(train_window(step, row)); };
 }
 
 Batch FileData::next(Backend& be, int64_t step) {
   Batch batch = allocate_batch(be);
   if (!be.computes()) return batch;  // a dry run needs the shapes, not the tokens
   REMAT_ASSERT(open_, "FileData::next on a computing backend before open()");
-  fill_batch(be, batch, [&](int64_t row) { return train_window(step, row); });
+  fill_batch(be, batch, train_row_of(step));
   return batch;
 }
 
+// The same rows as next() reads: twice read with marks, once counted, once trained.
+int64_t FileData::trained_targets(int64_t step) {
+  if (!marks_) return -1;
+  REMAT_ASSERT(open_, "FileData::trained_targets before open()");
+  return read_batch(train_row_of(step)).trained;
+}
+
 int64_t FileData::validation_batches(int64_t eval_tokens) const {
-  if (!open_ || val_.windows() == 0) return 0;  // dry runs never open: they plan no evaluation
+  // Dry runs never open: they plan no evaluation.
+  const int64_t rows = packed() ? val_pack_.rows() : val_.windows();
+  if (!open_ || rows == 0) return 0;
   const int64_t per_batch = B_ * T_;
   const int64_t tokens = eval_tokens > 0 ? eval_tokens : 8 * per_batch;
   const int64_t wanted = std::max<int64_t>(1, (tokens + per_batch - 1) / per_batch);
-  const int64_t distinct =
-      std::max<int64_t>(1, val_.windows() / B_);  // batches of distinct windows
+  const int64_t distinct = std::max<int64_t>(1, rows / B_);  // batches of distinct rows
   return std::min(wanted, distinct);
 }
 
 Batch FileData::validation_batch(Backend& be, int64_t index) {
-  if (be.computes() && (!open_ || val_.windows() == 0))
-    return DataSource::validation_batch(be, index);
+  if (be.computes() && validation_batches(1) == 0) return DataSource::validation_batch(be, index);
   Batch batch = allocate_batch(be);
   if (!be.computes()) return batch;
-  fill_batch(be, batch, [&](int64_t row) { return val_window(index, row); });
+  if (packed())  // the packed rows in their packing's order, wrapping around as windows do
+    fill_batch(be, batch,
+               [&](int64_t row) { packed_row(val_pack_, (index * B_ + row) % val_pack_.rows()); });
+  else
+    fill_batch(be, batch, [&](int64_t row) { window_row(val_window(index, row)); });
   return batch;
 }
 
@@ -260,6 +473,12 @@ nlohmann::json FileData::cursor(int64_t steps) const {
     j["epoch"] = rows / train_.windows();
     j["window"] = rows % train_.windows();  // the next window to draw
     j["windows_per_epoch"] = train_.windows();
+  }
+  if (packed() && open_) {
+    j["epoch"] = rows / train_pack_.rows();
+    j["row"] = rows % train_pack_.rows();  // the next of the epoch's rows to draw
+    j["rows_per_epoch"] = train_pack_.rows();
+    j["documents"] = train_pack_.documents();
   }
   return j;
 }

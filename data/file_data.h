@@ -11,6 +11,18 @@
 //                         window is the first input of the next, like llm.c's loader); row r takes
 //                         window r mod n_windows, in epoch r / n_windows: every window once per
 //                         epoch, in the same order each epoch.
+//   order = "packed"      rows of whole documents (data/packing.h: shuffled by the seed, first-fit,
+//                         long ones cut into rows), packed once at open; row r takes row
+//                         epoch_order(e)[r mod rows] of epoch e = r / rows. A row's unused tail is
+//                         padding (end-of-text tokens that attend only to themselves), never
+//                         trained. A document is a run of a split up to and including its
+//                         end-of-text token (data.eot_token), or up to the split's end.
+// Documents and masks (data/documents.h): with data.attention = "document" a batch carries each
+// token's document start; with loss masks (data.loss_mask = "auto", X.mask.bin beside X.bin), with
+// documents or packed, the targets that are not trained are kIgnoredTarget and the batch counts
+// the trained ones. Without any of them, batches are exactly what they always were. The
+// end-of-text id is data.eot_token, or the one shards.json beside the shards records (written by
+// scripts/prepare_data.py); documents without either are a DataError at open.
 // Validation data is data.val_path (other files of the same format) or data.val_fraction (the
 // last fraction of each shard's tokens, rounded down). Validation batches are the split's
 // sequential windows from its start, the same at every evaluation.
@@ -21,9 +33,11 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
+#include "data/packing.h"
 #include "data/token_corpus.h"
 #include "engine/config/config.h"
 #include "engine/training/trainer.h"
@@ -67,13 +81,18 @@ class FileData : public DataSource {
  public:
   explicit FileData(const Config& cfg);  // touches no file
   std::string describe() const override;
+  std::string documents_summary() const override;
   void open() override;
   Batch next(Backend& be, int64_t step) override;
+  int64_t trained_targets(int64_t step) override;
   int64_t validation_batches(int64_t eval_tokens) const override;
   Batch validation_batch(Backend& be, int64_t index) override;
   nlohmann::json cursor(int64_t steps) const override;
 
   bool is_open() const { return open_; }
+  /// The end-of-text id documents end with (-1: none, neither documents nor packed rows).
+  int64_t eot_token() const { return eot_; }
+  const Packing& train_packing() const { return train_pack_; }
   /// The window of row `row` (of all train.batch_size rows, whichever rank trains on it) of
   /// training step `step`, and of validation batch `index` (open only).
   Window train_window(int64_t step, int64_t row) const;
@@ -83,10 +102,32 @@ class FileData : public DataSource {
 
  private:
   Batch allocate_batch(Backend& be) const;
-  template <class WindowOf>
-  void fill_batch(Backend& be, const Batch& batch, WindowOf window_of);
+  /// This rank's part of a batch, on the host.
+  struct HostBatch {
+    std::vector<int32_t> inputs, targets, docs;  // docs: empty without documents
+    int64_t trained = 0;                         // targets that are not kIgnoredTarget
+  };
+  /// Reads the batch's rows: row_of(global row) fills one whole row into row_ (inputs),
+  /// targets_ and docs_ (data/documents.h's marking), and each rank keeps its positions.
+  template <class RowOf>
+  HostBatch read_batch(RowOf row_of);
+  /// read_batch, then uploads it into `batch`.
+  template <class RowOf>
+  void fill_batch(Backend& be, Batch& batch, RowOf row_of);
+  /// The row_of of training step `step`'s rows (packed or windows).
+  std::function<void(int64_t)> train_row_of(int64_t step);
+  /// One row from a window, or from a packed row's pieces.
+  void window_row(const Window& w);
+  void packed_row(const Packing& packing, int64_t r);
+  const Shard& pack_shard(uint32_t index) const;
   void build_splits();
+  void build_packing();
   void check_splits() const;
+  /// data.eot_token, else what shards.json beside the shards records (documents need one).
+  int64_t resolve_eot() const;
+  /// The packed row of training row `row` of step `step` (open, packed order only).
+  int64_t packed_train_row(int64_t step, int64_t row) const;
+  bool packed() const { return data_.order == "packed"; }
 
   DataConfig data_;
   DataFormat format_;
@@ -98,8 +139,17 @@ class FileData : public DataSource {
   bool open_ = false;
   TokenCorpus corpus_, val_corpus_;
   WindowSet train_, val_;
-  std::vector<int32_t> row_;           // one window of T + 1 tokens, reused
-  std::vector<const Shard*> touched_;  // the shards one batch read, checked before it is used
+  Packing train_pack_, val_pack_;       // packed order: the splits' documents in rows
+  mutable std::vector<int64_t> order_;  // epoch_order of epoch order_epoch_ (packed), cached
+  mutable int64_t order_epoch_ = -1;
+  int64_t eot_ = -1;
+  // Whether batches mark targets (documents, packed rows, or a loss mask on some shard): then
+  // untrained targets are kIgnoredTarget and Batch::trained_targets counts the others.
+  bool marks_ = false;
+  std::vector<int32_t> row_;             // one row: T + 1 tokens of a window, or T packed inputs
+  std::vector<int32_t> targets_, docs_;  // that row's targets and document starts (T each)
+  std::vector<uint8_t> mask_;            // that window's loss mask bytes (T + 1)
+  std::vector<const Shard*> touched_;    // the shards one batch read, checked before it is used
 };
 
 }  // namespace remat

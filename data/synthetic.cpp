@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "data/documents.h"
 #include "data/gaussian.h"
 #include "engine/core/rng.h"
 #include "engine/cpu/gemm.h"
@@ -25,10 +26,18 @@ class TokenTask : public DataSource {
         share_(batch_share(cfg)),
         T_(cfg.train.seq_len),
         V_(cfg.model.vocab_size),
-        seed_(cfg.train.seed) {}
+        seed_(cfg.train.seed),
+        eot_(cfg.data.documents() ? cfg.data.eot_token : -1) {}
 
   std::string describe() const override {
     return fmt::format("synthetic {} tokens (V={})", task_, V_);
+  }
+  std::string documents_summary() const override {
+    return eot_ < 0 ? ""
+                    : fmt::format(
+                          "documents end with token {}; each token attends within its "
+                          "document, positions from 0",
+                          eot_);
   }
 
   Batch next(Backend& be, int64_t step) override {
@@ -39,29 +48,71 @@ class TokenTask : public DataSource {
         pool.allocate({share_.rows, Tl}, DType::I32, MemCategory::Transient, "batch.inputs");
     batch.targets =
         pool.allocate({share_.rows, Tl}, DType::I32, MemCategory::Transient, "batch.targets");
+    if (eot_ >= 0)
+      batch.doc_start =
+          pool.allocate({share_.rows, Tl}, DType::I32, MemCategory::Transient, "batch.doc_start");
     batch.n_tokens = share_.rows * Tl;
     if (!be.computes()) return batch;  // a dry run needs the shapes, not the tokens
     std::vector<int32_t> inputs(static_cast<size_t>(share_.rows * Tl)), targets(inputs.size());
-    {
-      const int64_t half = T_ / 2;
-      for (int64_t b = 0; b < share_.rows; ++b) {
-        const uint64_t row = static_cast<uint64_t>(step * B_ + share_.first_row + b);
-        // s has T+1 tokens; inputs are s[0..T), targets s[1..T].
-        auto token = [&](int64_t k) {
-          const int64_t src = (task_ == "copy" && k >= half) ? k % half : k;
-          return static_cast<int32_t>(
-              rng_bits(seed_ ^ row, kTokenStream, static_cast<uint64_t>(src)) %
-              static_cast<uint64_t>(V_));
-        };
-        share_.positions.for_each([&](int64_t j, int64_t t) {
-          inputs[static_cast<size_t>(b * Tl + j)] = token(t);
-          targets[static_cast<size_t>(b * Tl + j)] = token(t + 1);
-        });
-      }
+    if (eot_ >= 0) {
+      documents_batch(be, batch, step, inputs, targets);
+      return batch;
     }
+    // A row has T+1 tokens; inputs are tokens 0..T-1, targets 1..T.
+    for (int64_t b = 0; b < share_.rows; ++b)
+      share_.positions.for_each([&](int64_t j, int64_t t) {
+        inputs[static_cast<size_t>(b * Tl + j)] = token(step, b, t);
+        targets[static_cast<size_t>(b * Tl + j)] = token(step, b, t + 1);
+      });
     be.upload(batch.inputs, inputs.data());
     be.upload(batch.targets, targets.data());
     return batch;
+  }
+
+  // Documents: each row's T + 1 tokens, then the marking every token source shares
+  // (data/documents.h), then this rank's positions. Returns the trained targets.
+  int64_t document_rows(int64_t step, std::vector<int32_t>& inputs, std::vector<int32_t>& targets,
+                        std::vector<int32_t>& docs) const {
+    const int64_t Tl = share_.positions.tokens();
+    std::vector<int32_t> row(static_cast<size_t>(T_ + 1)), row_targets(static_cast<size_t>(T_)),
+        row_docs(row_targets.size());
+    int64_t trained = 0;
+    for (int64_t b = 0; b < share_.rows; ++b) {
+      for (int64_t k = 0; k <= T_; ++k) row[static_cast<size_t>(k)] = token(step, b, k);
+      mark_row(row.data(), nullptr, T_, eot_, row_targets.data(), row_docs.data());
+      share_.positions.for_each([&](int64_t j, int64_t t) {
+        const auto at = static_cast<size_t>(b * Tl + j), ti = static_cast<size_t>(t);
+        inputs[at] = row[ti];
+        targets[at] = row_targets[ti];
+        docs[at] = row_docs[ti];
+        trained += targets[at] >= 0;
+      });
+    }
+    return trained;
+  }
+
+  void documents_batch(Backend& be, Batch& batch, int64_t step, std::vector<int32_t>& inputs,
+                       std::vector<int32_t>& targets) const {
+    std::vector<int32_t> docs(inputs.size());
+    batch.trained_targets = document_rows(step, inputs, targets, docs);
+    be.upload(batch.inputs, inputs.data());
+    be.upload(batch.targets, targets.data());
+    be.upload(batch.doc_start, docs.data());
+  }
+
+  int64_t trained_targets(int64_t step) override {
+    if (eot_ < 0) return -1;
+    const auto n = static_cast<size_t>(share_.rows * share_.positions.tokens());
+    std::vector<int32_t> inputs(n), targets(n), docs(n);
+    return document_rows(step, inputs, targets, docs);
+  }
+
+  // Token k (of T + 1) of this rank's row b at `step`.
+  int32_t token(int64_t step, int64_t b, int64_t k) const {
+    const uint64_t row = static_cast<uint64_t>(step * B_ + share_.first_row + b);
+    const int64_t src = (task_ == "copy" && k >= T_ / 2) ? k % (T_ / 2) : k;
+    return static_cast<int32_t>(rng_bits(seed_ ^ row, kTokenStream, static_cast<uint64_t>(src)) %
+                                static_cast<uint64_t>(V_));
   }
 
   // Mean loss over the positions of the second half, whose next token repeats the first half.
@@ -87,6 +138,7 @@ class TokenTask : public DataSource {
   int64_t T_;
   int64_t V_;
   uint64_t seed_;
+  int64_t eot_;  // documents end with this token (data.attention = "document"); -1: none
 };
 
 class RegressionTask : public DataSource {

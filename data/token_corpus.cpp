@@ -63,7 +63,9 @@ std::vector<std::string> directory_files(const std::string& key, const std::stri
   auto take = [&](const fs::directory_entry& e) {
     std::error_code ec;
     if (is_hidden(e.path()) || !e.is_regular_file(ec)) return;
-    if (format == DataFormat::Tokens && e.path().extension() != ".bin") return;
+    if (format == DataFormat::Tokens &&
+        (e.path().extension() != ".bin" || is_mask_path(e.path().string())))
+      return;  // loss masks are read beside their shards, never as shards
     out.push_back(e.path().string());
   };
   std::error_code ec;
@@ -92,7 +94,7 @@ std::vector<std::string> directory_files(const std::string& key, const std::stri
 
 // One path (given or matched by a glob): itself if a file, its files if a directory.
 void expand_one(const std::string& key, const std::string& path, DataFormat format,
-                std::vector<std::string>& out) {
+                std::vector<std::string>& out, bool matched) {
   std::error_code ec;
   const fs::file_status st = fs::status(path, ec);
   if (!fs::exists(st))
@@ -101,6 +103,12 @@ void expand_one(const std::string& key, const std::string& path, DataFormat form
   if (fs::is_directory(st)) {
     for (std::string& f : directory_files(key, path, format)) out.push_back(std::move(f));
   } else if (fs::is_regular_file(st)) {
+    if (format == DataFormat::Tokens && is_mask_path(path)) {
+      if (matched) return;  // a glob's match: the mask is read beside its shard
+      path_error(
+          key, fmt::format("'{}' is a loss mask, read beside its shard", path),
+          fmt::format("name the shard ({}) instead", path.substr(0, path.size() - 9) + ".bin"));
+    }
     out.push_back(path);
   } else {
     path_error(key, fmt::format("'{}' is not a regular file or a directory", path),
@@ -116,9 +124,9 @@ std::vector<std::string> expand_data_paths(const std::vector<std::string>& entri
   std::vector<std::string> files;
   for (const std::string& e : entries) {
     if (is_glob(e)) {
-      for (const std::string& m : glob_matches(key, e)) expand_one(key, m, format, files);
+      for (const std::string& m : glob_matches(key, e)) expand_one(key, m, format, files, true);
     } else {
-      expand_one(key, e, format, files);
+      expand_one(key, e, format, files, false);
     }
   }
   // Overlapping entries ("a.bin" and "*.bin") would train on a file twice as often: keep one.
@@ -272,14 +280,95 @@ void Shard::check_tokens(int64_t vocab) const {
     read(begin, std::min(kChunk, n_tokens_ - begin), chunk.data(), vocab);
 }
 
+std::vector<int64_t> Shard::document_ends(int64_t begin, int64_t end, int64_t eot) const {
+  std::vector<int64_t> ends;
+  constexpr int64_t kChunk = 1 << 18;
+  std::vector<int32_t> chunk(static_cast<size_t>(kChunk));
+  for (int64_t at = begin; at < end; at += kChunk) {
+    const int64_t n = std::min(kChunk, end - at);
+    // The vocabulary was checked at open: any bound above every id reads the tokens as they are.
+    read(at, n, chunk.data(), int64_t{1} << 32);
+    for (int64_t i = 0; i < n; ++i)
+      if (chunk[static_cast<size_t>(i)] == eot) ends.push_back(at + i + 1);
+  }
+  if (end > begin && (ends.empty() || ends.back() != end)) ends.push_back(end);
+  return ends;
+}
+
+// ---- LossMask ----
+
+std::string mask_path_of(const std::string& shard_path) {
+  const std::string stem =
+      shard_path.ends_with(".bin") ? shard_path.substr(0, shard_path.size() - 4) : shard_path;
+  return stem + ".mask.bin";
+}
+
+bool is_mask_path(const std::string& path) {
+  return path.ends_with(".mask.bin");
+}
+
+void LossMask::fail(const std::string& problem, const std::string& fix) const {
+  throw DataError(fmt::format("[data] {}: {} (the loss mask of {}). Fix: {}", path(), problem,
+                              shard_path_, fix));
+}
+
+LossMask::LossMask(const std::string& path, const std::string& shard_path, int64_t tokens)
+    : file_(path), shard_path_(shard_path), n_tokens_(tokens) {
+  const char* regenerate =
+      "regenerate both with scripts/prepare_data.py, or set data.loss_mask = \"off\" to train "
+      "every target";
+  const uint64_t size = file_.size();
+  if (size < static_cast<uint64_t>(kShardHeaderBytes))
+    fail(fmt::format("{} bytes, shorter than the {}-byte header", size, kShardHeaderBytes),
+         regenerate);
+  uint8_t h[kShardHeaderBytes];
+  file_.read(0, sizeof h, h);
+  const int32_t magic = header_word(h, 0), version = header_word(h, 1), count = header_word(h, 2);
+  if (magic != kMaskMagic || version != kMaskVersion)
+    fail(fmt::format("header magic {} version {}, a loss mask has magic {} version {}", magic,
+                     version, kMaskMagic, kMaskVersion),
+         regenerate);
+  if (count != tokens)
+    fail(fmt::format("the header counts {} tokens, the shard has {}", count, tokens), regenerate);
+  const uint64_t expected =
+      static_cast<uint64_t>(kShardHeaderBytes) + static_cast<uint64_t>(tokens);
+  if (size != expected)
+    fail(fmt::format("{} bytes, {} expected (the header and one byte per token)", size, expected),
+         regenerate);
+  constexpr int64_t kChunk = 1 << 20;
+  std::vector<uint8_t> chunk(
+      static_cast<size_t>(std::min<int64_t>(kChunk, std::max<int64_t>(tokens, 1))));
+  for (int64_t at = 0; at < tokens; at += kChunk) {
+    const int64_t n = std::min(kChunk, tokens - at);
+    read(at, n, chunk.data());
+    for (int64_t i = 0; i < n; ++i) {
+      const uint8_t b = chunk[static_cast<size_t>(i)];
+      if (b > 1)
+        fail(fmt::format("byte {} for token {} (byte offset {}); a mask byte is 0 or 1", b, at + i,
+                         kShardHeaderBytes + at + i),
+             regenerate);
+      trained_ += b;
+    }
+  }
+}
+
+void LossMask::read(int64_t start, int64_t n, uint8_t* out) const {
+  file_.read(static_cast<uint64_t>(kShardHeaderBytes + start), static_cast<size_t>(n), out);
+}
+
 // ---- TokenCorpus ----
 
 TokenCorpus TokenCorpus::open(const std::vector<std::string>& entries, DataFormat format,
-                              int64_t vocab, const std::string& key) {
+                              int64_t vocab, const std::string& key, bool masks) {
   TokenCorpus c;
   c.format_ = format;
   for (const std::string& path : expand_data_paths(entries, format, key)) {
     Shard s(path, format);
+    if (masks && format == DataFormat::Tokens) {
+      const std::string mask = mask_path_of(path);
+      std::error_code ec;
+      if (std::filesystem::exists(mask, ec)) s.attach_mask(LossMask(mask, path, s.size()));
+    }
     s.advise(DataFile::Access::Sequential);
     s.check_tokens(vocab);
     s.check_unchanged();  // the pass saw one version of the file from its first byte to its last
@@ -291,6 +380,12 @@ TokenCorpus TokenCorpus::open(const std::vector<std::string>& entries, DataForma
 int64_t TokenCorpus::total_tokens() const {
   int64_t n = 0;
   for (const Shard& s : shards_) n += s.size();
+  return n;
+}
+
+int64_t TokenCorpus::masked_shards() const {
+  int64_t n = 0;
+  for (const Shard& s : shards_) n += s.mask() ? 1 : 0;
   return n;
 }
 

@@ -49,15 +49,24 @@ struct Param {
 };
 
 /// A batch on the device. GPT: inputs and targets are (B, T) i32 tokens. MLP: (B, D) f32.
+/// A target that is not trained (a loss mask's 0, the step from one document into the next,
+/// padding) is kIgnoredTarget (engine/core/ops/loss.h).
 struct Batch {
   Buffer inputs;
   Buffer targets;
   int64_t n_tokens = 0;     // what tokens/s counts (B*T for GPT, B for the MLP)
   double making_flops = 0;  // FLOPs spent making it (the synthetic regression's teacher GEMM)
-  // The mean loss's divisor: the targets of the whole optimizer step, over every micro-batch and
-  // every rank (the trainer sets it), so that the gradients added up over the micro-batches and
-  // summed over the ranks are those of the step's mean loss. 0: this batch's rows on every rank
-  // (Model::loss_rows_all_ranks), as for a step of one micro-batch.
+  // Documents (data.attention = "document"): per token, the position in its row of its document's
+  // first token (global positions under context parallel; engine/core/ops/attention.h). Empty:
+  // causal attention over the whole row.
+  Buffer doc_start{};  // (B, T) i32
+  // This rank's targets that are trained; -1: every target (nothing is masked).
+  int64_t trained_targets = -1;
+  // The mean loss's divisor: the trained targets of the whole optimizer step, over every
+  // micro-batch and every rank (the trainer sets it), so that the gradients added up over the
+  // micro-batches and summed over the ranks are those of the step's mean loss. 0: this batch's
+  // rows on every rank (Model::loss_rows_all_ranks), as for a step of one micro-batch with every
+  // target trained.
   int64_t step_targets = 0;
 };
 

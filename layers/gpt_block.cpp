@@ -23,6 +23,8 @@ GptBlock::GptBlock(GptBlockParams p, const GptBlockShape& s, int64_t index)
       ring_(s.ring),
       first_row_(s.first_row),
       dropout_salt_(s.dropout_salt),
+      doc_start_(s.doc_start),
+      mean_doc_tokens_(s.mean_doc_tokens),
       lora_(s.lora, index) {}
 
 DropoutArgs GptBlock::dropout_args(const Tensor& out, const Tensor& inp, Site site,
@@ -158,7 +160,9 @@ void GptBlock::forward(Backend& be, ActStore& a, const Tensor& y) {
                                     rope_theta_,
                                     0,
                                     {},
-                                    attention_chunk_};
+                                    attention_chunk_,
+                                    documents(),
+                                    mean_doc_tokens_};
     if (ring_)
       ring_->forward(be, args);
     else
@@ -292,7 +296,9 @@ void GptBlock::backward(Backend& be, ActStore& a, const Tensor& dresid) {
                                    .n_head = static_cast<int>(NH_),
                                    .rope_theta = rope_theta_,
                                    .delta = delta,
-                                   .chunk_tokens = attention_chunk_};
+                                   .chunk_tokens = attention_chunk_,
+                                   .doc_start = documents(),
+                                   .mean_doc_tokens = mean_doc_tokens_};
   if (ring_)
     ring_->backward(be, args);
   else

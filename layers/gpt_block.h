@@ -49,7 +49,11 @@ struct GptBlockShape {
   const parallel::ContextRing* ring = nullptr;
   int64_t first_row = 0;
   uint64_t dropout_salt = 0;
-  LoraShared lora{};  // the adapters' scale and dropout
+  // The step's documents: the model's (B, T) document starts (Batch::doc_start), which it sets
+  // before each step's first block runs; an empty tensor means causal attention. Null: never.
+  const Tensor* doc_start = nullptr;
+  double mean_doc_tokens = 0;  // the attention FLOP count's document length (ModelShape)
+  LoraShared lora{};           // the adapters' scale and dropout
 };
 
 class GptBlock : public Block {
@@ -132,6 +136,9 @@ class GptBlock : public Block {
   const parallel::ContextRing* ring_;
   int64_t first_row_;
   uint64_t dropout_salt_;
+  const Tensor* doc_start_;
+  double mean_doc_tokens_;
+  Tensor documents() const { return doc_start_ ? *doc_start_ : Tensor{}; }
   int64_t step_ = 0;
   bool training_ = true;
   BlockLora lora_;

@@ -54,7 +54,9 @@ AttentionForwardArgs LlamaBlock::attention_args(const Tensor& out, const Tensor&
           .rope_theta = s_.rope_theta,
           .n_kv_head = static_cast<int>(s_.KVH),
           .rope_scaling = s_.rope_scaling,
-          .chunk_tokens = s_.attention_chunk};
+          .chunk_tokens = s_.attention_chunk,
+          .doc_start = s_.doc_start ? *s_.doc_start : Tensor{},
+          .mean_doc_tokens = s_.mean_doc_tokens};
 }
 
 LlamaBlock::MlpActs LlamaBlock::MlpChunk::rows(int64_t n) const {
@@ -239,7 +241,9 @@ void LlamaBlock::attention_backward(Backend& be, ActStore& a, const Tensor& dres
                                    .delta = delta,
                                    .n_kv_head = static_cast<int>(s_.KVH),
                                    .rope_scaling = s_.rope_scaling,
-                                   .chunk_tokens = s_.attention_chunk};
+                                   .chunk_tokens = s_.attention_chunk,
+                                   .doc_start = s_.doc_start ? *s_.doc_start : Tensor{},
+                                   .mean_doc_tokens = s_.mean_doc_tokens};
   if (s_.ring)
     s_.ring->backward(be, args);
   else

@@ -43,6 +43,8 @@ struct LlamaBlockShape {
   int64_t tile_tokens = 0;      // rows per MLP chunk; 0 = untiled
   int64_t attention_chunk = 0;  // remat.attention_chunk: tokens per attention chunk; 0 = automatic
   const parallel::ContextRing* ring = nullptr;  // context parallel: attention as a ring
+  const Tensor* doc_start = nullptr;            // the step's documents, as in GptBlockShape
+  double mean_doc_tokens = 0;                   // as in GptBlockShape
   LoraShared lora{};                            // the adapters' scale and dropout
 };
 

@@ -38,6 +38,8 @@ class LlamaModel : public detail::TokenModel {
     shape.tile_tokens = s.tile_tokens;
     shape.attention_chunk = s.attention_chunk;
     shape.ring = ring_.get();
+    shape.doc_start = &doc_start_;
+    shape.mean_doc_tokens = s.mean_doc_tokens;
     shape.lora = lora_shared_;
     const int64_t W = (NH + 2 * KVH) * HS;
     for (int64_t l = 0; l < L; ++l) {

@@ -47,6 +47,8 @@ class GptModel : public detail::TokenModel {
     shape.seed = seed;
     shape.tile_tokens = s.tile_tokens;
     shape.attention_chunk = s.attention_chunk;
+    shape.doc_start = &doc_start_;
+    shape.mean_doc_tokens = s.mean_doc_tokens;
     shape.lora = lora_shared_;
     for (int64_t l = 0; l < L; ++l) {
       const std::string p = fmt::format("blocks.{}.", l);
@@ -183,6 +185,7 @@ std::unique_ptr<Model> make_model(const Config& cfg, Backend& be,
   else if (cfg.remat.offloads_optimizer())
     shape.moments = MomentHome::Host;
   shape.weights_on_host = cfg.remat.offloads_weights();
+  shape.mean_doc_tokens = cfg.data.documents() ? cfg.data.mean_document_tokens : 0;
   shape.lora = cfg.lora;
   return make_model(cfg.model, shape, be);
 }

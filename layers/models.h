@@ -37,6 +37,9 @@ struct ModelShape {
   MomentHome moments = MomentHome::Device;
   // remat.offload = "checkpoints+optimizer+weights": weights and gradients on the host too.
   bool weights_on_host = false;
+  // data.attention = "document": the documents' mean length the attention FLOP count assumes
+  // (DataConfig::mean_document_tokens); 0: the causal upper bound.
+  double mean_doc_tokens = 0;
   // [lora]: adapters on the chosen linears, every other parameter frozen but modules_to_save.
   LoraConfig lora{};
 };

@@ -71,8 +71,10 @@ std::vector<LoraAdapter> TokenModel::add_adapters(Backend& be, const ModelShape&
 }
 
 Buffer TokenModel::stem_forward(Backend& be, const Batch& batch, MemCategory category) {
+  doc_start_ = batch.doc_start.empty() ? Tensor{} : batch.doc_start.tensor();
   Buffer x = be.pool().allocate(stream_shape(), be.act_dtype(), category, "blocks.0.x");
-  be.embedding_forward({x, batch.inputs, wte_->value, wpe_ ? wpe_->value.tensor() : Tensor()});
+  be.embedding_forward(
+      {x, batch.inputs, wte_->value, wpe_ ? wpe_->value.tensor() : Tensor(), doc_start_});
   return x;
 }
 
@@ -80,7 +82,7 @@ void TokenModel::stem_backward(Backend& be, const Batch& batch, const Tensor& dx
   const Tensor& dwte = wte_->grad;  // empty when frozen (LoRA)
   const Tensor dwpe = wpe_ ? wpe_->grad.tensor() : Tensor();
   if (dwte.empty() && dwpe.empty()) return;  // a frozen stem: no gradient to make
-  be.embedding_backward({dwte, dwpe, dx, batch.inputs});
+  be.embedding_backward({dwte, dwpe, dx, batch.inputs, doc_start_});
 }
 
 void TokenModel::lm_head_loss(Backend& be, const Tensor& normed, Param& head, const Batch& batch,

@@ -53,11 +53,14 @@ class TokenModel : public Model {
 
   /// The fused LM head and cross-entropy on the final norm's output `normed` (N, C): per-row
   /// losses (N) [=], d normed (N, C) [=], head.grad [+=]; the gradient of the mean over the
-  /// step's targets (Batch::step_targets; all ranks' rows when it is 0).
+  /// step's trained targets (Batch::step_targets; all ranks' rows when it is 0).
   void lm_head_loss(Backend& be, const Tensor& normed, Param& head, const Batch& batch,
                     const Tensor& losses, const Tensor& dnormed);
 
   std::unique_ptr<parallel::ContextRing> ring_;  // context parallel only
+  // The step's documents (Batch::doc_start), set by stem_forward; empty: causal. The blocks read
+  // it through the pointer their shape holds (GptBlockShape::doc_start).
+  Tensor doc_start_;
   int64_t B_ = 0, T_ = 0, loss_chunk_ = 0;
   // The mean loss's divisor: this rank's rows times the data-parallel ranks, so that the
   // gradients summed over the ranks are those of the mean over the whole batch.

@@ -25,6 +25,20 @@ Loss convention (remat-train's): tokens x is B x (T+1); inputs = x[:, :T], targe
 loss = mean over the B*T positions of cross_entropy(logits, targets), computed here from
 model(input_ids=inputs).logits (labels are not passed, so transformers' own shift is not used).
 
+Documents (data.attention = "document"), written beside the golden of DOCUMENT_ARCHS:
+
+    /work/venv-hf/bin/python scripts/hf_golden.py --documents
+
+reads each saved model back (from_pretrained, eager attention) and writes documents.safetensors
+(`tokens` I64 B x T+1 with end-of-text ids ending the documents, `position_ids` and `doc_start` I64
+B x T, `targets` I64 B x T with -1 where not trained, `logits`, `loss`, and every gradient under its
+HF name) and documents.json. transformers gets the rows as packed documents: a 4-D block-diagonal
+causal mask (B x 1 x T x T, 0 where a query sees a key of its own document, the float minimum
+elsewhere) and position_ids restarting at 0 in every document; labels -100 where the input is an
+end-of-text token (its target is the next document's first token). The loss is the mean over the
+trained targets. Each document is also run alone (its own positions from 0, no mask) and must give
+the same logits: the 4-D mask is honoured.
+
 Check an export (a directory remat-train's `export` wrote) with transformers:
 
     /work/venv-hf/bin/python scripts/hf_golden.py --check-export DIR --expect FILE
@@ -332,6 +346,75 @@ def rope_scaling_check(model, spec, seed, x, logits):
             "verdict": "llama3 scaling changes the angles at T=13: scaled and unscaled logits differ"}
 
 
+# ----------------------------------------------------------------------------- --documents
+
+DOCUMENT_ARCHS = ("gpt2", "llama", "qwen3")
+DOCUMENT_LENGTHS = ((5, 8), (1, 4, 8))  # per row, summing to T: a one-token document, cut tiles
+
+
+def generate_documents(name, out_root, seed):
+    d = os.path.join(out_root, name)
+    cls = getattr(transformers, ARCHS[name]["cls"])
+    model = cls.from_pretrained(d, attn_implementation="eager").float().eval()
+    vocab = model.config.vocab_size
+    eot = vocab - 2
+    g = torch.Generator().manual_seed(seed + 3)
+    x = torch.randint(0, vocab - 2, (B, T + 1), generator=g)  # no end-of-text but where placed
+    positions = torch.zeros(B, T, dtype=torch.long)
+    starts = torch.zeros(B, T, dtype=torch.long)
+    allowed = torch.zeros(B, 1, T, T, dtype=torch.bool)
+    for b, lengths in enumerate(DOCUMENT_LENGTHS):
+        assert sum(lengths) == T
+        at = 0
+        for n in lengths:
+            x[b, at + n - 1] = eot
+            positions[b, at:at + n] = torch.arange(n)
+            starts[b, at:at + n] = at
+            allowed[b, 0, at:at + n, at:at + n] = torch.tril(torch.ones(n, n, dtype=torch.bool))
+            at += n
+    mask = torch.zeros(B, 1, T, T).masked_fill(~allowed, torch.finfo(torch.float32).min)
+    targets = x[:, 1:].clone()
+    targets[x[:, :T] == eot] = -100
+    model.zero_grad(set_to_none=True)
+    logits = model(input_ids=x[:, :T], attention_mask=mask, position_ids=positions).logits
+    loss = F.cross_entropy(logits.reshape(-1, vocab).float(), targets.reshape(-1),
+                           ignore_index=-100)
+    loss.backward()
+    # The mask is honoured: each document alone gives the logits of its rows.
+    worst = 0.0
+    with torch.no_grad():
+        for b, lengths in enumerate(DOCUMENT_LENGTHS):
+            at = 0
+            for n in lengths:
+                alone = model(input_ids=x[b:b + 1, at:at + n]).logits[0]
+                worst = max(worst, (alone - logits[b, at:at + n]).abs().max().item())
+                at += n
+    assert worst < 1e-5, (name, worst)
+    tensors = {"tokens": x.clone(), "position_ids": positions, "doc_start": starts,
+               "targets": targets.masked_fill(targets == -100, -1),
+               "logits": logits.detach().float().contiguous(),
+               "loss": loss.detach().float().reshape(1)}
+    grads = {n: p.grad.detach().float().contiguous().clone()
+             for n, p in model.named_parameters()}
+    tensors.update(grads)
+    save_file(tensors, os.path.join(d, "documents.safetensors"), metadata={"format": "pt"})
+    info = {
+        "name": name, "B": B, "T": T, "eot_token": eot,
+        "document_lengths": [list(r) for r in DOCUMENT_LENGTHS],
+        "tokens": x.tolist(), "loss": float(loss.item()),
+        "trained_targets": int((targets != -100).sum().item()),
+        "documents_alone_max_logit_diff": worst,
+        "gradients": {k: list(v.shape) for k, v in grads.items()},
+        "versions": versions(),
+        "convention": "packed documents: 4-D block-diagonal causal mask (0 / float32 min, "
+                      "B x 1 x T x T), position_ids from 0 in each document, eager attention; "
+                      "targets = tokens[:, 1:] with -1 (labels -100) where the input is the "
+                      "end-of-text id; loss = mean cross-entropy over the trained targets",
+    }
+    with open(os.path.join(d, "documents.json"), "w") as f:
+        json.dump(info, f, indent=1)
+    return info
+
 def saved_name(param_name):
     """A PeftModel parameter's name in adapter_model.safetensors (peft strips the adapter name)."""
     return param_name.replace(".modules_to_save.default", "").replace(".default", "")
@@ -469,6 +552,8 @@ def main():
     ap.add_argument("--check-export", metavar="DIR", help="check a model directory against --expect")
     ap.add_argument("--expect", metavar="FILE", help="golden.json / JSON / safetensors with tokens and logits")
     ap.add_argument("--tol", type=float, help=f"override the bound (default {F32_BOUND:g} f32, {BF16_BOUND:g} bf16)")
+    ap.add_argument("--documents", action="store_true",
+                    help="write documents.safetensors beside the golden of " + ", ".join(DOCUMENT_ARCHS))
     a = ap.parse_args()
 
     torch.set_num_threads(1)
@@ -480,6 +565,13 @@ def main():
         if not a.expect:
             ap.error("--check-export needs --expect FILE")
         sys.exit(check_export(a.check_export, a.expect, a.tol))
+
+    if a.documents:
+        for name in a.only or DOCUMENT_ARCHS:
+            info = generate_documents(name, a.out, SEED + 1000 * list(ARCHS).index(name))
+            print(f"{name:11s} documents: loss {info['loss']:.6f} over {info['trained_targets']} "
+                  f"targets; each document alone within {info['documents_alone_max_logit_diff']:.2e}")
+        return
 
     names = a.only or list(ARCHS) + list(LORA)
     os.makedirs(a.out, exist_ok=True)

@@ -13,6 +13,7 @@ packages=(
   libdnnl2                 # oneDNN (OpenMP): the CPU GEMM's tiles, loaded at run time
   libopenmpi-dev openmpi-bin  # mpirun and MPI: data-parallel runs ([parallel])
   python3-matplotlib       # scripts/plot_sweep.py
+  python3-jinja2           # scripts/prepare_data.py --chat: the chat template (docs/data.md)
   patchelf                 # scripts/device-bundle.sh: RUNPATH of the bundled binaries
   clang libclang-rt-14-dev # libFuzzer + sanitizers: `make fuzz`, and the fuzz step of `make test`
 )

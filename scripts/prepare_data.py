@@ -3,6 +3,7 @@
 
   prepare_data.py --tokenizer DIR/tokenizer.json INPUT --out DIR [--text-key text] [--eot ID|TOKEN]
                   [--val-fraction F] [--shard-tokens N] [--chunk-bytes N] [--force]
+                  [--documents | --chat]
   prepare_data.py --tokenizer DIR/tokenizer.json --encode "some text"    # prints the ids
 
 INPUT is a text file (one document), a folder (every *.txt under it, sorted by path, hidden
@@ -25,6 +26,29 @@ Llama 3's, Qwen's regexes) make that newline a pre-token of its own whether the 
 or not, so the ids are the same as the whole document's, and the pieces are encoded on every core.
 A tokenizer that prepends to each input (add_prefix_space, Metaspace, Prepend) is never cut.
 
+--documents: every document ends with the end-of-text token (the last one too), as data.attention
+= "document" and data.order = "packed" read them, and a shard ends between documents (a document
+longer than --shard-tokens excepted).
+
+--chat: INPUT is JSONL whose records hold "messages", a list of {"role", "content"}. Each record is
+rendered with the tokenizer's own chat template (tokenizer_config.json's chat_template, Jinja, in a
+sandbox with transformers' globals: raise_exception, strftime_now, the tojson filter, and the
+special tokens bos_token, eos_token, ... of the config), ends with the end-of-text token as one
+document, and gets a loss mask beside its shard, X.mask.bin for X.bin (the shard's 1024-byte header
+with magic 20240522, version 1 and the same count, then one byte per token: 1 = trained as a
+target). Trained are the assistant turns and their end token, nothing else. Which characters those
+are: a template with {% generation %} ... {% endgeneration %} blocks marks them itself (as
+transformers' return_assistant_tokens_mask reads them); any other is rendered message by message,
+each assistant turn being what rendering the conversation up to it adds to rendering the turns
+before it with add_generation_prompt, up to and including the last end-of-turn token
+(tokenizer_config.json's eos_token) in it, so the newline a template writes after that token is not
+trained. The text is encoded piece by piece at the edges of the trained spans. The end-of-text
+token between conversations is --eot, else <|end_of_text|> or <|endoftext|>, else the eos_token;
+it must never occur inside a rendered conversation.
+
+Every mode writes shards.json beside the shards: the end-of-text id (which remat-train reads when
+data.eot_token is not set), the vocabulary size, the mode, and the documents' count and mean length.
+
 `--tokenizer bytes` needs no file: every UTF-8 byte is its own token (ids 0-255, vocabulary 256,
 a newline between documents unless --eot), the ids a byte-level model trained on text files
 (data.source = "text") reads, for such a model fine-tuned on shards; `remat-train sample
@@ -33,7 +57,9 @@ a newline between documents unless --eot), the ids a byte-level model trained on
 Progress (tokens/s, documents, bytes) goes to stderr; at the end, stdout has the `--set` options
 that train on the shards. Errors are one line, `error: [prepare] ... Fix: ...`, exit 2; a run that
 fails (a full disk, bad input, ^C) removes the shards it wrote, so no partial set is left.
-Needs `tokenizers` (pip install tokenizers, in a virtual environment), except with --tokenizer bytes.
+Needs `tokenizers` (pip install tokenizers, in a virtual environment), except with --tokenizer
+bytes and for a byte-level tokenizer.json without merges (every byte a token of its own, plus added
+tokens), which this script encodes itself; --chat needs jinja2 (Debian's python3-jinja2).
 """
 import argparse
 import array
@@ -43,11 +69,13 @@ import re
 import shlex
 import sys
 import time
+import types
 
 GPT2_FORMAT = (20240520, 1, "H")  # magic, version, array typecode (uint16)
 LLAMA3_FORMAT = (20240801, 7, "I")  # uint32
 HEADER_INTS = 256
-SHARD_NAME = re.compile(r"^(train|val)_\d{6}\.bin$")
+SHARD_NAME = re.compile(r"^((train|val)_\d{6}(\.mask)?\.bin|shards\.json)$")
+MASK_FORMAT = (20240522, 1)  # a shard's loss mask: magic, version; one byte per token
 EOT_FALLBACKS = ("<|end_of_text|>", "<|endoftext|>")
 # Encode this many bytes (or pieces) per encode_batch call: enough to keep every core busy.
 BATCH_BYTES = 16 << 20
@@ -56,6 +84,82 @@ BATCH_PIECES = 4096
 
 class Fail(Exception):
     """A one-line error for the user: `error: [prepare] MESSAGE`, exit 2."""
+
+
+class ByteLevelTokenizer:
+    """A byte-level BPE tokenizer.json without merges, encoded here: added tokens are matched
+    literally (leftmost, longest first, as `tokenizers` splits on them), every other byte is one
+    token, the id of its byte-level symbol (GPT-2's bytes_to_unicode). What `tokenizers` gives such
+    a file, without the package (tests/prepare_data_check.py compares both)."""
+
+    @staticmethod
+    def byte_symbols():
+        visible = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) +
+                   list(range(ord("®"), ord("ÿ") + 1)))
+        symbols, extra = {}, 0
+        for b in range(256):
+            if b in visible:
+                symbols[b] = chr(b)
+            else:
+                symbols[b] = chr(256 + extra)
+                extra += 1
+        return symbols
+
+    @classmethod
+    def load(cls, path):
+        """The tokenizer, or None when `path` is not such a file."""
+        try:
+            with open(path, encoding="utf-8") as f:
+                spec = json.load(f)
+        except (OSError, ValueError):
+            return None
+        model, pre = spec.get("model") or {}, spec.get("pre_tokenizer") or {}
+        if (model.get("type") != "BPE" or model.get("merges") or spec.get("normalizer") or
+                pre.get("type") != "ByteLevel" or pre.get("add_prefix_space")):
+            return None
+        vocab = dict(model.get("vocab") or {})
+        symbols = cls.byte_symbols()
+        if any(symbols[b] not in vocab for b in range(256)):
+            return None
+        added = {}
+        for t in spec.get("added_tokens") or []:
+            if t.get("lstrip") or t.get("rstrip") or t.get("single_word") or t.get("normalized"):
+                return None
+            added[t["content"]] = t["id"]
+        return cls(vocab, added, symbols)
+
+    def __init__(self, vocab, added, symbols):
+        self.vocab = {**vocab, **added}
+        self.added = sorted(added, key=len, reverse=True)  # longest first
+        self.byte_ids = [vocab[symbols[b]] for b in range(256)]
+        self.by_id = {i: t for t, i in self.vocab.items()}
+
+    def get_vocab(self, with_added_tokens=True):
+        return dict(self.vocab)
+
+    def id_to_token(self, i):
+        return self.by_id.get(i)
+
+    def token_to_id(self, text):
+        return self.vocab.get(text)
+
+    def encode(self, text, add_special_tokens=False):
+        ids, i = [], 0
+        while i < len(text):
+            hit = next((t for t in self.added if text.startswith(t, i)), None)
+            if hit:
+                ids.append(self.vocab[hit])
+                i += len(hit)
+                continue
+            j = i + 1
+            while j < len(text) and not any(text.startswith(t, j) for t in self.added):
+                j += 1
+            ids += [self.byte_ids[b] for b in text[i:j].encode("utf-8")]
+            i = j
+        return types.SimpleNamespace(ids=ids)
+
+    def encode_batch(self, texts, add_special_tokens=False):
+        return [self.encode(t) for t in texts]
 
 
 BYTES = "bytes"  # --tokenizer bytes: the text's UTF-8 bytes are the ids
@@ -85,14 +189,17 @@ class ByteTokenizer:
 def load_tokenizer(path):
     if path == BYTES:
         return ByteTokenizer()
+    if not os.path.isfile(path):
+        raise Fail(f"{path}: no such file. Fix: pass the model's tokenizer.json to --tokenizer")
     try:
         from tokenizers import Tokenizer
     except ImportError:
+        own = ByteLevelTokenizer.load(path)
+        if own is not None:
+            return own
         raise Fail(f"the Python package `tokenizers` is not importable by {sys.executable}. Fix: "
                    "python3 -m venv VENV && VENV/bin/pip install tokenizers, then run "
                    "VENV/bin/python scripts/prepare_data.py ...")
-    if not os.path.isfile(path):
-        raise Fail(f"{path}: no such file. Fix: pass the model's tokenizer.json to --tokenizer")
     try:
         tok = Tokenizer.from_file(path)
     except Exception as e:  # tokenizers raises a bare Exception for a malformed file
@@ -125,9 +232,14 @@ def splits_safely(path):
     return not (prepends(spec.get("normalizer")) or prepends(spec.get("pre_tokenizer")))
 
 
-def resolve_eot(tok, tokenizer_path, given):
-    """(id, text, where it came from)."""
+def resolve_eot(tok, tokenizer_path, given, chat=False):
+    """(id, text, where it came from). For chat data the vocabulary's end-of-text comes before the
+    eos_token, which a chat template writes after every turn."""
     vocab = tok.get_vocab(with_added_tokens=True)
+    if chat and given is None:
+        for text in EOT_FALLBACKS:
+            if text in vocab:
+                return vocab[text], text, "the vocabulary"
     if given is not None:
         if given.isdigit():
             i = int(given)
@@ -294,86 +406,330 @@ class Pieces:
         yield from self._pieces(blocks(), path, base, base, True)
 
     def _jsonl(self, path, base):
-        offset = base
-        with open(path, "rb") as f:
-            for number, line in enumerate(f, 1):
-                start, offset = offset, offset + len(line)
-                if not line.strip():
-                    continue
-                try:
-                    obj = json.loads(line)
-                except ValueError as e:
-                    raise Fail(f"{path}:{number}: not a JSON object ({e}). Fix: one JSON object "
-                               "per line")
-                text = obj.get(self.text_key) if isinstance(obj, dict) else None
-                if not isinstance(text, str):
-                    keys = ", ".join(obj) if isinstance(obj, dict) else "none: not an object"
-                    raise Fail(f"{path}:{number}: no string under {self.text_key!r} (keys: "
-                               f"{keys}). Fix: pass --text-key with the key that holds the text")
-                # "replace": a lone surrogate (JSON's "\ud800") has no UTF-8 form.
-                yield from self._pieces([text.encode("utf-8", "replace")], path, start, base, False)
-                self.bytes_done = offset
+        for number, start, end, obj in jsonl_records(path, base):
+            text = obj.get(self.text_key) if isinstance(obj, dict) else None
+            if not isinstance(text, str):
+                keys = ", ".join(obj) if isinstance(obj, dict) else "none: not an object"
+                raise Fail(f"{path}:{number}: no string under {self.text_key!r} (keys: "
+                           f"{keys}). Fix: pass --text-key with the key that holds the text")
+            # "replace": a lone surrogate (JSON's "\ud800") has no UTF-8 form.
+            yield from self._pieces([text.encode("utf-8", "replace")], path, start, base, False)
+            self.bytes_done = end
 
 
 class ShardWriter:
-    """One split's shards: at most `shard_tokens` tokens each, an end-of-text between documents."""
+    """One split's shards: at most `shard_tokens` tokens each, an end-of-text between documents.
+    `whole`: every document ends with an end-of-text (the last too) and a shard ends between two
+    (unless one document is longer than a shard). `masks`: a loss mask beside each shard."""
 
-    def __init__(self, out, split, fmt, shard_tokens, eot):
+    def __init__(self, out, split, fmt, shard_tokens, eot, whole=False, masks=False):
         self.out, self.split, self.shard_tokens, self.eot = out, split, shard_tokens, eot
         self.magic, self.version, self.typecode = fmt
+        self.whole = whole
         self.buf = array.array(self.typecode)
+        self.mask = bytearray() if masks else None
+        self.doc_at = 0  # where the current document starts in buf (whole)
         self.last = None  # (document, piece) of the last piece appended
-        self.paths, self.tokens = [], 0
-        self.tmp = None  # the shard being written, under its hidden name
+        self.paths, self.tokens, self.trained = [], 0, 0
+        self.documents, self.document_tokens = 0, 0
+        self.tmp = None  # the file being written, under its hidden name
 
     def remove_written(self):
-        """Deletes every shard this writer wrote, and the one it was writing."""
-        for path in self.paths + ([self.tmp] if self.tmp else []):
+        """Deletes every shard (and mask) this writer wrote, and the one it was writing."""
+        masks = [p[:-4] + ".mask.bin" for p in self.paths]
+        for path in self.paths + masks + ([self.tmp] if self.tmp else []):
             try:
                 os.remove(path)
             except FileNotFoundError:
                 pass
         self.paths, self.tmp = [], None
 
-    def add(self, doc, piece, ids):
+    def add(self, doc, piece, ids, mask=None):
         # A piece that continues the last one joins it; anything else starts a new document here.
-        if self.last is not None and self.last != (doc, piece - 1):
-            self.buf.append(self.eot)
+        if self.last is None or self.last != (doc, piece - 1):
+            if self.last is not None:
+                self._end_document()
+            self.doc_at = len(self.buf)
+            self.documents += 1
         self.buf.extend(ids)
+        if self.mask is not None:
+            self.mask.extend(mask if mask is not None else bytes(len(ids)))
+        self.document_tokens += len(ids)
         self.last = (doc, piece)
-        while len(self.buf) >= self.shard_tokens:
-            self._write(self.buf[:self.shard_tokens])
-            del self.buf[:self.shard_tokens]
+        self._flush(self.shard_tokens)
+
+    def _end_document(self):
+        self.buf.append(self.eot)  # never trained: what follows it is another document
+        self.document_tokens += 1
+        if self.mask is not None:
+            self.mask.append(0)
+
+    def _flush(self, limit):
+        while len(self.buf) > limit or (not self.whole and len(self.buf) >= limit and self.buf):
+            cut = limit if not self.whole or self.doc_at == 0 else self.doc_at
+            self._write(self.buf[:cut], self.mask[:cut] if self.mask is not None else None)
+            del self.buf[:cut]
+            if self.mask is not None:
+                del self.mask[:cut]
+            self.doc_at = max(0, self.doc_at - cut)
 
     def close(self):
+        if self.whole and self.last is not None:
+            self._end_document()
+            self.last = None
+        self._flush(self.shard_tokens)
         if self.buf:
-            self._write(self.buf)
+            self._write(self.buf, self.mask)
             self.buf = array.array(self.typecode)
+            self.mask = bytearray() if self.mask is not None else None
 
-    def _write(self, tokens):
-        path = os.path.join(self.out, f"{self.split}_{len(self.paths):06d}.bin")
-        tmp = os.path.join(self.out, f".{self.split}_{len(self.paths):06d}.bin.tmp")
-        if sys.byteorder != "little":
-            tokens = array.array(self.typecode, tokens)
-            tokens.byteswap()
-        header = array.array("i", [self.magic, self.version, len(tokens)] + [0] * (HEADER_INTS - 3))
+    def _write_file(self, path, header_ints, payload):
+        """A header of 256 little-endian int32 (the given ones, then zeros) and `payload` (an array
+        or bytes), under a hidden name then renamed: a glob never sees half a file. A failed write
+        (a full disk) names the file; the run then removes what it wrote (prepare())."""
+        header = array.array("i", header_ints + [0] * (HEADER_INTS - len(header_ints)))
         if sys.byteorder != "little":
             header.byteswap()
-        # Written under a hidden name, then renamed: a glob never sees half a shard. A failed
-        # write (a full disk) names the shard; the run then removes what it wrote (prepare()).
+            if isinstance(payload, array.array):
+                payload = array.array(payload.typecode, payload)
+                payload.byteswap()
+        tmp = os.path.join(os.path.dirname(path), "." + os.path.basename(path) + ".tmp")
         self.tmp = tmp
         try:
             with open(tmp, "wb") as f:
                 header.tofile(f)
-                tokens.tofile(f)
+                f.write(payload.tobytes() if isinstance(payload, array.array) else payload)
             os.replace(tmp, path)
         except OSError as e:
             raise Fail(f"{path}: cannot write it ({e.strerror}, as {tmp}). Fix: free space on that "
                        "disk or choose another --out, then run again (this run's shards were "
                        "removed)") from e
         self.tmp = None
-        self.paths.append(path)
+
+    def _write(self, tokens, mask):
+        path = os.path.join(self.out, f"{self.split}_{len(self.paths):06d}.bin")
+        self._write_file(path, [self.magic, self.version, len(tokens)], tokens)
+        self.paths.append(path)  # before its mask: a failed mask write removes the shard too
         self.tokens += len(tokens)
+        if mask is not None:
+            self._write_file(path[:-4] + ".mask.bin", [*MASK_FORMAT, len(mask)], bytes(mask))
+            self.trained += sum(mask)
+
+
+def tokenizer_config(tokenizer_path):
+    """(path, dict) of the tokenizer_config.json beside tokenizer.json, or (path, None)."""
+    path = os.path.join(os.path.dirname(os.path.abspath(tokenizer_path)), "tokenizer_config.json")
+    if not os.path.isfile(path):
+        return path, None
+    try:
+        with open(path, encoding="utf-8") as f:
+            config = json.load(f)
+    except (OSError, ValueError) as e:
+        raise Fail(f"{path}: not readable JSON ({e}). Fix: repair it")
+    if not isinstance(config, dict):
+        raise Fail(f"{path}: not a JSON object. Fix: use the model's tokenizer_config.json")
+    return path, config
+
+
+# Private-use characters that a template's {% generation %} blocks are wrapped in while rendering.
+GENERATION_OPEN, GENERATION_CLOSE = "\ue000", "\ue001"
+
+
+class NotTurnByTurn(Exception):
+    """A conversation whose renderings, turn by turn, are not prefixes of each other."""
+
+
+class ChatTemplate:
+    """tokenizer_config.json's chat_template, rendered as transformers renders it (a sandboxed
+    Jinja environment with trim_blocks and lstrip_blocks, the loopcontrols extension, the tojson
+    filter, raise_exception and strftime_now, and the special tokens as variables), and the
+    character spans of a conversation that are trained (the module's docstring says how)."""
+
+    def __init__(self, tokenizer_path):
+        where, config = tokenizer_config(tokenizer_path)
+        source = (config or {}).get("chat_template")
+        if isinstance(source, list):  # named templates: the default one
+            source = next((t.get("template") for t in source
+                           if isinstance(t, dict) and t.get("name") == "default"), None)
+        if not isinstance(source, str) or not source.strip():
+            raise Fail(f"{where}: {'no such file' if config is None else 'no chat_template'}, and "
+                       "--chat renders conversations with the tokenizer's own template. Fix: use "
+                       "the tokenizer (tokenizer.json and tokenizer_config.json) of a chat or "
+                       "instruct model, or drop --chat")
+        try:
+            import jinja2
+            import jinja2.ext
+            import jinja2.nodes
+            import jinja2.sandbox
+        except ImportError:
+            raise Fail(f"--chat needs the Python package jinja2, not importable by {sys.executable}"
+                       ". Fix: apt install python3-jinja2 (or pip install jinja2)")
+        self.errors = (jinja2.exceptions.TemplateError, TypeError, ValueError, KeyError)
+
+        class Generation(jinja2.ext.Extension):
+            tags = {"generation"}
+
+            def parse(self, parser):
+                lineno = next(parser.stream).lineno
+                body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+                call = self.call_method("_mark")
+                return jinja2.nodes.CallBlock(call, [], [], body).set_lineno(lineno)
+
+            def _mark(self, caller):
+                return GENERATION_OPEN + caller() + GENERATION_CLOSE
+
+        def raise_exception(message):
+            raise jinja2.exceptions.TemplateError(message)
+
+        def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+            return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                              sort_keys=sort_keys)
+
+        env = jinja2.sandbox.ImmutableSandboxedEnvironment(
+            trim_blocks=True, lstrip_blocks=True, extensions=[Generation, jinja2.ext.loopcontrols])
+        env.filters["tojson"] = tojson
+        env.globals["raise_exception"] = raise_exception
+        env.globals["strftime_now"] = lambda fmt: time.strftime(fmt)
+        try:
+            self.template = env.from_string(source)
+        except jinja2.TemplateSyntaxError as e:
+            raise Fail(f"{where}: chat_template is not valid Jinja (line {e.lineno}: {e.message}). "
+                       "Fix: use the model's own tokenizer_config.json")
+        self.where = where
+        self.marked = re.search(r"\{%-?\s*generation\s*-?%\}", source) is not None
+        self.specials = {}
+        for key in ("bos_token", "eos_token", "unk_token", "pad_token"):
+            value = config.get(key)
+            value = value.get("content") if isinstance(value, dict) else value
+            if isinstance(value, str):
+                self.specials[key] = value
+        self.end_of_turn = self.specials.get("eos_token")
+
+    def render(self, messages, add_generation_prompt=False):
+        return self.template.render(messages=messages, add_generation_prompt=add_generation_prompt,
+                                    **self.specials)
+
+    def trained_spans(self, messages):
+        """(text, [(start, end)]): the rendered conversation and its trained character spans.
+        Raises NotTurnByTurn (a message for the caller to place at its file and line), or what
+        rendering raises."""
+        if self.marked:
+            raw, text, spans, start = self.render(messages), [], [], None
+            for c in raw:
+                if c == GENERATION_OPEN:
+                    start = sum(map(len, text))
+                elif c == GENERATION_CLOSE:
+                    spans.append((start, sum(map(len, text))))
+                else:
+                    text.append(c)
+            return "".join(text), spans
+        text = self.render(messages)
+        spans = []
+        for i, m in enumerate(messages):
+            if m["role"] != "assistant":
+                continue
+            before = self.render(messages[:i], add_generation_prompt=True)
+            upto = self.render(messages[:i + 1])
+            if not upto.startswith(before) or not text.startswith(upto):
+                raise NotTurnByTurn(
+                    f"the chat template does not render this conversation turn by turn (turn {i} "
+                    "changes what comes before it), so the assistant turns cannot be found. Fix: "
+                    "add {% generation %} ... {% endgeneration %} around the assistant content in "
+                    f"the chat_template of {self.where}")
+            end = len(upto)
+            if self.end_of_turn:  # not the newline a template writes after its end-of-turn token
+                last = upto.rfind(self.end_of_turn, len(before))
+                if last >= 0:
+                    end = last + len(self.end_of_turn)
+            spans.append((len(before), end))
+        return text, spans
+
+
+def jsonl_records(path, base=0):
+    """(line number, start offset, end offset, parsed JSON) of each non-blank line of a JSONL
+    file; offsets count from `base`."""
+    offset = base
+    with open(path, "rb") as f:
+        for number, line in enumerate(f, 1):
+            start, offset = offset, offset + len(line)
+            if not line.strip():
+                continue
+            try:
+                yield number, start, offset, json.loads(line)
+            except ValueError as e:
+                raise Fail(f"{path}:{number}: not a JSON object ({e}). Fix: one JSON object per "
+                           "line")
+
+
+def conversation_records(path, val_from):
+    """(line number, split, messages) of each non-blank line of a chat JSONL file."""
+    for number, start, _, record in jsonl_records(path):
+        messages = record.get("messages") if isinstance(record, dict) else None
+        if not isinstance(messages, list) or not messages:
+            keys = ", ".join(record) if isinstance(record, dict) else "none: not an object"
+            raise Fail(f"{path}:{number}: no \"messages\" list (keys: {keys}). Fix: each line "
+                       "holds {\"messages\": [{\"role\": \"user\", \"content\": \"...\"}, "
+                       "{\"role\": \"assistant\", \"content\": \"...\"}]}")
+        for j, m in enumerate(messages):
+            if (not isinstance(m, dict) or not isinstance(m.get("role"), str) or
+                    not isinstance(m.get("content"), str)):
+                raise Fail(f"{path}:{number}: message {j} is not {{\"role\": string, "
+                           "\"content\": string}. Fix: give every message a role and a "
+                           "text content")
+        split = "val" if val_from is not None and start >= val_from else "train"
+        yield number, split, messages
+
+
+def prepare_chat(args, tok, writers, eot, eot_text):
+    """--chat: each conversation rendered, encoded span by span, masked, one document."""
+    template = ChatTemplate(args.tokenizer)
+    total = os.path.getsize(args.input)
+    held = int(args.val_fraction * total)
+    conversations = untrained = 0
+    batch = []
+
+    def flush():
+        pieces = [text for _, _, segments in batch for text, _ in segments]
+        encoded = iter(tok.encode_batch(pieces, add_special_tokens=False))
+        for number, split, segments in batch:
+            ids, mask = [], bytearray()
+            for _, trained in segments:
+                piece = next(encoded).ids
+                ids += piece
+                mask += bytes([1 if trained else 0]) * len(piece)
+            if eot in ids:
+                raise Fail(f"{args.input}:{number}: the end-of-text token {eot_text!r} ({eot}) "
+                           "occurs inside the rendered conversation, where it would split it into "
+                           "two documents. Fix: pass --eot with a token the chat template never "
+                           "writes")
+            writers[split].add(number, 0, ids, mask)
+        batch.clear()
+
+    for number, split, messages in conversation_records(args.input, total - held if held else None):
+        try:
+            text, spans = template.trained_spans(messages)
+        except NotTurnByTurn as e:
+            raise Fail(f"{args.input}:{number}: {e}")
+        except template.errors as e:
+            raise Fail(f"{args.input}:{number}: the chat template refuses this conversation "
+                       f"({e}). Fix: use the roles and order the model's template accepts")
+        segments, at = [], 0
+        for start, end in sorted(spans):
+            if start > at:
+                segments.append((text[at:start], False))
+            if end > max(start, at):
+                segments.append((text[max(start, at):end], True))
+            at = max(at, end)
+        if at < len(text):
+            segments.append((text[at:], False))
+        conversations += 1
+        untrained += not spans
+        batch.append((number, split, segments))
+        if len(batch) >= BATCH_PIECES:
+            flush()
+    if batch:
+        flush()
+    return conversations, untrained
 
 
 def size(n):
@@ -418,10 +774,16 @@ def prepare(args):
     if args.chunk_bytes < 1:
         raise Fail(f"--chunk-bytes {args.chunk_bytes}: must be positive. Fix: pass 1048576, say")
     files, kind = input_files(args.input)
+    if args.chat and kind != "jsonl":
+        raise Fail(f"{args.input}: --chat reads a .jsonl file of conversations. Fix: pass one, "
+                   "each line {\"messages\": [{\"role\": ..., \"content\": ...}, ...]}")
     tok = load_tokenizer(args.tokenizer)
+    if args.chat:
+        ChatTemplate(args.tokenizer)  # a missing or broken template fails before any file is written
     vocab = vocab_size_of(tok)
-    eot, eot_text, eot_from = resolve_eot(tok, args.tokenizer, args.eot)
+    eot, eot_text, eot_from = resolve_eot(tok, args.tokenizer, args.eot, chat=args.chat)
     fmt = GPT2_FORMAT if vocab <= 2**16 else LLAMA3_FORMAT
+    mode = "chat" if args.chat else "documents" if args.documents else "text"
 
     os.makedirs(args.out, exist_ok=True)
     old = sorted(n for n in os.listdir(args.out) if SHARD_NAME.match(n))
@@ -432,21 +794,31 @@ def prepare(args):
     for name in old:  # --force: a shorter output must not leave a stale tail shard behind
         os.remove(os.path.join(args.out, name))
 
-    pieces = Pieces(files, kind, args.text_key, args.chunk_bytes, splits_safely(args.tokenizer),
-                    args.val_fraction)
-    writers = {s: ShardWriter(args.out, s, fmt, args.shard_tokens, eot) for s in ("train", "val")}
+    whole = mode != "text"
+    writers = {s: ShardWriter(args.out, s, fmt, args.shard_tokens, eot, whole, args.chat)
+               for s in ("train", "val")}
     sys.stderr.write(f"[prepare] {len(files)} {kind} file{'s' if len(files) != 1 else ''}, "
                      f"vocabulary {vocab:,} ({'uint16' if fmt is GPT2_FORMAT else 'uint32'} "
                      f"shards), end-of-text {eot_text!r} = {eot} (from {eot_from})\n")
-    progress = Progress(pieces)
     try:
-        write_shards(tok, pieces, writers, progress)
-        check_splits(args, pieces, writers)
+        if args.chat:
+            conversations, untrained = prepare_chat(args, tok, writers, eot, eot_text)
+            for w in writers.values():
+                w.close()
+            what, empty = f"{conversations:,} conversations", 0
+            if untrained:
+                what += f" ({untrained:,} without an assistant turn: nothing trained there)"
+        else:
+            pieces = Pieces(files, kind, args.text_key, args.chunk_bytes,
+                            splits_safely(args.tokenizer), args.val_fraction)
+            write_shards(tok, pieces, writers, Progress(pieces))
+            what, empty = f"{pieces.documents:,} documents", pieces.empty
+        check_splits(args, writers, empty)
     except BaseException:  # a full disk, bad input, ^C: no partial shard set is left behind
         for w in writers.values():
             w.remove_written()
         raise
-    report(args, pieces, writers, fmt, vocab)
+    report(args, writers, vocab, fmt, eot, eot_text, mode, what)
 
 
 def write_shards(tok, pieces, writers, progress):
@@ -473,11 +845,11 @@ def write_shards(tok, pieces, writers, progress):
     progress.update(sum(w.tokens for w in writers.values()), final=True)
 
 
-def check_splits(args, pieces, writers):
+def check_splits(args, writers, empty):
     """Both splits have shards (val: when asked for)."""
     train, val = writers["train"], writers["val"]
     if not train.paths:
-        raise Fail(f"{args.input}: no text to train on ({pieces.empty} empty documents"
+        raise Fail(f"{args.input}: no text to train on ({empty} empty documents"
                    f"{', all in the validation tail' if val.paths else ''}). Fix: give more text, "
                    "or lower --val-fraction")
     if args.val_fraction > 0 and not val.paths:
@@ -486,7 +858,7 @@ def check_splits(args, pieces, writers):
                    "--val-fraction, or pass --val-fraction 0 and set data.val_fraction in training")
 
 
-def report(args, pieces, writers, fmt, vocab):
+def report(args, writers, vocab, fmt, eot, eot_text, mode, what):
     """What was written, and the --set options that train on it."""
     train, val = writers["train"], writers["val"]
 
@@ -495,13 +867,29 @@ def report(args, pieces, writers, fmt, vocab):
         return f"{len(w.paths)} {w.split} shard{plural} ({w.tokens:,} tokens)"
 
     kind_name = "uint16" if fmt is GPT2_FORMAT else "uint32"
+    share = 100.0 * (train.trained + val.trained) / max(1, train.tokens + val.tokens)
+    masks = f", loss masks beside them ({share:.1f}% of tokens trained)" if args.chat else ""
     print(f"wrote {shards(train)}{' and ' + shards(val) if val.paths else ''}, {kind_name}, "
-          f"{pieces.documents:,} documents, to {args.out}")
+          f"{what}, to {args.out}{masks}")
+    manifest = {
+        "eot_token": eot, "eot_text": eot_text, "vocab_size": vocab, "mode": mode,
+        "tokenizer": args.tokenizer if args.tokenizer == BYTES else os.path.abspath(args.tokenizer),
+        "documents": {"train": train.documents, "val": val.documents},
+        "mean_document_tokens": round(train.document_tokens / max(1, train.documents), 2),
+    }
+    if args.chat:
+        manifest["trained_tokens"] = {"train": train.trained, "val": val.trained}
+    with open(os.path.join(args.out, ".shards.json.tmp"), "w", encoding="utf-8") as f:
+        json.dump(manifest, f, indent=1)
+        f.write("\n")
+    os.replace(os.path.join(args.out, ".shards.json.tmp"), os.path.join(args.out, "shards.json"))
     options = ["--set data.source=tokens",
                "--set " + shlex.quote(f"data.path={os.path.join(args.out, 'train_*.bin')}")]
     if val.paths:
         options += ["--set " + shlex.quote(f"data.val_path={os.path.join(args.out, 'val_*.bin')}"),
                     "--set data.val_fraction=0"]
+    if mode != "text":
+        options += ["--set data.order=packed", "--set data.attention=document"]
     options.append(f"--set model.vocab_size={vocab}")
     print("train on them with (model.vocab_size may be larger, a multiple of 64 say):")
     print("  " + " ".join(options))
@@ -528,6 +916,13 @@ def main():
     ap.add_argument("--chunk-bytes", type=int, default=1 << 20,
                     help="encode long documents in pieces of about this many bytes (1048576)")
     ap.add_argument("--force", action="store_true", help="replace the shards already in --out")
+    modes = ap.add_mutually_exclusive_group()
+    modes.add_argument("--documents", action="store_true",
+                       help="every document ends with the end-of-text token; shards end between "
+                            "documents (for data.attention = document, data.order = packed)")
+    modes.add_argument("--chat", action="store_true",
+                       help="INPUT is JSONL of {\"messages\": [...]}: rendered with the "
+                            "tokenizer's chat template, assistant turns trained (X.mask.bin)")
     ap.add_argument("--encode", metavar="TEXT",
                     help="print TEXT's ids (for `remat-train sample --prompt`) and exit")
     args = ap.parse_args()

@@ -31,14 +31,8 @@ WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "café"
          "日本語", "€5", "—", "😀", "it's", "42", "1999", "x+y", "\t", "(ok)"]
 
 
-def fail(message):
-    print(f"FAILED: {message}", file=sys.stderr)
-    sys.exit(1)
-
-
-def check(cond, message):
-    if not cond:
-        fail(message)
+sys.path.insert(0, os.path.join(REPO, "tests"))
+from prepare_chat_check import check, fail  # noqa: E402  (the shared checks)
 
 
 def run(cmd, expect=0):
@@ -71,7 +65,8 @@ def read_shard(path):
 
 
 def shards(out, split):
-    names = sorted(n for n in os.listdir(out) if n.startswith(split + "_") and n.endswith(".bin"))
+    names = sorted(n for n in os.listdir(out) if n.startswith(split + "_") and n.endswith(".bin")
+                   and not n.endswith(".mask.bin"))
     return [read_shard(os.path.join(out, n)) for n in names]
 
 
@@ -157,19 +152,25 @@ def sample_matches_decode(tag, tok, prompt_text):
     check(by_text == text, f"{tag}: --prompt {prompt_text!r} is not tokenizers' ids {prompt_ids}")
 
 
+def byte_level_bpe(docs, vocab_size, special_tokens):
+    """A byte-level BPE with GPT-2's pre-tokenizer trained on `docs`, saved as tokenizer.json."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, show_progress=False,
+                                  special_tokens=special_tokens,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(docs, trainer)
+    tok.save("tokenizer.json")
+    return tok
+
+
 def gpt2_style():
     """A trained byte-level BPE with GPT-2's pre-tokenizer: 16-bit ids."""
     os.makedirs("gpt2", exist_ok=True)
     os.chdir("gpt2")
     docs = documents(1, 6, 120)
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=500, show_progress=False,
-                                  special_tokens=["<|endoftext|>", "<|end of turn|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(docs, trainer)
-    tok.save("tokenizer.json")
+    tok = byte_level_bpe(docs, 500, ["<|endoftext|>", "<|end of turn|>"])
     eot = tok.token_to_id("<|endoftext|>")
     os.makedirs("docs/sub", exist_ok=True)
     for i, d in enumerate(docs):  # docs/0.txt ... docs/sub/5.txt, sorted by path
@@ -193,8 +194,9 @@ def gpt2_style():
     # --force, with shards big enough for all: the earlier run's other shards must go.
     p = prepare("--tokenizer", "tokenizer.json", "docs", "--out", "out", "--val-fraction", "0.1",
                 "--force")
-    check(sorted(os.listdir("out")) == ["train_000000.bin", "val_000000.bin"],
+    check(sorted(os.listdir("out")) == ["shards.json", "train_000000.bin", "val_000000.bin"],
           f"stale shards left: {sorted(os.listdir('out'))}")
+    check(json.load(open("out/shards.json"))["eot_token"] == eot, "shards.json's eot_token")
     whole = check_shards("out", tok, docs, eot, 20240520, 1, 10**8)
     check(whole == cut, "pieces of --chunk-bytes 300 and whole documents tokenize differently")
     printed = p.stdout.decode()
@@ -278,7 +280,98 @@ def llama3_style():
     os.chdir("..")
 
 
+def documents_mode():
+    """--documents: every document ends with the end-of-text, shards end between documents."""
+    os.makedirs("documents", exist_ok=True)
+    os.chdir("documents")
+    docs = documents(3, 8, 40)
+    tok = byte_level_bpe(docs, 400, ["<|endoftext|>"])
+    eot = tok.token_to_id("<|endoftext|>")
+    with open("docs.jsonl", "w", encoding="utf-8") as f:
+        for d in docs:
+            f.write(json.dumps({"text": d}) + "\n")
+    ids = [tok.encode(d, add_special_tokens=False).ids + [eot] for d in docs]
+    limit = max(len(d) for d in ids) + 5  # two documents never fit one shard of this size
+    p = prepare("--tokenizer", "tokenizer.json", "docs.jsonl", "--out", "out", "--documents",
+                "--val-fraction", "0", "--shard-tokens", str(limit))
+    got = [s[2] for s in shards("out", "train")]
+    check(got == ids, "--documents: not one document, ending with its end-of-text, per shard")
+    manifest = json.load(open("out/shards.json"))
+    check(manifest["eot_token"] == eot and manifest["mode"] == "documents" and
+          manifest["documents"]["train"] == len(docs), f"shards.json: {manifest}")
+    printed = p.stdout.decode()
+    check("--set data.order=packed --set data.attention=document" in printed, printed)
+    # A document longer than a shard is the one cut inside.
+    prepare("--tokenizer", "tokenizer.json", "docs.jsonl", "--out", "small", "--documents",
+            "--val-fraction", "0", "--shard-tokens", "50")
+    stream = [t for s in shards("small", "train") for t in s[2]]
+    check(stream == [t for d in ids for t in d], "--documents with small shards")
+    os.chdir("..")
+
+
+def token_mask(tok, text, ids, spans):
+    """1 for each token of `ids` (the byte-level example tokenizer's, of ASCII `text`) that starts
+    inside a trained span: a byte token is one character there, a special token its text."""
+    check(text.isascii(), "the example conversations are ASCII")
+    mask, pos = [], 0
+    for i in ids:
+        mask.append(int(any(a <= pos < b for a, b in spans)))
+        pos += len(tok.id_to_token(i)) if i >= 256 else 1
+    return mask
+
+
+def chat_mode():
+    """--chat on docs/examples/sft against `tokenizers` (the ids; the script's own byte-level
+    encoder) and transformers (the assistant masks of a {% generation %} template), where they
+    are installed; tests/prepare_chat_check.py checks the rest without them."""
+    os.makedirs("chat", exist_ok=True)
+    os.chdir("chat")
+    sys.path.insert(0, os.path.join(REPO, "scripts"))
+    import prepare_chat_check
+    import prepare_data
+    sft = prepare_chat_check.SFT
+    tok = Tokenizer.from_file(os.path.join(sft, "tokenizer.json"))
+    own = prepare_data.ByteLevelTokenizer.load(os.path.join(sft, "tokenizer.json"))
+    check(own is not None, "the example tokenizer is not one prepare_data.py encodes itself")
+    records = [json.loads(line) for line in open(os.path.join(sft, "chat.jsonl"))]
+    template = prepare_data.ChatTemplate(os.path.join(sft, "tokenizer.json"))
+    eot = tok.token_to_id("<|endoftext|>")
+    want_ids, want_mask = [], []
+    for r in records:
+        text, spans = template.trained_spans(r["messages"])
+        ids = tok.encode(text, add_special_tokens=False).ids
+        check(own.encode(text).ids == ids, f"byte-level encoder differs on {text!r}")
+        want_ids += ids + [eot]
+        want_mask += token_mask(tok, text, ids, spans) + [0]
+    prepare("--chat", os.path.join(sft, "chat.jsonl"), "--tokenizer",
+            os.path.join(sft, "tokenizer.json"), "--out", "out", "--val-fraction", "0")
+    ((_, _, got),) = shards("out", "train")
+    check(got == want_ids, "--chat ids are not the rendered conversations' tokenizers ids")
+    with open("out/train_000000.mask.bin", "rb") as f:
+        check(list(f.read()[1024:]) == want_mask, "--chat mask")
+    try:  # transformers reads the {% generation %} blocks as prepare_data.py does
+        from transformers import PreTrainedTokenizerFast
+    except ImportError:
+        PreTrainedTokenizerFast = None
+    if PreTrainedTokenizerFast is not None:
+        source = prepare_chat_check.marked_tokenizer("marked")
+        marked = prepare_data.ChatTemplate("marked/tokenizer.json")
+        hf = PreTrainedTokenizerFast(tokenizer_file="marked/tokenizer.json", chat_template=source)
+        for r in records:
+            got = hf.apply_chat_template(r["messages"], tokenize=True, return_dict=True,
+                                         return_assistant_tokens_mask=True)
+            text, spans = marked.trained_spans(r["messages"])
+            ids = tok.encode(text, add_special_tokens=False).ids
+            check(got["input_ids"] == ids, "transformers renders the conversation otherwise")
+            check(got["assistant_masks"] == token_mask(tok, text, ids, spans),
+                  "transformers' assistant mask differs")
+    os.chdir("..")
+
+
 gpt2_style()
 llama3_style()
+documents_mode()
+chat_mode()
 print("prepare_data.py: uint16 and uint32 shards equal tokenizers' ids; remat-train trained on "
-      "them; sample's text equals tokenizers' decode")
+      "them; sample's text equals tokenizers' decode; --documents ends every document and cuts "
+      "shards between them; --chat masks exactly the assistant turns")

@@ -1,14 +1,18 @@
 // The CUDA backend's pure rules (engine/core/cuda_workspace.h), checked without a GPU: the chunks
 // attention runs in never end in a 1-token chunk, and the reserve for cuDNN's plan workspace
-// follows the call's shapes. The planner evaluates both on any machine; the gpu rows
-// [attention][chunks] and [cudnn_workspace] check them against cuDNN itself.
+// follows the call's shapes; documents' calls and their workspace. The planner evaluates them on
+// any machine; the gpu rows [attention][chunks], [cudnn_workspace] and [documents] check them
+// against cuDNN itself.
 #include <catch2/catch.hpp>
+#include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "engine/core/cpu_workspace.h"
 #include "engine/core/cuda_workspace.h"
 #include "engine/core/tensor.h"
+#include "tests/test_util.h"
 
 namespace remat {
 namespace {
@@ -108,6 +112,47 @@ TEST_CASE(
   // A backward without dinp reads no weight (a frozen one has no gradient GEMM either).
   CHECK(parts(DType::NF4DQ, DType::BF16, false) == V{});
   CHECK(parts(DType::F32, DType::BF16, false) == V{});
+}
+
+TEST_CASE("CUDA document calls: padded lengths, the runs of document starts, one workspace",
+          "[cuda_rules][documents]") {
+  // 64, 96, 128, 192, 256, 384, 512, ...: never below 64 (no 1 x 1 call), never above T, within
+  // 1.5x of the document's length from 64 on, and few distinct lengths up to a long row.
+  CHECK(cuda::document_call_rows(1, 4096) == 64);
+  CHECK(cuda::document_call_rows(64, 4096) == 64);
+  CHECK(cuda::document_call_rows(65, 4096) == 96);
+  CHECK(cuda::document_call_rows(97, 4096) == 128);
+  CHECK(cuda::document_call_rows(129, 4096) == 192);
+  CHECK(cuda::document_call_rows(300, 4096) == 384);
+  CHECK(cuda::document_call_rows(4000, 4096) == 4096);
+  CHECK(cuda::document_call_rows(3, 7) == 7);
+  CHECK(cuda::document_call_rows(1000, 1000) == 1000);
+  std::set<int64_t> lengths;
+  for (int64_t n = 1; n <= 65536; ++n) {
+    const int64_t L = cuda::document_call_rows(n, 65536);
+    CHECK((L >= n && (n < 64 || 2 * L <= 3 * n + 64)));
+    lengths.insert(L);
+  }
+  CHECK(lengths.size() == 21);  // 64 and 20 more up to 65536
+  // The runs of the starts the data gives: a packed row's padding is one-token documents.
+  const std::vector<int32_t> starts = test::document_starts({{3, 1, 2, 1, 1}, {8}});
+  const std::vector<cuda::DocumentRun> runs = cuda::document_runs(starts.data(), 2, 8);
+  REQUIRE(runs.size() == 6);
+  const std::vector<std::tuple<int64_t, int64_t, int64_t>> want = {{0, 0, 3}, {0, 3, 1}, {0, 4, 2},
+                                                                   {0, 6, 1}, {0, 7, 1}, {1, 0, 8}};
+  for (size_t i = 0; i < runs.size(); ++i)
+    CHECK(std::make_tuple(runs[i].row, runs[i].start, runs[i].length) == want[i]);
+  std::vector<int32_t> bad = starts;
+  bad[5] = 3;  // a start that is not its run's first position
+  CHECK_THROWS(cuda::document_runs(bad.data(), 2, 8));
+  // One document's workspace, whatever the documents: sized for a call of T rows of one row.
+  const Tensor qkv = qkv_of(2, 4096, (32 + 2 * 8) * 128);
+  const cuda::AttentionWorkspaceLayout w =
+      cuda::attention_workspace_layout(qkv, 32, 8, true, true, 0, true);
+  CHECK(w.cudnn_plan == cuda::cudnn_plan_reserve_bytes(1, 32, 8, 4096, 128, true));
+  CHECK(w.qkv_bf16 == uint64_t{4096} * 6144 * 2);
+  CHECK(w.pair_dqkv == w.qkv_bf16);
+  CHECK(cuda::attention_workspace_layout(qkv, 32, 8, true, true, 1024, true).total() == w.total());
 }
 
 }  // namespace remat

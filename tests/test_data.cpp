@@ -26,6 +26,7 @@
 #include "engine/core/error.h"
 #include "engine/cpu/cpu_backend.h"
 #include "temp_dir.h"
+#include "tests/shard_files.h"
 
 using namespace remat;
 namespace fs = std::filesystem;
@@ -36,44 +37,9 @@ namespace {
 
 using test::TempDir;
 
-void write_bytes(const std::string& file, const std::string& bytes) {
-  fs::create_directories(fs::path(file).parent_path());
-  std::ofstream out(file, std::ios::binary);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-}
-
-void put_u32(std::string& s, size_t at, uint32_t v) {
-  for (int i = 0; i < 4; ++i)
-    s[at + static_cast<size_t>(i)] = static_cast<char>((v >> (8 * i)) & 0xff);
-}
-
-/// An llm.c shard's bytes; the header fields can be overridden to build bad files.
-std::string shard_bytes(const std::vector<uint16_t>& tokens, int32_t magic = kShardMagic,
-                        int32_t version = kShardVersion, int64_t count = -1) {
-  std::string s(static_cast<size_t>(kShardHeaderBytes), '\0');
-  put_u32(s, 0, static_cast<uint32_t>(magic));
-  put_u32(s, 4, static_cast<uint32_t>(version));
-  put_u32(s, 8, static_cast<uint32_t>(count >= 0 ? count : static_cast<int64_t>(tokens.size())));
-  for (uint16_t t : tokens) {
-    s.push_back(static_cast<char>(t & 0xff));
-    s.push_back(static_cast<char>(t >> 8));
-  }
-  return s;
-}
-
-/// A uint32 shard (llm.c's Llama 3 format); the header fields can be overridden as above.
-std::string shard32_bytes(const std::vector<uint32_t>& tokens, int32_t magic = kShard32Magic,
-                          int32_t version = kShard32Version, int64_t count = -1) {
-  std::string s(static_cast<size_t>(kShardHeaderBytes), '\0');
-  put_u32(s, 0, static_cast<uint32_t>(magic));
-  put_u32(s, 4, static_cast<uint32_t>(version));
-  put_u32(s, 8, static_cast<uint32_t>(count >= 0 ? count : static_cast<int64_t>(tokens.size())));
-  for (uint32_t t : tokens) {
-    s.resize(s.size() + 4);
-    put_u32(s, s.size() - 4, t);
-  }
-  return s;
-}
+using test::shard32_bytes;
+using test::shard_bytes;
+using test::write_bytes;
 
 /// Tokens that say where they are: shard `id`, position i -> id * 1000 + i (unique below 65536).
 std::vector<uint16_t> tagged_tokens(int id, int n) {
@@ -113,23 +79,8 @@ std::unique_ptr<FileData> open_data(const Config& cfg) {
   return d;
 }
 
-std::vector<int32_t> download(Backend& be, const Buffer& b) {
-  std::vector<int32_t> out(static_cast<size_t>(b.tensor().numel()));
-  be.download(out.data(), b);
-  return out;
-}
-
-// Runs `f`, which must throw DataError, and returns its message.
-template <class F>
-std::string data_error(F f) {
-  try {
-    f();
-  } catch (const DataError& e) {
-    return e.what();
-  }
-  FAIL("no DataError was thrown");
-  return "";
-}
+using test::data_error;
+using test::download;
 
 }  // namespace
 

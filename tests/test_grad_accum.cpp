@@ -112,10 +112,11 @@ struct StepResult {
 
 // One trainer step of `text` with batch_size `rows` and grad_accum `micro`: its loss and the
 // gradients it applied (the grad buffers after AdamW, which reads them only).
-StepResult one_step(const char* text, int64_t rows, int64_t micro) {
-  const Config cfg = parse_config(
-      text, "accum",
-      {fmt::format("train.batch_size={}", rows), fmt::format("train.grad_accum={}", micro)});
+StepResult one_step(const char* text, int64_t rows, int64_t micro,
+                    std::vector<std::string> sets = {}) {
+  sets.push_back(fmt::format("train.batch_size={}", rows));
+  sets.push_back(fmt::format("train.grad_accum={}", micro));
+  const Config cfg = parse_config(text, "accum", sets);
   cpu::CpuBackend be(1ull << 30, test::kTestThreads);
   auto model = make_model(cfg, be);
   auto data = make_data_source(cfg);
@@ -169,6 +170,27 @@ TEST_CASE("gradient accumulation: N micro-batches give the gradient of one batch
       CHECK(accum.tokens == big.tokens);
       CHECK(accum.tokens == 4 * c.tokens_per_row);
       check_same_gradient(big, accum, 4 * c.tokens_per_row);
+    }
+  }
+}
+
+TEST_CASE(
+    "gradient accumulation with documents: the mean over the trained targets of every "
+    "micro-batch",
+    "[accum][documents]") {
+  // Documents (token 3 ends one: about one token in 11) leave each micro-batch a different count
+  // of trained targets (the step into the next document is not trained). The step's loss is the
+  // mean over all of them, so each micro-batch's gradient is scaled by 1 / (the step's trained
+  // targets): the big batch's gradient, within the bound above. A divisor per micro-batch, or
+  // every target's, would be off by the ratio of the counts.
+  const std::vector<std::string> documents = {"data.attention=document", "data.eot_token=3"};
+  for (const char* text : {kGpt, kLlama}) {
+    const StepResult big = one_step(text, 4, 1, documents);
+    for (const int64_t micro : {2, 4}) {
+      INFO("grad_accum = " << micro);
+      const StepResult accum = one_step(text, 4 / micro, micro, documents);
+      CHECK(accum.loss == Approx(big.loss).epsilon(1e-6));
+      check_same_gradient(big, accum, 4 * 12);
     }
   }
 }

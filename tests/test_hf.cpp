@@ -32,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "data/documents.h"
 #include "engine/config/config.h"
 #include "engine/config/hf_config.h"
 #include "engine/core/error.h"
@@ -903,6 +904,36 @@ TEST_CASE("hf CLI: plan and fit read config.json alone, and errors exit 2", "[hf
 
 namespace {
 
+// A float tensor of a golden file (any float dtype, as f32).
+std::vector<float> golden_f32(const safetensors::Reader& golden, const std::string& n) {
+  const safetensors::TensorInfo* t = golden.find(n);
+  REQUIRE(t != nullptr);
+  std::vector<float> v(static_cast<size_t>(numel(t->shape)));
+  REQUIRE(safetensors::to_f32(t->dtype, golden.data(*t), v.size(), v.data()));
+  return v;
+}
+
+// Every gradient of `l` against the golden's, each within 1e-5 of its tensor's largest entry;
+// returns how many were compared (a tied head's is the embedding's).
+size_t check_gradients(Loaded& l, const safetensors::Reader& golden) {
+  size_t compared = 0;
+  hf::for_each_tensor(
+      l.cfg.model, [&](const std::string& n) { return param_values(*l.model, n, true); },
+      [&](const hf::Piece& pc, const std::vector<float>& ours) {
+        const std::vector<float> theirs = golden_f32(golden, pc.name);
+        REQUIRE(ours.size() == theirs.size());
+        double max_abs = 0, max_diff = 0;
+        for (size_t i = 0; i < ours.size(); ++i) {
+          max_abs = std::max(max_abs, std::abs(static_cast<double>(theirs[i])));
+          max_diff = std::max(max_diff, std::abs(static_cast<double>(ours[i]) - theirs[i]));
+        }
+        INFO(pc.name << ": max |diff| " << max_diff << " of max |grad| " << max_abs);
+        CHECK(max_diff <= 1e-5 * max_abs);
+        ++compared;
+      });
+  return compared;
+}
+
 // The golden `name` of tests/golden/hf: imported, exported back bit for bit, its logits through
 // the decoder, and one forward/backward of its recorded tokens against transformers' loss and
 // every gradient.
@@ -910,13 +941,7 @@ void check_golden(const std::string& name) {
   const fs::path dir = fs::path(kGoldenDir) / name;
   const Json meta = read_json(dir / "golden.json");
   safetensors::Reader golden((dir / "golden.safetensors").string());
-  auto golden_tensor = [&](const std::string& n) {
-    const safetensors::TensorInfo* t = golden.find(n);
-    REQUIRE(t != nullptr);
-    std::vector<float> v(static_cast<size_t>(numel(t->shape)));
-    REQUIRE(safetensors::to_f32(t->dtype, golden.data(*t), v.size(), v.data()));
-    return v;
-  };
+  auto golden_tensor = [&](const std::string& n) { return golden_f32(golden, n); };
   const int64_t B = meta["B"], T = meta["T"];
   Loaded l = load(dir, {fmt::format("train.seq_len={}", T), fmt::format("train.batch_size={}", B)});
   check_export_round_trip(l, read_folder(dir));
@@ -979,23 +1004,80 @@ void check_golden(const std::string& name) {
   INFO(fmt::format("{}: loss {:.9g} against {:.9g}", name, loss.mean, want_loss));
   CHECK(std::abs(loss.mean - want_loss) <= 1e-6 * std::abs(want_loss));
 
-  size_t compared = 0;
-  hf::for_each_tensor(
-      l.cfg.model, [&](const std::string& n) { return param_values(*l.model, n, true); },
-      [&](const hf::Piece& pc, const std::vector<float>& ours) {
-        const std::vector<float> theirs = golden_tensor(pc.name);
-        REQUIRE(ours.size() == theirs.size());
-        double max_abs = 0, max_diff = 0;
-        for (size_t i = 0; i < ours.size(); ++i) {
-          max_abs = std::max(max_abs, std::abs(static_cast<double>(theirs[i])));
-          max_diff = std::max(max_diff, std::abs(static_cast<double>(ours[i]) - theirs[i]));
-        }
-        INFO(pc.name << ": max |diff| " << max_diff << " of max |grad| " << max_abs);
-        CHECK(max_diff <= 1e-5 * max_abs);
-        ++compared;
-      });
   // Every gradient transformers recorded was compared (a tied head's is the embedding's).
-  CHECK(compared == meta["gradients"].size());
+  CHECK(check_gradients(l, golden) == meta["gradients"].size());
+}
+
+// An I64 tensor of a golden file.
+std::vector<int64_t> golden_i64(const safetensors::Reader& golden, const std::string& n) {
+  const safetensors::TensorInfo* t = golden.find(n);
+  REQUIRE(t != nullptr);
+  REQUIRE(t->dtype == "I64");
+  std::vector<int64_t> v(static_cast<size_t>(numel(t->shape)));
+  std::memcpy(v.data(), golden.data(*t), v.size() * sizeof(int64_t));
+  return v;
+}
+
+// The documents golden of `name` (scripts/hf_golden.py --documents): rows of packed documents,
+// which transformers ran with a block-diagonal 4-D mask and positions restarting per document;
+// here with the document starts as the batch carries them and untrained targets marked. The loss
+// over the trained targets and every gradient.
+void check_documents_golden(const std::string& name) {
+  const fs::path dir = fs::path(kGoldenDir) / name;
+  const Json meta = read_json(dir / "documents.json");
+  safetensors::Reader golden((dir / "documents.safetensors").string());
+  const int64_t B = meta["B"], T = meta["T"], trained = meta["trained_targets"];
+  Loaded l = load(dir, {fmt::format("train.seq_len={}", T), fmt::format("train.batch_size={}", B),
+                        "data.attention=\"document\"",
+                        fmt::format("data.eot_token={}", meta["eot_token"].get<int64_t>())});
+  const std::vector<int64_t> tokens = golden_i64(golden, "tokens"),
+                             targets = golden_i64(golden, "targets"),
+                             starts = golden_i64(golden, "doc_start");
+  std::vector<int32_t> in, tg, ds;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i < T; ++i) {
+      in.push_back(static_cast<int32_t>(tokens[static_cast<size_t>(b * (T + 1) + i)]));
+      const int64_t t = targets[static_cast<size_t>(b * T + i)];
+      tg.push_back(t < 0 ? kIgnoredTarget : static_cast<int32_t>(t));
+      ds.push_back(static_cast<int32_t>(starts[static_cast<size_t>(b * T + i)]));
+    }
+  // The same starts as the data sources mark them (data/documents.h), from the tokens alone.
+  std::vector<int32_t> marked_targets(static_cast<size_t>(T)), marked_starts(marked_targets.size());
+  for (int64_t b = 0; b < B; ++b) {
+    std::vector<int32_t> row(tokens.begin() + b * (T + 1), tokens.begin() + (b + 1) * (T + 1));
+    mark_row(row.data(), nullptr, T, meta["eot_token"].get<int64_t>(), marked_targets.data(),
+             marked_starts.data());
+    CHECK(std::equal(marked_targets.begin(), marked_targets.end(), tg.begin() + b * T));
+    CHECK(std::equal(marked_starts.begin(), marked_starts.end(), ds.begin() + b * T));
+  }
+  for (Param& p : l.model->params()) l.be->fill(p.grad.tensor(), 0.0f);
+  Batch batch{make_i32(*l.be, {B, T}, in), make_i32(*l.be, {B, T}, tg), B * T};
+  batch.doc_start = make_i32(*l.be, {B, T}, ds);
+  batch.trained_targets = batch.step_targets = trained;
+  const StepLoss loss =
+      forward_backward(*l.be, *l.model, resolve_remat_plan(l.cfg, *l.model), batch);
+  const double want_loss = meta["loss"];
+  INFO(fmt::format("{} documents: loss {:.9g} against transformers' {:.9g}", name, loss.mean,
+                   want_loss));
+  CHECK(std::abs(loss.mean - want_loss) <= 1e-6 * std::abs(want_loss));
+  // Per position: the untrained ones are exactly 0, the others transformers' cross-entropy.
+  const std::vector<float> logits = golden_f32(golden, "logits");
+  const int64_t V = static_cast<int64_t>(logits.size()) / (B * T);
+  for (int64_t r = 0; r < B * T; ++r) {
+    const float got = loss.row_losses[static_cast<size_t>(r)];
+    if (tg[static_cast<size_t>(r)] == kIgnoredTarget) {
+      CHECK(got == 0.0f);
+      continue;
+    }
+    double mx = -1e30, sum = 0;
+    for (int64_t v = 0; v < V; ++v)
+      mx = std::max(mx, double(logits[static_cast<size_t>(r * V + v)]));
+    for (int64_t v = 0; v < V; ++v) sum += std::exp(logits[static_cast<size_t>(r * V + v)] - mx);
+    const double want =
+        mx + std::log(sum) - logits[static_cast<size_t>(r * V + tg[static_cast<size_t>(r)])];
+    CHECK(std::abs(got - want) <= 1e-5 * std::max(1.0, want));
+  }
+  CHECK(check_gradients(l, golden) == meta["gradients"].size());
 }
 
 }  // namespace
@@ -1018,6 +1100,18 @@ TEST_CASE("hf golden: transformers' loss and every gradient, Qwen3", "[hf][golde
 }
 TEST_CASE("hf golden: transformers' loss and every gradient, Mistral", "[hf][golden]") {
   check_golden("mistral");
+}
+TEST_CASE("hf golden: packed documents against transformers' block-diagonal mask, GPT-2",
+          "[hf][golden][documents]") {
+  check_documents_golden("gpt2");
+}
+TEST_CASE("hf golden: packed documents against transformers' block-diagonal mask, Llama",
+          "[hf][golden][documents]") {
+  check_documents_golden("llama");
+}
+TEST_CASE("hf golden: packed documents against transformers' block-diagonal mask, Qwen3",
+          "[hf][golden][documents]") {
+  check_documents_golden("qwen3");
 }
 
 }  // namespace remat::test

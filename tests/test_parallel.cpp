@@ -28,6 +28,7 @@
 #include "layers/models.h"
 #include "temp_dir.h"
 #include "tests/configs.h"
+#include "tests/shard_files.h"
 #include "tests/test_util.h"
 
 namespace fs = std::filesystem;
@@ -225,6 +226,67 @@ TEST_CASE("context parallel splits each sequence over the ranks and trains like 
   // Ring attention reassociates the softmax sums: measured ~2e-9 relative.
   check_close(losses_of(one), losses_of(many), 1e-6);
   check_close(values_of(one, "copy_loss"), values_of(many, "copy_loss"), 1e-6);
+}
+
+TEST_CASE("documents, loss masks and packed rows train over data and context ranks like one rank",
+          "[smoke][parallel][documents]") {
+  // Packed rows of documents ending with 7, a mask hiding every third target: the loss divides
+  // by the trained targets of every rank, and the ring carries the documents' starts. 2 ranks of
+  // data, then 2 of context, each against one rank.
+  TempDir dir("docs-ranks");
+  std::vector<uint16_t> tokens;
+  std::vector<uint8_t> mask;
+  for (int i = 0; i < 3000; ++i) {
+    const bool end = (i * 37) % 29 == 0;
+    tokens.push_back(end ? 7 : static_cast<uint16_t>(8 + (i * 13) % 50));
+    mask.push_back(i % 3 != 0);
+  }
+  remat::test::write_bytes((dir.path / "a.bin").string(), remat::test::shard_bytes(tokens));
+  remat::test::write_bytes((dir.path / "a.mask.bin").string(), remat::test::mask_bytes(mask));
+  remat::test::write_bytes((dir.path / "run.toml").string(),
+                           fmt::format(R"([model]
+kind = "gpt"
+n_layer = 2
+n_head = 4
+n_embd = 32
+vocab_size = 64
+position = "rope"
+[train]
+seq_len = 64
+batch_size = 4
+steps = 6
+lr = 3e-3
+[data]
+source = "tokens"
+path = "{}"
+order = "packed"
+attention = "document"
+eot_token = 7
+[device]
+threads = 1
+[log]
+every = 1
+)",
+                                       (dir.path / "a.bin").string()));
+  const std::string args =
+      fmt::format("--config {} -q --metrics ", (dir.path / "run.toml").string());
+  const std::string one = (dir.path / "one.jsonl").string();
+  const std::string many = (dir.path / "many.jsonl").string();
+  const CliResult a = run_ranks(1, args + one);
+  INFO(a.out);
+  REQUIRE(a.code == 0);
+  SECTION("data 2") {
+    const CliResult r = run_ranks(2, args + many + " --set parallel.data=2");
+    INFO(r.out);
+    REQUIRE(r.code == 0);
+  }
+  SECTION("context 2") {
+    const CliResult r = run_ranks(2, args + many + " --set parallel.context=2");
+    INFO(r.out);
+    REQUIRE(r.code == 0);
+    check_rank_peaks(dir.path, "many", 2);
+  }
+  check_close(losses_of(one), losses_of(many), 1e-6);
 }
 
 TEST_CASE("a data-parallel checkpoint resumes on one rank where one rank would be",

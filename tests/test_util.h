@@ -253,4 +253,28 @@ inline bool same_bits(const Tensor& a, const Tensor& b) {
   return a.bytes() == b.bytes() && std::memcmp(a.data, b.data, a.bytes()) == 0;
 }
 
+/// Document starts (engine/core/ops/attention.h's doc_start) of rows cut into documents of the
+/// given lengths, one list per row (each summing to the row's length): a (rows, T) i32 layout.
+inline std::vector<int32_t> document_starts(const std::vector<std::vector<int64_t>>& rows) {
+  std::vector<int32_t> out;
+  for (const std::vector<int64_t>& lengths : rows) {
+    int64_t start = 0;
+    for (int64_t n : lengths) {
+      for (int64_t i = 0; i < n; ++i) out.push_back(static_cast<int32_t>(start));
+      start += n;
+    }
+  }
+  return out;
+}
+
+/// A (rows, T) i32 tensor on `be` holding `values`.
+inline Buffer make_i32(Backend& be, const std::vector<int64_t>& shape,
+                       const std::vector<int32_t>& values) {
+  Buffer b = be.pool().allocate(shape, DType::I32, MemCategory::Transient, "test.i32");
+  REMAT_ASSERT(b.tensor().numel() == static_cast<int64_t>(values.size()), "make_i32: {} values",
+               values.size());
+  be.upload(b, values.data());
+  return b;
+}
+
 }  // namespace remat::test

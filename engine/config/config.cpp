@@ -20,6 +20,7 @@
 #include "engine/config/hf_config.h"
 #include "engine/config/lora.h"
 #include "engine/config/policy.h"
+#include "engine/config/shards_json.h"
 #include "engine/core/error.h"
 #include "engine/core/regular_file.h"
 #include "engine/core/token_positions.h"
@@ -423,9 +424,29 @@ const std::vector<KeySpec>& key_specs() {
        [](Config& c, auto& n, auto& o) { c.data.val_path = read_path_list(n, o); }},
       {"data", "val_fraction", "hold out this tail of each training file for validation",
        [](Config& c, auto& n, auto& o) { c.data.val_fraction = read_float(n, o, 0.0, 0.5); }},
-      {"data", "order", "random windows keyed by (seed, step, row), or sequential epochs",
+      {"data", "order",
+       "random windows keyed by (seed, step, row), sequential epochs, or packed rows of whole "
+       "documents (first-fit, shuffled by the seed)",
        [](Config& c, auto& n, auto& o) {
-         c.data.order = read_choice(n, o, {"random", "sequential"});
+         c.data.order = read_choice(n, o, {"random", "sequential", "packed"});
+       }},
+      {"data", "attention",
+       "causal over the whole row, or document: a token sees only its own document, whose "
+       "positions start at 0 (documents end with data.eot_token)",
+       [](Config& c, auto& n, auto& o) {
+         c.data.attention = read_choice(n, o, {"causal", "document"});
+       }},
+      {"data", "eot_token",
+       "the end-of-text id that ends each document; -1 = the one prepare_data.py recorded in "
+       "shards.json beside the shards",
+       [](Config& c, auto& n, auto& o) {
+         c.data.eot_token = read_int(n, o, -1, (1 << 24) - 1, false);
+       }},
+      {"data", "loss_mask",
+       "auto: a shard X.bin's targets are trained where X.mask.bin beside it says 1 (all when "
+       "there is none); off: every target",
+       [](Config& c, auto& n, auto& o) {
+         c.data.loss_mask = read_choice(n, o, {"auto", "off"});
        }},
       {"data", "task", "synthetic data: random or copy tokens (gpt), regression (mlp)",
        [](Config& c, auto& n, auto& o) {
@@ -619,6 +640,26 @@ void validate_model_family(const Config& c, const Origins& o) {
          "query heads)");
 }
 
+// data.attention, data.eot_token: what documents need. Whether an end-of-text id is known for file
+// data is settled when the data is opened (shards.json beside the shards, data/file_data.h).
+void validate_documents(const Config& c, const Origins& o) {
+  const bool sequence = c.model.has_sequence();
+  if (c.data.documents() && !sequence)
+    fail(o.of("data.attention"), "documents are runs of tokens, and the MLP model has none",
+         "remove data.attention");
+  if (c.data.eot_token >= c.model.vocab_size && sequence)
+    fail(o.of("data.eot_token"),
+         fmt::format("end-of-text id {} is outside the vocabulary (model.vocab_size = {})",
+                     c.data.eot_token, c.model.vocab_size),
+         "set the id the data was tokenized with, below model.vocab_size");
+  if (c.data.source == "synthetic" && c.data.documents() && c.data.eot_token < 0)
+    fail(o.of("data.attention"),
+         "data.attention = \"document\" on synthetic data needs the end-of-text id that ends "
+         "its documents, and no data.eot_token is set",
+         "set data.eot_token (synthetic tokens equal to it end a document), or data.attention = "
+         "\"causal\"");
+}
+
 // [lora] against the model: off (rank 0) means no other key; on, the names must select linears
 // of the blocks and whole modules that can train (engine/config/lora.h says which and why).
 void validate_lora(const Config& c, const Origins& o) {
@@ -759,7 +800,8 @@ void validate(const Config& c, const Origins& o) {
   if (file_data && c.data.path.empty())
     fail(o.of("data.path"), fmt::format("data.source = \"{}\" needs files to read", c.data.source),
          "set data.path to a file, a directory or a glob, e.g. \"data/*.bin\"");
-  for (const char* key : {"data.path", "data.val_path", "data.val_fraction", "data.order"})
+  for (const char* key :
+       {"data.path", "data.val_path", "data.val_fraction", "data.order", "data.loss_mask"})
     if (!file_data && o.all().count(key))
       fail(o.of(key), fmt::format("{} applies to file data (source = \"tokens\" or \"text\")", key),
            "remove it, or set data.source");
@@ -769,6 +811,7 @@ void validate(const Config& c, const Origins& o) {
   if (!c.data.val_path.empty() && c.data.val_fraction > 0)
     fail(o.of("data.val_fraction"), "both data.val_path and data.val_fraction are set",
          "keep one of them");
+  validate_documents(c, o);
   if (!c.remat.save.empty() && c.remat.policy != "names")
     fail(o.of("remat.save"),
          fmt::format("remat.save applies to policy \"names\", and the policy is \"{}\"",
@@ -939,6 +982,12 @@ Config build(toml::table root, const std::string& name, const std::vector<std::s
                      hf_keys->attention_window));
   validate(c, origins);
   c.origins = origins.all();
+  if (c.data.documents() && c.data.source == "tokens")
+    for (const std::string& folder : data_folders(c.data.path))
+      if (const std::optional<ShardsJson> s = read_shards_json(folder)) {
+        c.data.mean_document_tokens = s->mean_document_tokens;
+        break;
+      }
   return c;
 }
 
@@ -1199,7 +1248,10 @@ std::string config_to_toml(const Config& c) {
     if (!c.data.val_path.empty()) data.insert("val_path", strings(c.data.val_path));
     data.insert("val_fraction", c.data.val_fraction);
     data.insert("order", c.data.order);
+    data.insert("loss_mask", c.data.loss_mask);
   }
+  data.insert("attention", c.data.attention);
+  data.insert("eot_token", c.data.eot_token);
   toml::table remat{{"policy", c.remat.policy}, {"every", c.remat.every}};
   if (!c.remat.blocks.empty()) remat.insert("blocks", ints(c.remat.blocks));
   if (!c.remat.save.empty()) remat.insert("save", strings(c.remat.save));

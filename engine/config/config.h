@@ -112,9 +112,23 @@ struct DataConfig {
   std::string task = "random";       // synthetic: "random" | "copy" (gpt); "regression" (mlp)
   std::vector<std::string> path;  // tokens/text: files, directories or globs (relative to the cwd)
   std::vector<std::string>
-      val_path;                  // validation files (same format); empty = none or val_fraction
-  double val_fraction = 0.0;     // hold out this tail of the training data for validation
-  std::string order = "random";  // "random" windows keyed by (seed, step, row) | "sequential"
+      val_path;               // validation files (same format); empty = none or val_fraction
+  double val_fraction = 0.0;  // hold out this tail of the training data for validation
+  // "random" windows keyed by (seed, step, row) | "sequential" | "packed": rows of whole
+  // documents, first-fit (data/file_data.h)
+  std::string order = "random";
+  // "causal": every token attends to every earlier one of its row | "document": only to earlier
+  // tokens of its own document, positions restarting at 0 in each (docs/data.md#documents)
+  std::string attention = "causal";
+  // The end-of-text id that ends a document; -1: the one prepare_data.py recorded beside the
+  // shards (shards.json), needed by attention "document" and order "packed".
+  int64_t eot_token = -1;
+  std::string loss_mask = "auto";  // "auto": X.mask.bin beside a shard X.bin is read | "off"
+  // Resolved when the config is read, never a key: the documents' mean length recorded in a
+  // shards.json beside data.path (prepare_data.py), for document attention's FLOP estimates;
+  // 0: unknown (attention is counted at its causal upper bound).
+  double mean_document_tokens = 0;
+  bool documents() const { return attention == "document"; }
 };
 
 struct RematConfig {

@@ -4,7 +4,10 @@
 // dtype, so bf16-vs-f32 decisions read the arguments' dtypes.
 #pragma once
 
+#include <fmt/format.h>
+
 #include <algorithm>
+#include <vector>
 
 #include "engine/core/ops/attention.h"
 #include "engine/core/ops/embedding.h"
@@ -104,6 +107,47 @@ constexpr bool chunk_key_outer(int64_t C, int64_t KV) {
   return KV > C;
 }
 
+/// Document attention on CUDA (data.attention = "document"; engine/cuda/attention.cpp) runs each
+/// document of a batch row as one causal cuDNN call of one row, its n tokens at the start of a
+/// scratch of this many rows, the rest zero: n rounded up to 64, 96, 128, 192, 256, ... (powers of
+/// two and one and a half times them), at most T. cuDNN builds a plan per shape (0.1-1 s each):
+/// rounding keeps a run's plans to about two per doubling of length whatever its documents'
+/// lengths, at the cost of at most 1.5x the rows (2.25x the FLOPs) of a document's call. No call
+/// is 1 x 1, which cuDNN's backward refuses (a one-token document is 64 rows, or T below 64).
+constexpr int64_t document_call_rows(int64_t n, int64_t T) {
+  int64_t L = 64;
+  while (L < n) L = (L & (L - 1)) == 0 ? L / 2 * 3 : L / 3 * 4;
+  return std::min(L, T);
+}
+
+/// One document of a batch row: its tokens [start, start + length) of row `row`.
+struct DocumentRun {
+  int64_t row = 0, start = 0, length = 0;
+};
+
+/// The documents of (B, T) document starts (engine/core/ops/attention.h: each token's document's
+/// first position in the row): the runs of equal starts, in order. A run must start where its
+/// value says (the data's documents do; a ring's global starts never reach CUDA, which refuses
+/// the ring with documents); BackendError otherwise.
+inline std::vector<DocumentRun> document_runs(const int32_t* doc_start, int64_t B, int64_t T) {
+  std::vector<DocumentRun> runs;
+  for (int64_t b = 0; b < B; ++b) {
+    const int32_t* d = doc_start + b * T;
+    for (int64_t t = 0; t < T;) {
+      if (d[t] != t)
+        throw BackendError(fmt::format(
+            "[attention] row {} token {} starts its document at {}: document starts must be "
+            "runs, each starting where its value says (engine/core/ops/attention.h)",
+            b, t, d[t]));
+      int64_t e = t + 1;
+      while (e < T && d[e] == d[t]) ++e;
+      runs.push_back({b, t, e - t});
+      t = e;
+    }
+  }
+  return runs;
+}
+
 /// The attention workspace: one pool allocation "attn.workspace" that engine/cuda/cuda_backend.cpp
 /// carves into these parts, in this order, each rounded to MemoryPool::kAlignment. cuDNN's fused
 /// flash attention takes bf16 q/k/v only and RoPE must rotate q and k before it, hence the bf16
@@ -138,7 +182,8 @@ struct AttentionWorkspaceLayout {
 
 inline AttentionWorkspaceLayout attention_workspace_layout(const Tensor& qkv, int n_head,
                                                            int n_kv_head, bool use_rope,
-                                                           bool backward, int64_t chunk_tokens) {
+                                                           bool backward, int64_t chunk_tokens,
+                                                           bool documents = false) {
   const int64_t B = qkv.dim(0), T = qkv.dim(1), W = qkv.dim(2);
   const int64_t KVH = kv_heads(n_head, n_kv_head), HS = W / (n_head + 2 * KVH), C = HS * n_head;
   auto bytes = [](int64_t n, size_t elem) {
@@ -146,6 +191,22 @@ inline AttentionWorkspaceLayout attention_workspace_layout(const Tensor& qkv, in
   };
   const bool f32_acts = qkv.dtype == DType::F32;
   AttentionWorkspaceLayout w;
+  if (documents) {  // one document's call of at most T rows (document_call_rows), any chunking
+    w.qkv_bf16 = bytes(T * W, 2);
+    w.pair_lse = bytes(n_head * T, 4);
+    if (!backward) {
+      w.pair_out = bytes(T * C, 2);
+    } else {
+      w.out_bf16 = bytes(T * C, 2);
+      w.dout_bf16 = bytes(T * C, 2);
+      w.pair_dqkv = bytes(T * W, 2);
+      w.dq_accum = bytes(T * C, 4);
+      w.softmax_sum = bytes(n_head * T, 4);
+    }
+    w.cudnn_plan =
+        MemoryPool::accounted_bytes(cudnn_plan_reserve_bytes(1, n_head, KVH, T, HS, backward));
+    return w;
+  }
   if (const AttentionChunks ch = attention_chunks(qkv, chunk_tokens); ch.chunked()) {
     const int64_t L = ch.L;
     if (f32_acts || (use_rope && !backward)) w.qkv_bf16 = bytes(B * T * W, 2);
@@ -204,10 +265,11 @@ inline WorkspaceList gemm_workspace(const Tensor& weight, bool bf16_gemm,
 }
 
 inline WorkspaceList attention_workspace(const Tensor& qkv, int n_head, int n_kv_head,
-                                         float rope_theta, bool backward, int64_t chunk_tokens) {
-  const uint64_t bytes =
-      attention_workspace_layout(qkv, n_head, n_kv_head, rope_theta > 0, backward, chunk_tokens)
-          .total();
+                                         float rope_theta, bool backward, int64_t chunk_tokens,
+                                         bool documents) {
+  const uint64_t bytes = attention_workspace_layout(qkv, n_head, n_kv_head, rope_theta > 0,
+                                                    backward, chunk_tokens, documents)
+                             .total();
   return {{"attn.workspace", DType::BF16, {static_cast<int64_t>(bytes / 2)}}};
 }
 
@@ -242,10 +304,12 @@ inline WorkspaceList workspace(const LoraBackwardArgs& a, const WorkspaceTarget&
   return lora_workspace(a.inp, a.a, a.b, a.dropout.p, true);
 }
 inline WorkspaceList workspace(const AttentionForwardArgs& a, const WorkspaceTarget&) {
-  return attention_workspace(a.qkv, a.n_head, a.n_kv_head, a.rope_theta, false, a.chunk_tokens);
+  return attention_workspace(a.qkv, a.n_head, a.n_kv_head, a.rope_theta, false, a.chunk_tokens,
+                             !a.doc_start.empty());
 }
 inline WorkspaceList workspace(const AttentionBackwardArgs& a, const WorkspaceTarget&) {
-  return attention_workspace(a.qkv, a.n_head, a.n_kv_head, a.rope_theta, true, a.chunk_tokens);
+  return attention_workspace(a.qkv, a.n_head, a.n_kv_head, a.rope_theta, true, a.chunk_tokens,
+                             !a.doc_start.empty());
 }
 /// Tokens bucketed by id (positions (N) i32 + bucket starts (N+1) i32), so the scatter-add is
 /// deterministic without atomics ("embedding.buckets").

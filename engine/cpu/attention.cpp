@@ -4,6 +4,12 @@
 // D_i = rowsum(dO_i * O_i). Tiles above the diagonal are skipped. No T x T matrix exists.
 // Optional RoPE (half-split / GPT-NeoX layout) rotates q and k as the forward loads its tiles;
 // the backward rotates them in place once (qkv is CLOBBERED there) and rotates dq, dk back.
+// Documents (doc_start, engine/core/ops/attention.h): a query tile's keys start at its first
+// document start, key tiles wholly before a query unit's document are skipped (forward) and a key
+// tile's query tiles end where their documents start past it (backward); inside a tile that
+// straddles a start the keys before it are masked (-inf forward; zero probabilities and score
+// gradients backward), and RoPE rotates at the position within the document. Without documents
+// nothing of this runs: causal attention keeps its bits.
 //
 // Every product is a small GEMM on one tile pair, done by a register-blocked AVX2/FMA kernel
 // (6 rows x 16 columns of accumulators), with a portable scalar fallback. Tile layouts are
@@ -201,20 +207,26 @@ void gemm(int64_t M, int64_t N, int64_t K, const float* a, int64_t ars, int64_t 
 // Online-softmax step on a tile of base-2 scores stored transposed, s (nk keys, kTq queries):
 // per query column i, m_new = max(m_i, max_j s_ji); s_ji = 2^(s_ji - m_new);
 // l_i = l_i 2^(m_i - m_new) + sum_j s_ji (j in order); corr_i = 2^(m_i - m_new).
+// A column that has seen only masked keys so far (documents: a key tile before the query's
+// document start) keeps m_new = -inf; its exponentials are taken against 0 instead, so that they
+// are 0 and not NaN. Any other column subtracts m_new itself.
 void softmax_update_columns(float* s, int64_t nk, float* m, float* l, float* corr) {
   if (attention_isa() == AttentionIsa::Avx512)
     return attention_softmax_update_columns_avx512(s, nk, kTq, m, l, corr);
+  const __m256 neg_inf = _mm256_set1_ps(kNegInf);
   for (int64_t i = 0; i < kTq; i += 8) {
     const __m256 m_old = _mm256_loadu_ps(m + i);
     __m256 mx = m_old;
     for (int64_t j = 0; j < nk; ++j) mx = _mm256_max_ps(mx, _mm256_loadu_ps(s + j * kTq + i));
+    const __m256 shift =
+        _mm256_blendv_ps(mx, _mm256_setzero_ps(), _mm256_cmp_ps(mx, neg_inf, _CMP_EQ_OQ));
     __m256 sum = _mm256_setzero_ps();
     for (int64_t j = 0; j < nk; ++j) {
-      const __m256 p = exp2_ps(_mm256_sub_ps(_mm256_loadu_ps(s + j * kTq + i), mx));
+      const __m256 p = exp2_ps(_mm256_sub_ps(_mm256_loadu_ps(s + j * kTq + i), shift));
       _mm256_storeu_ps(s + j * kTq + i, p);
       sum = _mm256_add_ps(sum, p);
     }
-    const __m256 c = exp2_ps(_mm256_sub_ps(m_old, mx));
+    const __m256 c = exp2_ps(_mm256_sub_ps(m_old, shift));
     _mm256_storeu_ps(corr + i, c);
     _mm256_storeu_ps(l + i, _mm256_fmadd_ps(_mm256_loadu_ps(l + i), c, sum));
     _mm256_storeu_ps(m + i, mx);
@@ -289,12 +301,13 @@ void softmax_update_columns(float* s, int64_t nk, float* m, float* l, float* cor
   for (int64_t i = 0; i < kTq; ++i) {
     float mx = m[i];
     for (int64_t j = 0; j < nk; ++j) mx = std::max(mx, s[j * kTq + i]);
+    const float shift = mx == kNegInf ? 0.0f : mx;
     float sum = 0;
     for (int64_t j = 0; j < nk; ++j) {
-      s[j * kTq + i] = exp2_scalar(s[j * kTq + i] - mx);
+      s[j * kTq + i] = exp2_scalar(s[j * kTq + i] - shift);
       sum += s[j * kTq + i];
     }
-    corr[i] = exp2_scalar(m[i] - mx);
+    corr[i] = exp2_scalar(m[i] - shift);
     l[i] = std::fma(l[i], corr[i], sum);
     m[i] = mx;
   }
@@ -341,6 +354,7 @@ struct Heads {
   float scale;
   const float* rope_cos = nullptr;  // (T, HS/2), null without RoPE
   const float* rope_sin = nullptr;
+  const int32_t* doc_start = nullptr;  // (B, T): each token's document start; null: causal
 
   Heads(const Tensor& qkv, int n_head, int n_kv_head) {
     B = qkv.dim(0);
@@ -365,6 +379,10 @@ struct Heads {
     return (bkv / KVH) * NH + (bkv % KVH) * G + r;
   }
   int64_t kv_head_of(int64_t bh) const { return (bh / NH) * KVH + (bh % NH) / G; }
+  // Documents: the first key row t of batch row b sees, and its RoPE position (t - that start).
+  // Both are 0 and t without documents. doc_first is non-decreasing in t.
+  int64_t doc_first(int64_t b, int64_t t) const { return doc_start ? doc_start[b * T + t] : 0; }
+  int64_t rope_pos(int64_t b, int64_t t) const { return t - doc_first(b, t); }
 };
 
 // Fills the cos/sin table: angle(t, i) = t * inv_freq[i] (engine/core/ops/rope.h, with its
@@ -384,30 +402,32 @@ void fill_rope_table(float* cos_t, float* sin_t, int64_t T, int64_t HS, float th
   }
 }
 
-// Row t of one head's q or k, rotated with RoPE when enabled, times `mult`, into d[0..HS).
-inline void load_row(float* d, const float* s, int64_t t, const Heads& h, float mult) {
+// A row of one head's q or k, rotated with RoPE at position `pos` when enabled, times `mult`,
+// into d[0..HS).
+inline void load_row(float* d, const float* s, int64_t pos, const Heads& h, float mult) {
   if (!h.rope_cos) {
     for (int64_t c = 0; c < h.HS; ++c) d[c] = s[c] * mult;
     return;
   }
   const int64_t half = h.HS / 2;
-  const float* cs = h.rope_cos + t * half;
-  const float* sn = h.rope_sin + t * half;
+  const float* cs = h.rope_cos + pos * half;
+  const float* sn = h.rope_sin + pos * half;
   for (int64_t i = 0; i < half; ++i) {
     d[i] = (s[i] * cs[i] - s[i + half] * sn[i]) * mult;
     d[i + half] = (s[i] * sn[i] + s[i + half] * cs[i]) * mult;
   }
 }
 
-// A (n, HS) operand of rows [t0, t0+n) of q or k (src: the head's row t0 = 0). Without RoPE the
-// rows are used in place; with it they are rotated into `tile` (row stride HSp).
+// A (n, HS) operand of rows [t0, t0+n) of batch row b's q or k (src: the head's row t0 = 0).
+// Without RoPE the rows are used in place; with it they are rotated into `tile` (row stride HSp).
 struct Rows {
   const float* p;
   int64_t ld;
 };
-Rows rotated_rows(float* tile, const float* src, int64_t t0, int64_t n, const Heads& h) {
+Rows rotated_rows(float* tile, const float* src, int64_t b, int64_t t0, int64_t n, const Heads& h) {
   if (!h.rope_cos) return {src + t0 * h.row, h.row};
-  for (int64_t r = 0; r < n; ++r) load_row(tile + r * h.HSp, src + (t0 + r) * h.row, t0 + r, h, 1);
+  for (int64_t r = 0; r < n; ++r)
+    load_row(tile + r * h.HSp, src + (t0 + r) * h.row, h.rope_pos(b, t0 + r), h, 1);
   return {tile, h.HSp};
 }
 
@@ -444,7 +464,7 @@ inline void transpose8x8_scaled(float* tile, int64_t width, const float* src, in
 // shape (T = 1024, 12 heads of 64, 2 threads, Intel VM, 2026-12-02, 3 alternated pairs): the
 // forward 168-170 -> 181-185 GFLOP/s, the backward 171-175 -> 178-190; in GPT-2's step attention
 // took 405 ms against 414-431 (2 pairs).
-void load_transposed(float* tile, int64_t width, const float* src, int64_t t0, int64_t n,
+void load_transposed(float* tile, int64_t width, const float* src, int64_t b, int64_t t0, int64_t n,
                      const Heads& h, float mult, float* tmp) {
 #if defined(__AVX2__) && defined(__FMA__)
   if (!h.rope_cos && h.HS % 8 == 0 && n % 8 == 0) {
@@ -459,7 +479,7 @@ void load_transposed(float* tile, int64_t width, const float* src, int64_t t0, i
 #endif
   for (int64_t r = 0; r < width; ++r) {
     if (r < n)
-      load_row(tmp, src + (t0 + r) * h.row, t0 + r, h, mult);
+      load_row(tmp, src + (t0 + r) * h.row, h.rope_pos(b, t0 + r), h, mult);
     else
       std::fill(tmp, tmp + h.HS, 0.0f);
     for (int64_t c = 0; c < h.HS; ++c) tile[c * width + r] = tmp[c];
@@ -514,11 +534,12 @@ Workspace make_workspace(const OpWorkspace& op_ws, Heads& h, int threads, float 
   return ws;
 }
 
-// Rotates a gradient with respect to rotated q or k back to the unrotated input (R^T).
-void unrotate_row(float* d, int64_t t, const Heads& h) {
+// Rotates a gradient with respect to rotated q or k back to the unrotated input (R^T), at RoPE
+// position `pos`.
+void unrotate_row(float* d, int64_t pos, const Heads& h) {
   const int64_t half = h.HS / 2;
-  const float* cs = h.rope_cos + t * half;
-  const float* sn = h.rope_sin + t * half;
+  const float* cs = h.rope_cos + pos * half;
+  const float* sn = h.rope_sin + pos * half;
   for (int64_t i = 0; i < half; ++i) {
     const float a = d[i], b = d[i + half];
     d[i] = a * cs[i] + b * sn[i];
@@ -535,14 +556,41 @@ void rotate_qk_in_place(float* qkv, const Heads& h, int threads) {
     std::vector<float> tmp(static_cast<size_t>(h.HS));
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < n_rows; ++r) {
-      const int64_t t = r % h.T;
+      const int64_t pos = h.rope_pos(r / h.T, r % h.T);
       for (int64_t part = 0; part < 2; ++part)  // q, then k
         for (int64_t hd = 0; hd < (part == 0 ? h.NH : h.KVH); ++hd) {
           float* row = qkv + r * h.row + part * h.k_off + hd * h.HS;
-          load_row(tmp.data(), row, t, h, 1.0f);
+          load_row(tmp.data(), row, pos, h, 1.0f);
           std::copy(tmp.begin(), tmp.end(), row);
         }
     }
+  }
+}
+
+// Documents: in a transposed tile s of keys [j0, j0 + nk) (rows) and queries [i0, i0 + nq)
+// (columns) of batch row b, the entries of keys before their query's document start become
+// `value`. For key j0 + j those are the queries whose document starts after it: a suffix of the
+// tile's columns, since starts do not decrease.
+void mask_before_documents(float* s, int64_t nk, int64_t j0, int64_t b, int64_t i0, int64_t nq,
+                           const Heads& h, float value) {
+  if (h.doc_first(b, i0 + nq - 1) <= j0) return;  // every query's document starts by key j0
+  const int32_t* first = h.doc_start + b * h.T + i0;
+  for (int64_t j = 0; j < nk; ++j) {
+    const int64_t from = std::upper_bound(first, first + nq, j0 + j) - first;
+    std::fill(s + j * kTq + from, s + j * kTq + nq, value);
+  }
+}
+
+// The same on row tiles p and ds (nq queries x kTk keys, the backward's per-head form), after the
+// softmax step: the probabilities and score gradients of keys before a query's document start
+// become 0, so that they add nothing to dV, dK and dQ.
+void zero_rows_before_documents(float* p, float* ds, int64_t nq, int64_t j0, int64_t nk, int64_t b,
+                                int64_t i0, const Heads& h) {
+  if (h.doc_first(b, i0 + nq - 1) <= j0) return;
+  for (int64_t i = 0; i < nq; ++i) {
+    const int64_t n = std::clamp<int64_t>(h.doc_first(b, i0 + i) - j0, 0, nk);
+    std::fill(p + i * kTk, p + i * kTk + n, 0.0f);
+    std::fill(ds + i * kTk, ds + i * kTk + n, 0.0f);
   }
 }
 
@@ -552,6 +600,7 @@ void CpuBackend::attention_forward_impl(const AttentionForwardArgs& a, const OpW
   if (const AttentionChunks ch = attention_chunks(a.qkv, a.chunk_tokens); ch.chunked())
     return attention_forward_chunked(a, op_ws, ch);
   Heads h(a.qkv, a.n_head, a.n_kv_head);
+  if (!a.doc_start.empty()) h.doc_start = a.doc_start.i32();
   Workspace ws = make_workspace(op_ws, h, threads_, a.rope_theta, a.rope_scaling);
   const float* qkv = a.qkv.f32();
   float* out = a.out.f32();
@@ -587,28 +636,33 @@ void CpuBackend::attention_forward_impl(const AttentionForwardArgs& a, const OpW
       const float* keys = qkv + h.k_offset(bkv);
       const float* values = keys + (h.v_off - h.k_off);
       const int64_t u0 = group * kGroup, n_in = std::min(kGroup, n_units - u0);
+      const int64_t b = bkv / h.KVH;
       int64_t i0[kGroup] = {}, nq[kGroup] = {}, bh[kGroup] = {};
       for (int64_t g = 0; g < n_in; ++g) {
         bh[g] = h.query_head(bkv, (u0 + g) % h.G);
         i0[g] = (u0 + g) / h.G * kTq;
         nq[g] = std::min(kTq, h.T - i0[g]);
-        load_transposed(qt_tile[g], kTq, qkv + h.q_offset(bh[g]), i0[g], nq[g], h, h.scale * kLog2e,
-                        tmp);
+        load_transposed(qt_tile[g], kTq, qkv + h.q_offset(bh[g]), b, i0[g], nq[g], h,
+                        h.scale * kLog2e, tmp);
         std::fill(acc[g], acc[g] + nq[g] * h.HSp, 0.0f);
         std::fill(m[g], m[g] + kTq, kNegInf);
         std::fill(l[g], l[g] + kTq, 0.0f);
       }
-      // The last unit's query tile is the group's lowest (units ascend by query tile).
+      // Units ascend by query tile: the last one's ends the keys any unit sees, and the first
+      // one's document start (the smallest, as starts do not decrease) begins them.
       const int64_t keys_end = i0[n_in - 1] + nq[n_in - 1];
-      for (int64_t j0 = 0; j0 < keys_end; j0 += kTk) {
+      const int64_t keys_begin = h.doc_first(b, i0[0]) / kTk * kTk;
+      for (int64_t j0 = keys_begin; j0 < keys_end; j0 += kTk) {
         const int64_t nk = std::min(kTk, h.T - j0);
-        const Rows k = rotated_rows(k_tile, keys, j0, nk, h);
+        const Rows k = rotated_rows(k_tile, keys, b, j0, nk, h);
         for (int64_t g = 0; g < n_in; ++g) {
-          if (j0 >= i0[g] + nq[g]) continue;  // above this query tile's diagonal
+          if (j0 >= i0[g] + nq[g]) continue;               // above this query tile's diagonal
+          if (j0 + nk <= h.doc_first(b, i0[g])) continue;  // before every query's document
           gemm<false>(nk, kTq, h.HS, k.p, k.ld, 1, qt_tile[g], kTq, s, kTq);  // S^T = K Q^T
           for (int64_t j = 0; j < nk; ++j)  // causal: query i sees key j when i0 + i >= j0 + j
             std::fill(s + j * kTq, s + j * kTq + std::clamp<int64_t>(j0 + j - i0[g], 0, kTq),
                       kNegInf);
+          mask_before_documents(s, nk, j0, b, i0[g], nq[g], h, kNegInf);
           softmax_update_columns(s, nk, m[g], l[g], corr);
           for (int64_t i = 0; i < nq[g]; ++i)
             if (corr[i] != 1.0f)
@@ -619,7 +673,7 @@ void CpuBackend::attention_forward_impl(const AttentionForwardArgs& a, const OpW
       }
       for (int64_t g = 0; g < n_in; ++g)
         for (int64_t i = 0; i < nq[g]; ++i) {
-          const int64_t b = bh[g] / h.NH, hd = bh[g] % h.NH;
+          const int64_t hd = bh[g] % h.NH;
           float* o = out + (b * h.T + i0[g] + i) * h.out_row + hd * h.HS;
           const float inv = 1.0f / l[g][i];
           for (int64_t c = 0; c < h.HS; ++c) o[c] = acc[g][i * h.HSp + c] * inv;
@@ -687,11 +741,11 @@ struct AttentionBackward {
     return dot_in_gemm_order(dout_h(bh) + t * h.out_row, out_h(bh) + t * h.out_row, h.HS);
   }
 
-  // Key tile j0's K^T (scaled), V^T and rotated K rows into the tiles.
-  Rows load_key_tile(const float* kh, int64_t j0, int64_t nk, BackwardTiles& w) const {
-    load_transposed(w.kt_tile, kTk, kh, j0, nk, h, h.scale * kLog2e, w.tmp);
-    load_transposed(w.vt_tile, kTk, kh + (h.v_off - h.k_off), j0, nk, v_rows, 1.0f, w.tmp);
-    return rotated_rows(w.k_tile, kh, j0, nk, h);
+  // Key tile j0's K^T (scaled), V^T and rotated K rows into the tiles (batch row b).
+  Rows load_key_tile(const float* kh, int64_t b, int64_t j0, int64_t nk, BackwardTiles& w) const {
+    load_transposed(w.kt_tile, kTk, kh, b, j0, nk, h, h.scale * kLog2e, w.tmp);
+    load_transposed(w.vt_tile, kTk, kh + (h.v_off - h.k_off), b, j0, nk, v_rows, 1.0f, w.tmp);
+    return rotated_rows(w.k_tile, kh, b, j0, nk, h);
   }
 
   // S, dP and dS of query tile i0 against the loaded key tile j0 (row form); d[i]: D of row i0 + i.
@@ -706,6 +760,7 @@ struct AttentionBackward {
       softmax_grad_row(w.p + i * kTk, w.ds + i * kTk, n_valid, lse_h[i0 + i] * kLog2e, d[i],
                        h.scale);
     }
+    zero_rows_before_documents(w.p, w.ds, nq, j0, nk, bh / h.NH, i0, h);
   }
 
   // dK and dV of key/value head bkv's key tile j0 over the query tiles below it, for each of its
@@ -714,8 +769,8 @@ struct AttentionBackward {
   // head).
   void key_tile(int64_t bkv, int64_t j0, bool with_dq, BackwardTiles& w) const {
     float* dkh = dkv_head(bkv);
-    const int64_t nk = std::min(kTk, h.T - j0);
-    const Rows k = load_key_tile(kv_head(bkv), j0, nk, w);
+    const int64_t b = bkv / h.KVH, nk = std::min(kTk, h.T - j0);
+    const Rows k = load_key_tile(kv_head(bkv), b, j0, nk, w);
     std::fill(w.dk, w.dk + nk * h.HSp, 0.0f);
     std::fill(w.dv, w.dv + nk * h.HSp, 0.0f);
     float d_rows[kTq];
@@ -725,9 +780,11 @@ struct AttentionBackward {
       float* dh = dhead(bh);
       const float* d = with_dq ? dkh + (h.v_off - h.k_off) + r : dh;
       for (int64_t i0 = j0 / kTq * kTq; i0 < h.T; i0 += kTq) {
+        // Documents: this query tile and every later one start past this key tile's keys.
+        if (h.doc_first(b, i0) >= j0 + nk) break;
         const int64_t nq = std::min(kTq, h.T - i0);
         for (int64_t i = 0; i < nq; ++i) d_rows[i] = d[(i0 + i) * h.row];
-        const Rows q = rotated_rows(w.q_tile, hd, i0, nq, h);
+        const Rows q = rotated_rows(w.q_tile, hd, b, i0, nq, h);
         scores_and_grad(d_rows, bh, i0, nq, j0, nk, q, w);
         const float* do_tile = dout_h(bh) + i0 * h.out_row;
         gemm<true>(nk, h.HS, nq, w.p, 1, kTk, do_tile, h.out_row, w.dv, h.HSp);  // dV += P^T dO
@@ -741,7 +798,7 @@ struct AttentionBackward {
       float* dv_row = dk_row + (h.v_off - h.k_off);
       std::copy(w.dk + j * h.HSp, w.dk + j * h.HSp + h.HS, dk_row);
       std::copy(w.dv + j * h.HSp, w.dv + j * h.HSp + h.HS, dv_row);
-      if (rope) unrotate_row(dk_row, j0 + j, unrot);
+      if (rope) unrotate_row(dk_row, h.rope_pos(b, j0 + j), unrot);
     }
   }
 
@@ -762,7 +819,8 @@ struct AttentionBackward {
     if (rope)
       for (int64_t r = 0; r < h.G; ++r) {
         float* dh = dhead(h.query_head(bkv, r));
-        for (int64_t t = 0; t < h.T; ++t) unrotate_row(dh + t * h.row, t, unrot);
+        for (int64_t t = 0; t < h.T; ++t)
+          unrotate_row(dh + t * h.row, h.rope_pos(bkv / h.KVH, t), unrot);
       }
   }
 
@@ -774,7 +832,7 @@ struct AttentionBackward {
     const float* hd = head(bh);
     const float* kh = kv_head(h.kv_head_of(bh));
     float* dh = dhead(bh);
-    const int64_t nq = std::min(kTq, h.T - i0);
+    const int64_t b = bh / h.NH, nq = std::min(kTq, h.T - i0);
     float* lse2 = w.dv;
     float* d = w.dv + kTq;
     for (int64_t i = 0; i < kTq; ++i) {
@@ -785,21 +843,26 @@ struct AttentionBackward {
     }
     float* qt = w.kt_tile;
     float* dot = w.vt_tile;
-    load_transposed(qt, kTq, hd, i0, nq, h, 1.0f, w.tmp);
-    load_transposed(dot, kTq, dout_h(bh), i0, nq, do_rows, 1.0f, w.tmp);
-    for (int64_t j0 = 0; j0 < i0 + nq; j0 += kTk) {
+    load_transposed(qt, kTq, hd, b, i0, nq, h, 1.0f, w.tmp);
+    load_transposed(dot, kTq, dout_h(bh), b, i0, nq, do_rows, 1.0f, w.tmp);
+    // Documents: no key before the tile's first document start is seen (the start of row i0).
+    for (int64_t j0 = h.doc_first(b, i0) / kTk * kTk; j0 < i0 + nq; j0 += kTk) {
       const int64_t nk = std::min(kTk, h.T - j0);
       for (int64_t r = 0; r < nk; ++r)  // K * scale * log2(e), rotated, as key_tile's K^T
-        load_row(w.k_tile + r * h.HSp, kh + (j0 + r) * h.row, j0 + r, h, h.scale * kLog2e);
-      const Rows k = rotated_rows(w.q_tile, kh, j0, nk, h);
+        load_row(w.k_tile + r * h.HSp, kh + (j0 + r) * h.row, h.rope_pos(b, j0 + r), h,
+                 h.scale * kLog2e);
+      const Rows k = rotated_rows(w.q_tile, kh, b, j0, nk, h);
       gemm<false>(nk, kTq, h.HS, w.k_tile, h.HSp, 1, qt, kTq, w.p, kTq);  // S^T = K Q^T
       gemm<false>(nk, kTq, h.HS, kh + (h.v_off - h.k_off) + j0 * h.row, h.row, 1, dot, kTq, w.ds,
                   kTq);  // dP^T = V dO^T
       softmax_grad_columns(w.p, w.ds, nk, j0 - i0, nq, lse2, d, h.scale);
+      mask_before_documents(w.p, nk, j0, b, i0, nq, h, 0.0f);
+      mask_before_documents(w.ds, nk, j0, b, i0, nq, h, 0.0f);
       gemm<true>(nq, h.HS, nk, w.ds, 1, kTq, k.p, k.ld, dh + i0 * h.row, h.row);  // dQ += dS K
     }
     if (rope)
-      for (int64_t i = 0; i < nq; ++i) unrotate_row(dh + (i0 + i) * h.row, i0 + i, unrot);
+      for (int64_t i = 0; i < nq; ++i)
+        unrotate_row(dh + (i0 + i) * h.row, h.rope_pos(b, i0 + i), unrot);
   }
 };
 
@@ -809,6 +872,7 @@ void CpuBackend::attention_backward_impl(const AttentionBackwardArgs& a, const O
   if (const AttentionChunks ch = attention_chunks(a.qkv, a.chunk_tokens); ch.chunked())
     return attention_backward_chunked(a, op_ws, ch);
   Heads h(a.qkv, a.n_head, a.n_kv_head);
+  if (!a.doc_start.empty()) h.doc_start = a.doc_start.i32();
   Workspace ws = make_workspace(op_ws, h, threads_, a.rope_theta, a.rope_scaling);
   static_assert(kTq == kTk, "the query-tile pass reuses key tiles as query tiles");
   // RoPE: q and k are rotated in place once (qkv is CLOBBERED, engine/core/ops/attention.h) instead

@@ -36,6 +36,17 @@ TokenPositions range(int64_t start, int64_t n) {
   return p;
 }
 
+// Documents: the query chunk's document starts, (1, n) of batch row b from `start` (empty without
+// documents), and whether key chunk [ks, ks + kn) lies wholly before all of them: then the pair
+// has nothing to compute (starts do not decrease, so the chunk's first query has the least).
+Tensor doc_rows(const Tensor& doc_start, int64_t b, int64_t start, int64_t n) {
+  if (doc_start.empty()) return Tensor{};
+  return Tensor(doc_start.i32() + b * doc_start.dim(1) + start, {1, n}, DType::I32);
+}
+bool before_documents(const Tensor& q_doc_start, int64_t ks, int64_t kn) {
+  return !q_doc_start.empty() && q_doc_start.i32()[0] >= ks + kn;
+}
+
 // Folds one pair's (O_ij, lse_ij) into the running (O, lse) of its query rows: with m the larger
 // lse, lse' = m + log(e^(lse - m) + e^(lse_ij - m)) and O' = e^(lse - lse') O + e^(lse_ij - lse')
 // O_ij. From lse = -inf (the first key chunk) that is exactly (O_ij, lse_ij). o: rows of C with
@@ -47,7 +58,7 @@ void merge_pair(float* o, float* lse, int64_t lse_stride, const float* o_ij, con
   for (int64_t ht = 0; ht < NH * n; ++ht) {
     const int64_t h = ht / n, t = ht % n;
     const float a = lse[h * lse_stride + t], b = lse_ij[h * n + t];
-    if (b == kNegInf) continue;  // no visible key (never, for causal pairs)
+    if (b == kNegInf) continue;  // no visible key (documents: all before the row's start)
     const float m = std::max(a, b);
     const float l = m + std::log(std::exp(a - m) + std::exp(b - m));
     const float wa = std::exp(a - l), wb = std::exp(b - l);
@@ -76,14 +87,16 @@ void CpuBackend::attention_forward_chunked(const AttentionForwardArgs& a, const 
   float* pair = ws.at("attn.chunk_pair").f32();
   float *pair_o = pair, *pair_m = pair + L * C, *pair_l = pair_m + NH * L;
   ring_split_impl({Tensor(q, {B, T, C}, DType::F32), Tensor(kv, {B, T, 2 * K}, DType::F32), a.qkv,
-                   a.n_head, a.rope_theta, range(0, T), a.n_kv_head, a.rope_scaling});
+                   a.n_head, a.rope_theta, range(0, T), a.n_kv_head, a.rope_scaling, a.doc_start});
   std::fill_n(a.out.f32(), a.out.numel(), 0.0f);
   std::fill_n(a.lse.f32(), a.lse.numel(), kNegInf);
   for (int64_t b = 0; b < B; ++b)
     for (int64_t i = 0; i < ch.count(); ++i) {
       const int64_t qs = ch.start(i), qn = ch.length(i);
+      const Tensor q_docs = doc_rows(a.doc_start, b, qs, qn);
       for (int64_t j = 0; j <= i; ++j) {
         const int64_t ks = ch.start(j), kn = ch.length(j);
+        if (before_documents(q_docs, ks, kn)) continue;
         const Tensor o_ij(pair_o, {1, qn, C}, DType::F32);
         const Tensor m_ij(pair_m, {1, NH, qn}, DType::F32), l_ij(pair_l, {1, NH, qn}, DType::F32);
         std::fill_n(pair_o, qn * C, 0.0f);
@@ -91,7 +104,7 @@ void CpuBackend::attention_forward_chunked(const AttentionForwardArgs& a, const 
         std::fill_n(pair_l, NH * qn, 0.0f);
         ring_block_forward_impl({o_ij, m_ij, l_ij, rows(q, T, C, b, qs, qn),
                                  rows(kv, T, 2 * K, b, ks, kn), a.n_head, range(qs, qn),
-                                 range(ks, kn), a.n_kv_head});
+                                 range(ks, kn), a.n_kv_head, q_docs});
         ring_finish_impl({o_ij, o_ij, m_ij, m_ij, l_ij, a.n_head});  // m_ij becomes lse_ij
         merge_pair(a.out.f32() + (b * T + qs) * C, a.lse.f32() + b * NH * T + qs, T, pair_o, pair_m,
                    qn, NH, HS, threads_);
@@ -116,7 +129,7 @@ void CpuBackend::attention_backward_chunked(const AttentionBackwardArgs& a, cons
     delta = d;
   }
   ring_split_impl({Tensor(q, {B, T, C}, DType::F32), Tensor(kv, {B, T, 2 * K}, DType::F32), a.qkv,
-                   a.n_head, a.rope_theta, range(0, T), a.n_kv_head, a.rope_scaling});
+                   a.n_head, a.rope_theta, range(0, T), a.n_kv_head, a.rope_scaling, a.doc_start});
   std::fill_n(dq, B * T * (C + 2 * K), 0.0f);
   for (int64_t b = 0; b < B; ++b)
     for (int64_t i = 0; i < ch.count(); ++i) {
@@ -124,18 +137,20 @@ void CpuBackend::attention_backward_chunked(const AttentionBackwardArgs& a, cons
       copy_head_rows(lse_i, a.lse.f32(), NH, T, b, qs, qn);
       copy_head_rows(delta_i, delta, NH, T, b, qs, qn);
       const Tensor dout_i(a.dout.f32() + (b * T + qs) * C, {1, qn, C}, DType::F32);
+      const Tensor q_docs = doc_rows(a.doc_start, b, qs, qn);
       for (int64_t j = 0; j <= i; ++j) {
         const int64_t ks = ch.start(j), kn = ch.length(j);
+        if (before_documents(q_docs, ks, kn)) continue;
         ring_block_backward_impl({rows(dq, T, C, b, qs, qn), rows(dkv, T, 2 * K, b, ks, kn),
                                   rows(q, T, C, b, qs, qn), rows(kv, T, 2 * K, b, ks, kn), dout_i,
                                   Tensor(lse_i, {1, NH, qn}, DType::F32),
                                   Tensor(delta_i, {1, NH, qn}, DType::F32), a.n_head, range(qs, qn),
-                                  range(ks, kn), a.n_kv_head});
+                                  range(ks, kn), a.n_kv_head, q_docs});
       }
     }
   ring_merge_grad_impl({a.dqkv, Tensor(dq, {B, T, C}, DType::F32),
                         Tensor(dkv, {B, T, 2 * K}, DType::F32), a.n_head, a.rope_theta, range(0, T),
-                        a.n_kv_head, a.rope_scaling});
+                        a.n_kv_head, a.rope_scaling, a.doc_start});
 }
 
 }  // namespace remat::cpu

@@ -145,13 +145,17 @@ void attention_softmax_update_columns_avx512(float* s, int64_t nk, int64_t width
     const __m512 m_old = _mm512_loadu_ps(m + i);
     __m512 mx = m_old;
     for (int64_t j = 0; j < nk; ++j) mx = _mm512_max_ps(mx, _mm512_loadu_ps(s + j * width + i));
+    // A column of masked keys only keeps mx = -inf and shifts by 0 (see the AVX2 version).
+    const __m512 shift = _mm512_mask_mov_ps(
+        mx, _mm512_cmp_ps_mask(mx, _mm512_set1_ps(-__builtin_inff()), _CMP_EQ_OQ),
+        _mm512_setzero_ps());
     __m512 sum = _mm512_setzero_ps();
     for (int64_t j = 0; j < nk; ++j) {
-      const __m512 p = exp2_ps512(_mm512_sub_ps(_mm512_loadu_ps(s + j * width + i), mx));
+      const __m512 p = exp2_ps512(_mm512_sub_ps(_mm512_loadu_ps(s + j * width + i), shift));
       _mm512_storeu_ps(s + j * width + i, p);
       sum = _mm512_add_ps(sum, p);
     }
-    const __m512 c = exp2_ps512(_mm512_sub_ps(m_old, mx));
+    const __m512 c = exp2_ps512(_mm512_sub_ps(m_old, shift));
     _mm512_storeu_ps(corr + i, c);
     _mm512_storeu_ps(l + i, _mm512_fmadd_ps(_mm512_loadu_ps(l + i), c, sum));
     _mm512_storeu_ps(m + i, mx);

@@ -3,12 +3,21 @@
 #include "engine/cpu/cpu_backend.h"
 
 namespace remat::cpu {
+namespace {
+
+// The learned position of token bt of (B, T): t, or t - doc_start with documents.
+inline int64_t position(int64_t bt, int64_t T, const int32_t* doc_start) {
+  return bt % T - (doc_start ? doc_start[bt] : 0);
+}
+
+}  // namespace
 
 void CpuBackend::embedding_forward_impl(const EmbeddingForwardArgs& a) {
   const int64_t B = a.tokens.dim(0), T = a.tokens.dim(1), C = a.wte.dim(1), V = a.wte.dim(0);
   const int32_t* tok = a.tokens.i32();
   const float* wte = a.wte.f32();
   const float* wpe = a.wpe.empty() ? nullptr : a.wpe.f32();
+  const int32_t* doc_start = a.doc_start.empty() ? nullptr : a.doc_start.i32();
   float* out = a.out.f32();
 #pragma omp parallel for schedule(static)
   for (int64_t bt = 0; bt < B * T; ++bt) {
@@ -17,7 +26,7 @@ void CpuBackend::embedding_forward_impl(const EmbeddingForwardArgs& a) {
     const float* e = wte + id * C;
     float* o = out + bt * C;
     if (wpe) {
-      const float* p = wpe + (bt % T) * C;
+      const float* p = wpe + position(bt, T, doc_start) * C;
       for (int64_t c = 0; c < C; ++c) o[c] = e[c] + p[c];
     } else {
       for (int64_t c = 0; c < C; ++c) o[c] = e[c];
@@ -33,6 +42,7 @@ void CpuBackend::embedding_backward_impl(const EmbeddingBackwardArgs& a, const O
   const float* dout = a.dout.f32();
   float* dwte = a.dwte.empty() ? nullptr : a.dwte.f32();  // null: a frozen token table
   float* dwpe = a.dwpe.empty() ? nullptr : a.dwpe.f32();
+  const int32_t* doc_start = a.doc_start.empty() ? nullptr : a.doc_start.i32();
   constexpr int64_t kSlice = 16;
   const int64_t n_slices = (C + kSlice - 1) / kSlice;
 #pragma omp parallel for schedule(static)
@@ -45,7 +55,7 @@ void CpuBackend::embedding_backward_impl(const EmbeddingBackwardArgs& a, const O
         for (int64_t c = c0; c < c1; ++c) w[c] += d[c];
       }
       if (dwpe) {
-        float* p = dwpe + (bt % T) * C;
+        float* p = dwpe + position(bt, T, doc_start) * C;
         for (int64_t c = c0; c < c1; ++c) p[c] += d[c];
       }
     }

@@ -116,6 +116,11 @@ void CpuBackend::lm_head_loss_impl(const LmHeadLossArgs& a, const OpWorkspace& w
     for (int64_t r = 0; r < rows; ++r) {
       float* l = logits + r * V;
       const int32_t t = targets[r0 + r];
+      if (t == kIgnoredTarget) {  // not trained: no loss, and zeros add nothing to dinp or dW
+        losses[r0 + r] = 0.0f;
+        std::fill(l, l + V, 0.0f);
+        continue;
+      }
       REMAT_ASSERT(t >= 0 && t < V, "lm_head_loss: target {} outside vocabulary {}", t, V);
       losses[r0 + r] = static_cast<float>(softmax_xent_row(l, V, t, a.loss_scale));
     }

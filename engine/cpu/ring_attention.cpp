@@ -53,20 +53,55 @@ TileRange range_of(const std::vector<int64_t>& pos, int64_t i0, int64_t n) {
   return {*lo, *hi};
 }
 
+// A query tile's global positions and, with documents, its queries' document starts: which keys
+// it sees. A key at p is visible to query i when doc_start_i <= p <= pos_i.
+struct QueryTile {
+  TileRange pos;
+  const int32_t* first = nullptr;  // (n) document starts of the tile's queries, or null
+  TileRange docs{0, 0};            // their smallest and largest
+
+  QueryTile(const std::vector<int64_t>& qp, const Tensor& q_doc_start, int64_t b, int64_t Tq,
+            int64_t i0, int64_t n)
+      : pos(range_of(qp, i0, n)) {
+    if (q_doc_start.empty()) return;
+    first = q_doc_start.i32() + b * Tq + i0;
+    const auto [lo, hi] = std::minmax_element(first, first + n);
+    docs = {*lo, *hi};
+  }
+  /// No query of the tile sees any key of `k`.
+  bool skips(const TileRange& k) const { return k.lo > pos.hi || k.hi < docs.lo; }
+  /// Some key of `k` is hidden from some query (the element test is needed).
+  bool masks(const TileRange& k) const { return k.hi > pos.lo || k.lo < docs.hi; }
+  bool hidden(int64_t i, int64_t q_pos, int64_t k_pos) const {
+    return k_pos > q_pos || (first && k_pos < first[i]);
+  }
+};
+
 // Every (row, token) of a (B, T) layout with the cos and sin of RoPE at the token's global position
-// (when theta > 0), one token per task: what split and merge-grad share.
+// (when theta > 0), less its document start with documents (doc_start, else null), one token per
+// task: what split and merge-grad share.
 template <class PerToken>
-void for_each_token(int64_t B, int64_t T, int64_t HS, const TokenPositions& positions, float theta,
-                    const RopeScaling& scaling, int threads, PerToken&& per_token) {
+void for_each_token(int64_t B, int64_t T, int64_t HS, const TokenPositions& positions,
+                    const int32_t* doc_start, float theta, const RopeScaling& scaling, int threads,
+                    PerToken&& per_token) {
   const std::vector<int64_t> pos = positions.list();
   const std::vector<double> inv_freq =
       theta > 0 ? rope_inv_freq(HS, static_cast<double>(theta), scaling) : std::vector<double>{};
 #pragma omp parallel for schedule(static) num_threads(threads)
   for (int64_t t = 0; t < T; ++t) {
     std::vector<float> cs(static_cast<size_t>(HS / 2)), sn(cs.size());
-    if (theta > 0) rope_angles(pos[static_cast<size_t>(t)], inv_freq, cs.data(), sn.data());
-    for (int64_t b = 0; b < B; ++b) per_token(b * T + t, cs.data(), sn.data());
+    const int64_t p = pos[static_cast<size_t>(t)];
+    if (theta > 0 && !doc_start) rope_angles(p, inv_freq, cs.data(), sn.data());
+    for (int64_t b = 0; b < B; ++b) {
+      if (theta > 0 && doc_start)
+        rope_angles(p - doc_start[b * T + t], inv_freq, cs.data(), sn.data());
+      per_token(b * T + t, cs.data(), sn.data());
+    }
   }
+}
+
+const int32_t* doc_starts(const Tensor& t) {
+  return t.empty() ? nullptr : t.i32();
 }
 
 // One token's n heads of HS from `x` into `d`: rotated, rotated back, or copied without RoPE.
@@ -100,8 +135,8 @@ void CpuBackend::ring_split_impl(const RingSplitArgs& a) {
   const float* qkv = a.qkv.f32();
   float *q = a.q.f32(), *kv = a.kv.f32();
   const bool rope = a.rope_theta > 0;
-  for_each_token(a.qkv.dim(0), a.qkv.dim(1), h.HS, a.pos, a.rope_theta, a.rope_scaling, threads_,
-                 [&](int64_t r, const float* cs, const float* sn) {
+  for_each_token(a.qkv.dim(0), a.qkv.dim(1), h.HS, a.pos, doc_starts(a.doc_start), a.rope_theta,
+                 a.rope_scaling, threads_, [&](int64_t r, const float* cs, const float* sn) {
                    const float* src = qkv + r * W;
                    float* dkv = kv + r * 2 * h.K;
                    move_heads(src, q + r * h.C, h.NH, h.HS, cs, sn, rope, false);
@@ -116,8 +151,8 @@ void CpuBackend::ring_merge_grad_impl(const RingMergeGradArgs& a) {
   const float *dq = a.dq.f32(), *dkv = a.dkv.f32();
   float* dqkv = a.dqkv.f32();
   const bool rope = a.rope_theta > 0;
-  for_each_token(a.dqkv.dim(0), a.dqkv.dim(1), h.HS, a.pos, a.rope_theta, a.rope_scaling, threads_,
-                 [&](int64_t r, const float* cs, const float* sn) {
+  for_each_token(a.dqkv.dim(0), a.dqkv.dim(1), h.HS, a.pos, doc_starts(a.doc_start), a.rope_theta,
+                 a.rope_scaling, threads_, [&](int64_t r, const float* cs, const float* sn) {
                    const float* g = dkv + r * 2 * h.K;
                    float* d = dqkv + r * W;
                    move_heads(dq + r * h.C, d, h.NH, h.HS, cs, sn, rope, true);
@@ -144,7 +179,7 @@ void CpuBackend::ring_block_forward_impl(const RingBlockForwardArgs& a) {
     for (int64_t task = 0; task < B * NH * n_qt; ++task) {
       const int64_t b = task / (NH * n_qt), h = (task / n_qt) % NH, i0 = (task % n_qt) * kTile;
       const int64_t qn = std::min(kTile, Tq - i0);
-      const TileRange qr = range_of(qp, i0, qn);
+      const QueryTile qt(qp, a.q_doc_start, b, Tq, i0, qn);
       const float* Q = q + (b * Tq + i0) * C + h * HS;
       float* A = acc + (b * Tq + i0) * C + h * HS;
       float* M = row_max + (b * NH + h) * Tq + i0;
@@ -152,18 +187,18 @@ void CpuBackend::ring_block_forward_impl(const RingBlockForwardArgs& a) {
       for (int64_t kt = 0; kt < n_kt; ++kt) {
         const int64_t j0 = kt * kTile, kn = std::min(kTile, Tk - j0);
         const TileRange kr = range_of(kp, j0, kn);
-        if (kr.lo > qr.hi) continue;  // every key after every query
+        if (qt.skips(kr)) continue;  // every key after every query, or before its document
         const float* Kt = kv + (b * Tk + j0) * 2 * K + h / hs.G * HS;
         const float* V = Kt + K;
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, blas_int(qn), blas_int(kn),
                     blas_int(HS), scale, Q, blas_int(C), Kt, blas_int(2 * K), 0.0f, S.data(),
                     blas_int(kn));
-        const bool masked = kr.hi > qr.lo;
+        const bool masked = qt.masks(kr);
         for (int64_t i = 0; i < qn; ++i) {
           float* row = S.data() + i * kn;
           if (masked)
             for (int64_t j = 0; j < kn; ++j)
-              if (kp[static_cast<size_t>(j0 + j)] > qp[static_cast<size_t>(i0 + i)])
+              if (qt.hidden(i, qp[static_cast<size_t>(i0 + i)], kp[static_cast<size_t>(j0 + j)]))
                 row[j] = kNegInf;
           const float mt = *std::max_element(row, row + kn);
           if (mt == kNegInf) {  // no key of this tile is visible to this query
@@ -231,7 +266,7 @@ void CpuBackend::ring_block_backward_impl(const RingBlockBackwardArgs& a) {
         const int64_t bh = b * NH + h;
         for (int64_t qt = 0; qt < n_qt; ++qt) {
           const int64_t i0 = qt * kTile, qn = std::min(kTile, Tq - i0);
-          const TileRange qr = range_of(qp, i0, qn);
+          const QueryTile tile(qp, a.q_doc_start, b, Tq, i0, qn);
           const float* Q = q + (b * Tq + i0) * C + h * HS;
           const float* dO = dout + (b * Tq + i0) * C + h * HS;
           float* dQ = dq + (b * Tq + i0) * C + h * HS;
@@ -240,7 +275,7 @@ void CpuBackend::ring_block_backward_impl(const RingBlockBackwardArgs& a) {
           for (int64_t kt = 0; kt < n_kt; ++kt) {
             const int64_t j0 = kt * kTile, kn = std::min(kTile, Tk - j0);
             const TileRange kr = range_of(kp, j0, kn);
-            if (kr.lo > qr.hi) continue;
+            if (tile.skips(kr)) continue;
             const float* Kt = kv + (b * Tk + j0) * 2 * K + kvh * HS;
             const float* V = Kt + K;
             float* dK = dkv + (b * Tk + j0) * 2 * K + kvh * HS;
@@ -251,7 +286,7 @@ void CpuBackend::ring_block_backward_impl(const RingBlockBackwardArgs& a) {
             for (int64_t i = 0; i < qn; ++i)
               for (int64_t j = 0; j < kn; ++j) {
                 float& p = P[static_cast<size_t>(i * kn + j)];
-                p = kp[static_cast<size_t>(j0 + j)] > qp[static_cast<size_t>(i0 + i)]
+                p = tile.hidden(i, qp[static_cast<size_t>(i0 + i)], kp[static_cast<size_t>(j0 + j)])
                         ? 0.0f
                         : std::exp(p - LSE[i]);
               }

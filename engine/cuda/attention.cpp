@@ -1,5 +1,6 @@
 // CUDA attention (engine/core/ops/attention.h): RoPE and dtype staging around cuDNN's fused flash
-// attention (the AttentionEngine of cudnn_attention.cpp), in the op's workspace.
+// attention (the AttentionEngine of cudnn_attention.cpp), in the op's workspace; documents
+// (doc_start) as one call per document.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -94,8 +95,12 @@ struct Heads {
   /// dst = src with q, k rotated (inverse: by R^T), or copied when there is no RoPE.
   kern::RopeParams rope(void* dst, bool dst_bf16, const void* src, bool src_bf16,
                         bool inverse) const {
-    return {dst,       dst_bf16, src,     src_bf16, shape.B * shape.T, shape.T, shape.NH,
-            shape.KVH, shape.HS, inverse, freq};
+    return rope_rows(dst, dst_bf16, src, src_bf16, inverse, shape.B * shape.T, shape.T);
+  }
+  /// The same over `rows` rows whose positions are row % T.
+  kern::RopeParams rope_rows(void* dst, bool dst_bf16, const void* src, bool src_bf16, bool inverse,
+                             int64_t rows, int64_t T) const {
+    return {dst, dst_bf16, src, src_bf16, rows, T, shape.NH, shape.KVH, shape.HS, inverse, freq};
   }
 };
 
@@ -105,6 +110,13 @@ const void* staged_qkv(const AttnScratch& s, const Tensor& qkv, const Heads& h,
   if (!s.qkv) return qkv.data;
   kern::rope_apply(h.rope(s.qkv, true, qkv.data, is_bf16(qkv), false), stream);
   return s.qkv;
+}
+
+// Rows [from, to) of a scratch of `row_bytes`-byte rows set to zero.
+void zero_tail(void* base, int64_t from, int64_t to, int64_t row_bytes, cudaStream_t stream) {
+  if (to > from)
+    REMAT_CUDA_CHECK(cudaMemsetAsync(static_cast<char*>(base) + from * row_bytes, 0,
+                                     static_cast<size_t>((to - from) * row_bytes), stream));
 }
 
 // Byte address of row r of a (rows, width) tensor of `elem`-byte elements.
@@ -206,14 +218,113 @@ void backward_chunked(AttentionEngine& attn, const AttentionBackwardArgs& a, con
   }
 }
 
+// ---- documents ----
+// Document attention (doc_start given): every document of every batch row is one causal cuDNN
+// call of one row, the graphs and calls of the unchunked path, on a scratch of
+// L = document_call_rows(n, T) rows (engine/core/cuda_workspace.h): the document's n rows of
+// q | k | v, q and k rotated at positions 0 .. n-1 (RoPE restarts in each document), then L - n
+// zero rows. The causal mask keeps each of the n real queries on its own document's keys, so
+// their outputs and lse are exactly the document's alone; the padded queries' are dropped. In the
+// backward the padded rows have q = 0, O = 0, dO = 0 and lse = 0: their P is 1 (finite), D = 0
+// and dS = P (dO V^T - D) scale = 0, so they add nothing to any dk, dv and get dq = 0. Documents
+// partition each row (a packed row's padding is one-token documents), so every output row is
+// written. cuDNN has no arbitrary segment mask; its ragged (THD) layout and padding masks would
+// need graphs this backend has never run, while these calls are the shapes the unchunked and
+// chunked paths run already (docs/gpu.md).
+
+// The documents of the call's rows, read from the device (a synchronous copy of B T ints).
+std::vector<DocumentRun> documents_of(CudaBackend& be, const Tensor& doc_start, const Heads& h) {
+  REMAT_ASSERT(doc_start.numel() == h.shape.B * h.shape.T, "attention: doc_start {} for B={} T={}",
+               doc_start.shape_str(), h.shape.B, h.shape.T);
+  std::vector<int32_t> host(static_cast<size_t>(doc_start.numel()));
+  be.download(host.data(), doc_start);
+  return document_runs(host.data(), h.shape.B, h.shape.T);
+}
+
+// One document's call shape, refused past cuDNN's 32-bit offsets (its q view spans L W elements).
+AttentionShape document_shape(const Heads& h, const DocumentRun& d) {
+  const int64_t L = document_call_rows(d.length, h.shape.T);
+  if (L * h.shape.W() > kCudnnMaxSpan)
+    throw BackendError(fmt::format(
+        "[attention] a document of {} tokens spans {} x {} elements on CUDA, past cuDNN's 2^31 "
+        "(docs/gpu.md). Fix: shorter documents (prepare_data.py), or train on the CPU",
+        d.length, L, h.shape.W()));
+  return {1, h.shape.NH, L, h.shape.HS, h.shape.KVH, L, true};
+}
+
+// The document's rows of `src` (q | k | v in the activations' dtype) into the bf16 scratch, q and
+// k rotated from position 0, then zero rows up to the call's.
+void stage_document(const Heads& h, const AttentionShape& call, const DocumentRun& d,
+                    const Tensor& qkv, void* scratch, cudaStream_t stream) {
+  const int64_t W = h.shape.W(), first = d.row * h.shape.T + d.start;
+  kern::rope_apply(h.rope_rows(scratch, true, row_at(qkv.data, first, W, is_bf16(qkv) ? 2 : 4),
+                               is_bf16(qkv), false, d.length, d.length),
+                   stream);
+  zero_tail(scratch, d.length, call.T, W * 2, stream);
+}
+
+void forward_documents(AttentionEngine& attn, const AttentionForwardArgs& a, const Heads& h,
+                       const AttnScratch& s, const std::vector<DocumentRun>& docs,
+                       cudaStream_t stream) {
+  const int64_t T = h.shape.T, C = h.shape.C(), NH = h.shape.NH;
+  const int64_t out_elem = is_bf16(a.out) ? 2 : 4;
+  for (const DocumentRun& d : docs) {
+    const AttentionShape call = document_shape(h, d);
+    stage_document(h, call, d, a.qkv, s.qkv, stream);
+    attn.forward(call, {s.qkv, s.pair_out, s.pair_lse}, s.cudnn_plan);
+    const int64_t first = d.row * T + d.start;
+    kern::cast(row_at(a.out.data, first, C, out_elem), is_bf16(a.out), s.pair_out, true,
+               d.length * C, stream);
+    // lse: the call's (NH, L) rows into the op's (B, NH, T), head rows T apart
+    REMAT_CUDA_CHECK(cudaMemcpy2DAsync(
+        a.lse.f32() + d.row * NH * T + d.start, static_cast<size_t>(T) * 4, s.pair_lse,
+        static_cast<size_t>(call.T) * 4, static_cast<size_t>(d.length) * 4, static_cast<size_t>(NH),
+        cudaMemcpyDeviceToDevice, stream));
+  }
+}
+
+void backward_documents(AttentionEngine& attn, const AttentionBackwardArgs& a, const Heads& h,
+                        const AttnScratch& s, const std::vector<DocumentRun>& docs,
+                        cudaStream_t stream) {
+  const int64_t T = h.shape.T, C = h.shape.C(), W = h.shape.W(), NH = h.shape.NH;
+  const int64_t act_elem = is_bf16(a.out) ? 2 : 4, dqkv_elem = is_bf16(a.dqkv) ? 2 : 4;
+  for (const DocumentRun& d : docs) {
+    const AttentionShape call = document_shape(h, d);
+    const int64_t first = d.row * T + d.start, n = d.length, L = call.T;
+    stage_document(h, call, d, a.qkv, s.qkv, stream);
+    kern::cast(s.out, true, row_at(a.out.data, first, C, act_elem), is_bf16(a.out), n * C, stream);
+    zero_tail(s.out, n, L, C * 2, stream);
+    kern::cast(s.dout, true, row_at(a.dout.data, first, C, act_elem), is_bf16(a.dout), n * C,
+               stream);
+    zero_tail(s.dout, n, L, C * 2, stream);
+    REMAT_CUDA_CHECK(cudaMemsetAsync(s.pair_lse, 0, static_cast<size_t>(NH * L) * 4, stream));
+    REMAT_CUDA_CHECK(cudaMemcpy2DAsync(s.pair_lse, static_cast<size_t>(L) * 4,
+                                       a.lse.f32() + d.row * NH * T + d.start,
+                                       static_cast<size_t>(T) * 4, static_cast<size_t>(n) * 4,
+                                       static_cast<size_t>(NH), cudaMemcpyDeviceToDevice, stream));
+    attn.backward(call, {s.qkv, s.out, s.dout, s.pair_lse, s.pair_dqkv, s.dq_accum, s.softmax_sum},
+                  s.cudnn_plan);
+    // dq, dk with respect to the rotated q, k: R^T from position 0, into dqkv's own rows
+    kern::rope_apply(h.rope_rows(row_at(a.dqkv.data, first, W, dqkv_elem), is_bf16(a.dqkv),
+                                 s.pair_dqkv, true, true, n, n),
+                     stream);
+  }
+}
+
 }  // namespace
 
 void CudaBackend::attention_forward_impl(const AttentionForwardArgs& a, const OpWorkspace& ws) {
   const Heads h(a.qkv, a.n_head, a.n_kv_head, a.rope_theta, a.rope_scaling);
   const int64_t n_out = a.out.numel();
+  const bool documents = !a.doc_start.empty();
   const AttnScratch s =
       carve(ws, attention_workspace_layout(a.qkv, a.n_head, a.n_kv_head, a.rope_theta > 0, false,
-                                           a.chunk_tokens));
+                                           a.chunk_tokens, documents));
+  if (documents) {
+    forward_documents(*attn_, a, h, s, documents_of(*this, a.doc_start, h), stream());
+    finish_op();
+    return;
+  }
   const void* qkv = staged_qkv(s, a.qkv, h, stream());
   if (const AttentionChunks ch = attention_chunks(a.qkv, a.chunk_tokens); ch.chunked()) {
     forward_chunked(*attn_, a, h, s, ch, qkv, stream());
@@ -238,8 +349,14 @@ void CudaBackend::attention_backward_impl(const AttentionBackwardArgs& a, const 
   const Heads h(a.qkv, a.n_head, a.n_kv_head, a.rope_theta, a.rope_scaling);
   const int64_t n_out = a.out.numel();
   const bool rope = a.rope_theta > 0;
-  const AttnScratch s = carve(
-      ws, attention_workspace_layout(a.qkv, a.n_head, a.n_kv_head, rope, true, a.chunk_tokens));
+  const bool documents = !a.doc_start.empty();
+  const AttnScratch s = carve(ws, attention_workspace_layout(a.qkv, a.n_head, a.n_kv_head, rope,
+                                                             true, a.chunk_tokens, documents));
+  if (documents) {  // qkv is left as it is (the op may clobber it; this path need not)
+    backward_documents(*attn_, a, h, s, documents_of(*this, a.doc_start, h), stream());
+    finish_op();
+    return;
+  }
   const void* qkv = nullptr;
   if (rope && !s.qkv) {  // bf16: rotate q, k in place (the op's contract clobbers qkv)
     kern::rope_apply(h.rope(a.qkv.data, true, a.qkv.data, true, false), stream());

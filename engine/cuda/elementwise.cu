@@ -238,6 +238,16 @@ __global__ void softmax_xent_kernel(float* logits, const int32_t* targets, float
   __shared__ float target_logit;
   float* l = logits + blockIdx.x * V;
   const int32_t t = targets[blockIdx.x];
+  if (t == kIgnoredTarget) {  // not trained (engine/core/ops/loss.h): loss 0, zero gradient
+    if (threadIdx.x == 0) losses[blockIdx.x] = 0.0f;
+    for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
+      if (write_bf16)
+        reinterpret_cast<bf16*>(l)[j] = __float2bfloat16(0.0f);
+      else
+        l[j] = 0.0f;
+    }
+    return;
+  }
   const bool valid = t >= 0 && t < V;
   if (threadIdx.x == 0) target_logit = valid ? l[t] : CUDART_NAN_F;
   float mx = -CUDART_INF_F;

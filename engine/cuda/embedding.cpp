@@ -16,6 +16,7 @@ namespace remat::cuda {
 // host reads it without waiting for the device (a download there would stall the device at the
 // end of every backward while the host sorts).
 void CudaBackend::embedding_forward_impl(const EmbeddingForwardArgs& a) {
+  if (!a.wpe.empty()) refuse_documents(a.doc_start, "embedding_forward");
   const int64_t B = a.tokens.dim(0), T = a.tokens.dim(1), C = a.wte.dim(1), V = a.wte.dim(0);
   kern::embedding_forward({.out = a.out.data,
                            .tokens = a.tokens.i32(),
@@ -43,6 +44,7 @@ void CudaBackend::embedding_forward_impl(const EmbeddingForwardArgs& a) {
 // rows by token on the host (a counting sort of the B*T token ids from the forward's pinned
 // copy), then one GPU block column per distinct token sums its rows in order.
 void CudaBackend::embedding_backward_impl(const EmbeddingBackwardArgs& a, const OpWorkspace& ws) {
+  if (!a.dwpe.empty()) refuse_documents(a.doc_start, "embedding_backward");
   const int64_t B = a.tokens.dim(0), T = a.tokens.dim(1), C = a.dout.dim(-1), N = B * T;
   kern::EmbeddingBackwardParams p{.dwte = nullptr,
                                   .dwpe = a.dwpe.empty() ? nullptr : a.dwpe.f32(),

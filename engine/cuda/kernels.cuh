@@ -111,6 +111,10 @@ struct EmbeddingBackwardParams {
 void embedding_backward(const EmbeddingBackwardParams& p, cudaStream_t s);
 
 // ---- losses ----
+/// A target that is not trained: engine/core/ops/loss.h's kIgnoredTarget (loss.cpp checks that
+/// both agree), here for the kernels, which include no engine/core header. Its row gets loss 0 and
+/// a zero gradient from softmax_xent.
+constexpr int32_t kIgnoredTarget = -1;
 /// losses (N) = mean_j (inp - target)^2; dinp (N, D) = 2 scale (inp - target) / D.
 /// MseLossArgs as raw pointers.
 struct MseLossParams {

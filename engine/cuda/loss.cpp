@@ -10,6 +10,8 @@
 
 namespace remat::cuda {
 
+static_assert(kern::kIgnoredTarget == remat::kIgnoredTarget, "one value marks untrained targets");
+
 // Per chunk of rows: logits (rows, V) f32 = x W^T; the softmax cross-entropy kernel writes the
 // losses and overwrites the logits with (softmax - onehot) * scale (bf16 in place at ld 2V when
 // the GEMMs are bf16: see kern::softmax_xent); then dinp = dlogits W and dW += dlogits^T x.

@@ -1,8 +1,11 @@
 // Small helpers the CUDA ops share (host code). Internal to engine/cuda.
 #pragma once
 
+#include <fmt/format.h>
+
 #include <cstdint>
 
+#include "engine/core/error.h"
 #include "engine/core/tensor.h"
 
 namespace remat::cuda {
@@ -14,6 +17,19 @@ inline bool is_bf16(const Tensor& t) {
 /// Address of element `elem_offset` of `t`, whatever its dtype.
 inline char* byte_ptr(const Tensor& t, int64_t elem_offset) {
   return static_cast<char*>(t.data) + elem_offset * static_cast<int64_t>(dtype_size(t.dtype));
+}
+
+/// Documents (data.attention = "document": an op's doc_start) run on CUDA in attention
+/// (engine/cuda/attention.cpp) and with RoPE, but not with a learned position table (GPT's
+/// model.position = "learned") nor over the context-parallel ring; the train command refuses such
+/// a run before it starts, and these ops once more, in one line.
+inline void refuse_documents(const Tensor& doc_start, const char* op) {
+  if (!doc_start.empty())
+    throw BackendError(fmt::format(
+        "[cuda] {}: data.attention = \"document\" runs on CUDA with RoPE positions on one "
+        "context rank only (docs/gpu.md). Fix: model.position = \"rope\", parallel.context = 1, "
+        "device.backend = \"cpu\", or data.attention = \"causal\"",
+        op));
 }
 
 }  // namespace remat::cuda

@@ -59,6 +59,7 @@ kern::RopeFrequencies rope_frequencies(int64_t HS, float theta, const RopeScalin
 }  // namespace
 
 void CudaBackend::ring_split_impl(const RingSplitArgs& a) {
+  refuse_documents(a.doc_start, "ring_split");
   const int64_t C = a.q.dim(-1);
   kern::ring_split({.q = a.q.f32(),
                     .kv = a.kv.f32(),
@@ -76,6 +77,7 @@ void CudaBackend::ring_split_impl(const RingSplitArgs& a) {
 }
 
 void CudaBackend::ring_merge_grad_impl(const RingMergeGradArgs& a) {
+  refuse_documents(a.doc_start, "ring_merge_grad");
   const int64_t C = a.dq.dim(-1);
   kern::ring_merge_grad({.dqkv = a.dqkv.data,
                          .dq = a.dq.f32(),
@@ -93,6 +95,7 @@ void CudaBackend::ring_merge_grad_impl(const RingMergeGradArgs& a) {
 }
 
 void CudaBackend::ring_block_forward_impl(const RingBlockForwardArgs& a) {
+  refuse_documents(a.q_doc_start, "ring_block_forward");
   const int64_t C = a.q.dim(2), HS = C / a.n_head;
   check_head_size(HS, kern::ring_forward_smem_bytes(HS), max_shared_memory_per_block());
   kern::ring_block_forward({.acc = a.acc.f32(),
@@ -128,6 +131,7 @@ void CudaBackend::ring_finish_impl(const RingFinishArgs& a) {
 }
 
 void CudaBackend::ring_block_backward_impl(const RingBlockBackwardArgs& a) {
+  refuse_documents(a.q_doc_start, "ring_block_backward");
   const int64_t C = a.q.dim(2), HS = C / a.n_head;
   check_head_size(HS, kern::ring_backward_smem_bytes(HS), max_shared_memory_per_block());
   kern::ring_block_backward({.dq = a.dq.f32(),

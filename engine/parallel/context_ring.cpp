@@ -80,7 +80,7 @@ void ContextRing::forward(Backend& be, const AttentionForwardArgs& a) const {
     acc_buf = pool.allocate({B, T, C}, DType::F32, MemCategory::Transient, "ring.acc");
   const Tensor acc = acc_buf.empty() ? a.out : acc_buf.tensor();
   be.ring_split({q, rows_of(kv[0], B, T, KV), a.qkv, a.n_head, a.rope_theta, positions(),
-                 a.n_kv_head, a.rope_scaling});
+                 a.n_kv_head, a.rope_scaling, a.doc_start});
   be.fill(acc, 0.0f);
   be.fill(a.lse, -std::numeric_limits<float>::infinity());  // the running max until the finish
   be.fill(row_sum, 0.0f);
@@ -93,7 +93,7 @@ void ContextRing::forward(Backend& be, const AttentionForwardArgs& a) const {
       if (channel_) pass = channel_->start(kv[cur].f32(), n_out, kv[1 - cur].f32(), n_in);
     }
     be.ring_block_forward({acc, a.lse, row_sum, q, rows_of(kv[cur], B, tokens(src), KV), a.n_head,
-                           positions(), pos_[static_cast<size_t>(src)], a.n_kv_head});
+                           positions(), pos_[static_cast<size_t>(src)], a.n_kv_head, a.doc_start});
     if (channel_) channel_->wait(pass);
   }
   be.ring_finish({a.out, acc, a.lse, a.lse, row_sum, a.n_head});
@@ -117,7 +117,7 @@ void ContextRing::backward(Backend& be, const AttentionBackwardArgs& a) const {
   Buffer dkv[2] = {pool.allocate({B, Tmax, KV}, DType::F32, MemCategory::Transient, "ring.dkv0"),
                    pool.allocate({B, Tmax, KV}, DType::F32, MemCategory::Transient, "ring.dkv1")};
   be.ring_split({q, rows_of(kv[0], B, T, KV), a.qkv, a.n_head, a.rope_theta, positions(),
-                 a.n_kv_head, a.rope_scaling});
+                 a.n_kv_head, a.rope_scaling, a.doc_start});
   be.fill(dq, 0.0f);
   be.fill(rows_of(dkv[0], B, T, KV), 0.0f);
   for (int s = 0; s < ranks_; ++s) {
@@ -133,7 +133,7 @@ void ContextRing::backward(Backend& be, const AttentionBackwardArgs& a) const {
     const Tensor dkv_src = rows_of(dkv[cur], B, tokens(src), KV);
     be.ring_block_backward({dq, dkv_src, q, rows_of(kv[cur], B, tokens(src), KV), a.dout, a.lse,
                             delta, a.n_head, positions(), pos_[static_cast<size_t>(src)],
-                            a.n_kv_head});
+                            a.n_kv_head, a.doc_start});
     // ... and its accumulator follows once this rank has added to it, holding the sum of the
     // ranks it has visited; after the last step it goes home to rank src. Every rank starts the
     // two exchanges in this order, which is how MPI and NCCL match them.
@@ -150,7 +150,7 @@ void ContextRing::backward(Backend& be, const AttentionBackwardArgs& a) const {
   // when there was no hop at all).
   const Buffer& mine = ranks_ == 1 ? dkv[0] : dkv[ranks_ % 2];
   be.ring_merge_grad({a.dqkv, dq, rows_of(mine, B, T, KV), a.n_head, a.rope_theta, positions(),
-                      a.n_kv_head, a.rope_scaling});
+                      a.n_kv_head, a.rope_scaling, a.doc_start});
 }
 
 }  // namespace remat::parallel

@@ -145,7 +145,8 @@ std::string input_name(size_t i, size_t L) {
 // work is all enqueued: a download right after the head would stall the device until the host
 // had enqueued the backward's first ops. A dry run has none to read (and at 64M tokens they are
 // not free).
-void start_reading_losses(Backend& be, const Tensor& losses, StepLoss& result) {
+void start_reading_losses(Backend& be, const Tensor& losses, const Batch& batch, StepLoss& result) {
+  result.counted = batch.trained_targets >= 0 ? batch.trained_targets : losses.numel();
   if (!be.computes()) return;
   result.row_losses.resize(static_cast<size_t>(losses.numel()));
   be.download_async(result.row_losses.data(), losses);
@@ -167,13 +168,14 @@ class LossDownload {
   int exceptions_ = std::uncaught_exceptions();
 };
 
-// Waits for the device, then the mean.
+// Waits for the device, then the mean over the trained targets (untrained rows' losses are 0; no
+// trained target at all: 0).
 void finish_reading_losses(Backend& be, StepLoss& result) {
   if (!be.computes()) return;
   be.synchronize();
   double sum = 0;
   for (float v : result.row_losses) sum += v;
-  result.mean = sum / static_cast<double>(result.row_losses.size());
+  result.mean = result.counted > 0 ? sum / static_cast<double>(result.counted) : 0.0;
 }
 
 // The checkpoints of an offloading plan on their way between the device and the host pool (the
@@ -358,7 +360,7 @@ StepLoss forward_backward(Backend& be, Model& model, const RematPlan& plan, cons
   x.reset();
   StepLoss result;
   const LossDownload unwinding_drops_it(be);
-  start_reading_losses(be, losses, result);
+  start_reading_losses(be, losses, batch, result);
   losses.reset();
 
   // ---- backward, segment by segment ----
@@ -429,7 +431,7 @@ StepLoss forward_loss(Backend& be, Model& model, const Batch& batch) {
   LossHead head = run_loss_head(be, model, params, x, batch, shape, "eval loss");
   params.finish();
   StepLoss result;
-  start_reading_losses(be, head.losses, result);
+  start_reading_losses(be, head.losses, batch, result);
   finish_reading_losses(be, result);
   return result;
 }

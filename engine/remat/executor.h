@@ -53,8 +53,9 @@ std::vector<bool> policy_keep_set(const std::string& policy, const std::vector<s
                                   const Block& block);
 
 struct StepLoss {
-  double mean = 0;                // mean loss over all rows
-  std::vector<float> row_losses;  // per row (B*T for the GPT), for task-specific metrics
+  double mean = 0;                // mean loss over the trained rows (all rows without a mask)
+  int64_t counted = 0;            // the rows the mean is over (Batch::trained_targets)
+  std::vector<float> row_losses;  // per row (B*T for the GPT; 0 where untrained), for metrics
 };
 
 /// Called with block i once block i's backward is done: its parameters' gradients are final

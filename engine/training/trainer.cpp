@@ -294,6 +294,27 @@ StepMetrics Trainer::step() {
   return m;
 }
 
+// One number for the whole step, so that the gradient is exactly that of the mean over every
+// trained target of every micro-batch of every rank (each rank's rows are scaled by it, then
+// summed). It must be known before the first micro-batch's backward scales by it, so the data
+// counts each micro-batch's trained targets on the host first (DataSource::trained_targets). A
+// step with none trains nothing: its gradient is zero whatever the divisor, so 1 keeps it finite.
+// Without masked targets (or in a dry run, which reads no data) it is every target of the step.
+int64_t Trainer::targets_in_step(int64_t micro) {
+  const int64_t every = micro * model_.loss_rows_all_ranks();
+  if (!be_.computes()) return every;
+  int64_t here = 0;
+  for (int64_t k = 0; k < micro; ++k) {
+    const int64_t trained = data_.trained_targets(step_ * micro + k);
+    if (trained < 0) return every;  // every target trains (the same on every rank)
+    here += trained;
+  }
+  double total = static_cast<double>(here);
+  if (dp_.comm && dp_.ranks > 1)
+    total = parallel::sum_over_ranks(*dp_.comm, std::vector<double>{total})[0];
+  return std::max<int64_t>(1, std::llround(total));
+}
+
 // Gradient accumulation: the step's train.grad_accum micro-batches run one after the other, each
 // freeing its batch and activations before the next is drawn, and their gradients add up in the
 // grad buffers (the ops' [+=]). Each micro-batch's loss gradient is scaled by 1 / (every target
@@ -305,13 +326,14 @@ StepMetrics Trainer::step() {
 Trainer::MicroBatchLoss Trainer::accumulate_gradients(StepMetrics& m) {
   MemoryPool& pool = be_.pool();
   const int64_t micro = train_.grad_accum;
-  // The mean loss's divisor: every target of the optimizer step, over the micro-batches and the
-  // ranks. Packed documents with a loss mask would count the step's trained targets here.
-  const int64_t step_targets = micro * model_.loss_rows_all_ranks();
+  // The mean loss's divisor: every trained target of the optimizer step, over the micro-batches
+  // and the ranks.
+  const int64_t step_targets = targets_in_step(micro);
   parallel::GradientSync* sync = grad_sync_.get();
   HostAdamW& host_update = *host_update_;
   MicroBatchLoss out;
-  double loss_sum = 0, metric_sum = 0;
+  double loss_sum = 0, weighted = 0, metric_sum = 0;
+  bool masked = false;  // some targets are not trained: micro-batches weigh by their trained ones
   for (int64_t k = 0; k < micro; ++k) {
     const auto d0 = std::chrono::steady_clock::now();
     const int64_t index = step_ * micro + k;  // this micro-batch in the data stream
@@ -335,17 +357,22 @@ Trainer::MicroBatchLoss Trainer::accumulate_gradients(StepMetrics& m) {
                      : BlockGradsReady(),
         [&host_update](const Param& p) { host_update.wait_for(p); });
     wait_host_update();  // every weight was fetched, so every update is done; the thread ends
+    masked = masked || batch.trained_targets >= 0;
     batch = Batch();
     loss_sum += loss.mean;
-    out.rows += static_cast<double>(loss.row_losses.size());
+    weighted += loss.mean * static_cast<double>(loss.counted);
+    out.rows += static_cast<double>(loss.counted);
     if (const std::optional<double> t = data_.task_metric(loss.row_losses)) {
       metric_sum += *t;
       out.task_metric = metric_sum / static_cast<double>(k + 1);
     }
   }
   if (sync) sync->finish();  // every gradient is the sum over the ranks (sharded: this rank's)
-  // Micro-batches of equal rows: the step's mean is the mean of theirs.
-  out.mean = loss_sum / static_cast<double>(micro);
+  // Micro-batches of equal rows: the step's mean is the mean of theirs. With masked targets, the
+  // mean over the step's trained targets (one micro-batch: its own mean, as it is).
+  out.mean = !masked || micro == 1 ? loss_sum / static_cast<double>(micro)
+             : out.rows > 0        ? weighted / out.rows
+                                   : 0.0;
   return out;
 }
 
@@ -486,15 +513,22 @@ double Trainer::evaluate(int64_t eval_tokens) {
     ~TrainingAgain() { m.set_training(true); }
   } restore{model_};
   model_.set_training(false);
-  double sum = 0, tokens = 0;
+  // The mean over every trained target of every batch: batches that count alike (no loss mask)
+  // average their means, as they always have; others weigh each by its trained targets.
+  double sum = 0, weighted = 0, counted = 0;
+  bool alike = true;
   for (int64_t i = 0; i < n; ++i) {
     be_.pool().set_phase("eval data");
     Batch batch = data_.validation_batch(be_, i);
     const StepLoss loss = forward_loss(be_, model_, batch);
+    alike =
+        alike && (i == 0 || static_cast<double>(loss.counted) == counted / static_cast<double>(i));
     sum += loss.mean;
-    tokens = static_cast<double>(loss.row_losses.size());
+    weighted += loss.mean * static_cast<double>(loss.counted);
+    counted += static_cast<double>(loss.counted);
   }
-  return mean_over_ranks({sum / static_cast<double>(n)}, {tokens})[0];
+  const double mean = alike ? sum / static_cast<double>(n) : counted > 0 ? weighted / counted : 0;
+  return mean_over_ranks({mean}, {counted / static_cast<double>(n)})[0];
 }
 
 }  // namespace remat

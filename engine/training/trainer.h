@@ -48,11 +48,17 @@ class DataSource {
  public:
   virtual ~DataSource() = default;
   virtual std::string describe() const = 0;
+  /// Documents, packing and loss masks, once open (the run's banner line `docs`); "" when none.
+  virtual std::string documents_summary() const { return ""; }
   /// Opens and checks every input file (file-backed sources); throws DataError naming the file
   /// and the fix. Dry runs never call it: the planner needs the shapes, not the tokens.
   virtual void open() {}
   /// The batch of step `step` (0-based), allocated on `be` (category transient).
   virtual Batch next(Backend& be, int64_t step) = 0;
+  /// The trained targets of batch `step` on this rank, what next(be, step) counts in
+  /// Batch::trained_targets, counted on the host without making the batch; -1 when every target
+  /// trains. The trainer needs a whole step's count before its first micro-batch's backward.
+  virtual int64_t trained_targets(int64_t step) { return -1; }
   /// Validation: how many fixed batches make up `eval_tokens` tokens (0: no validation data), and
   /// batch `index` of them. The same batches at every evaluation, so the curve is comparable.
   virtual int64_t validation_batches(int64_t eval_tokens) const { return 0; }
@@ -137,6 +143,9 @@ class Trainer {
   /// Means over every rank, each rank's weighted by how many values it averaged; as is on one.
   std::vector<double> mean_over_ranks(const std::vector<double>& means,
                                       const std::vector<double>& weights);
+  /// The divisor of the step's mean loss (Batch::step_targets): its trained targets over its
+  /// `micro` micro-batches and every rank.
+  int64_t targets_in_step(int64_t micro);
   /// Of the summed gradients (the global norm's square).
   double grad_sum_squares();
   /// be_.sum_squares, or the host's for parameters in host memory (like `like`).

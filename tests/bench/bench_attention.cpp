@@ -4,15 +4,22 @@
 // cores may be shared.
 //
 //   remat_bench_attention [threads]    (default: all cores, as the trainer uses)
+//   remat_bench_attention --documents [T] [document tokens] [threads]
 //
 // GFLOP/s count causal FLOPs only, as Backend::attention_forward/backward do: 4*HS per
 // (query, key <= query) pair forward, 10*HS backward.
+//
+// --documents (issue 61): the forward + backward of data.attention = "document" against causal
+// attention on the same row, T = 16384 cut into documents of 512 tokens by default (4 heads of
+// 64, RoPE), best of 3 runs each; the time ratio is the figure (the kernel skips every key tile
+// before a query's document, so it does about (512 + 64) / T of causal's work).
 #include <cblas.h>
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "engine/core/rng.h"
@@ -59,7 +66,53 @@ double sgemm_gflops(cpu::CpuBackend& be) {
 
 }  // namespace
 
+// Document attention against causal attention on one row of T tokens (see the header).
+int bench_documents(int64_t T, int64_t doc_tokens, int threads) {
+  cpu::CpuBackend be(64ull << 30, threads);
+  double load[1] = {0};
+  fmt::print("{} | load average {:.2f}\n", be.describe(),
+             getloadavg(load, 1) == 1 ? load[0] : -1.0);
+  const int64_t B = 1, NH = 4, HS = 64, C = NH * HS;
+  auto alloc = [&](std::vector<int64_t> shape, DType dt = DType::F32) {
+    return be.pool().allocate(shape, dt, MemCategory::Transient, "bench");
+  };
+  Buffer qkv = alloc({B, T, 3 * C}), dout = alloc({B, T, C}), out = alloc({B, T, C});
+  Buffer lse = alloc({B, NH, T}), dqkv = alloc({B, T, 3 * C}), docs = alloc({B, T}, DType::I32);
+  fill_randn(qkv, 3);
+  fill_randn(dout, 4);
+  const std::vector<float> kept(qkv.f32(), qkv.f32() + qkv.tensor().numel());
+  for (int64_t t = 0; t < T; ++t)
+    docs.tensor().i32()[t] = static_cast<int32_t>(t / doc_tokens * doc_tokens);
+  auto step = [&](const Tensor& doc_start) {
+    std::copy(kept.begin(), kept.end(), qkv.f32());  // the backward clobbers q and k (RoPE)
+    be.attention_forward({.out = out,
+                          .lse = lse,
+                          .qkv = qkv,
+                          .n_head = NH,
+                          .rope_theta = 10000.0f,
+                          .doc_start = doc_start});
+    be.attention_backward({.dqkv = dqkv,
+                           .dout = dout,
+                           .qkv = qkv,
+                           .out = out,
+                           .lse = lse,
+                           .n_head = NH,
+                           .rope_theta = 10000.0f,
+                           .doc_start = doc_start});
+  };
+  const double causal_s = best_seconds(3, [&] { step(Tensor{}); });
+  const double document_s = best_seconds(3, [&] { step(docs); });
+  fmt::print("T = {}, documents of {} tokens, {} heads of {}, RoPE: forward + backward\n", T,
+             doc_tokens, NH, HS);
+  fmt::print("  causal    {:8.3f} s\n  document  {:8.3f} s\n  ratio     {:8.4f} (1/{:.1f})\n",
+             causal_s, document_s, document_s / causal_s, causal_s / document_s);
+  return 0;
+}
+
 int main(int argc, char** argv) {
+  if (argc > 1 && std::string(argv[1]) == "--documents")
+    return bench_documents(argc > 2 ? std::atoll(argv[2]) : 16384,
+                           argc > 3 ? std::atoll(argv[3]) : 512, argc > 4 ? std::atoi(argv[4]) : 0);
   const int threads = argc > 1 ? std::atoi(argv[1]) : 0;
   cpu::CpuBackend be(64ull << 30, threads);
   double load[1] = {0};

@@ -459,6 +459,23 @@ TEST_CASE("llama: the planner predicts the CUDA pool's peak to the byte", "[gpu]
                        {"remat.policy=save_attn", "remat.offload=\"checkpoints+optimizer\""}});
 }
 
+// Documents (data.attention = "document") on the synthetic tokens, token 5 ending a document
+// (about one token in 64, so most rows hold a few): cuDNN's one call per document, RoPE restarting
+// in each, the step into the next document untrained and the loss over the trained targets.
+const std::vector<std::string> kDocuments = {"data.attention=document", "data.eot_token=5"};
+
+TEST_CASE("documents: 20 training steps on CUDA track the CPU losses (llama, GPT with RoPE)",
+          "[gpu][documents]") {
+  check_cuda_tracks_cpu(kLlamaToml, "documents llama", {{}}, kDocuments);
+  check_cuda_tracks_cpu(kTinyToml, "documents gpt", {{"model.position=rope"}}, kDocuments);
+}
+
+TEST_CASE("documents: the planner predicts the CUDA pool's peak to the byte", "[gpu][documents]") {
+  check_planner_peaks(kLlamaToml,
+                      {{"remat.policy=none"}, {"remat.policy=full", "remat.tile_tokens=37"}},
+                      kDocuments);
+}
+
 // LoRA (docs/lora.md) on the llama above: rank 4 on every linear, adapter dropout, the final norm
 // and the LM head trained whole, every other weight frozen (a random base: the adapters' path is
 // what these rows check).

@@ -157,6 +157,7 @@ struct AttentionCall {
   RopeScaling scaling;
   Buffer qkv, dout, out, lse, dqkv;
   int64_t chunk = 0;  // chunk_tokens of both calls (attention over chunks); 0: the backend's choice
+  Tensor doc_start;   // documents of both calls ((B, T) i32); empty: causal
 
   AttentionCall(Backend& backend, int64_t b, int64_t nh, int64_t t, int64_t hs, float rope_theta,
                 uint64_t stream, int64_t kvh = 0, RopeScaling rope_scaling = {})
@@ -188,7 +189,8 @@ struct AttentionCall {
                           .rope_theta = theta,
                           .n_kv_head = n_kv_head(),
                           .rope_scaling = scaling,
-                          .chunk_tokens = chunk});
+                          .chunk_tokens = chunk,
+                          .doc_start = doc_start});
   }
   /// The op CLOBBERS qkv (engine/core/ops/attention.h: with RoPE the CPU rotates q and k in place);
   /// the harness puts its values back, so that the call can run again and a reference can read
@@ -205,7 +207,8 @@ struct AttentionCall {
                            .delta = delta,
                            .n_kv_head = n_kv_head(),
                            .rope_scaling = scaling,
-                           .chunk_tokens = chunk});
+                           .chunk_tokens = chunk,
+                           .doc_start = doc_start});
     be.upload(qkv, kept.data());
   }
   /// Host copies of out, lse and dqkv.
@@ -294,6 +297,103 @@ const std::vector<std::tuple<int64_t, int64_t, int64_t>> kAttnShapes = {
 const std::vector<int64_t> kAttnHeadSizes = {16, 64, 128};
 
 }  // namespace
+
+namespace {
+
+// Rows cut into documents: lengths that cross 64-token tiles or end on them, documents of one
+// token, a row that is one document (causal) beside rows of several, and rows of one-token
+// documents only.
+struct DocumentLayout {
+  int64_t T;
+  std::vector<std::vector<int64_t>> rows;
+};
+const std::vector<DocumentLayout> kDocumentLayouts = {
+    {200, {{1, 62, 71, 66}, {130, 5, 65}}},
+    {129, {{64, 64, 1}, {129}}},
+    {7, {{3, 1, 3}, {1, 1, 1, 1, 1, 1, 1}}},
+};
+
+// Document attention over the layout's rows, then each document's causal attention alone on the
+// same q, k, v and dout rows (a call of T = its length, positions from 0): out, lse and dqkv
+// compared document by document.
+void check_documents_alone(const DocumentLayout& layout, int64_t NH, int64_t KVH, int64_t HS,
+                           float theta, int threads, int64_t chunk) {
+  CAPTURE(layout.T, NH, KVH, HS, theta, threads, chunk);
+  CpuBackend be(kTestBudgetBytes, threads);
+  const int64_t B = static_cast<int64_t>(layout.rows.size()), T = layout.T;
+  AttentionCall a(be, B, NH, T, HS, theta, 97, KVH);
+  const Buffer docs = make_i32(be, {B, T}, document_starts(layout.rows));
+  a.doc_start = docs;
+  a.chunk = chunk;
+  a.forward();
+  a.backward();
+  const std::vector<float> qkv = to_host(a.qkv), dout = to_host(a.dout), out = to_host(a.out),
+                           lse = to_host(a.lse), dqkv = to_host(a.dqkv);
+  const int64_t C = a.C, W = a.W;
+  auto rows = [](const std::vector<float>& v, int64_t first, int64_t n, int64_t width) {
+    return std::vector<float>(v.begin() + first * width, v.begin() + (first + n) * width);
+  };
+  for (int64_t b = 0; b < B; ++b) {
+    int64_t start = 0;
+    for (int64_t n : layout.rows[static_cast<size_t>(b)]) {
+      CAPTURE(b, start, n);
+      AttentionCall one(be, 1, NH, n, HS, theta, 98, KVH);
+      be.upload(one.qkv, rows(qkv, b * T + start, n, W).data());
+      be.upload(one.dout, rows(dout, b * T + start, n, C).data());
+      one.forward();
+      one.backward();
+      std::vector<float> lse_doc;
+      for (int64_t h = 0; h < NH; ++h)
+        for (int64_t t = 0; t < n; ++t)
+          lse_doc.push_back(lse[static_cast<size_t>((b * NH + h) * T + start + t)]);
+      CHECK(allclose(rows(out, b * T + start, n, C), to_double(one.out), kTolAttention, "out"));
+      CHECK(allclose(lse_doc, to_double(one.lse), kTolAttention, "lse"));
+      CHECK(allclose(rows(dqkv, b * T + start, n, W), to_double(one.dqkv), kTolAttention, "dqkv"));
+      start += n;
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("document attention equals each document's causal attention alone, outputs and gradients",
+          "[ops][documents]") {
+  // Both backward schedules (one thread: per head; three: split over tiles), the flash kernel and
+  // attention over 64-token chunks, multi-head and grouped-query heads, RoPE restarting at 0.
+  const DocumentLayout layout = GENERATE(from_range(kDocumentLayouts));
+  const float theta = GENERATE(0.0f, 10000.0f);
+  const int threads = GENERATE(1, 3);
+  const int64_t chunk = GENERATE(int64_t{0}, int64_t{64});
+  const auto [NH, KVH] = GENERATE(table<int64_t, int64_t>({{2, 2}, {4, 2}}));
+  const int64_t HS = GENERATE(int64_t{16}, int64_t{64});
+  check_documents_alone(layout, NH, KVH, HS, theta, threads, chunk);
+}
+
+TEST_CASE("document attention gives the same bits on any thread count and either kernel",
+          "[ops][documents]") {
+  const float theta = GENERATE(0.0f, 10000.0f);
+  const DocumentLayout& layout = kDocumentLayouts[0];
+  const int64_t B = 2, NH = 2, T = layout.T, HS = 40;
+  using cpu::AttentionIsa;
+  const AttentionIsa native = cpu::attention_isa();
+  std::vector<AttentionIsa> isas = {AttentionIsa::Avx2};
+  if (__builtin_cpu_supports("avx512f")) isas.push_back(AttentionIsa::Avx512);
+  std::vector<std::vector<std::vector<float>>> runs;
+  for (AttentionIsa isa : isas)
+    for (int threads : {1, 2, 3}) {
+      CAPTURE(theta, threads, static_cast<int>(isa));
+      cpu::force_attention_isa(isa);
+      CpuBackend be(kTestBudgetBytes, threads);
+      AttentionCall a(be, B, NH, T, HS, theta, 99);
+      const Buffer docs = make_i32(be, {B, T}, document_starts(layout.rows));
+      a.doc_start = docs;
+      a.forward();
+      a.backward();
+      runs.push_back(a.results());
+    }
+  cpu::force_attention_isa(native);
+  for (size_t i = 1; i < runs.size(); ++i) CHECK(bitwise_equal(runs[0], runs[i]));
+}
 
 TEST_CASE("attention forward and backward match a naive double-precision causal reference",
           "[ops]") {
@@ -787,12 +887,13 @@ TEST_CASE("causal attention forward and backward on CUDA match the CPU, with and
 
 namespace {
 
-/// The heads, RoPE and chunking of an attention call on a CUDA row.
+/// The heads, RoPE, chunking and documents of an attention call on a CUDA row.
 struct AttentionSetup {
   int n_head, n_kv_head;
   float theta;
   RopeScaling scaling;
   int64_t chunk = 0;
+  std::vector<int32_t> doc_starts{};  // (B, T) document starts; empty: causal
 };
 
 /// One attention forward and backward on the row's CPU or GPU: out, lse and dqkv (prefilled
@@ -813,9 +914,11 @@ AttentionOutputs attention_on(CudaRow& r, bool gpu, const AttentionSetup& a, int
       upload(be, {B, T, C}, act, std::vector<float>(dout_values.size(), 0.0f)),
       upload(be, {B, NH, T}, DType::F32, std::vector<float>(static_cast<size_t>(B * NH * T), 0.0f)),
       upload(be, {B, T, W}, act, std::vector<float>(qkv_values.size(), 7.0f))};
-  be.attention_forward({o.out, o.lse, qkv, a.n_head, a.theta, a.n_kv_head, a.scaling, a.chunk});
+  const Buffer docs = a.doc_starts.empty() ? Buffer() : make_i32(be, {B, T}, a.doc_starts);
+  be.attention_forward(
+      {o.out, o.lse, qkv, a.n_head, a.theta, a.n_kv_head, a.scaling, a.chunk, docs});
   be.attention_backward({o.dqkv, dout, qkv, o.out, o.lse, a.n_head, a.theta, Tensor{}, a.n_kv_head,
-                         a.scaling, a.chunk});
+                         a.scaling, a.chunk, docs});
   return o;
 }
 
@@ -854,6 +957,32 @@ TEST_CASE(
                             rope == 2 ? kLlama3Short : RopeScaling{}};
   const std::vector<float> qkv = r.act_values(B * T * W, 55), dout = r.act_values(B * T * C, 56);
   check_against_cpu(r, args, B, T, qkv, dout);
+}
+
+TEST_CASE("document attention on CUDA matches the CPU's (one cuDNN call per document)",
+          "[gpu][attention][documents]") {
+  // The CPU's document attention equals each document alone ([ops][documents]); CUDA's runs each
+  // document as one padded causal call (engine/cuda/attention.cpp). The layouts of the CPU rows:
+  // documents across 64-token tiles, of one token, a row of one document, rows of one-token
+  // documents; multi-head and grouped-query heads, plain and scaled RoPE restarting in each
+  // document, and none; chunked attention set (documents ignore it on CUDA).
+  const DocumentLayout layout = GENERATE(from_range(kDocumentLayouts));
+  const auto [NH, KVH, HS] =
+      GENERATE(table<int64_t, int64_t, int64_t>({{2, 2, 64}, {4, 2, 40}, {4, 1, 128}}));
+  const int rope = GENERATE(0, 1, 2);  // none, plain, llama3-scaled
+  const int64_t chunk = GENERATE(int64_t{0}, int64_t{64});
+  const DType act = GENERATE(from_range(kCudaActivationTypes));
+  const int64_t B = static_cast<int64_t>(layout.rows.size()), T = layout.T;
+  CAPTURE(T, NH, KVH, HS, rope, chunk, dtype_name(act));
+  CudaRow r(act);
+  const int64_t C = NH * HS, W = (NH + 2 * KVH) * HS;
+  const AttentionSetup args{static_cast<int>(NH),
+                            static_cast<int>(KVH),
+                            rope > 0 ? 10000.0f : 0.0f,
+                            rope == 2 ? kLlama3Short : RopeScaling{},
+                            chunk,
+                            document_starts(layout.rows)};
+  check_against_cpu(r, args, B, T, r.act_values(B * T * W, 55), r.act_values(B * T * C, 56));
 }
 
 TEST_CASE("attention over chunks on CUDA matches the CPU and unchunked CUDA",

@@ -77,6 +77,7 @@ LmHeadReference lm_head_reference(const float* inp, const float* weight, const i
     for (double l : logits) sum += std::exp(l - mx);
     const double lse = mx + std::log(sum);
     const int32_t t = targets[n];
+    if (t == kIgnoredTarget) continue;  // not trained: loss 0, no gradient
     r.losses[static_cast<size_t>(n)] = lse - logits[static_cast<size_t>(t)];
     for (int64_t v = 0; v < V; ++v) {
       const double g =
@@ -90,13 +91,8 @@ LmHeadReference lm_head_reference(const float* inp, const float* weight, const i
   return r;
 }
 
-}  // namespace
-
-TEST_CASE("lm head loss matches a naive double reference", "[ops]") {
-  CpuBackend be(kTestBudgetBytes, kTestThreads);
-  LmHeadCase c(be);
-  const int64_t chunk = GENERATE(from_range(kLmChunkRows));
-  CAPTURE(chunk);
+// The op on `c` in chunks of `chunk` rows against the double reference; returns the op's results.
+LmHeadResult check_lm_head_against_reference(CpuBackend& be, const LmHeadCase& c, int64_t chunk) {
   const LmHeadResult got = run_lm_head(be, c, chunk);
   Buffer prefill = make_randn(be, {kLmV, kLmC}, kSeed, 124);
   const LmHeadReference want =
@@ -105,6 +101,32 @@ TEST_CASE("lm head loss matches a naive double reference", "[ops]") {
   CHECK(allclose(got.losses, want.losses, kTolReduction, "losses"));
   CHECK(allclose(got.dinp, want.dinp, kTolReduction, "dinp"));
   CHECK(allclose(got.dweight, want.dweight, kTolReduction, "dweight"));
+  return got;
+}
+
+}  // namespace
+
+TEST_CASE("lm head loss matches a naive double reference", "[ops]") {
+  CpuBackend be(kTestBudgetBytes, kTestThreads);
+  LmHeadCase c(be);
+  const int64_t chunk = GENERATE(from_range(kLmChunkRows));
+  CAPTURE(chunk);
+  check_lm_head_against_reference(be, c, chunk);
+}
+
+TEST_CASE("lm head loss: an ignored target's row has loss 0 and adds nothing to any gradient",
+          "[ops][documents]") {
+  // Every third target ignored (a loss mask, a document's end): the reference skips those rows.
+  CpuBackend be(kTestBudgetBytes, kTestThreads);
+  LmHeadCase c(be);
+  for (int64_t n = 0; n < kLmN; n += 3) c.targets.tensor().i32()[n] = kIgnoredTarget;
+  const int64_t chunk = GENERATE(from_range(kLmChunkRows));
+  CAPTURE(chunk);
+  const LmHeadResult got = check_lm_head_against_reference(be, c, chunk);
+  for (int64_t n = 0; n < kLmN; n += 3) {
+    CHECK(got.losses[static_cast<size_t>(n)] == 0.0f);
+    for (int64_t k = 0; k < kLmC; ++k) CHECK(got.dinp[static_cast<size_t>(n * kLmC + k)] == 0.0f);
+  }
 }
 
 TEST_CASE("chunked lm head loss equals the unchunked one for dividing and non-dividing chunks",
@@ -217,13 +239,16 @@ TEST_CASE("mse loss matches a double reference", "[ops]") {
 TEST_CASE("fused chunked lm head loss on CUDA matches the CPU", "[gpu][lm_head]") {
   const int64_t chunk = GENERATE(from_range(kLmChunkRows));
   const DType act = GENERATE(from_range(kCudaActivationTypes));
-  CAPTURE(chunk, dtype_name(act));
+  const bool ignored = GENERATE(false, true);  // every third target not trained (kIgnoredTarget)
+  CAPTURE(chunk, dtype_name(act), ignored);
   CudaRow r(act);
   const int64_t N = kLmN, C = kLmC, V = kLmV;
   auto [x_c, x_g] = r.act_pair({N, C}, r.act_values(N * C, 121));
   auto [w_c, w_g] = r.f32_pair({V, C}, host_randn(V * C, 122, 0.3));
   Buffer ids = make_ids(r.cpu, {N}, static_cast<int32_t>(V), kSeed, 123);
-  const std::vector<int32_t> host_ids(ids.tensor().i32(), ids.tensor().i32() + N);
+  std::vector<int32_t> host_ids(ids.tensor().i32(), ids.tensor().i32() + N);
+  if (ignored)
+    for (int64_t n = 0; n < N; n += 3) host_ids[static_cast<size_t>(n)] = kIgnoredTarget;
   Buffer t_c = upload_i32(r.cpu, {N}, host_ids), t_g = upload_i32(*r.gpu, {N}, host_ids);
   auto [l_c, l_g] = r.zeros_f32({N});
   auto [dx_c, dx_g] = r.zeros_act({N, C});

@@ -11,6 +11,7 @@
 #include <limits>
 #include <map>
 #include <mutex>
+#include <numeric>
 #include <stdexcept>
 #include <thread>
 
@@ -93,12 +94,24 @@ struct RingProblem {
   std::vector<float> qkv, dout;  // (B, T, W), (B, T, C)
   int64_t KVH = 0;
   RopeScaling scaling{};
+  std::vector<int32_t> doc_start{};            // (B, T) global document starts; empty: causal
   int64_t C() const { return NH * HS; }        // q's and out's width
   int64_t K() const { return KVH * HS; }       // the keys' and the values'
   int64_t W() const { return C() + 2 * K(); }  // qkv's
   int nh() const { return static_cast<int>(NH); }
   int n_kv() const { return KVH == NH ? 0 : static_cast<int>(KVH); }
   TokenPositions positions(int rank) const { return context_positions(T, ranks, rank); }
+  /// The document starts of `pos` (a rank's positions) on `be`, or an empty buffer (causal).
+  Buffer docs(Backend& be, const std::vector<int64_t>& pos) const {
+    if (doc_start.empty()) return Buffer{};
+    std::vector<int32_t> local;
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t : pos) local.push_back(doc_start[static_cast<size_t>(b * T + t)]);
+    Buffer buf = be.pool().allocate({B, static_cast<int64_t>(pos.size())}, DType::I32,
+                                    MemCategory::Transient, "test.doc_start");
+    be.upload(buf, local.data());
+    return buf;
+  }
 };
 RingProblem make_problem(int64_t B, int64_t NH, int64_t T, int64_t HS, int ranks, float theta,
                          int64_t KVH = 0, RopeScaling scaling = {}) {
@@ -123,9 +136,27 @@ std::vector<RankResult> single_device(const RingProblem& p) {
   Buffer dout = put(be, {p.B, p.T, C}, DType::F32, p.dout);
   Buffer out = make_tensor(be, {p.B, p.T, C}), lse = make_tensor(be, {p.B, p.NH, p.T});
   Buffer dqkv = make_tensor(be, {p.B, p.T, W});
-  be.attention_forward({out, lse, qkv, p.nh(), p.theta, p.n_kv(), p.scaling});
-  be.attention_backward(
-      {dqkv, dout, qkv, out, lse, p.nh(), p.theta, Tensor{}, p.n_kv(), p.scaling});
+  std::vector<int64_t> all(static_cast<size_t>(p.T));
+  std::iota(all.begin(), all.end(), int64_t{0});
+  const Buffer docs = p.docs(be, all);
+  be.attention_forward({.out = out,
+                        .lse = lse,
+                        .qkv = qkv,
+                        .n_head = p.nh(),
+                        .rope_theta = p.theta,
+                        .n_kv_head = p.n_kv(),
+                        .rope_scaling = p.scaling,
+                        .doc_start = docs});
+  be.attention_backward({.dqkv = dqkv,
+                         .dout = dout,
+                         .qkv = qkv,
+                         .out = out,
+                         .lse = lse,
+                         .n_head = p.nh(),
+                         .rope_theta = p.theta,
+                         .n_kv_head = p.n_kv(),
+                         .rope_scaling = p.scaling,
+                         .doc_start = docs});
   const auto out_h = to_host(out), lse_h = to_host(lse), dqkv_h = to_host(dqkv);
   std::vector<RankResult> r;
   for (int i = 0; i < p.ranks; ++i) {
@@ -138,7 +169,7 @@ std::vector<RankResult> single_device(const RingProblem& p) {
 
 struct RingRank {
   TokenPositions pos;
-  Buffer qkv, dout, q, kv, acc, out, lse, row_sum, delta, dq, dkv, dqkv;
+  Buffer qkv, dout, q, kv, acc, out, lse, row_sum, delta, dq, dkv, dqkv, docs;
 };
 
 // The ring's ops played on `be` in one thread, with activations (qkv, dout, out, dqkv) of type
@@ -160,14 +191,16 @@ std::vector<RankResult> play_ring_ops(Backend& be, DType act, const RingProblem&
     k.out = filled(be, {B, Tl, C}, act, 7.0f);  // [=]: the 7s must go
     k.lse = filled(be, {B, NH, Tl}, DType::F32, -std::numeric_limits<float>::infinity());
     k.row_sum = filled(be, {B, NH, Tl}, DType::F32, 0.0f);
-    be.ring_split({k.q, k.kv, k.qkv, nh, p.theta, k.pos, n_kv, p.scaling});
+    k.docs = p.docs(be, pos);
+    be.ring_split({k.q, k.kv, k.qkv, nh, p.theta, k.pos, n_kv, p.scaling, k.docs});
   }
   // Forward: rank i meets kv of ranks i, i - 1, ... (ring order).
   for (int i = 0; i < p.ranks; ++i) {
     RingRank& k = r[static_cast<size_t>(i)];
     for (int s = 0; s < p.ranks; ++s) {
       const RingRank& src = r[static_cast<size_t>(((i - s) % p.ranks + p.ranks) % p.ranks)];
-      be.ring_block_forward({k.acc, k.lse, k.row_sum, k.q, src.kv, nh, k.pos, src.pos, n_kv});
+      be.ring_block_forward(
+          {k.acc, k.lse, k.row_sum, k.q, src.kv, nh, k.pos, src.pos, n_kv, k.docs});
     }
     be.ring_finish({k.out, k.acc, k.lse, k.lse, k.row_sum, nh});
   }
@@ -183,12 +216,12 @@ std::vector<RankResult> play_ring_ops(Backend& be, DType act, const RingProblem&
       RingRank& k = r[static_cast<size_t>((j + s) % p.ranks)];
       RingRank& src = r[static_cast<size_t>(j)];
       be.ring_block_backward(
-          {k.dq, src.dkv, k.q, src.kv, k.dout, k.lse, k.delta, nh, k.pos, src.pos, n_kv});
+          {k.dq, src.dkv, k.q, src.kv, k.dout, k.lse, k.delta, nh, k.pos, src.pos, n_kv, k.docs});
     }
   std::vector<RankResult> res;
   for (RingRank& k : r) {
     k.dqkv = filled(be, {B, k.pos.tokens(), W}, act, 7.0f);  // [=]
-    be.ring_merge_grad({k.dqkv, k.dq, k.dkv, nh, p.theta, k.pos, n_kv, p.scaling});
+    be.ring_merge_grad({k.dqkv, k.dq, k.dkv, nh, p.theta, k.pos, n_kv, p.scaling, k.docs});
     res.push_back({get(be, k.out), get(be, k.lse), get(be, k.dqkv)});
   }
   return res;
@@ -285,13 +318,15 @@ std::vector<RankResult> run_context_ring(MakeBackend make_backend, DType act,
       Buffer dout = put(*be, {B, Tl, C}, act, gather_rows(p.dout, B, p.T, C, pos));
       Buffer out = filled(*be, {B, Tl, C}, act, 7.0f), lse = make_tensor(*be, {B, NH, Tl});
       Buffer dqkv = filled(*be, {B, Tl, W}, act, 7.0f);
+      const Buffer docs = p.docs(*be, pos);
       cr.forward(*be, {.out = out,
                        .lse = lse,
                        .qkv = qkv,
                        .n_head = nh,
                        .rope_theta = p.theta,
                        .n_kv_head = p.n_kv(),
-                       .rope_scaling = p.scaling});
+                       .rope_scaling = p.scaling,
+                       .doc_start = docs});
       Buffer delta;
       if (!be->attention_backward_needs_out()) {
         delta = make_tensor(*be, {B, NH, Tl});
@@ -306,7 +341,8 @@ std::vector<RankResult> run_context_ring(MakeBackend make_backend, DType act,
                         .rope_theta = p.theta,
                         .delta = delta,
                         .n_kv_head = p.n_kv(),
-                        .rope_scaling = p.scaling});
+                        .rope_scaling = p.scaling,
+                        .doc_start = docs});
       res[static_cast<size_t>(i)] = {get(*be, out), get(*be, lse), get(*be, dqkv),
                                      be->cost(be->phase()).ring_bytes};
     } catch (...) {
@@ -373,6 +409,22 @@ const RopeScaling kRingLlama3{.kind = RopeScaling::Llama3,
                               .high_freq_factor = 4.0,
                               .original_context = 32};
 
+namespace {
+
+// The ring's ops played rank by rank, and ContextRing with a thread per rank (more than one rank),
+// each against the single-device attention of `p`.
+void check_played_and_threaded(const RingProblem& p) {
+  const std::vector<RankResult> want = single_device(p);
+  CpuBackend be(kTestBudgetBytes, kTestThreads);
+  check_ranks(play_ring_ops(be, DType::F32, p), want, kTolAttention, kTolAttention);
+  if (p.ranks > 1) {
+    auto cpu = [] { return std::make_unique<CpuBackend>(kTestBudgetBytes, 1); };
+    check_ranks(run_context_ring(cpu, DType::F32, p), want, kTolAttention, kTolAttention);
+  }
+}
+
+}  // namespace
+
 TEST_CASE("ring attention with grouped-query heads gives single-device attention at every position",
           "[ops][parallel][attention]") {
   // 4 query heads over 2 key/value heads and over 1 (multi-query), RoPE plain and llama3-scaled:
@@ -381,15 +433,22 @@ TEST_CASE("ring attention with grouped-query heads gives single-device attention
   const int rope = GENERATE(0, 1, 2);  // none, plain, llama3-scaled
   const RingShape shape = GENERATE(from_range(kRingShapes));
   CAPTURE(KVH, rope, shape.T, shape.ranks);
-  const RingProblem p = make_problem(2, 4, shape.T, 16, shape.ranks, rope > 0 ? 10000.0f : 0.0f,
-                                     KVH, rope == 2 ? kRingLlama3 : RopeScaling{});
-  const std::vector<RankResult> want = single_device(p);
-  CpuBackend be(kTestBudgetBytes, kTestThreads);
-  check_ranks(play_ring_ops(be, DType::F32, p), want, kTolAttention, kTolAttention);
-  if (shape.ranks > 1) {
-    auto cpu = [] { return std::make_unique<CpuBackend>(kTestBudgetBytes, 1); };
-    check_ranks(run_context_ring(cpu, DType::F32, p), want, kTolAttention, kTolAttention);
-  }
+  check_played_and_threaded(make_problem(2, 4, shape.T, 16, shape.ranks, rope > 0 ? 10000.0f : 0.0f,
+                                         KVH, rope == 2 ? kRingLlama3 : RopeScaling{}));
+}
+
+TEST_CASE("ring attention over C ranks with documents gives single-device document attention",
+          "[ops][parallel][documents]") {
+  // Documents that start inside one rank's chunk and end in another's, one-token documents, and
+  // a row that is one document: the ops played rank by rank and ContextRing with a thread per
+  // rank, grouped-query heads, RoPE restarting at each document's start.
+  const RingShape shape = GENERATE(from_range(kRingShapes));
+  const float theta = GENERATE(0.0f, 10000.0f);
+  CAPTURE(shape.T, shape.ranks, theta);
+  RingProblem p = make_problem(2, 4, shape.T, 16, shape.ranks, theta, 2);
+  const int64_t T = shape.T;
+  p.doc_start = document_starts({{1, T / 3, T - 1 - T / 3}, {T}});
+  check_played_and_threaded(p);
 }
 
 TEST_CASE("the context ring sends the key/value heads only: NH / KVH times less than multi-head",

@@ -3,6 +3,16 @@
 // cudnn_attention.cpp); workspaces: engine/{cpu,cuda}/workspace.h; tests:
 // tests/ops/test_attention.cpp.
 //
+// Documents (data.attention = "document", issue 61): a row may hold several documents, given as
+// data, doc_start: for each token the row position of its document's first token. A query at t
+// sees the keys [doc_start[t], t] (a block-diagonal causal mask) and RoPE rotates at
+// t - doc_start[t]. Per-token starts rather than per-row segment lists keep the arguments one
+// fixed-shape tensor, which a dry run allocates like any other, which context-parallel ranks
+// slice like the tokens (the ring passes the query side's starts with each block), and from
+// which a backend that wants segments (cuDNN's ragged layout) reads them off: a document starts
+// where doc_start[t] == t. The CUDA backend reads them so: one cuDNN call per document
+// (engine/cuda/attention.cpp).
+//
 // Attention over chunks (remat.attention_chunk; issue 49): cuDNN's fused attention takes tensors
 // that it addresses with 32-bit offsets, so past a length some tensor of one call passes 2^31
 // elements (Llama-3.1-8B's qkv view at 349,525 tokens). The causal attention of a sequence then
@@ -49,6 +59,15 @@ struct AttentionForwardArgs {
   int n_kv_head = 0;     // 0: n_head
   RopeScaling rope_scaling{};
   int64_t chunk_tokens = 0;  // remat.attention_chunk: tokens per chunk; 0: where a backend needs
+  // Documents (data.attention = "document"): per token, the position in its row of the first
+  // token of its document. A query attends to the keys from there to itself, and RoPE rotates q
+  // and k at t - doc_start (positions restart at 0 in every document). Non-decreasing along a
+  // row. Empty: one document per row (causal attention at positions t).
+  Tensor doc_start{};  // (B, T) i32
+  // The FLOP count only (no kernel reads it): with documents, their mean length, so that the
+  // count is T (L + 1) / 2 pairs a row and head instead of the causal T (T + 1) / 2 (the data's
+  // documents are not known before a step, and not at all in a dry run); 0: the causal bound.
+  double mean_doc_tokens = 0;
 };
 
 /// KVH of an attention op's arguments (n_kv_head = 0 means one per query head).
@@ -69,7 +88,9 @@ struct AttentionBackwardArgs {
   Tensor delta{};  // (B, NH, T) f32 from attention_delta, or empty: then D comes from out and dout
   int n_kv_head = 0;  // 0: n_head
   RopeScaling rope_scaling{};
-  int64_t chunk_tokens = 0;  // as in AttentionForwardArgs
+  int64_t chunk_tokens = 0;    // as in AttentionForwardArgs
+  Tensor doc_start{};          // (B, T) i32, as in AttentionForwardArgs
+  double mean_doc_tokens = 0;  // as in AttentionForwardArgs
 };
 
 /// The chunks of chunked attention: [i L, min((i + 1) L, T)) for i < count(); L = 0 or L >= T is
@@ -93,6 +114,12 @@ struct AttentionDeltaArgs {
   int n_head = 1;
 };
 
+/// Document starts (AttentionForwardArgs::doc_start) are empty or one i32 per token of (B, T).
+inline void check_doc_start(const Tensor& doc_start, int64_t B, int64_t T, const char* op) {
+  REMAT_ASSERT(doc_start.empty() || (doc_start.dtype == DType::I32 && doc_start.numel() == B * T),
+               "{}: doc_start {} for (B, T) = ({}, {})", op, doc_start.shape_str(), B, T);
+}
+
 // Causal attention does 2*HS FLOPs per (query, key) pair for each of its GEMM-like products:
 // S = QK^T and O = PV forward (2 products); S again, dV, dP, dQ, dK backward (5 products).
 inline double causal_pairs(const Tensor& qkv, int n_head) {
@@ -113,10 +140,21 @@ inline void check(const AttentionForwardArgs& a) {
       "attention_forward: qkv {} vs out {} ({} query, {} key/value heads)", a.qkv.shape_str(),
       a.out.shape_str(), a.n_head, KVH);
   REMAT_ASSERT(a.lse.numel() == B * a.n_head * T, "attention_forward: lse {}", a.lse.shape_str());
+  check_doc_start(a.doc_start, B, T, "attention_forward");
 }
+/// The pairs an attention call computes: the causal triangle, or with documents of
+/// `mean_doc_tokens` on average (AttentionForwardArgs) T (L + 1) / 2 a row and head.
+inline double attention_pairs(const Tensor& qkv, int n_head, const Tensor& doc_start,
+                              double mean_doc_tokens) {
+  const double T = static_cast<double>(qkv.dim(1));
+  if (doc_start.empty() || mean_doc_tokens <= 0 || mean_doc_tokens >= T)
+    return causal_pairs(qkv, n_head);
+  return static_cast<double>(qkv.dim(0)) * n_head * T * (mean_doc_tokens + 1) / 2;
+}
+
 inline OpCost cost(const AttentionForwardArgs& a) {
   const double HS = static_cast<double>(a.out.dim(2) / a.n_head);
-  return {2 * 2 * HS * causal_pairs(a.qkv, a.n_head),
+  return {2 * 2 * HS * attention_pairs(a.qkv, a.n_head, a.doc_start, a.mean_doc_tokens),
           act_bytes(a.qkv) + act_bytes(a.out) + act_bytes(a.lse)};
 }
 
@@ -133,12 +171,13 @@ inline void check(const AttentionBackwardArgs& a) {
                a.qkv.shape_str(), a.dout.shape_str(), a.out.shape_str());
   REMAT_ASSERT(a.delta.empty() || (a.delta.dtype == DType::F32 && a.delta.numel() == a.lse.numel()),
                "attention_backward: delta {} vs lse {}", a.delta.shape_str(), a.lse.shape_str());
+  check_doc_start(a.doc_start, a.dout.dim(0), a.dout.dim(1), "attention_backward");
 }
 inline OpCost cost(const AttentionBackwardArgs& a) {
   const double HS = static_cast<double>(a.dout.dim(2) / a.n_head);
-  return {5 * 2 * HS * causal_pairs(a.qkv, a.n_head), 2 * act_bytes(a.qkv) + act_bytes(a.dout) +
-                                                          act_bytes(a.out) + act_bytes(a.delta) +
-                                                          act_bytes(a.dqkv) + act_bytes(a.lse)};
+  return {5 * 2 * HS * attention_pairs(a.qkv, a.n_head, a.doc_start, a.mean_doc_tokens),
+          2 * act_bytes(a.qkv) + act_bytes(a.dout) + act_bytes(a.out) + act_bytes(a.delta) +
+              act_bytes(a.dqkv) + act_bytes(a.lse)};
 }
 
 inline void check(const AttentionDeltaArgs& a) {

@@ -10,17 +10,21 @@
 namespace remat {
 
 struct EmbeddingForwardArgs {
-  Tensor out;     // (B, T, C) act = wte[tokens] (+ wpe[t])
+  Tensor out;     // (B, T, C) act = wte[tokens] (+ wpe[t - doc_start])
   Tensor tokens;  // (B, T) i32
   Tensor wte;     // (V, C) f32
   Tensor wpe;     // (maxT, C) f32, optional (rope models have none)
+  // Documents (engine/core/ops/attention.h): the learned position of token t is t - doc_start,
+  // restarting at 0 in every document. Empty: t.
+  Tensor doc_start{};  // (B, T) i32
 };
 
 struct EmbeddingBackwardArgs {
-  Tensor dwte;    // (V, C) f32 [+=], optional (empty: a frozen embedding)
-  Tensor dwpe;    // (maxT, C) f32 [+=], optional (rope models, or frozen); not both empty
-  Tensor dout;    // (B, T, C) act
-  Tensor tokens;  // (B, T) i32
+  Tensor dwte;         // (V, C) f32 [+=], optional (empty: a frozen embedding)
+  Tensor dwpe;         // (maxT, C) f32 [+=], optional (rope models, or frozen); not both empty
+  Tensor dout;         // (B, T, C) act
+  Tensor tokens;       // (B, T) i32
+  Tensor doc_start{};  // (B, T) i32, as in EmbeddingForwardArgs
 };
 
 inline void check(const EmbeddingForwardArgs& a) {
@@ -29,6 +33,9 @@ inline void check(const EmbeddingForwardArgs& a) {
                a.tokens.shape_str(), a.wte.shape_str());
   REMAT_ASSERT(a.wpe.empty() || a.wpe.dim(0) >= a.tokens.dim(1),
                "embedding_forward: wpe {} shorter than T={}", a.wpe.shape_str(), a.tokens.dim(1));
+  REMAT_ASSERT(a.doc_start.empty() || a.doc_start.numel() == a.tokens.numel(),
+               "embedding_forward: doc_start {} tokens {}", a.doc_start.shape_str(),
+               a.tokens.shape_str());
 }
 inline OpCost cost(const EmbeddingForwardArgs& a) {
   return {static_cast<double>(a.out.numel()), 3 * act_bytes(a.out)};
@@ -40,6 +47,9 @@ inline void check(const EmbeddingBackwardArgs& a) {
   const Tensor& table = a.dwte.empty() ? a.dwpe : a.dwte;
   REMAT_ASSERT(a.dout.numel() == a.tokens.numel() * table.dim(1),
                "embedding_backward: dout {} tokens {}", a.dout.shape_str(), a.tokens.shape_str());
+  REMAT_ASSERT(a.doc_start.empty() || a.doc_start.numel() == a.tokens.numel(),
+               "embedding_backward: doc_start {} tokens {}", a.doc_start.shape_str(),
+               a.tokens.shape_str());
 }
 // Two FLOPs per element with the token table (as counted since the first version, whether or
 // not there are position rows), one for the position rows alone (a frozen token table).

@@ -10,16 +10,21 @@
 
 namespace remat {
 
+/// A target that is not trained (a loss mask's 0, a document's last input, padding): its row's
+/// loss is 0 and it adds nothing to any gradient. llm.c marks such targets the same way.
+inline constexpr int32_t kIgnoredTarget = -1;
+
 /// Fused, chunked LM head + softmax cross-entropy: for chunks of `chunk_rows` rows it forms the
 /// logits inp W^T, the loss and the gradients, so no (N, V) tensor ever exists. Runs in the
-/// forward pass; the gradients are scaled by loss_scale (1/N for a mean loss).
+/// forward pass; the gradients are scaled by loss_scale (1 / the trained targets of the step, for
+/// a mean loss). Rows whose target is kIgnoredTarget get loss 0 and zero gradients.
 struct LmHeadLossArgs {
   Tensor losses;   // (N) f32 [=] per-row loss (unscaled)
   Tensor dinp;     // (N, C) act [=]
   Tensor dweight;  // (V, C) f32 [+=], optional (empty: a frozen head, no weight-gradient GEMM)
   Tensor inp;      // (N, C) act: the final hidden states
   Tensor weight;   // (V, C) f32: the (tied) output embedding
-  Tensor targets;  // (N) i32
+  Tensor targets;  // (N) i32, in [0, V) or kIgnoredTarget
   float loss_scale = 1.0f;
   int64_t chunk_rows = 0;  // rows per chunk; <= 0 means all rows at once
 };

@@ -60,6 +60,9 @@ struct RingSplitArgs {
   TokenPositions pos;
   int n_kv_head = 0;  // 0: n_head
   RopeScaling rope_scaling{};
+  // Documents (AttentionForwardArgs::doc_start, in global positions): RoPE rotates the token at
+  // global position p by p - doc_start. Empty: at p.
+  Tensor doc_start{};  // (B, T) i32
 };
 
 /// The gradient back through RingSplitArgs: dqkv = the inverse rotation of dq and dk, and dv.
@@ -72,6 +75,7 @@ struct RingMergeGradArgs {
   TokenPositions pos;
   int n_kv_head = 0;  // 0: n_head
   RopeScaling rope_scaling{};
+  Tensor doc_start{};  // (B, T) i32, as in RingSplitArgs
 };
 
 /// One ring step forward: queries q (at q_pos) against keys and values kv (at k_pos), folded into
@@ -86,6 +90,9 @@ struct RingBlockForwardArgs {
   int n_head = 1;
   TokenPositions q_pos, k_pos;
   int n_kv_head = 0;  // 0: n_head
+  // Documents: each query's document start (a global position); keys before it are masked as
+  // keys after the query are. Empty: causal only.
+  Tensor q_doc_start{};  // (B, Tq) i32
 };
 
 /// After the last ring step: out = acc / l, lse = m + log(l).
@@ -112,6 +119,9 @@ struct RingBlockBackwardArgs {
   int n_head = 1;
   TokenPositions q_pos, k_pos;
   int n_kv_head = 0;  // 0: n_head
+  // Documents: each query's document start (a global position); keys before it are masked as
+  // keys after the query are. Empty: causal only.
+  Tensor q_doc_start{};  // (B, Tq) i32
 };
 
 /// Whether NH query heads over `n_kv_head` key/value heads fit q of width C and kv of width
@@ -129,6 +139,7 @@ inline void check(const RingSplitArgs& a) {
                "ring_split: q {} kv {} qkv {} positions {} ({} query, {} key/value heads)",
                a.q.shape_str(), a.kv.shape_str(), a.qkv.shape_str(), a.pos.tokens(), a.n_head,
                kv_heads(a.n_head, a.n_kv_head));
+  check_doc_start(a.doc_start, a.qkv.dim(0), a.qkv.dim(1), "ring_split");
 }
 inline OpCost cost(const RingSplitArgs& a) {
   return {6 * static_cast<double>(a.q.numel()),
@@ -142,6 +153,7 @@ inline void check(const RingMergeGradArgs& a) {
                    ring_heads_fit(C, K2, a.n_head, a.n_kv_head),
                "ring_merge_grad: dq {} dkv {} dqkv {}", a.dq.shape_str(), a.dkv.shape_str(),
                a.dqkv.shape_str());
+  check_doc_start(a.doc_start, a.dqkv.dim(0), a.dqkv.dim(1), "ring_merge_grad");
 }
 inline OpCost cost(const RingMergeGradArgs& a) {
   return {6 * static_cast<double>(a.dq.numel()),
@@ -157,6 +169,7 @@ inline void check(const RingBlockForwardArgs& a) {
                    a.k_pos.tokens() == a.kv.dim(1),
                "ring_block_forward: q {} kv {} acc {} row_max {}", a.q.shape_str(),
                a.kv.shape_str(), a.acc.shape_str(), a.row_max.shape_str());
+  check_doc_start(a.q_doc_start, B, Tq, "ring_block_forward");
 }
 inline OpCost cost(const RingBlockForwardArgs& a) {
   const double HS = static_cast<double>(a.q.dim(2) / a.n_head);
@@ -184,6 +197,7 @@ inline void check(const RingBlockBackwardArgs& a) {
                    a.q_pos.tokens() == Tq && a.k_pos.tokens() == a.kv.dim(1),
                "ring_block_backward: q {} kv {} dq {} dkv {}", a.q.shape_str(), a.kv.shape_str(),
                a.dq.shape_str(), a.dkv.shape_str());
+  check_doc_start(a.q_doc_start, B, Tq, "ring_block_backward");
 }
 inline OpCost cost(const RingBlockBackwardArgs& a) {
   const double HS = static_cast<double>(a.q.dim(2) / a.n_head);
