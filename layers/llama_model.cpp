@@ -30,6 +30,7 @@ class LlamaModel : public detail::TokenModel {
     LlamaBlockShape shape{.B = B_, .T = T_, .C = C, .NH = NH, .KVH = KVH, .HS = HS, .FF = FF};
     shape.rope_theta = static_cast<float>(m_.rope_theta);
     shape.rope_scaling = m_.rope_scaling;
+    shape.rope_scaling.seq_len = s.seq_len;  // dynamic NTK: the base of the run's whole rows
     shape.norm_eps = static_cast<float>(m_.norm_eps);
     shape.tile_tokens = s.tile_tokens;
     shape.attention_chunk = s.attention_chunk;

@@ -306,7 +306,7 @@ __device__ __forceinline__ void rope_heads(Td* dst, const Ts* src, int64_t heads
 // long context) is the same for every head of the row, so its sincos is computed once and
 // applied to the NH query and KVH key heads; the thread then copies elements i and i + HS/2 of
 // each v head. Adjacent threads take adjacent i, so each head's accesses stay coalesced. The
-// frequencies are those of the CPU's table (engine/core/ops/rope.h).
+// frequencies and the attention factor are those of the CPU's table (engine/core/ops/rope.h).
 template <typename Td, typename Ts>
 __global__ void rope_kernel(Td* dst, const Ts* src, RopeParams p) {
   const int64_t half = p.HS / 2, n = p.BT * half, W = (p.NH + 2 * p.KVH) * p.HS;
@@ -317,7 +317,8 @@ __global__ void rope_kernel(Td* dst, const Ts* src, RopeParams p) {
     if (rotated > 0) {
       double sn_d, cs_d;
       sincos(static_cast<double>(row % p.T) * p.freq.inv_freq[i], &sn_d, &cs_d);
-      const float cs = static_cast<float>(cs_d), sn = static_cast<float>(sn_d);
+      const float cs = static_cast<float>(cs_d * p.freq.attention_factor);
+      const float sn = static_cast<float>(sn_d * p.freq.attention_factor);
       rope_heads<true>(dst + at, src + at, rotated, p.HS, half, cs, sn, p.inverse);
     }
     const int64_t rest = rotated * p.HS;

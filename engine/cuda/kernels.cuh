@@ -155,11 +155,14 @@ void sum_squares_partials(const DeviceFloats* tensors, int64_t count, double* pa
 void zero_multi(const DeviceFloats* tensors, int64_t count, cudaStream_t s);
 
 // ---- attention helpers ----
-/// RoPE's inverse frequencies of one head (engine/core/ops/rope.h's rope_inv_freq, scaling applied
-/// on the host), by value in a kernel's parameters: n = HS / 2 pairs, 0 for no rotation.
+/// RoPE's inverse frequencies of one head (engine/core/ops/rope.h's rope_angles, scaling applied
+/// on the host), by value in a kernel's parameters: n = HS / 2 pairs, 0 for no rotation; cos and
+/// sin are multiplied by attention_factor (yarn's; 1 leaves the unscaled bits) before they are
+/// rounded to float, as the CPU's table does.
 constexpr int kMaxRopePairs = 128;  // head sizes up to 256, cuDNN's largest
 struct RopeFrequencies {
   int n = 0;
+  double attention_factor = 1.0;
   double inv_freq[kMaxRopePairs] = {};
 };
 /// dst (BT, (NH + 2 KVH) HS) = src (q | k | v, heads contiguous) with the NH query and KVH key

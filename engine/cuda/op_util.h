@@ -1,9 +1,16 @@
 // Small helpers the CUDA ops share (host code). Internal to engine/cuda.
 #pragma once
 
-#include <cstdint>
+#include <fmt/format.h>
 
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "engine/core/error.h"
+#include "engine/core/ops/rope.h"
 #include "engine/core/tensor.h"
+#include "engine/cuda/kernels.cuh"
 
 namespace remat::cuda {
 
@@ -14,6 +21,24 @@ inline bool is_bf16(const Tensor& t) {
 /// Address of element `elem_offset` of `t`, whatever its dtype.
 inline char* byte_ptr(const Tensor& t, int64_t elem_offset) {
   return static_cast<char*>(t.data) + elem_offset * static_cast<int64_t>(dtype_size(t.dtype));
+}
+
+/// RoPE's frequencies and attention factor of a head of HS for the kernels (none when theta is
+/// 0). Throws BackendError past the kernels' largest head, naming `component` ("[attention]").
+inline kern::RopeFrequencies rope_frequencies(int64_t HS, float theta, const RopeScaling& scaling,
+                                              const char* component) {
+  kern::RopeFrequencies f;
+  if (theta <= 0) return f;
+  if (HS / 2 > kern::kMaxRopePairs)
+    throw BackendError(fmt::format(
+        "{} RoPE on CUDA takes head sizes up to {}, got {}. Fix: more heads (model.n_head) for "
+        "the same width",
+        component, 2 * kern::kMaxRopePairs, HS));
+  const RopeAngles angles = rope_angles(HS, static_cast<double>(theta), scaling);
+  f.n = static_cast<int>(angles.inv_freq.size());
+  f.attention_factor = angles.attention_factor;
+  std::copy(angles.inv_freq.begin(), angles.inv_freq.end(), f.inv_freq);
+  return f;
 }
 
 }  // namespace remat::cuda

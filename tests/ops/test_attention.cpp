@@ -27,9 +27,28 @@ struct AttentionRef {
 };
 
 // RoPE's inverse frequency of pair i, written from the formulas (Su et al.; transformers'
-// _compute_llama3_parameters for the Llama 3 rescaling), not with engine/core/ops/rope.h.
+// _compute_{linear_scaling,dynamic_ntk,yarn,llama3}_parameters for the rescalings), not with
+// engine/core/ops/rope.h.
 double reference_inv_freq(int64_t i, int64_t HS, double theta, const RopeScaling& s) {
-  const double base = 1.0 / std::pow(theta, 2.0 * static_cast<double>(i) / static_cast<double>(HS));
+  const double d = static_cast<double>(HS), ctx = static_cast<double>(s.original_context);
+  if (s.kind == RopeScaling::Dynamic) {  // NTK: the base grows with the run's length past ctx
+    const double len = std::max(static_cast<double>(s.seq_len), ctx);
+    theta *= std::pow(s.factor * len / ctx - (s.factor - 1), d / (d - 2));
+  }
+  const double base = 1.0 / std::pow(theta, 2.0 * static_cast<double>(i) / d);
+  if (s.kind == RopeScaling::Linear) return base / s.factor;
+  if (s.kind == RopeScaling::Yarn) {
+    // The pairs that turn fewer than beta_slow times over the original context are
+    // interpolated (/ factor), those that turn more than beta_fast times kept, a ramp between.
+    auto dim_of = [&](double turns) {
+      return d * std::log(ctx / (turns * 2 * std::numbers::pi)) / (2 * std::log(theta));
+    };
+    double lo = dim_of(s.beta_fast), hi = dim_of(s.beta_slow);
+    if (s.truncate) lo = std::floor(lo), hi = std::ceil(hi);
+    lo = std::max(lo, 0.0), hi = std::min(hi, d - 1);
+    const double ramp = std::min(1.0, std::max(0.0, (static_cast<double>(i) - lo) / (hi - lo)));
+    return ramp * base / s.factor + (1 - ramp) * base;
+  }
   if (s.kind != RopeScaling::Llama3) return base;
   const double wavelen = 2 * std::numbers::pi / base;
   const double old_context = static_cast<double>(s.original_context);
@@ -38,6 +57,12 @@ double reference_inv_freq(int64_t i, int64_t HS, double theta, const RopeScaling
   const double smooth =
       (old_context / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
   return (1 - smooth) * base / s.factor + smooth * base;
+}
+
+// yarn's factor on cos and sin when the scaling gives none: 0.1 ln(factor) + 1.
+double reference_attention_factor(const RopeScaling& s) {
+  if (s.kind != RopeScaling::Yarn) return 1.0;
+  return s.attention_factor ? *s.attention_factor : 0.1 * std::log(s.factor) + 1;
 }
 
 struct RefShape {
@@ -55,11 +80,13 @@ AttentionRef attention_reference(const std::vector<double>& qkv, const std::vect
                  std::vector<double>(static_cast<size_t>(B * NH * T)),
                  std::vector<double>(static_cast<size_t>(B * T * row))};
   // rotate(x, t, sign): sign +1 applies R_t, -1 applies R_t^T.
+  // yarn's attention factor m scales both rotations: m R_t forward, its transpose m R_t^T back.
+  const double m = reference_attention_factor(sh.scaling);
   auto rotate = [&](double* x, int64_t t, double sign) {
     if (sh.theta <= 0) return;
     for (int64_t i = 0; i < half; ++i) {
       const double ang = static_cast<double>(t) * reference_inv_freq(i, HS, sh.theta, sh.scaling);
-      const double c = std::cos(ang), s = sign * std::sin(ang);
+      const double c = m * std::cos(ang), s = m * sign * std::sin(ang);
       const double a = x[i], b = x[i + half];
       x[i] = a * c - b * s;
       x[i + half] = a * s + b * c;
@@ -254,6 +281,15 @@ const RopeScaling kLlama3Short{.kind = RopeScaling::Llama3,
                                .low_freq_factor = 1.0,
                                .high_freq_factor = 4.0,
                                .original_context = 32};
+
+/// The other scalings at the same short original context: each changes most angles at the
+/// tested positions (dynamic, for a run of 200 tokens, grows the base 34-fold at HS = 16; yarn
+/// keeps pair 0, halves pair 1's stretch and divides the others by 8 there, and its attention
+/// factor is 1.208).
+const RopeScaling kLinearShort{.kind = RopeScaling::Linear, .factor = 4.0};
+const RopeScaling kDynamicShort{
+    .kind = RopeScaling::Dynamic, .factor = 4.0, .original_context = 32, .seq_len = 200};
+const RopeScaling kYarnShort{.kind = RopeScaling::Yarn, .factor = 8.0, .original_context = 32};
 
 // (B, NH, T): several batches and heads where T is small, one batch of two heads at T = 1000, and
 // batches of one with 1 head (whose backward the tests' two threads split over query and key
@@ -501,6 +537,54 @@ TEST_CASE("attention with llama3 rope scaling matches a double reference of the 
       {{1, 2, 0, 200, 16}, {2, 4, 2, 129, 16}, {1, 4, 1, 70, 64}}));
   const int threads = GENERATE(1, 3);
   check_attention_against_reference(B, NH, T, HS, 10000.0f, KVH, kLlama3Short, threads);
+}
+
+TEST_CASE("attention with linear, dynamic and yarn rope scaling matches a double reference",
+          "[ops][attention][rope]") {
+  // yarn's attention factor scales the rotated q and k (the logits by its square) and the
+  // gradients back through the same scaled rotation.
+  const RopeScaling scaling = GENERATE(kLinearShort, kDynamicShort, kYarnShort);
+  CAPTURE(rope_type_name(scaling.kind));
+  const auto [B, NH, KVH, T, HS] = GENERATE(
+      table<int64_t, int64_t, int64_t, int64_t, int64_t>({{1, 2, 0, 200, 16}, {2, 4, 2, 129, 16}}));
+  check_attention_against_reference(B, NH, T, HS, 10000.0f, KVH, scaling);
+}
+
+TEST_CASE("each rope scaling changes attention's output at the tested positions",
+          "[ops][attention][rope]") {
+  // Were the scaled angles (or yarn's factor) no different from the plain ones here, the rows
+  // above would test nothing of them.
+  CpuBackend be(kTestBudgetBytes, kTestThreads);
+  AttentionCall plain(be, 1, 4, 200, 16, 10000.0f, 53, 2);
+  plain.forward();
+  RopeScaling yarn_angles_only = kYarnShort;
+  yarn_angles_only.attention_factor = 1.0;
+  for (const RopeScaling& s : {kLinearShort, kDynamicShort, kYarnShort, yarn_angles_only}) {
+    CAPTURE(rope_type_name(s.kind));
+    AttentionCall scaled(be, 1, 4, 200, 16, 10000.0f, 53, 2, s);
+    scaled.forward();
+    CHECK(max_abs_difference(to_host(plain.out), to_host(scaled.out)) > 0.05);
+  }
+  AttentionCall yarn(be, 1, 4, 200, 16, 10000.0f, 53, 2, kYarnShort);
+  AttentionCall angles_only(be, 1, 4, 200, 16, 10000.0f, 53, 2, yarn_angles_only);
+  yarn.forward();
+  angles_only.forward();
+  CHECK(max_abs_difference(to_host(yarn.out), to_host(angles_only.out)) > 0.01);
+}
+
+TEST_CASE("attention's backward with yarn rope scaling matches central differences",
+          "[ops][attention][rope]") {
+  CpuBackend be(kTestBudgetBytes, kFdThreads);
+  const int64_t B = 1, NH = 4, T = 70, HS = 8, KVH = 2;
+  AttentionCall a(be, B, NH, T, HS, 10000.0f, 63, KVH, kYarnShort);
+  auto loss = [&] {
+    a.forward();
+    return weighted_sum(a.out, a.dout);
+  };
+  loss();
+  a.backward();
+  CHECK(allclose(to_host(a.dqkv), central_differences(a.qkv.f32(), B * T * a.W, kFdEps, loss),
+                 kTolGradcheck, "dqkv"));
 }
 
 TEST_CASE("llama3 rope scaling changes attention's output at the tested positions",
@@ -810,20 +894,39 @@ TEST_CASE("causal attention forward and backward on CUDA match the CPU, with and
   r.check_same(d_c, d_g, r.pick(kCudaF32Gemm, kCudaBf16Gemm), "delta (=)");
 }
 
+namespace {
+
+// Grouped-query attention with `scaling` (rope: 0 none, 1 plain, 2 scaled) on CUDA against the
+// CPU, forward and backward.
+void check_gqa_attention_on_cuda(int rope, const RopeScaling& scaling);
+
+}  // namespace
+
 TEST_CASE(
     "grouped-query attention with llama3 rope scaling on CUDA matches the CPU (cuDNN's own "
     "key/value heads)",
     "[gpu][attention]") {
+  check_gqa_attention_on_cuda(GENERATE(0, 1, 2), kLlama3Short);  // none, plain, llama3-scaled
+}
+
+TEST_CASE("attention with linear, dynamic and yarn rope scaling on CUDA matches the CPU",
+          "[gpu][rope]") {
+  // The scaled frequencies and yarn's factor on cos and sin reach cuDNN's rotated q and k.
+  check_gqa_attention_on_cuda(2, GENERATE(kLinearShort, kDynamicShort, kYarnShort));
+}
+
+namespace {
+
+void check_gqa_attention_on_cuda(int rope, const RopeScaling& rope_scaling) {
   // (B, NH, KVH, T, HS): 2 query heads per key/value head, multi-query, 3 per group, and head
   // sizes cuDNN takes (multiples of 8): 64, 128 (a head size apart from width / heads, as
   // Qwen3's), 40; partial tiles. Scaled RoPE, plain RoPE and none.
   const auto [B, NH, KVH, T, HS] = GENERATE(table<int64_t, int64_t, int64_t, int64_t, int64_t>(
       {{2, 4, 2, 129, 64}, {1, 4, 1, 200, 128}, {2, 6, 2, 67, 40}}));
-  const int rope = GENERATE(0, 1, 2);  // none, plain, llama3-scaled
   const DType act = GENERATE(from_range(kCudaActivationTypes));
-  CAPTURE(B, NH, KVH, T, HS, rope, dtype_name(act));
+  CAPTURE(B, NH, KVH, T, HS, rope, rope_type_name(rope_scaling.kind), dtype_name(act));
   const float theta = rope > 0 ? 10000.0f : 0.0f;
-  const RopeScaling scaling = rope == 2 ? kLlama3Short : RopeScaling{};
+  const RopeScaling scaling = rope == 2 ? rope_scaling : RopeScaling{};
   CudaRow r(act);
   const int64_t C = NH * HS, W = (NH + 2 * KVH) * HS;
   const int n_head = static_cast<int>(NH), n_kv = static_cast<int>(KVH);
@@ -867,6 +970,8 @@ TEST_CASE(
   r.gpu->attention_backward(bg);
   r.check_same(dq_c, dq_g, kCudaAttention, "dqkv (=): dq, dk and dv summed over each group");
 }
+
+}  // namespace
 
 TEST_CASE("attention over chunks on CUDA matches the CPU and unchunked CUDA",
           "[gpu][attention][chunks]") {

@@ -1,56 +1,188 @@
 // Rotary position embedding (RoPE) as Llama-family models define it: the frequencies of a head
-// of HS dimensions, optionally rescaled for a longer context (Llama 3's "llama3" scaling). Shared
-// by every backend's attention (which rotates q and k inside the op) and by the tests, so that
-// all of them rotate by the same angles.
+// of HS dimensions, optionally rescaled for a longer context (model.rope_scaling: transformers'
+// "linear", "dynamic", "yarn" and "llama3" types), and the factor yarn multiplies cos and sin by.
+// Shared by every backend's attention (which rotates q and k inside the op), the ring's ops, the
+// KV-cached decoders and the tests, so that all of them rotate by the same angles.
 //
 // Layout (Hugging Face's rotate_half): dimension i of a head pairs with dimension i + HS/2, both
 // rotated by the angle t * inv_freq[i] at position t, for i < HS/2. Not the interleaved (2i, 2i+1)
 // pairs of the original paper and of Meta's own checkpoints.
+//
+// Every formula is transformers 4.57's (modeling_rope_utils.py, _compute_*_parameters), computed
+// here in double where transformers computes in float32; docs/context-extension.md says what each
+// type does. Partial rotary embeddings are not supported (model import refuses them).
 #pragma once
 
+#include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <numbers>
+#include <optional>
+#include <string_view>
 #include <vector>
 
 namespace remat {
 
 /// model.rope_scaling: how the frequencies are stretched past the context the model was trained
-/// at. Llama3 is transformers' `_compute_llama3_parameters`: wavelengths longer than
-/// original_context / low_freq_factor are divided by `factor`, those shorter than
-/// original_context / high_freq_factor are kept, and those between are blended smoothly.
+/// at. Each field says which types read it; the others ignore it.
 struct RopeScaling {
-  enum Kind : uint8_t { None, Llama3 } kind = None;
-  double factor = 1.0;
+  enum Kind : uint8_t { None, Linear, Dynamic, Yarn, Llama3 } kind = None;
+  double factor = 1.0;  // every type: how many times longer the context gets
+  // llama3: wavelengths longer than original_context / low_freq_factor are divided by `factor`,
+  // those shorter than original_context / high_freq_factor are kept, those between are blended.
   double low_freq_factor = 1.0;
   double high_freq_factor = 4.0;
-  int64_t original_context = 8192;  // original_max_position_embeddings
+  // llama3 and yarn: original_max_position_embeddings, the context the model was trained at.
+  // dynamic: config.json's max_position_embeddings (what transformers 4.57 reads for it), the
+  // length past which the base grows.
+  int64_t original_context = 8192;
+  // yarn: the ramp between extrapolated and interpolated frequencies runs over the dimensions
+  // that turn between beta_slow and beta_fast times over original_context (transformers' `or`
+  // defaults: 32 and 1); `truncate` rounds its ends outwards to whole dimensions.
+  double beta_fast = 32.0;
+  double beta_slow = 1.0;
+  bool truncate = true;
+  // yarn: the factor cos and sin are multiplied by. Unset: 0.1 ln(factor) + 1, or with both
+  // mscale and mscale_all_dim set (non-zero, DeepSeek's form) the ratio of that formula with
+  // each of them as the log's multiplier.
+  std::optional<double> attention_factor{};
+  double mscale = 0.0;  // 0: unset
+  double mscale_all_dim = 0.0;
+  // dynamic: the sequence length the base is scaled for, the run's seq_len (set by the model and
+  // the decoder, never by a config; 0 counts as no longer than original_context).
+  int64_t seq_len = 0;
   bool operator==(const RopeScaling&) const = default;
 };
+
+/// The rope_type spelling of each kind (transformers' names; None is "default").
+inline constexpr std::array<std::pair<std::string_view, RopeScaling::Kind>, 5> kRopeTypes = {{
+    {"default", RopeScaling::None},
+    {"linear", RopeScaling::Linear},
+    {"dynamic", RopeScaling::Dynamic},
+    {"yarn", RopeScaling::Yarn},
+    {"llama3", RopeScaling::Llama3},
+}};
+inline std::string_view rope_type_name(RopeScaling::Kind k) {
+  for (const auto& [name, kind] : kRopeTypes)
+    if (kind == k) return name;
+  return "?";
+}
+/// "linear, dynamic, yarn, llama3": the scaled types, for messages.
+inline constexpr std::string_view kScaledRopeTypes = "linear, dynamic, yarn, llama3";
+
+namespace detail {
+
+// yarn's get_mscale: 0.1 m ln(scale) + 1 past scale 1.
+inline double yarn_mscale(double scale, double m) {
+  return scale <= 1 ? 1.0 : 0.1 * m * std::log(scale) + 1.0;
+}
+
+// yarn's find_correction_dim: the dimension (of HS) whose wavelength fits `rotations` times
+// into the original context.
+inline double yarn_correction_dim(double rotations, double HS, double theta, double context) {
+  return HS * std::log(context / (rotations * 2 * std::numbers::pi)) / (2 * std::log(theta));
+}
+
+inline void scale_llama3(std::vector<double>& f, const RopeScaling& s) {
+  const double old_ctx = static_cast<double>(s.original_context);
+  const double low_freq_wavelen = old_ctx / s.low_freq_factor;
+  const double high_freq_wavelen = old_ctx / s.high_freq_factor;
+  for (double& inv : f) {
+    const double wavelen = 2 * std::numbers::pi / inv;
+    if (wavelen > low_freq_wavelen) {
+      inv /= s.factor;
+    } else if (wavelen >= high_freq_wavelen) {  // medium: blend the scaled and the original
+      const double smooth =
+          (old_ctx / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+      inv = (1 - smooth) * inv / s.factor + smooth * inv;
+    }
+  }
+}
+
+// Pair i keeps its own frequency (extrapolation) below the ramp, takes inv / factor
+// (interpolation) above it, and a linear blend across it.
+inline void scale_yarn(std::vector<double>& f, int64_t HS, double theta, const RopeScaling& s) {
+  const double dim = static_cast<double>(HS), ctx = static_cast<double>(s.original_context);
+  double low = yarn_correction_dim(s.beta_fast, dim, theta, ctx);
+  double high = yarn_correction_dim(s.beta_slow, dim, theta, ctx);
+  if (s.truncate) {
+    low = std::floor(low);
+    high = std::ceil(high);
+  }
+  low = std::max(low, 0.0);
+  high = std::min(high, dim - 1);
+  if (low == high) high += 0.001;  // transformers' guard against a zero-width ramp
+  for (size_t i = 0; i < f.size(); ++i) {
+    const double ramp = std::clamp((static_cast<double>(i) - low) / (high - low), 0.0, 1.0);
+    f[i] = f[i] / s.factor * ramp + f[i] * (1 - ramp);
+  }
+}
+
+}  // namespace detail
+
+/// The base dynamic NTK scaling rotates with at its seq_len: theta unchanged up to
+/// original_context, then theta ((factor L / original) - (factor - 1))^(HS / (HS - 2)).
+inline double rope_dynamic_theta(int64_t HS, double theta, const RopeScaling& s) {
+  const double max_pos = static_cast<double>(s.original_context);
+  const double len = std::max(static_cast<double>(s.seq_len), max_pos);
+  const double dim = static_cast<double>(HS);
+  return theta * std::pow(s.factor * len / max_pos - (s.factor - 1), dim / (dim - 2));
+}
 
 /// The HS / 2 inverse frequencies of a head, in double: theta^(-2i / HS), then scaled.
 inline std::vector<double> rope_inv_freq(int64_t HS, double theta, const RopeScaling& s = {}) {
   const int64_t half = HS / 2;
+  const double base = s.kind == RopeScaling::Dynamic ? rope_dynamic_theta(HS, theta, s) : theta;
   std::vector<double> f(static_cast<size_t>(half));
   for (int64_t i = 0; i < half; ++i)
     f[static_cast<size_t>(i)] =
-        std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(HS));
-  if (s.kind == RopeScaling::Llama3) {
-    const double old_ctx = static_cast<double>(s.original_context);
-    const double low_freq_wavelen = old_ctx / s.low_freq_factor;
-    const double high_freq_wavelen = old_ctx / s.high_freq_factor;
-    for (double& inv : f) {
-      const double wavelen = 2 * std::numbers::pi / inv;
-      if (wavelen > low_freq_wavelen) {
-        inv /= s.factor;
-      } else if (wavelen >= high_freq_wavelen) {  // medium: blend the scaled and the original
-        const double smooth =
-            (old_ctx / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
-        inv = (1 - smooth) * inv / s.factor + smooth * inv;
-      }
-    }
+        std::pow(base, -2.0 * static_cast<double>(i) / static_cast<double>(HS));
+  switch (s.kind) {
+    case RopeScaling::Linear:  // position interpolation: t / factor, folded into the frequency
+      for (double& inv : f) inv /= s.factor;
+      break;
+    case RopeScaling::Yarn:
+      detail::scale_yarn(f, HS, theta, s);
+      break;
+    case RopeScaling::Llama3:
+      detail::scale_llama3(f, s);
+      break;
+    case RopeScaling::None:
+    case RopeScaling::Dynamic:  // its base did it
+      break;
   }
   return f;
+}
+
+/// What cos and sin are multiplied by: yarn's attention factor (which scales the rotated q and k,
+/// so the attention logits by its square), 1 for every other type.
+inline double rope_attention_factor(const RopeScaling& s) {
+  if (s.kind != RopeScaling::Yarn) return 1.0;
+  if (s.attention_factor) return *s.attention_factor;
+  if (s.mscale != 0 && s.mscale_all_dim != 0)
+    return detail::yarn_mscale(s.factor, s.mscale) /
+           detail::yarn_mscale(s.factor, s.mscale_all_dim);
+  return detail::yarn_mscale(s.factor, 1.0);
+}
+
+/// What a table of RoPE's cos and sin is made of, for a head of HS with base theta.
+struct RopeAngles {
+  std::vector<double> inv_freq;   // HS / 2
+  double attention_factor = 1.0;  // rope_attention_factor
+  /// cos and sin of pair i at position `pos`, as every CPU table stores them: the angle
+  /// pos * inv_freq[i] in double (it reaches 1e6 at long context), times the attention factor,
+  /// rounded to float. A factor of 1 leaves the unscaled values' bits.
+  void cos_sin(int64_t pos, float* cs, float* sn) const {
+    for (size_t i = 0; i < inv_freq.size(); ++i) {
+      const double ang = static_cast<double>(pos) * inv_freq[i];
+      cs[i] = static_cast<float>(std::cos(ang) * attention_factor);
+      sn[i] = static_cast<float>(std::sin(ang) * attention_factor);
+    }
+  }
+};
+inline RopeAngles rope_angles(int64_t HS, double theta, const RopeScaling& s = {}) {
+  return {rope_inv_freq(HS, theta, s), rope_attention_factor(s)};
 }
 
 }  // namespace remat
