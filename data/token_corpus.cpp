@@ -272,6 +272,67 @@ void Shard::check_tokens(int64_t vocab) const {
     read(begin, std::min(kChunk, n_tokens_ - begin), chunk.data(), vocab);
 }
 
+// ---- LossMask ----
+
+std::string mask_path_of(const std::string& shard_path) {
+  const std::string stem =
+      shard_path.ends_with(".bin") ? shard_path.substr(0, shard_path.size() - 4) : shard_path;
+  return stem + ".mask.bin";
+}
+
+bool is_mask_path(const std::string& path) {
+  return path.ends_with(".mask.bin");
+}
+
+void LossMask::fail(const std::string& problem, const std::string& fix) const {
+  throw DataError(fmt::format("[data] {}: {} (the loss mask of {}). Fix: {}", path(), problem,
+                              shard_path_, fix));
+}
+
+LossMask::LossMask(const std::string& path, const std::string& shard_path, int64_t tokens)
+    : file_(path), shard_path_(shard_path), n_tokens_(tokens) {
+  const char* regenerate =
+      "regenerate both with scripts/prepare_data.py, or set data.loss_mask = \"off\" to train "
+      "every target";
+  const uint64_t size = file_.size();
+  if (size < static_cast<uint64_t>(kShardHeaderBytes))
+    fail(fmt::format("{} bytes, shorter than the {}-byte header", size, kShardHeaderBytes),
+         regenerate);
+  uint8_t h[kShardHeaderBytes];
+  file_.read(0, sizeof h, h);
+  const int32_t magic = header_word(h, 0), version = header_word(h, 1), count = header_word(h, 2);
+  if (magic != kMaskMagic || version != kMaskVersion)
+    fail(fmt::format("header magic {} version {}, a loss mask has magic {} version {}", magic,
+                     version, kMaskMagic, kMaskVersion),
+         regenerate);
+  if (count != tokens)
+    fail(fmt::format("the header counts {} tokens, the shard has {}", count, tokens), regenerate);
+  const uint64_t expected =
+      static_cast<uint64_t>(kShardHeaderBytes) + static_cast<uint64_t>(tokens);
+  if (size != expected)
+    fail(fmt::format("{} bytes, {} expected (the header and one byte per token)", size, expected),
+         regenerate);
+  constexpr int64_t kChunk = 1 << 20;
+  std::vector<uint8_t> chunk(
+      static_cast<size_t>(std::min<int64_t>(kChunk, std::max<int64_t>(tokens, 1))));
+  for (int64_t at = 0; at < tokens; at += kChunk) {
+    const int64_t n = std::min(kChunk, tokens - at);
+    read(at, n, chunk.data());
+    for (int64_t i = 0; i < n; ++i) {
+      const uint8_t b = chunk[static_cast<size_t>(i)];
+      if (b > 1)
+        fail(fmt::format("byte {} for token {} (byte offset {}); a mask byte is 0 or 1", b, at + i,
+                         kShardHeaderBytes + at + i),
+             regenerate);
+      trained_ += b;
+    }
+  }
+}
+
+void LossMask::read(int64_t start, int64_t n, uint8_t* out) const {
+  file_.read(static_cast<uint64_t>(kShardHeaderBytes + start), static_cast<size_t>(n), out);
+}
+
 // ---- TokenCorpus ----
 
 TokenCorpus TokenCorpus::open(const std::vector<std::string>& entries, DataFormat format,

@@ -4,10 +4,15 @@
 //           20240520, version 1), uint32 for Llama 3's (magic 20240801, version 7), whose
 //           vocabularies (128k-152k) do not fit 16 bits. The header decides; a corpus may mix both.
 //   text    any file, one token per byte (vocabulary 256)
+//   masks   a token shard X.bin's loss mask X.mask.bin (data.loss_mask = "auto"): the same header
+//           with magic 20240522, version 1 and the shard's token count, then one byte per token,
+//           1 = trained as a target, 0 = not. Never a shard itself: directories and globs skip
+//           *.mask.bin.
 // Every problem is a one-line DataError that names the file (or the data.path entry) and the fix.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -23,6 +28,36 @@ inline constexpr int32_t kShardVersion = 1;
 inline constexpr int32_t kShard32Magic = 20240801;  // "llama-3": uint32 tokens
 inline constexpr int32_t kShard32Version = 7;
 inline constexpr int64_t kShardHeaderBytes = 256 * 4;
+inline constexpr int32_t kMaskMagic = 20240522;  // a shard's loss mask: one byte per token
+inline constexpr int32_t kMaskVersion = 1;
+
+/// Where a shard's loss mask lies: X.mask.bin for X.bin (X.mask.bin too for a name without .bin).
+std::string mask_path_of(const std::string& shard_path);
+/// Whether `path` names a loss mask (it ends in .mask.bin).
+bool is_mask_path(const std::string& path);
+
+/// A shard's loss mask (X.mask.bin beside X.bin), opened, checked, and read with pread.
+class LossMask {
+ public:
+  /// Opens `path` and checks it against its shard `shard_path` of `tokens` tokens: the header
+  /// (magic, version, count), the file's size, and that every byte is 0 or 1. Throws DataError
+  /// naming both files and the fix.
+  LossMask(const std::string& path, const std::string& shard_path, int64_t tokens);
+  const std::string& path() const { return file_.path(); }
+  int64_t size() const { return n_tokens_; }
+  /// Copies the bytes of tokens [start, start + n) to `out` (one pread).
+  void read(int64_t start, int64_t n, uint8_t* out) const;
+  void check_unchanged() const { file_.check_unchanged(); }
+  void advise(DataFile::Access access) const { file_.advise(access); }
+  /// How many tokens are trained (bytes equal to 1).
+  int64_t trained() const { return trained_; }
+
+ private:
+  [[noreturn]] void fail(const std::string& problem, const std::string& fix) const;
+  DataFile file_;
+  std::string shard_path_;
+  int64_t n_tokens_ = 0, trained_ = 0;
+};
 
 /// The files named by a data.path-style list, in a deterministic order: the entries in the order
 /// given, each expanded and sorted by path (byte order, independent of the locale):

@@ -34,10 +34,11 @@ void TokenModel::stem_backward(Backend& be, const Batch& batch, const Tensor& dx
 }
 
 void TokenModel::lm_head_loss(Backend& be, const Tensor& normed, Param& head, const Batch& batch,
-                              const Tensor& losses, const Tensor& dnormed) {
+                              const Tensor& losses, const Tensor& dnormed,
+                              const Tensor& predictions) {
   const int64_t N = B_ * T_;
   be.lm_head_loss({losses, dnormed, head.grad, normed, head.value, batch.targets.tensor().view({N}),
-                   1.0f / static_cast<float>(loss_rows_all_ranks_), loss_chunk_});
+                   1.0f / static_cast<float>(loss_rows_all_ranks_), loss_chunk_, predictions});
 }
 
 }  // namespace remat::detail

@@ -36,9 +36,10 @@ class TokenModel : public Model {
                    const std::vector<int64_t>& shape, ParamInit init);
 
   /// The fused LM head and cross-entropy on the final norm's output `normed` (N, C): per-row
-  /// losses (N) [=], d normed (N, C) [=], head.grad [+=]; the mean over all ranks' rows.
+  /// losses (N) [=], d normed (N, C) [=], head.grad [+=]; the mean over all ranks' rows. With
+  /// `predictions` (N) i32 not empty, each row's argmax [=].
   void lm_head_loss(Backend& be, const Tensor& normed, Param& head, const Batch& batch,
-                    const Tensor& losses, const Tensor& dnormed);
+                    const Tensor& losses, const Tensor& dnormed, const Tensor& predictions);
 
   std::unique_ptr<parallel::ContextRing> ring_;  // context parallel only
   int64_t B_ = 0, T_ = 0, loss_chunk_ = 0;

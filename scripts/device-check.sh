@@ -16,7 +16,9 @@
 #   plan (the bundle's prediction for GPT-2 124M at 32k on an h200, no GPU needed),
 #   gpu ("no_gpu" ends the check here, exit 0: what a dry run on a machine without one shows),
 #   gpu_test per test binary tag (parity vs the CPU in fp32 and bf16, bitwise policies on the
-#   MLP, cuDNN's tolerance on the GPT, plan workspaces, planner vs measured peak), gemm (bf16
+#   MLP, cuDNN's tolerance on the GPT, plan workspaces, planner vs measured peak; [rope]: every
+#   RoPE scaling type and yarn's attention factor against the CPU; [eval]: the LM head's argmax
+#   that eval --passkey reads), gemm (bf16
 #   peak: the MFU denominator), train per GPT-2 124M/350M x 4k/32k x policy (ms/step, tokens/s,
 #   MFU, measured vs predicted peak; gpt2-124m-chunked: 32k, full, attention in chunks of 8192),
 #   offload (124M at 32k, full, MLP tiled, checkpoints and AdamW moments in pinned host memory,

@@ -233,8 +233,10 @@ __global__ void mse_loss_kernel(float* losses, T* dinp, const T* inp, const floa
 // thread ever reads an element another thread has overwritten.
 constexpr int kXentThreads = 512;
 
-__global__ void softmax_xent_kernel(float* logits, const int32_t* targets, float* losses, int64_t V,
-                                    float scale, bool write_bf16) {
+// With `argmax`, the row's first largest logit's index too: after the max, each thread's smallest
+// index holding it, reduced as the largest of their negations (exact in float: V <= 2^24).
+__global__ void softmax_xent_kernel(float* logits, const int32_t* targets, float* losses,
+                                    int32_t* argmax, int64_t V, float scale, bool write_bf16) {
   __shared__ float target_logit;
   float* l = logits + blockIdx.x * V;
   const int32_t t = targets[blockIdx.x];
@@ -243,6 +245,16 @@ __global__ void softmax_xent_kernel(float* logits, const int32_t* targets, float
   float mx = -CUDART_INF_F;
   for (int64_t j = threadIdx.x; j < V; j += blockDim.x) mx = fmaxf(mx, l[j]);
   mx = block_reduce<true>(mx);
+  if (argmax) {
+    float first = -CUDART_INF_F;  // -(smallest index of mx this thread saw)
+    for (int64_t j = threadIdx.x; j < V; j += blockDim.x)
+      if (l[j] == mx) {
+        first = -static_cast<float>(j);
+        break;
+      }
+    first = block_reduce<true>(first);
+    if (threadIdx.x == 0) argmax[blockIdx.x] = static_cast<int32_t>(-first);
+  }
   float sum = 0;
   for (int64_t j = threadIdx.x; j < V; j += blockDim.x) sum += expf(l[j] - mx);
   sum = block_reduce<false>(sum);  // its internal __syncthreads also publishes target_logit
@@ -469,10 +481,10 @@ void mse_loss(const MseLossParams& p, cudaStream_t s) {
   });
 }
 
-void softmax_xent(float* logits, const int32_t* targets, float* losses, int64_t rows, int64_t V,
-                  float scale, bool write_bf16, cudaStream_t s) {
-  softmax_xent_kernel<<<static_cast<unsigned>(rows), kXentThreads, 0, s>>>(logits, targets, losses,
-                                                                           V, scale, write_bf16);
+void softmax_xent(float* logits, const int32_t* targets, float* losses, int32_t* argmax,
+                  int64_t rows, int64_t V, float scale, bool write_bf16, cudaStream_t s) {
+  softmax_xent_kernel<<<static_cast<unsigned>(rows), kXentThreads, 0, s>>>(
+      logits, targets, losses, argmax, V, scale, write_bf16);
 }
 
 template <typename T>

@@ -113,8 +113,8 @@ void mse_loss(const MseLossParams& p, cudaStream_t s);
 /// the gradient (softmax - onehot) * scale overwrites the logits: as f32 (write_bf16 false), or
 /// as bf16 stored at the start of each f32 row (bf16 element j of row r at byte 4 r V + 2 j,
 /// i.e. a (rows, V) bf16 matrix with leading dimension 2V).
-void softmax_xent(float* logits, const int32_t* targets, float* losses, int64_t rows, int64_t V,
-                  float scale, bool write_bf16, cudaStream_t s);
+void softmax_xent(float* logits, const int32_t* targets, float* losses, int32_t* argmax,
+                  int64_t rows, int64_t V, float scale, bool write_bf16, cudaStream_t s);
 
 // ---- optimizer (optimizer.cu) ----
 // The multi-tensor launchers take a host array of descriptors and launch once per group of them,

@@ -330,7 +330,7 @@ StepLoss forward_backward(Backend& be, Model& model, const RematPlan& plan, cons
   Buffer dresid = pool.allocate(shape, be.act_dtype(), MemCategory::Transient, "dresid");
   Buffer losses = pool.allocate({model.loss_rows()}, DType::F32, MemCategory::Transient, "losses");
   params.begin();
-  model.head_forward_backward(be, x, batch, losses, dresid);
+  model.head_forward_backward(be, x, batch, losses, dresid, Tensor{});
   params.end();
   x.reset();
   StepLoss result;
@@ -380,7 +380,7 @@ StepLoss forward_backward(Backend& be, Model& model, const RematPlan& plan, cons
   return result;
 }
 
-StepLoss forward_loss(Backend& be, Model& model, const Batch& batch) {
+StepLoss forward_loss(Backend& be, Model& model, const Batch& batch, bool predictions) {
   const size_t L = model.n_blocks();
   MemoryPool& pool = be.pool();
   const std::vector<int64_t> shape = model.stream_shape();
@@ -407,13 +407,20 @@ StepLoss forward_loss(Backend& be, Model& model, const Batch& batch) {
   pool.set_phase("eval loss");
   Buffer dx = pool.allocate(shape, be.act_dtype(), MemCategory::Transient, "dresid");
   Buffer losses = pool.allocate({model.loss_rows()}, DType::F32, MemCategory::Transient, "losses");
+  Buffer argmax;
+  if (predictions)
+    argmax = pool.allocate({model.loss_rows()}, DType::I32, MemCategory::Transient, "predictions");
   params.begin();
-  model.head_forward_backward(be, x, batch, losses, dx);
+  model.head_forward_backward(be, x, batch, losses, dx, argmax.tensor());
   params.end();
   params.finish();
   StepLoss result;
   start_reading_losses(be, losses, result);
-  finish_reading_losses(be, result);
+  if (predictions && be.computes()) {
+    result.predictions.resize(static_cast<size_t>(model.loss_rows()));
+    be.download_async(result.predictions.data(), argmax);
+  }
+  finish_reading_losses(be, result);  // waits for both downloads
   return result;
 }
 

@@ -53,8 +53,9 @@ std::vector<bool> policy_keep_set(const std::string& policy, const std::vector<s
                                   const Block& block);
 
 struct StepLoss {
-  double mean = 0;                // mean loss over all rows
-  std::vector<float> row_losses;  // per row (B*T for the GPT), for task-specific metrics
+  double mean = 0;                   // mean loss over all rows
+  std::vector<float> row_losses;     // per row (B*T for the GPT), for task-specific metrics
+  std::vector<int32_t> predictions;  // forward_loss with predictions: each row's argmax
 };
 
 /// Called with block i once block i's backward is done: its parameters' gradients are final
@@ -77,7 +78,9 @@ StepLoss forward_backward(Backend& be, Model& model, const RematPlan& plan, cons
 /// The loss of `batch` with no backward pass (evaluation): each block's activations are freed as
 /// soon as its output exists, so this never needs more memory than a training step. The fused
 /// loss head still adds into the LM-head weight's gradient; the caller zeroes gradients before
-/// the next step as usual.
-StepLoss forward_loss(Backend& be, Model& model, const Batch& batch);
+/// the next step as usual. With `predictions`, the LM head's greedy prediction of every row too
+/// (StepLoss::predictions; a buffer of one i32 per row beside the losses). The planner runs this
+/// same function for `eval` (engine/planner/planner.h's StepKind).
+StepLoss forward_loss(Backend& be, Model& model, const Batch& batch, bool predictions = false);
 
 }  // namespace remat
