@@ -74,20 +74,26 @@ PasskeyTasks::PasskeyTasks(const std::string& dir, int64_t vocab) : dir_(dir), v
   }
 }
 
-std::vector<int64_t> PasskeyTasks::lengths() const {
-  std::vector<int64_t> out;
-  for (const PasskeyTask& t : tasks_)
-    if (std::find(out.begin(), out.end(), t.length) == out.end()) out.push_back(t.length);
+namespace {
+
+// One field of every task, each value once, ascending.
+template <class T>
+std::vector<T> distinct(const std::vector<PasskeyTask>& tasks, T PasskeyTask::*field) {
+  std::vector<T> out;
+  for (const PasskeyTask& t : tasks) out.push_back(t.*field);
   std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
   return out;
 }
 
+}  // namespace
+
+std::vector<int64_t> PasskeyTasks::lengths() const {
+  return distinct(tasks_, &PasskeyTask::length);
+}
+
 std::vector<double> PasskeyTasks::depths() const {
-  std::vector<double> out;
-  for (const PasskeyTask& t : tasks_)
-    if (std::find(out.begin(), out.end(), t.depth) == out.end()) out.push_back(t.depth);
-  std::sort(out.begin(), out.end());
-  return out;
+  return distinct(tasks_, &PasskeyTask::depth);
 }
 
 void PasskeyTasks::read(const PasskeyTask& task, std::vector<int32_t>& tokens,

@@ -69,7 +69,7 @@ def plot_losses(plt, results, labels):
 def plot_passkey(plt, results, labels):
     fig, axes = plt.subplots(1, len(results), figsize=(4.5 * len(results), 4), dpi=90,
                              squeeze=False)
-    for ax, r, label in zip(axes[0], results, labels):
+    for k, (ax, r, label) in enumerate(zip(axes[0], results, labels)):
         lengths, depths = r["lengths"], r["depths"]
         grid = [[float("nan")] * len(lengths) for _ in depths]
         for c in r["cells"]:
@@ -79,7 +79,8 @@ def plot_passkey(plt, results, labels):
         ax.set_xticks(range(len(lengths)), [count(n) for n in lengths])
         ax.set_yticks(range(len(depths)), [f"{d:g}" for d in depths])
         ax.set_xlabel("context length (tokens)")
-        ax.set_ylabel("depth of the key")
+        if k == 0:
+            ax.set_ylabel("depth of the key")
         ax.set_title(label, fontsize=9)
         for y, row in enumerate(grid):
             for x, v in enumerate(row):

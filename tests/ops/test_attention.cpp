@@ -572,21 +572,6 @@ TEST_CASE("each rope scaling changes attention's output at the tested positions"
   CHECK(max_abs_difference(to_host(yarn.out), to_host(angles_only.out)) > 0.01);
 }
 
-TEST_CASE("attention's backward with yarn rope scaling matches central differences",
-          "[ops][attention][rope]") {
-  CpuBackend be(kTestBudgetBytes, kFdThreads);
-  const int64_t B = 1, NH = 4, T = 70, HS = 8, KVH = 2;
-  AttentionCall a(be, B, NH, T, HS, 10000.0f, 63, KVH, kYarnShort);
-  auto loss = [&] {
-    a.forward();
-    return weighted_sum(a.out, a.dout);
-  };
-  loss();
-  a.backward();
-  CHECK(allclose(to_host(a.dqkv), central_differences(a.qkv.f32(), B * T * a.W, kFdEps, loss),
-                 kTolGradcheck, "dqkv"));
-}
-
 TEST_CASE("llama3 rope scaling changes attention's output at the tested positions",
           "[ops][attention]") {
   // Were the scaled angles no different from the plain ones at these positions, the scaled rows
@@ -599,17 +584,21 @@ TEST_CASE("llama3 rope scaling changes attention's output at the tested position
   CHECK(max_abs_difference(to_host(plain.out), to_host(scaled.out)) > 0.05);
 }
 
-TEST_CASE("grouped-query attention's backward with llama3 rope scaling matches central differences",
-          "[ops][attention]") {
-  const bool rope = GENERATE(false, true);
+TEST_CASE(
+    "grouped-query attention's backward with llama3 and yarn rope scaling matches central "
+    "differences",
+    "[ops][attention][rope]") {
+  const int rope = GENERATE(0, 1, 2);  // none, llama3, yarn (its attention factor too)
   const int64_t KVH = GENERATE(int64_t{2}, int64_t{1});
   CAPTURE(rope, KVH);
   CpuBackend be(kTestBudgetBytes, kFdThreads);
   // T = 70 crosses a 64-row tile; HS = 8 gives rotary frequencies 1, 0.1, 0.01, 0.001, rescaled
   // by kLlama3Short to 1, 0.0125, 0.00125, 0.000125.
   const int64_t B = 1, NH = 4, T = 70, HS = 8;
-  AttentionCall a(be, B, NH, T, HS, rope ? 10000.0f : 0.0f, 63, KVH,
-                  rope ? kLlama3Short : RopeScaling{});
+  AttentionCall a(be, B, NH, T, HS, rope > 0 ? 10000.0f : 0.0f, 63, KVH,
+                  rope == 1   ? kLlama3Short
+                  : rope == 2 ? kYarnShort
+                              : RopeScaling{});
   auto loss = [&] {
     a.forward();
     return weighted_sum(a.out, a.dout);

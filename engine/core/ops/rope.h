@@ -9,17 +9,16 @@
 // pairs of the original paper and of Meta's own checkpoints.
 //
 // Every formula is transformers 4.57's (modeling_rope_utils.py, _compute_*_parameters), computed
-// here in double where transformers computes in float32; docs/context-extension.md says what each
-// type does. Partial rotary embeddings are not supported (model import refuses them).
+// in double where transformers computes in float32 (engine/core/rope.cpp);
+// docs/context-extension.md says what each type does. Partial rotary embeddings are not
+// supported (model import refuses them).
 #pragma once
 
-#include <algorithm>
 #include <array>
-#include <cmath>
 #include <cstdint>
-#include <numbers>
 #include <optional>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace remat {
@@ -71,100 +70,16 @@ inline std::string_view rope_type_name(RopeScaling::Kind k) {
 /// "linear, dynamic, yarn, llama3": the scaled types, for messages.
 inline constexpr std::string_view kScaledRopeTypes = "linear, dynamic, yarn, llama3";
 
-namespace detail {
-
-// yarn's get_mscale: 0.1 m ln(scale) + 1 past scale 1.
-inline double yarn_mscale(double scale, double m) {
-  return scale <= 1 ? 1.0 : 0.1 * m * std::log(scale) + 1.0;
-}
-
-// yarn's find_correction_dim: the dimension (of HS) whose wavelength fits `rotations` times
-// into the original context.
-inline double yarn_correction_dim(double rotations, double HS, double theta, double context) {
-  return HS * std::log(context / (rotations * 2 * std::numbers::pi)) / (2 * std::log(theta));
-}
-
-inline void scale_llama3(std::vector<double>& f, const RopeScaling& s) {
-  const double old_ctx = static_cast<double>(s.original_context);
-  const double low_freq_wavelen = old_ctx / s.low_freq_factor;
-  const double high_freq_wavelen = old_ctx / s.high_freq_factor;
-  for (double& inv : f) {
-    const double wavelen = 2 * std::numbers::pi / inv;
-    if (wavelen > low_freq_wavelen) {
-      inv /= s.factor;
-    } else if (wavelen >= high_freq_wavelen) {  // medium: blend the scaled and the original
-      const double smooth =
-          (old_ctx / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
-      inv = (1 - smooth) * inv / s.factor + smooth * inv;
-    }
-  }
-}
-
-// Pair i keeps its own frequency (extrapolation) below the ramp, takes inv / factor
-// (interpolation) above it, and a linear blend across it.
-inline void scale_yarn(std::vector<double>& f, int64_t HS, double theta, const RopeScaling& s) {
-  const double dim = static_cast<double>(HS), ctx = static_cast<double>(s.original_context);
-  double low = yarn_correction_dim(s.beta_fast, dim, theta, ctx);
-  double high = yarn_correction_dim(s.beta_slow, dim, theta, ctx);
-  if (s.truncate) {
-    low = std::floor(low);
-    high = std::ceil(high);
-  }
-  low = std::max(low, 0.0);
-  high = std::min(high, dim - 1);
-  if (low == high) high += 0.001;  // transformers' guard against a zero-width ramp
-  for (size_t i = 0; i < f.size(); ++i) {
-    const double ramp = std::clamp((static_cast<double>(i) - low) / (high - low), 0.0, 1.0);
-    f[i] = f[i] / s.factor * ramp + f[i] * (1 - ramp);
-  }
-}
-
-}  // namespace detail
-
 /// The base dynamic NTK scaling rotates with at its seq_len: theta unchanged up to
 /// original_context, then theta ((factor L / original) - (factor - 1))^(HS / (HS - 2)).
-inline double rope_dynamic_theta(int64_t HS, double theta, const RopeScaling& s) {
-  const double max_pos = static_cast<double>(s.original_context);
-  const double len = std::max(static_cast<double>(s.seq_len), max_pos);
-  const double dim = static_cast<double>(HS);
-  return theta * std::pow(s.factor * len / max_pos - (s.factor - 1), dim / (dim - 2));
-}
+double rope_dynamic_theta(int64_t HS, double theta, const RopeScaling& s);
 
 /// The HS / 2 inverse frequencies of a head, in double: theta^(-2i / HS), then scaled.
-inline std::vector<double> rope_inv_freq(int64_t HS, double theta, const RopeScaling& s = {}) {
-  const int64_t half = HS / 2;
-  const double base = s.kind == RopeScaling::Dynamic ? rope_dynamic_theta(HS, theta, s) : theta;
-  std::vector<double> f(static_cast<size_t>(half));
-  for (int64_t i = 0; i < half; ++i)
-    f[static_cast<size_t>(i)] =
-        std::pow(base, -2.0 * static_cast<double>(i) / static_cast<double>(HS));
-  switch (s.kind) {
-    case RopeScaling::Linear:  // position interpolation: t / factor, folded into the frequency
-      for (double& inv : f) inv /= s.factor;
-      break;
-    case RopeScaling::Yarn:
-      detail::scale_yarn(f, HS, theta, s);
-      break;
-    case RopeScaling::Llama3:
-      detail::scale_llama3(f, s);
-      break;
-    case RopeScaling::None:
-    case RopeScaling::Dynamic:  // its base did it
-      break;
-  }
-  return f;
-}
+std::vector<double> rope_inv_freq(int64_t HS, double theta, const RopeScaling& s = {});
 
 /// What cos and sin are multiplied by: yarn's attention factor (which scales the rotated q and k,
 /// so the attention logits by its square), 1 for every other type.
-inline double rope_attention_factor(const RopeScaling& s) {
-  if (s.kind != RopeScaling::Yarn) return 1.0;
-  if (s.attention_factor) return *s.attention_factor;
-  if (s.mscale != 0 && s.mscale_all_dim != 0)
-    return detail::yarn_mscale(s.factor, s.mscale) /
-           detail::yarn_mscale(s.factor, s.mscale_all_dim);
-  return detail::yarn_mscale(s.factor, 1.0);
-}
+double rope_attention_factor(const RopeScaling& s);
 
 /// What a table of RoPE's cos and sin is made of, for a head of HS with base theta.
 struct RopeAngles {
@@ -173,16 +88,8 @@ struct RopeAngles {
   /// cos and sin of pair i at position `pos`, as every CPU table stores them: the angle
   /// pos * inv_freq[i] in double (it reaches 1e6 at long context), times the attention factor,
   /// rounded to float. A factor of 1 leaves the unscaled values' bits.
-  void cos_sin(int64_t pos, float* cs, float* sn) const {
-    for (size_t i = 0; i < inv_freq.size(); ++i) {
-      const double ang = static_cast<double>(pos) * inv_freq[i];
-      cs[i] = static_cast<float>(std::cos(ang) * attention_factor);
-      sn[i] = static_cast<float>(std::sin(ang) * attention_factor);
-    }
-  }
+  void cos_sin(int64_t pos, float* cs, float* sn) const;
 };
-inline RopeAngles rope_angles(int64_t HS, double theta, const RopeScaling& s = {}) {
-  return {rope_inv_freq(HS, theta, s), rope_attention_factor(s)};
-}
+RopeAngles rope_angles(int64_t HS, double theta, const RopeScaling& s = {});
 
 }  // namespace remat
