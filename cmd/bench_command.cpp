@@ -46,6 +46,8 @@ const std::vector<OpFamily>& op_families() {
   static const std::vector<OpFamily> families = {
       // The linear ops carry the bias and, where fused, the GELU/ReLU (engine/core/ops/linear.h).
       {"linear", "linear (GEMM, fused bias + activation)", {"linear_forward", "linear_backward"}},
+      // LoRA's adapters (engine/core/ops/lora.h): shown only when a run has them.
+      {"lora", "LoRA adapters (their GEMMs, dropout)", {"lora_forward", "lora_backward"}},
       // attention_delta: the rowsum(dO * O) the backward takes (engine/core/ops/attention.h); the
       // ring
       // ops are context-parallel attention (engine/core/ops/ring_attention.h).
@@ -103,6 +105,7 @@ constexpr double kStealWarning = 0.05;
 // What bench measured, computed once and printed as text or as JSON.
 struct BenchReport {
   std::string config, device, policy;
+  bool frozen = false;  // LoRA: model FLOPs leave out the frozen weights' gradients
   int64_t batch_size = 0;
   int64_t seq_len = 0;     // a GPT's; 0 for the MLP, whose throughput is in rows
   int64_t loss_chunk = 0;  // rows per LM-head chunk as run (0: the MLP, or the default)
@@ -177,6 +180,7 @@ BenchReport make_report(const Config& cfg, const std::string& device, std::vecto
   r.config = cfg.path;
   r.device = device;
   r.policy = cfg.remat.plan.empty() ? cfg.remat.policy : "per-block plan";
+  r.frozen = cfg.lora.enabled();
   r.batch_size = cfg.train.batch_size;
   r.seq_len = cfg.model.has_sequence() ? cfg.train.seq_len : 0;
   r.loss_chunk = cfg.train.loss_chunk;
@@ -243,8 +247,10 @@ void print_text(const BenchReport& r) {
                               : fmt::format(", {:.0f}% of SGEMM (median of the steps' shares of "
                                             "their own floor)",
                                             100 * r.share));
-  fmt::print("       {} model FLOPs (3x the forward's + the loss head's) -> {:.1f} GFLOP/s{}\n",
-             format_flops(r.median_step.model_flops), r.median_step.model_flops / step_s / 1e9,
+  fmt::print("       {} model FLOPs (3x the forward's + the loss head's{}) -> {:.1f} GFLOP/s{}\n",
+             format_flops(r.median_step.model_flops),
+             r.frozen ? ", less the frozen weights' gradients" : "",
+             r.median_step.model_flops / step_s / 1e9,
              r.floors.empty() ? std::string()
                               : fmt::format(", {:.0f}% of SGEMM (MFU)", 100 * r.model_share));
   // The teacher's GEMM is work the step does too, though not training: its share apart, so that

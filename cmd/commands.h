@@ -11,6 +11,7 @@ namespace remat {
 struct RunParts;
 class Backend;
 struct Config;
+class Checkpoint;
 }  // namespace remat
 
 namespace remat::cli {
@@ -24,9 +25,11 @@ struct TrainOptions {
   std::vector<std::string> overrides;  // --set section.key=value
   std::string metrics_path;            // --metrics FILE (overrides log.metrics)
   std::string resume;                  // --resume DIR | latest (the newest in checkpoint.dir)
-  std::string init_path;  // --init FILE: weights only (model.safetensors, a folder, or hf:DIR)
-  int64_t stop_at = 0;    // --stop-at STEP: stop (and checkpoint) after this step; 0 = train.steps
+  std::string init_path;     // --init FILE: weights only (model.safetensors, a folder, or hf:DIR)
+  std::string init_adapter;  // --init-adapter DIR: a PEFT LoRA adapter to start the adapters from
+  int64_t stop_at = 0;  // --stop-at STEP: stop (and checkpoint) after this step; 0 = train.steps
   bool quiet = false;
+  bool verbose = false;  // -v: the backend's libraries and kernels in the banner
 };
 
 int run_train(const TrainOptions& opt);
@@ -67,6 +70,7 @@ struct FitOptions {
   std::vector<std::string> policies;      // default: none,full,save_dots,save_attn
   bool measure = false;                   // confirm each answer with real steps in child processes
   bool json = false;
+  std::string emit_config;  // --emit-config FILE: the answer's [train] and [remat] keys, as TOML
 };
 
 /// Exit 1 when --measure disagrees with the planner (loudly, with both numbers).
@@ -99,11 +103,14 @@ struct BenchOptions {
 int run_bench(const BenchOptions& opt);
 
 struct SampleOptions {
-  std::string checkpoint;    // --checkpoint DIR (a step_* folder, or a checkpoint.dir: its newest)
-  std::string prompt;        // --prompt TEXT (byte models: text; token models: ids "50256 464")
-  std::string prompt_file;   // --prompt-file F
-  std::string tokenizer;     // --tokenizer gpt2_tokenizer.bin (llm.c): print token models as text
-  int64_t tokens = 256;      // --tokens N to generate
+  std::string checkpoint;  // --checkpoint DIR (a step_* folder, or a checkpoint.dir: its newest)
+  // --prompt TEXT: text for byte models and for token models with a tokenizer.json; otherwise ids
+  // ("50256 464"). --prompt-ids IDS puts the ids here and sets prompt_is_ids.
+  std::string prompt;
+  bool prompt_is_ids = false;
+  std::string prompt_file;  // --prompt-file F (read as --prompt is)
+  std::string tokenizer;    // --tokenizer tokenizer.json | gpt2_tokenizer.bin (llm.c, decodes only)
+  int64_t tokens = 256;     // --tokens N to generate
   double temperature = 1.0;  // --temperature T (0: greedy)
   int64_t top_k = 0;         // --top-k K (0: all)
   uint64_t seed = 1337;      // --seed S
@@ -112,20 +119,41 @@ struct SampleOptions {
 /// Generates from a checkpoint with KV-cached decoding on the CPU; prints to stdout.
 int run_sample(const SampleOptions& opt);
 
-/// --checkpoint as `sample` and `export` take it: a step_* folder, or a checkpoint.dir (its
-/// newest complete checkpoint). `command` names the subcommand in errors.
-std::string resolve_checkpoint(const std::string& arg, const char* command);
+/// Token ids separated by whitespace and/or commas ("50256 464, 318"), each in [0, vocab).
+/// Throws ConfigError naming `source` and the word, ending with `fix`.
+std::vector<int32_t> parse_token_ids(const std::string& text, int64_t vocab,
+                                     const std::string& source, const std::string& fix);
+
+struct TokenizeOptions {
+  std::string tokenizer;            // --tokenizer FILE: a Hugging Face tokenizer.json
+  bool decode = false;              // --decode: ids on stdin, text out
+  bool add_special_tokens = false;  // --add-special-tokens: the post-processor's template
+};
+
+/// Text on stdin to its ids (a JSON list on stdout), or with --decode ids (a JSON list, or
+/// separated by whitespace) to their text, exactly (no newline added).
+int run_tokenize(const TokenizeOptions& opt);
+
+/// --checkpoint as `sample` and `export` take it (and train's --resume): a step_* folder, or a
+/// checkpoint.dir (its newest complete checkpoint). `command` and `flag` name them in errors.
+std::string resolve_checkpoint(const std::string& arg, const char* command,
+                               const char* flag = "--checkpoint");
+/// The config of checkpoint `ckpt` (its state.json), once its tensor files are known to hold
+/// exactly the parameters of the model that config describes (Checkpoint::check_matches).
+Config checkpoint_config(const Checkpoint& ckpt);
 
 struct ExportOptions {
   std::string checkpoint;      // --checkpoint DIR (a step_* folder, or a checkpoint.dir)
   std::string out;             // --hf OUT: the Hugging Face folder to write (absent or empty)
+  std::string adapter;         // --adapter OUT: a LoRA run's PEFT adapter folder instead
   bool bf16 = true;            // --dtype bf16 (default) | fp32
   std::string tokenizer_from;  // --tokenizer-from DIR: tokenizer files and token ids from there
   uint64_t shard_bytes = 5'000'000'000;  // --shard-size: shards with an index above this
 };
 
 /// Writes a checkpoint as a Hugging Face model folder (docs/hf.md): config.json and the
-/// weights, into OUT.tmp-<pid>, renamed to OUT when complete.
+/// weights (a LoRA run's merged into its base), or a LoRA run's PEFT adapter folder (--adapter,
+/// docs/lora.md), into OUT.tmp-<pid>, renamed to OUT when complete.
 int run_export(const ExportOptions& opt);
 
 struct EvalOptions {

@@ -89,6 +89,7 @@ void train_policy(const Config& cfg, Backend& be, int64_t steps, CompareRow& row
     ms.push_back(m.step_ms);
   }
   for (Param& p : parts.model->params()) {
+    if (!p.trainable()) continue;  // a frozen parameter has no gradient
     std::vector<float> g(static_cast<size_t>(p.grad.tensor().numel()));
     be.download(g.data(), p.grad);
     row.grads.insert(row.grads.end(), g.begin(), g.end());

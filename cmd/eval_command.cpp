@@ -32,6 +32,7 @@
 #include "engine/planner/planner.h"
 #include "engine/remat/executor.h"
 #include "engine/training/checkpoint.h"
+#include "engine/training/lora_checkpoint.h"
 #include "layers/models.h"
 
 namespace remat::cli {
@@ -46,6 +47,7 @@ struct Source {
   std::string name;        // the checkpoint folder, or hf:DIR
   std::string checkpoint;  // set for a checkpoint
   std::string hf_dir;      // set for a Hugging Face folder
+  std::string lora_base;   // a LoRA checkpoint's frozen base folder (its state.json's record)
 };
 
 Source resolve_source(const EvalOptions& opt, Config& cfg) {
@@ -86,11 +88,23 @@ Source resolve_source(const EvalOptions& opt, Config& cfg) {
   const Checkpoint ckpt(src.checkpoint);
   cfg = parse_config(ckpt.state().config_toml, src.checkpoint + "/state.json", opt.overrides);
   src.name = src.checkpoint;
+  if (cfg.lora.enabled()) {
+    // A LoRA checkpoint holds the adapters (and the modules trained whole); the rest of the
+    // model is the base it records, which must still be there unchanged.
+    check_lora_base(ckpt.state(), src.checkpoint);
+    src.lora_base = lora_base_dir(ckpt.state(), src.checkpoint);
+    if (src.lora_base.empty())
+      throw CheckpointError(fmt::format(
+          "[checkpoint] {}/state.json: a LoRA checkpoint without the record of its base "
+          "(lora_base). Fix: evaluate a checkpoint this version wrote",
+          src.checkpoint));
+  }
   return src;
 }
 
 void load_model_weights(const Source& src, const Config& cfg, Backend& be, Model& model) {
-  if (!src.checkpoint.empty())
+  if (!src.lora_base.empty()) hf::load_weights(src.lora_base, cfg.model, be, model);
+  if (!src.checkpoint.empty())  // a LoRA checkpoint's: the parameters that trained
     load_weights(src.checkpoint, be, model);
   else
     hf::load_weights(src.hf_dir, cfg.model, be, model);

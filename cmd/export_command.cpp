@@ -1,9 +1,11 @@
 // `remat-train export`: a checkpoint as a Hugging Face model folder that transformers'
 // from_pretrained loads (docs/hf.md): config.json (engine/config/hf_config) and the weights under
 // transformers' names and layouts (engine/model_files/hf_weights), plus the tokenizer files of the
-// folder the run started from, when that is known. Nothing is overwritten: OUT must be absent or
-// empty, and everything is written into OUT.tmp-<pid> beside it, fsync'd, then renamed into place,
-// so a killed export leaves no OUT that looks complete.
+// folder the run started from, when that is known. A LoRA run's checkpoint exports its adapters
+// merged into the base (engine/training/lora_checkpoint.h), or with --adapter the PEFT adapter
+// folder itself (engine/model_files/peft.h). Nothing is overwritten: OUT must be absent or empty,
+// and everything is written into OUT.tmp-<pid> beside it, fsync'd, then renamed into place, so a
+// killed export leaves no OUT that looks complete.
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -11,8 +13,8 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -21,10 +23,13 @@
 #include "engine/config/config.h"
 #include "engine/config/hf_config.h"
 #include "engine/core/error.h"
+#include "engine/core/regular_file.h"
 #include "engine/core/units.h"
 #include "engine/model_files/hf_weights.h"
+#include "engine/model_files/peft.h"
 #include "engine/model_files/safetensors.h"
 #include "engine/training/checkpoint.h"
+#include "engine/training/lora_checkpoint.h"
 
 namespace remat::cli {
 namespace {
@@ -47,26 +52,15 @@ void fsync_path(const fs::path& p, int flags) {
   if (rc != 0) safetensors::throw_io_error("fsync", p.string(), err);
 }
 
-void write_synced(const fs::path& path, const std::string& text) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) safetensors::throw_io_error("create", path.string(), errno);
-  try {
-    safetensors::write_all(fd, text.data(), text.size(), path.string());
-  } catch (...) {
-    ::close(fd);
-    throw;
-  }
-  const int rc = ::fsync(fd);
-  const int err = errno;
-  ::close(fd);
-  if (rc != 0) safetensors::throw_io_error("fsync", path.string(), err);
-}
-
-void copy_synced(const fs::path& from, const fs::path& to) {
-  std::error_code ec;
-  fs::copy_file(from, to, ec);
-  if (ec) safetensors::throw_io_error("copy " + from.string() + " to", to.string(), ec.value());
-  fsync_path(to, O_RDONLY);
+// A file of a source folder, read whole: a regular file, never a FIFO that would block.
+std::string read_source_file(const fs::path& path) {
+  RegularFile file = RegularFile::open_read(path.string());
+  std::string text;
+  const int err = file.ok() ? file.read_all(text) : 0;
+  if (!file.ok() || err != 0)
+    throw IoError(fmt::format("[export] cannot read {}: {}. Fix: check the file", path.string(),
+                              file.ok() ? std::strerror(err) : file.problem_text()));
+  return text;
 }
 
 // OUT as a folder name without a trailing slash, so that OUT.tmp-<pid> lies beside it.
@@ -104,52 +98,43 @@ TokenizerSource tokenizer_source(const ExportOptions& opt, const Checkpoint& ckp
   return {dir, ""};
 }
 
-}  // namespace
-
-int run_export(const ExportOptions& opt) {
-  const std::string path = resolve_checkpoint(opt.checkpoint, "export");
-  const Checkpoint ckpt(path);
-  const Config cfg = parse_config(ckpt.state().config_toml, path + "/state.json");
-  const std::string arch = hf::architecture_of(cfg.model);
-  const fs::path out = output_folder(opt.out);
+// A folder as the user named it when it lies below the working directory (state.json keeps
+// folders absolute), else as is.
+std::string shown_folder(const fs::path& dir) {
   std::error_code ec;
+  fs::path shown = dir.lexically_relative(fs::current_path(ec));
+  if (ec || shown.empty() || *shown.begin() == "..") shown = dir;
+  return shown.string();
+}
+
+// OUT (`flag` names it in errors) checked: absent or an empty folder.
+fs::path checked_output(const std::string& arg, const char* flag) {
+  const fs::path out = output_folder(arg);
+  std::error_code ec;
+  // rename(2) would not follow a link (it fails on one, dangling or not, after all the writing):
+  // the folder must be named as itself.
+  if (fs::is_symlink(out, ec))
+    throw CheckpointError(fmt::format(
+        "[export] {} {}: is a symbolic link (to {}), and export writes a new folder of its own, "
+        "never through a link. Fix: give the folder's own path, or a new folder",
+        flag, arg, fs::read_symlink(out, ec).string()));
   if (fs::exists(out, ec) && (!fs::is_directory(out, ec) || !fs::is_empty(out, ec)))
     throw CheckpointError(fmt::format(
-        "[export] --hf {}: exists and is not an empty folder, and export never overwrites. Fix: "
+        "[export] {} {}: exists and is not an empty folder, and export never overwrites. Fix: "
         "choose a new folder, or remove that one",
-        opt.out));
+        flag, arg));
+  return out;
+}
 
-  const TokenizerSource tok = tokenizer_source(opt, ckpt);
-  nlohmann::json source;
-  const fs::path source_config = tok.dir / "config.json";
-  const bool has_source = !tok.dir.empty() && fs::is_regular_file(source_config, ec);
-  if (has_source) {
-    try {
-      std::ifstream in(source_config, std::ios::binary);
-      source = nlohmann::json::parse(in);
-    } catch (const nlohmann::json::exception& e) {
-      throw ConfigError(fmt::format("{}: [export] not valid JSON ({}). Fix: correct the file",
-                                    source_config.string(), e.what()));
-    }
-  }
-
+// Runs `fill` on OUT.tmp-<pid>, fsyncs it and renames it to `out`; removes it on any error.
+template <class Fill>
+void write_folder(const fs::path& out, Fill&& fill) {
+  std::error_code ec;
   const fs::path tmp = out.string() + fmt::format(".tmp-{}", ::getpid());
   fs::create_directories(tmp, ec);
   if (ec) safetensors::throw_io_error("create the folder", tmp.string(), ec.value());
-  std::vector<std::string> files, copied;
   try {
-    const nlohmann::ordered_json config =
-        hf::config_json(cfg.model, cfg.train.seq_len, opt.bf16 ? "bfloat16" : "float32",
-                        has_source && source.is_object() ? &source : nullptr);
-    write_synced(tmp / "config.json", config.dump(2) + "\n");
-    files = hf::write_weights(tmp.string(), cfg.model,
-                              [&](const std::string& name) { return ckpt.weight(name); },
-                              {opt.bf16, opt.shard_bytes});
-    for (const char* name : kTokenizerFiles)
-      if (!tok.dir.empty() && fs::is_regular_file(tok.dir / name, ec)) {
-        copy_synced(tok.dir / name, tmp / name);
-        copied.emplace_back(name);
-      }
+    fill(tmp);
     fsync_path(tmp, O_RDONLY | O_DIRECTORY);
     // rename(2) replaces an empty folder, and only an empty one: a folder filled meanwhile by
     // someone else makes it fail instead of losing their files.
@@ -160,16 +145,82 @@ int run_export(const ExportOptions& opt) {
     fs::remove_all(tmp, ec);
     throw;
   }
+}
+
+// --adapter OUT: the PEFT folder of a LoRA checkpoint, its tensors as trained.
+int export_adapter(const ExportOptions& opt, const std::string& path, const Checkpoint& ckpt,
+                   const Config& cfg) {
+  if (!cfg.lora.enabled())
+    throw CheckpointError(fmt::format(
+        "[export] --adapter: {} is not a LoRA run's checkpoint (its lora.rank is 0). Fix: export "
+        "its weights with --hf OUT",
+        path));
+  const std::string base = lora_base_dir(ckpt.state(), path);
+  const fs::path out = checked_output(opt.adapter, "--adapter");
+  write_folder(out, [&](const fs::path& tmp) {
+    peft::write_adapter(tmp.string(), cfg.model, cfg.lora, base,
+                        [&](const std::string& name) { return ckpt.weight(name); });
+  });
+  std::error_code ec;
+  fmt::print(
+      "exported {} (step {}) to {}: a PEFT LoRA adapter (r = {}, lora_alpha = {}{}), {} "
+      "({}) and {} on the base {}\n",
+      path, ckpt.state().step, out.string(), cfg.lora.rank, cfg.lora.alpha,
+      cfg.lora.rslora ? ", rslora" : "", peft::kWeightsFile,
+      format_bytes(fs::file_size(out / peft::kWeightsFile, ec)), peft::kConfigFile,
+      base.empty() ? "(none recorded)" : shown_folder(base));
+  return 0;
+}
+
+}  // namespace
+
+int run_export(const ExportOptions& opt) {
+  const std::string path = resolve_checkpoint(opt.checkpoint, "export");
+  const Checkpoint ckpt(path);
+  const Config cfg = checkpoint_config(ckpt);
+  if (!opt.adapter.empty()) return export_adapter(opt, path, ckpt, cfg);
+  const std::string arch = hf::architecture_of(cfg.model);
+  const fs::path out = checked_output(opt.out, "--hf");
+  const CheckpointWeights weights(ckpt, cfg);  // a LoRA run's: merged into its base
+  std::error_code ec;
+
+  const TokenizerSource tok = tokenizer_source(opt, ckpt);
+  nlohmann::json source;
+  const fs::path source_config = tok.dir / "config.json";
+  const bool has_source = !tok.dir.empty() && fs::is_regular_file(source_config, ec);
+  if (has_source) {
+    try {
+      source = nlohmann::json::parse(read_source_file(source_config));
+    } catch (const nlohmann::json::exception& e) {
+      throw ConfigError(fmt::format("{}: [export] not valid JSON ({}). Fix: correct the file",
+                                    source_config.string(), e.what()));
+    }
+  }
+
+  std::vector<std::string> files, copied;
+  write_folder(out, [&](const fs::path& tmp) {
+    const nlohmann::ordered_json config =
+        hf::config_json(cfg.model, cfg.train.seq_len, opt.bf16 ? "bfloat16" : "float32",
+                        has_source && source.is_object() ? &source : nullptr);
+    safetensors::write_file_durably((tmp / "config.json").string(), config.dump(2) + "\n");
+    files = hf::write_weights(tmp.string(), cfg.model,
+                              [&](const std::string& name) { return weights.weight(name); },
+                              {opt.bf16, opt.shard_bytes});
+    for (const char* name : kTokenizerFiles)
+      if (!tok.dir.empty() && fs::is_regular_file(tok.dir / name, ec)) {
+        safetensors::write_file_durably((tmp / name).string(), read_source_file(tok.dir / name));
+        copied.emplace_back(name);
+      }
+  });
 
   uint64_t bytes = 0;
   for (const std::string& f : files) bytes += fs::file_size(out / f, ec);
   std::string extra = tok.note.empty() ? "" : "; " + tok.note;
-  if (!copied.empty()) {
-    // The folder as the user named it when it lies below here (state.json keeps it absolute).
-    fs::path shown = tok.dir.lexically_relative(fs::current_path(ec));
-    if (shown.empty() || *shown.begin() == "..") shown = tok.dir;
-    extra = fmt::format("; copied {} from {}", fmt::join(copied, ", "), shown.string());
-  }
+  if (!copied.empty())
+    extra = fmt::format("; copied {} from {}", fmt::join(copied, ", "), shown_folder(tok.dir));
+  if (!weights.base_dir().empty())
+    extra +=
+        fmt::format("; LoRA adapters merged into the base {}", shown_folder(weights.base_dir()));
   fmt::print(
       "exported {} (step {}) to {}: {}, {} weights in {} ({}){}\n", path, ckpt.state().step,
       out.string(), arch, opt.bf16 ? "bf16" : "fp32",

@@ -9,10 +9,14 @@
 // attention, LayerNorm and the small GEMMs of a narrow model run slower than a large SGEMM);
 // for a --gpu preset it is the card's nominal dense bf16 rate times kGpuEfficiency.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <tuple>
 #include <vector>
 
@@ -78,7 +82,8 @@ double est_tokens_per_s(const DryRun& r, const Config& c, const Rate& rate,
   const double f = step_flops(r);
   if (rate.flops_per_s <= 0 || f <= 0) return 0;
   const double step_s = f / rate.flops_per_s + copy_time(r, target, rate.flops_per_s).exposed_s;
-  return static_cast<double>(c.train.batch_size * c.train.seq_len) / step_s;
+  // A step trains grad_accum micro-batches, each of batch_size x seq_len tokens.
+  return static_cast<double>(c.train.grad_accum * c.train.batch_size * c.train.seq_len) / step_s;
 }
 
 /// "2,598,161 tokens", or "64k tokens (65,536)": exact, with the k/M form (k = 1024) a
@@ -108,7 +113,9 @@ struct Measured {
 
 struct FitRow {
   std::string policy;
-  Config cfg;  // the policy's config at the configured seq_len
+  std::vector<std::string> sets;      // the overrides that run this row (--measure's trials)
+  Config cfg;                         // the policy's config at the configured seq_len
+  std::optional<AutoPlan> auto_plan;  // the row of auto's search (when no listed policy fits)
   int64_t longest = 0;
   bool capped = false;  // learned positions: longest == n_ctx, not the budget
   DryRun at_longest;    // dry run at `longest` (when > 0)
@@ -120,9 +127,11 @@ struct FitRow {
 
 /// " (a step ~31 min at the estimated rate)": what the longest context costs in time, which a
 /// length that fits can make impractical. Empty without a rate.
-std::string say_step_time(const FitRow& r, int64_t batch_size) {
+std::string say_step_time(const FitRow& r) {
   if (r.tok_s_longest <= 0) return "";
-  const double s = static_cast<double>(r.longest * batch_size) / r.tok_s_longest;
+  const double s =
+      static_cast<double>(r.longest * r.cfg.train.batch_size * r.cfg.train.grad_accum) /
+      r.tok_s_longest;
   const std::string t = s < 1      ? fmt::format("{:.0f} ms", s * 1e3)
                         : s < 120  ? fmt::format("{:.1f} s", s)
                         : s < 7200 ? fmt::format("{:.0f} min", s / 60)
@@ -133,6 +142,87 @@ std::string say_step_time(const FitRow& r, int64_t batch_size) {
 std::vector<std::string> concat(std::vector<std::string> a, const std::vector<std::string>& b) {
   a.insert(a.end(), b.begin(), b.end());
   return a;
+}
+
+// The overrides that run a fixed per-block plan (auto's answer) as --set flags.
+std::vector<std::string> plan_sets(const Config& c) {
+  std::vector<std::string> quoted;
+  for (const std::string& p : c.remat.plan) quoted.push_back(fmt::format("\"{}\"", p));
+  return {"remat.policy=none", fmt::format("remat.plan=[{}]", fmt::join(quoted, ", ")),
+          fmt::format("remat.every={}", c.remat.every),
+          fmt::format("remat.tile_tokens={}", c.remat.tile_tokens),
+          fmt::format("remat.offload=\"{}\"", c.remat.offload)};
+}
+
+// "auto:tile=4096:offload=checkpoints": auto's answer as --policies would spell its settings.
+std::string auto_label(const AutoPlan& a) {
+  return fmt::format("auto{}{}", a.tile_tokens ? fmt::format(":tile={}", a.tile_tokens) : "",
+                     a.offload != OffloadKind::None ? fmt::format(":offload={}", a.offload) : "");
+}
+
+// What `--emit-config FILE` writes: the longest context's [train] and [remat] keys, with a comment
+// on its figures, a TOML snippet to paste into the config (as `plan --emit-config` prints one).
+std::string answer_config(const FitRow& r, const PlanTarget& target, const std::string& source) {
+  const Config& c = r.cfg;
+  std::string out = fmt::format(
+      "# remat-train fit {} on {}: the longest context, {} tokens with {}, batch {}; predicted "
+      "peak {} ({} B) of {}\n[train]\nseq_len = {}\nbatch_size = {}\n",
+      source, target.name, format_grouped(r.longest), r.policy, c.train.batch_size,
+      format_bytes(r.at_longest.peak.total_bytes), r.at_longest.peak.total_bytes,
+      format_bytes(target.pool_budget()), r.longest, c.train.batch_size);
+  if (c.train.grad_accum > 1) out += fmt::format("grad_accum = {}\n", c.train.grad_accum);
+  out += "\n";
+  if (r.auto_plan) {
+    AutoPlan at = *r.auto_plan;  // its figures at the longest context
+    at.peak_bytes = r.at_longest.peak.total_bytes;
+    at.host_peak_bytes = r.at_longest.host_peak.total_bytes;
+    at.recompute_overhead = r.at_longest.recompute_overhead();
+    return out + auto_remat_table(at, target);
+  }
+  out += fmt::format("[remat]\npolicy = \"{}\"\n", c.remat.policy);
+  if (!c.remat.save.empty()) {
+    std::vector<std::string> quoted;
+    for (const std::string& n : c.remat.save) quoted.push_back(fmt::format("\"{}\"", n));
+    out += fmt::format("save = [{}]\n", fmt::join(quoted, ", "));
+  }
+  if (c.remat.every > 1) out += fmt::format("every = {}\n", c.remat.every);
+  if (c.remat.tile_tokens > 0) out += fmt::format("tile_tokens = {}\n", c.remat.tile_tokens);
+  if (c.remat.offload != OffloadKind::None)
+    out += fmt::format("offload = \"{}\"\n", c.remat.offload);
+  return out;
+}
+
+// --emit-config names a file that does not exist yet: fit never overwrites one.
+void refuse_existing(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::exists(std::filesystem::symlink_status(path, ec)))
+    throw ConfigError(fmt::format(
+        "--emit-config {}: [fit] exists, and fit never overwrites a file. Fix: choose a new name, "
+        "or remove that file",
+        path));
+}
+
+// Writes `text` to `path`, which must not exist: FILE.tmp, then renamed.
+void write_new_file(const std::string& path, const std::string& text) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  refuse_existing(path);
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    f << text;
+    if (!f.flush())
+      throw IoError(
+          fmt::format("[fit] cannot write {}. Fix: check that its folder exists and is "
+                      "writable",
+                      tmp));
+  }
+  fs::rename(tmp, path, ec);
+  if (ec) {
+    fs::remove(tmp, ec);
+    throw IoError(
+        fmt::format("[fit] cannot write {}. Fix: check that its folder is writable", path));
+  }
 }
 
 int trial(const Config& cfg, const std::vector<std::string>& sets, int64_t seq_len, uint64_t budget,
@@ -153,6 +243,7 @@ int trial(const Config& cfg, const std::vector<std::string>& sets, int64_t seq_l
 }  // namespace
 
 int run_fit(const FitOptions& opt) {
+  if (!opt.emit_config.empty()) refuse_existing(opt.emit_config);  // before any search runs
   std::vector<std::string> sets = opt.overrides;
   if (opt.batch_size) sets.push_back(fmt::format("train.batch_size={}", *opt.batch_size));
   // fit's question is the longest context: on N ranks that is each sequence split over all of
@@ -192,11 +283,8 @@ int run_fit(const FitOptions& opt) {
   experiments::install_interrupt_handler(
       /*second_signal_exits=*/false);  // --measure's trials are stopped
 
-  std::vector<FitRow> rows;
-  for (const auto& p : policies) {
-    FitRow r;
-    r.policy = p;
-    r.cfg = load_config(opt.config_path, concat(sets, policy_overrides(base, p)));
+  // A row's figures: at the configured seq_len, the longest that fits, and at that one.
+  const auto evaluate = [&](FitRow& r) {
     r.at_configured = planner.dry_run(r.cfg, false);
     r.longest = planner.longest_seq_len(r.cfg, &r.at_configured);
     r.capped = r.cfg.model.position == PositionKind::Learned && r.longest == r.cfg.model.n_ctx;
@@ -208,6 +296,26 @@ int run_fit(const FitOptions& opt) {
     }
     r.fits_configured = planner.fits(r.at_configured);
     r.tok_s_configured = est_tokens_per_s(r.at_configured, r.cfg, rate, target);
+  };
+  std::vector<FitRow> rows;
+  for (const auto& p : policies) {
+    FitRow r;
+    r.policy = p;
+    r.sets = concat(sets, policy_overrides(base, p));
+    r.cfg = load_config(opt.config_path, r.sets);
+    evaluate(r);
+    rows.push_back(std::move(r));
+  }
+  // No listed policy fits even one token: the search `plan` runs for remat.policy = "auto" (a
+  // per-block mix, then the MLP in chunks, then host memory on a GPU) gives the answer, so that
+  // fit always names the longest context something reaches.
+  if (std::none_of(rows.begin(), rows.end(), [](const FitRow& r) { return r.longest > 0; })) {
+    FitRow r;
+    r.auto_plan = choose_auto(planner, base);
+    r.policy = auto_label(*r.auto_plan);
+    r.cfg = with_auto_plan(base, *r.auto_plan);
+    r.sets = concat(sets, plan_sets(r.cfg));
+    evaluate(r);
     rows.push_back(std::move(r));
   }
 
@@ -221,11 +329,10 @@ int run_fit(const FitOptions& opt) {
                    r.capped ? " (the n_ctx cap: nothing above)"
                             : fmt::format("{}a step at {} (must not fit)",
                                           r.longest > 0 ? ", " : "", r.longest + 1));
-      const auto psets = concat(sets, policy_overrides(base, r.policy));
       Measured& m = r.measured;
-      if (r.longest > 0) m.at_max_exit = trial(r.cfg, psets, r.longest, budget, m, true);
+      if (r.longest > 0) m.at_max_exit = trial(r.cfg, r.sets, r.longest, budget, m, true);
       if (!experiments::interrupted() && !r.capped)
-        m.above_exit = trial(r.cfg, psets, r.longest + 1, budget, m, false);
+        m.above_exit = trial(r.cfg, r.sets, r.longest + 1, budget, m, false);
       if (experiments::interrupted()) return 128 + experiments::interrupt_signal();
       m.done = true;
       if (!m.agrees()) all_agree = false;
@@ -250,12 +357,20 @@ int run_fit(const FitOptions& opt) {
     if (r.fits_configured && (!fastest || speed_key(r) < speed_key(*fastest))) fastest = &r;
   }
   const std::string conf_t = format_count(base.train.seq_len);
+  const std::string batch = fmt::format(
+      "batch {}{}", base.train.batch_size,
+      base.train.grad_accum > 1 ? fmt::format(" x grad_accum {}", base.train.grad_accum) : "");
   std::string recommendation =
       longest && longest->longest > 0
-          ? fmt::format("longest: {} with {}{}{}", say_tokens(longest->longest), longest->policy,
-                        longest->capped ? " (capped by model.n_ctx)" : "",
-                        say_step_time(*longest, base.train.batch_size))
-          : std::string("longest: nothing fits, not even seq_len 1");
+          ? fmt::format("longest: {} with {}, {}{}{}", say_tokens(longest->longest),
+                        longest->policy, batch, longest->capped ? " (capped by model.n_ctx)" : "",
+                        say_step_time(*longest))
+          : fmt::format(
+                "longest: nothing fits at {}, not even seq_len 1, with any policy or "
+                "auto's plans: {}",
+                batch,
+                rows.back().auto_plan ? rows.back().auto_plan->infeasible_message()
+                                      : std::string("raise the budget"));
   recommendation += fastest
                         ? fmt::format("; at your configured {}, {} is the fastest policy that fits",
                                       conf_t, fastest->policy)
@@ -266,7 +381,8 @@ int run_fit(const FitOptions& opt) {
   std::string tiling_hint;
   nlohmann::json tiling_json;  // null when there is no hint
   int64_t hinted_tile = 0;     // the hint's tile_tokens, which the offload hint builds on
-  if (longest && longest->cfg.remat.tile_tokens == 0 && longest->longest > 0 && !longest->capped) {
+  if (longest && !longest->auto_plan && longest->cfg.remat.tile_tokens == 0 &&
+      longest->longest > 0 && !longest->capped) {
     const int64_t tile = default_tile_tokens(longest->longest * base.train.batch_size);
     Config tiled = longest->cfg;
     tiled.remat.tile_tokens = tile;
@@ -287,8 +403,9 @@ int run_fit(const FitOptions& opt) {
   // host budget.
   std::string offload_hint;
   nlohmann::json offload_json;  // null when there is no hint
-  if (!target.host_is_device() && longest && longest->cfg.remat.offload == OffloadKind::None &&
-      longest->longest > 0 && !longest->capped && longest->cfg.remat.policy != "none") {
+  if (!target.host_is_device() && longest && !longest->auto_plan &&
+      longest->cfg.remat.offload == OffloadKind::None && longest->longest > 0 && !longest->capped &&
+      longest->cfg.remat.policy != "none") {
     Config offloaded = longest->cfg;
     if (hinted_tile > 0) offloaded.remat.tile_tokens = hinted_tile;
     offloaded.remat.offload = OffloadKind::Checkpoints;
@@ -317,6 +434,11 @@ int run_fit(const FitOptions& opt) {
                       {"longest_seq_len", reach},
                       {"host_peak_bytes", run.host_peak.total_bytes}};
     }
+  }
+
+  if (!opt.emit_config.empty()) {
+    if (!longest || longest->longest == 0) throw OutOfMemory(recommendation);
+    write_new_file(opt.emit_config, answer_config(*longest, target, base.path));
   }
 
   if (opt.json) {
@@ -394,10 +516,13 @@ int run_fit(const FitOptions& opt) {
                             format_count(r.longest + 1));
       measured = m.agrees() ? "   ok: " + fits + above : std::string("   DISAGREES (below)");
     }
-    fmt::print("{:<{}} {:>11} {:>12}{} {:>9.1f}% {:>11}   {:>12} {:>11}{}\n", r.policy, w,
+    // A row that fits nothing has no recompute or speed to show: blank, not "0.0%".
+    fmt::print("{:<{}} {:>11} {:>12}{} {:>10} {:>11}   {:>12} {:>11}{}\n", r.policy, w,
                format_count(r.longest) + (r.capped ? "*" : ""),
                r.longest ? format_bytes(r.at_longest.peak.total_bytes) : "-", host_cell(r),
-               100.0 * r.at_longest.recompute_overhead(), fmt_rate(r.tok_s_longest),
+               r.longest ? fmt::format("{:.1f}%", 100.0 * r.at_longest.recompute_overhead())
+                         : std::string("-"),
+               r.longest ? fmt_rate(r.tok_s_longest) : std::string("-"),
                (r.fits_configured ? "" : "NO ") + format_bytes(r.at_configured.peak.total_bytes),
                r.fits_configured ? fmt_rate(r.tok_s_configured) : "-", measured);
   }
@@ -416,7 +541,20 @@ int run_fit(const FitOptions& opt) {
           "(its rows count the device pool against the budget, not the host pool)\n");
       break;
     }
+  if (const FitRow& last = rows.back(); last.auto_plan)
+    fmt::print(
+        "{}: no listed policy fits, so fit ran remat.policy = \"auto\"'s search (as plan does); "
+        "at {} it {}\n",
+        last.policy, conf_t, last.auto_plan->summary());
   fmt::print("\n{}\n", recommendation);
+  if (longest && past_trained_positions(base.model, longest->longest))
+    fmt::print(
+        "note: the model was trained for {} positions (model.max_position_embeddings) and has no "
+        "rope_scaling: past them it meets RoPE angles it never trained on (docs/hf.md)\n",
+        base.model.max_position_embeddings);
+  if (!opt.emit_config.empty())
+    fmt::print("wrote {}: the configuration of that answer ([train] and [remat])\n",
+               opt.emit_config);
   if (!tiling_hint.empty()) fmt::print("{}\n", tiling_hint);
   if (!offload_hint.empty()) fmt::print("{}\n", offload_hint);
   for (const auto& r : rows) {

@@ -136,9 +136,8 @@ void apply_model_option(const std::string& model, std::string& config_path,
 void add_policies_option(CLI::App* cmd, std::vector<std::string>& policies) {
   cmd->add_option("--policies", policies,
                   fmt::format("Comma-separated policies, each optionally with :tile=N and "
-                              ":offload=checkpoints|checkpoints+optimizer, e.g. "
-                              "full:tile=1024:offload=checkpoints (default: {})",
-                              fmt::join(remat::builtin_policies(), ",")))
+                              ":offload={}, e.g. full:tile=1024:offload=checkpoints (default: {})",
+                              remat::offload_names("|"), fmt::join(remat::builtin_policies(), ",")))
       ->delimiter(',');
 }
 
@@ -176,11 +175,18 @@ int run(int argc, char** argv) {
   train_cmd->add_option("--metrics", train.metrics_path, "Write per-step metrics as JSONL to FILE");
   auto* resume_opt = train_cmd->add_option(
       "--resume", train.resume,
-      "Continue bit-for-bit from a checkpoint folder, or 'latest' (the newest in checkpoint.dir)");
+      "Continue bit-for-bit from a checkpoint: a step_* folder, a checkpoint.dir (its newest), or "
+      "'latest' (the newest in the config's checkpoint.dir). The model and settings are the "
+      "checkpoint's; --config and --set may change only what can change mid-run");
   train_cmd
       ->add_option("--init", train.init_path,
                    "Start from these weights only (model.safetensors, a checkpoint folder, or "
                    "hf:DIR, a Hugging Face folder, which implies --model hf:DIR)")
+      ->excludes(resume_opt);
+  train_cmd
+      ->add_option("--init-adapter", train.init_adapter,
+                   "A LoRA run ([lora] rank > 0) starts its adapters from this PEFT adapter folder "
+                   "(adapter_config.json + adapter_model.safetensors) on the --init hf:DIR base")
       ->excludes(resume_opt);
   train_cmd
       ->add_option("--stop-at", train.stop_at,
@@ -188,6 +194,8 @@ int run(int argc, char** argv) {
                    "to train.steps")
       ->check(at_least(1));
   train_cmd->add_flag("-q,--quiet", train.quiet, "No banner, progress or summary");
+  train_cmd->add_flag("-v,--verbose", train.verbose,
+                      "Name the BLAS, GEMM and attention kernels in the banner's first line");
 
   remat::cli::PlanOptions plan;
   std::string plan_memory, plan_seq_len, plan_batch;
@@ -246,7 +254,12 @@ int run(int argc, char** argv) {
           "--measure", fit.measure,
           "Confirm each answer with real steps (at the maximum and one above) in child processes")
       ->excludes(fit_gpu_opt);
-  fit_cmd->add_flag("--json", fit.json, "Machine-readable output");
+  auto* fit_json = fit_cmd->add_flag("--json", fit.json, "Machine-readable output");
+  fit_cmd
+      ->add_option("--emit-config", fit.emit_config,
+                   "Also write the answer's configuration (seq_len, batch and [remat]) to FILE, a "
+                   "TOML snippet to paste into the config; FILE must not exist")
+      ->excludes(fit_json);
 
   remat::cli::SweepOptions sweep;
   CLI::App* sweep_cmd = app.add_subcommand(
@@ -286,12 +299,21 @@ int run(int argc, char** argv) {
                    "Checkpoint folder, or a checkpoint.dir (its newest)")
       ->required();
   auto* prompt_opt = sample_cmd->add_option(
-      "--prompt", sample.prompt, "Prompt: text for byte models, token ids for token models");
-  sample_cmd->add_option("--prompt-file", sample.prompt_file, "Read the prompt from a file")
-      ->excludes(prompt_opt);
+      "--prompt", sample.prompt,
+      "Prompt text (byte models, and token models with --tokenizer tokenizer.json); token models "
+      "without a tokenizer.json take token ids here");
+  auto* prompt_file_opt =
+      sample_cmd->add_option("--prompt-file", sample.prompt_file, "Read --prompt from a file")
+          ->excludes(prompt_opt);
+  auto* prompt_ids_opt = sample_cmd
+                             ->add_option("--prompt-ids", sample.prompt,
+                                          "Prompt as token ids (token models): \"50256 464 318\"")
+                             ->excludes(prompt_opt)
+                             ->excludes(prompt_file_opt);
   sample_cmd->add_option("--tokenizer", sample.tokenizer,
-                         "llm.c gpt2_tokenizer.bin or a model's tokenizer.json (byte-level BPE): "
-                         "print a token model's output as text");
+                         "A model's tokenizer.json (encodes --prompt text, prints text), llm.c's "
+                         "gpt2_tokenizer.bin (prints text), or 'bytes' (ids 0-255 are bytes: text "
+                         "in, text out)");
   sample_cmd->add_option("--tokens", sample.tokens, "Tokens to generate (default 256)")
       ->check(at_least(1));
   sample_cmd
@@ -303,6 +325,23 @@ int run(int argc, char** argv) {
                    "Sample from the K most likely tokens; 0 = all (default)")
       ->check(at_least(0));
   sample_cmd->add_option("--seed", sample.seed, "Random seed (default 1337)");
+
+  remat::cli::TokenizeOptions tokenize;
+  CLI::App* tokenize_cmd = app.add_subcommand(
+      "tokenize",
+      "Text on stdin to token ids (a JSON list) with a tokenizer.json, or ids to text (--decode)");
+  tokenize_cmd
+      ->add_option("--tokenizer", tokenize.tokenizer,
+                   "The model's Hugging Face tokenizer.json (a BPE model)")
+      ->required();
+  auto* decode_opt = tokenize_cmd->add_flag(
+      "--decode", tokenize.decode,
+      "Read token ids (a JSON list, or separated by whitespace) and print their text");
+  tokenize_cmd
+      ->add_flag("--add-special-tokens", tokenize.add_special_tokens,
+                 "Add the tokenizer's template of special tokens (Llama 2's <s>), as "
+                 "Tokenizer.encode does by default")
+      ->excludes(decode_opt);
 
   remat::cli::ExportOptions export_opt;
   std::string export_dtype = "bf16", export_shard;
@@ -356,10 +395,15 @@ int run(int argc, char** argv) {
       ->add_option("--checkpoint", export_opt.checkpoint,
                    "Checkpoint folder, or a checkpoint.dir (its newest)")
       ->required();
+  auto* export_hf = export_cmd->add_option(
+      "--hf", export_opt.out,
+      "The Hugging Face folder to write (a LoRA run: merged into its base); it must not exist or "
+      "be empty (never overwritten)");
   export_cmd
-      ->add_option("--hf", export_opt.out,
-                   "The folder to write; it must not exist or be empty (never overwritten)")
-      ->required();
+      ->add_option("--adapter", export_opt.adapter,
+                   "A LoRA run's PEFT adapter folder to write instead (peft loads it); it must not "
+                   "exist or be empty")
+      ->excludes(export_hf);
   export_cmd->add_option("--dtype", export_dtype, "Weights as bf16 (default) or fp32")
       ->check(CLI::IsMember({"bf16", "fp32"}));
   export_cmd->add_option("--tokenizer-from", export_opt.tokenizer_from,
@@ -401,7 +445,10 @@ int run(int argc, char** argv) {
   if (train_cmd->parsed() && train.config_path.empty() && train_model.empty() &&
       train.init_path.rfind("hf:", 0) == 0)
     train_model = train.init_path;  // --init hf:DIR alone: that folder's model, default settings
-  if (train_cmd->parsed()) apply_model_option(train_model, train.config_path, train.overrides);
+  // A resume needs no config: the checkpoint holds it (cmd/train_command.cpp).
+  if (train_cmd->parsed() &&
+      !(!train.resume.empty() && train.config_path.empty() && train_model.empty()))
+    apply_model_option(train_model, train.config_path, train.overrides);
   if (plan_cmd->parsed()) apply_model_option(plan_model, plan.config_path, plan.overrides);
   if (fit_cmd->parsed()) apply_model_option(fit_model, fit.config_path, fit.overrides);
   if (sweep_cmd->parsed()) apply_model_option(sweep_model, sweep.config_path, sweep.overrides);
@@ -416,7 +463,11 @@ int run(int argc, char** argv) {
     return remat::cli::run_train(train);
   }
   if (compare_cmd->parsed()) return remat::cli::run_compare(compare);
-  if (sample_cmd->parsed()) return remat::cli::run_sample(sample);
+  if (sample_cmd->parsed()) {
+    sample.prompt_is_ids = prompt_ids_opt->count() > 0;
+    return remat::cli::run_sample(sample);
+  }
+  if (tokenize_cmd->parsed()) return remat::cli::run_tokenize(tokenize);
   if (eval_cmd->parsed()) {
     if (eval.checkpoint.empty() == eval.model.empty())
       throw remat::ConfigError(
@@ -439,6 +490,10 @@ int run(int argc, char** argv) {
     return remat::cli::run_eval(eval);
   }
   if (export_cmd->parsed()) {
+    if (export_opt.out.empty() && export_opt.adapter.empty())
+      throw remat::ConfigError(
+          "[export] nothing to write. Fix: give --hf OUT (a Hugging Face model folder) or "
+          "--adapter OUT (a LoRA run's PEFT adapter)");
     export_opt.bf16 = export_dtype == "bf16";
     if (!export_shard.empty()) {
       const std::optional<uint64_t> v = remat::parse_size(export_shard);
@@ -486,23 +541,65 @@ static int exit_code_of(const remat::Error& e) {
   return kExitRuntime;
 }
 
-// The manual's page that answers a kind of error, named at the end of its one-line message so
-// that a user who hits it knows where to read on (docs/ in the repository, or the installed copy
-// in share/doc/remat-train). Empty where the message alone is the answer.
+// The manual's page that answers an error, named at the end of its one-line message so that a
+// user who hits it knows where to read on (docs/ in the repository, or the installed copy in
+// share/doc/remat-train). The component tag a message carries ("[hf] ...", "file: [sample] ...")
+// names the page of that component; untagged messages go by the kind of error. Empty where the
+// message alone is the answer.
+static const char* docs_page_of_tag(const std::string& message) {
+  static const std::pair<const char*, const char*> kPages[] = {
+      {"config", "docs/configs.md"},
+      {"hf", "docs/hf.md"},
+      {"export", "docs/hf.md"},
+      {"sample", "docs/checkpoints.md"},
+      {"tokenizer", "docs/checkpoints.md"},
+      {"checkpoint", "docs/checkpoints.md"},
+      {"data", "docs/data.md"},
+      {"parallel", "docs/multi-gpu.md"},
+      {"remat", "docs/remat.md"},
+      {"memory", "docs/planning.md"},
+      {"plan", "docs/planning.md"},
+      {"fit", "docs/planning.md"},
+      {"sweep", "docs/planning.md"},
+      {"metrics", "docs/training.md"},
+      {"train", "docs/training.md"},
+      {"cuda", "docs/gpu.md"},
+      {"device", "docs/gpu.md"},
+      {"lora", "docs/lora.md"},
+      {"peft", "docs/lora.md"}};
+  // The tag is the first "[word]" at the start or after ": ".
+  for (size_t at = message.find('['); at != std::string::npos; at = message.find('[', at + 1)) {
+    if (at != 0 && (at < 2 || message.compare(at - 2, 2, ": ") != 0)) continue;
+    const size_t end = message.find(']', at);
+    if (end == std::string::npos) return nullptr;
+    const std::string tag = message.substr(at + 1, end - at - 1);
+    for (const auto& [name, page] : kPages)
+      if (tag == name) return page;
+    return nullptr;
+  }
+  return nullptr;
+}
+
 static const char* docs_page_of(const remat::Error& e) {
+  // The [lora] keys, and any error about a LoRA run (its base, its checkpoint), are lora.md's.
+  const std::string_view what = e.what();
+  if (what.find("[config] lora.") != std::string_view::npos ||
+      what.find("LoRA") != std::string_view::npos)
+    return "docs/lora.md";
+  if (dynamic_cast<const remat::DataChanged*>(&e)) return "docs/shared-files.md";
+  if (dynamic_cast<const remat::Diverged*>(&e)) return "docs/commands.md";
+  if (const char* page = docs_page_of_tag(e.what())) return page;
   if (dynamic_cast<const remat::OutOfMemory*>(&e)) return "docs/planning.md";
   if (dynamic_cast<const remat::ConfigError*>(&e)) return "docs/configs.md";
-  if (dynamic_cast<const remat::DataChanged*>(&e)) return "docs/shared-files.md";
   if (dynamic_cast<const remat::DataError*>(&e)) return "docs/data.md";
   if (dynamic_cast<const remat::CheckpointError*>(&e)) return "docs/checkpoints.md";
-  if (dynamic_cast<const remat::Diverged*>(&e)) return "docs/commands.md";
   return "";
 }
 
 static std::string error_line(const remat::Error& e) {
-  const std::string page = docs_page_of(e);
-  return page.empty() ? fmt::format("error: {}", e.what())
-                      : fmt::format("error: {} (see {})", e.what(), remat::docs_page_path(page));
+  const char* page = docs_page_of(e);
+  return *page == 0 ? fmt::format("error: {}", e.what())
+                    : fmt::format("error: {} (see {})", e.what(), remat::docs_page_path(page));
 }
 
 // Before any library initializes (engine/cpu/openmp_wait.h says why).

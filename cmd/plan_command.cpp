@@ -90,32 +90,6 @@ nlohmann::json row_json(const PolicyRow& r, const Planner& planner) {
   return row;
 }
 
-// What `plan --emit-config` prints: a [remat] table that runs auto's plan as a fixed one.
-std::string remat_table(const AutoPlan& a, const PlanTarget& t) {
-  // One line when short; deep models get one array line per 6 blocks (TOML arrays may span lines).
-  std::string quoted;
-  const bool wrap = a.policies.size() > 8;
-  for (size_t i = 0; i < a.policies.size(); ++i)
-    quoted += fmt::format("{}\"{}\"",
-                          i == 0 ? (wrap ? "\n  " : "") : (wrap && i % 6 == 0 ? ",\n  " : ", "),
-                          a.policies[i]);
-  if (wrap) quoted += ",\n";
-  return fmt::format(
-      "[remat]\n# remat.policy = \"auto\" on {} with a budget of {}: predicted peak {} ({} B), "
-      "recompute +{:.2f}%{}\nplan = [{}]\n{}{}",
-      t.name, format_bytes(a.budget_bytes), format_bytes(a.peak_bytes), a.peak_bytes,
-      100.0 * a.recompute_overhead,
-      a.offload != OffloadKind::None
-          ? fmt::format(", host peak {} of {}", format_bytes(a.host_peak_bytes),
-                        format_bytes(a.host_budget_bytes))
-          : std::string(),
-      quoted,
-      (a.every > 1 ? fmt::format("every = {}\n", a.every) : std::string()) +
-          (a.tile_tokens > 0 ? fmt::format("tile_tokens = {}\n", a.tile_tokens) : std::string()),
-      a.offload != OffloadKind::None ? fmt::format("offload = \"{}\"\n", a.offload)
-                                     : std::string());
-}
-
 // What `train` does to the LM head's chunk for the configured plan on this target
 // (resolve_loss_chunk): on a GPU with room, larger chunks than the default the rows above use.
 struct HeadChunk {
@@ -152,7 +126,7 @@ int run_plan(const PlanOptions& opt) {
   const AutoPlan chosen = choose_auto(planner, cfg);
   if (opt.emit_config) {
     if (!chosen.fits) throw OutOfMemory(chosen.infeasible_message());
-    fmt::print("{}", remat_table(chosen, target));
+    fmt::print("{}", auto_remat_table(chosen, target));
     return 0;
   }
 
@@ -216,6 +190,7 @@ int run_plan(const PlanOptions& opt) {
                           {"n_params", rows.front().run.n_params},
                           {"policies", nlohmann::json::array()}};
     for (const auto& r : rows) out["policies"].push_back(row_json(r, planner));
+    if (cfg.train.grad_accum > 1) out["grad_accum"] = cfg.train.grad_accum;  // CPU plans keep shape
     // Only where attention runs over chunks (remat.attention_chunk, or a CUDA target past cuDNN's
     // limit), so that plans without it keep their shape.
     if (const AttentionChunks ch = attention_chunks_of(cfg, target.count.device); ch.chunked())
@@ -247,11 +222,14 @@ int run_plan(const PlanOptions& opt) {
   fmt::print("      host memory for offload: {} ({}){}\n", format_bytes(target.host_bytes),
              target.host_note,
              target.rates_note.empty() ? "" : fmt::format(" | {}", target.rates_note));
-  fmt::print("model {} L={} C={} | {:.2f}M params | batch {} x seq_len {}{}{}\n\n", cfg.model.kind,
-             cfg.model.n_layer, cfg.model.n_embd,
+  fmt::print("model {} L={} C={} | {:.2f}M params | batch {} x seq_len {}{}{}{}\n\n",
+             cfg.model.kind, cfg.model.n_layer, cfg.model.n_embd,
              static_cast<double>(rows.front().run.n_params) / 1e6, cfg.train.batch_size,
-             cfg.train.seq_len, parallel_note(cfg),
-             tiling_note(cfg) + attention_chunk_note(cfg, target.count.device));
+             cfg.train.seq_len,
+             cfg.train.grad_accum > 1
+                 ? fmt::format(" x grad_accum {} (FLOPs per optimizer step)", cfg.train.grad_accum)
+                 : std::string(),
+             parallel_note(cfg), tiling_note(cfg) + attention_chunk_note(cfg, target.count.device));
   fmt::print("{:<28} {:>11} {:>11} {:>11} {:>11} {:>10} {:>5}  {:<22} {:>12} {:>9}\n", "policy",
              "peak", "activations", "checkpoints", "host peak", "recompute", "fits", "peak during",
              "longest T", "max batch");

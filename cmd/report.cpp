@@ -27,9 +27,15 @@ void print_banner(std::FILE* out, const RunInfo& info, const Config& cfg) {
              static_cast<double>(info.n_params) / 1e6, info.data_line);
   fmt::print(
       out,
-      "run    batch {} x seq_len {} | {} steps | remat {} | predicted peak {} of budget {}{}\n",
-      cfg.train.batch_size, cfg.train.seq_len, cfg.train.steps, info.policy_line,
-      format_bytes(info.predicted_peak_bytes), format_bytes(info.budget_bytes),
+      "run    batch {} x seq_len {}{} | {} steps | remat {} | predicted peak {} of budget {}{}\n",
+      cfg.train.batch_size, cfg.train.seq_len,
+      cfg.train.grad_accum > 1
+          ? fmt::format(" x grad_accum {} ({} tokens per step)", cfg.train.grad_accum,
+                        format_grouped(cfg.train.grad_accum * cfg.train.batch_size *
+                                       (cfg.model.has_sequence() ? cfg.train.seq_len : 1)))
+          : std::string(),
+      cfg.train.steps, info.policy_line, format_bytes(info.predicted_peak_bytes),
+      format_bytes(info.budget_bytes),
       info.predicted_host_peak_bytes
           ? fmt::format(", host {} of {}", format_bytes(info.predicted_host_peak_bytes),
                         format_bytes(info.host_budget_bytes))
@@ -43,6 +49,37 @@ void print_banner(std::FILE* out, const RunInfo& info, const Config& cfg) {
   if (!info.parallel_line.empty()) fmt::print(out, "{}\n", info.parallel_line);
   if (!info.resume_line.empty()) fmt::print(out, "{}\n", info.resume_line);
   std::fflush(out);
+}
+
+bool past_trained_positions(const ModelConfig& m, int64_t seq_len) {
+  return m.has_sequence() && m.max_position_embeddings > 0 && seq_len > m.max_position_embeddings &&
+         m.rope_scaling.kind == RopeScaling::None;
+}
+
+std::vector<std::string> run_warnings(const Config& cfg, const std::string& hf_source) {
+  std::vector<std::string> out;
+  if (!hf_source.empty() && cfg.data.source == "synthetic")
+    out.push_back(fmt::format(
+        "warning: [data] the model of {} trains on synthetic random tokens (data.source = "
+        "\"{}\"), which teaches it nothing and unlearns what it knows. Fix: set data.source = "
+        "\"tokens\" and data.path to shards of your text (scripts/prepare_data.py; "
+        "configs/finetune.toml, docs/finetune.md)",
+        hf_source, cfg.data.source));
+  if (past_trained_positions(cfg.model, cfg.train.seq_len))
+    out.push_back(fmt::format(
+        "warning: [model] train.seq_len = {} is past the {} positions the model was trained for "
+        "(model.max_position_embeddings), and it has no rope_scaling: it has never seen RoPE "
+        "angles that large. Fix: train at train.seq_len <= {}, or start from a model made for "
+        "longer contexts (docs/hf.md)",
+        cfg.train.seq_len, cfg.model.max_position_embeddings, cfg.model.max_position_embeddings));
+  const TrainConfig& t = cfg.train;
+  if (t.lr > 0 && t.warmup_steps > 0 && t.steps <= t.warmup_steps)
+    out.push_back(fmt::format(
+        "warning: [train] the run ends inside its warmup: train.steps = {} <= train.warmup_steps "
+        "= {}, so the learning rate only rises (to {:.2e} at the last step) and never decays. "
+        "Fix: raise train.steps (--steps) above {}, or lower train.warmup_steps",
+        t.steps, t.warmup_steps, learning_rate(t, t.steps - 1), t.warmup_steps));
+  return out;
 }
 
 Progress::Progress(std::FILE* out, int64_t total_steps, int64_t every, bool quiet,
@@ -202,6 +239,31 @@ void add_rank_sets(std::vector<std::string>& sets, const std::string& config_pat
   sets.push_back(fmt::format("parallel.data={}", *ranks / c));
 }
 
+std::string auto_remat_table(const AutoPlan& a, const PlanTarget& t) {
+  // One line when short; deep models get one array line per 6 blocks (TOML arrays may span lines).
+  std::string quoted;
+  const bool wrap = a.policies.size() > 8;
+  for (size_t i = 0; i < a.policies.size(); ++i)
+    quoted += fmt::format("{}\"{}\"",
+                          i == 0 ? (wrap ? "\n  " : "") : (wrap && i % 6 == 0 ? ",\n  " : ", "),
+                          a.policies[i]);
+  if (wrap) quoted += ",\n";
+  return fmt::format(
+      "[remat]\n# remat.policy = \"auto\" on {} with a budget of {}: predicted peak {} ({} B), "
+      "recompute +{:.2f}%{}\nplan = [{}]\n{}{}",
+      t.name, format_bytes(a.budget_bytes), format_bytes(a.peak_bytes), a.peak_bytes,
+      100.0 * a.recompute_overhead,
+      a.offload != OffloadKind::None
+          ? fmt::format(", host peak {} of {}", format_bytes(a.host_peak_bytes),
+                        format_bytes(a.host_budget_bytes))
+          : std::string(),
+      quoted,
+      (a.every > 1 ? fmt::format("every = {}\n", a.every) : std::string()) +
+          (a.tile_tokens > 0 ? fmt::format("tile_tokens = {}\n", a.tile_tokens) : std::string()),
+      a.offload != OffloadKind::None ? fmt::format("offload = \"{}\"\n", a.offload)
+                                     : std::string());
+}
+
 std::string exchange_line(const DryRun& run, const PlanTarget& target) {
   std::string line = fmt::format(
       "  {} ranks ({} per sequence): every figure is one rank's{}; sent per rank per step: {} {}",
@@ -251,8 +313,9 @@ std::string load_note() {
 }
 
 void print_summary(std::FILE* out, const RunSummary& s) {
-  fmt::print(out, "summary{}: {} steps, policy {}, batch {} x seq_len {}\n",
-             s.interrupted ? " (interrupted)" : "", s.steps, s.policy, s.batch_size, s.seq_len);
+  fmt::print(out, "summary{}: {} steps, policy {}, batch {} x seq_len {}{}\n",
+             s.interrupted ? " (interrupted)" : "", s.steps, s.policy, s.batch_size, s.seq_len,
+             s.grad_accum > 1 ? fmt::format(" x grad_accum {}", s.grad_accum) : std::string());
   fmt::print(out, "  final loss      {:.4f}", s.final_loss);
   if (s.final_task_metric)
     fmt::print(out, " ({} {:.4f})", s.task_metric_name, *s.final_task_metric);
@@ -262,7 +325,10 @@ void print_summary(std::FILE* out, const RunSummary& s) {
              s.median_step_ms, s.tokens_per_s, steal_note());
   fmt::print(out, "  peak memory     {} ({} B), reached during {}\n",
              format_bytes(s.peak.total_bytes), s.peak.total_bytes, s.peak.phase);
-  if (s.predicted_peak_bytes == s.peak.total_bytes)
+  if (s.steps_run == 0)  // the measured peak is the set-up's alone: nothing to compare
+    fmt::print(out, "  predicted peak  {} B: no step ran to compare it with\n",
+               s.predicted_peak_bytes);
+  else if (s.predicted_peak_bytes == s.peak.total_bytes)
     fmt::print(out, "  predicted peak  {} B: equal to the measured peak\n", s.predicted_peak_bytes);
   else
     fmt::print(
@@ -277,7 +343,7 @@ void print_summary(std::FILE* out, const RunSummary& s) {
       fmt::print(out, "    {:<13} {:>12}\n", mem_category_name(static_cast<MemCategory>(i)),
                  format_bytes(b));
   }
-  if (s.host_peak.total_bytes || s.predicted_host_peak_bytes) {
+  if (s.steps_run > 0 && (s.host_peak.total_bytes || s.predicted_host_peak_bytes)) {
     const uint64_t h = s.host_peak.total_bytes;
     fmt::print(out, "  host peak       {} ({} B) in host memory (remat.offload), {}\n",
                format_bytes(h), h,
@@ -304,11 +370,13 @@ void print_summary(std::FILE* out, const RunSummary& s) {
              format_flops(fwd), format_flops(bwd), format_flops(rec),
              fwd + bwd > 0 ? 100.0 * rec / (fwd + bwd) : 0.0);
   const double model = model_flops(c);  // MFU's count: the same for every policy
+  const bool frozen = c[static_cast<size_t>(Phase::Backward)].skipped_flops > 0;
   if (s.median_step_ms > 0)
     fmt::print(out,
                "  achieved        {:.1f} GFLOP/s executed ({:.1f} GFLOP/s of model FLOPs: 3x the "
-               "forward's + the loss head's)\n",
-               (fwd + bwd + rec) / (s.median_step_ms * 1e6), model / (s.median_step_ms * 1e6));
+               "forward's + the loss head's{})\n",
+               (fwd + bwd + rec) / (s.median_step_ms * 1e6), model / (s.median_step_ms * 1e6),
+               frozen ? ", less the frozen weights' gradients" : "");
   std::fflush(out);
 }
 
@@ -422,13 +490,10 @@ MetricsWriter::~MetricsWriter() {
 
 void MetricsWriter::step(const StepMetrics& m, const std::string& task_metric_name,
                          std::optional<double> val_loss) {
-  nlohmann::json j = {{"step", m.step},
-                      {"loss", m.loss},
-                      {"lr", m.lr},
-                      {"grad_norm", m.grad_norm},
-                      {"step_ms", m.step_ms},
-                      {"tokens_per_s", m.tokens_per_s},
-                      {"peak_bytes", m.peak_bytes}};
+  nlohmann::json j = {{"step", m.step},       {"loss", m.loss},
+                      {"lr", m.lr},           {"grad_norm", m.grad_norm},
+                      {"step_ms", m.step_ms}, {"tokens_per_s", m.tokens_per_s},
+                      {"tokens", m.tokens},   {"peak_bytes", m.peak_bytes}};
   if (m.task_metric) j[task_metric_name] = *m.task_metric;
   if (val_loss) j["val_loss"] = *val_loss;
   write_json(j);
@@ -445,6 +510,7 @@ void MetricsWriter::summary(const RunSummary& s) {
   nlohmann::json j = {{"policy", s.policy},
                       {"seq_len", s.seq_len},
                       {"batch_size", s.batch_size},
+                      {"grad_accum", s.grad_accum},
                       {"steps", s.steps},
                       {"final_loss", s.final_loss},
                       {"peak_bytes", s.peak.total_bytes},

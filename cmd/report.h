@@ -32,7 +32,8 @@ struct RunInfo {
 
 struct RunSummary {
   std::string policy;
-  int64_t seq_len = 0, batch_size = 0, steps = 0;
+  int64_t seq_len = 0, batch_size = 0, steps = 0, grad_accum = 1;
+  int64_t steps_run = 0;  // by this process (a resumed run's steps count from its checkpoint)
   double final_loss = 0;
   std::optional<double> final_task_metric;
   std::string task_metric_name;
@@ -49,6 +50,15 @@ struct RunSummary {
 };
 
 void print_banner(std::FILE* out, const RunInfo& info, const Config& cfg);
+
+/// What a run of `cfg` would do as told and likely not as meant, one line each ("warning: ...
+/// Fix: ..."): a Hugging Face model (`hf_source`, its folder; "" when none) trained on synthetic
+/// tokens, a train.seq_len past the model's max_position_embeddings without rope_scaling, and a
+/// run that ends inside its learning-rate warmup.
+std::vector<std::string> run_warnings(const Config& cfg, const std::string& hf_source);
+/// Whether `seq_len` tokens reach past the positions model `m` was trained for
+/// (model.max_position_embeddings, when known) without a rope_scaling that stretches them.
+bool past_trained_positions(const ModelConfig& m, int64_t seq_len);
 
 /// Progress lines: rewritten in place on a terminal, plain lines otherwise.
 class Progress {
@@ -110,6 +120,9 @@ void add_rank_sets(std::vector<std::string>& sets, const std::string& config_pat
 /// compute of their phase on the target's links between ranks.
 std::string exchange_line(const DryRun& run, const PlanTarget& target);
 std::string copy_line(const DryRun& run, const PlanTarget& target);
+/// What `plan --emit-config` prints (and `fit --emit-config` writes when auto is its answer): a
+/// [remat] table that runs auto's plan `a` on `t` as a fixed one, with a comment on its figures.
+std::string auto_remat_table(const AutoPlan& a, const PlanTarget& t);
 /// "  copies by phase: forward+loss 1.2 GiB out, 0 B in (0.03 s); ...": each phase group's copy
 /// volume (and its time at the target's link rate, when it has one), as copy_time groups them.
 std::string copy_phase_line(const DryRun& run, const PlanTarget& target);

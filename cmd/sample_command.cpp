@@ -1,11 +1,15 @@
 // `remat-train sample`: generation from a checkpoint on the CPU with a KV-cached decoder
 // (layers/decoder.h: the GPT's or the Llama family's).
-// Byte models (data.source = "text") take and print text; token models take token ids and print
-// ids, or text through --tokenizer: llm.c's gpt2_tokenizer.bin, or a Hugging Face tokenizer.json
-// of a byte-level BPE (Llama 3, Qwen; data/bpe_tokenizer.h), told apart by their first byte.
-// Token text is printed through a Utf8Stream, so a character split across tokens prints whole and
-// bytes that are no UTF-8 print as U+FFFD. Random draws come from the counter-based RNG keyed by
-// (seed, token index), so a seed reproduces the output exactly.
+// Byte models (data.source = "text", or token ids that are bytes: --tokenizer bytes) take and
+// print text. Token models take --prompt as text when --tokenizer is a Hugging Face tokenizer.json
+// (encoded by data/hf_tokenizer.h, without special tokens, as scripts/prepare_data.py encodes
+// training data), and as token ids otherwise (no tokenizer, or llm.c's gpt2_tokenizer.bin, which
+// only decodes); --prompt-ids always takes ids. They print ids, or text through --tokenizer (the
+// two kinds told apart by a ".json" name or a first byte '{'): a tokenizer.json through its
+// DecodeStream (tokenizers' own streaming decode), llm.c's table through a Utf8Stream, so a
+// character split across tokens prints whole and bytes that are no UTF-8 print as U+FFFD. Random
+// draws come from the counter-based RNG keyed by (seed, token index), so a seed reproduces the
+// output exactly.
 //
 // An empty prompt still needs one token to condition on: byte models start from '\n' (text files
 // are lines, so a newline is the most neutral context); token models start from the tokenizer's
@@ -18,39 +22,61 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <numeric>
 #include <optional>
 
 #include "cmd/commands.h"
-#include "data/bpe_tokenizer.h"
 #include "data/gpt2_tokenizer.h"
+#include "data/hf_tokenizer.h"
+#include "data/unicode_text.h"
 #include "engine/config/config.h"
+#include "engine/core/count_backend.h"
 #include "engine/core/error.h"
+#include "engine/core/regular_file.h"
 #include "engine/core/rng.h"
 #include "engine/training/checkpoint.h"
+#include "engine/training/lora_checkpoint.h"
 #include "layers/decoder.h"
+#include "layers/models.h"
 
 namespace remat::cli {
 
-// --checkpoint names a step_* folder (it has a state.json) or a checkpoint.dir (its newest).
-std::string resolve_checkpoint(const std::string& arg, const char* command) {
+// --checkpoint (or train's --resume) names a step_* folder (it has a state.json) or a
+// checkpoint.dir (its newest).
+std::string resolve_checkpoint(const std::string& arg, const char* command, const char* flag) {
   namespace fs = std::filesystem;
   if (fs::exists(fs::path(arg) / "state.json")) return arg;
+  if (arg == "latest" && !fs::is_directory(arg))
+    throw CheckpointError(
+        fmt::format("[{}] {} latest: without a config there is no checkpoint.dir to take the "
+                    "newest of. Fix: pass the checkpoint.dir itself (its newest checkpoint is "
+                    "taken), e.g. {} out/run, or a step_* folder",
+                    command, flag, flag));
   if (!fs::is_directory(arg))
     throw CheckpointError(
-        fmt::format("[{}] --checkpoint {}: no such folder. Fix: pass a step_* checkpoint "
+        fmt::format("[{}] {} {}: no such folder. Fix: pass a step_* checkpoint "
                     "folder, or the checkpoint.dir of a training run",
-                    command, arg));
+                    command, flag, arg));
   const std::string latest = latest_checkpoint(arg);
   if (latest.empty())
     throw CheckpointError(
-        fmt::format("[{}] --checkpoint {}: no state.json and no complete step_* checkpoint in "
+        fmt::format("[{}] {} {}: no state.json and no complete step_* checkpoint in "
                     "it. Fix: pass a step_* folder, or train with checkpoint.dir set first",
-                    command, arg));
+                    command, flag, arg));
   return latest;
+}
+
+Config checkpoint_config(const Checkpoint& ckpt) {
+  const Config cfg = parse_config(ckpt.state().config_toml, ckpt.path() + "/state.json");
+  // The model on a count backend: its parameters' names and shapes, without memory or values.
+  CountBackend count(CountTarget{}, UINT64_MAX);
+  ModelShape shape = model_shape(cfg.train);
+  shape.lora = cfg.lora;  // a LoRA checkpoint holds what trains: the adapters, not the base
+  const std::unique_ptr<Model> model = make_model(cfg.model, shape, count);
+  ckpt.check_matches(*model);
+  return cfg;
 }
 
 namespace {
@@ -60,18 +86,24 @@ constexpr int64_t kByteVocab = 256;
 
 std::string read_prompt(const SampleOptions& opt) {
   if (opt.prompt_file.empty()) return opt.prompt;
-  std::ifstream f(opt.prompt_file, std::ios::binary);
-  if (!f) throw IoError(fmt::format("[sample] cannot read --prompt-file {}", opt.prompt_file));
-  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  RegularFile file = RegularFile::open_read(opt.prompt_file);
+  std::string text;
+  const int err = file.ok() ? file.read_all(text) : 0;
+  if (!file.ok() || err != 0)
+    throw ConfigError(fmt::format("[sample] --prompt-file {}: {}. Fix: give a text file",
+                                  opt.prompt_file,
+                                  file.ok() ? std::strerror(err) : file.problem_text()));
+  return text;
 }
 
 std::string prompt_source(const SampleOptions& opt) {
   return opt.prompt_file.empty() ? std::string("--prompt") : "--prompt-file " + opt.prompt_file;
 }
 
-// Token ids separated by whitespace and/or commas: "50256 464, 318".
+}  // namespace
+
 std::vector<int32_t> parse_token_ids(const std::string& text, int64_t vocab,
-                                     const std::string& source) {
+                                     const std::string& source, const std::string& fix) {
   std::vector<int32_t> ids;
   size_t i = 0;
   auto is_sep = [](char c) { return c == ',' || c == ' ' || c == '\t' || c == '\n' || c == '\r'; };
@@ -86,19 +118,18 @@ std::vector<int32_t> parse_token_ids(const std::string& text, int64_t vocab,
     int64_t id = -1;
     const auto [end, ec] = std::from_chars(word.data(), word.data() + word.size(), id);
     if (ec != std::errc() || end != word.data() + word.size() || id < 0)
-      throw ConfigError(
-          fmt::format("[sample] {}: \"{}\" is not a token id. Fix: this is a token model; give ids "
-                      "like \"50256 464 318\" (scripts/prepare_data.py --tokenizer tokenizer.json "
-                      "--encode TEXT prints a text's ids)",
-                      source, word));
+      throw ConfigError(fmt::format("{}: \"{}\" is not a token id. Fix: {}", source,
+                                    word.size() > 40 ? word.substr(0, 40) + "..." : word, fix));
     if (id >= vocab)
-      throw ConfigError(fmt::format(
-          "[sample] {}: token id {} is outside the model's vocabulary of {}", source, id, vocab));
+      throw ConfigError(
+          fmt::format("{}: token id {} is outside the vocabulary of {}", source, id, vocab));
     ids.push_back(static_cast<int32_t>(id));
     i = j;
   }
   return ids;
 }
+
+namespace {
 
 // Picks the next token among ids [0, n) of `logits`: argmax at temperature 0, else a draw from
 // softmax(logits / T) over the top-k (all when k is 0 or >= n).
@@ -157,32 +188,35 @@ class Sampler {
   std::vector<double> weights_;
 };
 
-// The --tokenizer file: llm.c's binary GPT-2 table or a tokenizer.json.
+// The --tokenizer file: llm.c's binary GPT-2 table (decodes only) or a tokenizer.json.
 class Detokenizer {
  public:
   explicit Detokenizer(const std::string& path) : path_(path) {
-    if (BpeTokenizer::looks_like_json(path))
-      bpe_.emplace(path);
+    if (HfTokenizer::looks_like_json(path))
+      hf_.emplace(path);
     else
       gpt2_.emplace(path);
   }
   const std::string& path() const { return path_; }
-  int64_t vocab_size() const { return bpe_ ? bpe_->vocab_size() : gpt2_->vocab_size(); }
-  int64_t eot_token() const { return bpe_ ? bpe_->eot_token() : gpt2_->eot_token(); }
-  const std::string& decode(int64_t id) const {
-    return bpe_ ? bpe_->decode(id) : gpt2_->decode(id);
-  }
+  int64_t vocab_size() const { return hf_ ? hf_->vocab_size() : gpt2_->vocab_size(); }
+  int64_t eot_token() const { return hf_ ? hf_->eot_token() : gpt2_->eot_token(); }
+  /// The tokenizer.json, which encodes text; null for llm.c's table.
+  HfTokenizer* encoder() { return hf_ ? &*hf_ : nullptr; }
+  const HfTokenizer* hf() const { return hf_ ? &*hf_ : nullptr; }
+  const std::string& bytes_of(int64_t id) const { return gpt2_->decode(id); }
 
  private:
   std::string path_;
   std::optional<Gpt2Tokenizer> gpt2_;
-  std::optional<BpeTokenizer> bpe_;
+  std::optional<HfTokenizer> hf_;
 };
 
 // Writes tokens to stdout as they come, flushed so a slow generation shows progress.
 class Printer {
  public:
-  Printer(bool bytes, const Detokenizer* tok) : bytes_(bytes), tok_(tok) {}
+  Printer(bool bytes, const Detokenizer* tok) : bytes_(bytes), tok_(tok) {
+    if (tok && tok->hf()) stream_.emplace(*tok->hf());
+  }
   void prompt(const std::vector<int32_t>& ids) {
     // Generated ids print alone (they are data to pipe on); text prints as a continuation.
     if (bytes_ || tok_)
@@ -191,8 +225,10 @@ class Printer {
   void put(int32_t id) {
     if (bytes_) {
       std::fputc(id, stdout);
+    } else if (stream_) {
+      write(stream_->push(id));
     } else if (tok_) {
-      write(utf8_.push(tok_->decode(id)));
+      write(utf8_.push(tok_->bytes_of(id)));
     } else {
       fmt::print("{}{}", first_ ? "" : " ", id);
       first_ = false;
@@ -200,7 +236,7 @@ class Printer {
     std::fflush(stdout);
   }
   void end() {
-    write(utf8_.finish());
+    write(stream_ ? stream_->finish() : utf8_.finish());
     std::fputc('\n', stdout);
     std::fflush(stdout);
   }
@@ -209,6 +245,7 @@ class Printer {
   static void write(const std::string& s) { std::fwrite(s.data(), 1, s.size(), stdout); }
   bool bytes_;
   const Detokenizer* tok_;
+  std::optional<DecodeStream> stream_;
   Utf8Stream utf8_;
   bool first_ = true;
 };
@@ -219,21 +256,51 @@ struct Prompt {
   bool implied_start = false;
 };
 
-Prompt make_prompt(const SampleOptions& opt, const Config& cfg, bool bytes,
-                   const Detokenizer* tok) {
-  const std::string text = read_prompt(opt);
+Prompt make_prompt(const SampleOptions& opt, const Config& cfg, bool bytes, Detokenizer* tok) {
   Prompt p;
-  if (bytes)
-    for (unsigned char c : text) p.ids.push_back(c);
-  else
-    p.ids = parse_token_ids(text, cfg.model.vocab_size, prompt_source(opt));
-  if (tok)
-    for (int32_t id : p.ids)
-      if (id >= tok->vocab_size())
-        throw ConfigError(fmt::format(
-            "[sample] {}: token id {} is outside the vocabulary of --tokenizer {} ({} ids). Fix: "
-            "give ids of that tokenizer",
-            prompt_source(opt), id, tok->path(), tok->vocab_size()));
+  if (opt.prompt_is_ids) {
+    if (bytes)
+      throw ConfigError(
+          "[sample] --prompt-ids is for token models; this model reads bytes (data.source = "
+          "\"text\"). Fix: give the prompt as text with --prompt");
+    p.ids = parse_token_ids(opt.prompt, cfg.model.vocab_size, "[sample] --prompt-ids",
+                            "give ids like \"50256 464 318\"");
+  } else {
+    const std::string text = read_prompt(opt);
+    if (bytes) {
+      for (unsigned char c : text) p.ids.push_back(c);
+    } else if (HfTokenizer* encoder = tok ? tok->encoder() : nullptr) {
+      size_t dropped = 0;
+      for (int32_t id : encoder->encode(text, false, &dropped, "[sample] " + prompt_source(opt)))
+        p.ids.push_back(id);
+      if (dropped > 0)
+        fmt::print(stderr,
+                   "warning: [sample] {} character(s) of the prompt have no token in {} (it has no "
+                   "byte_fallback and no unk_token) and were left out, as tokenizers leaves them "
+                   "out\n",
+                   dropped, tok->path());
+    } else {
+      p.ids = parse_token_ids(
+          text, cfg.model.vocab_size, "[sample] " + prompt_source(opt),
+          tok ? "llm.c's gpt2_tokenizer.bin only decodes: give the prompt's ids (--prompt-ids "
+                "\"50256 464 318\"), or --tokenizer the model's tokenizer.json to give text"
+              : "this is a token model: give --tokenizer tokenizer.json to give text, or its "
+                "ids (remat-train tokenize --tokenizer tokenizer.json prints a text's ids)");
+    }
+  }
+  for (int32_t id : p.ids) {
+    if (id >= cfg.model.vocab_size)
+      throw ConfigError(fmt::format(
+          "[sample] {}: token {} is outside the model's vocabulary of {}. Fix: use the tokenizer "
+          "the training data was made with",
+          opt.prompt_is_ids ? std::string("--prompt-ids") : prompt_source(opt), id,
+          cfg.model.vocab_size));
+    if (tok && id >= tok->vocab_size())
+      throw ConfigError(fmt::format(
+          "[sample] {}: token id {} is outside the vocabulary of --tokenizer {} ({} ids). Fix: "
+          "give ids of that tokenizer",
+          prompt_source(opt), id, tok->path(), tok->vocab_size()));
+  }
   if (!p.ids.empty()) return p;
   const int64_t start = bytes ? kByteStartToken : tok ? tok->eot_token() : 0;
   if (start < 0)
@@ -275,15 +342,23 @@ int64_t positions_needed(const Config& cfg, int64_t prompt_len, int64_t tokens) 
 int run_sample(const SampleOptions& opt) {
   const std::string path = resolve_checkpoint(opt.checkpoint, "sample");
   const Checkpoint ckpt(path);
-  const Config cfg = parse_config(ckpt.state().config_toml, path + "/state.json");
+  const Config cfg = checkpoint_config(ckpt);
   if (!cfg.model.has_sequence())
     throw ConfigError(fmt::format(
         "[sample] {}/state.json: model.kind = \"{}\"; only GPT and Llama models generate. Fix: "
         "sample from a checkpoint of a model.kind = \"gpt\" or \"llama\" run",
         path, cfg.model.kind));
-  const bool bytes = cfg.data.source == "text";
+  // `--tokenizer bytes`: a token model whose ids are bytes (shards of scripts/prepare_data.py
+  // --tokenizer bytes) takes and prints text, as a model trained on text files does.
+  const bool byte_ids = opt.tokenizer == "bytes";
+  if (byte_ids && cfg.model.vocab_size < kByteVocab)
+    throw ConfigError(fmt::format(
+        "[sample] --tokenizer bytes reads ids 0-255 as bytes, and the model's vocabulary is {}. "
+        "Fix: drop --tokenizer bytes, or give the tokenizer the training data was made with",
+        cfg.model.vocab_size));
+  const bool bytes = cfg.data.source == "text" || byte_ids;
   std::optional<Detokenizer> tok;
-  if (!opt.tokenizer.empty()) {
+  if (!opt.tokenizer.empty() && !byte_ids) {
     if (bytes)
       throw ConfigError(
           "[sample] --tokenizer is for token models; this model reads bytes (data.source = "
@@ -299,10 +374,11 @@ int run_sample(const SampleOptions& opt) {
   const Prompt prompt = make_prompt(opt, cfg, bytes, tok ? &*tok : nullptr);
   const int64_t n_prompt = static_cast<int64_t>(prompt.ids.size());
   const int64_t capacity = positions_needed(cfg, n_prompt, opt.tokens);
+  const CheckpointWeights weights(ckpt, cfg);  // a LoRA run's: its adapters merged into the base
   const std::unique_ptr<Decoder> dec = make_decoder(
       cfg.model,
       [&](const std::string& name, std::vector<int64_t>* shape) {
-        return ckpt.weight(name, shape);
+        return weights.weight(name, shape);
       },
       capacity);
   // Only ids the output can show: bytes, or the tokenizer's table (llm.c pads the model's
@@ -310,6 +386,15 @@ int run_sample(const SampleOptions& opt) {
   const int64_t n_candidates = bytes ? kByteVocab : tok ? tok->vocab_size() : cfg.model.vocab_size;
 
   Printer out(bytes, tok ? &*tok : nullptr);
+  // The output ends with a newline however generation ends, so that an error (or the shell's
+  // prompt) starts a line of its own.
+  struct EndsLine {
+    Printer& out;
+    bool ended = false;
+    ~EndsLine() {
+      if (!ended) out.end();
+    }
+  } ends_line{out};
   if (!prompt.implied_start) out.prompt(prompt.ids);
   Sampler sampler(opt.temperature, opt.top_k, opt.seed);
   const auto t0 = std::chrono::steady_clock::now();
@@ -321,6 +406,7 @@ int run_sample(const SampleOptions& opt) {
     if (i + 1 < opt.tokens) logits = dec->forward(next);
   }
   out.end();
+  ends_line.ended = true;
   const double ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   fmt::print(stderr, "sampled {} tokens in {:.1f} ms ({:.1f} tok/s) from {}\n", opt.tokens, ms,

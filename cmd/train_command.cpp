@@ -10,9 +10,11 @@
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
+#include <optional>
 
 #include "cmd/commands.h"
 #include "cmd/report.h"
+#include "cmd/train_lora.h"
 #include "data/dataset.h"
 #include "engine/core/error.h"
 #include "engine/core/units.h"
@@ -40,20 +42,65 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-// The checkpoint --resume names: a folder, or "latest" (the newest in checkpoint.dir).
-std::string resume_path(const std::string& resume, const Config& cfg) {
-  if (resume != "latest") return resume;
-  if (cfg.checkpoint.dir.empty())
+// The checkpoint folder --resume names: a step_* folder, a checkpoint.dir (its newest), or
+// "latest", the newest in the checkpoint.dir that the config file or --set give.
+std::string find_resume_folder(const TrainOptions& opt) {
+  if (opt.resume != "latest") return resolve_checkpoint(opt.resume, "train", "--resume");
+  const std::optional<std::string> dir =
+      config_string_key(opt.config_path, opt.overrides, "checkpoint", "dir");
+  if (!dir || dir->empty())
     throw ConfigError(
-        "--resume latest: checkpoint.dir is not set. Fix: set it in [checkpoint] or give a "
-        "checkpoint folder");
-  const std::string path = latest_checkpoint(cfg.checkpoint.dir);
+        "--resume latest: [checkpoint] checkpoint.dir is not set. Fix: give the folder itself, "
+        "--resume out/run (a checkpoint.dir: its newest checkpoint is taken) or a step_* folder, "
+        "or set checkpoint.dir");
+  const std::string path = latest_checkpoint(*dir);
   if (path.empty())
     throw CheckpointError(
         fmt::format("[checkpoint] --resume latest: no complete checkpoint in {}. Fix: check "
                     "checkpoint.dir, or start without --resume",
-                    cfg.checkpoint.dir));
+                    *dir));
   return path;
+}
+
+// What a resumed run continues: the checkpoint's config, with the changes that the config file
+// and --set make (each listed in `changes`). Only what may change between steps may change
+// (changes_on_resume): anything else is refused naming the key, before anything is built.
+struct Resumed {
+  std::string folder;
+  CheckpointState state;
+  Config cfg;
+  std::vector<KeyChange> changes;
+};
+
+Resumed resumed_run(const std::string& folder, const TrainOptions& opt) {
+  Resumed r;
+  r.folder = folder;
+  r.state = read_checkpoint_state(folder);
+  const std::string name = folder + "/state.json";
+  const Config saved = parse_config(r.state.config_toml, name);
+  r.cfg = load_resume_config(r.state.config_toml, name, opt.config_path, opt.overrides);
+  for (KeyChange& c : config_changes(saved, r.cfg)) {
+    // Only what the config file or --set changed: [parallel] is never the checkpoint's.
+    if (!r.cfg.origins.count(c.key)) continue;
+    if (!changes_on_resume(c.key))
+      throw ConfigError(fmt::format(
+          "{}: [checkpoint] {} is {} here but {} in the checkpoint {}: a resumed run continues the "
+          "same model, seed, batch, optimizer and data order. Fix: resume without that change "
+          "({} = {}), or start a new run from these weights with --init {} (a fresh optimizer, "
+          "at step 0)",
+          c.origin, c.key, c.after, c.before, folder, c.key, c.before, folder));
+    r.changes.push_back(std::move(c));
+  }
+  return r;
+}
+
+// "changed on resume: train.steps 20 -> 40 (--set train.steps=40), ...".
+std::string changes_line(const std::vector<KeyChange>& changes) {
+  std::string out;
+  for (const KeyChange& c : changes)
+    out += fmt::format("{}{} {} -> {} ({})", out.empty() ? "changed on resume: " : "; ", c.key,
+                       c.before, c.after, c.origin);
+  return out;
 }
 
 // Output paths are checked before anything is built: a run must not train for hours and then find
@@ -82,28 +129,34 @@ void refuse_to_overwrite(const Config& cfg) {
                     cfg.checkpoint.dir, newest));
 }
 
-// Shapes and the model's function must match the checkpoint; the schedule, remat policy, data
-// and steps may change (remat changes nothing numerically: that is the point of the tool).
-void check_same_model(const Config& run, const Checkpoint& ckpt) {
-  const Config saved = parse_config(ckpt.state().config_toml, ckpt.path() + "/state.json");
-  const ModelConfig &a = saved.model, &b = run.model;
-  const std::vector<std::tuple<const char*, std::string, std::string>> keys = {
-      {"model.kind", fmt::format("{}", a.kind), fmt::format("{}", b.kind)},
-      {"model.n_layer", std::to_string(a.n_layer), std::to_string(b.n_layer)},
-      {"model.n_head", std::to_string(a.n_head), std::to_string(b.n_head)},
-      {"model.n_embd", std::to_string(a.n_embd), std::to_string(b.n_embd)},
-      {"model.vocab_size", std::to_string(a.vocab_size), std::to_string(b.vocab_size)},
-      {"model.n_ctx", std::to_string(a.n_ctx), std::to_string(b.n_ctx)},
-      {"model.d_ff", std::to_string(a.ff()), std::to_string(b.ff())},
-      {"model.position", fmt::format("{}", a.position), fmt::format("{}", b.position)},
-      {"model.rope_theta", fmt::format("{}", a.rope_theta), fmt::format("{}", b.rope_theta)}};
-  for (const auto& [key, saved_value, run_value] : keys)
-    if (saved_value != run_value)
-      throw_config_error(run, key,
-                         fmt::format("is {} here but {} in the checkpoint {}", run_value,
-                                     saved_value, ckpt.path()),
-                         fmt::format("resume with {} = {} (a checkpoint continues the same model)",
-                                     key, saved_value));
+// A resumed run with no step left says so and writes nothing (no lock, metrics or checkpoint).
+bool nothing_to_train(const Resumed& r, const TrainOptions& opt) {
+  const int64_t done = r.state.step, steps = r.cfg.train.steps;
+  std::string why;
+  if (done >= steps)
+    why = fmt::format("already at step {} of {}: nothing to train; raise --steps", done, steps);
+  else if (opt.stop_at > 0 && done >= opt.stop_at)
+    why = fmt::format(
+        "already at step {} of {}, past --stop-at {}: nothing to train; raise --stop-at", done,
+        steps, opt.stop_at);
+  else
+    return false;
+  Checkpoint verified(r.folder);  // a damaged checkpoint is reported all the same (exit 2)
+  if (!opt.quiet) fmt::print("{}\n", why);
+  return true;
+}
+
+// The Hugging Face folder the model came from: model.from_hf, or, resumed, what the checkpoint
+// recorded (absolute; "" when none).
+std::string hf_source_of(const Config& cfg, const std::optional<Resumed>& resumed) {
+  if (resumed) {
+    const nlohmann::json& extra = resumed->state.extra;
+    return extra.contains("hf_source") && extra["hf_source"].is_string()
+               ? extra["hf_source"].get<std::string>()
+               : std::string();
+  }
+  return cfg.model.from_hf.empty() ? std::string()
+                                   : std::filesystem::absolute(cfg.model.from_hf).string();
 }
 
 // `--init hf:DIR` trains that folder's model: it implies model.from_hf = DIR, and a config that
@@ -140,7 +193,13 @@ class TrainRun {
         trainer_(trainer),
         progress_(stdout, cfg.train.steps, cfg.log.every, opt.quiet, data.task_metric_name()) {}
 
+  /// The Hugging Face folder the model came from (absolute; "" if none), kept in every
+  /// checkpoint's state.json so that `export` finds its tokenizer files.
+  void set_hf_source(std::string dir) { hf_source_ = std::move(dir); }
+
   void open_metrics(bool resumed, const std::string& from) {
+    // A resumed run starts at its checkpoint: a stop before the next step rewrites nothing.
+    if (resumed) last_checkpoint_step_ = trainer_.steps_done();
     if (cfg_.log.metrics.empty()) return;
     metrics_ = std::make_unique<MetricsWriter>(cfg_.log.metrics, resumed);
     if (world_.size() > 1) metrics_->set_rank(world_.rank());
@@ -214,6 +273,9 @@ class TrainRun {
                                     : std::string());
     throw DataChanged(data_change_ + where);
   }
+
+  /// A LoRA run: what each checkpoint records of its frozen base (lora_checkpoint.h).
+  void set_lora_base(nlohmann::json record) { lora_base_ = std::move(record); }
 
   void close_metrics() {
     if (!metrics_) return;
@@ -317,9 +379,10 @@ class TrainRun {
     state.config_toml = config_to_toml(cfg_);
     // Where the model came from, so that `export` finds its tokenizer files (the config keeps
     // the expanded keys, not the folder, so that a resume never needs it).
-    if (!cfg_.model.from_hf.empty())
-      state.extra["hf_source"] = std::filesystem::absolute(cfg_.model.from_hf).string();
-    state.data_cursor = data_.cursor(state.step);
+    if (!hf_source_.empty()) state.extra["hf_source"] = hf_source_;
+    if (!lora_base_.is_null()) state.extra["lora_base"] = lora_base_;
+    // Each step drew grad_accum batches of the stream.
+    state.data_cursor = data_.cursor(state.step * cfg_.train.grad_accum);
     if (summary_.final_val_loss) state.extra["val_loss"] = *summary_.final_val_loss;
     const std::string path =
         write_checkpoint(cfg_.checkpoint.dir, be_, model_, state, trainer_.sharded_moments());
@@ -336,7 +399,9 @@ class TrainRun {
     summary_.policy = cfg_.remat.policy;
     summary_.seq_len = cfg_.train.seq_len;
     summary_.batch_size = cfg_.train.batch_size;
+    summary_.grad_accum = cfg_.train.grad_accum;
     summary_.steps = trainer_.steps_done();
+    summary_.steps_run = static_cast<int64_t>(step_ms_.size());
     summary_.task_metric_name = data_.task_metric_name();
     summary_.peak = be_.pool().peak_snapshot();
     summary_.host_peak = be_.host_pool().peak_snapshot();
@@ -363,6 +428,8 @@ class TrainRun {
   std::vector<double> step_ms_;
   double tokens_per_step_ = 0;  // the job's tokens of one step (every rank's rows)
   int64_t last_checkpoint_step_ = -1;
+  std::string hf_source_;
+  nlohmann::json lora_base_;
 };
 
 }  // namespace
@@ -488,7 +555,18 @@ int run_train(const TrainOptions& options) {
   parallel::Communicator& world = parallel::init_world();
   TrainOptions opt = options;
   opt.quiet = opt.quiet || world.rank() != 0;  // one rank prints; errors come from any rank
-  Config cfg = load_config(opt.config_path, overrides_for_init(opt));
+  // A resume reads its config from the checkpoint (state.json) before anything else: no --config,
+  // --model or Hugging Face folder is needed, and a finished run stops here, having written
+  // nothing.
+  std::optional<Resumed> resumed;
+  if (!opt.resume.empty()) {
+    resumed = resumed_run(find_resume_folder(opt), opt);
+    if (nothing_to_train(*resumed, opt)) return 0;
+  }
+  Config cfg = resumed ? resumed->cfg : load_config(opt.config_path, overrides_for_init(opt));
+  if (!opt.quiet)
+    for (const std::string& w : run_warnings(cfg, hf_source_of(cfg, resumed)))
+      fmt::print(stderr, "{}\n", w);
   if (!opt.metrics_path.empty()) cfg.log.metrics = opt.metrics_path;
   resolve_ranks(cfg, world);
   if (!cfg.log.metrics.empty()) cfg.log.metrics = rank_metrics_path(cfg.log.metrics, world.rank());
@@ -502,12 +580,19 @@ int run_train(const TrainOptions& options) {
   }
   // The checkpoint is opened (and verified) before anything is built, so a bad one fails fast.
   std::unique_ptr<Checkpoint> resume;
-  if (!opt.resume.empty()) {
-    resume = std::make_unique<Checkpoint>(resume_path(opt.resume, cfg));
-    check_same_model(cfg, *resume);
+  if (resumed) {
+    // The folder was chosen before the lock: a run that wrote a newer one since is refused.
+    const std::string now = find_resume_folder(opt);
+    if (now != resumed->folder)
+      throw CheckpointError(fmt::format(
+          "[checkpoint] --resume {}: {} appeared while this run started (another run wrote it), "
+          "after {} was chosen. Fix: run the command again",
+          opt.resume, now, resumed->folder));
+    resume = std::make_unique<Checkpoint>(resumed->folder);
   } else {
     refuse_to_overwrite(cfg);
   }
+  const LoraStart lora_start = check_lora_start(cfg, opt, resume.get());
 
   BackendChoice choice = make_backend(cfg);
   Backend& be = *choice.backend;
@@ -540,10 +625,17 @@ int run_train(const TrainOptions& options) {
 
   RunInfo info;
   if (resume) {
+    const std::string base_line = load_lora_base(lora_start, cfg, be, *model);  // LoRA's base
     resume->load_into(be, *model, /*with_optimizer=*/true, trainer.sharded_moments());
     trainer.set_steps_done(resume->state().step);
     info.resume_line =
         fmt::format("resumed from {} at step {}", resume->path(), resume->state().step);
+    if (!base_line.empty()) info.resume_line += "; " + base_line;
+    if (!resumed->changes.empty()) info.resume_line += "\n" + changes_line(resumed->changes);
+    if (const auto dir =
+            opt.config_path.empty() ? std::nullopt : config_from_hf(opt.config_path, opt.overrides))
+      info.resume_line += fmt::format(
+          "\nmodel.from_hf = \"{}\" is not read on resume: the model is the checkpoint's", *dir);
   } else if (opt.init_path.rfind("hf:", 0) == 0) {
     info.resume_line =
         fmt::format("weights from {}: {} (optimizer state and step start fresh)", opt.init_path,
@@ -553,8 +645,14 @@ int run_train(const TrainOptions& options) {
     info.resume_line =
         fmt::format("weights from {} (optimizer state and step start fresh)", opt.init_path);
   }
-  info.backend_line = fmt::format("{} ({})", be.describe(), choice.why);
-  info.model_line = model->describe();
+  if (!opt.init_adapter.empty())
+    info.resume_line += "; " + load_init_adapter(opt.init_adapter, cfg, be, *model);
+  if (!lora_start.note.empty())
+    info.resume_line += (info.resume_line.empty() ? "" : "; ") + lora_start.note;
+  // The libraries and kernels behind -v (`remat-train --version` names them too).
+  info.backend_line =
+      fmt::format("{} ({})", opt.verbose ? be.describe() : be.describe_brief(), choice.why);
+  info.model_line = model->describe() + lora_summary(cfg, *model);
   info.n_params = model->n_params();
   info.policy_line = trainer.plan().describe() + tiling_note(cfg) +
                      attention_chunk_note(cfg, be.workspace_target().device);
@@ -581,6 +679,8 @@ int run_train(const TrainOptions& options) {
   if (!opt.quiet) print_banner(stdout, info, cfg);
 
   TrainRun run(opt, cfg, be, *model, *data, trainer, world);
+  run.set_hf_source(hf_source_of(cfg, resumed));
+  run.set_lora_base(lora_start.base_record);
   run.open_metrics(resume != nullptr, resume ? resume->path() : std::string());
   resume.reset();  // unmaps the checkpoint's files before training
   experiments::install_interrupt_handler();

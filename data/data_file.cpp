@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "engine/core/error.h"
+#include "engine/core/regular_file.h"
 
 namespace remat {
 namespace {
@@ -63,36 +64,35 @@ constexpr const char* kChangedFix =
 }
 
 // A file is read for the whole run, so it keeps its descriptor: a corpus of more files than the
-// soft RLIMIT_NOFILE (1024 by default on many systems) raises it to the hard limit once.
-int open_for_the_run(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd >= 0 || errno != EMFILE) return fd;
+// soft RLIMIT_NOFILE (1024 by default on many systems) raises it to the hard limit once. Opened
+// as a RegularFile: a FIFO or a device is refused at once, never waited on.
+RegularFile open_for_the_run(const std::string& path) {
+  RegularFile file = RegularFile::open_read(path);
+  if (file.ok() || file.error() != EMFILE) return file;
   struct rlimit lim {};
-  if (::getrlimit(RLIMIT_NOFILE, &lim) != 0 || lim.rlim_cur >= lim.rlim_max) return fd;
+  if (::getrlimit(RLIMIT_NOFILE, &lim) != 0 || lim.rlim_cur >= lim.rlim_max) return file;
   lim.rlim_cur = lim.rlim_max;
-  if (::setrlimit(RLIMIT_NOFILE, &lim) != 0) return fd;
-  return ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (::setrlimit(RLIMIT_NOFILE, &lim) != 0) return file;
+  return RegularFile::open_read(path);
 }
 
 }  // namespace
 
 DataFile::DataFile(const std::string& path) : path_(path) {
-  fd_ = open_for_the_run(path);
-  if (fd_ < 0 && errno == EMFILE)
+  RegularFile file = open_for_the_run(path);
+  if (file.error() == EMFILE)
     throw DataError(fmt::format(
         "[data] {}: cannot open: this process has as many files open as `ulimit -n` allows (a "
         "run keeps each data file open). Fix: raise the limit (ulimit -n), or merge small files",
         path));
-  if (fd_ < 0) fail(path, fmt::format("cannot open ({})", std::strerror(errno)));
+  if (file.problem() == RegularFile::Problem::NotRegular) fail(path, "not a regular file");
+  if (!file.ok()) fail(path, fmt::format("cannot open ({})", file.problem_text()));
+  fd_ = file.release();
   struct stat st {};
   if (::fstat(fd_, &st) != 0) {
     const int err = errno;
     close();
     fail(path, fmt::format("cannot stat ({})", std::strerror(err)));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    close();
-    fail(path, "not a regular file");
   }
   id_ = identity_of(st);
 }

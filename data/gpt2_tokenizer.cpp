@@ -6,11 +6,9 @@
 
 #include <array>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
-#include <iterator>
 
 #include "engine/core/error.h"
+#include "engine/core/regular_file.h"
 
 namespace remat {
 namespace {
@@ -23,16 +21,16 @@ constexpr int64_t kGpt2Eot = 50256;
 
 std::string read_file_bytes(const std::string& path) {
   // A device or pipe (/dev/zero) would be read forever: only a regular file is a tokenizer.
-  std::error_code ec;
-  if (std::filesystem::exists(path, ec) && !std::filesystem::is_regular_file(path, ec))
+  RegularFile file = RegularFile::open_read(path);
+  if (file.problem() == RegularFile::Problem::NotRegular)
     throw DataError(
         fmt::format("[tokenizer] {}: not a regular file. Fix: pass llm.c's "
                     "gpt2_tokenizer.bin to --tokenizer",
                     path));
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw IoError(fmt::format("[tokenizer] cannot open {}: {}", path, std::strerror(errno)));
-  std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  if (f.bad()) throw IoError(fmt::format("[tokenizer] cannot read {}", path));
+  if (!file.ok())
+    throw IoError(fmt::format("[tokenizer] cannot open {}: {}", path, file.problem_text()));
+  std::string bytes;
+  if (file.read_all(bytes) != 0) throw IoError(fmt::format("[tokenizer] cannot read {}", path));
   return bytes;
 }
 

@@ -4,11 +4,12 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "engine/core/error.h"
+#include "engine/core/regular_file.h"
 
 namespace remat {
 namespace {
@@ -26,13 +27,18 @@ constexpr const char* kRegenerate =
 PasskeyTasks::PasskeyTasks(const std::string& dir, int64_t vocab) : dir_(dir), vocab_(vocab) {
   namespace fs = std::filesystem;
   const std::string index = (fs::path(dir) / "passkey.json").string();
-  std::ifstream in(index);
-  if (!in)
-    fail(index, "cannot read it",
+  // The index is small: read whole, through RegularFile (a FIFO or a folder is refused, never
+  // waited on); 64 MiB bounds what a wrong file could make us hold.
+  constexpr uint64_t kIndexMax = uint64_t{64} << 20;
+  RegularFile file = RegularFile::open_read(index);
+  std::string text;
+  const int err = file.ok() ? file.read_all(text, kIndexMax) : 0;
+  if (!file.ok() || err != 0)
+    fail(index, file.ok() ? std::strerror(err) : file.problem_text(),
          "pass the --out folder of scripts/prepare_data.py --passkey to eval --passkey");
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(in);
+    j = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
     fail(index, fmt::format("not JSON ({})", e.what()));
   }

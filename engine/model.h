@@ -27,14 +27,25 @@ enum class MomentHome : uint8_t { Device, Host, Sharded };
 /// `value` and `grad` while a block that reads them runs, and swaps the host ones back after, so
 /// the ops read `value` and `grad` as always, and everything outside a step (checkpoints, AdamW,
 /// export) sees the host copies.
+///
+/// A frozen parameter (LoRA's base, docs/lora.md) is a value and nothing else: `grad`, `m` and `v`
+/// stay empty, so the ops skip its weight gradient (an empty dweight), and the trainer's loops,
+/// the gradient sums of several ranks, ZeRO-1's buckets, the weight stream and checkpoints pass it
+/// by (they iterate over trainable() parameters). Its value lives in the device pool whatever
+/// remat.offload says (it is read by every step and never updated). It is f32 today; the frozen
+/// base's other precisions (lora.base = "bf16", "nf4") are a value of another dtype that the ops
+/// dequantise per GEMM into their workspace, as the CUDA backend casts f32 weights to bf16 now
+/// (engine/core/cuda_workspace.h, "gemm.weight_bf16").
 struct Param {
   std::string name;              // "blocks.3.attn.qkv.weight": the name used in checkpoint files
   Buffer value;                  // category weights
-  Buffer grad;                   // category grads
-  Buffer m, v;                   // category optimizer; empty when the moments are sharded
+  Buffer grad;                   // category grads; empty when frozen
+  Buffer m, v;                   // category optimizer; empty when the moments are sharded or frozen
   bool moments_on_host = false;  // m and v live in the host pool (remat.offload)
   bool on_host = false;          // value and grad too (and the moments): AdamW on the host
   bool use_decay = false;        // 2-D weights only
+  bool frozen = false;           // no gradient, no moments: never updated
+  bool trainable() const { return !frozen; }
 };
 
 /// A batch on the device. GPT: inputs and targets are (B, T) i32 tokens. MLP: (B, D) f32.
@@ -43,6 +54,11 @@ struct Batch {
   Buffer targets;
   int64_t n_tokens = 0;     // what tokens/s counts (B*T for GPT, B for the MLP)
   double making_flops = 0;  // FLOPs spent making it (the synthetic regression's teacher GEMM)
+  // The mean loss's divisor: the targets of the whole optimizer step, over every micro-batch and
+  // every rank (the trainer sets it), so that the gradients added up over the micro-batches and
+  // summed over the ranks are those of the step's mean loss. 0: this batch's rows on every rank
+  // (Model::loss_rows_all_ranks), as for a step of one micro-batch.
+  int64_t step_targets = 0;
 };
 
 /// The saved activations of one block, by slot (the block's act_names() order; slot 0 is "x",
@@ -146,6 +162,8 @@ class Model {
   virtual std::string describe() const = 0;
   std::vector<Param>& params() { return params_; }
   int64_t n_params() const;
+  /// Elements of the parameters that train (all of them unless some are frozen: LoRA).
+  int64_t n_trainable_params() const;
   /// The parameters each part of a step reads, for fetching them ahead when they live on the
   /// host: the stem (its forward reads their values; its backward writes their gradients), the
   /// head (values and gradients), and block i (every parameter named "blocks.<i>."). A tied
@@ -166,8 +184,10 @@ class Model {
   virtual void head_forward_backward(Backend& be, const Tensor& x, const Batch& batch,
                                      const Tensor& losses, const Tensor& dx,
                                      const Tensor& predictions) = 0;
-  /// Rows of the loss (B*T for the GPT, B for the MLP) and the divisor of the mean.
+  /// Rows of the loss (B*T for the GPT, B for the MLP) on this rank.
   virtual int64_t loss_rows() const = 0;
+  /// The same over every rank of the job: the divisor of one batch's mean loss.
+  virtual int64_t loss_rows_all_ranks() const = 0;
   void begin_step(int64_t step) {
     for (auto& b : blocks_) b->begin_step(step);
   }

@@ -22,7 +22,8 @@ GptBlock::GptBlock(GptBlockParams p, const GptBlockShape& s, int64_t index)
       attention_chunk_(s.attention_chunk),
       ring_(s.ring),
       first_row_(s.first_row),
-      dropout_salt_(s.dropout_salt) {}
+      dropout_salt_(s.dropout_salt),
+      lora_(s.lora, index) {}
 
 DropoutArgs GptBlock::dropout_args(const Tensor& out, const Tensor& inp, Site site,
                                    int64_t first_row) const {
@@ -34,17 +35,36 @@ DropoutArgs GptBlock::dropout_args(const Tensor& out, const Tensor& inp, Site si
 }
 
 void GptBlock::branch_forward(Backend& be, const Tensor& out, const Tensor& base, const Tensor& inp,
-                              const Param* w, const Param* b, Site site, int64_t first_row) {
+                              const Param* w, const Param* b, std::span<const LoraAdapter> adapters,
+                              Site site, int64_t first_row) {
   if (active_dropout() == 0) {  // accumulate straight into the residual: no temporary
     be.copy(out, base);
     be.linear_forward({out, inp, w->value, b->value, true});
+    lora_.forward(be, adapters, out, inp, first_row);
     return;
   }
   Buffer proj = be.pool().allocate({out.rows(), C_}, be.act_dtype(), MemCategory::Transient,
                                    site == AttnOut ? "attn.proj" : "mlp.proj");
   be.linear_forward({proj, inp, w->value, b->value});
+  lora_.forward(be, adapters, proj, inp, first_row);
   be.dropout(dropout_args(proj, proj, site, first_row));
   be.add(out, base, proj);
+}
+
+void GptBlock::fc_forward(Backend& be, const Tensor& fc, const Tensor& gelu, const Tensor& ln2,
+                          int64_t first_row) const {
+  if (p_.lora_fc.empty()) {  // GELU fused into the fc GEMM's epilogue
+    be.linear_forward({.out = fc,
+                       .inp = ln2,
+                       .weight = p_.mlp_fc_weight->value,
+                       .bias = p_.mlp_fc_bias->value,
+                       .act_out = gelu,
+                       .act = Activation::Gelu});
+    return;
+  }
+  be.linear_forward({fc, ln2, p_.mlp_fc_weight->value, p_.mlp_fc_bias->value});
+  lora_.forward(be, p_.lora_fc, fc, ln2, first_row);
+  be.activation_forward({gelu, fc, Activation::Gelu});
 }
 
 namespace {
@@ -100,12 +120,7 @@ void GptBlock::mlp_chunk_forward(Backend& be, const MlpChunk& c, const Tensor& r
   const Tensor ln2 = c.ln2.tensor().row_range(0, n);
   be.layernorm_forward({ln2, c.ln2_stats.tensor().row_range(0, n), res.row_range(r0, n),
                         p_.ln2_weight->value, p_.ln2_bias->value});
-  be.linear_forward({.out = c.fc.tensor().row_range(0, n),
-                     .inp = ln2,
-                     .weight = p_.mlp_fc_weight->value,
-                     .bias = p_.mlp_fc_bias->value,
-                     .act_out = c.gelu.tensor().row_range(0, n),
-                     .act = Activation::Gelu});
+  fc_forward(be, c.fc.tensor().row_range(0, n), c.gelu.tensor().row_range(0, n), ln2, r0);
 }
 
 void GptBlock::mlp_forward_tiled(Backend& be, const Tensor& res, const Tensor& y) {
@@ -114,7 +129,7 @@ void GptBlock::mlp_forward_tiled(Backend& be, const Tensor& res, const Tensor& y
   be.for_each_row_tile(N, tile_tokens_, [&](int64_t r0, int64_t n) {
     mlp_chunk_forward(be, c, res, r0, n);
     branch_forward(be, y.row_range(r0, n), res.row_range(r0, n), c.gelu.tensor().row_range(0, n),
-                   p_.mlp_proj_weight, p_.mlp_proj_bias, MlpOut, r0);
+                   p_.mlp_proj_weight, p_.mlp_proj_bias, p_.lora_mlp_proj, MlpOut, r0);
   });
 }
 
@@ -131,8 +146,9 @@ void GptBlock::forward(Backend& be, ActStore& a, const Tensor& y) {
                           a.get(X), p_.ln1_weight->value, p_.ln1_bias->value});
   }
   if (!a.has(Qkv)) {
-    be.linear_forward({make(Qkv, {B_, T_, 3 * C_}, act), a.get(Ln1), p_.attn_qkv_weight->value,
-                       p_.attn_qkv_bias->value});
+    const Tensor& qkv = make(Qkv, {B_, T_, 3 * C_}, act);
+    be.linear_forward({qkv, a.get(Ln1), p_.attn_qkv_weight->value, p_.attn_qkv_bias->value});
+    lora_.forward(be, p_.lora_qkv, qkv, a.get(Ln1));
   }
   if (!a.has(Attn) || !a.has(AttnLse)) {
     const AttentionForwardArgs args{make(Attn, {B_, T_, C_}, act),
@@ -150,7 +166,7 @@ void GptBlock::forward(Backend& be, ActStore& a, const Tensor& y) {
   }
   if (!a.has(Res)) {
     branch_forward(be, make(Res, {B_, T_, C_}, act), a.get(X), a.get(Attn), p_.attn_proj_weight,
-                   p_.attn_proj_bias, AttnOut);
+                   p_.attn_proj_bias, p_.lora_proj, AttnOut);
   }
   if (tiled()) {  // the MLP half has no slots: it runs, chunk by chunk, when y is wanted
     if (!y.empty()) mlp_forward_tiled(be, a.get(Res), y);
@@ -160,22 +176,19 @@ void GptBlock::forward(Backend& be, ActStore& a, const Tensor& y) {
     be.layernorm_forward({make(Ln2, {B_, T_, C_}, act), make(Ln2Stats, {N, 2}, DType::F32),
                           a.get(Res), p_.ln2_weight->value, p_.ln2_bias->value});
   }
-  if (!a.has(Fc) && !a.has(Gelu)) {  // GELU fused into the fc GEMM's epilogue
+  if (!a.has(Fc) && !a.has(Gelu)) {
     const Tensor& fc = make(Fc, {B_, T_, FF_}, act);
-    be.linear_forward({.out = fc,
-                       .inp = a.get(Ln2),
-                       .weight = p_.mlp_fc_weight->value,
-                       .bias = p_.mlp_fc_bias->value,
-                       .act_out = make(Gelu, {B_, T_, FF_}, act),
-                       .act = Activation::Gelu});
+    fc_forward(be, fc, make(Gelu, {B_, T_, FF_}, act), a.get(Ln2), 0);
   } else if (!a.has(Fc)) {
-    be.linear_forward(
-        {make(Fc, {B_, T_, FF_}, act), a.get(Ln2), p_.mlp_fc_weight->value, p_.mlp_fc_bias->value});
+    const Tensor& fc = make(Fc, {B_, T_, FF_}, act);
+    be.linear_forward({fc, a.get(Ln2), p_.mlp_fc_weight->value, p_.mlp_fc_bias->value});
+    lora_.forward(be, p_.lora_fc, fc, a.get(Ln2));
   } else if (!a.has(Gelu)) {
     be.activation_forward({make(Gelu, {B_, T_, FF_}, act), a.get(Fc), Activation::Gelu});
   }
   if (!y.empty())
-    branch_forward(be, y, a.get(Res), a.get(Gelu), p_.mlp_proj_weight, p_.mlp_proj_bias, MlpOut);
+    branch_forward(be, y, a.get(Res), a.get(Gelu), p_.mlp_proj_weight, p_.mlp_proj_bias,
+                   p_.lora_mlp_proj, MlpOut);
 }
 
 Tensor GptBlock::branch_grad(Backend& be, const Tensor& dres, Site site, int64_t first_row,
@@ -195,20 +208,27 @@ void GptBlock::mlp_backward_rows(Backend& be, const MlpActs& m, const Tensor& re
   const Tensor dres = dresid.row_range(r0, n);
   Buffer dmlp_scratch;
   const Tensor dmlp = branch_grad(be, dres, MlpOut, r0, dmlp_scratch);
-  // d fc straight from the projection's backward: the GELU's backward is its dinp epilogue.
+  // d fc straight from the projection's backward: the GELU's backward is its dinp epilogue; with
+  // adapters on the projection their share of d gelu is added first, so the GELU's runs after.
   Buffer dgelu = pool.allocate({n, FF_}, act, MemCategory::Transient, "grad.gelu");
+  const bool fused = p_.lora_mlp_proj.empty();
   be.linear_backward({.dinp = dgelu,
                       .dweight = p_.mlp_proj_weight->grad,
                       .dbias = p_.mlp_proj_bias->grad,
                       .dout = dmlp,
                       .inp = m.gelu,
                       .weight = p_.mlp_proj_weight->value,
-                      .inp_pre_act = m.fc,
+                      .inp_pre_act = fused ? m.fc : Tensor(),
                       .act = Activation::Gelu});
+  if (!fused) {
+    lora_.backward(be, p_.lora_mlp_proj, dgelu, dmlp, m.gelu, r0);
+    be.activation_backward({dgelu, dgelu, m.fc, Activation::Gelu});
+  }
   dmlp_scratch.reset();
   Buffer dln2 = pool.allocate({n, C_}, act, MemCategory::Transient, "grad.ln2");
   be.linear_backward(
       {dln2, p_.mlp_fc_weight->grad, p_.mlp_fc_bias->grad, dgelu, m.ln2, p_.mlp_fc_weight->value});
+  lora_.backward(be, p_.lora_fc, dln2, dgelu, m.ln2, r0);
   dgelu.reset();
   be.layernorm_backward({dres, p_.ln2_weight->grad, p_.ln2_bias->grad, dln2, res.row_range(r0, n),
                          p_.ln2_weight->value, m.ln2_stats});
@@ -248,6 +268,7 @@ void GptBlock::backward(Backend& be, ActStore& a, const Tensor& dresid) {
   Buffer dattn = pool.allocate({B_, T_, C_}, act, MemCategory::Transient, "grad.attn");
   be.linear_backward({dattn, p_.attn_proj_weight->grad, p_.attn_proj_bias->grad, dproj, a.get(Attn),
                       p_.attn_proj_weight->value});
+  lora_.backward(be, p_.lora_proj, dattn, dproj, a.get(Attn));
   dproj_scratch.reset();
   // Attention's backward is the block's peak, so what it does not read is freed before it: ln1
   // (next read by the qkv GEMM's backward) is recomputed from x after it, with the same bits
@@ -285,6 +306,7 @@ void GptBlock::backward(Backend& be, ActStore& a, const Tensor& dresid) {
   Buffer dln1 = pool.allocate({B_, T_, C_}, act, MemCategory::Transient, "grad.ln1");
   be.linear_backward({dln1, p_.attn_qkv_weight->grad, p_.attn_qkv_bias->grad, dqkv, a.get(Ln1),
                       p_.attn_qkv_weight->value});
+  lora_.backward(be, p_.lora_qkv, dln1, dqkv, a.get(Ln1));
   dqkv.reset();
   a.release(Ln1);
   be.layernorm_backward({dresid, p_.ln1_weight->grad, p_.ln1_bias->grad, dln1, a.get(X),

@@ -19,6 +19,7 @@
 #include "engine/core/backend.h"
 #include "engine/model.h"
 #include "engine/parallel/context_ring.h"
+#include "layers/lora.h"
 
 namespace remat {
 
@@ -29,6 +30,9 @@ struct GptBlockParams {
   Param *ln2_weight, *ln2_bias;
   Param *mlp_fc_weight, *mlp_fc_bias;      // (FF, C), (FF)
   Param *mlp_proj_weight, *mlp_proj_bias;  // (C, FF), (C)
+  // LoRA adapters of each linear (layers/lora.h; empty without): c_attn, attn.c_proj, c_fc,
+  // mlp.c_proj in Hugging Face's names.
+  std::vector<LoraAdapter> lora_qkv, lora_proj, lora_fc, lora_mlp_proj;
 };
 
 /// A block's sizes and options: [model] and the step's batch and sequence length.
@@ -45,6 +49,7 @@ struct GptBlockShape {
   const parallel::ContextRing* ring = nullptr;
   int64_t first_row = 0;
   uint64_t dropout_salt = 0;
+  LoraShared lora{};  // the adapters' scale and dropout
 };
 
 class GptBlock : public Block {
@@ -71,18 +76,29 @@ class GptBlock : public Block {
   const std::vector<ActKind>& act_kinds() const override;
   void forward(Backend& be, ActStore& acts, const Tensor& y) override;
   void backward(Backend& be, ActStore& acts, const Tensor& dresid) override;
-  void begin_step(int64_t step) override { step_ = step; }
-  void set_training(bool training) override { training_ = training; }
+  void begin_step(int64_t step) override {
+    step_ = step;
+    lora_.begin_step(step);
+  }
+  void set_training(bool training) override {
+    training_ = training;
+    lora_.set_training(training);
+  }
 
  private:
   enum Site : uint64_t { AttnOut = 1, MlpOut = 2 };
   float active_dropout() const { return training_ ? dropout_ : 0.0f; }
   DropoutArgs dropout_args(const Tensor& out, const Tensor& inp, Site site,
                            int64_t first_row = 0) const;
-  // out = base + dropout(inp W^T + b): the residual add of one branch.
+  // out = base + dropout(inp W^T + b + the adapters' terms): the residual add of one branch.
   // `first_row` places a chunk of rows in the whole stream (its dropout mask).
   void branch_forward(Backend& be, const Tensor& out, const Tensor& base, const Tensor& inp,
-                      const Param* w, const Param* b, Site site, int64_t first_row = 0);
+                      const Param* w, const Param* b, std::span<const LoraAdapter> adapters,
+                      Site site, int64_t first_row = 0);
+  // fc and gelu of the rows of ln2 (first_row places them): fused in one op without adapters on
+  // c_fc, else the GEMM, its adapters, then the activation.
+  void fc_forward(Backend& be, const Tensor& fc, const Tensor& gelu, const Tensor& ln2,
+                  int64_t first_row) const;
   // The gradient reaching a branch's projection: rows dres of dresid (from first_row) through
   // the branch's dropout mask, in `scratch` when dropout is on.
   Tensor branch_grad(Backend& be, const Tensor& dres, Site site, int64_t first_row,
@@ -118,6 +134,7 @@ class GptBlock : public Block {
   uint64_t dropout_salt_;
   int64_t step_ = 0;
   bool training_ = true;
+  BlockLora lora_;
 };
 
 }  // namespace remat

@@ -18,17 +18,17 @@
 namespace remat {
 
 struct ParamInit {
-  enum Kind { Zeros, Ones, Normal } kind = Zeros;
-  double std = 0.0;
+  enum Kind { Zeros, Ones, Normal, Uniform } kind = Zeros;
+  double std = 0.0;  // Normal: the standard deviation; Uniform: the bound b of U(-b, b)
 };
 
 /// Allocates a parameter with its gradient and AdamW moments, initialized deterministically
 /// from (seed, name). 2-D weights get weight decay. `moments`: where the AdamW moments live (none
 /// are allocated here when they are sharded over ranks). `on_host`: the value, gradient and
 /// moments all live in the host pool (remat.offload = "checkpoints+optimizer+weights"; `moments`
-/// must then be Host).
+/// must then be Host). `frozen`: the value alone, in the device pool (engine/model.h, Param).
 Param make_param(Backend& be, const std::string& name, const std::vector<int64_t>& shape,
                  ParamInit init, uint64_t seed, MomentHome moments = MomentHome::Device,
-                 bool on_host = false);
+                 bool on_host = false, bool frozen = false);
 
 }  // namespace remat

@@ -2,6 +2,7 @@
 #include "layers/llama_block.h"
 
 #include <algorithm>
+#include <utility>
 
 namespace remat {
 namespace {
@@ -33,8 +34,8 @@ static_assert(std::size(kSlots) == LlamaBlock::kNumSlots && slots_in_order(kSlot
 }  // namespace
 
 LlamaBlock::LlamaBlock(LlamaBlockParams p, const LlamaBlockShape& s, int64_t index)
-    : p_(p), s_(s), index_(index) {
-  REMAT_ASSERT((p.q_norm_weight == nullptr) == (p.k_norm_weight == nullptr),
+    : p_(std::move(p)), s_(s), index_(index), lora_(s.lora, index) {
+  REMAT_ASSERT((p_.q_norm_weight == nullptr) == (p_.k_norm_weight == nullptr),
                "llama block {}: q_norm and k_norm come together", index);
   for (const auto& info : kSlots) {
     if (!qk_norm() && (info.slot == QkvNormed || info.slot == QkvRstd)) continue;
@@ -77,14 +78,17 @@ void LlamaBlock::mlp_acts_forward(Backend& be, const MlpActs& m, const Tensor& r
   be.rmsnorm_forward({m.norm2, m.norm2_rstd, res.row_range(r0, m.norm2.rows()),
                       p_.norm2_weight->value, s_.norm_eps});
   be.linear_forward({m.gate, m.norm2, p_.gate_weight->value});
+  lora_.forward(be, p_.lora_gate, m.gate, m.norm2, r0);
   be.linear_forward({m.up, m.norm2, p_.up_weight->value});
+  lora_.forward(be, p_.lora_up, m.up, m.norm2, r0);
   be.swiglu_forward({m.act, m.gate, m.up});
 }
 
-void LlamaBlock::mlp_out_forward(Backend& be, const Tensor& y, const Tensor& res,
-                                 const Tensor& act) const {
+void LlamaBlock::mlp_out_forward(Backend& be, const Tensor& y, const Tensor& res, const Tensor& act,
+                                 int64_t r0) const {
   be.copy(y, res);  // accumulate straight into the residual: no temporary
   be.linear_forward({.out = y, .inp = act, .weight = p_.down_weight->value, .accumulate = true});
+  lora_.forward(be, p_.lora_down, y, act, r0);
 }
 
 void LlamaBlock::mlp_forward_tiled(Backend& be, const Tensor& res, const Tensor& y) const {
@@ -92,7 +96,7 @@ void LlamaBlock::mlp_forward_tiled(Backend& be, const Tensor& res, const Tensor&
   be.for_each_row_tile(s_.B * s_.T, s_.tile_tokens, [&](int64_t r0, int64_t n) {
     const MlpActs m = c.rows(n);
     mlp_acts_forward(be, m, res, r0);
-    mlp_out_forward(be, y.row_range(r0, n), res.row_range(r0, n), m.act);
+    mlp_out_forward(be, y.row_range(r0, n), res.row_range(r0, n), m.act, r0);
   });
 }
 
@@ -108,9 +112,12 @@ void LlamaBlock::forward(Backend& be, ActStore& a, const Tensor& y) {
   if (!has(Norm1) || !has(Norm1Rstd))
     be.rmsnorm_forward({make(Norm1, {B, T, s_.C}, act), make(Norm1Rstd, {N}, DType::F32), get(X),
                         p_.norm1_weight->value, s_.norm_eps});
-  if (!has(Qkv))
-    be.linear_forward({make(Qkv, {B, T, qkv_width()}, act), get(Norm1), p_.qkv_weight->value,
+  if (!has(Qkv)) {
+    const Tensor& qkv = make(Qkv, {B, T, qkv_width()}, act);
+    be.linear_forward({qkv, get(Norm1), p_.qkv_weight->value,
                        p_.qkv_bias ? p_.qkv_bias->value.tensor() : Tensor()});
+    lora_.forward(be, p_.lora_qkv, qkv, get(Norm1));
+  }
   if (qk_norm() && (!has(QkvNormed) || !has(QkvRstd)))
     be.qk_norm_forward({make(QkvNormed, {B, T, qkv_width()}, act),
                         make(QkvRstd, {N, s_.NH + s_.KVH}, DType::F32), get(Qkv),
@@ -130,6 +137,7 @@ void LlamaBlock::forward(Backend& be, ActStore& a, const Tensor& y) {
     be.copy(res, get(X));
     be.linear_forward(
         {.out = res, .inp = get(Attn), .weight = p_.proj_weight->value, .accumulate = true});
+    lora_.forward(be, p_.lora_proj, res, get(Attn));
   }
   if (tiled()) {  // the MLP half has no slots: it runs, chunk by chunk, when y is wanted
     if (!y.empty()) mlp_forward_tiled(be, get(Res), y);
@@ -138,11 +146,18 @@ void LlamaBlock::forward(Backend& be, ActStore& a, const Tensor& y) {
   if (!has(Norm2) || !has(Norm2Rstd))
     be.rmsnorm_forward({make(Norm2, {B, T, s_.C}, act), make(Norm2Rstd, {N}, DType::F32), get(Res),
                         p_.norm2_weight->value, s_.norm_eps});
-  if (!has(Gate))
-    be.linear_forward({make(Gate, {B, T, s_.FF}, act), get(Norm2), p_.gate_weight->value});
-  if (!has(Up)) be.linear_forward({make(Up, {B, T, s_.FF}, act), get(Norm2), p_.up_weight->value});
+  if (!has(Gate)) {
+    const Tensor& gate = make(Gate, {B, T, s_.FF}, act);
+    be.linear_forward({gate, get(Norm2), p_.gate_weight->value});
+    lora_.forward(be, p_.lora_gate, gate, get(Norm2));
+  }
+  if (!has(Up)) {
+    const Tensor& up = make(Up, {B, T, s_.FF}, act);
+    be.linear_forward({up, get(Norm2), p_.up_weight->value});
+    lora_.forward(be, p_.lora_up, up, get(Norm2));
+  }
   if (!has(Act)) be.swiglu_forward({make(Act, {B, T, s_.FF}, act), get(Gate), get(Up)});
-  if (!y.empty()) mlp_out_forward(be, y, get(Res), get(Act));
+  if (!y.empty()) mlp_out_forward(be, y, get(Res), get(Act), 0);
 }
 
 void LlamaBlock::mlp_backward_rows(Backend& be, const MlpActs& m, const Tensor& res,
@@ -156,6 +171,7 @@ void LlamaBlock::mlp_backward_rows(Backend& be, const MlpActs& m, const Tensor& 
   // go as soon as they have been read for the last time.
   Buffer dgate = pool.allocate({n, s_.FF}, act, MemCategory::Transient, "grad.gate");
   be.linear_backward({dgate, p_.down_weight->grad, {}, dres, m.act, p_.down_weight->value});
+  lora_.backward(be, p_.lora_down, dgate, dres, m.act, r0);
   if (store) store->release(slot(Act));
   Buffer dup = pool.allocate({n, s_.FF}, act, MemCategory::Transient, "grad.up");
   be.swiglu_backward({dgate, dup, dgate, m.gate, m.up});
@@ -164,9 +180,11 @@ void LlamaBlock::mlp_backward_rows(Backend& be, const MlpActs& m, const Tensor& 
   // d norm2 = dgate Wg + dup Wu: two GEMMs into two buffers, then one add.
   Buffer dnorm2 = pool.allocate({n, s_.C}, act, MemCategory::Transient, "grad.norm2");
   be.linear_backward({dnorm2, p_.gate_weight->grad, {}, dgate, m.norm2, p_.gate_weight->value});
+  lora_.backward(be, p_.lora_gate, dnorm2, dgate, m.norm2, r0);
   dgate.reset();
   Buffer dnorm2_up = pool.allocate({n, s_.C}, act, MemCategory::Transient, "grad.norm2.up");
   be.linear_backward({dnorm2_up, p_.up_weight->grad, {}, dup, m.norm2, p_.up_weight->value});
+  lora_.backward(be, p_.lora_up, dnorm2_up, dup, m.norm2, r0);
   dup.reset();
   be.add(dnorm2, dnorm2, dnorm2_up);
   dnorm2_up.reset();
@@ -198,6 +216,7 @@ void LlamaBlock::attention_backward(Backend& be, ActStore& a, const Tensor& dres
   Buffer dattn = pool.allocate({B, T, s_.NH * s_.HS}, act, MemCategory::Transient, "grad.attn");
   be.linear_backward(
       {dattn, p_.proj_weight->grad, {}, dresid, a.get(slot(Attn)), p_.proj_weight->value});
+  lora_.backward(be, p_.lora_proj, dattn, dresid, a.get(slot(Attn)));
   a.release(slot(Norm1));  // until after attention's backward
   Buffer delta;
   if (!be.attention_backward_needs_out()) {
@@ -247,6 +266,7 @@ void LlamaBlock::attention_backward(Backend& be, ActStore& a, const Tensor& dres
   be.linear_backward({dnorm1, p_.qkv_weight->grad,
                       p_.qkv_bias ? p_.qkv_bias->grad.tensor() : Tensor(), dqkv, a.get(slot(Norm1)),
                       p_.qkv_weight->value});
+  lora_.backward(be, p_.lora_qkv, dnorm1, dqkv, a.get(slot(Norm1)));
   dqkv.reset();
   a.release(slot(Norm1));
   be.rmsnorm_backward({dresid, p_.norm1_weight->grad, dnorm1, a.get(slot(X)),

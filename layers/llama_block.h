@@ -16,6 +16,7 @@
 #include "engine/core/backend.h"
 #include "engine/model.h"
 #include "engine/parallel/context_ring.h"
+#include "layers/lora.h"
 
 namespace remat {
 
@@ -28,6 +29,9 @@ struct LlamaBlockParams {
   Param* norm2_weight;                   // (C)
   Param *gate_weight, *up_weight;        // (FF, C) each
   Param* down_weight;                    // (C, FF)
+  // LoRA adapters of each linear (layers/lora.h; empty without): q_proj, k_proj and v_proj on
+  // the fused qkv's row ranges, o_proj, gate_proj, up_proj, down_proj.
+  std::vector<LoraAdapter> lora_qkv, lora_proj, lora_gate, lora_up, lora_down;
 };
 
 /// A block's sizes and options: [model] and the step's batch and sequence length.
@@ -39,6 +43,7 @@ struct LlamaBlockShape {
   int64_t tile_tokens = 0;      // rows per MLP chunk; 0 = untiled
   int64_t attention_chunk = 0;  // remat.attention_chunk: tokens per attention chunk; 0 = automatic
   const parallel::ContextRing* ring = nullptr;  // context parallel: attention as a ring
+  LoraShared lora{};                            // the adapters' scale and dropout
 };
 
 class LlamaBlock : public Block {
@@ -67,6 +72,8 @@ class LlamaBlock : public Block {
   const std::vector<ActKind>& act_kinds() const override { return kinds_; }
   void forward(Backend& be, ActStore& acts, const Tensor& y) override;
   void backward(Backend& be, ActStore& acts, const Tensor& dresid) override;
+  void begin_step(int64_t step) override { lora_.begin_step(step); }
+  void set_training(bool training) override { lora_.set_training(training); }
 
  private:
   bool tiled() const { return s_.tile_tokens > 0; }
@@ -87,8 +94,9 @@ class LlamaBlock : public Block {
   MlpChunk allocate_mlp_chunk(Backend& be) const;
   // norm2 .. act of rows [r0, r0 + n) of res into m.
   void mlp_acts_forward(Backend& be, const MlpActs& m, const Tensor& res, int64_t r0) const;
-  // y rows = res rows + down(act).
-  void mlp_out_forward(Backend& be, const Tensor& y, const Tensor& res, const Tensor& act) const;
+  // y rows = res rows + down(act); r0 places the rows in the block's (adapters' dropout).
+  void mlp_out_forward(Backend& be, const Tensor& y, const Tensor& res, const Tensor& act,
+                       int64_t r0) const;
   void mlp_forward_tiled(Backend& be, const Tensor& res, const Tensor& y) const;
   // The MLP half's backward on rows [r0, r0 + n): dresid's rows gain d res through rmsnorm2; the
   // weight gradients add. With `store` (the untiled block), act, gate and up are freed as soon as
@@ -102,6 +110,7 @@ class LlamaBlock : public Block {
   int64_t index_;
   std::vector<std::string> names_;
   std::vector<ActKind> kinds_;
+  BlockLora lora_;
 };
 
 }  // namespace remat

@@ -4,6 +4,8 @@
 // rows, the stem and the LM head's call are layers/token_model.h's, shared with the GPT.
 #include <fmt/format.h>
 
+#include <utility>
+
 #include "layers/layer.h"
 #include "layers/llama_block.h"
 #include "layers/models.h"
@@ -22,7 +24,9 @@ class LlamaModel : public detail::TokenModel {
     // matrix, ones for the norms, zeros for biases. Fine-tuning starts from --init hf:DIR instead.
     const ParamInit normal{ParamInit::Normal, 0.02};
     const ParamInit ones{ParamInit::Ones}, zeros{ParamInit::Zeros};
-    params_.reserve(static_cast<size_t>(3 + 11 * L));  // pointers into it stay valid
+    plan_lora(m_, s);
+    // pointers into it stay valid
+    params_.reserve(static_cast<size_t>(3 + 11 * L) + lora_param_count());
     auto add = [&](const std::string& name, const std::vector<int64_t>& shape, ParamInit init) {
       return add_param(be, s, name, shape, init);
     };
@@ -35,6 +39,7 @@ class LlamaModel : public detail::TokenModel {
     shape.tile_tokens = s.tile_tokens;
     shape.attention_chunk = s.attention_chunk;
     shape.ring = ring_.get();
+    shape.lora = lora_shared_;
     const int64_t W = (NH + 2 * KVH) * HS;
     for (int64_t l = 0; l < L; ++l) {
       const std::string p = fmt::format("blocks.{}.", l);
@@ -51,7 +56,12 @@ class LlamaModel : public detail::TokenModel {
       bp.gate_weight = add(p + "mlp.gate.weight", {FF, C}, normal);
       bp.up_weight = add(p + "mlp.up.weight", {FF, C}, normal);
       bp.down_weight = add(p + "mlp.down.weight", {C, FF}, normal);
-      blocks_.push_back(std::make_unique<LlamaBlock>(bp, shape, l));
+      bp.lora_qkv = add_adapters(be, s, p + "attn.qkv.weight");
+      bp.lora_proj = add_adapters(be, s, p + "attn.proj.weight");
+      bp.lora_gate = add_adapters(be, s, p + "mlp.gate.weight");
+      bp.lora_up = add_adapters(be, s, p + "mlp.up.weight");
+      bp.lora_down = add_adapters(be, s, p + "mlp.down.weight");
+      blocks_.push_back(std::make_unique<LlamaBlock>(std::move(bp), shape, l));
     }
     normf_weight_ = add("normf.weight", {C}, ones);
     lm_head_ = m_.tie_embeddings ? wte_ : add("lm_head.weight", {V, C}, normal);

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <utility>
 
 #include "engine/core/rng.h"
 #include "engine/core/units.h"
@@ -27,7 +28,8 @@ class GptModel : public detail::TokenModel {
     const ParamInit normal{ParamInit::Normal, 0.02};
     const ParamInit resid{ParamInit::Normal, 0.02 / std::sqrt(2.0 * static_cast<double>(L))};
     const ParamInit ones{ParamInit::Ones}, zeros{ParamInit::Zeros};
-    params_.reserve(static_cast<size_t>(3 + 12 * L + 2));
+    plan_lora(m_, s);
+    params_.reserve(static_cast<size_t>(3 + 12 * L + 2) + lora_param_count());
     auto add = [&](const std::string& name, const std::vector<int64_t>& shape, ParamInit init) {
       return add_param(be, s, name, shape, init);
     };
@@ -45,6 +47,7 @@ class GptModel : public detail::TokenModel {
     shape.seed = seed;
     shape.tile_tokens = s.tile_tokens;
     shape.attention_chunk = s.attention_chunk;
+    shape.lora = lora_shared_;
     for (int64_t l = 0; l < L; ++l) {
       const std::string p = fmt::format("blocks.{}.", l);
       GptBlockParams bp{};
@@ -60,7 +63,11 @@ class GptModel : public detail::TokenModel {
       bp.mlp_fc_bias = add(p + "mlp.fc.bias", {FF}, zeros);
       bp.mlp_proj_weight = add(p + "mlp.proj.weight", {C, FF}, resid);
       bp.mlp_proj_bias = add(p + "mlp.proj.bias", {C}, zeros);
-      blocks_.push_back(std::make_unique<GptBlock>(bp, shape, l));
+      bp.lora_qkv = add_adapters(be, s, p + "attn.qkv.weight");
+      bp.lora_proj = add_adapters(be, s, p + "attn.proj.weight");
+      bp.lora_fc = add_adapters(be, s, p + "mlp.fc.weight");
+      bp.lora_mlp_proj = add_adapters(be, s, p + "mlp.proj.weight");
+      blocks_.push_back(std::make_unique<GptBlock>(std::move(bp), shape, l));
     }
     lnf_weight_ = add("lnf.weight", {C}, ones);
     lnf_bias_ = add("lnf.bias", {C}, zeros);
@@ -117,6 +124,7 @@ class MlpModel : public Model {
   std::string describe() const override { return fmt::format("mlp L={} D={}", L_, D_); }
   std::vector<int64_t> stream_shape() const override { return {B_, D_}; }
   int64_t loss_rows() const override { return B_; }
+  int64_t loss_rows_all_ranks() const override { return rows_all_ranks_; }
 
   Buffer stem_forward(Backend& be, const Batch& batch, MemCategory category) override {
     Buffer x = be.pool().allocate(stream_shape(), be.act_dtype(), category, "blocks.0.x");
@@ -128,7 +136,8 @@ class MlpModel : public Model {
   void head_forward_backward(Backend& be, const Tensor& x, const Batch& batch, const Tensor& losses,
                              const Tensor& dx, const Tensor& predictions) override {
     REMAT_ASSERT(predictions.empty(), "the MLP's regression head predicts no tokens");
-    be.mse_loss({losses, dx, x, batch.targets, 1.0f / static_cast<float>(rows_all_ranks_)});
+    const int64_t divisor = batch.step_targets > 0 ? batch.step_targets : rows_all_ranks_;
+    be.mse_loss({losses, dx, x, batch.targets, 1.0f / static_cast<float>(divisor)});
   }
 
  private:
@@ -141,6 +150,13 @@ class MlpModel : public Model {
 int64_t Model::n_params() const {
   int64_t n = 0;
   for (const auto& p : params_) n += p.value.tensor().numel();
+  return n;
+}
+
+int64_t Model::n_trainable_params() const {
+  int64_t n = 0;
+  for (const auto& p : params_)
+    if (p.trainable()) n += p.value.tensor().numel();
   return n;
 }
 
@@ -168,6 +184,7 @@ std::unique_ptr<Model> make_model(const Config& cfg, Backend& be,
   else if (cfg.remat.offloads_optimizer())
     shape.moments = MomentHome::Host;
   shape.weights_on_host = cfg.remat.offloads_weights();
+  shape.lora = cfg.lora;
   return make_model(cfg.model, shape, be);
 }
 

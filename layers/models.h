@@ -37,6 +37,8 @@ struct ModelShape {
   MomentHome moments = MomentHome::Device;
   // remat.offload = "checkpoints+optimizer+weights": weights and gradients on the host too.
   bool weights_on_host = false;
+  // [lora]: adapters on the chosen linears, every other parameter frozen but modules_to_save.
+  LoraConfig lora{};
 };
 /// The shape of a single-rank run of `train` (make_model(Config) splits the batch over ranks).
 ModelShape model_shape(const TrainConfig& train);

@@ -1,7 +1,10 @@
 // TokenModel (see layers/token_model.h).
 #include "layers/token_model.h"
 
+#include <cmath>
+
 #include "engine/core/error.h"
+#include "engine/core/rng.h"
 
 namespace remat::detail {
 
@@ -19,8 +22,46 @@ Param* TokenModel::add_param(Backend& be, const ModelShape& s, const std::string
                              const std::vector<int64_t>& shape, ParamInit init) {
   REMAT_ASSERT(params_.size() < params_.capacity(),
                "TokenModel: params_ must be reserved (adding {} would move the others)", name);
-  params_.push_back(make_param(be, name, shape, init, s.seed, s.moments, s.weights_on_host));
+  const bool frozen = lora_ && !trainable_base_.count(name);
+  params_.push_back(
+      make_param(be, name, shape, init, s.seed, s.moments, s.weights_on_host, frozen));
   return &params_.back();
+}
+
+void TokenModel::plan_lora(const ModelConfig& m, const ModelShape& s) {
+  lora_ = s.lora.enabled();
+  if (!lora_) return;
+  // The config was validated: the names select linears and whole modules (engine/config/lora.h).
+  sites_ = lora::select_sites(m, s.lora.targets).sites;
+  for (const lora::SavedModule& mod : lora::select_saved(m, s.lora.modules_to_save).modules)
+    trainable_base_.insert(mod.params.begin(), mod.params.end());
+  lora_shared_.scale = static_cast<float>(lora::scaling(s.lora));
+  lora_shared_.dropout = static_cast<float>(s.lora.dropout);
+  lora_shared_.seed = s.seed;
+  // As the GPT block's dropout: a data-parallel rank draws the masks of its rows of the whole
+  // batch, a context rank (whose tokens are not contiguous) a stream of its own.
+  lora_shared_.first_row = ring_ ? 0 : s.data_rank * B_ * T_;
+  lora_shared_.salt = ring_ ? mix64(0x6c6f7261ull + static_cast<uint64_t>(s.context_rank)) : 0;
+}
+
+std::vector<LoraAdapter> TokenModel::add_adapters(Backend& be, const ModelShape& s,
+                                                  const std::string& base) {
+  std::vector<LoraAdapter> out;
+  for (size_t i = 0; i < sites_.size(); ++i) {
+    const lora::Site& site = sites_[i];
+    if (site.base != base) continue;
+    const int64_t r = s.lora.rank;
+    const ParamInit kaiming{ParamInit::Uniform, 1.0 / std::sqrt(static_cast<double>(site.in))};
+    REMAT_ASSERT(params_.size() + 2 <= params_.capacity(),
+                 "TokenModel: params_ must be reserved for the adapters of {}", base);
+    params_.push_back(
+        make_param(be, site.a_name, {r, site.in}, kaiming, s.seed, s.moments, s.weights_on_host));
+    Param* a = &params_.back();
+    params_.push_back(make_param(be, site.b_name, {site.rows, r}, ParamInit{}, s.seed, s.moments,
+                                 s.weights_on_host));
+    out.push_back({a, &params_.back(), site.row0, i});
+  }
+  return out;
 }
 
 Buffer TokenModel::stem_forward(Backend& be, const Batch& batch, MemCategory category) {
@@ -30,15 +71,19 @@ Buffer TokenModel::stem_forward(Backend& be, const Batch& batch, MemCategory cat
 }
 
 void TokenModel::stem_backward(Backend& be, const Batch& batch, const Tensor& dx) {
-  be.embedding_backward({wte_->grad, wpe_ ? wpe_->grad.tensor() : Tensor(), dx, batch.inputs});
+  const Tensor& dwte = wte_->grad;  // empty when frozen (LoRA)
+  const Tensor dwpe = wpe_ ? wpe_->grad.tensor() : Tensor();
+  if (dwte.empty() && dwpe.empty()) return;  // a frozen stem: no gradient to make
+  be.embedding_backward({dwte, dwpe, dx, batch.inputs});
 }
 
 void TokenModel::lm_head_loss(Backend& be, const Tensor& normed, Param& head, const Batch& batch,
                               const Tensor& losses, const Tensor& dnormed,
                               const Tensor& predictions) {
   const int64_t N = B_ * T_;
+  const int64_t divisor = batch.step_targets > 0 ? batch.step_targets : loss_rows_all_ranks_;
   be.lm_head_loss({losses, dnormed, head.grad, normed, head.value, batch.targets.tensor().view({N}),
-                   1.0f / static_cast<float>(loss_rows_all_ranks_), loss_chunk_, predictions});
+                   1.0f / static_cast<float>(divisor), loss_chunk_, predictions});
 }
 
 }  // namespace remat::detail

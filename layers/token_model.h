@@ -8,12 +8,15 @@
 
 #include <cstdint>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
+#include "engine/config/lora.h"
 #include "engine/model.h"
 #include "engine/parallel/context_ring.h"
 #include "layers/layer.h"
+#include "layers/lora.h"
 #include "layers/models.h"
 
 namespace remat::detail {
@@ -22,6 +25,7 @@ class TokenModel : public Model {
  public:
   std::vector<int64_t> stream_shape() const override { return {B_, T_, n_embd_}; }
   int64_t loss_rows() const override { return B_ * T_; }
+  int64_t loss_rows_all_ranks() const override { return loss_rows_all_ranks_; }
   /// Token embedding (+ learned positions when wpe_ is set) into "blocks.0.x".
   Buffer stem_forward(Backend& be, const Batch& batch, MemCategory category) override;
   void stem_backward(Backend& be, const Batch& batch, const Tensor& dx) override;
@@ -31,13 +35,26 @@ class TokenModel : public Model {
   TokenModel(const ModelShape& s, int64_t n_embd, int64_t vocab_size);
 
   /// Appends a parameter initialized from the run's seed, its moments and weights placed as
-  /// `s` says. params_ must be reserved for all of them first: blocks keep pointers into it.
+  /// `s` says (frozen under LoRA unless modules_to_save names it). params_ must be reserved for
+  /// all of them first: blocks keep pointers into it.
   Param* add_param(Backend& be, const ModelShape& s, const std::string& name,
                    const std::vector<int64_t>& shape, ParamInit init);
 
+  /// LoRA (layers/lora.h), before the first add_param: which linears of `m` take adapters (`s`'s
+  /// [lora]), which base parameters still train, and the adapters' shared scale and dropout.
+  void plan_lora(const ModelConfig& m, const ModelShape& s);
+  /// How many parameters the adapters add (params_ must be reserved for them too).
+  size_t lora_param_count() const { return 2 * sites_.size(); }
+  /// The adapters of base weight `base` ("blocks.3.attn.qkv.weight"), their A and B added now:
+  /// A uniform in +-1/sqrt(in) (peft's Kaiming-uniform with a = sqrt(5)), B zero, so the adapted
+  /// model starts as the base. None when LoRA is off or `base` is not a target.
+  std::vector<LoraAdapter> add_adapters(Backend& be, const ModelShape& s, const std::string& base);
+  LoraShared lora_shared_;  // for the blocks' shapes
+
   /// The fused LM head and cross-entropy on the final norm's output `normed` (N, C): per-row
-  /// losses (N) [=], d normed (N, C) [=], head.grad [+=]; the mean over all ranks' rows. With
-  /// `predictions` (N) i32 not empty, each row's argmax [=].
+  /// losses (N) [=], d normed (N, C) [=], head.grad [+=]; the gradient of the mean over the
+  /// step's targets (Batch::step_targets; all ranks' rows when it is 0). With `predictions` (N)
+  /// i32 not empty, each row's argmax [=].
   void lm_head_loss(Backend& be, const Tensor& normed, Param& head, const Batch& batch,
                     const Tensor& losses, const Tensor& dnormed, const Tensor& predictions);
 
@@ -51,6 +68,9 @@ class TokenModel : public Model {
 
  private:
   int64_t n_embd_ = 0;
+  bool lora_ = false;
+  std::vector<lora::Site> sites_;         // the adapted linears, model order
+  std::set<std::string> trainable_base_;  // modules_to_save's parameters
 };
 
 }  // namespace remat::detail

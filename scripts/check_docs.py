@@ -4,8 +4,9 @@
 Pages: README.md and every docs/**/*.md, or the PAGEs named (a page may lie outside the
 repository: its relative links resolve from its own folder; its commands run as any page's).
 
-Examples. Every line of a fenced block that starts with `$ remat-train` is a command (a trailing `\\`
-continues it; a trailing `# comment` is not run); the lines after it, up to the next `$ ` line or
+Examples. Every line of a fenced block that starts with `$ remat-train` or `$ python3 scripts/` (the
+repository's own scripts) is a command (a trailing `\\` continues it; a trailing `# comment` is not
+run; `<`, `>`, `>>` and `2>&1` standing alone redirect); the lines after it, up to the next `$ ` line or
 the end of the block, are its expected output: stdout, and stderr too when the command fails. A line `...`
 stands for any number of lines. Timings (ms/step, tok/s, tokens/s, GFLOP/s, ms, elapsed,
 ETA, fit's "a step ~N min") and the load average (and CPU steal) printed beside them are masked on both sides, and runs of spaces compare as one, so a check fails only when
@@ -15,6 +16,8 @@ HTML comments right before a block steer it (the pages show none of them; the pr
 `readme-check` because the README was the first page checked):
   <!-- readme-check: skip REASON -->           not checked (say why)
   <!-- readme-check: setup SHELL -->            run first in the scratch folder (e.g. write bad.toml)
+  <!-- readme-check: continue -->               run in the folder of the page's previous block, with
+                                                what its commands left there (a walkthrough in steps)
   <!-- readme-check: mask-tokens REGEX I,J --> on output lines matching REGEX, whitespace-separated
                                                 tokens I, J (0-based) are timings: masked
   <!-- readme-check: plan -->                   too slow to run: the command's `plan --json` must
@@ -68,6 +71,7 @@ TIMING_PATTERNS = [
     (re.compile(r"a step ~[\d.]+ (ms|s|min|h) at"), "a step ~<t> at"),  # fit: from a measured rate
 ]
 MARKER = re.compile(r"<!--\s*readme-check:\s*(\S+)\s*(.*?)\s*-->")
+COMMANDS = ("remat-train", "python3 scripts/")  # what a `$ ` line of a block runs
 NAMED_EXTENSIONS = (".jsonl", ".png", ".patch", ".toml", ".py", ".sh", ".md")
 
 
@@ -147,11 +151,16 @@ def split_examples(body):
     return out
 
 
+# Redirections a command may use, as words of their own (`tokenize < text.txt > ids.json`): left
+# to the shell, where every other word is quoted.
+REDIRECTIONS = {"<", ">", ">>", "2>&1"}
+
+
 def strip_comment(cmd):
     lexer = shlex.shlex(cmd, posix=True, punctuation_chars=False)
     lexer.whitespace_split = True
     lexer.commenters = "#"
-    return " ".join(shlex.quote(t) for t in lexer)
+    return " ".join(t if t in REDIRECTIONS else shlex.quote(t) for t in lexer)
 
 
 def mask(line, token_masks):
@@ -288,6 +297,7 @@ class Runner:
         self.binary = binary
         self.scratch = None
         self.env = None
+        self.last_work = None  # the previous block's folder (`continue`)
 
     def start(self):
         if self.scratch is None:
@@ -300,11 +310,16 @@ class Runner:
 
     def workdir(self, directives):
         self.start()
-        # A fresh scratch folder per block: the repository's entries, nothing from other blocks.
-        work = tempfile.mkdtemp(dir=self.scratch)
-        for entry in os.listdir(ROOT):
-            if not entry.startswith(".") and entry not in ("build", "out"):
-                os.symlink(os.path.join(ROOT, entry), os.path.join(work, entry))
+        if "continue" in dict(directives) and self.last_work:
+            work = self.last_work
+        else:
+            # A fresh scratch folder per block: the repository's entries, nothing from other
+            # blocks.
+            work = tempfile.mkdtemp(dir=self.scratch)
+            for entry in os.listdir(ROOT):
+                if not entry.startswith(".") and entry not in ("build", "out"):
+                    os.symlink(os.path.join(ROOT, entry), os.path.join(work, entry))
+        self.last_work = work
         for kind, arg in directives:
             if kind == "setup":
                 subprocess.run(arg, shell=True, cwd=work, env=self.env, check=True)
@@ -368,9 +383,10 @@ def check_examples(path, name, lines, opt, runner):
     """(examples checked, failures) of one page; --update rewrites the page itself."""
     checked = failures = 0
     edits = []  # (first line index, last line index exclusive, new lines)
+    runner.last_work = None  # `continue` never reaches into another page's folder
     for start, _end, directives, body in parse_blocks(lines):
         examples = [e for e in split_examples(body)
-                    if e[0].startswith("remat-train") and opt.match in e[0]]
+                    if e[0].startswith(COMMANDS) and opt.match in e[0]]
         if examples and "skip" not in dict(directives):
             c, f = check_block(name, start, directives, examples, runner, opt.update, edits)
             checked, failures = checked + c, failures + f

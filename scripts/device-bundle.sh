@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Gathers a self-contained device bundle: the Release binaries built with CUDA (remat-train, the
 # gpu test binary, the GEMM benchmark) plus every non-system shared library they load (OpenBLAS
-# and its Fortran runtime, fmt, toml++, xxHash, libgomp), RUNPATH $ORIGIN/lib, in one folder that
-# scripts/device-check.sh runs on a GPU machine with no compiler packages and no network.
+# and its Fortran runtime, fmt, toml++, xxHash, PCRE2, libgomp), RUNPATH $ORIGIN/lib, in one
+# folder that scripts/device-check.sh runs on a GPU machine with no compiler packages and no
+# network.
 # Why: such a machine has the CUDA runtime, cuBLAS and cuDNN (as Python wheels) but none of the
 # Debian packages remat-train builds against, so it cannot build; it only runs.
 #

@@ -16,9 +16,11 @@
 #   plan (the bundle's prediction for GPT-2 124M at 32k on an h200, no GPU needed),
 #   gpu ("no_gpu" ends the check here, exit 0: what a dry run on a machine without one shows),
 #   gpu_test per test binary tag (parity vs the CPU in fp32 and bf16, bitwise policies on the
-#   MLP, cuDNN's tolerance on the GPT, plan workspaces, planner vs measured peak; [rope]: every
-#   RoPE scaling type and yarn's attention factor against the CPU; [eval]: the LM head's argmax
-#   that eval --passkey reads), gemm (bf16
+#   MLP, cuDNN's tolerance on the GPT, plan workspaces against the planner's reserve at GPT-2's and
+#   Llama's grouped-query shapes, the cuDNN release's backward at key lengths off multiples of
+#   128, attention chunks without a 1-token tail, planner vs measured peak; [rope]: every RoPE
+#   scaling type and yarn's attention factor against the CPU; [eval]: the LM head's argmax that
+#   eval --passkey reads), gemm (bf16
 #   peak: the MFU denominator), train per GPT-2 124M/350M x 4k/32k x policy (ms/step, tokens/s,
 #   MFU, measured vs predicted peak; gpt2-124m-chunked: 32k, full, attention in chunks of 8192),
 #   offload (124M at 32k, full, MLP tiled, checkpoints and AdamW moments in pinned host memory,
@@ -283,7 +285,7 @@ run_gpu_tests() {
     # Passing tests print their measurements (workspace sizes, loss differences): keep those;
     # a failure keeps the end of its output.
     local notes
-    if [ $rc -eq 0 ]; then notes=$(grep -E '^(cuDNN plan workspace|policies )|weights on the host vs kept' "$out"); else notes=$(tail -40 "$out"); fi
+    if [ $rc -eq 0 ]; then notes=$(grep -E '^(cuDNN plan workspace|cuDNN in use|policies )|weights on the host vs kept' "$out"); else notes=$(tail -40 "$out"); fi
     row stage=gpu_test tag="$tag" status="$status" exit_code:="$rc" seconds:="$(($(date +%s) - t0))" \
       output="$notes"
   done

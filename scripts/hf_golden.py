@@ -24,6 +24,10 @@ golden.safetensors also holds `rope_attention_factor` (F32 [1]: the factor trans
 multiplies cos and sin by) and `rope_inv_freq` as the rotary module holds it after that forward
 (dynamic NTK recomputes it for the run's length).
 
+LoRA goldens (tests/golden/hf/llama-lora, gpt2-lora; need peft): the base as above, a PEFT adapter
+with random A and B in adapter/, and golden.safetensors with the PeftModel's loss, logits and the
+gradient of every trainable tensor under its adapter_model.safetensors name (generate_lora).
+
 Loss convention (remat-train's): tokens x is B x (T+1); inputs = x[:, :T], targets = x[:, 1:];
 loss = mean over the B*T positions of cross_entropy(logits, targets), computed here from
 model(input_ids=inputs).logits (labels are not passed, so transformers' own shift is not used).
@@ -157,6 +161,31 @@ ROPE_ARCHS = {
 }
 for _name, _spec in ROPE_ARCHS.items():
     ARCHS[_name] = dict(_spec, cls="LlamaForCausalLM", T=ROPE_T)
+
+
+# LoRA goldens (tests/golden/hf/<name>/, docs/lora.md): a base model saved as transformers does, a
+# PEFT adapter on it with every weight random (init_lora_weights=False draws A and B both, so the
+# adapter is far from the base) and its modules_to_save copies perturbed away from the base's, and
+# what the PeftModel computes: loss, logits, and the gradient of every trainable tensor under its
+# name in adapter_model.safetensors.
+LORA = {
+    "llama-lora": dict(
+        base="llama",
+        lora=dict(r=4, lora_alpha=8, lora_dropout=0.0, use_rslora=False,
+                  target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                  "down_proj"],
+                  modules_to_save=["input_layernorm", "lm_head"]),
+        desc="LoRA r 4, alpha 8 (scale 2) on every linear of the llama golden's blocks (q, k and v "
+             "are row ranges of remat-train's fused qkv), the first norm of each block and the "
+             "untied LM head trained whole; A and B random (init_lora_weights=False), the saved "
+             "modules perturbed away from the base. Base saved unsharded."),
+    "gpt2-lora": dict(
+        base="gpt2",
+        lora=dict(r=3, lora_alpha=6, lora_dropout=0.0, use_rslora=True, fan_in_fan_out=True,
+                  target_modules=["c_attn", "c_proj", "c_fc"], modules_to_save=["ln_f"]),
+        desc="LoRA r 3, alpha 6 with use_rslora (scale 6/sqrt(3)) on GPT-2's Conv1D c_attn, both "
+             "c_proj and c_fc (fan_in_fan_out), ln_f trained whole; A and B random."),
+}
 
 
 def versions():
@@ -331,6 +360,95 @@ def rope_scaling_check(model, spec, seed, x, logits):
             **extra}
 
 
+def saved_name(param_name):
+    """A PeftModel parameter's name in adapter_model.safetensors (peft strips the adapter name)."""
+    return param_name.replace(".modules_to_save.default", "").replace(".default", "")
+
+
+def generate_lora(name, spec, out_root, seed):
+    import peft
+    d = os.path.join(out_root, name)
+    if os.path.isdir(d):
+        shutil.rmtree(d)
+    os.makedirs(d)
+    base_spec = dict(ARCHS[spec["base"]])
+    base_spec.pop("shard", None)
+    model = build(spec["base"], base_spec, seed)
+    model.save_pretrained(d, safe_serialization=True)
+    torch.manual_seed(seed + 3)
+    cfg = peft.LoraConfig(task_type="CAUSAL_LM", init_lora_weights=False, **spec["lora"])
+    pm = peft.get_peft_model(model, cfg)
+    g = torch.Generator().manual_seed(seed + 4)
+    params = dict(pm.named_parameters())
+    with torch.no_grad():
+        for pname in sorted(params):
+            if "modules_to_save" in pname:  # the copies that train: not the base's values
+                p = params[pname]
+                p.mul_(1.0 + 0.2 * torch.randn(p.shape, generator=g))
+    pm.eval()
+    pm.save_pretrained(os.path.join(d, "adapter"), safe_serialization=True)
+    os.remove(os.path.join(d, "adapter", "README.md"))  # peft's model card: not read
+    # target_modules is a Python set inside peft, written in hash order: sorted here, so that two
+    # runs give the same bytes.
+    cfg_path = os.path.join(d, "adapter", "adapter_config.json")
+    with open(cfg_path) as f:
+        saved_cfg = json.load(f)
+    saved_cfg["target_modules"] = sorted(saved_cfg["target_modules"])
+    with open(cfg_path, "w") as f:
+        json.dump(saved_cfg, f, indent=2, sort_keys=True)
+    vocab = model.config.vocab_size
+    x = make_tokens(vocab, seed)
+    pm.zero_grad(set_to_none=True)
+    logits, loss = forward_loss(pm, x)
+    loss.backward()
+    tensors = {"tokens": x.clone(), "logits": logits.detach().float().contiguous(),
+               "loss": loss.detach().float().reshape(1)}
+    grads = {saved_name(n): p.grad.detach().float().contiguous().clone()
+             for n, p in pm.named_parameters() if p.requires_grad}
+    tensors.update(grads)
+    save_file(tensors, os.path.join(d, "golden.safetensors"), metadata={"format": "pt"})
+
+    # The saved adapter reloads onto a fresh base to the same logits.
+    base = getattr(transformers, base_spec["cls"]).from_pretrained(
+        d, attn_implementation="eager").eval()
+    re = peft.PeftModel.from_pretrained(base, os.path.join(d, "adapter")).eval()
+    with torch.no_grad():
+        re_logits = re(input_ids=x[:, :T]).logits
+    reload_diff = (re_logits - logits.detach()).abs().max().item()
+    assert reload_diff == 0.0, (name, reload_diff)
+    # The same numbers from a merged model (peft's merge_and_unload): what `export --hf` writes.
+    merged = re.merge_and_unload()
+    with torch.no_grad():
+        merged_diff = (merged(input_ids=x[:, :T]).logits - logits.detach()).abs().max().item()
+
+    info = {
+        "name": name,
+        "class": base_spec["cls"],
+        "description": spec["desc"],
+        "base": spec["base"] + " (scripts/hf_golden.py ARCHS), saved unsharded in this folder",
+        "adapter": "adapter/ (PeftModel.save_pretrained)",
+        "lora": spec["lora"],
+        "scaling": next(float(m.scaling["default"]) for m in pm.modules()
+                        if isinstance(getattr(m, "scaling", None), dict)),
+        "seed": seed,
+        "versions": dict(versions(), peft=peft.__version__),
+        "loss_convention": "inputs = tokens[:, :T], targets = tokens[:, 1:], loss = mean over "
+                           "B*T of cross_entropy(logits, targets) in float32",
+        "B": B, "T": T, "vocab_size": vocab,
+        "tokens": x.tolist(),
+        "loss": float(loss.item()),
+        "golden_file": "golden.safetensors",
+        "logits_shape": list(logits.shape),
+        "gradients": {k: list(v.shape) for k, v in grads.items()},
+        "merged_max_abs_logit_diff": merged_diff,
+        "attn_implementation": "eager",
+    }
+    with open(os.path.join(d, "golden.json"), "w") as f:
+        json.dump(info, f, indent=1, sort_keys=False)
+        f.write("\n")
+    return info
+
+
 # ----------------------------------------------------------------------------- --check-export
 
 def safetensors_dtypes(d):
@@ -394,7 +512,8 @@ def check_export(d, expect, tol):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=OUT, help="root directory (default tests/golden/hf)")
-    ap.add_argument("--only", action="append", choices=sorted(ARCHS), help="one architecture (repeatable)")
+    ap.add_argument("--only", action="append", choices=sorted(ARCHS) + sorted(LORA),
+                    help="one architecture or LoRA golden (repeatable)")
     ap.add_argument("--check-export", metavar="DIR", help="check a model directory against --expect")
     ap.add_argument("--expect", metavar="FILE", help="golden.json / JSON / safetensors with tokens and logits")
     ap.add_argument("--tol", type=float, help=f"override the bound (default {F32_BOUND:g} f32, {BF16_BOUND:g} bf16)")
@@ -410,10 +529,14 @@ def main():
             ap.error("--check-export needs --expect FILE")
         sys.exit(check_export(a.check_export, a.expect, a.tol))
 
-    names = a.only or list(ARCHS)
+    names = a.only or list(ARCHS) + list(LORA)
     os.makedirs(a.out, exist_ok=True)
     for i, name in enumerate(names):
-        info = generate(name, ARCHS[name], a.out, SEED + 1000 * list(ARCHS).index(name))
+        if name in LORA:
+            info = generate_lora(name, LORA[name], a.out,
+                                 SEED + 1000 * list(ARCHS).index(LORA[name]["base"]))
+        else:
+            info = generate(name, ARCHS[name], a.out, SEED + 1000 * list(ARCHS).index(name))
         d = os.path.join(a.out, name)
         size = sum(os.path.getsize(os.path.join(d, f)) for f in os.listdir(d))
         print(f"{name:11s} loss {info['loss']:.6f}  {len(info['gradients'])} grads  "

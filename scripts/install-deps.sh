@@ -7,6 +7,8 @@ packages=(
   build-essential cmake
   libcli11-dev libtomlplusplus-dev catch2 nlohmann-json3-dev libfmt-dev
   libxxhash-dev            # XXH3-64 checksums of checkpoint files
+  libpcre2-dev pkgconf     # PCRE2 (found by pkg-config): the regexes of tokenizer.json pre-tokenizers
+  xz-utils                 # the tests' tokenizer.json files are stored xz-compressed
   libopenblas-openmp-dev   # OpenBLAS on OpenMP: one thread pool shared with our kernels
   libdnnl2                 # oneDNN (OpenMP): the CPU GEMM's tiles, loaded at run time
   libopenmpi-dev openmpi-bin  # mpirun and MPI: data-parallel runs ([parallel])

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Creates the Python virtual environment that scripts/hf_golden.py runs in: PyTorch + Hugging Face
-# transformers at the versions pinned in scripts/requirements-hf.txt. Only for regenerating
+# transformers (and peft, for the LoRA goldens) at the versions pinned in
+# scripts/requirements-hf.txt. Only for regenerating
 # tests/golden/hf/ or checking an export against transformers; `make test` never needs it.
 #
 #   scripts/make-hf-venv.sh                      # -> /work/venv-hf
@@ -34,9 +35,9 @@ fi
 "$venv_abs/bin/python" -m pip install --quiet --upgrade pip
 "$venv_abs/bin/python" -m pip install --quiet -r "$req"
 "$venv_abs/bin/python" - <<'PY'
-import torch, transformers, safetensors, numpy, tokenizers
+import torch, transformers, safetensors, numpy, tokenizers, peft
 print("venv ready: torch", torch.__version__, "transformers", transformers.__version__,
       "safetensors", safetensors.__version__, "numpy", numpy.__version__,
-      "tokenizers", tokenizers.__version__)
+      "tokenizers", tokenizers.__version__, "peft", peft.__version__)
 PY
 echo "run: $venv_abs/bin/python $repo/scripts/hf_golden.py"

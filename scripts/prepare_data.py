@@ -27,9 +27,15 @@ Llama 3's, Qwen's regexes) make that newline a pre-token of its own whether the 
 or not, so the ids are the same as the whole document's, and the pieces are encoded on every core.
 A tokenizer that prepends to each input (add_prefix_space, Metaspace, Prepend) is never cut.
 
+`--tokenizer bytes` needs no file: every UTF-8 byte is its own token (ids 0-255, vocabulary 256,
+a newline between documents unless --eot), the ids a byte-level model trained on text files
+(data.source = "text") reads, for such a model fine-tuned on shards; `remat-train sample
+--tokenizer bytes` prints them as text.
+
 Progress (tokens/s, documents, bytes) goes to stderr; at the end, stdout has the `--set` options
-that train on the shards. Errors are one line, `error: [prepare] ... Fix: ...`, exit 2.
-Needs `tokenizers` (pip install tokenizers, in a virtual environment).
+that train on the shards. Errors are one line, `error: [prepare] ... Fix: ...`, exit 2; a run that
+fails (a full disk, bad input, ^C) removes the shards it wrote, so no partial set is left.
+Needs `tokenizers` (pip install tokenizers, in a virtual environment), except with --tokenizer bytes.
 
 --passkey writes passkey retrieval tasks for `remat-train eval --passkey DIR` (docs/
 context-extension.md): for each length L of --lengths, depth d of --depths and sample, one task
@@ -42,8 +48,7 @@ then one byte per token, 1 on the answer's tokens, which are the targets scored)
 (each task's length, depth, key and place in the shard). The filler is FILLER's text (a file or
 a folder, as INPUT above), in order and never repeated, so a length that needs more filler
 tokens than FILLER has is refused; without FILLER it is the usual repeated sentences ("The grass
-is green. The sky is blue. ..."). --tokenizer bytes encodes text as its UTF-8 bytes (the
-byte-level models of data.source = "text"; no `tokenizers` package needed).
+is green. The sky is blue. ...").
 """
 import argparse
 import array
@@ -69,7 +74,33 @@ class Fail(Exception):
     """A one-line error for the user: `error: [prepare] MESSAGE`, exit 2."""
 
 
+BYTES = "bytes"  # --tokenizer bytes: the text's UTF-8 bytes are the ids
+
+
+class ByteTokenizer:
+    """--tokenizer bytes, with the part of `tokenizers.Tokenizer` this script calls: token i is the
+    byte i (its text the character chr(i)), and a text encodes to its UTF-8 bytes."""
+
+    class Encoding:
+        def __init__(self, ids):
+            self.ids = ids
+
+    def get_vocab(self, with_added_tokens=True):
+        return {chr(i): i for i in range(256)}
+
+    def id_to_token(self, i):
+        return chr(i) if 0 <= i < 256 else None
+
+    def encode(self, text, add_special_tokens=False):
+        return self.Encoding(list(text.encode("utf-8")))
+
+    def encode_batch(self, texts, add_special_tokens=False):
+        return [self.encode(t) for t in texts]
+
+
 def load_tokenizer(path):
+    if path == BYTES:
+        return ByteTokenizer()
     try:
         from tokenizers import Tokenizer
     except ImportError:
@@ -93,6 +124,8 @@ def vocab_size_of(tok):
 
 def splits_safely(path):
     """Whether encoding a document in pieces gives its ids: no step prepends to each input."""
+    if path == BYTES:
+        return True
     with open(path, encoding="utf-8") as f:
         spec = json.load(f)
 
@@ -123,6 +156,8 @@ def resolve_eot(tok, tokenizer_path, given):
             raise Fail(f"--eot {given!r}: not a token of {tokenizer_path}. Fix: pass the "
                        "end-of-text token's exact text or its id")
         return vocab[given], given, "--eot"
+    if tokenizer_path == BYTES:
+        return 10, "\n", "--tokenizer bytes: a newline"
     config = os.path.join(os.path.dirname(os.path.abspath(tokenizer_path)), "tokenizer_config.json")
     if os.path.isfile(config):
         try:
@@ -305,6 +340,16 @@ class ShardWriter:
         self.buf = array.array(self.typecode)
         self.last = None  # (document, piece) of the last piece appended
         self.paths, self.tokens = [], 0
+        self.tmp = None  # the shard being written, under its hidden name
+
+    def remove_written(self):
+        """Deletes every shard this writer wrote, and the one it was writing."""
+        for path in self.paths + ([self.tmp] if self.tmp else []):
+            try:
+                os.remove(path)
+            except FileNotFoundError:
+                pass
+        self.paths, self.tmp = [], None
 
     def add(self, doc, piece, ids):
         # A piece that continues the last one joins it; anything else starts a new document here.
@@ -330,11 +375,19 @@ class ShardWriter:
         header = array.array("i", [self.magic, self.version, len(tokens)] + [0] * (HEADER_INTS - 3))
         if sys.byteorder != "little":
             header.byteswap()
-        # Written under a hidden name, then renamed: a glob never sees half a shard.
-        with open(tmp, "wb") as f:
-            header.tofile(f)
-            tokens.tofile(f)
-        os.replace(tmp, path)
+        # Written under a hidden name, then renamed: a glob never sees half a shard. A failed
+        # write (a full disk) names the shard; the run then removes what it wrote (prepare()).
+        self.tmp = tmp
+        try:
+            with open(tmp, "wb") as f:
+                header.tofile(f)
+                tokens.tofile(f)
+            os.replace(tmp, path)
+        except OSError as e:
+            raise Fail(f"{path}: cannot write it ({e.strerror}, as {tmp}). Fix: free space on that "
+                       "disk or choose another --out, then run again (this run's shards were "
+                       "removed)") from e
+        self.tmp = None
         self.paths.append(path)
         self.tokens += len(tokens)
 
@@ -402,6 +455,18 @@ def prepare(args):
                      f"vocabulary {vocab:,} ({'uint16' if fmt is GPT2_FORMAT else 'uint32'} "
                      f"shards), end-of-text {eot_text!r} = {eot} (from {eot_from})\n")
     progress = Progress(pieces)
+    try:
+        write_shards(tok, pieces, writers, progress)
+        check_splits(args, pieces, writers)
+    except BaseException:  # a full disk, bad input, ^C: no partial shard set is left behind
+        for w in writers.values():
+            w.remove_written()
+        raise
+    report(args, pieces, writers, fmt, vocab)
+
+
+def write_shards(tok, pieces, writers, progress):
+    """Encodes every piece and writes the shards of both splits."""
     batch, batch_bytes = [], 0
 
     def flush():
@@ -423,6 +488,9 @@ def prepare(args):
         w.close()
     progress.update(sum(w.tokens for w in writers.values()), final=True)
 
+
+def check_splits(args, pieces, writers):
+    """Both splits have shards (val: when asked for)."""
     train, val = writers["train"], writers["val"]
     if not train.paths:
         raise Fail(f"{args.input}: no text to train on ({pieces.empty} empty documents"
@@ -430,8 +498,13 @@ def prepare(args):
                    "or lower --val-fraction")
     if args.val_fraction > 0 and not val.paths:
         raise Fail(f"{args.input}: no document or line starts in the last {args.val_fraction} of "
-                   "the input, so nothing was held out (train shards written). Fix: raise "
+                   "the input, so nothing was held out (no shards kept). Fix: raise "
                    "--val-fraction, or pass --val-fraction 0 and set data.val_fraction in training")
+
+
+def report(args, pieces, writers, fmt, vocab):
+    """What was written, and the --set options that train on it."""
+    train, val = writers["train"], writers["val"]
 
     def shards(w):
         plural = "s" if len(w.paths) != 1 else ""
@@ -459,16 +532,8 @@ PASSKEY_FILLER = ("The grass is green. The sky is blue. The sun is yellow. Here 
 MASK_FORMAT = (20240522, 1)  # magic, version: a shard's loss mask, one byte per token
 
 
-class ByteTokenizer:
-    """--tokenizer bytes: a text's UTF-8 bytes are its ids (vocabulary 256)."""
-    vocab_size = 256
-
-    def encode(self, text):
-        return list(text.encode("utf-8"))
-
-
-class HfTokenizer:
-    """A tokenizer.json through the `tokenizers` package, no special tokens added."""
+class PasskeyTokenizer:
+    """A tokenizer.json through the `tokenizers` package (or `bytes`), no special tokens added."""
 
     def __init__(self, path):
         self.tok = load_tokenizer(path)
@@ -524,7 +589,7 @@ def passkey(args):
     depths = parse_depths(args.depths)
     if args.samples < 1:
         raise Fail(f"--samples {args.samples}: must be positive. Fix: pass 1 or more")
-    tok = ByteTokenizer() if args.tokenizer == "bytes" else HfTokenizer(args.tokenizer)
+    tok = PasskeyTokenizer(args.tokenizer)
     names = ("passkey.bin", "passkey.mask.bin", "passkey.json")
     os.makedirs(args.out, exist_ok=True)
     old = [n for n in names if os.path.exists(os.path.join(args.out, n))]
@@ -609,7 +674,7 @@ def main():
         description="Tokenize text into llm.c token shards for remat-train (see docs/data.md).")
     ap.add_argument("input", nargs="?", help="a text file, a folder of .txt files or a .jsonl file")
     ap.add_argument("--tokenizer", required=True,
-                    help="the model's tokenizer.json (--passkey: or `bytes`, UTF-8 bytes as ids)")
+                    help="the model's tokenizer.json, or 'bytes': UTF-8 bytes are the ids (0-255)")
     ap.add_argument("--out", help="the folder the shards go to (created if missing)")
     ap.add_argument("--text-key", default="text", help="JSONL: the key holding the text (text)")
     ap.add_argument("--eot", help="end-of-text token between documents: an id or the token's text")
@@ -646,7 +711,8 @@ def main():
         sys.stderr.write(f"error: [prepare] {e}\n")
         sys.exit(2)
     except OSError as e:
-        sys.stderr.write(f"error: [prepare] {e.filename}: {e.strerror}. Fix: check the path and "
+        where = f"{e.filename}: " if e.filename else ""
+        sys.stderr.write(f"error: [prepare] {where}{e.strerror or e}. Fix: check the path and "
                          "its permissions\n")
         sys.exit(2)
 

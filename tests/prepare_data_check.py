@@ -9,7 +9,8 @@ merged tokens and the end-of-text past 65535). For each: the shards hold exactly
 `tokenizers` gives each document, one end-of-text between documents, whatever --chunk-bytes cuts;
 remat-train trains on them with the `--set` options the script printed; and `sample`'s text with
 --tokenizer is byte for byte `tokenizers`' decode (skip_special_tokens=False) of the ids it prints
-without (random draws over the whole vocabulary, so partial UTF-8, special and odd tokens too).
+without (random draws over the whole vocabulary, so partial UTF-8, special and odd tokens too),
+and a text --prompt, which sample encodes itself, starts it as tokenizers' ids of it do.
 """
 import array
 import json
@@ -139,16 +140,21 @@ dir = "{tag}-ckpt"
     check(b"val_loss" in p.stdout, f"{tag}: no validation in the run:\n{p.stdout.decode()}")
 
 
-def sample_matches_decode(tag, tok, prompt_ids):
+def sample_matches_decode(tag, tok, prompt_text):
     """The checkpoint of train(tag), whose model.vocab_size is the tokenizer's: with and without
-    --tokenizer, sample draws the same ids (the same candidates), so the text is their decode."""
+    --tokenizer, sample draws the same ids (the same candidates), so the text is their decode; and
+    the prompt as text, which sample encodes itself, is the prompt tokenizers' ids are."""
+    prompt_ids = tok.encode(prompt_text, add_special_tokens=False).ids
     sample = [BINARY, "sample", "--checkpoint", f"{tag}-ckpt", "--tokens", "300",
-              "--temperature", "1", "--seed", "5", "--prompt", " ".join(map(str, prompt_ids))]
-    ids = [int(x) for x in run(sample).stdout.split()]
+              "--temperature", "1", "--seed", "5"]
+    by_ids = sample + ["--prompt-ids", " ".join(map(str, prompt_ids))]
+    ids = [int(x) for x in run(by_ids).stdout.split()]
     check(len(ids) == 300, f"{tag}: sample printed {len(ids)} ids")
-    text = run(sample + ["--tokenizer", "tokenizer.json"]).stdout
+    text = run(by_ids + ["--tokenizer", "tokenizer.json"]).stdout
     want = (tok.decode(prompt_ids + ids, skip_special_tokens=False) + "\n").encode()
     check(text == want, f"{tag}: sample's text is not tokenizers' decode:\n{text!r}\n{want!r}")
+    by_text = run(sample + ["--prompt", prompt_text, "--tokenizer", "tokenizer.json"]).stdout
+    check(by_text == text, f"{tag}: --prompt {prompt_text!r} is not tokenizers' ids {prompt_ids}")
 
 
 def gpt2_style():
@@ -193,12 +199,22 @@ def gpt2_style():
     check(whole == cut, "pieces of --chunk-bytes 300 and whole documents tokenize differently")
     printed = p.stdout.decode()
 
+    # A full disk: the error names the shard being written, and what this run wrote is removed.
+    # /dev/full fails every write with ENOSPC; a link to it stands for the third shard's file.
+    if os.path.exists("/dev/full"):
+        os.makedirs("full")
+        os.symlink("/dev/full", "full/.train_000002.bin.tmp")
+        p = prepare("--tokenizer", "tokenizer.json", "docs", "--out", "full", "--val-fraction",
+                    "0.1", "--chunk-bytes", "300", "--shard-tokens", "1000", expect=2)
+        one_error_line(p, "full/train_000002.bin", "No space left on device")
+        check(os.listdir("full") == [], f"a failed run left {sorted(os.listdir('full'))}")
+
     encoded = run([sys.executable, SCRIPT, "--tokenizer", "tokenizer.json", "--encode",
                    "the quick café 😀"]).stdout.split()
     prompt = [int(x) for x in encoded]
     check(prompt == tok.encode("the quick café 😀", add_special_tokens=False).ids, "--encode")
     train("gpt2", printed)
-    sample_matches_decode("gpt2", tok, prompt)
+    sample_matches_decode("gpt2", tok, "the quick café 😀")
 
     # JSONL with its own key and --eot as text; a missing key names the line.
     with open("docs.jsonl", "w", encoding="utf-8") as f:
@@ -258,7 +274,7 @@ def llama3_style():
     prompt = tok.encode("the fox café", add_special_tokens=False).ids
     check(max(prompt) >= 66000, f"prompt ids {prompt}")
     train("llama3", p.stdout.decode())
-    sample_matches_decode("llama3", tok, prompt)
+    sample_matches_decode("llama3", tok, "the fox café")
     os.chdir("..")
 
 

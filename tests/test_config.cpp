@@ -155,5 +155,7 @@ TEST_CASE("the key table states what the readers accept, one row per key", "[con
   size_t rows = 0;
   for (size_t at = 0; (at = table.find("\n| `", at)) != std::string::npos; ++at) ++rows;
   CHECK_THAT(table, Contains("| `parallel.data` | integer | `0` | 0..65536 |"));
-  CHECK(rows == 59);
+  CHECK_THAT(table, Contains("| `lora.rank` | integer | `0` | 0..65536 |"));
+  CHECK_THAT(table, Contains("| `lora.alpha` | number | `16` |"));
+  CHECK(rows == 68);
 }

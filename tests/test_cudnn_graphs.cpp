@@ -26,6 +26,23 @@ TEST_CASE("cuDNN causal attention graphs finalize on the host for every shape cl
   }
 }
 
+TEST_CASE("cuDNN releases whose attention backward needs a padding mask are refused by name",
+          "[cuda]") {
+  using remat::cuda::cudnn_version_refusal;
+  // Up to 9.15.0 the backward needs a padding mask when the key length is not a multiple of 128
+  // (cudnn-frontend adds one; our graphs have none); 9.10.0/9.10.1 are blocked for their bugs.
+  for (int64_t v : {90000, 90600, 91002, 91500}) {
+    INFO(v);
+    CHECK_THAT(cudnn_version_refusal(v),
+               Catch::Matchers::Contains("multiple of 128") && Catch::Matchers::Contains("9.15.1"));
+  }
+  CHECK_THAT(cudnn_version_refusal(91500), Catch::Matchers::Contains("cuDNN 9.15.0:"));
+  CHECK_THAT(cudnn_version_refusal(91001),
+             Catch::Matchers::Contains("cuDNN 9.10.1 has known bugs"));
+  CHECK_THAT(cudnn_version_refusal(8907), Catch::Matchers::Contains("cuDNN 8.9.7 is too old"));
+  for (int64_t v : {91501, 91900, 92600}) CHECK(cudnn_version_refusal(v).empty());
+}
+
 TEST_CASE("the CUDA version string names the runtime, cuBLASLt and cuDNN without a GPU", "[cuda]") {
   const std::string v = remat::cuda::version_string();
   CHECK(remat::cuda::is_built());

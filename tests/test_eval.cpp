@@ -6,6 +6,7 @@
 // and the refusals (a length the budget cannot hold, nothing to score, no held-out data).
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <sys/stat.h>
 
 #include <catch2/catch.hpp>
 #include <cstring>
@@ -183,6 +184,18 @@ TEST_CASE("eval's loss by position is train's validation loss on the same window
 
 namespace {
 
+// A file of llm.c's layout: the 1024-byte header (magic, version 1, the count) and `values`: a
+// token shard (magic 20240520, uint16) or its loss mask (20240522, one byte a token).
+template <class T>
+void write_token_file(const fs::path& path, int32_t magic, const std::vector<T>& values) {
+  std::vector<int32_t> h(256, 0);
+  h[0] = magic, h[1] = 1, h[2] = static_cast<int32_t>(values.size());
+  std::ofstream out(path, std::ios::binary);
+  out.write(reinterpret_cast<const char*>(h.data()), 1024);
+  out.write(reinterpret_cast<const char*>(values.data()),
+            static_cast<std::streamsize>(sizeof(T) * values.size()));
+}
+
 // One passkey task folder, as scripts/prepare_data.py --passkey writes it, holding `tasks`:
 // (tokens, indices of the scored tokens) each, at length tokens - 1.
 void write_tasks(const fs::path& dir, int64_t vocab,
@@ -210,20 +223,8 @@ void write_tasks(const fs::path& dir, int64_t vocab,
     mask.resize(base + ids.size(), 0);
     for (size_t s : scored) mask[base + s] = 1;
   }
-  auto header = [](int32_t magic, int32_t version, size_t n) {
-    std::vector<int32_t> h(256, 0);
-    h[0] = magic, h[1] = version, h[2] = static_cast<int32_t>(n);
-    return h;
-  };
-  std::ofstream bin(dir / "passkey.bin", std::ios::binary);
-  const auto hb = header(20240520, 1, tokens.size());
-  bin.write(reinterpret_cast<const char*>(hb.data()), 1024);
-  bin.write(reinterpret_cast<const char*>(tokens.data()),
-            static_cast<std::streamsize>(2 * tokens.size()));
-  std::ofstream m(dir / "passkey.mask.bin", std::ios::binary);
-  const auto hm = header(20240522, 1, mask.size());
-  m.write(reinterpret_cast<const char*>(hm.data()), 1024);
-  m.write(reinterpret_cast<const char*>(mask.data()), static_cast<std::streamsize>(mask.size()));
+  write_token_file(dir / "passkey.bin", 20240520, tokens);
+  write_token_file(dir / "passkey.mask.bin", 20240522, mask);
   std::ofstream(dir / "passkey.json") << index.dump(1);
 }
 
@@ -290,6 +291,65 @@ TEST_CASE("eval --passkey: exact when every scored target is transformers' greed
   CHECK(j["memory"]["peak_bytes"] == j["memory"]["predicted_peak_bytes"]);
 }
 
+TEST_CASE("eval of a LoRA checkpoint: its recorded base with its adapters, peft's loss",
+          "[eval][peft]") {
+  // tests/golden/hf/llama-lora: a base, a PEFT adapter far from it, and the PeftModel's loss on
+  // B rows of T + 1 tokens. A run from that adapter at lr 0 checkpoints it unchanged (the
+  // adapters and the modules trained whole, no base weight); eval puts it back on the base that
+  // state.json records and scores the same rows as its windows.
+  const fs::path golden = fs::path(REMAT_SOURCE_DIR) / "tests/golden/hf/llama-lora";
+  const Json meta = Json::parse(std::ifstream(golden / "golden.json"));
+  const int64_t B = meta["B"], T = meta["T"];
+  test::TempDir tmp("eval-lora");
+  const fs::path base = tmp.path / "base";
+  fs::create_directories(base);
+  for (const char* f : {"config.json", "model.safetensors", "generation_config.json"})
+    fs::copy_file(golden / f, base / f);
+  // One shard per row: windows step by T, so each file of T + 1 tokens is one window.
+  std::string files;
+  for (int64_t r = 0; r < B; ++r) {
+    std::vector<uint16_t> row;
+    for (const Json& id : meta["tokens"][static_cast<size_t>(r)]) row.push_back(id.get<uint16_t>());
+    REQUIRE(row.size() == static_cast<size_t>(T + 1));
+    const fs::path file = tmp.path / fmt::format("row{}.bin", r);
+    write_token_file(file, 20240520, row);
+    files += " " + file.string();
+  }
+  auto strings = [](const Json& list) {
+    std::string out;
+    for (const Json& s : list)
+      out += fmt::format("{}\"{}\"", out.empty() ? "" : ", ", s.get<std::string>());
+    return "[" + out + "]";
+  };
+  const Json& l = meta["lora"];
+  std::ofstream(tmp.path / "lora.toml") << fmt::format(
+      "[train]\nseq_len = {}\nbatch_size = {}\nsteps = 1\nlr = 0.0\n[lora]\nrank = {}\nalpha = "
+      "{}\ntargets = {}\nmodules_to_save = {}\n[checkpoint]\ndir = \"{}\"\n",
+      T, B, l["r"].get<int64_t>(), l["lora_alpha"].get<double>(), strings(l["target_modules"]),
+      strings(l["modules_to_save"]), tmp / "ckpt");
+  const test::CliResult train =
+      test::run_binary(fmt::format("train -q --config {} --init hf:{} --init-adapter {}",
+                                   tmp / "lora.toml", base.string(), (golden / "adapter").string()),
+                       true);
+  INFO(train.out);
+  REQUIRE(train.code == 0);
+  const std::string data = fmt::format("--seq-len {} --windows {} --data{}", T, B, files);
+  const Json lora = eval_json(fmt::format("--checkpoint {} {}", tmp / "ckpt", data));
+  CHECK(lora["windows"] == B);
+  CHECK(lora["loss"].get<double>() == Approx(meta["loss"].get<double>()).epsilon(1e-5));
+  CHECK(lora["memory"]["peak_bytes"] == lora["memory"]["predicted_peak_bytes"]);
+  // The base alone scores otherwise: the adapters were applied.
+  const Json plain = eval_json(fmt::format("--model hf:{} {}", base.string(), data));
+  CHECK(std::abs(plain["loss"].get<double>() - meta["loss"].get<double>()) > 1e-3);
+  // A base changed since the checkpoint was written is refused, naming it.
+  std::ofstream(base / "config.json", std::ios::app) << " ";
+  const test::CliResult changed =
+      test::run_binary(fmt::format("eval --checkpoint {} {}", tmp / "ckpt", data), true);
+  CHECK(changed.code == 2);
+  CHECK_THAT(changed.out,
+             Contains("changed since this checkpoint was written") && Contains("config.json is"));
+}
+
 TEST_CASE("eval refuses in one line: a length the budget cannot hold, nothing or no data to score",
           "[eval][smoke]") {
   const Trained& t = trained_model();
@@ -328,7 +388,14 @@ TEST_CASE("eval refuses in one line: a length the budget cannot hold, nothing or
       fmt::format("eval --checkpoint {} --passkey {}", t.checkpoint, t.dir / "no-such-folder"),
       true);
   CHECK(r.code == 2);
-  CHECK_THAT(r.out, Contains("passkey.json: cannot read it"));
+  CHECK_THAT(r.out, Contains("no-such-folder/passkey.json: no such file"));
+  // A FIFO in the index's place is refused at once, never waited on (engine/core/regular_file.h).
+  fs::create_directories(t.dir / "fifo-tasks");
+  REQUIRE(::mkfifo((t.dir / "fifo-tasks/passkey.json").c_str(), 0600) == 0);
+  r = test::run_binary(
+      fmt::format("eval --checkpoint {} --passkey {}", t.checkpoint, t.dir / "fifo-tasks"), true);
+  CHECK(r.code == 2);
+  CHECK_THAT(r.out, Contains("fifo-tasks/passkey.json: not a regular file"));
   // --checkpoint latest takes the config's checkpoint.dir.
   r = test::run_binary(fmt::format("eval --checkpoint latest --config {} --windows 1", t.config),
                        false);

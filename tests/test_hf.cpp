@@ -546,6 +546,13 @@ TEST_CASE("hf config.json: what is not computed here is refused, naming the key"
   CHECK_THAT(error_with([](Json& j) { j["architectures"] = {"GemmaForCausalLM"}; }),
              Contains("config.json: [hf] architectures = [\"GemmaForCausalLM\"]") &&
                  Contains("LlamaForCausalLM"));
+  // transformers builds the model of model_type (AutoConfig), not of architectures: a
+  // disagreement names both.
+  for (const char* type : {"gpt2", "foo"})
+    CHECK_THAT(error_with([&](Json& j) { j["model_type"] = type; }),
+               Contains(fmt::format("model_type = \"{}\"", type)) &&
+                   Contains("architectures = [\"LlamaForCausalLM\"]"));
+  CHECK_THAT(error_with([](Json& j) { j["model_type"] = "llama"; }), Contains("(no error)"));
   // RoPE scaling: a type not computed here is named with the supported ones, in either spelling.
   for (const char* type : {"longrope", "ntk"})
     CHECK_THAT(error_with([&](Json& j) {
@@ -784,6 +791,40 @@ TEST_CASE("hf weights: a missing, left-over or mis-shaped tensor is refused by n
              Contains("lm_head.weight differs from model.embed_tokens.weight"));
   fs::remove(tmp.path / "model.safetensors");
   CHECK_THAT(load_error(tmp.path), Contains("neither model.safetensors nor"));
+}
+
+TEST_CASE("hf weights: a NaN or an infinity is refused at import, naming the file and tensor",
+          "[hf]") {
+  TempDir tmp("hf-nan");
+  const LlamaShape s{};
+  for (const char* dtype : {"F32", "BF16"}) {
+    for (const float bad : {std::nanf(""), -INFINITY}) {
+      INFO(dtype << " " << bad);
+      HfTensors t = llama_tensors(s, 16);
+      t["model.layers.1.mlp.up_proj.weight"].data[7] = bad;
+      write_folder(tmp.path, llama_config(s), t, dtype);
+      CHECK_THAT(load_error(tmp.path),
+                 Contains("model.safetensors: tensor 'model.layers.1.mlp.up_proj.weight'") &&
+                     Contains(std::isnan(bad) ? "NaN" : "-inf") && Contains("element 7"));
+    }
+  }
+}
+
+TEST_CASE("hf weights: model.safetensors beside an index is what loads, as in transformers",
+          "[hf]") {
+  // transformers 4.57's from_pretrained looks for model.safetensors before
+  // model.safetensors.index.json: the single file is the model, and the index is not read.
+  TempDir tmp("hf-both");
+  const LlamaShape s{};
+  const HfTensors t = llama_tensors(s, 17);
+  write_folder(tmp.path, llama_config(s), t);
+  Json index = {{"metadata", {{"total_size", 0}}}, {"weight_map", Json::object()}};
+  for (const auto& [name, tensor] : t)
+    index["weight_map"][name] = "model-00001-of-00001.safetensors";
+  write_file(tmp.path / "model.safetensors.index.json", index.dump());  // its shard is missing
+  Loaded l = load(tmp.path);
+  check_params(*l.model, expected_llama(s, t));
+  CHECK_THAT(l.note, Contains("model.safetensors.index.json beside it not read"));
 }
 
 TEST_CASE("hf export: config.json names the architecture transformers builds", "[hf]") {

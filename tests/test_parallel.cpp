@@ -300,6 +300,32 @@ TEST_CASE("a sharded optimizer (ZeRO-1) trains and checkpoints exactly like the 
   check_close(losses_of(whole.string() + ".jsonl"), losses_of(sharded.string() + ".jsonl"), 1e-6);
 }
 
+TEST_CASE("gradient accumulation over data-parallel ranks and ZeRO-1 trains like one rank",
+          "[smoke][parallel][accum]") {
+  // 2 micro-batches of 4 rows per step: the ranks exchange gradients once, in the last one.
+  TempDir dir("dp-accum");
+  const std::string base = gpt_args(6, "-q --set train.grad_accum=2 --metrics ");
+  auto metrics = [&](const char* name) { return (dir.path / name).string(); };
+  REQUIRE(run_ranks(1, base + metrics("one.jsonl")).code == 0);
+  const CliResult two = run_ranks(2, base + metrics("two.jsonl"));
+  INFO(two.out);
+  REQUIRE(two.code == 0);
+  const CliResult zero =
+      run_ranks(2, base + metrics("zero.jsonl") + " --set parallel.shard_optimizer=true");
+  INFO(zero.out);
+  REQUIRE(zero.code == 0);
+  // One batch of 8 rows is the same step (the rows of both micro-batches), to reassociation.
+  REQUIRE(run_ranks(1, gpt_args(6, "-q --set train.batch_size=8 --metrics ") + metrics("big.jsonl"))
+              .code == 0);
+  check_close(losses_of(metrics("one.jsonl")), losses_of(metrics("two.jsonl")), 1e-6);
+  check_close(losses_of(metrics("one.jsonl")), losses_of(metrics("zero.jsonl")), 1e-6);
+  check_close(losses_of(metrics("one.jsonl")), losses_of(metrics("big.jsonl")), 1e-6);
+  check_rank_peaks(dir.path, "two", 2);
+  check_rank_peaks(dir.path, "zero", 2);
+  // The job's tokens of an optimizer step: 2 micro-batches x 4 rows x 64 tokens.
+  for (const auto& [step, tokens] : values_of(metrics("two.jsonl"), "tokens")) CHECK(tokens == 512);
+}
+
 namespace {
 
 // `cfg` trained for its steps on one CPU rank, the optimizer sharded (over that one rank, which
@@ -337,6 +363,30 @@ Trained train_one_rank(const remat::Config& cfg, bool shard) {
 }
 
 }  // namespace
+
+TEST_CASE("LoRA over 2 data-parallel ranks, sharded or not, trains like one rank",
+          "[smoke][parallel][lora]") {
+  // The frozen base has no gradient to sum and no moments to shard: the adapters' and the
+  // modules' trained whole go through the buckets alone.
+  TempDir dir("dp-lora");
+  const std::string base = std::string(REMAT_SOURCE_DIR) + "/tests/golden/hf/llama-lora";
+  const std::string args = fmt::format(
+      "--init hf:{} --set device.threads=1 --set train.seq_len=13 --set train.batch_size=4 "
+      "--set train.steps=6 --set train.lr=0.01 --set lora.rank=4 --set lora.alpha=8 "
+      "--set lora.dropout=0.1 --set 'lora.modules_to_save=[\"norm\"]' -q --metrics ",
+      base);
+  const std::string one = (dir.path / "one.jsonl").string();
+  REQUIRE(run_ranks(1, "train " + args + one).code == 0);
+  for (const char* shard : {"false", "true"}) {
+    INFO("shard_optimizer " << shard);
+    const std::string two = (dir.path / fmt::format("two-{}.jsonl", shard)).string();
+    const CliResult r = run_ranks(
+        2, "train " + args + two + fmt::format(" --set parallel.shard_optimizer={}", shard));
+    INFO(r.out);
+    REQUIRE(r.code == 0);
+    check_close(losses_of(one), losses_of(two), 1e-6);
+  }
+}
 
 TEST_CASE("the sharded optimizer's path over one rank gives the unsharded trainer's bits",
           "[parallel]") {

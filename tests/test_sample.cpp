@@ -1,9 +1,9 @@
 // Generation: the KV-cached decoder reproduces the training forward position by position (the
 // proof that its weight layout, RoPE and cache match the trained model), llm.c's tokenizer file
-// and a Hugging Face tokenizer.json are read and validated, token bytes print as UTF-8, and
-// (smoke) `sample` continues the string a tiny byte model learned and prints a token model's
-// output through a tokenizer.json. (tests/prepare_data_check.py compares the decoding with the
-// `tokenizers` package itself where it is installed.)
+// is read and validated, and (smoke) `sample` continues the string a tiny byte model learned, and
+// takes a token model's prompt as text or ids and prints its output through a tokenizer.json.
+// (tests/test_tokenizer.cpp tests the tokenizer.json tokenizer itself against the `tokenizers`
+// package; tests/prepare_data_check.py compares `sample`'s text with it where it is installed.)
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -13,7 +13,6 @@
 #include <filesystem>
 #include <fstream>
 
-#include "data/bpe_tokenizer.h"
 #include "data/gpt2_tokenizer.h"
 #include "engine/config/config.h"
 #include "engine/core/error.h"
@@ -120,33 +119,6 @@ std::string tokenizer_error(const std::string& path) {
   return "";
 }
 
-// A byte-level BPE tokenizer.json with `vocab` and `added` (JSON object bodies / array items).
-// The characters are GPT-2's bytes_to_unicode: U+0120 'Ġ' is the byte 0x20, U+0124 'Ĥ' is 0x82,
-// and the printable bytes ('â' 0xE2, 'Ã' 0xC3, '©' 0xA9, '¬' 0xAC) stand for themselves.
-std::string bpe_json(const std::string& vocab, const std::string& added,
-                     const std::string& decoder = R"({"type": "ByteLevel"})",
-                     const std::string& model_type = "BPE") {
-  return fmt::format(R"({{"version": "1.0", "added_tokens": [{}], "normalizer": null,
-  "pre_tokenizer": {{"type": "ByteLevel", "add_prefix_space": false}}, "decoder": {},
-  "model": {{"type": "{}", "vocab": {{{}}}, "merges": ["a b", "\u0120 t"]}}}})",
-                     added, decoder, model_type, vocab);
-}
-
-const std::string kVocab =
-    R"("a": 0, "b": 1, "\u0120the": 2, "\u00c3\u00a9": 3, "\u00e2\u0124": 4, "\u00ac": 5, )"
-    R"("\u00e2": 6, "\u0120": 7)";
-const std::string kAdded = R"({"id": 9, "content": "<|endoftext|>", "special": true},)"
-                           R"({"id": 10, "content": "<|end of turn|>", "special": true})";
-
-std::string bpe_error(const std::string& path) {
-  try {
-    BpeTokenizer tok(path);
-  } catch (const DataError& e) {
-    return e.what();
-  }
-  return "";
-}
-
 }  // namespace
 
 TEST_CASE("decoder logits match the training forward at every position (learned positions)",
@@ -242,108 +214,6 @@ TEST_CASE("gpt2 tokenizer files (v1, v2) decode, and bad ones are DataErrors nam
   }
 }
 
-TEST_CASE("a byte-level BPE tokenizer.json decodes ids to the bytes they stand for", "[sample]") {
-  TempDir tmp("bpe");
-  write_file(tmp / "tokenizer.json", bpe_json(kVocab, kAdded));
-  BpeTokenizer tok(tmp / "tokenizer.json");
-  CHECK(tok.vocab_size() == 11);  // one past the largest id; 8 is a gap
-  CHECK(tok.decode(2) == " the");
-  CHECK(tok.decode(3) == "\xc3\xa9");  // é
-  CHECK(tok.decode(4) == "\xe2\x82");  // the first two bytes of €
-  CHECK(tok.decode(5) == "\xac");
-  CHECK(tok.decode(8).empty());
-  CHECK(tok.decode(9) == "<|endoftext|>");     // every character in the table: itself
-  CHECK(tok.decode(10) == "<|end of turn|>");  // a space is not: the string as it is
-  CHECK(tok.eot_token() == 9);
-  CHECK_THROWS_AS(tok.decode(11), DataError);
-  CHECK_THROWS_AS(tok.decode(-1), DataError);
-  CHECK(BpeTokenizer::looks_like_json(tmp / "tokenizer.json"));
-
-  SECTION("tokenizer_config.json beside it names the end-of-text token, as a string or object") {
-    write_file(tmp / "tokenizer_config.json", R"({"eos_token": "<|end of turn|>"})");
-    CHECK(BpeTokenizer(tmp / "tokenizer.json").eot_token() == 10);
-    write_file(tmp / "tokenizer_config.json",
-               R"({"eos_token": {"content": "<|endoftext|>", "lstrip": false}})");
-    CHECK(BpeTokenizer(tmp / "tokenizer.json").eot_token() == 9);
-    write_file(tmp / "tokenizer_config.json", R"({"eos_token": "</s>"})");
-    CHECK_THAT(bpe_error(tmp / "tokenizer.json"),
-               Contains(tmp / "tokenizer_config.json") && Contains("\"</s>\" is not a token"));
-  }
-  SECTION("without one, no end-of-text token is -1") {
-    write_file(tmp / "plain.json", bpe_json(kVocab, ""));
-    CHECK(BpeTokenizer(tmp / "plain.json").eot_token() == -1);
-  }
-  SECTION("a token's bytes are joined with the next before they are read as UTF-8") {
-    Utf8Stream out;
-    std::string text = out.push(tok.decode(4));  // E2 82: valid so far, held back
-    CHECK(text.empty());
-    text += out.push(tok.decode(5));  // AC completes €
-    text += out.push(tok.decode(2));
-    CHECK(text + out.finish() == "\xe2\x82\xac the");
-  }
-}
-
-TEST_CASE("bytes that are not UTF-8 print as U+FFFD, one per maximal invalid sequence",
-          "[sample]") {
-  auto lossy = [](const std::string& bytes) {
-    Utf8Stream s;
-    const std::string head = s.push(bytes);  // before finish(): operands of + have no order
-    return head + s.finish();
-  };
-  const std::string r = "\xef\xbf\xbd";  // U+FFFD
-  CHECK(lossy("abc \xc3\xa9") == "abc \xc3\xa9");
-  CHECK(lossy("\xe2\x82"
-              "A") == r + "A");                       // a cut-off character, then a new one
-  CHECK(lossy("A\xf0\x9f\x98") == "A" + r);           // cut off by the end: one
-  CHECK(lossy("\xc0\x80") == r + r);                  // overlong: no valid prefix at all
-  CHECK(lossy("\xed\xa0\x80") == r + r + r);          // a surrogate
-  CHECK(lossy("\x80\xbf\xff") == r + r + r);          // continuation bytes alone, and 0xFF
-  CHECK(lossy("\xf4\x90\x80\x80") == r + r + r + r);  // past U+10FFFF
-  CHECK(lossy("\xf0\x9f\x98\x80") == "\xf0\x9f\x98\x80");
-  Utf8Stream split;  // one byte at a time: the same text
-  std::string text;
-  for (char c : std::string("x\xe2\x82\xac\xe2\x82y\xf0\x9f"))
-    text += split.push(std::string(1, c));
-  CHECK(text + split.finish() == "x\xe2\x82\xac" + r + "y" + r);
-}
-
-TEST_CASE("bad tokenizer.json files are DataErrors naming the file and the fix", "[sample]") {
-  TempDir tmp("badbpe");
-  const std::string f = tmp / "tokenizer.json";
-  std::string msg;
-  SECTION("missing") {
-    msg = bpe_error(f);
-    CHECK_THAT(msg, Contains("no such file"));
-  }
-  SECTION("not JSON") {
-    write_file(f, "{\"model\": ");
-    msg = bpe_error(f);
-    CHECK_THAT(msg, Contains("not valid JSON"));
-  }
-  SECTION("not a BPE model") {
-    write_file(f, bpe_json(kVocab, kAdded, R"({"type": "ByteLevel"})", "Unigram"));
-    msg = bpe_error(f);
-    CHECK_THAT(msg, Contains("model.type is \"Unigram\"") && Contains("drop --tokenizer"));
-  }
-  SECTION("not byte-level (SentencePiece-style Metaspace)") {
-    write_file(f, bpe_json(kVocab, kAdded, R"({"type": "Metaspace", "replacement": "x"})"));
-    msg = bpe_error(f);
-    CHECK_THAT(msg, Contains("decoder is \"Metaspace\", not ByteLevel"));
-  }
-  SECTION("an id out of range") {
-    write_file(f, bpe_json(R"("a": -1)", ""));
-    msg = bpe_error(f);
-    CHECK_THAT(msg, Contains("is -1, outside"));
-  }
-  SECTION("a field of the wrong type") {
-    write_file(f, bpe_json(R"("a": "zero")", ""));
-    msg = bpe_error(f);
-    CHECK_THAT(msg, Contains("not an integer id"));
-  }
-  CHECK_THAT(msg, Contains("[tokenizer] " + f + ": ") && Contains("Fix:"));
-  CHECK(msg.find('\n') == std::string::npos);
-}
-
 // Needs `train` to read text data and write checkpoints: a tiny GPT byte model memorizes one
 // sentence, then greedy sampling continues it (100 steps suffice; the helper's 150 leave a margin).
 TEST_CASE("sample continues the sentence a tiny byte model memorized", "[sample][smoke]") {
@@ -365,10 +235,35 @@ TEST_CASE("sample without a checkpoint exits 2 with a fix", "[sample][smoke]") {
   CHECK_THAT(r.out, Contains("--checkpoint") && Contains("Fix"));
 }
 
-// A token model (synthetic copy data, vocabulary 16) sampled through a tokenizer.json: its ids
-// print as the tokens' text, and a tokenizer that does not fit the model, or is no tokenizer.json,
-// stops it with exit 2 and a line naming the file.
-TEST_CASE("sample prints a token model's output through a tokenizer.json", "[sample][smoke]") {
+namespace {
+
+// A byte-level BPE tokenizer.json whose 16 ids fit the test model below. The characters are
+// GPT-2's bytes_to_unicode: U+0120 'Ġ' is the byte 0x20, U+0124 'Ĥ' is 0x82, and the printable
+// bytes ('â' 0xE2, 'Ã' 0xC3, '¬' 0xAC) stand for themselves. " the" encodes to 2 through the
+// merges; 4 and 5 are € in two pieces; 'z' has no token.
+std::string tiny_bpe_json(const std::string& more_vocab = "") {
+  return fmt::format(R"({{"version": "1.0",
+  "added_tokens": [{{"id": 9, "content": "<|endoftext|>", "normalized": false, "special": true}},
+                   {{"id": 10, "content": "<|end of turn|>", "normalized": false, "special": true}}],
+  "normalizer": null, "pre_tokenizer": {{"type": "ByteLevel", "add_prefix_space": false}},
+  "decoder": {{"type": "ByteLevel"}},
+  "model": {{"type": "BPE", "merges": ["\u0120 t", "\u0120t h", "\u0120th e"], "vocab": {{
+    "a": 0, "b": 1, "\u0120the": 2, "\u00c3\u00a9": 3, "\u00e2\u0124": 4, "\u00ac": 5,
+    "\u00e2": 6, "\u0120": 7, "t": 8, "<|endoftext|>": 9, "<|end of turn|>": 10, "h": 11,
+    "e": 12, "\u0120t": 13, "\u0120th": 14, "c": 15{}}}}}}})",
+                     more_vocab);
+}
+
+}  // namespace
+
+// A token model (synthetic copy data, vocabulary 16) sampled through a tokenizer.json: a --prompt
+// is text, encoded (and printed back as text), --prompt-ids are ids, and a tokenizer that does not
+// fit the model, or is no tokenizer.json, stops it with exit 2 and a line naming the file; without
+// a tokenizer.json --prompt takes ids, and text there says how to give text.
+TEST_CASE(
+    "sample takes a token model's prompt as text or ids and prints its output through a "
+    "tokenizer.json",
+    "[sample][smoke]") {
   TempDir tmp("bpe-e2e");
   std::ofstream(tmp / "tiny.toml") << fmt::format(R"(
 [model]
@@ -392,32 +287,55 @@ dir = "{}"
 )",
                                                   tmp / "ckpt");
   REQUIRE(test::run_binary(fmt::format("train --config {} -q", tmp / "tiny.toml"), true).code == 0);
-  // Every id of the model is a token: letters, " the", é and € in two pieces, and an end-of-text.
-  write_file(tmp / "tokenizer.json",
-             bpe_json(kVocab + R"(, "c": 11, "d": 12, "e": 13, "f": 14, "g": 15)", kAdded));
+  write_file(tmp / "tokenizer.json", tiny_bpe_json());
   const std::string sample =
       fmt::format("sample --checkpoint {} --tokens 12 --temperature 0 --tokenizer ", tmp / "ckpt");
-  const auto ok =
-      test::run_binary(sample + tmp / "tokenizer.json" + " --prompt \"2 3 4 5\"", false);
+  auto ok = test::run_binary(sample + tmp / "tokenizer.json" + " --prompt-ids \"2 3 4 5\"", false);
   INFO(ok.out);
   REQUIRE(ok.code == 0);
-  CHECK(ok.out.starts_with(" the\xc3\xa9\xe2\x82\xac"));  // the prompt, as text
+  CHECK(ok.out.starts_with(" the\xc3\xa9\xe2\x82\xac"));  // the prompt's ids, as text
+  // Text, with an added token in it, encoded to 2 9 0: printed back, then the continuation.
+  ok =
+      test::run_binary(sample + tmp / "tokenizer.json" + " --prompt \" the<|endoftext|>a\"", false);
+  CHECK(ok.code == 0);
+  CHECK(ok.out.starts_with(" the<|endoftext|>a"));
+  const std::string continuation = ok.out.substr(std::string(" the<|endoftext|>a").size());
+  // The same ids given as ids: the same output, generated tokens and all.
+  ok = test::run_binary(sample + tmp / "tokenizer.json" + " --prompt-ids 2,9,0", false);
+  CHECK(ok.code == 0);
+  CHECK(ok.out == " the<|endoftext|>a" + continuation);
+  // A character without a token is left out, with a warning.
+  auto r = test::run_binary(sample + tmp / "tokenizer.json" + " --prompt \" thez\"", true);
+  CHECK(r.code == 0);
+  CHECK_THAT(r.out, Contains("warning: [sample] 1 character(s) of the prompt have no token"));
 
-  write_file(tmp / "big.json", bpe_json(kVocab + R"(, "z": 16)", kAdded));
-  auto r = test::run_binary(sample + tmp / "big.json" + " --prompt 2", true);
+  write_file(tmp / "big.json", tiny_bpe_json(R"(, "z": 16)"));
+  r = test::run_binary(sample + tmp / "big.json" + " --prompt-ids 2", true);
   CHECK(r.code == 2);
   CHECK_THAT(r.out, Contains(tmp / "big.json") &&
                         Contains("17 tokens, more than the model's "
                                  "vocabulary of 16") &&
                         Contains("Fix:"));
   write_file(tmp / "broken.json", "[1, 2");
-  r = test::run_binary(sample + tmp / "broken.json" + " --prompt 2", true);
+  r = test::run_binary(sample + tmp / "broken.json" + " --prompt-ids 2", true);
   CHECK(r.code == 2);
   CHECK_THAT(r.out, Contains(tmp / "broken.json") && Contains("not valid JSON"));
   r = test::run_binary(sample + tmp / "missing.json" + " --prompt 2", true);
   CHECK(r.code == 2);
   CHECK_THAT(r.out, Contains(tmp / "missing.json") && Contains("no such file"));
-  r = test::run_binary(sample + tmp / "tokenizer.json" + " --prompt \"the cat\"", true);
+  // llm.c's table only decodes: its --prompt is ids, and text says to give ids or a tokenizer.json.
+  std::vector<std::string> table;
+  for (int i = 0; i < 16; ++i) table.push_back(std::string(1, static_cast<char>('a' + i)));
+  write_file(tmp / "gpt2.bin", tokenizer_bytes(2, table, 15));
+  ok = test::run_binary(sample + tmp / "gpt2.bin" + " --prompt \"0 1 2\"", false);
+  CHECK(ok.code == 0);
+  CHECK(ok.out.starts_with("abc"));
+  r = test::run_binary(sample + tmp / "gpt2.bin" + " --prompt \"the cat\"", true);
   CHECK(r.code == 2);
-  CHECK_THAT(r.out, Contains("--encode"));
+  CHECK_THAT(r.out, Contains("only decodes") && Contains("--prompt-ids"));
+  r = test::run_binary(
+      fmt::format("sample --checkpoint {} --tokens 2 --prompt \"the cat\"", tmp / "ckpt"), true);
+  CHECK(r.code == 2);
+  CHECK_THAT(r.out,
+             Contains("\"the\" is not a token id") && Contains("--tokenizer tokenizer.json"));
 }

@@ -7,8 +7,9 @@
 #include <toml++/toml.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <functional>
 #include <limits>
 #include <map>
@@ -18,9 +19,11 @@
 
 #include "engine/config/config_path.h"
 #include "engine/config/hf_config.h"
+#include "engine/config/lora.h"
 #include "engine/config/policy.h"
 #include "engine/config/rope_scaling.h"
 #include "engine/core/error.h"
+#include "engine/core/regular_file.h"
 #include "engine/core/token_positions.h"
 #include "engine/core/units.h"
 
@@ -370,6 +373,12 @@ const std::vector<KeySpec>& key_specs() {
        [](Config& c, auto& n, auto& o) { c.model.qk_norm = read_bool(n, o); }},
       {"model", "tie_embeddings", "LM head shares the token embedding (tie_word_embeddings)",
        [](Config& c, auto& n, auto& o) { c.model.tie_embeddings = read_bool(n, o); }},
+      {"model", "max_position_embeddings",
+       "the context the model was trained for (llama: config.json's max_position_embeddings); "
+       "0 = unknown. A longer train.seq_len without rope_scaling warns; export writes it",
+       [](Config& c, auto& n, auto& o) {
+         c.model.max_position_embeddings = read_int(n, o, 0, kMax, true);
+       }},
       {"train", "seq_len", "tokens per row",
        [](Config& c, auto& n, auto& o) { c.train.seq_len = read_int(n, o, 1, 1ll << 32, true); }},
       {"train", "batch_size", "rows per step",
@@ -398,6 +407,10 @@ const std::vector<KeySpec>& key_specs() {
        [](Config& c, auto& n, auto& o) { c.train.eval_every = read_int(n, o, 0, kMax, true); }},
       {"train", "eval_tokens", "tokens per evaluation; 0 = 8 batches",
        [](Config& c, auto& n, auto& o) { c.train.eval_tokens = read_int(n, o, 0, kMax, true); }},
+      {"train", "grad_accum",
+       "micro-batches of batch_size rows per optimizer step (gradient accumulation): the "
+       "gradients of one batch of grad_accum x batch_size rows",
+       [](Config& c, auto& n, auto& o) { c.train.grad_accum = read_int(n, o, 1, 1 << 20, false); }},
       {"data", "source", "synthetic tokens, llm.c token shards, or text files read as bytes",
        [](Config& c, auto& n, auto& o) {
          c.data.source = read_choice(n, o, {"synthetic", "tokens", "text"});
@@ -495,6 +508,29 @@ const std::vector<KeySpec>& key_specs() {
       {"parallel", "shard_optimizer",
        "ZeRO-1: each rank keeps and updates the AdamW moments of 1/ranks of the weights",
        [](Config& c, auto& n, auto& o) { c.parallel.shard_optimizer = read_bool(n, o); }},
+      {"lora", "rank",
+       "LoRA adapters of rank r on the chosen linears, every other weight frozen (docs/lora.md); "
+       "0 = off: full fine-tuning",
+       [](Config& c, auto& n, auto& o) { c.lora.rank = read_int(n, o, 0, 65536, false); }},
+      {"lora", "alpha", "the adapters' scale is alpha / rank (alpha / sqrt(rank) with rslora)",
+       [](Config& c, auto& n, auto& o) { c.lora.alpha = read_float(n, o, 1e-6, 1e6); }},
+      {"lora", "targets",
+       "Hugging Face module names that take adapters (llama: q_proj k_proj v_proj o_proj "
+       "gate_proj up_proj down_proj; gpt: c_attn c_proj c_fc), matched as peft does; [] = every "
+       "linear of the blocks",
+       [](Config& c, auto& n, auto& o) { c.lora.targets = read_string_list(n, o); }},
+      {"lora", "dropout", "dropout on each adapter's input (peft's lora_dropout)",
+       [](Config& c, auto& n, auto& o) { c.lora.dropout = read_float(n, o, 0.0, 0.99); }},
+      {"lora", "rslora", "rank-stabilized scale alpha / sqrt(rank) (peft's use_rslora)",
+       [](Config& c, auto& n, auto& o) { c.lora.rslora = read_bool(n, o); }},
+      {"lora", "modules_to_save",
+       "whole modules that train beside the adapters, by Hugging Face name as peft matches them: "
+       "embeddings, norms, the LM head (e.g. [\"embed_tokens\", \"norm\"])",
+       [](Config& c, auto& n, auto& o) { c.lora.modules_to_save = read_string_list(n, o); }},
+      {"lora", "base",
+       "the frozen base's storage: \"fp32\" (\"bf16\" and \"nf4\", QLoRA, are the next stage: "
+       "docs/lora.md)",
+       [](Config& c, auto& n, auto& o) { c.lora.base = read_choice(n, o, {"fp32"}); }},
   };
   return specs;
 }
@@ -551,8 +587,9 @@ void read_section(Config& c, const std::string& section, const toml::table& tbl,
 void validate_model_family(const Config& c, const Origins& o) {
   const auto& m = c.model;
   if (m.kind == ModelKind::Gpt) {
-    for (const char* key : {"model.n_kv_head", "model.head_dim", "model.norm_eps",
-                            "model.rope_scaling", "model.attention_bias", "model.qk_norm"})
+    for (const char* key :
+         {"model.n_kv_head", "model.head_dim", "model.norm_eps", "model.rope_scaling",
+          "model.attention_bias", "model.qk_norm", "model.max_position_embeddings"})
       if (o.all().count(key))
         fail(o.of(key), fmt::format("{} applies to model.kind = \"llama\", not \"gpt\"", key),
              fmt::format("remove {}, or set model.kind = \"llama\"", key));
@@ -572,6 +609,32 @@ void validate_model_family(const Config& c, const Origins& o) {
          fmt::format("n_head = {} is not a multiple of n_kv_head = {}", m.n_head, m.kv_heads()),
          "choose n_kv_head dividing n_head (each key/value head serves n_head / n_kv_head "
          "query heads)");
+}
+
+// [lora] against the model: off (rank 0) means no other key; on, the names must select linears
+// of the blocks and whole modules that can train (engine/config/lora.h says which and why).
+void validate_lora(const Config& c, const Origins& o) {
+  const LoraConfig& l = c.lora;
+  if (!l.enabled()) {
+    for (const char* key : {"lora.alpha", "lora.targets", "lora.dropout", "lora.rslora",
+                            "lora.modules_to_save", "lora.base"})
+      if (o.all().count(key))
+        fail(
+            o.of(key),
+            fmt::format("{} is set while lora.rank = 0, which is LoRA off (full fine-tuning)", key),
+            fmt::format("set lora.rank (e.g. 16) to train adapters, or remove {}", key));
+    return;
+  }
+  if (c.model.kind == ModelKind::Mlp)
+    fail(o.of("lora.rank"),
+         "LoRA adapts the linears of a language model's blocks; model.kind = \"mlp\" has none",
+         "remove [lora] (or set lora.rank = 0)");
+  if (const lora::SiteChoice s = lora::select_sites(c.model, l.targets); !s.problem.empty())
+    fail(o.of("lora.targets"), s.problem, "name the modules as in the model's Hugging Face form");
+  if (const lora::SavedChoice s = lora::select_saved(c.model, l.modules_to_save);
+      !s.problem.empty())
+    fail(o.of("lora.modules_to_save"), s.problem,
+         "name embeddings, norms or the LM head as in the model's Hugging Face form");
 }
 
 // Cross-field checks, each naming the key a user would change.
@@ -617,7 +680,7 @@ void validate(const Config& c, const Origins& o) {
          {"model.n_head", "model.vocab_size", "model.n_ctx", "model.d_ff", "model.position",
           "model.rope_theta", "model.dropout", "model.n_kv_head", "model.head_dim",
           "model.norm_eps", "model.rope_scaling", "model.attention_bias", "model.qk_norm",
-          "model.tie_embeddings"})
+          "model.tie_embeddings", "model.max_position_embeddings"})
       // In the file it is a mistake; from --set it is harmless (ignored), so one list of
       // overrides can sweep shapes across both kinds. A value that would change the model
       // (rope, dropout) is an error from anywhere.
@@ -670,6 +733,15 @@ void validate(const Config& c, const Origins& o) {
                      c.remat.offload, c.parallel.world_ranks()),
          "run one rank (parallel.data = parallel.context = 1), or offload less: \"checkpoints\" "
          "or \"checkpoints+optimizer\"");
+  // The weight stream copies each step's gradients OVER the host ones (weight_stream.h): a second
+  // micro-batch would replace the first's instead of adding to it.
+  if (t.grad_accum > 1 && c.remat.offloads_weights())
+    fail(o.of("train.grad_accum"),
+         fmt::format("grad_accum = {} with remat.offload = \"{}\": the gradients of weights in "
+                     "host memory are replaced after each micro-batch, not summed",
+                     t.grad_accum, c.remat.offload),
+         "offload less (remat.offload = \"checkpoints+optimizer\"), or raise train.batch_size "
+         "instead (train.grad_accum = 1)");
   const bool file_data = c.data.source != "synthetic";
   if (file_data && c.data.path.empty())
     fail(o.of("data.path"), fmt::format("data.source = \"{}\" needs files to read", c.data.source),
@@ -738,11 +810,12 @@ void validate(const Config& c, const Origins& o) {
         fail(o.of("remat.blocks"), fmt::format("block {} is listed twice", b),
              "list each block once");
   }
+  validate_lora(c, o);
 }
 
 // "section.key=value" -> inserts value (parsed as TOML, else as a bare string) into `root`.
-const std::vector<std::string> kSections = {"model",  "train", "data",       "remat",
-                                            "device", "log",   "checkpoint", "parallel"};
+const std::vector<std::string> kSections = {"model", "train", "data",       "remat",   "device",
+                                            "log",   "lora",  "checkpoint", "parallel"};
 
 void apply_override(toml::table& root, const std::string& text, Origins& origins) {
   const auto eq = text.find('=');
@@ -810,9 +883,12 @@ std::optional<hf::ModelKeys> expand_from_hf(toml::table& root, const WhereFn& wh
   return keys;
 }
 
-Config build(toml::table root, const std::string& name, const std::vector<std::string>& overrides) {
+// `given`: where keys merged into `root` from another file came from ("section.key" -> its
+// "file:line:col"), so that messages point there and not at `name`.
+Config build(toml::table root, const std::string& name, const std::vector<std::string>& overrides,
+             const std::map<std::string, std::string>& given = {}) {
   Origins origins(name);
-  std::map<std::string, std::string> from_set;
+  std::map<std::string, std::string> from_set = given;
   for (const auto& ov : overrides) {
     apply_override(root, ov, origins);
     auto eq = ov.find('=');
@@ -901,23 +977,21 @@ std::string read_config_file(const std::string& path) {
     throw ConfigError(fmt::format(
         "{}: [config] cannot open the config file. Fix: check the path (configs/ has ready ones)",
         path));
-  if (!fs::is_regular_file(st))
+  RegularFile file = RegularFile::open_read(path);
+  if (file.problem() == RegularFile::Problem::NotRegular)
     throw ConfigError(fmt::format(
         "{}: [config] not a regular file (a directory, device or pipe). Fix: give a .toml file",
         path));
-  std::ifstream in(path, std::ios::binary);
-  std::string text(kMaxConfigBytes + 1, '\0');
-  in.read(text.data(), static_cast<std::streamsize>(text.size()));
-  if (in.bad())
-    throw ConfigError(
-        fmt::format("{}: [config] cannot read the config file. Fix: check its "
-                    "permissions",
-                    path));
-  text.resize(static_cast<size_t>(in.gcount()));
-  if (text.size() > kMaxConfigBytes)
+  std::string text;
+  const int err = file.ok() ? file.read_all(text, kMaxConfigBytes) : file.error();
+  if (err == EFBIG)
     throw ConfigError(
         fmt::format("{}: [config] larger than {} bytes: not a config. Fix: give a .toml file", path,
                     kMaxConfigBytes));
+  if (!file.ok() || err != 0)
+    throw ConfigError(
+        fmt::format("{}: [config] cannot read the config file ({}). Fix: check its permissions",
+                    path, file.ok() ? std::strerror(err) : file.problem_text()));
   return text;
 }
 
@@ -960,25 +1034,35 @@ std::string from_hf_override(const std::string& dir) {
   return fmt::format("model.from_hf=\"{}\"", quoted);
 }
 
-std::optional<std::string> config_from_hf(const std::string& given,
-                                          const std::vector<std::string>& overrides) {
+std::optional<std::string> config_string_key(const std::string& given,
+                                             const std::vector<std::string>& overrides,
+                                             const std::string& section, const std::string& key) {
+  const std::string prefix = section + "." + key + "=";
   for (auto it = overrides.rbegin(); it != overrides.rend(); ++it)
-    if (it->rfind("model.from_hf=", 0) == 0) {
+    if (it->rfind(prefix, 0) == 0) {
       toml::table root;
       Origins unused(given);
       apply_override(root, *it, unused);
-      return root["model"]["from_hf"].value<std::string>();
+      return root[section][key].value<std::string>();
     }
-  if (given.rfind("hf:", 0) == 0) return given.substr(3);
+  if (given.empty()) return std::nullopt;
+  if (given.rfind("hf:", 0) == 0)
+    return section == "model" && key == "from_hf" ? std::optional(given.substr(3)) : std::nullopt;
   const std::string path = resolve_config_path(given);
-  return parse_toml(read_config_file(path), path)["model"]["from_hf"].value<std::string>();
+  return parse_toml(read_config_file(path), path)[section][key].value<std::string>();
+}
+
+std::optional<std::string> config_from_hf(const std::string& given,
+                                          const std::vector<std::string>& overrides) {
+  return config_string_key(given, overrides, "model", "from_hf");
 }
 
 Config load_config(const std::string& given, const std::vector<std::string>& overrides) {
   // "hf:DIR" is `--model hf:DIR` without --config: no file, the model from DIR, every other key
   // at its default (the name is what fit's and sweep's trials pass on as --config).
+  // Batch 1: the long-context runs a Hugging Face model is planned for train one row per step.
   if (given.rfind("hf:", 0) == 0) {
-    std::vector<std::string> sets{from_hf_override(given.substr(3))};
+    std::vector<std::string> sets{from_hf_override(given.substr(3)), "train.batch_size=1"};
     sets.insert(sets.end(), overrides.begin(), overrides.end());
     return build(toml::table{}, given, sets);
   }
@@ -999,6 +1083,40 @@ Config load_config(const std::string& given, const std::vector<std::string>& ove
         "or pass --model hf:DIR for a Hugging Face model folder",
         path));
   return build(std::move(root), path, overrides);
+}
+
+Config load_resume_config(const std::string& saved_toml, const std::string& saved_name,
+                          const std::string& path, const std::vector<std::string>& overrides) {
+  toml::table root = parse_toml(saved_toml, saved_name);
+  // The ranks are where this job runs, not what the run is: the checkpoint's [parallel] holds the
+  // layout its own launcher started (parallel.data resolved from it), so it is not carried over.
+  root.erase("parallel");
+  std::map<std::string, std::string> given;  // the file's keys: where each was set
+  if (!path.empty() && path.rfind("hf:", 0) != 0) {
+    const std::string file = resolve_config_path(path);
+    for (auto&& [k, node] : parse_toml(read_config_file(file), file)) {
+      const std::string section(k.str());
+      const Origin o{pos(file, node.source()), section};
+      if (std::find(kSections.begin(), kSections.end(), section) == kSections.end())
+        fail(o, fmt::format("unknown section [{}]", section),
+             fmt::format("use one of {}", fmt::join(kSections, ", ")));
+      const toml::table* tbl = node.as_table();
+      if (!tbl)
+        fail(o, fmt::format("'{}' must be a table", section),
+             fmt::format("write it as [{}]", section));
+      if (!root.contains(section)) root.insert_or_assign(section, toml::table{});
+      toml::table& into = *root[section].as_table();
+      for (auto&& [key, value] : *tbl) {
+        if (section == "model" && key.str() == "from_hf") continue;  // the checkpoint's model
+        into.insert_or_assign(key, value);
+        given[fmt::format("{}.{}", section, key.str())] = pos(file, value.source());
+      }
+    }
+  }
+  std::vector<std::string> sets;
+  for (const std::string& o : overrides)
+    if (o.rfind("model.from_hf=", 0) != 0) sets.push_back(o);
+  return build(std::move(root), saved_name, sets, given);
 }
 
 std::string config_to_toml(const Config& c) {
@@ -1037,6 +1155,7 @@ std::string config_to_toml(const Config& c) {
     model.insert("attention_bias", c.model.attention_bias);
     model.insert("qk_norm", c.model.qk_norm);
     model.insert("tie_embeddings", c.model.tie_embeddings);
+    model.insert("max_position_embeddings", c.model.max_position_embeddings);
   }
   if (c.model.kind ==
       ModelKind::Mlp)  // the MLP refuses the GPT's keys, so its state.json omits them
@@ -1054,7 +1173,8 @@ std::string config_to_toml(const Config& c) {
                     {"seed", static_cast<int64_t>(c.train.seed)},
                     {"loss_chunk", c.train.loss_chunk},
                     {"eval_every", c.train.eval_every},
-                    {"eval_tokens", c.train.eval_tokens}};
+                    {"eval_tokens", c.train.eval_tokens},
+                    {"grad_accum", c.train.grad_accum}};
   toml::table data{{"source", c.data.source}};
   if (c.data.source == "synthetic") {
     data.insert("task", c.data.task);
@@ -1093,6 +1213,15 @@ std::string config_to_toml(const Config& c) {
   toml::table root{{"model", model},     {"train", train},      {"data", data},
                    {"remat", remat},     {"device", device},    {"log", log},
                    {"checkpoint", ckpt}, {"parallel", parallel}};
+  // [lora] only when it is on: off is rank = 0 and no other key (which is refused beside it).
+  if (c.lora.enabled())
+    root.insert("lora", toml::table{{"rank", c.lora.rank},
+                                    {"alpha", c.lora.alpha},
+                                    {"targets", strings(c.lora.targets)},
+                                    {"dropout", c.lora.dropout},
+                                    {"rslora", c.lora.rslora},
+                                    {"modules_to_save", strings(c.lora.modules_to_save)},
+                                    {"base", c.lora.base}});
   std::ostringstream out;
   out << root << '\n';
   return out.str();
@@ -1112,6 +1241,19 @@ std::string_view config_name(Precision v) {
 }
 std::string_view config_name(OffloadKind v) {
   return enum_name(v, kOffloads);
+}
+const std::vector<OffloadKind>& offload_kinds() {
+  static const std::vector<OffloadKind> kinds = [] {
+    std::vector<OffloadKind> out;
+    for (const auto& [name, kind] : kOffloads) out.push_back(kind);
+    return out;
+  }();
+  return kinds;
+}
+std::string offload_names(std::string_view sep) {
+  std::vector<std::string_view> names;
+  for (const auto& [name, kind] : kOffloads) names.push_back(name);
+  return fmt::format("{}", fmt::join(names, sep));
 }
 std::string_view offloaded_what(OffloadKind v) {
   switch (v) {
@@ -1150,7 +1292,21 @@ std::string toml_literal(const toml::node& n) {
     for (const toml::node& e : *a) items.push_back(toml_literal(e));
     return fmt::format("[{}]", fmt::join(items, ", "));
   }
+  if (const toml::table* t = n.as_table()) {  // model.rope_scaling
+    std::vector<std::string> items;
+    for (auto&& [k, v] : *t) items.push_back(fmt::format("{} = {}", k.str(), toml_literal(v)));
+    return fmt::format("{{ {} }}", fmt::join(items, ", "));
+  }
   return "?";
+}
+
+// Every key config_to_toml writes, as "section.key" -> its TOML literal.
+std::map<std::string, std::string> flat_keys(const Config& c) {
+  std::map<std::string, std::string> out;
+  for (auto&& [section, node] : toml::parse(config_to_toml(c)))
+    if (const toml::table* t = node.as_table())
+      for (auto&& [k, v] : *t) out[fmt::format("{}.{}", section.str(), k.str())] = toml_literal(v);
+  return out;
 }
 
 // What `spec`'s reader accepts: the reader runs in describe mode (it states its type and range
@@ -1168,19 +1324,72 @@ KeyAccepts describe_key(const KeySpec& spec) {
 
 }  // namespace
 
+std::vector<KeyChange> config_changes(const Config& before, const Config& after) {
+  const std::map<std::string, std::string> a = flat_keys(before), b = flat_keys(after);
+  std::vector<KeyChange> out;
+  // Both maps' keys: a key one of them leaves out (device.memory = 0) still counts.
+  std::map<std::string, int> keys;
+  for (const auto& [k, v] : a) keys[k] = 0;
+  for (const auto& [k, v] : b) keys[k] = 0;
+  for (const auto& [key, unused] : keys) {
+    const auto x = a.find(key), y = b.find(key);
+    const std::string from = x != a.end() ? x->second : "(unset)";
+    const std::string to = y != b.end() ? y->second : "(unset)";
+    if (from == to) continue;
+    const auto origin = after.origins.find(key);
+    out.push_back({key, from, to, origin != after.origins.end() ? origin->second : after.path});
+  }
+  return out;
+}
+
+bool changes_on_resume(const std::string& key) {
+  // Where and how long the run goes on, and what it keeps in memory: never what a step computes
+  // from the weights and the data (the model, the seed, the batch, the optimizer's settings, the
+  // data's order). Remat and the ranks change only the order of float sums, if anything.
+  static const std::vector<std::string> kKeys = {"train.steps",
+                                                 "train.eval_every",
+                                                 "train.eval_tokens",
+                                                 "train.loss_chunk",
+                                                 "data.path",
+                                                 "data.val_path",
+                                                 "data.val_fraction",
+                                                 "device.memory",
+                                                 "device.host_memory",
+                                                 "device.threads",
+                                                 "device.backend",
+                                                 "log.every",
+                                                 "checkpoint.dir",
+                                                 "checkpoint.every",
+                                                 "checkpoint.keep_last",
+                                                 "checkpoint.on_interrupt",
+                                                 "model.max_position_embeddings"};
+  return key.rfind("remat.", 0) == 0 || key.rfind("parallel.", 0) == 0 ||
+         std::find(kKeys.begin(), kKeys.end(), key) != kKeys.end();
+}
+
 std::string config_keys_markdown() {
   // The defaults as config_to_toml writes them; a second config with file data brings out the
-  // [data] keys that only file sources use.
+  // [data] keys that only file sources use, a third the Llama family's [model] keys, a fourth
+  // the [lora] keys (written only when LoRA is on).
   Config defaults;
   Config with_files = defaults;
   with_files.data.source = "tokens";
+  Config llama = defaults;  // and the [model] keys only the Llama family writes
+  llama.model.kind = ModelKind::Llama;
+  Config with_lora = defaults;  // [lora] is written when it is on: its defaults but the rank
+  with_lora.lora.rank = 1;
   const toml::table plain = toml::parse(config_to_toml(defaults));
   const toml::table files = toml::parse(config_to_toml(with_files));
+  const toml::table family = toml::parse(config_to_toml(llama));
+  toml::table lora = toml::parse(config_to_toml(with_lora));
+  lora["lora"].as_table()->insert_or_assign("rank", defaults.lora.rank);
   std::string out = "| key | type | default | accepted | meaning |\n|---|---|---|---|---|\n";
   for (const KeySpec& spec : key_specs()) {
     const KeyAccepts accepts = describe_key(spec);
     const toml::node* d = plain.at_path(fmt::format("{}.{}", spec.section, spec.key)).node();
     if (!d) d = files.at_path(fmt::format("{}.{}", spec.section, spec.key)).node();
+    if (!d) d = family.at_path(fmt::format("{}.{}", spec.section, spec.key)).node();
+    if (!d) d = lora.at_path(fmt::format("{}.{}", spec.section, spec.key)).node();
     const std::string shown =
         d ? toml_literal(*d)
         : accepts.type == "strings" || accepts.type == "integers" || accepts.type == "paths" ? "[]"

@@ -37,6 +37,10 @@ std::string_view config_name(Precision v);
 std::string_view config_name(OffloadKind v);
 /// What an offload kind keeps in host memory, in words: "checkpoints and AdamW moments".
 std::string_view offloaded_what(OffloadKind v);
+/// Every remat.offload value, in the order `keys` lists them (the one table of their spellings).
+const std::vector<OffloadKind>& offload_kinds();
+/// Their spellings joined by `sep`: "none|checkpoints|checkpoints+optimizer|...".
+std::string offload_names(std::string_view sep);
 
 }  // namespace remat
 
@@ -72,6 +76,9 @@ struct ModelConfig {
   bool attention_bias = false;  // q/k/v projection biases (Qwen2)
   bool qk_norm = false;         // per-head RMSNorm of q and k before RoPE (Qwen3)
   bool tie_embeddings = true;   // LM head = token embedding (tie_word_embeddings)
+  // The context the checkpoint was trained for (config.json's max_position_embeddings; llama).
+  // Informs only: a longer train.seq_len without rope_scaling warns, and export writes it.
+  int64_t max_position_embeddings = 0;  // 0 = unknown
   // model.from_hf: the Hugging Face folder whose config.json gave the keys above (docs/hf.md).
   // Not written back by config_to_toml, which writes the keys themselves.
   std::string from_hf;
@@ -95,6 +102,9 @@ struct TrainConfig {
   int64_t loss_chunk = 0;   // rows per fused LM-head chunk; 0 = chosen by the tool
   int64_t eval_every = 0;   // validation loss every N steps (and after the last); 0 = off
   int64_t eval_tokens = 0;  // tokens per evaluation; 0 = 8 batches' worth
+  // Micro-batches of batch_size rows per optimizer step: their gradients add up to those of one
+  // batch of grad_accum x batch_size rows (engine/training/trainer.h).
+  int64_t grad_accum = 1;
 };
 
 struct DataConfig {
@@ -150,6 +160,24 @@ struct CheckpointConfig {
   bool on_interrupt = true;  // SIGINT/SIGTERM/SIGHUP write one before exit
 };
 
+/// LoRA (docs/lora.md): adapters y = x W^T + s (x A^T) B^T on the chosen linears of the blocks,
+/// with every other parameter frozen except `modules_to_save`. Which modules the names select, the
+/// adapters' names and shapes: engine/config/lora.h.
+struct LoraConfig {
+  int64_t rank = 0;   // r; 0 = off (full fine-tuning)
+  double alpha = 16;  // scale s = alpha / rank (alpha / sqrt(rank) with rslora)
+  // Hugging Face module names, matched as peft does (llama: q_proj k_proj v_proj o_proj gate_proj
+  // up_proj down_proj; gpt: c_attn c_proj c_fc); [] = every linear of the blocks.
+  std::vector<std::string> targets;
+  double dropout = 0;  // on each adapter's input, as peft's lora_dropout
+  bool rslora = false;
+  std::vector<std::string>
+      modules_to_save;  // whole modules that train too: embeddings, norms, head
+  // The frozen base's storage. "fp32" in this build; "bf16" and "nf4" (QLoRA) are the next stage.
+  std::string base = "fp32";
+  bool enabled() const { return rank > 0; }
+};
+
 /// Several ranks (mpirun / srun; engine/parallel), data x context of them. Data parallel: each
 /// group of `context` ranks trains on train.batch_size / data rows of every step. Context
 /// parallel: each rank of a group holds 2 of 2 x context chunks of every row's tokens, and
@@ -184,6 +212,7 @@ struct Config {
   LogConfig log;
   CheckpointConfig checkpoint;
   ParallelConfig parallel;
+  LoraConfig lora;
 };
 
 /// Rows of each step this rank trains on: train.batch_size split over the data-parallel groups.
@@ -203,12 +232,41 @@ BatchShare batch_share(const Config& c);
 /// The config as a TOML document (every key, resolved): what state.json keeps of a run.
 std::string config_to_toml(const Config& c);
 
+/// The config of a run resumed from a checkpoint: the checkpoint's own (`saved_toml`, its
+/// state.json's; `saved_name` names it in messages), with the keys that the config file `path`
+/// (empty or "hf:DIR": none) and `overrides` set on top. Keys that neither sets keep the
+/// checkpoint's values, so a file without [model] (a run started with --init hf:DIR) resumes, and
+/// model.from_hf (in the file or an override) is not read: the checkpoint holds the model's keys,
+/// and its folder may be gone. [parallel] is not the checkpoint's (the ranks are where this job
+/// runs). Whether the changes may be made is changes_on_resume's to say.
+Config load_resume_config(const std::string& saved_toml, const std::string& saved_name,
+                          const std::string& path, const std::vector<std::string>& overrides);
+
+/// One key whose value differs between two configs, as a config file spells it ("20", "\"full\"").
+struct KeyChange {
+  std::string key;  // "train.steps"
+  std::string before, after;
+  std::string origin;  // where `after` was set: "ft.toml:12:1", "--set train.steps=40"
+};
+/// The keys config_to_toml writes whose values differ from `before` to `after`, by key name.
+std::vector<KeyChange> config_changes(const Config& before, const Config& after);
+/// Whether a resumed run may change `key` ("train.steps"): train.steps and the evaluation
+/// cadence, the data files, the memory budget and remat, the ranks, logging and checkpoints --
+/// what does not change what a step computes from the weights and its batch. The model, the seed,
+/// the batch shape, the optimizer's settings and the data order may not.
+bool changes_on_resume(const std::string& key);
+
 /// Every config key as a Markdown table: key, type, default, what the parser accepts (read from
 /// the parser's own readers) and meaning. `remat-train keys` prints it; docs/configs.md shows it.
 std::string config_keys_markdown();
 
-/// The model.from_hf that `path` and `overrides` set (the last --set wins), if any; reads the
-/// file's TOML without checking the rest of it.
+/// The string key `section`.`key` that `path` (a config file, "hf:DIR", or empty: none) and
+/// `overrides` set (the last --set wins), if any; reads the file's TOML without checking the
+/// rest of it (a file that is no whole config, such as one without [model], still answers).
+std::optional<std::string> config_string_key(const std::string& path,
+                                             const std::vector<std::string>& overrides,
+                                             const std::string& section, const std::string& key);
+/// config_string_key for model.from_hf ("hf:DIR" as the path names DIR).
 std::optional<std::string> config_from_hf(const std::string& path,
                                           const std::vector<std::string>& overrides);
 /// The --set that means model.from_hf = `dir` (quoted, so that any folder name reads as a string).
@@ -216,7 +274,8 @@ std::string from_hf_override(const std::string& dir);
 
 /// Parses and validates `path`, then applies each "section.key=value" override with the same
 /// validation. A `path` of "hf:DIR" is no file: the [model] of DIR/config.json (model.from_hf),
-/// every other key at its default. Throws ConfigError (or IoError when the file cannot be read).
+/// train.batch_size = 1, every other key at its default. Throws ConfigError (or IoError when the
+/// file cannot be read).
 Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
 /// Same, from TOML text; `name` stands for the file in messages.
 Config parse_config(const std::string& toml_text, const std::string& name,

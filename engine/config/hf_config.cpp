@@ -3,15 +3,17 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <optional>
 #include <type_traits>
 #include <variant>
 
 #include "engine/config/rope_scaling.h"
 #include "engine/core/error.h"
+#include "engine/core/regular_file.h"
 
 namespace remat::hf {
 namespace {
@@ -136,21 +138,22 @@ ConfigFile open_config(const std::string& dir) {
         "{}: [hf] no such folder. Fix: give a Hugging Face model folder (the one holding "
         "config.json and model.safetensors)",
         dir));
-  if (!fs::is_regular_file(path, ec))
+  RegularFile file = RegularFile::open_read(path);
+  if (file.problem() == RegularFile::Problem::Missing)
     throw ConfigError(fmt::format(
         "{}: [hf] no config.json in the folder. Fix: give a Hugging Face model folder (the one "
         "holding config.json)",
         dir));
-  std::ifstream in(path, std::ios::binary);
-  std::string text(kMaxConfigJsonBytes + 1, '\0');
-  in.read(text.data(), static_cast<std::streamsize>(text.size()));
-  if (in.bad())
+  if (!file.ok())
     throw ConfigError(
-        fmt::format("{}: [hf] cannot read the file. Fix: check its permissions", path));
-  text.resize(static_cast<size_t>(in.gcount()));
-  if (text.size() > kMaxConfigJsonBytes)
+        fmt::format("{}: [hf] {}. Fix: give the folder's config.json", path, file.problem_text()));
+  std::string text;
+  if (const int err = file.read_all(text, kMaxConfigJsonBytes); err == EFBIG)
     throw ConfigError(fmt::format(
         "{}: [hf] larger than 16 MiB: not a model's config.json. Fix: check the folder", path));
+  else if (err != 0)
+    throw ConfigError(fmt::format("{}: [hf] cannot read the file ({}). Fix: check its permissions",
+                                  path, std::strerror(err)));
   Json root;
   try {
     root = Json::parse(text);
@@ -177,10 +180,21 @@ const Architecture& find_architecture(const ConfigFile& f) {
       f.refuse("architectures", archs, "expected a list of one architecture name",
                "remat-train imports one of " + supported_names());
     const std::string name = (*archs)[0].get<std::string>();
-    for (const Architecture& a : kArchitectures)
-      if (name == a.name) return a;
-    f.refuse("architectures", archs, "not an architecture remat-train computes",
-             "use a checkpoint of " + supported_names() + " (" + kFixDocs + ")");
+    const auto a = std::find_if(kArchitectures.begin(), kArchitectures.end(),
+                                [&](const Architecture& x) { return name == x.name; });
+    if (a == kArchitectures.end())
+      f.refuse("architectures", archs, "not an architecture remat-train computes",
+               "use a checkpoint of " + supported_names() + " (" + kFixDocs + ")");
+    // transformers builds the configuration, and from it the model, of model_type (AutoConfig);
+    // architectures only records what was saved. A folder whose two disagree is not one model.
+    const Json* type = ConfigFile::get(j, "model_type");
+    if (type && (!type->is_string() || type->get<std::string>() != a->model_type))
+      f.refuse("model_type", type,
+               fmt::format("disagrees with architectures = {} (whose model_type is \"{}\"; "
+                           "transformers builds the model model_type names)",
+                           archs->dump(), a->model_type),
+               "correct whichever of the two is wrong in config.json");
+    return *a;
   }
   // A config.json without "architectures" (saved from a bare configuration): model_type decides.
   const std::string type = f.string(j, "model_type", "");
@@ -393,6 +407,9 @@ ModelKeys llama_family(const ConfigFile& f, const Architecture& arch) {
       arch.family == Family::Qwen2, arch.family == Family::Qwen3,
       f.boolean(j, "tie_word_embeddings", d.tie));
   if (!rope.scaling_toml.empty()) k.toml += "rope_scaling = " + rope.scaling_toml + "\n";
+  // The context the checkpoint was trained for: train warns past it without rope_scaling.
+  if (const int64_t n = f.integer(j, "max_position_embeddings", 0, 0, INT64_MAX); n > 0)
+    k.toml += fmt::format("max_position_embeddings = {}\n", n);
   return k;
 }
 
@@ -506,9 +523,11 @@ nlohmann::ordered_json config_json(const ModelConfig& m, int64_t seq_len,
     j["hidden_act"] = "silu";
     // Dynamic NTK grows its base past max_position_embeddings (transformers 4.57 reads no other
     // key for it): that is the length the model was configured with.
-    j["max_position_embeddings"] = m.rope_scaling.kind == RopeScaling::Dynamic
-                                       ? OJson(m.rope_scaling.original_context)
-                                       : from_source("max_position_embeddings", seq_len);
+    j["max_position_embeddings"] =
+        m.rope_scaling.kind == RopeScaling::Dynamic
+            ? OJson(m.rope_scaling.original_context)
+            : from_source("max_position_embeddings",
+                          m.max_position_embeddings > 0 ? m.max_position_embeddings : seq_len);
     j["rms_norm_eps"] = m.norm_eps;
     j["rope_theta"] = m.rope_theta;
     j["rope_scaling"] = nullptr;

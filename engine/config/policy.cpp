@@ -88,9 +88,8 @@ PolicyVariant parse_policy_variant(const std::string& entry, const std::string& 
   const auto bad = [&](const std::string& what) {
     return ConfigError(
         fmt::format("--policies: [{}] \"{}\": {}. Fix: write POLICY[:tile=N][:offload=KIND], e.g. "
-                    "full:tile=1024:offload=checkpoints (KIND: none, checkpoints, "
-                    "checkpoints+optimizer, checkpoints+optimizer+weights)",
-                    command, entry, what));
+                    "full:tile=1024:offload=checkpoints (KIND: {})",
+                    command, entry, what, offload_names(", ")));
   };
   while (at != std::string::npos) {
     const size_t next = entry.find(':', at + 1);
@@ -104,9 +103,7 @@ PolicyVariant parse_policy_variant(const std::string& entry, const std::string& 
       if (!n || *n < 0) throw bad(fmt::format("tile=\"{}\" is not a row count", value));
       v.tile_tokens = *n;
     } else if (key == "offload" && !v.offload) {
-      for (OffloadKind k :
-           {OffloadKind::None, OffloadKind::Checkpoints, OffloadKind::CheckpointsOptimizer,
-            OffloadKind::CheckpointsOptimizerWeights})
+      for (OffloadKind k : offload_kinds())
         if (value == config_name(k)) v.offload = k;
       if (!v.offload) throw bad(fmt::format("offload=\"{}\" is not an offload kind", value));
     } else {

@@ -32,7 +32,8 @@ const char* phase_name(Phase p) {
 
 double model_flops(const std::array<OpCost, kNumPhases>& cost_by_phase) {
   return 3 * cost_by_phase[static_cast<size_t>(Phase::Forward)].flops +
-         cost_by_phase[static_cast<size_t>(Phase::Loss)].flops;
+         cost_by_phase[static_cast<size_t>(Phase::Loss)].flops -
+         cost_by_phase[static_cast<size_t>(Phase::Backward)].skipped_flops;
 }
 
 double model_flops(const Backend& be) {
@@ -133,7 +134,7 @@ void Backend::fill_host_impl(const Tensor& t, float value) {
 }
 
 void Backend::count(const OpCost& op) {
-  add_cost({.flops = op.flops, .bytes = op.bytes});
+  add_cost({.flops = op.flops, .bytes = op.bytes, .skipped_flops = op.skipped_flops});
 }
 
 // Every field is added, zeros too: x + 0.0 is x, so a replay adds what the ops added, bit for bit.
@@ -144,6 +145,7 @@ void Backend::add_cost(const OpCost& op) {
   c.to_host_bytes += op.to_host_bytes;
   c.to_device_bytes += op.to_device_bytes;
   c.ring_bytes += op.ring_bytes;
+  c.skipped_flops += op.skipped_flops;
   if (tile_counts_) tile_counts_->emplace_back(phase_, op);
 }
 
@@ -211,6 +213,14 @@ void Backend::linear_forward(const LinearForwardArgs& a) {
 
 void Backend::linear_backward(const LinearBackwardArgs& a) {
   run_op("linear_backward", a, &Backend::linear_backward_impl);
+}
+
+void Backend::lora_forward(const LoraForwardArgs& a) {
+  run_op("lora_forward", a, &Backend::lora_forward_impl);
+}
+
+void Backend::lora_backward(const LoraBackwardArgs& a) {
+  run_op("lora_backward", a, &Backend::lora_backward_impl);
 }
 
 void Backend::layernorm_forward(const LayerNormForwardArgs& a) {

@@ -9,7 +9,8 @@
 //   * parameter gradients ACCUMULATE (+=), so micro-batches sum;
 //   * activation gradients OVERWRITE (=),
 //   * except where a field says "[+=] residual stream": the LayerNorm input gradient adds into
-//     the residual-stream gradient that flows through the block.
+//     the residual-stream gradient that flows through the block; and a LoRA adapter's input
+//     gradient adds into its base linear's (engine/core/ops/lora.h).
 // Shapes use the letters of layers/layer.h: B batch, T time, C channels, NH heads, HS head
 // size, V vocabulary, N = B*T rows, OC output channels. Activations have backend.act_dtype();
 // LayerNorm statistics, log-sum-exp, losses and all parameters are f32; tokens are i32.
@@ -33,6 +34,7 @@
 #include "engine/core/ops/embedding.h"
 #include "engine/core/ops/layernorm.h"
 #include "engine/core/ops/linear.h"
+#include "engine/core/ops/lora.h"
 #include "engine/core/ops/loss.h"
 #include "engine/core/ops/op.h"
 #include "engine/core/ops/ring_attention.h"
@@ -62,7 +64,11 @@ class Backend;
 /// recompute adds FLOPs, the MLP's first block skips the gradient of its data (one of the 3L
 /// GEMMs of an L-layer step), flash attention's backward recomputes the scores (2.5x its forward).
 /// None of that changes what the model needs, so a saving is not read as a loss of efficiency, and
-/// every remat policy has the same count.
+/// every remat policy has the same count. A frozen parameter (LoRA's base) is different: its
+/// weight gradient is not part of the model's work at all, so the backward's skipped dW FLOPs
+/// (OpCost::skipped_flops) are subtracted: a LoRA step's model FLOPs are the forward of the base
+/// and the adapters, the backward's input gradients everywhere, the adapters' weight gradients
+/// and the loss head's (without dW when the head is frozen). docs/lora.md has the arithmetic.
 double model_flops(const std::array<OpCost, kNumPhases>& cost_by_phase);
 double model_flops(const Backend& be);  // of its cost() since reset_cost
 
@@ -74,6 +80,9 @@ class Backend {
   virtual std::string name() const = 0;
   /// One line for the banner: device, threads, BLAS kernel / GPU name.
   virtual std::string describe() const = 0;
+  /// The same without the libraries' and kernels' detail (the CPU's BLAS, GEMM and attention
+  /// kernels), for a banner that is not verbose.
+  virtual std::string describe_brief() const { return describe(); }
   /// dtype of activations (f32 on the CPU, bf16 or f32 on CUDA).
   virtual DType act_dtype() const = 0;
   /// False for the count backend: its tensors have fake addresses and ops compute nothing.
@@ -131,6 +140,9 @@ class Backend {
   // ---- layer ops (see the Args structs for shapes and the += / = contract) ----
   void linear_forward(const LinearForwardArgs& a);
   void linear_backward(const LinearBackwardArgs& a);
+  /// A LoRA adapter's term on a base linear's output columns (engine/core/ops/lora.h).
+  void lora_forward(const LoraForwardArgs& a);
+  void lora_backward(const LoraBackwardArgs& a);
   void layernorm_forward(const LayerNormForwardArgs& a);
   void layernorm_backward(const LayerNormBackwardArgs& a);
   void rmsnorm_forward(const RmsNormForwardArgs& a);
@@ -230,6 +242,8 @@ class Backend {
   virtual void copy_impl(const Tensor& dst, const Tensor& src) = 0;
   virtual void linear_forward_impl(const LinearForwardArgs& a, const OpWorkspace& ws) = 0;
   virtual void linear_backward_impl(const LinearBackwardArgs& a, const OpWorkspace& ws) = 0;
+  virtual void lora_forward_impl(const LoraForwardArgs& a, const OpWorkspace& ws) = 0;
+  virtual void lora_backward_impl(const LoraBackwardArgs& a, const OpWorkspace& ws) = 0;
   virtual void layernorm_forward_impl(const LayerNormForwardArgs& a) = 0;
   virtual void layernorm_backward_impl(const LayerNormBackwardArgs& a) = 0;
   virtual void rmsnorm_forward_impl(const RmsNormForwardArgs& a) = 0;

@@ -10,6 +10,7 @@
 #include "engine/core/ops/attention.h"
 #include "engine/core/ops/embedding.h"
 #include "engine/core/ops/linear.h"
+#include "engine/core/ops/lora.h"
 #include "engine/core/ops/loss.h"
 #include "engine/core/workspace.h"
 
@@ -96,6 +97,21 @@ inline WorkspaceList workspace(const LinearForwardArgs&, const WorkspaceTarget&)
 }
 inline WorkspaceList workspace(const LinearBackwardArgs&, const WorkspaceTarget&) {
   return {};
+}
+/// LoRA: h = s drop(x) A^T (N, r), in the backward also dh (N, r), and with dropout the dropped
+/// input (N, C), which the backward reuses for dh A before its mask.
+inline WorkspaceList lora_workspace(const Tensor& inp, const Tensor& a, float p, bool backward) {
+  const int64_t N = inp.rows(), C = inp.dim(-1), r = a.dim(0);
+  WorkspaceList w{{"lora.h", DType::F32, {N, r}}};
+  if (backward) w.push_back({"lora.dh", DType::F32, {N, r}});
+  if (p > 0) w.push_back({"lora.dropped", DType::F32, {N, C}});
+  return w;
+}
+inline WorkspaceList workspace(const LoraForwardArgs& a, const WorkspaceTarget&) {
+  return lora_workspace(a.inp, a.a, a.dropout.p, false);
+}
+inline WorkspaceList workspace(const LoraBackwardArgs& a, const WorkspaceTarget&) {
+  return lora_workspace(a.inp, a.a, a.dropout.p, true);
 }
 inline WorkspaceList workspace(const AttentionForwardArgs& a, const WorkspaceTarget& t) {
   if (const AttentionChunks ch = attention_chunks(a.qkv, a.chunk_tokens); ch.chunked())

@@ -9,6 +9,7 @@
 #include "engine/core/ops/attention.h"
 #include "engine/core/ops/embedding.h"
 #include "engine/core/ops/linear.h"
+#include "engine/core/ops/lora.h"
 #include "engine/core/ops/loss.h"
 #include "engine/core/workspace.h"
 
@@ -18,16 +19,33 @@ namespace remat::cuda {
 /// Hopper; "gemm.workspace").
 constexpr uint64_t kGemmWorkspaceBytes = uint64_t{32} << 20;
 
-/// cuDNN's plan workspace for the attention graphs, as a fixed reserve. Its real size is known
-/// only once a plan is built on a GPU (the planner has none), and it is tiny for these graphs
-/// (llm.c reports ~16 bytes on H100; the dQ accumulator and sum(dO * O) are our own tensors
-/// below, not part of it). So the CUDA backend always reserves exactly this much and accepts
-/// only engine configs whose plan needs at most this much (engine/cuda/cudnn_attention.cpp skips
-/// the others and names them if none is left): planned and measured peaks then agree to the byte,
-/// whatever the plan needs. 32 MiB (the cuBLASLt workspace's size) is orders of magnitude of
-/// headroom at a negligible cost next to a GPU's memory; tests/gpu prints the real sizes for the
-/// GPT-2 shapes and checks them against it.
+/// cuDNN's plan workspace for the attention graphs: the base of the reserve below. What a plan
+/// needs is known only once it is built on a GPU (the planner has none); for the GPT-2 shapes the
+/// H200 run measured it in bytes, not MiB (the dQ accumulator and sum(dO * O) are our own tensors
+/// below, not part of it). 32 MiB (the cuBLASLt workspace's size) is orders of magnitude of
+/// headroom for those at a negligible cost next to a GPU's memory.
 constexpr uint64_t kCudnnPlanWorkspaceBytes = uint64_t{32} << 20;
+
+/// The reserve for cuDNN's plan workspace of one attention call of B rows, NH query and KVH
+/// key/value heads of HS, over Tk keys, sized from the shapes (nothing measured yet for
+/// grouped-query heads). The grouped-query backward forms each query head's dK and dV before
+/// their sum over its group (the graph's per-head bf16 (B, NH, Tk, HS) products, which
+/// cudnn-frontend declares virtual): an engine that keeps them in its workspace needs 2 B NH Tk HS
+/// bf16 there, 64 MiB for Llama-3.1-8B at 4k keys (32 MiB each, the whole of the former fixed
+/// reserve) and 1 GiB at 64k, so the reserve adds exactly that to the base. The CUDA backend
+/// reserves this much, the count backend counts it, and AttentionEngine accepts only engine
+/// configs whose plan needs at most this much for the call's shape (engine/cuda/
+/// cudnn_attention.cpp skips the others and names them if none is left): planned and measured
+/// peaks agree to the byte whatever the plan needs. The gpu rows [cudnn_workspace] print what
+/// cuDNN asks for at Llama's shapes (4k, 64k, a rectangular chunk pair) and check it against
+/// this; a device run's figures are what this should follow.
+constexpr uint64_t cudnn_plan_reserve_bytes(int64_t B, int64_t NH, int64_t KVH, int64_t Tk,
+                                            int64_t HS, bool backward) {
+  const bool grouped = KVH > 0 && KVH < NH;
+  const uint64_t partials =
+      backward && grouped ? 2 * static_cast<uint64_t>(B * NH * Tk * HS) * 2 : 0;
+  return kCudnnPlanWorkspaceBytes + partials;
+}
 
 /// The most elements one tensor of a cuDNN attention call may span from its pointer: cuDNN's fused
 /// attention addresses its tensors with 32-bit offsets (PyTorch and Paddle refuse cuDNN calls on
@@ -44,24 +62,38 @@ constexpr int64_t kCudnnMaxSpan = (int64_t{1} << 31) - 1;
 /// hundred at 2M tokens, each seconds long.
 constexpr int64_t kAutoAttentionChunkTokens = 65536;
 
+/// Chunks of length L leave a last chunk of one token when T = k L + 1: its diagonal pair is then
+/// a 1 x 1 causal attention, which cuDNN's SDPA backward does not support (cudnn-frontend refuses
+/// s_q = s_kv = 1 on every cuDNN version), and its other pairs are 1-query calls. So the length is
+/// shortened a token at a time until the last chunk has at least two (T = 129 in chunks of 128:
+/// 127 + 2). One step does it unless L - 1 divides k; a run of lengths that all divide T - 1 is
+/// short, since T - 1 < lcm(3, ..., 64) for any T there is, so from L >= 64 (config keys are
+/// multiples of 64) the loop stops long before 2. The CPU's chunks (engine/core/cpu_workspace.h)
+/// keep their 1-token tails: its kernels take any length.
+inline AttentionChunks without_one_token_tail(AttentionChunks ch) {
+  while (ch.chunked() && ch.L > 2 && ch.T % ch.L == 1) --ch.L;
+  return ch;
+}
+
 /// The chunks the CUDA backend runs attention in (engine/core/ops/attention.h):
 /// remat.attention_chunk when given, else none while the whole call stays within kCudnnMaxSpan,
 /// else the fewest chunks of equal length (a multiple of 64, at most kAutoAttentionChunkTokens)
 /// whose views stay within it. A chunked call runs each batch row by itself; when only the batch
 /// passes the bound (B T W beyond it, T W not), two chunks are taken so that it does. A given chunk
-/// longer than the bound allows is shortened to it.
+/// longer than the bound allows is shortened to it, and any length that would leave a last chunk
+/// of one token is shortened until it does not (without_one_token_tail).
 inline AttentionChunks attention_chunks(const Tensor& qkv, int64_t chunk_tokens) {
   const int64_t B = qkv.dim(0), T = qkv.dim(1), W = qkv.dim(2);
   const int64_t bound = std::max<int64_t>(64, kCudnnMaxSpan / W / 64 * 64);
   const bool fits = B * T * W <= kCudnnMaxSpan;
   if (const AttentionChunks given{T, std::min(chunk_tokens, bound)};
       chunk_tokens > 0 && (given.chunked() || fits))
-    return given;
+    return without_one_token_tail(given);
   if (fits) return {T, 0};
   const int64_t longest = std::min(kAutoAttentionChunkTokens, bound);
   const int64_t n = std::max<int64_t>(2, (T + longest - 1) / longest);
   const int64_t L = ((T + n - 1) / n + 63) / 64 * 64;
-  return {T, std::min(L, longest)};
+  return without_one_token_tail({T, std::min(L, longest)});
 }
 
 /// Whether the chunked backward loops key chunks outside (dq summed over the whole row, dk | dv
@@ -76,7 +108,8 @@ constexpr bool chunk_key_outer(int64_t C, int64_t KV) {
 /// carves into these parts, in this order, each rounded to MemoryPool::kAlignment. cuDNN's fused
 /// flash attention takes bf16 q/k/v only and RoPE must rotate q and k before it, hence the bf16
 /// staging copies; its backward needs an fp32 dQ accumulator and the per-row sum(dO * O). The
-/// last part is cuDNN's own plan workspace, the fixed reserve above.
+/// last part is cuDNN's own plan workspace, the reserve above for the largest call the op makes
+/// (the whole batch unchunked; one pair of L keys over chunks).
 /// W = (NH + 2 KVH) HS is qkv's width, C = NH HS out's (engine/core/ops/attention.h).
 struct AttentionWorkspaceLayout {
   uint64_t qkv_bf16 = 0;     // (B, T, W) bf16: cast from f32 acts, or q, k rotated (RoPE) in
@@ -96,7 +129,7 @@ struct AttentionWorkspaceLayout {
   // whole batch row (T rows) and the other over one chunk (L rows): chunk_key_outer says which.
   uint64_t dq_sum = 0;      // (L or T, C) f32
   uint64_t dkv_sum = 0;     // (T or L, 2 KVH HS) f32
-  uint64_t cudnn_plan = 0;  // kCudnnPlanWorkspaceBytes: the plan's own workspace
+  uint64_t cudnn_plan = 0;  // cudnn_plan_reserve_bytes: the plan's own workspace
   uint64_t total() const {
     return qkv_bf16 + out_bf16 + dout_bf16 + dqkv_bf16 + dq_accum + softmax_sum + pair_out +
            pair_lse + out_sum + pair_dqkv + dq_sum + dkv_sum + cudnn_plan;
@@ -107,7 +140,7 @@ inline AttentionWorkspaceLayout attention_workspace_layout(const Tensor& qkv, in
                                                            int n_kv_head, bool use_rope,
                                                            bool backward, int64_t chunk_tokens) {
   const int64_t B = qkv.dim(0), T = qkv.dim(1), W = qkv.dim(2);
-  const int64_t C = W / (n_head + 2 * kv_heads(n_head, n_kv_head)) * n_head;
+  const int64_t KVH = kv_heads(n_head, n_kv_head), HS = W / (n_head + 2 * KVH), C = HS * n_head;
   auto bytes = [](int64_t n, size_t elem) {
     return MemoryPool::accounted_bytes(static_cast<size_t>(n) * elem);
   };
@@ -132,7 +165,8 @@ inline AttentionWorkspaceLayout attention_workspace_layout(const Tensor& qkv, in
       w.dq_sum = bytes((key_outer ? T : L) * C, 4);
       w.dkv_sum = bytes((key_outer ? L : T) * (W - C), 4);
     }
-    w.cudnn_plan = kCudnnPlanWorkspaceBytes;
+    w.cudnn_plan =
+        MemoryPool::accounted_bytes(cudnn_plan_reserve_bytes(1, n_head, KVH, L, HS, backward));
     return w;
   }
   // The backward is qkv's last reader, so with bf16 activations it rotates qkv in place: at the
@@ -147,7 +181,8 @@ inline AttentionWorkspaceLayout attention_workspace_layout(const Tensor& qkv, in
     w.dq_accum = bytes(B * T * C, 4);
     w.softmax_sum = bytes(B * n_head * T, 4);
   }
-  w.cudnn_plan = kCudnnPlanWorkspaceBytes;
+  w.cudnn_plan =
+      MemoryPool::accounted_bytes(cudnn_plan_reserve_bytes(B, n_head, KVH, T, HS, backward));
   return w;
 }
 
@@ -177,6 +212,28 @@ inline WorkspaceList workspace(const LinearBackwardArgs& a, const WorkspaceTarge
   // Only dinp = dout W reads the weight in bf16; dW accumulates in f32 from bf16 operands.
   return gemm_workspace(a.weight, a.dout.dtype == DType::BF16 && !a.dinp.empty());
 }
+/// LoRA: h (N, r) in the activations' dtype (s drop(x) A^T, then dh in the backward), the dropped
+/// input (N, C) with dropout, a bf16 copy of A and B for bf16 GEMMs (cuBLASLt takes one dtype for
+/// both operands), and the GEMM workspace.
+inline WorkspaceList lora_workspace(const Tensor& inp, const Tensor& a, const Tensor& b, float p,
+                                    bool backward) {
+  const int64_t N = inp.rows(), C = inp.dim(-1), r = a.dim(0), n = b.dim(0);
+  WorkspaceList w{{"lora.h", inp.dtype, {N, r}}};
+  if (backward) w.push_back({"lora.dh", inp.dtype, {N, r}});
+  if (p > 0) w.push_back({"lora.dropped", inp.dtype, {N, C}});
+  if (inp.dtype == DType::BF16) {
+    w.push_back({"lora.a_bf16", DType::BF16, {r, C}});
+    w.push_back({"lora.b_bf16", DType::BF16, {n, r}});
+  }
+  w.push_back({"gemm.workspace", DType::BF16, {static_cast<int64_t>(kGemmWorkspaceBytes / 2)}});
+  return w;
+}
+inline WorkspaceList workspace(const LoraForwardArgs& a, const WorkspaceTarget&) {
+  return lora_workspace(a.inp, a.a, a.b, a.dropout.p, false);
+}
+inline WorkspaceList workspace(const LoraBackwardArgs& a, const WorkspaceTarget&) {
+  return lora_workspace(a.inp, a.a, a.b, a.dropout.p, true);
+}
 inline WorkspaceList workspace(const AttentionForwardArgs& a, const WorkspaceTarget&) {
   return attention_workspace(a.qkv, a.n_head, a.n_kv_head, a.rope_theta, false, a.chunk_tokens);
 }
@@ -185,7 +242,9 @@ inline WorkspaceList workspace(const AttentionBackwardArgs& a, const WorkspaceTa
 }
 /// Tokens bucketed by id (positions (N) i32 + bucket starts (N+1) i32), so the scatter-add is
 /// deterministic without atomics ("embedding.buckets").
+/// The token rows' buckets (none when the token table is frozen: only position rows add up).
 inline WorkspaceList workspace(const EmbeddingBackwardArgs& a, const WorkspaceTarget&) {
+  if (a.dwte.empty()) return {};
   return {{"embedding.buckets", DType::I32, {2 * a.tokens.numel() + 1}}};
 }
 /// The tied weight's bf16 copy and the GEMM workspace, then the logits chunk.

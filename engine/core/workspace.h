@@ -42,8 +42,9 @@ struct WorkspacePart {
 /// this and OpWorkspace's, were ~5% of `plan`'s time at 6M tokens).
 class WorkspaceList {
  public:
-  /// The most parts any rule asks for (the CUDA LM head's: bf16 weight, GEMM workspace, logits).
-  static constexpr size_t kMaxParts = 4;
+  /// The most parts any rule asks for (the CUDA LoRA backward's with dropout: h, dh, the dropped
+  /// input, the bf16 A and B, the GEMM workspace).
+  static constexpr size_t kMaxParts = 6;
 
   WorkspaceList() = default;
   WorkspaceList(std::initializer_list<WorkspacePart> parts) {

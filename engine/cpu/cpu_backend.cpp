@@ -83,6 +83,10 @@ std::string CpuBackend::describe() const {
                      attention_isa() == AttentionIsa::Avx512 ? "AVX-512" : "AVX2");
 }
 
+std::string CpuBackend::describe_brief() const {
+  return fmt::format("cpu, {} threads", threads_);
+}
+
 void CpuBackend::upload(const Tensor& dst, const void* host) {
   std::memcpy(dst.data, host, dst.bytes());
 }

@@ -42,6 +42,7 @@ class CpuBackend : public Backend {
   CpuBackend(uint64_t budget_bytes, int threads, uint64_t host_budget_bytes = UINT64_MAX);
   std::string name() const override { return "cpu"; }
   std::string describe() const override;
+  std::string describe_brief() const override;
   DType act_dtype() const override { return DType::F32; }
   bool device_is_host() const override { return true; }
   WorkspaceTarget workspace_target() const override { return {DeviceKind::Cpu, threads_}; }
@@ -56,6 +57,8 @@ class CpuBackend : public Backend {
   void copy_impl(const Tensor& dst, const Tensor& src) override;
   void linear_forward_impl(const LinearForwardArgs& a, const OpWorkspace& ws) override;
   void linear_backward_impl(const LinearBackwardArgs& a, const OpWorkspace& ws) override;
+  void lora_forward_impl(const LoraForwardArgs& a, const OpWorkspace& ws) override;
+  void lora_backward_impl(const LoraBackwardArgs& a, const OpWorkspace& ws) override;
   void layernorm_forward_impl(const LayerNormForwardArgs& a) override;
   void layernorm_backward_impl(const LayerNormBackwardArgs& a) override;
   void rmsnorm_forward_impl(const RmsNormForwardArgs& a) override;
@@ -90,6 +93,10 @@ class CpuBackend : public Backend {
                                  const AttentionChunks& ch);
   void attention_backward_chunked(const AttentionBackwardArgs& a, const OpWorkspace& ws,
                                   const AttentionChunks& ch);
+  // LoRA (engine/cpu/lora.cpp): h = s drop(x) A^T into the workspace's "lora.h"; returns the
+  // adapter's input as the GEMMs read it (x, or its dropped copy in "lora.dropped").
+  const float* lora_input(const Tensor& inp, const Tensor& a, float scale, const LoraDropout& d,
+                          const OpWorkspace& ws);
   int threads_;
 };
 

@@ -28,10 +28,10 @@ void CpuBackend::embedding_forward_impl(const EmbeddingForwardArgs& a) {
 // Scatter-add without atomics: each thread owns a slice of channels for every row, so rows with
 // the same token never race and the summation order is fixed (deterministic).
 void CpuBackend::embedding_backward_impl(const EmbeddingBackwardArgs& a, const OpWorkspace&) {
-  const int64_t B = a.tokens.dim(0), T = a.tokens.dim(1), C = a.dwte.dim(1);
+  const int64_t B = a.tokens.dim(0), T = a.tokens.dim(1), C = a.dout.dim(-1);
   const int32_t* tok = a.tokens.i32();
   const float* dout = a.dout.f32();
-  float* dwte = a.dwte.f32();
+  float* dwte = a.dwte.empty() ? nullptr : a.dwte.f32();  // null: a frozen token table
   float* dwpe = a.dwpe.empty() ? nullptr : a.dwpe.f32();
   constexpr int64_t kSlice = 16;
   const int64_t n_slices = (C + kSlice - 1) / kSlice;
@@ -40,8 +40,10 @@ void CpuBackend::embedding_backward_impl(const EmbeddingBackwardArgs& a, const O
     const int64_t c0 = s * kSlice, c1 = std::min(C, c0 + kSlice);
     for (int64_t bt = 0; bt < B * T; ++bt) {
       const float* d = dout + bt * C;
-      float* w = dwte + static_cast<int64_t>(tok[bt]) * C;
-      for (int64_t c = c0; c < c1; ++c) w[c] += d[c];
+      if (dwte) {
+        float* w = dwte + static_cast<int64_t>(tok[bt]) * C;
+        for (int64_t c = c0; c < c1; ++c) w[c] += d[c];
+      }
       if (dwpe) {
         float* p = dwpe + (bt % T) * C;
         for (int64_t c = c0; c < c1; ++c) p[c] += d[c];

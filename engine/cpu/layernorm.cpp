@@ -59,7 +59,9 @@ void CpuBackend::layernorm_backward_impl(const LayerNormBackwardArgs& a) {
       dxr[c] += rstd * (dyr[c] * w[c] - g_mean - xhat * gx_mean);
     }
   }
-  // Pass 2, channel slices in parallel: parameter gradients summed over rows in a fixed order.
+  // Pass 2, channel slices in parallel: parameter gradients summed over rows in a fixed order
+  // (none for a frozen LayerNorm).
+  if (a.dweight.empty()) return;
   float* dw = a.dweight.f32();
   float* db = a.dbias.f32();
   constexpr int64_t kSlice = 32;

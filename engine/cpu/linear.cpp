@@ -66,7 +66,7 @@ void weight_gradient(const LinearBackwardArgs& a) {
 void CpuBackend::linear_backward_impl(const LinearBackwardArgs& a, const OpWorkspace&) {
   const int64_t N = a.inp.rows(), C = a.inp.dim(-1), OC = a.weight.dim(0);
   const float* dout = a.dout.f32();
-  weight_gradient(a);     // first: it may use dinp as scratch
+  if (!a.dweight.empty()) weight_gradient(a);  // first: it may use dinp as scratch
   if (!a.dinp.empty()) {  // dinp (N, C) = dout (N, OC) W (OC, C), then through act' per tile
     float* dinp = a.dinp.f32();
     const float* pre_act = a.inp_pre_act.empty() ? nullptr : a.inp_pre_act.f32();

@@ -133,7 +133,8 @@ void CpuBackend::lm_head_loss_impl(const LmHeadLossArgs& a, const OpWorkspace& w
       sgemm(CblasNoTrans, CblasNoTrans, rows, C, V, logits, V, W, C, 0.0f, a.dinp.f32() + r0 * C,
             C);
     }
-    sgemm(CblasTrans, CblasNoTrans, V, C, rows, logits, V, x, C, 1.0f, a.dweight.f32(), C);
+    if (!a.dweight.empty())  // a frozen head has no weight gradient
+      sgemm(CblasTrans, CblasNoTrans, V, C, rows, logits, V, x, C, 1.0f, a.dweight.f32(), C);
   }
 }
 

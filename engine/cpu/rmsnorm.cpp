@@ -72,7 +72,7 @@ void CpuBackend::rmsnorm_backward_impl(const RmsNormBackwardArgs& a) {
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < N; ++r)
     rms_row_backward(dx + r * C, dy + r * C, x + r * C, w, rstd[r], C, true);
-  rms_weight_grad(a.dweight.f32(), dy, x, rstd, N, C, C, 1);
+  if (!a.dweight.empty()) rms_weight_grad(a.dweight.f32(), dy, x, rstd, N, C, C, 1);
 }
 
 // A fused qkv row is NH + 2 KVH heads of HS: the first NH + KVH (q, then k) are normalized, the
@@ -113,8 +113,8 @@ void CpuBackend::qk_norm_backward_impl(const QkNormBackwardArgs& a) {
   // Weight gradients: every (row, head) of the kind is one row of HS, heads inside rows in order.
   // Heads of one row are HS apart, rows W apart, so each kind is summed head by head.
   for (int64_t h = 0; h < NQK; ++h) {
-    float* dw = h < NH ? a.dq_weight.f32() : a.dk_weight.f32();
-    rms_weight_grad(dw, dy + h * HS, x + h * HS, rstd + h, N, HS, W, NQK);
+    const Tensor& dw = h < NH ? a.dq_weight : a.dk_weight;
+    if (!dw.empty()) rms_weight_grad(dw.f32(), dy + h * HS, x + h * HS, rstd + h, N, HS, W, NQK);
   }
 }
 

@@ -44,7 +44,7 @@ struct AttnScratch {
   float *pair_lse = nullptr, *out_sum = nullptr;
   void* pair_dqkv = nullptr;
   float *dq_sum = nullptr, *dkv_sum = nullptr;
-  void* cudnn_plan = nullptr;  // kCudnnPlanWorkspaceBytes for cuDNN's plan
+  void* cudnn_plan = nullptr;  // cuDNN's plan: cudnn_plan_reserve_bytes of the largest call
 };
 
 AttnScratch carve(const OpWorkspace& ws, const AttentionWorkspaceLayout& w) {

@@ -20,6 +20,7 @@
 #include "engine/cuda/check.h"
 #include "engine/cuda/cublaslt_library.h"
 #include "engine/cuda/cudnn_attention.h"
+#include "engine/cuda/cudnn_graphs.h"
 #include "engine/cuda/gemm.h"
 #include "engine/cuda/kernels.cuh"
 #include "engine/cuda/op_util.h"
@@ -168,16 +169,10 @@ std::shared_ptr<DeviceState> open_device(const DeviceConfig& cfg) {
     throw BackendError(
         "[cuda] no CUDA device found (cudaGetDeviceCount). Fix: check nvidia-smi, "
         "or set device.backend = \"cpu\"");
-  const size_t cudnn_v = cudnnGetVersion();
-  if (cudnn_v < 90000)
-    throw BackendError(fmt::format(
-        "[cuda] cuDNN {} is too old: remat-train needs cuDNN 9 (loaded from the library path). "
-        "Fix: point LD_LIBRARY_PATH at a cuDNN 9 install, e.g. PyTorch's nvidia/cudnn/lib",
-        version_triplet(static_cast<int>(cudnn_v), 10000, 100)));
-  if (cudnn_v == 91000 || cudnn_v == 91001)
-    throw BackendError(
-        "[cuda] cuDNN 9.10.0/9.10.1 have known bugs in bf16 fused attention "
-        "(cudnn-frontend blocks them). Fix: use another cuDNN 9 release");
+  // The cuDNN loaded from the library path, which may not be the one the build saw.
+  if (const std::string why = cudnn_version_refusal(static_cast<int64_t>(cudnnGetVersion()));
+      !why.empty())
+    throw BackendError(why);
   auto dev = std::make_shared<DeviceState>();
   // Several ranks on one node: each drives the node's GPU of its local rank.
   dev->device = parallel::local_rank() % device_count();
@@ -252,8 +247,7 @@ CudaBackend::CudaBackend(DType act_dtype, std::shared_ptr<DeviceState> dev)
       act_(act_dtype) {
   REMAT_ASSERT(act_ == DType::BF16 || act_ == DType::F32, "cuda: activations must be bf16 or f32");
   gemm_ = std::make_unique<GemmEngine>(dev_->stream);
-  attn_ = std::make_unique<AttentionEngine>(dev_->stream,
-                                            static_cast<int64_t>(kCudnnPlanWorkspaceBytes));
+  attn_ = std::make_unique<AttentionEngine>(dev_->stream);
   REMAT_CUDA_CHECK(cudaMalloc(&reduce_.scratch, kReduceScratchFloats * sizeof(float)));
   reduce_.floats = kReduceScratchFloats;
   reduce_.target_blocks = 4 * dev_->prop.multiProcessorCount;  // a few waves' worth per SM
@@ -270,9 +264,8 @@ CudaBackend::~CudaBackend() {
   if (reduce_.scratch) cudaFree(reduce_.scratch);
 }
 
-int64_t CudaBackend::attention_plan_workspace_bytes(int64_t B, int64_t NH, int64_t T, int64_t HS,
-                                                    bool backward) {
-  return attn_->plan_workspace_bytes({B, NH, T, HS}, backward);
+int64_t CudaBackend::attention_plan_workspace_bytes(const AttentionShape& s, bool backward) {
+  return attn_->plan_workspace_bytes(s, backward);
 }
 
 std::vector<EngineOption> CudaBackend::attention_engine_survey(int64_t B, int64_t NH, int64_t T,

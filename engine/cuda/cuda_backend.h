@@ -59,9 +59,9 @@ class CudaBackend final : public Backend {
   /// Waits until every enqueued op has finished (timing, tests); completes download_async.
   void synchronize() override;
   /// The workspace cuDNN's attention plan for this shape needs, in bytes (builds the plan once;
-  /// the tests compare it with kCudnnPlanWorkspaceBytes).
-  int64_t attention_plan_workspace_bytes(int64_t B, int64_t NH, int64_t T, int64_t HS,
-                                         bool backward);
+  /// the tests compare it with cudnn_plan_reserve_bytes). Throws BackendError when no engine
+  /// config has a plan within that reserve.
+  int64_t attention_plan_workspace_bytes(const AttentionShape& s, bool backward);
   /// Every engine config cuDNN offers for this attention shape (AttentionEngine::survey).
   std::vector<EngineOption> attention_engine_survey(int64_t B, int64_t NH, int64_t T, int64_t HS,
                                                     bool backward);
@@ -75,6 +75,8 @@ class CudaBackend final : public Backend {
   void copy_impl(const Tensor& dst, const Tensor& src) override;
   void linear_forward_impl(const LinearForwardArgs& a, const OpWorkspace& ws) override;
   void linear_backward_impl(const LinearBackwardArgs& a, const OpWorkspace& ws) override;
+  void lora_forward_impl(const LoraForwardArgs& a, const OpWorkspace& ws) override;
+  void lora_backward_impl(const LoraBackwardArgs& a, const OpWorkspace& ws) override;
   void layernorm_forward_impl(const LayerNormForwardArgs& a) override;
   void layernorm_backward_impl(const LayerNormBackwardArgs& a) override;
   void rmsnorm_forward_impl(const RmsNormForwardArgs& a) override;
@@ -117,6 +119,16 @@ class CudaBackend final : public Backend {
   /// The weight a GEMM reads: the workspace's bf16 copy ("gemm.weight_bf16", cast here) when
   /// the op's rule asked for one, else the f32 weight itself.
   const void* gemm_weight(const Tensor& weight, const OpWorkspace& ws);
+  /// LoRA's GEMM operands (lora.cpp): A and B as the GEMMs read them (bf16 copies for bf16
+  /// activations), the adapter's input (dropped when dropout is on), and h = s x A^T, computed.
+  struct LoraOperands {
+    bool bf = false;
+    const void *a = nullptr, *b = nullptr, *x = nullptr;
+    void* h = nullptr;
+    void* wsp = nullptr;  // the GEMM workspace
+  };
+  LoraOperands lora_operands(const Tensor& inp, const Tensor& a, const Tensor& b, float scale,
+                             const LoraDropout& d, const OpWorkspace& ws);
 
   /// Enqueues one device <-> host-pool copy on the copy stream and records its event under `t`.
   void enqueue_copy(const Tensor& dst, const Tensor& src, CopyTicket t);

@@ -8,7 +8,8 @@
 // values) and frozen by cudnnBackendFinalize. Tensors carry a unique id (UID); the variant pack
 // binds device pointers (or host pointers, for by-value scalars) to UIDs at execution. A graph
 // is a list of finalized ops; heuristics rank engine configs for it, and the first config whose
-// execution plan finalizes and whose workspace fits the planner's reserve is used. Every descriptor
+// execution plan finalizes and whose workspace fits the planner's reserve for the shape
+// (cudnn_plan_reserve_bytes) is used. Every descriptor
 // stays alive as long as the plan. cuDNN's sdpa backward is non-deterministic (dQ accumulates
 // atomically): results repeat only to within bf16 rounding, which the gpu tests' tolerances allow
 // for.
@@ -22,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/core/cuda_workspace.h"
 #include "engine/cuda/check.h"
 #include "engine/cuda/cudnn_graphs.h"
 
@@ -502,8 +504,7 @@ void execute(cudnnHandle_t handle, const AttentionEngine::Graph& g,
 
 }  // namespace
 
-AttentionEngine::AttentionEngine(cudaStream_t stream, int64_t workspace_limit)
-    : stream_(stream), workspace_limit_(workspace_limit) {
+AttentionEngine::AttentionEngine(cudaStream_t stream) : stream_(stream) {
   REMAT_CUDNN_CHECK(cudnnCreate(&handle_));
   REMAT_CUDNN_CHECK(cudnnSetStream(handle_, stream_));
 }
@@ -518,8 +519,13 @@ AttentionEngine::Graph& AttentionEngine::graph_for(const AttentionShape& s, bool
   auto it = graphs_.find(key);
   if (it != graphs_.end()) return *it->second;
   auto g = make_graph(s, backward, handle_);
-  build_plan(*g, handle_, s, backward, workspace_limit_);
+  build_plan(*g, handle_, s, backward, workspace_limit(s, backward));
   return *graphs_.emplace(key, std::move(g)).first->second;
+}
+
+int64_t AttentionEngine::workspace_limit(const AttentionShape& s, bool backward) {
+  return static_cast<int64_t>(
+      cudnn_plan_reserve_bytes(s.B, s.NH, s.kv_heads(), s.key_rows(), s.HS, backward));
 }
 
 int64_t AttentionEngine::plan_workspace_bytes(const AttentionShape& s, bool backward) {
@@ -607,6 +613,30 @@ void AttentionEngine::backward(const AttentionShape& s, const AttentionBackwardP
                              p.dq_accum};
   bind_mask_scalar(s, uids, ptrs);
   execute(handle_, g, uids, ptrs, workspace);
+}
+
+std::string cudnn_version_refusal(int64_t version) {
+  // cuDNN 9 numbers releases as major * 10000 + minor * 100 + patch, cuDNN 8 * 1000.
+  const int64_t major_unit = version < 90000 ? 1000 : 10000;
+  const std::string v =
+      fmt::format("{}.{}.{}", version / major_unit, version % major_unit / 100, version % 100);
+  constexpr const char* kFix =
+      "Fix: install cuDNN 9.15.1 or newer (pip install 'nvidia-cudnn-cu13>=9.15.1', or -cu12 for "
+      "CUDA 12) and point LD_LIBRARY_PATH at its nvidia/cudnn/lib";
+  if (version < 90000)
+    return fmt::format("[cuda] cuDNN {} is too old: remat-train needs cuDNN 9. {}", v, kFix);
+  if (version == 91000 || version == 91001)
+    return fmt::format(
+        "[cuda] cuDNN {} has known bugs in bf16 fused attention (cudnn-frontend blocks 9.10.0 and "
+        "9.10.1). {}",
+        v, kFix);
+  if (version <= 91500)
+    return fmt::format(
+        "[cuda] cuDNN {}: its flash attention backward gives NaN when the key length is not a "
+        "multiple of 128 without a padding mask (cudnn-frontend adds one on cuDNN up to 9.15.0; "
+        "remat-train's graphs have none). {}",
+        v, kFix);
+  return "";
 }
 
 std::string check_attention_graphs_finalize(int64_t B, int64_t NH, int64_t T, int64_t HS,

@@ -67,14 +67,15 @@ struct EngineOption {
 
 class AttentionEngine {
  public:
-  /// Creates the cuDNN handle (needs a device) bound to `stream`. Only plans whose workspace is
-  /// at most `workspace_limit` bytes are used (the backend passes kCudnnPlanWorkspaceBytes, the
-  /// reserve the planner counts: engine/core/cuda_workspace.h).
-  AttentionEngine(cudaStream_t stream, int64_t workspace_limit);
+  /// Creates the cuDNN handle (needs a device) bound to `stream`.
+  explicit AttentionEngine(cudaStream_t stream);
   ~AttentionEngine();
   AttentionEngine(const AttentionEngine&) = delete;
   AttentionEngine& operator=(const AttentionEngine&) = delete;
 
+  /// Only plans whose workspace is at most this many bytes are used: the reserve the planner
+  /// counts for the call's shape (cudnn_plan_reserve_bytes, engine/core/cuda_workspace.h).
+  static int64_t workspace_limit(const AttentionShape& s, bool backward);
   /// Enqueue the forward / backward; `workspace` is device memory of workspace_limit bytes.
   /// The first call per shape builds the plan; when no engine config yields one, throws
   /// BackendError naming every config's reason.
@@ -94,7 +95,6 @@ class AttentionEngine {
   Graph& graph_for(const AttentionShape& s, bool backward);
 
   cudaStream_t stream_;
-  int64_t workspace_limit_;
   cudnnHandle_t handle_ = nullptr;
   std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool>,
            std::unique_ptr<Graph>>

@@ -285,6 +285,10 @@ constexpr int kRopeHeadsPerStep = 4;
 // Pair i of `heads` consecutive heads of one row: src and dst point at element i of the first
 // head, its partner is `half` further on. kRotate false: a copy (v, or no RoPE). Each element is
 // read before it is written, and only by this thread, so dst may alias src.
+// The rotation rounds each product and each sum by itself (__fmul_rn, __fadd_rn, __fsub_rn, which
+// nvcc never contracts): written as a * cs - b * sn, the compiler may fuse either product into an
+// FMA, and two kernels (this one and tests/gpu/rope_reference.cu's, which spells the rotation the
+// same way) could then round differently. Spelled out, the bits are fixed by the source alone.
 template <bool kRotate, typename Td, typename Ts>
 __device__ __forceinline__ void rope_heads(Td* dst, const Ts* src, int64_t heads, int64_t HS,
                                            int64_t half, float cs, float sn, bool inverse) {
@@ -292,12 +296,12 @@ __device__ __forceinline__ void rope_heads(Td* dst, const Ts* src, int64_t heads
     if (!kRotate) {
       dst[at] = from_f32<Td>(a);
       dst[at + half] = from_f32<Td>(b);
-    } else if (!inverse) {
-      dst[at] = from_f32<Td>(a * cs - b * sn);
-      dst[at + half] = from_f32<Td>(a * sn + b * cs);
-    } else {
-      dst[at] = from_f32<Td>(a * cs + b * sn);
-      dst[at + half] = from_f32<Td>(-a * sn + b * cs);
+    } else if (!inverse) {  // R: (a cs - b sn, a sn + b cs)
+      dst[at] = from_f32<Td>(__fsub_rn(__fmul_rn(a, cs), __fmul_rn(b, sn)));
+      dst[at + half] = from_f32<Td>(__fadd_rn(__fmul_rn(a, sn), __fmul_rn(b, cs)));
+    } else {  // R^T: (a cs + b sn, b cs - a sn)
+      dst[at] = from_f32<Td>(__fadd_rn(__fmul_rn(a, cs), __fmul_rn(b, sn)));
+      dst[at + half] = from_f32<Td>(__fsub_rn(__fmul_rn(b, cs), __fmul_rn(a, sn)));
     }
   };
   int64_t h = 0;

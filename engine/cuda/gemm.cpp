@@ -143,7 +143,7 @@ GemmEngine::Plan* GemmEngine::plan_for(const Shape& s) {
 
 void GemmEngine::matmul(int64_t m, int64_t n, int64_t k, const GemmOperand& a, const GemmOperand& b,
                         void* d, bool d_bf16, int64_t ldd, float beta, void* workspace,
-                        size_t ws_bytes, const float* bias) {
+                        size_t ws_bytes, const float* bias, float alpha) {
   REMAT_ASSERT(a.bf16 == b.bf16, "gemm: A and B dtypes differ");
   Shape s{m,
           n,
@@ -158,7 +158,7 @@ void GemmEngine::matmul(int64_t m, int64_t n, int64_t k, const GemmOperand& a, c
           alignment_of(b.ptr),
           alignment_of(d),
           bias ? alignment_of(bias) : 0};
-  const float alpha = 1.0f;
+  REMAT_ASSERT(alpha == 1.0f || bias == nullptr, "gemm: a bias with alpha {}", alpha);
   auto run = [&](Plan& p) {
     return lt_.matmul(handle_, p.desc, &alpha, a.ptr, p.a, b.ptr, p.b, &beta, d, p.d, d, p.d,
                       &p.algo, workspace, ws_bytes, stream_);

@@ -38,15 +38,17 @@ class GemmEngine {
   GemmEngine(const GemmEngine&) = delete;
   GemmEngine& operator=(const GemmEngine&) = delete;
 
-  /// D = op(A) op(B) + beta D (+ bias, an f32 vector of m broadcast over D's n columns) on the
-  /// engine's stream. `workspace` (ws_bytes, from the pool) may be reused by the next call as soon
-  /// as this one is enqueued (same stream). The bias rides in cuBLASLt's BIAS epilogue, added to
-  /// the fp32 accumulator before D's one rounding; where this cuBLASLt offers no such algorithm
+  /// D = alpha op(A) op(B) + beta D (+ bias, an f32 vector of m broadcast over D's n columns) on
+  /// the engine's stream. `workspace` (ws_bytes, from the pool) may be reused by the next call as
+  /// soon as this one is enqueued (same stream). The bias rides in cuBLASLt's BIAS epilogue, added
+  /// to the fp32 accumulator before D's one rounding; where this cuBLASLt offers no such algorithm
   /// for the signature (f32 bias beside bf16 D is not in every release's tables), a kernel writes
   /// it into D first and the GEMM accumulates onto it, decided once per signature.
+  /// `alpha` scales the product in fp32 before D's rounding (LoRA's s); it is no part of the
+  /// cached plan's signature.
   void matmul(int64_t m, int64_t n, int64_t k, const GemmOperand& a, const GemmOperand& b, void* d,
               bool d_bf16, int64_t ldd, float beta, void* workspace, size_t ws_bytes,
-              const float* bias = nullptr);
+              const float* bias = nullptr, float alpha = 1.0f);
 
  private:
   struct Plan;

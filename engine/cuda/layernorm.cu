@@ -134,10 +134,11 @@ void layernorm_backward(const LayerNormBackwardParams& p, const ColumnReduce& r,
     layernorm_backward_dinp_kernel<T>
         <<<grid, kThreads, 0, s>>>(static_cast<T*>(dinp), static_cast<const T*>(dout),
                                    static_cast<const T*>(inp), weight, stats, N, C);
+    if (!dweight) return;  // a frozen LayerNorm: no parameter gradients
     layernorm_backward_params_kernel<T><<<pgrid, pblock, 0, s>>>(
         pw, pb, static_cast<const T*>(dout), static_cast<const T*>(inp), stats, N, C, chunks == 1);
   });
-  if (chunks == 1) return;
+  if (chunks == 1 || !dweight) return;
   add_chunk_partials(dweight, pw, chunks, C, s);
   add_chunk_partials(dbias, pb, chunks, C, s);
 }

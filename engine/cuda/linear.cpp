@@ -46,9 +46,11 @@ void CudaBackend::linear_backward_impl(const LinearBackwardArgs& a, const OpWork
     if (!a.inp_pre_act.empty())  // through the activation, in place
       activation_backward_impl({a.dinp, a.dinp, a.inp_pre_act, a.act});
   }
-  // f32 output, beta 1: the weight gradient accumulates in fp32 straight from bf16 operands.
-  gemm_->matmul(C, OC, N, {a.inp.data, bf, C, false}, {a.dout.data, bf, OC, true}, a.dweight.data,
-                false, C, 1.0f, wsp, kGemmWorkspaceBytes);
+  // f32 output, beta 1: the weight gradient accumulates in fp32 straight from bf16 operands (none
+  // for a frozen weight).
+  if (!a.dweight.empty())
+    gemm_->matmul(C, OC, N, {a.inp.data, bf, C, false}, {a.dout.data, bf, OC, true}, a.dweight.data,
+                  false, C, 1.0f, wsp, kGemmWorkspaceBytes);
   if (!a.dbias.empty())
     kern::column_sum_add(a.dbias.f32(), a.dout.data, N, OC, bf, reduce_, stream());
   finish_op();

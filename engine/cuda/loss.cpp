@@ -31,8 +31,9 @@ void CudaBackend::lm_head_loss_impl(const LmHeadLossArgs& a, const OpWorkspace& 
                        stream());
     gemm_->matmul(C, rows, V, {w, bf, C, false}, {logits, bf, ld_grad, false},
                   byte_ptr(a.dinp, r0 * C), is_bf16(a.dinp), C, 0.0f, wsp, kGemmWorkspaceBytes);
-    gemm_->matmul(C, V, rows, {x, bf, C, false}, {logits, bf, ld_grad, true}, a.dweight.data, false,
-                  C, 1.0f, wsp, kGemmWorkspaceBytes);
+    if (!a.dweight.empty())  // a frozen head has no weight gradient
+      gemm_->matmul(C, V, rows, {x, bf, C, false}, {logits, bf, ld_grad, true}, a.dweight.data,
+                    false, C, 1.0f, wsp, kGemmWorkspaceBytes);
   }
   finish_op();
 }

@@ -103,7 +103,8 @@ class NcclGradientSync final : public parallel::GradientSync {
   NcclGradientSync(CudaBackend& be, Model& model, parallel::Communicator& comm)
       : be_(be), ranks_(comm.size()), nccl_(comm, be.comm_stream()) {
     stages_ = parallel::params_by_stage(model);
-    for (Param& p : model.params()) bytes_ += p.grad.tensor().bytes();
+    for (Param& p : model.params())
+      if (p.trainable()) bytes_ += p.grad.tensor().bytes();
   }
 
   void block_done(size_t block) override { reduce(stages_[block]); }

@@ -145,6 +145,7 @@ void rms_forward(void* out, float* rstd, const void* inp, const float* w_first,
 void rms_weight_grad(float* dw, const void* dout, const void* inp, const float* rstd,
                      const Segments& sg, int64_t h0, int64_t nh, bool is_bf16,
                      const ColumnReduce& r, cudaStream_t s) {
+  if (dw == nullptr) return;  // a frozen weight
   const int64_t chunks = column_chunks(sg.rows * nh, sg.hs, 1, r);
   const dim3 block(32, 8),
       grid(static_cast<unsigned>((sg.hs + 31) / 32), static_cast<unsigned>(chunks));

@@ -1,22 +1,22 @@
 #include "engine/model_files/hf_weights.h"
 
-#include <fcntl.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
 
+#include "engine/config/lora.h"
 #include "engine/core/error.h"
+#include "engine/core/regular_file.h"
 #include "engine/model_files/safetensors.h"
 
 namespace remat::hf {
@@ -27,6 +27,8 @@ namespace st = safetensors;
 
 constexpr const char* kIndexFile = "model.safetensors.index.json";
 constexpr const char* kSingleFile = "model.safetensors";
+// An index lists one line per tensor: tens of KiB for the largest models.
+constexpr uint64_t kMaxIndexBytes = 256u << 20;
 
 int64_t numel(const std::vector<int64_t>& shape) {
   int64_t n = 1;
@@ -52,14 +54,20 @@ class StateDict {
     const st::TensorInfo* info = nullptr;
   };
 
+  // transformers 4.57's from_pretrained takes model.safetensors when the folder has one (a
+  // regular file), and only then model.safetensors.index.json: the same order here, so that a
+  // folder holding both is the same model on both sides. Anything else named model.safetensors (a
+  // FIFO, a folder) is refused by the Reader rather than passed over.
   explicit StateDict(const std::string& dir) : dir_(dir) {
-    const fs::path index = fs::path(dir) / kIndexFile;
+    const fs::path single = fs::path(dir) / kSingleFile, index = fs::path(dir) / kIndexFile;
     std::error_code ec;
-    if (fs::is_regular_file(index, ec)) {
-      open_index(index.string());
-    } else if (fs::exists(fs::path(dir) / kSingleFile, ec)) {
+    const bool has_index = fs::exists(index, ec);
+    if (fs::exists(single, ec)) {
       const st::Reader& r = add_file(kSingleFile);
       for (const st::TensorInfo& t : r.tensors()) entries_[t.name] = {&r, &t};
+      index_ignored_ = has_index;
+    } else if (has_index) {
+      open_index(index.string());
     } else {
       throw CheckpointError(fmt::format(
           "[hf] {}: neither {} nor {} is in the folder. Fix: give a folder with safetensors "
@@ -80,6 +88,8 @@ class StateDict {
     return out;
   }
   size_t n_files() const { return files_.size(); }
+  /// Whether an index beside model.safetensors was passed over.
+  bool index_ignored() const { return index_ignored_; }
 
  private:
   const st::Reader& add_file(const std::string& name) {
@@ -91,10 +101,18 @@ class StateDict {
   }
 
   void open_index(const std::string& path) {
+    RegularFile index = RegularFile::open_read(path);
+    std::string text;
+    if (!index.ok())
+      throw CheckpointError(fmt::format("[hf] {}: {}. Fix: give the folder's index file", path,
+                                        index.problem_text()));
+    if (const int err = index.read_all(text, kMaxIndexBytes))
+      throw CheckpointError(
+          fmt::format("[hf] {}: {}. Fix: save the model again", path,
+                      err == EFBIG ? "larger than any index (256 MiB)" : std::strerror(err)));
     nlohmann::json j;
     try {
-      std::ifstream in(path, std::ios::binary);
-      j = nlohmann::json::parse(in);
+      j = nlohmann::json::parse(text);
     } catch (const nlohmann::json::exception& e) {
       throw CheckpointError(
           fmt::format("[hf] {}: not valid JSON ({}). Fix: save the model again", path, e.what()));
@@ -133,6 +151,7 @@ class StateDict {
   std::vector<std::unique_ptr<st::Reader>> files_;
   std::map<std::string, const st::Reader*> by_name_;
   std::map<std::string, Entry> entries_;
+  bool index_ignored_ = false;
 };
 
 std::vector<float> read_f32(const StateDict::Entry& e) {
@@ -179,16 +198,97 @@ const Param& param_named(Model& model, const std::string& name) {
   throw CheckpointError(fmt::format("[hf] {}: {}. Fix: {}", where, problem, fix));
 }
 
+// A NaN or an infinity in a file's weights: found as the tensor is converted, so that a damaged
+// download is named here, not reported at step 1 as a divergence (whose first non-finite
+// gradient would be some other tensor's). `v` holds the first `n` values of tensor `name`.
+void check_finite(const StateDict::Entry& e, const std::string& name, const float* v, size_t n) {
+  const float* bad = std::find_if(v, v + n, [](float x) { return !std::isfinite(x); });
+  if (bad == v + n) return;
+  const size_t count =
+      static_cast<size_t>(std::count_if(bad, v + n, [](float x) { return !std::isfinite(x); }));
+  refuse(e.file->path(),
+         fmt::format("tensor '{}' holds {} at element {}{}", name,
+                     std::isnan(*bad) ? "NaN" : (*bad > 0 ? "inf" : "-inf"), bad - v,
+                     count > 1 ? fmt::format(" ({} values are not finite)", count) : ""),
+         "the file is damaged or the model it was saved from had diverged: download it again, "
+         "or use a checkpoint saved before that");
+}
+
 constexpr const char* kFixAnotherModel =
     "the folder's config.json and its weights must be of one model; download the folder again";
 
+// Our parameter `mp` from its pieces in `sd`, as f32 into `host` (its element count; vocabulary
+// rows the file lacks stay 0), each piece's pages given back once read.
+void assemble(const StateDict& sd, const Mapping& mp, std::vector<float>& host,
+              std::vector<float>& scratch) {
+  host.assign(static_cast<size_t>(numel(mp.shape)), 0.0f);  // padded vocabulary rows stay 0
+  for (const Piece& pc : mp.pieces) {
+    const StateDict::Entry& e = *sd.find(pc.name);
+    const std::byte* src = e.file->data(*e.info);
+    if (mp.transposed) {
+      scratch.resize(host.size());
+      st::to_f32(e.info->dtype, src, scratch.size(), scratch.data());
+      check_finite(e, pc.name, scratch.data(), scratch.size());
+      transpose(scratch.data(), pc.shape[0], pc.shape[1], host.data());
+    } else {
+      const int64_t rows = std::min(e.info->shape[0], pc.shape[0]);
+      float* dst = host.data() + pc.row0 * row_elems(mp.shape);
+      const size_t n = static_cast<size_t>(rows * row_elems(pc.shape));
+      st::to_f32(e.info->dtype, src, n, dst);
+      check_finite(e, pc.name, dst, n);
+    }
+    e.file->release(*e.info);
+  }
+}
+
 }  // namespace
+
+struct FolderReader::Impl {
+  StateDict sd;
+  std::vector<Mapping> maps;
+  Impl(const std::string& dir, const ModelConfig& m)
+      : sd(dir), maps(mappings(m, state_dict_prefix(m, sd.names()))) {}
+};
+
+FolderReader::FolderReader(const std::string& dir, const ModelConfig& m)
+    : impl_(std::make_unique<Impl>(dir, m)) {
+  for (const Mapping& mp : impl_->maps)
+    for (const Piece& pc : mp.pieces) {
+      const StateDict::Entry* e = impl_->sd.find(pc.name);
+      if (!e || !is_float(e->info->dtype) || e->info->shape.size() != pc.shape.size() ||
+          (!mp.vocab && e->info->shape != pc.shape))
+        refuse(dir,
+               fmt::format("no tensor '{}' of dtype F32, BF16 or F16 and shape {}", pc.name,
+                           st::shape_string(pc.shape)),
+               kFixAnotherModel);
+    }
+}
+FolderReader::~FolderReader() = default;
+
+std::vector<float> FolderReader::read(const std::string& ours) const {
+  for (const Mapping& mp : impl_->maps)
+    if (mp.ours == ours) {
+      std::vector<float> host, scratch;
+      assemble(impl_->sd, mp, host, scratch);
+      return host;
+    }
+  REMAT_ASSERT(false, "hf: no mapping for {}", ours);
+  return {};
+}
+
+bool FolderReader::has(const std::string& ours) const {
+  for (const Mapping& mp : impl_->maps)
+    if (mp.ours == ours) return true;
+  return false;
+}
 
 std::string load_weights(const std::string& dir, const ModelConfig& m, Backend& be, Model& model) {
   StateDict sd(dir);
   const std::vector<Mapping> maps = mappings(m, state_dict_prefix(m, sd.names()));
-  REMAT_ASSERT(maps.size() == model.params().size(), "hf: {} mappings for {} parameters",
-               maps.size(), model.params().size());
+  size_t base_params = 0;  // LoRA's adapters are no part of a Hugging Face model folder
+  for (const Param& p : model.params()) base_params += !lora::is_adapter_name(p.name);
+  REMAT_ASSERT(maps.size() == base_params, "hf: {} mappings for {} parameters", maps.size(),
+               base_params);
 
   // Every name, dtype and shape first: a refused folder leaves the model untouched.
   std::set<std::string> used;
@@ -269,23 +369,8 @@ std::string load_weights(const std::string& dir, const ModelConfig& m, Backend& 
 
   std::vector<float> host, scratch;
   for (const Mapping& mp : maps) {
-    const Param& p = param_named(model, mp.ours);
-    host.assign(static_cast<size_t>(numel(mp.shape)), 0.0f);  // padded vocabulary rows stay 0
-    for (const Piece& pc : mp.pieces) {
-      const StateDict::Entry& e = *sd.find(pc.name);
-      const std::byte* src = e.file->data(*e.info);
-      if (mp.transposed) {
-        scratch.resize(host.size());
-        st::to_f32(e.info->dtype, src, scratch.size(), scratch.data());
-        transpose(scratch.data(), pc.shape[0], pc.shape[1], host.data());
-      } else {
-        const int64_t rows = std::min(e.info->shape[0], pc.shape[0]);
-        st::to_f32(e.info->dtype, src, static_cast<size_t>(rows * row_elems(pc.shape)),
-                   host.data() + pc.row0 * row_elems(mp.shape));
-      }
-      e.file->release(*e.info);
-    }
-    be.upload(p.value.tensor(), host.data());
+    assemble(sd, mp, host, scratch);
+    be.upload(param_named(model, mp.ours).value.tensor(), host.data());
   }
 
   std::string vocab_note;
@@ -295,10 +380,68 @@ std::string load_weights(const std::string& dir, const ModelConfig& m, Backend& 
   else if (*file_vocab < m.vocab_size)
     vocab_note = fmt::format("; vocabulary rows {}..{} added as zeros (model.vocab_size = {})",
                              *file_vocab, m.vocab_size - 1, m.vocab_size);
-  return fmt::format("{} tensors from {} file{} ({} -> f32){}{}{}",
-                     used.size() - !head_note.empty(), sd.n_files(), sd.n_files() == 1 ? "" : "s",
-                     fmt::join(dtypes, ", "), vocab_note, head_note,
-                     buffers ? fmt::format("; {} buffers skipped (recomputed)", buffers) : "");
+  return fmt::format(
+      "{} tensors from {} file{} ({} -> f32){}{}{}{}", used.size() - !head_note.empty(),
+      sd.n_files(), sd.n_files() == 1 ? "" : "s", fmt::join(dtypes, ", "), vocab_note, head_note,
+      buffers ? fmt::format("; {} buffers skipped (recomputed)", buffers) : "",
+      sd.index_ignored() ? fmt::format("; {} beside it not read (transformers loads {} first)",
+                                       kIndexFile, kSingleFile)
+                         : "");
+}
+
+nlohmann::json folder_fingerprint(const std::string& dir) {
+  constexpr int kSlices = 16;
+  constexpr uint64_t kSlice = 64 * 1024;
+  // The files a load reads: config.json, and the weights (the shards the index names, or the one).
+  std::vector<std::string> names = {"config.json"};
+  {
+    const StateDict sd(dir);
+    std::set<std::string> files;
+    for (const auto& [name, e] : sd.entries())
+      files.insert(fs::path(e.file->path()).filename().string());
+    names.insert(names.end(), files.begin(), files.end());
+    std::error_code ec;
+    if (fs::is_regular_file(fs::path(dir) / kIndexFile, ec)) names.push_back(kIndexFile);
+  }
+  nlohmann::json files = nlohmann::json::object();
+  for (const std::string& n : names) {
+    const st::MappedFile f((fs::path(dir) / n).string());
+    const std::byte* p = f.data();
+    const uint64_t size = f.size();
+    // The header of a safetensors file (8-byte length, then JSON), whole; the rest in slices.
+    uint64_t head = size;
+    if (n != "config.json" && n != kIndexFile && size >= 8) {
+      uint64_t len = 0;
+      std::memcpy(&len, p, 8);
+      head = std::min(size, 8 + len);
+    }
+    std::string bytes(reinterpret_cast<const char*>(p), head);
+    const uint64_t rest = size - head;
+    if (rest > 0)
+      for (int s = 0; s < kSlices; ++s) {
+        const uint64_t at = head + rest / kSlices * static_cast<uint64_t>(s);
+        bytes.append(reinterpret_cast<const char*>(p + at), std::min(kSlice, size - at));
+      }
+    files[n] = {{"bytes", size}, {"xxh3", st::hex64(st::xxh3_64(bytes.data(), bytes.size()))}};
+  }
+  return {{"files", files}};
+}
+
+std::string fingerprint_difference(const nlohmann::json& recorded, const nlohmann::json& now) {
+  const nlohmann::json& a = recorded.at("files");
+  const nlohmann::json& b = now.at("files");
+  for (const auto& [name, rec] : a.items()) {
+    if (!b.contains(name)) return fmt::format("{} is gone", name);
+    if (b[name]["bytes"] != rec["bytes"])
+      return fmt::format("{} is {} bytes, {} recorded", name, b[name]["bytes"].dump(),
+                         rec["bytes"].dump());
+    if (b[name]["xxh3"] != rec["xxh3"])
+      return fmt::format("{} has other contents (sampled XXH3-64 {}, {} recorded)", name,
+                         b[name]["xxh3"].get<std::string>(), rec["xxh3"].get<std::string>());
+  }
+  for (const auto& [name, rec] : b.items())
+    if (!a.contains(name)) return fmt::format("{} is new", name);
+  return "";
 }
 
 void for_each_tensor(const ModelConfig& m, const ParamSource& source,
@@ -369,17 +512,7 @@ std::vector<std::string> write_weights(const std::string& dir, const ModelConfig
   if (n > 1) {
     const nlohmann::json index = {{"metadata", {{"total_size", total}}},
                                   {"weight_map", weight_map}};
-    const std::string path = (fs::path(dir) / kIndexFile).string();
-    const std::string text = index.dump(2) + "\n";
-    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) st::throw_io_error("create", path, errno);
-    st::write_all(fd, text.data(), text.size(), path);
-    if (::fsync(fd) != 0) {
-      const int err = errno;
-      ::close(fd);
-      st::throw_io_error("fsync", path, err);
-    }
-    ::close(fd);
+    st::write_file_durably((fs::path(dir) / kIndexFile).string(), index.dump(2) + "\n");
     files.push_back(kIndexFile);
   }
   return files;

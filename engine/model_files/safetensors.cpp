@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "engine/core/error.h"
+#include "engine/core/regular_file.h"
 
 namespace remat::safetensors {
 
@@ -67,6 +68,30 @@ void throw_io_error(const std::string& what, const std::string& path, int err) {
       "[checkpoint] cannot {} {}: {}. Fix: check that the folder is writable and the disk has "
       "space",
       what, path, std::strerror(err)));
+}
+
+int create_file(const std::string& path) {
+  RegularFile file(path, O_WRONLY | O_CREAT | O_TRUNC);
+  if (file.problem() == RegularFile::Problem::Link ||
+      file.problem() == RegularFile::Problem::NotRegular)
+    throw IoError(fmt::format(
+        "[checkpoint] cannot create {}: it is {}. Fix: remove it (remat-train writes only regular "
+        "files of its own)",
+        path, file.problem_text()));
+  if (!file.ok()) throw_io_error("create", path, file.error());
+  return file.release();
+}
+
+void write_file_durably(const std::string& path, const std::string& text) {
+  const int fd = create_file(path);
+  try {
+    write_all(fd, text.data(), text.size(), path);
+    if (::fsync(fd) != 0) throw_io_error("fsync", path, errno);
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+  if (::close(fd) != 0) throw_io_error("close", path, errno);
 }
 
 void write_all(int fd, const void* data, size_t bytes, const std::string& path) {
@@ -177,8 +202,7 @@ Writer::Writer(std::string path, std::vector<TensorInfo> tensors,
     t.end = offset;
   }
   const std::string header = make_header(tensors_, metadata);
-  fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd_ < 0) throw_io_error("create", path_, errno);
+  fd_ = create_file(path_);
   std::byte len[8];
   for (int i = 0; i < 8; ++i) len[i] = static_cast<std::byte>(header.size() >> (8 * i));
   write_raw(len, sizeof len);
@@ -220,26 +244,18 @@ uint64_t Writer::checksum() const {
 // MappedFile
 
 MappedFile::MappedFile(std::string path) : path_(std::move(path)) {
-  const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0 && errno == ENOENT)
-    fail(path_, "no such file", "check the path: a checkpoint folder or a .safetensors file");
-  if (fd < 0)
-    throw IoError(fmt::format("[checkpoint] cannot open {}: {}", path_, std::strerror(errno)));
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    fail(path_, "not a regular file", "give a checkpoint folder or a .safetensors file");
-  }
-  size_ = static_cast<uint64_t>(st.st_size);
+  RegularFile file = RegularFile::open_read(path_);
+  if (file.problem() == RegularFile::Problem::Missing ||
+      file.problem() == RegularFile::Problem::NotRegular)
+    fail(path_, file.problem_text(), "give a checkpoint folder or a .safetensors file");
+  if (!file.ok())
+    throw IoError(fmt::format("[checkpoint] cannot open {}: {}", path_, file.problem_text()));
+  size_ = file.size();
   if (size_ > 0) {
-    void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
-    const int err = errno;
-    ::close(fd);
+    void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, file.fd(), 0);
     if (p == MAP_FAILED)
-      throw IoError(fmt::format("[checkpoint] cannot map {}: {}", path_, std::strerror(err)));
+      throw IoError(fmt::format("[checkpoint] cannot map {}: {}", path_, std::strerror(errno)));
     data_ = static_cast<std::byte*>(p);
-  } else {
-    ::close(fd);
   }
 }
 

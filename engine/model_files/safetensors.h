@@ -122,11 +122,16 @@ uint16_t f32_to_bf16(float x);
 /// "[2, 3]": how messages print a shape.
 std::string shape_string(const std::vector<int64_t>& shape);
 
-// ---- checked POSIX writes, shared with engine/training/checkpoint.cpp ----
+// ---- checked POSIX writes, shared with engine/training/checkpoint.cpp and `export` ----
 
 /// An IoError "[checkpoint] cannot <what> <path>: <strerror(err)>. Fix: ...".
 [[noreturn]] void throw_io_error(const std::string& what, const std::string& path, int err);
+/// Creates (or truncates) `path` for writing and returns its descriptor: never through a symbolic
+/// link, never a FIFO or device (engine/core/regular_file.h); an IoError naming `path` otherwise.
+int create_file(const std::string& path);
 /// Writes all `bytes` to `fd` (retrying partial writes and EINTR); IoError naming `path` otherwise.
 void write_all(int fd, const void* data, size_t bytes, const std::string& path);
+/// `text` as the whole of a new file `path` (create_file), fsync'd before it returns.
+void write_file_durably(const std::string& path, const std::string& text);
 
 }  // namespace remat::safetensors

@@ -43,10 +43,12 @@ inline size_t gradient_stage(const std::string& param_name, size_t n_blocks) {
   return n_blocks;
 }
 
-/// `model`'s parameters by gradient_stage: one list per block, then the rest (model order within).
+/// `model`'s trainable parameters by gradient_stage: one list per block, then the rest (model
+/// order within). A frozen parameter has no gradient to sum.
 inline std::vector<std::vector<Param*>> params_by_stage(Model& model) {
   std::vector<std::vector<Param*>> stages(model.n_blocks() + 1);
-  for (Param& p : model.params()) stages[gradient_stage(p.name, model.n_blocks())].push_back(&p);
+  for (Param& p : model.params())
+    if (p.trainable()) stages[gradient_stage(p.name, model.n_blocks())].push_back(&p);
   return stages;
 }
 

@@ -487,6 +487,8 @@ AutoPlan choose_auto(const Planner& planner, const Config& cfg) {
       // weights on the host train on one rank.
       if (k != OffloadKind::Checkpoints && cfg.parallel.shard_optimizer) break;
       if (k == OffloadKind::CheckpointsOptimizerWeights && cfg.parallel.world_ranks() > 1) break;
+      // Nor with gradient accumulation (their gradients are replaced after each micro-batch).
+      if (k == OffloadKind::CheckpointsOptimizerWeights && cfg.train.grad_accum > 1) break;
       Config offloaded = candidates.back();
       offloaded.remat.offload = k;
       candidates.push_back(offloaded);

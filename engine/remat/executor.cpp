@@ -264,12 +264,20 @@ class ParamUses {
   // `uses` is called only when there is a stream to make: listing them costs O(blocks x params).
   template <class Uses>
   ParamUses(Backend& be, Model& model, Uses&& uses, bool keep_grads, const ParamReady& ready = {}) {
-    if (model.params().empty() || !model.params().front().on_host) return;
+    // Every trainable parameter lives in one place; frozen ones stay on the device.
+    size_t trainable = 0;
+    bool on_host = false;
+    for (const Param& p : model.params())
+      if (p.trainable()) {
+        on_host = on_host || p.on_host;
+        ++trainable;
+      }
+    if (!on_host) return;
     stream_.emplace(be, uses(), keep_grads, ready);
     // A parameter in no use would keep a stale gradient and skip the wait for its update.
-    REMAT_ASSERT(stream_->params() == model.params().size(),
-                 "weight stream: {} of the model's {} parameters are in a use", stream_->params(),
-                 model.params().size());
+    REMAT_ASSERT(stream_->params() == trainable,
+                 "weight stream: {} of the model's {} trainable parameters are in a use",
+                 stream_->params(), trainable);
   }
   void begin() {
     if (stream_) stream_->begin(next_);

@@ -13,12 +13,22 @@ bool block_recomputes(const RematPlan& plan, size_t j) {
   return !std::all_of(keep.begin() + 1, keep.end(), [](bool k) { return k; });
 }
 
+namespace {
+// A frozen parameter stays on the device (engine/model.h): it is in no use.
+std::vector<Param*> trainable(const std::vector<Param*>& params) {
+  std::vector<Param*> out;
+  for (Param* p : params)
+    if (p->trainable()) out.push_back(p);
+  return out;
+}
+}  // namespace
+
 std::vector<ParamUse> eval_uses(Model& model) {
   std::vector<ParamUse> uses;
-  uses.push_back({model.stem_params(), true, false});
+  uses.push_back({trainable(model.stem_params()), true, false});
   for (size_t i = 0; i < model.n_blocks(); ++i)
-    uses.push_back({model.block_params(i), true, false});
-  uses.push_back({model.head_params(), true, true});
+    uses.push_back({trainable(model.block_params(i)), true, false});
+  uses.push_back({trainable(model.head_params()), true, true});
   return uses;
 }
 
@@ -26,11 +36,12 @@ std::vector<ParamUse> step_uses(Model& model, const RematPlan& plan) {
   std::vector<ParamUse> uses = eval_uses(model);
   for (auto seg = plan.segments.rbegin(); seg != plan.segments.rend(); ++seg) {
     for (size_t j = seg->begin; j < seg->end; ++j)
-      if (block_recomputes(plan, j)) uses.push_back({model.block_params(j), true, false});
+      if (block_recomputes(plan, j))
+        uses.push_back({trainable(model.block_params(j)), true, false});
     for (size_t j = seg->end; j-- > seg->begin;)
-      uses.push_back({model.block_params(j), true, true});
+      uses.push_back({trainable(model.block_params(j)), true, true});
   }
-  uses.push_back({model.stem_params(), false, true});
+  uses.push_back({trainable(model.stem_params()), false, true});
   return uses;
 }
 

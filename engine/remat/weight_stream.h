@@ -18,7 +18,8 @@
 // on the host's cores with the CPU backend's code: on the CPU a run with this offload is bitwise
 // the run without it; on CUDA it matches to the rounding of the host's AdamW against the
 // device kernel's. The cost is twice bf16's copy volume, which the planner times at the target's
-// link rate. Every parameter of the model must appear in some use (checked).
+// link rate. Every trainable parameter of the model must appear in some use (checked); frozen
+// ones (LoRA's base: engine/model.h) are read where they are, on the device.
 #pragma once
 
 #include <cstddef>
@@ -41,7 +42,8 @@ struct ParamUse {
 
 /// The uses of one training step of `model` under `plan`, in forward_backward's order: the stem,
 /// blocks 0..L-1, the head, then per segment from the last its recomputed blocks in order and
-/// its blocks' backwards in reverse, then the stem's backward (gradients only).
+/// its blocks' backwards in reverse, then the stem's backward (gradients only). Each lists the
+/// trainable parameters only: a frozen one stays on the device.
 std::vector<ParamUse> step_uses(Model& model, const RematPlan& plan);
 /// The uses of forward_loss: the stem, every block, the head.
 std::vector<ParamUse> eval_uses(Model& model);

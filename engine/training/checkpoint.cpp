@@ -10,13 +10,12 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <optional>
 #include <set>
-#include <sstream>
 #include <utility>
 
 #include "engine/core/error.h"
+#include "engine/core/regular_file.h"
 #include "engine/model_files/safetensors.h"
 
 namespace remat {
@@ -33,6 +32,8 @@ constexpr const char* kStateFile = kCheckpointStateFile;
 // next write or prune removes what a killed run left behind.
 constexpr std::string_view kTmpPrefix = ".tmp-";
 constexpr std::string_view kStepPrefix = "step_";
+// state.json holds a config and a data cursor: a few KiB (a cursor of many files, some MiB).
+constexpr uint64_t kMaxStateBytes = 16u << 20;
 
 constexpr const char* kFixEarlier = "resume from an earlier checkpoint";
 constexpr const char* kAnotherModel = "the checkpoint is of another model";
@@ -88,19 +89,6 @@ void rename_path(const fs::path& from, const fs::path& to) {
     st::throw_io_error(fmt::format("rename {} to", from.string()), to.string(), errno);
 }
 
-void write_file_durably(const fs::path& path, const std::string& text) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) st::throw_io_error("create", path.string(), errno);
-  try {
-    st::write_all(fd, text.data(), text.size(), path.string());
-    if (::fsync(fd) != 0) st::throw_io_error("fsync", path.string(), errno);
-  } catch (...) {
-    ::close(fd);
-    throw;
-  }
-  if (::close(fd) != 0) st::throw_io_error("close", path.string(), errno);
-}
-
 // ---- writing ----
 
 // Where a tensor's bytes come from on their way to the file: the pool staging buffer when the
@@ -147,12 +135,14 @@ FileRecord write_tensor_file(const fs::path& path, Model& model,
                              TensorSource& source, DistributedMoments* moments) {
   std::vector<st::TensorInfo> infos;
   for (Param& p : model.params())
-    for (const FieldSpec& f : fields)
-      infos.push_back({p.name + f.suffix, "F32", shape_of(p.value.tensor())});
+    if (p.trainable())
+      for (const FieldSpec& f : fields)
+        infos.push_back({p.name + f.suffix, "F32", shape_of(p.value.tensor())});
   const std::map<std::string, std::string> metadata = {
       {"format", "pt"}, {"producer", "remat-train " REMAT_VERSION}, {"step", std::to_string(step)}};
   st::Writer w(path.string(), std::move(infos), metadata);
-  for (Param& p : model.params())
+  for (Param& p : model.params()) {
+    if (!p.trainable()) continue;  // frozen: not in a checkpoint (engine/model.h)
     for (const FieldSpec& f : fields) {
       const size_t bytes = p.value.tensor().bytes();
       if (moments && f.moment >= 0) {
@@ -163,6 +153,7 @@ FileRecord write_tensor_file(const fs::path& path, Model& model,
         w.write(source.fetch((p.*f.field).tensor()), bytes);
       }
     }
+  }
   w.finish();
   return {w.bytes(), w.checksum()};
 }
@@ -175,7 +166,7 @@ void write_contents(const fs::path& folder, Backend& be, Model& model, const Che
   const FileRecord o = write_tensor_file(folder / kOptimizerFile, model, kOptimizerFields,
                                          state.step, source, moments);
   // Last: a folder with state.json has both tensor files complete.
-  write_file_durably(folder / kStateFile, checkpoint_state_json(state, m, o));
+  st::write_file_durably((folder / kStateFile).string(), checkpoint_state_json(state, m, o));
 }
 
 // Puts the complete folder `tmp` at `final_path`. An existing checkpoint of the same step (a
@@ -242,13 +233,15 @@ std::vector<std::pair<int64_t, fs::path>> complete_checkpoints(const fs::path& d
 
 CheckpointStateFile read_state(const fs::path& folder) {
   const fs::path p = folder / kStateFile;
-  std::ifstream in(p, std::ios::binary);
-  if (!in)
+  RegularFile file = RegularFile::open_read(p.string());
+  if (file.problem() == RegularFile::Problem::Missing)
     fail(p.string(), "missing: the folder is not a complete checkpoint",
          "resume from an earlier checkpoint (a complete one has state.json)");
-  std::stringstream text;
-  text << in.rdbuf();
-  return parse_checkpoint_state(text.str(), p.string());
+  if (!file.ok()) fail(p.string(), file.problem_text());
+  std::string text;
+  if (const int err = file.read_all(text, kMaxStateBytes))
+    fail(p.string(), err == EFBIG ? "larger than any state.json (16 MiB)" : std::strerror(err));
+  return parse_checkpoint_state(text, p.string());
 }
 
 // Size and checksum against state.json first, then the safetensors checks.
@@ -281,14 +274,25 @@ std::vector<Target> targets(Model& model, const std::vector<FieldSpec>& fields,
                             DistributedMoments* moments = nullptr) {
   std::vector<Target> out;
   for (Param& p : model.params())
-    for (const FieldSpec& f : fields)
-      out.push_back({p.name + f.suffix, &p, &f, f.moment >= 0 ? moments : nullptr});
+    if (p.trainable())
+      for (const FieldSpec& f : fields)
+        out.push_back({p.name + f.suffix, &p, &f, f.moment >= 0 ? moments : nullptr});
   return out;
 }
 
+// The model a file is checked against, for the messages: the run's (loading into it), or the one
+// a checkpoint's own state.json describes (Checkpoint::check_matches).
+struct ModelSource {
+  std::string model;        // "this model", "the model ck/step_00000100/state.json describes"
+  std::string consequence;  // what a mismatch means
+  std::string fix;
+};
+const ModelSource kRunModel{"this model", kAnotherModel, kFixModelKeys};
+
 // The file must hold exactly the targets, f32, with the model's shapes. All checked before any
 // upload, so a mismatch leaves the model as it was.
-void check_tensors(const st::Reader& file, const std::vector<Target>& want) {
+void check_tensors(const st::Reader& file, const std::vector<Target>& want,
+                   const ModelSource& src = kRunModel) {
   std::set<std::string> names;
   for (const Target& t : want) {
     names.insert(t.name);
@@ -296,24 +300,25 @@ void check_tensors(const st::Reader& file, const std::vector<Target>& want) {
     const st::TensorInfo* info = file.find(t.name);
     if (info == nullptr)
       fail(file.path(),
-           fmt::format("no tensor '{}' (the model's is {}): {}", t.name,
-                       st::shape_string(model_shape), kAnotherModel),
-           kFixModelKeys);
+           fmt::format("no tensor '{}' ({} has one of shape {}): {}", t.name, src.model,
+                       st::shape_string(model_shape), src.consequence),
+           src.fix);
     if (info->dtype != "F32")
       fail(file.path(), fmt::format("tensor '{}' is {}, expected F32", t.name, info->dtype),
            "convert the file to f32 (remat-train keeps f32 master weights)");
     if (info->shape != model_shape)
       fail(file.path(),
-           fmt::format("tensor '{}' has shape {} but the model's is {}: {}", t.name,
-                       st::shape_string(info->shape), st::shape_string(model_shape), kAnotherModel),
-           kFixModelKeys);
+           fmt::format("tensor '{}' has shape {} but {} has {}: {}", t.name,
+                       st::shape_string(info->shape), src.model, st::shape_string(model_shape),
+                       src.consequence),
+           src.fix);
   }
   for (const st::TensorInfo& info : file.tensors())
     if (!names.count(info.name))
-      fail(
-          file.path(),
-          fmt::format("tensor '{}' is not a parameter of this model: {}", info.name, kAnotherModel),
-          kFixModelKeys);
+      fail(file.path(),
+           fmt::format("tensor '{}' is not a parameter of {}: {}", info.name, src.model,
+                       src.consequence),
+           src.fix);
 }
 
 void copy_tensors(const st::Reader& file, Backend& be, const std::vector<Target>& want) {
@@ -336,7 +341,8 @@ std::string checkpoint_folder_name(int64_t step) {
 Buffer allocate_checkpoint_staging(Backend& be, Model& model) {
   if (!be.device_is_host()) return {};
   int64_t largest = 0;
-  for (Param& p : model.params()) largest = std::max(largest, p.value.tensor().numel());
+  for (Param& p : model.params())
+    if (p.trainable()) largest = std::max(largest, p.value.tensor().numel());
   if (largest == 0) return {};
   return be.pool().allocate({largest}, DType::F32, MemCategory::Transient, "checkpoint.staging");
 }
@@ -365,7 +371,8 @@ std::string write_checkpoint(const std::string& dir, Backend& be, Model& model,
 
 void send_checkpoint_moments(Model& model, DistributedMoments& moments) {
   for (Param& p : model.params())
-    for (const FieldSpec& f : kOptimizerFields) moments.gather(p, f.moment, nullptr);
+    if (p.trainable())
+      for (const FieldSpec& f : kOptimizerFields) moments.gather(p, f.moment, nullptr);
 }
 
 void prune_checkpoints(const std::string& dir, int64_t keep_last) {
@@ -417,6 +424,10 @@ const std::string& existing_folder(const std::string& path) {
 
 Checkpoint::Checkpoint(const std::string& path)
     : impl_(std::make_unique<Impl>(existing_folder(path))) {}
+
+CheckpointState read_checkpoint_state(const std::string& path) {
+  return read_state(existing_folder(path)).state;
+}
 Checkpoint::~Checkpoint() = default;
 Checkpoint::Checkpoint(Checkpoint&&) noexcept = default;
 Checkpoint& Checkpoint::operator=(Checkpoint&&) noexcept = default;
@@ -438,6 +449,15 @@ void Checkpoint::load_into(Backend& be, Model& model, bool with_optimizer,
     copy_tensors(impl_->optimizer, be, moments);
   }
   copy_tensors(impl_->model, be, weights);
+}
+
+void Checkpoint::check_matches(Model& model) const {
+  const ModelSource own{
+      fmt::format("the model {}/{} describes", impl_->path, kStateFile),
+      "state.json and the tensor files are not of one model",
+      "restore the state.json written with them (was it edited?), or use an earlier checkpoint"};
+  check_tensors(impl_->model, targets(model, kModelFields), own);
+  check_tensors(impl_->optimizer, targets(model, kOptimizerFields), own);
 }
 
 std::vector<std::string> Checkpoint::weight_names() const {

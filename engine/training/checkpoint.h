@@ -1,5 +1,7 @@
 // Checkpoints: one folder per checkpoint, `DIR/step_00000100/`, holding
-//   model.safetensors      the parameters by name (f32), e.g. "blocks.3.attn.qkv.weight"
+//   model.safetensors      the trainable parameters by name (f32), e.g. "blocks.3.attn.qkv.weight"
+//                          (a LoRA run's adapters and modules_to_save: frozen ones are not
+//                          written, its state.json names the base they come from)
 //   optimizer.safetensors  AdamW moments, "<param>.exp_avg" and "<param>.exp_avg_sq" (f32)
 //   state.json             step, the full resolved config (TOML text), the data cursor, versions,
 //                          and each tensor file's size and XXH3-64 checksum
@@ -46,6 +48,10 @@ void prune_checkpoints(const std::string& dir, int64_t keep_last);
 /// The newest complete checkpoint folder in `dir`, or "" when there is none.
 std::string latest_checkpoint(const std::string& dir);
 
+/// The state.json of checkpoint folder `path` alone, parsed and validated (the tensor files are
+/// not read: Checkpoint verifies them). Throws CheckpointError.
+CheckpointState read_checkpoint_state(const std::string& path);
+
 /// One checkpoint opened for reading: state.json parsed, both tensor files checked against it
 /// (size, checksum) and as safetensors (header, dtypes, offsets), memory-mapped.
 class Checkpoint {
@@ -62,6 +68,11 @@ class Checkpoint {
   /// CheckpointError naming the tensor.
   void load_into(Backend& be, Model& model, bool with_optimizer,
                  DistributedMoments* moments = nullptr) const;
+  /// Both files hold exactly `model`'s parameters and their moments, by name and shape, where
+  /// `model` is the one state.json's config describes (built by the caller, on a count backend):
+  /// otherwise a CheckpointError naming the first tensor missing, left over or mis-shaped. A
+  /// state.json edited after the write (n_embd, vocab_size, d_ff, tie_embeddings) is caught here.
+  void check_matches(Model& model) const;
   /// Names of the tensors in model.safetensors, in file order.
   std::vector<std::string> weight_names() const;
   /// One weight as host f32 and its shape (for sampling). Throws CheckpointError if absent.

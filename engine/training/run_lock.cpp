@@ -9,15 +9,16 @@
 #include <cstring>
 #include <ctime>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 
 #include "engine/core/error.h"
+#include "engine/core/regular_file.h"
 
 namespace remat {
 namespace {
 
 constexpr const char* kLockName = ".lock";
+// The holder's line is one line; anything longer is not ours.
+constexpr uint64_t kMaxHolderBytes = 4096;
 
 std::string host_name() {
   char buf[256] = {};
@@ -57,8 +58,9 @@ bool locks_unsupported(int err) {
 }  // namespace
 
 std::string run_lock_holder(const std::string& path) {
-  std::ifstream in(path);
-  std::string text((std::istreambuf_iterator<char>(in)), {});
+  RegularFile file = RegularFile::open_read(path);
+  std::string text;
+  if (!file.ok() || file.read_all(text, kMaxHolderBytes) != 0) text.clear();
   while (!text.empty() && (text.back() == '\n' || text.back() == '\r')) text.pop_back();
   return text.empty() ? "a process that has not written its pid yet (it is starting)" : text;
 }
@@ -69,8 +71,16 @@ RunLock::RunLock(const std::string& dir)
   std::filesystem::create_directories(dir, ec);
   if (ec) cannot_lock("create the folder", dir, ec.value());
   // Opened without O_TRUNC: the holder's line stays readable until this process owns the lock.
-  fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (fd_ < 0) cannot_lock("open the lock file", path_, errno);
+  // Never through a link (one to a file elsewhere would get our pid line written over it, a
+  // dangling one would create its target), never a FIFO or a folder.
+  RegularFile file(path_, O_RDWR | O_CREAT);
+  if (file.problem() == RegularFile::Problem::Link ||
+      file.problem() == RegularFile::Problem::NotRegular)
+    throw CheckpointError(
+        fmt::format("[checkpoint] {}: the lock file is {}. Fix: remove it; a run creates its own",
+                    path_, file.problem_text()));
+  if (!file.ok()) cannot_lock("open the lock file", path_, file.error());
+  fd_ = file.release();
   int rc;
   do rc = ::flock(fd_, LOCK_EX | LOCK_NB);
   while (rc != 0 && errno == EINTR);

@@ -42,7 +42,8 @@ class PlannedAllReduce final : public parallel::GradientSync {
  public:
   PlannedAllReduce(Model& model, int ranks) {
     uint64_t bytes = 0;
-    for (Param& p : model.params()) bytes += p.grad.tensor().bytes();
+    for (Param& p : model.params())
+      if (p.trainable()) bytes += p.grad.tensor().bytes();
     sent_ = parallel::allreduce_sent_bytes(bytes, ranks);
   }
   void block_done(size_t) override {}
@@ -88,7 +89,7 @@ void zero_device_grads(Backend& be, Model& model) {
   std::vector<Tensor> grads;
   grads.reserve(model.params().size());
   for (Param& p : model.params())
-    if (!p.on_host) grads.push_back(p.grad);
+    if (p.trainable() && !p.on_host) grads.push_back(p.grad);
   be.fill_zero(grads);
 }
 
@@ -168,6 +169,12 @@ Trainer::Trainer(TrainConfig train, RematPlan plan, Backend& be, Model& model, D
       dp_(dp),
       host_update_(std::make_unique<HostAdamW>()),
       host_update_async_(!be.device_is_host() && be.computes()) {
+  // The weight stream copies each micro-batch's gradients OVER the host ones (config validation
+  // refuses train.grad_accum with weights offloaded).
+  for (const Param& p : model.params())
+    REMAT_ASSERT(train_.grad_accum == 1 || !p.on_host,
+                 "train.grad_accum = {} with {} in host memory", train_.grad_accum, p.name);
+  REMAT_ASSERT(train_.grad_accum >= 1, "train.grad_accum = {}", train_.grad_accum);
   if (!dp_.shard_optimizer) {
     grad_sync_ = make_gradient_sync(be, model, dp_);
     return;
@@ -214,16 +221,19 @@ std::string Trainer::divergence_message(const StepMetrics& m) {
   // Sharded, each rank holds the sums of its shards only: the ranks agree on the first parameter
   // with a non-finite sum anywhere (every rank diverges at the same step, so all of them call).
   std::vector<double> bad;
+  std::vector<const Param*> trained;
   for (Param& p : model_.params()) {
+    if (!p.trainable()) continue;  // a frozen parameter has no gradient
     const bool finite =
         sharded_ ? sharded_->grad_finite(p) : std::isfinite(sum_squares({p.grad.tensor()}, p));
     bad.push_back(finite ? 0.0 : 1.0);
+    trained.push_back(&p);
   }
   if (sharded_ && dp_.comm) bad = parallel::sum_over_ranks(*dp_.comm, bad);
   std::string first = "none (the loss itself)";
   for (size_t i = 0; i < bad.size(); ++i)
     if (bad[i] > 0) {
-      first = model_.params()[i].name;
+      first = trained[i]->name;
       break;
     }
   return fmt::format(
@@ -237,6 +247,7 @@ std::string Trainer::divergence_message(const StepMetrics& m) {
 void Trainer::check_weights_finite() {
   wait_host_update();
   for (Param& p : model_.params()) {
+    if (!p.trainable()) continue;  // never updated: as finite as it was loaded
     if (!std::isfinite(sum_squares({p.value.tensor()}, p)))
       throw Diverged(fmt::format(
           "[train] diverged by step {}: the weights are not finite (first: {}); no checkpoint was "
@@ -252,38 +263,16 @@ StepMetrics Trainer::step() {
   StepMetrics m;
   m.step = step_ + 1;
   m.lr = learning_rate(train_, step_);
-
-  pool.set_phase("data");
-  Batch batch = data_.next(be_, step_);
-  // A device's upload may still be running: timed ops (bench) must not be charged for it.
-  if (be_.op_timing()) be_.synchronize();
-  m.data_ms =
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  m.data_flops = batch.making_flops;
-  const int64_t n_tokens = batch.n_tokens;
-  be_.set_phase(Phase::Backward);
-  // Host parameters' gradients are made zero on the device and copied over the host ones.
-  zero_device_grads(be_, model_);
-  model_.begin_step(step_);
-  parallel::GradientSync* sync = grad_sync_.get();
-  HostAdamW& host_update = *host_update_;
-  StepLoss loss = forward_backward(
-      be_, model_, plan_, batch,
-      sync ? BlockGradsReady([sync](size_t block) { sync->block_done(block); }) : BlockGradsReady(),
-      [&host_update](const Param& p) { host_update.wait_for(p); });
-  wait_host_update();  // every weight was fetched, so every update is done; the thread ends
-  batch = Batch();
-  if (sync) sync->finish();  // every gradient is the sum over the ranks (sharded: this rank's)
-  m.task_metric = data_.task_metric(loss.row_losses);
+  const MicroBatchLoss loss = accumulate_gradients(m);
   // Context ranks hold a token or two more or less than each other: means weigh by tokens. The
   // third is the mean of the ranks' token counts, which times the ranks is the job's tokens.
   const std::vector<double> means =
-      mean_over_ranks({loss.mean, m.task_metric.value_or(0.0), static_cast<double>(n_tokens)},
-                      {static_cast<double>(loss.row_losses.size()),
-                       static_cast<double>(data_.task_metric_count()), 1.0});
+      mean_over_ranks({loss.mean, loss.task_metric.value_or(0.0), loss.tokens},
+                      {loss.rows, static_cast<double>(data_.task_metric_count()), 1.0});
   m.loss = means[0];
-  if (m.task_metric) m.task_metric = means[1];
+  if (loss.task_metric) m.task_metric = means[1];
   const double job_tokens = std::round(means[2] * dp_.ranks);
+  m.tokens = static_cast<int64_t>(job_tokens);
 
   // Global-norm clipping folds into AdamW as a gradient scale.
   be_.set_phase(Phase::Optimizer);
@@ -305,17 +294,77 @@ StepMetrics Trainer::step() {
   return m;
 }
 
+// Gradient accumulation: the step's train.grad_accum micro-batches run one after the other, each
+// freeing its batch and activations before the next is drawn, and their gradients add up in the
+// grad buffers (the ops' [+=]). Each micro-batch's loss gradient is scaled by 1 / (every target
+// of the step), so the sum is the gradient of the step's mean loss: that of one batch of
+// grad_accum x batch_size rows, up to the order of the float sums. Micro-batch k of step s is
+// batch s * grad_accum + k of the data stream, so the step trains on exactly the rows one batch of
+// grad_accum x batch_size would hold, and a resume at step s draws them again. The ranks exchange
+// gradients once, during the last micro-batch's backward, when every gradient is complete.
+Trainer::MicroBatchLoss Trainer::accumulate_gradients(StepMetrics& m) {
+  MemoryPool& pool = be_.pool();
+  const int64_t micro = train_.grad_accum;
+  // The mean loss's divisor: every target of the optimizer step, over the micro-batches and the
+  // ranks. Packed documents with a loss mask would count the step's trained targets here.
+  const int64_t step_targets = micro * model_.loss_rows_all_ranks();
+  parallel::GradientSync* sync = grad_sync_.get();
+  HostAdamW& host_update = *host_update_;
+  MicroBatchLoss out;
+  double loss_sum = 0, metric_sum = 0;
+  for (int64_t k = 0; k < micro; ++k) {
+    const auto d0 = std::chrono::steady_clock::now();
+    const int64_t index = step_ * micro + k;  // this micro-batch in the data stream
+    pool.set_phase("data");
+    Batch batch = data_.next(be_, index);
+    // A device's upload may still be running: timed ops (bench) must not be charged for it.
+    if (be_.op_timing()) be_.synchronize();
+    m.data_ms +=
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - d0).count();
+    m.data_flops += batch.making_flops;
+    out.tokens += static_cast<double>(batch.n_tokens);
+    batch.step_targets = step_targets;
+    be_.set_phase(Phase::Backward);
+    // Host parameters' gradients are made zero on the device and copied over the host ones.
+    if (k == 0) zero_device_grads(be_, model_);
+    model_.begin_step(index);
+    const bool last = k + 1 == micro;
+    StepLoss loss = forward_backward(
+        be_, model_, plan_, batch,
+        sync && last ? BlockGradsReady([sync](size_t block) { sync->block_done(block); })
+                     : BlockGradsReady(),
+        [&host_update](const Param& p) { host_update.wait_for(p); });
+    wait_host_update();  // every weight was fetched, so every update is done; the thread ends
+    batch = Batch();
+    loss_sum += loss.mean;
+    out.rows += static_cast<double>(loss.row_losses.size());
+    if (const std::optional<double> t = data_.task_metric(loss.row_losses)) {
+      metric_sum += *t;
+      out.task_metric = metric_sum / static_cast<double>(k + 1);
+    }
+  }
+  if (sync) sync->finish();  // every gradient is the sum over the ranks (sharded: this rank's)
+  // Micro-batches of equal rows: the step's mean is the mean of theirs.
+  out.mean = loss_sum / static_cast<double>(micro);
+  return out;
+}
+
 double Trainer::grad_sum_squares() {
   if (sharded_) return sharded_->grad_sum_squares();  // each rank holds the sums of its shards
   std::vector<Tensor> grads;
-  grads.reserve(model_.params().size());
-  for (Param& p : model_.params()) grads.push_back(p.grad);
-  return model_.params().empty() ? 0.0 : sum_squares(grads, model_.params().front());
+  const Param* like = nullptr;
+  for (Param& p : model_.params())
+    if (p.trainable()) {
+      grads.push_back(p.grad);
+      if (!like) like = &p;
+    }
+  return like ? sum_squares(grads, *like) : 0.0;
 }
 
 // Host parameters (remat.offload = "checkpoints+optimizer+weights") are summed on the host's
 // cores, by the CPU backend's own code: the same bits as the CPU backend without the offload.
-// Every parameter of a model lives in the same place, so `like` stands for all of `tensors`.
+// Every trainable parameter of a model lives in the same place, so `like` stands for all of
+// `tensors`.
 double Trainer::sum_squares(const std::vector<Tensor>& tensors, const Param& like) {
   if (!like.on_host) return be_.sum_squares(tensors);
   if (!be_.computes()) return 0.0;
@@ -370,7 +419,7 @@ void Trainer::update_weights(float lr, float grad_scale) {
   };
   std::vector<Param*> on_host;
   for (Param& p : model_.params())
-    if (p.moments_on_host && !p.on_host) on_host.push_back(&p);
+    if (p.trainable() && p.moments_on_host && !p.on_host) on_host.push_back(&p);
   std::vector<std::pair<const Param*, AdamWArgs>> host_updates;  // weights in host memory
   // Parameters whose state is all in device memory, updated together (a few launches on CUDA):
   // each run of them is issued before the next staged parameter's update, so the updates are
@@ -380,6 +429,7 @@ void Trainer::update_weights(float lr, float grad_scale) {
   std::array<std::unique_ptr<Staged>, 3> slots;
   size_t k = 0;
   for (Param& p : model_.params()) {
+    if (!p.trainable()) continue;  // frozen: no gradient, no moments, never updated
     AdamWArgs a{p.value, p.grad, p.m, p.v};
     a.lr = lr;
     a.weight_decay = p.use_decay ? static_cast<float>(train_.weight_decay) : 0.0f;

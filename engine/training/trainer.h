@@ -77,6 +77,7 @@ struct StepMetrics {
   double data_ms = 0;     // of step_ms: making the batch (read or generated, and uploaded)
   double data_flops = 0;  // FLOPs making the batch took, outside the step's op counts
   double tokens_per_s = 0;
+  int64_t tokens = 0;       // of the optimizer step: every micro-batch's, on every rank
   uint64_t peak_bytes = 0;  // pool peak so far (setup included)
   std::optional<double> task_metric;
 };
@@ -92,8 +93,9 @@ class Trainer {
   Trainer(TrainConfig train, RematPlan plan, Backend& be, Model& model, DataSource& data,
           DataParallel dp = {});
   ~Trainer();
-  /// One step. Throws Diverged (before the optimizer update) when the loss or the gradient norm
-  /// is not finite.
+  /// One optimizer step over train.grad_accum micro-batches (accumulate_gradients in
+  /// trainer.cpp). Throws Diverged (before the optimizer update) when the loss or the gradient
+  /// norm is not finite.
   StepMetrics step();
   /// Throws Diverged naming the first parameter whose value is not finite (an update can overflow
   /// the weights while the step's loss was still finite). Run before a checkpoint is written.
@@ -123,6 +125,14 @@ class Trainer {
   void set_host_update_async(bool on) { host_update_async_ = on; }
 
  private:
+  /// This rank's loss over the step's micro-batches: their mean, the rows and tokens it averages.
+  struct MicroBatchLoss {
+    double mean = 0, rows = 0, tokens = 0;
+    std::optional<double> task_metric;
+  };
+  /// Forward and backward of every micro-batch of the step, gradients summed (and over the ranks);
+  /// adds the data's time and FLOPs to `m`.
+  MicroBatchLoss accumulate_gradients(StepMetrics& m);
   std::string divergence_message(const StepMetrics& m);
   /// Means over every rank, each rank's weighted by how many values it averaged; as is on one.
   std::vector<double> mean_over_ranks(const std::vector<double>& means,

@@ -1,4 +1,5 @@
-// The per-pair RoPE kernel (tests/gpu/rope_reference.h), kept verbatim as the bits to match.
+// The per-pair RoPE kernel (tests/gpu/rope_reference.h), kept as the bits to match: its indexing
+// verbatim; its rotation with every product and sum rounded explicitly, as kern::rope_apply's.
 #include "engine/cuda/device_common.cuh"
 #include "tests/gpu/rope_reference.h"
 
@@ -30,12 +31,14 @@ __global__ void rope_pair_kernel(Td* dst, const Ts* src, RopeParams p) {
     const float cs = static_cast<float>(cs_d * p.freq.attention_factor);  // 1: the former bits
     const float sn = static_cast<float>(sn_d * p.freq.attention_factor);
     const float a = to_f32(src[i0]), b = to_f32(src[i1]);
+    // Each product and sum rounded by itself, as kern::rope_apply does: nvcc contracts nothing
+    // here, so the comparison is bit for bit by construction, whatever either file's FMA fusion.
     if (!p.inverse) {
-      dst[i0] = from_f32<Td>(a * cs - b * sn);
-      dst[i1] = from_f32<Td>(a * sn + b * cs);
+      dst[i0] = from_f32<Td>(__fsub_rn(__fmul_rn(a, cs), __fmul_rn(b, sn)));
+      dst[i1] = from_f32<Td>(__fadd_rn(__fmul_rn(a, sn), __fmul_rn(b, cs)));
     } else {
-      dst[i0] = from_f32<Td>(a * cs + b * sn);
-      dst[i1] = from_f32<Td>(-a * sn + b * cs);
+      dst[i0] = from_f32<Td>(__fadd_rn(__fmul_rn(a, cs), __fmul_rn(b, sn)));
+      dst[i1] = from_f32<Td>(__fsub_rn(__fmul_rn(b, cs), __fmul_rn(a, sn)));
     }
   }
 }

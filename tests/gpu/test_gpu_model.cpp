@@ -278,6 +278,26 @@ TEST_CASE("a CUDA run resumed from its checkpoint equals the run straight throug
   }
 }
 
+namespace {
+
+// Builds the plan of one attention call and checks its workspace against the planner's reserve
+// for that shape, printing both (scripts/device-check.sh keeps the "cuDNN plan workspace" lines:
+// the figures the reserve should follow once a device has measured them).
+void check_plan_workspace(cuda::CudaBackend& gpu, const char* what, const cuda::AttentionShape& s,
+                          bool backward) {
+  const auto reserve =
+      cuda::cudnn_plan_reserve_bytes(s.B, s.NH, s.kv_heads(), s.key_rows(), s.HS, backward);
+  INFO(what << (backward ? " backward" : " forward"));
+  int64_t ws = -1;
+  REQUIRE_NOTHROW(ws = gpu.attention_plan_workspace_bytes(s, backward));
+  std::printf("cuDNN plan workspace %s %s: %lld bytes (reserve %llu)\n", what,
+              backward ? "backward" : "forward", static_cast<long long>(ws),
+              static_cast<unsigned long long>(reserve));
+  CHECK(ws <= static_cast<int64_t>(reserve));
+}
+
+}  // namespace
+
 TEST_CASE("cuDNN's attention plans need no more workspace than the planner reserves (GPT-2 shapes)",
           "[gpu][cudnn_workspace]") {
   cuda::CudaBackend gpu(DeviceConfig{}, DType::BF16);
@@ -288,14 +308,29 @@ TEST_CASE("cuDNN's attention plans need no more workspace than the planner reser
   for (const Shape& m : {Shape{"gpt2-124m", 12, 64}, Shape{"gpt2-350m", 16, 64}}) {
     for (int64_t T : {int64_t{4096}, int64_t{32768}}) {
       for (bool bwd : {false, true}) {
-        const int64_t ws = gpu.attention_plan_workspace_bytes(1, m.NH, T, m.HS, bwd);
-        std::printf("cuDNN plan workspace %s T=%lld %s: %lld bytes (reserve %llu)\n", m.model,
-                    static_cast<long long>(T), bwd ? "backward" : "forward",
-                    static_cast<long long>(ws),
-                    static_cast<unsigned long long>(cuda::kCudnnPlanWorkspaceBytes));
-        CHECK(ws <= static_cast<int64_t>(cuda::kCudnnPlanWorkspaceBytes));
+        const std::string what = fmt::format("{} T={}", m.model, T);
+        check_plan_workspace(gpu, what.c_str(), {1, m.NH, T, m.HS}, bwd);
       }
     }
+  }
+}
+
+TEST_CASE("cuDNN's attention plans fit the planner's reserve at Llama's grouped-query shapes",
+          "[gpu][cudnn_workspace]") {
+  // Llama-3.1-8B's attention: 32 query heads, 8 key/value heads of 128. Its grouped backward forms
+  // each query head's dK and dV before the sum over the group; if cuDNN keeps them in its
+  // workspace that is 64 MiB at 4k keys and 1 GiB at 64k (cudnn_plan_reserve_bytes reserves it).
+  // Then the pairs attention over chunks makes: an off-diagonal pair (no mask) of 8192 queries
+  // against 65536 keys, and a last query chunk of 1000 rows against a full key chunk.
+  cuda::CudaBackend gpu(DeviceConfig{}, DType::BF16);
+  const int64_t NH = 32, KVH = 8, HS = 128;
+  for (bool bwd : {false, true}) {
+    check_plan_workspace(gpu, "llama-3.1-8b T=4096", {1, NH, 4096, HS, KVH}, bwd);
+    check_plan_workspace(gpu, "llama-3.1-8b T=65536", {1, NH, 65536, HS, KVH}, bwd);
+    check_plan_workspace(gpu, "llama-3.1-8b pair 8192x65536 unmasked",
+                         {1, NH, 8192, HS, KVH, 65536, false}, bwd);
+    check_plan_workspace(gpu, "llama-3.1-8b pair 1000x8192 unmasked",
+                         {1, NH, 1000, HS, KVH, 8192, false}, bwd);
   }
 }
 
@@ -305,7 +340,8 @@ TEST_CASE("cuDNN's attention plans need no more workspace than the planner reser
 TEST_CASE("cuDNN's engine survey lists the attention backward's options, the one in use first",
           "[gpu][cudnn_engines]") {
   cuda::CudaBackend gpu(DeviceConfig{}, DType::BF16);
-  const auto reserve = static_cast<int64_t>(cuda::kCudnnPlanWorkspaceBytes);
+  const auto reserve =
+      static_cast<int64_t>(cuda::cudnn_plan_reserve_bytes(1, 12, 12, 4096, 64, true));
   for (int64_t T : {int64_t{4096}, int64_t{32768}}) {
     const std::vector<cuda::EngineOption> options =
         gpu.attention_engine_survey(1, 12, T, 64, /*backward=*/true);
@@ -320,13 +356,13 @@ TEST_CASE("cuDNN's engine survey lists the attention backward's options, the one
       if (!used && o.finalizes && o.workspace_bytes <= reserve) used = &o;
     }
     REQUIRE(used != nullptr);
-    CHECK(used->workspace_bytes == gpu.attention_plan_workspace_bytes(1, 12, T, 64, true));
+    CHECK(used->workspace_bytes == gpu.attention_plan_workspace_bytes({1, 12, T, 64}, true));
   }
 }
 
 TEST_CASE("the planner predicts the CUDA pool's peak to the byte", "[gpu][planner]") {
-  // cuDNN's plan workspace is a fixed reserve on both sides (engine/core/cuda_workspace.h), so
-  // nothing the GPU decides at run time enters the peak.
+  // cuDNN's plan workspace is a reserve sized from the shapes on both sides
+  // (engine/core/cuda_workspace.h), so nothing the GPU decides at run time enters the peak.
   const std::vector<std::vector<std::string>> settings = {
       {"remat.policy=none"},
       {"remat.policy=full"},
@@ -420,22 +456,60 @@ TEST_CASE(
   }
 }
 
+namespace {
+// One step of the llama above with `sets` on CUDA (bf16) and on the count backend standing in for
+// it: both pools' peaks the same to the byte.
+void check_llama_cuda_peaks(std::vector<std::string> sets) {
+  const std::string what = fmt::format("{}", fmt::join(sets, " "));
+  sets.push_back("train.steps=1");
+  Config cfg = parse_config(kLlamaToml, "llama(test)", sets);
+  cuda::CudaBackend gpu(DeviceConfig{}, DType::BF16);
+  CountBackend count(CountTarget{DeviceKind::Cuda, DType::BF16, 1}, gpu.pool().budget_bytes());
+  train_losses(gpu, cfg);
+  train_losses(count, cfg);
+  const uint64_t measured = gpu.pool().peak_bytes(), predicted = count.pool().peak_bytes();
+  INFO(what << ": measured " << measured << " predicted " << predicted);
+  CHECK(measured == predicted);
+  CHECK(gpu.host_pool().peak_bytes() == count.host_pool().peak_bytes());
+}
+}  // namespace
+
 TEST_CASE("llama: the planner predicts the CUDA pool's peak to the byte", "[gpu][llama_planner]") {
+  check_llama_cuda_peaks({"remat.policy=none"});
+  check_llama_cuda_peaks({"remat.policy=full", "remat.tile_tokens=37"});
+  check_llama_cuda_peaks({"remat.policy=save_attn", "remat.offload=\"checkpoints+optimizer\""});
+}
+
+// LoRA (docs/lora.md) on the llama above: rank 4 on every linear, adapter dropout, the final norm
+// and the LM head trained whole, every other weight frozen (a random base: the adapters' path is
+// what these rows check).
+const std::vector<std::string> kLora = {"lora.rank=4", "lora.alpha=8", "lora.dropout=0.1",
+                                        "lora.modules_to_save=[\"norm\",\"lm_head\"]"};
+
+TEST_CASE("lora: 20 llama training steps on CUDA track the CPU losses (adapters, frozen base)",
+          "[gpu][lora_training]") {
+  for (const std::vector<std::string>& extra :
+       std::vector<std::vector<std::string>>{{}, {"remat.policy=full", "remat.tile_tokens=37"}}) {
+    std::vector<std::string> sets = kLora;
+    sets.insert(sets.end(), extra.begin(), extra.end());
+    Config cfg = parse_config(kLlamaToml, "llama(test)", sets);
+    cpu::CpuBackend cpu(uint64_t{8} << 30, 0);
+    const auto want = train_losses(cpu, cfg);
+    for (DType act : kCudaActivationTypes) {
+      cuda::CudaBackend gpu(DeviceConfig{}, act);
+      check_tracks(fmt::format("lora {} {}", fmt::join(extra, " "), dtype_name(act)),
+                   train_losses(gpu, cfg), want, act == DType::BF16 ? kTrainBf16 : kTrainF32);
+    }
+  }
+}
+
+TEST_CASE("lora: the planner predicts the CUDA pools' peaks to the byte", "[gpu][lora_planner]") {
   for (std::vector<std::string> sets : std::vector<std::vector<std::string>>{
            {"remat.policy=none"},
            {"remat.policy=full", "remat.tile_tokens=37"},
-           {"remat.policy=save_attn", "remat.offload=\"checkpoints+optimizer\""}}) {
-    const std::string policy = fmt::format("{}", fmt::join(sets, " "));
-    sets.push_back("train.steps=1");
-    Config cfg = parse_config(kLlamaToml, "llama(test)", sets);
-    cuda::CudaBackend gpu(DeviceConfig{}, DType::BF16);
-    CountBackend count(CountTarget{DeviceKind::Cuda, DType::BF16, 1}, gpu.pool().budget_bytes());
-    train_losses(gpu, cfg);
-    train_losses(count, cfg);
-    const uint64_t measured = gpu.pool().peak_bytes(), predicted = count.pool().peak_bytes();
-    INFO(policy << ": measured " << measured << " predicted " << predicted);
-    CHECK(measured == predicted);
-    CHECK(gpu.host_pool().peak_bytes() == count.host_pool().peak_bytes());
+           {"remat.policy=save_attn", "remat.offload=\"checkpoints+optimizer+weights\""}}) {
+    sets.insert(sets.end(), kLora.begin(), kLora.end());
+    check_llama_cuda_peaks(sets);
   }
 }
 

@@ -5,8 +5,11 @@
 // tolerances and shared helpers: tests/test_util.h (through tests/ops/op_test.h).
 #include "engine/cpu/attention_gemm.h"
 #include "tests/ops/op_test.h"
-#if defined(REMAT_HAVE_CUDA) && !REMAT_TEST_CUDA_ROWS
+#if defined(REMAT_HAVE_CUDA)
 #include "engine/cuda/cudnn_graphs.h"
+#endif
+#if REMAT_TEST_CUDA_ROWS
+#include <cudnn.h>
 #endif
 
 namespace remat::test {
@@ -885,38 +888,12 @@ TEST_CASE("causal attention forward and backward on CUDA match the CPU, with and
 
 namespace {
 
-// Grouped-query attention with `scaling` (rope: 0 none, 1 plain, 2 scaled) on CUDA against the
-// CPU, forward and backward.
-void check_gqa_attention_on_cuda(int rope, const RopeScaling& scaling);
-
-}  // namespace
-
-TEST_CASE(
-    "grouped-query attention with llama3 rope scaling on CUDA matches the CPU (cuDNN's own "
-    "key/value heads)",
-    "[gpu][attention]") {
-  check_gqa_attention_on_cuda(GENERATE(0, 1, 2), kLlama3Short);  // none, plain, llama3-scaled
-}
-
-TEST_CASE("attention with linear, dynamic and yarn rope scaling on CUDA matches the CPU",
-          "[gpu][rope]") {
-  // The scaled frequencies and yarn's factor on cos and sin reach cuDNN's rotated q and k.
-  check_gqa_attention_on_cuda(2, GENERATE(kLinearShort, kDynamicShort, kYarnShort));
-}
-
-namespace {
-
-void check_gqa_attention_on_cuda(int rope, const RopeScaling& rope_scaling) {
-  // (B, NH, KVH, T, HS): 2 query heads per key/value head, multi-query, 3 per group, and head
-  // sizes cuDNN takes (multiples of 8): 64, 128 (a head size apart from width / heads, as
-  // Qwen3's), 40; partial tiles. Scaled RoPE, plain RoPE and none.
-  const auto [B, NH, KVH, T, HS] = GENERATE(table<int64_t, int64_t, int64_t, int64_t, int64_t>(
-      {{2, 4, 2, 129, 64}, {1, 4, 1, 200, 128}, {2, 6, 2, 67, 40}}));
-  const DType act = GENERATE(from_range(kCudaActivationTypes));
-  CAPTURE(B, NH, KVH, T, HS, rope, rope_type_name(rope_scaling.kind), dtype_name(act));
-  const float theta = rope > 0 ? 10000.0f : 0.0f;
-  const RopeScaling scaling = rope == 2 ? rope_scaling : RopeScaling{};
-  CudaRow r(act);
+// One grouped-query attention call on CUDA (over chunks of `chunk` tokens there; 0: unchunked)
+// against the CPU's unchunked op, forward then backward, each backward given its own forward's out
+// and lse: out, lse and dqkv within kCudaAttention. Returns CUDA's dqkv.
+std::vector<float> check_gqa_against_cpu(CudaRow& r, int64_t B, int64_t NH, int64_t KVH, int64_t T,
+                                         int64_t HS, float theta, const RopeScaling& scaling,
+                                         int64_t chunk = 0) {
   const int64_t C = NH * HS, W = (NH + 2 * KVH) * HS;
   const int n_head = static_cast<int>(NH), n_kv = static_cast<int>(KVH);
   auto [qkv_c, qkv_g] = r.act_pair({B, T, W}, r.act_values(B * T * W, 55));
@@ -933,6 +910,7 @@ void check_gqa_attention_on_cuda(int rope, const RopeScaling& rope_scaling) {
   fg.out = o_g;
   fg.lse = l_g;
   fg.qkv = qkv_g;
+  fg.chunk_tokens = chunk;
   r.cpu.attention_forward(fc);
   r.gpu->attention_forward(fg);
   r.check_same(o_c, o_g, kCudaAttention, "out");
@@ -955,18 +933,52 @@ void check_gqa_attention_on_cuda(int rope, const RopeScaling& rope_scaling) {
   bg.qkv = qkv_g;
   bg.out = o_g;
   bg.lse = l_g;
+  bg.chunk_tokens = chunk;
   r.cpu.attention_backward(bc);
   r.gpu->attention_backward(bg);
   r.check_same(dq_c, dq_g, kCudaAttention, "dqkv (=): dq, dk and dv summed over each group");
+  return fetch(*r.gpu, dq_g);
 }
 
 }  // namespace
+
+TEST_CASE(
+    "grouped-query attention with llama3 rope scaling on CUDA matches the CPU (cuDNN's own "
+    "key/value heads)",
+    "[gpu][attention]") {
+  // (B, NH, KVH, T, HS): 2 query heads per key/value head, multi-query, 3 per group, and head
+  // sizes cuDNN takes (multiples of 8): 64, 128 (a head size apart from width / heads, as
+  // Qwen3's), 40; partial tiles. Scaled RoPE, plain RoPE and none.
+  const auto [B, NH, KVH, T, HS] = GENERATE(table<int64_t, int64_t, int64_t, int64_t, int64_t>(
+      {{2, 4, 2, 129, 64}, {1, 4, 1, 200, 128}, {2, 6, 2, 67, 40}}));
+  const int rope = GENERATE(0, 1, 2);  // none, plain, llama3-scaled
+  const DType act = GENERATE(from_range(kCudaActivationTypes));
+  CAPTURE(B, NH, KVH, T, HS, rope, dtype_name(act));
+  CudaRow r(act);
+  check_gqa_against_cpu(r, B, NH, KVH, T, HS, rope > 0 ? 10000.0f : 0.0f,
+                        rope == 2 ? kLlama3Short : RopeScaling{});
+}
+
+TEST_CASE("attention with linear, dynamic and yarn rope scaling on CUDA matches the CPU",
+          "[gpu][rope]") {
+  // The scaled frequencies and yarn's factor on cos and sin reach cuDNN's rotated q and k.
+  const RopeScaling scaling = GENERATE(kLinearShort, kDynamicShort, kYarnShort);
+  const auto [B, NH, KVH, T, HS] = GENERATE(table<int64_t, int64_t, int64_t, int64_t, int64_t>(
+      {{2, 4, 2, 129, 64}, {1, 4, 1, 200, 128}, {2, 6, 2, 67, 40}}));
+  const DType act = GENERATE(from_range(kCudaActivationTypes));
+  CAPTURE(B, NH, KVH, T, HS, rope_type_name(scaling.kind), dtype_name(act));
+  CudaRow r(act);
+  check_gqa_against_cpu(r, B, NH, KVH, T, HS, 10000.0f, scaling);
+}
 
 TEST_CASE("attention over chunks on CUDA matches the CPU and unchunked CUDA",
           "[gpu][attention][chunks]") {
   // Each pair is one cuDNN call (causal on the diagonal, unmasked off it), merged in f32: the
   // chunked CUDA op against the unchunked CPU op, and against CUDA's own unchunked op. 64 divides
-  // none of the lengths; 128 leaves one pair per row at T = 129.
+  // none of the lengths. 128 at T = 129 would leave a last chunk of one token, whose diagonal pair
+  // is a 1 x 1 causal call that cuDNN's backward refuses: the CUDA rule shortens the chunk to 127
+  // (127 + 2 tokens, three pairs per row; cuda::without_one_token_tail), so this row runs exactly
+  // that split; at T = 200, 150 and 100 it is 128 + 72, 128 + 22 and one chunk.
   const ChunkRow row = GENERATE(from_range(kChunkRows));
   const int64_t chunk = GENERATE(int64_t{64}, int64_t{128});
   const DType act = GENERATE(from_range(kCudaActivationTypes));
@@ -1030,6 +1042,23 @@ TEST_CASE("attention over chunks on CUDA matches the CPU and unchunked CUDA",
   r.check_same(dq_c, dq_g, kCudaAttention, "dqkv (=), chunked CUDA against the CPU");
   CHECK(allclose(fetch(*r.gpu, dq_g), widened(fetch(*r.gpu, dqu_g)), kCudaAttention,
                  "dqkv, chunked against unchunked CUDA"));
+}
+
+TEST_CASE("the cuDNN in use needs no padding mask: key lengths off multiples of 128 backpropagate",
+          "[gpu][cudnn_version]") {
+  // cuDNN up to 9.15.0 gives NaN in the attention backward when the key length is not a multiple
+  // of 128 unless the graph has a padding mask, which cudnn-frontend adds there and our raw graphs
+  // do not: the backend refuses those releases (cuda::cudnn_version_refusal), so the one it runs
+  // on must pass this. Key lengths 200 (unchunked: 200 % 128 = 72), and 64 + 64 + 64 + 8 (chunks
+  // of 64, every pair's key length off 128), grouped-query heads with RoPE, bf16 activations.
+  const int64_t version = static_cast<int64_t>(cudnnGetVersion());
+  std::printf("cuDNN in use: %lld\n", static_cast<long long>(version));
+  CHECK(cuda::cudnn_version_refusal(version).empty());
+  const int64_t chunk = GENERATE(int64_t{0}, int64_t{64});
+  CAPTURE(chunk);
+  CudaRow r(DType::BF16);
+  const std::vector<float> dqkv = check_gqa_against_cpu(r, 1, 4, 2, 200, 64, 10000.0f, {}, chunk);
+  CHECK(std::all_of(dqkv.begin(), dqkv.end(), [](float v) { return std::isfinite(v); }));
 }
 #endif
 

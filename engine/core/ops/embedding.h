@@ -17,8 +17,8 @@ struct EmbeddingForwardArgs {
 };
 
 struct EmbeddingBackwardArgs {
-  Tensor dwte;    // (V, C) f32 [+=]
-  Tensor dwpe;    // (maxT, C) f32 [+=], optional
+  Tensor dwte;    // (V, C) f32 [+=], optional (empty: a frozen embedding)
+  Tensor dwpe;    // (maxT, C) f32 [+=], optional (rope models, or frozen); not both empty
   Tensor dout;    // (B, T, C) act
   Tensor tokens;  // (B, T) i32
 };
@@ -35,11 +35,17 @@ inline OpCost cost(const EmbeddingForwardArgs& a) {
 }
 
 inline void check(const EmbeddingBackwardArgs& a) {
-  REMAT_ASSERT(a.dout.numel() == a.tokens.numel() * a.dwte.dim(1),
+  REMAT_ASSERT(!a.dwte.empty() || !a.dwpe.empty(),
+               "embedding_backward: neither dwte nor dwpe (a frozen stem calls no backward)");
+  const Tensor& table = a.dwte.empty() ? a.dwpe : a.dwte;
+  REMAT_ASSERT(a.dout.numel() == a.tokens.numel() * table.dim(1),
                "embedding_backward: dout {} tokens {}", a.dout.shape_str(), a.tokens.shape_str());
 }
+// Two FLOPs per element with the token table (as counted since the first version, whether or
+// not there are position rows), one for the position rows alone (a frozen token table).
 inline OpCost cost(const EmbeddingBackwardArgs& a) {
-  return {2.0 * static_cast<double>(a.dout.numel()), 3 * act_bytes(a.dout)};
+  const double n = static_cast<double>(a.dout.numel());
+  return {(a.dwte.empty() ? 1.0 : 2.0) * n, 3 * act_bytes(a.dout)};
 }
 
 }  // namespace remat

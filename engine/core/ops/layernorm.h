@@ -19,7 +19,7 @@ struct LayerNormForwardArgs {
 
 struct LayerNormBackwardArgs {
   Tensor dinp;     // (N, C) act [+=] residual stream
-  Tensor dweight;  // (C) f32 [+=]
+  Tensor dweight;  // (C) f32 [+=]; empty with dbias: a frozen LayerNorm, no parameter gradients
   Tensor dbias;    // (C) f32 [+=]
   Tensor dout;     // (N, C) act
   Tensor inp;      // (N, C) act
@@ -40,10 +40,19 @@ inline OpCost cost(const LayerNormForwardArgs& a) {
 inline void check(const LayerNormBackwardArgs& a) {
   check_rows(a.dinp, a.inp, "layernorm_backward");
   check_rows(a.dout, a.inp, "layernorm_backward");
+  REMAT_ASSERT(a.dweight.empty() == a.dbias.empty(),
+               "layernorm_backward: dweight {} and dbias {} are both given or both empty",
+               a.dweight.shape_str(), a.dbias.shape_str());
 }
+// 14 FLOPs per element, 4 of them the parameter gradients (dout x^, and the two row sums).
 inline OpCost cost(const LayerNormBackwardArgs& a) {
-  return {14.0 * static_cast<double>(a.inp.numel()),
-          act_bytes(a.inp) + act_bytes(a.dout) + 2 * act_bytes(a.dinp)};
+  OpCost c{14.0 * static_cast<double>(a.inp.numel()),
+           act_bytes(a.inp) + act_bytes(a.dout) + 2 * act_bytes(a.dinp)};
+  if (a.dweight.empty()) {
+    c.flops -= 4.0 * static_cast<double>(a.inp.numel());
+    c.skipped_flops = 4.0 * static_cast<double>(a.inp.numel());
+  }
+  return c;
 }
 
 }  // namespace remat

@@ -27,7 +27,7 @@ struct LinearBackwardArgs {
   // dinp shares no memory with dout, inp or inp_pre_act: the CPU backend keeps a weight
   // gradient's partial sums in it before writing it (engine/cpu/linear.cpp).
   Tensor dinp;     // (N, C) act [=], optional (empty: not needed)
-  Tensor dweight;  // (OC, C) f32 [+=]
+  Tensor dweight;  // (OC, C) f32 [+=], optional (empty: a frozen weight, no weight-gradient GEMM)
   Tensor dbias{};  // (OC) f32 [+=], optional
   Tensor dout;     // (N, OC) act
   Tensor inp;      // (N, C) act
@@ -64,7 +64,8 @@ inline void check(const LinearBackwardArgs& a) {
   const int64_t N = a.inp.rows(), C = a.inp.dim(-1), OC = a.weight.dim(0);
   REMAT_ASSERT(a.dout.rows() == N && a.dout.dim(-1) == OC, "linear_backward: dout {}",
                a.dout.shape_str());
-  REMAT_ASSERT(a.dweight.numel() == OC * C, "linear_backward: dweight {}", a.dweight.shape_str());
+  REMAT_ASSERT(a.dweight.empty() || a.dweight.numel() == OC * C, "linear_backward: dweight {}",
+               a.dweight.shape_str());
   REMAT_ASSERT(a.dinp.empty() || a.dinp.numel() == N * C, "linear_backward: dinp {}",
                a.dinp.shape_str());
   REMAT_ASSERT(a.inp_pre_act.empty() || (!a.dinp.empty() && a.inp_pre_act.numel() == N * C),
@@ -74,8 +75,14 @@ inline void check(const LinearBackwardArgs& a) {
 inline OpCost cost(const LinearBackwardArgs& a) {
   const double N = static_cast<double>(a.inp.rows()), C = static_cast<double>(a.inp.dim(-1)),
                OC = static_cast<double>(a.weight.dim(0));
-  OpCost c{2.0 * N * C * OC * (a.dinp.empty() ? 1 : 2),
+  const double gemm = 2.0 * N * C * OC;
+  OpCost c{gemm * (a.dinp.empty() ? 1 : 2),
            act_bytes(a.dout) * 2 + act_bytes(a.inp) + act_bytes(a.weight) * 3 + act_bytes(a.dinp)};
+  if (a.dweight.empty()) {  // frozen: no dW GEMM, which read dout and inp and read+wrote dW
+    c.flops -= gemm;
+    c.skipped_flops = gemm;
+    c.bytes -= act_bytes(a.dout) + act_bytes(a.inp) + act_bytes(a.weight) * 2;
+  }
   if (!a.inp_pre_act.empty()) {
     const ActivationBackwardArgs act{a.dinp, a.dinp, a.inp_pre_act, a.act};
     c.flops += cost(act).flops;

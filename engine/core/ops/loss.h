@@ -16,7 +16,7 @@ namespace remat {
 struct LmHeadLossArgs {
   Tensor losses;   // (N) f32 [=] per-row loss (unscaled)
   Tensor dinp;     // (N, C) act [=]
-  Tensor dweight;  // (V, C) f32 [+=]
+  Tensor dweight;  // (V, C) f32 [+=], optional (empty: a frozen head, no weight-gradient GEMM)
   Tensor inp;      // (N, C) act: the final hidden states
   Tensor weight;   // (V, C) f32: the (tied) output embedding
   Tensor targets;  // (N) i32
@@ -38,7 +38,7 @@ struct MseLossArgs {
 
 inline void check(const LmHeadLossArgs& a) {
   const int64_t N = a.inp.rows(), C = a.inp.dim(-1), V = a.weight.dim(0);
-  REMAT_ASSERT(a.weight.dim(1) == C && a.dweight.numel() == V * C,
+  REMAT_ASSERT(a.weight.dim(1) == C && (a.dweight.empty() || a.dweight.numel() == V * C),
                "lm_head_loss: weight {} dweight {} inp {}", a.weight.shape_str(),
                a.dweight.shape_str(), a.inp.shape_str());
   REMAT_ASSERT(a.targets.numel() == N && a.losses.numel() == N && a.dinp.numel() == N * C,
@@ -47,12 +47,18 @@ inline void check(const LmHeadLossArgs& a) {
   REMAT_ASSERT(a.argmax.empty() || (a.argmax.dtype == DType::I32 && a.argmax.numel() == N),
                "lm_head_loss: argmax {} for N={}", a.argmax.shape_str(), N);
 }
-// logits (2NCV), d inp (2NCV), d weight (2NCV), softmax (~5NV)
+// logits (2NCV), d inp (2NCV), d weight (2NCV, not for a frozen head), softmax (~5NV)
 inline OpCost cost(const LmHeadLossArgs& a) {
   const double N = static_cast<double>(a.inp.rows()), C = static_cast<double>(a.inp.dim(-1)),
                V = static_cast<double>(a.weight.dim(0));
-  return {6.0 * N * C * V + 5.0 * N * V,
-          act_bytes(a.inp) * 2 + act_bytes(a.weight) * 3 + 8.0 * N * V};
+  OpCost c{6.0 * N * C * V + 5.0 * N * V,
+           act_bytes(a.inp) * 2 + act_bytes(a.weight) * 3 + 8.0 * N * V};
+  if (a.dweight.empty()) {
+    c.flops -= 2.0 * N * C * V;
+    c.skipped_flops = 2.0 * N * C * V;
+    c.bytes -= act_bytes(a.weight) * 2;
+  }
+  return c;
 }
 
 inline void check(const MseLossArgs& a) {

@@ -19,6 +19,10 @@ struct OpCost {
   double to_device_bytes = 0;
   // Bytes this rank sends to other ranks (context parallel's ring; engine/parallel).
   double ring_bytes = 0;
+  // Weight-gradient FLOPs an op did NOT run because its parameter is frozen (an empty dweight):
+  // what training that parameter would add. model_flops (engine/core/backend.h) subtracts them, so
+  // that MFU counts what a frozen-base (LoRA) step needs; `flops` above never includes them.
+  double skipped_flops = 0;
 };
 
 /// Bytes of a tensor argument, 0 for an absent (empty) one.

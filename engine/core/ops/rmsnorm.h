@@ -22,7 +22,7 @@ struct RmsNormForwardArgs {
 
 struct RmsNormBackwardArgs {
   Tensor dinp;     // (N, C) act [+=] residual stream
-  Tensor dweight;  // (C) f32 [+=]
+  Tensor dweight;  // (C) f32 [+=]; empty: a frozen weight, no weight gradient
   Tensor dout;     // (N, C) act
   Tensor inp;      // (N, C) act
   Tensor weight;   // (C) f32
@@ -45,8 +45,8 @@ struct QkNormForwardArgs {
 
 struct QkNormBackwardArgs {
   Tensor dinp;       // (N, (NH + 2 KVH) HS) act [=]
-  Tensor dq_weight;  // (HS) f32 [+=]
-  Tensor dk_weight;  // (HS) f32 [+=]
+  Tensor dq_weight;  // (HS) f32 [+=]; empty: frozen
+  Tensor dk_weight;  // (HS) f32 [+=]; empty: frozen
   Tensor dout;       // (N, (NH + 2 KVH) HS) act
   Tensor inp;        // (N, (NH + 2 KVH) HS) act
   Tensor q_weight;   // (HS) f32
@@ -72,14 +72,21 @@ inline void check(const RmsNormBackwardArgs& a) {
   check_rows(a.dinp, a.inp, "rmsnorm_backward");
   check_rows(a.dout, a.inp, "rmsnorm_backward");
   REMAT_ASSERT(a.dinp.numel() == a.inp.numel() && a.dout.numel() == a.inp.numel() &&
-                   a.weight.numel() == a.inp.dim(-1) && a.dweight.numel() == a.weight.numel() &&
+                   a.weight.numel() == a.inp.dim(-1) &&
+                   (a.dweight.empty() || a.dweight.numel() == a.weight.numel()) &&
                    a.rstd.numel() == a.inp.rows(),
                "rmsnorm_backward: dinp {} dout {} inp {} weight {} rstd {}", a.dinp.shape_str(),
                a.dout.shape_str(), a.inp.shape_str(), a.weight.shape_str(), a.rstd.shape_str());
 }
+// 8 FLOPs per element, 3 of them the weight gradient (dout x rstd, summed over the rows).
 inline OpCost cost(const RmsNormBackwardArgs& a) {
-  return {8.0 * static_cast<double>(a.inp.numel()),
-          act_bytes(a.inp) + act_bytes(a.dout) + 2 * act_bytes(a.dinp) + act_bytes(a.rstd)};
+  OpCost c{8.0 * static_cast<double>(a.inp.numel()),
+           act_bytes(a.inp) + act_bytes(a.dout) + 2 * act_bytes(a.dinp) + act_bytes(a.rstd)};
+  if (a.dweight.empty()) {
+    c.flops -= 3.0 * static_cast<double>(a.inp.numel());
+    c.skipped_flops = 3.0 * static_cast<double>(a.inp.numel());
+  }
+  return c;
 }
 
 /// Head size of a fused qkv row of `width` columns with NH query and KVH key/value heads.
@@ -106,14 +113,22 @@ inline void check(const QkNormBackwardArgs& a) {
   const int64_t W = a.inp.dim(-1), HS = qkv_head_size(W, a.n_head, a.n_kv_head);
   REMAT_ASSERT(a.n_head > 0 && a.n_kv_head > 0 && HS * (a.n_head + 2 * a.n_kv_head) == W &&
                    a.dinp.numel() == a.inp.numel() && a.dout.numel() == a.inp.numel() &&
-                   a.dq_weight.numel() == HS && a.dk_weight.numel() == HS &&
+                   (a.dq_weight.empty() || a.dq_weight.numel() == HS) &&
+                   (a.dk_weight.empty() || a.dk_weight.numel() == HS) &&
                    a.rstd.numel() == a.inp.rows() * (a.n_head + a.n_kv_head),
                "qk_norm_backward: dinp {} dout {} inp {} heads {}/{} rstd {}", a.dinp.shape_str(),
                a.dout.shape_str(), a.inp.shape_str(), a.n_head, a.n_kv_head, a.rstd.shape_str());
 }
+// As RMSNorm's, over the q and k heads' share of each row for each weight gradient left out.
 inline OpCost cost(const QkNormBackwardArgs& a) {
-  return {8.0 * static_cast<double>(a.inp.numel()),
-          act_bytes(a.inp) + act_bytes(a.dout) + act_bytes(a.dinp) + act_bytes(a.rstd)};
+  OpCost c{8.0 * static_cast<double>(a.inp.numel()),
+           act_bytes(a.inp) + act_bytes(a.dout) + act_bytes(a.dinp) + act_bytes(a.rstd)};
+  const double per_head = static_cast<double>(a.inp.numel()) / (a.n_head + 2 * a.n_kv_head);
+  const double frozen =
+      (a.dq_weight.empty() ? a.n_head : 0) + (a.dk_weight.empty() ? a.n_kv_head : 0);
+  c.flops -= 3.0 * per_head * frozen;
+  c.skipped_flops = 3.0 * per_head * frozen;
+  return c;
 }
 
 }  // namespace remat

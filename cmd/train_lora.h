@@ -1,0 +1,47 @@
+// `train` with [lora] (docs/lora.md): what a LoRA run starts from, checked before anything is
+// built, and loaded once the model exists. A LoRA run trains adapters on a frozen Hugging Face
+// base: a fresh run names it with --init hf:DIR (and may start its adapters from a PEFT folder,
+// --init-adapter DIR); a resume reads the base again from the folder its checkpoint records,
+// refusing when it has moved or changed, then the checkpoint's adapters and moments over it.
+// Kept apart from cmd/train_command.cpp, which calls these at three points.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "cmd/commands.h"
+#include "engine/config/config.h"
+#include "engine/core/backend.h"
+#include "engine/model.h"
+#include "engine/training/checkpoint.h"
+
+namespace remat::cli {
+
+struct LoraStart {
+  std::string base_dir;        // the frozen base's folder ("" without LoRA, or without a base)
+  nlohmann::json base_record;  // what each checkpoint's state.json records of it (null without)
+  std::string note;            // for the banner: a LoRA run without a base says so
+};
+
+/// Before anything is built. A LoRA run without a base (no --init) that saves nothing trains on
+/// train.seed's weights (a measurement: fit --measure's and sweep's trials). Refuses, one line
+/// each (ConfigError, or CheckpointError for the checkpoint's problems): --init-adapter without
+/// [lora]; [lora] writing checkpoints without a Hugging Face base (--init hf:DIR), or with --init
+/// of a checkpoint; a resume whose [lora] is not the checkpoint's,
+/// whose checkpoint is (or is not) a LoRA one, whose base moved or changed, or with --init hf:DIR
+/// naming another base.
+LoraStart check_lora_start(const Config& cfg, const TrainOptions& opt, const Checkpoint* resume);
+
+/// A resume's frozen base, read again from its folder (the checkpoint's tensors go over it
+/// after). Returns a line for the banner ("" without LoRA).
+std::string load_lora_base(const LoraStart& start, const Config& cfg, Backend& be, Model& model);
+
+/// --init-adapter DIR: the adapters (and the modules trained whole) from a PEFT folder, checked
+/// against the run's [model] and [lora]. Returns a line for the banner.
+std::string load_init_adapter(const std::string& dir, const Config& cfg, Backend& be, Model& model);
+
+/// "LoRA r 8 (alpha 16) on 14 linears, 0.05M of 1.23M parameters train": for the banner's model
+/// line ("" without LoRA).
+std::string lora_summary(const Config& cfg, const Model& model);
+
+}  // namespace remat::cli
