@@ -27,3 +27,22 @@ find_torch_python() {
     "/usr/bin/python3 (apt-get install python3-torch, or set REMAT_TORCH_PYTHON to a python with torch)"
   exit 77
 }
+
+# The checks against Hugging Face's Python packages (tests/NAME.sh): runs tests/SCRIPT REPO BIN in
+# $d with $REMAT_HF_PYTHON (default python3), BIN being remat-train (ARGS' first, default
+# build/remat-train), or exits 77 (ctest: skipped) with HINT where that python cannot run IMPORT.
+# Usage: hf_python_check SCRIPT IMPORT HINT [ARGS...]
+hf_python_check() {
+  local script=$1 import=$2 hint=$3 repo bin py
+  shift 3
+  repo=$(cd "$(dirname "$0")/.." && pwd)
+  bin=$(realpath "${1:-$repo/build/remat-train}")
+  [ -x "$bin" ] || fail "no remat-train binary at $bin (run make build, or pass its path)"
+  py=${REMAT_HF_PYTHON:-python3}
+  if ! command -v "$py" >/dev/null || ! "$py" -c "$import" 2>/dev/null; then
+    echo "skipped: $py cannot run '$import' ($hint)"
+    exit 77
+  fi
+  cd "$d"
+  "$py" "$repo/tests/$script" "$repo" "$bin"
+}

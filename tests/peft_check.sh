@@ -9,15 +9,5 @@
 # Usage: tests/peft_check.sh [path/to/remat-train]
 # shellcheck source=tests/lib.sh
 source "$(dirname "$0")/lib.sh"
-repo=$(cd "$(dirname "$0")/.." && pwd)
-bin=$(realpath "${1:-$repo/build/remat-train}")
-[ -x "$bin" ] || fail "no remat-train binary at $bin (run make build, or pass its path)"
-
-py=${REMAT_HF_PYTHON:-python3}
-if ! command -v "$py" >/dev/null || ! "$py" -c 'import torch, transformers, peft' 2>/dev/null; then
-  echo "skipped: $py cannot import torch, transformers and peft (scripts/make-hf-venv.sh; then" \
-    "REMAT_HF_PYTHON=/path/to/venv/bin/python)"
-  exit 77
-fi
-cd "$d"
-"$py" "$repo/tests/peft_check.py" "$repo" "$bin"
+hf_python_check peft_check.py 'import torch, transformers, peft' \
+  "scripts/make-hf-venv.sh; then REMAT_HF_PYTHON=/path/to/venv/bin/python" "$@"

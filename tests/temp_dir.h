@@ -1,4 +1,5 @@
-// A folder of its own for each test, under the system temp dir, removed with everything in it.
+// A folder of its own for each test, under the system temp dir, removed with everything in it;
+// and a file read whole.
 #pragma once
 
 #include <fmt/format.h>
@@ -6,6 +7,8 @@
 
 #include <atomic>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <string>
 
 namespace remat::test {
@@ -28,5 +31,16 @@ struct TempDir {
   std::string operator/(const std::string& name) const { return (path / name).string(); }
   std::string str(const std::string& sub = "") const { return (path / sub).string(); }
 };
+
+/// The bytes of the file at `path` ("" when it cannot be opened).
+inline std::string read_text(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+/// Writes `text` as the whole file at `path`, byte for byte.
+inline void write_text(const std::filesystem::path& path, const std::string& text) {
+  std::ofstream(path, std::ios::binary) << text;
+}
 
 }  // namespace remat::test

@@ -24,9 +24,11 @@
 using Catch::Matchers::Contains;
 using remat::RegularFile;
 using remat::test::CliResult;
+using remat::test::read_text;
 using remat::test::run_binary;
 using remat::test::run_in_source;
 using remat::test::TempDir;
+using remat::test::write_text;
 namespace fs = std::filesystem;
 
 namespace {
@@ -36,15 +38,6 @@ const std::string kLlama =
     "--config configs/tiny.toml --set 'model.kind=\"llama\"' --set model.n_layer=1 "
     "--set model.n_embd=16 --set model.n_head=2 --set model.n_kv_head=1 --set train.seq_len=16 "
     "--set train.batch_size=2";
-
-std::string read_text(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-void write_text(const fs::path& path, const std::string& text) {
-  std::ofstream(path, std::ios::binary) << text;
-}
 
 // Trains 2 steps of kLlama (plus `sets`) with checkpoint.dir = dir; returns the step folder.
 fs::path train_checkpoint(const fs::path& dir, const std::string& sets = "") {

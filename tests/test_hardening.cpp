@@ -35,8 +35,10 @@
 using Catch::Matchers::Contains;
 using remat::test::Child;
 using remat::test::eventually;
+using remat::test::read_text;
 using remat::test::run_binary;
 using remat::test::TempDir;
+using remat::test::write_text;
 namespace fs = std::filesystem;
 
 namespace {
@@ -47,20 +49,11 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-std::string read_text(const std::string& path) {
-  std::ifstream in(path);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
 std::vector<std::string> lines_of(const std::string& path) {
   std::ifstream in(path);
   std::vector<std::string> out;
   for (std::string line; std::getline(in, line);) out.push_back(line);
   return out;
-}
-
-void write_text(const std::string& path, const std::string& text) {
-  std::ofstream(path) << text;
 }
 
 std::string config_error(const std::function<void()>& f) {

@@ -166,37 +166,49 @@ struct LlamaShape {
   bool bias = false, qk_norm = false, tied = false;
 };
 
-HfTensors llama_tensors(const LlamaShape& s, uint64_t seed) {
-  HfTensors t;
-  uint64_t stream = 0;
-  auto add = [&](const std::string& name, std::vector<int64_t> shape) {
-    t[name] = random_tensor(std::move(shape), seed, stream++);
-  };
-  add("model.embed_tokens.weight", {s.V, s.C});
-  for (int64_t l = 0; l < s.L; ++l) {
-    const std::string p = fmt::format("model.layers.{}.", l);
-    add(p + "input_layernorm.weight", {s.C});
-    add(p + "self_attn.q_proj.weight", {s.NH * s.HS, s.C});
-    add(p + "self_attn.k_proj.weight", {s.KVH * s.HS, s.C});
-    add(p + "self_attn.v_proj.weight", {s.KVH * s.HS, s.C});
-    if (s.bias) {
-      add(p + "self_attn.q_proj.bias", {s.NH * s.HS});
-      add(p + "self_attn.k_proj.bias", {s.KVH * s.HS});
-      add(p + "self_attn.v_proj.bias", {s.KVH * s.HS});
-    }
-    if (s.qk_norm) {
-      add(p + "self_attn.q_norm.weight", {s.HS});
-      add(p + "self_attn.k_norm.weight", {s.HS});
-    }
-    add(p + "self_attn.o_proj.weight", {s.C, s.NH * s.HS});
-    add(p + "post_attention_layernorm.weight", {s.C});
-    add(p + "mlp.gate_proj.weight", {s.FF, s.C});
-    add(p + "mlp.up_proj.weight", {s.FF, s.C});
-    add(p + "mlp.down_proj.weight", {s.C, s.FF});
-  }
-  add("model.norm.weight", {s.C});
-  if (!s.tied) add("lm_head.weight", {s.V, s.C});
-  return t;
+// One tensor of a Hugging Face folder as this test writes it: transformers' name, its shape, and
+// the parameter of ours it goes into. A Conv1D weight (GPT-2) is stored (in, out), ours (out,
+// in); tensors that go into one parameter of ours (q, k and v into attn.qkv) are concatenated in
+// list order.
+struct HfEntry {
+  std::string hf, ours;
+  std::vector<int64_t> shape;
+  bool conv1d = false;
+};
+
+// Appends `layer`'s entries for each of L layers: transformers' names under `hf_prefix` + "l.",
+// ours under "blocks.l.".
+void add_layers(std::vector<HfEntry>& entries, int64_t L, const std::string& hf_prefix,
+                const std::vector<HfEntry>& layer) {
+  for (int64_t l = 0; l < L; ++l)
+    for (const HfEntry& e : layer)
+      entries.push_back({fmt::format("{}{}.{}", hf_prefix, l, e.hf),
+                         fmt::format("blocks.{}.{}", l, e.ours), e.shape, e.conv1d});
+}
+
+std::vector<HfEntry> llama_entries(const LlamaShape& s) {
+  const int64_t Q = s.NH * s.HS, KV = s.KVH * s.HS;
+  std::vector<HfEntry> layer = {{"input_layernorm.weight", "norm1.weight", {s.C}},
+                                {"self_attn.q_proj.weight", "attn.qkv.weight", {Q, s.C}},
+                                {"self_attn.k_proj.weight", "attn.qkv.weight", {KV, s.C}},
+                                {"self_attn.v_proj.weight", "attn.qkv.weight", {KV, s.C}}};
+  if (s.bias)
+    layer.insert(layer.end(), {{"self_attn.q_proj.bias", "attn.qkv.bias", {Q}},
+                               {"self_attn.k_proj.bias", "attn.qkv.bias", {KV}},
+                               {"self_attn.v_proj.bias", "attn.qkv.bias", {KV}}});
+  if (s.qk_norm)
+    layer.insert(layer.end(), {{"self_attn.q_norm.weight", "attn.q_norm.weight", {s.HS}},
+                               {"self_attn.k_norm.weight", "attn.k_norm.weight", {s.HS}}});
+  layer.insert(layer.end(), {{"self_attn.o_proj.weight", "attn.proj.weight", {s.C, Q}},
+                             {"post_attention_layernorm.weight", "norm2.weight", {s.C}},
+                             {"mlp.gate_proj.weight", "mlp.gate.weight", {s.FF, s.C}},
+                             {"mlp.up_proj.weight", "mlp.up.weight", {s.FF, s.C}},
+                             {"mlp.down_proj.weight", "mlp.down.weight", {s.C, s.FF}}});
+  std::vector<HfEntry> entries = {{"model.embed_tokens.weight", "wte", {s.V, s.C}}};
+  add_layers(entries, s.L, "model.layers.", layer);
+  entries.push_back({"model.norm.weight", "normf.weight", {s.C}});
+  if (!s.tied) entries.push_back({"lm_head.weight", "lm_head.weight", {s.V, s.C}});
+  return entries;
 }
 
 Json llama_config(const LlamaShape& s) {
@@ -222,32 +234,25 @@ struct Gpt2Shape {
   int64_t V = 41, C = 32, L = 2, NH = 4, FF = 48, P = 24;
 };
 
-HfTensors gpt2_tensors(const Gpt2Shape& s, uint64_t seed) {
-  HfTensors t;
-  uint64_t stream = 0;
-  auto add = [&](const std::string& name, std::vector<int64_t> shape) {
-    t[name] = random_tensor(std::move(shape), seed, stream++);
-  };
-  add("transformer.wte.weight", {s.V, s.C});
-  add("transformer.wpe.weight", {s.P, s.C});
-  for (int64_t l = 0; l < s.L; ++l) {
-    const std::string p = fmt::format("transformer.h.{}.", l);
-    add(p + "ln_1.weight", {s.C});
-    add(p + "ln_1.bias", {s.C});
-    add(p + "attn.c_attn.weight", {s.C, 3 * s.C});  // Conv1D: (in, out)
-    add(p + "attn.c_attn.bias", {3 * s.C});
-    add(p + "attn.c_proj.weight", {s.C, s.C});
-    add(p + "attn.c_proj.bias", {s.C});
-    add(p + "ln_2.weight", {s.C});
-    add(p + "ln_2.bias", {s.C});
-    add(p + "mlp.c_fc.weight", {s.C, s.FF});
-    add(p + "mlp.c_fc.bias", {s.FF});
-    add(p + "mlp.c_proj.weight", {s.FF, s.C});
-    add(p + "mlp.c_proj.bias", {s.C});
-  }
-  add("transformer.ln_f.weight", {s.C});
-  add("transformer.ln_f.bias", {s.C});
-  return t;
+std::vector<HfEntry> gpt2_entries(const Gpt2Shape& s) {
+  std::vector<HfEntry> entries = {{"transformer.wte.weight", "wte", {s.V, s.C}},
+                                  {"transformer.wpe.weight", "wpe", {s.P, s.C}}};
+  add_layers(entries, s.L, "transformer.h.",
+             {{"ln_1.weight", "ln1.weight", {s.C}},
+              {"ln_1.bias", "ln1.bias", {s.C}},
+              {"attn.c_attn.weight", "attn.qkv.weight", {s.C, 3 * s.C}, true},
+              {"attn.c_attn.bias", "attn.qkv.bias", {3 * s.C}},
+              {"attn.c_proj.weight", "attn.proj.weight", {s.C, s.C}, true},
+              {"attn.c_proj.bias", "attn.proj.bias", {s.C}},
+              {"ln_2.weight", "ln2.weight", {s.C}},
+              {"ln_2.bias", "ln2.bias", {s.C}},
+              {"mlp.c_fc.weight", "mlp.fc.weight", {s.C, s.FF}, true},
+              {"mlp.c_fc.bias", "mlp.fc.bias", {s.FF}},
+              {"mlp.c_proj.weight", "mlp.proj.weight", {s.FF, s.C}, true},
+              {"mlp.c_proj.bias", "mlp.proj.bias", {s.C}}});
+  entries.insert(entries.end(), {{"transformer.ln_f.weight", "lnf.weight", {s.C}},
+                                 {"transformer.ln_f.bias", "lnf.bias", {s.C}}});
+  return entries;
 }
 
 Json gpt2_config(const Gpt2Shape& s) {
@@ -298,12 +303,6 @@ std::vector<float> param_values(Model& model, const std::string& name, bool grad
   return {};
 }
 
-std::vector<float> concat(std::initializer_list<const std::vector<float>*> parts) {
-  std::vector<float> out;
-  for (const auto* p : parts) out.insert(out.end(), p->begin(), p->end());
-  return out;
-}
-
 std::vector<float> transposed(const HfTensor& t) {
   const int64_t rows = t.shape[0], cols = t.shape[1];
   std::vector<float> out(t.data.size());
@@ -316,56 +315,32 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
 }
 
-// Our parameters, as this test assembles them from a Llama-family folder's tensors.
-std::map<std::string, std::vector<float>> expected_llama(const LlamaShape& s, const HfTensors& t) {
-  std::map<std::string, std::vector<float>> want;
-  want["wte"] = t.at("model.embed_tokens.weight").data;
-  for (int64_t l = 0; l < s.L; ++l) {
-    const std::string p = fmt::format("model.layers.{}.", l), o = fmt::format("blocks.{}.", l);
-    auto d = [&](const std::string& n) { return &t.at(p + n).data; };
-    want[o + "norm1.weight"] = *d("input_layernorm.weight");
-    want[o + "attn.qkv.weight"] = concat(
-        {d("self_attn.q_proj.weight"), d("self_attn.k_proj.weight"), d("self_attn.v_proj.weight")});
-    if (s.bias)
-      want[o + "attn.qkv.bias"] = concat(
-          {d("self_attn.q_proj.bias"), d("self_attn.k_proj.bias"), d("self_attn.v_proj.bias")});
-    if (s.qk_norm) {
-      want[o + "attn.q_norm.weight"] = *d("self_attn.q_norm.weight");
-      want[o + "attn.k_norm.weight"] = *d("self_attn.k_norm.weight");
-    }
-    want[o + "attn.proj.weight"] = *d("self_attn.o_proj.weight");
-    want[o + "norm2.weight"] = *d("post_attention_layernorm.weight");
-    want[o + "mlp.gate.weight"] = *d("mlp.gate_proj.weight");
-    want[o + "mlp.up.weight"] = *d("mlp.up_proj.weight");
-    want[o + "mlp.down.weight"] = *d("mlp.down_proj.weight");
+// A Hugging Face folder this test writes: its config.json, its tensors (random, seeded, in entry
+// order) and our parameters as the test assembles them from the tensors by its own entries.
+struct HfFolder {
+  Json config;
+  HfTensors tensors;
+  std::map<std::string, std::vector<float>> params;
+};
+
+HfFolder make_folder(Json config, const std::vector<HfEntry>& entries, uint64_t seed) {
+  HfFolder f{std::move(config), {}, {}};
+  uint64_t stream = 0;
+  for (const HfEntry& e : entries) {
+    const HfTensor& t = f.tensors[e.hf] = random_tensor(e.shape, seed, stream++);
+    const std::vector<float> ours = e.conv1d ? transposed(t) : t.data;
+    std::vector<float>& p = f.params[e.ours];
+    p.insert(p.end(), ours.begin(), ours.end());
   }
-  want["normf.weight"] = t.at("model.norm.weight").data;
-  if (!s.tied) want["lm_head.weight"] = t.at("lm_head.weight").data;
-  return want;
+  return f;
 }
 
-std::map<std::string, std::vector<float>> expected_gpt2(const Gpt2Shape& s, const HfTensors& t) {
-  std::map<std::string, std::vector<float>> want;
-  want["wte"] = t.at("transformer.wte.weight").data;
-  want["wpe"] = t.at("transformer.wpe.weight").data;
-  for (int64_t l = 0; l < s.L; ++l) {
-    const std::string p = fmt::format("transformer.h.{}.", l), o = fmt::format("blocks.{}.", l);
-    want[o + "ln1.weight"] = t.at(p + "ln_1.weight").data;
-    want[o + "ln1.bias"] = t.at(p + "ln_1.bias").data;
-    want[o + "attn.qkv.weight"] = transposed(t.at(p + "attn.c_attn.weight"));
-    want[o + "attn.qkv.bias"] = t.at(p + "attn.c_attn.bias").data;
-    want[o + "attn.proj.weight"] = transposed(t.at(p + "attn.c_proj.weight"));
-    want[o + "attn.proj.bias"] = t.at(p + "attn.c_proj.bias").data;
-    want[o + "ln2.weight"] = t.at(p + "ln_2.weight").data;
-    want[o + "ln2.bias"] = t.at(p + "ln_2.bias").data;
-    want[o + "mlp.fc.weight"] = transposed(t.at(p + "mlp.c_fc.weight"));
-    want[o + "mlp.fc.bias"] = t.at(p + "mlp.c_fc.bias").data;
-    want[o + "mlp.proj.weight"] = transposed(t.at(p + "mlp.c_proj.weight"));
-    want[o + "mlp.proj.bias"] = t.at(p + "mlp.c_proj.bias").data;
-  }
-  want["lnf.weight"] = t.at("transformer.ln_f.weight").data;
-  want["lnf.bias"] = t.at("transformer.ln_f.bias").data;
-  return want;
+HfFolder llama_folder(const LlamaShape& s, uint64_t seed) {
+  return make_folder(llama_config(s), llama_entries(s), seed);
+}
+
+HfFolder gpt2_folder(const Gpt2Shape& s, uint64_t seed) {
+  return make_folder(gpt2_config(s), gpt2_entries(s), seed);
 }
 
 void check_params(Model& model, const std::map<std::string, std::vector<float>>& want) {
@@ -625,72 +600,61 @@ TEST_CASE("hf config.json: what is not computed here is refused, naming the key"
 
 // ---- weights in and out ----
 
+// `f` written to `dir` and imported: every parameter as the test assembles it; exported back bit
+// for bit.
+void check_import_export(const fs::path& dir, const HfFolder& f) {
+  write_folder(dir, f.config, f.tensors);
+  Loaded l = load(dir);
+  check_params(*l.model, f.params);
+  check_export_round_trip(l, f.tensors);
+}
+
 TEST_CASE("hf weights: each architecture imports by name and exports back bit for bit", "[hf]") {
   TempDir tmp("hf-weights");
   SECTION("Llama, untied") {
-    const LlamaShape s{};
-    const HfTensors t = llama_tensors(s, 1);
-    write_folder(tmp.path, llama_config(s), t);
-    Loaded l = load(tmp.path);
-    check_params(*l.model, expected_llama(s, t));
-    check_export_round_trip(l, t);
+    check_import_export(tmp.path, llama_folder({}, 1));
   }
   SECTION("Qwen2: q/k/v biases, tied, GQA") {
-    const LlamaShape s{.arch = "Qwen2ForCausalLM", .KVH = 2, .bias = true, .tied = true};
-    const HfTensors t = llama_tensors(s, 2);
-    write_folder(tmp.path, llama_config(s), t);
-    Loaded l = load(tmp.path);
-    check_params(*l.model, expected_llama(s, t));
-    check_export_round_trip(l, t);
+    check_import_export(
+        tmp.path,
+        llama_folder({.arch = "Qwen2ForCausalLM", .KVH = 2, .bias = true, .tied = true}, 2));
   }
   SECTION("Qwen3: q/k norms, head_dim apart from n_embd / n_head") {
-    const LlamaShape s{.arch = "Qwen3ForCausalLM", .KVH = 2, .HS = 12, .qk_norm = true};
-    const HfTensors t = llama_tensors(s, 3);
-    write_folder(tmp.path, llama_config(s), t);
-    Loaded l = load(tmp.path);
-    check_params(*l.model, expected_llama(s, t));
-    check_export_round_trip(l, t);
+    check_import_export(
+        tmp.path,
+        llama_folder({.arch = "Qwen3ForCausalLM", .KVH = 2, .HS = 12, .qk_norm = true}, 3));
   }
   SECTION("Mistral") {
-    const LlamaShape s{.arch = "MistralForCausalLM", .KVH = 1};
-    const HfTensors t = llama_tensors(s, 4);
-    write_folder(tmp.path, llama_config(s), t);
-    Loaded l = load(tmp.path);
-    check_params(*l.model, expected_llama(s, t));
-    check_export_round_trip(l, t);
+    check_import_export(tmp.path, llama_folder({.arch = "MistralForCausalLM", .KVH = 1}, 4));
   }
   SECTION("GPT-2: Conv1D weights transposed in, transposed back out") {
-    const Gpt2Shape s{};
-    const HfTensors t = gpt2_tensors(s, 5);
-    write_folder(tmp.path, gpt2_config(s), t);
-    Loaded l = load(tmp.path);
-    check_params(*l.model, expected_gpt2(s, t));
-    check_export_round_trip(l, t);
+    check_import_export(tmp.path, gpt2_folder({}, 5));
   }
   SECTION("GPT-2 saved from the bare GPT2Model (no transformer. prefix), with old buffers") {
     const Gpt2Shape s{};
-    HfTensors t = gpt2_tensors(s, 6);
+    const HfFolder f = gpt2_folder(s, 6);
     HfTensors bare;
-    for (auto& [name, tensor] : t) bare[name.substr(std::string("transformer.").size())] = tensor;
+    for (const auto& [name, tensor] : f.tensors)
+      bare[name.substr(std::string("transformer.").size())] = tensor;
     bare["h.0.attn.bias"] = random_tensor({1, 1, s.P, s.P}, 6, 99);
     bare["h.0.attn.masked_bias"] = random_tensor({1}, 6, 98);
-    write_folder(tmp.path, gpt2_config(s), bare);
+    write_folder(tmp.path, f.config, bare);
     Loaded l = load(tmp.path);
-    check_params(*l.model, expected_gpt2(s, t));
+    check_params(*l.model, f.params);
     CHECK_THAT(l.note, Contains("2 buffers skipped"));
   }
 }
 
 TEST_CASE("hf weights: BF16 and F16 convert exactly, shards load as one file", "[hf]") {
   TempDir tmp("hf-dtypes");
-  const LlamaShape s{.arch = "Qwen2ForCausalLM", .KVH = 2, .bias = true};
-  const HfTensors t = llama_tensors(s, 7);
+  const HfFolder f = llama_folder({.arch = "Qwen2ForCausalLM", .KVH = 2, .bias = true}, 7);
+  const HfTensors& t = f.tensors;
   for (const char* dtype : {"BF16", "F16"}) {
     INFO(dtype);
     const fs::path dir = tmp.path / dtype;
-    write_folder(dir, llama_config(s), t, dtype);
+    write_folder(dir, f.config, t, dtype);
     Loaded l = load(dir);
-    check_params(*l.model, expected_llama(s, t));
+    check_params(*l.model, f.params);
     CHECK_THAT(l.note, Contains(fmt::format("({} -> f32)", dtype)));
   }
   // f16 specials and subnormals, and bf16 -> f32 -> bf16 rounding to nearest even.
@@ -708,7 +672,7 @@ TEST_CASE("hf weights: BF16 and F16 convert exactly, shards load as one file", "
 
   const fs::path sharded = tmp.path / "sharded";
   fs::create_directories(sharded);
-  write_file(sharded / "config.json", llama_config(s).dump());
+  write_file(sharded / "config.json", f.config.dump());
   std::vector<std::string> first, second;
   Json index = {{"metadata", {{"total_size", 0}}}, {"weight_map", Json::object()}};
   for (const auto& [name, tensor] : t) {
@@ -721,7 +685,7 @@ TEST_CASE("hf weights: BF16 and F16 convert exactly, shards load as one file", "
   write_tensors(sharded / "model-00002-of-00002.safetensors", t, "F32", second);
   write_file(sharded / "model.safetensors.index.json", index.dump());
   Loaded l = load(sharded);
-  check_params(*l.model, expected_llama(s, t));
+  check_params(*l.model, f.params);
   CHECK_THAT(l.note, Contains("from 2 files (BF16, F32 -> f32)"));
   // Exported in shards too: every parameter whole in one shard, the index naming each tensor.
   TempDir out("hf-shards");
@@ -738,8 +702,9 @@ TEST_CASE("hf weights: BF16 and F16 convert exactly, shards load as one file", "
 TEST_CASE("hf weights: a vocabulary padded or stripped by model.vocab_size", "[hf]") {
   TempDir tmp("hf-vocab");
   const LlamaShape s{};  // V = 37, untied: the embedding and the head both change
-  const HfTensors t = llama_tensors(s, 8);
-  write_folder(tmp.path, llama_config(s), t);
+  const HfFolder folder = llama_folder(s, 8);
+  const HfTensors& t = folder.tensors;
+  write_folder(tmp.path, folder.config, t);
   const int64_t C = s.C;
   Loaded padded = load(tmp.path, {"model.vocab_size=64"});
   CHECK_THAT(padded.note, Contains("vocabulary rows 37..63 added as zeros"));
@@ -759,12 +724,11 @@ TEST_CASE("hf weights: a vocabulary padded or stripped by model.vocab_size", "[h
 
 TEST_CASE("hf weights: a missing, left-over or mis-shaped tensor is refused by name", "[hf]") {
   TempDir tmp("hf-bad");
-  const LlamaShape s{.KVH = 2};
-  const HfTensors good = llama_tensors(s, 9);
+  const HfFolder good = llama_folder({.KVH = 2}, 9);
   auto error_with = [&](const std::function<void(HfTensors&)>& change) {
-    HfTensors t = good;
+    HfTensors t = good.tensors;
     change(t);
-    write_folder(tmp.path, llama_config(s), t);
+    write_folder(tmp.path, good.config, t);
     return load_error(tmp.path);
   };
   CHECK_THAT(error_with([](HfTensors& t) { t.erase("model.layers.1.self_attn.k_proj.weight"); }),
@@ -780,13 +744,13 @@ TEST_CASE("hf weights: a missing, left-over or mis-shaped tensor is refused by n
              Contains("tensor 'model.layers.0.self_attn.q_proj.weight' has shape [32, 16]") &&
                  Contains("[32, 32]"));
   // A tied head stored anyway must equal the embedding.
-  const LlamaShape tied{.tied = true};
-  HfTensors t = llama_tensors(tied, 10);
+  const HfFolder tied = llama_folder({.tied = true}, 10);
+  HfTensors t = tied.tensors;
   t["lm_head.weight"] = t["model.embed_tokens.weight"];
-  write_folder(tmp.path, llama_config(tied), t);
+  write_folder(tmp.path, tied.config, t);
   CHECK_THAT(load(tmp.path).note, Contains("lm_head.weight equals the embedding"));
   t["lm_head.weight"].data[5] += 1;
-  write_folder(tmp.path, llama_config(tied), t);
+  write_folder(tmp.path, tied.config, t);
   CHECK_THAT(load_error(tmp.path),
              Contains("lm_head.weight differs from model.embed_tokens.weight"));
   fs::remove(tmp.path / "model.safetensors");
@@ -800,7 +764,7 @@ TEST_CASE("hf weights: a NaN or an infinity is refused at import, naming the fil
   for (const char* dtype : {"F32", "BF16"}) {
     for (const float bad : {std::nanf(""), -INFINITY}) {
       INFO(dtype << " " << bad);
-      HfTensors t = llama_tensors(s, 16);
+      HfTensors t = llama_folder(s, 16).tensors;
       t["model.layers.1.mlp.up_proj.weight"].data[7] = bad;
       write_folder(tmp.path, llama_config(s), t, dtype);
       CHECK_THAT(load_error(tmp.path),
@@ -816,14 +780,15 @@ TEST_CASE("hf weights: model.safetensors beside an index is what loads, as in tr
   // model.safetensors.index.json: the single file is the model, and the index is not read.
   TempDir tmp("hf-both");
   const LlamaShape s{};
-  const HfTensors t = llama_tensors(s, 17);
-  write_folder(tmp.path, llama_config(s), t);
+  const HfFolder f = llama_folder(s, 17);
+  const HfTensors& t = f.tensors;
+  write_folder(tmp.path, f.config, t);
   Json index = {{"metadata", {{"total_size", 0}}}, {"weight_map", Json::object()}};
   for (const auto& [name, tensor] : t)
     index["weight_map"][name] = "model-00001-of-00001.safetensors";
   write_file(tmp.path / "model.safetensors.index.json", index.dump());  // its shard is missing
   Loaded l = load(tmp.path);
-  check_params(*l.model, expected_llama(s, t));
+  check_params(*l.model, f.params);
   CHECK_THAT(l.note, Contains("model.safetensors.index.json beside it not read"));
 }
 
@@ -858,27 +823,24 @@ TEST_CASE("hf CLI: --init hf: then export gives the folder back, bit for bit", "
   TempDir tmp("hf-cli");
   struct Case {
     std::string name;
-    Json config;
-    HfTensors tensors;
+    HfFolder folder;
   };
   std::vector<Case> cases;
-  LlamaShape llama{};
-  Json llama_json = llama_config(llama);
-  llama_json["rope_scaling"] = {{"rope_type", "llama3"},
-                                {"factor", 8.0},
-                                {"low_freq_factor", 1.0},
-                                {"high_freq_factor", 4.0},
-                                {"original_max_position_embeddings", 16}};
-  cases.push_back({"llama", llama_json, llama_tensors(llama, 11)});
-  const LlamaShape qwen2{.arch = "Qwen2ForCausalLM", .bias = true, .tied = true};
-  cases.push_back({"qwen2", llama_config(qwen2), llama_tensors(qwen2, 12)});
-  const LlamaShape qwen3{.arch = "Qwen3ForCausalLM", .HS = 12, .qk_norm = true};
-  cases.push_back({"qwen3", llama_config(qwen3), llama_tensors(qwen3, 13)});
-  cases.push_back({"gpt2", gpt2_config({}), gpt2_tensors({}, 14)});
+  cases.push_back({"llama", llama_folder({}, 11)});
+  cases.back().folder.config["rope_scaling"] = {{"rope_type", "llama3"},
+                                                {"factor", 8.0},
+                                                {"low_freq_factor", 1.0},
+                                                {"high_freq_factor", 4.0},
+                                                {"original_max_position_embeddings", 16}};
+  cases.push_back(
+      {"qwen2", llama_folder({.arch = "Qwen2ForCausalLM", .bias = true, .tied = true}, 12)});
+  cases.push_back(
+      {"qwen3", llama_folder({.arch = "Qwen3ForCausalLM", .HS = 12, .qk_norm = true}, 13)});
+  cases.push_back({"gpt2", gpt2_folder({}, 14)});
   for (const Case& c : cases) {
     INFO(c.name);
     const fs::path src = tmp.path / c.name;
-    write_folder(src, c.config, c.tensors);
+    write_folder(src, c.folder.config, c.folder.tensors);
     write_file(src / "tokenizer.json", "{}");
     // lr = 0: the step changes nothing, so the checkpoint holds the imported weights.
     CliResult r = run_binary(fmt::format("train --init hf:{} --set train.lr=0 --steps 1 --set "
@@ -897,8 +859,8 @@ TEST_CASE("hf CLI: --init hf: then export gives the folder back, bit for bit", "
     REQUIRE(r.code == 0);
     CHECK_THAT(r.out, Contains("copied tokenizer.json from"));
     const HfTensors back = read_folder(out);
-    REQUIRE(back.size() == c.tensors.size());
-    for (const auto& [name, tensor] : c.tensors) {
+    REQUIRE(back.size() == c.folder.tensors.size());
+    for (const auto& [name, tensor] : c.folder.tensors) {
       INFO(name);
       REQUIRE(back.count(name));
       CHECK(same_bits(back.at(name).data, tensor.data));
@@ -939,10 +901,10 @@ TEST_CASE("hf CLI: plan and fit read config.json alone, and errors exit 2", "[hf
   CHECK(r.code == 2);
   CHECK_THAT(r.out, Contains("expected hf:DIR"));
   // A tensor missing from the folder: exit 2, the tensor and the folder named.
-  const LlamaShape s{};
-  HfTensors t = llama_tensors(s, 15);
+  const HfFolder f = llama_folder({}, 15);
+  HfTensors t = f.tensors;
   t.erase("model.norm.weight");
-  write_folder(tmp.path, llama_config(s), t);
+  write_folder(tmp.path, f.config, t);
   r = run_binary(fmt::format("train --init hf:{} --steps 1", tmp.str()), true);
   CHECK(r.code == 2);
   CHECK_THAT(r.out, Contains("no tensor 'model.norm.weight'"));

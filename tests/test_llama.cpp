@@ -2,7 +2,7 @@
 // identical under every remat policy, granularity, MLP tiling, offload and thread count; the
 // planner's device and host peaks equal to the measured ones to the byte; the slot table and the
 // config keys. Numerical correctness against a double-precision reference and against
-// transformers is in tests/test_llama_reference.cpp and tests/test_hf.cpp.
+// transformers is in tests/test_reference.cpp and tests/test_hf.cpp.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -17,7 +17,9 @@
 #include "engine/remat/executor.h"
 #include "engine/training/trainer.h"
 #include "layers/models.h"
+#include "tests/configs.h"
 #include "tests/planner_util.h"
+#include "tests/run_record.h"
 #include "tests/test_util.h"
 
 using namespace remat;
@@ -28,22 +30,16 @@ namespace {
 // heads), a head size that is not n_embd / n_head (Qwen3), q/k/v biases (Qwen2), the per-head q/k
 // norm (Qwen3), an untied head, llama3 RoPE scaling whose band edges fall inside the tested
 // positions' frequencies, and an MLP width that is no multiple of anything.
-const std::string kLlama = R"(
-[model]
-kind = "llama"
-n_layer = 4
-n_head = 4
-n_kv_head = 2
-head_dim = 12
-n_embd = 32
-d_ff = 72
-vocab_size = 37
-rope_theta = 500000.0
-rope_scaling = { rope_type = "llama3", factor = 8.0, low_freq_factor = 1.0, high_freq_factor = 4.0, original_max_position_embeddings = 16 }
-attention_bias = true
-qk_norm = true
-tie_embeddings = false
-[train]
+const std::string kLlama =
+    "[model]\n" +
+    test::llama_model_table(test::every_llama_option({.n_layer = 4,
+                                                      .head_dim = 12,
+                                                      .n_embd = 32,
+                                                      .d_ff = 72,
+                                                      .vocab_size = 37,
+                                                      .rope_theta = 500000.0,
+                                                      .llama3_context = 16})) +
+    R"([train]
 seq_len = 45
 batch_size = 2
 steps = 3
@@ -59,16 +55,9 @@ const std::vector<std::string> kPlain = {
     "model.n_kv_head=4",   "model.head_dim=0",          "model.attention_bias=false",
     "model.qk_norm=false", "model.tie_embeddings=true", "model.rope_scaling=\"none\""};
 
-struct RunRecord {
-  std::vector<double> losses;
-  std::vector<std::vector<float>> params, grads, moments;
-  uint64_t peak = 0, host_peak = 0;
-};
-
-std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
+using test::check_same_bits;
+using test::with;
+using RunRecord = test::TrainedState;
 
 RunRecord train3(const std::vector<std::string>& sets, int threads = 2) {
   const Config cfg = parse_config(kLlama, "llama-test", sets);
@@ -77,27 +66,8 @@ RunRecord train3(const std::vector<std::string>& sets, int threads = 2) {
   Trainer trainer(cfg.train, resolve_remat_plan(cfg, *parts.model), be, *parts.model, *parts.data);
   RunRecord r;
   for (int s = 0; s < 3; ++s) r.losses.push_back(trainer.step().loss);
-  for (Param& p : parts.model->params()) {
-    r.params.emplace_back(p.value.f32(), p.value.f32() + p.value.tensor().numel());
-    r.grads.emplace_back(p.grad.f32(), p.grad.f32() + p.grad.tensor().numel());
-    for (const Buffer* m : {&p.m, &p.v}) {
-      std::vector<float> host(static_cast<size_t>(m->tensor().numel()));
-      be.download(host.data(), *m);
-      r.moments.push_back(std::move(host));
-    }
-  }
-  r.peak = be.pool().peak_bytes();
-  r.host_peak = be.host_pool().peak_bytes();
+  test::record_state(be, parts.model->params(), r);
   return r;
-}
-
-void check_same_bits(const RunRecord& r, const RunRecord& ref) {
-  REQUIRE(r.losses.size() == ref.losses.size());
-  for (size_t i = 0; i < ref.losses.size(); ++i)
-    CHECK(std::memcmp(&r.losses[i], &ref.losses[i], sizeof(double)) == 0);
-  CHECK(test::bitwise_equal(r.grads, ref.grads));
-  CHECK(test::bitwise_equal(r.params, ref.params));
-  CHECK(test::bitwise_equal(r.moments, ref.moments));
 }
 
 const std::vector<std::vector<std::string>> kSettings = {

@@ -1,7 +1,7 @@
 // Generation from Llama-family models: the KV-cached LlamaDecoder reproduces the training
 // forward position by position for each option of the family (the proof that its weight layout,
 // q/k norm, RoPE frequencies, grouped key/value cache and head match the trained model, which
-// tests/test_llama_reference.cpp holds to an independent reference), its errors name what is
+// tests/test_reference.cpp holds to an independent reference), its errors name what is
 // wrong, make_decoder picks it for kind = "llama", and (smoke) `sample` continues the string a
 // tiny llama byte model memorized.
 #include <fmt/format.h>
@@ -35,16 +35,14 @@ using test::TempDir;
 // T = 37 is no multiple of the attention tiles, so the training kernel's partial tiles and the
 // decoder's one-row attention are compared at every boundary position. rope_theta = 100 turns
 // every frequency through a visible angle by t = 36.
-const char* kParity = R"(
-[model]
-kind = "llama"
-n_layer = 2
-n_head = 4
-n_embd = 32
-d_ff = 56
-vocab_size = 61
-rope_theta = 100.0
-[train]
+const std::string kParity = "[model]\n" +
+                            test::llama_model_table({.n_layer = 2,
+                                                     .n_head = 4,
+                                                     .n_embd = 32,
+                                                     .d_ff = 56,
+                                                     .vocab_size = 61,
+                                                     .rope_theta = 100.0}) +
+                            R"([train]
 seq_len = 37
 batch_size = 2
 [device]
@@ -63,37 +61,8 @@ const std::string kLlama3 =
 // 1e-5 leaves ~60x, while a decoder that skips RoPE on the keys is off by 0.1..0.2. The serial
 // and the fully threaded decoder agree bit for bit.
 void check_decoder_parity(const std::vector<std::string>& sets) {
-  const Config cfg = parse_config(kParity, "llama-sample-parity", sets);
-  const int64_t B = cfg.train.batch_size, T = cfg.train.seq_len;
-  const auto V = static_cast<int32_t>(cfg.model.vocab_size);
-  cpu::CpuBackend be(1ull << 30, test::kTestThreads);
-  auto model = make_model(cfg, be);
-  test::perturb(*model, 0.1, 77);
-  Batch batch{test::make_ids(be, {B, T}, V, 5, 1), test::make_ids(be, {B, T}, V, 5, 2), B * T};
-  const StepLoss want = forward_backward(be, *model, resolve_remat_plan(cfg, *model), batch);
-  REQUIRE(static_cast<int64_t>(want.row_losses.size()) == B * T);
-
-  LlamaDecoder serial(cfg.model, test::weights_of(*model), T);
-  LlamaDecoder threaded(cfg.model, test::weights_of(*model), T, 0);
-  const int32_t* in = batch.inputs.tensor().i32();
-  const int32_t* tgt = batch.targets.tensor().i32();
-  for (int64_t b = 0; b < B; ++b) {
-    serial.reset();  // each row is its own sequence, as in training
-    threaded.reset();
-    std::vector<double> got;
-    bool same_bits = true;
-    for (int64_t t = 0; t < T; ++t) {
-      const std::vector<float> logits = serial.forward(in[b * T + t]);
-      same_bits = same_bits && logits == threaded.forward(in[b * T + t]);
-      got.push_back(test::cross_entropy(logits, tgt[b * T + t]));
-    }
-    CHECK(serial.position() == T);
-    const std::vector<float> row(want.row_losses.begin() + b * T,
-                                 want.row_losses.begin() + (b + 1) * T);
-    CHECK(test::allclose(got, row, test::Tolerance{1e-5, 1e-6},
-                         fmt::format("{} row {}", model->describe(), b)));
-    CHECK(same_bits);
-  }
+  test::check_decoder_parity(parse_config(kParity, "llama-sample-parity", sets), 0.1, 77,
+                             test::Tolerance{1e-5, 1e-6});
 }
 
 }  // namespace
@@ -122,16 +91,7 @@ TEST_CASE("llama decoder checks weight shapes, the vocabulary and its capacity",
   cpu::CpuBackend be(1ull << 30, test::kTestThreads);
   auto model = make_model(cfg, be);
   SECTION("a tensor of another shape is named") {
-    const WeightSource inner = test::weights_of(*model);
-    const WeightSource bad = [&](const std::string& name, std::vector<int64_t>* shape) {
-      std::vector<float> w = inner(name, shape);
-      if (name == "blocks.1.attn.k_norm.weight") {
-        shape->back() -= 1;
-        w.pop_back();
-      }
-      return w;
-    };
-    CHECK_THROWS_WITH(LlamaDecoder(cfg.model, bad, 8), Contains("blocks.1.attn.k_norm.weight"));
+    test::check_decoder_refuses_short_tensor(cfg.model, *model, "blocks.1.attn.k_norm.weight");
   }
   SECTION("an untied head needs lm_head.weight") {
     const WeightSource inner = test::weights_of(*model);
@@ -172,18 +132,8 @@ TEST_CASE("make_decoder picks the decoder of model.kind", "[llama][sample]") {
 // the family on.
 TEST_CASE("sample continues the sentence a tiny llama byte model memorized",
           "[llama][sample][smoke]") {
-  test::check_sample_continues_memorized_sentence(R"(kind = "llama"
-n_layer = 2
-n_head = 4
-n_kv_head = 2
-head_dim = 24
-n_embd = 64
-d_ff = 160
-vocab_size = 256
-rope_theta = 10000.0
-rope_scaling = { rope_type = "llama3", factor = 8.0, low_freq_factor = 1.0, high_freq_factor = 4.0, original_max_position_embeddings = 32 }
-attention_bias = true
-qk_norm = true
-tie_embeddings = false)",
-                                                  "llama-e2e");
+  test::check_sample_continues_memorized_sentence(
+      test::llama_model_table(test::every_llama_option(
+          {.head_dim = 24, .n_embd = 64, .d_ff = 160, .vocab_size = 256, .llama3_context = 32})),
+      "llama-e2e");
 }

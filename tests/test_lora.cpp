@@ -22,6 +22,7 @@
 #include "layers/models.h"
 #include "tests/configs.h"
 #include "tests/planner_util.h"
+#include "tests/run_record.h"
 #include "tests/test_util.h"
 
 using namespace remat;
@@ -72,25 +73,18 @@ dropout = 0.2
 modules_to_save = ["wpe", "ln_f"]
 )";
 
-std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
+using test::check_same_bits;
+using test::host_copy;
+using test::with;
 
-struct RunRecord {
-  std::vector<double> losses;
+/// The shared record, and what LoRA's tests read besides: each parameter's name, whether it is
+/// frozen, its value before the first step, and the last step's cost per phase.
+struct RunRecord : test::TrainedState {
   std::vector<std::string> names;
   std::vector<bool> frozen;
-  std::vector<std::vector<float>> before, params, grads, moments;
-  uint64_t peak = 0, host_peak = 0;
+  std::vector<std::vector<float>> before;
   std::array<OpCost, kNumPhases> cost{};
 };
-
-std::vector<float> host_copy(Backend& be, const Tensor& t) {
-  std::vector<float> v(static_cast<size_t>(t.numel()));
-  be.download(v.data(), t);
-  return v;
-}
 
 RunRecord train3(const std::string& toml, const std::vector<std::string>& sets, int threads = 2) {
   const Config cfg = parse_config(toml, "lora-test", sets);
@@ -109,23 +103,8 @@ RunRecord train3(const std::string& toml, const std::vector<std::string>& sets, 
   }
   for (int i = 0; i < kNumPhases; ++i)
     r.cost[static_cast<size_t>(i)] = be.cost(static_cast<Phase>(i));
-  for (Param& p : parts.model->params()) {
-    r.params.push_back(host_copy(be, p.value));
-    r.grads.push_back(host_copy(be, p.grad));
-    for (const Buffer* m : {&p.m, &p.v}) r.moments.push_back(host_copy(be, *m));
-  }
-  r.peak = be.pool().peak_bytes();
-  r.host_peak = be.host_pool().peak_bytes();
+  test::record_state(be, parts.model->params(), r);
   return r;
-}
-
-void check_same_bits(const RunRecord& r, const RunRecord& ref) {
-  REQUIRE(r.losses.size() == ref.losses.size());
-  for (size_t i = 0; i < ref.losses.size(); ++i)
-    CHECK(std::memcmp(&r.losses[i], &ref.losses[i], sizeof(double)) == 0);
-  CHECK(test::bitwise_equal(r.grads, ref.grads));
-  CHECK(test::bitwise_equal(r.params, ref.params));
-  CHECK(test::bitwise_equal(r.moments, ref.moments));
 }
 
 // Settings compared with policy "none" at the same tiling (a tiled MLP sums the weight gradients

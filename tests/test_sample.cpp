@@ -55,39 +55,6 @@ threads = 2
                       "sample-parity");
 }
 
-void check_decoder_parity(const std::string& position) {
-  const Config cfg = parity_config(position);
-  const int64_t B = cfg.train.batch_size, T = cfg.train.seq_len;
-  cpu::CpuBackend be(1ull << 30, test::kTestThreads);
-  auto model = make_model(cfg, be);
-  test::perturb(*model, 0.05, 99);
-  Batch batch{test::make_ids(be, {B, T}, 61, 5, 1), test::make_ids(be, {B, T}, 61, 5, 2), B * T};
-  const StepLoss want = forward_backward(be, *model, resolve_remat_plan(cfg, *model), batch);
-  REQUIRE(static_cast<int64_t>(want.row_losses.size()) == B * T);
-
-  // Serial, and with every product split across threads (threshold 0): the same bits.
-  GptDecoder serial(cfg.model, test::weights_of(*model), T);
-  GptDecoder threaded(cfg.model, test::weights_of(*model), T, 0);
-  const int32_t* in = batch.inputs.tensor().i32();
-  const int32_t* tgt = batch.targets.tensor().i32();
-  for (int64_t b = 0; b < B; ++b) {
-    serial.reset();  // each row is its own sequence, as in training
-    threaded.reset();
-    std::vector<double> got;
-    bool same_bits = true;
-    for (int64_t t = 0; t < T; ++t) {
-      const std::vector<float> logits = serial.forward(in[b * T + t]);
-      same_bits = same_bits && logits == threaded.forward(in[b * T + t]);
-      got.push_back(test::cross_entropy(logits, tgt[b * T + t]));
-    }
-    const std::vector<float> row(want.row_losses.begin() + b * T,
-                                 want.row_losses.begin() + (b + 1) * T);
-    CHECK(test::allclose(got, row, test::Tolerance{1e-4, 1e-6},
-                         fmt::format("{} row {}", position, b)));
-    CHECK(same_bits);
-  }
-}
-
 // A tokenizer file as llm.c writes it: 256 little-endian uint32 of header, then length-prefixed
 // tokens. (The test machine is little-endian, like every platform this builds for.)
 std::string tokenizer_bytes(uint32_t version, const std::vector<std::string>& tokens,
@@ -121,13 +88,14 @@ std::string tokenizer_error(const std::string& path) {
 
 }  // namespace
 
+// Float rounding of two summation orders, within 1e-4 relative (1e-6 absolute).
 TEST_CASE("decoder logits match the training forward at every position (learned positions)",
           "[sample]") {
-  check_decoder_parity("learned");
+  test::check_decoder_parity(parity_config("learned"), 0.05, 99, test::Tolerance{1e-4, 1e-6});
 }
 
 TEST_CASE("decoder logits match the training forward at every position (rope)", "[sample]") {
-  check_decoder_parity("rope");
+  test::check_decoder_parity(parity_config("rope"), 0.05, 99, test::Tolerance{1e-4, 1e-6});
 }
 
 TEST_CASE("decoder checks weight shapes and the learned-position limit", "[sample]") {
@@ -135,16 +103,7 @@ TEST_CASE("decoder checks weight shapes and the learned-position limit", "[sampl
   cpu::CpuBackend be(1ull << 30, test::kTestThreads);
   auto model = make_model(cfg, be);
   SECTION("a tensor of another shape is named") {
-    const WeightSource inner = test::weights_of(*model);
-    const WeightSource bad = [&](const std::string& name, std::vector<int64_t>* shape) {
-      std::vector<float> w = inner(name, shape);
-      if (name == "blocks.1.mlp.fc.bias") {
-        shape->back() -= 1;
-        w.pop_back();
-      }
-      return w;
-    };
-    CHECK_THROWS_WITH(GptDecoder(cfg.model, bad, 8), Contains("blocks.1.mlp.fc.bias"));
+    test::check_decoder_refuses_short_tensor(cfg.model, *model, "blocks.1.mlp.fc.bias");
   }
   SECTION("positions past n_ctx tell the user to lower --tokens") {
     GptDecoder dec(cfg.model, test::weights_of(*model), 1000);
@@ -265,27 +224,9 @@ TEST_CASE(
     "tokenizer.json",
     "[sample][smoke]") {
   TempDir tmp("bpe-e2e");
-  std::ofstream(tmp / "tiny.toml") << fmt::format(R"(
-[model]
-kind = "gpt"
-n_layer = 1
-n_head = 2
-n_embd = 16
-vocab_size = 16
-position = "rope"
-[train]
-seq_len = 16
-batch_size = 2
-steps = 2
-[data]
-task = "copy"
-[device]
-backend = "cpu"
-threads = 1
-[checkpoint]
-dir = "{}"
-)",
-                                                  tmp / "ckpt");
+  std::ofstream(tmp / "tiny.toml") << test::cpu_run_toml(
+      "kind = \"gpt\"\nn_layer = 1\nn_head = 2\nn_embd = 16\nvocab_size = 16\nposition = \"rope\"",
+      "seq_len = 16\nbatch_size = 2\nsteps = 2", "task = \"copy\"", tmp / "ckpt");
   REQUIRE(test::run_binary(fmt::format("train --config {} -q", tmp / "tiny.toml"), true).code == 0);
   write_file(tmp / "tokenizer.json", tiny_bpe_json());
   const std::string sample =

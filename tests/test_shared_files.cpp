@@ -22,24 +22,12 @@
 #include "tests/temp_dir.h"
 
 using Catch::Matchers::Contains;
-using remat::test::Child;
-using remat::test::eventually;
-using remat::test::run_binary;
-using remat::test::TempDir;
+using namespace remat::test;  // Child, eventually, run_binary, TempDir, read_text, write_text
 namespace fs = std::filesystem;
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-void write_text(const std::string& path, const std::string& text) {
-  std::ofstream(path, std::ios::binary) << text;
-}
 
 // Replaces `path` by a new file (another inode), as `mv new path` does.
 void replace_file(const std::string& path, const std::string& text) {

@@ -20,6 +20,7 @@
 #include "engine/remat/weight_stream.h"
 #include "engine/training/trainer.h"
 #include "layers/models.h"
+#include "tests/configs.h"
 #include "tests/planner_util.h"
 #include "tests/test_util.h"
 
@@ -29,17 +30,14 @@ namespace {
 
 const char* kWeights = "remat.offload=\"checkpoints+optimizer+weights\"";
 
-const std::string kLlama = R"(
-[model]
-kind = "llama"
-n_layer = 3
-n_head = 4
-n_kv_head = 2
-n_embd = 32
-d_ff = 40
-vocab_size = 29
-tie_embeddings = false
-[train]
+const std::string kLlama = "[model]\n" +
+                           test::llama_model_table({.n_layer = 3,
+                                                    .n_kv_head = 2,
+                                                    .n_embd = 32,
+                                                    .d_ff = 40,
+                                                    .vocab_size = 29,
+                                                    .tie_embeddings = false}) +
+                           R"([train]
 seq_len = 19
 batch_size = 2
 loss_chunk = 8
@@ -48,16 +46,11 @@ grad_clip = 0.5
 task = "copy"
 )";
 
-const std::string kGpt = R"(
-[model]
-kind = "gpt"
-n_layer = 3
-n_head = 2
-n_embd = 24
-vocab_size = 31
-n_ctx = 64
-dropout = 0.1
-[train]
+const std::string kGpt =
+    "[model]\n" +
+    test::gpt_model_table(
+        {.n_layer = 3, .n_head = 2, .n_embd = 24, .vocab_size = 31, .n_ctx = 64, .dropout = 0.1}) +
+    R"([train]
 seq_len = 21
 batch_size = 2
 grad_clip = 0.5

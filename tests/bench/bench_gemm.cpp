@@ -13,6 +13,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <string>
+#include <tuple>
 #include <vector>
 
 #include "engine/core/cpu_workspace.h"
@@ -26,7 +28,7 @@ using namespace remat;
 namespace {
 
 struct Shape {
-  const char* name;
+  std::string name;
   CBLAS_TRANSPOSE ta, tb;
   int64_t M, N, K;
   float beta;
@@ -34,34 +36,51 @@ struct Shape {
   bool split = false;   // sgemm_split on choose_split_grid: a weight gradient as linear.cpp runs it
 };
 
-// Row-major C (M, N) = op(A) op(B), as linear.cpp and loss.cpp call it.
-const std::vector<Shape> kShapes = {
-    {"qkv      X W^T   (1024 x 2304 x 768)", CblasNoTrans, CblasTrans, 1024, 2304, 768, 0},
-    {"fc       X W^T   (1024 x 3072 x 768)", CblasNoTrans, CblasTrans, 1024, 3072, 768, 0},
-    {"proj     X W^T   (1024 x 768 x 3072)", CblasNoTrans, CblasTrans, 1024, 768, 3072, 0},
-    {"qkv      dY W    (1024 x 768 x 2304)", CblasNoTrans, CblasNoTrans, 1024, 768, 2304, 0},
-    {"fc       dY^T X  (3072 x 768 x 1024)", CblasTrans, CblasNoTrans, 3072, 768, 1024, 1},
-    {"proj     dY^T X  (768 x 3072 x 1024)", CblasTrans, CblasNoTrans, 768, 3072, 1024, 1},
-    {"lm head  X W^T   (192 x 50257 x 768)", CblasNoTrans, CblasTrans, 192, 50257, 768, 0},
-    {"lm head  dY W    (192 x 768 x 50257)", CblasNoTrans, CblasNoTrans, 192, 768, 50257, 0},
-    {"lm head  dY W    in 8 vocabulary slabs", CblasNoTrans, CblasNoTrans, 192, 768, 50257, 0,
-     cpu::kLmHeadSlabs},
-    {"lm head  dY^T X  (50257 x 768 x 192)", CblasTrans, CblasNoTrans, 50257, 768, 192, 1},
-    {"qkv      dY^T X  (2304 x 768 x 1024)", CblasTrans, CblasNoTrans, 2304, 768, 1024, 1},
-    {"attn out X W^T   (1024 x 768 x 768)", CblasNoTrans, CblasTrans, 1024, 768, 768, 0},
-    {"attn out dY W    (1024 x 768 x 768)", CblasNoTrans, CblasNoTrans, 1024, 768, 768, 0},
-    {"attn out dY^T X  (768 x 768 x 1024)", CblasTrans, CblasNoTrans, 768, 768, 1024, 1},
-    {"mlp4     X W^T   (4096 x 512 x 512)", CblasNoTrans, CblasTrans, 4096, 512, 512, 0},
-    {"mlp4     dY W    (4096 x 512 x 512)", CblasNoTrans, CblasNoTrans, 4096, 512, 512, 0},
-    {"mlp4     dY^T X  (512 x 512 x 4096)", CblasTrans, CblasNoTrans, 512, 512, 4096, 1},
-    {"mlp4     dY^T X  split as trained", CblasTrans, CblasNoTrans, 512, 512, 4096, 1, 0, true},
-    // The 4-layer T = 4096 model's qkv weight gradient, and the 64k-token example's attention
-    // projection's (C = 64).
-    {"T=4096   dY^T X  (768 x 256 x 4096)", CblasTrans, CblasNoTrans, 768, 256, 4096, 1},
-    {"T=4096   dY^T X  split as trained", CblasTrans, CblasNoTrans, 768, 256, 4096, 1, 0, true},
-    {"T=64k    dY^T X  (64 x 64 x 65536)", CblasTrans, CblasNoTrans, 64, 64, 65536, 1},
-    {"T=64k    dY^T X  split as trained", CblasTrans, CblasNoTrans, 64, 64, 65536, 1, 0, true},
-};
+// The products of a Linear with an (out, in) weight at `tokens` rows, row-major C (M, N) =
+// op(A) op(B) as linear.cpp and loss.cpp call them: the forward X W^T, the input gradient dY W,
+// and the weight gradient dY^T X (added into the gradient: beta 1); each row named by the Linear,
+// the product and its (M x N x K).
+Shape forward(const std::string& linear, int64_t tokens, int64_t out, int64_t in) {
+  const std::string name = fmt::format("{:<8} X W^T   ({} x {} x {})", linear, tokens, out, in);
+  return {name, CblasNoTrans, CblasTrans, tokens, out, in, 0};
+}
+Shape input_grad(const std::string& linear, int64_t tokens, int64_t out, int64_t in,
+                 int64_t k_slabs = 0) {
+  const std::string what = k_slabs > 0 ? fmt::format("in {} vocabulary slabs", k_slabs)
+                                       : fmt::format("({} x {} x {})", tokens, in, out);
+  const std::string name = fmt::format("{:<8} dY W    {}", linear, what);
+  return {name, CblasNoTrans, CblasNoTrans, tokens, in, out, 0, k_slabs};
+}
+Shape weight_grad(const std::string& linear, int64_t tokens, int64_t out, int64_t in,
+                  bool split = false) {
+  const std::string what =
+      split ? "split as trained" : fmt::format("({} x {} x {})", out, in, tokens);
+  const std::string name = fmt::format("{:<8} dY^T X  {}", linear, what);
+  return {name, CblasTrans, CblasNoTrans, out, in, tokens, 1, 0, split};
+}
+
+// A GPT-2 124M step at 1024 tokens (C = 768, V = 50257, the LM head on 192 rows), the tutorial
+// MLP's (4096 x 512), and weight gradients over many tokens: the 4-layer T = 4096 model's qkv
+// (C = 256) and the 64k-token example's attention projection (C = 64), also split as trained.
+std::vector<Shape> shapes() {
+  std::vector<Shape> s;
+  for (const auto& [linear, out, in] : std::vector<std::tuple<std::string, int64_t, int64_t>>{
+           {"qkv", 2304, 768}, {"fc", 3072, 768}, {"proj", 768, 3072}, {"attn out", 768, 768}})
+    s.insert(s.end(), {forward(linear, 1024, out, in), input_grad(linear, 1024, out, in),
+                       weight_grad(linear, 1024, out, in)});
+  s.insert(s.end(), {forward("lm head", 192, 50257, 768), input_grad("lm head", 192, 50257, 768),
+                     input_grad("lm head", 192, 50257, 768, cpu::kLmHeadSlabs),
+                     weight_grad("lm head", 192, 50257, 768)});
+  s.insert(s.end(),
+           {forward("mlp4", 4096, 512, 512), input_grad("mlp4", 4096, 512, 512),
+            weight_grad("mlp4", 4096, 512, 512), weight_grad("mlp4", 4096, 512, 512, true)});
+  for (const auto& [name, tokens, out, in] :
+       std::vector<std::tuple<std::string, int64_t, int64_t, int64_t>>{{"T=4096", 4096, 768, 256},
+                                                                       {"T=64k", 65536, 64, 64}})
+    s.insert(s.end(),
+             {weight_grad(name, tokens, out, in), weight_grad(name, tokens, out, in, true)});
+  return s;
+}
 
 }  // namespace
 
@@ -74,7 +93,7 @@ int main(int argc, char** argv) {
   fmt::print("{}\n{:<38} {:^25}  {:^25}\n{:<38} {:>12} {:>12}  {:>12} {:>12}\n", be.describe(), "",
              "tiles, as trained", "one call, its own threads", "product (M x N x K)", "OpenBLAS",
              dnn_name, "OpenBLAS", dnn_name);
-  for (const Shape& s : kShapes) {
+  for (const Shape& s : shapes()) {
     const int64_t lda = s.ta == CblasNoTrans ? s.K : s.M, ldb = s.tb == CblasNoTrans ? s.N : s.K;
     const cpu::SplitGrid split = cpu::choose_split_grid(s.M, s.N, s.K);
     std::vector<float> a(static_cast<size_t>(s.M * s.K), 0.5f),

@@ -31,6 +31,7 @@
 #include "engine/training/checkpoint.h"
 #include "engine/training/trainer.h"
 #include "layers/models.h"
+#include "tests/configs.h"
 #include "tests/ops/backend_rows.h"
 #include "tests/temp_dir.h"
 
@@ -40,15 +41,8 @@ namespace {
 using test::kCudaActivationTypes;
 using test::Tolerance;
 
-const char* kTinyToml = R"(
-[model]
-kind = "gpt"
-n_layer = 2
-n_head = 4
-n_embd = 64
-vocab_size = 64
-n_ctx = 128
-[train]
+// The runs' [train], [data] and [remat] tables: 20 steps of the copy task, nothing recomputed.
+const std::string kRunTables = R"([train]
 seq_len = 64
 batch_size = 4
 steps = 20
@@ -60,6 +54,12 @@ task = "copy"
 [remat]
 policy = "none"
 )";
+
+const std::string kTinyToml =
+    "[model]\n" +
+    test::gpt_model_table(
+        {.n_layer = 2, .n_head = 4, .n_embd = 64, .vocab_size = 64, .n_ctx = 128}) +
+    kRunTables;
 
 std::vector<double> train_losses(Backend& be, const Config& cfg) {
   auto model = make_model(cfg, be);
@@ -86,20 +86,30 @@ constexpr Tolerance kTrainF32{.rtol = 0.01, .atol = 0.01};  // attention runs in
 // Same backend, different policy: only cuDNN's non-deterministic attention backward differs.
 constexpr Tolerance kPolicyRunToRun{.rtol = 2e-3, .atol = 2e-3};
 
-}  // namespace
-
-TEST_CASE("20 training steps on CUDA track the CPU losses (learned and rope positions)",
-          "[gpu][training]") {
-  for (const char* position : {"learned", "rope"}) {
-    Config cfg = parse_config(kTinyToml, "tiny(test)", {std::string("model.position=") + position});
+/// 20 steps of `toml` with each of `variants` (and `common`) on the CPU, then on CUDA with each
+/// activation type: CUDA's losses track the CPU's within kTrainBf16 / kTrainF32.
+void check_cuda_tracks_cpu(const std::string& toml, const char* what,
+                           const std::vector<std::vector<std::string>>& variants,
+                           const std::vector<std::string>& common = {}) {
+  for (const std::vector<std::string>& variant : variants) {
+    std::vector<std::string> sets = common;
+    sets.insert(sets.end(), variant.begin(), variant.end());
+    Config cfg = parse_config(toml, "tracks(test)", sets);
     cpu::CpuBackend cpu(uint64_t{8} << 30, 0);
     const auto want = train_losses(cpu, cfg);
     for (DType act : kCudaActivationTypes) {
       cuda::CudaBackend gpu(DeviceConfig{}, act);
-      check_tracks(std::string(position) + " " + dtype_name(act), train_losses(gpu, cfg), want,
-                   act == DType::BF16 ? kTrainBf16 : kTrainF32);
+      check_tracks(fmt::format("{} {} {}", what, fmt::join(variant, " "), dtype_name(act)),
+                   train_losses(gpu, cfg), want, act == DType::BF16 ? kTrainBf16 : kTrainF32);
     }
   }
+}
+
+}  // namespace
+
+TEST_CASE("20 training steps on CUDA track the CPU losses (learned and rope positions)",
+          "[gpu][training]") {
+  check_cuda_tracks_cpu(kTinyToml, "gpt", {{"model.position=learned"}, {"model.position=rope"}});
 }
 
 namespace {
@@ -360,18 +370,20 @@ TEST_CASE("cuDNN's engine survey lists the attention backward's options, the one
   }
 }
 
-TEST_CASE("the planner predicts the CUDA pool's peak to the byte", "[gpu][planner]") {
-  // cuDNN's plan workspace is a reserve sized from the shapes on both sides
-  // (engine/core/cuda_workspace.h), so nothing the GPU decides at run time enters the peak.
-  const std::vector<std::vector<std::string>> settings = {
-      {"remat.policy=none"},
-      {"remat.policy=full"},
-      {"remat.policy=full", "remat.tile_tokens=37"},
-      {"remat.policy=full", "model.n_layer=4", "remat.offload=\"checkpoints+optimizer\""}};
+namespace {
+
+/// One step of `toml` with each of `settings` (and `extra`) on CUDA against the planner's dry run
+/// (CountBackend): the device and host pools' peaks to the byte. cuDNN's plan workspace is a
+/// reserve sized from the shapes on both sides (engine/core/cuda_workspace.h), so nothing the GPU
+/// decides at run time enters the peak.
+void check_planner_peaks(const std::string& toml,
+                         const std::vector<std::vector<std::string>>& settings,
+                         const std::vector<std::string>& extra = {}) {
   for (std::vector<std::string> sets : settings) {
     const std::string policy = fmt::format("{}", fmt::join(sets, " "));
     sets.push_back("train.steps=1");
-    Config cfg = parse_config(kTinyToml, "tiny(test)", sets);
+    sets.insert(sets.end(), extra.begin(), extra.end());
+    Config cfg = parse_config(toml, "planner(test)", sets);
     cuda::CudaBackend gpu(DeviceConfig{}, DType::BF16);
     CountBackend count(CountTarget{DeviceKind::Cuda, DType::BF16, 1}, gpu.pool().budget_bytes());
     train_losses(gpu, cfg);
@@ -383,54 +395,38 @@ TEST_CASE("the planner predicts the CUDA pool's peak to the byte", "[gpu][planne
   }
 }
 
+}  // namespace
+
+TEST_CASE("the planner predicts the CUDA pool's peak to the byte", "[gpu][planner]") {
+  check_planner_peaks(kTinyToml, {{"remat.policy=none"},
+                                  {"remat.policy=full"},
+                                  {"remat.policy=full", "remat.tile_tokens=37"},
+                                  {"remat.policy=full", "model.n_layer=4",
+                                   "remat.offload=\"checkpoints+optimizer\""}});
+}
+
 namespace {
 
 // The Llama family with every option on: grouped-query attention (4 query heads on 2 key/value
 // heads), head_dim apart from n_embd / n_head, q/k/v biases, the q/k norm, an untied head and
 // llama3 RoPE scaling whose band edges fall among the trained positions' frequencies.
-const char* kLlamaToml = R"(
-[model]
-kind = "llama"
-n_layer = 2
-n_head = 4
-n_kv_head = 2
-head_dim = 24
-n_embd = 64
-d_ff = 160
-vocab_size = 64
-rope_theta = 500000.0
-rope_scaling = { rope_type = "llama3", factor = 8.0, low_freq_factor = 1.0, high_freq_factor = 4.0, original_max_position_embeddings = 16 }
-attention_bias = true
-qk_norm = true
-tie_embeddings = false
-[train]
-seq_len = 64
-batch_size = 4
-steps = 20
-lr = 3e-3
-warmup_steps = 3
-seed = 1337
-[data]
-task = "copy"
-[remat]
-policy = "none"
-)";
+const std::string kLlamaToml =
+    "[model]\n" +
+    test::llama_model_table(test::every_llama_option({.head_dim = 24,
+                                                      .n_embd = 64,
+                                                      .d_ff = 160,
+                                                      .vocab_size = 64,
+                                                      .rope_theta = 500000.0,
+                                                      .llama3_context = 16})) +
+    kRunTables;
 
 }  // namespace
 
 TEST_CASE("20 llama training steps on CUDA track the CPU losses (GQA, q/k norm, biases, scaling)",
           "[gpu][llama_training]") {
-  for (const std::vector<std::string>& sets : std::vector<std::vector<std::string>>{
-           {}, {"model.qk_norm=false", "model.n_kv_head=1", "model.tie_embeddings=true"}}) {
-    Config cfg = parse_config(kLlamaToml, "llama(test)", sets);
-    cpu::CpuBackend cpu(uint64_t{8} << 30, 0);
-    const auto want = train_losses(cpu, cfg);
-    for (DType act : kCudaActivationTypes) {
-      cuda::CudaBackend gpu(DeviceConfig{}, act);
-      check_tracks(fmt::format("llama {} {}", fmt::join(sets, " "), dtype_name(act)),
-                   train_losses(gpu, cfg), want, act == DType::BF16 ? kTrainBf16 : kTrainF32);
-    }
-  }
+  check_cuda_tracks_cpu(
+      kLlamaToml, "llama",
+      {{}, {"model.qk_norm=false", "model.n_kv_head=1", "model.tie_embeddings=true"}});
 }
 
 TEST_CASE(
@@ -456,28 +452,11 @@ TEST_CASE(
   }
 }
 
-namespace {
-// One step of the llama above with `sets` on CUDA (bf16) and on the count backend standing in for
-// it: both pools' peaks the same to the byte.
-void check_llama_cuda_peaks(std::vector<std::string> sets) {
-  const std::string what = fmt::format("{}", fmt::join(sets, " "));
-  sets.push_back("train.steps=1");
-  Config cfg = parse_config(kLlamaToml, "llama(test)", sets);
-  cuda::CudaBackend gpu(DeviceConfig{}, DType::BF16);
-  CountBackend count(CountTarget{DeviceKind::Cuda, DType::BF16, 1}, gpu.pool().budget_bytes());
-  train_losses(gpu, cfg);
-  train_losses(count, cfg);
-  const uint64_t measured = gpu.pool().peak_bytes(), predicted = count.pool().peak_bytes();
-  INFO(what << ": measured " << measured << " predicted " << predicted);
-  CHECK(measured == predicted);
-  CHECK(gpu.host_pool().peak_bytes() == count.host_pool().peak_bytes());
-}
-}  // namespace
-
 TEST_CASE("llama: the planner predicts the CUDA pool's peak to the byte", "[gpu][llama_planner]") {
-  check_llama_cuda_peaks({"remat.policy=none"});
-  check_llama_cuda_peaks({"remat.policy=full", "remat.tile_tokens=37"});
-  check_llama_cuda_peaks({"remat.policy=save_attn", "remat.offload=\"checkpoints+optimizer\""});
+  check_planner_peaks(kLlamaToml,
+                      {{"remat.policy=none"},
+                       {"remat.policy=full", "remat.tile_tokens=37"},
+                       {"remat.policy=save_attn", "remat.offload=\"checkpoints+optimizer\""}});
 }
 
 // LoRA (docs/lora.md) on the llama above: rank 4 on every linear, adapter dropout, the final norm
@@ -488,29 +467,17 @@ const std::vector<std::string> kLora = {"lora.rank=4", "lora.alpha=8", "lora.dro
 
 TEST_CASE("lora: 20 llama training steps on CUDA track the CPU losses (adapters, frozen base)",
           "[gpu][lora_training]") {
-  for (const std::vector<std::string>& extra :
-       std::vector<std::vector<std::string>>{{}, {"remat.policy=full", "remat.tile_tokens=37"}}) {
-    std::vector<std::string> sets = kLora;
-    sets.insert(sets.end(), extra.begin(), extra.end());
-    Config cfg = parse_config(kLlamaToml, "llama(test)", sets);
-    cpu::CpuBackend cpu(uint64_t{8} << 30, 0);
-    const auto want = train_losses(cpu, cfg);
-    for (DType act : kCudaActivationTypes) {
-      cuda::CudaBackend gpu(DeviceConfig{}, act);
-      check_tracks(fmt::format("lora {} {}", fmt::join(extra, " "), dtype_name(act)),
-                   train_losses(gpu, cfg), want, act == DType::BF16 ? kTrainBf16 : kTrainF32);
-    }
-  }
+  check_cuda_tracks_cpu(kLlamaToml, "lora", {{}, {"remat.policy=full", "remat.tile_tokens=37"}},
+                        kLora);
 }
 
 TEST_CASE("lora: the planner predicts the CUDA pools' peaks to the byte", "[gpu][lora_planner]") {
-  for (std::vector<std::string> sets : std::vector<std::vector<std::string>>{
-           {"remat.policy=none"},
-           {"remat.policy=full", "remat.tile_tokens=37"},
-           {"remat.policy=save_attn", "remat.offload=\"checkpoints+optimizer+weights\""}}) {
-    sets.insert(sets.end(), kLora.begin(), kLora.end());
-    check_llama_cuda_peaks(sets);
-  }
+  check_planner_peaks(
+      kLlamaToml,
+      {{"remat.policy=none"},
+       {"remat.policy=full", "remat.tile_tokens=37"},
+       {"remat.policy=save_attn", "remat.offload=\"checkpoints+optimizer+weights\""}},
+      kLora);
 }
 
 TEST_CASE("weights, gradients and moments on the host give the CUDA losses of keeping them",
@@ -533,39 +500,27 @@ TEST_CASE("weights, gradients and moments on the host give the CUDA losses of ke
     check_tracks("mlp weights on the host", got, want, kPolicyRunToRun);
     CHECK(b.pool().live_bytes(MemCategory::Weights) == 0);
   }
-  for (const char* toml : {kTinyToml, kLlamaToml}) {
+  for (const std::string* toml : {&kTinyToml, &kLlamaToml}) {
     const std::vector<std::string> base = {"train.steps=8", "remat.policy=full"};
     std::vector<std::string> moved = base;
     moved.push_back(weights);
     cuda::CudaBackend a(DeviceConfig{}, DType::BF16), b(DeviceConfig{}, DType::BF16);
-    const auto want = train_losses(a, parse_config(toml, "weights(test)", base));
-    const auto got = train_losses(b, parse_config(toml, "weights(test)", moved));
+    const auto want = train_losses(a, parse_config(*toml, "weights(test)", base));
+    const auto got = train_losses(b, parse_config(*toml, "weights(test)", moved));
     std::printf("%s weights on the host vs kept on CUDA (bf16): max |loss difference| %.3g\n",
-                toml == kTinyToml ? "gpt" : "llama", max_abs_diff(got, want));
+                toml == &kTinyToml ? "gpt" : "llama", max_abs_diff(got, want));
     check_tracks("weights on the host", got, want, kPolicyRunToRun);
   }
 }
 
 TEST_CASE("with the weights on the host the planner predicts both CUDA pools to the byte",
           "[gpu][weights][planner]") {
-  for (const char* toml : {kTinyToml, kLlamaToml})
-    for (std::vector<std::string> sets :
-         std::vector<std::vector<std::string>>{{"remat.policy=full"},
-                                               {"remat.policy=save_attn", "remat.tile_tokens=37"},
-                                               {"remat.policy=full", "remat.every=2"}}) {
-      const std::string policy = fmt::format("{}", fmt::join(sets, " "));
-      sets.push_back("train.steps=1");
-      sets.push_back("remat.offload=\"checkpoints+optimizer+weights\"");
-      Config cfg = parse_config(toml, "weights(test)", sets);
-      cuda::CudaBackend gpu(DeviceConfig{}, DType::BF16);
-      CountBackend count(CountTarget{DeviceKind::Cuda, DType::BF16, 1}, gpu.pool().budget_bytes());
-      train_losses(gpu, cfg);
-      train_losses(count, cfg);
-      INFO(policy << ": measured " << gpu.pool().peak_bytes() << " predicted "
-                  << count.pool().peak_bytes());
-      CHECK(gpu.pool().peak_bytes() == count.pool().peak_bytes());
-      CHECK(gpu.host_pool().peak_bytes() == count.host_pool().peak_bytes());
-    }
+  for (const std::string* toml : {&kTinyToml, &kLlamaToml})
+    check_planner_peaks(*toml,
+                        {{"remat.policy=full"},
+                         {"remat.policy=save_attn", "remat.tile_tokens=37"},
+                         {"remat.policy=full", "remat.every=2"}},
+                        {"remat.offload=\"checkpoints+optimizer+weights\""});
 }
 
 TEST_CASE("a single-rank NCCL communicator sums the gradients of one rank into themselves",

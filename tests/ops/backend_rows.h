@@ -6,8 +6,10 @@
 // exits 77 (ctest: skipped) without a device, so CUDA rows never run on a machine without one.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <iterator>
 #include <memory>
 #include <string_view>
 #include <utility>
@@ -169,6 +171,15 @@ struct CudaRow {
   std::vector<float> act_values(int64_t n, uint64_t stream, double scale = 1.0) const {
     return stored(host_randn(n, stream, scale));
   }
+  /// act_values whose first entries are `edges` (a pointwise op's special inputs; as many as
+  /// fit in n), as stored.
+  template <class Edges>
+  std::vector<float> act_values_from(const Edges& edges, int64_t n, uint64_t stream,
+                                     double scale = 1.0) const {
+    std::vector<float> v = host_randn(n, stream, scale);
+    std::copy_n(std::begin(edges), std::min<int64_t>(n, std::size(edges)), v.begin());
+    return stored(std::move(v));
+  }
   /// The same values as an activation tensor on each backend (f32 on the CPU).
   std::pair<Buffer, Buffer> act_pair(const std::vector<int64_t>& shape,
                                      const std::vector<float>& host) {
@@ -197,5 +208,17 @@ struct CudaRow {
     return n;
   }
 };
+
+/// The rows of a pointwise op's CUDA test: `check(r, N, tol)` for each row count N of `rows`
+/// with each activation type, r a fresh CudaRow, tol the pointwise tolerance of its type.
+template <class Check>
+void for_each_pointwise_row(const std::vector<int64_t>& rows, const Check& check) {
+  for (const int64_t N : rows)
+    for (const DType act : kCudaActivationTypes) {
+      CAPTURE(N, dtype_name(act));
+      CudaRow r(act);
+      check(r, N, r.pick(kCudaF32Pointwise, kCudaBf16Pointwise));
+    }
+}
 
 }  // namespace remat::test

@@ -100,28 +100,21 @@ TEST_CASE("activation backward gives the same bits when dinp aliases dout", "[op
 #if REMAT_TEST_CUDA_ROWS
 TEST_CASE("activations on CUDA match the CPU: gelu and relu, forward and in-place backward",
           "[gpu][pointwise]") {
-  const int64_t N = GENERATE(from_range(kActivationRows));
-  const int64_t D = kActivationWidth;
-  const DType act = GENERATE(from_range(kCudaActivationTypes));
-  CAPTURE(N, dtype_name(act));
-  CudaRow r(act);
-  const Tolerance tol = r.pick(kCudaF32Pointwise, kCudaBf16Pointwise);
-  std::vector<float> xs = r.act_values(N * D, 91, 2.0);
-  std::copy(std::begin(kActivationEdges), std::end(kActivationEdges), xs.begin());
-  if (r.bf16())
-    for (float& v : xs) v = from_bf16_bits(to_bf16_bits(v));
-  auto [x_c, x_g] = r.act_pair({N, D}, xs);
-  for (Activation kind : {Activation::Gelu, Activation::Relu}) {
-    CAPTURE(static_cast<int>(kind));
-    auto [y_c, y_g] = r.zeros_act({N, D});
-    r.cpu.activation_forward({y_c, x_c, kind});
-    r.gpu->activation_forward({y_g, x_g, kind});
-    r.check_same(y_c, y_g, tol, "out");
-    auto [d_c, d_g] = r.act_pair({N, D}, r.act_values(N * D, 93));
-    r.cpu.activation_backward({d_c, d_c, x_c, kind});  // in place, as the GPT block runs it
-    r.gpu->activation_backward({d_g, d_g, x_g, kind});
-    r.check_same(d_c, d_g, tol, "dinp (aliasing dout)");
-  }
+  for_each_pointwise_row(kActivationRows, [](CudaRow& r, int64_t N, Tolerance tol) {
+    const int64_t D = kActivationWidth;
+    auto [x_c, x_g] = r.act_pair({N, D}, r.act_values_from(kActivationEdges, N * D, 91, 2.0));
+    for (Activation kind : {Activation::Gelu, Activation::Relu}) {
+      CAPTURE(static_cast<int>(kind));
+      auto [y_c, y_g] = r.zeros_act({N, D});
+      r.cpu.activation_forward({y_c, x_c, kind});
+      r.gpu->activation_forward({y_g, x_g, kind});
+      r.check_same(y_c, y_g, tol, "out");
+      auto [d_c, d_g] = r.act_pair({N, D}, r.act_values(N * D, 93));
+      r.cpu.activation_backward({d_c, d_c, x_c, kind});  // in place, as the GPT block runs it
+      r.gpu->activation_backward({d_g, d_g, x_g, kind});
+      r.check_same(d_c, d_g, tol, "dinp (aliasing dout)");
+    }
+  });
 }
 
 TEST_CASE("elementwise primitives on CUDA match the CPU: add, fill, copy and casts",
@@ -161,10 +154,7 @@ TEST_CASE(
   const DType act = GENERATE(from_range(kCudaActivationTypes));
   CAPTURE(n, dtype_name(act));
   CudaRow r(act);
-  std::vector<float> xs = host_randn(n, 91, 2.0);
-  std::copy_n(std::begin(kActivationEdges), std::min<int64_t>(n, std::size(kActivationEdges)),
-              xs.begin());
-  xs = r.stored(xs);
+  const std::vector<float> xs = r.act_values_from(kActivationEdges, n, 91, 2.0);
   const std::vector<float> ys = r.act_values(n, 92), zeros(static_cast<size_t>(n), 0.0f);
   const std::vector<float> wide = host_randn(n, 94, 2.0);  // f32 values a bf16 cast rounds
   const DropoutArgs drop{

@@ -276,6 +276,33 @@ void check_attention_against_reference(int64_t B, int64_t NH, int64_t T, int64_t
   }
 }
 
+// The backward's dqkv against central differences of sum(out * dout); each test picks the call
+// (one thread, a T that crosses a 64-row tile, a head size with few rotary frequencies).
+void check_attention_central_differences(AttentionCall& a) {
+  auto loss = [&] {
+    a.forward();
+    return weighted_sum(a.out, a.dout);
+  };
+  loss();
+  a.backward();
+  CHECK(allclose(to_host(a.dqkv), central_differences(a.qkv.f32(), a.B * a.T * a.W, kFdEps, loss),
+                 kTolGradcheck, "dqkv"));
+}
+
+// The backward given D from attention_delta, without O, against the backward given O: the same
+// bits. Returns D (7s before attention_delta overwrote it).
+Buffer check_backward_from_delta(AttentionCall& a) {
+  a.forward();
+  a.backward();
+  const std::vector<float> from_o = to_host(a.dqkv);
+  Buffer delta = make_filled(a.be, {a.B, a.NH, a.T}, 7.0f);  // [=]: the 7s must disappear
+  a.be.attention_delta({delta, a.dout, a.out, a.n_head()});
+  a.be.fill(a.dqkv, 7.0f);
+  a.backward(delta);
+  CHECK(bitwise_equal({to_host(a.dqkv)}, {from_o}));
+  return delta;
+}
+
 /// Llama 3's rescaling with a short original context, so that at the tested positions (up to
 /// 200) it changes most angles: at HS = 16 and theta = 10^4 the pairs of wavelength 2 pi /
 /// 10^(-i/2) fall in all three bands (pair 0 kept, pair 1 blended, pairs 2..7 divided by 8).
@@ -323,16 +350,8 @@ TEST_CASE("attention backward with and without rope matches central differences"
   CAPTURE(theta);
   CpuBackend be(kTestBudgetBytes, kFdThreads);
   // T = 70 crosses a 64-row tile; HS = 8 gives rotary frequencies 1, 0.1, 0.01, 0.001.
-  const int64_t B = 1, NH = 2, T = 70, HS = 8;
-  AttentionCall a(be, B, NH, T, HS, theta, 61);
-  auto loss = [&] {
-    a.forward();
-    return weighted_sum(a.out, a.dout);
-  };
-  loss();
-  a.backward();
-  CHECK(allclose(to_host(a.dqkv), central_differences(a.qkv.f32(), B * T * 3 * a.C, kFdEps, loss),
-                 kTolGradcheck, "dqkv"));
+  AttentionCall a(be, 1, 2, 70, 8, theta, 61);
+  check_attention_central_differences(a);
 }
 
 TEST_CASE("attention forward and backward are bitwise deterministic", "[ops]") {
@@ -383,23 +402,30 @@ TEST_CASE("attention backward split over key and query tiles gives the bits of o
 TEST_CASE(
     "attention backward given D from attention_delta, without O, gives the bits it gets "
     "from O",
-    "[ops]") {
-  // Both schedules (1 and 3 threads with one head), with RoPE and without, partial tiles.
-  const float theta = GENERATE(0.0f, 10000.0f);
+    "[ops][attention]") {
+  // Both schedules (1 and 3 threads with one head; grouped-query heads per head on 1 thread,
+  // split on 3), partial tiles: multi-head with two batch rows, with plain RoPE and without; 4
+  // query heads over 2 and over 1 key/value heads, with llama3-scaled RoPE and without.
   const int threads = GENERATE(1, 3);
-  const auto [NH, T, HS] = GENERATE(table<int64_t, int64_t, int64_t>({{1, 200, 64}, {2, 129, 40}}));
-  CAPTURE(theta, threads, NH, T, HS);
+  const auto [B, NH, KVH, T, HS, rope] =
+      GENERATE(table<int64_t, int64_t, int64_t, int64_t, int64_t, int>(
+          {{2, 1, 0, 200, 64, 0},
+           {2, 1, 0, 200, 64, 1},
+           {2, 2, 0, 129, 40, 0},
+           {2, 2, 0, 129, 40, 1},
+           {1, 4, 2, 129, 16, 0},
+           {1, 4, 2, 129, 16, 2},
+           {1, 4, 1, 200, 40, 0},
+           {1, 4, 1, 200, 40, 2}}));  // rope: none, plain, llama3-scaled
+  CAPTURE(threads, B, NH, KVH, T, HS, rope);
   CpuBackend be(kTestBudgetBytes, threads);
-  AttentionCall a(be, 2, NH, T, HS, theta, 83);
-  a.forward();
-  a.backward();
-  const std::vector<float> from_o = to_host(a.dqkv);
-  Buffer delta = make_filled(be, {2, NH, T}, 7.0f);  // [=]: the 7s must disappear
-  be.attention_delta({delta, a.dout, a.out, static_cast<int>(NH)});
+  AttentionCall a(be, B, NH, T, HS, rope > 0 ? 10000.0f : 0.0f, KVH > 0 ? 89 : 83, KVH,
+                  rope == 2 ? kLlama3Short : RopeScaling{});
+  const Buffer delta = check_backward_from_delta(a);
   // D itself against a double reference: rowsum(dO * O) per (b, h, t).
   const std::vector<float> d = to_host(delta), o = to_host(a.out), dout = to_host(a.dout);
   const int64_t C = NH * HS;
-  for (int64_t b = 0; b < 2; ++b)
+  for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < NH; ++h)
       for (int64_t t = 0; t < T; ++t) {
         double want = 0;
@@ -409,16 +435,6 @@ TEST_CASE(
         }
         CHECK(d[static_cast<size_t>((b * NH + h) * T + t)] == Approx(want).margin(1e-5));
       }
-  be.fill(a.dqkv, 7.0f);
-  be.attention_backward({.dqkv = a.dqkv,
-                         .dout = a.dout,
-                         .qkv = a.qkv,
-                         .out = Tensor{},
-                         .lse = a.lse,
-                         .n_head = static_cast<int>(NH),
-                         .rope_theta = theta,
-                         .delta = delta});
-  CHECK(bitwise_equal({to_host(a.dqkv)}, {from_o}));
 }
 
 TEST_CASE("attention's AVX-512 and AVX2 kernels give the same bits, in both backward schedules",
@@ -589,27 +605,23 @@ TEST_CASE("llama3 rope scaling changes attention's output at the tested position
 
 TEST_CASE(
     "grouped-query attention's backward with llama3 and yarn rope scaling matches central "
-    "differences",
-    "[ops][attention][rope]") {
-  const int rope = GENERATE(0, 1, 2);  // none, llama3, yarn (its attention factor too)
-  const int64_t KVH = GENERATE(int64_t{2}, int64_t{1});
-  CAPTURE(rope, KVH);
+    "differences, whole and over chunks",
+    "[ops][attention][chunks][rope]") {
+  // 4 query heads over 2, 1 and 4 key/value heads; whole, and in chunks of 32, 32 and 6 tokens
+  // (6 pairs). RoPE none, llama3-scaled, yarn-scaled (its attention factor on cos and sin too).
+  const int rope = GENERATE(0, 1, 2);
+  const auto [KVH, chunk, stream] = GENERATE(
+      table<int64_t, int64_t, uint64_t>({{2, 0, 63}, {1, 0, 63}, {0, 32, 65}, {2, 32, 65}}));
+  CAPTURE(rope, KVH, chunk);
   CpuBackend be(kTestBudgetBytes, kFdThreads);
   // T = 70 crosses a 64-row tile; HS = 8 gives rotary frequencies 1, 0.1, 0.01, 0.001, rescaled
   // by kLlama3Short to 1, 0.0125, 0.00125, 0.000125.
-  const int64_t B = 1, NH = 4, T = 70, HS = 8;
-  AttentionCall a(be, B, NH, T, HS, rope > 0 ? 10000.0f : 0.0f, 63, KVH,
+  AttentionCall a(be, 1, 4, 70, 8, rope > 0 ? 10000.0f : 0.0f, stream, KVH,
                   rope == 1   ? kLlama3Short
                   : rope == 2 ? kYarnShort
                               : RopeScaling{});
-  auto loss = [&] {
-    a.forward();
-    return weighted_sum(a.out, a.dout);
-  };
-  loss();
-  a.backward();
-  CHECK(allclose(to_host(a.dqkv), central_differences(a.qkv.f32(), B * T * a.W, kFdEps, loss),
-                 kTolGradcheck, "dqkv"));
+  a.chunk = chunk;
+  check_attention_central_differences(a);
 }
 
 TEST_CASE(
@@ -641,28 +653,6 @@ TEST_CASE(
   }
   CHECK(bitwise_equal(by_threads[0], by_threads[1]));
   CHECK(bitwise_equal(by_threads[0], by_threads[2]));
-}
-
-TEST_CASE(
-    "grouped-query attention's backward given D from attention_delta gives the bits it gets "
-    "from O",
-    "[ops][attention]") {
-  const int threads = GENERATE(1, 3);
-  const auto [NH, KVH, T, HS] =
-      GENERATE(table<int64_t, int64_t, int64_t, int64_t>({{4, 2, 129, 16}, {4, 1, 200, 40}}));
-  const bool rope = GENERATE(false, true);
-  CAPTURE(threads, NH, KVH, T, HS, rope);
-  CpuBackend be(kTestBudgetBytes, threads);
-  AttentionCall a(be, 1, NH, T, HS, rope ? 10000.0f : 0.0f, 89, KVH,
-                  rope ? kLlama3Short : RopeScaling{});
-  a.forward();
-  a.backward();
-  const std::vector<float> from_o = to_host(a.dqkv);
-  Buffer delta = make_filled(be, {1, NH, T}, 7.0f);
-  be.attention_delta({delta, a.dout, a.out, a.n_head()});
-  be.fill(a.dqkv, 7.0f);
-  a.backward(delta);
-  CHECK(bitwise_equal({to_host(a.dqkv)}, {from_o}));
 }
 
 TEST_CASE("grouped-query attention's workspace is the stated formula at its head size",
@@ -799,26 +789,6 @@ TEST_CASE("attention over chunks matches the double-precision causal reference",
   check_attention_against_reference(B, NH, T, HS, 10000.0f, KVH, kLlama3Short, kTestThreads, chunk);
 }
 
-TEST_CASE("attention over chunks: the backward matches central differences",
-          "[ops][attention][chunks]") {
-  const bool rope = GENERATE(false, true);
-  const int64_t KVH = GENERATE(int64_t{0}, int64_t{2});
-  CAPTURE(rope, KVH);
-  CpuBackend be(kTestBudgetBytes, kFdThreads);
-  const int64_t B = 1, NH = 4, T = 70, HS = 8;
-  AttentionCall a(be, B, NH, T, HS, rope ? 10000.0f : 0.0f, 65, KVH,
-                  rope ? kLlama3Short : RopeScaling{});
-  a.chunk = 32;  // chunks of 32, 32 and 6 tokens: 6 pairs
-  auto loss = [&] {
-    a.forward();
-    return weighted_sum(a.out, a.dout);
-  };
-  loss();
-  a.backward();
-  CHECK(allclose(to_host(a.dqkv), central_differences(a.qkv.f32(), B * T * a.W, kFdEps, loss),
-                 kTolGradcheck, "dqkv"));
-}
-
 TEST_CASE("attention over chunks gives the same bits for 1, 2 and 3 threads",
           "[ops][attention][chunks]") {
   const ChunkRow r = kChunkRows[1];
@@ -888,56 +858,51 @@ TEST_CASE("causal attention forward and backward on CUDA match the CPU, with and
 
 namespace {
 
-// One grouped-query attention call on CUDA (over chunks of `chunk` tokens there; 0: unchunked)
-// against the CPU's unchunked op, forward then backward, each backward given its own forward's out
-// and lse: out, lse and dqkv within kCudaAttention. Returns CUDA's dqkv.
-std::vector<float> check_gqa_against_cpu(CudaRow& r, int64_t B, int64_t NH, int64_t KVH, int64_t T,
-                                         int64_t HS, float theta, const RopeScaling& scaling,
-                                         int64_t chunk = 0) {
-  const int64_t C = NH * HS, W = (NH + 2 * KVH) * HS;
-  const int n_head = static_cast<int>(NH), n_kv = static_cast<int>(KVH);
-  auto [qkv_c, qkv_g] = r.act_pair({B, T, W}, r.act_values(B * T * W, 55));
-  auto [o_c, o_g] = r.zeros_act({B, T, C});
-  auto [l_c, l_g] = r.zeros_f32({B, NH, T});
-  const AttentionForwardArgs fc{.out = o_c,
-                                .lse = l_c,
-                                .qkv = qkv_c,
-                                .n_head = n_head,
-                                .rope_theta = theta,
-                                .n_kv_head = n_kv,
-                                .rope_scaling = scaling};
-  AttentionForwardArgs fg = fc;
-  fg.out = o_g;
-  fg.lse = l_g;
-  fg.qkv = qkv_g;
-  fg.chunk_tokens = chunk;
-  r.cpu.attention_forward(fc);
-  r.gpu->attention_forward(fg);
-  r.check_same(o_c, o_g, kCudaAttention, "out");
-  r.check_same(l_c, l_g, kCudaAttention, "lse");
-  auto [do_c, do_g] = r.act_pair({B, T, C}, r.act_values(B * T * C, 56));
-  auto [dq_c, dq_g] =
-      r.act_pair({B, T, W}, std::vector<float>(static_cast<size_t>(B * T * W), 7.0f));
-  const AttentionBackwardArgs bc{.dqkv = dq_c,
-                                 .dout = do_c,
-                                 .qkv = qkv_c,
-                                 .out = o_c,
-                                 .lse = l_c,
-                                 .n_head = n_head,
-                                 .rope_theta = theta,
-                                 .n_kv_head = n_kv,
-                                 .rope_scaling = scaling};
-  AttentionBackwardArgs bg = bc;
-  bg.dqkv = dq_g;
-  bg.dout = do_g;
-  bg.qkv = qkv_g;
-  bg.out = o_g;
-  bg.lse = l_g;
-  bg.chunk_tokens = chunk;
-  r.cpu.attention_backward(bc);
-  r.gpu->attention_backward(bg);
-  r.check_same(dq_c, dq_g, kCudaAttention, "dqkv (=): dq, dk and dv summed over each group");
-  return fetch(*r.gpu, dq_g);
+/// The heads, RoPE and chunking of an attention call on a CUDA row.
+struct AttentionSetup {
+  int n_head, n_kv_head;
+  float theta;
+  RopeScaling scaling;
+  int64_t chunk = 0;
+};
+
+/// One attention forward and backward on the row's CPU or GPU: out, lse and dqkv (prefilled
+/// with 7s, [=]). The call gets its own copy of qkv, which the backward clobbers (bf16 with RoPE).
+struct AttentionOutputs {
+  Buffer out, lse, dqkv;
+};
+AttentionOutputs attention_on(CudaRow& r, bool gpu, const AttentionSetup& a, int64_t B, int64_t T,
+                              const std::vector<float>& qkv_values,
+                              const std::vector<float>& dout_values) {
+  Backend& be = gpu ? static_cast<Backend&>(*r.gpu) : r.cpu;
+  const DType act = gpu ? r.act : DType::F32;
+  const int64_t NH = a.n_head, W = static_cast<int64_t>(qkv_values.size()) / (B * T);
+  const int64_t C = static_cast<int64_t>(dout_values.size()) / (B * T);
+  const Buffer qkv = upload(be, {B, T, W}, act, qkv_values);
+  const Buffer dout = upload(be, {B, T, C}, act, dout_values);
+  AttentionOutputs o{
+      upload(be, {B, T, C}, act, std::vector<float>(dout_values.size(), 0.0f)),
+      upload(be, {B, NH, T}, DType::F32, std::vector<float>(static_cast<size_t>(B * NH * T), 0.0f)),
+      upload(be, {B, T, W}, act, std::vector<float>(qkv_values.size(), 7.0f))};
+  be.attention_forward({o.out, o.lse, qkv, a.n_head, a.theta, a.n_kv_head, a.scaling, a.chunk});
+  be.attention_backward({o.dqkv, dout, qkv, o.out, o.lse, a.n_head, a.theta, Tensor{}, a.n_kv_head,
+                         a.scaling, a.chunk});
+  return o;
+}
+
+/// The call on CUDA (over chunks of a.chunk tokens there; 0: unchunked) against the CPU's
+/// unchunked op: out, lse and dqkv within kCudaAttention. Returns CUDA's dqkv.
+std::vector<float> check_against_cpu(CudaRow& r, const AttentionSetup& a, int64_t B, int64_t T,
+                                     const std::vector<float>& qkv_values,
+                                     const std::vector<float>& dout_values) {
+  AttentionSetup unchunked = a;
+  unchunked.chunk = 0;
+  const AttentionOutputs c = attention_on(r, false, unchunked, B, T, qkv_values, dout_values);
+  const AttentionOutputs g = attention_on(r, true, a, B, T, qkv_values, dout_values);
+  r.check_same(c.out, g.out, kCudaAttention, "out");
+  r.check_same(c.lse, g.lse, kCudaAttention, "lse");
+  r.check_same(c.dqkv, g.dqkv, kCudaAttention, "dqkv (=): dq, dk and dv summed over each group");
+  return fetch(*r.gpu, g.dqkv);
 }
 
 }  // namespace
@@ -955,8 +920,11 @@ TEST_CASE(
   const DType act = GENERATE(from_range(kCudaActivationTypes));
   CAPTURE(B, NH, KVH, T, HS, rope, dtype_name(act));
   CudaRow r(act);
-  check_gqa_against_cpu(r, B, NH, KVH, T, HS, rope > 0 ? 10000.0f : 0.0f,
-                        rope == 2 ? kLlama3Short : RopeScaling{});
+  const int64_t C = NH * HS, W = (NH + 2 * KVH) * HS;
+  const AttentionSetup args{static_cast<int>(NH), static_cast<int>(KVH), rope > 0 ? 10000.0f : 0.0f,
+                            rope == 2 ? kLlama3Short : RopeScaling{}};
+  const std::vector<float> qkv = r.act_values(B * T * W, 55), dout = r.act_values(B * T * C, 56);
+  check_against_cpu(r, args, B, T, qkv, dout);
 }
 
 TEST_CASE("attention with linear, dynamic and yarn rope scaling on CUDA matches the CPU",
@@ -968,7 +936,9 @@ TEST_CASE("attention with linear, dynamic and yarn rope scaling on CUDA matches 
   const DType act = GENERATE(from_range(kCudaActivationTypes));
   CAPTURE(B, NH, KVH, T, HS, rope_type_name(scaling.kind), dtype_name(act));
   CudaRow r(act);
-  check_gqa_against_cpu(r, B, NH, KVH, T, HS, 10000.0f, scaling);
+  const int64_t C = NH * HS, W = (NH + 2 * KVH) * HS;
+  const AttentionSetup args{static_cast<int>(NH), static_cast<int>(KVH), 10000.0f, scaling};
+  check_against_cpu(r, args, B, T, r.act_values(B * T * W, 55), r.act_values(B * T * C, 56));
 }
 
 TEST_CASE("attention over chunks on CUDA matches the CPU and unchunked CUDA",
@@ -986,62 +956,22 @@ TEST_CASE("attention over chunks on CUDA matches the CPU and unchunked CUDA",
   CudaRow r(act);
   const int64_t B = row.B, NH = row.NH, T = row.T, HS = row.HS, C = NH * HS;
   const int64_t KVH = row.KVH > 0 ? row.KVH : NH, W = (NH + 2 * KVH) * HS;
-  const int n_head = static_cast<int>(NH), n_kv = static_cast<int>(row.KVH);
-  auto [qkv_c, qkv_g] = r.act_pair({B, T, W}, r.act_values(B * T * W, 57));
-  auto [o_c, o_g] = r.zeros_act({B, T, C});
-  auto [l_c, l_g] = r.zeros_f32({B, NH, T});
-  Buffer ou_g = r.zeros_act({B, T, C}).second;  // CUDA's unchunked op
-  Buffer lu_g = r.zeros_f32({B, NH, T}).second;
-  const AttentionForwardArgs fc{o_c, l_c, qkv_c, n_head, row.theta, n_kv, row.scaling, 0};
-  const AttentionForwardArgs fg{o_g, l_g, qkv_g, n_head, row.theta, n_kv, row.scaling, chunk};
-  const AttentionForwardArgs fu{ou_g, lu_g, qkv_g, n_head, row.theta, n_kv, row.scaling, 0};
-  r.cpu.attention_forward(fc);
-  r.gpu->attention_forward(fg);
-  r.gpu->attention_forward(fu);
-  r.check_same(o_c, o_g, kCudaAttention, "out, chunked CUDA against the CPU");
-  r.check_same(l_c, l_g, kCudaAttention, "lse, chunked CUDA against the CPU");
-  CHECK(allclose(fetch(*r.gpu, o_g), widened(fetch(*r.gpu, ou_g)), kCudaAttention,
-                 "out, chunked against unchunked CUDA"));
-  CHECK(allclose(fetch(*r.gpu, l_g), widened(fetch(*r.gpu, lu_g)), kCudaAttention,
-                 "lse, chunked against unchunked CUDA"));
-  auto [do_c, do_g] = r.act_pair({B, T, C}, r.act_values(B * T * C, 58));
-  auto [dq_c, dq_g] =
-      r.act_pair({B, T, W}, std::vector<float>(static_cast<size_t>(B * T * W), 7.0f));
-  Buffer dqu_g =
-      r.act_pair({B, T, W}, std::vector<float>(static_cast<size_t>(B * T * W), 7.0f)).second;
-  // The backward clobbers qkv (bf16 with RoPE): each CUDA call gets its own copy.
-  Buffer qkv2_g = r.act_pair({B, T, W}, r.act_values(B * T * W, 57)).second;
-  r.cpu.attention_backward({.dqkv = dq_c,
-                            .dout = do_c,
-                            .qkv = qkv_c,
-                            .out = o_c,
-                            .lse = l_c,
-                            .n_head = n_head,
-                            .rope_theta = row.theta,
-                            .n_kv_head = n_kv,
-                            .rope_scaling = row.scaling});
-  r.gpu->attention_backward({.dqkv = dq_g,
-                             .dout = do_g,
-                             .qkv = qkv_g,
-                             .out = o_g,
-                             .lse = l_g,
-                             .n_head = n_head,
-                             .rope_theta = row.theta,
-                             .n_kv_head = n_kv,
-                             .rope_scaling = row.scaling,
-                             .chunk_tokens = chunk});
-  r.gpu->attention_backward({.dqkv = dqu_g,
-                             .dout = do_g,
-                             .qkv = qkv2_g,
-                             .out = ou_g,
-                             .lse = lu_g,
-                             .n_head = n_head,
-                             .rope_theta = row.theta,
-                             .n_kv_head = n_kv,
-                             .rope_scaling = row.scaling});
-  r.check_same(dq_c, dq_g, kCudaAttention, "dqkv (=), chunked CUDA against the CPU");
-  CHECK(allclose(fetch(*r.gpu, dq_g), widened(fetch(*r.gpu, dqu_g)), kCudaAttention,
-                 "dqkv, chunked against unchunked CUDA"));
+  AttentionSetup args{static_cast<int>(NH), static_cast<int>(row.KVH), row.theta, row.scaling};
+  const std::vector<float> qkv = r.act_values(B * T * W, 57), dout = r.act_values(B * T * C, 58);
+  const AttentionOutputs c = attention_on(r, false, args, B, T, qkv, dout);
+  const AttentionOutputs u = attention_on(r, true, args, B, T, qkv, dout);  // CUDA's unchunked op
+  args.chunk = chunk;
+  const AttentionOutputs g = attention_on(r, true, args, B, T, qkv, dout);
+  const char* names[] = {"out", "lse", "dqkv (=)"};
+  const Buffer* cpu[] = {&c.out, &c.lse, &c.dqkv};
+  const Buffer* unchunked[] = {&u.out, &u.lse, &u.dqkv};
+  const Buffer* chunked[] = {&g.out, &g.lse, &g.dqkv};
+  for (int i = 0; i < 3; ++i) {
+    INFO(names[i]);
+    r.check_same(*cpu[i], *chunked[i], kCudaAttention, "chunked CUDA against the CPU");
+    CHECK(allclose(fetch(*r.gpu, *chunked[i]), widened(fetch(*r.gpu, *unchunked[i])),
+                   kCudaAttention, "chunked against unchunked CUDA"));
+  }
 }
 
 TEST_CASE("the cuDNN in use needs no padding mask: key lengths off multiples of 128 backpropagate",
@@ -1057,7 +987,10 @@ TEST_CASE("the cuDNN in use needs no padding mask: key lengths off multiples of 
   const int64_t chunk = GENERATE(int64_t{0}, int64_t{64});
   CAPTURE(chunk);
   CudaRow r(DType::BF16);
-  const std::vector<float> dqkv = check_gqa_against_cpu(r, 1, 4, 2, 200, 64, 10000.0f, {}, chunk);
+  const int64_t B = 1, NH = 4, KVH = 2, T = 200, HS = 64, C = NH * HS, W = (NH + 2 * KVH) * HS;
+  const AttentionSetup args{static_cast<int>(NH), static_cast<int>(KVH), 10000.0f, {}, chunk};
+  const std::vector<float> dqkv =
+      check_against_cpu(r, args, B, T, r.act_values(B * T * W, 55), r.act_values(B * T * C, 56));
   CHECK(std::all_of(dqkv.begin(), dqkv.end(), [](float v) { return std::isfinite(v); }));
 }
 #endif

@@ -93,16 +93,8 @@ TEST_CASE("lora backward matches central differences, adding into dinp, dA and d
   Buffer dA = make_randn(be, {sh.r, sh.C}, kSeed, 16);
   Buffer dB = make_randn(be, {sh.n, sh.r}, kSeed, 17);
   const std::vector<double> dinp0 = to_double(dinp), dA0 = to_double(dA), dB0 = to_double(dB);
-  be.lora_backward({.dinp = dinp,
-                    .da = dA,
-                    .db = dB,
-                    .dout = g,
-                    .inp = x,
-                    .a = A,
-                    .b = B,
-                    .col0 = sh.col0,
-                    .scale = s,
-                    .dropout = d});
+  // {dinp, da, db, dout, inp, a, b, col0, scale, dropout}, as the CUDA rows below.
+  be.lora_backward({dinp, dA, dB, g, x, A, B, sh.col0, s, d});
   CHECK(allclose(minus(dinp, dinp0), central_differences(x.f32(), sh.N * sh.C, kFdEps, loss),
                  kTolGradcheck, "dinp added"));
   CHECK(allclose(minus(dA, dA0), central_differences(A.f32(), sh.r * sh.C, kFdEps, loss),
@@ -122,15 +114,7 @@ TEST_CASE("lora backward without dinp still accumulates dA and dB, and changes n
   Buffer dA = make_filled(be, {sh.r, sh.C}, 0.0f), dB = make_filled(be, {sh.n, sh.r}, 0.0f);
   Buffer dA2 = make_filled(be, {sh.r, sh.C}, 0.0f), dB2 = make_filled(be, {sh.n, sh.r}, 0.0f);
   Buffer dinp = make_filled(be, {sh.N, sh.C}, 0.0f);
-  const LoraBackwardArgs with{.dinp = dinp,
-                              .da = dA,
-                              .db = dB,
-                              .dout = g,
-                              .inp = x,
-                              .a = A,
-                              .b = B,
-                              .col0 = sh.col0,
-                              .scale = 2.0f};
+  const LoraBackwardArgs with{dinp, dA, dB, g, x, A, B, sh.col0, 2.0f};
   be.lora_backward(with);
   LoraBackwardArgs without = with;
   without.dinp = Tensor();

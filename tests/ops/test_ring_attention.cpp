@@ -123,22 +123,9 @@ std::vector<RankResult> single_device(const RingProblem& p) {
   Buffer dout = put(be, {p.B, p.T, C}, DType::F32, p.dout);
   Buffer out = make_tensor(be, {p.B, p.T, C}), lse = make_tensor(be, {p.B, p.NH, p.T});
   Buffer dqkv = make_tensor(be, {p.B, p.T, W});
-  be.attention_forward({.out = out,
-                        .lse = lse,
-                        .qkv = qkv,
-                        .n_head = p.nh(),
-                        .rope_theta = p.theta,
-                        .n_kv_head = p.n_kv(),
-                        .rope_scaling = p.scaling});
-  be.attention_backward({.dqkv = dqkv,
-                         .dout = dout,
-                         .qkv = qkv,
-                         .out = out,
-                         .lse = lse,
-                         .n_head = p.nh(),
-                         .rope_theta = p.theta,
-                         .n_kv_head = p.n_kv(),
-                         .rope_scaling = p.scaling});
+  be.attention_forward({out, lse, qkv, p.nh(), p.theta, p.n_kv(), p.scaling});
+  be.attention_backward(
+      {dqkv, dout, qkv, out, lse, p.nh(), p.theta, Tensor{}, p.n_kv(), p.scaling});
   const auto out_h = to_host(out), lse_h = to_host(lse), dqkv_h = to_host(dqkv);
   std::vector<RankResult> r;
   for (int i = 0; i < p.ranks; ++i) {
@@ -445,16 +432,13 @@ TEST_CASE("the context ring sends the key/value heads only: NH / KVH times less 
 }
 
 #if REMAT_TEST_CUDA_ROWS
-TEST_CASE("ring attention's ops and the context ring on CUDA match the CPU", "[gpu][ring]") {
-  // The ring's inputs rounded to bf16 first when the GPU stores bf16 activations, so that a row
-  // measures the kernels' own error: f32 tiles in another summation order, and one rounding of
-  // out and dqkv to bf16.
-  const float theta = GENERATE(0.0f, 10000.0f);
-  const DType act = GENERATE(from_range(kCudaActivationTypes));
-  const int64_t HS = GENERATE(16, 128);  // fewer than 32 lanes' columns, and four per lane
-  const RingShape shape = GENERATE(from_range(kRingShapes));
-  CAPTURE(shape.T, shape.ranks, theta, HS, dtype_name(act));
-  RingProblem p = make_problem(2, 2, shape.T, HS, shape.ranks, theta);
+namespace {
+
+// The ring's ops on one CUDA backend and, when `with_ring`, the context ring with a backend per
+// rank, against the single-device attention on the CPU. The inputs are rounded to bf16 first when
+// the GPU stores bf16 activations, so that a row measures the kernels' own error: f32 tiles in
+// another summation order, and one rounding of out and dqkv to bf16.
+void check_ring_on_cuda(RingProblem p, DType act, bool with_ring) {
   if (act == DType::BF16)
     for (std::vector<float>* v : {&p.qkv, &p.dout})
       for (float& x : *v) x = from_bf16_bits(to_bf16_bits(x));
@@ -464,10 +448,23 @@ TEST_CASE("ring attention's ops and the context ring on CUDA match the CPU", "[g
     cuda::CudaBackend gpu(DeviceConfig{}, act);
     check_ranks(play_ring_ops(gpu, act, p), want, act_tol, kCudaF32Gemm);
   }
-  if (shape.ranks > 1 && HS == 16) {  // the ring itself: a backend per rank, so fewer cases
+  if (with_ring) {
     auto make_gpu = [act] { return std::make_unique<cuda::CudaBackend>(DeviceConfig{}, act); };
     check_ranks(run_context_ring(make_gpu, act, p), want, act_tol, kCudaF32Gemm);
   }
+}
+
+}  // namespace
+
+TEST_CASE("ring attention's ops and the context ring on CUDA match the CPU", "[gpu][ring]") {
+  const float theta = GENERATE(0.0f, 10000.0f);
+  const DType act = GENERATE(from_range(kCudaActivationTypes));
+  const int64_t HS = GENERATE(16, 128);  // fewer than 32 lanes' columns, and four per lane
+  const RingShape shape = GENERATE(from_range(kRingShapes));
+  CAPTURE(shape.T, shape.ranks, theta, HS, dtype_name(act));
+  // The ring itself (a backend per rank) on fewer cases.
+  check_ring_on_cuda(make_problem(2, 2, shape.T, HS, shape.ranks, theta), act,
+                     shape.ranks > 1 && HS == 16);
 }
 
 TEST_CASE("ring attention's ops with yarn rope scaling on CUDA match the CPU", "[gpu][rope]") {
@@ -475,13 +472,8 @@ TEST_CASE("ring attention's ops with yarn rope scaling on CUDA match the CPU", "
   const DType act = GENERATE(from_range(kCudaActivationTypes));
   const RingShape shape = GENERATE(from_range(kRingShapes));
   CAPTURE(shape.T, shape.ranks, dtype_name(act));
-  RingProblem p = make_problem(2, 4, shape.T, 16, shape.ranks, 10000.0f, 2, kRingYarn);
-  if (act == DType::BF16)
-    for (std::vector<float>* v : {&p.qkv, &p.dout})
-      for (float& x : *v) x = from_bf16_bits(to_bf16_bits(x));
-  cuda::CudaBackend gpu(DeviceConfig{}, act);
-  check_ranks(play_ring_ops(gpu, act, p), single_device(p),
-              act == DType::BF16 ? kCudaBf16Pointwise : kCudaF32Gemm, kCudaF32Gemm);
+  check_ring_on_cuda(make_problem(2, 4, shape.T, 16, shape.ranks, 10000.0f, 2, kRingYarn), act,
+                     false);
 }
 
 TEST_CASE("ring attention with grouped-query heads on CUDA matches the CPU", "[gpu][ring]") {
@@ -492,21 +484,9 @@ TEST_CASE("ring attention with grouped-query heads on CUDA matches the CPU", "[g
   const int64_t KVH = GENERATE(int64_t{2}, int64_t{1});
   const RingShape shape = GENERATE(from_range(kRingShapes));
   CAPTURE(shape.T, shape.ranks, rope, KVH, dtype_name(act));
-  RingProblem p = make_problem(2, 4, shape.T, 16, shape.ranks, rope > 0 ? 10000.0f : 0.0f, KVH,
-                               rope == 2 ? kRingLlama3 : RopeScaling{});
-  if (act == DType::BF16)
-    for (std::vector<float>* v : {&p.qkv, &p.dout})
-      for (float& x : *v) x = from_bf16_bits(to_bf16_bits(x));
-  const std::vector<RankResult> want = single_device(p);
-  const Tolerance act_tol = act == DType::BF16 ? kCudaBf16Pointwise : kCudaF32Gemm;
-  {
-    cuda::CudaBackend gpu(DeviceConfig{}, act);
-    check_ranks(play_ring_ops(gpu, act, p), want, act_tol, kCudaF32Gemm);
-  }
-  if (shape.ranks > 1) {
-    auto make_gpu = [act] { return std::make_unique<cuda::CudaBackend>(DeviceConfig{}, act); };
-    check_ranks(run_context_ring(make_gpu, act, p), want, act_tol, kCudaF32Gemm);
-  }
+  check_ring_on_cuda(make_problem(2, 4, shape.T, 16, shape.ranks, rope > 0 ? 10000.0f : 0.0f, KVH,
+                                  rope == 2 ? kRingLlama3 : RopeScaling{}),
+                     act, shape.ranks > 1);
 }
 #endif
 

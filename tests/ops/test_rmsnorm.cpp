@@ -4,20 +4,13 @@
 // reference, with dinp += as the residual stream (RMSNorm) or dinp = (q/k norm) and the weight
 // gradients +=; grouped-query layouts (NH = 4 query heads over KVH = 2 and 1 key/value heads); the
 // same bits for any thread count. Against the CPU backend, the specification every other backend is
-// checked against; tolerances and shared helpers: tests/test_util.h (through tests/ops/op_test.h).
-#include "tests/ops/op_test.h"
+// checked against. RMSNorm's fixture, reference and checks are LayerNorm's too
+// (tests/ops/norm_call.h): its forward against the reference and its backward against central
+// differences run with LayerNorm's in tests/ops/test_layernorm.cpp. Tolerances and shared helpers:
+// tests/test_util.h (through tests/ops/op_test.h).
+#include "tests/ops/norm_call.h"
 
 namespace remat::test {
-
-/// The RMSNorm shapes every backend runs: channel counts below, across and far beyond one
-/// 32-channel slice of the weight-gradient pass and of the CPU's 16-lane row sums (13, 37, 77:
-/// none a multiple of 16), an exact multiple (16), and 5000 rows for the two-pass (row chunks,
-/// then chunk order) reduction on CUDA, not a multiple of the chunk.
-struct RmsNormShape {
-  int64_t N, C;
-};
-const std::vector<RmsNormShape> kRmsNormShapes = {{7, 13},   {5, 37},  {3, 16},
-                                                  {64, 200}, {41, 77}, {5000, 77}};
 
 /// The q/k norm shapes: grouped-query layouts (4 query heads over 2 and over 1 key/value heads),
 /// plain multi-head attention, head sizes that are not a multiple of 16, and enough rows that the
@@ -31,69 +24,6 @@ const std::vector<QkNormShape> kQkNormShapes = {
     {5, 4, 2, 8}, {7, 4, 1, 13}, {3, 2, 2, 16}, {33, 4, 1, 64}, {1500, 4, 2, 40}};
 
 namespace {
-
-// ---- the double reference, over one normalized segment of n values ----
-
-double rstd_ref(const float* x, int64_t n, float eps) {
-  double ss = 0;
-  for (int64_t c = 0; c < n; ++c) ss += static_cast<double>(x[c]) * x[c];
-  return 1.0 / std::sqrt(ss / static_cast<double>(n) + static_cast<double>(eps));
-}
-
-void forward_ref(double* y, const float* x, const float* w, int64_t n, double rstd) {
-  for (int64_t c = 0; c < n; ++c) y[c] = x[c] * rstd * w[c];
-}
-
-// dx = rstd (g - xhat mean(g xhat)), g = dy w, xhat = x rstd; dw += dy xhat.
-void backward_ref(double* dx, double* dw, const float* dy, const float* x, const float* w,
-                  int64_t n, double rstd) {
-  double gx_mean = 0;
-  for (int64_t c = 0; c < n; ++c)
-    gx_mean += static_cast<double>(dy[c]) * w[c] * x[c] * rstd / static_cast<double>(n);
-  for (int64_t c = 0; c < n; ++c) {
-    dx[c] = rstd * (static_cast<double>(dy[c]) * w[c] - x[c] * rstd * gx_mean);
-    dw[c] += static_cast<double>(dy[c]) * x[c] * rstd;
-  }
-}
-
-/// One RMSNorm's tensors on `be`: inputs ~ N(0.2 s, s^2) for x_scale s, weight ~ N(1, 1), dout
-/// ~ N(0, 1) from streams `stream` .. `stream + 2`; dinp and dweight prefilled with `grad_prefill`
-/// (backward adds into both).
-struct RmsNormCall {
-  Backend& be;
-  int64_t N, C;
-  float eps;
-  Buffer inp, weight, dout, out, rstd, dinp, dweight;
-
-  RmsNormCall(Backend& backend, int64_t n, int64_t c, uint64_t stream, float grad_prefill,
-              float eps_ = 1e-5f, double x_scale = 1.5)
-      : be(backend),
-        N(n),
-        C(c),
-        eps(eps_),
-        inp(make_randn(be, {N, C}, kSeed, stream, x_scale, 0.2 * x_scale)),
-        weight(make_randn(be, {C}, kSeed, stream + 1, 1.0, 1.0)),
-        dout(make_randn(be, {N, C}, kSeed, stream + 2)),
-        out(make_tensor(be, {N, C})),
-        rstd(make_tensor(be, {N})),
-        dinp(make_filled(be, {N, C}, grad_prefill)),
-        dweight(make_filled(be, {C}, grad_prefill)) {}
-
-  void forward() {
-    be.rmsnorm_forward({.out = out, .rstd = rstd, .inp = inp, .weight = weight, .eps = eps});
-  }
-  void backward() {
-    be.rmsnorm_backward({.dinp = dinp,
-                         .dweight = dweight,
-                         .dout = dout,
-                         .inp = inp,
-                         .weight = weight,
-                         .rstd = rstd});
-  }
-  std::vector<std::vector<float>> results() const {
-    return {to_host(out), to_host(rstd), to_host(dinp), to_host(dweight)};
-  }
-};
 
 /// One q/k norm's tensors: a fused qkv input (N, (NH + 2 KVH) HS) ~ N(0.1, 1), q and k weights
 /// ~ N(1, 0.5^2) (different draws, so that swapping them shows), dout ~ N(0, 1); dinp prefilled
@@ -125,27 +55,9 @@ struct QkNormCall {
         dq_weight(make_filled(be, {HS}, grad_prefill)),
         dk_weight(make_filled(be, {HS}, grad_prefill)) {}
 
-  void forward() {
-    be.qk_norm_forward({.out = out,
-                        .rstd = rstd,
-                        .inp = inp,
-                        .q_weight = q_weight,
-                        .k_weight = k_weight,
-                        .n_head = NH,
-                        .n_kv_head = KVH,
-                        .eps = eps});
-  }
+  void forward() { be.qk_norm_forward({out, rstd, inp, q_weight, k_weight, NH, KVH, eps}); }
   void backward() {
-    be.qk_norm_backward({.dinp = dinp,
-                         .dq_weight = dq_weight,
-                         .dk_weight = dk_weight,
-                         .dout = dout,
-                         .inp = inp,
-                         .q_weight = q_weight,
-                         .k_weight = k_weight,
-                         .rstd = rstd,
-                         .n_head = NH,
-                         .n_kv_head = KVH});
+    be.qk_norm_backward({dinp, dq_weight, dk_weight, dout, inp, q_weight, k_weight, rstd, NH, KVH});
   }
   std::vector<std::vector<float>> results() const {
     return {to_host(out), to_host(rstd), to_host(dinp), to_host(dq_weight), to_host(dk_weight)};
@@ -162,20 +74,25 @@ struct QkNormCall {
                   .dinp = std::vector<double>(static_cast<size_t>(N * W)),
                   .dq_weight = std::vector<double>(static_cast<size_t>(HS), 0.0),
                   .dk_weight = std::vector<double>(static_cast<size_t>(HS), 0.0)};
+    const std::vector<double> x = to_double(inp), dy = to_double(dout), qw = to_double(q_weight),
+                              kw = to_double(k_weight);
+    std::vector<double> xhat(static_cast<size_t>(HS));
     for (int64_t r = 0; r < N; ++r) {
       for (int h = 0; h < NQK; ++h) {
-        const int64_t off = r * W + h * HS;
+        const size_t off = static_cast<size_t>(r * W + h * HS);
         const bool q = h < NH;
-        const float* w = q ? q_weight.f32() : k_weight.f32();
-        const double rs = rstd_ref(inp.f32() + off, HS, eps);
+        const double* w = (q ? qw : kw).data();
+        const double rs =
+            ref::norm_row(ref::Norm::Rms, &ref.out[off], xhat.data(), &x[off], w, nullptr, HS, eps)
+                .rstd;
         ref.rstd[static_cast<size_t>(r * NQK + h)] = rs;
-        forward_ref(ref.out.data() + off, inp.f32() + off, w, HS, rs);
-        backward_ref(ref.dinp.data() + off, (q ? ref.dq_weight : ref.dk_weight).data(),
-                     dout.f32() + off, inp.f32() + off, w, HS, rs);
+        ref::norm_row_back(ref::Norm::Rms, &ref.dinp[off],
+                           (q ? ref.dq_weight : ref.dk_weight).data(), nullptr, &dy[off],
+                           xhat.data(), w, rs, HS);
       }
       for (int64_t c = NQK * HS; c < W; ++c) {  // the value heads pass through
-        ref.out[static_cast<size_t>(r * W + c)] = inp.f32()[r * W + c];
-        ref.dinp[static_cast<size_t>(r * W + c)] = dout.f32()[r * W + c];
+        ref.out[static_cast<size_t>(r * W + c)] = x[static_cast<size_t>(r * W + c)];
+        ref.dinp[static_cast<size_t>(r * W + c)] = dy[static_cast<size_t>(r * W + c)];
       }
     }
     return ref;
@@ -184,39 +101,14 @@ struct QkNormCall {
 
 }  // namespace
 
-TEST_CASE("rmsnorm forward matches a double reference", "[ops]") {
-  CpuBackend be(kTestBudgetBytes, kTestThreads);
-  const auto [N, C] = GENERATE(from_range(kRmsNormShapes));
-  CAPTURE(N, C);
-  RmsNormCall rn(be, N, C, 21, 0.0f);
-  rn.forward();
-  std::vector<double> want(static_cast<size_t>(N * C)), want_rstd(static_cast<size_t>(N));
-  for (int64_t n = 0; n < N; ++n) {
-    const float* x = rn.inp.f32() + n * C;
-    want_rstd[static_cast<size_t>(n)] = rstd_ref(x, C, rn.eps);
-    forward_ref(want.data() + n * C, x, rn.weight.f32(), C, want_rstd[static_cast<size_t>(n)]);
-  }
-  CHECK(allclose(to_host(rn.out), want, kTolReduction, "out"));
-  CHECK(allclose(to_host(rn.rstd), want_rstd, kTolReduction, "rstd"));
-}
-
 TEST_CASE("rmsnorm forward takes eps from its arguments, inside the square root", "[ops]") {
   // Rows whose mean square (~1e-5) is eps's size, where eps moves rstd by half; and O(1) rows
   // with a large eps, where a constant in place of the argument's would show.
   const auto [x_scale, eps] = GENERATE(table<double, float>({{3e-3, 1e-5f}, {1.0, 0.25f}}));
   CAPTURE(x_scale, eps);
   CpuBackend be(kTestBudgetBytes, kTestThreads);
-  const int64_t N = 6, C = 40;
-  RmsNormCall rn(be, N, C, 25, 0.0f, eps, x_scale);
-  rn.forward();
-  std::vector<double> want(static_cast<size_t>(N * C)), want_rstd(static_cast<size_t>(N));
-  for (int64_t n = 0; n < N; ++n) {
-    want_rstd[static_cast<size_t>(n)] = rstd_ref(rn.inp.f32() + n * C, C, eps);
-    forward_ref(want.data() + n * C, rn.inp.f32() + n * C, rn.weight.f32(), C,
-                want_rstd[static_cast<size_t>(n)]);
-  }
-  CHECK(allclose(to_host(rn.out), want, kTolReduction, "out"));
-  CHECK(allclose(to_host(rn.rstd), want_rstd, kTolReduction, "rstd"));
+  NormCall rn(be, ref::Norm::Rms, 6, 40, 25, 0.0f, eps, x_scale);
+  check_norm_forward(rn);
 }
 
 TEST_CASE(
@@ -226,12 +118,12 @@ TEST_CASE(
   // As transformers' LlamaRMSNorm: weight * (x * rstd).to(dtype). On the CPU the activation dtype
   // is f32, so the op's out is float(x * rstd) * w to the bit, with the op's own rstd.
   CpuBackend be(kTestBudgetBytes, kTestThreads);
-  RmsNormCall rn(be, 9, 77, 27, 0.0f);
+  NormCall rn(be, ref::Norm::Rms, 9, 77, 27, 0.0f);
   rn.forward();
   std::vector<float> want(static_cast<size_t>(rn.N * rn.C));
   for (int64_t n = 0; n < rn.N; ++n)
     for (int64_t c = 0; c < rn.C; ++c) {
-      const float xhat = rn.inp.f32()[n * rn.C + c] * rn.rstd.f32()[n];
+      const float xhat = rn.inp.f32()[n * rn.C + c] * rn.stats.f32()[n];
       want[static_cast<size_t>(n * rn.C + c)] = xhat * rn.weight.f32()[c];
     }
   CHECK(allclose(to_host(rn.out), want, kTolExact, "rmsnorm out"));
@@ -250,41 +142,14 @@ TEST_CASE(
   CHECK(allclose(to_host(qk.out), want_qk, kTolExact, "qk_norm out"));
 }
 
-TEST_CASE("rmsnorm backward matches central differences and adds into dinp and dweight", "[ops]") {
-  CpuBackend be(kTestBudgetBytes, kFdThreads);
-  const int64_t N = 5, C = 37;         // C > 32: two channel slices in the weight-gradient pass
-  RmsNormCall rn(be, N, C, 31, 0.5f);  // [+=]: dinp is the residual stream, the 0.5 must stay
-  auto loss = [&] {
-    rn.forward();
-    return weighted_sum(rn.out, rn.dout);
-  };
-  loss();  // rstd of the unperturbed input
-  const std::vector<double> dinp0 = to_double(rn.dinp), dweight0 = to_double(rn.dweight);
-  rn.backward();
-  CHECK(allclose(minus(rn.dinp, dinp0), central_differences(rn.inp.f32(), N * C, kFdEps, loss),
-                 kTolGradcheck, "dinp added"));
-  CHECK(allclose(minus(rn.dweight, dweight0), central_differences(rn.weight.f32(), C, kFdEps, loss),
-                 kTolGradcheck, "dweight added"));
-}
-
 TEST_CASE("rmsnorm backward matches a double reference on every shape, adding into its gradients",
           "[ops]") {
   CpuBackend be(kTestBudgetBytes, kTestThreads);
   const auto [N, C] = GENERATE(from_range(kRmsNormShapes));
   CAPTURE(N, C);
-  RmsNormCall rn(be, N, C, 41, 0.5f);
-  rn.forward();
-  const std::vector<double> dinp0 = to_double(rn.dinp), dweight0 = to_double(rn.dweight);
-  rn.backward();
-  std::vector<double> want_dx(static_cast<size_t>(N * C)), want_dw(static_cast<size_t>(C), 0.0);
-  for (int64_t n = 0; n < N; ++n) {
-    const float* x = rn.inp.f32() + n * C;
-    backward_ref(want_dx.data() + n * C, want_dw.data(), rn.dout.f32() + n * C, x, rn.weight.f32(),
-                 C, rstd_ref(x, C, rn.eps));
-  }
-  CHECK(allclose(minus(rn.dinp, dinp0), want_dx, kTolReduction, "dinp added"));
+  NormCall rn(be, ref::Norm::Rms, N, C, 41, 0.5f);
   // dweight sums up to 5000 rows: rounding set by its largest entry (tests/test_util.h).
-  CHECK(allclose(minus(rn.dweight, dweight0), want_dw, kTolLongReduction, "dweight added"));
+  check_norm_backward(rn, kTolLongReduction);
 }
 
 TEST_CASE("qk_norm forward normalizes the q and k heads with their own weights and copies v",
@@ -352,7 +217,7 @@ TEST_CASE("rmsnorm and qk_norm give the same bits for any thread count", "[ops]"
   for (int threads : {1, 3, kTestThreads}) {
     CAPTURE(threads);
     CpuBackend be(kTestBudgetBytes, threads);
-    RmsNormCall rn(be, 5000, 77, 81, 0.5f);
+    NormCall rn(be, ref::Norm::Rms, 5000, 77, 81, 0.5f);
     rn.forward();
     rn.backward();
     rms[threads - 1] = rn.results();
@@ -381,27 +246,7 @@ float rounded_norm(float x, float rstd, float w, bool bf16) {
 
 TEST_CASE("rmsnorm forward and backward on CUDA match the CPU (dinp accumulates)",
           "[gpu][rmsnorm]") {
-  const auto [N, C] = GENERATE(from_range(kRmsNormShapes));
-  const DType act = GENERATE(from_range(kCudaActivationTypes));
-  CAPTURE(N, C, dtype_name(act));
-  CudaRow r(act);
-  const Tolerance out_tol = r.pick(kCudaF32Gemm, kCudaBf16Gemm);
-  const Tolerance grad_tol = r.pick(kCudaF32Gemm, kCudaBf16ParamGrad);
-  auto [x_c, x_g] = r.act_pair({N, C}, r.act_values(N * C, 11, 2.0));
-  auto [w_c, w_g] = r.f32_pair({C}, host_randn(C, 12));
-  auto [y_c, y_g] = r.zeros_act({N, C});
-  auto [s_c, s_g] = r.zeros_f32({N});
-  r.cpu.rmsnorm_forward({.out = y_c, .rstd = s_c, .inp = x_c, .weight = w_c});
-  r.gpu->rmsnorm_forward({.out = y_g, .rstd = s_g, .inp = x_g, .weight = w_g});
-  r.check_same(y_c, y_g, out_tol, "out");
-  r.check_same(s_c, s_g, kCudaF32Gemm, "rstd");
-  auto [dy_c, dy_g] = r.act_pair({N, C}, r.act_values(N * C, 14));
-  auto [dx_c, dx_g] = r.act_pair({N, C}, r.act_values(N * C, 15));  // += : the residual stream
-  auto [dw_c, dw_g] = r.f32_pair({C}, host_randn(C, 16));
-  r.cpu.rmsnorm_backward({dx_c, dw_c, dy_c, x_c, w_c, s_c});
-  r.gpu->rmsnorm_backward({dx_g, dw_g, dy_g, x_g, w_g, s_g});
-  r.check_same(dx_c, dx_g, out_tol, "dinp (+=)");
-  r.check_same(dw_c, dw_g, grad_tol, "dweight (+=)");
+  check_norm_cuda_rows(ref::Norm::Rms, kRmsNormShapes);
 }
 
 TEST_CASE("qk_norm forward and backward on CUDA match the CPU (dinp overwritten)",

@@ -139,29 +139,22 @@ TEST_CASE("swiglu timing on the CPU, run by hand", "[.][swiglu-bench]") {
 
 #if REMAT_TEST_CUDA_ROWS
 TEST_CASE("swiglu on CUDA matches the CPU: forward and backward", "[gpu][pointwise]") {
-  const int64_t N = GENERATE(from_range(kSwiGluRows));
-  const int64_t FF = kSwiGluWidth;
-  const DType act = GENERATE(from_range(kCudaActivationTypes));
-  CAPTURE(N, dtype_name(act));
-  CudaRow r(act);
-  const Tolerance tol = r.pick(kCudaF32Pointwise, kCudaBf16Pointwise);
-  std::vector<float> gs = r.act_values(N * FF, 101, 2.0);
-  std::copy(std::begin(kSwiGluEdges), std::end(kSwiGluEdges), gs.begin());
-  if (r.bf16())
-    for (float& v : gs) v = from_bf16_bits(to_bf16_bits(v));
-  auto [g_c, g_g] = r.act_pair({N, FF}, gs);
-  auto [u_c, u_g] = r.act_pair({N, FF}, r.act_values(N * FF, 102));
-  auto [y_c, y_g] = r.zeros_act({N, FF});
-  r.cpu.swiglu_forward({y_c, g_c, u_c});
-  r.gpu->swiglu_forward({y_g, g_g, u_g});
-  r.check_same(y_c, y_g, tol, "out");
-  auto [dy_c, dy_g] = r.act_pair({N, FF}, r.act_values(N * FF, 103));
-  auto [dg_c, dg_g] = r.act_pair({N, FF}, r.act_values(N * FF, 104));  // = : overwritten
-  auto [du_c, du_g] = r.act_pair({N, FF}, r.act_values(N * FF, 105));
-  r.cpu.swiglu_backward({dg_c, du_c, dy_c, g_c, u_c});
-  r.gpu->swiglu_backward({dg_g, du_g, dy_g, g_g, u_g});
-  r.check_same(dg_c, dg_g, tol, "dgate");
-  r.check_same(du_c, du_g, tol, "dup");
+  for_each_pointwise_row(kSwiGluRows, [](CudaRow& r, int64_t N, Tolerance tol) {
+    const int64_t FF = kSwiGluWidth;
+    auto [g_c, g_g] = r.act_pair({N, FF}, r.act_values_from(kSwiGluEdges, N * FF, 101, 2.0));
+    auto [u_c, u_g] = r.act_pair({N, FF}, r.act_values(N * FF, 102));
+    auto [y_c, y_g] = r.zeros_act({N, FF});
+    r.cpu.swiglu_forward({y_c, g_c, u_c});
+    r.gpu->swiglu_forward({y_g, g_g, u_g});
+    r.check_same(y_c, y_g, tol, "out");
+    auto [dy_c, dy_g] = r.act_pair({N, FF}, r.act_values(N * FF, 103));
+    auto [dg_c, dg_g] = r.act_pair({N, FF}, r.act_values(N * FF, 104));  // = : overwritten
+    auto [du_c, du_g] = r.act_pair({N, FF}, r.act_values(N * FF, 105));
+    r.cpu.swiglu_backward({dg_c, du_c, dy_c, g_c, u_c});
+    r.gpu->swiglu_backward({dg_g, du_g, dy_g, g_g, u_g});
+    r.check_same(dg_c, dg_g, tol, "dgate");
+    r.check_same(du_c, du_g, tol, "dup");
+  });
 }
 #endif
 
