@@ -51,17 +51,17 @@ import shutil
 import struct
 import sys
 
+from golden_env import golden_dir, missing_packages
+
 try:
     import torch
     import torch.nn.functional as F
     import transformers
     from safetensors.torch import load_file, save_file
 except ImportError as e:
-    sys.exit(f"error: scripts/hf_golden.py needs torch, transformers and safetensors ({e}). Fix: "
-             "scripts/make-hf-venv.sh, then run it with /work/venv-hf/bin/python")
+    missing_packages("hf_golden.py", "torch, transformers and safetensors", e)
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-OUT = os.path.join(REPO, "tests", "golden", "hf")
+OUT = golden_dir("hf")
 B, T = 2, 13
 ROPE_T = 40             # the RoPE scaling goldens: past their original context of 16
 SEED = 20240611
@@ -245,21 +245,61 @@ def rope_attention_factor(model):
     return None
 
 
-def generate(name, spec, out_root, seed):
+def fresh_dir(out_root, name):
+    """out_root/name, emptied: a golden folder holds only what this run writes."""
     d = os.path.join(out_root, name)
     if os.path.isdir(d):
         shutil.rmtree(d)
     os.makedirs(d)
-    model = build(name, spec, seed)
-    vocab = model.config.vocab_size
-    T = spec.get("T", globals()["T"])
-    x = make_tokens(vocab, seed, T)
+    return d
+
+
+def forward_backward(model, vocab, seed, length=T):
+    """One forward and backward pass on the golden's tokens, rows of `length` + 1 (the gradients
+    land in model): the tokens, the logits, the loss, and the golden tensors they give."""
+    x = make_tokens(vocab, seed, length)
     model.zero_grad(set_to_none=True)
     logits, loss = forward_loss(model, x)
     loss.backward()
-
     tensors = {"tokens": x.clone(), "logits": logits.detach().float().contiguous(),
                "loss": loss.detach().float().reshape(1)}
+    return x, logits, loss, tensors
+
+
+def check_reload(name, reloaded, x, logits):
+    """The saved files reload to the same logits, to the bit."""
+    with torch.no_grad():
+        re_logits = reloaded(input_ids=x[:, :-1]).logits
+    reload_diff = (re_logits - logits.detach()).abs().max().item()
+    assert reload_diff == 0.0, (name, reload_diff)
+
+
+def run_fields(vocab, x, loss, logits):
+    """golden.json's fields on the run itself, in the order both generators write them."""
+    return {
+        "loss_convention": "inputs = tokens[:, :T], targets = tokens[:, 1:], loss = mean over "
+                           "B*T of cross_entropy(logits, targets) in float32",
+        "B": B, "T": x.shape[1] - 1, "vocab_size": vocab,
+        "tokens": x.tolist(),
+        "loss": float(loss.item()),
+        "golden_file": "golden.safetensors",
+        "logits_shape": list(logits.shape),
+    }
+
+
+def write_info(d, info):
+    """golden.json, in the order info lists its fields; returns info."""
+    with open(os.path.join(d, "golden.json"), "w") as f:
+        json.dump(info, f, indent=1, sort_keys=False)
+        f.write("\n")
+    return info
+
+
+def generate(name, spec, out_root, seed):
+    d = fresh_dir(out_root, name)
+    model = build(name, spec, seed)
+    vocab = model.config.vocab_size
+    x, logits, loss, tensors = forward_backward(model, vocab, seed, spec.get("T", T))
     inv = rope_inv_freq(model)
     if inv is not None:
         tensors["rope_inv_freq"] = inv
@@ -291,10 +331,7 @@ def generate(name, spec, out_root, seed):
 
     # The saved weights reload to the same logits (guards against a tied/untied save surprise).
     re = getattr(transformers, spec["cls"]).from_pretrained(d, attn_implementation="eager").eval()
-    with torch.no_grad():
-        re_logits = re(input_ids=x[:, :T]).logits
-    reload_diff = (re_logits - logits.detach()).abs().max().item()
-    assert reload_diff == 0.0, (name, reload_diff)
+    check_reload(name, re, x, logits)
 
     cfg = model.config
     info = {
@@ -303,13 +340,7 @@ def generate(name, spec, out_root, seed):
         "description": spec["desc"],
         "seed": seed,
         "versions": versions(),
-        "loss_convention": "inputs = tokens[:, :T], targets = tokens[:, 1:], loss = mean over "
-                           "B*T of cross_entropy(logits, targets) in float32",
-        "B": B, "T": T, "vocab_size": vocab,
-        "tokens": x.tolist(),
-        "loss": float(loss.item()),
-        "golden_file": "golden.safetensors",
-        "logits_shape": list(logits.shape),
+        **run_fields(vocab, x, loss, logits),
         "extra_keys": sorted(k for k in tensors if k not in grads),
         "gradients": {k: list(v.shape) for k, v in grads.items()},
         "tied_word_embeddings": bool(getattr(cfg, "tie_word_embeddings", False)),
@@ -332,10 +363,7 @@ def generate(name, spec, out_root, seed):
                                "= [q|k|v] on the output dim; mlp.c_fc.weight [64, 48] = [in, n_inner], "
                                "mlp.c_proj.weight [48, 64] = [n_inner, out]; attn.bias / attn.masked_bias are "
                                "non-persistent buffers (not in the file)")
-    with open(os.path.join(d, "golden.json"), "w") as f:
-        json.dump(info, f, indent=1, sort_keys=False)
-        f.write("\n")
-    return info
+    return write_info(d, info)
 
 
 def rope_scaling_check(model, spec, seed, x, logits):
@@ -367,10 +395,7 @@ def saved_name(param_name):
 
 def generate_lora(name, spec, out_root, seed):
     import peft
-    d = os.path.join(out_root, name)
-    if os.path.isdir(d):
-        shutil.rmtree(d)
-    os.makedirs(d)
+    d = fresh_dir(out_root, name)
     base_spec = dict(ARCHS[spec["base"]])
     base_spec.pop("shard", None)
     model = build(spec["base"], base_spec, seed)
@@ -397,12 +422,7 @@ def generate_lora(name, spec, out_root, seed):
     with open(cfg_path, "w") as f:
         json.dump(saved_cfg, f, indent=2, sort_keys=True)
     vocab = model.config.vocab_size
-    x = make_tokens(vocab, seed)
-    pm.zero_grad(set_to_none=True)
-    logits, loss = forward_loss(pm, x)
-    loss.backward()
-    tensors = {"tokens": x.clone(), "logits": logits.detach().float().contiguous(),
-               "loss": loss.detach().float().reshape(1)}
+    x, logits, loss, tensors = forward_backward(pm, vocab, seed)
     grads = {saved_name(n): p.grad.detach().float().contiguous().clone()
              for n, p in pm.named_parameters() if p.requires_grad}
     tensors.update(grads)
@@ -412,10 +432,7 @@ def generate_lora(name, spec, out_root, seed):
     base = getattr(transformers, base_spec["cls"]).from_pretrained(
         d, attn_implementation="eager").eval()
     re = peft.PeftModel.from_pretrained(base, os.path.join(d, "adapter")).eval()
-    with torch.no_grad():
-        re_logits = re(input_ids=x[:, :T]).logits
-    reload_diff = (re_logits - logits.detach()).abs().max().item()
-    assert reload_diff == 0.0, (name, reload_diff)
+    check_reload(name, re, x, logits)
     # The same numbers from a merged model (peft's merge_and_unload): what `export --hf` writes.
     merged = re.merge_and_unload()
     with torch.no_grad():
@@ -432,21 +449,12 @@ def generate_lora(name, spec, out_root, seed):
                         if isinstance(getattr(m, "scaling", None), dict)),
         "seed": seed,
         "versions": dict(versions(), peft=peft.__version__),
-        "loss_convention": "inputs = tokens[:, :T], targets = tokens[:, 1:], loss = mean over "
-                           "B*T of cross_entropy(logits, targets) in float32",
-        "B": B, "T": T, "vocab_size": vocab,
-        "tokens": x.tolist(),
-        "loss": float(loss.item()),
-        "golden_file": "golden.safetensors",
-        "logits_shape": list(logits.shape),
+        **run_fields(vocab, x, loss, logits),
         "gradients": {k: list(v.shape) for k, v in grads.items()},
         "merged_max_abs_logit_diff": merged_diff,
         "attn_implementation": "eager",
     }
-    with open(os.path.join(d, "golden.json"), "w") as f:
-        json.dump(info, f, indent=1, sort_keys=False)
-        f.write("\n")
-    return info
+    return write_info(d, info)
 
 
 # ----------------------------------------------------------------------------- --check-export

@@ -24,18 +24,17 @@ tokenizer never truncates or pads). The C++ test applies the same patches (store
 import json
 import lzma
 import os
-import sys
+
+from golden_env import golden_dir, missing_packages
 
 try:
     import tokenizers
     from tokenizers import Tokenizer
     from tokenizers.decoders import DecodeStream
 except ImportError as e:
-    sys.exit(f"error: scripts/tokenizer_golden.py needs the tokenizers package ({e}). Fix: "
-             "scripts/make-hf-venv.sh, then run it with /work/venv-hf/bin/python")
+    missing_packages("tokenizer_golden.py", "the tokenizers package", e)
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DIR = os.path.join(REPO, "tests", "golden", "tokenizers")
+DIR = golden_dir("tokenizers")
 
 # Every kind of text the pre-tokenizers and normalizers treat specially: contractions (any case,
 # the long s that case-folds to s), emoji with modifiers and joiners, CJK, combining marks in

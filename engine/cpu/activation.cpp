@@ -52,16 +52,6 @@ inline GeluLanes gelu_lanes(__m256 x) {
   return {_mm256_fmadd_ps(_mm256_set1_ps(3.0f * kGeluCubic), x2, one), s, _mm256_mul_ps(e, s)};
 }
 
-// Runs `lanes(i, mask)` over [0, n) 8 elements at a time, the tail (n % 8) masked. Every
-// element takes the same instructions wherever it falls in a vector, so any split of a tensor
-// into rows, chunks or GEMM tiles gives the same bits.
-template <class Lanes>
-void for_each_lanes(int64_t n, Lanes&& lanes) {
-  const int64_t full = n / 8;
-  const __m256i all = _mm256_set1_epi32(-1);
-  for (int64_t v = 0; v < full; ++v) lanes(v * 8, all);
-  if (full * 8 < n) lanes(full * 8, lane_mask(n - full * 8));
-}
 #endif
 
 // Splits [0, n) into fixed chunks shared by the threads: `row(begin, count)` per chunk.

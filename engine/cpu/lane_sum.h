@@ -1,7 +1,9 @@
-// A row sum in a fixed order that vectorises: shared by the CPU normalizations (LayerNorm,
-// RMSNorm).
+// Sums in a fixed order: a row sum that vectorises, shared by the CPU normalizations (LayerNorm,
+// RMSNorm), and the column slices their parameter gradients and Linear's bias gradient sum over
+// the rows in.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 namespace remat::cpu {
@@ -25,6 +27,16 @@ float lane_sum(int64_t C, Term term) {
   for (int width = kLanes / 2; width > 0; width /= 2)
     for (int l = 0; l < width; ++l) lane[l] += lane[l + width];
   return lane[0] + tail;
+}
+
+// Runs `slice(c0, c1)` over the column slices [c0, c1) of kSlice columns that cover [0, C), the
+// slices in parallel. Each slice is one thread's, so a column's sum over the rows runs in row
+// order whatever the thread count: the same bits on every run.
+template <int64_t kSlice, class Slice>
+void for_each_column_slice(int64_t C, Slice&& slice) {
+  const int64_t n_slices = (C + kSlice - 1) / kSlice;
+#pragma omp parallel for schedule(static)
+  for (int64_t s = 0; s < n_slices; ++s) slice(s * kSlice, std::min(C, s * kSlice + kSlice));
 }
 
 }  // namespace remat::cpu

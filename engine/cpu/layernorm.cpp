@@ -65,10 +65,7 @@ void CpuBackend::layernorm_backward_impl(const LayerNormBackwardArgs& a) {
   float* dw = a.dweight.f32();
   float* db = a.dbias.f32();
   constexpr int64_t kSlice = 32;
-  const int64_t n_slices = (C + kSlice - 1) / kSlice;
-#pragma omp parallel for schedule(static)
-  for (int64_t s = 0; s < n_slices; ++s) {
-    const int64_t c0 = s * kSlice, c1 = std::min(C, c0 + kSlice);
+  for_each_column_slice<kSlice>(C, [&](int64_t c0, int64_t c1) {
     float acc_w[kSlice] = {}, acc_b[kSlice] = {};
     for (int64_t r = 0; r < N; ++r) {
       const float mean = stats[2 * r], rstd = stats[2 * r + 1];
@@ -82,7 +79,7 @@ void CpuBackend::layernorm_backward_impl(const LayerNormBackwardArgs& a) {
       dw[c] += acc_w[c - c0];
       db[c] += acc_b[c - c0];
     }
-  }
+  });
 }
 
 }  // namespace remat::cpu

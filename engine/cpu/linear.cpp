@@ -7,6 +7,7 @@
 #include "engine/cpu/activation_rows.h"
 #include "engine/cpu/cpu_backend.h"
 #include "engine/cpu/gemm.h"
+#include "engine/cpu/lane_sum.h"
 
 namespace remat::cpu {
 
@@ -86,15 +87,12 @@ void CpuBackend::linear_backward_impl(const LinearBackwardArgs& a, const OpWorks
     // Column sums; each thread owns a slice of columns, so the row order is fixed.
     float* db = a.dbias.f32();
     constexpr int64_t kSlice = 64;
-    const int64_t n_slices = (OC + kSlice - 1) / kSlice;
-#pragma omp parallel for schedule(static)
-    for (int64_t s = 0; s < n_slices; ++s) {
-      const int64_t j0 = s * kSlice, j1 = std::min(OC, j0 + kSlice);
+    for_each_column_slice<kSlice>(OC, [&](int64_t j0, int64_t j1) {
       float acc[kSlice] = {};
       for (int64_t r = 0; r < N; ++r)
         for (int64_t j = j0; j < j1; ++j) acc[j - j0] += dout[r * OC + j];
       for (int64_t j = j0; j < j1; ++j) db[j] += acc[j - j0];
-    }
+    });
   }
 }
 

@@ -37,17 +37,14 @@ void rms_row_backward(float* dx, const float* dy, const float* x, const float* w
 void rms_weight_grad(float* dw, const float* dy, const float* x, const float* rstd, int64_t rows,
                      int64_t C, int64_t stride, int64_t rstd_stride) {
   constexpr int64_t kSlice = 32;
-  const int64_t n_slices = (C + kSlice - 1) / kSlice;
-#pragma omp parallel for schedule(static)
-  for (int64_t s = 0; s < n_slices; ++s) {
-    const int64_t c0 = s * kSlice, c1 = std::min(C, c0 + kSlice);
+  for_each_column_slice<kSlice>(C, [&](int64_t c0, int64_t c1) {
     float acc[kSlice] = {};
     for (int64_t r = 0; r < rows; ++r) {
       const float rs = rstd[r * rstd_stride];
       for (int64_t c = c0; c < c1; ++c) acc[c - c0] += dy[r * stride + c] * x[r * stride + c] * rs;
     }
     for (int64_t c = c0; c < c1; ++c) dw[c] += acc[c - c0];
-  }
+  });
 }
 
 }  // namespace

@@ -40,14 +40,6 @@ inline SiluLanes silu_lanes(__m256 g) {
   return {s, _mm256_mul_ps(e, s)};
 }
 
-// Runs `lanes(i, mask)` over [0, n) 8 elements at a time, the tail (n % 8) masked.
-template <class Lanes>
-void for_each_lanes(int64_t n, Lanes&& lanes) {
-  const int64_t full = n / 8;
-  const __m256i all = _mm256_set1_epi32(-1);
-  for (int64_t v = 0; v < full; ++v) lanes(v * 8, all);
-  if (full * 8 < n) lanes(full * 8, lane_mask(n - full * 8));
-}
 #endif
 
 void swiglu_forward_run(float* o, const float* g, const float* u, int64_t n) {

@@ -294,6 +294,31 @@ class ParamUses {
   size_t next_ = 0;
 };
 
+// The loss head on the last block's output x, shared by the training step and the evaluation:
+// d(loss)/dx and the per-row losses, both transient, dx allocated first and freed last (the
+// pool's peak, which the planner must reproduce to the byte, depends on that order); with
+// `predictions` (eval --passkey) each row's argmax too, allocated last.
+struct LossHead {
+  Buffer dx, losses, argmax;
+};
+LossHead run_loss_head(Backend& be, Model& model, ParamUses& params, const Buffer& x,
+                       const Batch& batch, const std::vector<int64_t>& shape,
+                       const char* pool_phase, bool predictions = false) {
+  MemoryPool& pool = be.pool();
+  be.set_phase(Phase::Loss);
+  pool.set_phase(pool_phase);
+  LossHead head;
+  head.dx = pool.allocate(shape, be.act_dtype(), MemCategory::Transient, "dresid");
+  head.losses = pool.allocate({model.loss_rows()}, DType::F32, MemCategory::Transient, "losses");
+  if (predictions)
+    head.argmax =
+        pool.allocate({model.loss_rows()}, DType::I32, MemCategory::Transient, "predictions");
+  params.begin();
+  model.head_forward_backward(be, x, batch, head.losses, head.dx, head.argmax.tensor());
+  params.end();
+  return head;
+}
+
 }  // namespace
 
 StepLoss forward_backward(Backend& be, Model& model, const RematPlan& plan, const Batch& batch,
@@ -333,13 +358,7 @@ StepLoss forward_backward(Backend& be, Model& model, const RematPlan& plan, cons
   offload.finish_forward();
 
   // ---- loss head: loss and dL/dx in one pass ----
-  be.set_phase(Phase::Loss);
-  pool.set_phase("loss");
-  Buffer dresid = pool.allocate(shape, be.act_dtype(), MemCategory::Transient, "dresid");
-  Buffer losses = pool.allocate({model.loss_rows()}, DType::F32, MemCategory::Transient, "losses");
-  params.begin();
-  model.head_forward_backward(be, x, batch, losses, dresid, Tensor{});
-  params.end();
+  auto [dresid, losses, no_argmax] = run_loss_head(be, model, params, x, batch, shape, "loss");
   x.reset();
   StepLoss result;
   const LossDownload unwinding_drops_it(be);
@@ -411,22 +430,13 @@ StepLoss forward_loss(Backend& be, Model& model, const Batch& batch, bool predic
     store.clear();
     x = std::move(y);
   }
-  be.set_phase(Phase::Loss);
-  pool.set_phase("eval loss");
-  Buffer dx = pool.allocate(shape, be.act_dtype(), MemCategory::Transient, "dresid");
-  Buffer losses = pool.allocate({model.loss_rows()}, DType::F32, MemCategory::Transient, "losses");
-  Buffer argmax;
-  if (predictions)
-    argmax = pool.allocate({model.loss_rows()}, DType::I32, MemCategory::Transient, "predictions");
-  params.begin();
-  model.head_forward_backward(be, x, batch, losses, dx, argmax.tensor());
-  params.end();
+  LossHead head = run_loss_head(be, model, params, x, batch, shape, "eval loss", predictions);
   params.finish();
   StepLoss result;
-  start_reading_losses(be, losses, result);
+  start_reading_losses(be, head.losses, result);
   if (predictions && be.computes()) {
     result.predictions.resize(static_cast<size_t>(model.loss_rows()));
-    be.download_async(result.predictions.data(), argmax);
+    be.download_async(result.predictions.data(), head.argmax);
   }
   finish_reading_losses(be, result);  // waits for both downloads
   return result;
