@@ -27,8 +27,10 @@ struct ParamInit {
 /// are allocated here when they are sharded over ranks). `on_host`: the value, gradient and
 /// moments all live in the host pool (remat.offload = "checkpoints+optimizer+weights"; `moments`
 /// must then be Host). `frozen`: the value alone, in the device pool (engine/model.h, Param).
+/// `dtype`: the value's storage, F32 or, frozen only, a frozen base's BF16, NF4 or NF4DQ
+/// (lora.base), its initial values drawn in f32 and encoded (engine/core/nf4.h).
 Param make_param(Backend& be, const std::string& name, const std::vector<int64_t>& shape,
                  ParamInit init, uint64_t seed, MomentHome moments = MomentHome::Device,
-                 bool on_host = false, bool frozen = false);
+                 bool on_host = false, bool frozen = false, DType dtype = DType::F32);
 
 }  // namespace remat

@@ -71,6 +71,9 @@ class TokenModel : public Model {
   bool lora_ = false;
   std::vector<lora::Site> sites_;         // the adapted linears, model order
   std::set<std::string> trainable_base_;  // modules_to_save's parameters
+  // The linears of the blocks, stored as lora.base says (bf16, NF4) when it is not fp32.
+  std::set<std::string> packed_base_;
+  DType packed_dtype_ = DType::F32;
 };
 
 }  // namespace remat::detail

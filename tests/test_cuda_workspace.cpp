@@ -3,6 +3,8 @@
 // follows the call's shapes. The planner evaluates both on any machine; the gpu rows
 // [attention][chunks] and [cudnn_workspace] check them against cuDNN itself.
 #include <catch2/catch.hpp>
+#include <string>
+#include <vector>
 
 #include "engine/core/cpu_workspace.h"
 #include "engine/core/cuda_workspace.h"
@@ -72,6 +74,40 @@ TEST_CASE("the reserve for cuDNN's plan workspace follows the attention call's s
   CHECK(cuda::attention_workspace_layout(qkv, 32, 8, true, true, 1024).cudnn_plan ==
         cuda::cudnn_plan_reserve_bytes(1, 32, 8, 1024, 128, true));
   CHECK(cuda::attention_workspace_layout(qkv, 32, 8, true, false, 0).cudnn_plan == 32 * MiB);
+}
+
+TEST_CASE(
+    "a GEMM on CUDA reads its weight in the GEMM's dtype, through a copy only when it differs",
+    "[cuda_rules][nf4]") {
+  // lora.base = "bf16": a bf16 GEMM reads the frozen weight as it is (no per-GEMM cast); an f32
+  // weight (full fine-tuning) is cast into "gemm.weight_bf16"; an NF4 one dequantised into it; and
+  // f32 activations read f32 copies of a bf16 or NF4 weight ("gemm.weight_f32").
+  const auto parts = [](DType weight, DType act, bool forward = true) {
+    const Tensor w(reinterpret_cast<void*>(256), Dims{64, 32}, weight);
+    const Tensor x(reinterpret_cast<void*>(256), Dims{5, 32}, act);
+    const Tensor y(reinterpret_cast<void*>(256), Dims{5, 64}, act);
+    const WorkspaceList l =
+        forward
+            ? cuda::workspace(LinearForwardArgs{y, x, w}, WorkspaceTarget{DeviceKind::Cuda})
+            : cuda::workspace(
+                  LinearBackwardArgs{.dinp = {}, .dweight = {}, .dout = y, .inp = x, .weight = w},
+                  WorkspaceTarget{DeviceKind::Cuda});
+    std::vector<std::string> names;
+    for (const WorkspacePart& p : l)
+      if (std::string(p.name) != "gemm.workspace") names.push_back(p.name);
+    return names;
+  };
+  using V = std::vector<std::string>;
+  CHECK(parts(DType::BF16, DType::BF16) == V{});
+  CHECK(parts(DType::F32, DType::BF16) == V{"gemm.weight_bf16"});
+  CHECK(parts(DType::NF4DQ, DType::BF16) == V{"gemm.weight_bf16"});
+  CHECK(parts(DType::NF4, DType::BF16) == V{"gemm.weight_bf16"});
+  CHECK(parts(DType::F32, DType::F32) == V{});
+  CHECK(parts(DType::BF16, DType::F32) == V{"gemm.weight_f32"});
+  CHECK(parts(DType::NF4DQ, DType::F32) == V{"gemm.weight_f32"});
+  // A backward without dinp reads no weight (a frozen one has no gradient GEMM either).
+  CHECK(parts(DType::NF4DQ, DType::BF16, false) == V{});
+  CHECK(parts(DType::F32, DType::BF16, false) == V{});
 }
 
 }  // namespace remat

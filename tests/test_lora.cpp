@@ -10,11 +10,14 @@
 
 #include <catch2/catch.hpp>
 #include <cstring>
+#include <functional>
+#include <set>
 
 #include "data/synthetic.h"
 #include "engine/config/config.h"
 #include "engine/config/lora.h"
 #include "engine/core/error.h"
+#include "engine/core/nf4.h"
 #include "engine/cpu/cpu_backend.h"
 #include "engine/planner/planner.h"
 #include "engine/remat/executor.h"
@@ -86,10 +89,13 @@ struct RunRecord : test::TrainedState {
   std::array<OpCost, kNumPhases> cost{};
 };
 
-RunRecord train3(const std::string& toml, const std::vector<std::string>& sets, int threads = 2) {
+// `prepare` runs on the model before the first step (a test that replaces weights).
+RunRecord train3(const std::string& toml, const std::vector<std::string>& sets, int threads = 2,
+                 const std::function<void(Backend&, Model&)>& prepare = {}) {
   const Config cfg = parse_config(toml, "lora-test", sets);
   cpu::CpuBackend be(1ull << 30, threads);
   RunParts parts = test::synthetic_run_parts(cfg, be);
+  if (prepare) prepare(be, *parts.model);
   RunRecord r;
   for (Param& p : parts.model->params()) {
     r.names.push_back(p.name);
@@ -106,6 +112,29 @@ RunRecord train3(const std::string& toml, const std::vector<std::string>& sets, 
   test::record_state(be, parts.model->params(), r);
   return r;
 }
+
+// What trains (adapters, modules trained whole) and the losses, bitwise; frozen weights may be
+// stored differently (a bf16 or NF4 base beside the fp32 base of its decoded values).
+void check_same_training(const RunRecord& r, const RunRecord& ref) {
+  REQUIRE(r.names == ref.names);
+  for (size_t i = 0; i < ref.losses.size(); ++i)
+    CHECK(std::memcmp(&r.losses[i], &ref.losses[i], sizeof(double)) == 0);
+  for (size_t i = 0; i < r.names.size(); ++i) {
+    if (r.frozen[i]) continue;
+    INFO(r.names[i]);
+    CHECK(r.params[i] == ref.params[i]);
+    CHECK(r.grads[i] == ref.grads[i]);
+    CHECK(r.moments[2 * i] == ref.moments[2 * i]);
+  }
+}
+
+// The three storages of the frozen base (lora.base) and nf4 without double quant.
+const std::vector<std::vector<std::string>> kBases = {
+    {"lora.base=\"fp32\""},
+    {"lora.base=\"bf16\""},
+    {"lora.base=\"nf4\""},
+    {"lora.base=\"nf4\"", "lora.double_quant=false"},
+};
 
 // Settings compared with policy "none" at the same tiling (a tiled MLP sums the weight gradients
 // over its row tiles, another order than one product over every row: tiled runs equal each other).
@@ -129,29 +158,33 @@ const std::vector<std::vector<std::string>> kTiledSettings = {
 }  // namespace
 
 TEST_CASE("lora: the adapted model starts as its base, and frozen weights never move", "[lora]") {
-  for (const std::string* toml : {&kLlama, &kGpt}) {
-    const RunRecord lora = train3(*toml, {"remat.policy=none"});
-    size_t frozen = 0, adapters = 0, saved = 0;
-    for (size_t i = 0; i < lora.names.size(); ++i) {
-      INFO(lora.names[i]);
-      const bool is_adapter = lora.names[i].find(".lora_") != std::string::npos;
-      if (lora.frozen[i]) {
-        ++frozen;
-        CHECK(lora.params[i] == lora.before[i]);  // bit for bit: never updated
-        CHECK(lora.grads[i].empty());             // no gradient, no moments
-        CHECK(lora.moments[2 * i].empty());
-      } else {
-        CHECK_FALSE(lora.params[i] == lora.before[i]);  // trained
-        (is_adapter ? adapters : saved) += 1;
+  for (const std::string* toml : {&kLlama, &kGpt})
+    for (const auto& base : kBases) {
+      INFO(fmt::format("{} | {}", toml == &kLlama ? "llama" : "gpt", fmt::join(base, " ")));
+      const RunRecord lora = train3(*toml, with({"remat.policy=none"}, base));
+      size_t frozen = 0, adapters = 0, saved = 0;
+      for (size_t i = 0; i < lora.names.size(); ++i) {
+        INFO(lora.names[i]);
+        const bool is_adapter = lora.names[i].find(".lora_") != std::string::npos;
+        if (lora.frozen[i]) {
+          ++frozen;
+          // Bit for bit: never updated (bytes: a bf16 or NF4 value seen as floats may hold NaNs).
+          CHECK(std::memcmp(lora.params[i].data(), lora.before[i].data(),
+                            lora.params[i].size() * sizeof(float)) == 0);
+          CHECK(lora.grads[i].empty());  // no gradient, no moments
+          CHECK(lora.moments[2 * i].empty());
+        } else {
+          CHECK_FALSE(lora.params[i] == lora.before[i]);  // trained
+          (is_adapter ? adapters : saved) += 1;
+        }
+        if (lora.names[i].find(".lora_B") != std::string::npos)  // B starts at zero
+          CHECK(std::all_of(lora.before[i].begin(), lora.before[i].end(),
+                            [](float v) { return v == 0.0f; }));
       }
-      if (lora.names[i].find(".lora_B") != std::string::npos)  // B starts at zero
-        CHECK(std::all_of(lora.before[i].begin(), lora.before[i].end(),
-                          [](float v) { return v == 0.0f; }));
+      CHECK(frozen > 0);
+      CHECK(adapters > 0);
+      CHECK(saved > 0);
     }
-    CHECK(frozen > 0);
-    CHECK(adapters > 0);
-    CHECK(saved > 0);
-  }
 }
 
 TEST_CASE("lora: step 1's loss is the base model's, bit for bit", "[lora]") {
@@ -184,6 +217,63 @@ TEST_CASE("lora: bitwise identical under every remat policy, tiling, offload and
     check_same_bits(train3(*toml, {"remat.policy=full"}, 1), ref);
     check_same_bits(train3(*toml, with(kTiled, {"remat.policy=full"}), 3), tiled);
   }
+}
+
+TEST_CASE("lora: a bf16 or nf4 base trains as the fp32 base of its decoded weights, bit for bit",
+          "[lora][nf4]") {
+  // The CPU's GEMMs read a decoded f32 copy of a bf16 or NF4 weight: the same products as an fp32
+  // base holding those decoded values, so the same losses, gradients and adapters, bit for bit.
+  for (const std::string* toml : {&kLlama, &kGpt})
+    for (size_t b = 1; b < kBases.size(); ++b) {
+      const std::vector<std::string>& base = kBases[b];
+      INFO(fmt::format("{} | {}", toml == &kLlama ? "llama" : "gpt", fmt::join(base, " ")));
+      const Config cfg = parse_config(*toml, "lora-test", base);
+      const DType dtype = lora::base_dtype(cfg.lora);
+      size_t stored_packed = 0;  // the base's linears, stored as lora.base says
+      const RunRecord packed =
+          train3(*toml, with({"remat.policy=full"}, base), 2, [&](Backend&, Model& model) {
+            for (Param& p : model.params()) stored_packed += p.value.tensor().dtype == dtype;
+          });
+      // The fp32 base of the same seed, every linear of the blocks encoded and decoded.
+      std::set<std::string> linears;
+      for (const lora::Site& site : lora::all_sites(cfg.model)) linears.insert(site.base);
+      size_t replaced = 0;
+      const auto decode_linears = [&](Backend& be, Model& model) {
+        for (Param& p : model.params()) {
+          if (!linears.count(p.name)) continue;
+          const int64_t n = p.value.tensor().numel();
+          std::vector<uint8_t> stored(static_cast<size_t>(Tensor(nullptr, {n}, dtype).bytes()));
+          encode_weight(dtype, p.value.f32(), n, stored.data());
+          std::vector<float> back(static_cast<size_t>(n));
+          decode_weight(dtype, stored.data(), n, 0, n, back.data());
+          be.upload(p.value, back.data());
+          ++replaced;
+        }
+      };
+      const RunRecord ref = train3(*toml, {"remat.policy=full"}, 2, decode_linears);
+      CHECK(replaced == (toml == &kLlama ? 3u * 5 : 4u * 4));  // every linear of every block
+      CHECK(stored_packed == replaced);
+      check_same_training(packed, ref);
+    }
+}
+
+TEST_CASE("lora: a bf16 or nf4 base is bitwise identical under every remat policy and tiling",
+          "[lora][nf4][remat]") {
+  for (const std::string* toml : {&kLlama, &kGpt})
+    for (size_t b = 1; b < kBases.size(); ++b) {
+      const char* family = toml == &kLlama ? "llama" : "gpt";
+      const std::vector<std::string>& base = kBases[b];
+      const RunRecord ref = train3(*toml, with({"remat.policy=none"}, base));
+      for (const auto& s : kSettings) {
+        INFO(fmt::format("{} | {} | {}", family, fmt::join(base, " "), fmt::join(s, " ")));
+        check_same_bits(train3(*toml, with(s, base)), ref);
+      }
+      const RunRecord tiled = train3(*toml, with(with(kTiled, {"remat.policy=none"}), base));
+      for (const auto& s : kTiledSettings) {
+        INFO(fmt::format("{} | {} | tiled | {}", family, fmt::join(base, " "), fmt::join(s, " ")));
+        check_same_bits(train3(*toml, with(with(kTiled, s), base)), tiled);
+      }
+    }
 }
 
 TEST_CASE("lora: adapter dropout survives recomputation and changes the loss", "[lora][remat]") {
@@ -219,6 +309,13 @@ TEST_CASE("lora: predicted device and host peaks equal the measured ones to the 
     settings.push_back({"remat.policy=full", "lora.dropout=0.1", "remat.tile_tokens=9"});
     settings.push_back(
         {"remat.policy=full", "train.seq_len=150", "remat.attention_chunk=64", "model.n_ctx=256"});
+    // A bf16 and an NF4 base: their weights at their storage's size, and each linear's decoded
+    // copy in its op's workspace.
+    for (size_t b = 1; b < kBases.size(); ++b) {
+      settings.push_back(with({"remat.policy=none"}, kBases[b]));
+      settings.push_back(with({"remat.policy=full", "remat.offload=\"checkpoints\""}, kBases[b]));
+      settings.push_back(with(with(kTiled, {"remat.policy=save_dots"}), kBases[b]));
+    }
     for (const auto& s : settings) {
       INFO(fmt::format("{} | {}", toml == &kLlama ? "llama" : "gpt", fmt::join(s, " ")));
       const Config cfg = parse_config(*toml, "lora-test", s);
@@ -278,39 +375,44 @@ TEST_CASE("lora: the model's adapter gradients match central differences", "[lor
   // moved the quotient by 6%; at 1e-3 the truncation is gone and the float rounding of the loss
   // (~1e-7 of ~3.6, divided by 2e-3) leaves at most 3.1e-5 absolute (measured). Hence 1e-4
   // absolute plus 1% relative: a missing scale, sign, mask or term is off by O(100%).
-  const Config cfg = parse_config(kLlama, "lora-test",
-                                  {"train.seq_len=9", "remat.policy=full", "lora.dropout=0.2"});
-  cpu::CpuBackend be(1ull << 30, test::kFdThreads);
-  RunParts parts = test::synthetic_run_parts(cfg, be);
-  Model& model = *parts.model;
-  for (Param& p : model.params())
-    if (p.name.find(".lora_B") != std::string::npos)
-      for (int64_t i = 0; i < p.value.tensor().numel(); ++i)
-        p.value.f32()[i] = static_cast<float>(0.3 * rng_normal(7, hash_name(p.name.c_str()), i));
-  const RematPlan plan = resolve_remat_plan(cfg, model);
-  Batch batch = parts.data->next(be, 0);
-  model.begin_step(0);
-  auto loss = [&] { return forward_loss(be, model, batch).mean; };
-  for (Param& p : model.params())
-    if (p.trainable()) be.fill(p.grad, 0.0f);
-  forward_backward(be, model, plan, batch);
-  const std::vector<const char*> names = {"blocks.1.attn.qkv.lora_A.q",
-                                          "blocks.1.attn.qkv.lora_B.v", "blocks.0.attn.proj.lora_A",
-                                          "blocks.2.mlp.down.lora_B", "normf.weight"};
-  // The gradients first: forward_loss's fused head adds into the head's gradients.
-  std::vector<std::vector<float>> grads;
-  for (const char* name : names)
-    for (Param& q : model.params())
-      if (q.name == name) grads.emplace_back(q.grad.f32(), q.grad.f32() + 6);
-  REQUIRE(grads.size() == names.size());
-  for (size_t k = 0; k < names.size(); ++k) {
-    Param* p = nullptr;
-    for (Param& q : model.params())
-      if (q.name == names[k]) p = &q;
-    INFO(names[k]);
-    // forward_loss runs in training mode here: the same dropout masks as the step's.
-    const std::vector<double> fd = test::central_differences(p->value.f32(), 6, 1e-3, loss);
-    CHECK(test::allclose(grads[k], fd, test::Tolerance{1e-2, 1e-4}, names[k]));
+  // On each storage of the base: its decoded weights are constants of the loss like fp32 ones.
+  for (const auto& base : kBases) {
+    INFO(fmt::format("{}", fmt::join(base, " ")));
+    const Config cfg =
+        parse_config(kLlama, "lora-test",
+                     with({"train.seq_len=9", "remat.policy=full", "lora.dropout=0.2"}, base));
+    cpu::CpuBackend be(1ull << 30, test::kFdThreads);
+    RunParts parts = test::synthetic_run_parts(cfg, be);
+    Model& model = *parts.model;
+    for (Param& p : model.params())
+      if (p.name.find(".lora_B") != std::string::npos)
+        for (int64_t i = 0; i < p.value.tensor().numel(); ++i)
+          p.value.f32()[i] = static_cast<float>(0.3 * rng_normal(7, hash_name(p.name.c_str()), i));
+    const RematPlan plan = resolve_remat_plan(cfg, model);
+    Batch batch = parts.data->next(be, 0);
+    model.begin_step(0);
+    auto loss = [&] { return forward_loss(be, model, batch).mean; };
+    for (Param& p : model.params())
+      if (p.trainable()) be.fill(p.grad, 0.0f);
+    forward_backward(be, model, plan, batch);
+    const std::vector<const char*> names = {
+        "blocks.1.attn.qkv.lora_A.q", "blocks.1.attn.qkv.lora_B.v", "blocks.0.attn.proj.lora_A",
+        "blocks.2.mlp.down.lora_B", "normf.weight"};
+    // The gradients first: forward_loss's fused head adds into the head's gradients.
+    std::vector<std::vector<float>> grads;
+    for (const char* name : names)
+      for (Param& q : model.params())
+        if (q.name == name) grads.emplace_back(q.grad.f32(), q.grad.f32() + 6);
+    REQUIRE(grads.size() == names.size());
+    for (size_t k = 0; k < names.size(); ++k) {
+      Param* p = nullptr;
+      for (Param& q : model.params())
+        if (q.name == names[k]) p = &q;
+      INFO(names[k]);
+      // forward_loss runs in training mode here: the same dropout masks as the step's.
+      const std::vector<double> fd = test::central_differences(p->value.f32(), 6, 1e-3, loss);
+      CHECK(test::allclose(grads[k], fd, test::Tolerance{1e-2, 1e-4}, names[k]));
+    }
   }
 }
 
@@ -366,9 +468,17 @@ TEST_CASE("lora: the [lora] table refuses what it cannot train, naming the key",
   CHECK_THAT(refusal(kGpt, {"lora.modules_to_save=[\"wte\"]"}), Contains("tied"));
   CHECK_THAT(refusal(llama, {"lora.rank=4", "lora.modules_to_save=[\"ln_f\"]"}),
              Contains("matches no module"));
-  // The base's storage: fp32 in this build.
-  CHECK_THAT(refusal(llama, {"lora.rank=4", "lora.base=\"nf4\""}),
-             Contains("lora.base") && Contains("fp32"));
+  // The base's storage: fp32, bf16 or nf4; double quant is nf4's alone.
+  CHECK_THAT(refusal(llama, {"lora.rank=4", "lora.base=\"int8\""}),
+             Contains("lora.base") && Contains("nf4"));
+  CHECK_THAT(refusal(llama, {"lora.rank=4", "lora.double_quant=false"}),
+             Contains("lora.double_quant") && Contains("lora.base = \"fp32\"") &&
+                 Contains("Fix: set lora.base = \"nf4\""));
+  CHECK_THAT(refusal(llama, {"lora.rank=4", "lora.base=\"bf16\"", "lora.double_quant=true"}),
+             Contains("lora.double_quant"));
+  CHECK_THAT(refusal(llama, {"lora.double_quant=true"}), Contains("lora.rank = 0"));
+  CHECK(refusal(llama, {"lora.rank=4", "lora.base=\"nf4\"", "lora.double_quant=false"}) ==
+        "accepted");
   CHECK(refusal(kLlama, {}) == "accepted");
 }
 

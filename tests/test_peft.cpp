@@ -476,6 +476,36 @@ TEST_CASE("cli: a LoRA run starts from a PEFT adapter, checkpoints only it, and 
   CHECK_THAT(off.out, Contains("lora.rank is 8 here but 4 in the checkpoint"));
 }
 
+TEST_CASE("cli: a QLoRA run merges its adapters into the base folder's original weights",
+          "[peft][nf4][smoke]") {
+  // lr = 0: the same adapters (the golden's) on an fp32 and on an NF4 base. The NF4 run trained
+  // on the dequantised base, but export --hf merges into the weights the folder holds, as peft's
+  // merge on an unquantised reload does: the two merged folders are the same bytes.
+  const Golden g("llama-lora");
+  TempDir tmp("qlora-cli");
+  std::ofstream(tmp.path / "lora.toml") << lora_toml(g, "");
+  const std::string cd = fmt::format("cd {} && {} ", tmp.str(), REMAT_BINARY);
+  for (const char* base : {"fp32", "nf4"}) {
+    const CliResult run = run_command(
+        cd + fmt::format("train --config lora.toml --init hf:{} --init-adapter {} --set "
+                         "'lora.base=\"{}\"' --set 'checkpoint.dir=\"ckpt-{}\"'",
+                         g.dir.string(), (g.dir / "adapter").string(), base, base));
+    INFO(run.out);
+    REQUIRE(run.code == 0);
+    const CliResult ex = run_command(
+        cd + fmt::format("export --checkpoint ckpt-{} --hf merged-{} --dtype fp32", base, base));
+    INFO(ex.out);
+    REQUIRE(ex.code == 0);
+  }
+  const auto bytes = [&](const char* base) {
+    std::ifstream in(tmp.path / fmt::format("merged-{}", base) / "model.safetensors",
+                     std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  CHECK(bytes("nf4").size() > 1000);
+  CHECK(bytes("nf4") == bytes("fp32"));
+}
+
 TEST_CASE("cli: LoRA refuses a run without a base, and an adapter without LoRA", "[peft][smoke]") {
   const Golden g("llama-lora");
   TempDir tmp("peft-cli-bad");

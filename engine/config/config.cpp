@@ -528,9 +528,15 @@ const std::vector<KeySpec>& key_specs() {
        "embeddings, norms, the LM head (e.g. [\"embed_tokens\", \"norm\"])",
        [](Config& c, auto& n, auto& o) { c.lora.modules_to_save = read_string_list(n, o); }},
       {"lora", "base",
-       "the frozen base's storage: \"fp32\" (\"bf16\" and \"nf4\", QLoRA, are the next stage: "
-       "docs/lora.md)",
-       [](Config& c, auto& n, auto& o) { c.lora.base = read_choice(n, o, {"fp32"}); }},
+       "the storage of the blocks' frozen linear weights: \"fp32\", \"bf16\" (2 bytes each) or "
+       "\"nf4\" (QLoRA: bitsandbytes' 4-bit NormalFloat, ~0.5 byte), decoded per GEMM",
+       [](Config& c, auto& n, auto& o) {
+         c.lora.base = read_choice(n, o, {"fp32", "bf16", "nf4"});
+       }},
+      {"lora", "double_quant",
+       "nf4: the absmax of each block of 64 weights quantised to 8 bits in blocks of 256 "
+       "(bitsandbytes' compress_statistics); false keeps them f32",
+       [](Config& c, auto& n, auto& o) { c.lora.double_quant = read_bool(n, o); }},
   };
   return specs;
 }
@@ -617,7 +623,7 @@ void validate_lora(const Config& c, const Origins& o) {
   const LoraConfig& l = c.lora;
   if (!l.enabled()) {
     for (const char* key : {"lora.alpha", "lora.targets", "lora.dropout", "lora.rslora",
-                            "lora.modules_to_save", "lora.base"})
+                            "lora.modules_to_save", "lora.base", "lora.double_quant"})
       if (o.all().count(key))
         fail(
             o.of(key),
@@ -625,6 +631,11 @@ void validate_lora(const Config& c, const Origins& o) {
             fmt::format("set lora.rank (e.g. 16) to train adapters, or remove {}", key));
     return;
   }
+  if (o.all().count("lora.double_quant") && l.base != "nf4")
+    fail(o.of("lora.double_quant"),
+         fmt::format("lora.double_quant quantises NF4's absmaxes, and lora.base = \"{}\" has none",
+                     l.base),
+         "set lora.base = \"nf4\", or remove lora.double_quant");
   if (c.model.kind == ModelKind::Mlp)
     fail(o.of("lora.rank"),
          "LoRA adapts the linears of a language model's blocks; model.kind = \"mlp\" has none",
@@ -1214,14 +1225,18 @@ std::string config_to_toml(const Config& c) {
                    {"remat", remat},     {"device", device},    {"log", log},
                    {"checkpoint", ckpt}, {"parallel", parallel}};
   // [lora] only when it is on: off is rank = 0 and no other key (which is refused beside it).
-  if (c.lora.enabled())
-    root.insert("lora", toml::table{{"rank", c.lora.rank},
-                                    {"alpha", c.lora.alpha},
-                                    {"targets", strings(c.lora.targets)},
-                                    {"dropout", c.lora.dropout},
-                                    {"rslora", c.lora.rslora},
-                                    {"modules_to_save", strings(c.lora.modules_to_save)},
-                                    {"base", c.lora.base}});
+  if (c.lora.enabled()) {
+    toml::table lora{{"rank", c.lora.rank},
+                     {"alpha", c.lora.alpha},
+                     {"targets", strings(c.lora.targets)},
+                     {"dropout", c.lora.dropout},
+                     {"rslora", c.lora.rslora},
+                     {"modules_to_save", strings(c.lora.modules_to_save)},
+                     {"base", c.lora.base}};
+    // double_quant is NF4's alone (set beside another base it is refused).
+    if (c.lora.base == "nf4") lora.insert("double_quant", c.lora.double_quant);
+    root.insert("lora", std::move(lora));
+  }
   std::ostringstream out;
   out << root << '\n';
   return out.str();
@@ -1383,6 +1398,8 @@ std::string config_keys_markdown() {
   const toml::table family = toml::parse(config_to_toml(llama));
   toml::table lora = toml::parse(config_to_toml(with_lora));
   lora["lora"].as_table()->insert_or_assign("rank", defaults.lora.rank);
+  // double_quant is written only beside lora.base = "nf4" (config_to_toml): its default here.
+  lora["lora"].as_table()->insert_or_assign("double_quant", defaults.lora.double_quant);
   std::string out = "| key | type | default | accepted | meaning |\n|---|---|---|---|---|\n";
   for (const KeySpec& spec : key_specs()) {
     const KeyAccepts accepts = describe_key(spec);

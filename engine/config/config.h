@@ -173,8 +173,10 @@ struct LoraConfig {
   bool rslora = false;
   std::vector<std::string>
       modules_to_save;  // whole modules that train too: embeddings, norms, head
-  // The frozen base's storage. "fp32" in this build; "bf16" and "nf4" (QLoRA) are the next stage.
+  // The storage of the blocks' frozen linear weights: "fp32", "bf16" (2 bytes a weight) or "nf4"
+  // (QLoRA: bitsandbytes' 4-bit NormalFloat in blocks of 64, engine/core/nf4.h), decoded per GEMM.
   std::string base = "fp32";
+  bool double_quant = true;  // nf4: the blocks' absmaxes 8-bit quantised (bitsandbytes' default)
   bool enabled() const { return rank > 0; }
 };
 

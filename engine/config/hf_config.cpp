@@ -127,6 +127,18 @@ class ConfigFile {
   Json root_;
 };
 
+// A folder saved quantised (bitsandbytes' load_in_4bit, GPTQ, AWQ, ...) holds packed integer
+// tensors and their states, not weights: refused for every run, and QLoRA is named because it is
+// what such a folder is usually for. lora.base = "nf4" quantises at load, from the unquantised
+// weights, as transformers' load_in_4bit does.
+void refuse_quantized(const ConfigFile& f, const Json& j) {
+  if (const Json* q = ConfigFile::get(j, "quantization_config"))
+    f.refuse("quantization_config", q,
+             "quantized weights are not imported, for LoRA on them either (lora.base = \"nf4\" "
+             "quantizes at load, from the unquantized weights)",
+             "use the unquantized checkpoint (bf16, fp16 or fp32)");
+}
+
 constexpr size_t kMaxConfigJsonBytes = 16u << 20;
 
 ConfigFile open_config(const std::string& dir) {
@@ -389,9 +401,7 @@ ModelKeys llama_family(const ConfigFile& f, const Architecture& arch) {
                          "(q/k/v biases only, as Qwen2)",
                          arch.name),
              kFixDocs);
-  if (const Json* q = ConfigFile::get(j, "quantization_config"))
-    f.refuse("quantization_config", q, "quantized weights are not imported",
-             "use the unquantized checkpoint (bf16, fp16 or fp32)");
+  refuse_quantized(f, j);
   const Rope rope = read_rope(f);
   const double eps = f.number(j, "rms_norm_eps", 1e-6);
 
@@ -438,9 +448,7 @@ ModelKeys gpt2(const ConfigFile& f, const Architecture& arch) {
   if (!f.boolean(j, "tie_word_embeddings", d.tie))
     f.refuse("tie_word_embeddings", ConfigFile::get(j, "tie_word_embeddings"),
              "the GPT's LM head is always its token embedding", kFixDocs);
-  if (const Json* q = ConfigFile::get(j, "quantization_config"))
-    f.refuse("quantization_config", q, "quantized weights are not imported",
-             "use the unquantized checkpoint");
+  refuse_quantized(f, j);
   ModelKeys k;
   k.architecture = arch.name;
   k.toml = fmt::format(

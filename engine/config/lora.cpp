@@ -199,6 +199,13 @@ SavedChoice select_saved(const ModelConfig& m, const std::vector<std::string>& n
   return out;
 }
 
+DType base_dtype(const LoraConfig& l) {
+  if (!l.enabled() || l.base == "fp32") return DType::F32;
+  if (l.base == "bf16") return DType::BF16;
+  REMAT_ASSERT(l.base == "nf4", "lora.base = \"{}\"", l.base);
+  return l.double_quant ? DType::NF4DQ : DType::NF4;
+}
+
 double scaling(const LoraConfig& l) {
   const double r = static_cast<double>(l.rank);
   return l.rslora ? l.alpha / std::sqrt(r) : l.alpha / r;

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "engine/config/config.h"
+#include "engine/core/tensor.h"
 
 namespace remat::lora {
 
@@ -75,6 +76,10 @@ inline bool is_adapter_name(const std::string& name) {
 
 /// The adapters' scale: alpha / rank, or alpha / sqrt(rank) with rslora (peft's `scaling`).
 double scaling(const LoraConfig& l);
+
+/// How the blocks' frozen linear weights are stored (lora.base): F32, BF16, or NF4 with its
+/// absmaxes in f32 (lora.double_quant = false) or 8-bit (NF4DQ). F32 when LoRA is off.
+DType base_dtype(const LoraConfig& l);
 
 /// The names `targets` stands for in adapter_config.json: the distinct last components of the
 /// selected modules ("q_proj", ...), sorted, or `targets` itself when it names modules by longer

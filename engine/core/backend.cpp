@@ -8,9 +8,11 @@
 #include <cstring>
 #include <iterator>
 #include <utility>
+#include <vector>
 
 #include "engine/core/cpu_workspace.h"
 #include "engine/core/cuda_workspace.h"
+#include "engine/core/nf4.h"
 
 namespace remat {
 namespace {
@@ -355,6 +357,16 @@ int64_t default_loss_chunk_rows(int64_t n_rows, int64_t vocab) {
   int64_t rows = std::max<int64_t>(64, target_bytes / (4 * std::max<int64_t>(vocab, 1)));
   rows = (rows + 63) / 64 * 64;
   return std::min(rows, n_rows);
+}
+
+void upload_weight(Backend& be, const Tensor& dst, const float* values) {
+  if (dst.dtype == DType::F32) {
+    be.upload(dst, values);
+    return;
+  }
+  std::vector<uint8_t> stored(dst.bytes());
+  encode_weight(dst.dtype, values, dst.numel(), stored.data());
+  be.upload(dst, stored.data());
 }
 
 }  // namespace remat

@@ -324,4 +324,8 @@ class Backend {
 /// efficient, few enough that the (rows, V) f32 logits stay near 32 MiB.
 int64_t default_loss_chunk_rows(int64_t n_rows, int64_t vocab);
 
+/// Uploads `dst`'s f32 values from `values` (numel of them) into a weight of any storage: as they
+/// are (F32), or encoded on the host first (a frozen base's BF16 or NF4, engine/core/nf4.h).
+void upload_weight(Backend& be, const Tensor& dst, const float* values);
+
 }  // namespace remat

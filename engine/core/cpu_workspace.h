@@ -92,11 +92,18 @@ inline WorkspaceList attention_workspace(const Tensor& qkv, int n_head, int n_kv
 }
 
 // ---- the rules, one per op that has a workspace on any backend ----
-inline WorkspaceList workspace(const LinearForwardArgs&, const WorkspaceTarget&) {
-  return {};
+/// A frozen weight stored below f32 (lora.base = "bf16", "nf4") is decoded into an f32 copy for the
+/// op's GEMMs ("gemm.weight_f32", (OC, C)), which the planner counts as every workspace: OpenBLAS
+/// and oneDNN here multiply f32 alone. An f32 weight is read as it is.
+inline WorkspaceList weight_copy(const Tensor& weight) {
+  if (!is_packed_weight(weight.dtype)) return {};
+  return {{"gemm.weight_f32", DType::F32, {weight.dim(0), weight.numel() / weight.dim(0)}}};
 }
-inline WorkspaceList workspace(const LinearBackwardArgs&, const WorkspaceTarget&) {
-  return {};
+inline WorkspaceList workspace(const LinearForwardArgs& a, const WorkspaceTarget&) {
+  return weight_copy(a.weight);
+}
+inline WorkspaceList workspace(const LinearBackwardArgs& a, const WorkspaceTarget&) {
+  return a.dinp.empty() ? WorkspaceList{} : weight_copy(a.weight);  // only dinp = dout W reads W
 }
 /// LoRA: h = s drop(x) A^T (N, r), in the backward also dh (N, r), and with dropout the dropped
 /// input (N, C), which the backward reuses for dh A before its mask.

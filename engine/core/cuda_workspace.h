@@ -186,12 +186,19 @@ inline AttentionWorkspaceLayout attention_workspace_layout(const Tensor& qkv, in
   return w;
 }
 
-/// A bf16 GEMM reads a bf16 copy of its f32 weight, made for the duration of the op
-/// ("gemm.weight_bf16", (OC, C)); an f32 GEMM reads the weight itself.
-inline WorkspaceList gemm_workspace(const Tensor& weight, bool bf16_gemm) {
+/// A GEMM reads its weight in the GEMM's dtype (cuBLASLt takes one dtype for both operands): a
+/// weight of another dtype is copied for the duration of the op, cast or (NF4, lora.base = "nf4")
+/// dequantised: "gemm.weight_bf16" for a bf16 GEMM, "gemm.weight_f32" for an f32 one, (OC, C). So a
+/// bf16 GEMM reads a bf16 weight (lora.base = "bf16") as it is, and an f32 weight through a copy;
+/// `reads_weight` false (a backward with no dinp) needs none.
+inline WorkspaceList gemm_workspace(const Tensor& weight, bool bf16_gemm,
+                                    bool reads_weight = true) {
   WorkspaceList w;
-  if (bf16_gemm)
-    w.push_back({"gemm.weight_bf16", DType::BF16, {weight.dim(0), weight.numel() / weight.dim(0)}});
+  const DType want = bf16_gemm ? DType::BF16 : DType::F32;
+  if (reads_weight && weight.dtype != want)
+    w.push_back({bf16_gemm ? "gemm.weight_bf16" : "gemm.weight_f32",
+                 want,
+                 {weight.dim(0), weight.numel() / weight.dim(0)}});
   w.push_back({"gemm.workspace", DType::BF16, {static_cast<int64_t>(kGemmWorkspaceBytes / 2)}});
   return w;
 }
@@ -209,8 +216,8 @@ inline WorkspaceList workspace(const LinearForwardArgs& a, const WorkspaceTarget
   return gemm_workspace(a.weight, a.inp.dtype == DType::BF16);
 }
 inline WorkspaceList workspace(const LinearBackwardArgs& a, const WorkspaceTarget&) {
-  // Only dinp = dout W reads the weight in bf16; dW accumulates in f32 from bf16 operands.
-  return gemm_workspace(a.weight, a.dout.dtype == DType::BF16 && !a.dinp.empty());
+  // Only dinp = dout W reads the weight; dW accumulates in f32 from the activations' operands.
+  return gemm_workspace(a.weight, a.dout.dtype == DType::BF16, !a.dinp.empty());
 }
 /// LoRA: h (N, r) in the activations' dtype (s drop(x) A^T, then dh in the backward), the dropped
 /// input (N, C) with dropout, a bf16 copy of A and B for bf16 GEMMs (cuBLASLt takes one dtype for

@@ -13,6 +13,10 @@ const char* dtype_name(DType t) {
       return "bf16";
     case DType::I32:
       return "i32";
+    case DType::NF4:
+      return "nf4";
+    case DType::NF4DQ:
+      return "nf4 (double quant)";
   }
   return "?";
 }

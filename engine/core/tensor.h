@@ -13,10 +13,29 @@
 
 namespace remat {
 
-enum class DType : uint8_t { F32, BF16, I32 };
+// NF4 and NF4DQ: a frozen base weight in bitsandbytes' 4-bit NormalFloat, its blocks' absmax in
+// f32 (NF4) or 8-bit quantised (NF4DQ, double quant); engine/core/nf4.h has the layout. A tensor of
+// either has its logical shape, (out, in), and no per-element size: only GEMMs read it, whole.
+enum class DType : uint8_t { F32, BF16, I32, NF4, NF4DQ };
 
+inline bool is_nf4(DType t) {
+  return t == DType::NF4 || t == DType::NF4DQ;
+}
 inline size_t dtype_size(DType t) {
+  REMAT_ASSERT(!is_nf4(t), "an NF4 tensor has no element size (engine/core/nf4.h)");
   return t == DType::BF16 ? 2 : 4;
+}
+/// Whether a linear's weight of this dtype is stored below f32 (a frozen base's bf16 or NF4,
+/// lora.base): the CPU's GEMMs read an f32 copy of it, made per op in the op's workspace.
+inline bool is_packed_weight(DType t) {
+  return t == DType::BF16 || is_nf4(t);
+}
+/// Bytes of n NF4 values: the codes (n/2 bytes, padded to 4), then f32 absmax per 64 (NF4), or u8
+/// absmax per 64 (padded to 4), an f32 offset and an f32 absmax per 256 of those (NF4DQ).
+constexpr int64_t nf4_bytes(int64_t n, bool double_quant) {
+  const auto pad4 = [](int64_t b) { return (b + 3) / 4 * 4; };
+  const int64_t blocks = (n + 63) / 64, codes = pad4((n + 1) / 2);
+  return double_quant ? pad4(codes + blocks) + 4 + 4 * ((blocks + 255) / 256) : codes + 4 * blocks;
 }
 const char* dtype_name(DType t);
 
@@ -56,7 +75,10 @@ struct Tensor {
   int ndim() const { return shape.n; }
   int64_t dim(int i) const { return shape[static_cast<size_t>(i < 0 ? ndim() + i : i)]; }
   int64_t numel() const;
-  size_t bytes() const { return static_cast<size_t>(numel()) * dtype_size(dtype); }
+  size_t bytes() const {
+    if (is_nf4(dtype)) return static_cast<size_t>(nf4_bytes(numel(), dtype == DType::NF4DQ));
+    return static_cast<size_t>(numel()) * dtype_size(dtype);
+  }
   /// Number of rows when the tensor is seen as a (rows, last dim) matrix.
   int64_t rows() const { return ndim() == 0 ? 0 : numel() / dim(-1); }
   std::string shape_str() const;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "engine/core/nf4.h"
 #include "engine/cpu/activation_rows.h"
 #include "engine/cpu/cpu_backend.h"
 #include "engine/cpu/gemm.h"
@@ -11,7 +12,22 @@
 
 namespace remat::cpu {
 
-void CpuBackend::linear_forward_impl(const LinearForwardArgs& a, const OpWorkspace&) {
+namespace {
+
+// The weight as the GEMMs read it, f32: itself, or (a frozen base stored as bf16 or NF4,
+// lora.base) its decoded copy in the op's workspace ("gemm.weight_f32",
+// engine/core/cpu_workspace.h).
+const float* f32_weight(const Tensor& weight, const OpWorkspace& ws) {
+  const Buffer* copy = ws.find("gemm.weight_f32");
+  if (!copy) return weight.f32();
+  const int64_t n = weight.numel();
+  decode_weight(weight.dtype, weight.data, n, 0, n, copy->tensor().f32());
+  return copy->tensor().f32();
+}
+
+}  // namespace
+
+void CpuBackend::linear_forward_impl(const LinearForwardArgs& a, const OpWorkspace& ws) {
   const int64_t N = a.inp.rows(), C = a.inp.dim(-1), OC = a.weight.dim(0);
   float* out = a.out.f32();
   const float* bias = a.bias.empty() ? nullptr : a.bias.f32();
@@ -29,7 +45,7 @@ void CpuBackend::linear_forward_impl(const LinearForwardArgs& a, const OpWorkspa
       }
     };
   }
-  sgemm(CblasNoTrans, CblasTrans, N, OC, C, a.inp.f32(), C, a.weight.f32(), C,
+  sgemm(CblasNoTrans, CblasTrans, N, OC, C, a.inp.f32(), C, f32_weight(a.weight, ws), C,
         a.accumulate ? 1.0f : 0.0f, out, OC, epilogue);
 }
 
@@ -64,9 +80,12 @@ void weight_gradient(const LinearBackwardArgs& a) {
 
 }  // namespace
 
-void CpuBackend::linear_backward_impl(const LinearBackwardArgs& a, const OpWorkspace&) {
+void CpuBackend::linear_backward_impl(const LinearBackwardArgs& a, const OpWorkspace& ws) {
   const int64_t N = a.inp.rows(), C = a.inp.dim(-1), OC = a.weight.dim(0);
   const float* dout = a.dout.f32();
+  REMAT_ASSERT(a.dweight.empty() || a.weight.dtype == DType::F32,
+               "linear_backward: a {} weight is frozen and has no gradient",
+               dtype_name(a.weight.dtype));
   if (!a.dweight.empty()) weight_gradient(a);  // first: it may use dinp as scratch
   if (!a.dinp.empty()) {  // dinp (N, C) = dout (N, OC) W (OC, C), then through act' per tile
     float* dinp = a.dinp.f32();
@@ -80,8 +99,8 @@ void CpuBackend::linear_backward_impl(const LinearBackwardArgs& a, const OpWorks
         }
       };
     }
-    sgemm(CblasNoTrans, CblasNoTrans, N, C, OC, dout, OC, a.weight.f32(), C, 0.0f, dinp, C,
-          through_act);
+    sgemm(CblasNoTrans, CblasNoTrans, N, C, OC, dout, OC, f32_weight(a.weight, ws), C, 0.0f, dinp,
+          C, through_act);
   }
   if (!a.dbias.empty()) {
     // Column sums; each thread owns a slice of columns, so the row order is fixed.

@@ -116,9 +116,12 @@ class CudaBackend final : public Backend {
   int64_t max_shared_memory_per_block() const;
   /// Checks the launches of the op just enqueued; with REMAT_CUDA_SYNC=1 also waits for them.
   void finish_op();
-  /// The weight a GEMM reads: the workspace's bf16 copy ("gemm.weight_bf16", cast here) when
-  /// the op's rule asked for one, else the f32 weight itself.
+  /// The weight a GEMM reads: the workspace's copy in the GEMM's dtype ("gemm.weight_bf16" or
+  /// "gemm.weight_f32", cast or NF4-dequantised here) when the op's rule asked for one, else the
+  /// weight itself (an f32 weight for an f32 GEMM, a bf16 frozen base for a bf16 one).
   const void* gemm_weight(const Tensor& weight, const OpWorkspace& ws);
+  /// dst (the weight's shape, bf16 or f32) = the NF4 weight decoded (engine/cuda/nf4.cu).
+  void nf4_dequantize(const Tensor& dst, const Tensor& weight);
   /// LoRA's GEMM operands (lora.cpp): A and B as the GEMMs read them (bf16 copies for bf16
   /// activations), the adapter's input (dropped when dropout is on), and h = s x A^T, computed.
   struct LoraOperands {

@@ -33,6 +33,20 @@ void fill_i32(int32_t* p, int64_t n, int32_t value, cudaStream_t s);
 /// dst[i] = src[i] converted; dst and src of either type (same type: a plain copy).
 void cast(void* dst, bool dst_bf16, const void* src, bool src_bf16, int64_t n, cudaStream_t s);
 
+/// NF4 (engine/core/nf4.h): the code tables, passed by value (1 KiB of kernel parameters), and the
+/// byte offsets of a weight's parts, from nf4::layout on the host.
+struct Nf4Tables {
+  float code[16];
+  float dynamic[256];
+};
+struct Nf4Layout {
+  int64_t codes = 0, absmax = 0, offset = 0, absmax2 = 0;
+  bool double_quant = false;
+};
+/// dst (n values, bf16 or f32) = the n NF4 values of `packed`, decoded as nf4::dequantize does.
+void nf4_dequantize(void* dst, bool dst_bf16, const void* packed, int64_t n,
+                    const Nf4Tables& tables, const Nf4Layout& layout, cudaStream_t s);
+
 // ---- pointwise ----
 /// out = a + b; out may alias a or b.
 void add(void* out, const void* a, const void* b, int64_t n, bool bf16, cudaStream_t s);

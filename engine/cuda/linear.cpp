@@ -1,6 +1,10 @@
 // CUDA linear layer (engine/core/ops/linear.h): cuBLASLt GEMMs (gemm.cpp), the bias in the forward
 // GEMM's epilogue; bf16 GEMMs read the bf16 weight copy of the op's workspace.
+#include <algorithm>
+#include <iterator>
+
 #include "engine/core/cuda_workspace.h"
+#include "engine/core/nf4.h"
 #include "engine/cuda/cuda_backend.h"
 #include "engine/cuda/gemm.h"
 #include "engine/cuda/kernels.cuh"
@@ -16,9 +20,27 @@ namespace remat::cuda {
 
 const void* CudaBackend::gemm_weight(const Tensor& weight, const OpWorkspace& ws) {
   const Buffer* copy = ws.find("gemm.weight_bf16");
-  if (!copy) return weight.data;
-  kern::cast(copy->tensor().data, true, weight.data, false, weight.numel(), stream());
-  return copy->tensor().data;
+  if (!copy) copy = ws.find("gemm.weight_f32");
+  if (!copy) return weight.data;  // already in the GEMM's dtype
+  const Tensor& c = copy->tensor();
+  if (is_nf4(weight.dtype))
+    nf4_dequantize(c, weight);
+  else
+    kern::cast(c.data, is_bf16(c), weight.data, is_bf16(weight), weight.numel(), stream());
+  return c.data;
+}
+
+void CudaBackend::nf4_dequantize(const Tensor& dst, const Tensor& weight) {
+  static const kern::Nf4Tables tables = [] {
+    kern::Nf4Tables t{};
+    std::copy(std::begin(nf4::kCode), std::end(nf4::kCode), t.code);
+    std::copy(std::begin(nf4::kDynamic), std::end(nf4::kDynamic), t.dynamic);
+    return t;
+  }();
+  const bool dq = weight.dtype == DType::NF4DQ;
+  const nf4::Layout l = nf4::layout(weight.numel(), dq);
+  kern::nf4_dequantize(dst.data, is_bf16(dst), weight.data, weight.numel(), tables,
+                       {l.codes, l.absmax, l.offset, l.absmax2, dq}, stream());
 }
 
 void CudaBackend::linear_forward_impl(const LinearForwardArgs& a, const OpWorkspace& ws) {

@@ -370,7 +370,7 @@ std::string load_weights(const std::string& dir, const ModelConfig& m, Backend& 
   std::vector<float> host, scratch;
   for (const Mapping& mp : maps) {
     assemble(sd, mp, host, scratch);
-    be.upload(param_named(model, mp.ours).value.tensor(), host.data());
+    upload_weight(be, param_named(model, mp.ours).value.tensor(), host.data());
   }
 
   std::string vocab_note;

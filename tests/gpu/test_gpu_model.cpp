@@ -480,6 +480,26 @@ TEST_CASE("lora: the planner predicts the CUDA pools' peaks to the byte", "[gpu]
       kLora);
 }
 
+TEST_CASE("lora: a bf16 and an NF4 base on CUDA track the CPU losses, and are planned to the byte",
+          "[gpu][lora][nf4]") {
+  // The base's linears stored as lora.base says: bf16 read by cuBLASLt as it is (bf16
+  // activations), NF4 decoded by engine/cuda/nf4.cu into each GEMM's workspace. The CPU decodes
+  // the same bytes to the same f32 values, so the runs differ by the GEMMs' rounding alone.
+  for (const char* base : {"lora.base=\"bf16\"", "lora.base=\"nf4\""}) {
+    std::vector<std::string> sets = kLora;
+    sets.push_back(base);
+    const Config cfg = parse_config(kLlamaToml, "llama(test)", sets);
+    cpu::CpuBackend cpu(uint64_t{8} << 30, 0);
+    const auto want = train_losses(cpu, cfg);
+    for (DType act : kCudaActivationTypes) {
+      cuda::CudaBackend gpu(DeviceConfig{}, act);
+      check_tracks(fmt::format("lora {} {}", base, dtype_name(act)), train_losses(gpu, cfg), want,
+                   act == DType::BF16 ? kTrainBf16 : kTrainF32);
+    }
+    check_planner_peaks(kLlamaToml, {{"remat.policy=full", "remat.tile_tokens=37"}}, sets);
+  }
+}
+
 TEST_CASE("weights, gradients and moments on the host give the CUDA losses of keeping them",
           "[gpu][weights]") {
   // The weights come in on the copy stream ahead of each block and the gradients go out after

@@ -3,6 +3,8 @@
 // fused activation epilogues against the separate activation ops. Against
 // the CPU backend, the specification every other backend is checked against; tolerances and shared
 // helpers: tests/test_util.h.
+#include "engine/core/cpu_workspace.h"
+#include "engine/core/nf4.h"
 #include "engine/cpu/gemm_grid.h"
 #include "tests/ops/op_test.h"
 
@@ -161,6 +163,59 @@ TEST_CASE("the linear's fused activations are the activation ops, bit for bit", 
   CHECK(to_host(dw_fused) == to_host(dw_apart));
 }
 
+/// A (OC, C) frozen weight stored as `dtype` (bf16 or NF4, lora.base) on `be`, from f32 values;
+/// and the f32 values it decodes to.
+Buffer packed_weight(Backend& be, int64_t OC, int64_t C, DType dtype, const std::vector<float>& v) {
+  Buffer w = be.pool().allocate({OC, C}, dtype, MemCategory::Weights, "frozen");
+  std::vector<uint8_t> stored(w.tensor().bytes());
+  encode_weight(dtype, v.data(), OC * C, stored.data());
+  be.upload(w, stored.data());
+  return w;
+}
+std::vector<float> decoded(DType dtype, const std::vector<float>& v) {
+  const auto n = static_cast<int64_t>(v.size());
+  std::vector<uint8_t> stored(Tensor(nullptr, {n}, dtype).bytes());
+  encode_weight(dtype, v.data(), n, stored.data());
+  std::vector<float> back(v.size());
+  decode_weight(dtype, stored.data(), n, 0, n, back.data());
+  return back;
+}
+const std::vector<DType> kPackedWeights = {DType::BF16, DType::NF4, DType::NF4DQ};
+
+TEST_CASE(
+    "a linear with a bf16 or NF4 weight computes what an f32 linear of its decoded values "
+    "computes, bit for bit",
+    "[ops][nf4]") {
+  // The CPU's GEMMs read an f32 copy decoded into the op's workspace ("gemm.weight_f32"): the
+  // same products as the decoded f32 weight, and no weight gradient (a frozen base has none).
+  CpuBackend be(kTestBudgetBytes, kTestThreads);
+  const auto [N, C, OC] = GENERATE(from_range(kLinearShapes));
+  const DType dtype = GENERATE(from_range(kPackedWeights));
+  CAPTURE(N, C, OC, dtype_name(dtype));
+  const std::vector<float> w = to_host(make_randn(be, {OC, C}, kSeed, 2));
+  const Buffer packed = packed_weight(be, OC, C, dtype, w);
+  const Buffer plain = be.pool().allocate({OC, C}, DType::F32, MemCategory::Weights, "plain");
+  be.upload(plain, decoded(dtype, w).data());
+  const Buffer inp = make_randn(be, {N, C}, kSeed, 1), bias = make_randn(be, {OC}, kSeed, 3);
+  Buffer y_packed = make_randn(be, {N, OC}, kSeed, 4), y_plain = make_randn(be, {N, OC}, kSeed, 4);
+  be.linear_forward({y_packed, inp, packed, bias, true});
+  be.linear_forward({y_plain, inp, plain, bias, true});
+  CHECK(to_host(y_packed) == to_host(y_plain));
+  const Buffer dout = make_randn(be, {N, OC}, kSeed, 5);
+  Buffer dx_packed = make_randn(be, {N, C}, kSeed, 6), dx_plain = make_randn(be, {N, C}, kSeed, 7);
+  be.linear_backward(
+      {.dinp = dx_packed, .dweight = {}, .dout = dout, .inp = inp, .weight = packed});
+  be.linear_backward({.dinp = dx_plain, .dweight = {}, .dout = dout, .inp = inp, .weight = plain});
+  CHECK(to_host(dx_packed) == to_host(dx_plain));
+  // The copy is the op's workspace: an (OC, C) f32 part, none for an f32 weight.
+  const WorkspaceTarget t{DeviceKind::Cpu, kTestThreads};
+  const WorkspaceList ws = cpu::workspace(LinearForwardArgs{y_packed, inp, packed}, t);
+  REQUIRE(ws.end() - ws.begin() == 1);
+  CHECK(std::string(ws.begin()->name) == "gemm.weight_f32");
+  const WorkspaceList none = cpu::workspace(LinearForwardArgs{y_plain, inp, plain}, t);
+  CHECK(none.begin() == none.end());
+}
+
 #if REMAT_TEST_CUDA_ROWS
 TEST_CASE("linear forward and backward on CUDA match the CPU (bias, accumulate)", "[gpu][linear]") {
   const auto [N, C, OC] = GENERATE(from_range(kLinearShapes));
@@ -235,6 +290,40 @@ TEST_CASE("the linear's fused activations on CUDA match the CPU's", "[gpu][linea
                           .act = act});
   r.check_same(dx_c, dx_g, tol, "d pre-activation");
   r.check_same(dw_c, dw_g, r.pick(kCudaF32Gemm, kCudaBf16ParamGrad), "dweight (+=)");
+}
+
+TEST_CASE("a linear with a bf16 or NF4 weight on CUDA matches the CPU, and decodes it exactly",
+          "[gpu][linear][nf4][lora]") {
+  // CUDA reads a bf16 weight as it is in a bf16 GEMM, and decodes an NF4 one with its kernel
+  // (engine/cuda/nf4.cu) into the op's workspace: against the CPU within the GEMM tolerance, and
+  // against CUDA's own GEMM of the host-decoded f32 weight bit for bit (the same operand bits).
+  const auto [N, C, OC] = GENERATE(from_range(kLinearShapes));
+  const DType act = GENERATE(from_range(kCudaActivationTypes));
+  const DType dtype = GENERATE(from_range(kPackedWeights));
+  CAPTURE(N, C, OC, dtype_name(act), dtype_name(dtype));
+  CudaRow r(act);
+  const Tolerance tol = r.pick(kCudaF32Gemm, kCudaBf16Gemm);
+  const std::vector<float> w = host_randn(OC * C, 2, 0.2);
+  const Buffer w_c = packed_weight(r.cpu, OC, C, dtype, w),
+               w_g = packed_weight(*r.gpu, OC, C, dtype, w);
+  const Buffer w_plain = upload(*r.gpu, {OC, C}, DType::F32, decoded(dtype, w));
+  auto [x_c, x_g] = r.act_pair({N, C}, r.act_values(N * C, 1));
+  auto [y_c, y_g] = r.zeros_act({N, OC});
+  auto [y2_c, y2_g] = r.zeros_act({N, OC});
+  r.cpu.linear_forward({y_c, x_c, w_c});
+  r.gpu->linear_forward({y_g, x_g, w_g});
+  r.gpu->linear_forward({y2_g, x_g, w_plain});
+  r.check_same(y_c, y_g, tol, "out");
+  CHECK(fetch(*r.gpu, y_g) == fetch(*r.gpu, y2_g));
+  auto [dy_c, dy_g] = r.act_pair({N, OC}, r.act_values(N * OC, 5));
+  auto [dx_c, dx_g] = r.zeros_act({N, C});
+  auto [dx2_c, dx2_g] = r.zeros_act({N, C});
+  r.cpu.linear_backward({.dinp = dx_c, .dweight = {}, .dout = dy_c, .inp = x_c, .weight = w_c});
+  r.gpu->linear_backward({.dinp = dx_g, .dweight = {}, .dout = dy_g, .inp = x_g, .weight = w_g});
+  r.gpu->linear_backward(
+      {.dinp = dx2_g, .dweight = {}, .dout = dy_g, .inp = x_g, .weight = w_plain});
+  r.check_same(dx_c, dx_g, tol, "dinp");
+  CHECK(fetch(*r.gpu, dx_g) == fetch(*r.gpu, dx2_g));
 }
 
 #endif
