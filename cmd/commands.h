@@ -156,6 +156,24 @@ struct ExportOptions {
 /// docs/lora.md), into OUT.tmp-<pid>, renamed to OUT when complete.
 int run_export(const ExportOptions& opt);
 
+struct EvalOptions {
+  std::string checkpoint;              // --checkpoint DIR | latest (with --config)
+  std::string model;                   // --model hf:DIR
+  std::string config_path;             // --config F
+  std::vector<std::string> overrides;  // --set section.key=value
+  std::optional<int64_t> seq_len;      // --seq-len N (default: the config's train.seq_len)
+  std::optional<int64_t> batch_size;   // --batch-size N: windows per forward pass (default 1)
+  std::vector<std::string> data;       // --data FILES: score these instead of the held-out data
+  int64_t windows = 0;                 // --windows N (0: 8)
+  std::string passkey;                 // --passkey DIR (scripts/prepare_data.py --passkey)
+  std::string label;                   // --label NAME (the JSON's, for scripts/plot_eval.py)
+  bool json = false;
+};
+
+/// Scores a checkpoint or a Hugging Face folder: loss by position over held-out windows, or
+/// passkey retrieval (cmd/eval_command.cpp).
+int run_eval(const EvalOptions& opt);
+
 /// The multi-line --version text: version, backends built, BLAS and its CPU kernel.
 std::string version_text();
 

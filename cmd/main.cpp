@@ -345,6 +345,50 @@ int run(int argc, char** argv) {
 
   remat::cli::ExportOptions export_opt;
   std::string export_dtype = "bf16", export_shard;
+  remat::cli::EvalOptions eval;
+  std::string eval_seq_len, eval_batch;
+  CLI::App* eval_cmd = app.add_subcommand(
+      "eval",
+      "Score a checkpoint or Hugging Face model: loss by position on held-out data, or passkey "
+      "retrieval");
+  auto* eval_ckpt = eval_cmd->add_option(
+      "--checkpoint", eval.checkpoint,
+      "Checkpoint folder, a checkpoint.dir (its newest), or 'latest' (--config's checkpoint.dir)");
+  eval_cmd
+      ->add_option("--model", eval.model,
+                   "hf:DIR: a Hugging Face folder's model and weights (instead of --checkpoint)")
+      ->excludes(eval_ckpt);
+  eval_cmd->add_option("-c,--config", eval.config_path,
+                       "With --model: the run's settings; with --checkpoint latest: its "
+                       "checkpoint.dir");
+  eval_cmd->add_option("--set", eval.overrides, "Override a config key (device, remat, data, ...)")
+      ->type_name("SECTION.KEY=VALUE");
+  auto* eval_len =
+      eval_cmd->add_option("--seq-len", eval_seq_len,
+                           "Window length (default: the config's train.seq_len; 4k, 32768, ...)");
+  auto* eval_rows =
+      eval_cmd->add_option("--batch-size", eval_batch, "Windows per forward pass (default 1)");
+  auto* eval_data = eval_cmd->add_option(
+      "--data", eval.data,
+      "Score these files (token shards or text, as data.source says) instead of the config's "
+      "held-out data");
+  auto* eval_windows = eval_cmd
+                           ->add_option("--windows", eval.windows,
+                                        "Windows to score (default 8, or fewer there are)")
+                           ->check(at_least(1));
+  eval_cmd
+      ->add_option("--passkey", eval.passkey,
+                   "Passkey retrieval: the folder scripts/prepare_data.py --passkey wrote (each "
+                   "task at its own length)")
+      ->excludes(eval_data)
+      ->excludes(eval_len)
+      ->excludes(eval_rows)
+      ->excludes(eval_windows);
+  eval_cmd->add_option("--label", eval.label,
+                       "The result's name in --json (plot_eval.py's legend)");
+  eval_cmd->add_flag("--json", eval.json,
+                     "Machine-readable output (scripts/plot_eval.py draws it)");
+
   CLI::App* export_cmd = app.add_subcommand(
       "export", "Write a checkpoint as a Hugging Face model folder (config.json + safetensors)");
   export_cmd
@@ -424,6 +468,27 @@ int run(int argc, char** argv) {
     return remat::cli::run_sample(sample);
   }
   if (tokenize_cmd->parsed()) return remat::cli::run_tokenize(tokenize);
+  if (eval_cmd->parsed()) {
+    if (eval.checkpoint.empty() == eval.model.empty())
+      throw remat::ConfigError(
+          "[eval] what to score: give --checkpoint DIR (or latest with --config) or --model "
+          "hf:DIR. Fix: add one of them");
+    if (!eval.model.empty() && (eval.model.rfind("hf:", 0) != 0 || eval.model.size() == 3))
+      throw remat::ConfigError(fmt::format(
+          "--model {}: expected hf:DIR, a Hugging Face model folder. Fix: write --model "
+          "hf:path/to/model (the folder holding config.json)",
+          eval.model));
+    if (!eval.config_path.empty() && !eval.checkpoint.empty() && eval.checkpoint != "latest")
+      throw remat::ConfigError(fmt::format(
+          "[eval] --config {} with --checkpoint {}: a checkpoint brings its own config. Fix: drop "
+          "--config (--set changes its device, remat or data keys), or use --checkpoint latest to "
+          "take the newest of the config's checkpoint.dir",
+          eval.config_path, eval.checkpoint));
+    if (!eval.config_path.empty()) eval.config_path = remat::resolve_config_path(eval.config_path);
+    eval.seq_len = count_flag("--seq-len", eval_seq_len, "4096 or 32k");
+    eval.batch_size = count_flag("--batch-size", eval_batch, "4");
+    return remat::cli::run_eval(eval);
+  }
   if (export_cmd->parsed()) {
     if (export_opt.out.empty() && export_opt.adapter.empty())
       throw remat::ConfigError(

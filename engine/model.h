@@ -187,9 +187,12 @@ class Model {
   /// Inputs -> block 0's input, allocated with `category` under the name "blocks.0.x".
   virtual Buffer stem_forward(Backend& be, const Batch& batch, MemCategory category) = 0;
   virtual void stem_backward(Backend& be, const Batch& batch, const Tensor& dx) = 0;
-  /// Final stream -> per-row losses (N) f32 and dL/dx (written into dx) in one pass.
+  /// Final stream -> per-row losses (N) f32 and dL/dx (written into dx) in one pass; with
+  /// `predictions` (N) i32 given (evaluation; empty otherwise), each row's greedy prediction too
+  /// (the LM head's argmax; models without one refuse it).
   virtual void head_forward_backward(Backend& be, const Tensor& x, const Batch& batch,
-                                     const Tensor& losses, const Tensor& dx) = 0;
+                                     const Tensor& losses, const Tensor& dx,
+                                     const Tensor& predictions) = 0;
   /// Rows of the loss (B*T for the GPT, B for the MLP) on this rank.
   virtual int64_t loss_rows() const = 0;
   /// The same over every rank of the job: the divisor of one batch's mean loss.

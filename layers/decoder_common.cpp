@@ -38,16 +38,12 @@ void decoder_gemv(float* y, const float* base, const float* W, const float* x, i
   }
 }
 
-RopeTable::RopeTable(const std::vector<double>& inv_freq, int64_t capacity)
-    : half_(static_cast<int64_t>(inv_freq.size())) {
+RopeTable::RopeTable(const RopeAngles& angles, int64_t capacity)
+    : half_(static_cast<int64_t>(angles.inv_freq.size())) {
   cos_.resize(static_cast<size_t>(capacity * half_));
   sin_.resize(static_cast<size_t>(capacity * half_));
   for (int64_t t = 0; t < capacity; ++t)
-    for (int64_t i = 0; i < half_; ++i) {
-      const double ang = static_cast<double>(t) * inv_freq[static_cast<size_t>(i)];
-      cos_[static_cast<size_t>(t * half_ + i)] = static_cast<float>(std::cos(ang));
-      sin_[static_cast<size_t>(t * half_ + i)] = static_cast<float>(std::sin(ang));
-    }
+    angles.cos_sin(t, cos_.data() + t * half_, sin_.data() + t * half_);
 }
 
 void RopeTable::rotate(float* v, int64_t pos) const {

@@ -31,13 +31,14 @@ void decoder_gemv(float* y, const float* base, const float* W, const float* x, i
 
 /// The RoPE angles of a cache's positions, as the training attention's table (engine/cpu/
 /// attention.cpp's fill_rope_table) bit for bit: angle t * inv_freq[i] in double, cos and sin
-/// rounded to float. Rotation in the half-split (rotate_half, GPT-NeoX) layout both model
-/// families train with: element i of a head pairs with element i + HS/2.
+/// times yarn's attention factor, rounded to float. Rotation in the half-split (rotate_half,
+/// GPT-NeoX) layout both model families train with: element i of a head pairs with element
+/// i + HS/2.
 class RopeTable {
  public:
   RopeTable() = default;
-  /// `inv_freq`: the HS/2 frequencies of a head (engine/core/ops/rope.h's rope_inv_freq).
-  RopeTable(const std::vector<double>& inv_freq, int64_t capacity);
+  /// `angles`: a head's frequencies and attention factor (engine/core/ops/rope.h's rope_angles).
+  RopeTable(const RopeAngles& angles, int64_t capacity);
   /// Rotates one head's q or k (HS values) in place by the angles of position `pos`.
   void rotate(float* head, int64_t pos) const;
 

@@ -74,7 +74,7 @@ GptDecoder::GptDecoder(const ModelConfig& model, const WeightSource& weights, in
   // theta rounded to float first, as the training model passes it; no frequency scaling.
   if (!learned_)
     rope_ = detail::RopeTable(
-        rope_inv_freq(HS_, static_cast<double>(static_cast<float>(m_.rope_theta))), capacity_);
+        rope_angles(HS_, static_cast<double>(static_cast<float>(m_.rope_theta))), capacity_);
   for (Layer& l : layers_) {
     l.k_cache.assign(static_cast<size_t>(capacity_ * C_), 0.0f);
     l.v_cache.assign(static_cast<size_t>(capacity_ * C_), 0.0f);

@@ -50,10 +50,12 @@ LlamaDecoder::LlamaDecoder(const ModelConfig& model, const WeightSource& weights
                capacity_, NH_, KVH_, HS_);
   load(weights);
   // The training attention's frequencies: theta rounded to float (the block passes it so), then
-  // engine/core/ops/rope.h's scaling.
+  // engine/core/ops/rope.h's scaling. Dynamic NTK scales its base for the whole cache, as a
+  // training forward of that length does (transformers' generate grows it with the text instead).
+  RopeScaling scaling = m_.rope_scaling;
+  scaling.seq_len = capacity_;
   rope_ = detail::RopeTable(
-      rope_inv_freq(HS_, static_cast<double>(static_cast<float>(m_.rope_theta)), m_.rope_scaling),
-      capacity_);
+      rope_angles(HS_, static_cast<double>(static_cast<float>(m_.rope_theta)), scaling), capacity_);
   for (Layer& l : layers_) {
     l.k_cache.assign(static_cast<size_t>(capacity_ * KVH_ * HS_), 0.0f);
     l.v_cache.assign(static_cast<size_t>(capacity_ * KVH_ * HS_), 0.0f);

@@ -34,6 +34,7 @@ class LlamaModel : public detail::TokenModel {
     LlamaBlockShape shape{.B = B_, .T = T_, .C = C, .NH = NH, .KVH = KVH, .HS = HS, .FF = FF};
     shape.rope_theta = static_cast<float>(m_.rope_theta);
     shape.rope_scaling = m_.rope_scaling;
+    shape.rope_scaling.seq_len = s.seq_len;  // dynamic NTK: the base of the run's whole rows
     shape.norm_eps = static_cast<float>(m_.norm_eps);
     shape.tile_tokens = s.tile_tokens;
     shape.attention_chunk = s.attention_chunk;
@@ -77,14 +78,14 @@ class LlamaModel : public detail::TokenModel {
   }
   // normf -> fused LM head + cross-entropy (which yields d normf_out) -> normf backward.
   void head_forward_backward(Backend& be, const Tensor& x, const Batch& batch, const Tensor& losses,
-                             const Tensor& dx) override {
+                             const Tensor& dx, const Tensor& predictions) override {
     MemoryPool& pool = be.pool();
     const int64_t N = B_ * T_, C = m_.n_embd;
     Buffer normf = pool.allocate({N, C}, be.act_dtype(), MemCategory::Transient, "normf");
     Buffer rstd = pool.allocate({N}, DType::F32, MemCategory::Transient, "normf.rstd");
     be.rmsnorm_forward({normf, rstd, x, normf_weight_->value, static_cast<float>(m_.norm_eps)});
     Buffer dnormf = pool.allocate({N, C}, be.act_dtype(), MemCategory::Transient, "grad.normf");
-    lm_head_loss(be, normf, *lm_head_, batch, losses, dnormf);
+    lm_head_loss(be, normf, *lm_head_, batch, losses, dnormf, predictions);
     normf.reset();
     be.fill(dx, 0.0f);
     be.rmsnorm_backward({dx, normf_weight_->grad, dnormf, x, normf_weight_->value, rstd});

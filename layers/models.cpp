@@ -84,14 +84,14 @@ class GptModel : public detail::TokenModel {
   }
   // lnf -> fused LM head + cross-entropy (which yields d lnf_out) -> lnf backward.
   void head_forward_backward(Backend& be, const Tensor& x, const Batch& batch, const Tensor& losses,
-                             const Tensor& dx) override {
+                             const Tensor& dx, const Tensor& predictions) override {
     MemoryPool& pool = be.pool();
     const int64_t N = B_ * T_, C = m_.n_embd;
     Buffer lnf = pool.allocate({N, C}, be.act_dtype(), MemCategory::Transient, "lnf");
     Buffer stats = pool.allocate({N, 2}, DType::F32, MemCategory::Transient, "lnf.stats");
     be.layernorm_forward({lnf, stats, x, lnf_weight_->value, lnf_bias_->value});
     Buffer dlnf = pool.allocate({N, C}, be.act_dtype(), MemCategory::Transient, "grad.lnf");
-    lm_head_loss(be, lnf, *wte_, batch, losses, dlnf);  // the tied embedding is the head
+    lm_head_loss(be, lnf, *wte_, batch, losses, dlnf, predictions);  // the tied embedding
     lnf.reset();
     be.fill(dx, 0.0f);
     be.layernorm_backward(
@@ -136,7 +136,8 @@ class MlpModel : public Model {
   // The stem is a copy of the data: no parameter, so block 0 computes no input gradient.
   void stem_backward(Backend&, const Batch&, const Tensor&) override {}
   void head_forward_backward(Backend& be, const Tensor& x, const Batch& batch, const Tensor& losses,
-                             const Tensor& dx) override {
+                             const Tensor& dx, const Tensor& predictions) override {
+    REMAT_ASSERT(predictions.empty(), "the MLP's regression head predicts no tokens");
     const int64_t divisor = batch.step_targets > 0 ? batch.step_targets : rows_all_ranks_;
     be.mse_loss({losses, dx, x, batch.targets, 1.0f / static_cast<float>(divisor)});
   }

@@ -23,7 +23,7 @@ struct ModelShape {
   int64_t batch_size = 1;  // rows this rank trains on
   int64_t data_ranks = 1;  // data-parallel groups: the loss is the mean over all their rows
   int data_rank = 0;       // this rank's group (its rows follow the groups' before it)
-  int64_t seq_len = 1;     // gpt only: every row's tokens (all context ranks' together)
+  int64_t seq_len = 1;     // every row's tokens (all context ranks' together)
   // Context parallel (gpt): this rank holds 2 of 2 x context_ranks chunks of each row, and
   // attention is a ring over `ring_channel` (null: a dry run of rank context_rank).
   int context_ranks = 1, context_rank = 0;

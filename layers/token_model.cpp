@@ -86,11 +86,12 @@ void TokenModel::stem_backward(Backend& be, const Batch& batch, const Tensor& dx
 }
 
 void TokenModel::lm_head_loss(Backend& be, const Tensor& normed, Param& head, const Batch& batch,
-                              const Tensor& losses, const Tensor& dnormed) {
+                              const Tensor& losses, const Tensor& dnormed,
+                              const Tensor& predictions) {
   const int64_t N = B_ * T_;
   const int64_t divisor = batch.step_targets > 0 ? batch.step_targets : loss_rows_all_ranks_;
   be.lm_head_loss({losses, dnormed, head.grad, normed, head.value, batch.targets.tensor().view({N}),
-                   1.0f / static_cast<float>(divisor), loss_chunk_});
+                   1.0f / static_cast<float>(divisor), loss_chunk_, predictions});
 }
 
 }  // namespace remat::detail

@@ -53,9 +53,10 @@ class TokenModel : public Model {
 
   /// The fused LM head and cross-entropy on the final norm's output `normed` (N, C): per-row
   /// losses (N) [=], d normed (N, C) [=], head.grad [+=]; the gradient of the mean over the
-  /// step's trained targets (Batch::step_targets; all ranks' rows when it is 0).
+  /// step's trained targets (Batch::step_targets; all ranks' rows when it is 0). With `predictions`
+  /// (N) i32 not empty, each row's argmax [=].
   void lm_head_loss(Backend& be, const Tensor& normed, Param& head, const Batch& batch,
-                    const Tensor& losses, const Tensor& dnormed);
+                    const Tensor& losses, const Tensor& dnormed, const Tensor& predictions);
 
   std::unique_ptr<parallel::ContextRing> ring_;  // context parallel only
   // The step's documents (Batch::doc_start), set by stem_forward; empty: causal. The blocks read

@@ -22,6 +22,12 @@ HTML comments right before a block steer it (the pages show none of them; the pr
                                                 tokens I, J (0-based) are timings: masked
   <!-- readme-check: plan -->                   too slow to run: the command's `plan --json` must
                                                 predict the "(N B)" peak the block shows
+  <!-- readme-check: tolerance REGEX I,J REL --> on output lines matching REGEX, tokens I, J are
+                                                numbers that may differ from the page's by REL of
+                                                the larger (0.02: 2%), every other token exactly:
+                                                figures a training run determines only up to the
+                                                CPU's rounding (another machine's GEMM kernels sum
+                                                in another order, and training amplifies that)
 And a region of plain page text (a Markdown table, say) can be a command's exact output:
   <!-- readme-check: output CMD -->
   ...the output of CMD, verbatim...
@@ -170,7 +176,30 @@ def mask(line, token_masks):
     return " ".join(line.split())
 
 
-def matches(expected, actual, token_masks):
+def same_line(e, a, tolerances):
+    """Equal, or equal but for the numbers a tolerance directive lets differ by its share."""
+    if e == a:
+        return True
+    for regex, indices, rel in tolerances:
+        if not (regex.search(e) and regex.search(a)):
+            continue
+        te, ta = e.split(), a.split()
+        if len(te) != len(ta):
+            return False
+        for i, (x, y) in enumerate(zip(te, ta)):
+            if x == y:
+                continue
+            try:
+                fx, fy = float(x), float(y)
+            except ValueError:
+                return False
+            if i not in indices or abs(fx - fy) > rel * max(abs(fx), abs(fy)):
+                return False
+        return True
+    return False
+
+
+def matches(expected, actual, token_masks, tolerances=()):
     """Line-by-line with `...` matching any run of lines (greedy-free backtracking)."""
     exp = [mask(l, token_masks) for l in expected]
     act = [mask(l, token_masks) for l in actual]
@@ -184,7 +213,7 @@ def matches(expected, actual, token_masks):
         elif exp[i] == "...":
             r = any(go(i + 1, k) for k in range(j, len(act) + 1))
         else:
-            r = j < len(act) and exp[i] == act[j] and go(i + 1, j + 1)
+            r = j < len(act) and same_line(exp[i], act[j], tolerances) and go(i + 1, j + 1)
         memo[(i, j)] = r
         return r
 
@@ -310,11 +339,21 @@ def token_masks_of(directives):
     return out
 
 
+def tolerances_of(directives):
+    out = []
+    for kind, arg in directives:
+        if kind == "tolerance":
+            regex, idx, rel = arg.rsplit(" ", 2)
+            out.append((re.compile(regex), [int(i) for i in idx.split(",")], float(rel)))
+    return out
+
+
 def check_block(name, start, directives, examples, runner, update, edits):
     """Runs one block's examples; returns (checked, failures); the --update edits go to edits."""
     d = dict(directives)
     work = runner.workdir(directives)
     token_masks = token_masks_of(directives)
+    tolerances = tolerances_of(directives)
     checked = failures = 0
     for cmd, expected, offset in examples:
         checked += 1
@@ -327,7 +366,7 @@ def check_block(name, start, directives, examples, runner, update, edits):
                 print(why)
             continue
         actual = run(strip_comment(cmd), work, runner.env)
-        ok, exp, act = matches(expected, actual, token_masks)
+        ok, exp, act = matches(expected, actual, token_masks, tolerances)
         print(f"[docs] {'ok  ' if ok else 'FAIL'} {where} $ {cmd[:80]}")
         if ok:
             continue

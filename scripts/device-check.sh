@@ -20,8 +20,9 @@
 #   Llama's grouped-query shapes, the cuDNN release's backward at key lengths off multiples of
 #   128, attention chunks without a 1-token tail, planner vs measured peak; [documents]: document
 #   attention, one cuDNN call per document, against the CPU's, 20 steps of a llama and a RoPE GPT
-#   on packed-style documents against the CPU's losses, and the planner's peak with documents),
-#   gemm (bf16
+#   on packed-style documents against the CPU's losses, and the planner's peak with documents;
+#   [rope]: every RoPE scaling type and yarn's attention factor against the CPU; [eval]: the LM
+#   head's argmax that eval --passkey reads), gemm (bf16
 #   peak: the MFU denominator), train per GPT-2 124M/350M x 4k/32k x policy (ms/step, tokens/s,
 #   MFU, measured vs predicted peak; gpt2-124m-chunked: 32k, full, attention in chunks of 8192),
 #   offload (124M at 32k, full, MLP tiled, checkpoints and AdamW moments in pinned host memory,

@@ -17,6 +17,13 @@ Each tests/golden/hf/<name>/ holds
     parameter, so its gradient, embedding + head, is stored once under the embedding's name),
   * golden.json: tokens, shapes, loss, versions, a description.
 
+The `rope-*` directories are one small Llama per RoPE scaling type transformers defines (linear,
+dynamic NTK, yarn with its default attention factor, yarn with DeepSeek's mscale pair and its
+other keys set), run at T = 40, past the original context of 16 they scale from; their
+golden.safetensors also holds `rope_attention_factor` (F32 [1]: the factor transformers
+multiplies cos and sin by) and `rope_inv_freq` as the rotary module holds it after that forward
+(dynamic NTK recomputes it for the run's length).
+
 LoRA goldens (tests/golden/hf/llama-lora, gpt2-lora; need peft): the base as above, a PEFT adapter
 with random A and B in adapter/, and golden.safetensors with the PeftModel's loss, logits and the
 gradient of every trainable tensor under its adapter_model.safetensors name (generate_lora).
@@ -70,6 +77,7 @@ except ImportError as e:
 
 OUT = golden_dir("hf")
 B, T = 2, 13
+ROPE_T = 40             # the RoPE scaling goldens: past their original context of 16
 SEED = 20240611
 INIT_STD = 0.1          # initializer_range: large enough that attention is far from uniform
 F32_BOUND = 1e-4        # float32 export of the same weights: transformers' logits agree to ~1e-6
@@ -135,6 +143,39 @@ ARCHS = {
              "transpose them. Names carry the 'transformer.' prefix (saved from GPT2LMHeadModel)."),
 }
 
+# One small Llama per RoPE scaling type, with theta 10 so that yarn's ramp spans several of the
+# 8 frequency pairs (at theta 1e4 and an original context of 16 it would be one pair wide).
+ROPE_BASE = dict(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                 num_attention_heads=2, num_key_value_heads=1, head_dim=16, rms_norm_eps=1e-5,
+                 rope_theta=10.0, tie_word_embeddings=True, attention_bias=False)
+ROPE_ARCHS = {
+    "rope-linear": dict(
+        config=dict(ROPE_BASE, max_position_embeddings=64,
+                    rope_scaling={"rope_type": "linear", "factor": 4.0}),
+        desc="linear (position interpolation): every inverse frequency divided by 4."),
+    "rope-dynamic": dict(
+        config=dict(ROPE_BASE, max_position_embeddings=16,
+                    rope_scaling={"rope_type": "dynamic", "factor": 2.0}),
+        desc="dynamic NTK: at T = 40 past max_position_embeddings 16 the base grows to theta * "
+             "(2 * 40 / 16 - 1)^(16 / 14); inv_freq as the module holds it after the forward."),
+    "rope-yarn": dict(
+        config=dict(ROPE_BASE, max_position_embeddings=64,
+                    rope_scaling={"rope_type": "yarn", "factor": 4.0,
+                                  "original_max_position_embeddings": 16}),
+        desc="yarn, transformers' defaults: beta_fast 32, beta_slow 1, truncate, attention factor "
+             "0.1 ln 4 + 1 on cos and sin; the original context from rope_scaling."),
+    "rope-yarn-mscale": dict(
+        config=dict(ROPE_BASE, max_position_embeddings=16,
+                    rope_scaling={"type": "yarn", "factor": 8.0, "beta_fast": 8.0,
+                                  "beta_slow": 0.5, "truncate": False, "mscale": 1.0,
+                                  "mscale_all_dim": 0.5}),
+        desc="yarn in DeepSeek's form, spelled with the legacy `type`: the attention factor "
+             "from mscale / mscale_all_dim, beta_fast 8, beta_slow 0.5, an untruncated ramp, and "
+             "the original context from max_position_embeddings (rope_scaling has none)."),
+}
+for _name, _spec in ROPE_ARCHS.items():
+    ARCHS[_name] = dict(_spec, cls="LlamaForCausalLM", T=ROPE_T)
+
 
 # LoRA goldens (tests/golden/hf/<name>/, docs/lora.md): a base model saved as transformers does, a
 # PEFT adapter on it with every weight random (init_lora_weights=False draws A and B both, so the
@@ -190,7 +231,7 @@ def build(name, spec, seed):
     return model
 
 
-def make_tokens(vocab, seed):
+def make_tokens(vocab, seed, T=T):
     g = torch.Generator().manual_seed(seed + 2)
     x = torch.randint(0, vocab, (B, T + 1), generator=g)
     x[0, 0], x[1, 3], x[1, T] = vocab - 1, 0, vocab - 1   # both ends of the vocabulary appear
@@ -198,6 +239,7 @@ def make_tokens(vocab, seed):
 
 
 def forward_loss(model, x):
+    T = x.shape[1] - 1
     logits = model(input_ids=x[:, :T]).logits
     loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), x[:, 1:].reshape(-1))
     return logits, loss
@@ -210,6 +252,13 @@ def rope_inv_freq(model):
     return None
 
 
+def rope_attention_factor(model):
+    for mod in model.modules():
+        if hasattr(mod, "inv_freq") and hasattr(mod, "attention_scaling"):
+            return torch.tensor([float(mod.attention_scaling)], dtype=torch.float32)
+    return None
+
+
 def fresh_dir(out_root, name):
     """out_root/name, emptied: a golden folder holds only what this run writes."""
     d = os.path.join(out_root, name)
@@ -219,10 +268,10 @@ def fresh_dir(out_root, name):
     return d
 
 
-def forward_backward(model, vocab, seed):
-    """One forward and backward pass on the golden's tokens (the gradients land in model):
-    the tokens, the logits, the loss, and the golden tensors they give."""
-    x = make_tokens(vocab, seed)
+def forward_backward(model, vocab, seed, length=T):
+    """One forward and backward pass on the golden's tokens, rows of `length` + 1 (the gradients
+    land in model): the tokens, the logits, the loss, and the golden tensors they give."""
+    x = make_tokens(vocab, seed, length)
     model.zero_grad(set_to_none=True)
     logits, loss = forward_loss(model, x)
     loss.backward()
@@ -234,7 +283,7 @@ def forward_backward(model, vocab, seed):
 def check_reload(name, reloaded, x, logits):
     """The saved files reload to the same logits, to the bit."""
     with torch.no_grad():
-        re_logits = reloaded(input_ids=x[:, :T]).logits
+        re_logits = reloaded(input_ids=x[:, :-1]).logits
     reload_diff = (re_logits - logits.detach()).abs().max().item()
     assert reload_diff == 0.0, (name, reload_diff)
 
@@ -244,7 +293,7 @@ def run_fields(vocab, x, loss, logits):
     return {
         "loss_convention": "inputs = tokens[:, :T], targets = tokens[:, 1:], loss = mean over "
                            "B*T of cross_entropy(logits, targets) in float32",
-        "B": B, "T": T, "vocab_size": vocab,
+        "B": B, "T": x.shape[1] - 1, "vocab_size": vocab,
         "tokens": x.tolist(),
         "loss": float(loss.item()),
         "golden_file": "golden.safetensors",
@@ -264,10 +313,12 @@ def generate(name, spec, out_root, seed):
     d = fresh_dir(out_root, name)
     model = build(name, spec, seed)
     vocab = model.config.vocab_size
-    x, logits, loss, tensors = forward_backward(model, vocab, seed)
+    x, logits, loss, tensors = forward_backward(model, vocab, seed, spec.get("T", T))
     inv = rope_inv_freq(model)
     if inv is not None:
         tensors["rope_inv_freq"] = inv
+    if name.startswith("rope-"):
+        tensors["rope_attention_factor"] = rope_attention_factor(model)
     grads = {}
     for pname, p in model.named_parameters():
         assert p.grad is not None, pname
@@ -319,7 +370,7 @@ def generate(name, spec, out_root, seed):
     if name == "mistral":
         info["sliding_window"] = ("disabled: config sliding_window = null, so transformers uses "
                                   "the plain causal mask (create_causal_mask)")
-    if name == "llama":
+    if name == "llama" or name.startswith("rope-"):
         info["rope_scaling_check"] = rope_scaling_check(model, spec, seed, x, logits.detach())
     if name == "gpt2":
         info["gpt2_layout"] = ("Conv1D: weight [in, out], y = x @ W + b; c_attn.weight [64, 192] "
@@ -330,20 +381,25 @@ def generate(name, spec, out_root, seed):
 
 
 def rope_scaling_check(model, spec, seed, x, logits):
-    """The same weights without rope_scaling: the llama3 scaling must change the logits."""
+    """The same weights without rope_scaling: the scaling must change the logits."""
+    T = x.shape[1] - 1
     plain_cfg = dict(spec["config"], rope_scaling=None)
     plain = build("llama-plain", dict(spec, config=plain_cfg), seed)
     plain.load_state_dict(model.state_dict())
     with torch.no_grad():
         plain_logits = plain(input_ids=x[:, :T]).logits
     inv_s, inv_p = rope_inv_freq(model), rope_inv_freq(plain)
+    scaling = spec["config"]["rope_scaling"]
+    kind = scaling.get("rope_type", scaling.get("type"))
+    extra = {} if kind == "llama3" else {"attention_factor": float(rope_attention_factor(model)[0])}
     diff = (plain_logits - logits).abs().max().item()
     changed = int((inv_s != inv_p).sum().item())
     assert diff > 1e-3 and changed > 0, (diff, changed)
     return {"max_abs_logit_diff_vs_unscaled": diff,
             "inv_freq_changed": f"{changed} of {inv_s.numel()}",
             "inv_freq_scaled": inv_s.tolist(), "inv_freq_unscaled": inv_p.tolist(),
-            "verdict": "llama3 scaling changes the angles at T=13: scaled and unscaled logits differ"}
+            "verdict": f"{kind} scaling changes the angles at T={T}: scaled and unscaled logits differ",
+            **extra}
 
 
 # ----------------------------------------------------------------------------- --documents

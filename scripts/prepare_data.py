@@ -5,6 +5,8 @@
                   [--val-fraction F] [--shard-tokens N] [--chunk-bytes N] [--force]
                   [--documents | --chat]
   prepare_data.py --tokenizer DIR/tokenizer.json --encode "some text"    # prints the ids
+  prepare_data.py --passkey --tokenizer T [FILLER] --lengths 4k,16k --depths 0,0.5,1 --out DIR
+                  [--samples N] [--seed S] [--force]
 
 INPUT is a text file (one document), a folder (every *.txt under it, sorted by path, hidden
 entries skipped; one document each) or a .jsonl file (one document per line, its --text-key
@@ -60,11 +62,25 @@ fails (a full disk, bad input, ^C) removes the shards it wrote, so no partial se
 Needs `tokenizers` (pip install tokenizers, in a virtual environment), except with --tokenizer
 bytes and for a byte-level tokenizer.json without merges (every byte a token of its own, plus added
 tokens), which this script encodes itself; --chat needs jinja2 (Debian's python3-jinja2).
+
+--passkey writes passkey retrieval tasks for `remat-train eval --passkey DIR` (docs/
+context-extension.md): for each length L of --lengths, depth d of --depths and sample, one task
+of exactly L + 1 tokens (a window of seq_len L): an instruction, filler, "The pass key is NNNNN.
+Remember it." after a fraction d of the filler, the rest of the filler, "What is the pass key?
+The pass key is", and the answer " NNNNN" (a random 5-digit key per task, from --seed). Files in
+--out: passkey.bin (every task, one after the other, as a token shard), passkey.mask.bin (its
+loss mask: the shard's 1024-byte header with magic 20240522, version 1 and the same token count,
+then one byte per token, 1 on the answer's tokens, which are the targets scored) and passkey.json
+(each task's length, depth, key and place in the shard). The filler is FILLER's text (a file or
+a folder, as INPUT above), in order and never repeated, so a length that needs more filler
+tokens than FILLER has is refused; without FILLER it is the usual repeated sentences ("The grass
+is green. The sky is blue. ...").
 """
 import argparse
 import array
 import json
 import os
+import random
 import re
 import shlex
 import sys
@@ -895,6 +911,147 @@ def report(args, writers, vocab, fmt, eot, eot_text, mode, what):
     print("  " + " ".join(options))
 
 
+# ---- passkey retrieval tasks (--passkey) ----
+
+PASSKEY_INSTRUCTION = ("There is an important info hidden inside a lot of irrelevant text. Find it "
+                       "and memorize it. I will quiz you about the important information there.\n")
+PASSKEY_FILLER = ("The grass is green. The sky is blue. The sun is yellow. Here we go. There and "
+                  "back again. ")
+MASK_FORMAT = (20240522, 1)  # magic, version: a shard's loss mask, one byte per token
+
+
+class PasskeyTokenizer:
+    """A tokenizer.json through the `tokenizers` package (or `bytes`), no special tokens added."""
+
+    def __init__(self, path):
+        self.tok = load_tokenizer(path)
+        self.vocab_size = vocab_size_of(self.tok)
+
+    def encode(self, text):
+        return self.tok.encode(text, add_special_tokens=False).ids
+
+
+def parse_count(text, flag):
+    """"4k" -> 4096, as remat-train reads counts (k = 1024, M = 1024^2)."""
+    m = re.fullmatch(r"(\d+)([kKmM]?)", text.strip())
+    if not m or int(m.group(1)) == 0:
+        raise Fail(f"{flag} {text!r}: not a count. Fix: write e.g. 4k,16k,64k or 4096")
+    return int(m.group(1)) * {"": 1, "k": 1024, "m": 1024 * 1024}[m.group(2).lower()]
+
+
+def parse_depths(text):
+    try:
+        depths = [float(d) for d in text.split(",")]
+    except ValueError:
+        depths = [-1.0]
+    if not depths or any(not 0.0 <= d <= 1.0 for d in depths):
+        raise Fail(f"--depths {text!r}: each depth is a fraction of the filler in [0, 1]. Fix: "
+                   "write e.g. 0,0.25,0.5,0.75,1")
+    return depths
+
+
+def write_token_file(path, header, data):
+    """A 1024-byte header of int32 (magic, version, count, zeros), then `data`, under a hidden
+    name first: a reader never sees half a file."""
+    head = array.array("i", list(header) + [0] * (HEADER_INTS - len(header)))
+    if sys.byteorder != "little":
+        head.byteswap()
+        if data.itemsize > 1:
+            data = array.array(data.typecode, data)
+            data.byteswap()
+    tmp = os.path.join(os.path.dirname(path), "." + os.path.basename(path) + ".tmp")
+    with open(tmp, "wb") as f:
+        head.tofile(f)
+        data.tofile(f)
+    os.replace(tmp, path)
+
+
+def passkey(args):
+    if args.out is None:
+        raise Fail("--passkey needs --out DIR. Fix: prepare_data.py --passkey --tokenizer T "
+                   "--lengths 4k --depths 0,0.5,1 --out DIR")
+    if args.lengths is None or args.depths is None:
+        raise Fail("--passkey needs --lengths and --depths. Fix: e.g. --lengths 4k,16k,64k "
+                   "--depths 0,0.25,0.5,0.75,1")
+    lengths = [parse_count(x, "--lengths") for x in args.lengths.split(",")]
+    depths = parse_depths(args.depths)
+    if args.samples < 1:
+        raise Fail(f"--samples {args.samples}: must be positive. Fix: pass 1 or more")
+    tok = PasskeyTokenizer(args.tokenizer)
+    names = ("passkey.bin", "passkey.mask.bin", "passkey.json")
+    os.makedirs(args.out, exist_ok=True)
+    old = [n for n in names if os.path.exists(os.path.join(args.out, n))]
+    if old and not args.force:
+        raise Fail(f"{args.out}: has {', '.join(old)} already. Fix: choose another --out, or pass "
+                   "--force to replace them")
+
+    # The filler: FILLER's text in order (never repeated), or the usual sentences repeated.
+    longest = max(lengths)
+    if args.input is not None:
+        files, kind = input_files(args.input)
+        if kind != "text":
+            raise Fail(f"{args.input}: the filler is text (a .txt file or a folder of them). Fix: "
+                       "pass a text file")
+        filler, where = [], args.input
+        for path in files:
+            with open(path, "rb") as f:
+                filler += tok.encode(decode_utf8(f.read(), path, 0))
+            if len(filler) > longest:
+                break
+    else:
+        unit = tok.encode(PASSKEY_FILLER)
+        filler, where = unit * (longest // len(unit) + 1), "the repeated sentences"
+
+    rng = random.Random(args.seed)
+    fmt = GPT2_FORMAT if tok.vocab_size <= 2**16 else LLAMA3_FORMAT
+    tokens, mask, tasks = array.array(fmt[2]), array.array("B"), []
+    instruction = tok.encode(PASSKEY_INSTRUCTION)
+    question = tok.encode("\nWhat is the pass key? The pass key is")
+    for length in lengths:
+        for depth in depths:
+            for sample in range(args.samples):
+                key = str(rng.randrange(10000, 100000))
+                needle = tok.encode(f" The pass key is {key}. Remember it. {key} is the pass key. ")
+                answer = tok.encode(" " + key)
+                fixed = len(instruction) + len(needle) + len(question) + len(answer)
+                need = length + 1 - fixed  # filler tokens: the task is a window of length + 1
+                if need < 0:
+                    raise Fail(f"--lengths {length}: shorter than the task's own text ({fixed} "
+                               f"tokens besides the filler). Fix: use lengths of at least "
+                               f"{fixed - 1}")
+                if need > len(filler):
+                    raise Fail(f"--lengths {length}: a task of {length + 1} tokens needs {need:,} "
+                               f"filler tokens, and {where} has {len(filler):,}. Fix: give more "
+                               "filler text, or shorter --lengths")
+                before = round(depth * need)
+                ids = (instruction + filler[:before] + needle + filler[before:need] + question
+                       + answer)
+                assert len(ids) == length + 1
+                tasks.append({"length": length, "depth": depth, "sample": sample, "key": key,
+                              "offset": len(tokens), "tokens": len(ids),
+                              "needle_token": len(instruction) + before,
+                              "answer_tokens": len(answer)})
+                tokens.extend(ids)
+                mask.extend([0] * (len(ids) - len(answer)) + [1] * len(answer))
+    if len(tokens) >= 2**31:
+        raise Fail(f"{len(tokens):,} tokens in all: a shard's header counts them in an int32. Fix: "
+                   "fewer or shorter tasks")
+    write_token_file(os.path.join(args.out, "passkey.bin"), fmt[:2] + (len(tokens),), tokens)
+    write_token_file(os.path.join(args.out, "passkey.mask.bin"), MASK_FORMAT + (len(tokens),), mask)
+    index = {"format": "remat-train passkey tasks", "version": 1, "tokenizer": args.tokenizer,
+             "vocab_size": tok.vocab_size, "filler": where, "seed": args.seed,
+             "shard": "passkey.bin", "mask": "passkey.mask.bin", "tasks": tasks}
+    tmp = os.path.join(args.out, ".passkey.json.tmp")
+    with open(tmp, "w") as f:
+        json.dump(index, f, indent=1)
+        f.write("\n")
+    os.replace(tmp, os.path.join(args.out, "passkey.json"))
+    print(f"wrote {len(tasks)} passkey tasks ({len(lengths)} length{'s' * (len(lengths) > 1)} x "
+          f"{len(depths)} depth{'s' * (len(depths) > 1)} x {args.samples} sample"
+          f"{'s' * (args.samples > 1)}, {len(tokens):,} tokens) to {args.out}")
+    print(f"evaluate with: remat-train eval --checkpoint DIR --passkey {args.out}")
+
+
 def encode(args):
     tok = load_tokenizer(args.tokenizer)
     print(" ".join(str(i) for i in tok.encode(args.encode, add_special_tokens=False).ids))
@@ -925,9 +1082,18 @@ def main():
                             "tokenizer's chat template, assistant turns trained (X.mask.bin)")
     ap.add_argument("--encode", metavar="TEXT",
                     help="print TEXT's ids (for `remat-train sample --prompt`) and exit")
+    ap.add_argument("--passkey", action="store_true",
+                    help="write passkey retrieval tasks (INPUT, if given, is the filler text)")
+    ap.add_argument("--lengths", help="--passkey: task lengths in tokens, e.g. 4k,16k,64k")
+    ap.add_argument("--depths", help="--passkey: where the key sits in the filler, e.g. 0,0.5,1")
+    ap.add_argument("--samples", type=int, default=1,
+                    help="--passkey: tasks (keys) per length and depth (1)")
+    ap.add_argument("--seed", type=int, default=1, help="--passkey: the keys' random seed (1)")
     args = ap.parse_args()
     try:
-        if args.encode is not None:
+        if args.passkey:
+            passkey(args)
+        elif args.encode is not None:
             encode(args)
         elif args.input is None or args.out is None:
             raise Fail("INPUT and --out are needed to write shards. Fix: prepare_data.py "

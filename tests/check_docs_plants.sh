@@ -91,4 +91,20 @@ for want in "$d/pages/links.md:3: broken link 'no-such-page.md' (no such file)" 
   grep -qF "$want" "$d/out" || fail "not reported: $want; the output: $(cat "$d/out")"
 done
 check --links-only "$d/pages/links.md" && fail "--links-only passed broken links"
-echo "check_docs: planted figures, links and files caught; the correct page passes"
+# (d) A tolerance directive: the error line's n_embd (token 6, 64) may differ by 2%, nothing else.
+tol_page() {  # tol_page FILE N_EMBD N_HEAD: the error line with those figures, under the directive
+  {
+    printf '# Tolerance\n\n'
+    printf '%s\n' "<!-- readme-check: setup printf '[model]\\nkind = \"gpt\"\\nn_embd = 64\\nn_head = 5\\n' > bad.toml -->"
+    printf '%s\n' '<!-- readme-check: tolerance is\ not\ divisible 6 0.02 -->' '```' '$ remat-train --config bad.toml'
+    echo "$bad" | sed "s/n_embd = 64/n_embd = $2/; s/n_head = 5\\./n_head = $3./"
+    printf '%s\n' '```'
+  } >"$1"
+}
+tol_page "$d/pages/tol-near.md" 65 5
+check "$d/pages/tol-near.md" || fail "a figure within the tolerance failed: $(cat "$d/out")"
+tol_page "$d/pages/tol-far.md" 70 5
+check "$d/pages/tol-far.md" && fail "a figure 9% off passed a 2% tolerance: $(cat "$d/out")"
+tol_page "$d/pages/tol-other.md" 64 6
+check "$d/pages/tol-other.md" && fail "a token outside the tolerance's list passed: $(cat "$d/out")"
+echo "check_docs: planted figures, links and files caught; the correct page passes; a tolerance lets its figures differ by its share, no more"

@@ -23,6 +23,7 @@ cmake --install "$build" --prefix "$prefix" >"$d/install.log" || fail "cmake --i
 cp "$manifest" "$d/manifest.txt"
 restore
 for f in bin/remat-train bin/remat-train-sweep bin/remat-train-plot-sweep bin/remat-train-plot-run \
+  bin/remat-train-plot-eval \
   share/remat-train/configs/copy.toml share/remat-train/configs/tiny.toml \
   share/doc/remat-train/README.md share/doc/remat-train/docs/configs.md; do
   case $f in
@@ -72,6 +73,9 @@ grep -q '"summary"' m.jsonl || fail "m.jsonl has no summary line"
 if [ $plots -eq 1 ]; then
   remat-train-plot-run m.jsonl --out m.png >out.txt 2>&1 || fail "remat-train-plot-run: $(cat out.txt)"
   [ "$(stat -c %s m.png)" -gt 1000 ] || fail "m.png is too small"
+  printf '{"eval": "loss_by_position", "seq_len": 4, "loss": 2.0, "bins": [{"first": 1, "last": 1, "tokens": 2, "loss": 3.0}, {"first": 2, "last": 2, "tokens": 2, "loss": 2.0}, {"first": 3, "last": 4, "tokens": 4, "loss": 1.5}]}\n' >e.json
+  remat-train-plot-eval e.json --out e.png >out.txt 2>&1 || fail "remat-train-plot-eval: $(cat out.txt)"
+  [ "$(stat -c %s e.png)" -gt 1000 ] || fail "e.png is too small"
 fi
 
 cd "$src" || fail "cannot return to $src"

@@ -121,6 +121,15 @@ TEST_CASE("resume needs the checkpoint alone: the Hugging Face folder deleted, n
       CHECK_THAT(r.out, Contains(key + " is ") && Contains("in the checkpoint") &&
                             Contains("--init") && Contains("see docs/checkpoints.md"));
     }
+    // A new RoPE scaling changes the function the model computes: a longer context under it is a
+    // new run from these weights (--init), never a resume (docs/context-extension.md).
+    const CliResult r = run(fmt::format(
+        "train --resume {} --set 'model.rope_scaling={{ rope_type = \"yarn\", factor = 4.0, "
+        "original_max_position_embeddings = 64 }}'",
+        tmp / "run"));
+    CHECK(r.code == 2);
+    CHECK_THAT(r.out, Contains("model.rope_scaling is {") && Contains("rope_type = \"yarn\"") &&
+                          Contains("in the checkpoint") && Contains("--init"));
     CHECK(latest_checkpoint(tmp / "run") == tmp / "run/step_00000003");  // nothing written
   }
 }

@@ -529,19 +529,35 @@ TEST_CASE("hf config.json: what is not computed here is refused, naming the key"
                Contains(fmt::format("model_type = \"{}\"", type)) &&
                    Contains("architectures = [\"LlamaForCausalLM\"]"));
   CHECK_THAT(error_with([](Json& j) { j["model_type"] = "llama"; }), Contains("(no error)"));
-  for (const char* type : {"yarn", "linear", "dynamic", "longrope"})
+  // RoPE scaling: a type not computed here is named with the supported ones, in either spelling.
+  for (const char* type : {"longrope", "ntk"})
     CHECK_THAT(error_with([&](Json& j) {
                  j["rope_scaling"] = {{"rope_type", type}, {"factor", 4.0}};
                }),
-               Contains(fmt::format("rope_scaling.rope_type = \"{}\"", type)));
+               Contains(fmt::format("rope_scaling.rope_type = \"{}\"", type)) &&
+                   Contains("linear, dynamic, yarn, llama3"));
   CHECK_THAT(error_with([](Json& j) {
-               j["rope_scaling"] = {{"type", "yarn"}, {"factor", 4.0}};
+               j["rope_scaling"] = {{"type", "longrope"}, {"factor", 4.0}};
              }),
-             Contains("rope_scaling.type = \"yarn\""));
+             Contains("rope_scaling.type = \"longrope\""));
   CHECK_THAT(error_with([](Json& j) {
-               j["rope_parameters"] = {{"rope_type", "yarn"}, {"factor", 2.0}};
+               j["rope_parameters"] = {{"rope_type", "longrope"}, {"factor", 2.0}};
              }),
-             Contains("rope_parameters.rope_type = \"yarn\""));
+             Contains("rope_parameters.rope_type = \"longrope\""));
+  // yarn without a factor; a key its type does not take; one no type has.
+  CHECK_THAT(error_with([](Json& j) {
+               j["rope_scaling"] = {{"rope_type", "yarn"}, {"beta_fast", 16.0}};
+             }),
+             Contains("[hf] rope_scaling = {") && Contains("rope_type \"yarn\" needs factor"));
+  CHECK_THAT(error_with([](Json& j) {
+               j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 2.0}, {"beta_fast", 16.0}};
+             }),
+             Contains("rope_scaling.beta_fast = 16.0") &&
+                 Contains("does not apply to rope_type \"linear\""));
+  CHECK_THAT(error_with([](Json& j) {
+               j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 2.0}, {"alpha", 1.0}};
+             }),
+             Contains("rope_scaling.alpha = 1.0") && Contains("unknown key 'alpha'"));
   CHECK_THAT(error_with([](Json& j) { j["hidden_act"] = "gelu"; }),
              Contains("hidden_act = \"gelu\""));
   CHECK_THAT(error_with([](Json& j) { j["mlp_bias"] = true; }), Contains("mlp_bias = true"));
@@ -876,11 +892,12 @@ TEST_CASE("hf CLI: plan and fit read config.json alone, and errors exit 2", "[hf
   r = run_binary(fmt::format("plan --model hf:{} --gpu h200 --seq-len 4k", tmp.str()), true);
   INFO(r.out);
   CHECK(r.code == 0);
-  j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
+  j["rope_scaling"] = {{"rope_type", "longrope"}, {"factor", 4.0}};
   write_file(tmp.path / "config.json", j.dump());
   r = run_binary(fmt::format("plan --model hf:{}", tmp.str()), true);
   CHECK(r.code == 2);
-  CHECK_THAT(r.out, Contains("rope_scaling.rope_type = \"yarn\""));
+  CHECK_THAT(r.out, Contains("rope_scaling.rope_type = \"longrope\"") &&
+                        Contains("use one of linear, dynamic, yarn, llama3"));
   r = run_binary(fmt::format("plan --model {}", tmp.str()), true);
   CHECK(r.code == 2);
   CHECK_THAT(r.out, Contains("expected hf:DIR"));
@@ -946,12 +963,24 @@ void check_golden(const std::string& name) {
   Loaded l = load(dir, {fmt::format("train.seq_len={}", T), fmt::format("train.batch_size={}", B)});
   check_export_round_trip(l, read_folder(dir));
   if (golden.find("rope_inv_freq")) {  // the RoPE the imported config computes is transformers'
-    const std::vector<double> ours =
-        rope_inv_freq(l.cfg.model.head_size(), l.cfg.model.rope_theta, l.cfg.model.rope_scaling);
+    RopeScaling scaling = l.cfg.model.rope_scaling;
+    scaling.seq_len = T;  // dynamic NTK: transformers' module holds the run's frequencies
+    const RopeAngles ours = rope_angles(l.cfg.model.head_size(), l.cfg.model.rope_theta, scaling);
     const std::vector<float> theirs = golden_tensor("rope_inv_freq");
-    REQUIRE(ours.size() == theirs.size());
-    for (size_t i = 0; i < ours.size(); ++i)
-      CHECK(std::abs(ours[i] - theirs[i]) <= 1e-6 * theirs[i]);
+    REQUIRE(ours.inv_freq.size() == theirs.size());
+    double worst = 0;
+    for (size_t i = 0; i < theirs.size(); ++i)
+      worst = std::max(worst, std::abs(ours.inv_freq[i] - theirs[i]) / theirs[i]);
+    INFO(
+        fmt::format("{}: inverse frequencies within {:.3g} (relative) of transformers' float32 "
+                    "ones",
+                    name, worst));
+    CHECK(worst <= 1e-6);
+    const double factor =
+        golden.find("rope_attention_factor") ? golden_tensor("rope_attention_factor")[0] : 1.0;
+    INFO(
+        fmt::format("attention factor {} against transformers' {}", ours.attention_factor, factor));
+    CHECK(std::abs(ours.attention_factor - factor) <= 1e-7 * factor);
   }
 
   Buffer inputs = make_tensor(*l.be, {B, T}, DType::I32);
@@ -1112,6 +1141,21 @@ TEST_CASE("hf golden: packed documents against transformers' block-diagonal mask
 TEST_CASE("hf golden: packed documents against transformers' block-diagonal mask, Qwen3",
           "[hf][golden][documents]") {
   check_documents_golden("qwen3");
+}
+// One small Llama per RoPE scaling type, at T = 40 past the original context of 16: the
+// frequencies, yarn's attention factor, the decoder's logits, the loss and every gradient.
+TEST_CASE("hf golden: transformers' RoPE scaling, linear", "[hf][golden][rope]") {
+  check_golden("rope-linear");
+}
+TEST_CASE("hf golden: transformers' RoPE scaling, dynamic NTK", "[hf][golden][rope]") {
+  check_golden("rope-dynamic");
+}
+TEST_CASE("hf golden: transformers' RoPE scaling, yarn", "[hf][golden][rope]") {
+  check_golden("rope-yarn");
+}
+TEST_CASE("hf golden: transformers' RoPE scaling, yarn with mscale and every key",
+          "[hf][golden][rope]") {
+  check_golden("rope-yarn-mscale");
 }
 
 }  // namespace remat::test

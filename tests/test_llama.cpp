@@ -223,8 +223,23 @@ TEST_CASE("llama config keys refuse what the family cannot be", "[llama][config]
              Contains("model.position") && Contains("RoPE only"));
   CHECK_THAT(error_of(kLlama, {"model.dropout=0.1"}), Contains("model.dropout"));
   CHECK_THAT(error_of(kLlama, {"model.head_dim=7"}), Contains("even head size"));
-  CHECK_THAT(error_of(kLlama, {"model.rope_scaling={ rope_type = \"yarn\", factor = 4.0 }"}),
-             Contains("model.rope_scaling") && Contains("unknown value \"yarn\""));
+  CHECK_THAT(error_of(kLlama, {"model.rope_scaling={ rope_type = \"longrope\", factor = 4.0 }"}),
+             Contains("model.rope_scaling.rope_type") &&
+                 Contains("RoPE scaling \"longrope\" is not supported") &&
+                 Contains("linear, dynamic, yarn, llama3"));
+  CHECK_THAT(error_of(kLlama, {"model.rope_scaling={ rope_type = \"yarn\", "
+                               "original_max_position_embeddings = 64 }"}),
+             Contains("model.rope_scaling") && Contains("rope_type \"yarn\" needs factor"));
+  CHECK_THAT(error_of(kLlama, {"model.rope_scaling={ rope_type = \"linear\", factor = 2.0, "
+                               "low_freq_factor = 1.0 }"}),
+             Contains("model.rope_scaling.low_freq_factor") &&
+                 Contains("does not apply to rope_type \"linear\"") && Contains("takes factor"));
+  CHECK_THAT(error_of(kLlama, {"model.rope_scaling={ rope_type = \"yarn\", factor = 2.0, "
+                               "original_max_position_embeddings = 64, alpha = 1 }"}),
+             Contains("model.rope_scaling.alpha") && Contains("unknown key 'alpha'"));
+  CHECK_THAT(error_of(kLlama, {"model.rope_scaling={ rope_type = \"yarn\", factor = 2.0, "
+                               "original_max_position_embeddings = 64, truncate = 1 }"}),
+             Contains("model.rope_scaling.truncate") && Contains("expected true or false"));
   CHECK_THAT(error_of(kLlama, {"model.rope_scaling={ rope_type = \"llama3\", factor = 8.0 }"}),
              Contains("original_max_position_embeddings"));
   CHECK_THAT(error_of("[model]\nkind = \"gpt\"\nn_kv_head = 2\n", {}),

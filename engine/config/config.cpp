@@ -15,11 +15,13 @@
 #include <map>
 #include <optional>
 #include <sstream>
+#include <variant>
 
 #include "engine/config/config_path.h"
 #include "engine/config/hf_config.h"
 #include "engine/config/lora.h"
 #include "engine/config/policy.h"
+#include "engine/config/rope_scaling.h"
 #include "engine/config/shards_json.h"
 #include "engine/core/error.h"
 #include "engine/core/regular_file.h"
@@ -221,55 +223,51 @@ bool read_bool(const toml::node& n, const Origin& o) {
   return *n.value<bool>();
 }
 
-// model.rope_scaling as config.json writes it: an inline table { rope_type = "llama3", factor
-// = 8.0, low_freq_factor = 1.0, high_freq_factor = 4.0, original_max_position_embeddings = 8192 }
-// ("type" is accepted for rope_type, as older config.json files spell it; "default" or "none" is
-// no scaling).
+// model.rope_scaling as config.json writes it: an inline table { rope_type = "yarn", factor =
+// 4.0, original_max_position_embeddings = 32768 } ("type" is accepted for rope_type, as older
+// config.json files spell it; "default" or "none" is no scaling). The keys each type takes and
+// their checks are engine/config/rope_scaling.h's, shared with config.json's reader.
 RopeScaling read_rope_scaling(const toml::node& n, const Origin& o) {
   if (g_describe) {
-    *g_describe = {"table", "{ rope_type = \"llama3\", factor = 8.0, ... } or \"none\""};
+    *g_describe = {"table",
+                   "{ rope_type = \"linear\" | \"dynamic\" | \"yarn\" | \"llama3\", factor, "
+                   "... } or \"none\""};
     return {};
   }
   if (n.is_string() && (*n.value<std::string>() == "none" || *n.value<std::string>() == "default"))
     return {};
   const toml::table* t = n.as_table();
   const std::string example =
-      "write { rope_type = \"llama3\", factor = 8.0, low_freq_factor = 1.0, high_freq_factor = "
-      "4.0, original_max_position_embeddings = 8192 } or \"none\"";
+      "write e.g. { rope_type = \"yarn\", factor = 4.0, original_max_position_embeddings = 4096 } "
+      "or \"none\"";
   if (!t) fail(o, fmt::format("expected a table, got {}", type_name(n)), example);
-  RopeScaling s;
   std::string type;
-  bool has_factor = false, has_context = false;
+  std::vector<RopeKey> keys;
   for (auto&& [k, v] : *t) {
     const std::string key(k.str());
-    const Origin ko{o.where, o.key + "." + key};
     if (key == "rope_type" || key == "type") {
-      type = read_choice(v, ko, {"llama3", "default", "none"});
-    } else if (key == "factor") {
-      s.factor = read_float(v, ko, 1.0, 1e6);
-      has_factor = true;
-    } else if (key == "low_freq_factor") {
-      s.low_freq_factor = read_float(v, ko, 1e-6, 1e6);
-    } else if (key == "high_freq_factor") {
-      s.high_freq_factor = read_float(v, ko, 1e-6, 1e6);
-    } else if (key == "original_max_position_embeddings") {
-      s.original_context = read_int(v, ko, 1, std::numeric_limits<int64_t>::max(), true);
-      has_context = true;
-    } else {
-      fail(ko, fmt::format("unknown key '{}' in rope_scaling", key), example);
+      if (!v.is_string())
+        fail({o.where, o.key + "." + key}, fmt::format("expected a string, got {}", type_name(v)),
+             fmt::format("use one of {}", kScaledRopeTypes));
+      type = *v.value<std::string>();
+      continue;
     }
+    RopeKey rk{key, std::monostate{}, v.is_integer(), type_name(v)};
+    if (v.is_number()) rk.value = *v.value<double>();
+    if (v.is_boolean()) rk.value = *v.value<bool>();
+    if (const std::optional<int64_t> count =
+            v.is_string() ? parse_count(*v.value<std::string>()) : std::nullopt) {
+      rk.value = static_cast<double>(*count);  // 8k, as counts are written elsewhere
+      rk.is_integer = true;
+    }
+    keys.push_back(std::move(rk));
   }
   if (type.empty()) fail(o, "rope_scaling has no rope_type", example);
-  if (type != "llama3") return {};
-  if (!has_factor || !has_context)
-    fail(o, "llama3 rope_scaling needs factor and original_max_position_embeddings", example);
-  if (!(s.high_freq_factor > s.low_freq_factor))
-    fail(o,
-         fmt::format("high_freq_factor = {} must exceed low_freq_factor = {}", s.high_freq_factor,
-                     s.low_freq_factor),
-         "use the values of the model's config.json (Llama 3.1: 1.0 and 4.0)");
-  s.kind = RopeScaling::Llama3;
-  return s;
+  try {
+    return parse_rope_scaling(type, keys);
+  } catch (const RopeScalingProblem& e) {
+    fail({o.where, e.key.empty() ? o.key : o.key + "." + e.key}, e.what(), e.fix);
+  }
 }
 
 // model.from_hf: a folder (whether it holds a config.json is hf::read_model_keys's to say).
@@ -367,8 +365,8 @@ const std::vector<KeySpec>& key_specs() {
       {"model", "norm_eps", "RMSNorm epsilon (llama: rms_norm_eps)",
        [](Config& c, auto& n, auto& o) { c.model.norm_eps = read_float(n, o, 1e-12, 0.1); }},
       {"model", "rope_scaling",
-       "RoPE frequency scaling (llama): { rope_type = \"llama3\", factor, low_freq_factor, "
-       "high_freq_factor, original_max_position_embeddings }",
+       "RoPE frequency scaling (llama; transformers' rope_scaling): rope_type \"linear\", "
+       "\"dynamic\", \"yarn\" or \"llama3\" and the keys it takes (docs/context-extension.md)",
        [](Config& c, auto& n, auto& o) { c.model.rope_scaling = read_rope_scaling(n, o); }},
       {"model", "attention_bias", "q/k/v projection biases (llama: Qwen2)",
        [](Config& c, auto& n, auto& o) { c.model.attention_bias = read_bool(n, o); }},
@@ -1208,14 +1206,11 @@ std::string config_to_toml(const Config& c) {
     model.insert("n_kv_head", c.model.n_kv_head);
     model.insert("head_dim", c.model.head_dim);
     model.insert("norm_eps", c.model.norm_eps);
-    if (c.model.rope_scaling.kind == RopeScaling::Llama3) {
-      const RopeScaling& s = c.model.rope_scaling;
-      model.insert("rope_scaling",
-                   toml::table{{"rope_type", "llama3"},
-                               {"factor", s.factor},
-                               {"low_freq_factor", s.low_freq_factor},
-                               {"high_freq_factor", s.high_freq_factor},
-                               {"original_max_position_embeddings", s.original_context}});
+    if (c.model.rope_scaling.kind != RopeScaling::None) {
+      toml::table scaling;
+      for (const auto& [key, value] : rope_scaling_entries(c.model.rope_scaling))
+        std::visit([&](const auto& v) { scaling.insert(key, v); }, value);
+      model.insert("rope_scaling", std::move(scaling));
     }
     model.insert("attention_bias", c.model.attention_bias);
     model.insert("qk_norm", c.model.qk_norm);

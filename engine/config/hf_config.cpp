@@ -8,7 +8,10 @@
 #include <cstring>
 #include <filesystem>
 #include <optional>
+#include <type_traits>
+#include <variant>
 
+#include "engine/config/rope_scaling.h"
 #include "engine/core/error.h"
 #include "engine/core/regular_file.h"
 
@@ -227,7 +230,10 @@ struct Rope {
 };
 
 // One RoPE description: the rope_scaling dict (rope_theta beside it) of transformers 4.x, or one
-// entry of v5's rope_parameters (theta inside it). `where` is how messages name the dict.
+// entry of v5's rope_parameters (theta inside it), as a TOML inline table ("" for none). `where`
+// is how messages name the dict. The original context a type needs and the dict leaves out is
+// config.json's max_position_embeddings, as transformers 4.57 takes it (for dynamic always: it
+// reads no other).
 std::string read_scaling(const ConfigFile& f, const Json& s, const std::string& where) {
   const std::string type_key = s.contains("rope_type") ? "rope_type" : "type";
   const std::string type = f.string(s, type_key, "default", where + "." + type_key);
@@ -236,24 +242,53 @@ std::string read_scaling(const ConfigFile& f, const Json& s, const std::string& 
       f.refuse(where + ".partial_rotary_factor", p,
                "partial rotary embeddings are not supported (every head dimension is rotated)",
                kFixDocs);
-  if (type == "default") return "";
-  if (type != "llama3")
-    f.refuse(
-        where + "." + type_key, ConfigFile::get(s, type_key),
-        fmt::format("RoPE scaling \"{}\" is not supported (only \"default\" and \"llama3\")", type),
-        "use a checkpoint whose RoPE is unscaled or llama3-scaled (docs/hf.md)");
-  for (const char* key :
-       {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"})
-    if (!ConfigFile::get(s, key))
-      f.refuse(where + "." + key, nullptr, "llama3 RoPE scaling needs it", "correct config.json");
-  return fmt::format(
-      "{{ rope_type = \"llama3\", factor = {}, low_freq_factor = {}, high_freq_factor = {}, "
-      "original_max_position_embeddings = {} }}",
-      toml_float(f.number(s, "factor", 1, where + ".factor")),
-      toml_float(f.number(s, "low_freq_factor", 1, where + ".low_freq_factor")),
-      toml_float(f.number(s, "high_freq_factor", 4, where + ".high_freq_factor")),
-      f.integer(s, "original_max_position_embeddings", 0, 1, INT64_MAX,
-                where + ".original_max_position_embeddings"));
+  std::vector<RopeKey> keys;
+  for (const auto& [key, v] : s.items()) {
+    // transformers v5 keeps theta and the rotary fraction in the same dict; null is "unset".
+    if (key == "rope_type" || key == "type" || key == "rope_theta" ||
+        key == "partial_rotary_factor" || v.is_null())
+      continue;
+    RopeKey k{key, std::monostate{}, v.is_number_integer(), v.dump()};
+    if (v.is_number()) k.value = v.get<double>();
+    if (v.is_boolean()) k.value = v.get<bool>();
+    keys.push_back(std::move(k));
+  }
+  const Json& root = f.root();
+  const bool has_original = std::any_of(keys.begin(), keys.end(), [](const RopeKey& k) {
+    return k.name == "original_max_position_embeddings";
+  });
+  if ((type == "dynamic" || (type == "yarn" && !has_original)) &&
+      ConfigFile::get(root, "max_position_embeddings")) {
+    std::erase_if(keys,
+                  [](const RopeKey& k) { return k.name == "original_max_position_embeddings"; });
+    const int64_t max_pos = f.integer(root, "max_position_embeddings", 0, 1, INT64_MAX);
+    keys.push_back({"original_max_position_embeddings", static_cast<double>(max_pos), true,
+                    std::to_string(max_pos)});
+  }
+  RopeScaling scaling;
+  try {
+    scaling = parse_rope_scaling(type, keys);
+  } catch (const RopeScalingProblem& e) {
+    const std::string key =
+        e.key.empty() ? where : where + "." + (e.key == "rope_type" ? type_key : e.key);
+    const Json* value =
+        e.key.empty() ? &s : ConfigFile::get(s, e.key == "rope_type" ? type_key : e.key);
+    f.refuse(key, value, e.what(), e.fix + " (docs/context-extension.md)");
+  }
+  std::string toml;
+  for (const auto& [key, value] : rope_scaling_entries(scaling)) {
+    const std::string v = std::visit(
+        [](const auto& x) -> std::string {
+          using X = std::decay_t<decltype(x)>;
+          if constexpr (std::is_same_v<X, double>) return toml_float(x);
+          if constexpr (std::is_same_v<X, std::string>) return "\"" + x + "\"";
+          if constexpr (std::is_same_v<X, bool>) return x ? "true" : "false";
+          if constexpr (std::is_same_v<X, int64_t>) return std::to_string(x);
+        },
+        value);
+    toml += fmt::format("{}{} = {}", toml.empty() ? "{ " : ", ", key, v);
+  }
+  return toml.empty() ? toml : toml + " }";
 }
 
 Rope read_rope(const ConfigFile& f) {
@@ -494,19 +529,18 @@ nlohmann::ordered_json config_json(const ModelConfig& m, int64_t seq_len,
     j["num_key_value_heads"] = m.kv_heads();
     j["head_dim"] = m.head_size();
     j["hidden_act"] = "silu";
+    // Dynamic NTK grows its base past max_position_embeddings (transformers 4.57 reads no other
+    // key for it): that is the length the model was configured with.
     j["max_position_embeddings"] =
-        from_source("max_position_embeddings",
-                    m.max_position_embeddings > 0 ? m.max_position_embeddings : seq_len);
+        m.rope_scaling.kind == RopeScaling::Dynamic
+            ? OJson(m.rope_scaling.original_context)
+            : from_source("max_position_embeddings",
+                          m.max_position_embeddings > 0 ? m.max_position_embeddings : seq_len);
     j["rms_norm_eps"] = m.norm_eps;
     j["rope_theta"] = m.rope_theta;
-    if (m.rope_scaling.kind == RopeScaling::Llama3)
-      j["rope_scaling"] = {{"rope_type", "llama3"},
-                           {"factor", m.rope_scaling.factor},
-                           {"low_freq_factor", m.rope_scaling.low_freq_factor},
-                           {"high_freq_factor", m.rope_scaling.high_freq_factor},
-                           {"original_max_position_embeddings", m.rope_scaling.original_context}};
-    else
-      j["rope_scaling"] = nullptr;
+    j["rope_scaling"] = nullptr;
+    for (const auto& [key, value] : rope_scaling_entries(m.rope_scaling))
+      std::visit([&, &key = key](const auto& v) { j["rope_scaling"][key] = v; }, value);
     if (arch != "Qwen2ForCausalLM") j["attention_bias"] = false;  // Qwen2's are always on
     if (arch == "LlamaForCausalLM") j["mlp_bias"] = false;
     if (arch != "LlamaForCausalLM") {  // Qwen: full attention in every layer

@@ -5,8 +5,8 @@
 // Families: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM and Qwen3ForCausalLM become
 // model.kind = "llama"; GPT2LMHeadModel becomes "gpt" with learned positions. Whatever a
 // config.json asks for that our blocks do not compute (another activation, o_proj or MLP biases,
-// partial rotary, a RoPE scaling other than llama3, a sliding window the run would reach) is
-// refused with the key and its value, never approximated.
+// partial rotary, a RoPE scaling type other than linear, dynamic, yarn and llama3, a sliding window
+// the run would reach) is refused with the key and its value, never approximated.
 #pragma once
 
 #include <cstdint>

@@ -385,21 +385,16 @@ struct Heads {
   int64_t rope_pos(int64_t b, int64_t t) const { return t - doc_first(b, t); }
 };
 
-// Fills the cos/sin table: angle(t, i) = t * inv_freq[i] (engine/core/ops/rope.h, with its
-// scaling), in double because t * freq reaches 1e6 at long context.
+// Fills the cos/sin table: angle(t, i) = t * inv_freq[i] in double, times yarn's attention
+// factor (engine/core/ops/rope.h, with its scaling; the factor then scales the rotated q and k,
+// and R^T in the backward by the same table is the gradient of that scaled rotation).
 void fill_rope_table(float* cos_t, float* sin_t, int64_t T, int64_t HS, float theta,
                      const RopeScaling& scaling, int threads) {
   const int64_t half = HS / 2;
-  const std::vector<double> freq =  // once per call, not per position
-      rope_inv_freq(HS, static_cast<double>(theta), scaling);
+  const RopeAngles angles =  // once per call, not per position
+      rope_angles(HS, static_cast<double>(theta), scaling);
 #pragma omp parallel for schedule(static) num_threads(threads)
-  for (int64_t t = 0; t < T; ++t) {
-    for (int64_t i = 0; i < half; ++i) {
-      const double ang = static_cast<double>(t) * freq[static_cast<size_t>(i)];
-      cos_t[t * half + i] = static_cast<float>(std::cos(ang));
-      sin_t[t * half + i] = static_cast<float>(std::sin(ang));
-    }
-  }
+  for (int64_t t = 0; t < T; ++t) angles.cos_sin(t, cos_t + t * half, sin_t + t * half);
 }
 
 // A row of one head's q or k, rotated with RoPE at position `pos` when enabled, times `mult`,

@@ -96,7 +96,8 @@ float mse_row(const float* x, const float* y, float* dx, int64_t D, float g) {
 
 }  // namespace
 
-// For each chunk of rows: logits = inp W^T; per row, a numerically stable softmax (subtract the
+// For each chunk of rows: logits = inp W^T; per row, the greedy prediction when asked (the first
+// largest logit, as argmax decoding picks it), then a numerically stable softmax (subtract the
 // row max) gives loss = logsumexp - logit[target] and dlogits = (softmax - onehot) * scale,
 // written over the logits (softmax_xent_row); then dinp = dlogits W (in vocabulary slabs for a
 // long vocabulary: lm_head_dinp_slabs in engine/core/cpu_workspace.h) and dW += dlogits^T inp.
@@ -108,6 +109,7 @@ void CpuBackend::lm_head_loss_impl(const LmHeadLossArgs& a, const OpWorkspace& w
   const float* W = a.weight.f32();
   const int32_t* targets = a.targets.i32();
   float* losses = a.losses.f32();
+  int32_t* argmax = a.argmax.empty() ? nullptr : a.argmax.i32();
   for (int64_t r0 = 0; r0 < N; r0 += R) {
     const int64_t rows = std::min(R, N - r0);
     const float* x = a.inp.f32() + r0 * C;
@@ -122,6 +124,7 @@ void CpuBackend::lm_head_loss_impl(const LmHeadLossArgs& a, const OpWorkspace& w
         continue;
       }
       REMAT_ASSERT(t >= 0 && t < V, "lm_head_loss: target {} outside vocabulary {}", t, V);
+      if (argmax) argmax[r0 + r] = static_cast<int32_t>(std::max_element(l, l + V) - l);
       losses[r0 + r] = static_cast<float>(softmax_xent_row(l, V, t, a.loss_scale));
     }
     const int64_t slabs = lm_head_dinp_slabs(V);

@@ -20,16 +20,6 @@ namespace {
 constexpr int64_t kTile = 64;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// cos and sin of RoPE's angles at global position p: angle(i) = p * inv_freq[i] in double, as
-// the self-attention kernel's table computes them.
-void rope_angles(int64_t p, const std::vector<double>& inv_freq, float* cs, float* sn) {
-  for (size_t i = 0; i < inv_freq.size(); ++i) {
-    const double ang = static_cast<double>(p) * inv_freq[i];
-    cs[i] = static_cast<float>(std::cos(ang));
-    sn[i] = static_cast<float>(std::sin(ang));
-  }
-}
-
 // One head's row rotated (forward) or rotated back (the gradient: the transpose rotation).
 void rotate(float* d, const float* s, int64_t HS, const float* cs, const float* sn, bool back) {
   const int64_t half = HS / 2;
@@ -85,16 +75,16 @@ void for_each_token(int64_t B, int64_t T, int64_t HS, const TokenPositions& posi
                     const int32_t* doc_start, float theta, const RopeScaling& scaling, int threads,
                     PerToken&& per_token) {
   const std::vector<int64_t> pos = positions.list();
-  const std::vector<double> inv_freq =
-      theta > 0 ? rope_inv_freq(HS, static_cast<double>(theta), scaling) : std::vector<double>{};
+  // cos and sin at the token's global position, as the self-attention kernel's table has them
+  const RopeAngles angles =
+      theta > 0 ? rope_angles(HS, static_cast<double>(theta), scaling) : RopeAngles{};
 #pragma omp parallel for schedule(static) num_threads(threads)
   for (int64_t t = 0; t < T; ++t) {
     std::vector<float> cs(static_cast<size_t>(HS / 2)), sn(cs.size());
     const int64_t p = pos[static_cast<size_t>(t)];
-    if (theta > 0 && !doc_start) rope_angles(p, inv_freq, cs.data(), sn.data());
+    if (theta > 0 && !doc_start) angles.cos_sin(p, cs.data(), sn.data());
     for (int64_t b = 0; b < B; ++b) {
-      if (theta > 0 && doc_start)
-        rope_angles(p - doc_start[b * T + t], inv_freq, cs.data(), sn.data());
+      if (theta > 0 && doc_start) angles.cos_sin(p - doc_start[b * T + t], cs.data(), sn.data());
       per_token(b * T + t, cs.data(), sn.data());
     }
   }

@@ -82,15 +82,7 @@ struct Heads {
   Heads(const Tensor& qkv, int n_head, int n_kv_head, float theta, const RopeScaling& scaling) {
     const int64_t KVH = kv_heads(n_head, n_kv_head);
     shape = {qkv.dim(0), n_head, qkv.dim(1), qkv.dim(2) / (n_head + 2 * KVH), KVH};
-    if (theta <= 0) return;
-    if (shape.HS / 2 > kern::kMaxRopePairs)
-      throw BackendError(
-          fmt::format("[attention] RoPE on CUDA takes head sizes up to {}, got {}. Fix: more heads "
-                      "(model.n_head) for the same width",
-                      2 * kern::kMaxRopePairs, shape.HS));
-    const std::vector<double> f = rope_inv_freq(shape.HS, static_cast<double>(theta), scaling);
-    freq.n = static_cast<int>(f.size());
-    std::copy(f.begin(), f.end(), freq.inv_freq);
+    freq = rope_frequencies(shape.HS, theta, scaling, "[attention]");
   }
   /// dst = src with q, k rotated (inverse: by R^T), or copied when there is no RoPE.
   kern::RopeParams rope(void* dst, bool dst_bf16, const void* src, bool src_bf16,

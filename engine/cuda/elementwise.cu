@@ -233,8 +233,10 @@ __global__ void mse_loss_kernel(float* losses, T* dinp, const T* inp, const floa
 // thread ever reads an element another thread has overwritten.
 constexpr int kXentThreads = 512;
 
-__global__ void softmax_xent_kernel(float* logits, const int32_t* targets, float* losses, int64_t V,
-                                    float scale, bool write_bf16) {
+// With `argmax`, the row's first largest logit's index too: after the max, each thread's smallest
+// index holding it, reduced as the largest of their negations (exact in float: V <= 2^24).
+__global__ void softmax_xent_kernel(float* logits, const int32_t* targets, float* losses,
+                                    int32_t* argmax, int64_t V, float scale, bool write_bf16) {
   __shared__ float target_logit;
   float* l = logits + blockIdx.x * V;
   const int32_t t = targets[blockIdx.x];
@@ -253,6 +255,16 @@ __global__ void softmax_xent_kernel(float* logits, const int32_t* targets, float
   float mx = -CUDART_INF_F;
   for (int64_t j = threadIdx.x; j < V; j += blockDim.x) mx = fmaxf(mx, l[j]);
   mx = block_reduce<true>(mx);
+  if (argmax) {
+    float first = -CUDART_INF_F;  // -(smallest index of mx this thread saw)
+    for (int64_t j = threadIdx.x; j < V; j += blockDim.x)
+      if (l[j] == mx) {
+        first = -static_cast<float>(j);
+        break;
+      }
+    first = block_reduce<true>(first);
+    if (threadIdx.x == 0) argmax[blockIdx.x] = static_cast<int32_t>(-first);
+  }
   float sum = 0;
   for (int64_t j = threadIdx.x; j < V; j += blockDim.x) sum += expf(l[j] - mx);
   sum = block_reduce<false>(sum);  // its internal __syncthreads also publishes target_logit
@@ -320,7 +332,7 @@ __device__ __forceinline__ void rope_heads(Td* dst, const Ts* src, int64_t heads
 // long context) is the same for every head of the row, so its sincos is computed once and
 // applied to the NH query and KVH key heads; the thread then copies elements i and i + HS/2 of
 // each v head. Adjacent threads take adjacent i, so each head's accesses stay coalesced. The
-// frequencies are those of the CPU's table (engine/core/ops/rope.h).
+// frequencies and the attention factor are those of the CPU's table (engine/core/ops/rope.h).
 template <typename Td, typename Ts>
 __global__ void rope_kernel(Td* dst, const Ts* src, RopeParams p) {
   const int64_t half = p.HS / 2, n = p.BT * half, W = (p.NH + 2 * p.KVH) * p.HS;
@@ -331,7 +343,8 @@ __global__ void rope_kernel(Td* dst, const Ts* src, RopeParams p) {
     if (rotated > 0) {
       double sn_d, cs_d;
       sincos(static_cast<double>(row % p.T) * p.freq.inv_freq[i], &sn_d, &cs_d);
-      const float cs = static_cast<float>(cs_d), sn = static_cast<float>(sn_d);
+      const float cs = static_cast<float>(cs_d * p.freq.attention_factor);
+      const float sn = static_cast<float>(sn_d * p.freq.attention_factor);
       rope_heads<true>(dst + at, src + at, rotated, p.HS, half, cs, sn, p.inverse);
     }
     const int64_t rest = rotated * p.HS;
@@ -482,10 +495,10 @@ void mse_loss(const MseLossParams& p, cudaStream_t s) {
   });
 }
 
-void softmax_xent(float* logits, const int32_t* targets, float* losses, int64_t rows, int64_t V,
-                  float scale, bool write_bf16, cudaStream_t s) {
-  softmax_xent_kernel<<<static_cast<unsigned>(rows), kXentThreads, 0, s>>>(logits, targets, losses,
-                                                                           V, scale, write_bf16);
+void softmax_xent(float* logits, const int32_t* targets, float* losses, int32_t* argmax,
+                  int64_t rows, int64_t V, float scale, bool write_bf16, cudaStream_t s) {
+  softmax_xent_kernel<<<static_cast<unsigned>(rows), kXentThreads, 0, s>>>(
+      logits, targets, losses, argmax, V, scale, write_bf16);
 }
 
 template <typename T>

@@ -131,8 +131,8 @@ void mse_loss(const MseLossParams& p, cudaStream_t s);
 /// the gradient (softmax - onehot) * scale overwrites the logits: as f32 (write_bf16 false), or
 /// as bf16 stored at the start of each f32 row (bf16 element j of row r at byte 4 r V + 2 j,
 /// i.e. a (rows, V) bf16 matrix with leading dimension 2V).
-void softmax_xent(float* logits, const int32_t* targets, float* losses, int64_t rows, int64_t V,
-                  float scale, bool write_bf16, cudaStream_t s);
+void softmax_xent(float* logits, const int32_t* targets, float* losses, int32_t* argmax,
+                  int64_t rows, int64_t V, float scale, bool write_bf16, cudaStream_t s);
 
 // ---- optimizer (optimizer.cu) ----
 // The multi-tensor launchers take a host array of descriptors and launch once per group of them,
@@ -173,11 +173,14 @@ void sum_squares_partials(const DeviceFloats* tensors, int64_t count, double* pa
 void zero_multi(const DeviceFloats* tensors, int64_t count, cudaStream_t s);
 
 // ---- attention helpers ----
-/// RoPE's inverse frequencies of one head (engine/core/ops/rope.h's rope_inv_freq, scaling applied
-/// on the host), by value in a kernel's parameters: n = HS / 2 pairs, 0 for no rotation.
+/// RoPE's inverse frequencies of one head (engine/core/ops/rope.h's rope_angles, scaling applied
+/// on the host), by value in a kernel's parameters: n = HS / 2 pairs, 0 for no rotation; cos and
+/// sin are multiplied by attention_factor (yarn's; 1 leaves the unscaled bits) before they are
+/// rounded to float, as the CPU's table does.
 constexpr int kMaxRopePairs = 128;  // head sizes up to 256, cuDNN's largest
 struct RopeFrequencies {
   int n = 0;
+  double attention_factor = 1.0;
   double inv_freq[kMaxRopePairs] = {};
 };
 /// dst (BT, (NH + 2 KVH) HS) = src (q | k | v, heads contiguous) with the NH query and KVH key

@@ -28,7 +28,8 @@ void CudaBackend::lm_head_loss_impl(const LmHeadLossArgs& a, const OpWorkspace& 
     const void* x = byte_ptr(a.inp, r0 * C);
     gemm_->matmul(V, rows, C, {w, bf, C, true}, {x, bf, C, false}, logits, false, V, 0.0f, wsp,
                   kGemmWorkspaceBytes);
-    kern::softmax_xent(logits, a.targets.i32() + r0, a.losses.f32() + r0, rows, V, a.loss_scale, bf,
+    kern::softmax_xent(logits, a.targets.i32() + r0, a.losses.f32() + r0,
+                       a.argmax.empty() ? nullptr : a.argmax.i32() + r0, rows, V, a.loss_scale, bf,
                        stream());
     gemm_->matmul(C, rows, V, {w, bf, C, false}, {logits, bf, ld_grad, false},
                   byte_ptr(a.dinp, r0 * C), is_bf16(a.dinp), C, 0.0f, wsp, kGemmWorkspaceBytes);

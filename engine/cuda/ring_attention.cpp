@@ -41,21 +41,6 @@ void check_head_size(int64_t HS, int64_t smem_bytes, int64_t limit) {
         HS, smem_bytes, limit, kern::kRingMaxHeadSize));
 }
 
-// RoPE's frequencies of a head of HS (none without RoPE), for the split and merge kernels.
-kern::RopeFrequencies rope_frequencies(int64_t HS, float theta, const RopeScaling& scaling) {
-  kern::RopeFrequencies f;
-  if (theta <= 0) return f;
-  if (HS / 2 > kern::kMaxRopePairs)
-    throw BackendError(
-        fmt::format("[parallel] ring attention on CUDA: RoPE takes head sizes up "
-                    "to {}, got {}. Fix: more heads (model.n_head)",
-                    2 * kern::kMaxRopePairs, HS));
-  const std::vector<double> inv = rope_inv_freq(HS, static_cast<double>(theta), scaling);
-  f.n = static_cast<int>(inv.size());
-  std::copy(inv.begin(), inv.end(), f.inv_freq);
-  return f;
-}
-
 }  // namespace
 
 void CudaBackend::ring_split_impl(const RingSplitArgs& a) {
@@ -69,7 +54,8 @@ void CudaBackend::ring_split_impl(const RingSplitArgs& a) {
                     .C = C,
                     .NH = a.n_head,
                     .KVH = kv_heads(a.n_head, a.n_kv_head),
-                    .freq = rope_frequencies(C / a.n_head, a.rope_theta, a.rope_scaling),
+                    .freq = rope_frequencies(C / a.n_head, a.rope_theta, a.rope_scaling,
+                                             "[parallel] ring attention:"),
                     .pos = device_positions(a.pos),
                     .bf16 = is_bf16(a.qkv)},
                    stream());
@@ -87,7 +73,8 @@ void CudaBackend::ring_merge_grad_impl(const RingMergeGradArgs& a) {
                          .C = C,
                          .NH = a.n_head,
                          .KVH = kv_heads(a.n_head, a.n_kv_head),
-                         .freq = rope_frequencies(C / a.n_head, a.rope_theta, a.rope_scaling),
+                         .freq = rope_frequencies(C / a.n_head, a.rope_theta, a.rope_scaling,
+                                                  "[parallel] ring attention:"),
                          .pos = device_positions(a.pos),
                          .bf16 = is_bf16(a.dqkv)},
                         stream());

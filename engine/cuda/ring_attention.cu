@@ -62,7 +62,8 @@ __device__ float rotated(const T* row, int64_t c, int64_t HS, int64_t pos,
   const float a = to_f32(row[h * HS + k]), b = to_f32(row[h * HS + k + half]);
   double sn_d, cs_d;
   sincos(static_cast<double>(pos) * freq.inv_freq[k], &sn_d, &cs_d);
-  const float cs = static_cast<float>(cs_d), sn = static_cast<float>(sn_d);
+  const float cs = static_cast<float>(cs_d * freq.attention_factor);
+  const float sn = static_cast<float>(sn_d * freq.attention_factor);
   if (!inverse) return i < half ? a * cs - b * sn : a * sn + b * cs;
   return i < half ? a * cs + b * sn : b * cs - a * sn;
 }

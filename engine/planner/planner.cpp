@@ -238,20 +238,40 @@ uint64_t Planner::search_peak(const DryRun& run) const {
   return std::max(device, host_scaled);
 }
 
-DryRun Planner::dry_run(const Config& cfg, bool track_largest) const {
+namespace {
+
+// `eval`'s step, as cmd/eval_command.cpp runs it: the model (built by the factory, weights and
+// all), one batch of the data source's shape, then the executor's forward-only pass.
+void eval_step(Backend& be, Model& model, DataSource& data, bool predictions) {
+  be.reset_cost();
+  be.pool().set_phase("eval data");
+  const Batch batch = data.next(be, 0);
+  model.set_training(false);
+  forward_loss(be, model, batch, predictions);
+}
+
+}  // namespace
+
+DryRun Planner::dry_run(const Config& cfg, bool track_largest, StepKind kind) const {
   CountBackend be(target_.count, UINT64_MAX);
   be.pool().set_track_largest(track_largest);
   RunParts parts = factory_(cfg, be);
   Model& model = *parts.model;
-  Trainer trainer(cfg.train, resolve_remat_plan(cfg, model), be, model, *parts.data,
-                  data_parallel(cfg, nullptr));
-  be.reset_cost();
-  trainer.step();
-  be.pool().set_phase("checkpoint");
-  if (!cfg.checkpoint.dir.empty())
-    allocate_checkpoint_staging(be, model);  // freed at once, as in a run
   DryRun r;
   r.policy = cfg.remat.plan.empty() ? cfg.remat.policy : "per-block";
+  std::unique_ptr<Trainer> trainer;
+  if (kind == StepKind::Train) {
+    trainer = std::make_unique<Trainer>(cfg.train, resolve_remat_plan(cfg, model), be, model,
+                                        *parts.data, data_parallel(cfg, nullptr));
+    be.reset_cost();
+    trainer->step();
+    be.pool().set_phase("checkpoint");
+    if (!cfg.checkpoint.dir.empty())
+      allocate_checkpoint_staging(be, model);  // freed at once, as in a run
+  } else {
+    eval_step(be, model, *parts.data, kind == StepKind::EvalPredictions);
+    r.policy = "eval";  // no backward: the remat policy plays no part
+  }
   r.peak = be.pool().peak_snapshot();
   r.host_peak = be.host_pool().peak_snapshot();
   for (int i = 0; i < kNumPhases; ++i)
@@ -269,12 +289,14 @@ DryRun Planner::dry_run(const Config& cfg, bool track_largest) const {
   }
   r.ranks = static_cast<int>(cfg.parallel.world_ranks());
   r.context_ranks = static_cast<int>(cfg.parallel.context);
-  r.grad_sent_bytes = trainer.sent_bytes_per_step();
-  r.sharded_optimizer = trainer.sharded_moments() != nullptr;
+  if (trainer) {
+    r.grad_sent_bytes = trainer->sent_bytes_per_step();
+    r.sharded_optimizer = trainer->sharded_moments() != nullptr;
+  }
   return r;
 }
 
-int64_t Planner::longest_seq_len(const Config& cfg, const DryRun* at_cfg) const {
+int64_t Planner::longest_seq_len(const Config& cfg, const DryRun* at_cfg, StepKind kind) const {
   if (!cfg.model.has_sequence()) return 0;
   const int64_t hi = cfg.model.position == PositionKind::Learned ? cfg.model.n_ctx : (1ll << 26);
   return largest_fitting(
@@ -283,7 +305,7 @@ int64_t Planner::longest_seq_len(const Config& cfg, const DryRun* at_cfg) const 
         Config c = cfg;
         c.train.seq_len = t;
         if (c.data.task == "copy" && t < 4) c.data.task = "random";
-        return search_peak(dry_run(c, false));
+        return search_peak(dry_run(c, false, kind));
       },
       at_cfg ? std::optional(PeakProbe{cfg.train.seq_len, search_peak(*at_cfg)}) : std::nullopt);
 }

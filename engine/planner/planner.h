@@ -153,14 +153,20 @@ struct RunParts {
 };
 using RunFactory = std::function<RunParts(const Config&, Backend&)>;
 
+/// What a dry run runs: one training step (Trainer::step), or one evaluation batch (`eval`: the
+/// executor's forward_loss on the data source's first batch, no backward and no optimizer), with
+/// or without the LM head's greedy predictions (`eval --passkey`).
+enum class StepKind : uint8_t { Train, Eval, EvalPredictions };
+
 class Planner {
  public:
   Planner(PlanTarget target, RunFactory factory)
       : target_(std::move(target)), factory_(std::move(factory)) {}
   const PlanTarget& target() const { return target_; }
 
-  /// One training step of `cfg` on the count backend for the target.
-  DryRun dry_run(const Config& cfg, bool track_largest = true) const;
+  /// One training step of `cfg` on the count backend for the target (or what `kind` says).
+  DryRun dry_run(const Config& cfg, bool track_largest = true,
+                 StepKind kind = StepKind::Train) const;
   bool fits(const Config& cfg) const { return fits(dry_run(cfg, false)); }
   /// The device peak within the pool budget and the host peak within the host budget.
   bool fits(const DryRun& run) const;
@@ -171,7 +177,8 @@ class Planner {
   /// Longest seq_len that fits (0 if even 1 does not); learned positions cap it at n_ctx.
   /// Searches over dry runs (engine/planner/budget_search.h); computes nothing.
   /// `at_cfg`, when the caller has it, is cfg's own dry run: one probe fewer.
-  int64_t longest_seq_len(const Config& cfg, const DryRun* at_cfg = nullptr) const;
+  int64_t longest_seq_len(const Config& cfg, const DryRun* at_cfg = nullptr,
+                          StepKind kind = StepKind::Train) const;
   /// Largest batch_size at the configured seq_len that fits (0 if none).
   int64_t largest_batch(const Config& cfg, const DryRun* at_cfg = nullptr) const;
 

@@ -298,21 +298,25 @@ class ParamUses {
 
 // The loss head on the last block's output x, shared by the training step and the evaluation:
 // d(loss)/dx and the per-row losses, both transient, dx allocated first and freed last (the
-// pool's peak, which the planner must reproduce to the byte, depends on that order).
+// pool's peak, which the planner must reproduce to the byte, depends on that order); with
+// `predictions` (eval --passkey) each row's argmax too, allocated last.
 struct LossHead {
-  Buffer dx, losses;
+  Buffer dx, losses, argmax;
 };
 LossHead run_loss_head(Backend& be, Model& model, ParamUses& params, const Buffer& x,
                        const Batch& batch, const std::vector<int64_t>& shape,
-                       const char* pool_phase) {
+                       const char* pool_phase, bool predictions = false) {
   MemoryPool& pool = be.pool();
   be.set_phase(Phase::Loss);
   pool.set_phase(pool_phase);
   LossHead head;
   head.dx = pool.allocate(shape, be.act_dtype(), MemCategory::Transient, "dresid");
   head.losses = pool.allocate({model.loss_rows()}, DType::F32, MemCategory::Transient, "losses");
+  if (predictions)
+    head.argmax =
+        pool.allocate({model.loss_rows()}, DType::I32, MemCategory::Transient, "predictions");
   params.begin();
-  model.head_forward_backward(be, x, batch, head.losses, head.dx);
+  model.head_forward_backward(be, x, batch, head.losses, head.dx, head.argmax.tensor());
   params.end();
   return head;
 }
@@ -356,7 +360,7 @@ StepLoss forward_backward(Backend& be, Model& model, const RematPlan& plan, cons
   offload.finish_forward();
 
   // ---- loss head: loss and dL/dx in one pass ----
-  auto [dresid, losses] = run_loss_head(be, model, params, x, batch, shape, "loss");
+  auto [dresid, losses, no_argmax] = run_loss_head(be, model, params, x, batch, shape, "loss");
   x.reset();
   StepLoss result;
   const LossDownload unwinding_drops_it(be);
@@ -405,7 +409,7 @@ StepLoss forward_backward(Backend& be, Model& model, const RematPlan& plan, cons
   return result;
 }
 
-StepLoss forward_loss(Backend& be, Model& model, const Batch& batch) {
+StepLoss forward_loss(Backend& be, Model& model, const Batch& batch, bool predictions) {
   const size_t L = model.n_blocks();
   MemoryPool& pool = be.pool();
   const std::vector<int64_t> shape = model.stream_shape();
@@ -428,11 +432,15 @@ StepLoss forward_loss(Backend& be, Model& model, const Batch& batch) {
     store.clear();
     x = std::move(y);
   }
-  LossHead head = run_loss_head(be, model, params, x, batch, shape, "eval loss");
+  LossHead head = run_loss_head(be, model, params, x, batch, shape, "eval loss", predictions);
   params.finish();
   StepLoss result;
   start_reading_losses(be, head.losses, batch, result);
-  finish_reading_losses(be, result);
+  if (predictions && be.computes()) {
+    result.predictions.resize(static_cast<size_t>(model.loss_rows()));
+    be.download_async(result.predictions.data(), head.argmax);
+  }
+  finish_reading_losses(be, result);  // waits for both downloads
   return result;
 }
 

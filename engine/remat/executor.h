@@ -53,9 +53,10 @@ std::vector<bool> policy_keep_set(const std::string& policy, const std::vector<s
                                   const Block& block);
 
 struct StepLoss {
-  double mean = 0;                // mean loss over the trained rows (all rows without a mask)
-  int64_t counted = 0;            // the rows the mean is over (Batch::trained_targets)
-  std::vector<float> row_losses;  // per row (B*T for the GPT; 0 where untrained), for metrics
+  double mean = 0;                   // mean loss over the trained rows (all rows without a mask)
+  int64_t counted = 0;               // the rows the mean is over (Batch::trained_targets)
+  std::vector<float> row_losses;     // per row (B*T for the GPT; 0 where untrained), for metrics
+  std::vector<int32_t> predictions;  // forward_loss with predictions: each row's argmax
 };
 
 /// Called with block i once block i's backward is done: its parameters' gradients are final
@@ -78,7 +79,9 @@ StepLoss forward_backward(Backend& be, Model& model, const RematPlan& plan, cons
 /// The loss of `batch` with no backward pass (evaluation): each block's activations are freed as
 /// soon as its output exists, so this never needs more memory than a training step. The fused
 /// loss head still adds into the LM-head weight's gradient; the caller zeroes gradients before
-/// the next step as usual.
-StepLoss forward_loss(Backend& be, Model& model, const Batch& batch);
+/// the next step as usual. With `predictions`, the LM head's greedy prediction of every row too
+/// (StepLoss::predictions; a buffer of one i32 per row beside the losses). The planner runs this
+/// same function for `eval` (engine/planner/planner.h's StepKind).
+StepLoss forward_loss(Backend& be, Model& model, const Batch& batch, bool predictions = false);
 
 }  // namespace remat

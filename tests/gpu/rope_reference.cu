@@ -28,7 +28,8 @@ __global__ void rope_pair_kernel(Td* dst, const Ts* src, RopeParams p) {
     const int64_t i0 = base + h * p.HS + i, i1 = i0 + half;
     double sn_d, cs_d;
     sincos(static_cast<double>(row % p.T) * p.freq.inv_freq[i], &sn_d, &cs_d);
-    const float cs = static_cast<float>(cs_d), sn = static_cast<float>(sn_d);
+    const float cs = static_cast<float>(cs_d * p.freq.attention_factor);  // 1: the former bits
+    const float sn = static_cast<float>(sn_d * p.freq.attention_factor);
     const float a = to_f32(src[i0]), b = to_f32(src[i1]);
     // Each product and sum rounded by itself, as kern::rope_apply does: nvcc contracts nothing
     // here, so the comparison is bit for bit by construction, whatever either file's FMA fusion.

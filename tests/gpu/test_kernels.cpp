@@ -13,6 +13,7 @@
 
 #include "engine/core/ops/rope.h"
 #include "engine/cuda/kernels.cuh"
+#include "engine/cuda/op_util.h"
 #include "tests/gpu/rope_reference.h"
 #include "tests/ops/backend_rows.h"
 
@@ -32,12 +33,7 @@ void launch_and_wait(F launch) {
 }
 
 RopeFrequencies frequencies(int64_t HS, double theta, const RopeScaling& scaling = {}) {
-  RopeFrequencies f;
-  if (theta <= 0) return f;
-  const std::vector<double> inv = rope_inv_freq(HS, theta, scaling);
-  f.n = static_cast<int>(inv.size());
-  std::copy(inv.begin(), inv.end(), f.inv_freq);
-  return f;
+  return cuda::rope_frequencies(HS, static_cast<float>(theta), scaling, "[test]");
 }
 
 using RopeLauncher = void (*)(const RopeParams&, cudaStream_t);
@@ -74,6 +70,14 @@ const RopeScaling kLlama3Short{.kind = RopeScaling::Llama3,
                                .low_freq_factor = 1.0,
                                .high_freq_factor = 4.0,
                                .original_context = 32};
+/// The other scalings at the same short context (tests/ops/test_attention.cpp's rows): yarn's
+/// factor 1.208 on cos and sin, and dynamic NTK's base grown for 200 positions.
+const RopeScaling kYarnShort{.kind = RopeScaling::Yarn, .factor = 8.0, .original_context = 32};
+const std::vector<RopeScaling> kScalings = {
+    {.kind = RopeScaling::Linear, .factor = 4.0},
+    {.kind = RopeScaling::Dynamic, .factor = 4.0, .original_context = 32, .seq_len = 200},
+    kYarnShort,
+    kLlama3Short};
 
 }  // namespace
 
@@ -87,7 +91,8 @@ TEST_CASE(
   const int64_t n = sh.B * sh.T * (sh.NH + 2 * sh.KVH) * sh.HS;
   const std::vector<float> values = host_randn(n, 61);
   const RopeFrequencies tables[] = {frequencies(sh.HS, 0), frequencies(sh.HS, 10000),
-                                    frequencies(sh.HS, 10000, kLlama3Short)};
+                                    frequencies(sh.HS, 10000, kLlama3Short),
+                                    frequencies(sh.HS, 10000, kYarnShort)};
   for (const RopeFrequencies& freq : tables)
     for (bool dst_bf16 : {false, true})
       for (bool src_bf16 : {false, true})
@@ -135,6 +140,50 @@ TEST_CASE("RoPE on CUDA at positions past 10^6 matches a double rotation and the
           }
         }
       CHECK(allclose(got, want, bf16 ? kCudaBf16Pointwise : kCudaF32Pointwise, "dst"));
+    }
+}
+
+TEST_CASE("RoPE on CUDA with each scaling type rotates by the CPU table's cos and sin",
+          "[gpu][rope]") {
+  // The frequencies and yarn's attention factor reach the kernel: its output against the rotation
+  // by the CPU attention's table (engine/core/ops/rope.h's RopeAngles::cos_sin), f32 in and out.
+  // The device's double sincos may round a cos or sin to the neighbouring float, so within f32
+  // pointwise tolerance rather than bit for bit.
+  const int64_t B = 2, T = 200, NH = 4, KVH = 2, HS = 16, half = HS / 2;
+  const int64_t W = (NH + 2 * KVH) * HS;
+  cuda::CudaBackend gpu(DeviceConfig{}, DType::F32);
+  const std::vector<float> values = host_randn(B * T * W, 63);
+  for (const RopeScaling& s : kScalings)
+    for (bool inverse : {false, true}) {
+      CAPTURE(rope_type_name(s.kind), inverse);
+      const RopeAngles angles = rope_angles(HS, 10000.0, s);
+      const RopeParams p{nullptr,
+                         false,
+                         nullptr,
+                         false,
+                         B * T,
+                         T,
+                         NH,
+                         KVH,
+                         HS,
+                         inverse,
+                         frequencies(HS, 10000.0, s)};
+      REQUIRE(p.freq.attention_factor == angles.attention_factor);
+      const std::vector<float> got = rope_run(gpu, p, values, false, cuda::kern::rope_apply);
+      std::vector<double> want(values.begin(), values.end());
+      std::vector<float> cs(half), sn(half);
+      for (int64_t row = 0; row < B * T; ++row) {
+        angles.cos_sin(row % T, cs.data(), sn.data());
+        for (int64_t h = 0; h < NH + KVH; ++h)
+          for (int64_t i = 0; i < half; ++i) {
+            const size_t i0 = static_cast<size_t>(row * W + h * HS + i), i1 = i0 + half;
+            const double c = cs[static_cast<size_t>(i)];
+            const double n = (inverse ? -1 : 1) * static_cast<double>(sn[static_cast<size_t>(i)]);
+            want[i0] = values[i0] * c - values[i1] * n;
+            want[i1] = values[i0] * n + values[i1] * c;
+          }
+      }
+      CHECK(allclose(got, want, kCudaF32Pointwise, "dst"));
     }
 }
 

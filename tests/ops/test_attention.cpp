@@ -30,9 +30,28 @@ struct AttentionRef {
 };
 
 // RoPE's inverse frequency of pair i, written from the formulas (Su et al.; transformers'
-// _compute_llama3_parameters for the Llama 3 rescaling), not with engine/core/ops/rope.h.
+// _compute_{linear_scaling,dynamic_ntk,yarn,llama3}_parameters for the rescalings), not with
+// engine/core/ops/rope.h.
 double reference_inv_freq(int64_t i, int64_t HS, double theta, const RopeScaling& s) {
-  const double base = 1.0 / std::pow(theta, 2.0 * static_cast<double>(i) / static_cast<double>(HS));
+  const double d = static_cast<double>(HS), ctx = static_cast<double>(s.original_context);
+  if (s.kind == RopeScaling::Dynamic) {  // NTK: the base grows with the run's length past ctx
+    const double len = std::max(static_cast<double>(s.seq_len), ctx);
+    theta *= std::pow(s.factor * len / ctx - (s.factor - 1), d / (d - 2));
+  }
+  const double base = 1.0 / std::pow(theta, 2.0 * static_cast<double>(i) / d);
+  if (s.kind == RopeScaling::Linear) return base / s.factor;
+  if (s.kind == RopeScaling::Yarn) {
+    // The pairs that turn fewer than beta_slow times over the original context are
+    // interpolated (/ factor), those that turn more than beta_fast times kept, a ramp between.
+    auto dim_of = [&](double turns) {
+      return d * std::log(ctx / (turns * 2 * std::numbers::pi)) / (2 * std::log(theta));
+    };
+    double lo = dim_of(s.beta_fast), hi = dim_of(s.beta_slow);
+    if (s.truncate) lo = std::floor(lo), hi = std::ceil(hi);
+    lo = std::max(lo, 0.0), hi = std::min(hi, d - 1);
+    const double ramp = std::min(1.0, std::max(0.0, (static_cast<double>(i) - lo) / (hi - lo)));
+    return ramp * base / s.factor + (1 - ramp) * base;
+  }
   if (s.kind != RopeScaling::Llama3) return base;
   const double wavelen = 2 * std::numbers::pi / base;
   const double old_context = static_cast<double>(s.original_context);
@@ -41,6 +60,12 @@ double reference_inv_freq(int64_t i, int64_t HS, double theta, const RopeScaling
   const double smooth =
       (old_context / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
   return (1 - smooth) * base / s.factor + smooth * base;
+}
+
+// yarn's factor on cos and sin when the scaling gives none: 0.1 ln(factor) + 1.
+double reference_attention_factor(const RopeScaling& s) {
+  if (s.kind != RopeScaling::Yarn) return 1.0;
+  return s.attention_factor ? *s.attention_factor : 0.1 * std::log(s.factor) + 1;
 }
 
 struct RefShape {
@@ -58,11 +83,13 @@ AttentionRef attention_reference(const std::vector<double>& qkv, const std::vect
                  std::vector<double>(static_cast<size_t>(B * NH * T)),
                  std::vector<double>(static_cast<size_t>(B * T * row))};
   // rotate(x, t, sign): sign +1 applies R_t, -1 applies R_t^T.
+  // yarn's attention factor m scales both rotations: m R_t forward, its transpose m R_t^T back.
+  const double m = reference_attention_factor(sh.scaling);
   auto rotate = [&](double* x, int64_t t, double sign) {
     if (sh.theta <= 0) return;
     for (int64_t i = 0; i < half; ++i) {
       const double ang = static_cast<double>(t) * reference_inv_freq(i, HS, sh.theta, sh.scaling);
-      const double c = std::cos(ang), s = sign * std::sin(ang);
+      const double c = m * std::cos(ang), s = m * sign * std::sin(ang);
       const double a = x[i], b = x[i + half];
       x[i] = a * c - b * s;
       x[i + half] = a * s + b * c;
@@ -287,6 +314,15 @@ const RopeScaling kLlama3Short{.kind = RopeScaling::Llama3,
                                .low_freq_factor = 1.0,
                                .high_freq_factor = 4.0,
                                .original_context = 32};
+
+/// The other scalings at the same short original context: each changes most angles at the
+/// tested positions (dynamic, for a run of 200 tokens, grows the base 34-fold at HS = 16; yarn
+/// keeps pair 0, halves pair 1's stretch and divides the others by 8 there, and its attention
+/// factor is 1.208).
+const RopeScaling kLinearShort{.kind = RopeScaling::Linear, .factor = 4.0};
+const RopeScaling kDynamicShort{
+    .kind = RopeScaling::Dynamic, .factor = 4.0, .original_context = 32, .seq_len = 200};
+const RopeScaling kYarnShort{.kind = RopeScaling::Yarn, .factor = 8.0, .original_context = 32};
 
 // (B, NH, T): several batches and heads where T is small, one batch of two heads at T = 1000, and
 // batches of one with 1 head (whose backward the tests' two threads split over query and key
@@ -622,6 +658,39 @@ TEST_CASE("attention with llama3 rope scaling matches a double reference of the 
   check_attention_against_reference(B, NH, T, HS, 10000.0f, KVH, kLlama3Short, threads);
 }
 
+TEST_CASE("attention with linear, dynamic and yarn rope scaling matches a double reference",
+          "[ops][attention][rope]") {
+  // yarn's attention factor scales the rotated q and k (the logits by its square) and the
+  // gradients back through the same scaled rotation.
+  const RopeScaling scaling = GENERATE(kLinearShort, kDynamicShort, kYarnShort);
+  CAPTURE(rope_type_name(scaling.kind));
+  const auto [B, NH, KVH, T, HS] = GENERATE(
+      table<int64_t, int64_t, int64_t, int64_t, int64_t>({{1, 2, 0, 200, 16}, {2, 4, 2, 129, 16}}));
+  check_attention_against_reference(B, NH, T, HS, 10000.0f, KVH, scaling);
+}
+
+TEST_CASE("each rope scaling changes attention's output at the tested positions",
+          "[ops][attention][rope]") {
+  // Were the scaled angles (or yarn's factor) no different from the plain ones here, the rows
+  // above would test nothing of them.
+  CpuBackend be(kTestBudgetBytes, kTestThreads);
+  AttentionCall plain(be, 1, 4, 200, 16, 10000.0f, 53, 2);
+  plain.forward();
+  RopeScaling yarn_angles_only = kYarnShort;
+  yarn_angles_only.attention_factor = 1.0;
+  for (const RopeScaling& s : {kLinearShort, kDynamicShort, kYarnShort, yarn_angles_only}) {
+    CAPTURE(rope_type_name(s.kind));
+    AttentionCall scaled(be, 1, 4, 200, 16, 10000.0f, 53, 2, s);
+    scaled.forward();
+    CHECK(max_abs_difference(to_host(plain.out), to_host(scaled.out)) > 0.05);
+  }
+  AttentionCall yarn(be, 1, 4, 200, 16, 10000.0f, 53, 2, kYarnShort);
+  AttentionCall angles_only(be, 1, 4, 200, 16, 10000.0f, 53, 2, yarn_angles_only);
+  yarn.forward();
+  angles_only.forward();
+  CHECK(max_abs_difference(to_host(yarn.out), to_host(angles_only.out)) > 0.01);
+}
+
 TEST_CASE("llama3 rope scaling changes attention's output at the tested positions",
           "[ops][attention]") {
   // Were the scaled angles no different from the plain ones at these positions, the scaled rows
@@ -635,20 +704,22 @@ TEST_CASE("llama3 rope scaling changes attention's output at the tested position
 }
 
 TEST_CASE(
-    "grouped-query attention's backward with llama3 rope scaling matches central differences, "
-    "whole and over chunks",
-    "[ops][attention][chunks]") {
+    "grouped-query attention's backward with llama3 and yarn rope scaling matches central "
+    "differences, whole and over chunks",
+    "[ops][attention][chunks][rope]") {
   // 4 query heads over 2, 1 and 4 key/value heads; whole, and in chunks of 32, 32 and 6 tokens
-  // (6 pairs).
-  const bool rope = GENERATE(false, true);
+  // (6 pairs). RoPE none, llama3-scaled, yarn-scaled (its attention factor on cos and sin too).
+  const int rope = GENERATE(0, 1, 2);
   const auto [KVH, chunk, stream] = GENERATE(
       table<int64_t, int64_t, uint64_t>({{2, 0, 63}, {1, 0, 63}, {0, 32, 65}, {2, 32, 65}}));
   CAPTURE(rope, KVH, chunk);
   CpuBackend be(kTestBudgetBytes, kFdThreads);
   // T = 70 crosses a 64-row tile; HS = 8 gives rotary frequencies 1, 0.1, 0.01, 0.001, rescaled
   // by kLlama3Short to 1, 0.0125, 0.00125, 0.000125.
-  AttentionCall a(be, 1, 4, 70, 8, rope ? 10000.0f : 0.0f, stream, KVH,
-                  rope ? kLlama3Short : RopeScaling{});
+  AttentionCall a(be, 1, 4, 70, 8, rope > 0 ? 10000.0f : 0.0f, stream, KVH,
+                  rope == 1   ? kLlama3Short
+                  : rope == 2 ? kYarnShort
+                              : RopeScaling{});
   a.chunk = chunk;
   check_attention_central_differences(a);
 }
@@ -982,6 +1053,20 @@ TEST_CASE("document attention on CUDA matches the CPU's (one cuDNN call per docu
                             rope == 2 ? kLlama3Short : RopeScaling{},
                             chunk,
                             document_starts(layout.rows)};
+  check_against_cpu(r, args, B, T, r.act_values(B * T * W, 55), r.act_values(B * T * C, 56));
+}
+
+TEST_CASE("attention with linear, dynamic and yarn rope scaling on CUDA matches the CPU",
+          "[gpu][rope]") {
+  // The scaled frequencies and yarn's factor on cos and sin reach cuDNN's rotated q and k.
+  const RopeScaling scaling = GENERATE(kLinearShort, kDynamicShort, kYarnShort);
+  const auto [B, NH, KVH, T, HS] = GENERATE(table<int64_t, int64_t, int64_t, int64_t, int64_t>(
+      {{2, 4, 2, 129, 64}, {1, 4, 1, 200, 128}, {2, 6, 2, 67, 40}}));
+  const DType act = GENERATE(from_range(kCudaActivationTypes));
+  CAPTURE(B, NH, KVH, T, HS, rope_type_name(scaling.kind), dtype_name(act));
+  CudaRow r(act);
+  const int64_t C = NH * HS, W = (NH + 2 * KVH) * HS;
+  const AttentionSetup args{static_cast<int>(NH), static_cast<int>(KVH), 10000.0f, scaling};
   check_against_cpu(r, args, B, T, r.act_values(B * T * W, 55), r.act_values(B * T * C, 56));
 }
 

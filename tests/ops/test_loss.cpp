@@ -207,6 +207,74 @@ TEST_CASE(
   CHECK(bitwise_equal({got_dinp[0]}, {got_dinp[1]}));
 }
 
+namespace {
+
+/// The rows whose largest double-precision logit leads the next by more than `margin`, with its
+/// index: where any correct argmax must agree.
+std::vector<std::pair<int64_t, int32_t>> clear_argmax(const LmHeadCase& c, double margin) {
+  const LmHeadShape s = c.shape;
+  std::vector<std::pair<int64_t, int32_t>> out;
+  for (int64_t n = 0; n < s.N; ++n) {
+    double best = -INFINITY, second = -INFINITY;
+    int32_t at = -1;
+    for (int64_t v = 0; v < s.V; ++v) {
+      double acc = 0;
+      for (int64_t k = 0; k < s.C; ++k)
+        acc += static_cast<double>(c.inp.f32()[n * s.C + k]) * c.weight.f32()[v * s.C + k];
+      if (acc > best) {
+        second = best;
+        best = acc;
+        at = static_cast<int32_t>(v);
+      } else {
+        second = std::max(second, acc);
+      }
+    }
+    if (best - second > margin) out.push_back({n, at});
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("lm head loss writes each row's argmax when asked, and the same losses", "[ops][eval]") {
+  // eval --passkey's exact match reads it. Every row whose top logit leads by 1e-3 (most of
+  // them) has the reference's index, in every chunking; asking changes no loss or gradient bit.
+  CpuBackend be(kTestBudgetBytes, kTestThreads);
+  const LmHeadCase c(be);
+  const auto want = clear_argmax(c, 1e-3);
+  REQUIRE(want.size() > kLmN / 2);
+  for (const int64_t chunk : kLmChunkRows) {
+    CAPTURE(chunk);
+    const LmHeadResult plain = run_lm_head(be, c, chunk);
+    Buffer losses = make_filled(be, {kLmN}, 7.0f);
+    Buffer dinp = make_filled(be, {kLmN, kLmC}, 7.0f);
+    Buffer dweight = make_randn(be, {kLmV, kLmC}, kSeed, 124);
+    Buffer argmax = make_tensor(be, {kLmN}, DType::I32);
+    LmHeadLossArgs a = c.args(losses, dinp, dweight, chunk);
+    a.argmax = argmax;
+    be.lm_head_loss(a);
+    for (const auto& [n, v] : want) CHECK(argmax.tensor().i32()[n] == v);
+    CHECK(bitwise_equal({to_host(losses), to_host(dinp), to_host(dweight)},
+                        {plain.losses, plain.dinp, plain.dweight}));
+  }
+}
+
+TEST_CASE("lm head loss's argmax is the first of equal largest logits", "[ops][eval]") {
+  // Argmax decoding (torch.argmax, std::max_element) takes the first of a tie: rows of zeros give
+  // every logit 0, so every row's prediction is token 0.
+  CpuBackend be(kTestBudgetBytes, kTestThreads);
+  LmHeadCase c(be);
+  be.fill(c.inp, 0.0f);
+  Buffer losses = make_tensor(be, {kLmN}), dinp = make_tensor(be, {kLmN, kLmC});
+  Buffer dweight = make_filled(be, {kLmV, kLmC}, 0.0f);
+  Buffer argmax = make_tensor(be, {kLmN}, DType::I32);
+  std::fill(argmax.tensor().i32(), argmax.tensor().i32() + kLmN, 7);
+  LmHeadLossArgs a = c.args(losses, dinp, dweight, 8);
+  a.argmax = argmax;
+  be.lm_head_loss(a);
+  for (int64_t n = 0; n < kLmN; ++n) CHECK(argmax.tensor().i32()[n] == 0);
+}
+
 /// The MSE shapes every backend runs.
 struct MseShape {
   int64_t N, D;
@@ -259,6 +327,38 @@ TEST_CASE("fused chunked lm head loss on CUDA matches the CPU", "[gpu][lm_head]"
   r.check_same(l_c, l_g, r.pick(kCudaF32Gemm, kCudaBf16Gemm), "losses");
   r.check_same(dx_c, dx_g, r.pick(kCudaF32Gemm, kCudaBf16Gemm), "dinp");
   r.check_same(dw_c, dw_g, r.pick(kCudaF32Gemm, kCudaBf16ParamGrad), "dweight (+=)");
+}
+
+TEST_CASE("the lm head's argmax on CUDA matches the CPU's", "[gpu][lm_head][eval]") {
+  // Wherever the top logit leads by more than either backend's rounding of the logits (bf16
+  // GEMMs: 0.05 on logits of order 1), both pick it; ties pick the first on both.
+  const int64_t chunk = GENERATE(from_range(kLmChunkRows));
+  const DType act = GENERATE(from_range(kCudaActivationTypes));
+  CAPTURE(chunk, dtype_name(act));
+  CudaRow r(act);
+  const LmHeadCase c(r.cpu);
+  const auto want = clear_argmax(c, act == DType::BF16 ? 0.05 : 1e-3);
+  REQUIRE(want.size() > kLmN / 3);
+  auto [x_c, x_g] = r.act_pair({kLmN, kLmC}, to_host(c.inp));
+  auto [w_c, w_g] = r.f32_pair({kLmV, kLmC}, to_host(c.weight));
+  const std::vector<int32_t> ids(c.targets.tensor().i32(), c.targets.tensor().i32() + kLmN);
+  Buffer t_g = upload_i32(*r.gpu, {kLmN}, ids);
+  auto [l_c, l_g] = r.zeros_f32({kLmN});
+  auto [dx_c, dx_g] = r.zeros_act({kLmN, kLmC});
+  auto [dw_c, dw_g] = r.zeros_f32({kLmV, kLmC});
+  Buffer a_g = upload_i32(*r.gpu, {kLmN}, std::vector<int32_t>(kLmN, -1));
+  LmHeadLossArgs a{l_g, dx_g, dw_g, x_g, w_g, t_g, 1.0f / kLmN, chunk};
+  a.argmax = a_g;
+  r.gpu->lm_head_loss(a);
+  std::vector<int32_t> got(kLmN);
+  r.gpu->download(got.data(), a_g);
+  for (const auto& [n, v] : want) CHECK(got[static_cast<size_t>(n)] == v);
+  // Zero inputs: every logit 0, every row's first index.
+  Buffer zeros = r.zeros_act({kLmN, kLmC}).second;
+  a.inp = zeros;
+  r.gpu->lm_head_loss(a);
+  r.gpu->download(got.data(), a_g);
+  for (int32_t v : got) CHECK(v == 0);
 }
 
 TEST_CASE("mse loss on CUDA matches the CPU", "[gpu][optimizer]") {

@@ -451,6 +451,27 @@ TEST_CASE("ring attention over C ranks with documents gives single-device docume
   check_played_and_threaded(p);
 }
 
+/// yarn (factor 1.208 on cos and sin) and dynamic NTK (its base grown for the run's length) at
+/// the same short original context.
+const RopeScaling kRingYarn{.kind = RopeScaling::Yarn, .factor = 8.0, .original_context = 32};
+RopeScaling ring_dynamic(int64_t T) {
+  return {.kind = RopeScaling::Dynamic, .factor = 4.0, .original_context = 32, .seq_len = T};
+}
+
+TEST_CASE("ring attention with yarn and dynamic rope scaling gives single-device attention",
+          "[ops][parallel][attention][rope]") {
+  // Each rank rotates its tokens at their global positions with the run's frequencies and
+  // attention factor: the ring's split and merge-gradient ops as the attention op's table.
+  const int kind = GENERATE(0, 1);  // yarn, dynamic
+  const RingShape shape = GENERATE(from_range(kRingShapes));
+  CAPTURE(kind, shape.T, shape.ranks);
+  const RingProblem p = make_problem(2, 4, shape.T, 16, shape.ranks, 10000.0f, 2,
+                                     kind == 0 ? kRingYarn : ring_dynamic(shape.T));
+  const std::vector<RankResult> want = single_device(p);
+  CpuBackend be(kTestBudgetBytes, kTestThreads);
+  check_ranks(play_ring_ops(be, DType::F32, p), want, kTolAttention, kTolAttention);
+}
+
 TEST_CASE("the context ring sends the key/value heads only: NH / KVH times less than multi-head",
           "[ops][parallel][attention]") {
   // The same problem with 4 key/value heads (multi-head), 2 and 1: every block that travels
@@ -503,6 +524,15 @@ TEST_CASE("ring attention's ops and the context ring on CUDA match the CPU", "[g
   // The ring itself (a backend per rank) on fewer cases.
   check_ring_on_cuda(make_problem(2, 2, shape.T, HS, shape.ranks, theta), act,
                      shape.ranks > 1 && HS == 16);
+}
+
+TEST_CASE("ring attention's ops with yarn rope scaling on CUDA match the CPU", "[gpu][rope]") {
+  // The split and merge-gradient kernels multiply cos and sin by yarn's attention factor.
+  const DType act = GENERATE(from_range(kCudaActivationTypes));
+  const RingShape shape = GENERATE(from_range(kRingShapes));
+  CAPTURE(shape.T, shape.ranks, dtype_name(act));
+  check_ring_on_cuda(make_problem(2, 4, shape.T, 16, shape.ranks, 10000.0f, 2, kRingYarn), act,
+                     false);
 }
 
 TEST_CASE("ring attention with grouped-query heads on CUDA matches the CPU", "[gpu][ring]") {

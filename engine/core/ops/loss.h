@@ -27,6 +27,9 @@ struct LmHeadLossArgs {
   Tensor targets;  // (N) i32, in [0, V) or kIgnoredTarget
   float loss_scale = 1.0f;
   int64_t chunk_rows = 0;  // rows per chunk; <= 0 means all rows at once
+  // (N) i32 [=]: each row's greedy prediction, the first index of its largest logit (what
+  // argmax-decoding picks); empty: not computed. Evaluation asks for it (eval --passkey).
+  Tensor argmax{};
 };
 
 /// Mean-squared error for the tutorial MLP: loss_row = sum_j (inp - target)^2 / D.
@@ -46,6 +49,8 @@ inline void check(const LmHeadLossArgs& a) {
   REMAT_ASSERT(a.targets.numel() == N && a.losses.numel() == N && a.dinp.numel() == N * C,
                "lm_head_loss: targets {} losses {} dinp {} for N={}", a.targets.shape_str(),
                a.losses.shape_str(), a.dinp.shape_str(), N);
+  REMAT_ASSERT(a.argmax.empty() || (a.argmax.dtype == DType::I32 && a.argmax.numel() == N),
+               "lm_head_loss: argmax {} for N={}", a.argmax.shape_str(), N);
 }
 // logits (2NCV), d inp (2NCV), d weight (2NCV, not for a frozen head), softmax (~5NV)
 inline OpCost cost(const LmHeadLossArgs& a) {
