@@ -6,6 +6,7 @@
 // hides change no bit of the gradient, packed rows resume where they stopped, and validation
 // averages over the trained targets.
 #include <fmt/format.h>
+#include <sys/stat.h>
 
 #include <catch2/catch.hpp>
 #include <cstring>
@@ -338,6 +339,11 @@ TEST_CASE("the end-of-text id comes from data.eot_token, else from shards.json b
   test::write_bytes(dir / "b/shards.json", R"({"eot_token": 640})");
   CHECK_THAT(data_error([&] { open("order = \"packed\""); }),
              Contains("b/shards.json: no end-of-text id in [0, 64)"));
+  // A FIFO in its place is named, not read (which would block) nor taken for no file.
+  std::filesystem::remove(dir / "b/shards.json");
+  REQUIRE(mkfifo((dir / "b/shards.json").c_str(), 0600) == 0);
+  CHECK_THAT(data_error([&] { open("order = \"packed\""); }),
+             Contains("b/shards.json") && Contains("(not a regular file)"));
   CHECK(open("")->eot_token() == -1);  // causal windows need none
 }
 

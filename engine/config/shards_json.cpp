@@ -13,9 +13,16 @@ namespace fs = std::filesystem;
 std::optional<ShardsJson> read_shards_json(const std::string& folder) {
   const fs::path file = fs::path(folder) / "shards.json";
   std::error_code ec;
-  if (!fs::is_regular_file(file, ec)) return std::nullopt;
+  const fs::file_status st = fs::symlink_status(file, ec);
+  if (!fs::exists(st)) return std::nullopt;
   ShardsJson s;
   s.path = file.string();
+  // A FIFO or a folder in its place is named, never read (reading a FIFO would block) nor taken
+  // for an absent file (which would silently change where the end-of-text id comes from).
+  if (!fs::is_regular_file(file, ec)) {
+    s.problem = "not a regular file";
+    return s;
+  }
   std::ifstream in(file);
   const nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
   if (j.is_discarded() || !j.is_object()) {

@@ -14,7 +14,7 @@ struct ShardsJson {
   std::string path;                 // FOLDER/shards.json
   int64_t eot_token = -1;           // -1: missing or not a non-negative integer
   double mean_document_tokens = 0;  // 0: not recorded
-  std::string problem;              // not empty: the file is there but not a JSON object
+  std::string problem;              // not empty: there but not a regular file or JSON object
 };
 
 /// FOLDER/shards.json when the file exists.
