@@ -353,11 +353,12 @@ const std::vector<DocumentLayout> kDocumentLayouts = {
 // same q, k, v and dout rows (a call of T = its length, positions from 0): out, lse and dqkv
 // compared document by document.
 void check_documents_alone(const DocumentLayout& layout, int64_t NH, int64_t KVH, int64_t HS,
-                           float theta, int threads, int64_t chunk) {
-  CAPTURE(layout.T, NH, KVH, HS, theta, threads, chunk);
+                           float theta, int threads, int64_t chunk,
+                           const RopeScaling& scaling = RopeScaling{}) {
+  CAPTURE(layout.T, NH, KVH, HS, theta, threads, chunk, rope_type_name(scaling.kind));
   CpuBackend be(kTestBudgetBytes, threads);
   const int64_t B = static_cast<int64_t>(layout.rows.size()), T = layout.T;
-  AttentionCall a(be, B, NH, T, HS, theta, 97, KVH);
+  AttentionCall a(be, B, NH, T, HS, theta, 97, KVH, scaling);
   const Buffer docs = make_i32(be, {B, T}, document_starts(layout.rows));
   a.doc_start = docs;
   a.chunk = chunk;
@@ -373,7 +374,7 @@ void check_documents_alone(const DocumentLayout& layout, int64_t NH, int64_t KVH
     int64_t start = 0;
     for (int64_t n : layout.rows[static_cast<size_t>(b)]) {
       CAPTURE(b, start, n);
-      AttentionCall one(be, 1, NH, n, HS, theta, 98, KVH);
+      AttentionCall one(be, 1, NH, n, HS, theta, 98, KVH, scaling);
       be.upload(one.qkv, rows(qkv, b * T + start, n, W).data());
       be.upload(one.dout, rows(dout, b * T + start, n, C).data());
       one.forward();
@@ -403,6 +404,16 @@ TEST_CASE("document attention equals each document's causal attention alone, out
   const auto [NH, KVH] = GENERATE(table<int64_t, int64_t>({{2, 2}, {4, 2}}));
   const int64_t HS = GENERATE(int64_t{16}, int64_t{64});
   check_documents_alone(layout, NH, KVH, HS, theta, threads, chunk);
+}
+
+TEST_CASE("document attention with scaled RoPE equals each document alone under that scaling",
+          "[ops][documents][rope]") {
+  // The scaled frequencies (and yarn's factor on cos and sin) times positions restarting at each
+  // document: a packed row of an extended model sees what each document alone sees.
+  const DocumentLayout layout = GENERATE(from_range(kDocumentLayouts));
+  const RopeScaling scaling = GENERATE(kLinearShort, kYarnShort);
+  const int64_t chunk = GENERATE(int64_t{0}, int64_t{64});
+  check_documents_alone(layout, 4, 2, 16, 10000.0f, 3, chunk, scaling);
 }
 
 TEST_CASE("document attention gives the same bits on any thread count and either kernel",
