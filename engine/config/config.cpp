@@ -1208,8 +1208,11 @@ std::string config_to_toml(const Config& c) {
     model.insert("norm_eps", c.model.norm_eps);
     if (c.model.rope_scaling.kind != RopeScaling::None) {
       toml::table scaling;
-      for (const auto& [key, value] : rope_scaling_entries(c.model.rope_scaling))
-        std::visit([&](const auto& v) { scaling.insert(key, v); }, value);
+      // A named copy of the key: clang before 16 refuses to capture a structured binding.
+      for (const auto& entry : rope_scaling_entries(c.model.rope_scaling)) {
+        const auto& key = entry.first;
+        std::visit([&](const auto& v) { scaling.insert(key, v); }, entry.second);
+      }
       model.insert("rope_scaling", std::move(scaling));
     }
     model.insert("attention_bias", c.model.attention_bias);
