@@ -7,7 +7,7 @@
 // word, a whole document as Llama 2's tokenizers have it, is first cut where no merge can join
 // its sides). ignore_merges (Llama 3) takes a word that is a token as it is. Results are cached
 // per word (words under 256 bytes, up to 2^18 of them). Not thread-safe (the cache).
-// Dropout is not implemented (it makes encoding random; the loader refuses it).
+// BPE dropout is refused by the loader: it makes encoding random, which no prompt or shard wants.
 #pragma once
 
 #include <cstdint>

@@ -33,8 +33,8 @@ using tokenizer::Piece;
 constexpr const char* kFix =
     "pass the model's Hugging Face tokenizer.json (a BPE model: GPT-2, Llama 2 or 3, Mistral, "
     "Qwen, SmolLM, OLMo, Phi-3) to --tokenizer";
-constexpr const char* kNotImplementedFix =
-    "use a tokenizer.json of a family this implements (GPT-2, Llama 2 or 3, Mistral, Qwen, "
+constexpr const char* kUnsupportedFix =
+    "use a tokenizer.json of a family this supports (GPT-2, Llama 2 or 3, Mistral, Qwen, "
     "SmolLM, OLMo, Phi-3: docs/data.md), or encode with scripts/prepare_data.py --encode (the "
     "tokenizers package) and give the ids (sample --prompt-ids)";
 // model.vocab_size's own bound (engine/config/config.cpp): a larger id belongs to no model of this
@@ -160,7 +160,7 @@ struct HfTokenizer::Impl {
   std::unordered_map<int32_t, size_t> added_by_id;  // the last added token with that id
   tokenizer::Decoder decoder;
 
-  // Encoding (encode_problem says why not, when a part is not implemented).
+  // Encoding (encode_problem says why not, when a part is not supported).
   std::string encode_problem, special_problem;
   std::optional<BpeModel> model;
   tokenizer::Normalizer normalizer;
@@ -197,10 +197,10 @@ HfTokenizer::HfTokenizer(const json& spec, const std::string& path, bool read_co
     const std::string type = model.value("type", std::string("BPE"));
     if (type != "BPE")
       fail(path,
-           fmt::format("model.type is \"{}\"; only \"BPE\" is implemented (WordPiece, Unigram and "
+           fmt::format("model.type is \"{}\"; only \"BPE\" is supported (WordPiece, Unigram and "
                        "WordLevel are not)",
                        type),
-           kNotImplementedFix);
+           kUnsupportedFix);
     if (!model.contains("vocab") || !model["vocab"].is_object() || model["vocab"].empty())
       fail(path, "model.vocab is missing or empty");
     vocab.reserve(model["vocab"].size());
@@ -250,7 +250,7 @@ HfTokenizer::HfTokenizer(const json& spec, const std::string& path, bool read_co
     try {
       m.decoder = tokenizer::Decoder::parse(spec.value("decoder", json()), "decoder");
     } catch (const std::invalid_argument& e) {
-      fail(path, e.what(), kNotImplementedFix);
+      fail(path, e.what(), kUnsupportedFix);
     }
   } catch (const json::exception& e) {
     // A field of an unexpected type (a number where a string was due, say).
@@ -300,7 +300,7 @@ void HfTokenizer::Impl::load_encoding(const json& spec, TokenMap vocab) {
   if (node.contains("dropout") && !node["dropout"].is_null() &&
       !(node["dropout"].is_number() && node["dropout"].get<double>() == 0.0))
     throw std::invalid_argument(
-        fmt::format("model.dropout is {}: BPE dropout (random merges) is not implemented",
+        fmt::format("model.dropout is {}: BPE dropout (random merges) is not supported",
                     node["dropout"].dump()));
   std::vector<std::pair<std::string, std::string>> merges;
   const json list = node.value("merges", json::array());
@@ -424,7 +424,7 @@ std::vector<int32_t> HfTokenizer::encode(std::string_view text, bool add_special
                                          size_t* dropped, const std::string& source) {
   Impl& m = *impl_;
   if (!m.encode_problem.empty())
-    fail(m.path, fmt::format("cannot encode: {}", m.encode_problem), kNotImplementedFix);
+    fail(m.path, fmt::format("cannot encode: {}", m.encode_problem), kUnsupportedFix);
   if (add_special_tokens && !m.special_problem.empty())
     fail(m.path, fmt::format("cannot add special tokens: {}", m.special_problem),
          "encode without special tokens, or use a tokenizer.json with a TemplateProcessing");

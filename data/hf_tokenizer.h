@@ -17,7 +17,7 @@
 //   decoder        ByteLevel, ByteFallback, Metaspace, Replace, Fuse, Strip, Sequence, null
 //   model          BPE (unk_token, fuse_unk, byte_fallback, ignore_merges, continuing subword
 //                  prefix, end-of-word suffix; not dropout)
-// A file whose encoding parts are not implemented still decodes (`sample` prints its ids as
+// A file whose encoding parts are not supported still decodes (`sample` prints its ids as
 // text); encode() then throws the reason. Truncation and padding are ignored: every id comes out.
 // Regexes run on PCRE2 (data/regex.h), NFC/NFD on tables from Python's unicodedata
 // (data/unicode_text.h). Not thread-safe: encode() caches words; use one tokenizer per thread.
@@ -39,7 +39,7 @@ class HfTokenizer {
   /// Reads `path` (tokenizer.json) and, for the end-of-text token, tokenizer_config.json beside
   /// it. Throws DataError naming the file, what is wrong and the fix: missing, not a regular file
   /// (refused before it is opened: a FIFO would block), not JSON, not a BPE model, a decoder that
-  /// is not implemented, ids out of range.
+  /// is not supported, ids out of range.
   explicit HfTokenizer(const std::string& path);
   /// From a parsed tokenizer.json; `name` stands for the file in messages (no
   /// tokenizer_config.json is read). For tests and tools that build or patch one in memory.
@@ -52,7 +52,7 @@ class HfTokenizer {
   /// 2's leading <s>, say); scripts/prepare_data.py's training data has none. Characters that
   /// have no token (no byte_fallback, no unk_token) are dropped, as tokenizers drops them, and
   /// counted in *dropped. Throws DataError for text that is not UTF-8 (naming `source` and the
-  /// byte offset) and for a tokenizer.json whose encoding parts are not implemented (named).
+  /// byte offset) and for a tokenizer.json whose encoding parts are not supported (named).
   std::vector<int32_t> encode(std::string_view text, bool add_special_tokens = false,
                               size_t* dropped = nullptr, const std::string& source = "the text");
   /// The text of `ids`, special tokens included; bytes that are not UTF-8 become U+FFFD as
@@ -65,7 +65,7 @@ class HfTokenizer {
   int64_t vocab_size() const;
   /// tokenizer_config.json's eos_token, else <|end_of_text|> or <|endoftext|>; -1 if none.
   int64_t eot_token() const;
-  /// Whether encode() can run; when not, encode_problem() says why (the part not implemented).
+  /// Whether encode() can run; when not, encode_problem() says why (the part not supported).
   bool can_encode() const;
   const std::string& encode_problem() const;
 

@@ -309,7 +309,7 @@ Normalizer Normalizer::parse(const json& node, const std::string& where) {
     step->left = get_bool(node, "strip_left", false, where);
     step->right = get_bool(node, "strip_right", false, where);
   } else {
-    bad(where, fmt::format("normalizer \"{}\" is not implemented (implemented: NFC, NFD, Prepend, "
+    bad(where, fmt::format("normalizer \"{}\" is not supported (supported: NFC, NFD, Prepend, "
                            "Replace, Strip, Sequence)",
                            type));
   }
@@ -411,10 +411,9 @@ PreTokenizer PreTokenizer::parse(const json& node, const std::string& where) {
     step->split = get_bool(node, "split", true, where);
     step->pattern = Pattern::literal(step->replacement);
   } else {
-    bad(where,
-        fmt::format("pre-tokenizer \"{}\" is not implemented (implemented: ByteLevel, Split, "
-                    "Digits, Punctuation, Metaspace, Sequence)",
-                    type));
+    bad(where, fmt::format("pre-tokenizer \"{}\" is not supported (supported: ByteLevel, Split, "
+                           "Digits, Punctuation, Metaspace, Sequence)",
+                           type));
   }
   p.steps_.push_back(std::move(step));
   return p;
@@ -481,7 +480,7 @@ PostProcessor PostProcessor::parse(const json& node, const std::string& where) {
     return p;
   }
   if (type != "TemplateProcessing")
-    bad(where, fmt::format("post-processor \"{}\" is not implemented (implemented: "
+    bad(where, fmt::format("post-processor \"{}\" is not supported (supported: "
                            "TemplateProcessing, ByteLevel, Sequence)",
                            type));
   const json& single = get_array(node, "single", where);
@@ -571,7 +570,7 @@ Decoder Decoder::parse(const json& node, const std::string& where) {
     step->content = get_char(node, "replacement", where);
     step->prepend = get_prepend_scheme(node, where);
   } else {
-    bad(where, fmt::format("decoder \"{}\" is not implemented (implemented: ByteLevel, "
+    bad(where, fmt::format("decoder \"{}\" is not supported (supported: ByteLevel, "
                            "ByteFallback, Metaspace, Replace, Fuse, Strip, Sequence)",
                            type));
   }

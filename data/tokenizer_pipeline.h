@@ -1,9 +1,9 @@
 // The steps of a tokenizer.json between the text and the BPE model, and back: normalizers,
 // pre-tokenizers, the post-processor's template and decoders, each read from its JSON node and
-// applied as the `tokenizers` package applies it (data/hf_tokenizer.h lists what is implemented).
+// applied as the `tokenizers` package applies it (data/hf_tokenizer.h lists what is supported).
 // Internal to data/hf_tokenizer.cpp (and its tests). parse() throws std::invalid_argument naming
 // the JSON path of what it cannot use ("pre_tokenizer.pretokenizers[1]: type \"Whitespace\" is not
-// implemented ..."); the tokenizer adds the file and the fix.
+// supported ..."); the tokenizer adds the file and the fix.
 #pragma once
 
 #include <cstdint>

@@ -3,7 +3,8 @@
 // unicodedata (data/unicode_tables.inc, scripts/make_unicode_tables.py; no ICU), and Utf8Stream,
 // which reads bytes as UTF-8 the way Rust's String::from_utf8_lossy does.
 // Functions taking text expect valid UTF-8 (check it once with find_invalid_utf8); they do not
-// check again. Compatibility normalization (NFKC, NFKD) is not implemented.
+// check again. Compatibility normalization (NFKC, NFKD) is not supported: a tokenizer.json whose
+// normalizer asks for it cannot encode (named).
 #pragma once
 
 #include <cstddef>

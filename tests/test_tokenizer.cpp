@@ -388,10 +388,10 @@ TEST_CASE("bad tokenizer.json files and text are DataErrors naming the file, the
       write_file(f, json({{"model", {{"type", type}, {"vocab", {{"a", 0}}}}}}).dump());
       msg = load_error(f);
       CHECK_THAT(msg, Contains(fmt::format("model.type is \"{}\"", type)) &&
-                          Contains("only \"BPE\" is implemented"));
+                          Contains("only \"BPE\" is supported"));
     }
   }
-  SECTION("a normalizer not implemented: named when encoding, decoding still works") {
+  SECTION("a normalizer not supported: named when encoding, decoding still works") {
     write_file(
         f, tiny_json(
                {{"normalizer",
@@ -402,9 +402,9 @@ TEST_CASE("bad tokenizer.json files and text are DataErrors naming the file, the
     CHECK(tok.decode(std::vector<int32_t>{2}) == "ab");
     msg = encode_error(tok, "ab");
     CHECK_THAT(msg, Contains("normalizer.normalizers[1]") &&
-                        Contains("normalizer \"Lowercase\" is not implemented"));
+                        Contains("normalizer \"Lowercase\" is not supported"));
   }
-  SECTION("a pre-tokenizer not implemented") {
+  SECTION("a pre-tokenizer not supported") {
     write_file(f, tiny_json({{"pre_tokenizer",
                               {{"type", "Sequence"},
                                {"pretokenizers",
@@ -412,7 +412,7 @@ TEST_CASE("bad tokenizer.json files and text are DataErrors naming the file, the
     HfTokenizer tok(f);
     msg = encode_error(tok, "ab");
     CHECK_THAT(msg, Contains("pre_tokenizer.pretokenizers[1]") &&
-                        Contains("pre-tokenizer \"Whitespace\" is not implemented"));
+                        Contains("pre-tokenizer \"Whitespace\" is not supported"));
   }
   SECTION("a regex that does not compile") {
     write_file(f, tiny_json({{"pre_tokenizer",
@@ -424,10 +424,10 @@ TEST_CASE("bad tokenizer.json files and text are DataErrors naming the file, the
     msg = encode_error(tok, "ab");
     CHECK_THAT(msg, Contains("pre_tokenizer.pattern.Regex") && Contains("does not compile"));
   }
-  SECTION("a decoder not implemented, refused when loading") {
+  SECTION("a decoder not supported, refused when loading") {
     write_file(f, tiny_json({{"decoder", {{"type", "WordPiece"}, {"prefix", "##"}}}}));
     msg = load_error(f);
-    CHECK_THAT(msg, Contains("decoder \"WordPiece\" is not implemented"));
+    CHECK_THAT(msg, Contains("decoder \"WordPiece\" is not supported"));
   }
   SECTION("a merge of tokens that are not in the vocabulary") {
     json spec = json::parse(tiny_json());
