@@ -415,7 +415,10 @@ FileData::HostBatch FileData::read_batch(RowOf row_of) {
 
 template <class RowOf>
 void FileData::fill_batch(Backend& be, Batch& batch, RowOf row_of) {
-  const HostBatch h = read_batch(row_of);
+  upload_batch(be, batch, read_batch(row_of));
+}
+
+void FileData::upload_batch(Backend& be, Batch& batch, const HostBatch& h) const {
   be.upload(batch.inputs, h.inputs.data());
   be.upload(batch.targets, h.targets.data());
   if (!h.docs.empty()) be.upload(batch.doc_start, h.docs.data());
@@ -432,15 +435,26 @@ Batch FileData::next(Backend& be, int64_t step) {
   Batch batch = allocate_batch(be);
   if (!be.computes()) return batch;  // a dry run needs the shapes, not the tokens
   REMAT_ASSERT(open_, "FileData::next on a computing backend before open()");
-  fill_batch(be, batch, train_row_of(step));
+  // Counted steps before this one were never drawn (a step that failed): forgotten.
+  counted_.erase(counted_.begin(), counted_.lower_bound(step));
+  const auto counted = counted_.find(step);
+  if (counted == counted_.end()) {
+    fill_batch(be, batch, train_row_of(step));
+  } else {
+    upload_batch(be, batch, counted->second);  // read (and checked unchanged) when counted
+    counted_.erase(counted);
+  }
   return batch;
 }
 
-// The same rows as next() reads: twice read with marks, once counted, once trained.
+// The rows next(step) trains on, read once: kept until next(step) uploads them.
 int64_t FileData::trained_targets(int64_t step) {
   if (!marks_) return -1;
   REMAT_ASSERT(open_, "FileData::trained_targets before open()");
-  return read_batch(train_row_of(step)).trained;
+  HostBatch h = read_batch(train_row_of(step));
+  const int64_t trained = h.trained;
+  counted_[step] = std::move(h);
+  return trained;
 }
 
 int64_t FileData::validation_batches(int64_t eval_tokens) const {

@@ -34,6 +34,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -114,6 +115,10 @@ class FileData : public DataSource {
   /// read_batch, then uploads it into `batch`.
   template <class RowOf>
   void fill_batch(Backend& be, Batch& batch, RowOf row_of);
+  void upload_batch(Backend& be, Batch& batch, const HostBatch& h) const;
+  /// The training batches trained_targets read to count, kept for next() (by step), so that
+  /// counting a step's targets before its first backward does not read its rows a second time.
+  std::map<int64_t, HostBatch> counted_;
   /// The row_of of training step `step`'s rows (packed or windows).
   std::function<void(int64_t)> train_row_of(int64_t step);
   /// One row from a window, or from a packed row's pieces.

@@ -56,8 +56,9 @@ class DataSource {
   /// The batch of step `step` (0-based), allocated on `be` (category transient).
   virtual Batch next(Backend& be, int64_t step) = 0;
   /// The trained targets of batch `step` on this rank, what next(be, step) counts in
-  /// Batch::trained_targets, counted on the host without making the batch; -1 when every target
-  /// trains. The trainer needs a whole step's count before its first micro-batch's backward.
+  /// Batch::trained_targets, counted on the host without making the batch (a source may keep
+  /// what it read for next(be, step)); -1 when every target trains. The trainer needs a whole
+  /// step's count before its first micro-batch's backward.
   virtual int64_t trained_targets(int64_t step) { return -1; }
   /// Validation: how many fixed batches make up `eval_tokens` tokens (0: no validation data), and
   /// batch `index` of them. The same batches at every evaluation, so the curve is comparable.
