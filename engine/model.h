@@ -32,10 +32,11 @@ enum class MomentHome : uint8_t { Device, Host, Sharded };
 /// stay empty, so the ops skip its weight gradient (an empty dweight), and the trainer's loops,
 /// the gradient sums of several ranks, ZeRO-1's buckets, the weight stream and checkpoints pass it
 /// by (they iterate over trainable() parameters). Its value lives in the device pool whatever
-/// remat.offload says (it is read by every step and never updated). It is f32 today; the frozen
-/// base's other precisions (lora.base = "bf16", "nf4") are a value of another dtype that the ops
-/// dequantise per GEMM into their workspace, as the CUDA backend casts f32 weights to bf16 now
-/// (engine/core/cuda_workspace.h, "gemm.weight_bf16").
+/// remat.offload says (it is read by every step and never updated). Under lora.base = "bf16" or
+/// "nf4" its value has that dtype (the blocks' linears) or bf16 (the token table and the LM head),
+/// and the ops decode it per GEMM into their workspace (engine/core/cpu_workspace.h,
+/// "gemm.weight_f32"; engine/core/cuda_workspace.h, "gemm.weight_bf16") or, the embedding, per
+/// row looked up.
 struct Param {
   std::string name;              // "blocks.3.attn.qkv.weight": the name used in checkpoint files
   Buffer value;                  // category weights

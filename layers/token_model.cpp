@@ -23,7 +23,8 @@ Param* TokenModel::add_param(Backend& be, const ModelShape& s, const std::string
   REMAT_ASSERT(params_.size() < params_.capacity(),
                "TokenModel: params_ must be reserved (adding {} would move the others)", name);
   const bool frozen = lora_ && !trainable_base_.count(name);
-  const DType dtype = packed_base_.count(name) ? packed_dtype_ : DType::F32;
+  const auto stored = stored_dtype_.find(name);
+  const DType dtype = stored == stored_dtype_.end() ? DType::F32 : stored->second;
   params_.push_back(
       make_param(be, name, shape, init, s.seed, s.moments, s.weights_on_host, frozen, dtype));
   return &params_.back();
@@ -36,11 +37,15 @@ void TokenModel::plan_lora(const ModelConfig& m, const ModelShape& s) {
   sites_ = lora::select_sites(m, s.lora.targets).sites;
   for (const lora::SavedModule& mod : lora::select_saved(m, s.lora.modules_to_save).modules)
     trainable_base_.insert(mod.params.begin(), mod.params.end());
-  // lora.base below fp32: every linear weight of the blocks (adapted or not; none trains whole),
-  // as transformers' load_in_4bit quantises them. Embeddings, norms, the head and biases stay f32.
-  packed_dtype_ = lora::base_dtype(s.lora);
-  if (packed_dtype_ != DType::F32)
-    for (const lora::Site& site : lora::all_sites(m)) packed_base_.insert(site.base);
+  // lora.base below fp32: every linear weight of the blocks (adapted or not; none trains whole)
+  // as lora.base says, as transformers' load_in_4bit quantises them; the frozen token table and
+  // LM head in bf16, the dtype load_in_4bit keeps them in (with an 8B model's 128K vocabulary
+  // they are 2 GiB each in f32). Norms, biases and learned positions stay f32: they are small.
+  if (const DType base = lora::base_dtype(s.lora); base != DType::F32) {
+    for (const lora::Site& site : lora::all_sites(m)) stored_dtype_[site.base] = base;
+    for (const char* table : {"wte", "lm_head.weight"})
+      if (!trainable_base_.count(table)) stored_dtype_[table] = DType::BF16;
+  }
   lora_shared_.scale = static_cast<float>(lora::scaling(s.lora));
   lora_shared_.dropout = static_cast<float>(s.lora.dropout);
   lora_shared_.seed = s.seed;

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -74,9 +75,9 @@ class TokenModel : public Model {
   bool lora_ = false;
   std::vector<lora::Site> sites_;         // the adapted linears, model order
   std::set<std::string> trainable_base_;  // modules_to_save's parameters
-  // The linears of the blocks, stored as lora.base says (bf16, NF4) when it is not fp32.
-  std::set<std::string> packed_base_;
-  DType packed_dtype_ = DType::F32;
+  // The frozen parameters stored below f32 (lora.base = "bf16", "nf4"): the blocks' linears as
+  // lora.base says, the token table and the LM head in bf16. Every other parameter is f32.
+  std::map<std::string, DType> stored_dtype_;
 };
 
 }  // namespace remat::detail

@@ -11,7 +11,8 @@
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <functional>
-#include <set>
+#include <map>
+#include <utility>
 
 #include "data/synthetic.h"
 #include "engine/config/config.h"
@@ -221,39 +222,51 @@ TEST_CASE("lora: bitwise identical under every remat policy, tiling, offload and
 
 TEST_CASE("lora: a bf16 or nf4 base trains as the fp32 base of its decoded weights, bit for bit",
           "[lora][nf4]") {
-  // The CPU's GEMMs read a decoded f32 copy of a bf16 or NF4 weight: the same products as an fp32
-  // base holding those decoded values, so the same losses, gradients and adapters, bit for bit.
-  for (const std::string* toml : {&kLlama, &kGpt})
+  // The CPU's GEMMs read a decoded f32 copy of a bf16 or NF4 weight, and the embedding decodes its
+  // bf16 rows: the same products as an fp32 base holding those decoded values, so the same
+  // losses, gradients and adapters, bit for bit. Llama here trains its head whole, and below
+  // (modules_to_save = ["norm"]) freezes it; GPT-2's head is its frozen token table.
+  const std::vector<std::string> frozen_head = {"lora.modules_to_save=[\"norm\"]"};
+  const std::vector<std::pair<const std::string*, std::vector<std::string>>> runs = {
+      {&kLlama, {}}, {&kLlama, frozen_head}, {&kGpt, {}}};
+  for (const auto& run : runs)
     for (size_t b = 1; b < kBases.size(); ++b) {
-      const std::vector<std::string>& base = kBases[b];
+      const std::string* toml = run.first;
+      const std::vector<std::string>& sets = run.second;
+      const std::vector<std::string> base = with(sets, kBases[b]);
       INFO(fmt::format("{} | {}", toml == &kLlama ? "llama" : "gpt", fmt::join(base, " ")));
       const Config cfg = parse_config(*toml, "lora-test", base);
-      const DType dtype = lora::base_dtype(cfg.lora);
-      size_t stored_packed = 0;  // the base's linears, stored as lora.base says
+      // What lora.base stores below f32: every linear of the blocks as it says, and the token
+      // table and the LM head in bf16 unless they train whole.
+      std::map<std::string, DType> expected;
+      for (const lora::Site& site : lora::all_sites(cfg.model))
+        expected[site.base] = lora::base_dtype(cfg.lora);
+      expected["wte"] = DType::BF16;
+      if (!cfg.model.tie_embeddings && sets == frozen_head)
+        expected["lm_head.weight"] = DType::BF16;
+      std::map<std::string, DType> stored;
       const RunRecord packed =
           train3(*toml, with({"remat.policy=full"}, base), 2, [&](Backend&, Model& model) {
-            for (Param& p : model.params()) stored_packed += p.value.tensor().dtype == dtype;
+            for (Param& p : model.params())
+              if (p.value.tensor().dtype != DType::F32) stored[p.name] = p.value.tensor().dtype;
           });
-      // The fp32 base of the same seed, every linear of the blocks encoded and decoded.
-      std::set<std::string> linears;
-      for (const lora::Site& site : lora::all_sites(cfg.model)) linears.insert(site.base);
-      size_t replaced = 0;
-      const auto decode_linears = [&](Backend& be, Model& model) {
+      CHECK(stored == expected);
+      CHECK(expected.size() == (toml == &kLlama ? 3u * 5 : 4u * 4) + 1 + (sets == frozen_head));
+      // The fp32 base of the same seed, each of those weights encoded and decoded.
+      const auto decode_stored = [&](Backend& be, Model& model) {
         for (Param& p : model.params()) {
-          if (!linears.count(p.name)) continue;
+          const auto it = expected.find(p.name);
+          if (it == expected.end()) continue;
           const int64_t n = p.value.tensor().numel();
-          std::vector<uint8_t> stored(static_cast<size_t>(Tensor(nullptr, {n}, dtype).bytes()));
-          encode_weight(dtype, p.value.f32(), n, stored.data());
+          std::vector<uint8_t> bytes(static_cast<size_t>(Tensor(nullptr, {n}, it->second).bytes()));
+          encode_weight(it->second, p.value.f32(), n, bytes.data());
           std::vector<float> back(static_cast<size_t>(n));
-          decode_weight(dtype, stored.data(), n, 0, n, back.data());
+          decode_weight(it->second, bytes.data(), n, 0, n, back.data());
           be.upload(p.value, back.data());
-          ++replaced;
         }
       };
-      const RunRecord ref = train3(*toml, {"remat.policy=full"}, 2, decode_linears);
-      CHECK(replaced == (toml == &kLlama ? 3u * 5 : 4u * 4));  // every linear of every block
-      CHECK(stored_packed == replaced);
-      check_same_training(packed, ref);
+      check_same_training(packed,
+                          train3(*toml, with({"remat.policy=full"}, sets), 2, decode_stored));
     }
 }
 
@@ -316,6 +329,9 @@ TEST_CASE("lora: predicted device and host peaks equal the measured ones to the 
       settings.push_back(with({"remat.policy=full", "remat.offload=\"checkpoints\""}, kBases[b]));
       settings.push_back(with(with(kTiled, {"remat.policy=save_dots"}), kBases[b]));
     }
+    // A frozen LM head of its own (Llama; GPT-2's is its token table): bf16, decoded in the loss.
+    if (toml == &kLlama)
+      settings.push_back({"remat.policy=full", "lora.base=\"nf4\"", "lora.modules_to_save=[]"});
     for (const auto& s : settings) {
       INFO(fmt::format("{} | {}", toml == &kLlama ? "llama" : "gpt", fmt::join(s, " ")));
       const Config cfg = parse_config(*toml, "lora-test", s);

@@ -550,7 +550,8 @@ const std::vector<KeySpec>& key_specs() {
        [](Config& c, auto& n, auto& o) { c.lora.modules_to_save = read_string_list(n, o); }},
       {"lora", "base",
        "the storage of the blocks' frozen linear weights: \"fp32\", \"bf16\" (2 bytes each) or "
-       "\"nf4\" (QLoRA: bitsandbytes' 4-bit NormalFloat, ~0.5 byte), decoded per GEMM",
+       "\"nf4\" (QLoRA: bitsandbytes' 4-bit NormalFloat, ~0.5 byte), decoded per GEMM; below "
+       "fp32 the frozen embedding and LM head are bf16",
        [](Config& c, auto& n, auto& o) {
          c.lora.base = read_choice(n, o, {"fp32", "bf16", "nf4"});
        }},

@@ -189,6 +189,7 @@ struct LoraConfig {
       modules_to_save;  // whole modules that train too: embeddings, norms, head
   // The storage of the blocks' frozen linear weights: "fp32", "bf16" (2 bytes a weight) or "nf4"
   // (QLoRA: bitsandbytes' 4-bit NormalFloat in blocks of 64, engine/core/nf4.h), decoded per GEMM.
+  // Below fp32 the frozen token embedding and LM head are stored in bf16 too.
   std::string base = "fp32";
   bool double_quant = true;  // nf4: the blocks' absmaxes 8-bit quantised (bitsandbytes' default)
   bool enabled() const { return rank > 0; }

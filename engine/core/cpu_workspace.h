@@ -143,12 +143,16 @@ inline constexpr int64_t kLmHeadSlabs = 8, kLmHeadSlabMinVocab = 8192;
 inline int64_t lm_head_dinp_slabs(int64_t vocab) {
   return vocab >= kLmHeadSlabMinVocab ? kLmHeadSlabs : 1;
 }
+/// A frozen LoRA base's bf16 head is decoded whole, once per call, as a linear's weight is.
 inline WorkspaceList workspace(const LmHeadLossArgs& a, const WorkspaceTarget&) {
-  WorkspacePart logits = logits_chunk_part(a);
+  WorkspaceList w = weight_copy(a.weight);
+  const WorkspacePart logits = logits_chunk_part(a);
+  w.push_back(logits);
   const int64_t slabs = lm_head_dinp_slabs(a.weight.dim(0));
-  if (slabs == 1) return {logits};
+  if (slabs == 1) return w;
   const int64_t rows = logits.shape[0], C = a.inp.dim(-1);
-  return {logits, {"lm_head.dinp_slabs", DType::F32, {slabs - 1, rows, C}}};
+  w.push_back({"lm_head.dinp_slabs", DType::F32, {slabs - 1, rows, C}});
+  return w;
 }
 
 }  // namespace remat::cpu

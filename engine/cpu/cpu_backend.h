@@ -32,6 +32,11 @@ constexpr int64_t kGrain = 1 << 17;
 /// Threads a CpuBackend uses when device.threads = 0 (OpenMP's default: all cores).
 int default_threads();
 
+/// A weight as the GEMMs read it, f32: itself, or (a frozen LoRA base stored as bf16 or NF4,
+/// lora.base) its decoded copy in the op's workspace ("gemm.weight_f32",
+/// engine/core/cpu_workspace.h).
+const float* f32_weight(const Tensor& weight, const OpWorkspace& ws);
+
 /// Host memory, 256-byte aligned, with freed blocks kept for reuse (host_allocator.h).
 std::unique_ptr<DeviceAllocator> make_host_allocator();
 

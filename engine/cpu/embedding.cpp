@@ -1,5 +1,6 @@
 // CPU token (+ position) embedding forward and backward (engine/core/ops/embedding.h).
 
+#include "engine/core/nf4.h"
 #include "engine/cpu/cpu_backend.h"
 
 namespace remat::cpu {
@@ -15,7 +16,6 @@ inline int64_t position(int64_t bt, int64_t T, const int32_t* doc_start) {
 void CpuBackend::embedding_forward_impl(const EmbeddingForwardArgs& a) {
   const int64_t B = a.tokens.dim(0), T = a.tokens.dim(1), C = a.wte.dim(1), V = a.wte.dim(0);
   const int32_t* tok = a.tokens.i32();
-  const float* wte = a.wte.f32();
   const float* wpe = a.wpe.empty() ? nullptr : a.wpe.f32();
   const int32_t* doc_start = a.doc_start.empty() ? nullptr : a.doc_start.i32();
   float* out = a.out.f32();
@@ -23,13 +23,12 @@ void CpuBackend::embedding_forward_impl(const EmbeddingForwardArgs& a) {
   for (int64_t bt = 0; bt < B * T; ++bt) {
     const int32_t id = tok[bt];
     REMAT_ASSERT(id >= 0 && id < V, "embedding_forward: token {} outside vocabulary {}", id, V);
-    const float* e = wte + id * C;
     float* o = out + bt * C;
+    // The row as f32: copied, or decoded from a frozen LoRA base's bf16 table (engine/model.h).
+    decode_weight(a.wte.dtype, a.wte.data, V * C, id * C, C, o);
     if (wpe) {
       const float* p = wpe + position(bt, T, doc_start) * C;
-      for (int64_t c = 0; c < C; ++c) o[c] = e[c] + p[c];
-    } else {
-      for (int64_t c = 0; c < C; ++c) o[c] = e[c];
+      for (int64_t c = 0; c < C; ++c) o[c] += p[c];
     }
   }
 }

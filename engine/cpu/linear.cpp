@@ -12,11 +12,6 @@
 
 namespace remat::cpu {
 
-namespace {
-
-// The weight as the GEMMs read it, f32: itself, or (a frozen base stored as bf16 or NF4,
-// lora.base) its decoded copy in the op's workspace ("gemm.weight_f32",
-// engine/core/cpu_workspace.h).
 const float* f32_weight(const Tensor& weight, const OpWorkspace& ws) {
   const Buffer* copy = ws.find("gemm.weight_f32");
   if (!copy) return weight.f32();
@@ -24,8 +19,6 @@ const float* f32_weight(const Tensor& weight, const OpWorkspace& ws) {
   decode_weight(weight.dtype, weight.data, n, 0, n, copy->tensor().f32());
   return copy->tensor().f32();
 }
-
-}  // namespace
 
 void CpuBackend::linear_forward_impl(const LinearForwardArgs& a, const OpWorkspace& ws) {
   const int64_t N = a.inp.rows(), C = a.inp.dim(-1), OC = a.weight.dim(0);

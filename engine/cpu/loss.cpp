@@ -106,7 +106,7 @@ void CpuBackend::lm_head_loss_impl(const LmHeadLossArgs& a, const OpWorkspace& w
   const Buffer& chunk = ws.at("lm_head.logits_chunk");
   const int64_t R = chunk.tensor().dim(0);
   float* logits = chunk.f32();
-  const float* W = a.weight.f32();
+  const float* W = f32_weight(a.weight, ws);  // a frozen LoRA base's bf16 head: decoded once
   const int32_t* targets = a.targets.i32();
   float* losses = a.losses.f32();
   int32_t* argmax = a.argmax.empty() ? nullptr : a.argmax.i32();

@@ -144,9 +144,9 @@ __global__ void add_chunk_partials_kernel(float* dst, const float* partials, int
 // ---- embedding ----
 
 // Groups only when C is a multiple of N, so that a group lies in one row and reads whole
-// 16-byte pieces of wte and wpe.
-template <typename T>
-__global__ void embedding_forward_kernel(T* out, const int32_t* tokens, const float* wte,
+// pieces of wte and wpe. The table W is f32, or bf16 when frozen (lora.base = "bf16", "nf4").
+template <typename T, typename W>
+__global__ void embedding_forward_kernel(T* out, const int32_t* tokens, const W* wte,
                                          const float* wpe, int64_t BT, int64_t T_len, int64_t C,
                                          int64_t V, bool vectors) {
   constexpr int N = kVecElems<T>;
@@ -157,7 +157,9 @@ __global__ void embedding_forward_kernel(T* out, const int32_t* tokens, const fl
     const int32_t id = tokens[bt];
     Pack<float, N> v;
     if (id >= 0 && id < V) {
-      v = load_pack<N>(wte + id * C + c);
+      const Pack<W, N> e = load_pack<N>(wte + id * C + c);
+#pragma unroll
+      for (int k = 0; k < N; ++k) v.v[k] = to_f32(e.v[k]);
     } else {
 #pragma unroll
       for (int k = 0; k < N; ++k) v.v[k] = CUDART_NAN_F;
@@ -172,7 +174,7 @@ __global__ void embedding_forward_kernel(T* out, const int32_t* tokens, const fl
   for_each_vector<N>(BT * C, vectors, group, [&](int64_t i) {
     const int64_t bt = i / C, c = i % C;
     const int32_t id = tokens[bt];
-    float v = (id >= 0 && id < V) ? wte[id * C + c] : CUDART_NAN_F;
+    float v = (id >= 0 && id < V) ? to_f32(wte[id * C + c]) : CUDART_NAN_F;
     if (wpe) v += wpe[(bt % T_len) * C + c];
     out[i] = from_f32<T>(v);
   });
@@ -463,9 +465,13 @@ void embedding_forward(const EmbeddingForwardParams& p, cudaStream_t s) {
   dispatch_act(p.bf16, [&](auto tag) {
     using Tt = decltype(tag);
     constexpr int N = kVecElems<Tt>;
-    embedding_forward_kernel<Tt><<<grid_for_vectors(BT * p.C, N), kThreads, 0, s>>>(
-        static_cast<Tt*>(p.out), p.tokens, p.wte, p.wpe, BT, p.T, p.C, p.V,
-        p.C % N == 0 && aligned16(p.out, p.wte, p.wpe));
+    const bool vectors = p.C % N == 0 && aligned16(p.out, p.wte, p.wpe);
+    dispatch_act(p.wte_bf16, [&](auto table_tag) {
+      using Tw = decltype(table_tag);
+      embedding_forward_kernel<Tt, Tw><<<grid_for_vectors(BT * p.C, N), kThreads, 0, s>>>(
+          static_cast<Tt*>(p.out), p.tokens, static_cast<const Tw*>(p.wte), p.wpe, BT, p.T, p.C,
+          p.V, vectors);
+    });
   });
 }
 

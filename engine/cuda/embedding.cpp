@@ -20,13 +20,14 @@ void CudaBackend::embedding_forward_impl(const EmbeddingForwardArgs& a) {
   const int64_t B = a.tokens.dim(0), T = a.tokens.dim(1), C = a.wte.dim(1), V = a.wte.dim(0);
   kern::embedding_forward({.out = a.out.data,
                            .tokens = a.tokens.i32(),
-                           .wte = a.wte.f32(),
+                           .wte = a.wte.data,
                            .wpe = a.wpe.empty() ? nullptr : a.wpe.f32(),
                            .B = B,
                            .T = T,
                            .C = C,
                            .V = V,
-                           .bf16 = is_bf16(a.out)},
+                           .bf16 = is_bf16(a.out),
+                           .wte_bf16 = is_bf16(a.wte)},
                           stream());
   const size_t bytes = a.tokens.bytes();
   tokens_copy_.reserve(bytes);

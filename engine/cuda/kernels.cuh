@@ -87,10 +87,11 @@ void column_sum_add(float* dsum, const void* x, int64_t rows, int64_t cols, bool
 struct EmbeddingForwardParams {
   void* out;
   const int32_t* tokens;
-  const float* wte;
+  const void* wte;  // f32, or bf16 (wte_bf16: a frozen LoRA base's table)
   const float* wpe;
   int64_t B, T, C, V;
   bool bf16;
+  bool wte_bf16;
 };
 void embedding_forward(const EmbeddingForwardParams& p, cudaStream_t s);
 /// EmbeddingBackwardArgs as raw pointers, with the rows bucketed by token on the host:

@@ -53,6 +53,28 @@ TEST_CASE("embedding forward gathers token and position rows, backward scatter-a
   CHECK(allclose(to_host(wpe), want_wpe, use_wpe ? kTolReduction : kTolExact, "dwpe"));
 }
 
+TEST_CASE("embedding forward reads a frozen bf16 token table as its decoded rows, bit for bit",
+          "[ops][lora]") {
+  // A LoRA run's frozen token table under lora.base = "bf16" or "nf4" is bf16 (engine/model.h).
+  CpuBackend be(kTestBudgetBytes, kTestThreads);
+  const auto [B, T, V, C, maxT, n_id] = GENERATE(from_range(kEmbeddingShapes));
+  const bool use_wpe = GENERATE(true, false);
+  CAPTURE(B, T, V, C, use_wpe);
+  const Buffer tokens = make_ids(be, {B, T}, n_id, kSeed, 101);
+  const std::vector<float> values = to_host(make_randn(be, {V, C}, kSeed, 102));
+  const Buffer packed = packed_weight(be, V, C, DType::BF16, values);
+  const Buffer plain = make_tensor(be, {V, C});
+  be.upload(plain, decoded(DType::BF16, values).data());
+  const Buffer wpe = make_randn(be, {maxT, C}, kSeed, 103);
+  const Tensor wpe_or_none = use_wpe ? wpe.tensor() : Tensor();
+  Buffer out_packed = make_filled(be, {B, T, C}, 7.0f),
+         out_plain = make_filled(be, {B, T, C}, 8.0f);
+  be.embedding_forward({out_packed, tokens, packed, wpe_or_none});
+  be.embedding_forward({out_plain, tokens, plain, wpe_or_none});
+  CHECK(to_host(out_packed) == to_host(out_plain));
+  CHECK(to_host(out_plain) != to_host(make_filled(be, {B, T, C}, 8.0f)));  // really written
+}
+
 #if REMAT_TEST_CUDA_ROWS
 TEST_CASE("embedding forward and deterministic scatter-add backward on CUDA match the CPU",
           "[gpu][embedding]") {
@@ -96,15 +118,19 @@ TEST_CASE("embedding forward on CUDA: 16-byte groups and the scalar path store t
   // store the CPU's sums rounded once to the activation type. A token outside the vocabulary
   // gives a NaN row on either path.
   const int64_t B = 2, T = 9, V = 50, C = 64, maxT = 16;
+  // A frozen LoRA base's bf16 table (lora.base) reads as the f32 table of its decoded values.
   const bool use_wpe = GENERATE(true, false);
   const DType act = GENERATE(from_range(kCudaActivationTypes));
-  CAPTURE(use_wpe, dtype_name(act));
+  const DType table = GENERATE(DType::F32, DType::BF16);
+  CAPTURE(use_wpe, dtype_name(act), dtype_name(table));
   CudaRow r(act);
   Buffer ids = make_ids(r.cpu, {B, T}, static_cast<int32_t>(V), kSeed, 104);
   const int32_t* id = ids.tensor().i32();
   std::vector<int32_t> host_ids(id, id + B * T);
   Buffer t_c = upload_i32(r.cpu, {B, T}, host_ids), t_g = upload_i32(*r.gpu, {B, T}, host_ids);
-  auto [wte_c, wte_g] = r.f32_pair({V, C}, host_randn(V * C, 105));
+  const std::vector<float> values = host_randn(V * C, 105);
+  auto [wte_c, wte_g] = r.f32_pair({V, C}, table == DType::F32 ? values : decoded(table, values));
+  if (table != DType::F32) wte_g = packed_weight(*r.gpu, V, C, table, values);
   auto [wpe_c, wpe_g] = r.f32_pair({maxT, C}, host_randn(maxT * C, 106));
   const Tensor wpe_on_cpu = use_wpe ? wpe_c.tensor() : Tensor();
   const Tensor wpe_on_gpu = use_wpe ? wpe_g.tensor() : Tensor();

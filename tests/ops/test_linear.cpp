@@ -163,25 +163,6 @@ TEST_CASE("the linear's fused activations are the activation ops, bit for bit", 
   CHECK(to_host(dw_fused) == to_host(dw_apart));
 }
 
-/// A (OC, C) frozen weight stored as `dtype` (bf16 or NF4, lora.base) on `be`, from f32 values;
-/// and the f32 values it decodes to.
-Buffer packed_weight(Backend& be, int64_t OC, int64_t C, DType dtype, const std::vector<float>& v) {
-  Buffer w = be.pool().allocate({OC, C}, dtype, MemCategory::Weights, "frozen");
-  std::vector<uint8_t> stored(w.tensor().bytes());
-  encode_weight(dtype, v.data(), OC * C, stored.data());
-  be.upload(w, stored.data());
-  return w;
-}
-std::vector<float> decoded(DType dtype, const std::vector<float>& v) {
-  const auto n = static_cast<int64_t>(v.size());
-  std::vector<uint8_t> stored(Tensor(nullptr, {n}, dtype).bytes());
-  encode_weight(dtype, v.data(), n, stored.data());
-  std::vector<float> back(v.size());
-  decode_weight(dtype, stored.data(), n, 0, n, back.data());
-  return back;
-}
-const std::vector<DType> kPackedWeights = {DType::BF16, DType::NF4, DType::NF4DQ};
-
 TEST_CASE(
     "a linear with a bf16 or NF4 weight computes what an f32 linear of its decoded values "
     "computes, bit for bit",

@@ -207,6 +207,39 @@ TEST_CASE(
   CHECK(bitwise_equal({got_dinp[0]}, {got_dinp[1]}));
 }
 
+TEST_CASE("lm head loss with a frozen bf16 head computes what the f32 head of its values does",
+          "[ops][lora]") {
+  // A LoRA run's frozen LM head under lora.base = "bf16" or "nf4" is bf16 (engine/model.h): the
+  // CPU decodes it once per call into the op's workspace ("gemm.weight_f32"), so the same
+  // products, bit for bit, on the short and the slabbed (V >= 8192) vocabulary.
+  const LmHeadShape shape = GENERATE(LmHeadShape{kLmN, kLmC, kLmV}, LmHeadShape{13, 24, 8197});
+  CAPTURE(shape.N, shape.C, shape.V);
+  CpuBackend be(kTestBudgetBytes, kTestThreads);
+  LmHeadCase plain(be, shape, 151);
+  const std::vector<float> values = to_host(plain.weight);
+  be.upload(plain.weight, decoded(DType::BF16, values).data());
+  LmHeadCase packed(be, shape, 151);
+  packed.weight = packed_weight(be, shape.V, shape.C, DType::BF16, values);
+  std::vector<float> got[2][2];  // [packed][losses, dinp]
+  uint64_t workspace[2] = {};
+  for (const LmHeadCase* c : {&plain, &packed}) {
+    const bool is_packed = c == &packed;
+    Buffer losses = make_filled(be, {shape.N}, 7.0f);
+    Buffer dinp = make_filled(be, {shape.N, shape.C}, 7.0f);
+    const uint64_t live = be.pool().live_bytes();
+    be.pool().reset_peak();
+    be.lm_head_loss(c->args(losses, dinp, Tensor(), 8));
+    workspace[is_packed] = be.pool().peak_bytes() - live;
+    got[is_packed][0] = to_host(losses);
+    got[is_packed][1] = to_host(dinp);
+  }
+  CHECK(got[1][0] == got[0][0]);
+  CHECK(got[1][1] == got[0][1]);
+  // The decoded copy, (V, C) f32, is the only workspace the bf16 head adds.
+  CHECK(workspace[1] - workspace[0] ==
+        MemoryPool::accounted_bytes(static_cast<size_t>(shape.V * shape.C * 4)));
+}
+
 namespace {
 
 /// The rows whose largest double-precision logit leads the next by more than `margin`, with its
@@ -327,6 +360,33 @@ TEST_CASE("fused chunked lm head loss on CUDA matches the CPU", "[gpu][lm_head]"
   r.check_same(l_c, l_g, r.pick(kCudaF32Gemm, kCudaBf16Gemm), "losses");
   r.check_same(dx_c, dx_g, r.pick(kCudaF32Gemm, kCudaBf16Gemm), "dinp");
   r.check_same(dw_c, dw_g, r.pick(kCudaF32Gemm, kCudaBf16ParamGrad), "dweight (+=)");
+}
+
+TEST_CASE("a frozen bf16 lm head on CUDA computes what the f32 head of its values does",
+          "[gpu][lm_head][lora]") {
+  // bf16 GEMMs read the bf16 head as it is where an f32 head goes through its bf16 copy: the
+  // same operand bits, so the same results; f32 GEMMs read the bf16 head's f32 copy.
+  const DType act = GENERATE(from_range(kCudaActivationTypes));
+  CAPTURE(dtype_name(act));
+  CudaRow r(act);
+  const int64_t N = kLmN, C = kLmC, V = kLmV;
+  const std::vector<float> values = decoded(DType::BF16, host_randn(V * C, 122, 0.3));
+  Buffer x = upload(*r.gpu, {N, C}, act, r.act_values(N * C, 121));
+  Buffer plain = upload(*r.gpu, {V, C}, DType::F32, values);
+  Buffer packed = packed_weight(*r.gpu, V, C, DType::BF16, values);
+  Buffer ids = make_ids(r.cpu, {N}, static_cast<int32_t>(V), kSeed, 123);
+  const std::vector<int32_t> host_ids(ids.tensor().i32(), ids.tensor().i32() + N);
+  Buffer t = upload_i32(*r.gpu, {N}, host_ids);
+  std::vector<float> got[2][2];  // [packed][losses, dinp]
+  for (const Buffer* w : {&plain, &packed}) {
+    Buffer losses = upload(*r.gpu, {N}, DType::F32, std::vector<float>(N, 7.0f));
+    Buffer dinp = upload(*r.gpu, {N, C}, act, std::vector<float>(N * C, 7.0f));
+    r.gpu->lm_head_loss({losses, dinp, Tensor(), x, *w, t, 1.0f / static_cast<float>(N), 16});
+    got[w == &packed][0] = fetch(*r.gpu, losses);
+    got[w == &packed][1] = fetch(*r.gpu, dinp);
+  }
+  CHECK(identical_bits(got[1][0], got[0][0], "losses"));
+  CHECK(identical_bits(got[1][1], got[0][1], "dinp"));
 }
 
 TEST_CASE("the lm head's argmax on CUDA matches the CPU's", "[gpu][lm_head][eval]") {

@@ -12,7 +12,7 @@ namespace remat {
 struct EmbeddingForwardArgs {
   Tensor out;     // (B, T, C) act = wte[tokens] (+ wpe[t - doc_start])
   Tensor tokens;  // (B, T) i32
-  Tensor wte;     // (V, C) f32
+  Tensor wte;     // (V, C) f32, or bf16 when frozen under lora.base = "bf16" or "nf4"
   Tensor wpe;     // (maxT, C) f32, optional (rope models have none)
   // Documents (engine/core/ops/attention.h): the learned position of token t is t - doc_start,
   // restarting at 0 in every document. Empty: t.
@@ -28,6 +28,8 @@ struct EmbeddingBackwardArgs {
 };
 
 inline void check(const EmbeddingForwardArgs& a) {
+  REMAT_ASSERT(a.wte.dtype == DType::F32 || a.wte.dtype == DType::BF16,
+               "embedding_forward: a {} token table (f32 or bf16)", dtype_name(a.wte.dtype));
   REMAT_ASSERT(a.tokens.dtype == DType::I32 && a.out.numel() == a.tokens.numel() * a.wte.dim(1),
                "embedding_forward: out {} tokens {} wte {}", a.out.shape_str(),
                a.tokens.shape_str(), a.wte.shape_str());

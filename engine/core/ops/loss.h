@@ -23,7 +23,7 @@ struct LmHeadLossArgs {
   Tensor dinp;     // (N, C) act [=]
   Tensor dweight;  // (V, C) f32 [+=], optional (empty: a frozen head, no weight-gradient GEMM)
   Tensor inp;      // (N, C) act: the final hidden states
-  Tensor weight;   // (V, C) f32: the (tied) output embedding
+  Tensor weight;   // (V, C) f32, or bf16 when frozen (lora.base): the (tied) output embedding
   Tensor targets;  // (N) i32, in [0, V) or kIgnoredTarget
   float loss_scale = 1.0f;
   int64_t chunk_rows = 0;  // rows per chunk; <= 0 means all rows at once
@@ -42,6 +42,8 @@ struct MseLossArgs {
 };
 
 inline void check(const LmHeadLossArgs& a) {
+  REMAT_ASSERT(a.weight.dtype == DType::F32 || a.weight.dtype == DType::BF16,
+               "lm_head_loss: a {} head (f32 or bf16)", dtype_name(a.weight.dtype));
   const int64_t N = a.inp.rows(), C = a.inp.dim(-1), V = a.weight.dim(0);
   REMAT_ASSERT(a.weight.dim(1) == C && (a.dweight.empty() || a.dweight.numel() == V * C),
                "lm_head_loss: weight {} dweight {} inp {}", a.weight.shape_str(),
