@@ -29,22 +29,6 @@ import struct
 import subprocess
 import sys
 
-LLAMA = """[model]
-kind = "llama"
-n_layer = 2
-n_head = 4
-n_kv_head = 2
-head_dim = 12
-n_embd = 32
-d_ff = 48
-vocab_size = 64
-norm_eps = 1e-5
-rope_theta = 500000.0
-rope_scaling = { rope_type = "llama3", factor = 8.0, low_freq_factor = 1.0, high_freq_factor = 4.0, original_max_position_embeddings = 16 }
-tie_embeddings = false
-
-"""
-
 # name: (model sets, LoRA sets, torch_reference's policy)
 VARIANTS = {
     "llama-gqa": ([], ["lora.rank=4", "lora.alpha=8", 'lora.modules_to_save=["norm", "lm_head"]'],
@@ -118,8 +102,9 @@ def check(repo, binary, name, gpt_toml, tokens):
     os.chdir(name)
     run_part = open(gpt_toml).read()
     run_part = run_part[run_part.index("[train]"):]  # the run, without [model]
-    model_toml = ("" if name.startswith("gpt") else LLAMA) + \
-        (open(gpt_toml).read() if name.startswith("gpt") else run_part)
+    llama = os.path.join(repo, "tests", "data", "reference_llama.toml")
+    model_toml = open(gpt_toml).read() if name.startswith("gpt") else \
+        open(llama).read() + run_part
     open("model.toml", "w").write(model_toml)
     open("run.toml", "w").write(run_part)  # --init hf: gives [model]
     data = sets([f"data.path={tokens}", "train.grad_clip=1.0"])
