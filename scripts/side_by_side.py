@@ -12,8 +12,20 @@ prints the medians and their ratio as a Markdown table, each row with both comma
         [--row NAME ...]   rows: tiny (a smoke test), gpt2-124m-1k (default on the CPU),
                            gpt2-124m-4k, gpt2-124m-32k,
                            gpt2-350m-4k, gpt2-350m-32k (the GPU rows), llama-3.2-1b-4k,
-                           llama-3.2-1b-32k (the Llama family, GPU), each under --policies
+                           llama-3.2-1b-32k (the Llama family, GPU), smollm2-135m-512 and
+                           smollm2-135m-512-lora (a small Llama at 512 tokens, batch 1: full
+                           fine-tuning, and LoRA rank 16 on every linear against peft; the CPU's
+                           pair), each under --policies
         [--policies none,full]  [--torch-python /usr/bin/python3]  [--binary build/remat-train]
+
+A LoRA row (its sets hold lora.rank) trains adapters on the frozen base in both tools: remat-train's
+[lora], and torch_reference.py's peft (LoraConfig + get_peft_model on the same modules, checked
+against remat-train by ctest torch_reference_lora_matches_remat_train). Its --torch-python must
+import peft as well as torch: the venv scripts/make-hf-venv.sh makes (/work/venv-hf/bin/python).
+Compare a LoRA row with the full fine-tuning row of the same model, measured in the same rounds:
+
+    python3 scripts/side_by_side.py --row smollm2-135m-512 --row smollm2-135m-512-lora \
+        --torch-python /work/venv-hf/bin/python --rounds 2 --steps 3
 
 Benchmark on a quiet machine (`uptime`; nothing else running): an OpenMP step slows 2-3x when
 another process competes for the cores, and PyTorch's threads more than ours. --out FILE keeps
@@ -39,7 +51,14 @@ ROWS = {
     "llama-3.2-1b-4k": ("configs/llama-3.2-1b.toml", ["train.seq_len=4096", "train.batch_size=1"]),
     "llama-3.2-1b-32k": ("configs/llama-3.2-1b.toml",
                          ["train.seq_len=32768", "train.batch_size=1"]),
+    "smollm2-135m-512": ("configs/smollm2-135m.toml", ["train.seq_len=512", "train.batch_size=1"]),
+    "smollm2-135m-512-lora": ("configs/smollm2-135m.toml",
+                              ["train.seq_len=512", "train.batch_size=1", "lora.rank=16"]),
 }
+
+
+def is_lora(row):
+    return any(s.startswith("lora.rank=") for s in ROWS[row][1])
 
 
 def sets_args(sets):
@@ -93,13 +112,20 @@ def main():
     ap.add_argument("--row", action="append", choices=sorted(ROWS))
     ap.add_argument("--policies", default="none,full")
     ap.add_argument("--binary", default=os.path.join(ROOT, "build", "remat-train"))
-    ap.add_argument("--torch-python", default="/usr/bin/python3")
+    ap.add_argument("--torch-python", default="/usr/bin/python3",
+                    help="the python that runs torch_reference.py; LoRA rows need peft too "
+                         "(scripts/make-hf-venv.sh: /work/venv-hf/bin/python)")
     ap.add_argument("--out", help="append every run's JSON here, one line each")
     opt = ap.parse_args()
     if not os.access(opt.binary, os.X_OK):
         sys.exit(f"error: [side_by_side] {opt.binary} is not an executable. Fix: make build")
     rows = opt.row or (["gpt2-124m-1k"] if opt.device == "cpu" else
                        ["gpt2-124m-4k", "gpt2-124m-32k", "gpt2-350m-4k", "gpt2-350m-32k"])
+    if any(map(is_lora, rows)) and subprocess.run(
+            [opt.torch_python, "-c", "import torch, peft"], stderr=subprocess.DEVNULL).returncode:
+        sys.exit(f"error: [side_by_side] a LoRA row runs torch_reference.py with peft, which "
+                 f"{opt.torch_python} cannot import. Fix: scripts/make-hf-venv.sh, then "
+                 "--torch-python /work/venv-hf/bin/python")
     policies = opt.policies.split(",")
     results = {}  # (row, policy, tool) -> [json]
     out = open(opt.out, "a") if opt.out else None

@@ -18,13 +18,25 @@ torch.compile. This script is that program, for the same model and the same conf
     enable_gqa on CUDA in bf16, else K and V heads repeat_interleave'd: key/value head j serves
     query heads j*g .. j*g+g-1), RoPE on the pairs (i, i + HS/2) with transformers' llama3
     frequency scaling, F.silu(gate) * up, the LM head tied to wte or its own lm_head.weight;
+  * `[lora]` with a rank (lora.rank = 16, or --set lora.rank=16; alpha, targets, dropout, rslora,
+    modules_to_save as remat-train reads them, docs/lora.md) trains LoRA as a peft user would:
+    peft.LoraConfig + get_peft_model, the base frozen, adapters on the linears whose transformers
+    names the targets select (peft 0.17's matching: q_proj ... down_proj; GPT-2's c_attn, c_proj,
+    c_fc), AdamW over the trainable parameters alone. The model is remat-train's: one adapter
+    per transformers projection, so a Llama's q, k and v become three nn.Linear here (their rows
+    split from the fused weight `--init` loads), where GPT-2's c_attn, fused in transformers too,
+    keeps one. `--init-adapter DIR` starts from a PEFT adapter folder (remat-train's `export
+    --adapter`). peft lives in the venv of scripts/make-hf-venv.sh; without it a LoRA run stops
+    with one line naming that fix;
   * it trains N steps with AdamW (betas 0.9/0.95, eps 1e-8, weight decay on 2-D weights only),
     remat-train's schedule (linear warmup, cosine to lr * min_lr_ratio) and global-norm clipping,
     on random tokens (seeded) or on the llm.c token shards remat-train reads;
   * it prints what `remat-train bench` prints about a step: the median step time after warm-up,
     tokens/s, the model FLOPs as MFU counts them (each GEMM of the forward, 2*M*N*K, plus causal
     attention's two GEMMs over T(T+1)/2 pairs, all times 3; the LM head's forward times 3) and the
-    achieved TFLOP/s, and the peak memory (torch.cuda.max_memory_allocated on CUDA; on the CPU the
+    achieved TFLOP/s (under LoRA less the frozen weights' gradients, as remat-train's: the
+    base's GEMMs twice, the adapters' and attention three times, the head twice unless it
+    trains), and the peak memory (torch.cuda.max_memory_allocated on CUDA; on the CPU the
     process's peak RSS over the RSS before the model was built). remat-train's count adds the
     elementwise ops (LayerNorm, GELU, softmax): 0.2% more at GPT-2 124M, T = 1024.
 
@@ -36,8 +48,10 @@ tests/torch_reference_check.sh checks it against the binary: from the same weigh
 step 1's loss agrees within 1e-5 relative (fp32), and 3 steps' losses, learning rates and
 gradient norms within 1e-4 (AdamW parity), for two GPTs and two Llama-family models (grouped-
 query attention with llama3 scaling and an untied head; multi-query with Qwen's biases and q/k
-norm and a tied head). A side-by-side CPU comparison (GPT-2 124M,
-T = 1024, batch 1; one warm-up and 3 timed steps each; then the same with policy full):
+norm and a tied head). tests/torch_reference_lora_check.sh checks the LoRA path the same way
+(peft's adapters against remat-train's, from the same base and the same PEFT adapter; skipped
+without peft). A side-by-side CPU comparison (GPT-2 124M, T = 1024, batch 1; one warm-up and 3
+timed steps each; then the same with policy full):
 
     build/remat-train bench --config configs/gpt2-124m.toml --set train.seq_len=1024 \\
         --set remat.policy=none --set device.backend=cpu --steps 3
@@ -104,6 +118,8 @@ DEFAULTS = {
     "data": {"source": "synthetic", "task": "random", "path": [], "order": "random"},
     "remat": {"policy": "none"},
     "device": {"backend": "auto", "precision": "bf16", "threads": 0},
+    "lora": {"rank": 0, "alpha": 16.0, "targets": [], "dropout": 0.0, "rslora": False,
+             "modules_to_save": [], "base": "fp32"},
 }
 
 
@@ -387,10 +403,16 @@ class RmsNorm(nn.Module):
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, C, H, KVH, HS, bias, qk_norm, eps):
+    def __init__(self, C, H, KVH, HS, bias, qk_norm, eps, split_qkv):
         super().__init__()
         self.n_head, self.n_kv_head, self.head_size = H, KVH, HS
-        self.qkv = nn.Linear(C, (H + 2 * KVH) * HS, bias=bias)  # rows q | k | v
+        self.split_qkv = split_qkv
+        if split_qkv:  # LoRA: transformers' three projections, each taking its own adapter
+            self.q_proj = nn.Linear(C, H * HS, bias=bias)
+            self.k_proj = nn.Linear(C, KVH * HS, bias=bias)
+            self.v_proj = nn.Linear(C, KVH * HS, bias=bias)
+        else:
+            self.qkv = nn.Linear(C, (H + 2 * KVH) * HS, bias=bias)  # rows q | k | v
         if qk_norm:
             self.q_norm, self.k_norm = RmsNorm(HS, eps), RmsNorm(HS, eps)
         self.qk_norm = qk_norm
@@ -399,7 +421,10 @@ class LlamaAttention(nn.Module):
     def forward(self, h, rope):
         B, T, _ = h.shape
         H, KVH, HS = self.n_head, self.n_kv_head, self.head_size
-        q, k, v = self.qkv(h).split([H * HS, KVH * HS, KVH * HS], -1)
+        if self.split_qkv:
+            q, k, v = self.q_proj(h), self.k_proj(h), self.v_proj(h)
+        else:
+            q, k, v = self.qkv(h).split([H * HS, KVH * HS, KVH * HS], -1)
         q, k, v = q.view(B, T, H, HS), k.view(B, T, KVH, HS), v.view(B, T, KVH, HS)
         if self.qk_norm:  # Qwen3: per head, before RoPE
             q, k = self.q_norm(q), self.k_norm(k)
@@ -420,12 +445,12 @@ class SwiGluMlp(nn.Module):
 
 
 class LlamaBlock(nn.Module):
-    def __init__(self, m, C, HS, FF):
+    def __init__(self, m, C, HS, FF, split_qkv):
         super().__init__()
         H, eps = m["n_head"], float(m["norm_eps"])
         self.norm1 = RmsNorm(C, eps)
         self.attn = LlamaAttention(C, H, m["n_kv_head"] or H, HS, m["attention_bias"],
-                                   m["qk_norm"], eps)
+                                   m["qk_norm"], eps, split_qkv)
         self.norm2 = RmsNorm(C, eps)
         self.mlp = SwiGluMlp(C, FF)
 
@@ -435,14 +460,15 @@ class LlamaBlock(nn.Module):
 
 
 class Llama(nn.Module):
-    def __init__(self, m, remat, loss_chunk):
+    def __init__(self, m, remat, loss_chunk, split_qkv=False):
         super().__init__()
         C, L, V = m["n_embd"], m["n_layer"], m["vocab_size"]
         self.head_size = m["head_dim"] or C // m["n_head"]
         self.m, self.remat, self.loss_chunk = m, remat, loss_chunk
+        self.split_qkv = split_qkv
         self.wte = nn.Parameter(torch.empty(V, C))
-        self.blocks = nn.ModuleList(LlamaBlock(m, C, self.head_size, m["d_ff"] or 4 * C)
-                                    for _ in range(L))
+        self.blocks = nn.ModuleList(LlamaBlock(m, C, self.head_size, m["d_ff"] or 4 * C,
+                                               split_qkv) for _ in range(L))
         self.normf = RmsNorm(C, float(m["norm_eps"]))
         self.lm_head = None if m["tie_embeddings"] else nn.Linear(C, V, bias=False)
         self._rope = {}
@@ -459,6 +485,20 @@ class Llama(nn.Module):
                 nn.init.ones_(p)
             else:
                 nn.init.zeros_(p)
+
+    def fused_rows(self):
+        """With q, k and v split (LoRA), remat-train's fused weight (and bias) of each block by
+        the parameters its rows q | k | v load into."""
+        if not self.split_qkv:
+            return {}
+        H, KVH = self.m["n_head"], self.m["n_kv_head"] or self.m["n_head"]
+        rows = [H * self.head_size, KVH * self.head_size, KVH * self.head_size]
+        out = {}
+        for l in range(len(self.blocks)):
+            for kind in ["weight"] + (["bias"] if self.m["attention_bias"] else []):
+                out[f"blocks.{l}.attn.qkv.{kind}"] = [
+                    (f"blocks.{l}.attn.{x}_proj.{kind}", n) for x, n in zip("qkv", rows)]
+        return out
 
     def rope(self, T, device):
         key = (T, str(device))
@@ -477,6 +517,158 @@ class Llama(nn.Module):
 
 
 MODELS = {"gpt": Gpt, "llama": Llama}
+
+
+# ---- LoRA with peft (docs/lora.md; the modules as remat-train's engine/config/lora.cpp) ----
+
+def lora_modules(m):
+    """transformers' modules that [lora] can name, with this script's module (or bare parameter)
+    for each: (transformers' name, ours, kind, in, out). kind is "linear" (an adapter site of a
+    block), "module" or "param" (trained whole: modules_to_save), or "tied" (an embedding or head
+    tied to the other, which peft would split; remat-train refuses it)."""
+    C, L, FF = m["n_embd"], m["n_layer"], m["d_ff"] or 4 * m["n_embd"]
+    gpt = m["kind"] == "gpt"
+    root = "transformer" if gpt else "model"
+    out = []
+    if gpt:
+        out.append((f"{root}.wte", "wte", "tied", 0, 0))
+        if m["position"] == "learned":
+            out.append((f"{root}.wpe", "wpe", "param", 0, 0))
+    else:
+        out.append((f"{root}.embed_tokens", "wte", "tied" if m["tie_embeddings"] else "param",
+                    0, 0))
+    H = m["n_head"]
+    HS = C // H if gpt else m["head_dim"] or C // H
+    Q, KV = H * HS, (m["n_kv_head"] or H) * HS
+    for l in range(L):
+        t, o = f"{root}.{'h' if gpt else 'layers'}.{l}", f"blocks.{l}."
+        if gpt:  # c_attn is one module in transformers too: one adapter on the fused q|k|v
+            out += [(t + ".ln_1", o + "ln1", "module", 0, 0),
+                    (t + ".attn.c_attn", o + "attn.qkv", "linear", C, 3 * C),
+                    (t + ".attn.c_proj", o + "attn.proj", "linear", C, C),
+                    (t + ".ln_2", o + "ln2", "module", 0, 0),
+                    (t + ".mlp.c_fc", o + "mlp.fc", "linear", C, FF),
+                    (t + ".mlp.c_proj", o + "mlp.proj", "linear", FF, C)]
+            continue
+        out += [(t + ".self_attn.q_proj", o + "attn.q_proj", "linear", C, Q),
+                (t + ".self_attn.k_proj", o + "attn.k_proj", "linear", C, KV),
+                (t + ".self_attn.v_proj", o + "attn.v_proj", "linear", C, KV),
+                (t + ".self_attn.o_proj", o + "attn.proj", "linear", Q, C)]
+        if m["qk_norm"]:
+            out += [(t + ".self_attn.q_norm", o + "attn.q_norm", "module", 0, 0),
+                    (t + ".self_attn.k_norm", o + "attn.k_norm", "module", 0, 0)]
+        out += [(t + ".mlp.gate_proj", o + "mlp.gate", "linear", C, FF),
+                (t + ".mlp.up_proj", o + "mlp.up", "linear", C, FF),
+                (t + ".mlp.down_proj", o + "mlp.down", "linear", FF, C),
+                (t + ".input_layernorm", o + "norm1", "module", 0, 0),
+                (t + ".post_attention_layernorm", o + "norm2", "module", 0, 0)]
+    if gpt:
+        out += [(f"{root}.ln_f", "lnf", "module", 0, 0), ("lm_head", "wte", "tied", 0, 0)]
+    else:
+        out.append((f"{root}.norm", "normf", "module", 0, 0))
+        out.append(("lm_head", "wte" if m["tie_embeddings"] else "lm_head",
+                    "tied" if m["tie_embeddings"] else "module", 0, 0))
+    return out
+
+
+def lora_choice(m, lora):
+    """The adapter sites and the modules trained whole that [lora] selects, by peft 0.17's rules
+    on transformers' names: a target t adapts each linear named t or ending in ".t" ([] = every
+    linear of the blocks); a modules_to_save entry trains each module whose PeftModel name
+    ("base_model.model." + name) ends in it."""
+    mods = lora_modules(m)
+    linears = [x for x in mods if x[2] == "linear"]
+    sites = linears if not lora["targets"] else []
+    for t in lora["targets"]:
+        hit = [x for x in linears if x[0] == t or x[0].endswith("." + t)]
+        if not hit:
+            die(f"lora.targets: '{t}' names no linear of a block of this {m['kind']} model",
+                "use transformers' names: " + ("c_attn, c_proj, c_fc" if m["kind"] == "gpt" else
+                                               "q_proj, k_proj, v_proj, o_proj, gate_proj, "
+                                               "up_proj, down_proj"))
+        sites += [x for x in hit if x not in sites]
+    saved = []
+    for n in lora["modules_to_save"]:
+        hit = [x for x in mods if x[2] != "linear" and ("base_model.model." + x[0]).endswith(n)]
+        if not hit or any(x[2] == "tied" for x in hit):
+            what = "a tied embedding or head" if hit else "no embedding, norm or head"
+            die(f"lora.modules_to_save: '{n}' selects {what}",
+                "name the modules as remat-train accepts them (docs/lora.md)")
+        saved += [x for x in hit if x not in saved]
+    return [x for x in linears if x in sites], [x for x in mods if x in saved]
+
+
+def require_peft(lora):
+    """peft, or one line naming the fix (before any work)."""
+    if lora["base"] != "fp32":
+        die(f"lora.base = \"{lora['base']}\": this reference trains adapters over an fp32 base "
+            "only (peft over nn.Linear; a bf16 or NF4 base is bitsandbytes' business)",
+            "remove lora.base")
+    try:
+        import peft  # noqa: F401  (imported where used)
+    except ImportError:
+        die(f"lora.rank = {lora['rank']} trains adapters with peft, which {sys.executable} "
+            "cannot import", "scripts/make-hf-venv.sh makes a venv with torch and peft; run this "
+            "script with its python (side_by_side.py: --torch-python /work/venv-hf/bin/python)")
+
+
+def apply_lora(model, lora, choice):
+    """The base frozen, peft's adapters on the chosen linears and the chosen modules trained
+    whole, as a peft user writes it (LoraConfig + get_peft_model). peft's matching is handed our
+    modules' exact names, so that it adapts exactly the modules transformers' names select."""
+    import peft
+    sites, saved = choice
+    config = peft.LoraConfig(
+        r=lora["rank"], lora_alpha=lora["alpha"], lora_dropout=lora["dropout"],
+        use_rslora=lora["rslora"], target_modules=[x[1] for x in sites], bias="none",
+        modules_to_save=[x[1] for x in saved if x[2] == "module"] or None)
+    net = peft.get_peft_model(model, config)
+    # An embedding here is a bare nn.Parameter, which peft's modules_to_save (a module wrapper
+    # training a copy) cannot take: it trains in place, the same arithmetic.
+    for x in saved:
+        if x[2] == "param":
+            getattr(model, x[1]).requires_grad_(True)
+    return net
+
+
+def load_adapter(path, model, lora, choice):
+    """A PEFT adapter folder (adapter_config.json, adapter_model.safetensors; transformers'
+    names, as remat-train's `export --adapter` writes and `train --init-adapter` reads) into the
+    adapters and the modules trained whole."""
+    from safetensors.torch import load_file
+    try:
+        conf = json.load(open(os.path.join(path, "adapter_config.json")))
+        tensors = load_file(os.path.join(path, "adapter_model.safetensors"))
+    except (OSError, ValueError) as e:
+        die(f"--init-adapter {path}: not a PEFT adapter folder ({e})",
+            "pass a folder of remat-train export --adapter (or peft's save_pretrained)")
+    for key, ours in (("r", lora["rank"]), ("lora_alpha", lora["alpha"]),
+                      ("use_rslora", lora["rslora"])):
+        if conf.get(key) != ours:
+            die(f"--init-adapter {path}: {key} = {conf.get(key)} but the config's [lora] says "
+                f"{ours}", "set the [lora] key to the adapter's")
+    dest = {}
+    for hf, ours, kind, _, _ in choice[0]:
+        layer = model.get_submodule(ours)
+        for ab in ("lora_A", "lora_B"):
+            dest[f"base_model.model.{hf}.{ab}.weight"] = getattr(layer, ab)["default"].weight
+    for hf, ours, kind, _, _ in choice[1]:
+        if kind == "param":
+            dest[f"base_model.model.{hf}.weight"] = getattr(model, ours)
+        else:
+            for n, p in model.get_submodule(ours).modules_to_save["default"].named_parameters():
+                dest[f"base_model.model.{hf}.{n}"] = p
+    if set(tensors) != set(dest):
+        diff = sorted(set(tensors) ^ set(dest))[:3]
+        die(f"--init-adapter {path}: its tensors are not the config's adapters ({', '.join(diff)})",
+            "use the [lora] table the adapter was trained with")
+    with torch.no_grad():
+        for name, t in tensors.items():
+            if t.shape != dest[name].shape:
+                die(f"--init-adapter {path}: {name} is {list(t.shape)}, the model wants "
+                    f"{list(dest[name].shape)}",
+                    "use the [lora] table the adapter was trained with")
+            dest[name].copy_(t.float())
 
 
 # ---- activation checkpointing ----
@@ -529,25 +721,36 @@ def load_safetensors(path, model):
             "pass a remat-train checkpoint folder or its model.safetensors")
     header.pop("__metadata__", None)
     want = model.state_dict()
-    if set(header) != set(want):
-        diff = sorted(set(header) ^ set(want))[:4]
+    # A Llama under LoRA holds q, k and v apart: the file's fused rows are split into them.
+    fused = model.fused_rows() if hasattr(model, "fused_rows") else {}
+    parts = {p for ps in fused.values() for p, _ in ps}
+    shapes = {k: list(v.shape) for k, v in want.items() if k not in parts}
+    for name, ps in fused.items():
+        shapes[name] = [sum(r for _, r in ps)] + list(want[ps[0][0]].shape[1:])
+    if set(header) != set(shapes):
+        diff = sorted(set(header) ^ set(shapes))[:4]
         die(f"--init {path}: parameter names differ from the config's model ({', '.join(diff)})",
             "use the config the checkpoint was trained with (model.position, n_layer)")
     with torch.no_grad():
         for name, t in header.items():
             a, b = t["data_offsets"]
-            if t["dtype"] != "F32" or list(t["shape"]) != list(want[name].shape):
+            if t["dtype"] != "F32" or list(t["shape"]) != shapes[name]:
                 die(f"--init {path}: {name} is {t['dtype']} {t['shape']}, the model wants F32 "
-                    f"{list(want[name].shape)}", "use the config the checkpoint was trained with")
+                    f"{shapes[name]}", "use the config the checkpoint was trained with")
             src = torch.frombuffer(blob, dtype=torch.float32, offset=8 + n + a,
-                                   count=(b - a) // 4)
-            want[name].copy_(src.reshape(t["shape"]))
+                                   count=(b - a) // 4).reshape(t["shape"])
+            if name in fused:
+                for part, rows in zip((p for p, _ in fused[name]),
+                                      src.split([r for _, r in fused[name]])):
+                    want[part].copy_(rows)
+            else:
+                want[name].copy_(src)
 
 
-def make_optimizer(model, train, device):
-    """AdamW, decay on 2-D weights only; the fused kernel where this torch has one for the
-    device (CUDA from 2.0, CPU from 2.4), else the multi-tensor (foreach) one."""
-    params = list(model.parameters())
+def make_optimizer(params, train, device):
+    """AdamW over the parameters that train (under LoRA the adapters and the modules trained
+    whole), decay on 2-D weights only; the fused kernel where this torch has one for the device
+    (CUDA from 2.0, CPU from 2.4), else the multi-tensor (foreach) one."""
     decay = train["weight_decay"]
     groups = [{"params": [p for p in params if p.dim() == 2], "weight_decay": decay},
               {"params": [p for p in params if p.dim() != 2], "weight_decay": 0.0}]
@@ -667,11 +870,25 @@ def make_data(cfg, args, T, B):
 
 # ---- measuring ----
 
-def model_flops(m, B, T):
+def model_flops(m, B, T, lora=None, choice=None):
     """MFU's count, as remat-train's: 3x every forward GEMM (2*M*N*K) and causal attention's two
     GEMMs over T(T+1)/2 pairs per query head, plus the LM head's forward, also 3x. The Llama
-    family's qkv GEMM is (H + 2 KVH) * HS wide and its MLP has three GEMMs (gate, up, down)."""
-    C, L, H, V = m["n_embd"], m["n_layer"], m["n_head"], m["vocab_size"]
+    family's qkv GEMM is (H + 2 KVH) * HS wide and its MLP has three GEMMs (gate, up, down).
+    Under LoRA (docs/lora.md) a frozen weight's gradient is no part of the work: the base's GEMMs
+    count 2x (the forward and the input gradient), attention 3x, the adapters' 3x (their forward
+    is 2 N r (in + out)), the LM head 2x unless it trains whole (modules_to_save)."""
+    gemms, attention = block_flops(m, B, T)
+    L, N, C, V = m["n_layer"], B * T, m["n_embd"], m["vocab_size"]
+    if lora is None:
+        return 3 * (L * (gemms + attention) + 2 * N * C * V)
+    adapters = sum(2 * N * lora["rank"] * (i + o) for _, _, _, i, o in choice[0])
+    head = 3 if any(x[0] == "lm_head" for x in choice[1]) else 2
+    return L * (2 * gemms + 3 * attention) + 3 * adapters + head * 2 * N * C * V
+
+
+def block_flops(m, B, T):
+    """One block's forward FLOPs: its GEMMs', and causal attention's."""
+    C, H = m["n_embd"], m["n_head"]
     FF, N = m["d_ff"] or 4 * C, B * T
     if m["kind"] == "llama":
         HS = m["head_dim"] or C // H
@@ -680,8 +897,7 @@ def model_flops(m, B, T):
     else:
         HS = C // H
         gemms = 2 * N * C * (3 * C) + 2 * N * C * C + 2 * N * C * FF + 2 * N * FF * C
-    attention = 2 * 2 * HS * B * H * T * (T + 1) / 2
-    return 3 * (L * (gemms + attention) + 2 * N * C * V)
+    return gemms, 2 * 2 * HS * B * H * T * (T + 1) / 2
 
 
 def rss_bytes():
@@ -724,13 +940,23 @@ class Trainer:
             if args.offload else contextlib.nullcontext
 
     def build(self, loss_chunk):
-        m = self.cfg["model"]
-        self.model = MODELS[m["kind"]](m, remat_fn(self.args.policy), loss_chunk).to(self.device)
+        m, lora = self.cfg["model"], self.cfg["lora"]
+        # Under LoRA a Llama's q, k and v are three modules (three adapters, as transformers').
+        split = {"split_qkv": True} if lora["rank"] > 0 and m["kind"] == "llama" else {}
+        self.model = MODELS[m["kind"]](m, remat_fn(self.args.policy), loss_chunk,
+                                       **split).to(self.device)
         if self.args.init:
             load_safetensors(self.args.init, self.model)
-        self.forward = torch.compile(self.model) if self.args.compile else self.model
-        self.opt, self.opt_kind = make_optimizer(self.model, self.train, self.device)
-        self.params = list(self.model.parameters())
+        self.n_params = sum(p.numel() for p in self.model.parameters())
+        net, self.lora_choice = self.model, None
+        if lora["rank"] > 0:
+            self.lora_choice = lora_choice(m, lora)
+            net = apply_lora(self.model, lora, self.lora_choice).to(self.device)
+            if self.args.init_adapter:
+                load_adapter(self.args.init_adapter, self.model, lora, self.lora_choice)
+        self.forward = torch.compile(net) if self.args.compile else net
+        self.params = [p for p in net.parameters() if p.requires_grad]
+        self.opt, self.opt_kind = make_optimizer(self.params, self.train, self.device)
 
     def step(self, s, data):
         """One optimizer step; returns loss, grad_norm, lr, ms. The data is part of the step."""
@@ -800,9 +1026,23 @@ def describe_model(m):
             f"({', '.join(extras)})")
 
 
+def describe_lora(lora, trainer):
+    """' | LoRA r 16 (alpha 16) on 210 linears (peft 0.17.1), 4.88M trainable', or ''."""
+    if trainer.lora_choice is None:
+        return ""
+    import peft
+    sites, saved = trainer.lora_choice
+    extras = "".join([", rslora" if lora["rslora"] else "",
+                      f", dropout {lora['dropout']:g}" if lora["dropout"] else "",
+                      f", {len(saved)} modules whole" if saved else ""])
+    trainable = sum(p.numel() for p in trainer.params)
+    return (f" | LoRA r {lora['rank']} (alpha {lora['alpha']:g}{extras}) on {len(sites)} "
+            f"linears (peft {peft.__version__}), {trainable / 1e6:.3f}M trainable")
+
+
 def banner(cfg, args, device, dtype, trainer, T, B, data_desc, out):
     m = cfg["model"]
-    n_params = sum(p.numel() for p in trainer.model.parameters())
+    n_params = trainer.n_params
     threads = torch.get_num_threads() if device.type == "cpu" else "-"
     dev = f"cpu, {threads} threads" if device.type == "cpu" else \
         f"cuda: {torch.cuda.get_device_name(device)}"
@@ -813,8 +1053,9 @@ def banner(cfg, args, device, dtype, trainer, T, B, data_desc, out):
     print(f"attention {attention_path(m, device, dtype)}", file=out)
     chunk = trainer.model.loss_chunk
     loss = "full logits" if chunk >= B * T else f"chunks of {chunk} rows (checkpointed)"
-    print(f"model {describe_model(m)} | {n_params / 1e6:.2f}M params | batch {B} x {T} | "
-          f"AdamW {trainer.opt_kind} | loss {loss}", file=out)
+    print(f"model {describe_model(m)} | {n_params / 1e6:.2f}M params"
+          f"{describe_lora(cfg['lora'], trainer)} | batch {B} x {T} | AdamW {trainer.opt_kind} | "
+          f"loss {loss}", file=out)
     print(f"data {data_desc}", file=out)
 
 
@@ -837,18 +1078,27 @@ def run(cfg, args, device, dtype, out):
               f"grad_norm {norm:.4f}  {ms:9.1f} ms", file=out, flush=True)
     timed = steps[args.warmup:] or steps[-1:]
     median = statistics.median(s["ms"] for s in timed)
-    flops = model_flops(m, B, T)
+    lora = cfg["lora"] if trainer.lora_choice else None
+    flops = model_flops(m, B, T, lora, trainer.lora_choice)
     peak, peak_kind = peak_memory(device, rss_before)
     return {"tool": "torch_reference", "torch": torch.__version__, "device": device.type,
             "threads": torch.get_num_threads(), "dtype": dtype,
             "attention": attention_path(m, device, dtype), "model": describe_model(m),
             "policy": args.policy, "offload": bool(args.offload), "compile": bool(args.compile),
             "optimizer": f"AdamW {trainer.opt_kind}", "seq_len": T, "batch_size": B,
-            "params": sum(p.numel() for p in trainer.model.parameters()),
+            "params": trainer.n_params,
+            "trainable_params": sum(p.numel() for p in trainer.params),
+            "lora": lora and {"rank": lora["rank"], "alpha": lora["alpha"],
+                              "rslora": lora["rslora"], "dropout": lora["dropout"],
+                              "adapted": [x[0] for x in trainer.lora_choice[0]],
+                              "trained_whole": [x[0] for x in trainer.lora_choice[1]]},
             "timed_steps": len(timed), "median_step_ms": median,
             "tokens_per_s": B * T / (median / 1e3), "model_flops_per_step": flops,
             "model_tflops": flops / (median / 1e3) / 1e12, "peak_bytes": peak,
             "peak_kind": peak_kind, "steps": steps}
+
+
+FROZEN_NOTE = "; LoRA: less the frozen weights' gradients"
 
 
 def print_summary(r, out):
@@ -856,7 +1106,8 @@ def print_summary(r, out):
     print(f"median step {r['median_step_ms']:.1f} ms (steps {first}-{r['steps'][-1]['step']}) | "
           f"{r['tokens_per_s']:.0f} tokens/s | model "
           f"{fmt_flops(r['model_flops_per_step'], '/step')} "
-          f"(GEMMs + causal attention, x3) -> {fmt_flops(r['model_tflops'] * 1e12, '/s')}",
+          f"(GEMMs + causal attention, x3{FROZEN_NOTE if r['lora'] else ''}) "
+          f"-> {fmt_flops(r['model_tflops'] * 1e12, '/s')}",
           file=out)
     print(f"peak memory {fmt_bytes(r['peak_bytes'])} ({r['peak_kind']})", file=out)
 
@@ -953,6 +1204,9 @@ def parse_args(argv):
     ap.add_argument("--warmup", type=int, default=1, help="untimed first steps (default 1)")
     ap.add_argument("--init", help="start from remat-train weights: model.safetensors, a "
                                    "step_* folder, or a checkpoint.dir (its newest)")
+    ap.add_argument("--init-adapter", metavar="DIR",
+                    help="LoRA: start the adapters (and the modules trained whole) from a PEFT "
+                         "adapter folder, as remat-train's train --init-adapter")
     ap.add_argument("--tokens", help="llm.c token shard(s) (file, folder or glob); default: the "
                                      "config's data.path when data.source = tokens, else random")
     ap.add_argument("--policy", choices=POLICIES,
@@ -999,6 +1253,11 @@ def resolve(args, cfg, device):
                 f"pass --policy {'|'.join(POLICIES)}")
     if args.policy in ("save_attn", "save_dots"):
         remat_fn(args.policy)  # the torch-version check, before any work
+    if cfg["lora"]["rank"] > 0:
+        require_peft(cfg["lora"])
+    elif args.init_adapter:
+        die("--init-adapter loads LoRA adapters, and lora.rank is 0", "set lora.rank (--set "
+            "lora.rank=16) as the adapter's r")
     if args.offload and device.type != "cuda":
         die("--offload (torch.autograd.graph.save_on_cpu) copies to the host from a GPU",
             "drop --offload on the CPU, or pass --device cuda")

@@ -30,22 +30,7 @@ gpt=$repo/tests/golden/gpt.toml
 # The Llama family's model: gpt.toml's run ([train] onwards) under a llama [model].
 llama=$d/llama.toml
 {
-  cat <<'TOML'
-[model]
-kind = "llama"
-n_layer = 2
-n_head = 4
-n_kv_head = 2
-head_dim = 12
-n_embd = 32
-d_ff = 48
-vocab_size = 64
-norm_eps = 1e-5
-rope_theta = 500000.0
-rope_scaling = { rope_type = "llama3", factor = 8.0, low_freq_factor = 1.0, high_freq_factor = 4.0, original_max_position_embeddings = 16 }
-tie_embeddings = false
-
-TOML
+  cat "$repo/tests/data/reference_llama.toml"
   sed -n '/^\[train\]/,$p' "$gpt"
 } >"$llama"
 # Two windows of seq_len + 1 = 38 tokens (batch_size 2, data.order sequential): one batch, always.
