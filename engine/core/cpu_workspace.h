@@ -105,25 +105,20 @@ inline WorkspaceList workspace(const LinearForwardArgs& a, const WorkspaceTarget
 inline WorkspaceList workspace(const LinearBackwardArgs& a, const WorkspaceTarget&) {
   return a.dinp.empty() ? WorkspaceList{} : weight_copy(a.weight);  // only dinp = dout W reads W
 }
-/// LoRA: h = s drop(x) A^T (N, r); in the forward B^T (r, n), the row-major operand of h B^T
-/// (engine/cpu/lora.cpp), in the backward dh (N, r); and with dropout the dropped input (N, C),
-/// which the backward reuses for dh A before its mask.
-inline WorkspaceList lora_workspace(const Tensor& inp, const Tensor& a, const Tensor& b, float p,
-                                    bool backward) {
-  const int64_t N = inp.rows(), C = inp.dim(-1), r = a.dim(0), n = b.dim(0);
+/// LoRA: h = s drop(x) A^T (N, r), in the backward also dh (N, r), and with dropout the dropped
+/// input (N, C), which the backward reuses for dh A before its mask.
+inline WorkspaceList lora_workspace(const Tensor& inp, const Tensor& a, float p, bool backward) {
+  const int64_t N = inp.rows(), C = inp.dim(-1), r = a.dim(0);
   WorkspaceList w{{"lora.h", DType::F32, {N, r}}};
-  if (backward)
-    w.push_back({"lora.dh", DType::F32, {N, r}});
-  else
-    w.push_back({"lora.b_t", DType::F32, {r, n}});
+  if (backward) w.push_back({"lora.dh", DType::F32, {N, r}});
   if (p > 0) w.push_back({"lora.dropped", DType::F32, {N, C}});
   return w;
 }
 inline WorkspaceList workspace(const LoraForwardArgs& a, const WorkspaceTarget&) {
-  return lora_workspace(a.inp, a.a, a.b, a.dropout.p, false);
+  return lora_workspace(a.inp, a.a, a.dropout.p, false);
 }
 inline WorkspaceList workspace(const LoraBackwardArgs& a, const WorkspaceTarget&) {
-  return lora_workspace(a.inp, a.a, a.b, a.dropout.p, true);
+  return lora_workspace(a.inp, a.a, a.dropout.p, true);
 }
 inline WorkspaceList workspace(const AttentionForwardArgs& a, const WorkspaceTarget& t) {
   if (const AttentionChunks ch = attention_chunks(a.qkv, a.chunk_tokens); ch.chunked())

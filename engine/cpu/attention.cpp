@@ -591,14 +591,6 @@ void zero_rows_before_documents(float* p, float* ds, int64_t nq, int64_t j0, int
 
 }  // namespace
 
-void tile_gemm(bool accumulate, int64_t M, int64_t N, int64_t K, const float* a, int64_t ars,
-               int64_t aks, const float* b, int64_t ldb, float* c, int64_t ldc) {
-  if (accumulate)
-    gemm<true>(M, N, K, a, ars, aks, b, ldb, c, ldc);
-  else
-    gemm<false>(M, N, K, a, ars, aks, b, ldb, c, ldc);
-}
-
 void CpuBackend::attention_forward_impl(const AttentionForwardArgs& a, const OpWorkspace& op_ws) {
   if (const AttentionChunks ch = attention_chunks(a.qkv, a.chunk_tokens); ch.chunked())
     return attention_forward_chunked(a, op_ws, ch);

@@ -34,14 +34,6 @@ void attention_softmax_grad_columns_avx512(float* s, float* ds, int64_t nk, int6
                                            int64_t key_minus_query, int64_t nq, const float* lse2,
                                            const float* d, float scale);
 
-/// C (M, N) {=, +=} A (M, K) B (K, N) on the calling thread, on AVX-512 where attention_isa() says
-/// so, else AVX2: the attention kernel's tile GEMM (engine/cpu/attention.cpp), also LoRA's thin
-/// products (engine/cpu/lora.cpp). A's element (r, k) is a[r * ars + k * aks]; B and C are
-/// row-major. Each C element is one chain of FMAs over k in order, so the bits do not depend on
-/// the ISA nor on how the rows or columns of C are split between threads.
-void tile_gemm(bool accumulate, int64_t M, int64_t N, int64_t K, const float* a, int64_t ars,
-               int64_t aks, const float* b, int64_t ldb, float* c, int64_t ldc);
-
 void attention_gemm_avx512(bool accumulate, int64_t M, int64_t N, int64_t K, const float* a,
                            int64_t ars, int64_t aks, const float* b, int64_t ldb, float* c,
                            int64_t ldc);

@@ -72,8 +72,8 @@ TEST_CASE("lora forward adds s (x A^T) B^T to its columns only, as a double refe
 
 TEST_CASE("lora backward matches central differences, adding into dinp, dA and dB", "[ops]") {
   CpuBackend be(kTestBudgetBytes, kFdThreads);
-  // The third: more rows than a thread's block of 24 and an input wider than its 64 columns
-  // (engine/cpu/lora.cpp's thin products).
+  // The third: more rows and a wider input than the others, past more than one of the CPU GEMM's
+  // tiles (gemm_grid.h).
   const LoraShape sh = GENERATE(LoraShape{7, 13, 11, 3, 5, 3}, LoraShape{5, 9, 4, 0, 4, 2},
                                 LoraShape{30, 70, 37, 5, 30, 3});
   const float p = GENERATE(0.0f, 0.25f);
