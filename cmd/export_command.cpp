@@ -126,9 +126,28 @@ fs::path checked_output(const std::string& arg, const char* flag) {
   return out;
 }
 
+// Names the OUT.tmp-<pid> folders an export into `out` left behind when a signal stopped it
+// (Ctrl-C, SIGKILL, a power cut; an error removes its own). Only named, never removed: on a
+// shared file system the pid may be a live export's on another host.
+void warn_about_leftovers(const fs::path& out) {
+  const fs::path dir = out.has_parent_path() ? out.parent_path() : fs::path(".");
+  const std::string prefix = out.filename().string() + ".tmp-";
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.size() > prefix.size() && name.starts_with(prefix) &&
+        name.find_first_not_of("0123456789", prefix.size()) == std::string::npos)
+      fmt::print(stderr,
+                 "warning: [export] {} is what an export into {} left when it was killed; remove "
+                 "it once no export is writing it\n",
+                 it->path().string(), out.string());
+  }
+}
+
 // Runs `fill` on OUT.tmp-<pid>, fsyncs it and renames it to `out`; removes it on any error.
 template <class Fill>
 void write_folder(const fs::path& out, Fill&& fill) {
+  warn_about_leftovers(out);
   std::error_code ec;
   const fs::path tmp = out.string() + fmt::format(".tmp-{}", ::getpid());
   fs::create_directories(tmp, ec);

@@ -239,6 +239,26 @@ TEST_CASE("issue 58.4: checkpoint.dir/.lock as a symbolic link is refused, its t
   CHECK(entries_starting(dir, "step_").empty());
 }
 
+TEST_CASE("export names the folder a killed export left beside its output, and leaves it alone",
+          "[hardening][smoke]") {
+  // A SIGKILL'd export leaves OUT.tmp-<pid>; the next export says so, removes nothing (on a shared
+  // file system the pid may be a live export's on another host) and exports as always.
+  TempDir tmp("export-leftover");
+  const fs::path step = train_checkpoint(tmp / "run");
+  const fs::path leftover = tmp / "out.tmp-4242", unrelated = tmp / "out.tmp-old";
+  fs::create_directories(leftover);
+  fs::create_directories(unrelated);
+  write_text(leftover / "model.safetensors", "partial");
+  const CliResult r =
+      run_bounded(fmt::format("export --checkpoint {} --hf {}", step.string(), tmp / "out"));
+  INFO(r.out);
+  CHECK(r.code == 0);
+  CHECK_THAT(r.out, Contains("warning: [export] " + leftover.string()) && Contains("killed"));
+  CHECK(r.out.find("out.tmp-old") == std::string::npos);  // not an export's: no pid
+  CHECK(read_text(leftover / "model.safetensors") == "partial");
+  CHECK(fs::exists(fs::path(tmp / "out") / "config.json"));
+}
+
 TEST_CASE("issue 58.5: export --hf to a symbolic link is refused up front, the link left as is",
           "[hardening][smoke]") {
   TempDir tmp("export-link");
