@@ -1467,7 +1467,8 @@ std::string config_keys_markdown() {
         d ? toml_literal(*d)
         : accepts.type == "strings" || accepts.type == "integers" || accepts.type == "paths" ? "[]"
         : accepts.type == "size"                                                             ? "0"
-                                 : "\"\"";
+        : accepts.type == "table" ? "\"none\""  // model.rope_scaling: unwritten when off
+                                  : "\"\"";
     auto cell = [](std::string s) {  // a | inside a table cell must be escaped
       std::string r;
       for (char ch : s) r += ch == '|' ? std::string("\\|") : std::string(1, ch);
