@@ -51,8 +51,9 @@ const std::vector<GpuPreset>& gpu_presets() {
        8, 300, "NVLink 3", 25, "InfiniBand HDR 200 Gb/s"},
       {"l4", 23580639232ull, 64 * GiB, 25, "PCIe 4.0 x16", 121, 30.3,  // 22488 MiB
        8, 25, "PCIe 4.0 x16", 12.5, "Ethernet 100 Gb/s"},
-      // GeForce tensor cores run bf16 with fp32 accumulation at half their fp16-accumulate rate.
-      {"rtx4090", 25393692672ull, 64 * GiB, 25, "PCIe 4.0 x16", 82.6, 82.6,  // 24217 MiB
+      // GeForce tensor cores run bf16 with fp32 accumulation at half their fp16-accumulate rate
+      // (330.3 TFLOP/s dense): 165.2; the CUDA cores' fp32 rate is 82.6 (Ada's datasheet).
+      {"rtx4090", 25393692672ull, 64 * GiB, 25, "PCIe 4.0 x16", 165.2, 82.6,  // 24217 MiB
        8, 25, "PCIe 4.0 x16", 12.5, "Ethernet 100 Gb/s"},
   };
   return presets;
