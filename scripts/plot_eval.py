@@ -16,8 +16,6 @@ import json
 import os
 import sys
 
-from plot_common import save_figure
-
 FIX_FILE = "give a file that `remat-train eval --json` wrote"
 
 
@@ -131,7 +129,17 @@ def main(argv):
     fig = (plot_losses if kind == "loss_by_position" else plot_passkey)(plt, results, labels)
     default_title = ("loss by position" if kind == "loss_by_position" else "passkey retrieval")
     fig.suptitle(args.title or default_title, fontsize=10)
-    return save_figure(fig, out, bbox_inches="tight")
+    try:
+        fig.savefig(out, bbox_inches="tight")
+    except OSError as e:
+        print(f"error: [plot] {out}: cannot write: {e.strerror}. Fix: give --out a PNG path in a "
+              "folder that exists and you can write", file=sys.stderr)
+        return 1
+    except ValueError as e:  # an extension matplotlib cannot write
+        print(f"error: [plot] {out}: {e}. Fix: end --out with .png", file=sys.stderr)
+        return 2
+    print(f"wrote {out}")
+    return 0
 
 
 if __name__ == "__main__":

@@ -11,8 +11,6 @@ import json
 import os
 import sys
 
-from plot_common import save_figure
-
 MIB = 1024.0 * 1024.0
 FIX_FILE = "give a file that `remat-train train --metrics FILE` wrote"
 
@@ -135,7 +133,17 @@ def main(argv):
     ax_loss.legend(fontsize=8)
     fig.suptitle(args.title or "; ".join(describe(l, s) for (_, s), l in zip(runs, labels)), fontsize=10)
     fig.tight_layout()
-    return save_figure(fig, out)
+    try:
+        fig.savefig(out)
+    except OSError as e:
+        print(f"error: [plot] {out}: cannot write: {e.strerror}. Fix: give --out a PNG path in a folder "
+              "that exists and you can write", file=sys.stderr)
+        return 1
+    except ValueError as e:  # an extension matplotlib cannot write
+        print(f"error: [plot] {out}: {e}. Fix: end --out with .png", file=sys.stderr)
+        return 2
+    print(f"wrote {out}")
+    return 0
 
 
 if __name__ == "__main__":

@@ -10,8 +10,6 @@ import json
 import os
 import sys
 
-from plot_common import save_figure
-
 try:
     import matplotlib
 except ImportError:
@@ -114,7 +112,9 @@ def main(argv):
                  f"per point{budget_note}" + (" (interrupted)" if sweep.get("interrupted") else ""), fontsize=10)
     fig.tight_layout()
     out = os.path.join(folder, "sweep.png")
-    return save_figure(fig, out)
+    fig.savefig(out)
+    print(f"wrote {out}")
+    return 0
 
 
 if __name__ == "__main__":
