@@ -41,7 +41,8 @@ class Counts:
     def __init__(self):
         self.lock = threading.Lock()
         self.c = {k: 0 for k in ["runs started", "SIGKILLs", "SIGTERMs", "data changes",
-                                 "disk fills", "disk-full exits", "lock refusals", "data-change exits",
+                                 "disk fills", "disk-full exits", "lock refusals",
+                                 "resume races", "data-change exits",
                                  "resumes verified bitwise", "completions without a resume",
                                  "failures"]}
         self.failures = []
@@ -218,6 +219,11 @@ class Slot:
             return True
         if rc == 2 and "is in use by another run" in text:
             self.soak.counts.add("lock refusals")
+            return False
+        if rc == 2 and "appeared while this run started" in text:
+            # --resume chose its folder before it took the lock, and the run that held the lock
+            # wrote a newer step meanwhile: refused by design ("run the command again").
+            self.soak.counts.add("resume races")
             return False
         if rc == 2 and "already holds checkpoints" in text:
             return False  # the duplicate of a fresh start, after the first one wrote a step
