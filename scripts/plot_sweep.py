@@ -43,8 +43,13 @@ def fmt_count(n):
 
 
 def main(argv):
+    usage = "usage: plot_sweep.py DIR   (DIR holds sweep.json from `remat-train sweep --out DIR`)"
+    if len(argv) == 2 and argv[1] in ("-h", "--help"):
+        print(usage)
+        print(__doc__.strip())
+        return 0
     if len(argv) != 2:
-        print("usage: plot_sweep.py DIR   (DIR holds sweep.json from `remat-train sweep --out DIR`)", file=sys.stderr)
+        print(usage, file=sys.stderr)
         return 2
     folder = argv[1]
     path = os.path.join(folder, "sweep.json")

@@ -248,4 +248,10 @@ TEST_CASE(
   auto plot = sh("python3 -S scripts/plot_sweep.py /tmp");
   CHECK(plot.code == 1);
   CHECK_THAT(plot.out, Contains("has no matplotlib") && Contains("Fix:") && !Contains("Traceback"));
+  // With matplotlib (Debian's, in /usr/bin/python3): --help is the usage, not a folder named so.
+  if (sh("/usr/bin/python3 -c 'import matplotlib'").code == 0) {
+    auto plot_help = sh("/usr/bin/python3 scripts/plot_sweep.py --help");
+    CHECK(plot_help.code == 0);
+    CHECK_THAT(plot_help.out, Contains("usage: plot_sweep.py DIR") && !Contains("cannot read"));
+  }
 }
