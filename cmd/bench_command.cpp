@@ -44,10 +44,11 @@ struct OpFamily {
 };
 const std::vector<OpFamily>& op_families() {
   static const std::vector<OpFamily> families = {
-      // The linear ops carry the bias and, where fused, the GELU/ReLU (engine/core/ops/linear.h).
-      {"linear", "linear (GEMM, fused bias + activation)", {"linear_forward", "linear_backward"}},
-      // LoRA's adapters (engine/core/ops/lora.h): shown only when a run has them.
-      {"lora", "LoRA adapters (their GEMMs, dropout)", {"lora_forward", "lora_backward"}},
+      // The linear ops carry the bias, where fused the GELU/ReLU, and LoRA's adapters
+      // (engine/core/ops/linear.h, lora.h).
+      {"linear",
+       "linear (GEMM, fused bias + activation, LoRA)",
+       {"linear_forward", "linear_backward"}},
       // attention_delta: the rowsum(dO * O) the backward takes (engine/core/ops/attention.h); the
       // ring
       // ops are context-parallel attention (engine/core/ops/ring_attention.h).

@@ -41,32 +41,35 @@ void GptBlock::branch_forward(Backend& be, const Tensor& out, const Tensor& base
                               Site site, int64_t first_row) {
   if (active_dropout() == 0) {  // accumulate straight into the residual: no temporary
     be.copy(out, base);
-    be.linear_forward({out, inp, w->value, b->value, true});
-    lora_.forward(be, adapters, out, inp, first_row);
+    be.linear_forward({.out = out,
+                       .inp = inp,
+                       .weight = w->value,
+                       .bias = b->value,
+                       .accumulate = true,
+                       .lora = lora_.forward_terms(adapters, inp, first_row)});
     return;
   }
   Buffer proj = be.pool().allocate({out.rows(), C_}, be.act_dtype(), MemCategory::Transient,
                                    site == AttnOut ? "attn.proj" : "mlp.proj");
-  be.linear_forward({proj, inp, w->value, b->value});
-  lora_.forward(be, adapters, proj, inp, first_row);
+  be.linear_forward({.out = proj,
+                     .inp = inp,
+                     .weight = w->value,
+                     .bias = b->value,
+                     .lora = lora_.forward_terms(adapters, inp, first_row)});
   be.dropout(dropout_args(proj, proj, site, first_row));
   be.add(out, base, proj);
 }
 
 void GptBlock::fc_forward(Backend& be, const Tensor& fc, const Tensor& gelu, const Tensor& ln2,
                           int64_t first_row) const {
-  if (p_.lora_fc.empty()) {  // GELU fused into the fc GEMM's epilogue
-    be.linear_forward({.out = fc,
-                       .inp = ln2,
-                       .weight = p_.mlp_fc_weight->value,
-                       .bias = p_.mlp_fc_bias->value,
-                       .act_out = gelu,
-                       .act = Activation::Gelu});
-    return;
-  }
-  be.linear_forward({fc, ln2, p_.mlp_fc_weight->value, p_.mlp_fc_bias->value});
-  lora_.forward(be, p_.lora_fc, fc, ln2, first_row);
-  be.activation_forward({gelu, fc, Activation::Gelu});
+  // GELU fused into the fc GEMM's epilogue, after the bias and the adapters' terms.
+  be.linear_forward({.out = fc,
+                     .inp = ln2,
+                     .weight = p_.mlp_fc_weight->value,
+                     .bias = p_.mlp_fc_bias->value,
+                     .act_out = gelu,
+                     .act = Activation::Gelu,
+                     .lora = lora_.forward_terms(p_.lora_fc, ln2, first_row)});
 }
 
 namespace {
@@ -149,8 +152,11 @@ void GptBlock::forward(Backend& be, ActStore& a, const Tensor& y) {
   }
   if (!a.has(Qkv)) {
     const Tensor& qkv = make(Qkv, {B_, T_, 3 * C_}, act);
-    be.linear_forward({qkv, a.get(Ln1), p_.attn_qkv_weight->value, p_.attn_qkv_bias->value});
-    lora_.forward(be, p_.lora_qkv, qkv, a.get(Ln1));
+    be.linear_forward({.out = qkv,
+                       .inp = a.get(Ln1),
+                       .weight = p_.attn_qkv_weight->value,
+                       .bias = p_.attn_qkv_bias->value,
+                       .lora = lora_.forward_terms(p_.lora_qkv, a.get(Ln1))});
   }
   if (!a.has(Attn) || !a.has(AttnLse)) {
     const AttentionForwardArgs args{make(Attn, {B_, T_, C_}, act),
@@ -185,8 +191,11 @@ void GptBlock::forward(Backend& be, ActStore& a, const Tensor& y) {
     fc_forward(be, fc, make(Gelu, {B_, T_, FF_}, act), a.get(Ln2), 0);
   } else if (!a.has(Fc)) {
     const Tensor& fc = make(Fc, {B_, T_, FF_}, act);
-    be.linear_forward({fc, a.get(Ln2), p_.mlp_fc_weight->value, p_.mlp_fc_bias->value});
-    lora_.forward(be, p_.lora_fc, fc, a.get(Ln2));
+    be.linear_forward({.out = fc,
+                       .inp = a.get(Ln2),
+                       .weight = p_.mlp_fc_weight->value,
+                       .bias = p_.mlp_fc_bias->value,
+                       .lora = lora_.forward_terms(p_.lora_fc, a.get(Ln2))});
   } else if (!a.has(Gelu)) {
     be.activation_forward({make(Gelu, {B_, T_, FF_}, act), a.get(Fc), Activation::Gelu});
   }
@@ -212,27 +221,27 @@ void GptBlock::mlp_backward_rows(Backend& be, const MlpActs& m, const Tensor& re
   const Tensor dres = dresid.row_range(r0, n);
   Buffer dmlp_scratch;
   const Tensor dmlp = branch_grad(be, dres, MlpOut, r0, dmlp_scratch);
-  // d fc straight from the projection's backward: the GELU's backward is its dinp epilogue; with
-  // adapters on the projection their share of d gelu is added first, so the GELU's runs after.
+  // d fc straight from the projection's backward: the GELU's backward is its dinp epilogue, after
+  // the adapters' share of d gelu.
   Buffer dgelu = pool.allocate({n, FF_}, act, MemCategory::Transient, "grad.gelu");
-  const bool fused = p_.lora_mlp_proj.empty();
   be.linear_backward({.dinp = dgelu,
                       .dweight = p_.mlp_proj_weight->grad,
                       .dbias = p_.mlp_proj_bias->grad,
                       .dout = dmlp,
                       .inp = m.gelu,
                       .weight = p_.mlp_proj_weight->value,
-                      .inp_pre_act = fused ? m.fc : Tensor(),
-                      .act = Activation::Gelu});
-  if (!fused) {
-    lora_.backward(be, p_.lora_mlp_proj, dgelu, dmlp, m.gelu, r0);
-    be.activation_backward({dgelu, dgelu, m.fc, Activation::Gelu});
-  }
+                      .inp_pre_act = m.fc,
+                      .act = Activation::Gelu,
+                      .lora = lora_.backward_terms(p_.lora_mlp_proj, m.gelu, r0)});
   dmlp_scratch.reset();
   Buffer dln2 = pool.allocate({n, C_}, act, MemCategory::Transient, "grad.ln2");
-  be.linear_backward(
-      {dln2, p_.mlp_fc_weight->grad, p_.mlp_fc_bias->grad, dgelu, m.ln2, p_.mlp_fc_weight->value});
-  lora_.backward(be, p_.lora_fc, dln2, dgelu, m.ln2, r0);
+  be.linear_backward({.dinp = dln2,
+                      .dweight = p_.mlp_fc_weight->grad,
+                      .dbias = p_.mlp_fc_bias->grad,
+                      .dout = dgelu,
+                      .inp = m.ln2,
+                      .weight = p_.mlp_fc_weight->value,
+                      .lora = lora_.backward_terms(p_.lora_fc, m.ln2, r0)});
   dgelu.reset();
   be.layernorm_backward({dres, p_.ln2_weight->grad, p_.ln2_bias->grad, dln2, res.row_range(r0, n),
                          p_.ln2_weight->value, m.ln2_stats});
@@ -270,9 +279,13 @@ void GptBlock::backward(Backend& be, ActStore& a, const Tensor& dresid) {
   Buffer dproj_scratch;
   const Tensor dproj = branch_grad(be, dresid, AttnOut, 0, dproj_scratch);
   Buffer dattn = pool.allocate({B_, T_, C_}, act, MemCategory::Transient, "grad.attn");
-  be.linear_backward({dattn, p_.attn_proj_weight->grad, p_.attn_proj_bias->grad, dproj, a.get(Attn),
-                      p_.attn_proj_weight->value});
-  lora_.backward(be, p_.lora_proj, dattn, dproj, a.get(Attn));
+  be.linear_backward({.dinp = dattn,
+                      .dweight = p_.attn_proj_weight->grad,
+                      .dbias = p_.attn_proj_bias->grad,
+                      .dout = dproj,
+                      .inp = a.get(Attn),
+                      .weight = p_.attn_proj_weight->value,
+                      .lora = lora_.backward_terms(p_.lora_proj, a.get(Attn))});
   dproj_scratch.reset();
   // Attention's backward is the block's peak, so what it does not read is freed before it: ln1
   // (next read by the qkv GEMM's backward) is recomputed from x after it, with the same bits
@@ -310,9 +323,13 @@ void GptBlock::backward(Backend& be, ActStore& a, const Tensor& dresid) {
   be.layernorm_forward({a.make(be, Ln1, {B_, T_, C_}, act, act_names()), a.get(Ln1Stats), a.get(X),
                         p_.ln1_weight->value, p_.ln1_bias->value});
   Buffer dln1 = pool.allocate({B_, T_, C_}, act, MemCategory::Transient, "grad.ln1");
-  be.linear_backward({dln1, p_.attn_qkv_weight->grad, p_.attn_qkv_bias->grad, dqkv, a.get(Ln1),
-                      p_.attn_qkv_weight->value});
-  lora_.backward(be, p_.lora_qkv, dln1, dqkv, a.get(Ln1));
+  be.linear_backward({.dinp = dln1,
+                      .dweight = p_.attn_qkv_weight->grad,
+                      .dbias = p_.attn_qkv_bias->grad,
+                      .dout = dqkv,
+                      .inp = a.get(Ln1),
+                      .weight = p_.attn_qkv_weight->value,
+                      .lora = lora_.backward_terms(p_.lora_qkv, a.get(Ln1))});
   dqkv.reset();
   a.release(Ln1);
   be.layernorm_backward({dresid, p_.ln1_weight->grad, p_.ln1_bias->grad, dln1, a.get(X),

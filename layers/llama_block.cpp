@@ -79,18 +79,25 @@ void LlamaBlock::mlp_acts_forward(Backend& be, const MlpActs& m, const Tensor& r
                                   int64_t r0) const {
   be.rmsnorm_forward({m.norm2, m.norm2_rstd, res.row_range(r0, m.norm2.rows()),
                       p_.norm2_weight->value, s_.norm_eps});
-  be.linear_forward({m.gate, m.norm2, p_.gate_weight->value});
-  lora_.forward(be, p_.lora_gate, m.gate, m.norm2, r0);
-  be.linear_forward({m.up, m.norm2, p_.up_weight->value});
-  lora_.forward(be, p_.lora_up, m.up, m.norm2, r0);
+  be.linear_forward({.out = m.gate,
+                     .inp = m.norm2,
+                     .weight = p_.gate_weight->value,
+                     .lora = lora_.forward_terms(p_.lora_gate, m.norm2, r0)});
+  be.linear_forward({.out = m.up,
+                     .inp = m.norm2,
+                     .weight = p_.up_weight->value,
+                     .lora = lora_.forward_terms(p_.lora_up, m.norm2, r0)});
   be.swiglu_forward({m.act, m.gate, m.up});
 }
 
 void LlamaBlock::mlp_out_forward(Backend& be, const Tensor& y, const Tensor& res, const Tensor& act,
                                  int64_t r0) const {
   be.copy(y, res);  // accumulate straight into the residual: no temporary
-  be.linear_forward({.out = y, .inp = act, .weight = p_.down_weight->value, .accumulate = true});
-  lora_.forward(be, p_.lora_down, y, act, r0);
+  be.linear_forward({.out = y,
+                     .inp = act,
+                     .weight = p_.down_weight->value,
+                     .accumulate = true,
+                     .lora = lora_.forward_terms(p_.lora_down, act, r0)});
 }
 
 void LlamaBlock::mlp_forward_tiled(Backend& be, const Tensor& res, const Tensor& y) const {
@@ -116,9 +123,11 @@ void LlamaBlock::forward(Backend& be, ActStore& a, const Tensor& y) {
                         p_.norm1_weight->value, s_.norm_eps});
   if (!has(Qkv)) {
     const Tensor& qkv = make(Qkv, {B, T, qkv_width()}, act);
-    be.linear_forward({qkv, get(Norm1), p_.qkv_weight->value,
-                       p_.qkv_bias ? p_.qkv_bias->value.tensor() : Tensor()});
-    lora_.forward(be, p_.lora_qkv, qkv, get(Norm1));
+    be.linear_forward({.out = qkv,
+                       .inp = get(Norm1),
+                       .weight = p_.qkv_weight->value,
+                       .bias = p_.qkv_bias ? p_.qkv_bias->value.tensor() : Tensor(),
+                       .lora = lora_.forward_terms(p_.lora_qkv, get(Norm1))});
   }
   if (qk_norm() && (!has(QkvNormed) || !has(QkvRstd)))
     be.qk_norm_forward({make(QkvNormed, {B, T, qkv_width()}, act),
@@ -137,9 +146,11 @@ void LlamaBlock::forward(Backend& be, ActStore& a, const Tensor& y) {
   if (!has(Res)) {
     const Tensor& res = make(Res, {B, T, s_.C}, act);
     be.copy(res, get(X));
-    be.linear_forward(
-        {.out = res, .inp = get(Attn), .weight = p_.proj_weight->value, .accumulate = true});
-    lora_.forward(be, p_.lora_proj, res, get(Attn));
+    be.linear_forward({.out = res,
+                       .inp = get(Attn),
+                       .weight = p_.proj_weight->value,
+                       .accumulate = true,
+                       .lora = lora_.forward_terms(p_.lora_proj, get(Attn))});
   }
   if (tiled()) {  // the MLP half has no slots: it runs, chunk by chunk, when y is wanted
     if (!y.empty()) mlp_forward_tiled(be, get(Res), y);
@@ -150,13 +161,17 @@ void LlamaBlock::forward(Backend& be, ActStore& a, const Tensor& y) {
                         p_.norm2_weight->value, s_.norm_eps});
   if (!has(Gate)) {
     const Tensor& gate = make(Gate, {B, T, s_.FF}, act);
-    be.linear_forward({gate, get(Norm2), p_.gate_weight->value});
-    lora_.forward(be, p_.lora_gate, gate, get(Norm2));
+    be.linear_forward({.out = gate,
+                       .inp = get(Norm2),
+                       .weight = p_.gate_weight->value,
+                       .lora = lora_.forward_terms(p_.lora_gate, get(Norm2))});
   }
   if (!has(Up)) {
     const Tensor& up = make(Up, {B, T, s_.FF}, act);
-    be.linear_forward({up, get(Norm2), p_.up_weight->value});
-    lora_.forward(be, p_.lora_up, up, get(Norm2));
+    be.linear_forward({.out = up,
+                       .inp = get(Norm2),
+                       .weight = p_.up_weight->value,
+                       .lora = lora_.forward_terms(p_.lora_up, get(Norm2))});
   }
   if (!has(Act)) be.swiglu_forward({make(Act, {B, T, s_.FF}, act), get(Gate), get(Up)});
   if (!y.empty()) mlp_out_forward(be, y, get(Res), get(Act), 0);
@@ -172,8 +187,12 @@ void LlamaBlock::mlp_backward_rows(Backend& be, const MlpActs& m, const Tensor& 
   // which becomes d gate in place (SwiGLU's backward allows it), and d up; act, then gate and up,
   // go as soon as they have been read for the last time.
   Buffer dgate = pool.allocate({n, s_.FF}, act, MemCategory::Transient, "grad.gate");
-  be.linear_backward({dgate, p_.down_weight->grad, {}, dres, m.act, p_.down_weight->value});
-  lora_.backward(be, p_.lora_down, dgate, dres, m.act, r0);
+  be.linear_backward({.dinp = dgate,
+                      .dweight = p_.down_weight->grad,
+                      .dout = dres,
+                      .inp = m.act,
+                      .weight = p_.down_weight->value,
+                      .lora = lora_.backward_terms(p_.lora_down, m.act, r0)});
   if (store) store->release(slot(Act));
   Buffer dup = pool.allocate({n, s_.FF}, act, MemCategory::Transient, "grad.up");
   be.swiglu_backward({dgate, dup, dgate, m.gate, m.up});
@@ -181,12 +200,20 @@ void LlamaBlock::mlp_backward_rows(Backend& be, const MlpActs& m, const Tensor& 
     for (Slot s : {Gate, Up}) store->release(slot(s));
   // d norm2 = dgate Wg + dup Wu: two GEMMs into two buffers, then one add.
   Buffer dnorm2 = pool.allocate({n, s_.C}, act, MemCategory::Transient, "grad.norm2");
-  be.linear_backward({dnorm2, p_.gate_weight->grad, {}, dgate, m.norm2, p_.gate_weight->value});
-  lora_.backward(be, p_.lora_gate, dnorm2, dgate, m.norm2, r0);
+  be.linear_backward({.dinp = dnorm2,
+                      .dweight = p_.gate_weight->grad,
+                      .dout = dgate,
+                      .inp = m.norm2,
+                      .weight = p_.gate_weight->value,
+                      .lora = lora_.backward_terms(p_.lora_gate, m.norm2, r0)});
   dgate.reset();
   Buffer dnorm2_up = pool.allocate({n, s_.C}, act, MemCategory::Transient, "grad.norm2.up");
-  be.linear_backward({dnorm2_up, p_.up_weight->grad, {}, dup, m.norm2, p_.up_weight->value});
-  lora_.backward(be, p_.lora_up, dnorm2_up, dup, m.norm2, r0);
+  be.linear_backward({.dinp = dnorm2_up,
+                      .dweight = p_.up_weight->grad,
+                      .dout = dup,
+                      .inp = m.norm2,
+                      .weight = p_.up_weight->value,
+                      .lora = lora_.backward_terms(p_.lora_up, m.norm2, r0)});
   dup.reset();
   be.add(dnorm2, dnorm2, dnorm2_up);
   dnorm2_up.reset();
@@ -216,9 +243,12 @@ void LlamaBlock::attention_backward(Backend& be, ActStore& a, const Tensor& dres
   const int64_t B = s_.B, T = s_.T;
   const int NH = static_cast<int>(s_.NH);
   Buffer dattn = pool.allocate({B, T, s_.NH * s_.HS}, act, MemCategory::Transient, "grad.attn");
-  be.linear_backward(
-      {dattn, p_.proj_weight->grad, {}, dresid, a.get(slot(Attn)), p_.proj_weight->value});
-  lora_.backward(be, p_.lora_proj, dattn, dresid, a.get(slot(Attn)));
+  be.linear_backward({.dinp = dattn,
+                      .dweight = p_.proj_weight->grad,
+                      .dout = dresid,
+                      .inp = a.get(slot(Attn)),
+                      .weight = p_.proj_weight->value,
+                      .lora = lora_.backward_terms(p_.lora_proj, a.get(slot(Attn)))});
   a.release(slot(Norm1));  // until after attention's backward
   Buffer delta;
   if (!be.attention_backward_needs_out()) {
@@ -267,10 +297,13 @@ void LlamaBlock::attention_backward(Backend& be, ActStore& a, const Tensor& dres
   be.rmsnorm_forward({a.make(be, slot(Norm1), {B, T, s_.C}, act, names_), a.get(slot(Norm1Rstd)),
                       a.get(slot(X)), p_.norm1_weight->value, s_.norm_eps});
   Buffer dnorm1 = pool.allocate({B, T, s_.C}, act, MemCategory::Transient, "grad.norm1");
-  be.linear_backward({dnorm1, p_.qkv_weight->grad,
-                      p_.qkv_bias ? p_.qkv_bias->grad.tensor() : Tensor(), dqkv, a.get(slot(Norm1)),
-                      p_.qkv_weight->value});
-  lora_.backward(be, p_.lora_qkv, dnorm1, dqkv, a.get(slot(Norm1)));
+  be.linear_backward({.dinp = dnorm1,
+                      .dweight = p_.qkv_weight->grad,
+                      .dbias = p_.qkv_bias ? p_.qkv_bias->grad.tensor() : Tensor(),
+                      .dout = dqkv,
+                      .inp = a.get(slot(Norm1)),
+                      .weight = p_.qkv_weight->value,
+                      .lora = lora_.backward_terms(p_.lora_qkv, a.get(slot(Norm1)))});
   dqkv.reset();
   a.release(slot(Norm1));
   be.rmsnorm_backward({dresid, p_.norm1_weight->grad, dnorm1, a.get(slot(X)),

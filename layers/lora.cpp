@@ -17,31 +17,26 @@ LoraDropout BlockLora::dropout(const LoraAdapter& ad, int64_t first_row, int64_t
   return {s_.dropout, s_.seed, stream, static_cast<uint64_t>((s_.first_row + first_row) * width)};
 }
 
-void BlockLora::forward(Backend& be, std::span<const LoraAdapter> adapters, const Tensor& out,
-                        const Tensor& inp, int64_t first_row) const {
+LinearLora BlockLora::forward_terms(std::span<const LoraAdapter> adapters, const Tensor& inp,
+                                    int64_t first_row) const {
+  LinearLora l;
+  l.scale = s_.scale;
   for (const LoraAdapter& ad : adapters)
-    be.lora_forward({.out = out,
-                     .inp = inp,
-                     .a = ad.a->value,
-                     .b = ad.b->value,
-                     .col0 = ad.col0,
-                     .scale = s_.scale,
-                     .dropout = dropout(ad, first_row, inp.dim(-1))});
+    l.add({.a = ad.a->value,
+           .b = ad.b->value,
+           .col0 = ad.col0,
+           .dropout = dropout(ad, first_row, inp.dim(-1))});
+  return l;
 }
 
-void BlockLora::backward(Backend& be, std::span<const LoraAdapter> adapters, const Tensor& dinp,
-                         const Tensor& dout, const Tensor& inp, int64_t first_row) const {
-  for (const LoraAdapter& ad : adapters)
-    be.lora_backward({.dinp = dinp,
-                      .da = ad.a->grad,
-                      .db = ad.b->grad,
-                      .dout = dout,
-                      .inp = inp,
-                      .a = ad.a->value,
-                      .b = ad.b->value,
-                      .col0 = ad.col0,
-                      .scale = s_.scale,
-                      .dropout = dropout(ad, first_row, inp.dim(-1))});
+LinearLora BlockLora::backward_terms(std::span<const LoraAdapter> adapters, const Tensor& inp,
+                                     int64_t first_row) const {
+  LinearLora l = forward_terms(adapters, inp, first_row);
+  for (int i = 0; i < l.count; ++i) {
+    l.adapters[static_cast<size_t>(i)].da = adapters[static_cast<size_t>(i)].a->grad;
+    l.adapters[static_cast<size_t>(i)].db = adapters[static_cast<size_t>(i)].b->grad;
+  }
+  return l;
 }
 
 }  // namespace remat

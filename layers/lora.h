@@ -1,9 +1,9 @@
 // LoRA in a block (docs/lora.md): a block's adapted linears each carry a list of adapters (one per
-// Hugging Face module the linear is: Llama's fused q|k|v has up to three), applied by the
-// lora_forward / lora_backward op pair right after the base linear (engine/core/ops/lora.h):
-//   forward:  base linear writes out, then each adapter adds s (drop(x) A^T) B^T to its columns;
-//   backward: base linear writes dx (its frozen weight gets no gradient), then each adapter adds
-//             its share of dx and accumulates dA, dB.
+// Hugging Face module the linear is: Llama's fused q|k|v has up to three), which the block hands
+// to the linear op itself (engine/core/ops/lora.h):
+//   forward:  out = x W^T (+ b), each adapter adding s (drop(x) A^T) B^T to its columns;
+//   backward: dx = dout W + each adapter's share (the frozen W gets no gradient), dA and dB
+//             accumulated.
 // The adapter's input x is the base linear's input, a tensor the block holds anyway (saved or
 // recomputed under the remat plan), so adapters add no slot. Dropout masks come from the
 // counter-based RNG keyed by (seed, step, block, adapter) and the rows' place in the whole batch,
@@ -40,21 +40,21 @@ struct LoraShared {
   uint64_t salt = 0;      // context parallel: this rank's own mask stream
 };
 
-/// The adapters' side of one block: the op calls, with the step's dropout streams.
+/// The adapters' side of one block: the linear op's adapter arguments, with the step's dropout
+/// streams.
 class BlockLora {
  public:
   BlockLora() = default;
   BlockLora(const LoraShared& shared, int64_t block) : s_(shared), block_(block) {}
   void begin_step(int64_t step) { step_ = step; }
   void set_training(bool training) { training_ = training; }
-  /// out (rows, OC) [+=] each adapter's term; `inp` (rows, C) is the base linear's input, rows
-  /// [first_row, first_row + rows) of the block's (a tile of the MLP's, or all).
-  void forward(Backend& be, std::span<const LoraAdapter> adapters, const Tensor& out,
-               const Tensor& inp, int64_t first_row = 0) const;
-  /// dinp [+=] each adapter's share of the input gradient (the base linear wrote its own first);
-  /// the adapters' dA, dB [+=].
-  void backward(Backend& be, std::span<const LoraAdapter> adapters, const Tensor& dinp,
-                const Tensor& dout, const Tensor& inp, int64_t first_row = 0) const;
+  /// The adapters of a linear whose input `inp` (rows, C) is rows [first_row, first_row + rows)
+  /// of the block's (a tile of the MLP's, or all): for its forward (A, B), or for its backward
+  /// (also their gradients dA, dB). None for a linear without adapters.
+  LinearLora forward_terms(std::span<const LoraAdapter> adapters, const Tensor& inp,
+                           int64_t first_row = 0) const;
+  LinearLora backward_terms(std::span<const LoraAdapter> adapters, const Tensor& inp,
+                            int64_t first_row = 0) const;
 
  private:
   LoraDropout dropout(const LoraAdapter& ad, int64_t first_row, int64_t width) const;

@@ -73,9 +73,10 @@ TEST_CASE("bench prints the SGEMM floor, the step and every op family", "[smoke]
   REQUIRE(r.code == 0);
   for (const char* line :
        {"floor: SGEMM 2048^3", "(median of 2, after 1 warm-up)", "% of SGEMM",
-        "linear (GEMM, fused bias + activation)", "attention", "layernorm", "loss (LM head / MSE)",
-        "optimizer (AdamW, norm)", "data (batch: read or generated, uploaded)",
-        "no op (allocation, copies, sync, host)", "of all the above: recompute phase"})
+        "linear (GEMM, fused bias + activation, LoRA)", "attention", "layernorm",
+        "loss (LM head / MSE)", "optimizer (AdamW, norm)",
+        "data (batch: read or generated, uploaded)", "no op (allocation, copies, sync, host)",
+        "of all the above: recompute phase"})
     CHECK_THAT(r.out, Catch::Matchers::Contains(line));
 }
 

@@ -217,14 +217,6 @@ void Backend::linear_backward(const LinearBackwardArgs& a) {
   run_op("linear_backward", a, &Backend::linear_backward_impl);
 }
 
-void Backend::lora_forward(const LoraForwardArgs& a) {
-  run_op("lora_forward", a, &Backend::lora_forward_impl);
-}
-
-void Backend::lora_backward(const LoraBackwardArgs& a) {
-  run_op("lora_backward", a, &Backend::lora_backward_impl);
-}
-
 void Backend::layernorm_forward(const LayerNormForwardArgs& a) {
   run_op("layernorm_forward", a, &Backend::layernorm_forward_impl);
 }

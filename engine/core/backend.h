@@ -9,8 +9,7 @@
 //   * parameter gradients ACCUMULATE (+=), so micro-batches sum;
 //   * activation gradients OVERWRITE (=),
 //   * except where a field says "[+=] residual stream": the LayerNorm input gradient adds into
-//     the residual-stream gradient that flows through the block; and a LoRA adapter's input
-//     gradient adds into its base linear's (engine/core/ops/lora.h).
+//     the residual-stream gradient that flows through the block.
 // Shapes use the letters of layers/layer.h: B batch, T time, C channels, NH heads, HS head
 // size, V vocabulary, N = B*T rows, OC output channels. Activations have backend.act_dtype();
 // LayerNorm statistics, log-sum-exp, losses and all parameters are f32; tokens are i32.
@@ -140,9 +139,6 @@ class Backend {
   // ---- layer ops (see the Args structs for shapes and the += / = contract) ----
   void linear_forward(const LinearForwardArgs& a);
   void linear_backward(const LinearBackwardArgs& a);
-  /// A LoRA adapter's term on a base linear's output columns (engine/core/ops/lora.h).
-  void lora_forward(const LoraForwardArgs& a);
-  void lora_backward(const LoraBackwardArgs& a);
   void layernorm_forward(const LayerNormForwardArgs& a);
   void layernorm_backward(const LayerNormBackwardArgs& a);
   void rmsnorm_forward(const RmsNormForwardArgs& a);
@@ -242,8 +238,6 @@ class Backend {
   virtual void copy_impl(const Tensor& dst, const Tensor& src) = 0;
   virtual void linear_forward_impl(const LinearForwardArgs& a, const OpWorkspace& ws) = 0;
   virtual void linear_backward_impl(const LinearBackwardArgs& a, const OpWorkspace& ws) = 0;
-  virtual void lora_forward_impl(const LoraForwardArgs& a, const OpWorkspace& ws) = 0;
-  virtual void lora_backward_impl(const LoraBackwardArgs& a, const OpWorkspace& ws) = 0;
   virtual void layernorm_forward_impl(const LayerNormForwardArgs& a) = 0;
   virtual void layernorm_backward_impl(const LayerNormBackwardArgs& a) = 0;
   virtual void rmsnorm_forward_impl(const RmsNormForwardArgs& a) = 0;

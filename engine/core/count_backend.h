@@ -44,8 +44,6 @@ class CountBackend : public Backend {
   void copy_impl(const Tensor&, const Tensor&) override {}
   void linear_forward_impl(const LinearForwardArgs&, const OpWorkspace&) override {}
   void linear_backward_impl(const LinearBackwardArgs&, const OpWorkspace&) override {}
-  void lora_forward_impl(const LoraForwardArgs&, const OpWorkspace&) override {}
-  void lora_backward_impl(const LoraBackwardArgs&, const OpWorkspace&) override {}
   void layernorm_forward_impl(const LayerNormForwardArgs&) override {}
   void layernorm_backward_impl(const LayerNormBackwardArgs&) override {}
   void rmsnorm_forward_impl(const RmsNormForwardArgs&) override {}

@@ -99,26 +99,31 @@ inline WorkspaceList weight_copy(const Tensor& weight) {
   if (!is_packed_weight(weight.dtype)) return {};
   return {{"gemm.weight_f32", DType::F32, {weight.dim(0), weight.numel() / weight.dim(0)}}};
 }
-inline WorkspaceList workspace(const LinearForwardArgs& a, const WorkspaceTarget&) {
-  return weight_copy(a.weight);
-}
-inline WorkspaceList workspace(const LinearBackwardArgs& a, const WorkspaceTarget&) {
-  return a.dinp.empty() ? WorkspaceList{} : weight_copy(a.weight);  // only dinp = dout W reads W
-}
-/// LoRA: h = s drop(x) A^T (N, r), in the backward also dh (N, r), and with dropout the dropped
-/// input (N, C), which the backward reuses for dh A before its mask.
-inline WorkspaceList lora_workspace(const Tensor& inp, const Tensor& a, float p, bool backward) {
-  const int64_t N = inp.rows(), C = inp.dim(-1), r = a.dim(0);
-  WorkspaceList w{{"lora.h", DType::F32, {N, r}}};
-  if (backward) w.push_back({"lora.dh", DType::F32, {N, r}});
-  if (p > 0) w.push_back({"lora.dropped", DType::F32, {N, C}});
+/// A linear's LoRA adapters (engine/cpu/lora.cpp), R = the sum of their ranks: h = s drop(x) A^T
+/// (N, R), in the backward also dh (N, R); with more than one adapter their A's side by side
+/// (R, C) where one GEMM reads them all, and dA's (R, C) before it is added to each adapter's;
+/// with dropout the dropped input (N, C), which the backward reuses for dh A before its mask.
+inline WorkspaceList lora_workspace(const LinearLora& l, const Tensor& inp, bool backward) {
+  if (l.empty()) return {};
+  const int64_t N = inp.rows(), C = inp.dim(-1), R = l.total_rank();
+  const bool drop = l.any_dropout(), stacked = l.count > 1 && !drop;
+  WorkspaceList w{{"lora.h", DType::F32, {N, R}}};
+  if (backward) w.push_back({"lora.dh", DType::F32, {N, R}});
+  if (stacked) w.push_back({"lora.a_stack", DType::F32, {R, C}});
+  if (stacked && backward) w.push_back({"lora.da_stack", DType::F32, {R, C}});
+  if (drop) w.push_back({"lora.dropped", DType::F32, {N, C}});
   return w;
 }
-inline WorkspaceList workspace(const LoraForwardArgs& a, const WorkspaceTarget&) {
-  return lora_workspace(a.inp, a.a, a.dropout.p, false);
+inline WorkspaceList workspace(const LinearForwardArgs& a, const WorkspaceTarget&) {
+  WorkspaceList w = weight_copy(a.weight);
+  for (const WorkspacePart& p : lora_workspace(a.lora, a.inp, false)) w.push_back(p);
+  return w;
 }
-inline WorkspaceList workspace(const LoraBackwardArgs& a, const WorkspaceTarget&) {
-  return lora_workspace(a.inp, a.a, a.dropout.p, true);
+inline WorkspaceList workspace(const LinearBackwardArgs& a, const WorkspaceTarget&) {
+  // Only dinp = dout W reads W.
+  WorkspaceList w = a.dinp.empty() ? WorkspaceList{} : weight_copy(a.weight);
+  for (const WorkspacePart& p : lora_workspace(a.lora, a.inp, true)) w.push_back(p);
+  return w;
 }
 inline WorkspaceList workspace(const AttentionForwardArgs& a, const WorkspaceTarget& t) {
   if (const AttentionChunks ch = attention_chunks(a.qkv, a.chunk_tokens); ch.chunked())

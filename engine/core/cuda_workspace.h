@@ -274,34 +274,32 @@ inline WorkspaceList attention_workspace(const Tensor& qkv, int n_head, int n_kv
 }
 
 // ---- the rules, one per op that has a workspace on any backend ----
+/// A linear's LoRA adapters (engine/cuda/lora.cpp), one after the other through the same parts:
+/// h (N, r) in the activations' dtype (s drop(x) A^T, then dh in the backward), the dropped input
+/// (N, C) with dropout, and a bf16 copy of A and B for bf16 GEMMs (cuBLASLt takes one dtype for
+/// both operands), B's the widest adapter's.
+inline void add_lora_workspace(WorkspaceList& w, const LinearLora& l, const Tensor& inp,
+                               bool backward) {
+  if (l.empty()) return;
+  const int64_t N = inp.rows(), C = inp.dim(-1), r = l.rank();
+  w.push_back({"lora.h", inp.dtype, {N, r}});
+  if (backward) w.push_back({"lora.dh", inp.dtype, {N, r}});
+  if (l.any_dropout()) w.push_back({"lora.dropped", inp.dtype, {N, C}});
+  if (inp.dtype == DType::BF16) {
+    w.push_back({"lora.a_bf16", DType::BF16, {r, C}});
+    w.push_back({"lora.b_bf16", DType::BF16, {l.max_cols(), r}});
+  }
+}
 inline WorkspaceList workspace(const LinearForwardArgs& a, const WorkspaceTarget&) {
-  return gemm_workspace(a.weight, a.inp.dtype == DType::BF16);
+  WorkspaceList w = gemm_workspace(a.weight, a.inp.dtype == DType::BF16);
+  add_lora_workspace(w, a.lora, a.inp, false);
+  return w;
 }
 inline WorkspaceList workspace(const LinearBackwardArgs& a, const WorkspaceTarget&) {
   // Only dinp = dout W reads the weight; dW accumulates in f32 from the activations' operands.
-  return gemm_workspace(a.weight, a.dout.dtype == DType::BF16, !a.dinp.empty());
-}
-/// LoRA: h (N, r) in the activations' dtype (s drop(x) A^T, then dh in the backward), the dropped
-/// input (N, C) with dropout, a bf16 copy of A and B for bf16 GEMMs (cuBLASLt takes one dtype for
-/// both operands), and the GEMM workspace.
-inline WorkspaceList lora_workspace(const Tensor& inp, const Tensor& a, const Tensor& b, float p,
-                                    bool backward) {
-  const int64_t N = inp.rows(), C = inp.dim(-1), r = a.dim(0), n = b.dim(0);
-  WorkspaceList w{{"lora.h", inp.dtype, {N, r}}};
-  if (backward) w.push_back({"lora.dh", inp.dtype, {N, r}});
-  if (p > 0) w.push_back({"lora.dropped", inp.dtype, {N, C}});
-  if (inp.dtype == DType::BF16) {
-    w.push_back({"lora.a_bf16", DType::BF16, {r, C}});
-    w.push_back({"lora.b_bf16", DType::BF16, {n, r}});
-  }
-  w.push_back({"gemm.workspace", DType::BF16, {static_cast<int64_t>(kGemmWorkspaceBytes / 2)}});
+  WorkspaceList w = gemm_workspace(a.weight, a.dout.dtype == DType::BF16, !a.dinp.empty());
+  add_lora_workspace(w, a.lora, a.inp, true);
   return w;
-}
-inline WorkspaceList workspace(const LoraForwardArgs& a, const WorkspaceTarget&) {
-  return lora_workspace(a.inp, a.a, a.b, a.dropout.p, false);
-}
-inline WorkspaceList workspace(const LoraBackwardArgs& a, const WorkspaceTarget&) {
-  return lora_workspace(a.inp, a.a, a.b, a.dropout.p, true);
 }
 inline WorkspaceList workspace(const AttentionForwardArgs& a, const WorkspaceTarget&) {
   return attention_workspace(a.qkv, a.n_head, a.n_kv_head, a.rope_theta, false, a.chunk_tokens,

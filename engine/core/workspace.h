@@ -42,9 +42,9 @@ struct WorkspacePart {
 /// this and OpWorkspace's, were ~5% of `plan`'s time at 6M tokens).
 class WorkspaceList {
  public:
-  /// The most parts any rule asks for (the CUDA LoRA backward's with dropout: h, dh, the dropped
-  /// input, the bf16 A and B, the GEMM workspace).
-  static constexpr size_t kMaxParts = 6;
+  /// The most parts any rule asks for (the CUDA linear backward's with LoRA adapters and dropout:
+  /// the weight's copy, the GEMM workspace, h, dh, the dropped input, the bf16 A and B).
+  static constexpr size_t kMaxParts = 8;
 
   WorkspaceList() = default;
   WorkspaceList(std::initializer_list<WorkspacePart> parts) {

@@ -5,6 +5,7 @@
 // recomputed tensor is bitwise equal to the original (what remat equivalence relies on).
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -37,6 +38,10 @@ int default_threads();
 /// engine/core/cpu_workspace.h).
 const float* f32_weight(const Tensor& weight, const OpWorkspace& ws);
 
+/// What a LoRA adapter adds to a finished tile of a base GEMM's output, rows [row0, row0 + m) and
+/// columns [col0, col0 + n) (engine/cpu/lora.cpp); returns the tile product's status (0: done).
+using LoraTileAdd = std::function<int(int64_t row0, int64_t col0, int64_t m, int64_t n)>;
+
 /// Host memory, 256-byte aligned, with freed blocks kept for reuse (host_allocator.h).
 std::unique_ptr<DeviceAllocator> make_host_allocator();
 
@@ -62,8 +67,6 @@ class CpuBackend : public Backend {
   void copy_impl(const Tensor& dst, const Tensor& src) override;
   void linear_forward_impl(const LinearForwardArgs& a, const OpWorkspace& ws) override;
   void linear_backward_impl(const LinearBackwardArgs& a, const OpWorkspace& ws) override;
-  void lora_forward_impl(const LoraForwardArgs& a, const OpWorkspace& ws) override;
-  void lora_backward_impl(const LoraBackwardArgs& a, const OpWorkspace& ws) override;
   void layernorm_forward_impl(const LayerNormForwardArgs& a) override;
   void layernorm_backward_impl(const LayerNormBackwardArgs& a) override;
   void rmsnorm_forward_impl(const RmsNormForwardArgs& a) override;
@@ -98,10 +101,23 @@ class CpuBackend : public Backend {
                                  const AttentionChunks& ch);
   void attention_backward_chunked(const AttentionBackwardArgs& a, const OpWorkspace& ws,
                                   const AttentionChunks& ch);
-  // LoRA (engine/cpu/lora.cpp): h = s drop(x) A^T into the workspace's "lora.h"; returns the
-  // adapter's input as the GEMMs read it (x, or its dropped copy in "lora.dropped").
-  const float* lora_input(const Tensor& inp, const Tensor& a, float scale, const LoraDropout& d,
-                          const OpWorkspace& ws);
+  // linear_backward's dinp = dout W (+ LoRA's dh A), through act' (linear.cpp).
+  void input_gradient(const LinearBackwardArgs& a, const OpWorkspace& ws);
+  // A linear's LoRA adapters (engine/cpu/lora.cpp), around linear.cpp's base GEMMs.
+  /// The adapter's input as its GEMMs read it: x, or its dropped copy in "lora.dropped".
+  const float* lora_dropped_input(const Tensor& inp, const LoraDropout& d, const OpWorkspace& ws);
+  /// h = s drop_i(x) A_i^T for every adapter, side by side in "lora.h" (N, R).
+  void lora_h(const LinearLora& l, const Tensor& inp, const OpWorkspace& ws);
+  /// For the forward GEMM's tiles of out (N, OC): each adapter's h_i B_i^T on its columns.
+  LoraTileAdd lora_out_tiles(const LinearLora& l, const OpWorkspace& ws, float* out,
+                             int64_t OC) const;
+  /// Before the input gradient: h again, dh = s g B into "lora.dh", dB and dA accumulated.
+  void lora_parameter_grads(const LinearBackwardArgs& a, const OpWorkspace& ws);
+  /// For the dinp GEMM's tiles (N, C), adapters without dropout: dh A.
+  LoraTileAdd lora_dinp_tiles(const LinearLora& l, const OpWorkspace& ws, float* dinp,
+                              int64_t C) const;
+  /// With dropout, after the dinp GEMM: each adapter's drop'(dh_i A_i) added to dinp.
+  void lora_dinp_through_dropout(const LinearBackwardArgs& a, const OpWorkspace& ws);
   int threads_;
 };
 

@@ -118,11 +118,7 @@ void multiply_on_this_thread(const OneDnn* dnnl, CBLAS_TRANSPOSE ta, CBLAS_TRANS
 }
 
 void throw_if_failed(const std::atomic<int>& status, int64_t M, int64_t N, int64_t K) {
-  if (const int s = status.load())
-    throw BackendError(
-        fmt::format("[cpu] oneDNN's dnnl_sgemm failed (status {}) on a {}x{}x{} "
-                    "product. Fix: run with REMAT_GEMM=openblas, and report it",
-                    s, M, N, K));
+  throw_if_gemm_failed(status.load(), M, N, K);
 }
 
 const OneDnn* library(bool use_onednn) {
@@ -131,6 +127,23 @@ const OneDnn* library(bool use_onednn) {
 }
 
 }  // namespace
+
+void throw_if_gemm_failed(int status, int64_t M, int64_t N, int64_t K) {
+  if (status)
+    throw BackendError(
+        fmt::format("[cpu] oneDNN's dnnl_sgemm failed (status {}) on a {}x{}x{} "
+                    "product. Fix: run with REMAT_GEMM=openblas, and report it",
+                    status, M, N, K));
+}
+
+int sgemm_on_this_thread(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t m, int64_t n, int64_t K,
+                         const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
+                         float* c, int64_t ldc) {
+  std::atomic<int> status{0};
+  multiply_on_this_thread(library(gemm_route().onednn_for(ta, K)), ta, tb, m, n, K, a, lda, b, ldb,
+                          beta, c, ldc, status);
+  return status.load();
+}
 
 void sgemm_on(bool use_onednn, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int64_t N,
               int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb, float beta,

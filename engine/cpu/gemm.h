@@ -63,6 +63,16 @@ int blas_int(int64_t v);
 /// thread that computed it and while the tile is still in its cache: a fused epilogue.
 using TileEpilogue = std::function<void(int64_t row0, int64_t col0, int64_t m, int64_t n)>;
 
+/// One product on the calling thread, on the library gemm_route() chose for its kind: for a tile
+/// epilogue that multiplies more into its own tile (inside sgemm's parallel region both libraries
+/// run on the calling thread). Returns oneDNN's status, 0 when done: an exception must not leave
+/// the parallel region, so the caller throws after it (throw_if_gemm_failed).
+int sgemm_on_this_thread(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t m, int64_t n, int64_t K,
+                         const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
+                         float* c, int64_t ldc);
+/// Throws the BackendError of a failed oneDNN product (status != 0) of M x N x K.
+void throw_if_gemm_failed(int status, int64_t M, int64_t N, int64_t K);
+
 /// On the library gemm_route() chose for a product of this kind.
 void sgemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int64_t N, int64_t K, const float* A,
            int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc,

@@ -1,8 +1,9 @@
 // CPU linear layer, forward and backward (engine/core/ops/linear.h): GEMMs on the tile grid of
-// gemm.h, with the bias and the fused activations as tile epilogues. Row-major; a weight is
-// (OC, C) as in PyTorch, so out = inp W^T.
+// gemm.h, with LoRA's adapter terms (lora.cpp), the bias and the fused activations as tile
+// epilogues. Row-major; a weight is (OC, C) as in PyTorch, so out = inp W^T.
 
 #include <algorithm>
+#include <atomic>
 
 #include "engine/core/nf4.h"
 #include "engine/cpu/activation_rows.h"
@@ -25,11 +26,20 @@ void CpuBackend::linear_forward_impl(const LinearForwardArgs& a, const OpWorkspa
   float* out = a.out.f32();
   const float* bias = a.bias.empty() ? nullptr : a.bias.f32();
   float* act_out = a.act_out.empty() ? nullptr : a.act_out.f32();
-  // The bias and the activation run on each tile as soon as it is computed, while it is in
-  // cache, instead of as passes over the whole output before and after the GEMM.
+  LoraTileAdd adapters;
+  if (!a.lora.empty()) {
+    lora_h(a.lora, a.inp, ws);
+    adapters = lora_out_tiles(a.lora, ws, out, OC);
+  }
+  // The adapters, the bias and the activation run on each tile as soon as it is computed, while
+  // it is in cache, instead of as passes over the whole output after the GEMM.
+  std::atomic<int> status{0};
   TileEpilogue epilogue;
-  if (bias || act_out) {
+  if (adapters || bias || act_out) {
     epilogue = [&](int64_t r0, int64_t c0, int64_t m, int64_t n) {
+      if (adapters)
+        if (const int s = adapters(r0, c0, m, n)) status = s;
+      if (!bias && !act_out) return;
       for (int64_t r = r0; r < r0 + m; ++r) {
         float* o = out + r * OC + c0;
         if (bias)
@@ -40,6 +50,7 @@ void CpuBackend::linear_forward_impl(const LinearForwardArgs& a, const OpWorkspa
   }
   sgemm(CblasNoTrans, CblasTrans, N, OC, C, a.inp.f32(), C, f32_weight(a.weight, ws), C,
         a.accumulate ? 1.0f : 0.0f, out, OC, epilogue);
+  throw_if_gemm_failed(status.load(), N, OC, a.lora.rank());
 }
 
 namespace {
@@ -73,28 +84,47 @@ void weight_gradient(const LinearBackwardArgs& a) {
 
 }  // namespace
 
-void CpuBackend::linear_backward_impl(const LinearBackwardArgs& a, const OpWorkspace& ws) {
+// dinp (N, C) = dout (N, OC) W (OC, C) + the adapters' dh A, then through act'. Per tile of the
+// GEMM while it is in cache; an adapter with dropout adds its masked term after the GEMM instead,
+// and act' then follows as a pass of its own (the same per-element code: the same bits).
+void CpuBackend::input_gradient(const LinearBackwardArgs& a, const OpWorkspace& ws) {
   const int64_t N = a.inp.rows(), C = a.inp.dim(-1), OC = a.weight.dim(0);
+  float* dinp = a.dinp.f32();
+  const float* pre_act = a.inp_pre_act.empty() ? nullptr : a.inp_pre_act.f32();
+  const bool lora_after = a.lora.any_dropout();
+  LoraTileAdd adapters;
+  if (!a.lora.empty() && !lora_after) adapters = lora_dinp_tiles(a.lora, ws, dinp, C);
+  const bool act_in_tiles = pre_act && !lora_after;
+  std::atomic<int> status{0};
+  TileEpilogue epilogue;
+  if (adapters || act_in_tiles) {
+    epilogue = [&](int64_t r0, int64_t c0, int64_t m, int64_t n) {
+      if (adapters)
+        if (const int s = adapters(r0, c0, m, n)) status = s;
+      if (!act_in_tiles) return;
+      for (int64_t r = r0; r < r0 + m; ++r) {
+        float* d = dinp + r * C + c0;
+        activation_backward_row(a.act, pre_act + r * C + c0, d, d, n);
+      }
+    };
+  }
+  sgemm(CblasNoTrans, CblasNoTrans, N, C, OC, a.dout.f32(), OC, f32_weight(a.weight, ws), C, 0.0f,
+        dinp, C, epilogue);
+  throw_if_gemm_failed(status.load(), N, C, a.lora.total_rank());
+  if (!lora_after) return;
+  lora_dinp_through_dropout(a, ws);
+  if (pre_act) activation_backward_impl({a.dinp, a.dinp, a.inp_pre_act, a.act});
+}
+
+void CpuBackend::linear_backward_impl(const LinearBackwardArgs& a, const OpWorkspace& ws) {
+  const int64_t N = a.inp.rows(), OC = a.weight.dim(0);
   const float* dout = a.dout.f32();
   REMAT_ASSERT(a.dweight.empty() || a.weight.dtype == DType::F32,
                "linear_backward: a {} weight is frozen and has no gradient",
                dtype_name(a.weight.dtype));
   if (!a.dweight.empty()) weight_gradient(a);  // first: it may use dinp as scratch
-  if (!a.dinp.empty()) {  // dinp (N, C) = dout (N, OC) W (OC, C), then through act' per tile
-    float* dinp = a.dinp.f32();
-    const float* pre_act = a.inp_pre_act.empty() ? nullptr : a.inp_pre_act.f32();
-    TileEpilogue through_act;
-    if (pre_act) {
-      through_act = [&](int64_t r0, int64_t c0, int64_t m, int64_t n) {
-        for (int64_t r = r0; r < r0 + m; ++r) {
-          float* d = dinp + r * C + c0;
-          activation_backward_row(a.act, pre_act + r * C + c0, d, d, n);
-        }
-      };
-    }
-    sgemm(CblasNoTrans, CblasNoTrans, N, C, OC, dout, OC, f32_weight(a.weight, ws), C, 0.0f, dinp,
-          C, through_act);
-  }
+  if (!a.lora.empty()) lora_parameter_grads(a, ws);
+  if (!a.dinp.empty()) input_gradient(a, ws);
   if (!a.dbias.empty()) {
     // Column sums; each thread owns a slice of columns, so the row order is fixed.
     float* db = a.dbias.f32();

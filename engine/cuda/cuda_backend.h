@@ -75,8 +75,6 @@ class CudaBackend final : public Backend {
   void copy_impl(const Tensor& dst, const Tensor& src) override;
   void linear_forward_impl(const LinearForwardArgs& a, const OpWorkspace& ws) override;
   void linear_backward_impl(const LinearBackwardArgs& a, const OpWorkspace& ws) override;
-  void lora_forward_impl(const LoraForwardArgs& a, const OpWorkspace& ws) override;
-  void lora_backward_impl(const LoraBackwardArgs& a, const OpWorkspace& ws) override;
   void layernorm_forward_impl(const LayerNormForwardArgs& a) override;
   void layernorm_backward_impl(const LayerNormBackwardArgs& a) override;
   void rmsnorm_forward_impl(const RmsNormForwardArgs& a) override;
@@ -132,6 +130,11 @@ class CudaBackend final : public Backend {
   };
   LoraOperands lora_operands(const Tensor& inp, const Tensor& a, const Tensor& b, float scale,
                              const LoraDropout& d, const OpWorkspace& ws);
+  /// A linear's adapters after its base GEMM: out's columns += s h B^T (lora.cpp).
+  void lora_forward_terms(const LinearLora& l, const Tensor& out, const Tensor& inp,
+                          const OpWorkspace& ws);
+  /// After the base dinp GEMM: dB, dA accumulated, and each adapter's share added to dinp.
+  void lora_backward_terms(const LinearBackwardArgs& a, const OpWorkspace& ws);
 
   /// Enqueues one device <-> host-pool copy on the copy stream and records its event under `t`.
   void enqueue_copy(const Tensor& dst, const Tensor& src, CopyTicket t);

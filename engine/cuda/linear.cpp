@@ -1,5 +1,6 @@
 // CUDA linear layer (engine/core/ops/linear.h): cuBLASLt GEMMs (gemm.cpp), the bias in the forward
-// GEMM's epilogue; bf16 GEMMs read the bf16 weight copy of the op's workspace.
+// GEMM's epilogue, LoRA's adapters after the base GEMM (lora.cpp); bf16 GEMMs read the bf16 weight
+// copy of the op's workspace.
 #include <algorithm>
 #include <iterator>
 
@@ -52,6 +53,7 @@ void CudaBackend::linear_forward_impl(const LinearForwardArgs& a, const OpWorksp
   gemm_->matmul(OC, N, C, {w, bf, C, true}, {a.inp.data, bf, C, false}, a.out.data, is_bf16(a.out),
                 OC, a.accumulate ? 1.0f : 0.0f, wsp, kGemmWorkspaceBytes,
                 a.bias.empty() ? nullptr : a.bias.f32());
+  lora_forward_terms(a.lora, a.out, a.inp, ws);
   finish_op();
   // The fused activation is the activation op after the GEMM here (one more pass over out).
   if (!a.act_out.empty()) activation_forward_impl({a.act_out, a.out, a.act});
@@ -65,9 +67,11 @@ void CudaBackend::linear_backward_impl(const LinearBackwardArgs& a, const OpWork
   if (!a.dinp.empty()) {
     gemm_->matmul(C, N, OC, {w, bf, C, false}, {a.dout.data, bf, OC, false}, a.dinp.data,
                   is_bf16(a.dinp), C, 0.0f, wsp, kGemmWorkspaceBytes);
-    if (!a.inp_pre_act.empty())  // through the activation, in place
-      activation_backward_impl({a.dinp, a.dinp, a.inp_pre_act, a.act});
   }
+  // The adapters' gradients, and their share of dinp before the activation's derivative.
+  if (!a.lora.empty()) lora_backward_terms(a, ws);
+  if (!a.dinp.empty() && !a.inp_pre_act.empty())  // through the activation, in place
+    activation_backward_impl({a.dinp, a.dinp, a.inp_pre_act, a.act});
   // f32 output, beta 1: the weight gradient accumulates in fp32 straight from bf16 operands (none
   // for a frozen weight).
   if (!a.dweight.empty())

@@ -1,5 +1,6 @@
-// CUDA LoRA adapter op (engine/core/ops/lora.h): five cuBLASLt GEMMs (gemm.cpp), the adapter's
-// columns of a wider output addressed by their leading dimension, the scale s as the GEMM's alpha.
+// CUDA LoRA adapters of a linear (engine/core/ops/lora.h), run by linear.cpp after its base GEMM,
+// one adapter after the other: cuBLASLt GEMMs (gemm.cpp), the adapter's columns of a wider output
+// addressed by their leading dimension, the scale s as the GEMM's alpha.
 // bf16 GEMMs read bf16 copies of A and B made in the op's workspace (cuBLASLt takes one dtype for
 // both operands); h and dh are in the activations' dtype, the weight gradients accumulate in f32.
 // The dropout is the backend's own kernel, so its mask is the CPU's bit for bit.
@@ -48,40 +49,43 @@ CudaBackend::LoraOperands CudaBackend::lora_operands(const Tensor& inp, const Te
   return o;
 }
 
-void CudaBackend::lora_forward_impl(const LoraForwardArgs& a, const OpWorkspace& ws) {
-  const int64_t N = a.inp.rows(), OC = a.out.dim(-1), r = a.a.dim(0), n = a.b.dim(0);
-  const LoraOperands o = lora_operands(a.inp, a.a, a.b, a.scale, a.dropout, ws);
-  gemm_->matmul(n, N, r, {o.b, o.bf, r, true}, {o.h, o.bf, r, false}, byte_ptr(a.out, a.col0),
-                is_bf16(a.out), OC, 1.0f, o.wsp, kGemmWorkspaceBytes);
-  finish_op();
+void CudaBackend::lora_forward_terms(const LinearLora& l, const Tensor& out, const Tensor& inp,
+                                     const OpWorkspace& ws) {
+  const int64_t N = inp.rows(), OC = out.dim(-1), r = l.rank();
+  for (const LoraAdapterArgs& ad : l.list()) {
+    const int64_t n = ad.b.dim(0);
+    const LoraOperands o = lora_operands(inp, ad.a, ad.b, l.scale, ad.dropout, ws);
+    gemm_->matmul(n, N, r, {o.b, o.bf, r, true}, {o.h, o.bf, r, false}, byte_ptr(out, ad.col0),
+                  is_bf16(out), OC, 1.0f, o.wsp, kGemmWorkspaceBytes);
+  }
 }
 
-void CudaBackend::lora_backward_impl(const LoraBackwardArgs& a, const OpWorkspace& ws) {
-  const int64_t N = a.inp.rows(), C = a.inp.dim(-1), OC = a.dout.dim(-1), r = a.a.dim(0),
-                n = a.b.dim(0);
-  const LoraOperands o = lora_operands(a.inp, a.a, a.b, a.scale, a.dropout, ws);
-  const void* g = byte_ptr(a.dout, a.col0);
+void CudaBackend::lora_backward_terms(const LinearBackwardArgs& a, const OpWorkspace& ws) {
+  const int64_t N = a.inp.rows(), C = a.inp.dim(-1), OC = a.dout.dim(-1), r = a.lora.rank();
   void* dh = ws.at("lora.dh").tensor().data;
-  gemm_->matmul(r, n, N, {o.h, o.bf, r, false}, {g, o.bf, OC, true}, a.db.data, false, r, 1.0f,
-                o.wsp, kGemmWorkspaceBytes);
-  gemm_->matmul(r, N, n, {o.b, o.bf, r, false}, {g, o.bf, OC, false}, dh, o.bf, r, 0.0f, o.wsp,
-                kGemmWorkspaceBytes, nullptr, a.scale);
-  gemm_->matmul(C, r, N, {o.x, o.bf, C, false}, {dh, o.bf, r, true}, a.da.data, false, C, 1.0f,
-                o.wsp, kGemmWorkspaceBytes);
-  if (!a.dinp.empty()) {
-    if (a.dropout.p == 0) {
+  for (const LoraAdapterArgs& ad : a.lora.list()) {
+    const int64_t n = ad.b.dim(0);
+    const LoraOperands o = lora_operands(a.inp, ad.a, ad.b, a.lora.scale, ad.dropout, ws);
+    const void* g = byte_ptr(a.dout, ad.col0);
+    gemm_->matmul(r, n, N, {o.h, o.bf, r, false}, {g, o.bf, OC, true}, ad.db.data, false, r, 1.0f,
+                  o.wsp, kGemmWorkspaceBytes);
+    gemm_->matmul(r, N, n, {o.b, o.bf, r, false}, {g, o.bf, OC, false}, dh, o.bf, r, 0.0f, o.wsp,
+                  kGemmWorkspaceBytes, nullptr, a.lora.scale);
+    gemm_->matmul(C, r, N, {o.x, o.bf, C, false}, {dh, o.bf, r, true}, ad.da.data, false, C, 1.0f,
+                  o.wsp, kGemmWorkspaceBytes);
+    if (a.dinp.empty()) continue;
+    if (ad.dropout.p == 0) {
       gemm_->matmul(C, N, r, {o.a, o.bf, C, false}, {dh, o.bf, r, false}, a.dinp.data,
                     is_bf16(a.dinp), C, 1.0f, o.wsp, kGemmWorkspaceBytes);
     } else {  // dh A into the dropped input's buffer, masked as the input was, then added
       const Tensor& t = ws.at("lora.dropped").tensor();
       gemm_->matmul(C, N, r, {o.a, o.bf, C, false}, {dh, o.bf, r, false}, t.data, o.bf, C, 0.0f,
                     o.wsp, kGemmWorkspaceBytes);
-      const LoraDropout& d = a.dropout;
+      const LoraDropout& d = ad.dropout;
       dropout_impl({t, t, d.p, d.seed, d.stream, d.first_index});
       add_impl(a.dinp, a.dinp, t);
     }
   }
-  finish_op();
 }
 
 }  // namespace remat::cuda

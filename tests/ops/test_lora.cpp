@@ -1,143 +1,250 @@
-// Op test of the LoRA adapter pair (engine/core/ops/lora.h): the forward against a double
-// reference on a column range of a wider output, the gradient contract (dinp, dA and dB +=),
-// central differences of every gradient with and without dropout, the dropout's mask equal to the
-// dropout op's, and the frozen linear that the adapter sits on (an empty dweight: no weight
-// gradient, the same dinp, the FLOPs it skips). Tolerances and helpers: tests/test_util.h.
+// Op test of LoRA's adapters on the linear op (engine/core/ops/lora.h, linear.h): the forward
+// against a double reference with one to three adapters on column ranges of the output (Llama's
+// q|k|v) beside a bias and an accumulated output, the columns without an adapter equal to the
+// plain linear's bit for bit, the gradient contract (dinp =, dA and dB +=), central differences of
+// every gradient with and without dropout, the activation's derivative applied after the adapters'
+// share of dinp, the dropout's mask equal to the dropout op's, and the frozen linear that the
+// adapters sit on (an empty dweight: no weight gradient, the same dinp, the FLOPs it skips).
+// Tolerances and helpers: tests/test_util.h.
 #include "engine/core/rng.h"
 #include "tests/ops/op_test.h"
 
 namespace remat::test {
 
-/// Rows, input width, output width of the base linear, the adapter's columns and rank: a whole
-/// output, a middle column range (Llama's k_proj of a fused q|k|v), odd sizes, and rows past the
+/// Rows, input width and output width of the base linear, the rank, and each adapter's output
+/// columns [col0, col0 + n): a whole output, a middle column range (Llama's k_proj of a fused
+/// q|k|v), a fused q|k|v with three, two with a gap (q and v only), odd sizes, and rows past the
 /// CPU GEMM's tiles.
 struct LoraShape {
-  int64_t N, C, OC, col0, n, r;
+  int64_t N, C, OC, r;
+  std::vector<std::pair<int64_t, int64_t>> cols;  // (col0, n) per adapter
 };
-const std::vector<LoraShape> kLoraShapes = {
-    {7, 13, 5, 0, 5, 3}, {9, 16, 24, 8, 8, 4}, {65, 40, 70, 33, 29, 8}, {300, 33, 17, 0, 17, 2}};
+const std::vector<LoraShape> kLoraShapes = {{7, 13, 5, 3, {{0, 5}}},
+                                            {9, 16, 24, 4, {{8, 8}}},
+                                            {65, 40, 70, 8, {{33, 29}}},
+                                            {300, 33, 17, 2, {{0, 17}}},
+                                            {40, 24, 40, 4, {{0, 24}, {24, 8}, {32, 8}}},
+                                            {33, 20, 36, 3, {{0, 20}, {28, 8}}}};
 
 namespace {
 
-// out[:, col0 + j] += s sum_k (sum_c x'[i, c] A[k, c]) B[j, k], x' = drop(x) in double.
-std::vector<double> lora_reference(const LoraShape& sh, const std::vector<double>& out0,
-                                   const float* x, const float* A, const float* B, double s,
-                                   const LoraDropout& d) {
+/// A linear's weight, bias and adapters, their values deterministic in the shape.
+struct LoraLinear {
+  LoraShape sh;
+  Buffer w, bias;
+  std::vector<Buffer> A, B, dA, dB;
+  float scale = 1.5f;
+  float p = 0;
+
+  LoraLinear(Backend& be, const LoraShape& shape, float dropout, double ab_scale = 0.3)
+      : sh(shape), p(dropout) {
+    w = make_randn(be, {sh.OC, sh.C}, kSeed, 20, 0.3);
+    bias = make_randn(be, {sh.OC}, kSeed, 21);
+    for (size_t i = 0; i < sh.cols.size(); ++i) {
+      const uint64_t s = 30 + 4 * i;
+      A.push_back(make_randn(be, {sh.r, sh.C}, kSeed, s, ab_scale));
+      B.push_back(make_randn(be, {sh.cols[i].second, sh.r}, kSeed, s + 1, ab_scale));
+      dA.push_back(make_randn(be, {sh.r, sh.C}, kSeed, s + 2));  // [+=]: prefilled
+      dB.push_back(make_randn(be, {sh.cols[i].second, sh.r}, kSeed, s + 3));
+    }
+  }
+  LoraDropout dropout(size_t i) const { return {p, 7, 99 + i, 13}; }
+  LinearLora forward() const {
+    LinearLora l;
+    l.scale = scale;
+    for (size_t i = 0; i < A.size(); ++i)
+      l.add({.a = A[i], .b = B[i], .col0 = sh.cols[i].first, .dropout = dropout(i)});
+    return l;
+  }
+  LinearLora backward() const {
+    LinearLora l = forward();
+    for (size_t i = 0; i < A.size(); ++i) {
+      l.adapters[i].da = dA[i];
+      l.adapters[i].db = dB[i];
+    }
+    return l;
+  }
+};
+
+// out0 + x W^T + b + sum_i s (drop_i(x) A_i^T) B_i^T on adapter i's columns, in double.
+std::vector<double> reference(const LoraLinear& L, const std::vector<double>& out0,
+                              const float* x) {
+  const LoraShape& sh = L.sh;
   std::vector<double> out = out0;
-  const double keep = 1.0 / (1.0 - d.p);
-  for (int64_t i = 0; i < sh.N; ++i) {
-    std::vector<double> h(static_cast<size_t>(sh.r), 0.0);
-    for (int64_t k = 0; k < sh.r; ++k)
-      for (int64_t c = 0; c < sh.C; ++c) {
-        const uint64_t idx = d.first_index + static_cast<uint64_t>(i * sh.C + c);
-        const double xd = d.p > 0 ? (rng_uniform(d.seed, d.stream, idx) >= d.p
-                                         ? static_cast<double>(x[i * sh.C + c]) * keep
-                                         : 0.0)
-                                  : x[i * sh.C + c];
-        h[static_cast<size_t>(k)] += xd * A[k * sh.C + c];
+  for (int64_t i = 0; i < sh.N; ++i)
+    for (int64_t j = 0; j < sh.OC; ++j) {
+      double acc = L.bias.f32()[j];
+      for (int64_t c = 0; c < sh.C; ++c)
+        acc += static_cast<double>(x[i * sh.C + c]) * L.w.f32()[j * sh.C + c];
+      out[static_cast<size_t>(i * sh.OC + j)] += acc;
+    }
+  const double keep = 1.0 / (1.0 - L.p);
+  for (size_t ad = 0; ad < L.A.size(); ++ad) {
+    const auto [col0, n] = sh.cols[ad];
+    const LoraDropout d = L.dropout(ad);
+    const float *A = L.A[ad].f32(), *B = L.B[ad].f32();
+    for (int64_t i = 0; i < sh.N; ++i) {
+      std::vector<double> h(static_cast<size_t>(sh.r), 0.0);
+      for (int64_t k = 0; k < sh.r; ++k)
+        for (int64_t c = 0; c < sh.C; ++c) {
+          const uint64_t idx = d.first_index + static_cast<uint64_t>(i * sh.C + c);
+          const double xd = d.p > 0 ? (rng_uniform(d.seed, d.stream, idx) >= d.p
+                                           ? static_cast<double>(x[i * sh.C + c]) * keep
+                                           : 0.0)
+                                    : x[i * sh.C + c];
+          h[static_cast<size_t>(k)] += xd * A[k * sh.C + c];
+        }
+      for (int64_t j = 0; j < n; ++j) {
+        double acc = 0;
+        for (int64_t k = 0; k < sh.r; ++k) acc += h[static_cast<size_t>(k)] * B[j * sh.r + k];
+        out[static_cast<size_t>(i * sh.OC + col0 + j)] += L.scale * acc;
       }
-    for (int64_t j = 0; j < sh.n; ++j) {
-      double acc = 0;
-      for (int64_t k = 0; k < sh.r; ++k) acc += h[static_cast<size_t>(k)] * B[j * sh.r + k];
-      out[static_cast<size_t>(i * sh.OC + sh.col0 + j)] += s * acc;
     }
   }
   return out;
 }
 
+bool adapted(const LoraShape& sh, int64_t j) {
+  for (const auto& [col0, n] : sh.cols)
+    if (j >= col0 && j < col0 + n) return true;
+  return false;
+}
+
 }  // namespace
 
-TEST_CASE("lora forward adds s (x A^T) B^T to its columns only, as a double reference", "[ops]") {
+TEST_CASE("a linear's adapters add s (x A^T) B^T to their columns only, as a double reference",
+          "[ops]") {
   CpuBackend be(kTestBudgetBytes, kTestThreads);
   const LoraShape sh = GENERATE(from_range(kLoraShapes));
   const float p = GENERATE(0.0f, 0.3f);
-  CAPTURE(sh.N, sh.C, sh.OC, sh.col0, sh.n, sh.r, p);
+  const bool accumulate = GENERATE(false, true);
+  CAPTURE(sh.N, sh.C, sh.OC, sh.r, sh.cols.size(), p, accumulate);
+  const LoraLinear L(be, sh, p);
   Buffer x = make_randn(be, {sh.N, sh.C}, kSeed, 1);
-  Buffer A = make_randn(be, {sh.r, sh.C}, kSeed, 2, 0.3);
-  Buffer B = make_randn(be, {sh.n, sh.r}, kSeed, 3, 0.3);
-  Buffer out = make_randn(be, {sh.N, sh.OC}, kSeed, 4);  // [+=]: the base linear's output
-  const std::vector<double> before = to_double(out);
-  const LoraDropout d{p, 7, 99, 13};
-  be.lora_forward(
-      {.out = out, .inp = x, .a = A, .b = B, .col0 = sh.col0, .scale = 1.5f, .dropout = d});
-  const std::vector<double> want = lora_reference(sh, before, x.f32(), A.f32(), B.f32(), 1.5, d);
-  CHECK(allclose(to_host(out), want, kTolReduction, "out"));
-  // The columns outside [col0, col0 + n) are left as they were, bit for bit.
+  Buffer out = make_randn(be, {sh.N, sh.OC}, kSeed, 4);
+  Buffer plain = make_tensor(be, {sh.N, sh.OC});
+  be.copy(plain, out);
+  const std::vector<double> before =
+      accumulate ? to_double(out) : std::vector<double>(static_cast<size_t>(sh.N * sh.OC), 0.0);
+  be.linear_forward({.out = out,
+                     .inp = x,
+                     .weight = L.w,
+                     .bias = L.bias,
+                     .accumulate = accumulate,
+                     .lora = L.forward()});
+  CHECK(allclose(to_host(out), reference(L, before, x.f32()), kTolReduction, "out"));
+  // The columns without an adapter are the plain linear's, bit for bit.
+  be.linear_forward(
+      {.out = plain, .inp = x, .weight = L.w, .bias = L.bias, .accumulate = accumulate});
   for (int64_t i = 0; i < sh.N; ++i)
     for (int64_t j = 0; j < sh.OC; ++j)
-      if (j < sh.col0 || j >= sh.col0 + sh.n)
-        REQUIRE(out.f32()[i * sh.OC + j] ==
-                static_cast<float>(before[static_cast<size_t>(i * sh.OC + j)]));
+      if (!adapted(sh, j)) REQUIRE(out.f32()[i * sh.OC + j] == plain.f32()[i * sh.OC + j]);
 }
 
-TEST_CASE("lora backward matches central differences, adding into dinp, dA and dB", "[ops]") {
+TEST_CASE("a linear's adapter gradients match central differences: dinp =, dA and dB +=", "[ops]") {
   CpuBackend be(kTestBudgetBytes, kFdThreads);
   // The third: more rows and a wider input than the others, past more than one of the CPU GEMM's
-  // tiles (gemm_grid.h).
-  const LoraShape sh = GENERATE(LoraShape{7, 13, 11, 3, 5, 3}, LoraShape{5, 9, 4, 0, 4, 2},
-                                LoraShape{30, 70, 37, 5, 30, 3});
+  // tiles (gemm_grid.h); the fourth, a q|k|v of three adapters.
+  const LoraShape sh = GENERATE(LoraShape{7, 13, 11, 3, {{3, 5}}}, LoraShape{5, 9, 4, 2, {{0, 4}}},
+                                LoraShape{30, 70, 37, 3, {{5, 30}}},
+                                LoraShape{12, 10, 16, 2, {{0, 8}, {8, 4}, {12, 4}}});
   const float p = GENERATE(0.0f, 0.25f);
-  CAPTURE(sh.N, sh.C, sh.OC, sh.col0, sh.n, sh.r, p);
+  CAPTURE(sh.N, sh.C, sh.OC, sh.r, sh.cols.size(), p);
+  LoraLinear L(be, sh, p, 0.5);
+  L.scale = 0.75f;
   Buffer x = make_randn(be, {sh.N, sh.C}, kSeed, 11);
-  Buffer A = make_randn(be, {sh.r, sh.C}, kSeed, 12, 0.5);
-  Buffer B = make_randn(be, {sh.n, sh.r}, kSeed, 13, 0.5);
   Buffer g = make_randn(be, {sh.N, sh.OC}, kSeed, 14);  // dL/dout
   Buffer out = make_tensor(be, {sh.N, sh.OC});
-  const LoraDropout d{p, 5, 1234, 0};
-  const float s = 0.75f;
   auto loss = [&] {
-    be.fill(out, 0.0f);
-    be.lora_forward(
-        {.out = out, .inp = x, .a = A, .b = B, .col0 = sh.col0, .scale = s, .dropout = d});
+    be.linear_forward({.out = out, .inp = x, .weight = L.w, .bias = L.bias, .lora = L.forward()});
     return weighted_sum(out, g);
   };
-  // [+=]: every gradient starts from a prefill that must survive under the sum.
-  Buffer dinp = make_randn(be, {sh.N, sh.C}, kSeed, 15);
-  Buffer dA = make_randn(be, {sh.r, sh.C}, kSeed, 16);
-  Buffer dB = make_randn(be, {sh.n, sh.r}, kSeed, 17);
-  const std::vector<double> dinp0 = to_double(dinp), dA0 = to_double(dA), dB0 = to_double(dB);
-  // {dinp, da, db, dout, inp, a, b, col0, scale, dropout}, as the CUDA rows below.
-  be.lora_backward({dinp, dA, dB, g, x, A, B, sh.col0, s, d});
-  CHECK(allclose(minus(dinp, dinp0), central_differences(x.f32(), sh.N * sh.C, kFdEps, loss),
-                 kTolGradcheck, "dinp added"));
-  CHECK(allclose(minus(dA, dA0), central_differences(A.f32(), sh.r * sh.C, kFdEps, loss),
-                 kTolGradcheck, "dA added"));
-  CHECK(allclose(minus(dB, dB0), central_differences(B.f32(), sh.n * sh.r, kFdEps, loss),
-                 kTolGradcheck, "dB added"));
+  Buffer dinp = make_randn(be, {sh.N, sh.C}, kSeed, 15);  // [=]: the prefill must not survive
+  std::vector<std::vector<double>> dA0, dB0;
+  for (size_t i = 0; i < L.A.size(); ++i) {
+    dA0.push_back(to_double(L.dA[i]));
+    dB0.push_back(to_double(L.dB[i]));
+  }
+  be.linear_backward(
+      {.dinp = dinp, .dweight = {}, .dout = g, .inp = x, .weight = L.w, .lora = L.backward()});
+  CHECK(allclose(to_host(dinp), central_differences(x.f32(), sh.N * sh.C, kFdEps, loss),
+                 kTolGradcheck, "dinp"));
+  for (size_t i = 0; i < L.A.size(); ++i) {
+    CAPTURE(i);
+    CHECK(allclose(minus(L.dA[i], dA0[i]),
+                   central_differences(L.A[i].f32(), sh.r * sh.C, kFdEps, loss), kTolGradcheck,
+                   "dA added"));
+    CHECK(allclose(minus(L.dB[i], dB0[i]),
+                   central_differences(L.B[i].f32(), L.B[i].tensor().numel(), kFdEps, loss),
+                   kTolGradcheck, "dB added"));
+  }
 }
 
-TEST_CASE("lora backward without dinp still accumulates dA and dB, and changes nothing else",
-          "[ops]") {
+TEST_CASE("an adapter's share of dinp comes before the fused activation's derivative", "[ops]") {
+  // dinp with inp_pre_act is (dout W + the adapters' share) * act'(pre): the same bits as the
+  // backward without it followed by the activation op.
   CpuBackend be(kTestBudgetBytes, kTestThreads);
-  const LoraShape sh{65, 40, 70, 33, 29, 8};
+  const LoraShape sh = GENERATE(from_range(kLoraShapes));
+  const float p = GENERATE(0.0f, 0.3f);
+  CAPTURE(sh.N, sh.C, sh.OC, sh.r, sh.cols.size(), p);
+  const LoraLinear L(be, sh, p);
+  Buffer pre = make_randn(be, {sh.N, sh.C}, kSeed, 1);
+  Buffer x = make_tensor(be, {sh.N, sh.C});
+  be.activation_forward({x, pre, Activation::Gelu});
+  Buffer g = make_randn(be, {sh.N, sh.OC}, kSeed, 2);
+  Buffer fused = make_tensor(be, {sh.N, sh.C}), apart = make_tensor(be, {sh.N, sh.C});
+  be.linear_backward({.dinp = fused,
+                      .dweight = {},
+                      .dout = g,
+                      .inp = x,
+                      .weight = L.w,
+                      .inp_pre_act = pre,
+                      .act = Activation::Gelu,
+                      .lora = L.backward()});
+  be.linear_backward(
+      {.dinp = apart, .dweight = {}, .dout = g, .inp = x, .weight = L.w, .lora = L.backward()});
+  be.activation_backward({apart, apart, pre, Activation::Gelu});
+  CHECK(same_bits(fused, apart));
+}
+
+TEST_CASE("a linear backward without dinp still accumulates dA and dB, the same bits", "[ops]") {
+  CpuBackend be(kTestBudgetBytes, kTestThreads);
+  const LoraShape sh = GENERATE(kLoraShapes[2], kLoraShapes[4]);
+  const LoraLinear with(be, sh, 0.0f), without(be, sh, 0.0f);
   Buffer x = make_randn(be, {sh.N, sh.C}, kSeed, 1);
-  Buffer A = make_randn(be, {sh.r, sh.C}, kSeed, 2);
-  Buffer B = make_randn(be, {sh.n, sh.r}, kSeed, 3);
   Buffer g = make_randn(be, {sh.N, sh.OC}, kSeed, 4);
-  Buffer dA = make_filled(be, {sh.r, sh.C}, 0.0f), dB = make_filled(be, {sh.n, sh.r}, 0.0f);
-  Buffer dA2 = make_filled(be, {sh.r, sh.C}, 0.0f), dB2 = make_filled(be, {sh.n, sh.r}, 0.0f);
   Buffer dinp = make_filled(be, {sh.N, sh.C}, 0.0f);
-  const LoraBackwardArgs with{dinp, dA, dB, g, x, A, B, sh.col0, 2.0f};
-  be.lora_backward(with);
-  LoraBackwardArgs without = with;
-  without.dinp = Tensor();
-  without.da = dA2;
-  without.db = dB2;
-  be.lora_backward(without);
-  CHECK(same_bits(dA, dA2));
-  CHECK(same_bits(dB, dB2));
+  be.linear_backward({.dinp = dinp,
+                      .dweight = {},
+                      .dout = g,
+                      .inp = x,
+                      .weight = with.w,
+                      .lora = with.backward()});
+  be.linear_backward({.dinp = {},
+                      .dweight = {},
+                      .dout = g,
+                      .inp = x,
+                      .weight = without.w,
+                      .lora = without.backward()});
+  for (size_t i = 0; i < with.A.size(); ++i) {
+    CHECK(same_bits(with.dA[i], without.dA[i]));
+    CHECK(same_bits(with.dB[i], without.dB[i]));
+  }
 }
 
 TEST_CASE("the lora dropout's mask is the dropout op's, so a recompute redraws it", "[ops]") {
-  // With B = I and A = I (r = C = n), out = s drop(x): the dropout op's output exactly.
+  // With W = 0, B = I and A = I (r = C = n), out = s drop(x): the dropout op's output exactly.
   CpuBackend be(kTestBudgetBytes, kTestThreads);
   const int64_t N = 50, C = 6;
   Buffer x = make_randn(be, {N, C}, kSeed, 1);
   Buffer I = make_filled(be, {C, C}, 0.0f);
   for (int64_t i = 0; i < C; ++i) I.f32()[i * C + i] = 1.0f;
-  Buffer out = make_filled(be, {N, C}, 0.0f), dropped = make_tensor(be, {N, C});
+  Buffer w = make_filled(be, {C, C}, 0.0f);
+  Buffer out = make_tensor(be, {N, C}), dropped = make_tensor(be, {N, C});
   const LoraDropout d{0.4f, 3, 77, 120};
-  be.lora_forward({.out = out, .inp = x, .a = I, .b = I, .col0 = 0, .scale = 1.0f, .dropout = d});
+  LinearLora l;
+  l.add({.a = I, .b = I, .col0 = 0, .dropout = d});
+  be.linear_forward({.out = out, .inp = x, .weight = w, .lora = l});
   be.dropout({dropped, x, d.p, d.seed, d.stream, d.first_index});
   CHECK(to_host(out) == to_host(dropped));
   int64_t zeros = 0;
@@ -220,31 +327,58 @@ TEST_CASE("frozen norms, embedding and LM head skip their parameter gradients on
 }
 
 #if REMAT_TEST_CUDA_ROWS
-TEST_CASE("lora forward and backward on CUDA match the CPU (columns, dropout)", "[gpu][lora]") {
+TEST_CASE("a linear's adapters on CUDA match the CPU (columns, dropout, act')", "[gpu][lora]") {
   const LoraShape sh = GENERATE(from_range(kLoraShapes));
   const DType act = GENERATE(from_range(kCudaActivationTypes));
   const float p = GENERATE(0.0f, 0.3f);
-  CAPTURE(sh.N, sh.C, sh.OC, sh.col0, sh.n, sh.r, dtype_name(act), p);
+  CAPTURE(sh.N, sh.C, sh.OC, sh.r, sh.cols.size(), dtype_name(act), p);
   CudaRow r(act);
   const Tolerance out_tol = r.pick(kCudaF32Gemm, kCudaBf16Gemm);
   const Tolerance grad_tol = r.pick(kCudaF32Gemm, kCudaBf16ParamGrad);
   auto [x_c, x_g] = r.act_pair({sh.N, sh.C}, r.act_values(sh.N * sh.C, 1));
-  auto [a_c, a_g] = r.f32_pair({sh.r, sh.C}, host_randn(sh.r * sh.C, 2, 0.3));
-  auto [b_c, b_g] = r.f32_pair({sh.n, sh.r}, host_randn(sh.n * sh.r, 3, 0.3));
+  auto [pre_c, pre_g] = r.act_pair({sh.N, sh.C}, r.act_values(sh.N * sh.C, 9));
+  auto [w_c, w_g] = r.f32_pair({sh.OC, sh.C}, host_randn(sh.OC * sh.C, 10, 0.3));
+  std::vector<std::pair<Buffer, Buffer>> A, B, dA, dB;
+  LinearLora l_c, l_g;
+  l_c.scale = l_g.scale = 1.5f;
+  for (size_t i = 0; i < sh.cols.size(); ++i) {
+    const auto [col0, n] = sh.cols[i];
+    const uint64_t s = 20 + 4 * i;
+    A.push_back(r.f32_pair({sh.r, sh.C}, host_randn(sh.r * sh.C, s, 0.3)));
+    B.push_back(r.f32_pair({n, sh.r}, host_randn(n * sh.r, s + 1, 0.3)));
+    dA.push_back(r.f32_pair({sh.r, sh.C}, host_randn(sh.r * sh.C, s + 2)));
+    dB.push_back(r.f32_pair({n, sh.r}, host_randn(n * sh.r, s + 3)));
+    const LoraDropout d{p, 7, 99 + i, 13};
+    l_c.add({A[i].first, B[i].first, dA[i].first, dB[i].first, col0, d});
+    l_g.add({A[i].second, B[i].second, dA[i].second, dB[i].second, col0, d});
+  }
   auto [y_c, y_g] = r.act_pair({sh.N, sh.OC}, r.act_values(sh.N * sh.OC, 4));
-  const LoraDropout d{p, 7, 99, 13};
-  r.cpu.lora_forward({y_c, x_c, a_c, b_c, sh.col0, 1.5f, d});
-  r.gpu->lora_forward({y_g, x_g, a_g, b_g, sh.col0, 1.5f, d});
+  r.cpu.linear_forward({.out = y_c, .inp = x_c, .weight = w_c, .accumulate = true, .lora = l_c});
+  r.gpu->linear_forward({.out = y_g, .inp = x_g, .weight = w_g, .accumulate = true, .lora = l_g});
   r.check_same(y_c, y_g, out_tol, "out (+=)");
   auto [dy_c, dy_g] = r.act_pair({sh.N, sh.OC}, r.act_values(sh.N * sh.OC, 5));
-  auto [dx_c, dx_g] = r.act_pair({sh.N, sh.C}, r.act_values(sh.N * sh.C, 6));
-  auto [da_c, da_g] = r.f32_pair({sh.r, sh.C}, host_randn(sh.r * sh.C, 7));
-  auto [db_c, db_g] = r.f32_pair({sh.n, sh.r}, host_randn(sh.n * sh.r, 8));
-  r.cpu.lora_backward({dx_c, da_c, db_c, dy_c, x_c, a_c, b_c, sh.col0, 1.5f, d});
-  r.gpu->lora_backward({dx_g, da_g, db_g, dy_g, x_g, a_g, b_g, sh.col0, 1.5f, d});
-  r.check_same(dx_c, dx_g, out_tol, "dinp (+=)");
-  r.check_same(da_c, da_g, grad_tol, "dA (+=)");
-  r.check_same(db_c, db_g, grad_tol, "dB (+=)");
+  auto [dx_c, dx_g] = r.zeros_act({sh.N, sh.C});
+  r.cpu.linear_backward({.dinp = dx_c,
+                         .dweight = {},
+                         .dout = dy_c,
+                         .inp = x_c,
+                         .weight = w_c,
+                         .inp_pre_act = pre_c,
+                         .act = Activation::Gelu,
+                         .lora = l_c});
+  r.gpu->linear_backward({.dinp = dx_g,
+                          .dweight = {},
+                          .dout = dy_g,
+                          .inp = x_g,
+                          .weight = w_g,
+                          .inp_pre_act = pre_g,
+                          .act = Activation::Gelu,
+                          .lora = l_g});
+  r.check_same(dx_c, dx_g, out_tol, "dinp");
+  for (size_t i = 0; i < sh.cols.size(); ++i) {
+    r.check_same(dA[i].first, dA[i].second, grad_tol, "dA (+=)");
+    r.check_same(dB[i].first, dB[i].second, grad_tol, "dB (+=)");
+  }
 }
 #endif
 

@@ -2,12 +2,14 @@
 // FLOPs and bytes. Optional fused epilogues: the forward can also write act(y), and the backward
 // can take dinp on through the activation that produced inp; each equals the separate
 // activation op bit for bit on the CPU (same per-element code, applied while a GEMM tile is
-// still in cache). Kernels: engine/cpu/linear.cpp, engine/cuda/linear.cpp (cuBLASLt); workspaces:
+// still in cache). A frozen weight can carry LoRA adapters (`lora`, engine/core/ops/lora.h): their
+// terms join y before act, and their share of dinp joins it before act'. Kernels: engine/cpu/linear.cpp, engine/cuda/linear.cpp (cuBLASLt); workspaces:
 // engine/{cpu,cuda}/workspace.h; tests: tests/ops/test_linear.cpp.
 #pragma once
 
 #include "engine/core/error.h"
 #include "engine/core/ops/activation.h"
+#include "engine/core/ops/lora.h"
 #include "engine/core/ops/op.h"
 #include "engine/core/tensor.h"
 
@@ -21,6 +23,7 @@ struct LinearForwardArgs {
   bool accumulate = false;
   Tensor act_out{};  // (N, OC) act, optional: act_out = act(out), out as written above
   Activation act = Activation::Gelu;
+  LinearLora lora{};  // optional: adapters on a frozen weight, added before act (ops/lora.h)
 };
 
 struct LinearBackwardArgs {
@@ -36,6 +39,7 @@ struct LinearBackwardArgs {
   // gradient with respect to inp_pre_act: (dout W) * act'(inp_pre_act).
   Tensor inp_pre_act{};
   Activation act = Activation::Gelu;
+  LinearLora lora{};  // optional: the forward's adapters, with their gradients (ops/lora.h)
 };
 
 inline void check(const LinearForwardArgs& a) {
@@ -48,6 +52,7 @@ inline void check(const LinearForwardArgs& a) {
                a.bias.shape_str());
   REMAT_ASSERT(a.act_out.empty() || a.act_out.numel() == N * OC, "linear_forward: act_out {}",
                a.act_out.shape_str());
+  check_lora("linear_forward", a.lora, a.inp, a.out, false);
 }
 inline OpCost cost(const LinearForwardArgs& a) {
   const double N = static_cast<double>(a.inp.rows()), C = static_cast<double>(a.inp.dim(-1)),
@@ -57,6 +62,9 @@ inline OpCost cost(const LinearForwardArgs& a) {
     c.flops += cost(ActivationForwardArgs{a.act_out, a.out, a.act}).flops;
     c.bytes += act_bytes(a.act_out);
   }
+  const OpCost adapters = lora_forward_cost(a.lora, a.inp);
+  c.flops += adapters.flops;
+  c.bytes += adapters.bytes;
   return c;
 }
 
@@ -71,6 +79,7 @@ inline void check(const LinearBackwardArgs& a) {
   REMAT_ASSERT(a.inp_pre_act.empty() || (!a.dinp.empty() && a.inp_pre_act.numel() == N * C),
                "linear_backward: inp_pre_act {} needs a dinp of ({}, {})",
                a.inp_pre_act.shape_str(), N, C);
+  check_lora("linear_backward", a.lora, a.inp, a.dout, true);
 }
 inline OpCost cost(const LinearBackwardArgs& a) {
   const double N = static_cast<double>(a.inp.rows()), C = static_cast<double>(a.inp.dim(-1)),
@@ -88,6 +97,9 @@ inline OpCost cost(const LinearBackwardArgs& a) {
     c.flops += cost(act).flops;
     c.bytes += act_bytes(a.inp_pre_act);
   }
+  const OpCost adapters = lora_backward_cost(a.lora, a.inp, !a.dinp.empty());
+  c.flops += adapters.flops;
+  c.bytes += adapters.bytes;
   return c;
 }
 
