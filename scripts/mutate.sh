@@ -22,6 +22,7 @@
 #   @@ path/relative/to/the/repository
 #   - exact text to find (must occur exactly once; several "- " lines form a multi-line text)
 #   + its replacement (several "+ " lines likewise; a lone "+" deletes the text)
+# scripts/mutants.py parses and applies them; its `check` (ctest mutants_apply) finds stale ones.
 # Outcomes: KILLED (some cpu test failed), SURVIVED (all passed: a test is missing), BUILD-FAILED
 # (the mutant does not compile: not counted), STALE (its text is not in the source any more: fix
 # the mutant). Exit status: 0 when every applicable mutant is killed, 1 otherwise.
@@ -82,40 +83,7 @@ trap 'echo; echo "mutate: interrupted; the copy is restored"; exit 130' INT TERM
 
 # Applies mutant $1 to $src (backing up every file it touches); returns 2 when its text is stale.
 apply_mutant() {
-  python3 - "$1" "$src" "$backup_dir" <<'PY'
-import os, shutil, sys
-path, src, backup = sys.argv[1:4]
-edits, cur = [], None
-for line in open(path).read().split("\n"):
-    if line.startswith("#") or not line.strip():
-        continue
-    if line.startswith("@@ "):
-        cur = {"file": line[3:].strip(), "find": [], "rep": []}
-        edits.append(cur)
-    elif line.startswith("- ") or line == "-":
-        cur["find"].append(line[2:])
-    elif line.startswith("+ ") or line == "+":
-        cur["rep"].append(line[2:])
-    else:
-        sys.exit(f"{path}: cannot parse line: {line!r}")
-texts = {}
-for e in edits:
-    f = os.path.join(src, e["file"])
-    if e["file"] not in texts:
-        texts[e["file"]] = open(f).read()
-    find, rep = "\n".join(e["find"]), "\n".join(e["rep"])
-    n = texts[e["file"]].count(find)
-    if n != 1:
-        print(f"{e['file']}: the text to mutate occurs {n} times: {find!r}")
-        sys.exit(2)
-    texts[e["file"]] = texts[e["file"]].replace(find, rep)
-for rel, text in texts.items():
-    b = os.path.join(backup, rel)
-    os.makedirs(os.path.dirname(b), exist_ok=True)
-    shutil.copy2(os.path.join(src, rel), b)
-    with open(os.path.join(src, rel), "w") as fh:
-        fh.write(text)
-PY
+  python3 "$repo/scripts/mutants.py" apply "$1" "$src" "$backup_dir"
 }
 
 build_tree() {
