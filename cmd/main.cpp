@@ -603,7 +603,7 @@ static std::string error_line(const remat::Error& e) {
 }
 
 // Before any library initializes (engine/cpu/openmp_wait.h says why).
-REMAT_PASSIVE_OPENMP_WAIT_BEFORE_LIBRARIES();
+REMAT_OPENMP_WAIT_BEFORE_LIBRARIES(remat::cpu::reexec_with_short_openmp_spin);
 
 // An error on one rank of several stops the whole job (the others would wait for it forever in
 // the next exchange): the message names the rank, and MPI_Abort makes mpirun exit with `code`.

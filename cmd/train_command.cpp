@@ -482,16 +482,21 @@ void refuse_plan_over_budget(const Planner& planner, const Config& cfg, const Dr
 }  // namespace
 
 namespace {
-// cmd/main.cpp sets OMP_WAIT_POLICY=passive (and this marker) unless the user chose a policy.
+// cmd/main.cpp sets GOMP_SPINCOUNT=3000 (and this marker) unless the user chose a policy; the test
+// binary, whose remat-train processes inherit it, OMP_WAIT_POLICY=passive.
 std::string openmp_wait_text() {
   const char* policy = std::getenv("OMP_WAIT_POLICY");
-  if (!policy) return "wait policy default (spinning), from the environment";
+  const char* spin = std::getenv("GOMP_SPINCOUNT");
+  if (!policy && !spin)
+    return "wait policy default (spinning ~300,000 times), from the environment";
+  const std::string what = policy ? fmt::format("wait policy {}", policy)
+                                  : fmt::format("wait policy: spin {} times, then sleep", spin);
   if (std::getenv("REMAT_TRAIN_SET_WAIT_POLICY"))
-    return fmt::format(
-        "wait policy {} (chosen by remat-train: idle threads sleep, so a competing "
-        "process costs ~2x, not ~4x; OMP_WAIT_POLICY=active spins)",
-        policy);
-  return fmt::format("wait policy {} (OMP_WAIT_POLICY)", policy);
+    return what +
+           " (chosen by remat-train: the next parallel region of a step is caught spinning, and a "
+           "competing process costs ~2x, not the ~4x of libgomp's default; "
+           "OMP_WAIT_POLICY=passive|active to choose)";
+  return what + (policy ? " (OMP_WAIT_POLICY)" : " (GOMP_SPINCOUNT)");
 }
 }  // namespace
 

@@ -236,21 +236,27 @@ TEST_CASE("the top-level help names the program and --config, and train takes --
   CHECK(run("--config configs/tiny.toml --steps 0").code == 2);
 }
 
-TEST_CASE("OpenMP threads sleep at barriers unless the user chose a wait policy", "[smoke]") {
-  // The re-executed process reports the policy it runs with (engine/cpu/openmp_wait.h says why
-  // passive).
+TEST_CASE("OpenMP threads spin briefly, then sleep, unless the user chose a wait policy",
+          "[smoke]") {
+  // The re-executed process reports the policy it runs with (engine/cpu/openmp_wait.h says why a
+  // short spin).
   auto chosen = remat::test::run_binary("--version", true, "-u OMP_WAIT_POLICY -u GOMP_SPINCOUNT");
-  CHECK_THAT(chosen.out, Contains("OpenMP: wait policy passive (chosen by remat-train"));
+  CHECK_THAT(chosen.out,
+             Contains("OpenMP: wait policy: spin 3000 times, then sleep (chosen by remat-train"));
   // libgomp initializes once: the re-exec happens before any library's initializer runs (from
   // main() it came after them, and libgomp printed its settings twice).
-  auto shown = remat::test::run_binary("--version", true,
-                                       "-u OMP_WAIT_POLICY -u GOMP_SPINCOUNT OMP_DISPLAY_ENV=TRUE");
+  auto shown = remat::test::run_binary(
+      "--version", true, "-u OMP_WAIT_POLICY -u GOMP_SPINCOUNT OMP_DISPLAY_ENV=VERBOSE");
   const std::string begin = "OPENMP DISPLAY ENVIRONMENT BEGIN";
   const size_t first = shown.out.find(begin);
   REQUIRE(first != std::string::npos);
   CHECK(shown.out.find(begin, first + 1) == std::string::npos);
-  CHECK_THAT(shown.out, Contains("OMP_WAIT_POLICY = 'PASSIVE'"));
+  CHECK_THAT(shown.out, Contains("GOMP_SPINCOUNT = '3000'"));
   auto user = remat::test::run_binary("--version", true,
                                       "-u REMAT_TRAIN_SET_WAIT_POLICY OMP_WAIT_POLICY=active");
   CHECK_THAT(user.out, Contains("OpenMP: wait policy active (OMP_WAIT_POLICY)"));
+  auto spin = remat::test::run_binary(
+      "--version", true, "-u REMAT_TRAIN_SET_WAIT_POLICY -u OMP_WAIT_POLICY GOMP_SPINCOUNT=500");
+  CHECK_THAT(spin.out,
+             Contains("OpenMP: wait policy: spin 500 times, then sleep (GOMP_SPINCOUNT)"));
 }

@@ -10,7 +10,7 @@
 #include "engine/cpu/blas_kernel.h"
 #include "engine/cpu/openmp_wait.h"
 
-REMAT_PASSIVE_OPENMP_WAIT_BEFORE_LIBRARIES();
+REMAT_OPENMP_WAIT_BEFORE_LIBRARIES(remat::cpu::reexec_with_passive_openmp_wait);
 
 int main(int argc, char** argv) {
   remat::cpu::select_blas_kernel();

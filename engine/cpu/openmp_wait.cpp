@@ -1,4 +1,4 @@
-// Re-executing with passive OpenMP waits (see engine/cpu/openmp_wait.h).
+// Re-executing with a chosen OpenMP wait policy (see engine/cpu/openmp_wait.h).
 #include "engine/cpu/openmp_wait.h"
 
 #include <alloca.h>
@@ -27,9 +27,8 @@ bool under_valgrind(const char* entry) {
 
 constexpr const char* kMarkerName = "REMAT_TRAIN_SET_WAIT_POLICY=";
 
-}  // namespace
-
-void reexec_with_passive_openmp_wait(int /*argc*/, char** argv, char** envp) {
+// `setting` ("NAME=value") and the marker added to envp, then execve; see the header.
+void reexec_with(char** argv, char** envp, char* setting) {
   if (argv == nullptr || envp == nullptr) return;
   // Started as `ld-linux-x86-64.so.2 remat-train ...`: /proc/self/exe is the loader, which would
   // take the first argument for the program.
@@ -42,12 +41,23 @@ void reexec_with_passive_openmp_wait(int /*argc*/, char** argv, char** envp) {
   std::size_t kept = 0;
   for (std::size_t i = 0; i < n; ++i)
     if (!starts_with(envp[i], kMarkerName)) env[kept++] = envp[i];  // one marker, not two
-  static char kPassive[] = "OMP_WAIT_POLICY=passive";
-  static char kMarker[] = "REMAT_TRAIN_SET_WAIT_POLICY=1";  // for --version: who chose it
-  env[kept] = kPassive;
+  static char kMarker[] = "REMAT_TRAIN_SET_WAIT_POLICY=1";          // for --version: who chose it
+  env[kept] = setting;
   env[kept + 1] = kMarker;
   env[kept + 2] = nullptr;
   execve("/proc/self/exe", argv, env);  // returns only on failure
+}
+
+}  // namespace
+
+void reexec_with_short_openmp_spin(int /*argc*/, char** argv, char** envp) {
+  static char kShortSpin[] = "GOMP_SPINCOUNT=3000";  // the header says why 3000
+  reexec_with(argv, envp, kShortSpin);
+}
+
+void reexec_with_passive_openmp_wait(int /*argc*/, char** argv, char** envp) {
+  static char kPassive[] = "OMP_WAIT_POLICY=passive";
+  reexec_with(argv, envp, kPassive);
 }
 
 }  // namespace remat::cpu

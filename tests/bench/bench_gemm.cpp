@@ -1,7 +1,7 @@
 // The CPU GEMM (engine/cpu/gemm.cpp: the shape-fixed tile grid, one single-threaded library call
-// per tile) on the products of a GPT-2 124M step at 1024 tokens, the tutorial MLP's, and weight
-// gradients over many tokens on the tiles and split as the trainer runs them (gemm_grid.h), on
-// each library it can use: OpenBLAS and, where libdnnl.so.2 loads, oneDNN. Beside them, the same
+// per tile) on the products of a GPT-2 124M step at 1024 tokens, SmolLM2-135M's frozen base at
+// 512 tokens (the LoRA benchmark), the tutorial MLP's, and weight gradients over many tokens on
+// the tiles and split as the trainer runs them (gemm_grid.h), on each library it can use: OpenBLAS and, where libdnnl.so.2 loads, oneDNN. Beside them, the same
 // product as one call with the library's own threading, whose bits depend on the thread count
 // (so the trainer never runs it): what the fixed grid costs, or gains, against the library's own
 // split. Per shape the best of 4 calls (after a warm-up), every variant alternated, in GFLOP/s;
@@ -68,6 +68,12 @@ std::vector<Shape> shapes() {
            {"qkv", 2304, 768}, {"fc", 3072, 768}, {"proj", 768, 3072}, {"attn out", 768, 768}})
     s.insert(s.end(), {forward(linear, 1024, out, in), input_grad(linear, 1024, out, in),
                        weight_grad(linear, 1024, out, in)});
+  // SmolLM2-135M at 512 tokens (C = 576, 3 KV heads of 64, MLP 1536, V = 49152): the shapes of
+  // the LoRA benchmark (docs/lora.md), where a frozen base runs only X W^T and dY W.
+  for (const auto& [linear, out, in] : std::vector<std::tuple<std::string, int64_t, int64_t>>{
+           {"q/o 135M", 576, 576}, {"k/v 135M", 192, 576}, {"gate/up", 1536, 576},
+           {"down", 576, 1536}})
+    s.insert(s.end(), {forward(linear, 512, out, in), input_grad(linear, 512, out, in)});
   s.insert(s.end(), {forward("lm head", 192, 50257, 768), input_grad("lm head", 192, 50257, 768),
                      input_grad("lm head", 192, 50257, 768, cpu::kLmHeadSlabs),
                      weight_grad("lm head", 192, 50257, 768)});
