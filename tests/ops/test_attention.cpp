@@ -741,10 +741,11 @@ TEST_CASE(
     "[ops][attention]") {
   // A batch of one: 4 query heads over 2 key/value heads run the backward per head on 1 and 2
   // threads, split on 3; over 1, per head on 1 thread, split on 2 and 3. 6 over 2 (3 per group):
-  // per head on 1 and 2, split on 3. dK and dV sum their group's query heads in one order in
-  // both.
+  // per head on 1 and 2, split on 3. 9 over 3 (SmolLM2's heads): per head on 1 and 3 threads, on
+  // 2 both at once (two key/value heads per head, the third split). dK and dV sum their group's
+  // query heads in one order in both.
   const auto [NH, KVH, T, HS] = GENERATE(table<int64_t, int64_t, int64_t, int64_t>(
-      {{4, 2, 129, 16}, {4, 1, 200, 40}, {6, 2, 130, 64}}));
+      {{4, 2, 129, 16}, {4, 1, 200, 40}, {6, 2, 130, 64}, {9, 3, 130, 32}}));
   const bool rope = GENERATE(false, true);
   CAPTURE(NH, KVH, T, HS, rope);
   const float theta = rope ? 10000.0f : 0.0f;
