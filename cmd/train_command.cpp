@@ -494,7 +494,7 @@ std::string openmp_wait_text() {
   if (std::getenv("REMAT_TRAIN_SET_WAIT_POLICY"))
     return what +
            " (chosen by remat-train: the next parallel region of a step is caught spinning, and a "
-           "competing process costs ~2x, not the ~4x of libgomp's default; "
+           "competing process costs ~2x, not the ~10x of libgomp's default; "
            "OMP_WAIT_POLICY=passive|active to choose)";
   return what + (policy ? " (OMP_WAIT_POLICY)" : " (GOMP_SPINCOUNT)");
 }

@@ -3,9 +3,10 @@
 // parallel regions (SmolLM2-135M at 512 tokens: ~1,600 a full step, ~2,900 a LoRA step). Between
 // two regions a worker either spins or sleeps:
 // - libgomp's default spins ~300,000 times (milliseconds) before sleeping: beside one competing
-//   process each barrier waits for a descheduled sibling, and a 2-core machine ran copy.toml 4x
-//   slower (and tests side by side under ctest -j2 up to 30x slower);
-// - passive sleeps at once: robust, but every region pays a futex wake-up (~40 us in a VM);
+//   process each barrier waits for a descheduled sibling: on a 2-core machine copy.toml took 264
+//   ms a step, against 28 with sleeping threads and 17 alone (and tests side by side under ctest
+//   -j2 ran up to 30x slower);
+// - passive sleeps at once: robust, but every region pays a futex wake-up;
 // - a short spin (GOMP_SPINCOUNT=3000: ~0.1-0.2 ms with Intel's ~140-cycle `pause`) catches the
 //   next region of a step, which follows within microseconds, and then sleeps.
 // Measured on the 2-core Xeon VM (2026-12-07, docs/performance.md, "One thread pool"): the short
