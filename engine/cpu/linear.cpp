@@ -119,9 +119,6 @@ void CpuBackend::input_gradient(const LinearBackwardArgs& a, const OpWorkspace& 
 void CpuBackend::linear_backward_impl(const LinearBackwardArgs& a, const OpWorkspace& ws) {
   const int64_t N = a.inp.rows(), OC = a.weight.dim(0);
   const float* dout = a.dout.f32();
-  REMAT_ASSERT(a.dweight.empty() || a.weight.dtype == DType::F32,
-               "linear_backward: a {} weight is frozen and has no gradient",
-               dtype_name(a.weight.dtype));
   if (!a.dweight.empty()) weight_gradient(a);  // first: it may use dinp as scratch
   if (!a.lora.empty()) lora_parameter_grads(a, ws);
   if (!a.dinp.empty()) input_gradient(a, ws);

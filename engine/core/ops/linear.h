@@ -3,7 +3,8 @@
 // can take dinp on through the activation that produced inp; each equals the separate
 // activation op bit for bit on the CPU (same per-element code, applied while a GEMM tile is
 // still in cache). A frozen weight can carry LoRA adapters (`lora`, engine/core/ops/lora.h): their
-// terms join y before act, and their share of dinp joins it before act'. Kernels: engine/cpu/linear.cpp, engine/cuda/linear.cpp (cuBLASLt); workspaces:
+// terms join y before act, and their share of dinp joins it before act'. Kernels:
+// engine/cpu/linear.cpp, engine/cuda/linear.cpp (cuBLASLt); workspaces:
 // engine/{cpu,cuda}/workspace.h; tests: tests/ops/test_linear.cpp.
 #pragma once
 
@@ -79,6 +80,13 @@ inline void check(const LinearBackwardArgs& a) {
   REMAT_ASSERT(a.inp_pre_act.empty() || (!a.dinp.empty() && a.inp_pre_act.numel() == N * C),
                "linear_backward: inp_pre_act {} needs a dinp of ({}, {})",
                a.inp_pre_act.shape_str(), N, C);
+  REMAT_ASSERT(a.dweight.empty() || a.weight.dtype == DType::F32,
+               "linear_backward: a {} weight is frozen and has no gradient",
+               dtype_name(a.weight.dtype));
+  // The adapters' products read dout with the input's dtype (the activations share one).
+  REMAT_ASSERT(a.lora.empty() || a.dout.dtype == a.inp.dtype,
+               "linear_backward: LoRA's dout is {}, its input {}", dtype_name(a.dout.dtype),
+               dtype_name(a.inp.dtype));
   check_lora("linear_backward", a.lora, a.inp, a.dout, true);
 }
 inline OpCost cost(const LinearBackwardArgs& a) {
