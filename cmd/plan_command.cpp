@@ -10,6 +10,7 @@
 #include "cmd/commands.h"
 #include "cmd/report.h"
 #include "engine/config/config.h"
+#include "engine/config/lora.h"
 #include "engine/core/error.h"
 #include "engine/core/units.h"
 #include "engine/planner/planner.h"
@@ -91,14 +92,16 @@ nlohmann::json row_json(const PolicyRow& r, const Planner& planner) {
 }
 
 // What `train` does to the LM head's chunk for the configured plan on this target
-// (resolve_loss_chunk): on a GPU with room, larger chunks than the default the rows above use.
+// (resolve_loss_chunk): with room, on a GPU or for a frozen head on the CPU, larger chunks than the
+// default the rows above use.
 struct HeadChunk {
   int64_t default_rows = 0, train_rows = 0;
   uint64_t train_peak_bytes = 0;
 };
 std::optional<HeadChunk> head_chunk(const Planner& planner, Config cfg) {
   if (cfg.train.loss_chunk > 0 || !cfg.model.has_sequence() ||
-      planner.target().count.device != DeviceKind::Cuda)
+      (planner.target().count.device != DeviceKind::Cuda &&
+       !lora::lm_head_frozen(cfg.model, cfg.lora)))
     return std::nullopt;
   HeadChunk h;
   h.default_rows = default_loss_chunk(cfg);
@@ -196,7 +199,7 @@ int run_plan(const PlanOptions& opt) {
     if (const AttentionChunks ch = attention_chunks_of(cfg, target.count.device); ch.chunked())
       out["attention_chunks"] = {
           {"tokens", ch.L}, {"count", ch.count()}, {"automatic", cfg.remat.attention_chunk == 0}};
-    if (head)  // GPU targets only, so that CPU plans keep their shape
+    if (head)  // GPU targets and frozen heads only, so that other CPU plans keep their shape
       out["loss_chunk"] = {{"default_rows", head->default_rows},
                            {"train_rows", head->train_rows},
                            {"train_peak_bytes", head->train_peak_bytes}};
@@ -286,12 +289,15 @@ int run_plan(const PlanOptions& opt) {
     fmt::print("{}\n", copy_phase_line(c.run, target));
   }
   if (c.run.ranks > 1) fmt::print("{}\n", exchange_line(c.run, target));
-  if (head && head->train_rows != head->default_rows)
+  const bool head_grows = head && head->train_rows != head->default_rows;
+  if (head_grows)
     fmt::print(
         "  LM head: the rows above run it in chunks of {} rows; train gives it {} where the budget "
         "has room (peak {})\n",
         head->default_rows, head->train_rows, format_bytes(head->train_peak_bytes));
-  if (!target.reserve_bytes) fmt::print("  (on the CPU a real run measures exactly this peak)\n");
+  if (!target.reserve_bytes)  // with the head's larger chunk, the peak train gives it
+    fmt::print("  (on the CPU a real run measures exactly {} peak)\n",
+               head_grows ? "that" : "this");
   return 0;
 }
 

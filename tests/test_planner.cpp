@@ -335,7 +335,8 @@ TEST_CASE("on a GPU the LM head's chunk grows to the largest candidate the budge
                     "model.position=\"rope\"", "model.vocab_size=8192", "train.seq_len=2048",
                     "train.batch_size=4", "remat.policy=full", "device.backend=\"cuda\""});
   REQUIRE(default_loss_chunk_rows(8192, 8192) == 1024);
-  REQUIRE(gpu_loss_chunk_candidates(8192, 8192) == std::vector<int64_t>{8192, 4096, 2048});
+  REQUIRE(loss_chunk_candidates(8192, 8192, kGpuLossChunkRows) ==
+          std::vector<int64_t>{8192, 4096, 2048});
   const Planner roomy = cuda_planner(64ull << 30);
   const uint64_t p2048 = peak_with_chunk(roomy, cfg, 2048);
   const uint64_t p4096 = peak_with_chunk(roomy, cfg, 4096);
@@ -364,7 +365,7 @@ TEST_CASE("on a GPU the LM head's chunk grows to the largest candidate the budge
   SECTION("no room beyond the default: the config is left as it is") {
     CHECK_FALSE(chosen_at(p2048 - 1).has_value());
   }
-  SECTION("the CPU, and a chunk the config sets, are never changed") {
+  SECTION("the CPU for a head that trains, and a chunk the config sets, are never changed") {
     Config c = cfg;
     CHECK_FALSE(resolve_loss_chunk(cpu_planner(1, 64ull << 30), c).has_value());
     CHECK(c.train.loss_chunk == 0);
@@ -374,16 +375,50 @@ TEST_CASE("on a GPU the LM head's chunk grows to the largest candidate the budge
   }
 }
 
-TEST_CASE("the GPU head chunk's candidates: capped, halved down to the default, none when small",
+TEST_CASE("the head chunk's candidates: capped, halved down to the default, none when small",
           "[planner][loss_chunk]") {
   // GPT-2's vocabulary: a 192-row default.
-  CHECK(gpu_loss_chunk_candidates(32768, 50257) ==
+  CHECK(loss_chunk_candidates(32768, 50257, kGpuLossChunkRows) ==
         std::vector<int64_t>{8192, 4096, 2048, 1024, 512, 256});
+  CHECK(loss_chunk_candidates(32768, 50257, kCpuFrozenHeadChunkRows) ==
+        std::vector<int64_t>{512, 256});
   // Rows round up to 64 and cap the first candidate.
-  CHECK(gpu_loss_chunk_candidates(1000, 50257) == std::vector<int64_t>{1024, 512, 256});
-  CHECK(gpu_loss_chunk_candidates(100, 50257).empty());
+  CHECK(loss_chunk_candidates(1000, 50257, kGpuLossChunkRows) ==
+        std::vector<int64_t>{1024, 512, 256});
+  CHECK(loss_chunk_candidates(100, 50257, kGpuLossChunkRows).empty());
   Config c = parse_config("", "r.toml", {"train.seq_len=1000", "train.batch_size=6"});
   c.parallel.data = 2;
   c.parallel.context = 3;
   CHECK(loss_rows_per_rank(c) == 3 * 334);
+}
+
+TEST_CASE("on the CPU a frozen LM head's chunk grows to 512 rows where the budget holds them",
+          "[planner][loss_chunk][lora]") {
+  // 2048 rows and GPT-2's vocabulary: chunks of 192 rows by default, 512 or 256 for a frozen
+  // head. The head trains in full fine-tuning, and under LoRA where modules_to_save names it.
+  const auto config = [](std::vector<std::string> lora) {
+    std::vector<std::string> sets{"model.kind=\"llama\"",   "model.n_layer=2",
+                                  "model.n_embd=64",        "model.n_head=2",
+                                  "model.vocab_size=50257", "model.tie_embeddings=false",
+                                  "train.seq_len=2048",     "remat.policy=\"full\""};
+    sets.insert(sets.end(), lora.begin(), lora.end());
+    return parse_config("", "head.toml", sets);
+  };
+  const Config frozen = config({"lora.rank=4"});
+  REQUIRE(default_loss_chunk(frozen) == 192);
+  const Planner roomy = cpu_planner(1, 64ull << 30);
+  Config c = frozen;
+  CHECK(resolve_loss_chunk(roomy, c) == 512);
+  CHECK(c.train.loss_chunk == 512);
+  // Room for 256 rows and not 512: the next candidate.
+  const uint64_t p256 = peak_with_chunk(roomy, frozen, 256);
+  REQUIRE(p256 < peak_with_chunk(roomy, frozen, 512));
+  c = frozen;
+  CHECK(resolve_loss_chunk(cpu_planner(1, p256), c) == 256);
+  for (const Config& trains :
+       {config({}), config({"lora.rank=4", "lora.modules_to_save=[\"lm_head\"]"})}) {
+    c = trains;
+    CHECK_FALSE(resolve_loss_chunk(roomy, c).has_value());
+    CHECK(c.train.loss_chunk == 0);
+  }
 }

@@ -402,7 +402,7 @@ const std::vector<KeySpec>& key_specs() {
        }},
       {"train", "loss_chunk",
        "rows per fused LM-head chunk; 0 = chosen by the tool (~32 MiB of logits; on a GPU up to "
-       "8192 rows, as the budget allows)",
+       "8192 rows, and on the CPU for a LoRA run's frozen head up to 512, as the budget allows)",
        [](Config& c, auto& n, auto& o) { c.train.loss_chunk = read_int(n, o, 0, kMax, true); }},
       {"train", "eval_every", "validation loss every N steps and after the last; 0 = off",
        [](Config& c, auto& n, auto& o) { c.train.eval_every = read_int(n, o, 0, kMax, true); }},

@@ -199,6 +199,14 @@ SavedChoice select_saved(const ModelConfig& m, const std::vector<std::string>& n
   return out;
 }
 
+bool lm_head_frozen(const ModelConfig& m, const LoraConfig& l) {
+  if (!l.enabled()) return false;
+  for (const SavedModule& mod : select_saved(m, l.modules_to_save).modules)
+    for (const std::string& p : mod.params)
+      if (p == "lm_head.weight") return false;
+  return true;
+}
+
 DType base_dtype(const LoraConfig& l) {
   if (!l.enabled() || l.base == "fp32") return DType::F32;
   if (l.base == "bf16") return DType::BF16;

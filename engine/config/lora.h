@@ -69,6 +69,10 @@ struct SavedChoice {
 };
 SavedChoice select_saved(const ModelConfig& m, const std::vector<std::string>& names);
 
+/// Whether a LoRA run leaves the LM head frozen: no modules_to_save entry trains it (a tied head
+/// never trains under LoRA). False with LoRA off.
+bool lm_head_frozen(const ModelConfig& m, const LoraConfig& l);
+
 /// Whether `name` is one of our adapters' parameters ("blocks.3.mlp.up.lora_A").
 inline bool is_adapter_name(const std::string& name) {
   return name.find(".lora_A") != std::string::npos || name.find(".lora_B") != std::string::npos;

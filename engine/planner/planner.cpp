@@ -9,6 +9,7 @@
 #include <map>
 #include <utility>
 
+#include "engine/config/lora.h"
 #include "engine/core/error.h"
 #include "engine/core/units.h"
 #include "engine/devices.h"
@@ -426,21 +427,22 @@ int64_t default_loss_chunk(const Config& cfg) {
   return default_loss_chunk_rows(loss_rows_per_rank(cfg), cfg.model.vocab_size);
 }
 
-std::vector<int64_t> gpu_loss_chunk_candidates(int64_t rows, int64_t vocab) {
+std::vector<int64_t> loss_chunk_candidates(int64_t rows, int64_t vocab, int64_t largest) {
   const int64_t small = default_loss_chunk_rows(rows, vocab);
   std::vector<int64_t> candidates;
   if (small >= rows) return candidates;  // one chunk already
-  for (int64_t r = std::min((rows + 63) / 64 * 64, kGpuLossChunkRows); r > small; r /= 2)
+  for (int64_t r = std::min((rows + 63) / 64 * 64, largest); r > small; r /= 2)
     candidates.push_back(r);
   return candidates;
 }
 
 std::optional<int64_t> resolve_loss_chunk(const Planner& planner, Config& cfg) {
-  if (cfg.train.loss_chunk > 0 || !cfg.model.has_sequence() ||
-      planner.target().count.device != DeviceKind::Cuda)
-    return std::nullopt;
+  if (cfg.train.loss_chunk > 0 || !cfg.model.has_sequence()) return std::nullopt;
+  const bool gpu = planner.target().count.device == DeviceKind::Cuda;
+  if (!gpu && !lora::lm_head_frozen(cfg.model, cfg.lora)) return std::nullopt;
   const std::vector<int64_t> candidates =
-      gpu_loss_chunk_candidates(loss_rows_per_rank(cfg), cfg.model.vocab_size);
+      loss_chunk_candidates(loss_rows_per_rank(cfg), cfg.model.vocab_size,
+                            gpu ? kGpuLossChunkRows : kCpuFrozenHeadChunkRows);
   const auto fits_with = [&](size_t i) {
     Config c = cfg;
     c.train.loss_chunk = candidates[i];

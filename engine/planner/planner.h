@@ -265,15 +265,16 @@ AutoPlan choose_auto(const Planner& planner, const Config& cfg);
 /// `fits` the caller acts on; otherwise returns nothing and leaves `cfg` as it is.
 std::optional<AutoPlan> resolve_auto(const Planner& planner, Config& cfg);
 
-// ---- the LM head's chunk on a GPU ----
+// ---- the LM head's chunk ----
 //
 // The fused LM head (engine/core/ops/loss.h) runs over chunks of rows; each chunk re-reads and
 // re-writes the f32 weight gradient (V x C) and runs three GEMMs of `rows` rows. The default
 // chunk (default_loss_chunk_rows: ~32 MiB of logits, 192 rows for GPT-2's vocabulary) keeps the
-// head's memory negligible, which is what the CPU and a GPU at its longest context want; a GPU
-// with room to spare wants thousands of rows. Per chunk the GEMMs do 6 rows V C FLOPs and the
-// weight gradient moves 8 V C bytes, so at an H200's ~800 TFLOP/s and 4.8 TB/s that traffic takes
-// 222 / rows of the GEMMs' time: longer than the GEMMs at 192 rows, 3% at 8192.
+// head's memory negligible, which is what the CPU (but for a frozen head, below) and a GPU at its
+// longest context want; a GPU with room to spare wants thousands of rows. Per chunk the GEMMs do 6
+// rows V C FLOPs and the weight gradient moves 8 V C bytes, so at an H200's ~800 TFLOP/s and 4.8
+// TB/s that traffic takes 222 / rows of the GEMMs' time: longer than the GEMMs at 192 rows, 3% at
+// 8192.
 
 /// The LM head's rows on one rank: its share of the batch, and of each row's tokens under
 /// context parallel.
@@ -284,16 +285,25 @@ int64_t default_loss_chunk(const Config& cfg);
 
 /// The largest LM-head chunk a GPU target is given, in rows.
 constexpr int64_t kGpuLossChunkRows = 8192;
+/// The largest a CPU target is given, and only for a frozen head (a LoRA run that does not train
+/// it): its two GEMMs then stream the whole weight once per chunk and nothing else, so fewer
+/// chunks cost less. SmolLM2-135M's LoRA step at 512 tokens on the Intel VM (2026-12-07, 3
+/// alternated pairs): the head's op 180-182 ms in chunks of 192 rows, 158-164 in one of 512
+/// (-10 to -25 ms a step); 1024 rows were slower than 512. A head that trains also re-reads and
+/// re-writes its weight gradient per chunk, and there GPT-2 124M's step at 1024 tokens was no
+/// faster in chunks of 256 or 512 rows (2 pairs): the CPU keeps its default chunk.
+constexpr int64_t kCpuFrozenHeadChunkRows = 512;
 
 /// The chunks resolve_loss_chunk tries for `rows` token rows (one rank's) and `vocab`, largest
-/// first: min(rows rounded up to 64, kGpuLossChunkRows), halved while larger than the default
-/// chunk. Empty when the default chunk already holds every row.
-std::vector<int64_t> gpu_loss_chunk_candidates(int64_t rows, int64_t vocab);
+/// first: min(rows rounded up to 64, `largest`), halved while larger than the default chunk.
+/// Empty when the default chunk already holds every row.
+std::vector<int64_t> loss_chunk_candidates(int64_t rows, int64_t vocab, int64_t largest);
 
 /// Where every command that runs steps sizes the LM head's chunk: when `cfg` leaves it to the
-/// tool (train.loss_chunk = 0) and the target is a GPU, the largest candidate whose dry run still
-/// fits both pools (the peak grows with the chunk, so a binary search), written into
-/// cfg.train.loss_chunk and returned. Nothing when the config sets the chunk, on the CPU, for the
+/// tool (train.loss_chunk = 0) on a GPU, or on the CPU for a frozen head, the largest candidate
+/// (up to kGpuLossChunkRows, kCpuFrozenHeadChunkRows) whose dry run still fits both pools (the
+/// peak grows with the chunk, so a binary search), written into cfg.train.loss_chunk and
+/// returned. Nothing when the config sets the chunk, on the CPU for a head that trains, for the
 /// MLP, or when no candidate fits: the default chunk then stays. Call it after resolve_auto, so
 /// that the chunk grows into what the chosen plan leaves free and never changes the plan.
 std::optional<int64_t> resolve_loss_chunk(const Planner& planner, Config& cfg);
