@@ -17,6 +17,7 @@
 #include "engine/cpu/cpu_backend.h"
 #include "engine/cpu/gemm.h"
 #include "engine/cpu/onednn.h"
+#include "engine/cpu/tile_schedule.h"
 #include "tests/cli_util.h"
 
 using namespace remat::cpu;
@@ -246,6 +247,25 @@ TEST_CASE(
           }
         }
       }
+}
+
+TEST_CASE("the product's calls run once each, their own share first, whatever team runs them",
+          "[blas][threads]") {
+  for (int threads : {1, 2, 3, 8}) {
+    const CpuBackend be(1ull << 20, threads);  // sets the OpenMP thread count
+    for (int64_t n : {0, 1, 2, 3, 7, 64, 1001}) {
+      CAPTURE(threads, n);
+      std::vector<std::atomic<int>> runs(static_cast<size_t>(n));
+      for_each_call_own_share_first(n, [&](int64_t i) { ++runs[static_cast<size_t>(i)]; });
+      for (int64_t i = 0; i < n; ++i) REQUIRE(runs[static_cast<size_t>(i)] == 1);
+      // Inside a parallel region of its own the team is one thread: it runs every share.
+      std::vector<std::atomic<int>> nested(static_cast<size_t>(n));
+#pragma omp parallel num_threads(2)
+#pragma omp single
+      for_each_call_own_share_first(n, [&](int64_t i) { ++nested[static_cast<size_t>(i)]; });
+      for (int64_t i = 0; i < n; ++i) REQUIRE(nested[static_cast<size_t>(i)] == 1);
+    }
+  }
 }
 
 TEST_CASE(

@@ -11,6 +11,7 @@
 
 #include "engine/core/error.h"
 #include "engine/cpu/onednn.h"
+#include "engine/cpu/tile_schedule.h"
 
 namespace remat::cpu {
 
@@ -156,8 +157,7 @@ void sgemm_on(bool use_onednn, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M
   std::atomic<int> status{0};
   // Always a parallel region, even for one tile: inside an active region OpenBLAS runs
   // single-threaded, which is what makes the result independent of the thread count.
-#pragma omp parallel for schedule(dynamic)
-  for (int64_t t = 0; t < n_tiles; ++t) {
+  for_each_call_own_share_first(n_tiles, [&](int64_t t) {
     const int64_t i0 = (t / n_cols) * tm, j0 = (t % n_cols) * tn;
     const int64_t m = std::min(tm, M - i0), n = std::min(tn, N - j0);
     const float* a = ta == CblasNoTrans ? A + i0 * lda : A + i0;
@@ -165,7 +165,7 @@ void sgemm_on(bool use_onednn, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M
     multiply_on_this_thread(dnnl, ta, tb, m, n, K, a, lda, b, ldb, beta, C + i0 * ldc + j0, ldc,
                             status);
     if (epilogue) epilogue(i0, j0, m, n);
-  }
+  });
   throw_if_failed(status, M, N, K);
 }
 
@@ -189,8 +189,7 @@ void sgemm_split_on(bool use_onednn, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int
   auto slab_begin = [&](int64_t s) { return K * s / S; };
   // Call u is slab u % S of tile u / S. Slab s of every tile writes the same partial matrix
   // (s - 1), at the tile's place in it.
-#pragma omp parallel for schedule(dynamic)
-  for (int64_t u = 0; u < n_tiles * S; ++u) {
+  for_each_call_own_share_first(n_tiles * S, [&](int64_t u) {
     const int64_t t = u / S, s = u % S, k0 = slab_begin(s), k1 = slab_begin(s + 1);
     const int64_t i0 = (t / n_cols) * tm, j0 = (t % n_cols) * tn;
     const int64_t m = std::min(tm, M - i0), n = std::min(tn, N - j0);
@@ -199,7 +198,7 @@ void sgemm_split_on(bool use_onednn, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int
     float* out = s == 0 ? C + i0 * ldc + j0 : partials + (s - 1) * M * N + i0 * N + j0;
     multiply_on_this_thread(dnnl, ta, tb, m, n, k1 - k0, a, lda, b, ldb, s == 0 ? beta : 0.0f, out,
                             s == 0 ? ldc : N, status);
-  }
+  });
   throw_if_failed(status, M, N, K);
   // C = ((C' + P1) + P2) + ...: one order for every element, whatever the threads.
 #pragma omp parallel for schedule(static)
