@@ -7,7 +7,9 @@
 // what the next op reads. On the quiet Intel VM (2026-12-07, 3 alternated pairs each) static
 // made SmolLM2-135M's linear ops 3% faster than dynamic (LoRA 797 -> 769 ms a step, full 1013 ->
 // 979), but beside one busy loop 6% slower (a LoRA step 2323 -> 2479 ms): a descheduled thread's
-// share waits for it. Taking the others' leftovers keeps dynamic's behaviour under load.
+// share waits for it. Taking the others' leftovers keeps dynamic's behaviour under load: against
+// dynamic, a LoRA step 1225/1216, 1273/1141, 1220/1198 ms alone, 2265/2171 and 2154/2204 beside
+// one busy loop (docs/performance.md, "Which thread runs which tile").
 //
 // Which thread runs a call changes no bit: every call is one single-threaded product of its own.
 #pragma once
