@@ -10,7 +10,6 @@
 #include "cmd/commands.h"
 #include "cmd/report.h"
 #include "engine/config/config.h"
-#include "engine/config/lora.h"
 #include "engine/core/error.h"
 #include "engine/core/units.h"
 #include "engine/planner/planner.h"
@@ -99,10 +98,7 @@ struct HeadChunk {
   uint64_t train_peak_bytes = 0;
 };
 std::optional<HeadChunk> head_chunk(const Planner& planner, Config cfg) {
-  if (cfg.train.loss_chunk > 0 || !cfg.model.has_sequence() ||
-      (planner.target().count.device != DeviceKind::Cuda &&
-       !lora::lm_head_frozen(cfg.model, cfg.lora)))
-    return std::nullopt;
+  if (largest_loss_chunk(planner, cfg) == 0) return std::nullopt;
   HeadChunk h;
   h.default_rows = default_loss_chunk(cfg);
   h.train_rows = resolve_loss_chunk(planner, cfg).value_or(h.default_rows);

@@ -436,13 +436,17 @@ std::vector<int64_t> loss_chunk_candidates(int64_t rows, int64_t vocab, int64_t 
   return candidates;
 }
 
+int64_t largest_loss_chunk(const Planner& planner, const Config& cfg) {
+  if (cfg.train.loss_chunk > 0 || !cfg.model.has_sequence()) return 0;
+  if (planner.target().count.device == DeviceKind::Cuda) return kGpuLossChunkRows;
+  return lora::lm_head_frozen(cfg.model, cfg.lora) ? kCpuFrozenHeadChunkRows : 0;
+}
+
 std::optional<int64_t> resolve_loss_chunk(const Planner& planner, Config& cfg) {
-  if (cfg.train.loss_chunk > 0 || !cfg.model.has_sequence()) return std::nullopt;
-  const bool gpu = planner.target().count.device == DeviceKind::Cuda;
-  if (!gpu && !lora::lm_head_frozen(cfg.model, cfg.lora)) return std::nullopt;
+  const int64_t largest = largest_loss_chunk(planner, cfg);
+  if (largest == 0) return std::nullopt;
   const std::vector<int64_t> candidates =
-      loss_chunk_candidates(loss_rows_per_rank(cfg), cfg.model.vocab_size,
-                            gpu ? kGpuLossChunkRows : kCpuFrozenHeadChunkRows);
+      loss_chunk_candidates(loss_rows_per_rank(cfg), cfg.model.vocab_size, largest);
   const auto fits_with = [&](size_t i) {
     Config c = cfg;
     c.train.loss_chunk = candidates[i];

@@ -299,6 +299,11 @@ constexpr int64_t kCpuFrozenHeadChunkRows = 512;
 /// Empty when the default chunk already holds every row.
 std::vector<int64_t> loss_chunk_candidates(int64_t rows, int64_t vocab, int64_t largest);
 
+/// The largest chunk resolve_loss_chunk may give `cfg` on the planner's target:
+/// kGpuLossChunkRows on a GPU, kCpuFrozenHeadChunkRows on the CPU for a frozen head; 0 where the
+/// tool leaves the chunk alone (the config sets it, the MLP, the CPU for a head that trains).
+int64_t largest_loss_chunk(const Planner& planner, const Config& cfg);
+
 /// Where every command that runs steps sizes the LM head's chunk: when `cfg` leaves it to the
 /// tool (train.loss_chunk = 0) on a GPU, or on the CPU for a frozen head, the largest candidate
 /// (up to kGpuLossChunkRows, kCpuFrozenHeadChunkRows) whose dry run still fits both pools (the
