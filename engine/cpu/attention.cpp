@@ -427,14 +427,13 @@ Rows rotated_rows(float* tile, const float* src, int64_t b, int64_t t0, int64_t 
 }
 
 #if defined(__AVX2__) && defined(__FMA__)
-// Rows [r0, r0 + 8) x columns [c0, c0 + 8) of src (row stride ld), times mult, into
-// tile[(c0 + c) * width + r0 + r]: 8 loads, an 8 x 8 transpose in registers, 8 stores. The same
-// products as load_row's, so the same bits.
+// 8 rows x 8 columns of src (row stride ld), times mult, into tile[c * width + r]: 8 loads, an
+// 8 x 8 transpose in registers, 8 stores. The same products as load_row's, so the same bits.
 inline void transpose8x8_scaled(float* tile, int64_t width, const float* src, int64_t ld,
-                                int64_t r0, int64_t c0, float mult) {
+                                float mult) {
   const __m256 m = _mm256_set1_ps(mult);
   __m256 r[8];
-  for (int i = 0; i < 8; ++i) r[i] = _mm256_mul_ps(_mm256_loadu_ps(src + (r0 + i) * ld + c0), m);
+  for (int i = 0; i < 8; ++i) r[i] = _mm256_mul_ps(_mm256_loadu_ps(src + i * ld), m);
   // Pairs, then quads, then halves: the standard 8 x 8 transpose of 24 shuffles.
   const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
   const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
@@ -449,24 +448,40 @@ inline void transpose8x8_scaled(float* tile, int64_t width, const float* src, in
       _mm256_permute2f128_ps(u2, u6, 0x20), _mm256_permute2f128_ps(u3, u7, 0x20),
       _mm256_permute2f128_ps(u0, u4, 0x31), _mm256_permute2f128_ps(u1, u5, 0x31),
       _mm256_permute2f128_ps(u2, u6, 0x31), _mm256_permute2f128_ps(u3, u7, 0x31)};
-  for (int c = 0; c < 8; ++c) _mm256_storeu_ps(tile + (c0 + c) * width + r0, out[c]);
+  for (int c = 0; c < 8; ++c) _mm256_storeu_ps(tile + c * width, out[c]);
 }
 #endif
 
 // Transposed tile (HS, width) of rows [t0, t0+n), rotated and times `mult`; columns n..width
-// are zero. Without RoPE (and with whole 8 x 8 blocks), the blocks are transposed in registers
-// rather than element by element, a store each to another row of the tile. Measured at GPT-2's
-// shape (T = 1024, 12 heads of 64, 2 threads, Intel VM, 2026-12-02, 3 alternated pairs): the
-// forward 168-170 -> 181-185 GFLOP/s, the backward 171-175 -> 178-190; in GPT-2's step attention
-// took 405 ms against 414-431 (2 pairs).
+// are zero. With whole 8 x 8 blocks, the blocks are transposed in registers rather than element
+// by element, a store each to another row of the tile; with RoPE each 8 rows are first rotated
+// (and scaled) by load_row into a block on the stack and then transposed times 1 (exact): the
+// same bits. Measured at GPT-2's shape (T = 1024, 12 heads of 64, 2 threads, Intel VM,
+// 2026-12-02, 3 alternated pairs): the forward 168-170 -> 181-185 GFLOP/s, the backward 171-175
+// -> 178-190; in GPT-2's step attention took 405 ms against 414-431 (2 pairs). With RoPE (the
+// forward's Q^T, which went element by element before; SmolLM2-135M's shape, T = 512, 9 query
+// heads over 3 key/value heads of 64, 2026-12-07): the forward 1.62-1.83 -> 1.58-1.73 ms a layer
+// (best of 11 calls; 8 alternated pairs, each faster by 1-10%).
 void load_transposed(float* tile, int64_t width, const float* src, int64_t b, int64_t t0, int64_t n,
                      const Heads& h, float mult, float* tmp) {
 #if defined(__AVX2__) && defined(__FMA__)
-  if (!h.rope_cos && h.HS % 8 == 0 && n % 8 == 0) {
-    const float* rows = src + t0 * h.row;
-    for (int64_t r0 = 0; r0 < n; r0 += 8)
+  constexpr int64_t kMaxRotatedHS = 256;  // the stack block's width
+  if (h.HS % 8 == 0 && n % 8 == 0 && (!h.rope_cos || h.HS <= kMaxRotatedHS)) {
+    float rotated[8 * kMaxRotatedHS];
+    for (int64_t r0 = 0; r0 < n; r0 += 8) {
+      const float* rows = src + (t0 + r0) * h.row;
+      int64_t ld = h.row;
+      float m = mult;
+      if (h.rope_cos) {
+        for (int64_t i = 0; i < 8; ++i)
+          load_row(rotated + i * h.HS, rows + i * h.row, h.rope_pos(b, t0 + r0 + i), h, mult);
+        rows = rotated;
+        ld = h.HS;
+        m = 1.0f;
+      }
       for (int64_t c0 = 0; c0 < h.HS; c0 += 8)
-        transpose8x8_scaled(tile, width, rows, h.row, r0, c0, mult);
+        transpose8x8_scaled(tile + c0 * width + r0, width, rows + c0, ld, m);
+    }
     for (int64_t c = 0; c < h.HS; ++c)
       std::fill(tile + c * width + n, tile + (c + 1) * width, 0.0f);
     return;
