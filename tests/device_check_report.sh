@@ -1,6 +1,7 @@
 #!/bin/bash
 # scripts/device-check.sh reports a failing gpu test as a failure: its row says "failed" and keeps
-# the end of the test's output, the summary lists it, and the check exits non-zero. Fake binaries
+# the end of the test's output, the summary lists it, and the check exits non-zero; and it runs
+# each test once, under the narrowest of its tags. Fake binaries
 # and a fake nvidia-smi stand in for the bundle and the GPU; the failing test prints Catch's
 # captured values ("B := 2"), which once made its row unwritable and the check report "ok".
 # shellcheck source=tests/lib.sh
@@ -30,7 +31,15 @@ FAKE
 cat >"$d/bundle/remat_gpu_tests" <<'FAKE'
 #!/bin/sh
 if [ "$1" = --list-tags ]; then
-  printf 'All available tags:\n   2  [gpu]\n   1  [attention]\n   1  [linear]\n2 tags\n'
+  printf 'All available tags:\n   2  [gpu]\n   2  [ops]\n   1  [attention]\n   1  [linear]\n4 tags\n'
+  exit 0
+fi
+# The two tests carry [ops] too: once [attention] and [linear] ran, [ops] has none left.
+if [ "$1" = --list-tests ]; then
+  case "$2" in
+    "[ops]~[attention]~[linear]") echo "0 matching test cases" ;;
+    *) echo "1 matching test case" ;;
+  esac
   exit 0
 fi
 if [ "$1" = "[attention]" ]; then
@@ -60,6 +69,11 @@ assert len(att) == 1 and att[0]["status"] == "failed", att
 assert "B := 2" in att[0]["output"], att[0]["output"]
 lin = [r for r in rows if r["stage"] == "gpu_test" and r["tag"] == "[linear]"]
 assert len(lin) == 1 and lin[0]["status"] == "passed", lin
+# Each test once, under its first tag (the narrow ones first): [linear] without what [attention]
+# ran, and [ops], whose tests both ran, reported as covered and not run.
+assert lin[0]["spec"] == "[linear]~[attention]" and lin[0]["tests"] == 1, lin
+ops = [r for r in rows if r["stage"] == "gpu_test" and r["tag"] == "[ops]"]
+assert len(ops) == 1 and ops[0]["status"] == "covered", ops
 s = rows[-1]
 assert s["stage"] == "summary" and s["status"] == "failures", s
 assert s["failures"] == ["gpu_test [attention]: failed"], s["failures"]

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstring>
 #include <iterator>
+#include <map>
 #include <memory>
 #include <string_view>
 #include <utility>
@@ -151,15 +152,32 @@ inline Closeness identical_bits(const std::vector<float>& got, const std::vector
   return c;
 }
 
+/// A CUDA backend for the whole process, one per activation type, for the rows of a GENERATE
+/// table that would each build their own: cuDNN builds a plan per attention call shape (0.1-1 s
+/// each), and a new backend starts with none, so a test of a hundred rows would build the same
+/// plans again in each (and the GPU check caps each tag's run). Rows that share one meet its plan
+/// cache as a training run's calls do. Never destroyed: a static's destructor would release
+/// the cuBLAS and cuDNN handles after the CUDA runtime has shut down at exit.
+inline std::shared_ptr<cuda::CudaBackend> process_cuda_backend(DType activations) {
+  static auto* backends = new std::map<DType, std::shared_ptr<cuda::CudaBackend>>();
+  std::shared_ptr<cuda::CudaBackend>& b = (*backends)[activations];
+  if (!b) b = std::make_shared<cuda::CudaBackend>(DeviceConfig{}, activations);
+  return b;
+}
+
 /// One CPU and one CUDA backend. Inputs go to both, rounded to bf16 first when the GPU stores
 /// bf16 activations, so that a row measures only the op's own error.
 struct CudaRow {
   DType act;
   cpu::CpuBackend cpu{kTestBudgetBytes, kTestThreads};
-  std::unique_ptr<cuda::CudaBackend> gpu;
+  std::shared_ptr<cuda::CudaBackend> gpu;
 
+  /// A CUDA backend of its own.
   explicit CudaRow(DType activations)
-      : act(activations), gpu(std::make_unique<cuda::CudaBackend>(DeviceConfig{}, activations)) {}
+      : act(activations), gpu(std::make_shared<cuda::CudaBackend>(DeviceConfig{}, activations)) {}
+  /// The given CUDA backend, e.g. process_cuda_backend's.
+  CudaRow(DType activations, std::shared_ptr<cuda::CudaBackend> shared)
+      : act(activations), gpu(std::move(shared)) {}
   bool bf16() const { return act == DType::BF16; }
   Tolerance pick(Tolerance f32, Tolerance bf16_tol) const { return bf16() ? bf16_tol : f32; }
 

@@ -941,7 +941,7 @@ TEST_CASE("causal attention forward and backward on CUDA match the CPU, with and
   const float theta = GENERATE(0.0f, 10000.0f);
   const DType act = GENERATE(from_range(kCudaActivationTypes));
   CAPTURE(B, NH, T, HS, theta, dtype_name(act));
-  CudaRow r(act);
+  CudaRow r(act, process_cuda_backend(act));
   const int64_t C = NH * HS;
   const int n_head = static_cast<int>(NH);
   auto [qkv_c, qkv_g] = r.act_pair({B, T, 3 * C}, r.act_values(B * T * 3 * C, 51));
@@ -1034,7 +1034,7 @@ TEST_CASE(
   const int rope = GENERATE(0, 1, 2);  // none, plain, llama3-scaled
   const DType act = GENERATE(from_range(kCudaActivationTypes));
   CAPTURE(B, NH, KVH, T, HS, rope, dtype_name(act));
-  CudaRow r(act);
+  CudaRow r(act, process_cuda_backend(act));
   const int64_t C = NH * HS, W = (NH + 2 * KVH) * HS;
   const AttentionSetup args{static_cast<int>(NH), static_cast<int>(KVH), rope > 0 ? 10000.0f : 0.0f,
                             rope == 2 ? kLlama3Short : RopeScaling{}};
@@ -1057,7 +1057,7 @@ TEST_CASE("document attention on CUDA matches the CPU's (one cuDNN call per docu
   const DType act = GENERATE(from_range(kCudaActivationTypes));
   const int64_t B = static_cast<int64_t>(layout.rows.size()), T = layout.T;
   CAPTURE(T, NH, KVH, HS, rope, chunk, dtype_name(act));
-  CudaRow r(act);
+  CudaRow r(act, process_cuda_backend(act));
   const int64_t C = NH * HS, W = (NH + 2 * KVH) * HS;
   const AttentionSetup args{static_cast<int>(NH),
                             static_cast<int>(KVH),
@@ -1076,7 +1076,7 @@ TEST_CASE("attention with linear, dynamic and yarn rope scaling on CUDA matches 
       {{2, 4, 2, 129, 64}, {1, 4, 1, 200, 128}, {2, 6, 2, 67, 40}}));
   const DType act = GENERATE(from_range(kCudaActivationTypes));
   CAPTURE(B, NH, KVH, T, HS, rope_type_name(scaling.kind), dtype_name(act));
-  CudaRow r(act);
+  CudaRow r(act, process_cuda_backend(act));
   const int64_t C = NH * HS, W = (NH + 2 * KVH) * HS;
   const AttentionSetup args{static_cast<int>(NH), static_cast<int>(KVH), 10000.0f, scaling};
   check_against_cpu(r, args, B, T, r.act_values(B * T * W, 55), r.act_values(B * T * C, 56));
@@ -1094,7 +1094,7 @@ TEST_CASE("attention over chunks on CUDA matches the CPU and unchunked CUDA",
   const int64_t chunk = GENERATE(int64_t{64}, int64_t{128});
   const DType act = GENERATE(from_range(kCudaActivationTypes));
   CAPTURE(row.B, row.NH, row.KVH, row.T, row.HS, row.theta, chunk, dtype_name(act));
-  CudaRow r(act);
+  CudaRow r(act, process_cuda_backend(act));
   const int64_t B = row.B, NH = row.NH, T = row.T, HS = row.HS, C = NH * HS;
   const int64_t KVH = row.KVH > 0 ? row.KVH : NH, W = (NH + 2 * KVH) * HS;
   AttentionSetup args{static_cast<int>(NH), static_cast<int>(row.KVH), row.theta, row.scaling};
@@ -1127,7 +1127,7 @@ TEST_CASE("the cuDNN in use needs no padding mask: key lengths off multiples of 
   CHECK(cuda::cudnn_version_refusal(version).empty());
   const int64_t chunk = GENERATE(int64_t{0}, int64_t{64});
   CAPTURE(chunk);
-  CudaRow r(DType::BF16);
+  CudaRow r(DType::BF16, process_cuda_backend(DType::BF16));
   const int64_t B = 1, NH = 4, KVH = 2, T = 200, HS = 64, C = NH * HS, W = (NH + 2 * KVH) * HS;
   const AttentionSetup args{static_cast<int>(NH), static_cast<int>(KVH), 10000.0f, {}, chunk};
   const std::vector<float> dqkv =
