@@ -1,33 +1,13 @@
 #!/bin/bash
 # scripts/device-check.sh reports a failing gpu test as a failure: its row says "failed" and keeps
 # the end of the test's output, the summary lists it, and the check exits non-zero; and it runs
-# each test once, under the narrowest of its tags. Fake binaries
-# and a fake nvidia-smi stand in for the bundle and the GPU; the failing test prints Catch's
-# captured values ("B := 2"), which once made its row unwritable and the check report "ok".
+# each test once, under the narrowest of its tags. Fake binaries and a fake nvidia-smi stand in
+# for the bundle and the GPU; the failing test prints Catch's captured values ("B := 2"), which
+# once made its row unwritable and the check report "ok".
 # shellcheck source=tests/lib.sh
 source "$(dirname "$0")/lib.sh"
-mkdir -p "$d/bundle" "$d/bin"
-
-cat >"$d/bin/nvidia-smi" <<'FAKE'
-#!/bin/sh
-echo "Fake GPU, 1000, 900, 1.0"
-FAKE
 # Training runs write a summary whose peaks agree with the plan, so that only the test fails.
-cat >"$d/bundle/remat-train" <<'FAKE'
-#!/bin/sh
-case "$1" in
-  --version) echo "CUDA: CUDA runtime 13.0 (driver 13.0), cuDNN 9.1.0 (built with 9.1.0)" ;;
-  plan) echo '{"policies": [{"policy": "none", "peak_bytes": 1}]}' ;;
-  fit) echo '{"policies": [{"longest_seq_len": 9, "predicted_peak_bytes": 5, "measured":
-    {"measured_peak_bytes": 5, "exit_at_longest": 0, "exit_above_longest": 3}}]}' ;;
-  *)
-    while [ $# -gt 0 ] && [ "$1" != --metrics ]; do shift; done
-    [ $# -lt 2 ] || echo '{"summary": {"median_step_ms": 1, "tokens_per_s": 1, "peak_bytes": 5,
-      "predicted_peak_bytes": 5, "host_peak_bytes": 7, "predicted_host_peak_bytes": 7}}' |
-      tr -d '\n' >"$2"
-    ;;
-esac
-FAKE
+fake_device_bundle "$d/bin" "$d/bundle"
 cat >"$d/bundle/remat_gpu_tests" <<'FAKE'
 #!/bin/sh
 if [ "$1" = --list-tags ]; then
@@ -48,11 +28,7 @@ if [ "$1" = "[attention]" ]; then
 fi
 echo "All tests passed"
 FAKE
-cat >"$d/bundle/remat_bench_gemm" <<'FAKE'
-#!/bin/sh
-echo "bf16 GEMM peak: 100.0 TFLOP/s"
-FAKE
-chmod +x "$d"/bin/* "$d"/bundle/*
+chmod +x "$d/bundle/remat_gpu_tests"
 
 # The fakes take no time: a budget of 600 s runs every stage whatever the machine's load.
 rc=0

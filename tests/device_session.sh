@@ -7,31 +7,11 @@
 # the PyTorch rows, which cannot (the fake python prints no JSON).
 # shellcheck source=tests/lib.sh
 source "$(dirname "$0")/lib.sh"
-mkdir -p "$d/bundle/device-bundle" "$d/bin"
 b=$d/bundle/device-bundle
-
-cat >"$d/bin/nvidia-smi" <<'FAKE'
-#!/bin/sh
-echo "Fake GPU, 1000, 900, 1.0"
-FAKE
+fake_device_bundle "$d/bin" "$b"
 cat >"$d/bin/torch-python" <<'FAKE'
 #!/bin/sh
 echo "2.9.1 13.0"
-FAKE
-cat >"$b/remat-train" <<'FAKE'
-#!/bin/sh
-case "$1" in
-  --version) echo "CUDA: CUDA runtime 13.0 (driver 13.0), cuDNN 9.19.0 (built with 9.19.0)" ;;
-  plan) echo '{"policies": [{"policy": "none", "peak_bytes": 1}]}' ;;
-  fit) echo '{"policies": [{"longest_seq_len": 9, "predicted_peak_bytes": 5, "measured":
-    {"measured_peak_bytes": 5, "exit_at_longest": 0, "exit_above_longest": 3}}]}' ;;
-  *)
-    while [ $# -gt 0 ] && [ "$1" != --metrics ]; do shift; done
-    [ $# -lt 2 ] || echo '{"summary": {"median_step_ms": 1, "tokens_per_s": 1, "peak_bytes": 5,
-      "predicted_peak_bytes": 5, "host_peak_bytes": 7, "predicted_host_peak_bytes": 7}}' |
-      tr -d '\n' >"$2"
-    ;;
-esac
 FAKE
 cat >"$b/remat_gpu_tests" <<'FAKE'
 #!/bin/sh
@@ -42,11 +22,7 @@ fi
 [ "$1" != --list-tests ] || { echo "1 matching test case"; exit 0; }
 echo "All tests passed"
 FAKE
-cat >"$b/remat_bench_gemm" <<'FAKE'
-#!/bin/sh
-echo "bf16 GEMM peak: 100.0 TFLOP/s"
-FAKE
-chmod +x "$d"/bin/* "$b"/*
+chmod +x "$d/bin/torch-python" "$b/remat_gpu_tests"
 # Only the archive, as the device tool carries it: the folder must come from unpacking it.
 tar -C "$d/bundle" -czf "$d/bundle/device-bundle.tar.gz" device-bundle
 rm -rf "$b"

@@ -46,3 +46,36 @@ hf_python_check() {
   cd "$d"
   "$py" "$repo/tests/$script" "$repo" "$bin"
 }
+
+# Fakes of what scripts/device-check.sh and device-vs-torch.sh run on a GPU machine: BIN/nvidia-smi
+# (one GPU), and in BUNDLE a remat-train whose training runs write a summary with peaks equal to
+# the plan and a GEMM benchmark; the caller writes BUNDLE/remat_gpu_tests (what its tests report).
+# Usage: fake_device_bundle BIN BUNDLE
+fake_device_bundle() {
+  local bin=$1 bundle=$2
+  mkdir -p "$bin" "$bundle"
+  cat >"$bin/nvidia-smi" <<'FAKE'
+#!/bin/sh
+echo "Fake GPU, 1000, 900, 1.0"
+FAKE
+  cat >"$bundle/remat-train" <<'FAKE'
+#!/bin/sh
+case "$1" in
+  --version) echo "CUDA: CUDA runtime 13.0 (driver 13.0), cuDNN 9.19.0 (built with 9.19.0)" ;;
+  plan) echo '{"policies": [{"policy": "none", "peak_bytes": 1}]}' ;;
+  fit) echo '{"policies": [{"longest_seq_len": 9, "predicted_peak_bytes": 5, "measured":
+    {"measured_peak_bytes": 5, "exit_at_longest": 0, "exit_above_longest": 3}}]}' ;;
+  *)
+    while [ $# -gt 0 ] && [ "$1" != --metrics ]; do shift; done
+    [ $# -lt 2 ] || echo '{"summary": {"median_step_ms": 1, "tokens_per_s": 1, "peak_bytes": 5,
+      "predicted_peak_bytes": 5, "host_peak_bytes": 7, "predicted_host_peak_bytes": 7}}' |
+      tr -d '\n' >"$2"
+    ;;
+esac
+FAKE
+  cat >"$bundle/remat_bench_gemm" <<'FAKE'
+#!/bin/sh
+echo "bf16 GEMM peak: 100.0 TFLOP/s"
+FAKE
+  chmod +x "$bin/nvidia-smi" "$bundle/remat-train" "$bundle/remat_bench_gemm"
+}
