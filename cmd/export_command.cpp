@@ -123,6 +123,19 @@ fs::path checked_output(const std::string& arg, const char* flag) {
         "[export] {} {}: exists and is not an empty folder, and export never overwrites. Fix: "
         "choose a new folder, or remove that one",
         flag, arg));
+  // The folders on the way are made as needed: the nearest that exists must be a folder export
+  // can write in (a file there, or a read-only place, is the path's fault, not the disk's).
+  fs::path above = out.parent_path();
+  while (!above.empty() && !fs::exists(above, ec)) above = above.parent_path();
+  if (above.empty()) above = ".";
+  if (!fs::is_directory(above, ec))
+    throw CheckpointError(
+        fmt::format("[export] {} {}: {} is a file, not a folder. Fix: give a path inside a folder",
+                    flag, arg, above.string()));
+  if (::access(above.c_str(), W_OK) != 0)
+    throw CheckpointError(
+        fmt::format("[export] {} {}: cannot write in {} ({}). Fix: give a folder you can write in",
+                    flag, arg, above.string(), std::strerror(errno)));
   return out;
 }
 

@@ -404,14 +404,16 @@ int run(int argc, char** argv) {
                    "A LoRA run's PEFT adapter folder to write instead (peft loads it); it must not "
                    "exist or be empty")
       ->excludes(export_hf);
-  export_cmd->add_option("--dtype", export_dtype, "Weights as bf16 (default) or fp32")
-      ->check(CLI::IsMember({"bf16", "fp32"}));
-  export_cmd->add_option("--tokenizer-from", export_opt.tokenizer_from,
-                         "Copy tokenizer files and token ids from this Hugging Face folder "
-                         "(default: the run's model.from_hf, when it is still there)");
-  export_cmd->add_option("--shard-size", export_shard,
-                         "Weights above this size go into shards with an index (default 5GB, as "
-                         "save_pretrained)");
+  // The options of --hf alone: an adapter is written as trained (F32, one file), as peft saves it.
+  const CLI::Option* hf_only[] = {
+      export_cmd->add_option("--dtype", export_dtype, "Weights as bf16 (default) or fp32")
+          ->check(CLI::IsMember({"bf16", "fp32"})),
+      export_cmd->add_option("--tokenizer-from", export_opt.tokenizer_from,
+                             "Copy tokenizer files and token ids from this Hugging Face folder "
+                             "(default: the run's model.from_hf, when it is still there)"),
+      export_cmd->add_option("--shard-size", export_shard,
+                             "Weights above this size go into shards with an index (default 5GB, "
+                             "as save_pretrained)")};
 
   std::vector<std::string> args;
   try {
@@ -494,6 +496,13 @@ int run(int argc, char** argv) {
       throw remat::ConfigError(
           "[export] nothing to write. Fix: give --hf OUT (a Hugging Face model folder) or "
           "--adapter OUT (a LoRA run's PEFT adapter)");
+    if (!export_opt.adapter.empty())
+      for (const CLI::Option* o : hf_only)
+        if (o->count() > 0)
+          throw remat::ConfigError(fmt::format(
+              "[export] {} shapes a --hf model folder; --adapter writes the adapter's tensors as "
+              "trained (F32, one file), as peft saves them. Fix: drop {}",
+              o->get_name(), o->get_name()));
     export_opt.bf16 = export_dtype == "bf16";
     if (!export_shard.empty()) {
       const std::optional<uint64_t> v = remat::parse_size(export_shard);

@@ -82,13 +82,28 @@ Resumed resumed_run(const std::string& folder, const TrainOptions& opt) {
   for (KeyChange& c : config_changes(saved, r.cfg)) {
     // Only what the config file or --set changed: [parallel] is never the checkpoint's.
     if (!r.cfg.origins.count(c.key)) continue;
-    if (!changes_on_resume(c.key))
+    if (same_lora_selection(c.key, saved, r.cfg)) continue;  // written otherwise, the same modules
+    if (!changes_on_resume(c.key)) {
+      const std::string without =
+          c.before == "(unset)"
+              ? fmt::format("resume without setting {}", c.key)
+              : fmt::format("resume without that change ({} = {})", c.key, c.before);
+      // A LoRA checkpoint holds adapters, not a model: a new run starts from its merged export.
+      const std::string anew =
+          saved.lora.enabled()
+              ? fmt::format(
+                    "or start a new run from it: export --checkpoint {} --hf DIR, then "
+                    "train --init hf:DIR",
+                    folder)
+              : fmt::format(
+                    "or start a new run from these weights with --init {} (a fresh "
+                    "optimizer, at step 0)",
+                    folder);
       throw ConfigError(fmt::format(
           "{}: [checkpoint] {} is {} here but {} in the checkpoint {}: a resumed run continues the "
-          "same model, seed, batch, optimizer and data order. Fix: resume without that change "
-          "({} = {}), or start a new run from these weights with --init {} (a fresh optimizer, "
-          "at step 0)",
-          c.origin, c.key, c.after, c.before, folder, c.key, c.before, folder));
+          "same model, seed, batch, optimizer and data order. Fix: {}, {}",
+          c.origin, c.key, c.after, c.before, folder, without, anew));
+    }
     r.changes.push_back(std::move(c));
   }
   return r;
@@ -561,6 +576,7 @@ int run_train(const TrainOptions& options) {
   parallel::Communicator& world = parallel::init_world();
   TrainOptions opt = options;
   opt.quiet = opt.quiet || world.rank() != 0;  // one rank prints; errors come from any rank
+  refuse_adapter_as_init(opt.init_path);       // before the config, which such a folder cannot give
   // A resume reads its config from the checkpoint (state.json) before anything else: no --config,
   // --model or Hugging Face folder is needed, and a finished run stops here, having written
   // nothing.
@@ -668,7 +684,8 @@ int run_train(const TrainOptions& options) {
         fmt::format("weights from {} (optimizer state and step start fresh)", opt.init_path);
   }
   if (!opt.init_adapter.empty())
-    info.resume_line += "; " + load_init_adapter(opt.init_adapter, cfg, be, *model);
+    info.resume_line += (info.resume_line.empty() ? "" : "; ") +
+                        load_init_adapter(opt.init_adapter, cfg, be, *model);
   if (!lora_start.note.empty())
     info.resume_line += (info.resume_line.empty() ? "" : "; ") + lora_start.note;
   // The libraries and kernels behind -v (`remat-train --version` names them too).

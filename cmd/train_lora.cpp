@@ -4,6 +4,8 @@
 #include <fmt/format.h>
 
 #include <filesystem>
+#include <set>
+#include <string>
 
 #include "engine/config/lora.h"
 #include "engine/core/error.h"
@@ -71,6 +73,16 @@ LoraStart check_lora_start(const Config& cfg, const TrainOptions& opt, const Che
     return {dir, resume->state().extra["lora_base"], ""};
   }
   if (!l.enabled()) return {};
+  // An adapter means something only on the base it was trained on: never on train.seed's weights.
+  if (!opt.init_adapter.empty() && opt.init_path.rfind("hf:", 0) != 0)
+    throw ConfigError(fmt::format(
+        "[lora] --init-adapter {}: an adapter starts from the base it was trained on, and this run "
+        "{}. Fix: pass --init hf:DIR, the adapter's base (adapter_config.json names it as "
+        "base_model_name_or_path)",
+        opt.init_adapter,
+        opt.init_path.empty()
+            ? "loads none (--model hf:DIR reads only config.json)"
+            : fmt::format("starts from --init {}, not a Hugging Face folder", opt.init_path)));
   // Without a base the weights are train.seed's: fine to measure steps (fit --measure and sweep
   // run such trials), never to save adapters that only mean something on a real base.
   if (opt.init_path.empty() && cfg.checkpoint.dir.empty())
@@ -88,6 +100,36 @@ LoraStart check_lora_start(const Config& cfg, const TrainOptions& opt, const Che
         "pass --init hf:DIR, the base's folder (a checkpoint becomes one with export --hf)");
   const std::string dir = opt.init_path.substr(3);
   return {dir, lora_base_record(dir), ""};
+}
+
+void refuse_adapter_as_init(const std::string& init_path) {
+  std::error_code ec;
+  if (init_path.empty() || init_path.rfind("hf:", 0) == 0 ||
+      !std::filesystem::exists(std::filesystem::path(init_path) / peft::kConfigFile, ec))
+    return;
+  throw ConfigError(fmt::format(
+      "--init {}: a PEFT adapter folder, not a checkpoint or a model. Fix: pass it as "
+      "--init-adapter {} beside --init hf:BASE, with [lora] rank as its adapter_config.json says",
+      init_path, init_path));
+}
+
+bool same_lora_selection(const std::string& key, const Config& saved, const Config& now) {
+  auto modules = [](const auto& chosen) {
+    std::set<std::string> out;
+    for (const auto& x : chosen) out.insert(x.module);
+    return out;
+  };
+  if (key == "lora.targets") {
+    const lora::SiteChoice a = lora::select_sites(saved.model, saved.lora.targets);
+    const lora::SiteChoice b = lora::select_sites(now.model, now.lora.targets);
+    return a.problem.empty() && b.problem.empty() && modules(a.sites) == modules(b.sites);
+  }
+  if (key == "lora.modules_to_save") {
+    const lora::SavedChoice a = lora::select_saved(saved.model, saved.lora.modules_to_save);
+    const lora::SavedChoice b = lora::select_saved(now.model, now.lora.modules_to_save);
+    return a.problem.empty() && b.problem.empty() && modules(a.modules) == modules(b.modules);
+  }
+  return false;
 }
 
 std::string load_lora_base(const LoraStart& start, const Config& cfg, Backend& be, Model& model) {

@@ -32,6 +32,14 @@ struct LoraStart {
 /// naming another base.
 LoraStart check_lora_start(const Config& cfg, const TrainOptions& opt, const Checkpoint* resume);
 
+/// Throws when --init names a PEFT adapter folder (it goes to --init-adapter, beside a base).
+void refuse_adapter_as_init(const std::string& init_path);
+
+/// Whether a change of `key` between a checkpoint's config and a resumed run's selects the same
+/// modules all the same: lora.targets and lora.modules_to_save are compared by what they select
+/// (targets = [] and the seven Llama names are one choice), not by how they are written.
+bool same_lora_selection(const std::string& key, const Config& saved, const Config& now);
+
 /// A resume's frozen base, read again from its folder (the checkpoint's tensors go over it
 /// after). Returns a line for the banner ("" without LoRA).
 std::string load_lora_base(const LoraStart& start, const Config& cfg, Backend& be, Model& model);

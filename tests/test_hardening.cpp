@@ -510,6 +510,21 @@ TEST_CASE("fault 17: an integer too large for TOML is out of range, not a string
   CHECK_THAT(
       config_error([&] { remat::parse_config(gpt, "f", {"model.n_layer=99999999999999999999"}); }),
       Contains("out of range") && !Contains("got a string"));
+  // Digits that fit are a quoted number, said as such (it once said "8 is out of range").
+  for (const char* set : {"lora.rank=\"8\"", "train.steps=\"1\""})
+    CHECK_THAT(
+        config_error([&] { remat::parse_config(gpt, "f", {set}); }),
+        Contains("got the string") && Contains("without quotes") && !Contains("out of range"));
+  // A name where a list goes: the fix is the list of that name.
+  CHECK_THAT(config_error([&] {
+               remat::parse_config(gpt, "f", {"lora.rank=4", "lora.targets=\"c_attn\""});
+             }),
+             Contains("write it as a list: [\"c_attn\"]"));
+  // GPT-2's tied embedding named to train whole: which module, and why not.
+  CHECK_THAT(config_error([&] {
+               remat::parse_config(gpt, "f", {"lora.rank=4", "lora.modules_to_save=[\"wte\"]"});
+             }),
+             Contains("'wte' selects transformer.wte, which is tied to the LM head"));
 }
 
 // ---- 14, 16, 18, 19: messages and exit codes at the command line ----

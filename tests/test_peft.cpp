@@ -10,11 +10,13 @@
 // the scale or a transpose mapped wrong moves them by O(1).
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <sys/stat.h>
 
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "engine/config/config.h"
@@ -346,6 +348,62 @@ TEST_CASE("peft: adapters that do not fit the run, or use features not trained, 
         Contains("(DoRA)"));
   }
   CHECK_THAT(refusal(tmp.str("nowhere")), Contains("no such folder"));
+  CHECK_THAT(refusal(golden + "/adapter_config.json"), Contains("not a folder"));
+}
+
+TEST_CASE("peft: an adapter folder whose files lie is refused by file and key, never half-read",
+          "[peft]") {
+  // adapter_config.json as a folder (once an internal error) or a FIFO (once a hang).
+  {
+    TempDir t("peft-config-folder");
+    const std::string dir = adapter_with(t, [](Json&) {});
+    fs::remove(fs::path(dir) / peft::kConfigFile);
+    fs::create_directory(fs::path(dir) / peft::kConfigFile);
+    CHECK_THAT(refusal(dir), Contains("adapter_config.json: not a regular file"));
+    fs::remove(fs::path(dir) / peft::kConfigFile);
+    REQUIRE(::mkfifo((fs::path(dir) / peft::kConfigFile).c_str(), 0600) == 0);
+    CHECK_THAT(refusal(dir), Contains("adapter_config.json: not a regular file"));
+  }
+  // Booleans peft reads by truthiness, and r and lora_alpha outside what [lora] takes.
+  const std::vector<std::pair<std::string, Json>> bad = {
+      {"use_rslora", 1}, {"use_rslora", "yes"}, {"fan_in_fan_out", "no"}};
+  for (const auto& [key, value] : bad) {
+    INFO(key << " = " << value.dump());
+    TempDir t("peft-bool");
+    CHECK_THAT(refusal(adapter_with(t, [&, key = key, value = value](Json& j) { j[key] = value; })),
+               Contains(key + " = " + value.dump() + " is not true or false"));
+  }
+  {
+    TempDir t("peft-rank");
+    CHECK_THAT(refusal(adapter_with(t, [](Json& j) { j["r"] = -8; })),
+               Contains("r = -8 is not a rank this build trains") && !Contains("lora.rank = -8"));
+  }
+  {
+    TempDir t("peft-alpha");
+    CHECK_THAT(refusal(adapter_with(t, [](Json& j) { j["lora_alpha"] = 0; })),
+               Contains("lora_alpha = 0 is outside") && !Contains("set lora.alpha = 0"));
+  }
+  // A NaN in a tensor: named with the file, not left to diverge at step 1.
+  {
+    TempDir t("peft-nan");
+    const fs::path src = kGoldenDir / "llama-lora/adapter", dst = t.path / "adapter";
+    fs::create_directories(dst);
+    fs::copy_file(src / peft::kConfigFile, dst / peft::kConfigFile);
+    const safetensors::Reader in((src / peft::kWeightsFile).string());
+    std::vector<safetensors::TensorInfo> infos;
+    for (const safetensors::TensorInfo& i : in.tensors()) infos.push_back({i.name, "F32", i.shape});
+    safetensors::Writer w((dst / peft::kWeightsFile).string(), infos, {{"format", "pt"}});
+    for (const safetensors::TensorInfo& i : in.tensors()) {
+      std::vector<float> v(static_cast<size_t>(i.bytes() / safetensors::dtype_bytes(i.dtype)));
+      REQUIRE(safetensors::to_f32(i.dtype, in.data(i), v.size(), v.data()));
+      if (i.name.find("layers.0.self_attn.q_proj.lora_B") != std::string::npos)
+        v[3] = std::numeric_limits<float>::quiet_NaN();
+      w.write(v.data(), v.size() * sizeof(float));
+    }
+    w.finish();
+    CHECK_THAT(refusal(dst.string()), Contains("adapter_model.safetensors") &&
+                                          Contains("q_proj.lora_B.weight' holds nan at element 3"));
+  }
 }
 
 TEST_CASE("peft: a base's fingerprint sees a weight changed in place, the same size", "[peft]") {
@@ -440,6 +498,15 @@ TEST_CASE("cli: a LoRA run starts from a PEFT adapter, checkpoints only it, and 
   const CliResult again = run_command(cd + "export --checkpoint ckpt --adapter out-adapter");
   CHECK(again.code == 2);
   CHECK_THAT(again.out, Contains("never overwrites"));
+  // --hf's options beside --adapter, and an OUT below a file: one line each, exit 2, nothing made.
+  const CliResult dtype = run_command(cd + "export --checkpoint ckpt --adapter a2 --dtype fp32");
+  CHECK(dtype.code == 2);
+  CHECK_THAT(dtype.out, Contains("--dtype shapes a --hf model folder") && Contains("drop --dtype"));
+  std::ofstream(tmp.path / "afile") << "x";
+  const CliResult below = run_command(cd + "export --checkpoint ckpt --adapter afile/sub");
+  CHECK(below.code == 2);
+  CHECK_THAT(below.out, Contains("afile is a file, not a folder") && !Contains(".tmp-"));
+  CHECK_FALSE(fs::exists(tmp.path / "a2"));
 
   // Resume: refused with one line when the base changed, or moved; fine once it is back.
   std::ofstream(tmp.path / "lora.toml") << lora_toml(g, "");
@@ -525,6 +592,21 @@ TEST_CASE("cli: LoRA refuses a run without a base, and an adapter without LoRA",
   CHECK(r.code == 2);
   CHECK_THAT(r.out, Contains("r = 4 but lora.rank = 8"));
   CHECK_FALSE(fs::exists(tmp.path / "ckpt/step_00000001"));  // nothing written
+  // An adapter on train.seed's weights: --model hf: reads only config.json.
+  r = run_command(cd + fmt::format("train --config lora2.toml --model hf:{} --set checkpoint.dir= "
+                                   "--init-adapter {}",
+                                   g.dir.string(), (g.dir / "adapter").string()));
+  CHECK(r.code == 2);
+  CHECK_THAT(r.out, Contains("an adapter starts from the base it was trained on") &&
+                        Contains("Fix: pass --init hf:DIR"));
+  // The adapter folder given as --init, with LoRA on and off.
+  for (const char* rank : {"4", "0"}) {
+    r = run_command(cd + fmt::format("train --config lora2.toml --set lora.rank={} --init {}", rank,
+                                     (g.dir / "adapter").string()));
+    INFO(r.out);
+    CHECK(r.code == 2);
+    CHECK_THAT(r.out, Contains("a PEFT adapter folder") && Contains("pass it as --init-adapter"));
+  }
   // Without a base and without checkpoints, a run to measure (fit --measure's trials): it says so.
   std::ofstream(tmp.path / "measure.toml")
       << "[model]\nkind = \"llama\"\nn_layer = 1\n[train]\nseq_len = 16\nbatch_size = 1\n"
@@ -582,6 +664,22 @@ TEST_CASE("cli: a LoRA run resumed from its checkpoint continues bit for bit", "
   INFO(other.out);
   CHECK(other.code == 2);
   CHECK_THAT(other.out, Contains("names another base") && Contains("llama-lora"));
+  // The seven names written as [] select the same modules: no change. A rank changed is refused,
+  // its fix a new run on the merged export (a LoRA checkpoint is no --init), and dropout too.
+  const CliResult same = run_command(cd +
+                                     "train --config lora.toml --steps 5 --resume latest "
+                                     "--set 'lora.targets=[]'");
+  INFO(same.out);
+  CHECK(same.code == 0);
+  for (const char* set : {"lora.rank=8", "lora.dropout=0.1"}) {
+    const CliResult changed =
+        run_command(cd + "train --config lora.toml --steps 6 --resume latest --set " + set);
+    INFO(changed.out);
+    CHECK(changed.code == 2);
+    CHECK_THAT(changed.out, Contains("resume without that change") &&
+                                Contains("export --checkpoint") &&
+                                Contains("train --init hf:DIR") && !Contains("a fresh optimizer"));
+  }
 }
 
 }  // namespace remat::test

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <cstring>
 #include <filesystem>
 #include <functional>
@@ -61,12 +62,21 @@ const char* type_name(const toml::node& n) {
 }
 
 // "99999999999999999999": digits that overflowed TOML's 64-bit integer (a --set value falls back
-// to a string then), so the user hears "out of range", not "got a string".
+// to a string then), so the user hears "out of range", not "got a string". Digits that fit, as in
+// rank = "8", are a quoted number: read_int says so instead.
 bool is_digit_string(const toml::node& n) {
   const std::string* s = n.as_string() ? &n.as_string()->get() : nullptr;
   if (!s) return false;
   const size_t first = !s->empty() && ((*s)[0] == '-' || (*s)[0] == '+') ? 1 : 0;
   return s->size() > first && s->find_first_not_of("0123456789_", first) == std::string::npos;
+}
+bool fits_int64(const std::string& digits) {
+  std::string plain;
+  for (char c : digits)
+    if (c != '_' && c != '+') plain += c;
+  int64_t v = 0;
+  const auto [end, ec] = std::from_chars(plain.data(), plain.data() + plain.size(), v);
+  return ec == std::errc() && end == plain.data() + plain.size();
 }
 
 // `remat-train keys` documents each key by running its own reader in describe mode: the reader
@@ -89,6 +99,9 @@ int64_t read_int(const toml::node& n, const Origin& o, int64_t lo, int64_t hi, b
                    fmt::format("{}..{}", bound(lo, allow_suffix), bound(hi, allow_suffix))};
     return lo;
   }
+  if (is_digit_string(n) && fits_int64(*n.value<std::string>()))
+    fail(o, fmt::format("expected an integer, got the string \"{}\"", *n.value<std::string>()),
+         fmt::format("write {} without quotes", *n.value<std::string>()));
   if (is_digit_string(n))
     fail(o, fmt::format("{} is out of range", *n.value<std::string>()),
          hi == std::numeric_limits<int64_t>::max()
@@ -317,7 +330,8 @@ std::vector<std::string> read_string_list(const toml::node& n, const Origin& o) 
   const toml::array* arr = n.as_array();
   if (!arr)
     fail(o, fmt::format("expected an array of strings, got {}", type_name(n)),
-         "write e.g. [\"attn\", \"attn.lse\"]");
+         n.is_string() ? fmt::format("write it as a list: [\"{}\"]", *n.value<std::string>())
+                       : std::string("write a list of names, e.g. [\"a\", \"b\"]"));
   std::vector<std::string> out;
   for (const toml::node& e : *arr) out.push_back(read_string(e, o));
   return out;
@@ -532,9 +546,13 @@ const std::vector<KeySpec>& key_specs() {
       {"lora", "rank",
        "LoRA adapters of rank r on the chosen linears, every other weight frozen (docs/lora.md); "
        "0 = off: full fine-tuning",
-       [](Config& c, auto& n, auto& o) { c.lora.rank = read_int(n, o, 0, 65536, false); }},
+       [](Config& c, auto& n, auto& o) {
+         c.lora.rank = read_int(n, o, 0, LoraConfig::kMaxRank, false);
+       }},
       {"lora", "alpha", "the adapters' scale is alpha / rank (alpha / sqrt(rank) with rslora)",
-       [](Config& c, auto& n, auto& o) { c.lora.alpha = read_float(n, o, 1e-6, 1e6); }},
+       [](Config& c, auto& n, auto& o) {
+         c.lora.alpha = read_float(n, o, LoraConfig::kMinAlpha, LoraConfig::kMaxAlpha);
+       }},
       {"lora", "targets",
        "Hugging Face module names that take adapters (llama: q_proj k_proj v_proj o_proj "
        "gate_proj up_proj down_proj; gpt: c_attn c_proj c_fc), matched as peft does; [] = every "
@@ -687,7 +705,8 @@ void validate_lora(const Config& c, const Origins& o) {
   if (const lora::SavedChoice s = lora::select_saved(c.model, l.modules_to_save);
       !s.problem.empty())
     fail(o.of("lora.modules_to_save"), s.problem,
-         "name embeddings, norms or the LM head as in the model's Hugging Face form");
+         "name norms, or an embedding or LM head that is not tied, as in the model's Hugging "
+         "Face form");
 }
 
 // Cross-field checks, each naming the key a user would change.

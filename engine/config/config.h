@@ -178,6 +178,10 @@ struct CheckpointConfig {
 /// with every other parameter frozen except `modules_to_save`. Which modules the names select, the
 /// adapters' names and shapes: engine/config/lora.h.
 struct LoraConfig {
+  // The ranges of lora.rank and lora.alpha, which a PEFT adapter's r and lora_alpha must meet too.
+  static constexpr int64_t kMaxRank = 65536;
+  static constexpr double kMinAlpha = 1e-6, kMaxAlpha = 1e6;
+
   int64_t rank = 0;   // r; 0 = off (full fine-tuning)
   double alpha = 16;  // scale s = alpha / rank (alpha / sqrt(rank) with rslora)
   // Hugging Face module names, matched as peft does (llama: q_proj k_proj v_proj o_proj gate_proj

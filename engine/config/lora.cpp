@@ -43,9 +43,9 @@ std::vector<Module> modules_of(const ModelConfig& m) {
   };
   auto tied = [&](const std::string& name, const char* what) {
     out.push_back({name, std::nullopt, std::nullopt,
-                   fmt::format("{} is tied to the {} (one matrix here), and peft would train a "
+                   fmt::format("tied to the {} (one matrix here), and peft would train a "
                                "copy of it alone",
-                               name, what)});
+                               what)});
   };
   const int64_t C = m.n_embd, FF = m.ff();
   other(root);
@@ -175,7 +175,8 @@ SavedChoice select_saved(const ModelConfig& m, const std::vector<std::string>& n
       // peft matches modules_to_save on the PeftModel, whose names carry its two wrappers.
       const std::string key = mod.name.rfind("base_model", 0) == 0 ? mod.name : prefix + mod.name;
       if (n.empty() || !ends_with(key, n)) continue;
-      if (!mod.refusal.empty()) return {{}, fmt::format("'{}' selects {}", n, mod.refusal)};
+      if (!mod.refusal.empty())
+        return {{}, fmt::format("'{}' selects {}, which is {}", n, mod.name, mod.refusal)};
       if (!mod.saved)
         return {{},
                 fmt::format("'{}' selects {}, which is not an embedding, a norm or the LM head "

@@ -4,12 +4,16 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
 
 #include "engine/core/error.h"
+#include "engine/core/regular_file.h"
 #include "engine/model_files/hf_names.h"
 #include "engine/model_files/safetensors.h"
 
@@ -54,7 +58,9 @@ std::vector<std::string> name_list(const Json& j, const std::string& key, const 
     refuse(path,
            fmt::format("{} is the regular expression \"{}\", which this build does not match", key,
                        v.get<std::string>()),
-           fmt::format("list the module names in {} (e.g. [\"q_proj\", \"v_proj\"])", key));
+           fmt::format("list the module names in {} (e.g. {})", key,
+                       key == "modules_to_save" ? "[\"input_layernorm\", \"lm_head\"]"
+                                                : "[\"q_proj\", \"v_proj\"]"));
   if (!v.is_array()) refuse(path, fmt::format("{} is not a list", key), "save the adapter again");
   std::vector<std::string> out;
   for (const Json& e : v) {
@@ -118,15 +124,30 @@ void check_config(const Json& j, const std::string& path, const ModelConfig& m,
   if (!j.contains("r") || !j["r"].is_number_integer())
     refuse(path, "r is missing or not an integer", "save the adapter again");
   const int64_t r = j["r"].get<int64_t>();
+  if (r < 1 || r > LoraConfig::kMaxRank)
+    refuse(path,
+           fmt::format("r = {} is not a rank this build trains (1 to {})", r, LoraConfig::kMaxRank),
+           "give an adapter saved by peft with its rank r");
   if (r != l.rank)
     refuse(path, fmt::format("r = {} but lora.rank = {}", r, l.rank),
            fmt::format("set lora.rank = {} (the adapter's rank)", r));
   if (!j.contains("lora_alpha") || !j["lora_alpha"].is_number())
     refuse(path, "lora_alpha is missing or not a number", "save the adapter again");
   const double alpha = j["lora_alpha"].get<double>();
+  if (!(alpha >= LoraConfig::kMinAlpha && alpha <= LoraConfig::kMaxAlpha))
+    refuse(path,
+           fmt::format("lora_alpha = {} is outside what lora.alpha takes ({:g} to {:g})", alpha,
+                       LoraConfig::kMinAlpha, LoraConfig::kMaxAlpha),
+           "give an adapter with a positive lora_alpha");
   if (alpha != l.alpha)
     refuse(path, fmt::format("lora_alpha = {} but lora.alpha = {}", alpha, l.alpha),
            fmt::format("set lora.alpha = {} (the adapter's scale is alpha / rank)", alpha));
+  // peft reads these by truthiness (1 or "yes" would switch rslora on there): only a boolean or
+  // null is read here, anything else refused rather than taken as false.
+  for (const char* key : {"use_rslora", "fan_in_fan_out", "inference_mode"})
+    if (j.contains(key) && !j[key].is_boolean() && !j[key].is_null())
+      refuse(path, fmt::format("{} = {} is not true or false", key, j[key].dump()),
+             "save the adapter again (peft writes a boolean)");
   const bool rslora =
       j.contains("use_rslora") && j["use_rslora"].is_boolean() && j["use_rslora"].get<bool>();
   if (rslora != l.rslora)
@@ -156,14 +177,23 @@ void check_config(const Json& j, const std::string& path, const ModelConfig& m,
            fmt::format("set lora.modules_to_save = {}", toml_list(saved)));
 }
 
+// A folder, FIFO or device named adapter_config.json is refused before a byte is read (a FIFO
+// would block forever).
 Json read_json(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  if (!in)
-    refuse(p.string(), "missing: not a PEFT adapter folder",
+  RegularFile f = RegularFile::open_read(p.string());
+  if (!f.ok())
+    refuse(p.string(),
+           f.problem() == RegularFile::Problem::Missing ? "missing: not a PEFT adapter folder"
+                                                        : f.problem_text(),
            "give the folder save_pretrained wrote (adapter_config.json and "
            "adapter_model.safetensors)");
+  constexpr uint64_t kMaxConfigBytes = uint64_t{16} << 20;  // peft's are a few KB
+  std::string text;
+  if (const int err = f.read_all(text, kMaxConfigBytes))
+    refuse(p.string(), err == EFBIG ? "over 16 MB: not an adapter_config.json" : std::strerror(err),
+           "save the adapter again");
   try {
-    return Json::parse(in);
+    return Json::parse(text);
   } catch (const Json::exception& e) {
     refuse(p.string(), fmt::format("not valid JSON ({})", e.what()), "save the adapter again");
   }
@@ -194,7 +224,8 @@ std::map<std::string, std::vector<float>> read_adapter(const std::string& dir, c
   const fs::path config = fs::path(dir) / kConfigFile;
   std::error_code ec;
   if (!fs::is_directory(dir, ec))
-    refuse(dir, "no such folder", "give the folder of a PEFT LoRA adapter (save_pretrained's)");
+    refuse(dir, fs::exists(fs::symlink_status(dir, ec)) ? "not a folder" : "no such folder",
+           "give the folder of a PEFT LoRA adapter (save_pretrained's)");
   const Json j = read_json(config);
   check_config(j, config.string(), m, l);
   if (base_note)
@@ -239,6 +270,12 @@ std::map<std::string, std::vector<float>> read_adapter(const std::string& dir, c
     const st::TensorInfo& info = *file.find(t.theirs);
     std::vector<float> v(static_cast<size_t>(info.bytes() / st::dtype_bytes(info.dtype)));
     st::to_f32(info.dtype, file.data(info), v.size(), v.data());
+    // A NaN or an infinity would only show as a diverged loss at step 1, blamed on the schedule.
+    const auto bad = std::find_if(v.begin(), v.end(), [](float x) { return !std::isfinite(x); });
+    if (bad != v.end())
+      refuse(weights.string(),
+             fmt::format("tensor '{}' holds {} at element {}", t.theirs, *bad, bad - v.begin()),
+             "give an adapter whose weights are finite (save it again from a healthy run)");
     out[t.ours] = std::move(v);
   }
   return out;

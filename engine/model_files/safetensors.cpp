@@ -30,7 +30,10 @@ constexpr size_t kDataAlignment = 8;
 // Linux writes at most ~2 GiB per call; larger tensors go in pieces.
 constexpr size_t kMaxWriteChunk = size_t{1} << 30;
 
-constexpr const char* kFixCorrupt = "resume from an earlier checkpoint, or write the file again";
+// safetensors files come from checkpoints, Hugging Face downloads and PEFT adapters alike.
+constexpr const char* kFixCorrupt =
+    "write the file again (a checkpoint's: resume from an earlier checkpoint; a model's or an "
+    "adapter's: download or save it again)";
 
 [[noreturn]] void fail(const std::string& path, const std::string& problem,
                        const std::string& fix = kFixCorrupt) {
