@@ -415,18 +415,18 @@ int run(int argc, char** argv) {
                              "Weights above this size go into shards with an index (default 5GB, "
                              "as save_pretrained)")};
 
-  std::vector<std::string> args;
+  std::vector<std::string> args, names_of_subcommands;
   try {
-    std::vector<std::string> names;
+    std::vector<std::string>& names = names_of_subcommands;
     for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; }))
       names.push_back(sub->get_name());
     args = with_default_subcommand(argc, argv, names);
   } catch (const remat::ConfigError& e) {
     fmt::print(stderr, "error: {}\n", e.what());
-    fmt::print(stderr, "Run with --help for more information.\n");
     return kExitUsage;
   }
-  std::reverse(args.begin(), args.end());  // CLI11 takes a reversed vector
+  std::reverse(args.begin(), args.end());       // CLI11 takes a reversed vector
+  const std::vector<std::string> given = args;  // parse() consumes args
   try {
     if (!args.empty() && args.back() == "--version") {
       fmt::print("{}", remat::cli::version_text());
@@ -436,7 +436,17 @@ int run(int argc, char** argv) {
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    app.exit(e);
+    if (e.get_exit_code() == 0) return app.exit(e);
+    // One line, as every other refusal: the parser's complaint and where the flags are listed.
+    std::string what = e.what();
+    while (!what.empty() && (what.back() == '.' || what.back() == '\n')) what.pop_back();
+    std::string sub;  // the first word that names a subcommand (reversed, as parse() took it)
+    for (auto it = given.rbegin(); it != given.rend() && sub.empty(); ++it)
+      if (std::find(names_of_subcommands.begin(), names_of_subcommands.end(), *it) !=
+          names_of_subcommands.end())
+        sub = *it + " ";
+    fmt::print(stderr, "error: {}. Fix: see `remat-train {}--help` (docs/commands.md)\n", what,
+               sub);
     return kExitUsage;
   }
   if (!train_cmd->parsed() && remat::parallel::launched_ranks() > 1)

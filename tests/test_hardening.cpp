@@ -536,6 +536,25 @@ TEST_CASE("fault 14: a model too wide for memory is exit 3 with the breakdown, n
   CHECK_THAT(r.out, Contains("out of memory") && !Contains("std::"));
 }
 
+TEST_CASE("a flag the parser refuses is one line, exit 2, naming the subcommand's --help",
+          "[hardening][smoke]") {
+  const std::pair<const char*, const char*> cases[] = {
+      {"export --checkpoint x --hf a --adapter b",
+       "--hf excludes --adapter. Fix: see "
+       "`remat-train export --help`"},
+      {"train --init-adapter",
+       "--init-adapter: 1 required TEXT missing. Fix: see `remat-train "
+       "train --help`"},
+      {"--bogus", "not expected: --bogus. Fix: see `remat-train train --help`"}};
+  for (const auto& [cmd, want] : cases) {
+    const auto r = run_binary(cmd, true);
+    INFO(cmd << "\n" << r.out);
+    CHECK(r.code == 2);
+    CHECK_THAT(r.out, Contains(want));
+    CHECK(std::count(r.out.begin(), r.out.end(), '\n') == 1);
+  }
+}
+
 TEST_CASE("fault 16: --steps 0 says it must be >= 1", "[hardening][smoke]") {
   for (const char* cmd : {"compare --config configs/tiny.toml --steps 0",
                           "sweep --config configs/tiny.toml --seq-lens 64 --steps 0",
