@@ -23,6 +23,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cmd/commands.h"
+#include "cmd/train_lora.h"
 #include "data/eval_windows.h"
 #include "data/passkey_tasks.h"
 #include "engine/core/error.h"
@@ -84,7 +85,18 @@ Source resolve_source(const EvalOptions& opt, Config& cfg) {
   } else {
     src.checkpoint = resolve_checkpoint(opt.checkpoint, "eval");
   }
-  // The run's own config, as state.json keeps it, with --set on top (device, remat, data).
+  // The run's own config, as state.json keeps it, with --set on top (device, remat, data, and a
+  // RoPE scaling to score it under): never another model, which would be scored silently.
+  for (const std::string& set : opt.overrides) {
+    const std::string key = set.substr(0, set.find('='));
+    const bool model_key = key.rfind("model.", 0) == 0 && key.rfind("model.rope_scaling", 0) != 0 &&
+                           key != "model.max_position_embeddings";
+    if (model_key || key.rfind("lora.", 0) == 0)
+      throw ConfigError(fmt::format(
+          "--set {}: [eval] scores the checkpoint's own model, and {} would change it. Fix: drop "
+          "it (to score another model: export it with export --hf DIR, then eval --model hf:DIR)",
+          set, key));
+  }
   const Checkpoint ckpt(src.checkpoint);
   cfg = parse_config(ckpt.state().config_toml, src.checkpoint + "/state.json", opt.overrides);
   src.name = src.checkpoint;
@@ -214,7 +226,7 @@ int loss_by_position(const EvalOptions& opt, Config cfg, const Source& src, Back
     Json j = {{"eval", "loss_by_position"},
               {"label", opt.label.empty() ? src.name : opt.label},
               {"source", src.name},
-              {"model", model->describe()},
+              {"model", model->describe() + lora_summary(cfg, *model)},
               {"rope_scaling", std::string(rope_type_name(cfg.model.rope_scaling.kind))},
               {"seq_len", T},
               {"windows", n},
@@ -231,7 +243,8 @@ int loss_by_position(const EvalOptions& opt, Config cfg, const Source& src, Back
     fmt::print("{}\n", j.dump(1));
     return 0;
   }
-  fmt::print("eval   {} | {} | seq_len {} | {}\n", src.name, model->describe(), T, backend_line);
+  fmt::print("eval   {} | {} | seq_len {} | {}\n", src.name,
+             model->describe() + lora_summary(cfg, *model), T, backend_line);
   fmt::print("data   {}\n", windows.describe(n));
   fmt::print("{:<16}{:>10}{:>12}\n", "positions", "tokens", "mean loss");
   for (const Bin& b : bins)
@@ -296,7 +309,7 @@ int passkey(const EvalOptions& opt, Config cfg, const Source& src, Backend& be,
     std::unique_ptr<Model> model = make_model(cfg, be);
     load_model_weights(src, cfg, be, *model);
     model->set_training(false);
-    model_line = model->describe();
+    model_line = model->describe() + lora_summary(cfg, *model);
     for (const PasskeyTask& t : tasks.tasks()) {
       if (t.length != length) continue;
       tasks.read(t, tokens, mask);

@@ -155,10 +155,16 @@ std::string load_init_adapter(const std::string& dir, const Config& cfg, Backend
 
 std::string lora_summary(const Config& cfg, const Model& model) {
   if (!cfg.lora.enabled()) return "";
-  return fmt::format(" + LoRA r {} (alpha {}{}) on {} linears, {:.3f}M trainable", cfg.lora.rank,
-                     cfg.lora.alpha, cfg.lora.rslora ? ", rslora" : "",
-                     lora::select_sites(cfg.model, cfg.lora.targets).sites.size(),
-                     static_cast<double>(model.n_trainable_params()) / 1e6);
+  // The frozen base's storage too: the load line before it names the folder's dtype, not this.
+  const std::string base =
+      cfg.lora.base == "nf4"
+          ? fmt::format("NF4{}", cfg.lora.double_quant ? " with nested absmax" : "")
+          : cfg.lora.base;
+  return fmt::format(
+      " + LoRA r {} (alpha {}{}) on {} linears of a frozen {} base, {:.3f}M trainable",
+      cfg.lora.rank, cfg.lora.alpha, cfg.lora.rslora ? ", rslora" : "",
+      lora::select_sites(cfg.model, cfg.lora.targets).sites.size(), base,
+      static_cast<double>(model.n_trainable_params()) / 1e6);
 }
 
 }  // namespace remat::cli

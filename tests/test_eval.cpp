@@ -384,6 +384,13 @@ TEST_CASE("eval refuses in one line: a length the budget cannot hold, nothing or
                        true);
   CHECK(r.code == 2);
   CHECK_THAT(r.out, Contains("the config holds no data out") && Contains("pass --data FILES"));
+  // A key that changes the model scored is refused, never applied silently; a RoPE scaling is not.
+  for (const char* set : {"model.n_layer=1", "lora.rank=4", "lora.alpha=1000"}) {
+    r = test::run_binary(fmt::format("eval --checkpoint {} --set {}", t.checkpoint, set), true);
+    INFO(set << "\n" << r.out);
+    CHECK(r.code == 2);
+    CHECK_THAT(r.out, Contains("scores the checkpoint's own model") && Contains("export --hf"));
+  }
   r = test::run_binary(
       fmt::format("eval --checkpoint {} --passkey {}", t.checkpoint, t.dir / "no-such-folder"),
       true);

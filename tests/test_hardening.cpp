@@ -525,6 +525,15 @@ TEST_CASE("fault 17: an integer too large for TOML is out of range, not a string
                remat::parse_config(gpt, "f", {"lora.rank=4", "lora.modules_to_save=[\"wte\"]"});
              }),
              Contains("'wte' selects transformer.wte, which is tied to the LM head"));
+  // transformers' quantisation flag in [model]: unknown here, with where 4-bit bases live.
+  CHECK_THAT(
+      config_error([&] { remat::parse_config(gpt, "f", {"model.load_in_4bit=true"}); }),
+      Contains("unknown key 'load_in_4bit' in [model]") && Contains("[lora] base = \"nf4\""));
+  // [lora] keys on the MLP, which has no blocks: the fix says so rather than "set lora.rank".
+  CHECK_THAT(
+      config_error(
+          [&] { remat::parse_config("[model]\nkind = \"mlp\"\n", "f", {"lora.base=\"nf4\""}); }),
+      Contains("remove lora.base") && Contains("\"mlp\" has none") && !Contains("set lora.rank"));
 }
 
 // ---- 14, 16, 18, 19: messages and exit codes at the command line ----

@@ -469,8 +469,8 @@ TEST_CASE("cli: a LoRA run starts from a PEFT adapter, checkpoints only it, and 
                                                      (g.dir / "adapter").string()));
   INFO(run.out);
   REQUIRE(run.code == 0);
-  CHECK_THAT(run.out, Contains("+ LoRA r 4 (alpha 8) on 14 linears") && Contains("adapters from") &&
-                          Contains("(31 tensors"));
+  CHECK_THAT(run.out, Contains("+ LoRA r 4 (alpha 8) on 14 linears of a frozen fp32 base") &&
+                          Contains("adapters from") && Contains("(31 tensors"));
   // The checkpoint holds the adapters and the modules trained whole, and no base weight.
   const fs::path ck = tmp.path / "ckpt/step_00000002";
   const safetensors::Reader saved((ck / "model.safetensors").string());
@@ -559,6 +559,11 @@ TEST_CASE("cli: a QLoRA run merges its adapters into the base folder's original 
                          g.dir.string(), (g.dir / "adapter").string(), base, base));
     INFO(run.out);
     REQUIRE(run.code == 0);
+    // What the base is kept as, in the load line and the model's.
+    const bool nf4 = std::string(base) == "nf4";
+    CHECK_THAT(run.out, Contains(nf4 ? "(F32 -> bf16, f32, nf4 (double quant))" : "(F32 -> f32)") &&
+                            Contains(nf4 ? "of a frozen NF4 with nested absmax base"
+                                         : "of a frozen fp32 base"));
     const CliResult ex = run_command(
         cd + fmt::format("export --checkpoint ckpt-{} --hf merged-{} --dtype fp32", base, base));
     INFO(ex.out);

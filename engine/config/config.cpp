@@ -609,6 +609,16 @@ std::string pos(const std::string& file, const toml::source_region& r) {
   return fmt::format("{}:{}:{}", file, r.begin.line, r.begin.column);
 }
 
+// The fix for an unknown key: the section's keys, or where transformers' quantisation flags
+// (load_in_4bit, quantization_config, ...) live here.
+std::string unknown_key_fix(const std::string& section, const std::string& key) {
+  if (section == "model" &&
+      (key.find("4bit") != std::string::npos || key.find("8bit") != std::string::npos ||
+       key.find("quant") != std::string::npos))
+    return "a frozen 4-bit base is [lora] base = \"nf4\" (docs/lora.md)";
+  return fmt::format("valid keys are {}", fmt::join(keys_of(section), ", "));
+}
+
 // Reads one section table into the config.
 void read_section(Config& c, const std::string& section, const toml::table& tbl, Origins& origins,
                   const std::function<std::string(const std::string&, const toml::node&)>& where) {
@@ -620,8 +630,7 @@ void read_section(Config& c, const std::string& section, const toml::table& tbl,
       if (section == s.section && key == s.key) spec = &s;
     Origin o{where(full, node), full};
     if (!spec)
-      fail(o, fmt::format("unknown key '{}' in [{}]", key, section),
-           fmt::format("valid keys are {}", fmt::join(keys_of(section), ", ")));
+      fail(o, fmt::format("unknown key '{}' in [{}]", key, section), unknown_key_fix(section, key));
     origins.set(full, o.where);
     spec->read(c, node, o);
   }
@@ -688,7 +697,11 @@ void validate_lora(const Config& c, const Origins& o) {
         fail(
             o.of(key),
             fmt::format("{} is set while lora.rank = 0, which is LoRA off (full fine-tuning)", key),
-            fmt::format("set lora.rank (e.g. 16) to train adapters, or remove {}", key));
+            c.model.kind == ModelKind::Mlp
+                ? fmt::format("remove {}: LoRA adapts a language model's blocks, and model.kind "
+                              "= \"mlp\" has none",
+                              key)
+                : fmt::format("set lora.rank (e.g. 16) to train adapters, or remove {}", key));
     return;
   }
   if (o.all().count("lora.double_quant") && l.base != "nf4")
@@ -939,6 +952,12 @@ std::optional<hf::ModelKeys> expand_from_hf(toml::table& root, const WhereFn& wh
   const std::string dir = read_hf_folder(*model->get("from_hf"), o);
   for (auto&& [k, v] : *model) {
     const std::string key(k.str());
+    const bool known = std::any_of(key_specs().begin(), key_specs().end(), [&](const KeySpec& s) {
+      return std::string_view(s.section) == "model" && key == s.key;
+    });
+    if (!known)  // a typo, or transformers' own flags (load_in_4bit: lora.base = "nf4" here)
+      fail({where("model." + key, v), "model." + key},
+           fmt::format("unknown key '{}' in [model]", key), unknown_key_fix("model", key));
     if (key != "from_hf" && key != "vocab_size")
       fail({where("model." + key, v), "model." + key},
            fmt::format("set beside model.from_hf = \"{}\", whose config.json gives every "

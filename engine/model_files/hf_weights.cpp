@@ -368,9 +368,12 @@ std::string load_weights(const std::string& dir, const ModelConfig& m, Backend& 
            kFixAnotherModel);
 
   std::vector<float> host, scratch;
+  std::set<std::string> stored;  // what the parameters keep: f32, or a frozen base's bf16 / nf4
   for (const Mapping& mp : maps) {
     assemble(sd, mp, host, scratch);
-    upload_weight(be, param_named(model, mp.ours).value.tensor(), host.data());
+    const Tensor& dst = param_named(model, mp.ours).value.tensor();
+    stored.insert(dtype_name(dst.dtype));
+    upload_weight(be, dst, host.data());
   }
 
   std::string vocab_note;
@@ -380,11 +383,12 @@ std::string load_weights(const std::string& dir, const ModelConfig& m, Backend& 
   else if (*file_vocab < m.vocab_size)
     vocab_note = fmt::format("; vocabulary rows {}..{} added as zeros (model.vocab_size = {})",
                              *file_vocab, m.vocab_size - 1, m.vocab_size);
-  return fmt::format(
-      "{} tensors from {} file{} ({} -> f32){}{}{}{}", used.size() - !head_note.empty(),
-      sd.n_files(), sd.n_files() == 1 ? "" : "s", fmt::join(dtypes, ", "), vocab_note, head_note,
-      buffers ? fmt::format("; {} buffers skipped (recomputed)", buffers) : "",
-      sd.index_ignored() ? fmt::format("; {} beside it not read (transformers loads {} first)",
+  return fmt::format("{} tensors from {} file{} ({} -> {}){}{}{}{}",
+                     used.size() - !head_note.empty(), sd.n_files(), sd.n_files() == 1 ? "" : "s",
+                     fmt::join(dtypes, ", "), fmt::join(stored, ", "), vocab_note, head_note,
+                     buffers ? fmt::format("; {} buffers skipped (recomputed)", buffers) : "",
+                     sd.index_ignored()
+                         ? fmt::format("; {} beside it not read (transformers loads {} first)",
                                        kIndexFile, kSingleFile)
                          : "");
 }
