@@ -487,11 +487,12 @@ void refuse_plan_over_budget(const Planner& planner, const Config& cfg, const Dr
       "over the budget of {}: {}. {}; `remat-train plan` shows what fits.",
       format_bytes(predicted.peak.total_bytes), predicted.peak.total_bytes, predicted.peak.phase,
       format_bytes(budget), cats,
-      fitting.empty()
-          ? "Fix: no remat policy fits at this train.seq_len and train.batch_size: lower them, or "
-            "raise device.memory"
-          : "Fix: policies that fit: " + fitting +
-                " (set remat.policy), or lower train.batch_size or train.seq_len"));
+      (fitting.empty()
+           ? "Fix: no remat policy fits at this train.seq_len and train.batch_size: lower them, or "
+             "raise device.memory"
+           : "Fix: policies that fit: " + fitting +
+                 " (set remat.policy), or lower train.batch_size or train.seq_len") +
+          smaller_lora_base_fix(cfg)));
 }
 
 }  // namespace

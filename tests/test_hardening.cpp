@@ -534,6 +534,12 @@ TEST_CASE("fault 17: an integer too large for TOML is out of range, not a string
       config_error(
           [&] { remat::parse_config("[model]\nkind = \"mlp\"\n", "f", {"lora.base=\"nf4\""}); }),
       Contains("remove lora.base") && Contains("\"mlp\" has none") && !Contains("set lora.rank"));
+  // A Hugging Face GPT-2 folder's learned positions bound the length: the one fix that applies.
+  CHECK_THAT(config_error([&] {
+               remat::load_config("hf:" + std::string(REMAT_SOURCE_DIR) + "/tests/golden/hf/gpt2",
+                                  {"train.seq_len=100000"});
+             }),
+             Contains("set train.seq_len to at most 32") && !Contains("model.n_ctx,"));
 }
 
 // ---- 14, 16, 18, 19: messages and exit codes at the command line ----

@@ -587,6 +587,12 @@ TEST_CASE("hf config.json: what is not computed here is refused, naming the key"
   g["tie_word_embeddings"] = false;
   write_file(tmp.path / "config.json", g.dump());
   CHECK_THAT(config_error("hf:" + tmp.str()), Contains("tie_word_embeddings = false"));
+  // AutoGPTQ's older layout: quantize_config.json beside a config.json without quantization_config.
+  write_file(tmp.path / "config.json", gpt2_config({}).dump());
+  write_file(tmp.path / "quantize_config.json", R"({"bits": 4, "group_size": 128})");
+  CHECK_THAT(config_error("hf:" + tmp.str()),
+             Contains("quantize_config.json (AutoGPTQ's)") && Contains("use the unquantized"));
+  fs::remove(tmp.path / "quantize_config.json");
   // The [model] table is the folder's: another key beside from_hf names itself (vocab_size, a
   // padded vocabulary, is the one exception).
   write_file(tmp.path / "config.json", llama_config({}).dump());

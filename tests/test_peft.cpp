@@ -604,6 +604,16 @@ TEST_CASE("cli: LoRA refuses a run without a base, and an adapter without LoRA",
   CHECK(r.code == 2);
   CHECK_THAT(r.out, Contains("an adapter starts from the base it was trained on") &&
                         Contains("Fix: pass --init hf:DIR"));
+  // Out of memory whatever the length: the fix names the frozen base's storage too.
+  for (const char* policy : {"auto", "full"}) {
+    r = run_command(cd + fmt::format("train --config lora2.toml --init hf:{} --set checkpoint.dir= "
+                                     "--set device.memory=400KiB --set remat.policy={}",
+                                     g.dir.string(), policy));
+    INFO(r.out);
+    CHECK(r.code == 3);
+    CHECK_THAT(r.out, Contains("keep the frozen base in bf16 or NF4 (lora.base = \"bf16\" or "
+                               "\"nf4\")"));
+  }
   // The adapter folder given as --init, with LoRA on and off.
   for (const char* rank : {"4", "0"}) {
     r = run_command(cd + fmt::format("train --config lora2.toml --set lora.rank={} --init {}", rank,

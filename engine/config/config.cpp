@@ -739,10 +739,14 @@ void validate(const Config& c, const Origins& o) {
                       : "choose n_head so that n_embd / n_head is even");
     validate_model_family(c, o);
     if (m.position == PositionKind::Learned && t.seq_len > m.n_ctx)
-      fail(o.of("train.seq_len"),
-           fmt::format("seq_len = {} exceeds model.n_ctx = {} with learned positions", t.seq_len,
-                       m.n_ctx),
-           "raise model.n_ctx, lower train.seq_len, or set model.position = \"rope\"");
+      fail(
+          o.of("train.seq_len"),
+          fmt::format("seq_len = {} exceeds model.n_ctx = {} with learned positions", t.seq_len,
+                      m.n_ctx),
+          // A Hugging Face folder's model is its config.json's: only the length can change.
+          c.model.from_hf.empty()
+              ? "raise model.n_ctx, lower train.seq_len, or set model.position = \"rope\""
+              : fmt::format("set train.seq_len to at most {} (the folder's n_positions)", m.n_ctx));
     if (c.data.task == "regression")
       fail(o.of("data.task"), "the regression task is for model.kind = \"mlp\"",
            "use task = \"random\" or \"copy\"");

@@ -132,11 +132,19 @@ class ConfigFile {
 // what such a folder is usually for. lora.base = "nf4" quantises at load, from the unquantised
 // weights, as transformers' load_in_4bit does.
 void refuse_quantized(const ConfigFile& f, const Json& j) {
+  constexpr const char* kWhy =
+      "quantized weights are not imported, for LoRA on them either (lora.base = \"nf4\" "
+      "quantizes at load, from the unquantized weights)";
+  constexpr const char* kFix = "use the unquantized checkpoint (bf16, fp16 or fp32)";
   if (const Json* q = ConfigFile::get(j, "quantization_config"))
-    f.refuse("quantization_config", q,
-             "quantized weights are not imported, for LoRA on them either (lora.base = \"nf4\" "
-             "quantizes at load, from the unquantized weights)",
-             "use the unquantized checkpoint (bf16, fp16 or fp32)");
+    f.refuse("quantization_config", q, kWhy, kFix);
+  // AutoGPTQ's older layout says so in a file of its own beside config.json.
+  namespace fs = std::filesystem;
+  const fs::path gptq = fs::path(f.path()).parent_path() / "quantize_config.json";
+  std::error_code ec;
+  if (fs::exists(gptq, ec))
+    throw ConfigError(fmt::format("{}: [hf] the folder holds {} (AutoGPTQ's): {}. Fix: {}",
+                                  f.path(), gptq.filename().string(), kWhy, kFix));
 }
 
 constexpr size_t kMaxConfigJsonBytes = 16u << 20;

@@ -388,6 +388,13 @@ std::string AutoPlan::summary() const {
       100.0 * recompute_overhead, format_bytes(peak_bytes), format_bytes(budget_bytes), host);
 }
 
+std::string smaller_lora_base_fix(const Config& cfg) {
+  if (!cfg.lora.enabled() || cfg.lora.base == "nf4") return "";
+  return cfg.lora.base == "bf16"
+             ? ", or keep the frozen base in NF4 (lora.base = \"nf4\")"
+             : ", or keep the frozen base in bf16 or NF4 (lora.base = \"bf16\" or \"nf4\")";
+}
+
 std::string AutoPlan::infeasible_message() const {
   std::string how;
   if (every > 1) how += fmt::format(", checkpoint segments of {} blocks", every);
@@ -399,11 +406,12 @@ std::string AutoPlan::infeasible_message() const {
   return fmt::format(
       "[planner] remat.policy = \"auto\": no plan fits the budget of {} ({} B); the smallest "
       "achievable peak is {} ({} B, every block \"full\"{}). Fix: set device.memory = {} or "
-      "more{}, or lower train.batch_size or train.seq_len; `remat-train plan` shows what fits.",
+      "more{}, or lower train.batch_size or train.seq_len{}; `remat-train plan` shows what fits.",
       format_bytes(budget_bytes), budget_bytes, format_bytes(min_peak_bytes), min_peak_bytes, how,
       min_peak_bytes,
       host_short ? fmt::format(" and device.host_memory = {} or more", min_host_peak_bytes)
-                 : std::string());
+                 : std::string(),
+      smaller_base);
 }
 
 int64_t default_tile_tokens(int64_t rows) {
@@ -530,6 +538,7 @@ AutoPlan choose_auto(const Planner& planner, const Config& cfg) {
     if (best.fits) break;
   }
   best.n_dry_runs = n_dry_runs;
+  best.smaller_base = smaller_lora_base_fix(cfg);
   return best;
 }
 

@@ -218,6 +218,7 @@ struct AutoPlan {
   OffloadKind offload = OffloadKind::None;  // what the plan keeps in host memory (remat.offload)
   uint64_t host_peak_bytes = 0;             // predicted host-pool peak of `policies`
   uint64_t host_budget_bytes = 0;
+  std::string smaller_base;  // smaller_lora_base_fix of the config, for infeasible_message
   /// The mix in plan order, block 0 first: "1 x full, 1 x save_attn, 2 x none".
   std::string mix() const;
   /// "chose 1 x full, 3 x none (recompute +4.2%, predicted peak 1.10 GiB of budget 1.20 GiB)".
@@ -225,6 +226,10 @@ struct AutoPlan {
   /// The one-line OutOfMemory message when nothing fits (smallest peak, budget, hint).
   std::string infeasible_message() const;
 };
+
+/// For a LoRA run whose frozen base is fp32 or bf16, the out-of-memory fix that no seq_len gives
+/// (", or keep the frozen base in bf16 or NF4 (lora.base = ...)"); "" otherwise.
+std::string smaller_lora_base_fix(const Config& cfg);
 
 /// `cfg` with its [remat] section replaced by the per-block plan `policies`, checkpointed blocks
 /// in segments of `every`.
