@@ -4,7 +4,6 @@
 #include <fmt/format.h>
 
 #include <filesystem>
-#include <set>
 #include <string>
 
 #include "engine/config/lora.h"
@@ -114,20 +113,17 @@ void refuse_adapter_as_init(const std::string& init_path) {
 }
 
 bool same_lora_selection(const std::string& key, const Config& saved, const Config& now) {
-  auto modules = [](const auto& chosen) {
-    std::set<std::string> out;
-    for (const auto& x : chosen) out.insert(x.module);
-    return out;
-  };
   if (key == "lora.targets") {
     const lora::SiteChoice a = lora::select_sites(saved.model, saved.lora.targets);
     const lora::SiteChoice b = lora::select_sites(now.model, now.lora.targets);
-    return a.problem.empty() && b.problem.empty() && modules(a.sites) == modules(b.sites);
+    return a.problem.empty() && b.problem.empty() &&
+           lora::module_names(a.sites) == lora::module_names(b.sites);
   }
   if (key == "lora.modules_to_save") {
     const lora::SavedChoice a = lora::select_saved(saved.model, saved.lora.modules_to_save);
     const lora::SavedChoice b = lora::select_saved(now.model, now.lora.modules_to_save);
-    return a.problem.empty() && b.problem.empty() && modules(a.modules) == modules(b.modules);
+    return a.problem.empty() && b.problem.empty() &&
+           lora::module_names(a.modules) == lora::module_names(b.modules);
   }
   return false;
 }

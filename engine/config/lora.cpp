@@ -165,6 +165,17 @@ SiteChoice select_sites(const ModelConfig& m, const std::vector<std::string>& ta
   return out;
 }
 
+std::set<std::string> module_names(const std::vector<Site>& sites) {
+  std::set<std::string> out;
+  for (const Site& s : sites) out.insert(s.module);
+  return out;
+}
+std::set<std::string> module_names(const std::vector<SavedModule>& modules) {
+  std::set<std::string> out;
+  for (const SavedModule& m : modules) out.insert(m.module);
+  return out;
+}
+
 SavedChoice select_saved(const ModelConfig& m, const std::vector<std::string>& names) {
   const std::vector<Module> mods = modules_of(m);
   const std::string prefix = "base_model.model.";

@@ -25,6 +25,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -68,6 +69,11 @@ struct SavedChoice {
   std::string problem;
 };
 SavedChoice select_saved(const ModelConfig& m, const std::vector<std::string>& names);
+
+/// The modules a choice holds, by name: two lists written otherwise (targets = [] and the seven
+/// Llama names) are one choice when these are equal (a PEFT folder against the run, a resume).
+std::set<std::string> module_names(const std::vector<Site>& sites);
+std::set<std::string> module_names(const std::vector<SavedModule>& modules);
 
 /// Whether a LoRA run leaves the LM head frozen: no modules_to_save entry trains it (a tied head
 /// never trains under LoRA). False with LoRA off.

@@ -31,18 +31,6 @@ const std::string kPrefix = "base_model.model.";
   throw CheckpointError(fmt::format("[peft] {}: {}. Fix: {}", where, problem, fix));
 }
 
-// The set of modules a list of names selects, for comparing a folder's with the run's.
-std::set<std::string> site_modules(const std::vector<lora::Site>& sites) {
-  std::set<std::string> out;
-  for (const lora::Site& s : sites) out.insert(s.module);
-  return out;
-}
-std::set<std::string> saved_modules(const std::vector<lora::SavedModule>& mods) {
-  std::set<std::string> out;
-  for (const lora::SavedModule& s : mods) out.insert(s.module);
-  return out;
-}
-
 std::string toml_list(const std::vector<std::string>& names) {
   std::vector<std::string> quoted;
   for (const auto& n : names) quoted.push_back(fmt::format("\"{}\"", n));
@@ -159,7 +147,8 @@ void check_config(const Json& j, const std::string& path, const ModelConfig& m,
   const lora::SiteChoice theirs = lora::select_sites(m, targets);
   if (!theirs.problem.empty())
     refuse(path, "target_modules: " + theirs.problem, "give an adapter of this model");
-  if (site_modules(theirs.sites) != site_modules(lora::select_sites(m, l.targets).sites))
+  if (lora::module_names(theirs.sites) !=
+      lora::module_names(lora::select_sites(m, l.targets).sites))
     refuse(path,
            fmt::format("target_modules = {} adapt {} modules, lora.targets = {} adapt {}",
                        toml_list(targets), theirs.sites.size(), toml_list(l.targets),
@@ -169,8 +158,8 @@ void check_config(const Json& j, const std::string& path, const ModelConfig& m,
   const lora::SavedChoice their_saved = lora::select_saved(m, saved);
   if (!their_saved.problem.empty())
     refuse(path, "modules_to_save: " + their_saved.problem, "give an adapter of this model");
-  if (saved_modules(their_saved.modules) !=
-      saved_modules(lora::select_saved(m, l.modules_to_save).modules))
+  if (lora::module_names(their_saved.modules) !=
+      lora::module_names(lora::select_saved(m, l.modules_to_save).modules))
     refuse(path,
            fmt::format("modules_to_save = {} but lora.modules_to_save = {}", toml_list(saved),
                        toml_list(l.modules_to_save)),
