@@ -22,6 +22,7 @@
 
 #include "cmd/commands.h"
 #include "cmd/report.h"
+#include "cmd/train_lora.h"
 #include "engine/config/config.h"
 #include "engine/core/error.h"
 #include "engine/core/units.h"
@@ -453,6 +454,8 @@ int run_fit(const FitOptions& opt) {
                           {"tiling_hint", tiling_json},
                           {"offload_hint", offload_json},
                           {"policies", nlohmann::json::array()}};
+    if (base.lora.enabled() && !rows.empty())  // so that fits without adapters keep their shape
+      out["lora"] = lora_json(base, rows.front().at_configured.n_trainable_params);
     for (const auto& r : rows) {
       nlohmann::json j = {{"policy", r.policy},
                           {"longest_seq_len", r.longest},
@@ -484,6 +487,9 @@ int run_fit(const FitOptions& opt) {
   fmt::print("fit  {} on {} | pool budget {} | batch {}{} | configured seq_len {}{}\n", base.path,
              target.name, format_bytes(budget), base.train.batch_size, parallel_note(base), conf_t,
              tiling_note(base));
+  if (base.lora.enabled() && !rows.empty())  // " + LoRA r 16 ...": what trains, on what base
+    fmt::print("     {}\n",
+               lora_summary(base, rows.front().at_configured.n_trainable_params).substr(3));
   fmt::print("     tokens/s estimated from step FLOPs / rate: {}{}\n\n", rate.note,
              attention_flops_note(base));
   size_t w = 10;  // the policy column fits its longest entry ("full:tile=1024:offload=...")

@@ -9,6 +9,7 @@
 
 #include "cmd/commands.h"
 #include "cmd/report.h"
+#include "cmd/train_lora.h"
 #include "engine/config/config.h"
 #include "engine/core/error.h"
 #include "engine/core/units.h"
@@ -190,6 +191,8 @@ int run_plan(const PlanOptions& opt) {
                           {"policies", nlohmann::json::array()}};
     for (const auto& r : rows) out["policies"].push_back(row_json(r, planner));
     if (cfg.train.grad_accum > 1) out["grad_accum"] = cfg.train.grad_accum;  // CPU plans keep shape
+    if (cfg.lora.enabled())  // so that plans without adapters keep their shape
+      out["lora"] = lora_json(cfg, rows.front().run.n_trainable_params);
     // Only where attention runs over chunks (remat.attention_chunk, or a CUDA target past cuDNN's
     // limit), so that plans without it keep their shape.
     if (const AttentionChunks ch = attention_chunks_of(cfg, target.count.device); ch.chunked())
@@ -221,9 +224,10 @@ int run_plan(const PlanOptions& opt) {
   fmt::print("      host memory for offload: {} ({}){}\n", format_bytes(target.host_bytes),
              target.host_note,
              target.rates_note.empty() ? "" : fmt::format(" | {}", target.rates_note));
-  fmt::print("model {} L={} C={} | {:.2f}M params | batch {} x seq_len {}{}{}{}\n\n",
+  fmt::print("model {} L={} C={} | {:.2f}M params{} | batch {} x seq_len {}{}{}{}\n\n",
              cfg.model.kind, cfg.model.n_layer, cfg.model.n_embd,
-             static_cast<double>(rows.front().run.n_params) / 1e6, cfg.train.batch_size,
+             static_cast<double>(rows.front().run.n_params) / 1e6,
+             lora_summary(cfg, rows.front().run.n_trainable_params), cfg.train.batch_size,
              cfg.train.seq_len,
              cfg.train.grad_accum > 1
                  ? fmt::format(" x grad_accum {} (FLOPs per optimizer step)", cfg.train.grad_accum)

@@ -150,6 +150,10 @@ std::string load_init_adapter(const std::string& dir, const Config& cfg, Backend
 }
 
 std::string lora_summary(const Config& cfg, const Model& model) {
+  return lora_summary(cfg, model.n_trainable_params());
+}
+
+std::string lora_summary(const Config& cfg, int64_t n_trainable) {
   if (!cfg.lora.enabled()) return "";
   // The frozen base's storage too: the load line before it names the folder's dtype, not this.
   const std::string base =
@@ -160,7 +164,22 @@ std::string lora_summary(const Config& cfg, const Model& model) {
       " + LoRA r {} (alpha {}{}) on {} linears of a frozen {} base, {:.3f}M trainable",
       cfg.lora.rank, cfg.lora.alpha, cfg.lora.rslora ? ", rslora" : "",
       lora::select_sites(cfg.model, cfg.lora.targets).sites.size(), base,
-      static_cast<double>(model.n_trainable_params()) / 1e6);
+      static_cast<double>(n_trainable) / 1e6);
+}
+
+nlohmann::json lora_json(const Config& cfg, int64_t n_trainable) {
+  if (!cfg.lora.enabled()) return nullptr;
+  const LoraConfig& l = cfg.lora;
+  return {{"rank", l.rank},
+          {"alpha", l.alpha},
+          {"rslora", l.rslora},
+          {"dropout", l.dropout},
+          {"target_modules", lora::target_names(cfg.model, l.targets)},
+          {"linears", lora::select_sites(cfg.model, l.targets).sites.size()},
+          {"modules_to_save", l.modules_to_save},
+          {"base", l.base},
+          {"double_quant", l.base == "nf4" && l.double_quant},
+          {"trainable_params", n_trainable}};
 }
 
 }  // namespace remat::cli

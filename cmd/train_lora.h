@@ -48,8 +48,12 @@ std::string load_lora_base(const LoraStart& start, const Config& cfg, Backend& b
 /// against the run's [model] and [lora]. Returns a line for the banner.
 std::string load_init_adapter(const std::string& dir, const Config& cfg, Backend& be, Model& model);
 
-/// "LoRA r 8 (alpha 16) on 14 linears, 0.05M of 1.23M parameters train": for the banner's model
-/// line ("" without LoRA).
+/// " + LoRA r 8 (alpha 16) on 14 linears of a frozen fp32 base, 0.050M trainable": for the model
+/// line of train, eval, plan and fit ("" without LoRA). `n_trainable`: the parameters that train.
+std::string lora_summary(const Config& cfg, int64_t n_trainable);
 std::string lora_summary(const Config& cfg, const Model& model);
+/// The same for --json output: rank, alpha, rslora, dropout, the target modules, the linears
+/// they select, modules_to_save, base, double_quant and trainable_params; null without LoRA.
+nlohmann::json lora_json(const Config& cfg, int64_t n_trainable);
 
 }  // namespace remat::cli

@@ -346,6 +346,7 @@ TEST_CASE("lora: predicted device and host peaks equal the measured ones to the 
         CHECK(plan.peak.total_bytes == be.pool().peak_bytes());
         CHECK(plan.host_peak.total_bytes == be.host_pool().peak_bytes());
         CHECK(plan.n_params == parts.model->n_params());
+        CHECK(plan.n_trainable_params == parts.model->n_trainable_params());
       }
     }
   }

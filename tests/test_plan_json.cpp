@@ -10,6 +10,7 @@
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 
@@ -55,6 +56,43 @@ TEST_CASE("plan --json of every shipped config is unchanged", "[plan-json]") {
     ++files;
   }
   CHECK(files == 48);  // 16 configs x 3 targets
+}
+
+}  // namespace remat::test
+
+namespace remat::test {
+
+TEST_CASE("plan and fit say what a LoRA run trains, in text and in --json", "[plan-json][lora]") {
+  // The adapters' rank, what they sit on and what trains: a user sizing QLoRA reads it beside
+  // the peaks; without [lora] neither output changes (the files above).
+  const std::string lora =
+      "--config configs/tiny-llama.toml --set lora.rank=4 --set lora.alpha=8 "
+      "--set lora.targets='[\"q_proj\",\"v_proj\"]' --set lora.base='\"nf4\"'";
+  const CliResult text = run_binary("plan " + lora, false);
+  INFO(text.out);
+  REQUIRE(text.code == 0);
+  CHECK_THAT(text.out, Catch::Contains("+ LoRA r 4 (alpha 8) on 4 linears of a frozen NF4 with "
+                                       "nested absmax base, 0.002M trainable |"));
+  for (const std::string& cmd : {"plan " + lora, "fit " + lora + " --gpu h100-80gb"}) {
+    INFO(cmd);
+    const CliResult r = run_binary(cmd + " --json", false);
+    REQUIRE(r.code == 0);
+    const nlohmann::json l = nlohmann::json::parse(r.out)["lora"];
+    CHECK(l["rank"] == 4);
+    CHECK(l["alpha"] == 8.0);
+    CHECK(l["target_modules"] == nlohmann::json({"q_proj", "v_proj"}));
+    CHECK(l["linears"] == 4);
+    CHECK(l["base"] == "nf4");
+    CHECK(l["double_quant"] == true);
+    // 2 blocks of q (64 -> 64) and v (64 -> 32: 2 KV heads of 16)
+    CHECK(l["trainable_params"] == 2 * ((4 * 64 + 64 * 4) + (4 * 64 + 32 * 4)));
+  }
+  const CliResult fit = run_binary("fit " + lora + " --gpu h100-80gb", false);
+  REQUIRE(fit.code == 0);
+  CHECK_THAT(fit.out, Catch::Contains("\n     LoRA r 4 (alpha 8) on 4 linears of a frozen NF4"));
+  const CliResult full = run_binary("plan --config configs/tiny-llama.toml --json", false);
+  REQUIRE(full.code == 0);
+  CHECK_FALSE(nlohmann::json::parse(full.out).contains("lora"));
 }
 
 }  // namespace remat::test

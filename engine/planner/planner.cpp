@@ -279,6 +279,7 @@ DryRun Planner::dry_run(const Config& cfg, bool track_largest, StepKind kind) co
   for (int i = 0; i < kNumPhases; ++i)
     r.cost[static_cast<size_t>(i)] = be.cost(static_cast<Phase>(i));
   r.n_params = model.n_params();
+  r.n_trainable_params = model.n_trainable_params();
   for (Param& p : model.params())
     if (p.on_host) r.host_updated_params += p.value.tensor().numel();
   if (r.host_updated_params > 0) {

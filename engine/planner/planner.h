@@ -83,6 +83,7 @@ struct DryRun {
   MemorySnapshot host_peak;  // the host pool (remat.offload)
   std::array<OpCost, kNumPhases> cost{};
   int64_t n_params = 0;
+  int64_t n_trainable_params = 0;   // of them, the ones with a gradient (LoRA: the adapters)
   int64_t host_updated_params = 0;  // of them, updated by the host's cores (weights offloaded)
   // Of those, the ones the step's first two uses read (the stem's and block 0's): the
   // stream fetches a use's weights one use ahead, so the device waits for both updates.
