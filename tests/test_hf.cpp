@@ -20,6 +20,7 @@
 // gradients (both were planted and caught).
 #include <fmt/format.h>
 
+#include <bit>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
@@ -779,6 +780,36 @@ TEST_CASE("hf weights: a NaN or an infinity is refused at import, naming the fil
                      Contains(std::isnan(bad) ? "NaN" : "-inf") && Contains("element 7"));
     }
   }
+}
+
+TEST_CASE("hf weights: a value beyond bf16's range is refused where the frozen base is bf16",
+          "[hf][lora]") {
+  // 3.4e38 is finite in f32 and rounds to inf in bf16: a bf16 base would hold an infinity and
+  // the run would "diverge at step 1" with learning-rate fixes. An fp32 base keeps it.
+  TempDir tmp("hf-bf16-range");
+  const LlamaShape s{};
+  HfTensors t = llama_folder(s, 16).tensors;
+  t["model.layers.1.mlp.up_proj.weight"].data[5] = -3.4e38f;
+  write_folder(tmp.path, llama_config(s), t);
+  const auto error = [&](const std::string& base, const std::string& more = "lora.rank=4") {
+    try {
+      load(tmp.path, {"lora.rank=4", "lora.base=\"" + base + "\"", more});
+    } catch (const CheckpointError& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  CHECK_THAT(error("bf16"), Contains("tensor 'model.layers.1.mlp.up_proj.weight' holds -3.4e+38 "
+                                     "at element 5, beyond bf16's range") &&
+                                Contains("Fix: set lora.base = \"fp32\""));
+  CHECK(error("fp32") == "(no error)");
+  // An f32 absmax per block of 64 holds it (nested 8-bit absmaxes would not: its group of 256
+  // blocks would decode as garbage, as bitsandbytes' would).
+  CHECK(error("nf4", "lora.double_quant=false") == "(no error)");
+  // The largest value that rounds to bf16's largest finite one loads.
+  t["model.layers.1.mlp.up_proj.weight"].data[5] = std::bit_cast<float>(0x7f7f7fffu);
+  write_folder(tmp.path, llama_config(s), t);
+  CHECK(error("bf16") == "(no error)");
 }
 
 TEST_CASE("hf weights: model.safetensors beside an index is what loads, as in transformers",

@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <bit>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -214,6 +215,23 @@ void check_finite(const StateDict::Entry& e, const std::string& name, const floa
          "or use a checkpoint saved before that");
 }
 
+// A frozen weight stored in bf16 (lora.base = "bf16", or the embedding and head below fp32) rounds
+// a finite f32 of magnitude 0x1.ffp127 (3.3962e38) or more to infinity: named here, with a
+// storage that keeps it, not reported at step 1 as a divergence whose fix is the learning rate.
+void check_fits_bf16(const std::string& dir, const std::string& name, const std::vector<float>& v) {
+  const auto rounds_to_inf = [](float x) {
+    const uint32_t mag = std::bit_cast<uint32_t>(x) & 0x7fffffffu;
+    return mag >= 0x7f7f8000u && mag < 0x7f800000u;
+  };
+  const auto bad = std::find_if(v.begin(), v.end(), rounds_to_inf);
+  if (bad == v.end()) return;
+  refuse(dir,
+         fmt::format("tensor '{}' holds {:g} at element {}, beyond bf16's range (its largest "
+                     "value is 3.3895e+38), and lora.base stores it in bf16",
+                     name, *bad, bad - v.begin()),
+         "set lora.base = \"fp32\", which keeps the file's values");
+}
+
 constexpr const char* kFixAnotherModel =
     "the folder's config.json and its weights must be of one model; download the folder again";
 
@@ -372,6 +390,7 @@ std::string load_weights(const std::string& dir, const ModelConfig& m, Backend& 
   for (const Mapping& mp : maps) {
     assemble(sd, mp, host, scratch);
     const Tensor& dst = param_named(model, mp.ours).value.tensor();
+    if (dst.dtype == DType::BF16) check_fits_bf16(dir, mp.pieces.front().name, host);
     stored.insert(dtype_name(dst.dtype));
     upload_weight(be, dst, host.data());
   }
