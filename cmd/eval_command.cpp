@@ -245,7 +245,7 @@ int loss_by_position(const EvalOptions& opt, Config cfg, const Source& src, Back
   }
   fmt::print("eval   {} | {} | seq_len {} | {}\n", src.name,
              model->describe() + lora_summary(cfg, *model), T, backend_line);
-  fmt::print("data   {}\n", windows.describe(n));
+  fmt::print("data   {}\n{}", windows.describe(n), lora_scoring_note(cfg));
   fmt::print("{:<16}{:>10}{:>12}\n", "positions", "tokens", "mean loss");
   for (const Bin& b : bins)
     fmt::print(
@@ -347,7 +347,7 @@ int passkey(const EvalOptions& opt, Config cfg, const Source& src, Backend& be,
   }
   fmt::print("passkey {} | {} tasks ({}) | {} | {} | {}\n", tasks.dir(), n_tasks, tasks.tokenizer(),
              src.name, model_line, backend_line);
-  fmt::print("exact answers per depth (rows) and length (columns)\n");
+  fmt::print("{}exact answers per depth (rows) and length (columns)\n", lora_scoring_note(cfg));
   std::string head = fmt::format("{:<8}", "depth");
   for (const int64_t l : lengths) head += fmt::format("{:>10}", format_count(l));
   fmt::print("{}\n", head);

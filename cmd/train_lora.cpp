@@ -167,6 +167,14 @@ std::string lora_summary(const Config& cfg, int64_t n_trainable) {
       static_cast<double>(n_trainable) / 1e6);
 }
 
+std::string lora_scoring_note(const Config& cfg) {
+  if (!cfg.lora.enabled() || cfg.lora.base == "fp32") return "";
+  return fmt::format(
+      "note   scored as trained: the adapters on the {}-decoded base; `export --hf` merges them "
+      "into the base folder's original weights, which score a little differently\n",
+      cfg.lora.base == "nf4" ? "NF4" : "bf16");
+}
+
 nlohmann::json lora_json(const Config& cfg, int64_t n_trainable) {
   if (!cfg.lora.enabled()) return nullptr;
   const LoraConfig& l = cfg.lora;

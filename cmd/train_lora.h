@@ -52,6 +52,10 @@ std::string load_init_adapter(const std::string& dir, const Config& cfg, Backend
 /// line of train, eval, plan and fit ("" without LoRA). `n_trainable`: the parameters that train.
 std::string lora_summary(const Config& cfg, int64_t n_trainable);
 std::string lora_summary(const Config& cfg, const Model& model);
+/// For eval's text output: a frozen base below fp32 is scored as trained, the adapters on its
+/// decoded weights, while `export --hf` merges them into the original weights; one line saying so
+/// ("" for an fp32 base or without LoRA).
+std::string lora_scoring_note(const Config& cfg);
 /// The same for --json output: rank, alpha, rslora, dropout, the target modules, the linears
 /// they select, modules_to_save, base, double_quant and trainable_params; null without LoRA.
 nlohmann::json lora_json(const Config& cfg, int64_t n_trainable);

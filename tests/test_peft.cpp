@@ -29,6 +29,7 @@
 #include "engine/remat/executor.h"
 #include "layers/models.h"
 #include "tests/cli_util.h"
+#include "tests/shard_files.h"
 #include "tests/temp_dir.h"
 #include "tests/test_util.h"
 
@@ -552,6 +553,9 @@ TEST_CASE("cli: a QLoRA run merges its adapters into the base folder's original 
   TempDir tmp("qlora-cli");
   std::ofstream(tmp.path / "lora.toml") << lora_toml(g, "");
   const std::string cd = fmt::format("cd {} && {} ", tmp.str(), REMAT_BINARY);
+  std::vector<uint16_t> tokens(200);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint16_t>((7 * i) % 97);
+  std::ofstream(tmp.path / "val.bin", std::ios::binary) << test::shard_bytes(tokens);
   for (const char* base : {"fp32", "nf4"}) {
     const CliResult run = run_command(
         cd + fmt::format("train --config lora.toml --init hf:{} --init-adapter {} --set "
@@ -568,6 +572,14 @@ TEST_CASE("cli: a QLoRA run merges its adapters into the base folder's original 
         cd + fmt::format("export --checkpoint ckpt-{} --hf merged-{} --dtype fp32", base, base));
     INFO(ex.out);
     REQUIRE(ex.code == 0);
+    // eval scores the checkpoint as trained, and says where that differs from the merged export.
+    const CliResult ev =
+        run_command(cd + fmt::format("eval --checkpoint ckpt-{} --data val.bin --windows 1", base));
+    INFO(ev.out);
+    REQUIRE(ev.code == 0);
+    CHECK((ev.out.find("note   scored as trained: the adapters on the NF4-decoded base; "
+                       "`export --hf` merges them into the base folder's original weights") !=
+           std::string::npos) == nf4);
   }
   const auto bytes = [&](const char* base) {
     std::ifstream in(tmp.path / fmt::format("merged-{}", base) / "model.safetensors",
