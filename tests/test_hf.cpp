@@ -545,6 +545,33 @@ TEST_CASE("hf config.json: what is not computed here is refused, naming the key"
                j["rope_parameters"] = {{"rope_type", "longrope"}, {"factor", 2.0}};
              }),
              Contains("rope_parameters.rope_type = \"longrope\""));
+  // Two descriptions of one RoPE that disagree: transformers' versions read different ones, so
+  // the model would depend on the version that loads it. Agreeing ones load.
+  CHECK_THAT(error_with([](Json& j) {
+               j["rope_scaling"] = {{"type", "linear"}, {"rope_type", "yarn"}, {"factor", 4.0}};
+             }),
+             Contains("rope_scaling.type = \"linear\": type and rope_type \"yarn\" disagree"));
+  CHECK_THAT(error_with([](Json& j) {
+               j["rope_scaling"] = {{"type", "linear"}, {"rope_type", "linear"}, {"factor", 4.0}};
+             }),
+             Contains("(no error)"));
+  CHECK_THAT(error_with([](Json& j) {
+               j["rope_parameters"] = {{"rope_type", "linear"}, {"factor", 4.0}};
+               j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 2.0}};
+             }),
+             Contains("[hf] rope_scaling = {") &&
+                 Contains("differs from rope_parameters beside it ({ rope_type = \"linear\", "
+                          "factor = 4.0 })"));
+  CHECK_THAT(error_with([](Json& j) {
+               j["rope_parameters"] = {{"rope_type", "linear"}, {"factor", 4.0}};
+               j["rope_scaling"] = {{"type", "linear"}, {"factor", 4.0}};
+             }),
+             Contains("(no error)"));
+  CHECK_THAT(error_with([](Json& j) {
+               j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 20000.0}};
+               j["rope_theta"] = 10000.0;
+             }),
+             Contains("rope_parameters.rope_theta = 20000.0: differs from rope_theta = 10000"));
   // yarn without a factor; a key its type does not take; one no type has.
   CHECK_THAT(error_with([](Json& j) {
                j["rope_scaling"] = {{"rope_type", "yarn"}, {"beta_fast", 16.0}};

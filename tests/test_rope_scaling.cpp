@@ -234,4 +234,14 @@ TEST_CASE("a rope scaling type or key that is not supported is one line naming i
                       "64.5 }"),
              Contains("expected a positive integer"));
   CHECK_THAT(error_of("{ factor = 4.0 }"), Contains("rope_scaling has no rope_type"));
+  // Both spellings of the type, disagreeing: which one a reader takes is not for it to guess.
+  CHECK_THAT(error_of("{ type = \"linear\", rope_type = \"yarn\", factor = 4.0 }"),
+             Contains("[config] model.rope_scaling.") && Contains("rope_type \"yarn\"") &&
+                 Contains(" type \"linear\"") && Contains("disagree. Fix: keep one of them"));
+  // A factor is a number: "4k" is not 4096 (a length may still be written as a count).
+  CHECK_THAT(error_of("{ rope_type = \"linear\", factor = \"4k\" }"),
+             Contains("model.rope_scaling.factor"));
+  CHECK(with_scaling("{ rope_type = \"yarn\", factor = 4.0, original_max_position_embeddings = "
+                     "\"1k\" }")
+            .model.rope_scaling.original_context == 1024);
 }

@@ -254,7 +254,7 @@ RopeScaling read_rope_scaling(const toml::node& n, const Origin& o) {
       "write e.g. { rope_type = \"yarn\", factor = 4.0, original_max_position_embeddings = 4096 } "
       "or \"none\"";
   if (!t) fail(o, fmt::format("expected a table, got {}", type_name(n)), example);
-  std::string type;
+  std::string type, type_key;
   std::vector<RopeKey> keys;
   for (auto&& [k, v] : *t) {
     const std::string key(k.str());
@@ -262,15 +262,25 @@ RopeScaling read_rope_scaling(const toml::node& n, const Origin& o) {
       if (!v.is_string())
         fail({o.where, o.key + "." + key}, fmt::format("expected a string, got {}", type_name(v)),
              fmt::format("use one of {}", kScaledRopeTypes));
+      // Both spellings, disagreeing: transformers would take one and this reader the other.
+      if (!type.empty() && type != *v.value<std::string>())
+        fail({o.where, o.key + "." + key},
+             fmt::format("{} \"{}\" and {} \"{}\" disagree", type_key, type, key,
+                         *v.value<std::string>()),
+             "keep one of them");
       type = *v.value<std::string>();
+      type_key = key;
       continue;
     }
     RopeKey rk{key, std::monostate{}, v.is_integer(), type_name(v)};
     if (v.is_number()) rk.value = *v.value<double>();
     if (v.is_boolean()) rk.value = *v.value<bool>();
+    // A length may be written as counts are elsewhere ("32k"); a factor is a number.
     if (const std::optional<int64_t> count =
-            v.is_string() ? parse_count(*v.value<std::string>()) : std::nullopt) {
-      rk.value = static_cast<double>(*count);  // 8k, as counts are written elsewhere
+            v.is_string() && key == "original_max_position_embeddings"
+                ? parse_count(*v.value<std::string>())
+                : std::nullopt) {
+      rk.value = static_cast<double>(*count);
       rk.is_integer = true;
     }
     keys.push_back(std::move(rk));

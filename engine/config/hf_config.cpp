@@ -245,6 +245,14 @@ struct Rope {
 std::string read_scaling(const ConfigFile& f, const Json& s, const std::string& where) {
   const std::string type_key = s.contains("rope_type") ? "rope_type" : "type";
   const std::string type = f.string(s, type_key, "default", where + "." + type_key);
+  // Both spellings, disagreeing: transformers 4.57 takes "type", a newer one "rope_type".
+  if (ConfigFile::get(s, "rope_type") && ConfigFile::get(s, "type") &&
+      f.string(s, "type", "", where + ".type") != type)
+    f.refuse(where + ".type", ConfigFile::get(s, "type"),
+             fmt::format("type and rope_type \"{}\" disagree (transformers' versions read "
+                         "different ones)",
+                         type),
+             "keep one of them in config.json");
   if (const Json* p = ConfigFile::get(s, "partial_rotary_factor"))
     if (!p->is_number() || p->get<double>() != 1.0)
       f.refuse(where + ".partial_rotary_factor", p,
@@ -329,8 +337,21 @@ Rope read_rope(const ConfigFile& f) {
       one = &params->begin().value();
       where += "." + params->begin().key();
     }
+    const double top_theta = r.theta;
     r.theta = f.number(*one, "rope_theta", r.theta, where + ".rope_theta");
     r.scaling_toml = read_scaling(f, *one, where);
+    // transformers 4.57 reads rope_theta and rope_scaling, v5 rope_parameters: beside each
+    // other they must describe one RoPE, or the model depends on the version that loads it.
+    if (ConfigFile::get(j, "rope_theta") && r.theta != top_theta)
+      f.refuse(where + ".rope_theta", ConfigFile::get(*one, "rope_theta"),
+               fmt::format("differs from rope_theta = {} beside it", top_theta),
+               "keep one of them in config.json");
+    if (const Json* s = ConfigFile::get(j, "rope_scaling"))
+      if (!s->is_object() || read_scaling(f, *s, "rope_scaling") != r.scaling_toml)
+        f.refuse("rope_scaling", s,
+                 fmt::format("differs from {} beside it ({})", where,
+                             r.scaling_toml.empty() ? "no scaling" : r.scaling_toml),
+                 "keep one of them in config.json");
   } else if (const Json* s = ConfigFile::get(j, "rope_scaling")) {
     if (!s->is_object())
       f.refuse("rope_scaling", s, "expected a JSON object or null", "correct config.json");
