@@ -339,7 +339,7 @@ void print_json(const BenchReport& r) {
       {"cpu_steal", steal >= 0 ? json(steal) : json()},
       {"warnings", r.warnings},
   };
-  fmt::print("{}\n", out.dump(2));
+  fmt::print("{}\n", json_text(out, 2));
 }
 
 }  // namespace

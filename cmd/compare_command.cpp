@@ -126,7 +126,7 @@ void print_json(const std::vector<CompareRow>& rows, const CompareRow& ref, doub
     }
     out.push_back(j);
   }
-  fmt::print("{}\n", out.dump(2));
+  fmt::print("{}\n", json_text(out, 2));
 }
 
 void print_table(const Config& cfg, const std::vector<CompareRow>& rows, const CompareRow& ref,

@@ -23,6 +23,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cmd/commands.h"
+#include "cmd/report.h"
 #include "cmd/train_lora.h"
 #include "data/eval_windows.h"
 #include "data/passkey_tasks.h"
@@ -240,7 +241,7 @@ int loss_by_position(const EvalOptions& opt, Config cfg, const Source& src, Back
                            {"tokens", b.tokens},
                            {"loss", b.sum / static_cast<double>(b.tokens)}});
     j["memory"] = memory_json(be, predicted.peak.total_bytes);
-    fmt::print("{}\n", j.dump(1));
+    fmt::print("{}\n", json_text(j, 1));
     return 0;
   }
   fmt::print("eval   {} | {} | seq_len {} | {}\n", src.name,
@@ -342,7 +343,7 @@ int passkey(const EvalOptions& opt, Config cfg, const Source& src, Backend& be,
                             {"tasks", c.second}});
     j["task_results"] = task_rows;
     j["memory"] = memory_json(be, predicted_peak);
-    fmt::print("{}\n", j.dump(1));
+    fmt::print("{}\n", json_text(j, 1));
     return 0;
   }
   fmt::print("passkey {} | {} tasks ({}) | {} | {} | {}\n", tasks.dir(), n_tasks, tasks.tokenizer(),

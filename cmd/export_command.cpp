@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "cmd/commands.h"
+#include "cmd/report.h"
 #include "engine/config/config.h"
 #include "engine/config/hf_config.h"
 #include "engine/core/error.h"
@@ -234,7 +235,7 @@ int run_export(const ExportOptions& opt) {
     const nlohmann::ordered_json config =
         hf::config_json(cfg.model, cfg.train.seq_len, opt.bf16 ? "bfloat16" : "float32",
                         has_source && source.is_object() ? &source : nullptr);
-    safetensors::write_file_durably((tmp / "config.json").string(), config.dump(2) + "\n");
+    safetensors::write_file_durably((tmp / "config.json").string(), json_text(config, 2) + "\n");
     files = hf::write_weights(tmp.string(), cfg.model,
                               [&](const std::string& name) { return weights.weight(name); },
                               {opt.bf16, opt.shard_bytes});

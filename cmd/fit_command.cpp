@@ -480,7 +480,7 @@ int run_fit(const FitOptions& opt) {
       }
       out["policies"].push_back(j);
     }
-    fmt::print("{}\n", out.dump(2));
+    fmt::print("{}\n", json_text(out, 2));
     return all_agree ? 0 : 1;
   }
 

@@ -213,7 +213,7 @@ int run_plan(const PlanOptions& opt) {
                    {"offload", config_name(chosen.offload)},
                    {"every", chosen.every},
                    {"host_peak_bytes", chosen.host_peak_bytes}};
-    fmt::print("{}\n", out.dump(2));
+    fmt::print("{}\n", json_text(out, 2));
     return 0;
   }
 

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdio>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
@@ -89,6 +90,11 @@ void print_summary(std::FILE* out, const RunSummary& s);
 /// bench, fit, compare and sweep: a competing process slows a step ~2x per busy core it takes,
 /// and on a VM the host's other guests do the same without showing in the load.
 std::string load_note();
+
+/// `j` as text (indented when indent >= 0), for stdout or a file. A folder or file name may be any
+/// bytes, and JSON strings are UTF-8: bytes that are not become U+FFFD instead of an exception
+/// after the work is done.
+std::string json_text(const nlohmann::json& j, int indent = -1);
 /// ", CPU steal 12%" (the share below) when it is 1% or more, else "": beside a timing.
 std::string steal_note();
 /// The share of this machine's CPU time (all cores) stolen by the hypervisor since this process

@@ -107,7 +107,7 @@ void write_outputs(const std::filesystem::path& dir, const nlohmann::json& meta,
                            {"message", p.message}});
   }
   write_atomically(dir / "sweep.csv", csv);
-  write_atomically(dir / "sweep.json", j.dump(2) + "\n");
+  write_atomically(dir / "sweep.json", json_text(j, 2) + "\n");
 }
 
 std::string format_duration(double s) {

@@ -15,6 +15,7 @@
 #include <string>
 
 #include "tests/cli_util.h"
+#include "tests/temp_dir.h"
 
 namespace remat::test {
 namespace {
@@ -93,6 +94,34 @@ TEST_CASE("plan and fit say what a LoRA run trains, in text and in --json", "[pl
   const CliResult full = run_binary("plan --config configs/tiny-llama.toml --json", false);
   REQUIRE(full.code == 0);
   CHECK_FALSE(nlohmann::json::parse(full.out).contains("lora"));
+}
+
+}  // namespace remat::test
+
+namespace remat::test {
+
+TEST_CASE("--json output and metrics survive names that are not UTF-8", "[plan-json][cli]") {
+  // A file or folder name may be any bytes; JSON strings are UTF-8. Such bytes print as U+FFFD
+  // (was an "[internal]" error after the work, and a training run's summary lost).
+  TempDir tmp("json-bytes");
+  const std::string odd = std::string("t") + static_cast<char>(0xff);
+  std::filesystem::copy_file(std::filesystem::path(REMAT_SOURCE_DIR) / "configs/tiny.toml",
+                             tmp.path / (odd + ".toml"));
+  const CliResult plan = run_binary(
+      fmt::format("plan --json --config '{}'", (tmp.path / (odd + ".toml")).string()), false);
+  REQUIRE(plan.code == 0);
+  CHECK_THAT(nlohmann::json::parse(plan.out)["config"].get<std::string>(),
+             Catch::EndsWith("t\xef\xbf\xbd.toml"));
+  const CliResult train = run_command(
+      fmt::format("cd {} && {} train --config {}/configs/tiny.toml --set train.steps=1 --set "
+                  "'checkpoint.dir=\"{}\"' --metrics m.jsonl",
+                  tmp.str(), REMAT_BINARY, REMAT_SOURCE_DIR, odd));
+  INFO(train.out);
+  CHECK(train.code == 0);
+  std::ifstream metrics(tmp.path / "m.jsonl");
+  std::string line, last;
+  while (std::getline(metrics, line)) last = line;
+  CHECK(nlohmann::json::parse(last).contains("summary"));
 }
 
 }  // namespace remat::test

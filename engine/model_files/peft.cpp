@@ -315,7 +315,9 @@ void write_adapter(const std::string& dir, const ModelConfig& m, const LoraConfi
     w.write(v.data(), v.size() * sizeof(float));
   }
   w.finish();
-  st::write_file_durably((fs::path(dir) / kConfigFile).string(), config.dump(2) + "\n");
+  st::write_file_durably(
+      (fs::path(dir) / kConfigFile).string(),
+      config.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
 }
 
 void merge(std::vector<float>& w, const lora::Site& site, const std::vector<float>& a,

@@ -66,7 +66,8 @@ std::string checkpoint_state_json(const CheckpointState& s, const FileRecord& mo
       {"files",
        {{kCheckpointModelFile, record(model_file)},
         {kCheckpointOptimizerFile, record(optimizer_file)}}}};
-  return j.dump(2) + "\n";
+  // A name in any bytes (JSON strings are UTF-8) is kept readable, not an exception.
+  return j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
 }
 
 CheckpointStateFile parse_checkpoint_state(const std::string& text, const std::string& path) {
