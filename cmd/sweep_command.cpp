@@ -286,6 +286,16 @@ int run_sweep(const SweepOptions& opt) {
       opt.out_dir.empty() ? std::filesystem::path("out") /
                                 ("sweep-" + std::filesystem::path(opt.config_path).stem().string())
                           : std::filesystem::path(opt.out_dir);
+  // Never over an earlier sweep's results: its points took minutes to hours to measure.
+  if (std::filesystem::exists(dir) && !std::filesystem::is_directory(dir))
+    throw ConfigError(
+        fmt::format("[sweep] --out {}: a file, not a folder. Fix: choose a folder", dir.string()));
+  for (const char* f : {"sweep.csv", "sweep.json"})
+    if (std::filesystem::exists(dir / f))
+      throw ConfigError(fmt::format(
+          "[sweep] {} holds an earlier sweep's results ({}), which a sweep never replaces. Fix: "
+          "choose another --out, or move that folder away to sweep into it again",
+          dir.string(), f));
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec)

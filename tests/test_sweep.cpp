@@ -168,6 +168,18 @@ TEST_CASE("sweep records an out-of-memory point and goes on, and CSV and JSON fo
   }
   CHECK(j["points"][1]["recompute_overhead"].get<double>() > 0.1);  // full recomputes
 
+  // A second sweep into the folder refuses before measuring, and the results stay.
+  const auto size = std::filesystem::file_size(dir + "/sweep.csv");
+  r = run("sweep " + kTiny + " --seq-lens 64 --policies none --steps 1 --out " + dir, true);
+  CHECK(r.code == 2);
+  CHECK_THAT(r.out, Contains("holds an earlier sweep's results (sweep.csv)") &&
+                        Contains("Fix: choose another --out"));
+  CHECK(std::filesystem::file_size(dir + "/sweep.csv") == size);
+  r = run("sweep " + kTiny + " --seq-lens 64 --policies none --steps 1 --out " + dir + "/sweep.csv",
+          true);
+  CHECK(r.code == 2);
+  CHECK_THAT(r.out, Contains("sweep.csv: a file, not a folder"));
+
   SECTION("the plot script draws sweep.png") {
     // Debian's matplotlib is in /usr/bin/python3, which a python3 on the PATH may shadow.
     std::string python;
@@ -215,7 +227,7 @@ TEST_CASE("sweep reports the host pool of an offloading point, predicted and mea
 }
 
 TEST_CASE("a --seq-lens range doubles from its start and always ends at its end", "[smoke]") {
-  const std::string dir = (std::filesystem::temp_directory_path() / "remat-sweep-range").string();
+  const std::string dir = tmp_dir("sweep-range");
   Result r =
       run("sweep --config configs/tiny.toml --seq-lens 100..300 --policies full --steps 1 "
           "--json --out " +
