@@ -8,11 +8,16 @@
 // a rate. On the CPU the rate is this machine's SGEMM GFLOP/s, timed once here (an upper bound:
 // attention, LayerNorm and the small GEMMs of a narrow model run slower than a large SGEMM);
 // for a --gpu preset it is the card's nominal dense bf16 rate times kGpuEfficiency.
+#include <fcntl.h>  // renameat2
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -194,35 +199,50 @@ std::string answer_config(const FitRow& r, const PlanTarget& target, const std::
 }
 
 // --emit-config names a file that does not exist yet: fit never overwrites one.
+// --emit-config's file: new, in a folder that exists. Checked before any search runs, and again
+// when the answer is written.
 void refuse_existing(const std::string& path) {
+  namespace fs = std::filesystem;
   std::error_code ec;
-  if (std::filesystem::exists(std::filesystem::symlink_status(path, ec)))
+  if (fs::is_directory(path, ec))
+    throw ConfigError(fmt::format(
+        "--emit-config {}: [fit] a folder, not a file. Fix: name a file, e.g. {}/fit.toml", path,
+        path));
+  if (fs::exists(fs::symlink_status(path, ec)))
     throw ConfigError(fmt::format(
         "--emit-config {}: [fit] exists, and fit never overwrites a file. Fix: choose a new name, "
         "or remove that file",
         path));
+  const fs::path folder = fs::path(path).parent_path();
+  if (!folder.empty() && !fs::is_directory(folder, ec))
+    throw ConfigError(fmt::format(
+        "--emit-config {}: [fit] its folder {} does not exist. Fix: create it, or choose a file "
+        "in an existing folder",
+        path, folder.string()));
 }
 
-// Writes `text` to `path`, which must not exist: FILE.tmp, then renamed.
+// Writes `text` to `path`, which must not exist: a temporary file of this process beside it (no
+// other file's name), then renamed without replacing anything that appeared meanwhile.
 void write_new_file(const std::string& path, const std::string& text) {
   namespace fs = std::filesystem;
   std::error_code ec;
   refuse_existing(path);
-  const std::string tmp = path + ".tmp";
+  const std::string tmp = fmt::format("{}.tmp-{}", path, ::getpid());
   {
     std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
     f << text;
-    if (!f.flush())
-      throw IoError(
-          fmt::format("[fit] cannot write {}. Fix: check that its folder exists and is "
-                      "writable",
-                      tmp));
+    if (!f.flush()) {
+      fs::remove(tmp, ec);
+      throw IoError(fmt::format(
+          "[fit] cannot write {}. Fix: check that its folder is writable and has space", path));
+    }
   }
-  fs::rename(tmp, path, ec);
-  if (ec) {
+  if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, path.c_str(), RENAME_NOREPLACE) != 0) {
+    const int err = errno;
     fs::remove(tmp, ec);
-    throw IoError(
-        fmt::format("[fit] cannot write {}. Fix: check that its folder is writable", path));
+    if (err == EEXIST) refuse_existing(path);
+    throw IoError(fmt::format("[fit] cannot write {}: {}. Fix: check that its folder is writable",
+                              path, std::strerror(err)));
   }
 }
 

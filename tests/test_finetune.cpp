@@ -244,6 +244,17 @@ TEST_CASE("fit never dead-ends: auto's search when no policy fits, its answer as
                       tmp / "longest.toml"));
   CHECK(again.code == 2);
   CHECK_THAT(again.out, Contains("fit never overwrites"));
+  // Nor over a file beside it (its temporary file was FILE.tmp), into a folder, or into one that
+  // does not exist: the last two refused before the search.
+  std::ofstream(tmp / "new.toml.tmp") << "precious\n";
+  const std::string fit = "fit --config configs/llama-3.1-8b.toml --gpu h100-80gb --emit-config ";
+  REQUIRE(run(fit + (tmp / "new.toml")).code == 0);
+  std::ifstream kept(tmp / "new.toml.tmp");
+  CHECK(std::string(std::istreambuf_iterator<char>(kept), {}) == "precious\n");
+  CHECK_THAT(run(fit + tmp.str()).out, Contains("a folder, not a file"));
+  const CliResult nodir = run(fit + (tmp / "no/x.toml"));
+  CHECK(nodir.code == 2);
+  CHECK_THAT(nodir.out, Contains("/no does not exist"));
 
   SECTION("--model hf:DIR without a config plans at batch 1") {
     const CliResult hf = run(fmt::format("fit --model hf:{} --gpu h200", kLlama.string()));
