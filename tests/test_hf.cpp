@@ -508,6 +508,8 @@ TEST_CASE("hf config.json: every architecture maps to its [model] keys", "[hf]")
     CHECK(c.model.dropout == 0.0);
     CHECK_THAT(config_error("hf:" + tmp.str(), {"train.seq_len=25"}),
                Contains("train.seq_len") && Contains("n_ctx = 24"));
+    // Without a length (fit, sweep and eval --model hf:DIR), its own, not the default 256.
+    CHECK(load_config("hf:" + tmp.str()).train.seq_len == 24);
   }
 }
 

@@ -1023,6 +1023,12 @@ Config build(toml::table root, const std::string& name, const std::vector<std::s
   if (c.model.kind == ModelKind::Mlp && !root["data"]["task"]) c.data.task = "regression";
   if (c.model.kind == ModelKind::Llama && !root["model"]["position"])
     c.model.position = PositionKind::Rope;  // the family's only kind of positions
+  // `--model hf:DIR` alone takes every key not in config.json at its default; a learned-position
+  // model (GPT-2) shorter than the default length takes its own length, as a default should fit.
+  if (name.rfind("hf:", 0) == 0 && !root["train"]["seq_len"] &&
+      c.model.position == PositionKind::Learned && c.model.has_sequence() &&
+      c.train.seq_len > c.model.n_ctx)
+    c.train.seq_len = c.model.n_ctx;
   if (hf_keys && hf_keys->attention_window > 0 && c.train.seq_len > hf_keys->attention_window)
     fail(origins.of("train.seq_len"),
          fmt::format("seq_len = {} is longer than the sliding window of {} ({} in {}/config.json): "
