@@ -342,6 +342,9 @@ int run_fit(const FitOptions& opt) {
 
   // --measure: a step at the maximum and one above it, each in a fresh process.
   bool all_agree = true;
+  // A signal stops the measurements, not the report: the table is the planner's, and the rows
+  // measured before the signal keep their column; the exit status still says interrupted.
+  std::string interrupted_at;
   if (opt.measure) {
     for (auto& r : rows) {
       if (!opt.json)
@@ -354,7 +357,10 @@ int run_fit(const FitOptions& opt) {
       if (r.longest > 0) m.at_max_exit = trial(r.cfg, r.sets, r.longest, budget, m, true);
       if (!experiments::interrupted() && !r.capped)
         m.above_exit = trial(r.cfg, r.sets, r.longest + 1, budget, m, false);
-      if (experiments::interrupted()) return 128 + experiments::interrupt_signal();
+      if (experiments::interrupted()) {
+        interrupted_at = r.policy;
+        break;
+      }
       m.done = true;
       if (!m.agrees()) all_agree = false;
     }
@@ -457,7 +463,10 @@ int run_fit(const FitOptions& opt) {
     }
   }
 
-  if (!opt.emit_config.empty()) {
+  const int exit_status = !interrupted_at.empty() ? 128 + experiments::interrupt_signal()
+                          : all_agree             ? 0
+                                                  : 1;
+  if (!opt.emit_config.empty() && interrupted_at.empty()) {  // a stopped run writes no file
     if (!longest || longest->longest == 0) throw OutOfMemory(recommendation);
     write_new_file(opt.emit_config, answer_config(*longest, target, base.path));
   }
@@ -500,8 +509,9 @@ int run_fit(const FitOptions& opt) {
       }
       out["policies"].push_back(j);
     }
+    if (opt.measure) out["interrupted"] = !interrupted_at.empty();
     fmt::print("{}\n", json_text(out, 2));
-    return all_agree ? 0 : 1;
+    return exit_status;
   }
 
   fmt::print("fit  {} on {} | pool budget {} | batch {}{} | configured seq_len {}{}\n", base.path,
@@ -579,7 +589,12 @@ int run_fit(const FitOptions& opt) {
         "note: the model was trained for {} positions (model.max_position_embeddings) and has no "
         "rope_scaling: past them it meets RoPE angles it never trained on (docs/hf.md)\n",
         base.model.max_position_embeddings);
-  if (!opt.emit_config.empty())
+  if (!interrupted_at.empty())
+    fmt::print(
+        "interrupted: --measure stopped during {}; the rows above it were measured, the rest are "
+        "the planner's{}\n",
+        interrupted_at, opt.emit_config.empty() ? "" : " (no --emit-config file written)");
+  else if (!opt.emit_config.empty())
     fmt::print("wrote {}: the configuration of that answer ([train] and [remat])\n",
                opt.emit_config);
   if (!tiling_hint.empty()) fmt::print("{}\n", tiling_hint);
@@ -601,7 +616,7 @@ int run_fit(const FitOptions& opt) {
                    : "",
                m.message.empty() ? "" : "\n  child said: " + m.message);
   }
-  return all_agree ? 0 : 1;
+  return exit_status;
 }
 
 }  // namespace remat::cli

@@ -421,6 +421,36 @@ TEST_CASE("fault 8: a second signal to sweep kills its trial at once, and still 
   check_sweep_stopped(sweep, trial, folder, dir.str(), SIGINT);
 }
 
+TEST_CASE(
+    "fault 8: SIGTERM to fit --measure stops its trial and still prints the plan, marked "
+    "interrupted",
+    "[hardening][smoke]") {
+  // The trial at the longest length of a 512 MiB budget takes seconds: stopped as it starts.
+  TempDir dir("hard-fit");
+  Child fit("fit --config configs/copy.toml --policies none --memory 512MiB --measure",
+            dir / "log");
+  pid_t trial = -1;
+  REQUIRE(eventually(
+      [&] {
+        const auto kids = children_of(fit.pid);
+        if (kids.empty()) return false;
+        trial = kids.front();
+        return cmdline_of(trial).find("/tmp/remat-trial-") != std::string::npos;
+      },
+      60));
+  const std::string cmd = cmdline_of(trial);
+  const auto at = cmd.find("/tmp/remat-trial-");
+  const std::string folder = cmd.substr(at, cmd.find('/', at + 5) - at);
+  kill(fit.pid, SIGTERM);
+  REQUIRE(fit.wait(60));
+  CHECK(fit.exit_code() == 128 + SIGTERM);
+  CHECK(eventually([&] { return kill(trial, 0) != 0; }, 10));
+  CHECK_FALSE(fs::exists(folder));
+  CHECK_THAT(read_text(dir / "log"),
+             Contains("longest: ") && Contains("interrupted: --measure stopped during none"));
+  kill(trial, SIGKILL);  // only matters when a check above failed: never leave an orphan
+}
+
 // ---- 10: divergence stops the run and keeps the last finite checkpoint ----
 
 TEST_CASE("fault 10: a non-finite loss stops training, names step and tensor, exits 1",
