@@ -449,6 +449,18 @@ int run(int argc, char** argv) {
                sub);
     return kExitUsage;
   }
+  // A flag given an empty value (an unset shell variable: --gpu "$GPU") is no value: refused, not
+  // taken as the flag left out, which would run on defaults without a word.
+  for (const CLI::App* sub : app.get_subcommands())
+    for (const CLI::Option* opt : sub->get_options()) {
+      if (opt->count() == 0 || opt->get_expected_min() == 0) continue;  // absent, or a switch
+      if (opt->get_name() == "--prompt") continue;  // an empty prompt starts from end-of-text
+      const auto& values = opt->results();
+      if (std::any_of(values.begin(), values.end(), [](const std::string& v) { return v.empty(); }))
+        throw remat::ConfigError(
+            fmt::format("[cli] {} {}: an empty value. Fix: give it a value, or leave {} out",
+                        sub->get_name(), opt->get_name(), opt->get_name()));
+    }
   if (!train_cmd->parsed() && remat::parallel::launched_ranks() > 1)
     throw remat::ConfigError(fmt::format(
         "[parallel] a launcher started {} ranks of `remat-train {}`, which runs on one. Fix: run "
@@ -568,6 +580,7 @@ static int exit_code_of(const remat::Error& e) {
 static const char* docs_page_of_tag(const std::string& message) {
   static const std::pair<const char*, const char*> kPages[] = {
       {"config", "docs/configs.md"},
+      {"cli", "docs/commands.md"},
       {"hf", "docs/hf.md"},
       {"export", "docs/hf.md"},
       {"sample", "docs/checkpoints.md"},

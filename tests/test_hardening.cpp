@@ -600,6 +600,21 @@ TEST_CASE("a flag the parser refuses is one line, exit 2, naming the subcommand'
   }
 }
 
+TEST_CASE("a flag given an empty value is refused, not taken as left out", "[hardening][smoke]") {
+  // An unset shell variable (--gpu "$GPU") ran the CPU plan, and --out "" the default folder.
+  for (const char* cmd :
+       {"plan --config configs/tiny.toml --gpu ''", "fit --config configs/tiny.toml --memory ''",
+        "eval --checkpoint x --passkey ''",
+        "train --config configs/tiny.toml "
+        "--set ''"}) {
+    const auto r = run_binary(cmd, true);
+    INFO(cmd << "\n" << r.out);
+    CHECK(r.code == 2);
+    CHECK_THAT(r.out, Contains("[cli] ") && Contains(": an empty value. Fix: give it a value"));
+    CHECK(std::count(r.out.begin(), r.out.end(), '\n') == 1);
+  }
+}
+
 TEST_CASE("fault 16: --steps 0 says it must be >= 1", "[hardening][smoke]") {
   for (const char* cmd : {"compare --config configs/tiny.toml --steps 0",
                           "sweep --config configs/tiny.toml --seq-lens 64 --steps 0",
