@@ -221,6 +221,11 @@ def load_tokenizer(path):
     except Exception as e:  # tokenizers raises a bare Exception for a malformed file
         raise Fail(f"{path}: not a tokenizer.json `tokenizers` can load ({str(e).splitlines()[0]})."
                    " Fix: pass the model's Hugging Face tokenizer.json")
+    # A tokenizer.json may carry the truncation and padding of the pipeline that saved it: for
+    # shards they would cut every document (or chunk) to max_length and pad short ones with ids.
+    # remat-train tokenize and sample ignore both too.
+    tok.no_truncation()
+    tok.no_padding()
     return tok
 
 

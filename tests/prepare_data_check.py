@@ -218,6 +218,20 @@ def gpt2_style():
     train("gpt2", printed)
     sample_matches_decode("gpt2", tok, "the quick café 😀")
 
+    # A tokenizer.json saved with truncation and padding on (GPT-2's hub file truncates to 50):
+    # neither cuts nor pads a document.
+    saved = Tokenizer.from_file("tokenizer.json")
+    saved.enable_truncation(max_length=7)
+    saved.enable_padding(length=64, pad_id=eot)
+    saved.save("truncating.json")
+    prepare("--tokenizer", "truncating.json", "docs", "--out", "trunc", "--val-fraction", "0")
+    check_shards("trunc", tok, docs, eot, 20240520, 1, 10**8, val=False)
+    encoded = run([sys.executable, SCRIPT, "--tokenizer", "truncating.json", "--encode",
+                   "the quick brown fox jumps over the lazy dog"]).stdout.split()
+    check([int(x) for x in encoded] ==
+          tok.encode("the quick brown fox jumps over the lazy dog", add_special_tokens=False).ids,
+          "--encode truncated or padded")
+
     # JSONL with its own key and --eot as text; a missing key names the line.
     with open("docs.jsonl", "w", encoding="utf-8") as f:
         for d in docs:
