@@ -367,13 +367,28 @@ TokenCorpus TokenCorpus::open(const std::vector<std::string>& entries, DataForma
     if (masks && format == DataFormat::Tokens) {
       const std::string mask = mask_path_of(path);
       std::error_code ec;
-      if (std::filesystem::exists(mask, ec)) s.attach_mask(LossMask(mask, path, s.size()));
+      // Any entry of that name is the mask, a dangling link too: opening it says what is wrong,
+      // where skipping it would train every target without a word.
+      if (std::filesystem::exists(std::filesystem::symlink_status(mask, ec)))
+        s.attach_mask(LossMask(mask, path, s.size()));
     }
     s.advise(DataFile::Access::Sequential);
     s.check_tokens(vocab);
     s.check_unchanged();  // the pass saw one version of the file from its first byte to its last
     c.shards_.push_back(std::move(s));
   }
+  // Masks on every shard and not one target trained: a run would report a loss of 0 and learn
+  // nothing (a chat file without assistant turns, a mask written all zeros).
+  const bool all_masked = !c.shards_.empty() && c.masked_shards() == std::ssize(c.shards_);
+  int64_t trained = 0;
+  for (const Shard& s : c.shards_) trained += s.mask() ? s.mask()->trained() : 0;
+  if (all_masked && trained == 0)
+    throw DataError(fmt::format(
+        "[data] {}: the loss masks beside its {} shard{} train no target ({} of {}: all 0). Fix: "
+        "train on data with trained turns (prepare_data.py --chat trains the assistant's), or set "
+        "data.loss_mask = \"off\" to train every target",
+        key, c.shards_.size(), c.shards_.size() == 1 ? "" : "s",
+        c.shards_.front().mask()->path(), c.shards_.front().path()));
   return c;
 }
 

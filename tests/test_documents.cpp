@@ -307,6 +307,19 @@ TEST_CASE("a loss mask beside its shard hides targets, and bad masks name both f
                           Contains("Fix:"));
     }
   }
+  SECTION("a mask that trains nothing, or that cannot be read, stops the run") {
+    // All zeros: a loss of 0 that learns nothing. A dangling link: not "no mask" (every target).
+    const std::string shard = dir / "d/a.bin", m = dir / "d/a.mask.bin";
+    test::write_bytes(m, test::mask_bytes(std::vector<uint8_t>(tokens.size(), 0)));
+    FileData none(files_config(fmt::format("[\"{}\"]", shard), 4, 1, ""));
+    CHECK_THAT(data_error([&] { none.open(); }),
+               Contains("[data] data.path: the loss masks beside its 1 shard train no target") &&
+                   Contains(m) && Contains("data.loss_mask = \"off\""));
+    std::filesystem::remove(m);
+    std::filesystem::create_symlink(dir / "d/nowhere.mask.bin", m);
+    FileData dangling(files_config(fmt::format("[\"{}\"]", shard), 4, 1, ""));
+    CHECK_THAT(data_error([&] { dangling.open(); }), Contains(m));
+  }
   SECTION("a mask named as data") {
     FileData data(files_config(fmt::format("[\"{}\"]", dir / "d/a.mask.bin"), 4, 1, ""));
     CHECK_THAT(data_error([&] { data.open(); }),
