@@ -83,12 +83,43 @@ CLI::Validator at_least(int64_t lo) {
         const char* end = text.data() + text.size();
         const auto [ptr, ec] = std::from_chars(text.data(), end, v);
         if (ec == std::errc::result_out_of_range)
-          return "out of range: must be >= " + std::to_string(lo);
+          return text.starts_with('-')
+                     ? "out of range: must be >= " + std::to_string(lo)
+                     : "too large: at most " + std::to_string(std::numeric_limits<int64_t>::max());
         if (ec != std::errc() || ptr != end) return "must be an integer >= " + std::to_string(lo);
         if (v < lo) return "must be >= " + std::to_string(lo);
         return "";
       },
       ">= " + std::to_string(lo));
+}
+
+// A number in [lo, hi]: NaN is refused (CLI::Range lets it through: every comparison is false).
+CLI::Validator number_in(double lo, double hi) {
+  return CLI::Validator(
+      [lo, hi](std::string& text) -> std::string {
+        double v = 0;
+        const char* end = text.data() + text.size();
+        const auto [ptr, ec] = std::from_chars(text.data(), end, v);
+        if (ec != std::errc() || ptr != end || !(v >= lo && v <= hi))
+          return fmt::format("{} is not a number in [{}, {}]", text, lo, hi);
+        return "";
+      },
+      fmt::format("in [{}, {}]", lo, hi));
+}
+
+// A 64-bit unsigned integer, written in digits: "-1" is refused, not read as 2^64 - 1.
+CLI::Validator unsigned_64() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        uint64_t v = 0;
+        const char* end = text.data() + text.size();
+        const auto [ptr, ec] = std::from_chars(text.data(), end, v);
+        if (ec != std::errc() || ptr != end)
+          return fmt::format("{} is not an integer in [0, {}]", text,
+                             std::numeric_limits<uint64_t>::max());
+        return "";
+      },
+      "0 ..");
 }
 
 // -c/--config and --set: every subcommand that reads a config takes both.
@@ -319,12 +350,12 @@ int run(int argc, char** argv) {
   sample_cmd
       ->add_option("--temperature", sample.temperature,
                    "Sampling temperature; 0 = greedy (default 1)")
-      ->check(CLI::Range(0.0, 100.0));
+      ->check(number_in(0.0, 100.0));
   sample_cmd
       ->add_option("--top-k", sample.top_k,
                    "Sample from the K most likely tokens; 0 = all (default)")
       ->check(at_least(0));
-  sample_cmd->add_option("--seed", sample.seed, "Random seed (default 1337)");
+  sample_cmd->add_option("--seed", sample.seed, "Random seed (default 1337)")->check(unsigned_64());
 
   remat::cli::TokenizeOptions tokenize;
   CLI::App* tokenize_cmd = app.add_subcommand(

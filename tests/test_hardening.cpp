@@ -590,7 +590,11 @@ TEST_CASE("a flag the parser refuses is one line, exit 2, naming the subcommand'
       {"train --init-adapter",
        "--init-adapter: 1 required TEXT missing. Fix: see `remat-train "
        "train --help`"},
-      {"--bogus", "not expected: --bogus. Fix: see `remat-train train --help`"}};
+      {"--bogus", "not expected: --bogus. Fix: see `remat-train train --help`"},
+      // NaN passes every range comparison; "-1" parsed as unsigned is 2^64 - 1.
+      {"sample --checkpoint x --temperature nan", "--temperature: nan is not a number in [0, 100]"},
+      {"sample --checkpoint x --seed -1", "--seed: -1 is not an integer in [0, "},
+      {"sample --checkpoint x --tokens 99999999999999999999", "--tokens: too large"}};
   for (const auto& [cmd, want] : cases) {
     const auto r = run_binary(cmd, true);
     INFO(cmd << "\n" << r.out);
