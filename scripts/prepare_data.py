@@ -83,6 +83,7 @@ import os
 import random
 import re
 import shlex
+import shutil
 import sys
 import time
 import types
@@ -443,8 +444,9 @@ class ShardWriter:
     `whole`: every document ends with an end-of-text (the last too) and a shard ends between two
     (unless one document is longer than a shard). `masks`: a loss mask beside each shard."""
 
-    def __init__(self, out, split, fmt, shard_tokens, eot, whole=False, masks=False):
+    def __init__(self, out, split, fmt, shard_tokens, eot, whole=False, masks=False, final=None):
         self.out, self.split, self.shard_tokens, self.eot = out, split, shard_tokens, eot
+        self.final = final or out  # where the shards go when complete (messages name it)
         self.magic, self.version, self.typecode = fmt
         self.whole = whole
         self.buf = array.array(self.typecode)
@@ -464,6 +466,16 @@ class ShardWriter:
             except FileNotFoundError:
                 pass
         self.paths, self.tmp = [], None
+
+    def move_to(self, folder):
+        """Moves every shard (and mask) written into `folder`, under the same names."""
+        moved = []
+        for path in self.paths:
+            for p in (path, path[:-4] + ".mask.bin"):
+                if os.path.exists(p):
+                    os.replace(p, os.path.join(folder, os.path.basename(p)))
+            moved.append(os.path.join(folder, os.path.basename(path)))
+        self.paths, self.out = moved, folder
 
     def add(self, doc, piece, ids, mask=None):
         # A piece that continues the last one joins it; anything else starts a new document here.
@@ -522,7 +534,8 @@ class ShardWriter:
                 f.write(payload.tobytes() if isinstance(payload, array.array) else payload)
             os.replace(tmp, path)
         except OSError as e:
-            raise Fail(f"{path}: cannot write it ({e.strerror}, as {tmp}). Fix: free space on that "
+            shown = os.path.join(self.final, os.path.basename(path))
+            raise Fail(f"{shown}: cannot write it ({e.strerror}, as {tmp}). Fix: free space on that "
                        "disk or choose another --out, then run again (this run's shards were "
                        "removed)") from e
         self.tmp = None
@@ -812,11 +825,13 @@ def prepare(args):
         raise Fail(f"{args.out}: has shards already ({', '.join(old[:3])}"
                    f"{', ...' if len(old) > 3 else ''}). Fix: choose another --out, or pass "
                    "--force to replace them")
-    for name in old:  # --force: a shorter output must not leave a stale tail shard behind
-        os.remove(os.path.join(args.out, name))
+    # Written into a folder of this run's own inside --out and moved in when complete: a run that
+    # fails (bad input, a full disk, a signal) leaves the shards --force would have replaced.
+    stage = os.path.join(args.out, f".prepare-{os.getpid()}")
+    os.makedirs(stage, exist_ok=True)
 
     whole = mode != "text"
-    writers = {s: ShardWriter(args.out, s, fmt, args.shard_tokens, eot, whole, args.chat)
+    writers = {s: ShardWriter(stage, s, fmt, args.shard_tokens, eot, whole, args.chat, args.out)
                for s in ("train", "val")}
     sys.stderr.write(f"[prepare] {len(files)} {kind} file{'s' if len(files) != 1 else ''}, "
                      f"vocabulary {vocab:,} ({'uint16' if fmt is GPT2_FORMAT else 'uint32'} "
@@ -838,7 +853,13 @@ def prepare(args):
     except BaseException:  # a full disk, bad input, ^C: no partial shard set is left behind
         for w in writers.values():
             w.remove_written()
+        shutil.rmtree(stage, ignore_errors=True)
         raise
+    for name in old:  # --force: a shorter output must not leave a stale tail shard behind
+        os.remove(os.path.join(args.out, name))
+    for w in writers.values():
+        w.move_to(args.out)
+    os.rmdir(stage)
     report(args, writers, vocab, fmt, eot, eot_text, mode, what)
 
 

@@ -16,6 +16,7 @@ import array
 import json
 import os
 import random
+import resource
 import shlex
 import struct
 import subprocess
@@ -202,14 +203,22 @@ def gpt2_style():
     printed = p.stdout.decode()
 
     # A full disk: the error names the shard being written, and what this run wrote is removed.
-    # /dev/full fails every write with ENOSPC; a link to it stands for the third shard's file.
-    if os.path.exists("/dev/full"):
-        os.makedirs("full")
-        os.symlink("/dev/full", "full/.train_000002.bin.tmp")
-        p = prepare("--tokenizer", "tokenizer.json", "docs", "--out", "full", "--val-fraction",
-                    "0.1", "--chunk-bytes", "300", "--shard-tokens", "1000", expect=2)
-        one_error_line(p, "full/train_000002.bin", "No space left on device")
-        check(os.listdir("full") == [], f"a failed run left {sorted(os.listdir('full'))}")
+    # A file-size limit below one shard (Python ignores SIGXFSZ: the write fails with EFBIG)
+    # stands for it; shards of an earlier run there stay, although --force was given.
+    os.makedirs("full")
+    with open("full/train_000000.bin", "wb") as f:
+        f.write(b"an earlier run's shard")
+    limited = subprocess.run(
+        [sys.executable, SCRIPT, "--tokenizer", "tokenizer.json", "docs", "--out", "full",
+         "--val-fraction", "0.1", "--chunk-bytes", "300", "--shard-tokens", "1000", "--force"],
+        capture_output=True,
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (1500, 1500)))
+    check(limited.returncode == 2, f"exit {limited.returncode} with a file-size limit")
+    one_error_line(limited, "full/train_000000.bin", "File too large")
+    check(os.listdir("full") == ["train_000000.bin"],
+          f"a failed run left {sorted(os.listdir('full'))}")
+    with open("full/train_000000.bin", "rb") as f:
+        check(f.read() == b"an earlier run's shard", "a failed --force run replaced a shard")
 
     encoded = run([sys.executable, SCRIPT, "--tokenizer", "tokenizer.json", "--encode",
                    "the quick café 😀"]).stdout.split()
