@@ -97,6 +97,12 @@ Source resolve_source(const EvalOptions& opt, Config& cfg) {
           "--set {}: [eval] scores the checkpoint's own model, and {} would change it. Fix: drop "
           "it (to score another model: export it with export --hf DIR, then eval --model hf:DIR)",
           set, key));
+    // What the run held out is its own split: another one may be text it trained on.
+    if (key == "data.path" || key == "data.val_path" || key == "data.val_fraction")
+      throw ConfigError(fmt::format(
+          "--set {}: [eval] scores what the checkpoint's run held out, and another {} may hold "
+          "text it trained on. Fix: drop it, and pass held-out files with --data FILES",
+          set, key));
   }
   const Checkpoint ckpt(src.checkpoint);
   cfg = parse_config(ckpt.state().config_toml, src.checkpoint + "/state.json", opt.overrides);
