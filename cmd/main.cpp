@@ -686,10 +686,28 @@ int main(int argc, char** argv) {
   // A file over RLIMIT_FSIZE (ulimit -f, a quota-like limit) is a full disk: the write fails with
   // EFBIG and the error names the file, where SIGXFSZ's default would kill the run silently.
   std::signal(SIGXFSZ, SIG_IGN);
+  // What a command printed to stdout (sample's text, tokenize's ids, --json) must have reached
+  // it: a full disk or a closed file is an error, not exit 0 with the output cut short.
+  const auto stdout_lost = [] { return std::fflush(stdout) != 0 || std::ferror(stdout) != 0; };
+  const auto stdout_error = [](int err) {
+    return fmt::format(
+        "error: [io] stdout: cannot write ({}): the output is incomplete. Fix: free space on that "
+        "disk, or write it elsewhere",
+        std::strerror(err ? err : EIO));
+  };
   try {
     const int code = run(argc, argv);
+    if (stdout_lost()) return stop_all_ranks(stdout_error(errno), kExitRuntime);
     remat::parallel::finalize_world();
     return code;
+  } catch (const std::system_error& e) {
+    // fmt::print throws this when a write to stdout fails (its message: "cannot write to file").
+    if (std::string_view(e.what()).find("cannot write to file") != std::string_view::npos)
+      return stop_all_ranks(stdout_error(e.code().value()), kExitRuntime);
+    return stop_all_ranks(
+        fmt::format("error: [internal] unexpected failure ({}). This is a bug: please report it",
+                    e.what()),
+        kExitRuntime);
   } catch (const remat::Error& e) {
     return stop_all_ranks(error_line(e), exit_code_of(e));
   } catch (const std::bad_alloc&) {

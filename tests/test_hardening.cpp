@@ -604,6 +604,26 @@ TEST_CASE("a flag the parser refuses is one line, exit 2, naming the subcommand'
   }
 }
 
+TEST_CASE("output that cannot reach stdout is an error, not exit 0 with the output cut short",
+          "[hardening][smoke]") {
+  if (!fs::exists("/dev/full")) {
+    WARN("skipped: no /dev/full here");
+    return;
+  }
+  // /dev/full fails every write with ENOSPC: a small output when it is flushed at the end, a
+  // large one (fmt throws) while it is written.
+  for (const char* cmd :
+       {"plan --config configs/tiny.toml > /dev/full",
+        "tokenize --tokenizer docs/examples/sft/tokenizer.json < docs/data.md "
+        "> /dev/full",
+        "plan --config configs/llama-3.1-8b.toml --json --gpu h200 > /dev/full"}) {
+    const auto r = run_binary(cmd, true);
+    INFO(cmd << "\n" << r.out);
+    CHECK(r.code == 1);
+    CHECK_THAT(r.out, Contains("error: [io] stdout: cannot write (No space left on device)"));
+  }
+}
+
 TEST_CASE("a flag given an empty value is refused, not taken as left out", "[hardening][smoke]") {
   // An unset shell variable (--gpu "$GPU") ran the CPU plan, and --out "" the default folder.
   for (const char* cmd :
