@@ -632,6 +632,16 @@ TEST_CASE("hf config.json: what is not computed here is refused, naming the key"
              Contains("run.toml:3:11: [config] model.n_layer: set beside model.from_hf"));
   write_file(tmp.path / "run.toml", fmt::format("[model]\nfrom_hf = \"{}\"\n", tmp.str()));
   CHECK(load_config(tmp / "run.toml", {"model.vocab_size=64"}).model.vocab_size == 64);
+  // Its RoPE scaling and trained length may be set beside it: extending a model's context is
+  // training (or scoring) its weights under another scaling. The rest stays the folder's.
+  const Config yarn =
+      load_config("hf:" + tmp.str(), {"model.rope_scaling={ rope_type = \"yarn\", factor = 4.0, "
+                                      "original_max_position_embeddings = 64 }",
+                                      "model.max_position_embeddings=256"});
+  CHECK(yarn.model.rope_scaling.kind == RopeScaling::Yarn);
+  CHECK(yarn.model.rope_scaling.factor == 4.0);
+  CHECK(yarn.model.max_position_embeddings == 256);
+  CHECK(yarn.model.n_layer == load_config("hf:" + tmp.str()).model.n_layer);
   CHECK_THAT(config_error("hf:" + tmp.str() + "/missing"), Contains("no such folder"));
 }
 

@@ -100,7 +100,7 @@ TEST_CASE("plan and fit say what a LoRA run trains, in text and in --json", "[pl
 
 namespace remat::test {
 
-TEST_CASE("--json output and metrics survive names that are not UTF-8", "[plan-json][cli]") {
+TEST_CASE("JSON output and metrics survive names that are not UTF-8", "[plan-json][cli]") {
   // A file or folder name may be any bytes; JSON strings are UTF-8. Such bytes print as U+FFFD
   // (was an "[internal]" error after the work, and a training run's summary lost).
   TempDir tmp("json-bytes");

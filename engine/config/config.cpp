@@ -518,10 +518,10 @@ const std::vector<KeySpec>& key_specs() {
        [](Config& c, auto& n, auto& o) { c.remat.offload = read_enum(n, o, kOffloads); }},
       {"device", "backend", "auto = CUDA when a GPU is found, else the CPU",
        [](Config& c, auto& n, auto& o) { c.device.backend = read_enum(n, o, kBackends); }},
-      {"device", "memory", "the pool budget; 0 = the device's memory",
+      {"device", "memory", "the pool budget; left out: the device's memory",
        [](Config& c, auto& n, auto& o) { c.device.memory_bytes = read_size(n, o); }},
       {"device", "host_memory",
-       "the host pool's budget (remat.offload; pinned on CUDA); 0 = the machine's memory",
+       "the host pool's budget (remat.offload; pinned on CUDA); left out: the machine's memory",
        [](Config& c, auto& n, auto& o) { c.device.host_memory_bytes = read_size(n, o); }},
       {"device", "precision", "CUDA activations (weights and optimizer state stay fp32)",
        [](Config& c, auto& n, auto& o) { c.device.precision = read_enum(n, o, kPrecisions); }},
@@ -657,7 +657,9 @@ void validate_model_family(const Config& c, const Origins& o) {
           "model.attention_bias", "model.qk_norm", "model.max_position_embeddings"})
       if (o.all().count(key))
         fail(o.of(key), fmt::format("{} applies to model.kind = \"llama\", not \"gpt\"", key),
-             fmt::format("remove {}, or set model.kind = \"llama\"", key));
+             // A Hugging Face GPT-2 folder's kind is its own: only removing the key helps.
+             m.from_hf.empty() ? fmt::format("remove {}, or set model.kind = \"llama\"", key)
+                               : fmt::format("remove {}: GPT-2 learns its positions", key));
     if (!m.tie_embeddings)
       fail(o.of("model.tie_embeddings"), "the GPT's LM head is always the token embedding",
            "remove model.tie_embeddings, or set model.kind = \"llama\"");
@@ -956,8 +958,10 @@ using WhereFn = std::function<std::string(const std::string&, const toml::node&)
 // model.from_hf = "DIR": the [model] table becomes DIR/config.json's
 // (engine/model_files/hf_names.h), so that it is exactly the checkpoint's. Any other [model] key
 // beside it is an error, except vocab_size (a vocabulary padded for faster GEMMs: --init hf: pads
-// the rows, docs/hf.md). Each key taken from config.json names "DIR/config.json" as its origin in
-// messages.
+// the rows, docs/hf.md) and the RoPE scaling with the length it was trained for (rope_scaling,
+// max_position_embeddings): extending a model's context is training or scoring its weights under
+// another scaling (docs/context-extension.md). Each key taken from config.json names
+// "DIR/config.json" as its origin in messages.
 std::optional<hf::ModelKeys> expand_from_hf(toml::table& root, const WhereFn& where,
                                             std::map<std::string, std::string>& from_set) {
   toml::table* model = root["model"].as_table();
@@ -972,7 +976,8 @@ std::optional<hf::ModelKeys> expand_from_hf(toml::table& root, const WhereFn& wh
     if (!known)  // a typo, or transformers' own flags (load_in_4bit: lora.base = "nf4" here)
       fail({where("model." + key, v), "model." + key},
            fmt::format("unknown key '{}' in [model]", key), unknown_key_fix("model", key));
-    if (key != "from_hf" && key != "vocab_size")
+    if (key != "from_hf" && key != "vocab_size" && key != "rope_scaling" &&
+        key != "max_position_embeddings")
       fail({where("model." + key, v), "model." + key},
            fmt::format("set beside model.from_hf = \"{}\", whose config.json gives every "
                        "[model] key (--model hf: and --init hf: set model.from_hf too)",
@@ -983,7 +988,7 @@ std::optional<hf::ModelKeys> expand_from_hf(toml::table& root, const WhereFn& wh
   const std::string origin = (std::filesystem::path(dir) / "config.json").string();
   for (auto&& [k, v] : toml::parse(keys.toml)) {
     const std::string key(k.str());
-    if (model->contains(key)) continue;  // vocab_size, given beside from_hf
+    if (model->contains(key)) continue;  // given beside from_hf: the user's, not the folder's
     model->insert_or_assign(key, v);
     from_set["model." + key] = origin;
   }
