@@ -870,7 +870,15 @@ def write_shards(tok, pieces, writers, progress):
     def flush():
         encodings = tok.encode_batch([p[3] for p in batch], add_special_tokens=False)
         for (split, doc, piece, _), enc in zip(batch, encodings):
-            writers[split].add(doc, piece, enc.ids)
+            w = writers[split]
+            # --documents: an end-of-text inside a document would split it in two for training's
+            # document masks (as --chat refuses it inside a conversation).
+            if w.whole and w.eot in enc.ids:
+                raise Fail(f"document {doc + 1}: the end-of-text token ({w.eot}) occurs inside it, "
+                           "where it would split it into two documents. Fix: pass --eot with a "
+                           "token the documents never contain (with --tokenizer bytes, a byte "
+                           "they never hold, such as --eot 0)")
+            w.add(doc, piece, enc.ids)
         batch.clear()
         progress.update(sum(w.tokens + len(w.buf) for w in writers.values()))
 

@@ -167,6 +167,11 @@ def documents():
             stream += shard
     check(text_of(stream) == "".join(t + "<|endoftext|>" for t in texts), text_of(stream))
     check(json.load(open("docs/shards.json"))["mode"] == "documents", "shards.json mode")
+    # The end-of-text inside a document would split it in two: refused, as inside a conversation
+    # (--tokenizer bytes: its end-of-text is a newline, which "two\nlines" holds).
+    one_error_line(prepare("--documents", "docs.jsonl", "--tokenizer", "bytes", "--out", "nl",
+                           "--val-fraction", "0", expect=2),
+                   "document 2: the end-of-text token (10) occurs inside it", "--eot 0")
 
 
 if __name__ == "__main__":
