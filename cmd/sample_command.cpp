@@ -34,8 +34,10 @@
 #include "engine/config/config.h"
 #include "engine/core/count_backend.h"
 #include "engine/core/error.h"
+#include "engine/core/machine.h"
 #include "engine/core/regular_file.h"
 #include "engine/core/rng.h"
+#include "engine/core/units.h"
 #include "engine/training/checkpoint.h"
 #include "engine/training/lora_checkpoint.h"
 #include "layers/decoder.h"
@@ -337,6 +339,35 @@ int64_t positions_needed(const Config& cfg, int64_t prompt_len, int64_t tokens) 
   return needed;
 }
 
+// RoPE has no last position, but the decoder's key/value cache holds every one in this machine's
+// memory: refused before it is allocated (naming the most --tokens that fit), and a length past
+// what the run trained at is said, since the model has never seen those positions.
+void check_rope_positions(const Config& cfg, int64_t prompt_len, int64_t tokens,
+                          int64_t positions) {
+  if (cfg.model.position == PositionKind::Learned) return;
+  const double per_position = 2.0 * static_cast<double>(cfg.model.n_layer) *
+                              static_cast<double>(cfg.model.kv_heads() * cfg.model.head_size()) *
+                              sizeof(float);
+  const double memory = static_cast<double>(host_memory_bytes());
+  if (per_position * static_cast<double>(positions) > 0.8 * memory)
+    throw OutOfMemory(fmt::format(
+        "[sample] prompt ({} tokens) + --tokens {} needs {} positions, whose key/value cache "
+        "({}) does not fit 80% of this machine's memory ({}). Fix: lower --tokens to at most {}",
+        prompt_len, tokens, positions,
+        format_bytes(static_cast<uint64_t>(per_position * static_cast<double>(positions))),
+        format_bytes(static_cast<uint64_t>(memory)),
+        std::max<int64_t>(1, static_cast<int64_t>(0.8 * memory / per_position) - prompt_len + 1)));
+  const int64_t trained = cfg.model.max_position_embeddings > 0
+                              ? std::max(cfg.model.max_position_embeddings, cfg.train.seq_len)
+                              : cfg.train.seq_len;
+  // With a RoPE scaling the reach is the scaling's to say: no warning.
+  if (positions > trained && cfg.model.rope_scaling.kind == RopeScaling::None)
+    fmt::print(stderr,
+               "warning: [sample] prompt + --tokens reach position {}, past the {} the model "
+               "trained at: RoPE continues there, but the model never learned those positions\n",
+               positions, trained);
+}
+
 }  // namespace
 
 int run_sample(const SampleOptions& opt) {
@@ -374,6 +405,7 @@ int run_sample(const SampleOptions& opt) {
   const Prompt prompt = make_prompt(opt, cfg, bytes, tok ? &*tok : nullptr);
   const int64_t n_prompt = static_cast<int64_t>(prompt.ids.size());
   const int64_t capacity = positions_needed(cfg, n_prompt, opt.tokens);
+  check_rope_positions(cfg, n_prompt, opt.tokens, capacity);
   const CheckpointWeights weights(ckpt, cfg);  // a LoRA run's: its adapters merged into the base
   const std::unique_ptr<Decoder> dec = make_decoder(
       cfg.model,

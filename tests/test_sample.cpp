@@ -245,6 +245,17 @@ TEST_CASE(
   ok = test::run_binary(sample + tmp / "tokenizer.json" + " --prompt-ids 2,9,0", false);
   CHECK(ok.code == 0);
   CHECK(ok.out == " the<|endoftext|>a" + continuation);
+  // Past the length the run trained at (16) RoPE goes on, with a warning; a length whose key/value
+  // cache cannot fit this machine's memory stops before anything is allocated.
+  const std::string longer =
+      fmt::format("sample --checkpoint {} --prompt-ids 2 --tokens ", tmp / "ckpt");
+  auto past = test::run_binary(longer + "40", true);
+  CHECK(past.code == 0);
+  CHECK_THAT(past.out, Contains("warning: [sample] prompt + --tokens reach position 40, past the "
+                                "16 the model trained at"));
+  past = test::run_binary(longer + "4000000000000", true);
+  CHECK(past.code == 3);
+  CHECK_THAT(past.out, Contains("key/value cache") && Contains("Fix: lower --tokens to at most"));
   // A character without a token is left out, with a warning.
   auto r = test::run_binary(sample + tmp / "tokenizer.json" + " --prompt \" thez\"", true);
   CHECK(r.code == 0);
