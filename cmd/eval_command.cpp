@@ -21,6 +21,7 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "cmd/commands.h"
 #include "cmd/report.h"
@@ -146,8 +147,11 @@ DryRun plan_eval(const Planner& planner, const Config& cfg, StepKind kind, const
       host ? run.host_peak.phase : run.peak.phase, host ? "host" : "device",
       format_bytes(host ? planner.target().host_bytes : planner.target().pool_budget()),
       host ? "device.host_memory" : "device.memory",
-      longest > 0 ? fmt::format("the longest that fits is {} {}", length, longest)
-                  : std::string("no length fits this model here"),
+      (longest > 0 ? fmt::format("the longest that fits is {} {}", length, longest)
+                   : std::string("no length fits this model here")) +
+          (cfg.train.batch_size > 1
+               ? fmt::format(" at --batch-size {} (a smaller one fits more)", cfg.train.batch_size)
+               : std::string()),
       host ? "device.host_memory" : "device.memory"));
 }
 
@@ -201,10 +205,19 @@ size_t bin_of(int64_t t) {  // t: 0-based position; its bin ends at the power of
 
 int loss_by_position(const EvalOptions& opt, Config cfg, const Source& src, Backend& be,
                      const Planner& planner, const std::string& backend_line) {
+  const int64_t wanted = opt.windows > 0 ? opt.windows : kDefaultWindows;
+  // No more rows than windows to score (a --batch-size past them would only repeat windows): the
+  // data is read before the plan then; with one row the plan's refusal comes first.
+  std::optional<EvalWindows> held_out;
+  if (cfg.train.batch_size > 1) {
+    held_out.emplace(cfg, opt.data);
+    cfg.train.batch_size = std::min(cfg.train.batch_size, std::min(wanted, held_out->count()));
+  }
   const int64_t T = cfg.train.seq_len, B = cfg.train.batch_size;
   const DryRun predicted = plan_eval(planner, cfg, StepKind::Eval, "--seq-len");
-  const EvalWindows windows(cfg, opt.data);
-  const int64_t n = std::min(opt.windows > 0 ? opt.windows : kDefaultWindows, windows.count());
+  if (!held_out) held_out.emplace(cfg, opt.data);
+  const EvalWindows& windows = *held_out;
+  const int64_t n = std::min(wanted, windows.count());
   std::unique_ptr<Model> model = make_model(cfg, be);
   load_model_weights(src, cfg, be, *model);
   model->set_training(false);

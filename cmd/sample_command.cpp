@@ -194,6 +194,14 @@ class Sampler {
 class Detokenizer {
  public:
   explicit Detokenizer(const std::string& path) : path_(path) {
+    // A model folder is the common slip: its tokenizer.json is what is meant.
+    std::error_code ec;
+    if (std::filesystem::is_directory(path, ec))
+      throw ConfigError(
+          fmt::format("[sample] --tokenizer {}: a folder. Fix: pass the tokenizer file, {}", path,
+                      std::filesystem::exists(std::filesystem::path(path) / "tokenizer.json", ec)
+                          ? (std::filesystem::path(path) / "tokenizer.json").string() + " here"
+                          : "a tokenizer.json or llm.c's gpt2_tokenizer.bin"));
     if (HfTokenizer::looks_like_json(path))
       hf_.emplace(path);
     else

@@ -215,7 +215,12 @@ std::vector<int64_t> parse_seq_lens(const std::string& text) {
     if (part.empty()) throw bad(part);
     if (auto dots = part.find(".."); dots != std::string::npos) {
       auto a = parse_count(part.substr(0, dots)), b = parse_count(part.substr(dots + 2));
-      if (!a || !b || *a < 1 || *b < *a) throw bad(part);
+      if (a && b && *a >= 1 && *b < *a)
+        throw ConfigError(fmt::format(
+            "--seq-lens {}: the range \"{}\" ends below its start. Fix: write it from the "
+            "shorter length to the longer, {}..{}",
+            text, part, part.substr(dots + 2), part.substr(0, dots)));
+      if (!a || !b || *a < 1) throw bad(part);
       check_bound(*b);
       for (int64_t t = *a; t < *b; t *= 2) {
         out.push_back(t);

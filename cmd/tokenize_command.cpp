@@ -8,7 +8,9 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -25,7 +27,11 @@ std::string read_stdin() {
   char buffer[1 << 16];
   size_t n = 0;
   while ((n = std::fread(buffer, 1, sizeof buffer, stdin)) > 0) text.append(buffer, n);
-  if (std::ferror(stdin)) throw IoError("[tokenize] cannot read stdin");
+  if (std::ferror(stdin))  // a folder redirected in (EISDIR) is the usual way here
+    throw ConfigError(fmt::format(
+        "[tokenize] stdin: cannot read it ({}). Fix: redirect a text file into it (< FILE), or "
+        "pipe text in",
+        std::strerror(errno)));
   return text;
 }
 

@@ -376,6 +376,19 @@ TEST_CASE("eval refuses in one line: a length the budget cannot hold, nothing or
                        true);
   CHECK(r.code == 0);
   CHECK_THAT(r.out, Contains("equal to the measured peak"));
+  // A batch beyond the windows to score runs them, one row each: it is cut to them, never
+  // planned (and refused) at its own size. One beyond the budget says so by name.
+  r = test::run_binary(fmt::format("eval --checkpoint {} --seq-len {} --windows 1 --batch-size "
+                                   "100000 --data {}{}",
+                                   t.checkpoint, longest, t.dir / "corpus.txt", small),
+                       true);
+  CHECK(r.code == 0);
+  r = test::run_binary(fmt::format("eval --checkpoint {} --seq-len {} --windows 8 --batch-size 8 "
+                                   "--data {}{}",
+                                   t.checkpoint, longest, t.dir / "corpus.txt", small),
+                       true);
+  CHECK(r.code == 2);
+  CHECK_THAT(r.out, Contains("at --batch-size 8 (a smaller one fits more)"));
   // Nothing to score; a config without held-out data; a missing passkey folder.
   r = test::run_binary("eval --seq-len 64", true);
   CHECK(r.code == 2);

@@ -624,6 +624,25 @@ TEST_CASE("output that cannot reach stdout is an error, not exit 0 with the outp
   }
 }
 
+TEST_CASE("small refusals say what is wrong with the input, not something near it",
+          "[hardening][smoke]") {
+  const std::tuple<const char*, int, const char*> cases[] = {
+      {"sweep --config configs/tiny.toml --seq-lens 64..32", 2,
+       "the range \"64..32\" ends below its start. Fix: write it from the shorter length to the "
+       "longer, 32..64"},
+      {"plan --config configs/tiny.toml --memory 0.5", 2, "--memory 0.5: not a size"},
+      {"fit --model hf:tests/golden/hf/llama/config.json", 2,
+       "config.json: [hf] a file, not a folder"},
+      {"tokenize --tokenizer docs/examples/sft/tokenizer.json < docs", 2,
+       "[tokenize] stdin: cannot read it (Is a directory)"}};
+  for (const auto& [cmd, code, want] : cases) {
+    const auto r = run_binary(cmd, true);
+    INFO(cmd << "\n" << r.out);
+    CHECK(r.code == code);
+    CHECK_THAT(r.out, Contains(want));
+  }
+}
+
 TEST_CASE("a flag given an empty value is refused, not taken as left out", "[hardening][smoke]") {
   // An unset shell variable (--gpu "$GPU") ran the CPU plan, and --out "" the default folder.
   for (const char* cmd :

@@ -268,6 +268,11 @@ TEST_CASE(
                         Contains("17 tokens, more than the model's "
                                  "vocabulary of 16") &&
                         Contains("Fix:"));
+  // A folder holding tokenizer.json (the model's folder) is named, with the file it holds.
+  r = test::run_binary(sample + tmp.str() + " --prompt-ids 2", true);
+  CHECK(r.code == 2);
+  CHECK_THAT(r.out, Contains(": a folder. Fix: pass the tokenizer file, " +
+                             (tmp / "tokenizer.json") + " here"));
   write_file(tmp / "broken.json", "[1, 2");
   r = test::run_binary(sample + tmp / "broken.json" + " --prompt-ids 2", true);
   CHECK(r.code == 2);

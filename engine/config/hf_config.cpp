@@ -155,9 +155,12 @@ ConfigFile open_config(const std::string& dir) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec))
     throw ConfigError(fmt::format(
-        "{}: [hf] no such folder. Fix: give a Hugging Face model folder (the one holding "
-        "config.json and model.safetensors)",
-        dir));
+        "{}: [hf] {}. Fix: give a Hugging Face model folder (the one holding config.json and "
+        "model.safetensors){}",
+        dir, fs::exists(dir, ec) ? "a file, not a folder" : "no such folder",
+        fs::path(dir).filename() == "config.json"
+            ? fmt::format(": {}", fs::path(dir).parent_path().string())
+            : std::string()));
   RegularFile file = RegularFile::open_read(path);
   if (file.problem() == RegularFile::Problem::Missing)
     throw ConfigError(fmt::format(

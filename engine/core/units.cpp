@@ -47,12 +47,15 @@ std::optional<uint64_t> parse_size(std::string_view text) {
   else if (unit == "mib" || unit == "m") mult = 1024.0 * 1024;
   else if (unit == "gib" || unit == "g") mult = 1024.0 * 1024 * 1024;
   else if (unit == "tib" || unit == "t") mult = 1024.0 * 1024 * 1024 * 1024;
+  else if (unit == "pib" || unit == "p") mult = 1024.0 * 1024 * 1024 * 1024 * 1024;
   else if (unit == "kb") mult = 1e3;
   else if (unit == "mb") mult = 1e6;
   else if (unit == "gb") mult = 1e9;
   else if (unit == "tb") mult = 1e12;
+  else if (unit == "pb") mult = 1e15;
   else return std::nullopt;
   // clang-format on
+  if (mult == 1 && v != std::floor(v)) return std::nullopt;  // "0.5": no such thing as half a byte
   double bytes = v * mult;
   if (bytes > 1.8e19) return std::nullopt;
   return static_cast<uint64_t>(std::llround(bytes));
