@@ -84,6 +84,7 @@ import random
 import re
 import shlex
 import shutil
+import signal
 import sys
 import time
 import types
@@ -1124,6 +1125,19 @@ def main():
                     help="--passkey: tasks (keys) per length and depth (1)")
     ap.add_argument("--seed", type=int, default=1, help="--passkey: the keys' random seed (1)")
     args = ap.parse_args()
+
+    # SIGTERM (kill, timeout, a batch scheduler) stops the run as Ctrl-C does: through the cleanup
+    # of prepare() (no partial shard set left), then one line and 128 + the signal.
+    class Stopped(BaseException):
+        def __init__(self, signum):
+            super().__init__(signum)
+            self.signum = signum
+
+    def stop(signum, _frame):
+        raise Stopped(signum)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
     try:
         if args.passkey:
             passkey(args)
@@ -1144,6 +1158,12 @@ def main():
         sys.stderr.write(f"error: [prepare] {where}{e.strerror or e}. Fix: check the path and "
                          "its permissions\n")
         sys.exit(2)
+    except Stopped as e:
+        if sys.stderr.isatty():
+            sys.stderr.write("\n")
+        sys.stderr.write(f"error: [prepare] stopped by {signal.Signals(e.signum).name}: the shards "
+                         "this run wrote were removed (--out holds what it held before)\n")
+        sys.exit(128 + e.signum)
 
 
 if __name__ == "__main__":

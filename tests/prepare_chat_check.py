@@ -14,6 +14,7 @@ transformers where those are installed.
 """
 import json
 import os
+import signal
 import struct
 import subprocess
 import sys
@@ -174,6 +175,28 @@ def documents():
                    "document 2: the end-of-text token (10) occurs inside it", "--eot 0")
 
 
+def stopped():
+    """SIGTERM (a scheduler's, timeout's) stops a run as Ctrl-C does: what it wrote is removed,
+    the shards --force would have replaced stay, one line, exit 128 + 15."""
+    with open("big.txt", "w") as f:
+        f.write(("a line of filler text\n" * 4096) * 300)  # ~27 MB: a second or more to encode
+    os.makedirs("kept", exist_ok=True)
+    with open("kept/train_000000.bin", "w") as f:
+        f.write("an earlier shard")
+    p = subprocess.Popen([sys.executable, SCRIPT, "big.txt", "--tokenizer", "bytes", "--out", "kept",
+                          "--force", "--shard-tokens", "1000000"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    first = p.stderr.readline()  # printed once the handler is in place, before any shard
+    check(first.startswith("[prepare] 1 text file"), f"unexpected first line {first!r}")
+    p.send_signal(signal.SIGTERM)
+    err = p.stderr.read().strip().split("\n")[-1]
+    check(p.wait() == 128 + signal.SIGTERM, f"exit {p.returncode} after SIGTERM")
+    check(err.startswith("error: [prepare] stopped by SIGTERM"), f"last line {err!r}")
+    check(sorted(os.listdir("kept")) == ["train_000000.bin"], f"left {os.listdir('kept')}")
+    with open("kept/train_000000.bin") as f:
+        check(f.read() == "an earlier shard", "a stopped --force run replaced a shard")
+
+
 if __name__ == "__main__":
     try:
         import jinja2  # noqa: F401  (what --chat needs)
@@ -183,6 +206,7 @@ if __name__ == "__main__":
     os.chdir(sys.argv[1])
     chat()
     documents()
+    stopped()
     print("prepare_data.py --chat: the assistant turns and their end token trained, nothing "
           "else, with or without generation blocks; --documents ends every document; bad input "
           "exit 2")
