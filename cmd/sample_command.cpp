@@ -57,10 +57,13 @@ std::string resolve_checkpoint(const std::string& arg, const char* command, cons
                     "taken), e.g. {} out/run, or a step_* folder",
                     command, flag, flag));
   if (!fs::is_directory(arg))
-    throw CheckpointError(
-        fmt::format("[{}] {} {}: no such folder. Fix: pass a step_* checkpoint "
-                    "folder, or the checkpoint.dir of a training run",
-                    command, flag, arg));
+    throw CheckpointError(fmt::format(
+        "[{}] {} {}: {}. Fix: pass a step_* checkpoint folder, or the checkpoint.dir "
+        "of a training run{}",
+        command, flag, arg, fs::exists(arg) ? "a file, not a folder" : "no such folder",
+        fs::path(arg).filename() == "state.json" || fs::path(arg).extension() == ".safetensors"
+            ? fmt::format(" (the folder holding it: {})", fs::path(arg).parent_path().string())
+            : std::string()));
   const std::string latest = latest_checkpoint(arg);
   if (latest.empty())
     throw CheckpointError(
@@ -124,7 +127,10 @@ std::vector<int32_t> parse_token_ids(const std::string& text, int64_t vocab,
                                     word.size() > 40 ? word.substr(0, 40) + "..." : word, fix));
     if (id >= vocab)
       throw ConfigError(
-          fmt::format("{}: token id {} is outside the vocabulary of {}", source, id, vocab));
+          fmt::format("{}: token id {} is outside the vocabulary of {}. Fix: give ids from 0 to {} "
+                      "(remat-train "
+                      "tokenize --tokenizer tokenizer.json prints a text's ids)",
+                      source, id, vocab, vocab - 1));
     ids.push_back(static_cast<int32_t>(id));
     i = j;
   }

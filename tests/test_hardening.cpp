@@ -634,7 +634,9 @@ TEST_CASE("small refusals say what is wrong with the input, not something near i
       {"fit --model hf:tests/golden/hf/llama/config.json", 2,
        "config.json: [hf] a file, not a folder"},
       {"tokenize --tokenizer docs/examples/sft/tokenizer.json < docs", 2,
-       "[tokenize] stdin: cannot read it (Is a directory)"}};
+       "[tokenize] stdin: cannot read it (Is a directory)"},
+      {"sample --checkpoint configs/tiny.toml", 2,
+       "--checkpoint configs/tiny.toml: a file, not a folder"}};
   for (const auto& [cmd, code, want] : cases) {
     const auto r = run_binary(cmd, true);
     INFO(cmd << "\n" << r.out);

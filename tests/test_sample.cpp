@@ -253,6 +253,11 @@ TEST_CASE(
   CHECK(past.code == 0);
   CHECK_THAT(past.out, Contains("warning: [sample] prompt + --tokens reach position 40, past the "
                                 "16 the model trained at"));
+  past =
+      test::run_binary(fmt::format("sample --checkpoint {} --prompt-ids 99", tmp / "ckpt"), true);
+  CHECK(past.code == 2);
+  CHECK_THAT(past.out, Contains("token id 99 is outside the vocabulary of 16. Fix: give ids from 0 "
+                                "to 15"));
   past = test::run_binary(longer + "4000000000000", true);
   CHECK(past.code == 3);
   CHECK_THAT(past.out, Contains("key/value cache") && Contains("Fix: lower --tokens to at most"));
