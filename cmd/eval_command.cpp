@@ -224,24 +224,37 @@ int loss_by_position(const EvalOptions& opt, Config cfg, const Source& src, Back
   std::vector<Bin> bins = position_bins(T);
   double total = 0;
   std::vector<int32_t> rows(static_cast<size_t>(B * (T + 1)));
+  std::vector<uint8_t> scored(static_cast<size_t>(B * T));
+  int64_t counted = 0;
   for (int64_t w0 = 0; w0 < n; w0 += B) {
     // A last batch short of B rows repeats its windows (the shape stays the plan's); only the
-    // windows asked for are counted.
+    // windows asked for are counted, and of them the targets a loss mask does not hide.
     for (int64_t r = 0; r < B; ++r)
-      windows.read(std::min(w0 + r, n - 1), rows.data() + r * (T + 1));
+      windows.read(std::min(w0 + r, n - 1), rows.data() + r * (T + 1), scored.data() + r * T);
     be.pool().set_phase("eval data");
     const Batch batch = make_batch(be, rows, B, T);
     const StepLoss loss = forward_loss(be, *model, batch);
     for (int64_t r = 0; r < std::min(B, n - w0); ++r)
       for (int64_t t = 0; t < T; ++t) {
+        if (!scored[static_cast<size_t>(r * T + t)]) continue;
         const double l = loss.row_losses[static_cast<size_t>(r * T + t)];
         Bin& bin = bins[bin_of(t)];
         bin.sum += l;
         ++bin.tokens;
         total += l;
+        ++counted;
       }
   }
-  const double mean = total / static_cast<double>(n * T);
+  if (counted == 0)
+    throw DataError(fmt::format(
+        "[eval] {}: the loss masks hide every target of the {} window{} scored. Fix: raise "
+        "--windows, or pass other held-out files with --data",
+        windows.describe(n), n, n == 1 ? "" : "s"));
+  const double mean = total / static_cast<double>(counted);
+  // A bin the masks emptied has no mean: null in JSON, "-" in the table.
+  const auto bin_mean = [](const Bin& b) {
+    return b.tokens ? Json(b.sum / static_cast<double>(b.tokens)) : Json(nullptr);
+  };
   if (opt.json) {
     Json j = {{"eval", "loss_by_position"},
               {"label", opt.label.empty() ? src.name : opt.label},
@@ -250,15 +263,13 @@ int loss_by_position(const EvalOptions& opt, Config cfg, const Source& src, Back
               {"rope_scaling", std::string(rope_type_name(cfg.model.rope_scaling.kind))},
               {"seq_len", T},
               {"windows", n},
-              {"tokens", n * T},
+              {"tokens", counted},
               {"data", windows.describe(n)},
               {"loss", mean},
               {"bins", Json::array()}};
     for (const Bin& b : bins)
-      j["bins"].push_back({{"first", b.first},
-                           {"last", b.last},
-                           {"tokens", b.tokens},
-                           {"loss", b.sum / static_cast<double>(b.tokens)}});
+      j["bins"].push_back(
+          {{"first", b.first}, {"last", b.last}, {"tokens", b.tokens}, {"loss", bin_mean(b)}});
     j["memory"] = memory_json(be, predicted.peak.total_bytes);
     fmt::print("{}\n", json_text(j, 1));
     return 0;
@@ -269,10 +280,11 @@ int loss_by_position(const EvalOptions& opt, Config cfg, const Source& src, Back
   fmt::print("{:<16}{:>10}{:>12}\n", "positions", "tokens", "mean loss");
   for (const Bin& b : bins)
     fmt::print(
-        "{:<16}{:>10}{:>12.4f}\n",
+        "{:<16}{:>10}{:>12}\n",
         b.first == b.last ? fmt::format("{}", b.first) : fmt::format("{}-{}", b.first, b.last),
-        b.tokens, b.sum / static_cast<double>(b.tokens));
-  fmt::print("{:<16}{:>10}{:>12.4f}\n", "all", n * T, mean);
+        b.tokens,
+        b.tokens ? fmt::format("{:.4f}", b.sum / static_cast<double>(b.tokens)) : std::string("-"));
+  fmt::print("{:<16}{:>10}{:>12.4f}\n", "all", counted, mean);
   fmt::print("{}\n", memory_line(be, predicted.peak.total_bytes));
   return 0;
 }

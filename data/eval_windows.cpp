@@ -42,17 +42,20 @@ EvalWindows::EvalWindows(const Config& cfg, const std::vector<std::string>& file
       vocab_(cfg.model.vocab_size) {
   const DataConfig& d = cfg.data;
   const DataFormat format = format_of(cfg, files);
+  // Loss masks (X.mask.bin beside X.bin) hide targets from the score as validation hides them
+  // from the loss: an SFT model is scored on its answers, not on the prompts.
+  const bool masks = d.loss_mask == "auto";
   if (!files.empty()) {
-    corpus_ = TokenCorpus::open(files, format, vocab_, "--data");
+    corpus_ = TokenCorpus::open(files, format, vocab_, "--data", masks);
     for (const Shard& s : corpus_.shards()) windows_.add(s, 0, s.size());
     from_ = "--data";
   } else if (!d.val_path.empty()) {
-    corpus_ = TokenCorpus::open(d.val_path, format, vocab_, "data.val_path");
+    corpus_ = TokenCorpus::open(d.val_path, format, vocab_, "data.val_path", masks);
     for (const Shard& s : corpus_.shards()) windows_.add(s, 0, s.size());
     from_ = "data.val_path";
   } else if (d.val_fraction > 0) {
     // The tail validation holds out of each training file (data/file_data.cpp's split).
-    corpus_ = TokenCorpus::open(d.path, format, vocab_, "data.path");
+    corpus_ = TokenCorpus::open(d.path, format, vocab_, "data.path", masks);
     for (const Shard& s : corpus_.shards()) {
       const auto held =
           static_cast<int64_t>(std::floor(d.val_fraction * static_cast<double>(s.size())));
@@ -73,13 +76,25 @@ EvalWindows::EvalWindows(const Config& cfg, const std::vector<std::string>& file
 }
 
 std::string EvalWindows::describe(int64_t used) const {
-  return fmt::format("{} window{} of {} tokens from {}: {}", used, used == 1 ? "" : "s",
-                     window_tokens_, from_, windows_.list());
+  return fmt::format("{} window{} of {} tokens from {}: {}{}", used, used == 1 ? "" : "s",
+                     window_tokens_, from_, windows_.list(),
+                     masked() ? "; targets their loss masks hide are not scored" : "");
 }
 
-void EvalWindows::read(int64_t k, int32_t* out) const {
+bool EvalWindows::masked() const {
+  return corpus_.masked_shards() > 0;
+}
+
+void EvalWindows::read(int64_t k, int32_t* out, uint8_t* scored) const {
   const Window w = windows_.window(k);
   w.shard->read(w.start, window_tokens_, out, vocab_);
+  if (scored) {  // target t is token t + 1 of the window: scored where its mask byte is 1
+    const int64_t T = window_tokens_ - 1;
+    if (const LossMask* m = w.shard->mask())
+      m->read(w.start + 1, T, scored);
+    else
+      std::fill(scored, scored + T, uint8_t{1});
+  }
   w.shard->check_unchanged();
 }
 

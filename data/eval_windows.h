@@ -26,8 +26,11 @@ class EvalWindows {
   int64_t count() const { return windows_.windows(); }
   /// "12 windows of 513 tokens from data.val_path: val.bin (8,000 tokens)".
   std::string describe(int64_t used) const;
-  /// The seq_len + 1 tokens of window k (k < count()), checked against the vocabulary.
-  void read(int64_t k, int32_t* out) const;
+  /// The seq_len + 1 tokens of window k (k < count()), checked against the vocabulary; with
+  /// `scored`, also whether each of its seq_len targets counts (its loss mask's byte, else 1).
+  void read(int64_t k, int32_t* out, uint8_t* scored = nullptr) const;
+  /// Whether a loss mask lies beside any of the files (data.loss_mask = "auto").
+  bool masked() const;
 
  private:
   TokenCorpus corpus_;

@@ -15,6 +15,7 @@
 #include <set>
 
 #include "data/documents.h"
+#include "data/eval_windows.h"
 #include "data/file_data.h"
 #include "data/packing.h"
 #include "data/synthetic.h"
@@ -306,6 +307,23 @@ TEST_CASE("a loss mask beside its shard hides targets, and bad masks name both f
       CHECK_THAT(msg, Contains(m) && Contains("the loss mask of " + shard) && Contains(says) &&
                           Contains("Fix:"));
     }
+  }
+  SECTION("eval scores the targets the mask trains, as validation does") {
+    // --data a.bin: window 0 is tokens 0..8, its targets tokens 1..8, scored where the mask is 1.
+    const Config cfg = files_config(fmt::format("\"{}\"", dir / "d"), 8, 1, "");
+    const EvalWindows windows(cfg, {dir / "d/a.bin"});
+    CHECK(windows.masked());
+    CHECK_THAT(windows.describe(1), Contains("targets their loss masks hide are not scored"));
+    std::vector<int32_t> tokens_read(9);
+    std::vector<uint8_t> scored(8);
+    windows.read(0, tokens_read.data(), scored.data());
+    CHECK(scored == std::vector<uint8_t>(mask.begin() + 1, mask.end()));
+    // loss_mask = "off": every target, as training reads it then.
+    const Config off = files_config(fmt::format("\"{}\"", dir / "d"), 8, 1, "loss_mask = \"off\"");
+    const EvalWindows plain(off, {dir / "d/a.bin"});
+    CHECK_FALSE(plain.masked());
+    plain.read(0, tokens_read.data(), scored.data());
+    CHECK(scored == std::vector<uint8_t>(8, 1));
   }
   SECTION("a mask that trains nothing, or that cannot be read, stops the run") {
     // All zeros: a loss of 0 that learns nothing. A dangling link: not "no mask" (every target).
