@@ -829,15 +829,16 @@ def prepare(args):
     # Written into a folder of this run's own inside --out and moved in when complete: a run that
     # fails (bad input, a full disk, a signal) leaves the shards --force would have replaced.
     stage = os.path.join(args.out, f".prepare-{os.getpid()}")
-    os.makedirs(stage, exist_ok=True)
-
+    writers = {}
     whole = mode != "text"
-    writers = {s: ShardWriter(stage, s, fmt, args.shard_tokens, eot, whole, args.chat, args.out)
-               for s in ("train", "val")}
-    sys.stderr.write(f"[prepare] {len(files)} {kind} file{'s' if len(files) != 1 else ''}, "
-                     f"vocabulary {vocab:,} ({'uint16' if fmt is GPT2_FORMAT else 'uint32'} "
-                     f"shards), end-of-text {eot_text!r} = {eot} (from {eot_from})\n")
     try:
+        os.makedirs(stage, exist_ok=True)
+        writers = {s: ShardWriter(stage, s, fmt, args.shard_tokens, eot, whole, args.chat,
+                                  args.out)
+                   for s in ("train", "val")}
+        sys.stderr.write(f"[prepare] {len(files)} {kind} file{'s' if len(files) != 1 else ''}, "
+                         f"vocabulary {vocab:,} ({'uint16' if fmt is GPT2_FORMAT else 'uint32'} "
+                         f"shards), end-of-text {eot_text!r} = {eot} (from {eot_from})\n")
         if args.chat:
             conversations, untrained = prepare_chat(args, tok, writers, eot, eot_text)
             for w in writers.values():
@@ -856,12 +857,19 @@ def prepare(args):
             w.remove_written()
         shutil.rmtree(stage, ignore_errors=True)
         raise
+    # Complete: the swap and the manifest run with SIGINT and SIGTERM held, and a stop that comes
+    # now is too late to undo anything (ignored), so --out never holds half of each set.
+    stops = {signal.SIGINT, signal.SIGTERM}
+    signal.pthread_sigmask(signal.SIG_BLOCK, stops)
     for name in old:  # --force: a shorter output must not leave a stale tail shard behind
         os.remove(os.path.join(args.out, name))
     for w in writers.values():
         w.move_to(args.out)
     os.rmdir(stage)
     report(args, writers, vocab, fmt, eot, eot_text, mode, what)
+    for sig in stops:
+        signal.signal(sig, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, stops)
 
 
 def write_shards(tok, pieces, writers, progress):
