@@ -357,8 +357,9 @@ TEST_CASE("fault 7: --metrics DIR or a missing folder exits 2 before the first s
 
 namespace {
 
-// Starts a sweep whose single trial trains for a long time; returns the trial's pid and folder.
-std::pair<pid_t, std::string> start_sweep_trial(Child& sweep) {
+// The trial process a sweep (or fit --measure) started, and its folder; with `training`, once the
+// trial has begun its steps (its metrics file exists).
+std::pair<pid_t, std::string> start_sweep_trial(Child& sweep, bool training = true) {
   pid_t trial = -1;
   REQUIRE(eventually(
       [&] {
@@ -371,7 +372,7 @@ std::pair<pid_t, std::string> start_sweep_trial(Child& sweep) {
   const std::string cmd = cmdline_of(trial);
   const auto at = cmd.find("/tmp/remat-trial-");
   const std::string folder = cmd.substr(at, cmd.find('/', at + 5) - at);
-  REQUIRE(eventually([&] { return fs::exists(folder + "/metrics.jsonl"); }, 60));
+  if (training) REQUIRE(eventually([&] { return fs::exists(folder + "/metrics.jsonl"); }, 60));
   return {trial, folder};
 }
 
@@ -429,18 +430,7 @@ TEST_CASE(
   TempDir dir("hard-fit");
   Child fit("fit --config configs/copy.toml --policies none --memory 512MiB --measure",
             dir / "log");
-  pid_t trial = -1;
-  REQUIRE(eventually(
-      [&] {
-        const auto kids = children_of(fit.pid);
-        if (kids.empty()) return false;
-        trial = kids.front();
-        return cmdline_of(trial).find("/tmp/remat-trial-") != std::string::npos;
-      },
-      60));
-  const std::string cmd = cmdline_of(trial);
-  const auto at = cmd.find("/tmp/remat-trial-");
-  const std::string folder = cmd.substr(at, cmd.find('/', at + 5) - at);
+  const auto [trial, folder] = start_sweep_trial(fit, false);
   kill(fit.pid, SIGTERM);
   REQUIRE(fit.wait(60));
   CHECK(fit.exit_code() == 128 + SIGTERM);
