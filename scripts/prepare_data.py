@@ -298,8 +298,11 @@ def resolve_eot(tok, tokenizer_path, given, chat=False):
                f"beside it, no {' or '.join(EOT_FALLBACKS)}). Fix: pass --eot ID or --eot TOKEN")
 
 
-def input_files(path):
+def input_files(path, chat=False):
     """(files, kind): kind is "text" or "jsonl"."""
+    if os.path.isdir(path) and chat:
+        raise Fail(f"{path}: a folder; --chat reads one .jsonl file of conversations. Fix: pass "
+                   "that file")
     if os.path.isdir(path):
         files = []
         for folder, dirs, names in os.walk(path):
@@ -310,6 +313,9 @@ def input_files(path):
             raise Fail(f"{path}: no *.txt files under it. Fix: put the text there as .txt files, "
                        "or pass a file")
         return sorted(files, key=os.fsencode), "text"
+    if os.path.exists(path) and not os.path.isfile(path):
+        raise Fail(f"{path}: not a regular file (a FIFO or a device is never read). Fix: pass a "
+                   "text file, a folder of .txt files or a .jsonl file")
     if not os.path.isfile(path):
         raise Fail(f"{path}: no such file or folder. Fix: pass a text file, a folder of .txt files "
                    "or a .jsonl file")
@@ -808,7 +814,7 @@ def prepare(args):
         raise Fail(f"--val-fraction {args.val_fraction}: not in [0, 1). Fix: pass 0.01, say")
     if args.chunk_bytes < 1:
         raise Fail(f"--chunk-bytes {args.chunk_bytes}: must be positive. Fix: pass 1048576, say")
-    files, kind = input_files(args.input)
+    files, kind = input_files(args.input, args.chat)
     if args.chat and kind != "jsonl":
         raise Fail(f"{args.input}: --chat reads a .jsonl file of conversations. Fix: pass one, "
                    "each line {\"messages\": [{\"role\": ..., \"content\": ...}, ...]}")
@@ -820,6 +826,8 @@ def prepare(args):
     fmt = GPT2_FORMAT if vocab <= 2**16 else LLAMA3_FORMAT
     mode = "chat" if args.chat else "documents" if args.documents else "text"
 
+    if os.path.exists(args.out) and not os.path.isdir(args.out):
+        raise Fail(f"--out {args.out}: a file, not a folder. Fix: name a folder for the shards")
     os.makedirs(args.out, exist_ok=True)
     old = sorted(n for n in os.listdir(args.out) if SHARD_NAME.match(n))
     if old and not args.force:

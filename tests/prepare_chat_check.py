@@ -146,6 +146,18 @@ def chat():
                    "occurs inside the rendered")
     with open("notes.txt", "w") as f:
         f.write("not a conversation\n")
+    # A folder for --chat, a FIFO for input (never read), a file for --out: each named as it is.
+    os.makedirs("convs", exist_ok=True)
+    one_error_line(prepare("--chat", "convs", "--tokenizer", TOKENIZER, "--out", "bad",
+                           expect=2), "convs: a folder; --chat reads one .jsonl file")
+    if not os.path.exists("pipe.txt"):
+        os.mkfifo("pipe.txt")
+    one_error_line(prepare("pipe.txt", "--tokenizer", TOKENIZER, "--out", "bad", expect=2),
+                   "pipe.txt: not a regular file")
+    with open("afile", "w") as f:
+        f.write("x")
+    one_error_line(prepare(os.path.join(SFT, "chat.jsonl"), "--chat", "--tokenizer", TOKENIZER,
+                           "--out", "afile", expect=2), "--out afile: a file, not a folder")
     one_error_line(prepare("--chat", "notes.txt", "--tokenizer", TOKENIZER, "--out", "bad",
                            expect=2), "notes.txt", "reads a .jsonl file")
     check(not os.path.exists("bad") or not any(n.endswith(".bin") for n in os.listdir("bad")),

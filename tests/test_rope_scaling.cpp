@@ -226,7 +226,12 @@ TEST_CASE("a rope scaling type or key that is not supported is one line naming i
                       "64, betafast = 32.0 }"),
              Contains("unknown key 'betafast'"));
   CHECK_THAT(error_of("{ rope_type = \"linear\", factor = 0.5 }"),
-             Contains("model.rope_scaling.factor") && Contains("out of range"));
+             Contains("model.rope_scaling.factor") && Contains("out of range (1 to 1e6)"));
+  CHECK_THAT(error_of("{ rope_type = \"linear\", factor = 1e9 }"),
+             Contains("1000000000 is out of range (1 to 1e6)"));
+  CHECK_THAT(
+      error_of("{ rope_type = \"yarn\", factor = 4.0, original_max_position_embeddings = 0 }"),
+      Contains("expected a positive integer, got 0"));
   CHECK_THAT(error_of("{ rope_type = \"yarn\", factor = 4.0, original_max_position_embeddings = "
                       "64, beta_fast = 1.0, beta_slow = 2.0 }"),
              Contains("beta_fast = 1 must exceed beta_slow = 2"));

@@ -68,26 +68,28 @@ void read_key(RopeScaling& s, const RopeKey& k) {
   };
   constexpr double kHuge = 1e6;
   if (k.name == "factor") {
-    s.factor = number(1.0, kHuge, ">= 1");
+    s.factor = number(1.0, kHuge, "1 to 1e6");
   } else if (k.name == "original_max_position_embeddings") {
     if (!num || !k.is_integer || *num < 1)
-      throw RopeScalingProblem(k.name, fmt::format("expected a positive integer, got {}", k.shown),
+      throw RopeScalingProblem(k.name,
+                               fmt::format("expected a positive integer, got {}",
+                                           num && k.is_integer ? fmt::format("{}", *num) : k.shown),
                                "write the context length the model was trained at, e.g. 8192");
     s.original_context = static_cast<int64_t>(*num);
   } else if (k.name == "low_freq_factor") {
-    s.low_freq_factor = number(1e-6, kHuge, "> 0");
+    s.low_freq_factor = number(1e-6, kHuge, "1e-6 to 1e6");
   } else if (k.name == "high_freq_factor") {
-    s.high_freq_factor = number(1e-6, kHuge, "> 0");
+    s.high_freq_factor = number(1e-6, kHuge, "1e-6 to 1e6");
   } else if (k.name == "beta_fast") {
-    s.beta_fast = number(1e-6, kHuge, "> 0");
+    s.beta_fast = number(1e-6, kHuge, "1e-6 to 1e6");
   } else if (k.name == "beta_slow") {
-    s.beta_slow = number(1e-6, kHuge, "> 0");
+    s.beta_slow = number(1e-6, kHuge, "1e-6 to 1e6");
   } else if (k.name == "attention_factor") {
-    s.attention_factor = number(1e-6, kHuge, "> 0");
+    s.attention_factor = number(1e-6, kHuge, "1e-6 to 1e6");
   } else if (k.name == "mscale") {
-    s.mscale = number(0.0, kHuge, ">= 0; 0 is unset");
+    s.mscale = number(0.0, kHuge, "0 to 1e6; 0 is unset");
   } else if (k.name == "mscale_all_dim") {
-    s.mscale_all_dim = number(0.0, kHuge, ">= 0; 0 is unset");
+    s.mscale_all_dim = number(0.0, kHuge, "0 to 1e6; 0 is unset");
   } else if (k.name == "truncate") {
     const bool* b = std::get_if<bool>(&k.value);
     if (!b)
