@@ -574,6 +574,10 @@ TEST_CASE("hf config.json: what is not computed here is refused, naming the key"
                j["rope_theta"] = 10000.0;
              }),
              Contains("rope_parameters.rope_theta = 20000.0: differs from rope_theta = 10000"));
+  CHECK_THAT(error_with([](Json& j) {
+               j["rope_scaling"] = {{"factor", 4.0}};
+             }),
+             Contains("rope_scaling = {\"factor\":4.0}: has no rope_type (nor type)"));
   // yarn without a factor; a key its type does not take; one no type has.
   CHECK_THAT(error_with([](Json& j) {
                j["rope_scaling"] = {{"rope_type", "yarn"}, {"beta_fast", 16.0}};

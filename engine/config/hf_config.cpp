@@ -248,6 +248,16 @@ struct Rope {
 std::string read_scaling(const ConfigFile& f, const Json& s, const std::string& where) {
   const std::string type_key = s.contains("rope_type") ? "rope_type" : "type";
   const std::string type = f.string(s, type_key, "default", where + "." + type_key);
+  // Keys without a type: transformers fails to build the rotary embedding (no function for None).
+  const auto items = s.items();
+  if (!ConfigFile::get(s, "rope_type") && !ConfigFile::get(s, "type") &&
+      std::any_of(items.begin(), items.end(), [](const auto& kv) {
+        return kv.key() != "rope_theta" && kv.key() != "partial_rotary_factor" &&
+               !kv.value().is_null();
+      }))
+    f.refuse(where, &s, "has no rope_type (nor type)",
+             "add \"rope_type\": \"linear\", \"dynamic\", \"yarn\" or \"llama3\", as the model "
+             "was trained with (docs/context-extension.md)");
   // Both spellings, disagreeing: transformers 4.57 takes "type", a newer one "rope_type".
   if (ConfigFile::get(s, "rope_type") && ConfigFile::get(s, "type") &&
       f.string(s, "type", "", where + ".type") != type)
