@@ -363,7 +363,8 @@ int run(int argc, char** argv) {
       "Text on stdin to token ids (a JSON list) with a tokenizer.json, or ids to text (--decode)");
   tokenize_cmd
       ->add_option("--tokenizer", tokenize.tokenizer,
-                   "The model's Hugging Face tokenizer.json (a BPE model)")
+                   "The model's Hugging Face tokenizer.json (a BPE model), or bytes (a "
+                   "byte-level model's ids: the bytes)")
       ->required();
   auto* decode_opt = tokenize_cmd->add_flag(
       "--decode", tokenize.decode,

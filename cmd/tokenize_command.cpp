@@ -69,6 +69,20 @@ std::vector<int32_t> parse_ids(const std::string& text, int64_t vocab) {
 }  // namespace
 
 int run_tokenize(const TokenizeOptions& opt) {
+  // "bytes", as sample and prepare_data.py take it: a byte-level model's ids are the bytes.
+  if (opt.tokenizer == "bytes") {
+    const std::string input = read_stdin();
+    if (opt.decode) {
+      std::string text;
+      for (int32_t id : parse_ids(input, 256)) text.push_back(static_cast<char>(id));
+      std::fwrite(text.data(), 1, text.size(), stdout);
+      return 0;
+    }
+    std::vector<int32_t> ids(input.begin(), input.end());
+    for (int32_t& id : ids) id &= 0xff;  // char may be signed
+    fmt::print("[{}]\n", fmt::join(ids, ", "));
+    return 0;
+  }
   HfTokenizer tok(opt.tokenizer);
   const std::string input = read_stdin();
   if (opt.decode) {

@@ -635,6 +635,20 @@ TEST_CASE("small refusals say what is wrong with the input, not something near i
   }
 }
 
+TEST_CASE("tokenize --tokenizer bytes gives a byte-level model's ids, as sample reads them",
+          "[smoke]") {
+  // "bytes" is what sample and prepare_data.py call a byte-level model's tokenizer.
+  auto r = remat::test::run_in_source(
+      fmt::format("printf 'h\\303\\251' | {} tokenize --tokenizer bytes", REMAT_BINARY), false);
+  CHECK(r.code == 0);
+  CHECK(r.out == "[104, 195, 169]\n");
+  r = remat::test::run_in_source(
+      fmt::format("echo '[104, 195, 169]' | {} tokenize --tokenizer bytes --decode", REMAT_BINARY),
+      false);
+  CHECK(r.code == 0);
+  CHECK(r.out == "h\xc3\xa9");
+}
+
 TEST_CASE("a flag given an empty value is refused, not taken as left out", "[hardening][smoke]") {
   // An unset shell variable (--gpu "$GPU") ran the CPU plan, and --out "" the default folder.
   for (const char* cmd :
