@@ -202,6 +202,17 @@ TEST_CASE("config.json's max_position_embeddings is dynamic's length and yarn's 
   j["rope_scaling"] = {
       {"rope_type", "dynamic"}, {"factor", 2.0}, {"original_max_position_embeddings", 1024}};
   CHECK(read_back().original_context == 2048);
+  // Without max_position_embeddings: the class default, as transformers takes absent keys
+  // (LlamaConfig's 2048; the export above is a LlamaForCausalLM).
+  j.erase("max_position_embeddings");
+  j["max_position_embeddings"] = nullptr;
+  CHECK(read_back().original_context == 2048);
+  j.erase("max_position_embeddings");
+  j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
+  CHECK(read_back().original_context == 2048);
+  j["rope_scaling"] = {{"rope_type", "dynamic"}, {"factor", 2.0}};
+  j["max_position_embeddings"] = 4096;
+  CHECK(read_back().original_context == 4096);
   // and exports it as max_position_embeddings, where transformers looks.
   c = with_scaling(
       "{ rope_type = \"dynamic\", factor = 2.0, original_max_position_embeddings = 96 }");

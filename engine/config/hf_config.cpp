@@ -43,20 +43,21 @@ struct Defaults {
   int64_t kv_heads;  // 0: num_attention_heads
   int64_t head_dim;  // 0: hidden_size / num_attention_heads
   bool tie;
+  int64_t max_positions;  // max_position_embeddings (the class default; 0: none)
 };
 
 Defaults defaults_of(Family f) {
   switch (f) {
     case Family::Llama:
-      return {32000, 4096, 11008, 32, 32, 0, 0, false};
+      return {32000, 4096, 11008, 32, 32, 0, 0, false, 2048};
     case Family::Mistral:
-      return {32000, 4096, 14336, 32, 32, 8, 0, false};
+      return {32000, 4096, 14336, 32, 32, 8, 0, false, 4096 * 32};
     case Family::Qwen2:
-      return {151936, 4096, 22016, 32, 32, 32, 0, false};
+      return {151936, 4096, 22016, 32, 32, 32, 0, false, 32768};
     case Family::Qwen3:
-      return {151936, 4096, 22016, 32, 32, 32, 128, false};
+      return {151936, 4096, 22016, 32, 32, 32, 128, false, 32768};
     case Family::Gpt2:
-      return {50257, 768, 0, 12, 12, 0, 0, true};  // PretrainedConfig ties by default
+      return {50257, 768, 0, 12, 12, 0, 0, true, 0};  // PretrainedConfig ties by default
   }
   return {};
 }
@@ -245,7 +246,8 @@ struct Rope {
 // is how messages name the dict. The original context a type needs and the dict leaves out is
 // config.json's max_position_embeddings, as transformers 4.57 takes it (for dynamic always: it
 // reads no other).
-std::string read_scaling(const ConfigFile& f, const Json& s, const std::string& where) {
+std::string read_scaling(const ConfigFile& f, const Json& s, const std::string& where,
+                         int64_t default_max_positions) {
   const std::string type_key = s.contains("rope_type") ? "rope_type" : "type";
   const std::string type = f.string(s, type_key, "default", where + "." + type_key);
   // Keys without a type: transformers fails to build the rotary embedding (no function for None).
@@ -286,11 +288,12 @@ std::string read_scaling(const ConfigFile& f, const Json& s, const std::string& 
   const bool has_original = std::any_of(keys.begin(), keys.end(), [](const RopeKey& k) {
     return k.name == "original_max_position_embeddings";
   });
-  if ((type == "dynamic" || (type == "yarn" && !has_original)) &&
-      ConfigFile::get(root, "max_position_embeddings")) {
+  if (type == "dynamic" || (type == "yarn" && !has_original)) {
     std::erase_if(keys,
                   [](const RopeKey& k) { return k.name == "original_max_position_embeddings"; });
-    const int64_t max_pos = f.integer(root, "max_position_embeddings", 0, 1, INT64_MAX);
+    // Absent, the configuration class's default (LlamaConfig's 2048), as transformers takes it.
+    const int64_t max_pos =
+        f.integer(root, "max_position_embeddings", default_max_positions, 1, INT64_MAX);
     keys.push_back({"original_max_position_embeddings", static_cast<double>(max_pos), true,
                     std::to_string(max_pos)});
   }
@@ -320,7 +323,7 @@ std::string read_scaling(const ConfigFile& f, const Json& s, const std::string& 
   return toml.empty() ? toml : toml + " }";
 }
 
-Rope read_rope(const ConfigFile& f) {
+Rope read_rope(const ConfigFile& f, int64_t default_max_positions) {
   const Json& j = f.root();
   Rope r;
   if (const Json* p = ConfigFile::get(j, "partial_rotary_factor"))
@@ -352,7 +355,7 @@ Rope read_rope(const ConfigFile& f) {
     }
     const double top_theta = r.theta;
     r.theta = f.number(*one, "rope_theta", r.theta, where + ".rope_theta");
-    r.scaling_toml = read_scaling(f, *one, where);
+    r.scaling_toml = read_scaling(f, *one, where, default_max_positions);
     // transformers 4.57 reads rope_theta and rope_scaling, v5 rope_parameters: beside each
     // other they must describe one RoPE, or the model depends on the version that loads it.
     if (ConfigFile::get(j, "rope_theta") && r.theta != top_theta)
@@ -360,7 +363,8 @@ Rope read_rope(const ConfigFile& f) {
                fmt::format("differs from rope_theta = {} beside it", top_theta),
                "keep one of them in config.json");
     if (const Json* s = ConfigFile::get(j, "rope_scaling"))
-      if (!s->is_object() || read_scaling(f, *s, "rope_scaling") != r.scaling_toml)
+      if (!s->is_object() ||
+          read_scaling(f, *s, "rope_scaling", default_max_positions) != r.scaling_toml)
         f.refuse("rope_scaling", s,
                  fmt::format("differs from {} beside it ({})", where,
                              r.scaling_toml.empty() ? "no scaling" : r.scaling_toml),
@@ -368,7 +372,7 @@ Rope read_rope(const ConfigFile& f) {
   } else if (const Json* s = ConfigFile::get(j, "rope_scaling")) {
     if (!s->is_object())
       f.refuse("rope_scaling", s, "expected a JSON object or null", "correct config.json");
-    r.scaling_toml = read_scaling(f, *s, "rope_scaling");
+    r.scaling_toml = read_scaling(f, *s, "rope_scaling", default_max_positions);
   }
   if (!(r.theta >= 1.0 && r.theta <= 1e12))
     f.refuse("rope_theta", ConfigFile::get(j, "rope_theta"), "out of range 1..1e12",
@@ -444,7 +448,7 @@ ModelKeys llama_family(const ConfigFile& f, const Architecture& arch) {
                          arch.name),
              kFixDocs);
   refuse_quantized(f, j);
-  const Rope rope = read_rope(f);
+  const Rope rope = read_rope(f, d.max_positions);
   const double eps = f.number(j, "rms_norm_eps", 1e-6);
 
   ModelKeys k;
@@ -460,7 +464,8 @@ ModelKeys llama_family(const ConfigFile& f, const Architecture& arch) {
       f.boolean(j, "tie_word_embeddings", d.tie));
   if (!rope.scaling_toml.empty()) k.toml += "rope_scaling = " + rope.scaling_toml + "\n";
   // The context the checkpoint was trained for: train warns past it without rope_scaling.
-  if (const int64_t n = f.integer(j, "max_position_embeddings", 0, 0, INT64_MAX); n > 0)
+  if (const int64_t n = f.integer(j, "max_position_embeddings", d.max_positions, 0, INT64_MAX);
+      n > 0)
     k.toml += fmt::format("max_position_embeddings = {}\n", n);
   return k;
 }
