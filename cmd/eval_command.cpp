@@ -91,8 +91,8 @@ Source resolve_source(const EvalOptions& opt, Config& cfg) {
   // RoPE scaling to score it under): never another model, which would be scored silently.
   for (const std::string& set : opt.overrides) {
     const std::string key = set.substr(0, set.find('='));
-    const bool model_key = key.rfind("model.", 0) == 0 && key.rfind("model.rope_scaling", 0) != 0 &&
-                           key != "model.max_position_embeddings";
+    const bool model_key =
+        key.rfind("model.", 0) == 0 && !rope_extension_key(std::string_view(key).substr(6));
     if (model_key || key.rfind("lora.", 0) == 0)
       throw ConfigError(fmt::format(
           "--set {}: [eval] scores the checkpoint's own model, and {} would change it. Fix: drop "

@@ -198,7 +198,6 @@ std::string answer_config(const FitRow& r, const PlanTarget& target, const std::
   return out;
 }
 
-// --emit-config names a file that does not exist yet: fit never overwrites one.
 // --emit-config's file: new, in a folder that exists. Checked before any search runs, and again
 // when the answer is written.
 void refuse_existing(const std::string& path) {

@@ -471,10 +471,6 @@ void MetricsWriter::fail(const std::string& what, int err) {
                   what, path_, std::strerror(err)));
 }
 
-std::string json_text(const nlohmann::json& j, int indent) {
-  return j.dump(indent, ' ', false, nlohmann::json::error_handler_t::replace);
-}
-
 void MetricsWriter::write_json(nlohmann::json& j) {
   if (rank_ >= 0) j["rank"] = rank_;
   write_line(json_text(j));

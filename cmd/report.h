@@ -11,6 +11,7 @@
 #include "engine/config/config.h"
 #include "engine/core/backend.h"
 #include "engine/core/error.h"
+#include "engine/core/json_text.h"  // json_text, for every --json output
 #include "engine/planner/planner.h"
 #include "engine/training/trainer.h"
 
@@ -91,10 +92,6 @@ void print_summary(std::FILE* out, const RunSummary& s);
 /// and on a VM the host's other guests do the same without showing in the load.
 std::string load_note();
 
-/// `j` as text (indented when indent >= 0), for stdout or a file. A folder or file name may be any
-/// bytes, and JSON strings are UTF-8: bytes that are not become U+FFFD instead of an exception
-/// after the work is done.
-std::string json_text(const nlohmann::json& j, int indent = -1);
 /// ", CPU steal 12%" (the share below) when it is 1% or more, else "": beside a timing.
 std::string steal_note();
 /// The share of this machine's CPU time (all cores) stolen by the hypervisor since this process

@@ -128,8 +128,7 @@ std::vector<int32_t> parse_token_ids(const std::string& text, int64_t vocab,
     if (id >= vocab)
       throw ConfigError(
           fmt::format("{}: token id {} is outside the vocabulary of {}. Fix: give ids from 0 to {} "
-                      "(remat-train "
-                      "tokenize --tokenizer tokenizer.json prints a text's ids)",
+                      "(remat-train tokenize --tokenizer tokenizer.json prints a text's ids)",
                       source, id, vocab, vocab - 1));
     ids.push_back(static_cast<int32_t>(id));
     i = j;

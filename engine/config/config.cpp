@@ -976,8 +976,7 @@ std::optional<hf::ModelKeys> expand_from_hf(toml::table& root, const WhereFn& wh
     if (!known)  // a typo, or transformers' own flags (load_in_4bit: lora.base = "nf4" here)
       fail({where("model." + key, v), "model." + key},
            fmt::format("unknown key '{}' in [model]", key), unknown_key_fix("model", key));
-    if (key != "from_hf" && key != "vocab_size" && key != "rope_scaling" &&
-        key != "max_position_embeddings")
+    if (key != "from_hf" && key != "vocab_size" && !rope_extension_key(key))
       fail({where("model." + key, v), "model." + key},
            fmt::format("set beside model.from_hf = \"{}\", whose config.json gives every "
                        "[model] key (--model hf: and --init hf: set model.from_hf too)",
@@ -1147,6 +1146,11 @@ std::string docs_page_path(const std::string& page) {
   const std::filesystem::path installed = installed_path(exe_dir, "doc/remat-train", page);
   std::error_code ec;
   return std::filesystem::exists(installed, ec) ? installed.lexically_normal().string() : page;
+}
+
+bool rope_extension_key(std::string_view key) {
+  return key == "rope_scaling" || key.starts_with("rope_scaling.") ||
+         key == "max_position_embeddings";
 }
 
 std::string from_hf_override(const std::string& dir) {

@@ -292,6 +292,11 @@ std::optional<std::string> config_from_hf(const std::string& path,
                                           const std::vector<std::string>& overrides);
 /// The --set that means model.from_hf = `dir` (quoted, so that any folder name reads as a string).
 std::string from_hf_override(const std::string& dir);
+/// Whether [model] key `key` ("rope_scaling", "rope_scaling.factor", "max_position_embeddings")
+/// is one a user may set on a model given whole (beside model.from_hf, or on eval --checkpoint):
+/// its RoPE scaling and the length it was trained for. Extending a model's context is training or
+/// scoring its weights under another scaling; any other key would make another model.
+bool rope_extension_key(std::string_view key);
 
 /// Parses and validates `path`, then applies each "section.key=value" override with the same
 /// validation. A `path` of "hf:DIR" is no file: the [model] of DIR/config.json (model.from_hf),

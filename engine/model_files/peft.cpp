@@ -13,6 +13,7 @@
 #include <set>
 
 #include "engine/core/error.h"
+#include "engine/core/json_text.h"
 #include "engine/core/regular_file.h"
 #include "engine/model_files/hf_names.h"
 #include "engine/model_files/safetensors.h"
@@ -315,9 +316,7 @@ void write_adapter(const std::string& dir, const ModelConfig& m, const LoraConfi
     w.write(v.data(), v.size() * sizeof(float));
   }
   w.finish();
-  st::write_file_durably(
-      (fs::path(dir) / kConfigFile).string(),
-      config.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
+  st::write_file_durably((fs::path(dir) / kConfigFile).string(), json_text(config, 2) + "\n");
 }
 
 void merge(std::vector<float>& w, const lora::Site& site, const std::vector<float>& a,

@@ -5,6 +5,7 @@
 #include <charconv>
 
 #include "engine/core/error.h"
+#include "engine/core/json_text.h"
 #include "engine/model_files/safetensors.h"
 
 namespace remat {
@@ -66,8 +67,7 @@ std::string checkpoint_state_json(const CheckpointState& s, const FileRecord& mo
       {"files",
        {{kCheckpointModelFile, record(model_file)},
         {kCheckpointOptimizerFile, record(optimizer_file)}}}};
-  // A name in any bytes (JSON strings are UTF-8) is kept readable, not an exception.
-  return j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+  return json_text(j, 2) + "\n";
 }
 
 CheckpointStateFile parse_checkpoint_state(const std::string& text, const std::string& path) {
