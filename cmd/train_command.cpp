@@ -659,6 +659,8 @@ int run_train(const TrainOptions& options) {
   std::unique_ptr<Model> model = make_model(cfg, be, ring_channel.get());
   std::unique_ptr<DataSource> data = make_data_source(cfg);
   data->open();
+  if (!opt.quiet)
+    for (const std::string& w : data->warnings()) fmt::print(stderr, "{}\n", w);
   Trainer trainer(cfg.train, resolve_remat_plan(cfg, *model), be, *model, *data,
                   data_parallel(cfg, &world));
 

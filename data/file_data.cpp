@@ -156,6 +156,21 @@ std::string FileData::documents_summary() const {
   return fmt::format("{}", fmt::join(parts, "; "));
 }
 
+std::vector<std::string> FileData::warnings() const {
+  if (!open_ || eot_ < 0) return {};
+  for (const TokenCorpus* c : {&corpus_, &val_corpus_})
+    for (const Shard& s : c->shards())
+      if (s.contains(eot_)) return {};
+  // Legal (a corpus may be one long document), but far more often a wrong id: documents that
+  // never end train as one, with positions and attention running across what the user meant as
+  // boundaries.
+  return {fmt::format(
+      "warning: [data] the end-of-text id {} ({}) never occurs in {}: each file is one document. "
+      "Fix: set data.eot_token to the id your tokenizer ends documents with, or write the shards "
+      "with scripts/prepare_data.py --documents, which ends each one",
+      eot_, data_.eot_token >= 0 ? "data.eot_token" : "from shards.json", corpus_.list_files(1))};
+}
+
 void FileData::open() {
   open_ = false;
   val_corpus_ = TokenCorpus();

@@ -83,6 +83,7 @@ class FileData : public DataSource {
   explicit FileData(const Config& cfg);  // touches no file
   std::string describe() const override;
   std::string documents_summary() const override;
+  std::vector<std::string> warnings() const override;
   void open() override;
   Batch next(Backend& be, int64_t step) override;
   int64_t trained_targets(int64_t step) override;

@@ -55,14 +55,16 @@ std::vector<std::string> glob_matches(const std::string& key, const std::string&
   return out;
 }
 
-// Tokens: the *.bin files directly in `dir`; text: every regular file under it. Hidden entries
-// are skipped (and hidden directories not entered).
+// Tokens: the *.bin files directly in `dir`; text: every non-empty regular file under it (an
+// empty one adds no text; a folder of documents may well hold one). Hidden entries are skipped
+// (and hidden directories not entered).
 std::vector<std::string> directory_files(const std::string& key, const std::string& dir,
                                          DataFormat format) {
   std::vector<std::string> out;
   auto take = [&](const fs::directory_entry& e) {
     std::error_code ec;
     if (is_hidden(e.path()) || !e.is_regular_file(ec)) return;
+    if (format == DataFormat::Text && e.file_size(ec) == 0 && !ec) return;
     if (format == DataFormat::Tokens &&
         (e.path().extension() != ".bin" || is_mask_path(e.path().string())))
       return;  // loss masks are read beside their shards, never as shards
@@ -84,7 +86,7 @@ std::vector<std::string> directory_files(const std::string& key, const std::stri
   if (out.empty())
     path_error(key,
                fmt::format("directory '{}' has no {}", dir,
-                           format == DataFormat::Tokens ? "*.bin files" : "regular files"),
+                           format == DataFormat::Tokens ? "*.bin files" : "non-empty regular files"),
                format == DataFormat::Tokens
                    ? "put the token shards (*.bin) there, or name the files or a glob"
                    : "put the text files there, or name the files or a glob");
@@ -109,6 +111,9 @@ void expand_one(const std::string& key, const std::string& path, DataFormat form
           key, fmt::format("'{}' is a loss mask, read beside its shard", path),
           fmt::format("name the shard ({}) instead", path.substr(0, path.size() - 9) + ".bin"));
     }
+    // A glob's empty text file adds no text (as in a directory); one named on its own is an
+    // error, reported when it is opened.
+    if (format == DataFormat::Text && matched && fs::file_size(path, ec) == 0 && !ec) return;
     out.push_back(path);
   } else {
     path_error(key, fmt::format("'{}' is not a regular file or a directory", path),
@@ -124,7 +129,11 @@ std::vector<std::string> expand_data_paths(const std::vector<std::string>& entri
   std::vector<std::string> files;
   for (const std::string& e : entries) {
     if (is_glob(e)) {
+      const size_t before = files.size();
       for (const std::string& m : glob_matches(key, e)) expand_one(key, m, format, files, true);
+      if (files.size() == before && format == DataFormat::Text)
+        path_error(key, fmt::format("every file matching '{}' is empty", e),
+                   "fill them, or correct the pattern");
     } else {
       expand_one(key, e, format, files, false);
     }
@@ -293,6 +302,17 @@ std::vector<int64_t> Shard::document_ends(int64_t begin, int64_t end, int64_t eo
   }
   if (end > begin && (ends.empty() || ends.back() != end)) ends.push_back(end);
   return ends;
+}
+
+bool Shard::contains(int64_t token) const {
+  constexpr int64_t kChunk = 1 << 18;
+  std::vector<int32_t> chunk(static_cast<size_t>(kChunk));
+  for (int64_t at = 0; at < n_tokens_; at += kChunk) {
+    const int64_t n = std::min(kChunk, n_tokens_ - at);
+    read(at, n, chunk.data(), int64_t{1} << 32);  // the vocabulary was checked at open
+    if (std::find(chunk.begin(), chunk.begin() + n, token) != chunk.begin() + n) return true;
+  }
+  return false;
 }
 
 // ---- LossMask ----

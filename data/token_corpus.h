@@ -106,6 +106,9 @@ class Shard {
   /// itself when the range does not end with one (its last document runs to the range's end).
   /// One sequential pass.
   std::vector<int64_t> document_ends(int64_t begin, int64_t end, int64_t eot) const;
+  /// Whether token `token` occurs anywhere in the shard: a sequential pass that stops at the
+  /// first occurrence.
+  bool contains(int64_t token) const;
 
  private:
   [[noreturn]] void bad_token(int64_t index, int64_t vocab) const;

@@ -327,6 +327,26 @@ TEST_CASE("directories and globs expand in a deterministic order", "[data]") {
   }
 }
 
+TEST_CASE("text: a directory's or a glob's empty files add no text; a named one is an error",
+          "[data]") {
+  TempDir dir;
+  write_bytes(dir / "t/a.txt", "text");
+  write_bytes(dir / "t/empty.txt", "");
+  write_bytes(dir / "e/empty.txt", "");
+  CHECK(expand_data_paths({dir / "t"}, DataFormat::Text, "data.path") ==
+        std::vector<std::string>{dir / "t/a.txt"});
+  CHECK(expand_data_paths({dir / "t/*.txt"}, DataFormat::Text, "data.path") ==
+        std::vector<std::string>{dir / "t/a.txt"});
+  std::string msg =
+      data_error([&] { expand_data_paths({dir / "e"}, DataFormat::Text, "data.path"); });
+  CHECK_THAT(msg, Contains("has no non-empty regular files"));
+  msg = data_error([&] { expand_data_paths({dir / "e/*.txt"}, DataFormat::Text, "data.path"); });
+  CHECK_THAT(msg, Contains("every file matching") && Contains("is empty"));
+  msg = data_error(
+      [&] { TokenCorpus::open({dir / "t/empty.txt"}, DataFormat::Text, 256, "data.path"); });
+  CHECK_THAT(msg, Contains("t/empty.txt: the file is empty"));
+}
+
 TEST_CASE("windows are a pure function of (seed, step, row), and targets are inputs shifted by one",
           "[data]") {
   TempDir dir;

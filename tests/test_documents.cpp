@@ -33,6 +33,7 @@
 
 using namespace remat;
 using Catch::Matchers::Contains;
+using Catch::Matchers::StartsWith;
 using test::TempDir;
 
 namespace {
@@ -160,6 +161,27 @@ std::vector<uint16_t> document_tokens(const std::vector<int>& lengths, bool last
 }
 
 }  // namespace
+
+TEST_CASE("an end-of-text id that never occurs is a warning naming the id and its source",
+          "[documents][data]") {
+  TempDir dir("never");
+  const std::vector<uint16_t> tokens = document_tokens({3, 5, 2, 9}, false);
+  test::write_bytes(dir / "a.bin", test::shard_bytes(tokens));
+  auto warnings = [&](int eot) {
+    FileData data(files_config(fmt::format("[\"{}\"]", dir / "a.bin"), 8, 3,
+                               fmt::format("attention = \"document\"\neot_token = {}", eot)));
+    data.open();
+    return data.warnings();
+  };
+  CHECK(warnings(1).empty());
+  const std::vector<std::string> w = warnings(7);  // 2 + i mod 30 skips 7 at no index: it occurs
+  CHECK(w.empty());
+  const std::vector<std::string> absent = warnings(40);
+  REQUIRE(absent.size() == 1);
+  CHECK_THAT(absent[0], StartsWith("warning: [data] the end-of-text id 40 (data.eot_token) never "
+                                   "occurs in ") &&
+                            Contains("a.bin") && Contains("Fix: set data.eot_token"));
+}
 
 TEST_CASE("packed rows hold whole documents, then untrained padding that attends to itself",
           "[documents][data]") {

@@ -50,6 +50,9 @@ class DataSource {
   virtual std::string describe() const = 0;
   /// Documents, packing and loss masks, once open (the run's banner line `docs`); "" when none.
   virtual std::string documents_summary() const { return ""; }
+  /// What open() found legal but probably unmeant (each a "warning: [data] ..." line), for the
+  /// run's banner; empty when nothing.
+  virtual std::vector<std::string> warnings() const { return {}; }
   /// Opens and checks every input file (file-backed sources); throws DataError naming the file
   /// and the fix. Dry runs never call it: the planner needs the shapes, not the tokens.
   virtual void open() {}
