@@ -117,6 +117,15 @@ TEST_CASE("config errors name file, line, key and the fix", "[config]") {
   CHECK_THAT(error_of("[device]\nmemory = \"lots\"\n"),
              Contains("device.memory") && Contains("512MiB"));
   CHECK_THAT(error_of("[model]\nkind = \"mlp\"\n[data]\ntask = \"copy\"\n"), Contains("data.task"));
+  // From --set, a sequence model's key is ignored by the MLP (one override list sweeps both
+  // kinds), unless it would change the model: a RoPE scaling the user expects to apply.
+  const std::string mlp = "[model]\nkind = \"mlp\"\n";
+  CHECK(error_of(mlp, {"model.rope_theta=10000"}).empty());
+  CHECK(error_of(mlp, {"model.rope_scaling={rope_type=\"default\"}"}).empty());
+  CHECK_THAT(error_of(mlp, {"model.rope_scaling={rope_type=\"linear\",factor=4.0}"}),
+             Contains("model.rope_scaling applies to model.kind = \"llama\", not "
+                      "\"mlp\"") &&
+                 Contains("Fix:"));
   CHECK_THAT(error_of("[model]\nposition = \"rope\"\nn_embd = 12\nn_head = 4\n"),
              Contains("even head size"));
   // unknown section and syntax errors

@@ -7,6 +7,7 @@
 #include <toml++/toml.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <charconv>
 #include <cstring>
@@ -646,15 +647,31 @@ void read_section(Config& c, const std::string& section, const toml::table& tbl,
   }
 }
 
+// The [model] keys only the Llama family reads: the GPT block has no grouped-query attention,
+// RMSNorm, QK norm or attention bias, and learns or rotates positions without scaling them.
+constexpr std::array<const char*, 7> kLlamaOnlyKeys = {"model.n_kv_head",
+                                                       "model.head_dim",
+                                                       "model.norm_eps",
+                                                       "model.rope_scaling",
+                                                       "model.attention_bias",
+                                                       "model.qk_norm",
+                                                       "model.max_position_embeddings"};
+
+// The model kinds that read a sequence model's [model] key, for messages.
+std::string kinds_with(std::string_view key) {
+  if (std::find(kLlamaOnlyKeys.begin(), kLlamaOnlyKeys.end(), key) != kLlamaOnlyKeys.end() ||
+      key == "model.tie_embeddings")
+    return "\"llama\"";
+  return key == "model.dropout" ? "\"gpt\"" : "\"gpt\" or \"llama\"";
+}
+
 // The keys that belong to one family of sequence models: the Llama family's in a GPT config (the
 // GPT block has no grouped-query attention, RMSNorm or untied head), and GPT's dropout and
 // learned positions in a Llama config.
 void validate_model_family(const Config& c, const Origins& o) {
   const auto& m = c.model;
   if (m.kind == ModelKind::Gpt) {
-    for (const char* key :
-         {"model.n_kv_head", "model.head_dim", "model.norm_eps", "model.rope_scaling",
-          "model.attention_bias", "model.qk_norm", "model.max_position_embeddings"})
+    for (const char* key : kLlamaOnlyKeys)
       if (o.all().count(key))
         fail(o.of(key), fmt::format("{} applies to model.kind = \"llama\", not \"gpt\"", key),
              // A Hugging Face GPT-2 folder's kind is its own: only removing the key helps.
@@ -784,14 +801,19 @@ void validate(const Config& c, const Origins& o) {
           "model.tie_embeddings", "model.max_position_embeddings"})
       // In the file it is a mistake; from --set it is harmless (ignored), so one list of
       // overrides can sweep shapes across both kinds. A value that would change the model
-      // (rope, dropout) is an error from anywhere.
+      // (rope, its scaling, dropout) is an error from anywhere.
       if (o.all().count(key) &&
           (o.of(key).where.rfind("--set ", 0) != 0 ||
            (key == std::string("model.position") && m.position == PositionKind::Rope) ||
+           (key == std::string("model.rope_scaling") && m.rope_scaling.kind != RopeScaling::None) ||
            (key == std::string("model.dropout") && m.dropout > 0)))
         fail(o.of(key),
-             fmt::format("{} applies to model.kind = \"gpt\" or \"llama\", not \"mlp\"", key),
-             fmt::format("remove {} (the MLP's width is model.n_embd)", key));
+             fmt::format("{} applies to model.kind = {}, not \"mlp\"", key, kinds_with(key)),
+             fmt::format("remove {}{}", key,
+                         std::string_view(key).find("head") != std::string_view::npos ||
+                                 key == std::string("model.d_ff")
+                             ? " (the MLP's width is model.n_embd)"
+                             : ""));
     if (c.remat.tile_tokens > 0)
       fail(o.of("remat.tile_tokens"),
            "remat.tile_tokens chunks the token rows of a GPT block; the MLP model has none",
