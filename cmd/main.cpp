@@ -6,13 +6,17 @@
 #include <fmt/ranges.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <charconv>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <new>
 #include <optional>
+#include <sstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "cmd/commands.h"
@@ -177,6 +181,72 @@ std::string gpu_preset_list() {
   std::vector<std::string> names;
   for (const remat::GpuPreset& g : remat::gpu_presets()) names.push_back(g.name);
   return fmt::format("{}", fmt::join(names, ", "));
+}
+
+// Edits (insert, delete, substitute) between two flag names, for "did you mean".
+size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t above = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] != b[j - 1])});
+      diagonal = above;
+    }
+  }
+  return row[b.size()];
+}
+
+// The flag of `cmd` a mistyped `--word` most likely meant ("" when none is close): one within a
+// third of its length in edits, or one whose words it contains (--max-tokens: --tokens).
+std::string closest_flag(const CLI::App& cmd, std::string_view word) {
+  const std::string_view bare = word.substr(0, word.find('='));
+  std::string best;
+  size_t best_distance = std::max<size_t>(2, bare.size() / 3) + 1;
+  for (const CLI::Option* opt : cmd.get_options()) {
+    for (const std::string& name : opt->get_lnames()) {
+      const std::string flag = "--" + name;
+      const bool contained = bare.size() > flag.size() && bare.find(name) != std::string_view::npos;
+      const size_t d = contained ? 1 : edit_distance(bare, flag);
+      if (d < best_distance) {
+        best_distance = d;
+        best = flag;
+      }
+    }
+  }
+  return best;
+}
+
+// CLI11's complaint in the project's words: a flag given twice names the flag; arguments it did
+// not expect come in the order they were typed (the parser took them reversed), with the flag a
+// mistyped one most likely meant.
+std::string parse_error_text(const CLI::ParseError& e, const CLI::App* cmd) {
+  std::string what = e.what();
+  while (!what.empty() && (what.back() == '.' || what.back() == '\n')) what.pop_back();
+  if (dynamic_cast<const CLI::ArgumentMismatch*>(&e) != nullptr) {
+    const size_t at = what.find(": At Most 1 required but received ");
+    if (at != std::string::npos)
+      return fmt::format("{} given {} times: it takes one value, give it once", what.substr(0, at),
+                         what.substr(at + std::strlen(": At Most 1 required but received ")));
+  }
+  if (dynamic_cast<const CLI::ExtrasError*>(&e) != nullptr && cmd != nullptr) {
+    const size_t colon = what.find(": ");
+    if (colon == std::string::npos) return what;
+    std::vector<std::string> extras;
+    std::istringstream words(what.substr(colon + 2));
+    for (std::string w; words >> w;) extras.insert(extras.begin(), w);
+    for (const std::string& w : extras)
+      if (w.size() > 1 && w[0] == '-') {
+        const std::string guess = closest_flag(*cmd, w);
+        return fmt::format("remat-train {} has no flag {}{}", cmd->get_name(), w,
+                           guess.empty() ? "" : fmt::format(" (did you mean {}?)", guess));
+      }
+    return fmt::format("unexpected argument{} {} (remat-train {} takes flags only)",
+                       extras.size() > 1 ? "s" : "", fmt::join(extras, " "), cmd->get_name());
+  }
+  return what;
 }
 
 int run(int argc, char** argv) {
@@ -470,15 +540,14 @@ int run(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);
     // One line, as every other refusal: the parser's complaint and where the flags are listed.
-    std::string what = e.what();
-    while (!what.empty() && (what.back() == '.' || what.back() == '\n')) what.pop_back();
     std::string sub;  // the first word that names a subcommand (reversed, as parse() took it)
     for (auto it = given.rbegin(); it != given.rend() && sub.empty(); ++it)
       if (std::find(names_of_subcommands.begin(), names_of_subcommands.end(), *it) !=
           names_of_subcommands.end())
-        sub = *it + " ";
-    fmt::print(stderr, "error: {}. Fix: see `remat-train {}--help` (docs/commands.md)\n", what,
-               sub);
+        sub = *it;
+    const CLI::App* cmd = sub.empty() ? nullptr : app.get_subcommand(sub);
+    fmt::print(stderr, "error: {}. Fix: see `remat-train {}--help` (docs/commands.md)\n",
+               parse_error_text(e, cmd), sub.empty() ? "" : sub + " ");
     return kExitUsage;
   }
   // A flag given an empty value (an unset shell variable: --gpu "$GPU") is no value: refused, not

@@ -580,7 +580,17 @@ TEST_CASE("a flag the parser refuses is one line, exit 2, naming the subcommand'
       {"train --init-adapter",
        "--init-adapter: 1 required TEXT missing. Fix: see `remat-train "
        "train --help`"},
-      {"--bogus", "not expected: --bogus. Fix: see `remat-train train --help`"},
+      {"--bogus", "remat-train train has no flag --bogus. Fix: see `remat-train train --help`"},
+      // A mistyped flag: the one it most likely meant, in the order typed.
+      {"sample --checkpoint x --max-tokens 5",
+       "remat-train sample has no flag --max-tokens (did you mean --tokens?)"},
+      {"plan --config configs/tiny.toml --seqlen 7",
+       "has no flag --seqlen (did you mean --seq-len?)"},
+      {"sample --checkpoint x stray words",
+       "unexpected arguments stray words (remat-train sample "
+       "takes flags only)"},
+      {"train --config configs/tiny.toml --steps 2 --steps 3",
+       "--steps given 2 times: it takes one value, give it once"},
       // NaN passes every range comparison; "-1" parsed as unsigned is 2^64 - 1.
       {"sample --checkpoint x --temperature nan", "--temperature: nan is not a number in [0, 100]"},
       {"sample --checkpoint x --seed -1", "--seed: -1 is not an integer in [0, "},
