@@ -144,6 +144,53 @@ void refuse_to_overwrite(const Config& cfg) {
                     cfg.checkpoint.dir, newest));
 }
 
+// Where a resumed run writes its checkpoints: the folder of the checkpoint it resumed (not the
+// checkpoint.dir recorded in it, which is relative to wherever that run started and may since hold
+// another run's), unless checkpoint.dir is set again here. Either way it writes over nothing:
+// a folder set here must hold no checkpoints, and the resumed folder no step after this one
+// (refuse_later_steps: continuing there would replace them, and keep_last prunes by step number).
+void place_resumed_checkpoints(Resumed& r) {
+  namespace fs = std::filesystem;
+  std::string& dir = r.cfg.checkpoint.dir;
+  if (dir.empty()) return;  // this run writes no checkpoints
+  const fs::path here = fs::path(r.folder).parent_path();
+  std::error_code ec1, ec2;
+  const bool same = fs::weakly_canonical(dir, ec1) == fs::weakly_canonical(here, ec2);
+  // Set here (the config file or --set), not read from the checkpoint's state.json.
+  const auto origin = r.cfg.origins.find("checkpoint.dir");
+  const bool set_here = origin != r.cfg.origins.end() &&
+                        !origin->second.starts_with(r.folder + "/state.json:");
+  if (!same && set_here) {
+    const std::string newest = latest_checkpoint(dir);
+    if (!newest.empty())
+      throw CheckpointError(fmt::format(
+          "{}: [checkpoint] checkpoint.dir {} already holds checkpoints (newest {}), and this run "
+          "resumes {}: its checkpoints would mix with them, and keep_last would prune them. Fix: "
+          "choose an empty checkpoint.dir, or resume without setting it (the run continues in {})",
+          origin->second, dir, newest, r.folder, here.string()));
+    return;
+  }
+  if (!same) {
+    r.changes.push_back({"checkpoint.dir", fmt::format("\"{}\"", dir),
+                         fmt::format("\"{}\"", here.string()), "the resumed checkpoint's folder"});
+    dir = here.string();
+  }
+}
+
+// Run under the checkpoint.dir's lock (another run may be writing there until then).
+void refuse_later_steps(const Resumed& r) {
+  const std::string& dir = r.cfg.checkpoint.dir;
+  if (dir.empty()) return;
+  const std::vector<std::string> later = step_entries_after(dir, r.state.step);
+  if (!later.empty())
+    throw CheckpointError(fmt::format(
+        "[checkpoint] {} holds {} after the resumed step {}: continuing there would replace {}. "
+        "Fix: resume the newest (--resume {}), or continue into a new folder with --set "
+        "'checkpoint.dir=\"DIR\"', or move {} out of {}",
+        dir, fmt::join(later, ", "), r.state.step, later.size() == 1 ? "it" : "them", dir,
+        later.size() == 1 ? "it" : "them", dir));
+}
+
 // A resumed run with no step left says so and writes nothing (no lock, metrics or checkpoint).
 bool nothing_to_train(const Resumed& r, const TrainOptions& opt) {
   const int64_t done = r.state.step, steps = r.cfg.train.steps;
@@ -585,6 +632,7 @@ int run_train(const TrainOptions& options) {
   if (!opt.resume.empty()) {
     resumed = resumed_run(find_resume_folder(opt), opt);
     if (nothing_to_train(*resumed, opt)) return 0;
+    place_resumed_checkpoints(*resumed);
   }
   Config cfg = resumed ? resumed->cfg : load_config(opt.config_path, overrides_for_init(opt));
   if (!opt.quiet)
@@ -611,6 +659,7 @@ int run_train(const TrainOptions& options) {
           "[checkpoint] --resume {}: {} appeared while this run started (another run wrote it), "
           "after {} was chosen. Fix: run the command again",
           opt.resume, now, resumed->folder));
+    refuse_later_steps(*resumed);
     resume = std::make_unique<Checkpoint>(resumed->folder);
   } else {
     refuse_to_overwrite(cfg);

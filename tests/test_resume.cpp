@@ -283,6 +283,42 @@ TEST_CASE(
     CHECK_THAT(fresh.out, Catch::Matchers::Contains("already holds checkpoints"));
     CHECK(fs::exists(tmp / "b/step_00000020/state.json"));
   }
+  SECTION("an earlier checkpoint resumed beside later ones replaces none of them") {
+    const std::string last = tmp / "b/step_00000020/model.safetensors";
+    const std::vector<char> before = bytes_of(last);
+    const auto back = run(fmt::format("train --resume {}", tmp / "b/step_00000010"));
+    CHECK(back.code == 2);
+    CHECK_THAT(back.out, Catch::Matchers::Contains(
+                             "holds step_00000015, step_00000020 after the resumed step 10") &&
+                             Catch::Matchers::Contains("Fix:"));
+    CHECK(bytes_of(last) == before);
+    // Into a folder of its own it continues, bit for bit the uninterrupted run.
+    const auto elsewhere = run(fmt::format("train -q --resume {} --set checkpoint.dir='\"{}\"'",
+                                           tmp / "b/step_00000010", tmp / "c"));
+    INFO(elsewhere.out);
+    REQUIRE(elsewhere.code == 0);
+    CHECK(bytes_of(tmp / "c/step_00000020/model.safetensors") ==
+          bytes_of(tmp / "a/step_00000020/model.safetensors"));
+  }
+  SECTION("a resume never writes into another run's checkpoint.dir") {
+    const std::vector<char> before = bytes_of(tmp / "a/step_00000020/model.safetensors");
+    const auto into = run(fmt::format("train --resume {} --set checkpoint.dir='\"{}\"'",
+                                      tmp / "b/step_00000010", tmp / "a"));
+    CHECK(into.code == 2);
+    CHECK_THAT(into.out, Catch::Matchers::Contains("already holds checkpoints") &&
+                             Catch::Matchers::Contains("the run continues in " + (tmp / "b")));
+    CHECK(bytes_of(tmp / "a/step_00000020/model.safetensors") == before);
+  }
+  SECTION("a moved run continues in the folder it was moved to") {
+    fs::rename(tmp / "b", tmp / "moved");
+    const auto moved = run(fmt::format("train --resume {} --steps 25", tmp / "moved"));
+    INFO(moved.out);
+    REQUIRE(moved.code == 0);
+    CHECK_THAT(moved.out, Catch::Matchers::Contains("checkpoint.dir \"" + (tmp / "b") + "\" -> \"" +
+                                                    (tmp / "moved") + "\""));
+    CHECK(fs::exists(tmp / "moved/step_00000025/state.json"));
+    CHECK_FALSE(fs::exists(tmp / "b"));
+  }
   SECTION("a corrupt checkpoint is refused, naming the file") {
     const std::string model = tmp / "b/step_00000020/model.safetensors";
     fs::resize_file(model, fs::file_size(model) - 7);

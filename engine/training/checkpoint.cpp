@@ -396,6 +396,16 @@ std::string latest_checkpoint(const std::string& dir) {
   return complete.empty() ? std::string() : complete.back().second.string();
 }
 
+std::vector<std::string> step_entries_after(const std::string& dir, int64_t step) {
+  std::vector<std::string> out;
+  for (const fs::directory_entry& e : list_dir(dir)) {
+    const auto s = parse_step_folder(e.path().filename().string());
+    if (s && *s > step) out.push_back(e.path().filename().string());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
 // ---- Checkpoint ----
 
 struct Checkpoint::Impl {

@@ -48,6 +48,10 @@ void prune_checkpoints(const std::string& dir, int64_t keep_last);
 /// The newest complete checkpoint folder in `dir`, or "" when there is none.
 std::string latest_checkpoint(const std::string& dir);
 
+/// The entries of `dir` named as checkpoints of steps after `step` (step_<digits>, complete or
+/// not, folders or not), sorted: what a run continuing from `step` there would write over.
+std::vector<std::string> step_entries_after(const std::string& dir, int64_t step);
+
 /// The state.json of checkpoint folder `path` alone, parsed and validated (the tensor files are
 /// not read: Checkpoint verifies them). Throws CheckpointError.
 CheckpointState read_checkpoint_state(const std::string& path);
