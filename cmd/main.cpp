@@ -183,6 +183,28 @@ std::string gpu_preset_list() {
   return fmt::format("{}", fmt::join(names, ", "));
 }
 
+// An error is one line on the terminal, whatever it quotes: a tensor name from a file's header,
+// a path or a flag's value may hold a newline (which could forge a second line) or an escape
+// sequence (which could clear the screen). Those bytes are written as \n, \r, \t, \xNN.
+std::string printable(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (const char c : text) {
+    const auto u = static_cast<unsigned char>(c);
+    if (u >= 0x20 && u != 0x7f)
+      out += c;
+    else if (c == '\n')
+      out += "\\n";
+    else if (c == '\r')
+      out += "\\r";
+    else if (c == '\t')
+      out += "\\t";
+    else
+      out += fmt::format("\\x{:02x}", u);
+  }
+  return out;
+}
+
 // Edits (insert, delete, substitute) between two flag names, for "did you mean".
 size_t edit_distance(std::string_view a, std::string_view b) {
   std::vector<size_t> row(b.size() + 1);
@@ -524,7 +546,7 @@ int run(int argc, char** argv) {
       names.push_back(sub->get_name());
     args = with_default_subcommand(argc, argv, names);
   } catch (const remat::ConfigError& e) {
-    fmt::print(stderr, "error: {}\n", e.what());
+    fmt::print(stderr, "error: {}\n", printable(e.what()));
     return kExitUsage;
   }
   std::reverse(args.begin(), args.end());       // CLI11 takes a reversed vector
@@ -547,7 +569,7 @@ int run(int argc, char** argv) {
         sub = *it;
     const CLI::App* cmd = sub.empty() ? nullptr : app.get_subcommand(sub);
     fmt::print(stderr, "error: {}. Fix: see `remat-train {}--help` (docs/commands.md)\n",
-               parse_error_text(e, cmd), sub.empty() ? "" : sub + " ");
+               printable(parse_error_text(e, cmd)), sub.empty() ? "" : sub + " ");
     return kExitUsage;
   }
   // A flag given an empty value (an unset shell variable: --gpu "$GPU") is no value: refused, not
@@ -731,8 +753,9 @@ static const char* docs_page_of(const remat::Error& e) {
 
 static std::string error_line(const remat::Error& e) {
   const char* page = docs_page_of(e);
-  return *page == 0 ? fmt::format("error: {}", e.what())
-                    : fmt::format("error: {} (see {})", e.what(), remat::docs_page_path(page));
+  const std::string what = printable(e.what());
+  return *page == 0 ? fmt::format("error: {}", what)
+                    : fmt::format("error: {} (see {})", what, remat::docs_page_path(page));
 }
 
 // Before any library initializes (engine/cpu/openmp_wait.h says why).

@@ -604,6 +604,17 @@ TEST_CASE("a flag the parser refuses is one line, exit 2, naming the subcommand'
   }
 }
 
+TEST_CASE("an error quoting a newline or an escape sequence stays one line and inert",
+          "[hardening][smoke]") {
+  // A config path (or a tensor name from a file's header) is the user's or a file's text: a
+  // newline in it would forge a second "error:" line, an ESC sequence clear the terminal.
+  const auto r = run_binary("plan --config 'a\nerror: all good\033[2J'", true);
+  INFO(r.out);
+  CHECK(r.code == 2);
+  CHECK(std::count(r.out.begin(), r.out.end(), '\n') == 1);
+  CHECK_THAT(r.out, Contains("a\\nerror: all good\\x1b[2J") && !Contains("\033"));
+}
+
 TEST_CASE("output that cannot reach stdout is an error, not exit 0 with the output cut short",
           "[hardening][smoke]") {
   if (!fs::exists("/dev/full")) {
