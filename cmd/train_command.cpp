@@ -72,38 +72,51 @@ struct Resumed {
   std::vector<KeyChange> changes;
 };
 
+// A change a resume may not make (changes_on_resume), refused naming the key, where it was set
+// and the two ways on.
+[[noreturn]] void refuse_resume_change(const KeyChange& c, const Config& saved,
+                                       const std::string& folder) {
+  const std::string without =
+      c.before == "(unset)" ? fmt::format("resume without setting {}", c.key)
+                            : fmt::format("resume without that change ({} = {})", c.key, c.before);
+  // A LoRA checkpoint holds adapters, not a model, and LoRA starts from a Hugging Face folder:
+  // a new run that has or gets adapters starts from the checkpoint's merged export.
+  const std::string anew =
+      saved.lora.enabled() || c.key.starts_with("lora.")
+          ? fmt::format(
+                "or start a new run from it: export --checkpoint {} --hf DIR, then train --init "
+                "hf:DIR{}",
+                folder, saved.lora.enabled() ? "" : fmt::format(" --set {}={}", c.key, c.after))
+          : fmt::format(
+                "or start a new run from these weights with --init {} (a fresh optimizer, at step "
+                "0)",
+                folder);
+  throw ConfigError(fmt::format(
+      "{}: [checkpoint] {} is {} here but {} in the checkpoint {}: a resumed run continues the "
+      "same model, seed, batch, optimizer and data order. Fix: {}, {}",
+      c.origin, c.key, c.after, c.before, folder, without, anew));
+}
+
 Resumed resumed_run(const std::string& folder, const TrainOptions& opt) {
   Resumed r;
   r.folder = folder;
   r.state = read_checkpoint_state(folder);
   const std::string name = folder + "/state.json";
   const Config saved = parse_config(r.state.config_toml, name);
-  r.cfg = load_resume_config(r.state.config_toml, name, opt.config_path, opt.overrides);
+  try {
+    r.cfg = load_resume_config(r.state.config_toml, name, opt.config_path, opt.overrides);
+  } catch (const ConfigError&) {
+    // A refused change can leave the merged config invalid (lora.base = "fp32" beside the
+    // checkpoint's double_quant): the change is what to report, not the checkpoint's line.
+    const std::vector<KeyChange> refused = refused_overrides(saved, opt.overrides);
+    if (!refused.empty()) refuse_resume_change(refused.front(), saved, folder);
+    throw;
+  }
   for (KeyChange& c : config_changes(saved, r.cfg)) {
     // Only what the config file or --set changed: [parallel] is never the checkpoint's.
     if (!r.cfg.origins.count(c.key)) continue;
     if (same_lora_selection(c.key, saved, r.cfg)) continue;  // written otherwise, the same modules
-    if (!changes_on_resume(c.key)) {
-      const std::string without =
-          c.before == "(unset)"
-              ? fmt::format("resume without setting {}", c.key)
-              : fmt::format("resume without that change ({} = {})", c.key, c.before);
-      // A LoRA checkpoint holds adapters, not a model: a new run starts from its merged export.
-      const std::string anew =
-          saved.lora.enabled()
-              ? fmt::format(
-                    "or start a new run from it: export --checkpoint {} --hf DIR, then "
-                    "train --init hf:DIR",
-                    folder)
-              : fmt::format(
-                    "or start a new run from these weights with --init {} (a fresh "
-                    "optimizer, at step 0)",
-                    folder);
-      throw ConfigError(fmt::format(
-          "{}: [checkpoint] {} is {} here but {} in the checkpoint {}: a resumed run continues the "
-          "same model, seed, batch, optimizer and data order. Fix: {}, {}",
-          c.origin, c.key, c.after, c.before, folder, without, anew));
-    }
+    if (!changes_on_resume(c.key)) refuse_resume_change(c, saved, folder);
     r.changes.push_back(std::move(c));
   }
   return r;
@@ -158,8 +171,8 @@ void place_resumed_checkpoints(Resumed& r) {
   const bool same = fs::weakly_canonical(dir, ec1) == fs::weakly_canonical(here, ec2);
   // Set here (the config file or --set), not read from the checkpoint's state.json.
   const auto origin = r.cfg.origins.find("checkpoint.dir");
-  const bool set_here = origin != r.cfg.origins.end() &&
-                        !origin->second.starts_with(r.folder + "/state.json:");
+  const bool set_here =
+      origin != r.cfg.origins.end() && !origin->second.starts_with(r.folder + "/state.json:");
   if (!same && set_here) {
     const std::string newest = latest_checkpoint(dir);
     if (!newest.empty())

@@ -542,6 +542,14 @@ TEST_CASE("cli: a LoRA run starts from a PEFT adapter, checkpoints only it, and 
   INFO(off.out);
   CHECK(off.code == 2);
   CHECK_THAT(off.out, Contains("lora.rank is 8 here but 4 in the checkpoint"));
+  // A change that leaves the resumed config invalid (rank 0 beside the checkpoint's lora.alpha)
+  // names the change, not the checkpoint's state.json line the validation stumbled on.
+  const CliResult zero = run_command(cd + "train --resume ckpt --set lora.rank=0");
+  INFO(zero.out);
+  CHECK(zero.code == 2);
+  CHECK_THAT(zero.out, Contains("--set lora.rank=0: [checkpoint] lora.rank is 0 here but 4 in the "
+                                "checkpoint") &&
+                           !Contains("state.json:"));
 }
 
 TEST_CASE("cli: a QLoRA run merges its adapters into the base folder's original weights",

@@ -1502,6 +1502,30 @@ std::vector<KeyChange> config_changes(const Config& before, const Config& after)
   return out;
 }
 
+std::vector<KeyChange> refused_overrides(const Config& saved,
+                                         const std::vector<std::string>& overrides) {
+  const std::map<std::string, std::string> before = flat_keys(saved);
+  std::vector<KeyChange> out;
+  for (const std::string& o : overrides) {
+    const size_t eq = o.find('=');
+    if (eq == std::string::npos) continue;
+    const std::string key = o.substr(0, eq);
+    if (changes_on_resume(key)) continue;
+    std::string after;
+    try {
+      const toml::table t = toml::parse("v = " + o.substr(eq + 1));
+      if (t.size() != 1 || !t.contains("v")) continue;  // the override's own error says so
+      after = toml_literal(*t.get("v"));
+    } catch (const toml::parse_error&) {
+      after = fmt::format("\"{}\"", o.substr(eq + 1));  // a bare word, as apply_override reads it
+    }
+    const auto it = before.find(key);
+    const std::string from = it != before.end() ? it->second : "(unset)";
+    if (from != after) out.push_back({key, from, after, "--set " + o});
+  }
+  return out;
+}
+
 bool changes_on_resume(const std::string& key) {
   // Where and how long the run goes on, and what it keeps in memory: never what a step computes
   // from the weights and the data (the model, the seed, the batch, the optimizer's settings, the
