@@ -62,9 +62,9 @@ void CudaBackend::linear_forward_impl(const LinearForwardArgs& a, const OpWorksp
 void CudaBackend::linear_backward_impl(const LinearBackwardArgs& a, const OpWorkspace& ws) {
   const int64_t N = a.inp.rows(), C = a.inp.dim(-1), OC = a.weight.dim(0);
   const bool bf = is_bf16(a.dout);
-  const void* w = gemm_weight(a.weight, ws);  // the bf16 copy only when dinp is wanted
   void* wsp = ws.at("gemm.workspace").tensor().data;
-  if (!a.dinp.empty()) {
+  if (!a.dinp.empty()) {  // the weight's GEMM copy exists only then (a packed weight has none else)
+    const void* w = gemm_weight(a.weight, ws);
     gemm_->matmul(C, N, OC, {w, bf, C, false}, {a.dout.data, bf, OC, false}, a.dinp.data,
                   is_bf16(a.dinp), C, 0.0f, wsp, kGemmWorkspaceBytes);
   }
