@@ -121,9 +121,10 @@ fs::path checked_output(const std::string& arg, const char* flag) {
         flag, arg, fs::read_symlink(out, ec).string()));
   if (fs::exists(out, ec) && (!fs::is_directory(out, ec) || !fs::is_empty(out, ec)))
     throw CheckpointError(fmt::format(
-        "[export] {} {}: exists and is not an empty folder, and export never overwrites. Fix: "
-        "choose a new folder, or remove that one",
-        flag, arg));
+        "[export] {} {}: {}, and export writes a new folder and never overwrites. Fix: choose a "
+        "new folder, or remove that one",
+        flag, arg,
+        fs::is_directory(out, ec) ? "a folder that is not empty" : "exists and is a file"));
   // The folders on the way are made as needed: the nearest that exists must be a folder export
   // can write in (a file there, or a read-only place, is the path's fault, not the disk's).
   fs::path above = out.parent_path();

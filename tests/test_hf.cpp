@@ -956,7 +956,14 @@ TEST_CASE("hf CLI: --init hf: then export gives the folder back, bit for bit", "
                                (tmp.path / (c.name + "-run")).string(), out.string()),
                    true);
     CHECK(r.code == 2);
-    CHECK_THAT(r.out, Contains("export never overwrites"));
+    CHECK_THAT(r.out, Contains("a folder that is not empty") && Contains("never overwrites"));
+    // Nor over a file, named as one.
+    r = run_binary(fmt::format("export --checkpoint {} --hf {}",
+                               (tmp.path / (c.name + "-run")).string(),
+                               (out / "config.json").string()),
+                   true);
+    CHECK(r.code == 2);
+    CHECK_THAT(r.out, Contains("config.json: exists and is a file") && Contains("never overwrites"));
   }
 }
 

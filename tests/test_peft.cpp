@@ -39,6 +39,7 @@ namespace {
 namespace fs = std::filesystem;
 using Json = nlohmann::json;
 using Catch::Matchers::Contains;
+using Catch::Matchers::StartsWith;
 
 const fs::path kGoldenDir = fs::path(REMAT_SOURCE_DIR) / "tests/golden/hf";
 
@@ -364,6 +365,18 @@ TEST_CASE("peft: an adapter folder whose files lie is refused by file and key, n
     fs::remove(fs::path(dir) / peft::kConfigFile);
     REQUIRE(::mkfifo((fs::path(dir) / peft::kConfigFile).c_str(), 0600) == 0);
     CHECK_THAT(refusal(dir), Contains("adapter_config.json: not a regular file"));
+  }
+  // adapter_model.safetensors truncated or a FIFO: the adapter's file, tagged [peft] (docs/lora.md).
+  {
+    TempDir t("peft-weights-lie");
+    const std::string dir = adapter_with(t, [](Json&) {});
+    const fs::path weights = fs::path(dir) / peft::kWeightsFile;
+    fs::resize_file(weights, fs::file_size(weights) - 5);
+    CHECK_THAT(refusal(dir), StartsWith("[peft] " + weights.string()) && Contains("truncated"));
+    fs::remove(weights);
+    REQUIRE(::mkfifo(weights.c_str(), 0600) == 0);
+    CHECK_THAT(refusal(dir), StartsWith("[peft] " + weights.string() + ": not a regular file") &&
+                                 Contains("Fix: give the adapter folder a regular"));
   }
   // Booleans peft reads by truthiness, and r and lora_alpha outside what [lora] takes.
   const std::vector<std::pair<std::string, Json>> bad = {

@@ -32,6 +32,22 @@ const std::string kPrefix = "base_model.model.";
   throw CheckpointError(fmt::format("[peft] {}: {}. Fix: {}", where, problem, fix));
 }
 
+// The safetensors reader's refusals speak of checkpoints (its files are mostly ours): an
+// adapter's file is the adapter's, and its page is docs/lora.md.
+st::Reader open_adapter_weights(const std::string& path) {
+  try {
+    return st::Reader(path);
+  } catch (const CheckpointError& e) {
+    std::string what = e.what();
+    if (what.starts_with("[checkpoint] ")) what.replace(0, 12, "[peft]");
+    const std::string folder_fix = "give a checkpoint folder or a .safetensors file";
+    if (const size_t at = what.find(folder_fix); at != std::string::npos)
+      what.replace(at, folder_fix.size(),
+                   "give the adapter folder a regular adapter_model.safetensors");
+    throw CheckpointError(what);
+  }
+}
+
 std::string toml_list(const std::vector<std::string>& names) {
   std::vector<std::string> quoted;
   for (const auto& n : names) quoted.push_back(fmt::format("\"{}\"", n));
@@ -229,7 +245,7 @@ std::map<std::string, std::vector<float>> read_adapter(const std::string& dir, c
                ? "missing; adapter_model.bin (a pickle) is not read"
                : "missing",
            "save the adapter with safe_serialization=True (peft's default)");
-  const st::Reader file(weights.string());
+  const st::Reader file = open_adapter_weights(weights.string());
   const std::vector<AdapterTensor> want = adapter_tensors(m, l);
   std::set<std::string> names;
   for (const AdapterTensor& t : want) {  // every tensor first: a refused folder loads nothing
