@@ -606,6 +606,7 @@ class ChatTemplate:
             raise Fail(f"--chat needs the Python package jinja2, not importable by {sys.executable}"
                        ". Fix: apt install python3-jinja2 (or pip install jinja2)")
         self.errors = (jinja2.exceptions.TemplateError, TypeError, ValueError, KeyError)
+        self.undefined = jinja2.exceptions.UndefinedError
 
         class Generation(jinja2.ext.Extension):
             tags = {"generation"}
@@ -697,6 +698,9 @@ def jsonl_records(path, base=0):
                 continue
             try:
                 yield number, start, offset, json.loads(line)
+            except UnicodeDecodeError as e:
+                raise Fail(f"{path}:{number}: not UTF-8 at byte {start + e.start}. Fix: convert "
+                           "the file to UTF-8 (iconv -f LATIN1 -t UTF-8, say)")
             except ValueError as e:
                 raise Fail(f"{path}:{number}: not a JSON object ({e}). Fix: one JSON object per "
                            "line")
@@ -752,6 +756,15 @@ def prepare_chat(args, tok, writers, eot, eot_text):
         except NotTurnByTurn as e:
             raise Fail(f"{args.input}:{number}: {e}")
         except template.errors as e:
+            # A name the template uses that no one defines (not a key a message lacks, which is
+            # "'dict object' has no attribute ..."): the template's fault, whatever the data.
+            name = re.fullmatch(r"'(\w+)' is undefined", str(e))
+            if isinstance(e, template.undefined) and name:
+                raise Fail(f"{template.where}: the chat template uses {name.group(1)!r}, which "
+                           "neither it nor transformers' globals define (raise_exception, "
+                           "strftime_now, the special tokens; messages, add_generation_prompt), "
+                           f"first at conversation {args.input}:{number}. Fix: use the model's own "
+                           "tokenizer_config.json, or define it in the template")
             raise Fail(f"{args.input}:{number}: the chat template refuses this conversation "
                        f"({e}). Fix: use the roles and order the model's template accepts")
         segments, at = [], 0

@@ -128,6 +128,11 @@ def chat():
     one_error_line(prepare("--chat", "role.jsonl", "--tokenizer", TOKENIZER, "--out", "bad",
                            expect=2), "role.jsonl:3", "refuses this conversation",
                    "unknown role tool")
+    with open("latin1.jsonl", "wb") as f:  # "café" in Latin-1
+        f.write(json.dumps(records[0]).encode() + b'\n{"messages": [{"role": "user", '
+                b'"content": "caf\xe9"}]}\n')
+    one_error_line(prepare("--chat", "latin1.jsonl", "--tokenizer", TOKENIZER, "--out", "bad",
+                           expect=2), "latin1.jsonl:2: not UTF-8 at byte", "iconv")
     with open("content.jsonl", "w") as f:
         f.write(json.dumps({"messages": [{"role": "user"}]}) + "\n")
     one_error_line(prepare("--chat", "content.jsonl", "--tokenizer", TOKENIZER, "--out", "bad",
@@ -141,6 +146,14 @@ def chat():
     json.dump({"eos_token": "<|im_end|>"}, open("plain/tokenizer_config.json", "w"))
     one_error_line(prepare("--chat", os.path.join(SFT, "chat.jsonl"), "--tokenizer",
                            "plain/tokenizer.json", "--out", "bad", expect=2), "no chat_template")
+    # A template calling a function no one defines is the template's fault, not the data's.
+    json.dump({"eos_token": "<|im_end|>",
+               "chat_template": "{% for m in messages %}{{ format_turn(m) }}{% endfor %}"},
+              open("plain/tokenizer_config.json", "w"))
+    one_error_line(prepare("--chat", os.path.join(SFT, "chat.jsonl"), "--tokenizer",
+                           "plain/tokenizer.json", "--out", "bad", expect=2),
+                   "tokenizer_config.json: the chat template uses 'format_turn'", "chat.jsonl:1",
+                   "Fix:")
     one_error_line(prepare("--chat", os.path.join(SFT, "chat.jsonl"), "--tokenizer", TOKENIZER,
                            "--out", "bad", "--eot", "<|im_end|>", expect=2), "chat.jsonl:1",
                    "occurs inside the rendered")
