@@ -58,18 +58,33 @@ PasskeyTasks::PasskeyTasks(const std::string& dir, int64_t vocab) : dir_(dir), v
                         t.at("offset").get<int64_t>(), t.at("tokens").get<int64_t>()});
     const std::string shard = (fs::path(dir) / j.at("shard").get<std::string>()).string();
     const std::string mask = (fs::path(dir) / j.at("mask").get<std::string>()).string();
-    shard_.emplace(shard, DataFormat::Tokens);
-    mask_.emplace(mask, shard, shard_->size());
+    try {
+      shard_.emplace(shard, DataFormat::Tokens);
+      mask_.emplace(mask, shard, shard_->size());
+    } catch (const DataError& e) {
+      // The shard's and mask's own checks name the problem; their fixes are a training run's
+      // (data.loss_mask = "off", re-tokenizing), while a task folder is written whole, at once.
+      std::string what = e.what();
+      const size_t at = what.find(". Fix: ");
+      if (at == std::string::npos) throw;
+      throw DataError(what.substr(0, at) + ". Fix: " + kRegenerate);
+    }
   } catch (const nlohmann::json::exception& e) {
     fail(index, fmt::format("a key is missing or of the wrong type ({})", e.what()));
   }
   if (tasks_.empty()) fail(index, "no tasks");
-  for (const PasskeyTask& t : tasks_)
+  for (const PasskeyTask& t : tasks_) {
+    // The labels of eval's table: a depth is where in the context the key was hidden.
+    if (!(t.depth >= 0.0 && t.depth <= 1.0) || t.sample < 0 || t.key.empty())
+      fail(index, fmt::format("task (length {}, depth {}, sample {}, key \"{}\"): a depth is in "
+                              "[0, 1], a sample number >= 0 and a key not empty",
+                              t.length, t.depth, t.sample, t.key));
     if (t.length < 1 || t.tokens != t.length + 1 || t.offset < 0 ||
         t.offset + t.tokens > shard_->size())
       fail(index,
            fmt::format("task (length {}, depth {}, sample {}) at tokens [{}, {}) of a shard of {}",
                        t.length, t.depth, t.sample, t.offset, t.offset + t.tokens, shard_->size()));
+  }
   std::vector<int32_t> tokens;
   std::vector<uint8_t> bytes;
   for (const PasskeyTask& t : tasks_) {  // every task scores something, every token fits

@@ -14,6 +14,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "data/passkey_tasks.h"
 #include "engine/cpu/cpu_backend.h"
 #include "engine/model_files/safetensors.h"
 #include "engine/planner/planner.h"
@@ -229,6 +230,37 @@ void write_tasks(const fs::path& dir, int64_t vocab,
 }
 
 }  // namespace
+
+TEST_CASE("a passkey folder that lies is refused naming the file, with the fix that helps",
+          "[eval][data]") {
+  test::TempDir tmp("passkey-lies");
+  const fs::path dir = tmp.path / "tasks";
+  auto refusal = [&] {
+    try {
+      PasskeyTasks tasks(dir.string(), 64);
+    } catch (const DataError& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  write_tasks(dir, 64, {{{1, 2, 3, 4}, {3}}, {{5, 6, 7, 8}, {2, 3}}});
+  REQUIRE(refusal() == "accepted");
+  {  // a label eval's table would print as is
+    Json j = Json::parse(std::ifstream(dir / "passkey.json"));
+    j["tasks"][1]["depth"] = 1.5;
+    std::ofstream(dir / "passkey.json") << j.dump();
+    CHECK_THAT(refusal(), Contains("passkey.json: task (length 3, depth 1.5, sample 1") &&
+                              Contains("a depth is in [0, 1]"));
+  }
+  // A truncated mask: the folder is written again, not trained without masks.
+  write_tasks(dir, 64, {{{1, 2, 3, 4}, {3}}, {{5, 6, 7, 8}, {2, 3}}});
+  fs::resize_file(dir / "passkey.mask.bin", fs::file_size(dir / "passkey.mask.bin") - 2);
+  const std::string truncated = refusal();
+  CHECK_THAT(truncated, Contains("passkey.mask.bin") &&
+                            Contains("Fix: write the tasks again with scripts/prepare_data.py "
+                                     "--passkey") &&
+                            !Contains("loss_mask"));
+}
 
 TEST_CASE("eval --passkey: exact when every scored target is transformers' greedy prediction",
           "[eval][smoke]") {
