@@ -17,6 +17,7 @@
 #include "data/token_corpus.h"
 #include "engine/core/error.h"
 #include "engine/training/checkpoint.h"
+#include "engine/training/run_lock.h"
 #include "tests/child_process.h"
 #include "tests/cli_util.h"
 #include "tests/temp_dir.h"
@@ -86,6 +87,30 @@ TEST_CASE("a second run on a checkpoint.dir in use exits 2 naming the folder and
   kill(first.pid, SIGTERM);
   REQUIRE(first.wait(30));
   CHECK(first.exit_code() == 128 + SIGTERM);
+}
+
+TEST_CASE("a run refused before its first checkpoint leaves no folder of its own behind",
+          "[shared][lock][smoke]") {
+  TempDir dir("lock-refused");
+  fs::create_directories(dir / "kept");
+  // checkpoint.dir kept/new/run: the run creates new/ and run/, is refused (no data file), and
+  // removes them with its lock; kept/, which it did not create, stays.
+  const auto r = run_binary(config_args(dir, false, "kept/new/run") + " -q", true);
+  CHECK(r.code == 2);
+  CHECK_THAT(r.out, Contains("train.txt"));
+  CHECK(fs::exists(dir / "kept"));
+  CHECK_FALSE(fs::exists(dir / "kept/new"));
+  // A folder that holds more than the lock is never removed, nor a folder it did not create.
+  {
+    remat::RunLock lock(dir / "a/b");
+    write_text(dir / "a/b/notes.txt", "mine");
+  }
+  CHECK(fs::exists(dir / "a/b/notes.txt"));
+  fs::create_directories(dir / "c");
+  { remat::RunLock lock(dir / "c"); }
+  CHECK(fs::exists(dir / "c"));
+  { remat::RunLock lock(dir / "d/e"); }
+  CHECK_FALSE(fs::exists(dir / "d"));
 }
 
 TEST_CASE("a lock left by a SIGKILLed run does not block the resume", "[shared][lock][smoke]") {

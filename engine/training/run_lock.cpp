@@ -3,6 +3,7 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -65,8 +66,47 @@ std::string run_lock_holder(const std::string& path) {
   return text.empty() ? "a process that has not written its pid yet (it is starting)" : text;
 }
 
+namespace {
+
+// Whether `fd` is still the file `path` names: a run that locked it after its holder removed it
+// (see ~RunLock) holds a lock on nothing, and must open the path again.
+bool still_named(int fd, const std::string& path) {
+  struct stat by_fd {
+  }, by_path{};
+  if (::fstat(fd, &by_fd) != 0 || ::lstat(path.c_str(), &by_path) != 0) return false;
+  return by_fd.st_dev == by_path.st_dev && by_fd.st_ino == by_path.st_ino;
+}
+
+// The folders create_directories(dir) would make, outermost first.
+std::vector<std::string> missing_folders(const std::filesystem::path& dir) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (std::filesystem::path p = dir; !p.empty() && !std::filesystem::exists(p, ec);
+       p = p.parent_path()) {
+    out.insert(out.begin(), p.string());
+    if (p == p.parent_path()) break;
+  }
+  return out;
+}
+
+}  // namespace
+
 RunLock::RunLock(const std::string& dir)
     : path_((std::filesystem::path(dir) / kLockName).string()) {
+  // A holder that removed the lock file between our open and our flock (a refused run cleaning
+  // up) leaves us a lock on nothing: open the path again, a few times at most.
+  for (int attempt = 0;; ++attempt) {
+    if (!lock(dir)) return;  // refused or unguarded: lock() said so
+    if (fd_ < 0 || still_named(fd_, path_) || attempt == 3) break;
+    ::close(fd_);
+    fd_ = -1;
+  }
+  if (fd_ >= 0) write_holder(fd_);
+}
+
+bool RunLock::lock(const std::string& dir) {
+  const std::vector<std::string> missing = missing_folders(dir);
+  if (created_.empty()) created_ = missing;
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) cannot_lock("create the folder", dir, ec.value());
@@ -84,10 +124,7 @@ RunLock::RunLock(const std::string& dir)
   int rc;
   do rc = ::flock(fd_, LOCK_EX | LOCK_NB);
   while (rc != 0 && errno == EINTR);
-  if (rc == 0) {
-    write_holder(fd_);
-    return;
-  }
+  if (rc == 0) return true;
   const int err = errno;
   if (locks_unsupported(err)) {
     warning_ = fmt::format(
@@ -95,7 +132,10 @@ RunLock::RunLock(const std::string& dir)
         "nothing stops a second run from writing into {} at the same time; start one run per "
         "folder",
         path_, std::strerror(err), dir);
-    return;
+    ::close(fd_);
+    fd_ = -1;
+    created_.clear();  // unguarded: nothing to clean up safely
+    return false;
   }
   ::close(fd_);
   fd_ = -1;
@@ -108,7 +148,21 @@ RunLock::RunLock(const std::string& dir)
 }
 
 RunLock::~RunLock() {
-  if (fd_ >= 0) ::close(fd_);  // drops the lock; the file stays (see the header)
+  if (fd_ < 0) return;
+  // A folder this lock created that holds nothing but the lock: removed, the lock file first,
+  // while it is still held (a run that opened it meanwhile finds it gone and opens the path
+  // again). rmdir removes only empty folders, so nothing written since is touched.
+  if (!created_.empty()) {
+    std::error_code ec;
+    const std::filesystem::path dir = std::filesystem::path(path_).parent_path();
+    bool only_lock = true;
+    for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
+      if (it->path().filename() != kLockName) only_lock = false;
+    if (!ec && only_lock && ::unlink(path_.c_str()) == 0)
+      for (auto it = created_.rbegin(); it != created_.rend(); ++it)
+        if (::rmdir(it->c_str()) != 0) break;
+  }
+  ::close(fd_);  // drops the lock
 }
 
 }  // namespace remat

@@ -8,15 +8,22 @@
 //
 // The kernel drops a flock with the last descriptor of the process that took it, so a lock left by
 // a SIGKILLed or crashed run (or a node that rebooted) never blocks the resume that follows; the
-// lock file is never deleted (deleting it would let two runs lock two different inodes). It holds
+// lock file is not deleted while a run may need it: a run that locked a file checks that the path
+// still names it (and starts over when not), so the one deletion there is, below, cannot let two
+// runs lock two different inodes. It holds
 // the holder's pid, host and start time, only for the refusal message. On NFS, Linux turns flock
 // into an NLM byte-range lock, which holds across clients when the mount has locking (the
 // default; not with `nolock`), and the server drops it when the client that held it is gone.
 // A file system that has no locks at all (flock fails with ENOLCK or EOPNOTSUPP) runs unguarded,
 // with a warning.
+//
+// A run that created the folder and leaves nothing in it but the lock (it was refused before its
+// first checkpoint: a missing data file, a config error) removes the lock and the folders it
+// created, while it still holds the lock: a refused run leaves no trace.
 #pragma once
 
 #include <string>
+#include <vector>
 
 namespace remat {
 
@@ -35,9 +42,14 @@ class RunLock {
   const std::string& path() const { return path_; }
 
  private:
+  /// Creates the folder, opens and flocks the lock file: true when locked (fd_ holds it), false
+  /// when the file system has no locks (warning_ says so); throws when another run holds it.
+  bool lock(const std::string& dir);
+
   std::string path_;
   int fd_ = -1;
   std::string warning_;
+  std::vector<std::string> created_;  // the folders this lock created, outermost first
 };
 
 /// Who holds the lock file `path` per its contents ("pid 123 on host n1, started ..."), or a
