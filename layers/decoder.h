@@ -1,5 +1,5 @@
-// What `remat-train sample` needs of a trained model: one token in, the next token's logits out,
-// with a key/value cache so each token costs one pass, not a re-run of the prefix. One
+// What `remat-train sample` needs of a trained model: a prompt or one token in, the next token's
+// logits out, with a key/value cache so each token costs one pass, not a re-run of the prefix. One
 // implementation per model family (layers/gpt_decoder.h, layers/llama_decoder.h); make_decoder
 // picks it from model.kind, so the command never names a family.
 #pragma once
@@ -29,6 +29,10 @@ class Decoder {
   /// Appends `token` at the next position and returns the logits (vocab_size) that predict the
   /// token after it. Throws Error past the capacity, DataError for a token outside the vocabulary.
   virtual std::vector<float> forward(int32_t token) = 0;
+  /// Appends `tokens` (a prompt) at the next positions and returns the logits after the last
+  /// (empty for no token): the bits forward() gives token by token, computed in blocks of rows
+  /// that read each weight once per block. Throws as forward() does, before any token enters.
+  virtual std::vector<float> prefill(const std::vector<int32_t>& tokens) = 0;
   /// Empties the cache: the next forward() is position 0 again.
   virtual void reset() = 0;
   virtual int64_t position() const = 0;  // tokens in the cache

@@ -1,6 +1,7 @@
-// GptDecoder (see layers/gpt_decoder.h). One token is a column vector through the model: every
-// Linear is a matrix-vector product (y = W x + b, as the training forward computes x W^T + b),
-// attention is one query against the cached keys of each head.
+// GptDecoder (see layers/gpt_decoder.h). A block of rows (a prompt's, up to kDecoderBlockRows;
+// one for each generated token) goes through the model layer by layer: every Linear is
+// decoder_matmul (y = x W^T + b, as the training forward computes it), attention is each row's
+// queries against the cached keys of each head.
 //
 // The products are plain loops, not cblas_sgemv: at one token they are memory-bound, and
 // OpenBLAS threads every call, which for a small model costs more in OpenMP barriers than the
@@ -37,12 +38,15 @@ void layernorm(float* y, const float* x, const std::vector<float>& w, const std:
   for (int64_t c = 0; c < C; ++c) y[c] = (x[c] - mean) * rstd * w[c] + b[c];
 }
 
-// y {=, +=} W x + b: PyTorch's Linear on one row.
+// y {=, +=} x W^T + b for each of `rows` rows: PyTorch's Linear. Accumulating, the bias joins y
+// first, then the product.
 void linear(float* y, const float* x, const std::vector<float>& W, const std::vector<float>& b,
-            int64_t out, int64_t in, bool accumulate, int64_t parallel_macs) {
+            int64_t rows, int64_t out, int64_t in, bool accumulate, int64_t parallel_macs) {
   if (accumulate)
-    for (int64_t o = 0; o < out; ++o) y[o] += b[o];
-  detail::decoder_gemv(y, accumulate ? y : b.data(), W.data(), x, out, in, parallel_macs);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t o = 0; o < out; ++o) y[r * out + o] += b[static_cast<size_t>(o)];
+  detail::decoder_matmul(y, accumulate ? y : b.data(), accumulate ? out : 0, W.data(), x, rows, out,
+                         in, parallel_macs);
 }
 
 void gelu(float* v, int64_t n) {
@@ -79,11 +83,13 @@ GptDecoder::GptDecoder(const ModelConfig& model, const WeightSource& weights, in
     l.k_cache.assign(static_cast<size_t>(capacity_ * C_), 0.0f);
     l.v_cache.assign(static_cast<size_t>(capacity_ * C_), 0.0f);
   }
-  h_.resize(static_cast<size_t>(C_));
-  qkv_.resize(static_cast<size_t>(3 * C_));
-  att_.resize(static_cast<size_t>(C_));
-  fc_.resize(static_cast<size_t>(FF_));
-  scores_.resize(static_cast<size_t>(NH_ * capacity_));
+  const auto rows = static_cast<size_t>(std::min(capacity_, detail::kDecoderBlockRows));
+  x_.resize(rows * static_cast<size_t>(C_));
+  h_.resize(rows * static_cast<size_t>(C_));
+  qkv_.resize(rows * static_cast<size_t>(3 * C_));
+  att_.resize(rows * static_cast<size_t>(C_));
+  fc_.resize(rows * static_cast<size_t>(FF_));
+  scores_.resize(detail::cache_attention_scratch(capacity_));
 }
 
 void GptDecoder::load(const WeightSource& weights) {
@@ -113,57 +119,80 @@ void GptDecoder::load(const WeightSource& weights) {
   lnf_b_ = get("lnf.bias", {C_});
 }
 
-// Pre-LN block on the residual vector x (updated in place): x += proj(attn(ln1 x)); x +=
-// proj(gelu(fc(ln2 x))). The new position's k (rotated) and v enter the cache on the way.
-void GptDecoder::block(Layer& l, std::vector<float>& x) {
-  layernorm(h_.data(), x.data(), l.ln1_w, l.ln1_b, C_);
-  linear(qkv_.data(), h_.data(), l.qkv_w, l.qkv_b, 3 * C_, C_, false, parallel_macs_);
-  float* q = qkv_.data();
-  float* k = q + C_;
-  const float* v = q + 2 * C_;
-  if (!learned_)
-    for (int64_t h = 0; h < NH_; ++h) {
-      rope_.rotate(q + h * HS_, pos_);
-      rope_.rotate(k + h * HS_, pos_);
-    }
-  std::copy(k, k + C_, l.k_cache.begin() + pos_ * C_);
-  std::copy(v, v + C_, l.v_cache.begin() + pos_ * C_);
+// Pre-LN block on each of the block's residual rows x (updated in place): x += proj(attn(ln1 x));
+// x += proj(gelu(fc(ln2 x))). The rows' k (rotated) and v enter the cache before the attention,
+// which lets row p see positions up to pos_ + p only.
+void GptDecoder::block(Layer& l, float* x, int64_t rows) {
+  for (int64_t r = 0; r < rows; ++r) layernorm(&h_[r * C_], x + r * C_, l.ln1_w, l.ln1_b, C_);
+  linear(qkv_.data(), h_.data(), l.qkv_w, l.qkv_b, rows, 3 * C_, C_, false, parallel_macs_);
+  for (int64_t r = 0; r < rows; ++r) {
+    float* q = &qkv_[r * 3 * C_];
+    float* k = q + C_;
+    const float* v = q + 2 * C_;
+    if (!learned_)
+      for (int64_t h = 0; h < NH_; ++h) {
+        rope_.rotate(q + h * HS_, pos_ + r);
+        rope_.rotate(k + h * HS_, pos_ + r);
+      }
+    std::copy(k, k + C_, l.k_cache.begin() + (pos_ + r) * C_);
+    std::copy(v, v + C_, l.v_cache.begin() + (pos_ + r) * C_);
+  }
   detail::cache_attention({.out = att_.data(),
                            .scores = scores_.data(),
-                           .q = q,
+                           .q = qkv_.data(),
+                           .q_stride = 3 * C_,
                            .k_cache = l.k_cache.data(),
                            .v_cache = l.v_cache.data(),
-                           .n_pos = pos_ + 1,
+                           .first_pos = pos_,
+                           .rows = rows,
                            .NH = NH_,
                            .KVH = NH_,  // one key/value head per query head
                            .HS = HS_,
                            .capacity = capacity_},
                           parallel_macs_);
-  linear(x.data(), att_.data(), l.proj_w, l.proj_b, C_, C_, true, parallel_macs_);
-  layernorm(h_.data(), x.data(), l.ln2_w, l.ln2_b, C_);
-  linear(fc_.data(), h_.data(), l.fc_w, l.fc_b, FF_, C_, false, parallel_macs_);
-  gelu(fc_.data(), FF_);
-  linear(x.data(), fc_.data(), l.mlp_proj_w, l.mlp_proj_b, C_, FF_, true, parallel_macs_);
+  linear(x, att_.data(), l.proj_w, l.proj_b, rows, C_, C_, true, parallel_macs_);
+  for (int64_t r = 0; r < rows; ++r) layernorm(&h_[r * C_], x + r * C_, l.ln2_w, l.ln2_b, C_);
+  linear(fc_.data(), h_.data(), l.fc_w, l.fc_b, rows, FF_, C_, false, parallel_macs_);
+  gelu(fc_.data(), rows * FF_);
+  linear(x, fc_.data(), l.mlp_proj_w, l.mlp_proj_b, rows, C_, FF_, true, parallel_macs_);
 }
 
-std::vector<float> GptDecoder::forward(int32_t token) {
-  if (pos_ >= capacity_ && learned_ && capacity_ == m_.n_ctx)
+void GptDecoder::check_learned_positions(int64_t rows) const {
+  const int64_t last = pos_ + rows - 1;
+  if (last >= capacity_ && learned_ && capacity_ == m_.n_ctx)
     throw Error(
         fmt::format("[sample] position {} is past the model's {} learned positions (model.n_ctx). "
                     "Fix: lower --tokens so that prompt + tokens <= {}",
-                    pos_, m_.n_ctx, m_.n_ctx));
-  detail::check_next_token(pos_, capacity_, token, V_);
-  std::vector<float> x(wte_.begin() + token * C_, wte_.begin() + (token + 1) * C_);
-  if (learned_)
-    for (int64_t c = 0; c < C_; ++c)
-      x[static_cast<size_t>(c)] += wpe_[static_cast<size_t>(pos_ * C_ + c)];
-  for (Layer& l : layers_) block(l, x);
-  ++pos_;
-  layernorm(h_.data(), x.data(), lnf_w_, lnf_b_, C_);
-  // Tied LM head: logits = wte h.
+                    std::max(pos_, capacity_), m_.n_ctx, m_.n_ctx));
+}
+
+std::vector<float> GptDecoder::run(const int32_t* tokens, int64_t rows) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* x = &x_[r * C_];
+    std::copy(wte_.begin() + tokens[r] * C_, wte_.begin() + (tokens[r] + 1) * C_, x);
+    if (learned_)
+      for (int64_t c = 0; c < C_; ++c) x[c] += wpe_[static_cast<size_t>((pos_ + r) * C_ + c)];
+  }
+  for (Layer& l : layers_) block(l, x_.data(), rows);
+  pos_ += rows;
+  layernorm(h_.data(), &x_[(rows - 1) * C_], lnf_w_, lnf_b_, C_);
+  // Tied LM head: logits = wte h, of the last row only.
   std::vector<float> logits(static_cast<size_t>(V_));
-  detail::decoder_gemv(logits.data(), nullptr, wte_.data(), h_.data(), V_, C_, parallel_macs_);
+  detail::decoder_matmul(logits.data(), nullptr, 0, wte_.data(), h_.data(), 1, V_, C_,
+                         parallel_macs_);
   return logits;
+}
+
+std::vector<float> GptDecoder::forward(int32_t token) {
+  check_learned_positions(1);
+  detail::check_next_token(pos_, capacity_, token, V_);
+  return run(&token, 1);
+}
+
+std::vector<float> GptDecoder::prefill(const std::vector<int32_t>& tokens) {
+  check_learned_positions(static_cast<int64_t>(tokens.size()));
+  return detail::prefill_in_blocks(tokens, pos_, capacity_, V_,
+                                   [this](const int32_t* t, int64_t n) { return run(t, n); });
 }
 
 }  // namespace remat

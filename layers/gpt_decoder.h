@@ -1,10 +1,10 @@
-// GptDecoder: the trained GPT (layers/models.cpp, layers/gpt_block.cpp) run one token at a time
-// on the host for generation, with a key/value cache per layer so each new token costs one pass
-// of matrix-vector products plus attention over the cached positions — not a re-run of the whole
-// prefix. It reproduces the training forward exactly in structure (pre-LN blocks, tanh GELU,
-// LayerNorm eps 1e-5, RoPE in the half-split layout with the same angle table, LM head tied to
-// wte), so its per-position losses equal the trainer's within float rounding
-// (tests/test_sample.cpp checks this). No dropout: this is inference.
+// GptDecoder: the trained GPT (layers/models.cpp, layers/gpt_block.cpp) run on the host for
+// generation, a prompt in blocks of rows and then one token at a time, with a key/value cache per
+// layer so each new token costs one pass of matrix-vector products plus attention over the cached
+// positions — not a re-run of the whole prefix. It reproduces the training forward exactly in
+// structure (pre-LN blocks, tanh GELU, LayerNorm eps 1e-5, RoPE in the half-split layout with the
+// same angle table, LM head tied to wte), so its per-position losses equal the trainer's within
+// float rounding (tests/test_sample.cpp checks this). No dropout: this is inference.
 #pragma once
 
 #include <cstdint>
@@ -31,6 +31,7 @@ class GptDecoder : public Decoder {
   /// Appends `token` at the next position and returns the logits (vocab_size) that predict the
   /// token after it. Throws Error past the capacity, DataError for a token outside the vocabulary.
   std::vector<float> forward(int32_t token) override;
+  std::vector<float> prefill(const std::vector<int32_t>& tokens) override;
   /// Empties the cache: the next forward() is position 0 again.
   void reset() override { pos_ = 0; }
 
@@ -46,7 +47,12 @@ class GptDecoder : public Decoder {
   };
 
   void load(const WeightSource& weights);
-  void block(Layer& l, std::vector<float>& x);
+  /// `rows` checked tokens at positions pos_.., through every layer; the logits after the last.
+  std::vector<float> run(const int32_t* tokens, int64_t rows);
+  /// The block's rows `x` (rows, C) through layer `l`, their keys and values into its cache.
+  void block(Layer& l, float* x, int64_t rows);
+  /// Error when a learned position table ends before position pos_ + rows - 1.
+  void check_learned_positions(int64_t rows) const;
 
   ModelConfig m_;
   int64_t C_ = 0, NH_ = 0, HS_ = 0, FF_ = 0, V_ = 0;
@@ -56,9 +62,9 @@ class GptDecoder : public Decoder {
   std::vector<float> wte_, wpe_, lnf_w_, lnf_b_;
   std::vector<Layer> layers_;
   detail::RopeTable rope_;  // empty with learned positions
-  // Scratch of one step, kept to avoid allocating per token.
-  std::vector<float> h_, qkv_, att_, fc_;
-  std::vector<float> scores_;  // (n_head, capacity): one row of attention weights per head
+  // Scratch of one block of up to kDecoderBlockRows rows, kept to avoid allocating per token.
+  std::vector<float> x_, h_, qkv_, att_, fc_;
+  std::vector<float> scores_;  // (threads, capacity): one row of attention weights per thread
 };
 
 }  // namespace remat

@@ -1,10 +1,11 @@
-// LlamaDecoder (see layers/llama_decoder.h), and make_decoder (layers/decoder.h). One token is a
-// column vector through the model: every Linear is a matrix-vector product (y = W x, as the
-// training forward computes x W^T), attention is one query per head against the cached keys of
-// the key/value head it shares. The products are plain loops for the reason
+// LlamaDecoder (see layers/llama_decoder.h), and make_decoder (layers/decoder.h). A block of rows
+// (a prompt's, up to kDecoderBlockRows; one for each generated token) goes through the model
+// layer by layer: every Linear is decoder_matmul (y = x W^T, as the training forward computes
+// it, each output one fixed-order dot product), attention is each row's queries against the
+// cached keys of the key/value head they share. The products are plain loops for the reason
 // layers/gpt_decoder.cpp gives (a threaded BLAS call per token costs more in barriers than the
 // arithmetic of a small model); a product runs on several threads only when it is large enough.
-// The product, the RoPE table, the attention over the cache and the weight loading are
+// The products, the RoPE table, the attention over the cache and the weight loading are
 // layers/decoder_common.h's, shared with the GPT's decoder.
 #include "layers/llama_decoder.h"
 
@@ -20,7 +21,7 @@
 namespace remat {
 namespace {
 
-using detail::decoder_gemv;
+using detail::decoder_matmul;
 
 // As engine/cpu/rmsnorm.cpp: the statistic in float, then x * rstd * w.
 void rmsnorm(float* y, const float* x, const float* w, int64_t n, float eps) {
@@ -60,13 +61,15 @@ LlamaDecoder::LlamaDecoder(const ModelConfig& model, const WeightSource& weights
     l.k_cache.assign(static_cast<size_t>(capacity_ * KVH_ * HS_), 0.0f);
     l.v_cache.assign(static_cast<size_t>(capacity_ * KVH_ * HS_), 0.0f);
   }
-  h_.resize(static_cast<size_t>(C_));
-  qkv_.resize(static_cast<size_t>((NH_ + 2 * KVH_) * HS_));
-  att_.resize(static_cast<size_t>(NH_ * HS_));
-  gate_.resize(static_cast<size_t>(FF_));
-  up_.resize(static_cast<size_t>(FF_));
-  delta_.resize(static_cast<size_t>(C_));
-  scores_.resize(static_cast<size_t>(NH_ * capacity_));
+  const auto rows = static_cast<size_t>(std::min(capacity_, detail::kDecoderBlockRows));
+  x_.resize(rows * static_cast<size_t>(C_));
+  h_.resize(rows * static_cast<size_t>(C_));
+  qkv_.resize(rows * static_cast<size_t>((NH_ + 2 * KVH_) * HS_));
+  att_.resize(rows * static_cast<size_t>(NH_ * HS_));
+  gate_.resize(rows * static_cast<size_t>(FF_));
+  up_.resize(rows * static_cast<size_t>(FF_));
+  delta_.resize(rows * static_cast<size_t>(C_));
+  scores_.resize(detail::cache_attention_scratch(capacity_));
 }
 
 void LlamaDecoder::load(const WeightSource& weights) {
@@ -97,58 +100,75 @@ void LlamaDecoder::load(const WeightSource& weights) {
 }
 
 // x += o_proj(attention(rope(qk_norm(qkv(rmsnorm1 x))))); x += down(silu(gate n) * up n),
-// n = rmsnorm2 x. The new position's k (normed, rotated) and v enter the cache on the way.
-void LlamaDecoder::block(Layer& l, std::vector<float>& x) {
-  rmsnorm(h_.data(), x.data(), l.norm1_w.data(), C_, eps_);
+// n = rmsnorm2 x, for each of the block's rows. The rows' k (normed, rotated) and v enter the
+// cache before the attention, which lets row p see positions up to pos_ + p only.
+void LlamaDecoder::block(Layer& l, float* x, int64_t rows) {
   const int64_t W = (NH_ + 2 * KVH_) * HS_;
-  decoder_gemv(qkv_.data(), l.qkv_b.empty() ? nullptr : l.qkv_b.data(), l.qkv_w.data(), h_.data(),
-               W, C_, parallel_macs_);
-  float* q = qkv_.data();
-  float* k = q + NH_ * HS_;
-  const float* v = k + KVH_ * HS_;
-  for (int64_t h = 0; h < NH_ + KVH_; ++h) {  // q heads, then k heads: contiguous in the row
-    float* head = q + h * HS_;
-    if (m_.qk_norm)  // in place: each element reads only itself after the statistic
-      rmsnorm(head, head, (h < NH_ ? l.q_norm_w : l.k_norm_w).data(), HS_, eps_);
-    rope_.rotate(head, pos_);
+  for (int64_t r = 0; r < rows; ++r) rmsnorm(&h_[r * C_], x + r * C_, l.norm1_w.data(), C_, eps_);
+  decoder_matmul(qkv_.data(), l.qkv_b.empty() ? nullptr : l.qkv_b.data(), 0, l.qkv_w.data(),
+                 h_.data(), rows, W, C_, parallel_macs_);
+  for (int64_t r = 0; r < rows; ++r) {
+    float* q = &qkv_[r * W];
+    float* k = q + NH_ * HS_;
+    const float* v = k + KVH_ * HS_;
+    for (int64_t h = 0; h < NH_ + KVH_; ++h) {  // q heads, then k heads: contiguous in the row
+      float* head = q + h * HS_;
+      if (m_.qk_norm)  // in place: each element reads only itself after the statistic
+        rmsnorm(head, head, (h < NH_ ? l.q_norm_w : l.k_norm_w).data(), HS_, eps_);
+      rope_.rotate(head, pos_ + r);
+    }
+    std::copy(k, k + KVH_ * HS_, l.k_cache.begin() + (pos_ + r) * KVH_ * HS_);
+    std::copy(v, v + KVH_ * HS_, l.v_cache.begin() + (pos_ + r) * KVH_ * HS_);
   }
-  std::copy(k, k + KVH_ * HS_, l.k_cache.begin() + pos_ * KVH_ * HS_);
-  std::copy(v, v + KVH_ * HS_, l.v_cache.begin() + pos_ * KVH_ * HS_);
   detail::cache_attention({.out = att_.data(),
                            .scores = scores_.data(),
-                           .q = q,
+                           .q = qkv_.data(),
+                           .q_stride = W,
                            .k_cache = l.k_cache.data(),
                            .v_cache = l.v_cache.data(),
-                           .n_pos = pos_ + 1,
+                           .first_pos = pos_,
+                           .rows = rows,
                            .NH = NH_,
                            .KVH = KVH_,
                            .HS = HS_,
                            .capacity = capacity_},
                           parallel_macs_);
-  decoder_gemv(delta_.data(), nullptr, l.proj_w.data(), att_.data(), C_, NH_ * HS_, parallel_macs_);
-  for (int64_t c = 0; c < C_; ++c) x[static_cast<size_t>(c)] += delta_[static_cast<size_t>(c)];
-  rmsnorm(h_.data(), x.data(), l.norm2_w.data(), C_, eps_);
-  decoder_gemv(gate_.data(), nullptr, l.gate_w.data(), h_.data(), FF_, C_, parallel_macs_);
-  decoder_gemv(up_.data(), nullptr, l.up_w.data(), h_.data(), FF_, C_, parallel_macs_);
-  for (int64_t i = 0; i < FF_; ++i) {  // as engine/cpu/swiglu.cpp: g * sigmoid(g) * u
+  // x += o_proj(att): the sum's base is the residual itself.
+  decoder_matmul(x, x, C_, l.proj_w.data(), att_.data(), rows, C_, NH_ * HS_, parallel_macs_);
+  for (int64_t r = 0; r < rows; ++r) rmsnorm(&h_[r * C_], x + r * C_, l.norm2_w.data(), C_, eps_);
+  decoder_matmul(gate_.data(), nullptr, 0, l.gate_w.data(), h_.data(), rows, FF_, C_,
+                 parallel_macs_);
+  decoder_matmul(up_.data(), nullptr, 0, l.up_w.data(), h_.data(), rows, FF_, C_, parallel_macs_);
+  for (int64_t i = 0; i < rows * FF_; ++i) {  // as engine/cpu/swiglu.cpp: g * sigmoid(g) * u
     const float g = gate_[static_cast<size_t>(i)];
     const float s = 1.0f / (1.0f + std::exp(-g));
     gate_[static_cast<size_t>(i)] = g * s * up_[static_cast<size_t>(i)];
   }
-  decoder_gemv(delta_.data(), nullptr, l.down_w.data(), gate_.data(), C_, FF_, parallel_macs_);
-  for (int64_t c = 0; c < C_; ++c) x[static_cast<size_t>(c)] += delta_[static_cast<size_t>(c)];
+  decoder_matmul(x, x, C_, l.down_w.data(), gate_.data(), rows, C_, FF_, parallel_macs_);
+}
+
+std::vector<float> LlamaDecoder::run(const int32_t* tokens, int64_t rows) {
+  for (int64_t r = 0; r < rows; ++r)
+    std::copy(wte_.begin() + tokens[r] * C_, wte_.begin() + (tokens[r] + 1) * C_,
+              x_.begin() + r * C_);
+  for (Layer& l : layers_) block(l, x_.data(), rows);
+  pos_ += rows;
+  // The head of the last row only: the logits after the block.
+  rmsnorm(h_.data(), &x_[(rows - 1) * C_], normf_w_.data(), C_, eps_);
+  std::vector<float> logits(static_cast<size_t>(V_));
+  decoder_matmul(logits.data(), nullptr, 0, (lm_head_.empty() ? wte_ : lm_head_).data(), h_.data(),
+                 1, V_, C_, parallel_macs_);
+  return logits;
 }
 
 std::vector<float> LlamaDecoder::forward(int32_t token) {
   detail::check_next_token(pos_, capacity_, token, V_);
-  std::vector<float> x(wte_.begin() + token * C_, wte_.begin() + (token + 1) * C_);
-  for (Layer& l : layers_) block(l, x);
-  ++pos_;
-  rmsnorm(h_.data(), x.data(), normf_w_.data(), C_, eps_);
-  std::vector<float> logits(static_cast<size_t>(V_));
-  decoder_gemv(logits.data(), nullptr, (lm_head_.empty() ? wte_ : lm_head_).data(), h_.data(), V_,
-               C_, parallel_macs_);
-  return logits;
+  return run(&token, 1);
+}
+
+std::vector<float> LlamaDecoder::prefill(const std::vector<int32_t>& tokens) {
+  return detail::prefill_in_blocks(tokens, pos_, capacity_, V_,
+                                   [this](const int32_t* t, int64_t n) { return run(t, n); });
 }
 
 std::unique_ptr<Decoder> make_decoder(const ModelConfig& model, const WeightSource& weights,

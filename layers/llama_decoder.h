@@ -1,5 +1,6 @@
 // LlamaDecoder: the trained Llama-family model (layers/llama_model.cpp, layers/llama_block.cpp)
-// run one token at a time on the host for generation, with a key/value cache per layer. The
+// run on the host for generation, a prompt in blocks of rows and then one token at a time, with a
+// key/value cache per layer. The
 // cache holds the KVH key/value heads only, not one per query head: grouped-query attention's
 // saving, NH / KVH times less cache than multi-head attention of the same width. It reproduces
 // the training forward in structure (RMSNorm pre-norm blocks, the fused q | k | v projection
@@ -30,6 +31,7 @@ class LlamaDecoder : public Decoder {
                int64_t parallel_macs = kDefaultParallelMacs);
 
   std::vector<float> forward(int32_t token) override;
+  std::vector<float> prefill(const std::vector<int32_t>& tokens) override;
   void reset() override { pos_ = 0; }
   int64_t position() const override { return pos_; }
   int64_t capacity() const override { return capacity_; }
@@ -43,7 +45,10 @@ class LlamaDecoder : public Decoder {
   };
 
   void load(const WeightSource& weights);
-  void block(Layer& l, std::vector<float>& x);
+  /// `rows` checked tokens at positions pos_.., through every layer; the logits after the last.
+  std::vector<float> run(const int32_t* tokens, int64_t rows);
+  /// The block's rows `x` (rows, C) through layer `l`, their keys and values into its cache.
+  void block(Layer& l, float* x, int64_t rows);
 
   ModelConfig m_;
   int64_t C_ = 0, NH_ = 0, KVH_ = 0, HS_ = 0, FF_ = 0, V_ = 0;
@@ -53,10 +58,10 @@ class LlamaDecoder : public Decoder {
   std::vector<float> wte_, normf_w_, lm_head_;  // lm_head_ empty when tied to wte_
   std::vector<Layer> layers_;
   detail::RopeTable rope_;
-  // Scratch of one step, kept to avoid allocating per token.
-  std::vector<float> h_, qkv_, att_, gate_, up_;
-  std::vector<float> delta_;   // (C): an attention or MLP output before it joins the residual
-  std::vector<float> scores_;  // (NH, capacity): one row of attention weights per query head
+  // Scratch of one block of up to kDecoderBlockRows rows, kept to avoid allocating per token.
+  std::vector<float> x_, h_, qkv_, att_, gate_, up_;
+  std::vector<float> delta_;   // (rows, C): an attention or MLP output before it joins the residual
+  std::vector<float> scores_;  // (threads, capacity): one row of attention weights per thread
 };
 
 }  // namespace remat

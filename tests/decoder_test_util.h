@@ -102,18 +102,62 @@ inline void check_decoder_parity(const Config& cfg, double perturb_scale, uint64
     serial->reset();  // each row is its own sequence, as in training
     threaded->reset();
     std::vector<double> got;
+    std::vector<std::vector<float>> at;  // the serial decoder's logits at each position
     bool same_bits = true;
     for (int64_t t = 0; t < T; ++t) {
-      const std::vector<float> logits = serial->forward(in[b * T + t]);
-      same_bits = same_bits && logits == threaded->forward(in[b * T + t]);
-      got.push_back(cross_entropy(logits, tgt[b * T + t]));
+      at.push_back(serial->forward(in[b * T + t]));
+      same_bits = same_bits && at.back() == threaded->forward(in[b * T + t]);
+      got.push_back(cross_entropy(at.back(), tgt[b * T + t]));
     }
     CHECK(serial->position() == T);
+    // A prompt prefilled as one block of rows, then token by token: the same bits throughout.
+    for (const int64_t k : {int64_t{1}, T / 2 + 1, T}) {
+      const std::unique_ptr<Decoder> prefilled = make_decoder(cfg.model, weights_of(*model), T, 0);
+      const std::vector<int32_t> prompt(in + b * T, in + b * T + k);
+      bool prefill_bits = prefilled->prefill(prompt) == at[static_cast<size_t>(k - 1)];
+      for (int64_t t = k; t < T; ++t)
+        prefill_bits =
+            prefill_bits && prefilled->forward(in[b * T + t]) == at[static_cast<size_t>(t)];
+      INFO("prefill of " << k << " tokens");
+      CHECK(prefill_bits);
+    }
     const std::vector<float> row(want.row_losses.begin() + b * T,
                                  want.row_losses.begin() + (b + 1) * T);
     CHECK(allclose(got, row, tol, fmt::format("{} row {}", model->describe(), b)));
     CHECK(same_bits);
   }
+}
+
+// A prompt of `n` tokens, more than one block of rows (kDecoderBlockRows), prefilled whole or in
+// part gives the bits of token-by-token decoding at every position after it; a prompt that does
+// not fit the cache, or holds a token outside the vocabulary, is refused before any of it enters.
+inline void check_prefill_blocks(const Config& cfg, int64_t n) {
+  cpu::CpuBackend be(1ull << 30, kTestThreads);
+  auto model = make_model(cfg, be);
+  perturb(*model, 0.05, 7);
+  const auto V = static_cast<int32_t>(cfg.model.vocab_size);
+  std::vector<int32_t> tokens;
+  for (int64_t i = 0; i < n; ++i) tokens.push_back(static_cast<int32_t>((i * 37 + 11) % V));
+  const std::unique_ptr<Decoder> serial = make_decoder(cfg.model, weights_of(*model), n);
+  std::vector<std::vector<float>> at;
+  for (int32_t t : tokens) at.push_back(serial->forward(t));
+  for (const int64_t k : {int64_t{130}, n}) {
+    const std::unique_ptr<Decoder> dec = make_decoder(cfg.model, weights_of(*model), n, 0);
+    bool same =
+        dec->prefill({tokens.begin(), tokens.begin() + k}) == at[static_cast<size_t>(k - 1)];
+    for (int64_t t = k; t < n; ++t)
+      same = same && dec->forward(tokens[static_cast<size_t>(t)]) == at[static_cast<size_t>(t)];
+    INFO("prefill of " << k << " of " << n << " tokens");
+    CHECK(same);
+  }
+  const std::unique_ptr<Decoder> dec = make_decoder(cfg.model, weights_of(*model), n);
+  dec->forward(1);
+  CHECK_THROWS_WITH(dec->prefill(tokens), Catch::Matchers::Contains("positions"));
+  std::vector<int32_t> bad(10, 1);
+  bad[5] = V;
+  CHECK_THROWS_AS(dec->prefill(bad), DataError);
+  CHECK(dec->position() == 1);
+  CHECK(dec->prefill({}).empty());
 }
 
 /// The TOML of a run through the binary on the CPU with one thread (see below): the bodies of

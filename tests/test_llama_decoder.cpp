@@ -84,6 +84,14 @@ TEST_CASE("llama decoder matches the training forward at every position", "[llam
   }
 }
 
+TEST_CASE("a llama prompt prefilled in blocks gives the bits of token-by-token decoding",
+          "[llama][sample]") {
+  test::check_prefill_blocks(parse_config(kParity, "llama-prefill",
+                                          {"model.n_kv_head=2", "model.head_dim=12",
+                                           "model.qk_norm=true", "model.attention_bias=true"}),
+                             300);
+}
+
 TEST_CASE("llama decoder checks weight shapes, the vocabulary and its capacity",
           "[llama][sample]") {
   const Config cfg = parse_config(kParity, "llama-sample-errors",

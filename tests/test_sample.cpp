@@ -98,6 +98,10 @@ TEST_CASE("decoder logits match the training forward at every position (rope)", 
   test::check_decoder_parity(parity_config("rope"), 0.05, 99, test::Tolerance{1e-4, 1e-6});
 }
 
+TEST_CASE("a prompt prefilled in blocks gives the bits of token-by-token decoding", "[sample]") {
+  test::check_prefill_blocks(parity_config("rope"), 300);
+}
+
 TEST_CASE("decoder checks weight shapes and the learned-position limit", "[sample]") {
   const Config cfg = parity_config("learned");
   cpu::CpuBackend be(1ull << 30, test::kTestThreads);
