@@ -108,6 +108,7 @@ struct BenchReport {
   std::string config, device, policy;
   bool frozen = false;  // LoRA: model FLOPs leave out the frozen weights' gradients
   int64_t batch_size = 0;
+  int64_t grad_accum = 1;  // micro-batches of batch_size rows per step
   int64_t seq_len = 0;     // a GPT's; 0 for the MLP, whose throughput is in rows
   int64_t loss_chunk = 0;  // rows per LM-head chunk as run (0: the MLP, or the default)
   std::vector<TimedStep> steps;
@@ -183,6 +184,7 @@ BenchReport make_report(const Config& cfg, const std::string& device, std::vecto
   r.policy = cfg.remat.plan.empty() ? cfg.remat.policy : "per-block plan";
   r.frozen = cfg.lora.enabled();
   r.batch_size = cfg.train.batch_size;
+  r.grad_accum = cfg.train.grad_accum;
   r.seq_len = cfg.model.has_sequence() ? cfg.train.seq_len : 0;
   r.loss_chunk = cfg.train.loss_chunk;
   std::vector<const TimedStep*> sorted;
@@ -227,8 +229,9 @@ BenchReport make_report(const Config& cfg, const std::string& device, std::vecto
 
 void print_text(const BenchReport& r) {
   const double step_s = r.median_step.ms / 1e3;
-  fmt::print("bench {}: {}, policy {}, batch {}{}\n", r.config, r.device, r.policy, r.batch_size,
-             r.seq_len > 0 ? fmt::format(" x seq_len {}", r.seq_len) : std::string());
+  fmt::print("bench {}: {}, policy {}, batch {}{}{}\n", r.config, r.device, r.policy, r.batch_size,
+             r.seq_len > 0 ? fmt::format(" x seq_len {}", r.seq_len) : std::string(),
+             r.grad_accum > 1 ? fmt::format(" x grad_accum {}", r.grad_accum) : std::string());
   if (!r.floors.empty())
     fmt::print(
         "floor: SGEMM 2048^3 {:.1f} GFLOP/s (median of {}, one after each step: {:.1f} to "
@@ -311,6 +314,7 @@ void print_json(const BenchReport& r) {
       {"device", r.device},
       {"policy", r.policy},
       {"batch_size", r.batch_size},
+      {"grad_accum", r.grad_accum},
       {"seq_len", r.seq_len > 0 ? json(r.seq_len) : json()},
       // The LM head's rows per chunk when the config or the budget set it (null: the default).
       {"loss_chunk", r.loss_chunk > 0 ? json(r.loss_chunk) : json()},
@@ -390,7 +394,9 @@ int run_bench(const BenchOptions& opt) {
   if (timed.empty()) return 128 + experiments::interrupt_signal();
   const BenchReport report =
       make_report(cfg, be.describe(), std::move(timed), std::move(untimed_ms),
-                  cfg.train.batch_size * (cfg.model.has_sequence() ? cfg.train.seq_len : 1));
+                  // Every micro-batch of the step counts, as train's tokens_per_s counts them.
+                  cfg.train.batch_size * cfg.train.grad_accum *
+                      (cfg.model.has_sequence() ? cfg.train.seq_len : 1));
   if (opt.json)
     print_json(report);
   else

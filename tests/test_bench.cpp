@@ -148,6 +148,17 @@ TEST_CASE("bench --json prints one document whose rows add up to the median step
 // time apart, or bench would file it under "no op" (as it did, 8% of the tutorial MLP's step), and
 // the teacher's FLOPs (2 B D^2), which bench shows apart from the training's. Token batches cost
 // none.
+TEST_CASE("bench counts every micro-batch of a step in its throughput", "[smoke]") {
+  const test::CliResult r = test::run_binary(
+      "bench --config configs/tiny.toml --steps 2 --json --set train.grad_accum=3", false);
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  const auto j = nlohmann::json::parse(r.out);
+  CHECK(j.at("grad_accum") == 3);
+  CHECK(j.at("throughput").get<double>() ==
+        Approx(3 * 16 * 64 / (j.at("step_ms").get<double>() / 1e3)).epsilon(1e-9));
+}
+
 TEST_CASE("a step reports the time its batch took, within the step's, and its FLOPs", "[bench]") {
   const Config cfg = parse_config(test::small_mlp_toml(2, 256, 2048), "mlp");
   cpu::CpuBackend be(1ull << 30, 2);
