@@ -1,7 +1,9 @@
 // `remat-train compare`: the checkpointing tutorial's exercise as a command. Trains the same
 // steps under each policy and prints one table: measured and predicted peak, median ms/step,
 // memory saved and time added relative to `none`, and whether losses and gradients were
-// bitwise identical to `none` (they must be on the CPU).
+// bitwise identical to `none` at the same tiling (they must be on the CPU: remat changes no
+// number, while tiling sums row tiles in another order, so a tiled policy is compared with
+// `none` at its tile size, which compare runs too).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -23,6 +25,8 @@ namespace {
 
 struct CompareRow {
   std::string policy;
+  int64_t tile_tokens = 0;  // the rows' tiling: policies compare bitwise within one
+  int64_t steps_done = 0;   // fewer than asked when a signal stopped the run
   uint64_t measured = 0, predicted = 0;
   double median_ms = 0;
   double recompute_overhead = 0;
@@ -45,6 +49,7 @@ CompareRow run_policy(const Config& base, const std::string& policy, int64_t ste
   const Planner planner(run_plan_target(be), make_run_parts);
   CompareRow row;
   row.policy = policy;
+  row.tile_tokens = cfg.remat.tile_tokens;
   // auto: the plan `train` would run with this budget.
   if (const std::optional<AutoPlan> chosen = resolve_auto(planner, cfg); chosen && !chosen->fits) {
     row.oom = true;
@@ -86,7 +91,10 @@ void train_policy(const Config& cfg, Backend& be, int64_t steps, CompareRow& row
   for (int64_t s = 0; s < steps && !experiments::interrupted(); ++s) {
     StepMetrics m = trainer.step();
     row.losses.push_back(m.loss);
-    ms.push_back(m.step_ms);
+    // The first step of a policy pays what no later one does (its pool's first touch of memory,
+    // the kernels' first calls): timed only when it is the only step.
+    if (s > 0 || steps == 1) ms.push_back(m.step_ms);
+    ++row.steps_done;
   }
   for (Param& p : parts.model->params()) {
     if (!p.trainable()) continue;  // a frozen parameter has no gradient
@@ -99,6 +107,13 @@ void train_policy(const Config& cfg, Backend& be, int64_t steps, CompareRow& row
   row.measured = be.pool().peak_bytes();
 }
 
+// The rows a row's bits are compared with: the first that ran to the end at its tiling.
+const CompareRow* bits_reference(const std::vector<CompareRow>& rows, const CompareRow& r) {
+  for (const CompareRow& c : rows)
+    if (!c.oom && c.steps_done == r.steps_done && c.tile_tokens == r.tile_tokens) return &c;
+  return nullptr;
+}
+
 bool same_bits(const CompareRow& a, const CompareRow& b) {
   if (a.oom || b.oom) return false;
   return a.losses.size() == b.losses.size() && a.grads.size() == b.grads.size() &&
@@ -106,23 +121,38 @@ bool same_bits(const CompareRow& a, const CompareRow& b) {
          std::memcmp(a.grads.data(), b.grads.data(), a.grads.size() * sizeof(float)) == 0;
 }
 
-void print_json(const std::vector<CompareRow>& rows, const CompareRow& ref, double none_peak) {
+// What a row's last column says: its bits against its reference's, or why there is no answer.
+std::string bits_verdict(const std::vector<CompareRow>& rows, const CompareRow& r) {
+  const CompareRow* ref = bits_reference(rows, r);
+  if (ref == nullptr) return "-";
+  if (!same_bits(r, *ref)) return "NO";
+  return r.tile_tokens > 0 ? fmt::format("yes (tile {})", r.tile_tokens) : "yes (bitwise)";
+}
+
+void print_json(const std::vector<CompareRow>& rows, const CompareRow& ref, double none_peak,
+                int64_t steps) {
   using json = nlohmann::ordered_json;  // keys in the order written: the policy first
   json out = json::array();
   for (const auto& r : rows) {
+    const bool interrupted = !r.oom && r.steps_done < steps;
     json j = {{"policy", r.policy},
-              {"status", r.oom ? "oom" : "ok"},
+              {"status", r.oom         ? "oom"
+                         : interrupted ? "interrupted"
+                                       : "ok"},
               {"predicted_peak_bytes", r.predicted},
               {"recompute_flops_overhead", r.recompute_overhead}};
     if (r.oom) {
       j["message"] = r.message;
+    } else if (interrupted) {
+      j["steps_done"] = r.steps_done;
     } else {
       j["measured_peak_bytes"] = r.measured;
       j["median_step_ms"] = r.median_ms;
       j["memory_saved"] = 1.0 - static_cast<double>(r.measured) / none_peak;
       j["time_added"] = r.median_ms / ref.median_ms - 1.0;
-      j["identical_to_none"] = same_bits(r, ref);
-      if (&ref != &rows.front()) j["compared_with"] = ref.policy;
+      const CompareRow* bits = bits_reference(rows, r);
+      j["identical_to_none"] = bits != nullptr && same_bits(r, *bits);
+      if (bits != nullptr && bits->policy != "none") j["compared_with"] = bits->policy;
     }
     out.push_back(j);
   }
@@ -138,7 +168,7 @@ void print_table(const Config& cfg, const std::vector<CompareRow>& rows, const C
       tiling_note(cfg), load_note());
   size_t w = 10;  // the policy column fits its longest entry ("full:tile=1024:offload=...")
   for (const auto& r : rows) w = std::max(w, r.policy.size());
-  const std::string same_as = &ref == &rows.front() ? "none" : ref.policy;
+  const std::string same_as = ref.policy == rows.front().policy ? "none" : ref.policy;
   fmt::print("{:<{}} {:>13} {:>13} {:>11} {:>8} {:>8} {:>10} {:>18}\n", "policy", w,
              "measured peak", "predicted", "ms/step", "saved", "time", "recompute",
              "same as " + same_as);
@@ -149,16 +179,44 @@ void print_table(const Config& cfg, const std::vector<CompareRow>& rows, const C
                  100.0 * r.recompute_overhead, "-");
       continue;
     }
+    if (r.steps_done < cfg.train.steps) {
+      fmt::print("{:<{}} interrupted after {} of {} steps: not compared\n", r.policy, w,
+                 r.steps_done, cfg.train.steps);
+      continue;
+    }
     fmt::print("{:<{}} {:>13} {:>13} {:>11.1f} {:>7.1f}% {:>+7.1f}% {:>9.1f}% {:>18}\n", r.policy,
                w, format_bytes(r.measured),
                r.predicted == r.measured ? "= measured" : format_bytes(r.predicted), r.median_ms,
                100.0 * (1.0 - static_cast<double>(r.measured) / none_peak),
                100.0 * (r.median_ms / ref.median_ms - 1.0), 100.0 * r.recompute_overhead,
-               same_bits(r, ref) ? "yes (bitwise)" : "NO");
+               bits_verdict(rows, r));
   }
   if (rows.front().oom)
     fmt::print("none does not fit the budget (predicted peak {}); saved is relative to that\n",
                format_bytes(rows.front().predicted));
+  if (std::any_of(rows.begin(), rows.end(), [](const CompareRow& r) { return r.tile_tokens > 0; }))
+    fmt::print(
+        "a tiled policy is compared with none at the same tile_tokens (tiling sums row tiles in "
+        "another order: within fp32 rounding of the untiled run, never bitwise)\n");
+}
+
+// The policies to run: none first, and a none at each tile size a policy asks for that none does
+// not run at yet (a tiled policy's bits are none's at that tiling).
+std::vector<std::string> with_references(const Config& cfg, std::vector<std::string> policies) {
+  if (policies.front() != "none") policies.insert(policies.begin(), "none");
+  std::vector<int64_t> tiles;  // the tilings a none runs at
+  for (size_t i = 0; i < policies.size(); ++i) {
+    const Config c = with_policy(cfg, policies[i]);
+    const int64_t tile = c.remat.tile_tokens;
+    if (std::find(tiles.begin(), tiles.end(), tile) != tiles.end()) continue;
+    if (c.remat.policy != "none") {
+      policies.insert(policies.begin() + static_cast<std::ptrdiff_t>(i),
+                      fmt::format("none:tile={}", tile));
+      ++i;
+    }
+    tiles.push_back(tile);
+  }
+  return policies;
 }
 
 }  // namespace
@@ -171,13 +229,28 @@ int run_compare(const CompareOptions& opt) {
   std::vector<std::string> defaults = builtin_policies();
   if (cfg.model.kind == ModelKind::Mlp)  // no attention: save_attn would be full
     defaults.erase(std::find(defaults.begin(), defaults.end(), "save_attn"));
-  std::vector<std::string> policies = parse_policies(opt.policies, defaults, "compare");
-  if (policies.front() != "none") policies.insert(policies.begin(), "none");
+  const std::vector<std::string> policies =
+      with_references(cfg, parse_policies(opt.policies, defaults, "compare"));
+  // Each policy's config as train would read it: a combination train refuses (none with
+  // offload) is refused here too, before the first step.
+  for (const std::string& p : policies) {
+    std::vector<std::string> with_p = sets;
+    for (std::string& o : policy_overrides(cfg, p)) with_p.push_back(std::move(o));
+    try {
+      (void)load_config(opt.config_path, with_p);
+    } catch (const ConfigError& e) {  // named by the entry the user wrote, not its --set
+      const std::string what = e.what();
+      const size_t tag = what.find("[config]");
+      throw ConfigError(fmt::format("--policies {}: {}", p,
+                                    tag == std::string::npos ? what : what.substr(tag)));
+    }
+  }
   experiments::install_interrupt_handler();
 
   std::vector<CompareRow> rows;
   std::optional<int64_t> head_chunk;
   for (const auto& p : policies) {
+    if (experiments::interrupted()) break;  // the rows so far, marked, then 128 + signal
     if (!opt.json) fmt::print(stderr, "compare: {} ({} steps)...\n", p, cfg.train.steps);
     rows.push_back(run_policy(cfg, p, cfg.train.steps, head_chunk));
   }
@@ -191,11 +264,15 @@ int run_compare(const CompareOptions& opt) {
   const double none_peak =
       static_cast<double>(rows.front().oom ? rows.front().predicted : rows.front().measured);
   if (opt.json)
-    print_json(rows, ref, none_peak);
+    print_json(rows, ref, none_peak, cfg.train.steps);
   else
     print_table(cfg, rows, ref, none_peak);
-  for (const auto& r : rows)
-    if (!r.oom && !same_bits(r, ref) && cfg.device.backend != BackendKind::Cuda) return 1;
+  for (const auto& r : rows) {
+    const CompareRow* bits = bits_reference(rows, r);
+    if (!r.oom && bits != nullptr && !same_bits(r, *bits) &&
+        cfg.device.backend != BackendKind::Cuda)
+      return 1;
+  }
   return experiments::interrupted() ? 128 + experiments::interrupt_signal() : 0;
 }
 

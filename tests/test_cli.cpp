@@ -7,8 +7,11 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 
+#include "tests/child_process.h"
 #include "tests/cli_util.h"
+#include "tests/temp_dir.h"
 
 using Catch::Matchers::Contains;
 
@@ -223,6 +226,51 @@ TEST_CASE("compare runs each policy and reports bitwise-identical results", "[sm
     CHECK(row["measured_peak_bytes"] == row["predicted_peak_bytes"]);
   }
   CHECK(j[1]["measured_peak_bytes"].get<uint64_t>() < j[0]["measured_peak_bytes"].get<uint64_t>());
+}
+
+TEST_CASE(
+    "compare checks a tiled policy against none at its tile size, and refuses what train does",
+    "[smoke]") {
+  // Tiling sums row tiles in another order than one product: a tiled full equals none at the same
+  // tile_tokens bit for bit (compare runs that none itself), not the untiled none.
+  Result r = run("compare --config configs/tiny.toml --steps 2 --policies full:tile=32 --json");
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  auto j = nlohmann::json::parse(r.out.substr(r.out.find('[')));
+  REQUIRE(j.size() == 3);
+  CHECK(j[1]["policy"] == "none:tile=32");
+  CHECK(j[2]["policy"] == "full:tile=32");
+  CHECK(j[2]["identical_to_none"] == true);
+  CHECK(j[2]["compared_with"] == "none:tile=32");
+  Result offload =
+      run("compare --config configs/tiny.toml --steps 2 --policies none:offload=checkpoints");
+  CHECK(offload.code == 2);
+  CHECK_THAT(offload.out, Contains("--policies none:offload=checkpoints: [config] remat.offload"));
+  Result twice = run("compare --config configs/tiny.toml --steps 2 --policies full,full");
+  CHECK(twice.code == 2);
+  CHECK_THAT(twice.out, Contains("\"full\" is listed twice"));
+}
+
+TEST_CASE("compare stopped by a signal marks the rows it did not finish and exits 128 + signal",
+          "[smoke]") {
+  remat::test::TempDir dir("compare-stop");
+  const std::string log = dir / "compare.json";
+  remat::test::Child c("compare --config configs/tiny.toml --steps 1000000 --json", log);
+  // The first policy is training by then (its steps are what the signal cuts short; a signal
+  // before its first step gives a row of 0 steps, marked the same way).
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  kill(c.pid, SIGTERM);
+  REQUIRE(c.wait(60));
+  CHECK(c.exit_code() == 128 + SIGTERM);
+  std::ifstream f(log);
+  const std::string out(std::istreambuf_iterator<char>(f), {});
+  INFO(out);
+  const auto j = nlohmann::json::parse(out.substr(out.find('[')));
+  REQUIRE(j.size() == 1);  // the policies after the signal never started
+  CHECK(j[0]["status"] == "interrupted");
+  CHECK(j[0]["steps_done"].get<int64_t>() < 1000000);
+  CHECK(j[0]["policy"] == "none");
+  CHECK_FALSE(j[0].contains("identical_to_none"));
 }
 
 TEST_CASE("the top-level help names the program and --config, and train takes --steps", "[smoke]") {

@@ -122,6 +122,12 @@ std::vector<std::string> parse_policies(const std::vector<std::string>& given,
   accepted.emplace_back("names");
   if (auto_refusal.empty()) accepted.emplace_back("auto");
   const std::vector<std::string>& policies = given.empty() ? defaults : given;
+  for (size_t i = 0; i < policies.size(); ++i)
+    if (std::find(policies.begin(), policies.begin() + static_cast<std::ptrdiff_t>(i),
+                  policies[i]) != policies.begin() + static_cast<std::ptrdiff_t>(i))
+      throw ConfigError(
+          fmt::format("--policies: [{}] \"{}\" is listed twice. Fix: name each policy once",
+                      command, policies[i]));
   for (const std::string& entry : policies) {
     const std::string p = parse_policy_variant(entry, command).policy;
     if (p == "auto" && !auto_refusal.empty())
