@@ -27,6 +27,7 @@
 #include "engine/core/units.h"
 #include "engine/cpu/blas_kernel.h"
 #include "engine/cpu/openmp_wait.h"
+#include "engine/experiments/interrupt.h"
 #include "engine/parallel/communicator.h"
 #include "engine/planner/planner.h"
 
@@ -779,6 +780,13 @@ int main(int argc, char** argv) {
   // A file over RLIMIT_FSIZE (ulimit -f, a quota-like limit) is a full disk: the write fails with
   // EFBIG and the error names the file, where SIGXFSZ's default would kill the run silently.
   std::signal(SIGXFSZ, SIG_IGN);
+  // A reader that goes away (`remat-train train ... | head`) is EPIPE on the next write, not a
+  // SIGPIPE that kills a training run between checkpoints: train stops after the step with its
+  // checkpoint, every command exits 128 + SIGPIPE without a word, as the shell expects.
+  std::signal(SIGPIPE, SIG_IGN);
+  const auto reader_gone = [](int err) {
+    return err == EPIPE || remat::experiments::interrupt_signal() == SIGPIPE;
+  };
   // What a command printed to stdout (sample's text, tokenize's ids, --json) must have reached
   // it: a full disk or a closed file is an error, not exit 0 with the output cut short.
   const auto stdout_lost = [] { return std::fflush(stdout) != 0 || std::ferror(stdout) != 0; };
@@ -790,13 +798,18 @@ int main(int argc, char** argv) {
   };
   try {
     const int code = run(argc, argv);
-    if (stdout_lost()) return stop_all_ranks(stdout_error(errno), kExitRuntime);
+    if (stdout_lost()) {
+      if (reader_gone(errno)) return 128 + SIGPIPE;
+      return stop_all_ranks(stdout_error(errno), kExitRuntime);
+    }
     remat::parallel::finalize_world();
     return code;
   } catch (const std::system_error& e) {
     // fmt::print throws this when a write to stdout fails (its message: "cannot write to file").
-    if (std::string_view(e.what()).find("cannot write to file") != std::string_view::npos)
+    if (std::string_view(e.what()).find("cannot write to file") != std::string_view::npos) {
+      if (reader_gone(e.code().value())) return 128 + SIGPIPE;
       return stop_all_ranks(stdout_error(e.code().value()), kExitRuntime);
+    }
     return stop_all_ranks(
         fmt::format("error: [internal] unexpected failure ({}). This is a bug: please report it",
                     e.what()),

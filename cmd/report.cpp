@@ -6,11 +6,13 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <system_error>
 #include <nlohmann/json.hpp>
 
 #include "engine/core/cpu_workspace.h"
@@ -18,6 +20,7 @@
 #include "engine/core/error.h"
 #include "engine/core/machine.h"
 #include "engine/core/units.h"
+#include "engine/experiments/interrupt.h"
 
 namespace remat::cli {
 
@@ -100,21 +103,23 @@ void Progress::update(const StepMetrics& m) {
   if (m.task_metric) line += fmt::format(" | {} {:.4f}", metric_name_, *m.task_metric);
   line += fmt::format(" | lr {:.2e} | {:.1f} ms/step | {:.0f} tok/s | peak {:.1f} MiB", m.lr,
                       m.step_ms, m.tokens_per_s, static_cast<double>(m.peak_bytes) / (1 << 20));
-  if (tty_) {
-    fmt::print(out_, "\r\033[K{}", line);
-    dirty_ = true;
-  } else {
-    fmt::print(out_, "{}\n", line);
-  }
-  std::fflush(out_);
+  write([&] {
+    if (tty_) {
+      fmt::print(out_, "\r\033[K{}", line);
+      dirty_ = true;
+    } else {
+      fmt::print(out_, "{}\n", line);
+    }
+  });
 }
 
 void Progress::note(const std::string& text) {
   if (quiet_) return;
-  if (dirty_) fmt::print(out_, "\n");
-  dirty_ = false;
-  fmt::print(out_, "{}\n", text);
-  std::fflush(out_);
+  write([&] {
+    if (dirty_) fmt::print(out_, "\n");
+    dirty_ = false;
+    fmt::print(out_, "{}\n", text);
+  });
 }
 
 void Progress::eval(int64_t step, double val_loss) {
@@ -123,8 +128,23 @@ void Progress::eval(int64_t step, double val_loss) {
 }
 
 void Progress::finish() {
-  if (dirty_) fmt::print(out_, "\n");
-  dirty_ = false;
+  if (quiet_) return;
+  write([&] {
+    if (dirty_) fmt::print(out_, "\n");
+    dirty_ = false;
+  });
+}
+
+void Progress::write(const std::function<void()>& print) {
+  try {
+    print();
+    if (std::fflush(out_) == 0) return;
+  } catch (const std::system_error&) {  // fmt's "cannot write to file"
+  }
+  // The output is gone (its reader closed the pipe: `train ... | head`; a full disk): the run
+  // stops after this step as a signal would stop it, with its checkpoint, and prints no more.
+  quiet_ = true;
+  experiments::request_stop(errno == EPIPE ? SIGPIPE : SIGTERM);
 }
 
 std::string tiling_note(const Config& cfg) {

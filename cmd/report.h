@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -77,6 +78,9 @@ class Progress {
   void finish();
 
  private:
+  /// Runs `print` and flushes; a write that fails (EPIPE: the reader is gone) stops the run as a
+  /// signal would (experiments::request_stop) and silences the progress, never throws.
+  void write(const std::function<void()>& print);
   std::FILE* out_;
   int64_t total_, every_;
   bool quiet_, tty_, dirty_ = false;

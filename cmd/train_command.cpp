@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <system_error>
 #include <memory>
 #include <optional>
 
@@ -790,7 +791,12 @@ int run_train(const TrainOptions& options) {
   resume.reset();  // unmaps the checkpoint's files before training
   experiments::install_interrupt_handler();
   const RunSummary summary = run.run(opt.stop_at, predicted);
-  if (!opt.quiet) print_summary(stdout, summary);
+  try {
+    if (!opt.quiet) print_summary(stdout, summary);
+  } catch (const std::system_error&) {
+    // stdout is gone (its reader closed the pipe, or its disk is full): main reports it once the
+    // metrics, which say everything the summary does, are closed.
+  }
   run.close_metrics();
   run.throw_data_change();  // exit 2 (a DataError), after the summary and metrics are written
   return summary.interrupted ? 128 + run.stop_signal() : 0;

@@ -604,6 +604,24 @@ TEST_CASE("a flag the parser refuses is one line, exit 2, naming the subcommand'
   }
 }
 
+TEST_CASE("a training run whose output's reader goes away stops with its checkpoint, exit 141",
+          "[hardening][smoke]") {
+  // `train ... | head`: SIGPIPE killed the run between checkpoints (exit 141, the steps lost).
+  // Now the failed write stops it after the step as SIGTERM would: checkpoint, metrics summary.
+  TempDir dir("hard-pipe");
+  const auto r = remat::test::run_in_source(
+      fmt::format("({} train --config configs/tiny.toml --steps 1000000 --set log.every=50 --set "
+                  "checkpoint.dir='\"{}\"' --metrics {}; echo $? > {}) | head -3 > /dev/null",
+                  REMAT_BINARY, dir / "ck", dir / "m.jsonl", dir / "rc"));
+  INFO(r.out);
+  CHECK(read_text(dir / "rc") == "141\n");
+  const std::string ckpt = remat::latest_checkpoint(dir / "ck");
+  REQUIRE_FALSE(ckpt.empty());
+  CHECK(remat::Checkpoint(ckpt).state().step < 1000000);
+  CHECK_THAT(read_text(dir / "m.jsonl"), Contains("\"summary\""));
+  CHECK_THAT(r.out, !Contains("error"));
+}
+
 TEST_CASE("an error quoting a newline or an escape sequence stays one line and inert",
           "[hardening][smoke]") {
   // A config path (or a tensor name from a file's header) is the user's or a file's text: a

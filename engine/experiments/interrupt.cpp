@@ -35,6 +35,12 @@ int interrupt_signal() {
 int interrupt_count() {
   return g_signal_count;
 }
+void request_stop(int sig) {
+  int none = 0;
+  g_signal.compare_exchange_strong(none, sig);
+  ++g_signal_count;
+}
+
 void install_interrupt_handler(bool second_signal_exits) {
   for (int sig : {SIGINT, SIGTERM, SIGHUP})
     std::signal(sig, second_signal_exits ? on_stop_signal : on_stop_signal_counted);

@@ -14,5 +14,8 @@ int interrupt_count();
 /// (sweep, fit --measure: parents of trials), every signal is only counted, so the parent can stop
 /// its child and clean up (engine/experiments/trial.cpp).
 void install_interrupt_handler(bool second_signal_exits = true);
+/// Asks the loop to stop as signal `sig` would (the first stop wins): train uses it when its
+/// output's reader is gone (SIGPIPE, which the process ignores to see EPIPE instead of dying).
+void request_stop(int sig);
 
 }  // namespace remat::experiments
