@@ -656,6 +656,9 @@ int run_train(const TrainOptions& options) {
   resolve_ranks(cfg, world);
   if (!cfg.log.metrics.empty()) cfg.log.metrics = rank_metrics_path(cfg.log.metrics, world.rank());
   check_output_paths(cfg);
+  // Every rank's paths pass before any rank writes: a refused rank aborts the job (main's
+  // stop_all_ranks) while the others wait here, before one of them truncates its metrics file.
+  if (world.size() > 1) world.barrier();
   // Before the folder is read (latest) or written: one run per checkpoint.dir, until exit. Rank 0
   // writes the checkpoints, so it holds the lock for the job.
   std::unique_ptr<RunLock> lock;

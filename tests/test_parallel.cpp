@@ -538,6 +538,9 @@ TEST_CASE("a failing rank stops every rank with its message", "[smoke][parallel]
   // would wait for rank 1 at the first gradient exchange forever.
   const std::string metrics = (dir.path / "m.jsonl").string();
   fs::create_directories(dir.path / "m.rank1.jsonl");
+  // Rank 0's file from an earlier run: kept, as a refused one-rank run keeps it (every rank's
+  // paths pass before any rank opens its file).
+  std::ofstream(metrics) << "{\"step\":1,\"loss\":1.0}\n";
   const auto t0 = std::chrono::steady_clock::now();
   const CliResult r = run_ranks(2, gpt_args(100000, "--metrics " + metrics));
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -546,6 +549,7 @@ TEST_CASE("a failing rank stops every rank with its message", "[smoke][parallel]
   CHECK(r.out.find("[rank 1] error:") != std::string::npos);
   CHECK(r.out.find("m.rank1.jsonl") != std::string::npos);
   CHECK(s < 60);
+  CHECK(fs::file_size(metrics) == 22);
 }
 
 TEST_CASE("a rank killed mid-run ends the whole job within seconds", "[smoke][parallel]") {
