@@ -619,6 +619,12 @@ void resolve_ranks(Config& cfg, const parallel::Communicator& world) {
         "{}: train.batch_size = {} does not split evenly over {} data-parallel groups. Fix: "
         "choose a multiple of {}",
         cfg.path, cfg.train.batch_size, p.data, p.data));
+  // The config's own check sees the ranks it names; the launcher's are known only here.
+  if (cfg.remat.offloads_weights() && n > 1)
+    throw ConfigError(fmt::format(
+        "{}: [remat] remat.offload = \"{}\" trains on one rank, and mpirun started {}. Fix: run "
+        "one rank, or offload less: \"checkpoints\" or \"checkpoints+optimizer\"",
+        origin("remat.offload"), cfg.remat.offload, n));
   p.rank = world.rank();
 }
 

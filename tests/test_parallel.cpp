@@ -651,6 +651,13 @@ TEST_CASE("parallel settings that cannot run are refused naming the key", "[smok
     CHECK(r.out.find("remat.offload = \"checkpoints\" with the sharded moments") !=
           std::string::npos);
   }
+  SECTION("weights in host memory on the ranks the launcher started (none named in [parallel])") {
+    const CliResult r =
+        run_ranks(2, gpt_args(2, "--set remat.offload=checkpoints+optimizer+weights"));
+    INFO(r.out);
+    CHECK(r.code == 2);
+    CHECK(r.out.find("trains on one rank, and mpirun started 2") != std::string::npos);
+  }
   SECTION("a subcommand other than train on several ranks") {
     const CliResult r = run_ranks(2, "plan --config configs/copy.toml");
     INFO(r.out);
