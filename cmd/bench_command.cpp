@@ -351,6 +351,13 @@ void print_json(const BenchReport& r) {
 int run_bench(const BenchOptions& opt) {
   std::vector<std::string> sets = opt.overrides;
   const int64_t steps = opt.steps > 0 ? opt.steps : 3;
+  // A median of a million steps is as exact as it gets; more would overflow the schedule below.
+  constexpr int64_t kMaxSteps = 1'000'000;
+  if (steps > kMaxSteps)
+    throw ConfigError(fmt::format(
+        "--steps {}: [bench] at most {} timed steps. Fix: give fewer (the median of a few is "
+        "the step's time)",
+        steps, kMaxSteps));
   // The schedule covers the warm-up (and the untimed steps of an asynchronous backend).
   sets.push_back(fmt::format("train.steps={}", 2 * steps + 1));
   Config cfg = load_config(opt.config_path, sets);

@@ -116,6 +116,13 @@ TEST_CASE("config errors name file, line, key and the fix", "[config]") {
              Contains("remat.attention_chunk") && Contains("out of range"));
   CHECK_THAT(error_of("[device]\nmemory = \"lots\"\n"),
              Contains("device.memory") && Contains("512MiB"));
+  // Exbibytes are a size, too large for a budget (was "not a size").
+  CHECK_THAT(error_of("[device]\nmemory = \"1EiB\"\n"),
+             Contains("device.memory") && Contains("out of range (at most 1024.00 TiB)"));
+  // A size with a range of its own says that range, not a memory budget's.
+  CHECK_THAT(error_of("[parallel]\nbucket_bytes = 0\n"),
+             Contains("parallel.bucket_bytes") && Contains("outside 4 KiB .. 4 GiB") &&
+                 !Contains("1 PiB"));
   CHECK_THAT(error_of("[model]\nkind = \"mlp\"\n[data]\ntask = \"copy\"\n"), Contains("data.task"));
   // From --set, a sequence model's key is ignored by the MLP (one override list sweeps both
   // kinds), unless it would change the model: a RoPE scaling the user expects to apply.

@@ -591,6 +591,9 @@ TEST_CASE("a flag the parser refuses is one line, exit 2, naming the subcommand'
        "takes flags only)"},
       {"train --config configs/tiny.toml --steps 2 --steps 3",
        "--steps given 2 times: it takes one value, give it once"},
+      // 2 x steps + 1 overflowed into a negative train.steps the user never set.
+      {"bench --config configs/tiny.toml --steps 4611686018427387904",
+       "--steps 4611686018427387904: [bench] at most 1000000 timed steps"},
       // NaN passes every range comparison; "-1" parsed as unsigned is 2^64 - 1.
       {"sample --checkpoint x --temperature nan", "--temperature: nan is not a number in [0, 100]"},
       {"sample --checkpoint x --seed -1", "--seed: -1 is not an integer in [0, "},

@@ -199,7 +199,9 @@ std::string read_string(const toml::node& n, const Origin& o) {
   return *n.value<std::string>();
 }
 
-uint64_t read_size(const toml::node& n, const Origin& o) {
+// A size in bytes; `budget`: a memory budget, held to memory_budget_problem's range (a size
+// with a range of its own, parallel.bucket_bytes, checks it where it is validated).
+uint64_t read_size(const toml::node& n, const Origin& o, bool budget = true) {
   if (g_describe) {
     *g_describe = {"size", "bytes or \"512MiB\", \"80GiB\", \"1.5GB\""};
     return 0;
@@ -208,7 +210,8 @@ uint64_t read_size(const toml::node& n, const Origin& o) {
   if (n.is_integer() && *n.value<int64_t>() >= 0) v = static_cast<uint64_t>(*n.value<int64_t>());
   if (n.is_string()) v = parse_size(*n.value<std::string>());
   if (!v) fail(o, "not a size", "write a size such as \"512MiB\", \"80GiB\" or \"1.5GB\"");
-  if (auto problem = memory_budget_problem(*v)) fail(o, *problem, kMemoryBudgetFix);
+  if (auto problem = memory_budget_problem(*v); problem && budget)
+    fail(o, *problem, kMemoryBudgetFix);
   return *v;
 }
 
@@ -550,7 +553,7 @@ const std::vector<KeySpec>& key_specs() {
       {"parallel", "context", "ranks that split each sequence (ring attention; rope GPTs)",
        [](Config& c, auto& n, auto& o) { c.parallel.context = read_int(n, o, 1, 1 << 16, false); }},
       {"parallel", "bucket_bytes", "gradient bytes per reduction exchange (two in flight)",
-       [](Config& c, auto& n, auto& o) { c.parallel.bucket_bytes = read_size(n, o); }},
+       [](Config& c, auto& n, auto& o) { c.parallel.bucket_bytes = read_size(n, o, false); }},
       {"parallel", "shard_optimizer",
        "ZeRO-1: each rank keeps and updates the AdamW moments of 1/ranks of the weights",
        [](Config& c, auto& n, auto& o) { c.parallel.shard_optimizer = read_bool(n, o); }},

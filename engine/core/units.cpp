@@ -48,11 +48,13 @@ std::optional<uint64_t> parse_size(std::string_view text) {
   else if (unit == "gib" || unit == "g") mult = 1024.0 * 1024 * 1024;
   else if (unit == "tib" || unit == "t") mult = 1024.0 * 1024 * 1024 * 1024;
   else if (unit == "pib" || unit == "p") mult = 1024.0 * 1024 * 1024 * 1024 * 1024;
+  else if (unit == "eib" || unit == "e") mult = 1024.0 * 1024 * 1024 * 1024 * 1024 * 1024;
   else if (unit == "kb") mult = 1e3;
   else if (unit == "mb") mult = 1e6;
   else if (unit == "gb") mult = 1e9;
   else if (unit == "tb") mult = 1e12;
   else if (unit == "pb") mult = 1e15;
+  else if (unit == "eb") mult = 1e18;
   else return std::nullopt;
   // clang-format on
   if (mult == 1 && v != std::floor(v)) return std::nullopt;  // "0.5": no such thing as half a byte
