@@ -327,7 +327,7 @@ TEST_CASE("directories and globs expand in a deterministic order", "[data]") {
   }
 }
 
-TEST_CASE("text: a directory's or a glob's empty files add no text; a named one is an error",
+TEST_CASE("text: a directory's or a glob's empty files add no text, and a named one is an error",
           "[data]") {
   TempDir dir;
   write_bytes(dir / "t/a.txt", "text");
