@@ -9,9 +9,9 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
-#include <system_error>
 #include <memory>
 #include <optional>
+#include <system_error>
 
 #include "cmd/commands.h"
 #include "cmd/report.h"
@@ -167,9 +167,14 @@ void place_resumed_checkpoints(Resumed& r) {
   namespace fs = std::filesystem;
   std::string& dir = r.cfg.checkpoint.dir;
   if (dir.empty()) return;  // this run writes no checkpoints
-  const fs::path here = fs::path(r.folder).parent_path();
+  // The folder above the step folder, however it was typed ("step_10" from inside the run's
+  // folder, "out/run/step_10/" with the shell's trailing slash).
+  fs::path step = fs::absolute(r.folder).lexically_normal();
+  if (!step.has_filename()) step = step.parent_path();
+  const fs::path here = step.parent_path();
   std::error_code ec1, ec2;
-  const bool same = fs::weakly_canonical(dir, ec1) == fs::weakly_canonical(here, ec2);
+  const fs::path a = fs::weakly_canonical(dir, ec1), b = fs::weakly_canonical(here, ec2);
+  const bool same = !ec1 && !ec2 && a == b;
   // Set here (the config file or --set), not read from the checkpoint's state.json.
   const auto origin = r.cfg.origins.find("checkpoint.dir");
   const bool set_here =
@@ -196,15 +201,20 @@ void refuse_later_steps(const Resumed& r) {
   const std::string& dir = r.cfg.checkpoint.dir;
   if (dir.empty()) return;
   const std::vector<std::string> later = step_entries_after(dir, r.state.step);
-  if (!later.empty())
-    throw CheckpointError(fmt::format(
-        "[checkpoint] {} holds {} after the resumed step {}: continuing there would replace {}. "
-        "Fix: resume the newest (--resume {}), or continue into a new folder with --set "
-        "'checkpoint.dir=\"DIR\"', or move {} out of {}",
-        dir, fmt::join(later, ", "), r.state.step, later.size() == 1 ? "it" : "them", dir,
-        later.size() == 1 ? "it" : "them", dir));
+  if (later.empty()) return;
+  const char* them = later.size() == 1 ? "it" : "them";
+  // "Resume the newest" only when a complete checkpoint is newer (an incomplete step_N folder
+  // would send --resume back to this one).
+  const std::string newest = latest_checkpoint(dir);
+  const bool newer =
+      !newest.empty() && newest != r.folder && read_checkpoint_state(newest).step > r.state.step;
+  throw CheckpointError(fmt::format(
+      "[checkpoint] {} holds {} after the resumed step {}: continuing there would replace {}. "
+      "Fix: {}continue into a new folder with --set 'checkpoint.dir=\"DIR\"', or move {} out "
+      "of {}",
+      dir, fmt::join(later, ", "), r.state.step, them,
+      newer ? fmt::format("resume the newest (--resume {}), or ", newest) : "", them, dir));
 }
-
 // A resumed run with no step left says so and writes nothing (no lock, metrics or checkpoint).
 bool nothing_to_train(const Resumed& r, const TrainOptions& opt) {
   const int64_t done = r.state.step, steps = r.cfg.train.steps;

@@ -309,6 +309,19 @@ TEST_CASE(
                              Catch::Matchers::Contains("the run continues in " + (tmp / "b")));
     CHECK(bytes_of(tmp / "a/step_00000020/model.safetensors") == before);
   }
+  SECTION("a step folder typed with the shell's trailing slash, or from inside its run") {
+    const auto slash =
+        run(fmt::format("train -q --resume {}/ --steps 25", tmp / "b/step_00000020"));
+    INFO(slash.out);
+    REQUIRE(slash.code == 0);
+    CHECK(fs::exists(tmp / "b/step_00000025/state.json"));
+    CHECK_FALSE(fs::exists(tmp / "b/step_00000020/step_00000025"));
+    const auto inside = test::run_command(fmt::format(
+        "cd {} && {} train -q --resume step_00000025 --steps 30", tmp / "b", REMAT_BINARY));
+    INFO(inside.out);
+    REQUIRE(inside.code == 0);
+    CHECK(fs::exists(tmp / "b/step_00000030/state.json"));
+  }
   SECTION("a moved run continues in the folder it was moved to") {
     fs::rename(tmp / "b", tmp / "moved");
     const auto moved = run(fmt::format("train --resume {} --steps 25", tmp / "moved"));
