@@ -49,9 +49,10 @@ CompareRow run_policy(const Config& base, const std::string& policy, int64_t ste
   const Planner planner(run_plan_target(be), make_run_parts);
   CompareRow row;
   row.policy = policy;
+  // auto: the plan `train` would run with this budget (its tiling too).
+  const std::optional<AutoPlan> chosen = resolve_auto(planner, cfg);
   row.tile_tokens = cfg.remat.tile_tokens;
-  // auto: the plan `train` would run with this budget.
-  if (const std::optional<AutoPlan> chosen = resolve_auto(planner, cfg); chosen && !chosen->fits) {
+  if (chosen && !chosen->fits) {
     row.oom = true;
     row.predicted = chosen->min_peak_bytes;
     row.message = chosen->infeasible_message();
@@ -107,10 +108,16 @@ void train_policy(const Config& cfg, Backend& be, int64_t steps, CompareRow& row
   row.measured = be.pool().peak_bytes();
 }
 
-// The rows a row's bits are compared with: the first that ran to the end at its tiling.
+// The row a row's bits are compared with: the first that ran to the end at its tiling, a none
+// (compare adds one at each tiling a policy asks for) or, when none does not fit, the row the
+// table's header names. Null when there is none: a tiling only auto chose, or whose none did not
+// fit (the row is not its own reference).
 const CompareRow* bits_reference(const std::vector<CompareRow>& rows, const CompareRow& r) {
+  const auto ran = [&](const CompareRow& c) { return !c.oom && c.steps_done == r.steps_done; };
+  const auto first = std::find_if(rows.begin(), rows.end(), ran);
   for (const CompareRow& c : rows)
-    if (!c.oom && c.steps_done == r.steps_done && c.tile_tokens == r.tile_tokens) return &c;
+    if (ran(c) && c.tile_tokens == r.tile_tokens)
+      return &c == &r && &c != &*first && !c.policy.starts_with("none") ? nullptr : &c;
   return nullptr;
 }
 
@@ -241,8 +248,8 @@ int run_compare(const CompareOptions& opt) {
     } catch (const ConfigError& e) {  // named by the entry the user wrote, not its --set
       const std::string what = e.what();
       const size_t tag = what.find("[config]");
-      throw ConfigError(fmt::format("--policies {}: {}", p,
-                                    tag == std::string::npos ? what : what.substr(tag)));
+      throw ConfigError(
+          fmt::format("--policies {}: {}", p, tag == std::string::npos ? what : what.substr(tag)));
     }
   }
   experiments::install_interrupt_handler();
