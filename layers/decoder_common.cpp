@@ -145,15 +145,22 @@ void attend(const CacheAttentionArgs& a, int64_t row, int64_t h, float* sc) {
 
 }  // namespace
 
-size_t cache_attention_scratch(int64_t capacity) {
-  return static_cast<size_t>(omp_get_max_threads()) * static_cast<size_t>(capacity);
+int cache_attention_threads() {
+  return omp_get_max_threads();
+}
+
+size_t cache_attention_scratch(int threads, int64_t capacity) {
+  return static_cast<size_t>(threads) * static_cast<size_t>(capacity);
 }
 
 void cache_attention(const CacheAttentionArgs& a, int64_t parallel_macs) {
   // (row, head) pairs are independent (each has its own row of scores): long caches and prompt
   // blocks split across threads, each thread on its own row of the scratch.
+  // No more threads than the scratch has rows for, whatever OpenMP's count became since.
   const int64_t pairs = a.rows * a.NH, n_last = a.first_pos + a.rows;
-#pragma omp parallel for schedule(dynamic, 1) if (2 * n_last * pairs * a.HS >= parallel_macs)
+  const int threads = std::min(omp_get_max_threads(), a.scratch_threads);
+#pragma omp parallel for schedule(dynamic, 1) \
+    num_threads(threads) if (2 * n_last * pairs * a.HS >= parallel_macs)
   for (int64_t i = 0; i < pairs; ++i)
     attend(a, i / a.NH, i % a.NH, a.scores + omp_get_thread_num() * a.capacity);
 }

@@ -37,7 +37,10 @@ float decoder_dot(const float* a, const float* b, int64_t n);
 /// result depends neither on `rows` nor on the thread count; several rows share each weight row
 /// while it is in cache (a prompt's rows: compute-bound, where one token's product is bound by
 /// reading the weights). Products of at least `parallel_macs` multiply-adds run on all OpenMP
-/// threads. Plain loops and intrinsics, not cblas_sgemm: see layers/gpt_decoder.cpp's header.
+/// threads. Intrinsics, not cblas_sgemm: a BLAS sums in an order of its own that changes with the
+/// number of rows (and threads one token's product at a cost above its arithmetic, as
+/// layers/gpt_decoder.cpp's header says), so a prompt's block would not give its rows the bits of
+/// one token at a time.
 void decoder_matmul(float* Y, const float* base, int64_t base_stride, const float* W,
                     const float* X, int64_t rows, int64_t out, int64_t in, int64_t parallel_macs);
 
@@ -66,7 +69,7 @@ class RopeTable {
 /// same arithmetic for any number of rows and threads.
 struct CacheAttentionArgs {
   float* out;             // (rows, NH, HS): softmax(q k^T / sqrt(HS)) v per row and head [=]
-  float* scores;          // (threads, capacity): scratch, one row of attention weights per thread
+  float* scores;          // (scratch_threads, capacity): one row of scores per thread
   const float* q;         // (rows, q_stride): each row's queries (NH, HS), rotated
   int64_t q_stride = 0;   // floats from one row's queries to the next
   const float* k_cache;   // (capacity, KVH, HS): keys, rotated
@@ -74,10 +77,13 @@ struct CacheAttentionArgs {
   int64_t first_pos = 0;  // the first row's position
   int64_t rows = 1;
   int64_t NH = 0, KVH = 0, HS = 0, capacity = 0;
+  int scratch_threads = 1;  // threads `scores` has rows for: the most cache_attention uses
 };
 void cache_attention(const CacheAttentionArgs& a, int64_t parallel_macs);
-/// The scratch cache_attention needs for `capacity` positions: one row of scores per thread.
-size_t cache_attention_scratch(int64_t capacity);
+/// The threads cache_attention may use from now on (OpenMP's count when the decoder is made),
+/// and the scratch they need for `capacity` positions: one row of scores each.
+int cache_attention_threads();
+size_t cache_attention_scratch(int threads, int64_t capacity);
 
 /// What Decoder::forward promises of its input: Error when the cache of `capacity` positions is
 /// full at `pos`, DataError for a token outside the vocabulary.

@@ -3,12 +3,14 @@
 // decoder_matmul (y = x W^T + b, as the training forward computes it), attention is each row's
 // queries against the cached keys of each head.
 //
-// The products are plain loops, not cblas_sgemv: at one token they are memory-bound, and
-// OpenBLAS threads every call, which for a small model costs more in OpenMP barriers than the
-// arithmetic (measured: 60 tokens of a C = 64 model took 6 s instead of 6 ms on a loaded
-// 2-core machine). Here a product runs on several threads only when it is large enough to pay
-// for the parallel region. The product, the RoPE table, the attention over the cache and the
-// weight loading are layers/decoder_common.h's, shared with the Llama family's decoder.
+// The products are decoder_matmul's own loops, not a BLAS: each output is one fixed-order dot
+// product, so a prompt's block gives its rows the bits of one token at a time; and at one token,
+// where the product is bound by reading the weights, OpenBLAS threads every call, which for a
+// small model costs more in OpenMP barriers than the arithmetic (measured: 60 tokens of a C = 64
+// model took 6 s instead of 6 ms on a loaded 2-core machine). Here a product runs on several
+// threads only when it is large enough to pay for the parallel region. The product, the RoPE table,
+// the attention over the cache and the weight loading are layers/decoder_common.h's, shared with
+// the Llama family's decoder.
 #include "layers/gpt_decoder.h"
 
 #include <fmt/format.h>
@@ -89,7 +91,8 @@ GptDecoder::GptDecoder(const ModelConfig& model, const WeightSource& weights, in
   qkv_.resize(rows * static_cast<size_t>(3 * C_));
   att_.resize(rows * static_cast<size_t>(C_));
   fc_.resize(rows * static_cast<size_t>(FF_));
-  scores_.resize(detail::cache_attention_scratch(capacity_));
+  scratch_threads_ = detail::cache_attention_threads();
+  scores_.resize(detail::cache_attention_scratch(scratch_threads_, capacity_));
 }
 
 void GptDecoder::load(const WeightSource& weights) {
@@ -148,7 +151,8 @@ void GptDecoder::block(Layer& l, float* x, int64_t rows) {
                            .NH = NH_,
                            .KVH = NH_,  // one key/value head per query head
                            .HS = HS_,
-                           .capacity = capacity_},
+                           .capacity = capacity_,
+                           .scratch_threads = scratch_threads_},
                           parallel_macs_);
   linear(x, att_.data(), l.proj_w, l.proj_b, rows, C_, C_, true, parallel_macs_);
   for (int64_t r = 0; r < rows; ++r) layernorm(&h_[r * C_], x + r * C_, l.ln2_w, l.ln2_b, C_);

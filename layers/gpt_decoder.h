@@ -64,7 +64,8 @@ class GptDecoder : public Decoder {
   detail::RopeTable rope_;  // empty with learned positions
   // Scratch of one block of up to kDecoderBlockRows rows, kept to avoid allocating per token.
   std::vector<float> x_, h_, qkv_, att_, fc_;
-  std::vector<float> scores_;  // (threads, capacity): one row of attention weights per thread
+  std::vector<float> scores_;  // (scratch_threads_, capacity): one row of scores per thread
+  int scratch_threads_ = 1;
 };
 
 }  // namespace remat

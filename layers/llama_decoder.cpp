@@ -68,8 +68,8 @@ LlamaDecoder::LlamaDecoder(const ModelConfig& model, const WeightSource& weights
   att_.resize(rows * static_cast<size_t>(NH_ * HS_));
   gate_.resize(rows * static_cast<size_t>(FF_));
   up_.resize(rows * static_cast<size_t>(FF_));
-  delta_.resize(rows * static_cast<size_t>(C_));
-  scores_.resize(detail::cache_attention_scratch(capacity_));
+  scratch_threads_ = detail::cache_attention_threads();
+  scores_.resize(detail::cache_attention_scratch(scratch_threads_, capacity_));
 }
 
 void LlamaDecoder::load(const WeightSource& weights) {
@@ -131,7 +131,8 @@ void LlamaDecoder::block(Layer& l, float* x, int64_t rows) {
                            .NH = NH_,
                            .KVH = KVH_,
                            .HS = HS_,
-                           .capacity = capacity_},
+                           .capacity = capacity_,
+                           .scratch_threads = scratch_threads_},
                           parallel_macs_);
   // x += o_proj(att): the sum's base is the residual itself.
   decoder_matmul(x, x, C_, l.proj_w.data(), att_.data(), rows, C_, NH_ * HS_, parallel_macs_);

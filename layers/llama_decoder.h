@@ -1,13 +1,12 @@
 // LlamaDecoder: the trained Llama-family model (layers/llama_model.cpp, layers/llama_block.cpp)
 // run on the host for generation, a prompt in blocks of rows and then one token at a time, with a
-// key/value cache per layer. The
-// cache holds the KVH key/value heads only, not one per query head: grouped-query attention's
-// saving, NH / KVH times less cache than multi-head attention of the same width. It reproduces
-// the training forward in structure (RMSNorm pre-norm blocks, the fused q | k | v projection
-// with its optional biases, the per-head q/k RMSNorm before RoPE, RoPE in the rotate_half layout
-// with engine/core/ops/rope.h's scaled frequencies and the attention kernel's angle table, SwiGLU,
-// the final RMSNorm and the tied or untied head), so its per-position losses equal the trainer's
-// within float rounding (tests/test_llama_decoder.cpp).
+// key/value cache per layer. The cache holds the KVH key/value heads only, not one per query
+// head: grouped-query attention's saving, NH / KVH times less cache than multi-head attention of
+// the same width. It reproduces the training forward in structure (RMSNorm pre-norm blocks, the
+// fused q | k | v projection with its optional biases, the per-head q/k RMSNorm before RoPE, RoPE
+// in the rotate_half layout with engine/core/ops/rope.h's scaled frequencies and the attention
+// kernel's angle table, SwiGLU, the final RMSNorm and the tied or untied head), so its
+// per-position losses equal the trainer's within float rounding (tests/test_llama_decoder.cpp).
 #pragma once
 
 #include <cstdint>
@@ -60,8 +59,8 @@ class LlamaDecoder : public Decoder {
   detail::RopeTable rope_;
   // Scratch of one block of up to kDecoderBlockRows rows, kept to avoid allocating per token.
   std::vector<float> x_, h_, qkv_, att_, gate_, up_;
-  std::vector<float> delta_;   // (rows, C): an attention or MLP output before it joins the residual
-  std::vector<float> scores_;  // (threads, capacity): one row of attention weights per thread
+  std::vector<float> scores_;  // (scratch_threads_, capacity): one row of scores per thread
+  int scratch_threads_ = 1;
 };
 
 }  // namespace remat
