@@ -111,6 +111,9 @@ TEST_CASE("a run refused before its first checkpoint leaves no folder of its own
   CHECK(fs::exists(dir / "c"));
   { remat::RunLock lock(dir / "d/e"); }
   CHECK_FALSE(fs::exists(dir / "d"));
+  // Named with a trailing slash, the folders it made are still each removed.
+  { remat::RunLock lock(dir / "f/g/"); }
+  CHECK_FALSE(fs::exists(dir / "f"));
 }
 
 TEST_CASE("a lock left by a SIGKILLed run does not block the resume", "[shared][lock][smoke]") {

@@ -91,20 +91,44 @@ std::vector<std::string> missing_folders(const std::filesystem::path& dir) {
 
 }  // namespace
 
-RunLock::RunLock(const std::string& dir)
-    : path_((std::filesystem::path(dir) / kLockName).string()) {
-  // A holder that removed the lock file between our open and our flock (a refused run cleaning
-  // up) leaves us a lock on nothing: open the path again, a few times at most.
-  for (int attempt = 0;; ++attempt) {
-    if (!lock(dir)) return;  // refused or unguarded: lock() said so
-    if (fd_ < 0 || still_named(fd_, path_) || attempt == 3) break;
-    ::close(fd_);
-    fd_ = -1;
-  }
-  if (fd_ >= 0) write_holder(fd_);
+namespace {
+
+// "out/run/" and "out/./run" as "out/run": the folders to create and remove are named once.
+std::string normal_folder(const std::string& dir) {
+  std::filesystem::path p = std::filesystem::path(dir).lexically_normal();
+  if (!p.has_filename() && p.has_parent_path()) p = p.parent_path();
+  return p.string();
 }
 
-bool RunLock::lock(const std::string& dir) {
+}  // namespace
+
+RunLock::RunLock(const std::string& folder)
+    : path_((std::filesystem::path(normal_folder(folder)) / kLockName).string()) {
+  const std::string dir = normal_folder(folder);
+  // A holder that removed the lock file and its folder between our open and our flock (a
+  // refused run cleaning up) leaves us a lock on nothing, or no file to open: open the path
+  // again, a few times at most.
+  constexpr int kAttempts = 5;
+  for (int attempt = 0; attempt < kAttempts; ++attempt) {
+    switch (lock(dir)) {
+      case Outcome::Unguarded:
+        return;  // warning_ says so
+      case Outcome::Locked:
+        if (still_named(fd_, path_)) {
+          write_holder(fd_);
+          return;
+        }
+        ::close(fd_);
+        fd_ = -1;
+        break;
+      case Outcome::Vanished:
+        break;
+    }
+  }
+  cannot_lock("keep the lock file", path_, ENOENT);
+}
+
+RunLock::Outcome RunLock::lock(const std::string& dir) {
   const std::vector<std::string> missing = missing_folders(dir);
   if (created_.empty()) created_ = missing;
   std::error_code ec;
@@ -119,12 +143,13 @@ bool RunLock::lock(const std::string& dir) {
     throw CheckpointError(
         fmt::format("[checkpoint] {}: the lock file is {}. Fix: remove it; a run creates its own",
                     path_, file.problem_text()));
+  if (!file.ok() && file.error() == ENOENT) return Outcome::Vanished;  // the folder went away
   if (!file.ok()) cannot_lock("open the lock file", path_, file.error());
   fd_ = file.release();
   int rc;
   do rc = ::flock(fd_, LOCK_EX | LOCK_NB);
   while (rc != 0 && errno == EINTR);
-  if (rc == 0) return true;
+  if (rc == 0) return Outcome::Locked;
   const int err = errno;
   if (locks_unsupported(err)) {
     warning_ = fmt::format(
@@ -135,7 +160,7 @@ bool RunLock::lock(const std::string& dir) {
     ::close(fd_);
     fd_ = -1;
     created_.clear();  // unguarded: nothing to clean up safely
-    return false;
+    return Outcome::Unguarded;
   }
   ::close(fd_);
   fd_ = -1;

@@ -31,7 +31,7 @@ class RunLock {
  public:
   /// Creates `dir` if needed and locks `dir`/.lock. Throws CheckpointError (exit 2) naming the
   /// folder, the holder (pid, host, start time) and the fix when another process holds it.
-  explicit RunLock(const std::string& dir);
+  explicit RunLock(const std::string& folder);
   ~RunLock();
   RunLock(const RunLock&) = delete;
   RunLock& operator=(const RunLock&) = delete;
@@ -42,9 +42,13 @@ class RunLock {
   const std::string& path() const { return path_; }
 
  private:
-  /// Creates the folder, opens and flocks the lock file: true when locked (fd_ holds it), false
-  /// when the file system has no locks (warning_ says so); throws when another run holds it.
-  bool lock(const std::string& dir);
+  enum class Outcome {
+    Locked,     // fd_ holds the lock (on the file the path named when it was opened)
+    Unguarded,  // the file system has no locks: warning_ says so
+    Vanished,   // the folder was removed before the file could be opened: try again
+  };
+  /// Creates the folder, opens and flocks the lock file; throws when another run holds it.
+  Outcome lock(const std::string& dir);
 
   std::string path_;
   int fd_ = -1;
