@@ -223,11 +223,12 @@ size_t edit_distance(std::string_view a, std::string_view b) {
 }
 
 // The flag of `cmd` a mistyped `--word` most likely meant ("" when none is close): one within a
-// third of its length in edits, or one whose words it contains (--max-tokens: --tokens).
+// third of its length in edits (at least one), or one whose words it contains (--max-tokens:
+// --tokens).
 std::string closest_flag(const CLI::App& cmd, std::string_view word) {
   const std::string_view bare = word.substr(0, word.find('='));
   std::string best;
-  size_t best_distance = std::max<size_t>(2, bare.size() / 3) + 1;
+  size_t best_distance = std::max<size_t>(1, bare.size() / 3) + 1;
   for (const CLI::Option* opt : cmd.get_options()) {
     for (const std::string& name : opt->get_lnames()) {
       const std::string flag = "--" + name;
@@ -255,11 +256,14 @@ std::string parse_error_text(const CLI::ParseError& e, const CLI::App* cmd) {
                          what.substr(at + std::strlen(": At Most 1 required but received ")));
   }
   if (dynamic_cast<const CLI::ExtrasError*>(&e) != nullptr && cmd != nullptr) {
-    const size_t colon = what.find(": ");
-    if (colon == std::string::npos) return what;
-    std::vector<std::string> extras;
-    std::istringstream words(what.substr(colon + 2));
-    for (std::string w; words >> w;) extras.insert(extras.begin(), w);
+    // The parser's list, in the order typed (an argument may hold spaces: "stray words").
+    std::vector<std::string> extras = cmd->remaining();
+    if (extras.empty()) {  // not the subcommand's: split the message's list, typed reversed
+      const size_t colon = what.find(": ");
+      if (colon == std::string::npos) return what;
+      std::istringstream words(what.substr(colon + 2));
+      for (std::string w; words >> w;) extras.insert(extras.begin(), w);
+    }
     for (const std::string& w : extras)
       if (w.size() > 1 && w[0] == '-') {
         const std::string guess = closest_flag(*cmd, w);
@@ -799,7 +803,10 @@ int main(int argc, char** argv) {
   try {
     const int code = run(argc, argv);
     if (stdout_lost()) {
-      if (reader_gone(errno)) return 128 + SIGPIPE;
+      if (reader_gone(errno)) {
+        remat::parallel::finalize_world();  // the ranks stopped together (train's stop signal)
+        return 128 + SIGPIPE;
+      }
       return stop_all_ranks(stdout_error(errno), kExitRuntime);
     }
     remat::parallel::finalize_world();

@@ -12,8 +12,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <system_error>
 #include <nlohmann/json.hpp>
+#include <system_error>
 
 #include "engine/core/cpu_workspace.h"
 #include "engine/core/cuda_workspace.h"
@@ -136,15 +136,19 @@ void Progress::finish() {
 }
 
 void Progress::write(const std::function<void()>& print) {
+  int err = 0;
   try {
     print();
     if (std::fflush(out_) == 0) return;
-  } catch (const std::system_error&) {  // fmt's "cannot write to file"
+    err = errno;
+  } catch (const std::system_error& e) {  // fmt's "cannot write to file"
+    err = e.code().value();
   }
-  // The output is gone (its reader closed the pipe: `train ... | head`; a full disk): the run
-  // stops after this step as a signal would stop it, with its checkpoint, and prints no more.
+  // The output is gone: no more progress. Its reader closed the pipe (`train ... | head`): the
+  // run stops after this step as SIGPIPE's default would stop it, but with its checkpoint and
+  // metrics. Another failure (a full disk under a redirect) lets the run go on; main reports it.
   quiet_ = true;
-  experiments::request_stop(errno == EPIPE ? SIGPIPE : SIGTERM);
+  if (err == EPIPE) experiments::request_stop(SIGPIPE);
 }
 
 std::string tiling_note(const Config& cfg) {

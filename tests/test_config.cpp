@@ -27,6 +27,8 @@ TEST_CASE("sizes and counts parse the way people write them", "[config]") {
   CHECK(parse_size("1.5GB") == 1500000000ull);
   CHECK(parse_size("2 gib") == 2ull << 30);
   CHECK(parse_size("4096") == 4096ull);
+  CHECK(parse_size("10EiB") == 10ull << 60);  // past 2^63 (llround overflowed there)
+  CHECK_FALSE(parse_size("16EiB"));         // 2^64: past uint64_t
   CHECK_FALSE(parse_size("12 parsecs"));
   CHECK_FALSE(parse_size("GiB"));
   CHECK(parse_count("4k") == 4096);

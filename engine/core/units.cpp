@@ -58,9 +58,9 @@ std::optional<uint64_t> parse_size(std::string_view text) {
   else return std::nullopt;
   // clang-format on
   if (mult == 1 && v != std::floor(v)) return std::nullopt;  // "0.5": no such thing as half a byte
-  double bytes = v * mult;
-  if (bytes > 1.8e19) return std::nullopt;
-  return static_cast<uint64_t>(std::llround(bytes));
+  const double bytes = std::round(v * mult);
+  if (bytes >= 0x1p64) return std::nullopt;  // 16 EiB and up: past uint64_t
+  return static_cast<uint64_t>(bytes);
 }
 
 std::optional<int64_t> parse_count(std::string_view text) {

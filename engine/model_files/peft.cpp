@@ -39,7 +39,8 @@ st::Reader open_adapter_weights(const std::string& path) {
     return st::Reader(path);
   } catch (const CheckpointError& e) {
     std::string what = e.what();
-    if (what.starts_with("[checkpoint] ")) what.replace(0, 12, "[peft]");
+    constexpr std::string_view kTag = "[checkpoint]";
+    if (what.starts_with(kTag)) what.replace(0, kTag.size(), "[peft]");
     const std::string folder_fix = "give a checkpoint folder or a .safetensors file";
     if (const size_t at = what.find(folder_fix); at != std::string::npos)
       what.replace(at, folder_fix.size(),
