@@ -3,9 +3,9 @@
 #pragma once
 
 #include <cstdio>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <optional>
-#include <functional>
 #include <string>
 #include <vector>
 
