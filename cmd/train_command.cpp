@@ -109,7 +109,8 @@ Resumed resumed_run(const std::string& folder, const TrainOptions& opt) {
   } catch (const ConfigError&) {
     // A refused change can leave the merged config invalid (lora.base = "fp32" beside the
     // checkpoint's double_quant): the change is what to report, not the checkpoint's line.
-    const std::vector<KeyChange> refused = refused_overrides(saved, opt.overrides);
+    const std::vector<KeyChange> refused =
+        refused_resume_changes(saved, opt.config_path, opt.overrides);
     if (!refused.empty()) refuse_resume_change(refused.front(), saved, folder);
     throw;
   }

@@ -366,7 +366,8 @@ TEST_CASE("peft: an adapter folder whose files lie is refused by file and key, n
     REQUIRE(::mkfifo((fs::path(dir) / peft::kConfigFile).c_str(), 0600) == 0);
     CHECK_THAT(refusal(dir), Contains("adapter_config.json: not a regular file"));
   }
-  // adapter_model.safetensors truncated or a FIFO: the adapter's file, tagged [peft] (docs/lora.md).
+  // adapter_model.safetensors truncated or a FIFO: the adapter's file, tagged [peft]
+  // (docs/lora.md).
   {
     TempDir t("peft-weights-lie");
     const std::string dir = adapter_with(t, [](Json&) {});
@@ -562,6 +563,14 @@ TEST_CASE("cli: a LoRA run starts from a PEFT adapter, checkpoints only it, and 
   CHECK(zero.code == 2);
   CHECK_THAT(zero.out, Contains("--set lora.rank=0: [checkpoint] lora.rank is 0 here but 4 in the "
                                 "checkpoint") &&
+                           !Contains("state.json:"));
+  // The same change from a config file names its line.
+  std::ofstream(tmp.path / "zero.toml") << "[lora]\nrank = 0\n";
+  const CliResult file = run_command(cd + "train --config zero.toml --resume ckpt");
+  INFO(file.out);
+  CHECK(file.code == 2);
+  CHECK_THAT(file.out, Contains("zero.toml:2:") &&
+                           Contains("[checkpoint] lora.rank is 0 here but 4 in the checkpoint") &&
                            !Contains("state.json:"));
 }
 

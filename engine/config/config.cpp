@@ -1505,15 +1505,27 @@ std::vector<KeyChange> config_changes(const Config& before, const Config& after)
   return out;
 }
 
-std::vector<KeyChange> refused_overrides(const Config& saved,
-                                         const std::vector<std::string>& overrides) {
+std::vector<KeyChange> refused_resume_changes(const Config& saved, const std::string& path,
+                                              const std::vector<std::string>& overrides) {
   const std::map<std::string, std::string> before = flat_keys(saved);
   std::vector<KeyChange> out;
+  auto consider = [&](const std::string& key, const std::string& after, const std::string& where) {
+    if (changes_on_resume(key) || key == "model.from_hf") return;  // from_hf: not read on resume
+    const auto it = before.find(key);
+    const std::string from = it != before.end() ? it->second : "(unset)";
+    if (from != after) out.push_back({key, from, after, where});
+  };
+  if (!path.empty() && path.rfind("hf:", 0) != 0) {
+    const std::string file = resolve_config_path(path);
+    for (auto&& [section, node] : parse_toml(read_config_file(file), file))
+      if (const toml::table* t = node.as_table())
+        for (auto&& [k, v] : *t)
+          consider(fmt::format("{}.{}", section.str(), k.str()), toml_literal(v),
+                   pos(file, v.source()));
+  }
   for (const std::string& o : overrides) {
     const size_t eq = o.find('=');
     if (eq == std::string::npos) continue;
-    const std::string key = o.substr(0, eq);
-    if (changes_on_resume(key)) continue;
     std::string after;
     try {
       const toml::table t = toml::parse("v = " + o.substr(eq + 1));
@@ -1522,9 +1534,7 @@ std::vector<KeyChange> refused_overrides(const Config& saved,
     } catch (const toml::parse_error&) {
       after = fmt::format("\"{}\"", o.substr(eq + 1));  // a bare word, as apply_override reads it
     }
-    const auto it = before.find(key);
-    const std::string from = it != before.end() ? it->second : "(unset)";
-    if (from != after) out.push_back({key, from, after, "--set " + o});
+    consider(o.substr(0, eq), after, "--set " + o);
   }
   return out;
 }

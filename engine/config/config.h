@@ -276,12 +276,13 @@ std::vector<KeyChange> config_changes(const Config& before, const Config& after)
 /// what does not change what a step computes from the weights and its batch. The model, the seed,
 /// the batch shape, the optimizer's settings and the data order may not.
 bool changes_on_resume(const std::string& key);
-/// The --set `overrides` that change a key changes_on_resume refuses from its value in `saved`,
-/// read from the override's text alone: what to report when such a change leaves the resumed
-/// config invalid (lora.base = "fp32" beside the checkpoint's lora.double_quant), where the
-/// validation would blame the checkpoint's own line.
-std::vector<KeyChange> refused_overrides(const Config& saved,
-                                         const std::vector<std::string>& overrides);
+/// The keys that the config file `path` (empty or "hf:DIR": none) and the --set `overrides` change
+/// from their values in `saved` where changes_on_resume refuses a change, read from their text
+/// alone: what to report when such a change leaves the resumed config invalid (lora.base =
+/// "fp32" beside the checkpoint's lora.double_quant), where the validation would blame the
+/// checkpoint's own line.
+std::vector<KeyChange> refused_resume_changes(const Config& saved, const std::string& path,
+                                              const std::vector<std::string>& overrides);
 
 /// Every config key as a Markdown table: key, type, default, what the parser accepts (read from
 /// the parser's own readers) and meaning. `remat-train keys` prints it; docs/configs.md shows it.
