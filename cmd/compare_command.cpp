@@ -230,7 +230,10 @@ std::vector<std::string> with_references(const Config& cfg, std::vector<std::str
 
 int run_compare(const CompareOptions& opt) {
   std::vector<std::string> sets = opt.overrides;
-  if (opt.steps > 0) sets.push_back(fmt::format("train.steps={}", opt.steps));
+  if (opt.steps > 0) {
+    sets.push_back(fmt::format("train.steps={}", opt.steps));
+    note_flag_override(sets.back(), fmt::format("--steps {}", opt.steps));
+  }
   const Config cfg = load_config(opt.config_path, sets);
   refuse_several_ranks(cfg, "compare");
   std::vector<std::string> defaults = builtin_policies();

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "cmd/commands.h"
+#include "cmd/report.h"
 #include "engine/config/config.h"
 #include "engine/config/config_path.h"
 #include "engine/config/policy.h"
@@ -611,7 +612,11 @@ int run(int argc, char** argv) {
                             &fit.config_path, &sweep.config_path, &bench.config_path})
     *path = remat::resolve_config_path(*path);
   if (train_cmd->parsed()) {
-    if (train_steps > 0) train.overrides.push_back(fmt::format("train.steps={}", train_steps));
+    if (train_steps > 0) {
+      train.overrides.push_back(fmt::format("train.steps={}", train_steps));
+      remat::cli::note_flag_override(train.overrides.back(),
+                                     fmt::format("--steps {}", train_steps));
+    }
     return remat::cli::run_train(train);
   }
   if (compare_cmd->parsed()) return remat::cli::run_compare(compare);
@@ -758,7 +763,7 @@ static const char* docs_page_of(const remat::Error& e) {
 
 static std::string error_line(const remat::Error& e) {
   const char* page = docs_page_of(e);
-  const std::string what = printable(e.what());
+  const std::string what = printable(remat::cli::with_flag_names(e.what()));
   return *page == 0 ? fmt::format("error: {}", what)
                     : fmt::format("error: {} (see {})", what, remat::docs_page_path(page));
 }

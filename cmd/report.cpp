@@ -86,6 +86,28 @@ std::vector<std::string> run_warnings(const Config& cfg, const std::string& hf_s
   return out;
 }
 
+namespace {
+std::vector<std::pair<std::string, std::string>>& flag_overrides() {
+  static std::vector<std::pair<std::string, std::string>> noted;
+  return noted;
+}
+}  // namespace
+
+void note_flag_override(const std::string& set, const std::string& flag) {
+  flag_overrides().emplace_back("--set " + set, flag);
+}
+
+std::string with_flag_names(std::string message) {
+  for (const auto& [set, flag] : flag_overrides())
+    for (size_t at = message.find(set); at != std::string::npos;
+         at = message.find(set, at + flag.size())) {
+      const size_t end = at + set.size();  // the whole override, not a prefix of a longer one
+      if (end < message.size() && message[end] != ':' && message[end] != ' ') continue;
+      message.replace(at, set.size(), flag);
+    }
+  return message;
+}
+
 Progress::Progress(std::FILE* out, int64_t total_steps, int64_t every, bool quiet,
                    std::string task_metric_name)
     : out_(out),
@@ -263,7 +285,10 @@ void refuse_several_ranks(const Config& cfg, const char* command) {
 
 void add_rank_sets(std::vector<std::string>& sets, const std::string& config_path,
                    std::optional<int64_t> ranks, std::optional<int64_t> context) {
-  if (context) sets.push_back(fmt::format("parallel.context={}", *context));
+  if (context) {
+    sets.push_back(fmt::format("parallel.context={}", *context));
+    note_flag_override(sets.back(), fmt::format("--context {}", *context));
+  }
   if (!ranks) return;
   const int64_t c = context ? *context : load_config(config_path, sets).parallel.context;
   if (*ranks % c != 0)
@@ -272,6 +297,7 @@ void add_rank_sets(std::vector<std::string>& sets, const std::string& config_pat
         "a multiple of {} ranks, or another --context",
         *ranks, *ranks, c, c));
   sets.push_back(fmt::format("parallel.data={}", *ranks / c));
+  note_flag_override(sets.back(), fmt::format("--ranks {}", *ranks));
 }
 
 std::string auto_remat_table(const AutoPlan& a, const PlanTarget& t) {

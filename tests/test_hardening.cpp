@@ -591,6 +591,10 @@ TEST_CASE("a flag the parser refuses is one line, exit 2, naming the subcommand'
        "takes flags only)"},
       {"train --config configs/tiny.toml --steps 2 --steps 3",
        "--steps given 2 times: it takes one value, give it once"},
+      // A flag a command turns into a key is named as typed, not as the --set it became.
+      {"plan --config configs/tiny.toml --seq-len 3", "error: --seq-len 3: [config] train.seq_len"},
+      {"plan --config configs/tiny.toml --batch-size 3 --ranks 2",
+       "error: --ranks 2: [config] parallel.data"},
       // 2 x steps + 1 overflowed into a negative train.steps the user never set.
       {"bench --config configs/tiny.toml --steps 4611686018427387904",
        "--steps 4611686018427387904: [bench] at most 1000000 timed steps"},
