@@ -441,7 +441,7 @@ std::vector<int32_t> HfTokenizer::encode(std::string_view text, bool add_special
       continue;
     }
     std::string normalized(text.substr(raw.begin, raw.end - raw.begin));
-    m.normalizer.apply(normalized);
+    const bool head = m.normalizer.apply(normalized);
     for (const Impl::Split& piece : m.find_added(normalized, m.normalized_tokens)) {
       if (piece.token) {
         ids.push_back(m.added[*piece.token].id);
@@ -449,7 +449,7 @@ std::vector<int32_t> HfTokenizer::encode(std::string_view text, bool add_special
       }
       if (piece.end == piece.begin) continue;
       words.assign(1, {normalized.substr(piece.begin, piece.end - piece.begin),
-                       raw.begin == 0 && piece.begin == 0});
+                       raw.begin == 0 && piece.begin == 0 && head});
       m.pre_tokenizer.apply(words);
       for (const Piece& w : words) m.model->encode_word(w.text, ids, &lost);
     }

@@ -120,10 +120,14 @@ const std::array<int16_t, 324>& byte_of_char() {
   return table;
 }
 
-void replace_all(std::string& s, const Pattern& pattern, const std::string& content) {
+// Returns whether a match at the start was replaced by nothing (the text then begins with what
+// came after it in the original).
+bool replace_all(std::string& s, const Pattern& pattern, const std::string& content) {
   std::vector<std::pair<size_t, size_t>> matches;
   pattern.find(s, matches);
-  if (matches.empty()) return;
+  if (matches.empty()) return false;
+  const bool head_removed =
+      content.empty() && matches.front().first == 0 && matches.front().second > 0;
   std::string out;
   size_t prev = 0;
   for (const auto& [b, e] : matches) {
@@ -133,6 +137,7 @@ void replace_all(std::string& s, const Pattern& pattern, const std::string& cont
   }
   out.append(s, prev, std::string::npos);
   s = std::move(out);
+  return head_removed;
 }
 
 // Code points of a (valid UTF-8) string, as the substrings they are.
@@ -317,7 +322,10 @@ Normalizer Normalizer::parse(const json& node, const std::string& where) {
   return n;
 }
 
-void Normalizer::apply(std::string& s) const {
+bool Normalizer::apply(std::string& s) const {
+  // Whether the first character still comes from the text's first (tokenizers' alignments:
+  // composed or prepended characters take the first one's, a replacement its match's).
+  bool head = true;
   for (const auto& step : steps_) {
     switch (step->kind) {
       case Step::Kind::Nfc:
@@ -330,7 +338,7 @@ void Normalizer::apply(std::string& s) const {
         if (!s.empty()) s = step->text + s;
         break;
       case Step::Kind::Replace:
-        replace_all(s, step->pattern, step->text);
+        if (replace_all(s, step->pattern, step->text)) head = false;
         break;
       case Step::Kind::Strip: {
         // Whitespace is the White_Space property (Rust's char::is_whitespace).
@@ -350,11 +358,13 @@ void Normalizer::apply(std::string& s) const {
           }
           end = run;
         }
+        if (begin > 0) head = false;
         s = s.substr(begin, end - begin);
         break;
       }
     }
   }
+  return head;
 }
 
 // ---- pre-tokenizers ----

@@ -53,7 +53,10 @@ class Normalizer {
  public:
   /// A null node is no normalizer.
   static Normalizer parse(const nlohmann::json& node, const std::string& where);
-  void apply(std::string& s) const;
+  /// Normalizes `s` in place. Returns whether its first character still comes from the first of
+  /// the text given (false when a Strip or an empty Replace removed it): Metaspace's
+  /// prepend_scheme "first" reads that, as tokenizers reads the original offsets.
+  bool apply(std::string& s) const;
   bool empty() const { return steps_.empty(); }
 
  private:

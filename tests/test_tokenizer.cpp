@@ -378,6 +378,35 @@ TEST_CASE("characters without a token are dropped and counted, as tokenizers dro
   CHECK(tok.decode(std::vector<int32_t>{2, 1}) == "ab b");  // no decoder: joined by spaces
 }
 
+TEST_CASE("Metaspace's prepend_scheme first reads where the text began before normalizing",
+          "[tokenizer]") {
+  // tokenizers prepends the replacement only to a word whose first character maps to the input's
+  // first (original offset 0): not after a Strip or an empty Replace removed the text's start.
+  // Expected ids from tokenizers 0.22.2 on these files.
+  TempDir tmp("metaspace-first");
+  const json metaspace = {{"type", "Metaspace"},
+                          {"replacement", "\u2581"},
+                          {"prepend_scheme", "first"},
+                          {"split", false}};
+  const json vocab = {{"\u2581", 0}, {"h", 1}, {"i", 2}, {"#", 3}};
+  auto file = [&](const char* name, const json& normalizer) {
+    write_file(
+        tmp / name,
+        tiny_json({{"normalizer", normalizer},
+                   {"pre_tokenizer", metaspace},
+                   {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", json::array()}}}}));
+    return HfTokenizer(tmp / name);
+  };
+  HfTokenizer strip =
+      file("strip.json", {{"type", "Strip"}, {"strip_left", true}, {"strip_right", false}});
+  CHECK(strip.encode(" hi", false) == std::vector<int32_t>{1, 2});
+  CHECK(strip.encode("hi", false) == std::vector<int32_t>{0, 1, 2});
+  HfTokenizer replace =
+      file("replace.json", {{"type", "Replace"}, {"pattern", {{"String", "#"}}}, {"content", ""}});
+  CHECK(replace.encode("#hi", false) == std::vector<int32_t>{1, 2});
+  CHECK(replace.encode("h#i", false) == std::vector<int32_t>{0, 1, 2});
+}
+
 TEST_CASE("bad tokenizer.json files and text are DataErrors naming the file, the part and the fix",
           "[tokenizer]") {
   TempDir tmp("badtok");
