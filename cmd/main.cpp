@@ -717,7 +717,7 @@ static const char* docs_page_of_tag(const std::string& message) {
       {"hf", "docs/hf.md"},
       {"export", "docs/hf.md"},
       {"sample", "docs/checkpoints.md"},
-      {"tokenizer", "docs/checkpoints.md"},
+      {"tokenizer", "docs/data.md"},
       {"checkpoint", "docs/checkpoints.md"},
       {"data", "docs/data.md"},
       {"parallel", "docs/multi-gpu.md"},

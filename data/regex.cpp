@@ -27,6 +27,42 @@ std::string pcre2_message(int code) {
 
 }  // namespace
 
+namespace {
+
+// Oniguruma's \w with Unicode (the onig crate's default): Alphabetic, marks, decimal digits and
+// connector punctuation. PCRE2's UCP \w is letters, numbers and '_' (No and Nl in, marks out).
+constexpr const char* kWord = R"(\p{Alphabetic}\p{M}\p{Nd}\p{Pc})";
+// Oniguruma's \h: a hexadecimal digit (PCRE2's is horizontal space).
+constexpr const char* kHexDigit = "0-9a-fA-F";
+
+[[noreturn]] void unsupported(const std::string& what) {
+  throw std::invalid_argument(
+      fmt::format("{}: Oniguruma, which tokenizers runs, reads it otherwise than PCRE2 does, and "
+                  "this build does not translate it",
+                  what));
+}
+
+// `set` (a class body) as an escape outside a class ([set]) or inside one (its body);
+// `negated` escapes have no body to put inside a class.
+void append_class(std::string& out, const char* set, bool negated, bool in_class,
+                  std::string_view escape) {
+  if (!in_class)
+    out += fmt::format("[{}{}]", negated ? "^" : "", set);
+  else if (!negated)
+    out += set;
+  else
+    unsupported(fmt::format("{} inside a character class", escape));
+}
+
+// An inline option group "(?imx-imx)" or "(?imx-imx:" at p[i] ('(' then '?'): its length, or 0.
+size_t option_group(std::string_view p, size_t i) {
+  size_t j = i + 2;
+  while (j < p.size() && (p[j] == 'i' || p[j] == 'm' || p[j] == 'x' || p[j] == '-')) ++j;
+  return j > i + 2 && j < p.size() && (p[j] == ')' || p[j] == ':') ? j - i : 0;
+}
+
+}  // namespace
+
 std::string oniguruma_to_pcre2(std::string_view p) {
   std::string out;
   out.reserve(p.size());
@@ -35,14 +71,28 @@ std::string oniguruma_to_pcre2(std::string_view p) {
     const char c = p[i];
     if (c == '\\' && i + 1 < p.size()) {
       const char d = p[i + 1];
-      if (d == 's')
-        out += in_class ? std::string(kWhiteSpace) : fmt::format("[{}]", kWhiteSpace);
-      else if (d == 'S' && !in_class)
-        out += fmt::format("[^{}]", kWhiteSpace);
+      const std::string_view escape = p.substr(i, 2);
+      if (d == 's' || d == 'S')
+        append_class(out, kWhiteSpace, d == 'S', in_class, escape);
+      else if (d == 'w' || d == 'W')
+        append_class(out, kWord, d == 'W', in_class, escape);
+      else if (d == 'h' || d == 'H')
+        append_class(out, kHexDigit, d == 'H', in_class, escape);
+      else if (d == 'b' || d == 'B')
+        unsupported(fmt::format("{} (a word boundary, of Oniguruma's words)", escape));
       else
-        out.append(p.substr(i, 2));  // any other escape, and what follows it, is PCRE2's too
+        out.append(escape);  // any other escape, and what follows it, is PCRE2's too
       i += 2;
       continue;
+    }
+    if (!in_class && c == '(' && i + 1 < p.size() && p[i + 1] == '?') {
+      // Oniguruma's option m is PCRE2's s (a dot matches a newline); ^ and $ are always line
+      // anchors there, as PCRE2_MULTILINE makes them (Regex's constructor sets it).
+      if (const size_t n = option_group(p, i)) {
+        for (char o : p.substr(i, n)) out += o == 'm' ? 's' : o;
+        i += n;
+        continue;
+      }
     }
     if (!in_class && c == '[') {
       // A ']' right after the opening '[' (or '[^') is a literal, not the end of the class.
@@ -61,6 +111,9 @@ std::string oniguruma_to_pcre2(std::string_view p) {
         continue;
       }
     }
+    if (in_class && c == '[') unsupported("a class inside a class ([a[bc]], [a-z&&[^c]])");
+    if (in_class && c == '&' && i + 1 < p.size() && p[i + 1] == '&')
+      unsupported("a class intersection (&&)");
     if (in_class && c == ']') in_class = false;
     out += c;
     ++i;
@@ -87,7 +140,7 @@ Regex::Regex(const std::string& pattern) : pattern_(pattern), compiled_(new Comp
   PCRE2_SIZE offset = 0;
   compiled_->code =
       pcre2_compile(reinterpret_cast<PCRE2_SPTR>(translated.data()), translated.size(),
-                    PCRE2_UTF | PCRE2_UCP, &error, &offset, nullptr);
+                    PCRE2_UTF | PCRE2_UCP | PCRE2_MULTILINE, &error, &offset, nullptr);
   if (!compiled_->code)
     throw std::invalid_argument(
         fmt::format("{} at offset {}", pcre2_message(error), std::min<size_t>(offset, 1u << 30)));

@@ -310,6 +310,24 @@ TEST_CASE(
   Regex("x*").find_all("axb", m);  // no empty match where the last match ended
   CHECK(m == std::vector<std::pair<size_t, size_t>>{{0, 0}, {1, 2}, {3, 3}});
   CHECK_THROWS_WITH(Regex("(a"), Contains("offset"));
+  // Oniguruma's readings of what PCRE2 reads otherwise (tokenizers 0.22.2's matches): \w is
+  // Alphabetic, marks, Nd and Pc; \h a hex digit; ^ and $ line anchors; option m a dotall.
+  const auto matches = [](const std::string& pattern, std::string_view text) {
+    std::vector<std::pair<size_t, size_t>> out;
+    Regex(pattern).find_all(text, out);
+    return out;
+  };
+  CHECK(matches(R"(\w)", "x \u2460 e\u0301 \u203f") ==
+        std::vector<std::pair<size_t, size_t>>{{0, 1}, {6, 7}, {7, 9}, {10, 13}});
+  CHECK(matches(R"(\h+)", "cafe 12 xyz") ==
+        std::vector<std::pair<size_t, size_t>>{{0, 4}, {5, 7}});
+  CHECK(matches(R"(\w+$)", "ab cd\nef gh\n") ==
+        std::vector<std::pair<size_t, size_t>>{{3, 5}, {9, 11}});
+  CHECK(matches("(?m)a.+", "ab cd\nef") == std::vector<std::pair<size_t, size_t>>{{0, 8}});
+  // What this build cannot translate is refused, never read another way.
+  CHECK_THROWS_WITH(Regex("[a-z&&[^c]]"), Contains("class intersection"));
+  CHECK_THROWS_WITH(Regex(R"([^\S\n])"), Contains(R"(\S inside a character class)"));
+  CHECK_THROWS_WITH(Regex(R"(\bab)"), Contains("word boundary"));
 }
 
 TEST_CASE("split behaviors cut a piece as tokenizers' SplitDelimiterBehavior does", "[tokenizer]") {
