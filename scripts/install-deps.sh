@@ -3,6 +3,21 @@
 # Idempotent: packages already present are skipped, so a second run takes well under a second.
 set -euo pipefail
 
+case "${1-}" in
+  "") ;;
+  -h | --help)
+    echo "usage: scripts/install-deps.sh   (no arguments: installs the missing Debian packages"
+    echo "that remat-train builds against, with apt-get, through sudo when not root; nothing"
+    echo "when every one is present. \`make run\` and \`make test\` run it.)"
+    exit 0
+    ;;
+  *)
+    echo "error: install-deps.sh takes no arguments, got '$1'. Fix: run scripts/install-deps.sh" \
+      "alone (--help says what it does)" >&2
+    exit 2
+    ;;
+esac
+
 packages=(
   build-essential cmake
   libcli11-dev libtomlplusplus-dev catch2 nlohmann-json3-dev libfmt-dev
