@@ -28,7 +28,7 @@ TEST_CASE("sizes and counts parse the way people write them", "[config]") {
   CHECK(parse_size("2 gib") == 2ull << 30);
   CHECK(parse_size("4096") == 4096ull);
   CHECK(parse_size("10EiB") == 10ull << 60);  // past 2^63 (llround overflowed there)
-  CHECK_FALSE(parse_size("16EiB"));         // 2^64: past uint64_t
+  CHECK_FALSE(parse_size("16EiB"));           // 2^64: past uint64_t
   CHECK_FALSE(parse_size("12 parsecs"));
   CHECK_FALSE(parse_size("GiB"));
   CHECK(parse_count("4k") == 4096);
@@ -122,9 +122,9 @@ TEST_CASE("config errors name file, line, key and the fix", "[config]") {
   CHECK_THAT(error_of("[device]\nmemory = \"1EiB\"\n"),
              Contains("device.memory") && Contains("out of range (at most 1024.00 TiB)"));
   // A size with a range of its own says that range, not a memory budget's.
-  CHECK_THAT(error_of("[parallel]\nbucket_bytes = 0\n"),
-             Contains("parallel.bucket_bytes") && Contains("outside 4 KiB .. 4 GiB") &&
-                 !Contains("1 PiB"));
+  CHECK_THAT(error_of("[parallel]\nbucket_bytes = 0\n"), Contains("parallel.bucket_bytes") &&
+                                                             Contains("outside 4 KiB .. 4 GiB") &&
+                                                             !Contains("1 PiB"));
   CHECK_THAT(error_of("[model]\nkind = \"mlp\"\n[data]\ntask = \"copy\"\n"), Contains("data.task"));
   // From --set, a sequence model's key is ignored by the MLP (one override list sweeps both
   // kinds), unless it would change the model: a RoPE scaling the user expects to apply.
@@ -137,6 +137,12 @@ TEST_CASE("config errors name file, line, key and the fix", "[config]") {
                  Contains("Fix:"));
   CHECK_THAT(error_of("[model]\nposition = \"rope\"\nn_embd = 12\nn_head = 4\n"),
              Contains("even head size"));
+  // a key or table given twice: the line says which (toml++ garbled a quoted key's name)
+  CHECK_THAT(error_of("[train]\nseq_len = 64\n\"seq_len\" = 32\n"),
+             Contains("bad.toml:3: [config] `\"seq_len\" = 32` defines a key or table given "
+                      "earlier") &&
+                 Contains("Fix: keep one of them"));
+  CHECK_THAT(error_of("[train]\nsteps = 1\n[train]\n"), Contains("bad.toml:3: [config] `[train]`"));
   // unknown section and syntax errors
   CHECK_THAT(error_of("[optimizer]\nlr = 1\n"), Contains("unknown section [optimizer]"));
   CHECK_THAT(error_of("[model\nn_layer = 2\n"),

@@ -1083,9 +1083,25 @@ toml::table parse_toml(const std::string& toml_text, const std::string& name) {
   try {
     return toml::parse(toml_text, name);
   } catch (const toml::parse_error& e) {
+    const auto line = e.source().begin.line;
+    // toml++ words a key given twice with the key garbled when it is quoted ('"seseq_len" '): the
+    // line itself says what is repeated.
+    if (std::string_view(e.description()).find("cannot redefine existing") !=
+        std::string_view::npos) {
+      std::string text;
+      std::istringstream lines(toml_text);
+      for (std::uint32_t i = 0; i < line && std::getline(lines, text); ++i) {
+      }
+      while (!text.empty() && (text.back() == '\r' || text.back() == ' ')) text.pop_back();
+      const size_t first = text.find_first_not_of(" \t");
+      throw ConfigError(fmt::format(
+          "{}:{}: [config] `{}` defines a key or table given earlier in this file (TOML allows "
+          "each once). Fix: keep one of them",
+          name, line, first == std::string::npos ? text : text.substr(first)));
+    }
     throw ConfigError(fmt::format(
         "{}:{}:{}: [config] TOML syntax error: {}. Fix: correct the syntax at that position", name,
-        e.source().begin.line, e.source().begin.column, e.description()));
+        line, e.source().begin.column, e.description()));
   }
 }
 
