@@ -23,7 +23,40 @@ class BadInput(Exception):
     pass
 
 
+def is_number(v):
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v
+
+
+def check_records(path, obj, key, fields, nullable=()):
+    """obj[key]: a list of objects whose `fields` are numbers (those in `nullable` may be null:
+    a position bin the loss masks left empty)."""
+    records = obj[key]
+    ok = isinstance(records, list) and all(
+        isinstance(r, dict) and all(is_number(r.get(f)) or (f in nullable and f in r and
+                                                              r[f] is None) for f in fields)
+        for r in records)
+    if not ok:
+        raise BadInput(f"{path}: \"{key}\" is not a list of objects with numeric "
+                       f"{', '.join(fields)}. Fix: {FIX_FILE}")
+
+
+def check_fields(path, obj, kind):
+    """What the plots read, with the types they read them as."""
+    if kind == "loss_by_position":
+        check_records(path, obj, "bins", ("first", "last", "loss", "tokens"), nullable=("loss",))
+        if not is_number(obj.get("loss")):
+            raise BadInput(f"{path}: no numeric \"loss\". Fix: {FIX_FILE}")
+        return
+    check_records(path, obj, "cells", ("length", "depth", "tasks", "exact"))
+    for key in ("lengths", "depths"):
+        if not (isinstance(obj[key], list) and obj[key] and all(map(is_number, obj[key]))):
+            raise BadInput(f"{path}: \"{key}\" is not a list of numbers. Fix: {FIX_FILE}")
+
+
 def read_eval(path):
+    # A FIFO or a device would be waited on, a folder fails later: regular files only.
+    if os.path.exists(path) and not os.path.isfile(path):
+        raise BadInput(f"{path}: not a regular file. Fix: {FIX_FILE}")
     try:
         with open(path, encoding="utf-8") as f:
             obj = json.load(f)
@@ -39,6 +72,7 @@ def read_eval(path):
     missing = [k for k in need[kind] if k not in obj]
     if missing:
         raise BadInput(f"{path}: a {kind} result without {', '.join(missing)}. Fix: {FIX_FILE}")
+    check_fields(path, obj, kind)
     return obj
 
 

@@ -21,8 +21,14 @@ class BadInput(Exception):
         self.code = code
 
 
+def is_number(v):
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v
+
+
 def read_run(path):
     """(step rows, summary or None) of one metrics file; event lines are skipped."""
+    if os.path.exists(path) and not os.path.isfile(path):  # a FIFO would be waited on
+        raise BadInput(f"{path}: not a regular file. Fix: {FIX_FILE}", 2)
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read()
@@ -47,6 +53,9 @@ def read_run(path):
         if obj.get("event") == "resume":
             # A run killed after its last checkpoint logged steps that the resume does again: keep
             # the resumed ones, or the curves would run backwards.
+            if not is_number(obj.get("step", 0)):
+                raise BadInput(f"{path}:{n}: a resume event whose step is not a number. "
+                               f"Fix: {FIX_FILE}", 2)
             rows = [r for r in rows if r["step"] <= obj.get("step", 0)]
             continue
         if "event" in obj:
@@ -57,6 +66,11 @@ def read_run(path):
         missing = [k for k in ("step", "loss", "tokens_per_s", "peak_bytes") if k not in obj]
         if missing:
             raise BadInput(f"{path}:{n}: a step line without {', '.join(missing)}. Fix: {FIX_FILE}", 2)
+        # A loss may be NaN or null (a diverged step: remat-train writes null); the rest is drawn.
+        wrong = [k for k in ("step", "tokens_per_s", "peak_bytes") if not is_number(obj[k])]
+        if wrong or not (is_number(obj["loss"]) or obj["loss"] is None):
+            raise BadInput(f"{path}:{n}: a step line whose {', '.join(wrong or ['loss'])} is not a "
+                           f"number. Fix: {FIX_FILE}", 2)
         rows.append(obj)
     if not rows:
         raise BadInput(f"{path}: no step lines. Fix: {FIX_FILE} (after at least one step)", 2)
@@ -142,7 +156,8 @@ def main(argv):
     except ValueError as e:  # an extension matplotlib cannot write
         print(f"error: [plot] {out}: {e}. Fix: end --out with .png", file=sys.stderr)
         return 2
-    print(f"wrote {out}")
+    # matplotlib adds .png to a name without an extension: say the file it wrote.
+    print(f"wrote {out if os.path.splitext(out)[1] else out + '.png'}")
     return 0
 
 

@@ -10,20 +10,22 @@ import json
 import os
 import sys
 
-try:
-    import matplotlib
-except ImportError:
-    sys.exit(
-        f"plot_sweep.py: {sys.executable} has no matplotlib. Fix: install python3-matplotlib "
-        "(scripts/install-deps.sh) and run this script with /usr/bin/python3, or pip install "
-        "matplotlib for this interpreter"
-    )
-
-matplotlib.use("Agg")  # files only, no display needed
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: E402
-
 MIB = 1024.0 * 1024.0
+
+
+def import_matplotlib():
+    """pyplot and the tickers, or None (the message said why)."""
+    try:
+        import matplotlib
+    except ImportError:
+        print(f"plot_sweep.py: {sys.executable} has no matplotlib. Fix: install "
+              "python3-matplotlib (scripts/install-deps.sh) and run this script with "
+              "/usr/bin/python3, or pip install matplotlib for this interpreter", file=sys.stderr)
+        return None
+    matplotlib.use("Agg")  # files only, no display needed
+    import matplotlib.pyplot as plt
+    from matplotlib import ticker
+    return plt, ticker
 
 
 def fmt_mib(mib):
@@ -53,14 +55,31 @@ def main(argv):
         return 2
     folder = argv[1]
     path = os.path.join(folder, "sweep.json")
+    fix = f"run `remat-train sweep --out {folder}` first"
+    if os.path.exists(path) and not os.path.isfile(path):  # a FIFO would be waited on
+        print(f"error: [plot] {path}: not a regular file. Fix: {fix}", file=sys.stderr)
+        return 2
     try:
-        with open(path) as f:
+        with open(path, encoding="utf-8") as f:
             sweep = json.load(f)
     except OSError as e:
-        print(f"error: [plot] cannot read {path}: {e.strerror}. Fix: run `remat-train sweep --out {folder}` first",
-              file=sys.stderr)
+        print(f"error: [plot] cannot read {path}: {e.strerror}. Fix: {fix}", file=sys.stderr)
+        return 2
+    except ValueError as e:  # not JSON, or not UTF-8
+        print(f"error: [plot] {path}: not JSON ({e}). Fix: {fix}", file=sys.stderr)
+        return 2
+    mpl = import_matplotlib()
+    if mpl is None:
         return 1
+    try:
+        return plot(sweep, folder, *mpl)
+    except (KeyError, TypeError, AttributeError, ValueError, IndexError) as e:
+        print(f"error: [plot] {path}: not the sweep.json remat-train writes ({type(e).__name__}: "
+              f"{e}). Fix: {fix}", file=sys.stderr)
+        return 2
 
+
+def plot(sweep, folder, plt, ticker):
     points = sweep["points"]
     policies = [p for p in sweep["policies"] if any(q["policy"] == p for q in points)]
     fig, (ax_mem, ax_tok) = plt.subplots(1, 2, figsize=(10, 4), dpi=90)
@@ -100,9 +119,9 @@ def main(argv):
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
     ax_mem.set_yscale("log", base=2)  # ticks at 16, 24, 32, 48, 64 ... MiB
-    ax_mem.yaxis.set_major_locator(LogLocator(base=2, subs=(1.0, 1.5), numticks=12))
-    ax_mem.yaxis.set_major_formatter(FuncFormatter(lambda v, _: fmt_mib(v)))
-    ax_mem.yaxis.set_minor_formatter(NullFormatter())
+    ax_mem.yaxis.set_major_locator(ticker.LogLocator(base=2, subs=(1.0, 1.5), numticks=12))
+    ax_mem.yaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: fmt_mib(v)))
+    ax_mem.yaxis.set_minor_formatter(ticker.NullFormatter())
     ax_mem.tick_params(axis="y", labelsize=8)
     ax_mem.set_ylabel("peak memory")
     ax_mem.set_title("peak memory vs seq_len", fontsize=10)

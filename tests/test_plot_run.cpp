@@ -2,6 +2,7 @@
 // policies drawn into one PNG; without matplotlib, or given a broken file, one line with the fix.
 // Tagged [smoke].
 #include <fmt/format.h>
+#include <sys/stat.h>
 
 #include <catch2/catch.hpp>
 #include <cstdlib>
@@ -98,4 +99,24 @@ TEST_CASE(
   CHECK_THAT(missing.out, Contains("error: [plot] " + (dir / "none.jsonl") + ": cannot read") &&
                               Contains("Fix:"));
   CHECK_FALSE(std::filesystem::exists(dir / "bad.png"));
+  // Fields of the wrong type and a FIFO: one line each, never a traceback or a wait.
+  std::ofstream(dir / "types.jsonl")
+      << "{\"step\": \"x\", \"loss\": 1, \"tokens_per_s\": 9, "
+         "\"peak_bytes\": 4}\n{\"event\": \"resume\", \"step\": 1}\n";
+  auto types = sh(fmt::format("{} scripts/plot_run.py {}", python, dir / "types.jsonl"));
+  CHECK(types.code == 2);
+  CHECK_THAT(types.out, Contains("types.jsonl:1: a step line whose step is not a number") &&
+                            !Contains("Traceback"));
+  REQUIRE(::mkfifo((dir / "fifo.jsonl").c_str(), 0600) == 0);
+  auto fifo = sh(fmt::format("timeout 20 {} scripts/plot_run.py {}", python, dir / "fifo.jsonl"));
+  CHECK(fifo.code == 2);
+  CHECK_THAT(fifo.out, Contains("fifo.jsonl: not a regular file"));
+  // plot_eval.py: a result of the right kind whose fields are not what eval writes.
+  std::ofstream(dir / "eval.json")
+      << R"({"eval": "passkey", "cells": [{"length": 8, "depth": 0.5, "tasks": 2}], )"
+      << R"("lengths": [8], "depths": [0.5]})";
+  auto eval = sh(fmt::format("{} scripts/plot_eval.py {}", python, dir / "eval.json"));
+  CHECK(eval.code == 2);
+  CHECK_THAT(eval.out,
+             Contains("\"cells\" is not a list of objects with numeric") && !Contains("Traceback"));
 }

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "tests/cli_util.h"
+#include "tests/temp_dir.h"
 
 using Catch::Matchers::Contains;
 
@@ -256,10 +257,17 @@ TEST_CASE(
   CHECK(help.code == 0);
   CHECK_THAT(help.out, Contains("scripts/sweep.sh CONFIG"));
   CHECK(sh("bash scripts/sweep.sh").code == 2);
-  // -S: no site-packages, so no matplotlib whichever python3 this is.
-  auto plot = sh("python3 -S scripts/plot_sweep.py /tmp");
+  // -S: no site-packages, so no matplotlib whichever python3 this is (the sweep.json is read
+  // first: a missing or broken one is said before matplotlib is needed).
+  remat::test::TempDir dir("plot-sweep");
+  remat::test::write_text(dir / "sweep.json", "{}");
+  auto plot = sh("python3 -S scripts/plot_sweep.py " + dir.str());
   CHECK(plot.code == 1);
   CHECK_THAT(plot.out, Contains("has no matplotlib") && Contains("Fix:") && !Contains("Traceback"));
+  remat::test::write_text(dir / "sweep.json", "");
+  auto broken = sh("python3 -S scripts/plot_sweep.py " + dir.str());
+  CHECK(broken.code == 2);
+  CHECK_THAT(broken.out, Contains("sweep.json: not JSON") && !Contains("Traceback"));
   // With matplotlib (Debian's, in /usr/bin/python3): --help is the usage, not a folder named so.
   if (sh("/usr/bin/python3 -c 'import matplotlib'").code == 0) {
     auto plot_help = sh("/usr/bin/python3 scripts/plot_sweep.py --help");
