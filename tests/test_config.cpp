@@ -118,6 +118,9 @@ TEST_CASE("config errors name file, line, key and the fix", "[config]") {
              Contains("remat.attention_chunk") && Contains("out of range"));
   CHECK_THAT(error_of("[device]\nmemory = \"lots\"\n"),
              Contains("device.memory") && Contains("512MiB"));
+  // A float TOML cannot hold, from --set (a word then): out of range, not "got a string".
+  CHECK_THAT(error_of("", {"train.lr=1e400"}),
+             Contains("train.lr: 1e400 is out of range") && Contains("[0, 10]"));
   // Exbibytes are a size, too large for a budget (was "not a size").
   CHECK_THAT(error_of("[device]\nmemory = \"1EiB\"\n"),
              Contains("device.memory") && Contains("out of range (at most 1024.00 TiB)"));

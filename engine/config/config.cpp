@@ -134,6 +134,15 @@ double read_float(const toml::node& n, const Origin& o, double lo, double hi) {
     *g_describe = {"number", fmt::format("{:g}..{:g}", lo, hi)};
     return lo;
   }
+  if (n.is_string()) {  // --set train.lr=1e400: TOML has no such float, so it came as a word
+    const std::string text = *n.value<std::string>();
+    char* end = nullptr;
+    errno = 0;
+    std::strtod(text.c_str(), &end);
+    if (!text.empty() && end == text.c_str() + text.size() && errno == ERANGE)
+      fail(o, fmt::format("{} is out of range", text),
+           fmt::format("use a value in [{}, {}]", lo, hi));
+  }
   if (!n.is_number())
     fail(o, fmt::format("expected a number, got {}", type_name(n)), "write a number such as 3e-4");
   double v = *n.value<double>();
