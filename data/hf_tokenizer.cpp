@@ -53,8 +53,14 @@ json read_json(const std::string& path, const std::string& fix) {
   if (!file.ok())
     fail(path, file.problem_text(),
          file.problem() == RegularFile::Problem::Error ? "check its permissions" : fix);
+  // The largest tokenizer.json files (multilingual vocabularies) are tens of MiB: a file far
+  // larger is something else, refused before it is read into memory.
+  constexpr uint64_t kMaxJsonBytes = uint64_t{512} << 20;
+  if (file.size() > kMaxJsonBytes)
+    fail(path, fmt::format("{} bytes, more than any tokenizer file holds (512 MiB)", file.size()),
+         fix);
   std::string text;
-  if (const int err = file.read_all(text))
+  if (const int err = file.read_all(text, kMaxJsonBytes))
     fail(path, fmt::format("cannot read ({})", std::strerror(err)), "check the file");
   try {
     return json::parse(text);

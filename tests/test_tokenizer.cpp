@@ -319,8 +319,7 @@ TEST_CASE(
   };
   CHECK(matches(R"(\w)", "x \u2460 e\u0301 \u203f") ==
         std::vector<std::pair<size_t, size_t>>{{0, 1}, {6, 7}, {7, 9}, {10, 13}});
-  CHECK(matches(R"(\h+)", "cafe 12 xyz") ==
-        std::vector<std::pair<size_t, size_t>>{{0, 4}, {5, 7}});
+  CHECK(matches(R"(\h+)", "cafe 12 xyz") == std::vector<std::pair<size_t, size_t>>{{0, 4}, {5, 7}});
   CHECK(matches(R"(\w+$)", "ab cd\nef gh\n") ==
         std::vector<std::pair<size_t, size_t>>{{3, 5}, {9, 11}});
   CHECK(matches("(?m)a.+", "ab cd\nef") == std::vector<std::pair<size_t, size_t>>{{0, 8}});
@@ -511,6 +510,19 @@ TEST_CASE("bad tokenizer.json files and text are DataErrors naming the file, the
   }
   CHECK_THAT(msg, Contains("[tokenizer] " + f + ": ") && Contains("Fix:"));
   CHECK(msg.find('\n') == std::string::npos);
+}
+
+TEST_CASE("a file far larger than any tokenizer.json is refused before it is read", "[tokenizer]") {
+  TempDir tmp("huge-tokenizer");
+  const std::string path = tmp / "huge.json";
+  { std::ofstream(path) << "{"; }
+  std::filesystem::resize_file(path, (uint64_t{512} << 20) + 1);  // sparse: no disk used
+  try {
+    HfTokenizer tok(path);
+    FAIL("accepted");
+  } catch (const DataError& e) {
+    CHECK_THAT(e.what(), Contains("more than any tokenizer file holds (512 MiB)"));
+  }
 }
 
 TEST_CASE("tokenizer files that are not regular files are refused before they are opened",
