@@ -83,10 +83,10 @@ golden: build
 
 # CMake lists what it installed in $(BUILD)/install_manifest.txt, which `make uninstall` reads.
 install: build
-	cmake --install $(BUILD) --prefix $(PREFIX)
+	cmake --install "$(BUILD)" --prefix "$(PREFIX)"
 
 uninstall:
-	@bash scripts/uninstall.sh $(BUILD)/install_manifest.txt
+	@bash scripts/uninstall.sh "$(BUILD)/install_manifest.txt"
 
 format:
 	@git ls-files '*.h' '*.cpp' '*.cu' '*.cuh' | xargs clang-format -i
