@@ -30,8 +30,10 @@ struct CompareRow {
   uint64_t measured = 0, predicted = 0;
   double median_ms = 0;
   double recompute_overhead = 0;
-  bool oom = false;     // did not fit the budget: recorded with its predicted peak, not fatal
-  std::string message;  // the out-of-memory error
+  bool oom = false;       // did not fit the budget: recorded with its predicted peak, not fatal
+  bool host_oom = false;  // the budget it did not fit is the host's (remat.offload)
+  uint64_t predicted_host = 0;  // the host pool's predicted peak
+  std::string message;          // the out-of-memory error
   std::vector<double> losses;
   std::vector<float> grads;  // all parameter gradients of the last step, concatenated
 };
@@ -73,6 +75,7 @@ CompareRow run_policy(const Config& base, const std::string& policy, int64_t ste
   }
   const DryRun plan = at_default ? *at_default : planner.dry_run(cfg, false);
   row.predicted = plan.peak.total_bytes;
+  row.predicted_host = plan.host_peak.total_bytes;
   row.recompute_overhead = plan.recompute_overhead();
   // The policy that does not fit is the one a comparison most needs to show: a row, not an exit.
   try {
@@ -80,6 +83,7 @@ CompareRow run_policy(const Config& base, const std::string& policy, int64_t ste
   } catch (const OutOfMemory& e) {
     row.oom = true;
     row.message = e.what();
+    row.host_oom = row.message.find("on the host") != std::string::npos;
   }
   return row;
 }
@@ -149,6 +153,8 @@ void print_json(const std::vector<CompareRow>& rows, const CompareRow& ref, doub
               {"predicted_peak_bytes", r.predicted},
               {"recompute_flops_overhead", r.recompute_overhead}};
     if (r.oom) {
+      j["memory"] = r.host_oom ? "host" : "device";
+      if (r.host_oom) j["predicted_host_peak_bytes"] = r.predicted_host;
       j["message"] = r.message;
     } else if (interrupted) {
       j["steps_done"] = r.steps_done;
@@ -180,9 +186,10 @@ void print_table(const Config& cfg, const std::vector<CompareRow>& rows, const C
              "measured peak", "predicted", "ms/step", "saved", "time", "recompute",
              "same as " + same_as);
   for (const auto& r : rows) {
-    if (r.oom) {
+    if (r.oom) {  // the predicted peak of the pool that did not fit
       fmt::print("{:<{}} {:>13} {:>13} {:>11} {:>8} {:>8} {:>9.1f}% {:>18}\n", r.policy, w,
-                 "out of memory", format_bytes(r.predicted), "-", "-", "-",
+                 r.host_oom ? "host OOM" : "out of memory",
+                 format_bytes(r.host_oom ? r.predicted_host : r.predicted), "-", "-", "-",
                  100.0 * r.recompute_overhead, "-");
       continue;
     }

@@ -246,6 +246,17 @@ TEST_CASE(
       run("compare --config configs/tiny.toml --steps 2 --policies none:offload=checkpoints");
   CHECK(offload.code == 2);
   CHECK_THAT(offload.out, Contains("--policies none:offload=checkpoints: [config] remat.offload"));
+  // A policy that does not fit the host's budget says so, with the host pool's predicted peak.
+  Result host =
+      run("compare --config configs/tiny.toml --steps 2 --policies full:offload=checkpoints --set "
+          "device.host_memory=1000 --json");
+  INFO(host.out);
+  REQUIRE(host.code == 0);
+  auto h = nlohmann::json::parse(host.out.substr(host.out.find('[')));
+  REQUIRE(h.size() == 2);
+  CHECK(h[1]["status"] == "oom");
+  CHECK(h[1]["memory"] == "host");
+  CHECK(h[1]["predicted_host_peak_bytes"].get<uint64_t>() > 1000);
   Result twice = run("compare --config configs/tiny.toml --steps 2 --policies full,full");
   CHECK(twice.code == 2);
   CHECK_THAT(twice.out, Contains("\"full\" is listed twice"));
