@@ -458,11 +458,10 @@ int run_sample(const SampleOptions& opt) {
     return std::chrono::duration<double, std::milli>(to - from).count();
   };
   const double prompt_ms = ms(t0, t1), sample_ms = ms(t1, std::chrono::steady_clock::now());
-  fmt::print(
-      stderr,
-      "prompt of {} tokens in {:.1f} ms; sampled {} tokens in {:.1f} ms ({:.1f} tok/s) from {}\n",
-      n_prompt, prompt_ms, opt.tokens, sample_ms,
-      sample_ms > 0 ? 1000.0 * static_cast<double>(opt.tokens) / sample_ms : 0.0, path);
+  const auto tokens = [](int64_t n) { return fmt::format("{} token{}", n, n == 1 ? "" : "s"); };
+  fmt::print(stderr, "prompt of {} in {:.1f} ms; sampled {} in {:.1f} ms ({:.1f} tok/s) from {}\n",
+             tokens(n_prompt), prompt_ms, tokens(opt.tokens), sample_ms,
+             sample_ms > 0 ? 1000.0 * static_cast<double>(opt.tokens) / sample_ms : 0.0, path);
   return 0;
 }
 
