@@ -359,9 +359,8 @@ int run_bench(const BenchOptions& opt) {
         "the step's time)",
         steps, kMaxSteps));
   // The schedule covers the warm-up (and the untimed steps of an asynchronous backend).
-  sets.push_back(fmt::format("train.steps={}", 2 * steps + 1));
-  note_flag_override(sets.back(),
-                     fmt::format("--steps {} (train.steps = {})", steps, 2 * steps + 1));
+  add_flag_override(sets, fmt::format("train.steps={}", 2 * steps + 1),
+                    fmt::format("--steps {} (train.steps = {})", steps, 2 * steps + 1));
   Config cfg = load_config(opt.config_path, sets);
   refuse_several_ranks(cfg, "bench");
   BackendChoice choice = make_backend(cfg);

@@ -238,8 +238,8 @@ std::vector<std::string> with_references(const Config& cfg, std::vector<std::str
 int run_compare(const CompareOptions& opt) {
   std::vector<std::string> sets = opt.overrides;
   if (opt.steps > 0) {
-    sets.push_back(fmt::format("train.steps={}", opt.steps));
-    note_flag_override(sets.back(), fmt::format("--steps {}", opt.steps));
+    add_flag_override(sets, fmt::format("train.steps={}", opt.steps),
+                      fmt::format("--steps {}", opt.steps));
   }
   const Config cfg = load_config(opt.config_path, sets);
   refuse_several_ranks(cfg, "compare");

@@ -266,8 +266,8 @@ int run_fit(const FitOptions& opt) {
   if (!opt.emit_config.empty()) refuse_existing(opt.emit_config);  // before any search runs
   std::vector<std::string> sets = opt.overrides;
   if (opt.batch_size) {
-    sets.push_back(fmt::format("train.batch_size={}", *opt.batch_size));
-    note_flag_override(sets.back(), fmt::format("--batch-size {}", *opt.batch_size));
+    add_flag_override(sets, fmt::format("train.batch_size={}", *opt.batch_size),
+                      fmt::format("--batch-size {}", *opt.batch_size));
   }
   // fit's question is the longest context: on N ranks that is each sequence split over all of
   // them, unless --context (or the config) says otherwise.

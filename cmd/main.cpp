@@ -613,9 +613,8 @@ int run(int argc, char** argv) {
     *path = remat::resolve_config_path(*path);
   if (train_cmd->parsed()) {
     if (train_steps > 0) {
-      train.overrides.push_back(fmt::format("train.steps={}", train_steps));
-      remat::cli::note_flag_override(train.overrides.back(),
-                                     fmt::format("--steps {}", train_steps));
+      remat::cli::add_flag_override(train.overrides, fmt::format("train.steps={}", train_steps),
+                                    fmt::format("--steps {}", train_steps));
     }
     return remat::cli::run_train(train);
   }

@@ -112,12 +112,12 @@ std::optional<HeadChunk> head_chunk(const Planner& planner, Config cfg) {
 int run_plan(const PlanOptions& opt) {
   std::vector<std::string> sets = opt.overrides;
   if (opt.seq_len) {
-    sets.push_back(fmt::format("train.seq_len={}", *opt.seq_len));
-    note_flag_override(sets.back(), fmt::format("--seq-len {}", *opt.seq_len));
+    add_flag_override(sets, fmt::format("train.seq_len={}", *opt.seq_len),
+                      fmt::format("--seq-len {}", *opt.seq_len));
   }
   if (opt.batch_size) {
-    sets.push_back(fmt::format("train.batch_size={}", *opt.batch_size));
-    note_flag_override(sets.back(), fmt::format("--batch-size {}", *opt.batch_size));
+    add_flag_override(sets, fmt::format("train.batch_size={}", *opt.batch_size),
+                      fmt::format("--batch-size {}", *opt.batch_size));
   }
   add_rank_sets(sets, opt.config_path, opt.ranks, opt.context);
   Config cfg = load_config(opt.config_path, sets);

@@ -93,8 +93,9 @@ std::vector<std::pair<std::string, std::string>>& flag_overrides() {
 }
 }  // namespace
 
-void note_flag_override(const std::string& set, const std::string& flag) {
+void add_flag_override(std::vector<std::string>& sets, std::string set, const std::string& flag) {
   flag_overrides().emplace_back("--set " + set, flag);
+  sets.push_back(std::move(set));
 }
 
 std::string with_flag_names(std::string message) {
@@ -286,8 +287,8 @@ void refuse_several_ranks(const Config& cfg, const char* command) {
 void add_rank_sets(std::vector<std::string>& sets, const std::string& config_path,
                    std::optional<int64_t> ranks, std::optional<int64_t> context) {
   if (context) {
-    sets.push_back(fmt::format("parallel.context={}", *context));
-    note_flag_override(sets.back(), fmt::format("--context {}", *context));
+    add_flag_override(sets, fmt::format("parallel.context={}", *context),
+                      fmt::format("--context {}", *context));
   }
   if (!ranks) return;
   const int64_t c = context ? *context : load_config(config_path, sets).parallel.context;
@@ -296,8 +297,8 @@ void add_rank_sets(std::vector<std::string>& sets, const std::string& config_pat
         "--ranks {}: [parallel] {} ranks do not form groups of parallel.context = {}. Fix: give "
         "a multiple of {} ranks, or another --context",
         *ranks, *ranks, c, c));
-  sets.push_back(fmt::format("parallel.data={}", *ranks / c));
-  note_flag_override(sets.back(), fmt::format("--ranks {}", *ranks));
+  add_flag_override(sets, fmt::format("parallel.data={}", *ranks / c),
+                    fmt::format("--ranks {}", *ranks));
 }
 
 std::string auto_remat_table(const AutoPlan& a, const PlanTarget& t) {

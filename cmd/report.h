@@ -67,8 +67,9 @@ bool past_trained_positions(const ModelConfig& m, int64_t seq_len);
 
 /// The flag a command turned into the override `set` ("train.seq_len=4096" from --seq-len 4096),
 /// so that an error about the key names what the user typed: with_flag_names writes each
-/// "--set SET" a noted flag made as that flag (main applies it to every error).
-void note_flag_override(const std::string& set, const std::string& flag);
+/// "--set SET" a flag made as that flag (main applies it to every error).
+/// add_flag_override appends `set` to `sets` and notes it so.
+void add_flag_override(std::vector<std::string>& sets, std::string set, const std::string& flag);
 std::string with_flag_names(std::string message);
 
 /// Progress lines: rewritten in place on a terminal, plain lines otherwise.

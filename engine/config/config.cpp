@@ -954,6 +954,19 @@ void validate(const Config& c, const Origins& o) {
 const std::vector<std::string> kSections = {"model", "train", "data",       "remat",   "device",
                                             "log",   "lora",  "checkpoint", "parallel"};
 
+// The VALUE of an override "section.key=VALUE" as TOML reads it, under the key "v" (more keys
+// when VALUE holds several, which apply_override refuses); a bare word (--set
+// remat.policy=full) is a string.
+toml::table override_value(const std::string& value) {
+  try {
+    return toml::parse("v = " + value);
+  } catch (const toml::parse_error&) {
+    toml::table word;
+    word.insert_or_assign("v", value);
+    return word;
+  }
+}
+
 void apply_override(toml::table& root, const std::string& text, Origins& origins) {
   const auto eq = text.find('=');
   const auto dot = text.find('.');
@@ -969,13 +982,7 @@ void apply_override(toml::table& root, const std::string& text, Origins& origins
   if (std::find(kSections.begin(), kSections.end(), section) == kSections.end())
     fail(o, fmt::format("unknown section [{}]", section),
          fmt::format("use one of {}", fmt::join(kSections, ", ")));
-  toml::table parsed;
-  try {
-    parsed = toml::parse("v = " + value);
-  } catch (const toml::parse_error&) {
-    parsed = toml::table{};
-    parsed.insert_or_assign("v", value);  // bare words: --set remat.policy=full
-  }
+  const toml::table parsed = override_value(value);
   if (parsed.size() != 1 || !parsed.contains("v"))
     fail(o, "the value holds more than one TOML key (one --set sets one key)",
          "give each key its own --set section.key=value");
@@ -1551,15 +1558,9 @@ std::vector<KeyChange> refused_resume_changes(const Config& saved, const std::st
   for (const std::string& o : overrides) {
     const size_t eq = o.find('=');
     if (eq == std::string::npos) continue;
-    std::string after;
-    try {
-      const toml::table t = toml::parse("v = " + o.substr(eq + 1));
-      if (t.size() != 1 || !t.contains("v")) continue;  // the override's own error says so
-      after = toml_literal(*t.get("v"));
-    } catch (const toml::parse_error&) {
-      after = fmt::format("\"{}\"", o.substr(eq + 1));  // a bare word, as apply_override reads it
-    }
-    consider(o.substr(0, eq), after, "--set " + o);
+    const toml::table t = override_value(o.substr(eq + 1));
+    if (t.size() != 1 || !t.contains("v")) continue;  // the override's own error says so
+    consider(o.substr(0, eq), toml_literal(*t.get("v")), "--set " + o);
   }
   return out;
 }
