@@ -5,6 +5,7 @@
 //
 //   remat_bench_attention [threads]    (default: all cores, as the trainer uses)
 //   remat_bench_attention --documents [T] [document tokens] [threads]
+//   remat_bench_attention --shape T NH KVH HS [threads]
 //
 // GFLOP/s count causal FLOPs only, as Backend::attention_forward/backward do: 4*HS per
 // (query, key <= query) pair forward, 10*HS backward.
@@ -109,7 +110,52 @@ int bench_documents(int64_t T, int64_t doc_tokens, int threads) {
   return 0;
 }
 
+// One model's attention shape with RoPE (e.g. SmolLM2-135M: --shape 512 9 3 64): forward and
+// backward apart, best of 11 runs each, against the SGEMM rate measured just before.
+int bench_shape(int64_t T, int NH, int KVH, int64_t HS, int threads) {
+  cpu::CpuBackend be(64ull << 30, threads);
+  double load[1] = {0};
+  fmt::print("{} | load average {:.2f}\n", be.describe(),
+             getloadavg(load, 1) == 1 ? load[0] : -1.0);
+  const int64_t B = 1, width = (NH + 2 * KVH) * HS;
+  auto alloc = [&](std::vector<int64_t> shape) {
+    return be.pool().allocate(shape, DType::F32, MemCategory::Transient, "bench");
+  };
+  Buffer qkv = alloc({B, T, width}), dout = alloc({B, T, NH * HS}), out = alloc({B, T, NH * HS});
+  Buffer lse = alloc({B, NH, T}), dqkv = alloc({B, T, width});
+  fill_randn(qkv, 3);
+  fill_randn(dout, 4);
+  const std::vector<float> kept(qkv.f32(), qkv.f32() + qkv.tensor().numel());
+  const AttentionForwardArgs fa{
+      .out = out, .lse = lse, .qkv = qkv, .n_head = NH, .rope_theta = 10000.0f, .n_kv_head = KVH};
+  const AttentionBackwardArgs ba{.dqkv = dqkv,
+                                 .dout = dout,
+                                 .qkv = qkv,
+                                 .out = out,
+                                 .lse = lse,
+                                 .n_head = NH,
+                                 .rope_theta = 10000.0f,
+                                 .n_kv_head = KVH};
+  const double peak = sgemm_gflops(be);
+  const double fwd_s = best_seconds(11, [&] { be.attention_forward(fa); });
+  // The backward clobbers q and k (RoPE): each run starts from the forward's inputs.
+  const double bwd_s = best_seconds(11, [&] {
+    std::copy(kept.begin(), kept.end(), qkv.f32());
+    be.attention_backward(ba);
+  });
+  const double pairs = static_cast<double>(B * NH) * T * (T + 1) / 2;
+  fmt::print("T {} NH {} KVH {} HS {}, RoPE; sgemm {:.1f} GFLOP/s\n", T, NH, KVH, HS, peak);
+  fmt::print("  forward  {:8.3f} ms {:7.1f} GFLOP/s {:4.0f}%\n", 1e3 * fwd_s,
+             4.0 * HS * pairs / fwd_s / 1e9, 100 * 4.0 * HS * pairs / fwd_s / 1e9 / peak);
+  fmt::print("  backward {:8.3f} ms {:7.1f} GFLOP/s {:4.0f}% (with a copy of qkv)\n", 1e3 * bwd_s,
+             10.0 * HS * pairs / bwd_s / 1e9, 100 * 10.0 * HS * pairs / bwd_s / 1e9 / peak);
+  return 0;
+}
+
 int main(int argc, char** argv) {
+  if (argc > 5 && std::string(argv[1]) == "--shape")
+    return bench_shape(std::atoll(argv[2]), std::atoi(argv[3]), std::atoi(argv[4]),
+                       std::atoll(argv[5]), argc > 6 ? std::atoi(argv[6]) : 0);
   if (argc > 1 && std::string(argv[1]) == "--documents")
     return bench_documents(argc > 2 ? std::atoll(argv[2]) : 16384,
                            argc > 3 ? std::atoll(argv[3]) : 512, argc > 4 ? std::atoi(argv[4]) : 0);
