@@ -1,10 +1,10 @@
 // The regular expressions of tokenizer.json files (pre-tokenizer splits, Replace normalizers),
 // compiled with PCRE2 (Debian's libpcre2-8: UTF-8, Unicode properties, JIT). tokenizers runs them
-// with Oniguruma, whose syntax these patterns use; the one difference that changes matches is
-// `\s`, which Oniguruma reads as the White_Space property and PCRE2 as the Z categories plus
-// \t\n\v\f\r (PCRE2 adds U+180E, which is no longer White_Space). Outside a character class `\s`
-// and `\S`, and inside one `\s`, are therefore rewritten to the explicit White_Space set before
-// compiling. (`\S` inside a class is left to PCRE2.)
+// with Oniguruma, whose syntax these patterns use; oniguruma_to_pcre2 rewrites what the two read
+// differently before compiling (data/regex.cpp, docs/data.md): `\s` as the White_Space property
+// (PCRE2: the Z categories plus \t\n\v\f\r and U+180E), `\w`, `\h`, `^`/`$`, option m, and
+// every Unicode property with what Unicode 16 (tokenizers' Oniguruma) adds to PCRE2's Unicode 14
+// (data/unicode_properties.inc). What it cannot translate is refused by name.
 // Not thread-safe: one Regex holds one JIT stack; use one per thread.
 #pragma once
 
@@ -40,8 +40,8 @@ class Regex {
   std::unique_ptr<Compiled> compiled_;
 };
 
-/// `pattern` with Oniguruma's `\s` / `\S` spelled as the White_Space set PCRE2 matches the same
-/// way (see the file comment). Exposed for the tests.
+/// `pattern` in PCRE2's syntax, matching as Oniguruma matches it (see the file comment). Throws
+/// std::invalid_argument naming what it cannot translate. Exposed for the tests.
 std::string oniguruma_to_pcre2(std::string_view pattern);
 
 }  // namespace remat

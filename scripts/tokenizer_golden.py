@@ -69,6 +69,12 @@ CORPUS = [
     "<|end|> x <|user|>\t\ny ▁ already ▁▁x ▁",
     "mask: a <mask> b  \t<mask>c<mask><mask> | word words sword _word word. (word) spaced  spaced!",
     "\u00c5ngstr\u00f6m vs A\u030angstro\u0308m vs \u212bngstr\u00f6m; x\u00c5ngstr\u00f6my",
+    # Assigned in Unicode 15.0-16.0, after PCRE2 10.42's tables (data/unicode_properties.inc):
+    # Kawi letters, sign and digits, Nag Mundari letters and digits, CJK Extensions H and I,
+    # Garay letters and digits, Latin capitals, a combining Latin letter now Alphabetic.
+    "Kawi \U00011F04\U00011F05\U00011F00x \U00011F5012 Nag \U0001E4D0\U0001E4D1 \U0001E4F01234 "
+    "\U0001E4F1\U0001E4F2\U0001E4F3\U0001E4F4 CJK \U00031350\U00031351 \U0002EBF0\U0002EBF1x "
+    "Garay \U00010D4A\U00010D4B \U00010D4012 \uA7CB\uA7CC a\u0363b 7\U0001E4F0",
 ]
 
 # The pre-tokenizer of SmolLM2 and StarCoder (digits one by one, then GPT-2's byte level), of

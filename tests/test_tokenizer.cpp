@@ -298,8 +298,8 @@ TEST_CASE(
     "[tokenizer]") {
   const std::string ws =
       R"(\t\n\x0B\f\r\x20\x{85}\x{A0}\x{1680}\x{2000}-\x{200A}\x{2028}\x{2029}\x{202F}\x{205F}\x{3000})";
-  CHECK(oniguruma_to_pcre2(R"(\s+(?!\S)|[^\s\p{L}]+)") ==
-        "[" + ws + "]+(?![^" + ws + "])|[^" + ws + R"(\p{L}]+)");
+  CHECK(oniguruma_to_pcre2(R"(\s+(?!\S)|[^\s\p{Sc}]+)") ==
+        "[" + ws + "]+(?![^" + ws + "])|[^" + ws + R"(\p{Sc}]+)");
   // An escaped backslash is no \s; a ']' first in a class and a POSIX class do not end it.
   CHECK(oniguruma_to_pcre2(R"(\\s []\s] [^]\s] [[:alpha:]\s])") ==
         R"(\\s [])" + ws + "] [^]" + ws + "] [[:alpha:]" + ws + "]");
@@ -327,6 +327,41 @@ TEST_CASE(
   CHECK_THROWS_WITH(Regex("[a-z&&[^c]]"), Contains("class intersection"));
   CHECK_THROWS_WITH(Regex(R"([^\S\n])"), Contains(R"(\S inside a character class)"));
   CHECK_THROWS_WITH(Regex(R"(\bab)"), Contains("word boundary"));
+}
+
+TEST_CASE("property escapes, \\w and \\d match what tokenizers' Oniguruma (Unicode 16) matches",
+          "[tokenizer]") {
+  using Spans = std::vector<std::pair<size_t, size_t>>;
+  const auto matches = [](const std::string& pattern, std::string_view text) {
+    Spans out;
+    Regex(pattern).find_all(text, out);
+    return out;
+  };
+  // Assigned after PCRE2 10.42's Unicode 14, each 4 bytes of UTF-8: U+11F04 KAWI LETTER A (15.0),
+  // U+2EBF0 a CJK Extension I ideograph (15.1), U+10D4A GARAY CAPITAL LETTER A (16.0): letters;
+  // U+1E4F0 NAG MUNDARI DIGIT ZERO (15.0): a decimal digit; U+11F00 KAWI SIGN CANDRABINDU: a mark.
+  const std::string kawi = "\U00011F04", cjk_i = "\U0002EBF0", garay = "\U00010D4A",
+                    digit = "\U0001E4F0", mark = "\U00011F00";
+  // tokenizers 0.22.2 on the same patterns and texts (scripts/make_unicode_properties.py checks
+  // its Unicode version; golden.json holds such a text for every variant).
+  CHECK(matches(R"(\p{L}+)", "a" + kawi + cjk_i + garay + "b " + digit) == Spans{{0, 14}});
+  CHECK(matches(R"(\p{N}{1,3})", digit + "1234") == Spans{{0, 6}, {6, 8}});  // Llama 3's digits
+  CHECK(matches(R"(\d+)", "x" + digit + "7") == Spans{{1, 6}});
+  CHECK(matches(R"(\w+)", "a" + mark + "b " + kawi) == Spans{{0, 6}, {7, 11}});
+  CHECK(matches(R"(\P{L}+)", "a" + kawi + " 1") == Spans{{5, 7}});
+  CHECK(matches(R"(\p{^L}+)", "a" + kawi + " 1") == Spans{{5, 7}});
+  CHECK(matches(R"([^\s\p{L}\p{N}]+)", "x" + kawi + "!" + digit + "?") == Spans{{5, 6}, {10, 11}});
+  // Names as Oniguruma reads them: long, any case, spaces, '_' and '-' ignored.
+  CHECK(matches(R"(\p{Other_Letter}+)", "a" + kawi) == Spans{{1, 5}});
+  CHECK(matches(R"(\p{ decimal-number }+)", digit) == Spans{{0, 4}});
+  CHECK(matches(R"(\p{lo})", cjk_i) == Spans{{0, 4}});
+  // Oniguruma reads \p without '{' as the letter p (PCRE2 would read \pL as \p{L}).
+  CHECK(matches(R"(\pL+)", "xpLLy") == Spans{{1, 4}});
+  // A property Unicode 16 adds nothing to is PCRE2's, by the short name PCRE2 knows; a script
+  // (or any other property) as written.
+  CHECK(oniguruma_to_pcre2(R"(\p{Zs}\p{Currency_Symbol}\P{ control }\p{Han})") ==
+        R"(\p{Zs}\p{Sc}\P{Cc}\p{Han})");
+  CHECK(matches(R"(\p{Currency_Symbol}+)", "a$\u20ac") == Spans{{1, 5}});
 }
 
 TEST_CASE("split behaviors cut a piece as tokenizers' SplitDelimiterBehavior does", "[tokenizer]") {
