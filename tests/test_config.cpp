@@ -121,6 +121,10 @@ TEST_CASE("config errors name file, line, key and the fix", "[config]") {
   // A float TOML cannot hold, from --set (a word then): out of range, not "got a string".
   CHECK_THAT(error_of("", {"train.lr=1e400"}),
              Contains("train.lr: 1e400 is out of range") && Contains("[0, 10]"));
+  CHECK_THAT(error_of("", {"model.norm_eps=1e-400"}),
+             Contains("model.norm_eps: 0 is out of range (a float below 1e-308 reads as 0)"));
+  CHECK_THAT(error_of("", {"model.norm_eps=0"}),
+             Contains("model.norm_eps: 0 is out of range. Fix"));
   // Exbibytes are a size, too large for a budget (was "not a size").
   CHECK_THAT(error_of("[device]\nmemory = \"1EiB\"\n"),
              Contains("device.memory") && Contains("out of range (at most 1024.00 TiB)"));

@@ -146,8 +146,12 @@ double read_float(const toml::node& n, const Origin& o, double lo, double hi) {
   if (!n.is_number())
     fail(o, fmt::format("expected a number, got {}", type_name(n)), "write a number such as 3e-4");
   double v = *n.value<double>();
+  // TOML reads a float below the smallest double (1e-400) as 0: say so, since the file has no 0.
+  const char* underflow =
+      v == 0 && n.is_floating_point() ? " (a float below 1e-308 reads as 0)" : "";
   if (!(v >= lo && v <= hi))
-    fail(o, fmt::format("{} is out of range", v), fmt::format("use a value in [{}, {}]", lo, hi));
+    fail(o, fmt::format("{} is out of range{}", v, underflow),
+         fmt::format("use a value in [{}, {}]", lo, hi));
   return v;
 }
 
