@@ -20,6 +20,7 @@
 #include "engine/core/error.h"
 #include "engine/core/machine.h"
 #include "engine/core/units.h"
+#include "engine/cuda_api.h"
 #include "engine/experiments/interrupt.h"
 
 namespace remat::cli {
@@ -76,6 +77,24 @@ std::vector<std::string> run_warnings(const Config& cfg, const std::string& hf_s
         "angles that large. Fix: train at train.seq_len <= {}, or start from a model made for "
         "longer contexts (docs/hf.md)",
         cfg.train.seq_len, cfg.model.max_position_embeddings, cfg.model.max_position_embeddings));
+  // A budget past the RAM is planned against memory that is not there: the run ends out of
+  // memory (exit 3) instead of the planner refusing it up front.
+  const uint64_t ram = host_memory_bytes();
+  const bool on_cpu = cfg.device.backend == BackendKind::Cpu ||
+                      (cfg.device.backend == BackendKind::Auto && cuda::device_count() == 0);
+  if (on_cpu && cfg.device.memory_bytes > ram)
+    out.push_back(fmt::format(
+        "warning: [device] device.memory = {} is more than this machine's {} of RAM, where the CPU "
+        "backend trains: the planner counts on memory that is not there, and a run that needs it "
+        "stops out of memory (exit 3). Fix: leave device.memory unset (the RAM) or set it to at "
+        "most {}",
+        format_bytes(cfg.device.memory_bytes), format_bytes(ram), format_bytes(ram)));
+  if (cfg.device.host_memory_bytes > ram)
+    out.push_back(fmt::format(
+        "warning: [device] device.host_memory = {} is more than this machine's {} of RAM: what is "
+        "offloaded past it stops the run out of memory (exit 3). Fix: leave device.host_memory "
+        "unset (the RAM) or set it to at most {}; plan for a bigger host with fit or plan instead",
+        format_bytes(cfg.device.host_memory_bytes), format_bytes(ram), format_bytes(ram)));
   const TrainConfig& t = cfg.train;
   if (t.lr > 0 && t.warmup_steps > 0 && t.steps <= t.warmup_steps)
     out.push_back(fmt::format(

@@ -199,6 +199,21 @@ TEST_CASE("warnings name the surprise and the fix, one line each", "[finetune][s
                           Contains("Fix: raise train.steps (--steps) above 20"));
     CHECK_THAT(run("train -q --config configs/tiny.toml --steps 21").out, !Contains("warning"));
   }
+  SECTION("budgets past the machine's RAM") {
+    // Planned against memory that is not there: the run would end out of memory, not refused.
+    const CliResult r =
+        run("train --config configs/tiny.toml --steps 21 --set device.backend=\"cpu\" --set "
+            "device.memory=\"1PiB\" --set device.host_memory=\"1PiB\"");
+    INFO(r.out);
+    REQUIRE(r.code == 0);
+    CHECK_THAT(r.out, Contains("warning: [device] device.memory = 1024.00 TiB is more than this "
+                               "machine's") &&
+                          Contains("warning: [device] device.host_memory = 1024.00 TiB is more"));
+    CHECK_THAT(run("train --config configs/tiny.toml --steps 21 --set device.backend=\"cpu\" "
+                   "--set device.memory=\"64MiB\"")
+                   .out,
+               !Contains("warning"));
+  }
 }
 
 TEST_CASE("fit never dead-ends: auto's search when no policy fits, its answer as a config",
