@@ -220,7 +220,12 @@ void refuse_later_steps(const Resumed& r) {
 bool nothing_to_train(const Resumed& r, const TrainOptions& opt) {
   const int64_t done = r.state.step, steps = r.cfg.train.steps;
   std::string why;
-  if (done >= steps)
+  if (done >= steps && opt.stop_at > 0 && done >= opt.stop_at)
+    why = fmt::format(
+        "already at step {} of {}, past --stop-at {}: nothing to train; raise --steps and "
+        "--stop-at",
+        done, steps, opt.stop_at);
+  else if (done >= steps)
     why = fmt::format("already at step {} of {}: nothing to train; raise --steps", done, steps);
   else if (opt.stop_at > 0 && done >= opt.stop_at)
     why = fmt::format(

@@ -149,6 +149,10 @@ TEST_CASE("a finished run resumed trains nothing, writes nothing, exits 0", "[fi
   const CliResult stop = run(fmt::format("train --resume {} --steps 9 --stop-at 2", tmp / "ck"));
   CHECK(stop.code == 0);
   CHECK_THAT(stop.out, Contains("already at step 3 of 9, past --stop-at 2: nothing to train"));
+  // Both ends reached: both named.
+  CHECK(
+      run(fmt::format("train --resume {} --stop-at 2", tmp / "ck")).out ==
+      "already at step 3 of 3, past --stop-at 2: nothing to train; raise --steps and --stop-at\n");
   CHECK(listing(tmp.path) == before);
   // A damaged checkpoint is reported all the same.
   const fs::path model = tmp.path / "ck/step_00000003/model.safetensors";
