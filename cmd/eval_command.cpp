@@ -111,13 +111,7 @@ Source resolve_source(const EvalOptions& opt, Config& cfg) {
   if (cfg.lora.enabled()) {
     // A LoRA checkpoint holds the adapters (and the modules trained whole); the rest of the
     // model is the base it records, which must still be there unchanged.
-    check_lora_base(ckpt.state(), src.checkpoint);
-    src.lora_base = lora_base_dir(ckpt.state(), src.checkpoint);
-    if (src.lora_base.empty())
-      throw CheckpointError(fmt::format(
-          "[checkpoint] {}/state.json: a LoRA checkpoint without the record of its base "
-          "(lora_base). Fix: evaluate a checkpoint this version wrote",
-          src.checkpoint));
+    src.lora_base = required_lora_base(ckpt.state(), src.checkpoint, "evaluate");
   }
   return src;
 }

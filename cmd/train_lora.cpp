@@ -54,13 +54,7 @@ LoraStart check_lora_start(const Config& cfg, const TrainOptions& opt, const Che
     // cfg is the checkpoint's (resumed_run refused any change of [lora]); its base must still be
     // the folder the adapters were trained on.
     if (!l.enabled()) return {};
-    check_lora_base(resume->state(), resume->path());
-    const std::string dir = lora_base_dir(resume->state(), resume->path());
-    if (dir.empty())
-      throw CheckpointError(fmt::format(
-          "[checkpoint] {}/state.json: a LoRA checkpoint without the record of its base "
-          "(lora_base). Fix: resume from a checkpoint this version wrote",
-          resume->path()));
+    const std::string dir = required_lora_base(resume->state(), resume->path(), "resume from");
     // --init hf:, --model hf: or model.from_hf naming another folder: another base.
     const std::string named = base_named_beside_resume(opt);
     if (!named.empty() && !same_folder(named, dir))

@@ -572,6 +572,21 @@ TEST_CASE("cli: a LoRA run starts from a PEFT adapter, checkpoints only it, and 
   CHECK_THAT(file.out, Contains("zero.toml:2:") &&
                            Contains("[checkpoint] lora.rank is 0 here but 4 in the checkpoint") &&
                            !Contains("state.json:"));
+  // A state.json without its base's record (edited by hand): every reader names what is missing,
+  // not the first base weight it fails to find.
+  const fs::path state_path = tmp.path / "ckpt/step_00000003/state.json";
+  Json edited = read_json(state_path);
+  edited["extra"].erase("lora_base");
+  std::ofstream(state_path) << edited.dump();
+  for (const char* command : {"export --checkpoint ckpt --hf merged2",
+                              "sample --checkpoint ckpt --prompt-ids 1 --tokens 1",
+                              "eval --checkpoint ckpt", "train --resume ckpt --steps 4"}) {
+    const CliResult r = run_command(cd + command);
+    INFO(command << "\n" << r.out);
+    CHECK(r.code == 2);
+    CHECK_THAT(r.out, Contains("a LoRA checkpoint without the record of its base (lora_base)") &&
+                          !Contains("no tensor"));
+  }
 }
 
 TEST_CASE("cli: a QLoRA run merges its adapters into the base folder's original weights",

@@ -77,10 +77,22 @@ struct CheckpointWeights::Base {
   }
 };
 
+std::string required_lora_base(const CheckpointState& s, const std::string& checkpoint_path,
+                               const std::string& use) {
+  check_lora_base(s, checkpoint_path);
+  const std::string dir = lora_base_dir(s, checkpoint_path);
+  if (dir.empty())
+    throw CheckpointError(
+        fmt::format("[checkpoint] {}/state.json: a LoRA checkpoint without the record of its base "
+                    "(lora_base). Fix: {} a checkpoint this version wrote",
+                    checkpoint_path, use));
+  return dir;
+}
+
 CheckpointWeights::CheckpointWeights(const Checkpoint& ckpt, const Config& cfg)
-    : ckpt_(ckpt), cfg_(cfg), base_dir_(lora_base_dir(ckpt.state(), ckpt.path())) {
-  if (base_dir_.empty()) return;
-  check_lora_base(ckpt.state(), ckpt.path());
+    : ckpt_(ckpt), cfg_(cfg) {
+  if (!cfg_.lora.enabled()) return;
+  base_dir_ = required_lora_base(ckpt.state(), ckpt.path(), "use");
   base_ = std::make_unique<Base>(base_dir_, cfg_.model, cfg_.lora);
 }
 

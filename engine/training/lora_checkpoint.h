@@ -26,6 +26,12 @@ std::string lora_base_dir(const CheckpointState& s, const std::string& checkpoin
 /// records is gone (moved or removed) or its files differ from what was recorded.
 void check_lora_base(const CheckpointState& s, const std::string& checkpoint_path);
 
+/// The base folder of a LoRA checkpoint, checked unchanged (check_lora_base). Throws
+/// CheckpointError when it records none (a state.json edited by hand, or from before bases were
+/// recorded), its fix saying to `use` ("resume from", "evaluate") a checkpoint this version wrote.
+std::string required_lora_base(const CheckpointState& s, const std::string& checkpoint_path,
+                               const std::string& use);
+
 /// A checkpoint's weights as the whole model they stand for, by our parameter names (what `sample`
 /// decodes and `export --hf` writes): the checkpoint's own tensors; for a LoRA checkpoint the base
 /// read from its recorded folder (checked unchanged), each adapted weight with its adapters
