@@ -236,6 +236,18 @@ std::vector<std::string> with_references(const Config& cfg, std::vector<std::str
 }  // namespace
 
 int run_compare(const CompareOptions& opt) {
+  // Each policy of --policies replaces the config's: a policy or plan given with --set would be
+  // dropped without a word.
+  for (const std::string& set : opt.overrides) {
+    std::string key = set.substr(0, set.find('='));
+    std::erase(key, ' ');
+    if (key == "remat.policy" || key == "remat.plan")
+      throw ConfigError(fmt::format(
+          "--set {}: [compare] runs each policy of --policies in place of {}, so it would be "
+          "ignored. Fix: name the policies with --policies (e.g. --policies none,full,auto); a "
+          "plan of one policy per block trains with train --set {}",
+          set, key, set));
+  }
   std::vector<std::string> sets = opt.overrides;
   if (opt.steps > 0) {
     add_flag_override(sets, fmt::format("train.steps={}", opt.steps),

@@ -260,6 +260,16 @@ TEST_CASE(
   Result twice = run("compare --config configs/tiny.toml --steps 2 --policies full,full");
   CHECK(twice.code == 2);
   CHECK_THAT(twice.out, Contains("\"full\" is listed twice"));
+  // --policies replaces the config's policy: one given with --set would be dropped silently.
+  for (const char* set : {"remat.policy=\\\"save_dots\\\"", "'remat.plan=[\"full\", \"none\"]'"}) {
+    Result ignored = run(
+        fmt::format("compare --config configs/tiny.toml --steps 2 --policies full --set {}", set));
+    INFO(ignored.out);
+    CHECK(ignored.code == 2);
+    CHECK_THAT(ignored.out,
+               Contains("[compare] runs each policy of --policies in place of remat.") &&
+                   Contains("Fix: name the policies with --policies"));
+  }
 }
 
 TEST_CASE("compare stopped by a signal marks the rows it did not finish and exits 128 + signal",
