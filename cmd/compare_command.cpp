@@ -33,6 +33,8 @@ struct CompareRow {
   bool oom = false;       // did not fit the budget: recorded with its predicted peak, not fatal
   bool host_oom = false;  // the budget it did not fit is the host's (remat.offload)
   uint64_t predicted_host = 0;  // the host pool's predicted peak
+  uint64_t measured_host = 0;   // and its measured one (what remat.offload moved there)
+  bool host_is_ram = false;     // the CPU backend: the host pool is in the same RAM
   std::string message;          // the out-of-memory error
   std::vector<double> losses;
   std::vector<float> grads;  // all parameter gradients of the last step, concatenated
@@ -110,6 +112,8 @@ void train_policy(const Config& cfg, Backend& be, int64_t steps, CompareRow& row
   std::sort(ms.begin(), ms.end());
   row.median_ms = ms.empty() ? 0 : ms[ms.size() / 2];
   row.measured = be.pool().peak_bytes();
+  row.measured_host = be.host_pool().peak_bytes();
+  row.host_is_ram = be.device_is_host();
 }
 
 // The row a row's bits are compared with: the first that ran to the end at its tiling, a none
@@ -160,6 +164,7 @@ void print_json(const std::vector<CompareRow>& rows, const CompareRow& ref, doub
       j["steps_done"] = r.steps_done;
     } else {
       j["measured_peak_bytes"] = r.measured;
+      if (r.measured_host > 0) j["measured_host_peak_bytes"] = r.measured_host;
       j["median_step_ms"] = r.median_ms;
       j["memory_saved"] = 1.0 - static_cast<double>(r.measured) / none_peak;
       j["time_added"] = r.median_ms / ref.median_ms - 1.0;
@@ -208,6 +213,16 @@ void print_table(const Config& cfg, const std::vector<CompareRow>& rows, const C
   if (rows.front().oom)
     fmt::print("none does not fit the budget (predicted peak {}); saved is relative to that\n",
                format_bytes(rows.front().predicted));
+  // On the CPU, offloading moves tensors from one pool of the RAM to another: "saved" is the
+  // device pool's alone, which the same run on a GPU would save; say what the RAM holds.
+  for (const auto& r : rows)
+    if (!r.oom && r.host_is_ram && r.measured_host > 0)
+      fmt::print(
+          "{}: the host pool held {} more at its peak, in the same RAM on the CPU (device pool "
+          "and host pool together: {}, {:.1f}% saved); on a GPU the device saves what the table "
+          "shows\n",
+          r.policy, format_bytes(r.measured_host), format_bytes(r.measured + r.measured_host),
+          100.0 * (1.0 - static_cast<double>(r.measured + r.measured_host) / none_peak));
   if (std::any_of(rows.begin(), rows.end(), [](const CompareRow& r) { return r.tile_tokens > 0; }))
     fmt::print(
         "a tiled policy is compared with none at the same tile_tokens (tiling sums row tiles in "

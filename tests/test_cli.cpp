@@ -257,6 +257,18 @@ TEST_CASE(
   CHECK(h[1]["status"] == "oom");
   CHECK(h[1]["memory"] == "host");
   CHECK(h[1]["predicted_host_peak_bytes"].get<uint64_t>() > 1000);
+  // On the CPU the host pool is the same RAM: the table says what it held beside "saved".
+  Result moved =
+      run("compare --config configs/tiny.toml --steps 2 --policies full:offload=checkpoints");
+  INFO(moved.out);
+  REQUIRE(moved.code == 0);
+  CHECK_THAT(moved.out, Contains("full:offload=checkpoints: the host pool held 256.00 KiB more at "
+                                 "its peak, in the same RAM on the CPU"));
+  Result moved_json = run(
+      "compare --config configs/tiny.toml --steps 2 --policies full:offload=checkpoints --json");
+  auto mj = nlohmann::json::parse(moved_json.out.substr(moved_json.out.find('[')));
+  CHECK(mj[1]["measured_host_peak_bytes"] == 256 * 1024);
+  CHECK_FALSE(mj[0].contains("measured_host_peak_bytes"));
   Result twice = run("compare --config configs/tiny.toml --steps 2 --policies full,full");
   CHECK(twice.code == 2);
   CHECK_THAT(twice.out, Contains("\"full\" is listed twice"));
