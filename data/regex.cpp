@@ -129,6 +129,13 @@ const std::string& class_items(const PropertyAdditions& a) {
 struct Translation {
   bool with_additions = true;
   std::vector<const PropertyAdditions*> used;
+  // For each byte of the translation, the offset in the pattern of what it translates: PCRE2's
+  // error offsets point into the translation, the user's message into the pattern.
+  std::vector<size_t> origin;
+  size_t origin_of(size_t translated_offset) const {
+    return translated_offset < origin.size() ? origin[translated_offset]
+                                             : (origin.empty() ? 0 : origin.back() + 1);
+  }
 
   // The class items Unicode 16 adds to these properties ("" without additions).
   std::string additions(std::initializer_list<std::string_view> tables) {
@@ -198,14 +205,15 @@ size_t append_property(std::string& out, std::string_view p, size_t i, bool in_c
   const bool negated = upper != caret;
   const std::string_view table = table_name(name);
   const std::string extra = in_class && negated ? "" : t.additions({table});
-  if (table.empty())
-    out.append(escape);
-  else if (extra.empty())
-    out += fmt::format("\\{}{{{}}}", negated ? 'P' : 'p', table);
+  const std::string_view written = table.empty() ? name : table;
+  if (in_class && (negated || extra.empty()))
+    out += fmt::format("\\{}{{{}}}", negated ? 'P' : 'p', written);
   else if (in_class)
-    out += fmt::format("\\p{{{}}}{}", table, extra);
-  else
-    out += fmt::format("[{}\\p{{{}}}{}]", negated ? "^" : "", table, extra);
+    out += fmt::format("\\p{{{}}}{}", written, extra);
+  else if (!negated && extra.empty())
+    out += fmt::format("\\p{{{}}}", written);
+  else  // a negation is always a class: PCRE2 10.42 makes \P{L}+\P{N} possessive, wrongly
+    out += fmt::format("[{}\\p{{{}}}{}]", negated ? "^" : "", written, extra);
   return escape.size();
 }
 
@@ -224,7 +232,10 @@ std::string translate(std::string_view p, Translation& t) {
   std::string out;
   out.reserve(p.size());
   bool in_class = false;
+  size_t token = 0;  // where the piece of the pattern being translated starts
   for (size_t i = 0; i < p.size();) {
+    t.origin.resize(out.size(), token);
+    token = i;
     const char c = p[i];
     if (c == '\\' && i + 1 < p.size()) {
       const char d = p[i + 1];
@@ -248,6 +259,23 @@ std::string translate(std::string_view p, Translation& t) {
         out.append(escape);  // any other escape, and what follows it, is PCRE2's too
       i += 2;
       continue;
+    }
+    if (!in_class && p.substr(i, 3) == "(?#") {  // a comment, to its ')': no class starts there
+      const size_t end = std::min(p.find(')', i), p.size() - 1);
+      out.append(p.substr(i, end + 1 - i));
+      i = end + 1;
+      continue;
+    }
+    if (!in_class && c == '{' && i + 1 < p.size() && p[i + 1] == ',') {
+      // Oniguruma reads {,n} as {0,n}; PCRE2 10.42 as the literal text "{,n}".
+      const size_t close = p.find('}', i);
+      const std::string_view n =
+          close == std::string_view::npos ? std::string_view{} : p.substr(i + 2, close - i - 2);
+      if (!n.empty() && n.find_first_not_of("0123456789") == std::string_view::npos) {
+        out += fmt::format("{{0,{}}}", n);
+        i = close + 1;
+        continue;
+      }
     }
     if (!in_class && c == '(' && i + 1 < p.size() && p[i + 1] == '?') {
       // Oniguruma's option m is PCRE2's s (a dot matches a newline); ^ and $ are always line
@@ -282,21 +310,23 @@ std::string translate(std::string_view p, Translation& t) {
     out += c;
     ++i;
   }
+  t.origin.resize(out.size(), token);
   return out;
 }
 
-// The pattern compiled (JIT where the platform has it; PCRE2 falls back to its interpreter).
-pcre2_code* compile(const std::string& translated) {
-  int error = 0;
-  PCRE2_SIZE offset = 0;
+// The pattern compiled (JIT where the platform has it; PCRE2 falls back to its interpreter), or
+// null with `error` set.
+pcre2_code* compile(const std::string& translated, int& error, PCRE2_SIZE& offset) {
   pcre2_code* code =
       pcre2_compile(reinterpret_cast<PCRE2_SPTR>(translated.data()), translated.size(),
                     PCRE2_UTF | PCRE2_UCP | PCRE2_MULTILINE, &error, &offset, nullptr);
-  if (!code)
-    throw std::invalid_argument(
-        fmt::format("{} at offset {}", pcre2_message(error), std::min<size_t>(offset, 1u << 30)));
-  pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);
+  if (code) pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);
   return code;
+}
+
+[[noreturn]] void compile_error(int error, PCRE2_SIZE offset, const Translation& t) {
+  throw std::invalid_argument(
+      fmt::format("{} at offset {}", pcre2_message(error), t.origin_of(offset)));
 }
 
 }  // namespace
@@ -344,9 +374,24 @@ struct Regex::Compiled {
 Regex::Regex(const std::string& pattern) : pattern_(pattern), compiled_(new Compiled) {
   Translation with, without;
   without.with_additions = false;
-  compiled_->code = compile(translate(pattern, with));
+  int error = 0;
+  PCRE2_SIZE offset = 0;
+  pcre2_code* plain = compile(translate(pattern, without), error, offset);
+  if (!plain) compile_error(error, offset, without);
+  const std::string exact = translate(pattern, with);
+  compiled_->code = with.used.empty() ? plain : compile(exact, error, offset);
+  if (!compiled_->code && error == PCRE2_ERROR_PATTERN_TOO_LARGE) {
+    // Past PCRE2's 64 KiB of compiled pattern (a hundred \w, each hundreds of added ranges):
+    // the Unicode 14 reading alone, as before the additions.
+    compiled_->code = plain;
+    with.used.clear();
+  }
+  if (!compiled_->code) {
+    pcre2_code_free(plain);
+    compile_error(error, offset, with);
+  }
   if (!with.used.empty()) {
-    compiled_->pcre2_tables = compile(translate(pattern, without));
+    compiled_->pcre2_tables = plain;
     compiled_->added.assign(0x110000 / 64, 0);
     for (const PropertyAdditions* a : with.used)
       for (size_t r = 0; r < a->count; ++r)
