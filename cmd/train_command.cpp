@@ -675,6 +675,7 @@ int run_train(const TrainOptions& options) {
     for (const std::string& w : run_warnings(cfg, hf_source_of(cfg, resumed)))
       fmt::print(stderr, "{}\n", w);
   if (!opt.metrics_path.empty()) cfg.log.metrics = opt.metrics_path;
+  world.set_timeout(cfg.parallel.timeout_s);
   resolve_ranks(cfg, world);
   if (!cfg.log.metrics.empty()) cfg.log.metrics = rank_metrics_path(cfg.log.metrics, world.rank());
   check_output_paths(cfg);

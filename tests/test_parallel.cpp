@@ -574,6 +574,32 @@ TEST_CASE("a rank killed mid-run ends the whole job within seconds", "[smoke][pa
   CHECK(after <= 15);
 }
 
+TEST_CASE("a rank stopped mid-run ends the whole job after parallel.timeout, naming the exchange",
+          "[smoke][parallel]") {
+  TempDir dir("dp-hang");
+  const std::string metrics = (dir.path / "m.jsonl").string();
+  // Rank 1 is stopped (SIGSTOP: alive, never coming) once it has logged a step; rank 0 waits for
+  // it at the next exchange until parallel.timeout, then aborts the job, rank 1 included.
+  const std::string cmd = fmt::format(
+      "env {} mpirun --oversubscribe -np 2 {} {} & job=$!; "
+      "for i in $(seq 300); do [ -s {} ] && break; sleep 0.1; done; "
+      "sleep 1; kill -STOP $(pgrep -P $job | tail -n 1); "
+      "start=$(date +%s); wait $job; rc=$?; echo \"rc=$rc after=$(( $(date +%s) - start ))\"",
+      kMpiEnv, REMAT_BINARY, gpt_args(100000, "-q --set parallel.timeout=3 --metrics " + metrics),
+      (dir.path / "m.rank1.jsonl").string());
+  const CliResult r = run_in_source(cmd);
+  INFO(r.out);
+  const auto at = r.out.find("rc=");
+  REQUIRE(at != std::string::npos);
+  int rc = -1, after = -1;
+  REQUIRE(std::sscanf(r.out.c_str() + at, "rc=%d after=%d", &rc, &after) == 2);
+  CHECK(rc != 0);
+  CHECK(after <= 30);
+  CHECK_THAT(r.out, Catch::Matchers::Contains(
+                        "error: [parallel] rank 0 of 2 waited 3 s for the other ranks at") &&
+                        Catch::Matchers::Contains("raise parallel.timeout"));
+}
+
 TEST_CASE("a stop signal reaching one rank stops every rank after the same step",
           "[smoke][parallel]") {
   TempDir dir("dp-term");

@@ -570,6 +570,10 @@ const std::vector<KeySpec>& key_specs() {
       {"parallel", "shard_optimizer",
        "ZeRO-1: each rank keeps and updates the AdamW moments of 1/ranks of the weights",
        [](Config& c, auto& n, auto& o) { c.parallel.shard_optimizer = read_bool(n, o); }},
+      {"parallel", "timeout",
+       "seconds a rank waits for the others at one exchange before it aborts the job (a rank "
+       "stopped or hung); 0 = forever",
+       [](Config& c, auto& n, auto& o) { c.parallel.timeout_s = read_float(n, o, 0, 1e7); }},
       {"lora", "rank",
        "LoRA adapters of rank r on the chosen linears, every other weight frozen (docs/lora.md); "
        "0 = off: full fine-tuning",
@@ -1404,7 +1408,8 @@ std::string config_to_toml(const Config& c) {
   toml::table parallel{{"data", c.parallel.data},
                        {"context", c.parallel.context},
                        {"bucket_bytes", static_cast<int64_t>(c.parallel.bucket_bytes)},
-                       {"shard_optimizer", c.parallel.shard_optimizer}};
+                       {"shard_optimizer", c.parallel.shard_optimizer},
+                       {"timeout", c.parallel.timeout_s}};
   toml::table root{{"model", model},     {"train", train},      {"data", data},
                    {"remat", remat},     {"device", device},    {"log", log},
                    {"checkpoint", ckpt}, {"parallel", parallel}};

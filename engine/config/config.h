@@ -210,6 +210,10 @@ struct ParallelConfig {
   // ZeRO-1: each rank keeps the AdamW moments of its shard of every bucket and updates only that
   // shard; the updated weights are gathered instead of the summed gradients.
   bool shard_optimizer = false;
+  // Seconds a rank waits for the others at one exchange before it aborts the job, naming the
+  // exchange (a rank stopped, hung or lost); 0 = forever. Ranks normally meet within a step's
+  // imbalance; rank 0 writing a checkpoint keeps them apart for as long as the write takes.
+  double timeout_s = 1800;
   int rank = 0;  // this process's rank: set at start-up from the launcher, never a config key
   /// The data-parallel groups this config runs on (0 means one outside a launcher).
   int64_t data_ranks() const { return data > 0 ? data : 1; }

@@ -58,6 +58,10 @@ class Communicator {
   virtual void barrier() = 0;
   /// Stops every rank of the job with exit code `code` (the launcher propagates it).
   [[noreturn]] virtual void abort(int code) = 0;
+  /// How long one wait of this communicator (and of the ones split from it later) may last before
+  /// the job is aborted with a line naming the exchange (parallel.timeout): a rank stopped or hung
+  /// would otherwise leave the others waiting forever. 0: forever (the default).
+  virtual void set_timeout(double seconds) { (void)seconds; }
 };
 
 /// Sums `values` over the ranks in rank order: the same bits on every rank.
