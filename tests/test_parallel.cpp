@@ -552,52 +552,52 @@ TEST_CASE("a failing rank stops every rank with its message", "[smoke][parallel]
   CHECK(fs::file_size(metrics) == 22);
 }
 
-TEST_CASE("a rank killed mid-run ends the whole job within seconds", "[smoke][parallel]") {
-  TempDir dir("dp-kill");
-  const std::string metrics = (dir.path / "m.jsonl").string();
-  // Rank 1 (mpirun's second child) is killed once it has logged a step; mpirun must then take
-  // rank 0 down, which would otherwise wait for rank 1 at the next exchange forever.
+// A 2-rank job whose rank 1 (mpirun's second child) gets `signal` once it has logged a step:
+// the job's exit code, the seconds from the signal to the end, and its output.
+struct SignalledJob {
+  int rc = -1, after = -1;
+  std::string out;
+};
+SignalledJob signal_rank1(const std::string& name, const char* signal, const std::string& flags) {
+  TempDir dir(name);
   const std::string cmd = fmt::format(
       "env {} mpirun --oversubscribe -np 2 {} {} & job=$!; "
       "for i in $(seq 300); do [ -s {} ] && break; sleep 0.1; done; "
-      "sleep 1; kill -9 $(pgrep -P $job | tail -n 1); "
+      "sleep 1; kill -{} $(pgrep -P $job | tail -n 1); "
       "start=$(date +%s); wait $job; rc=$?; echo \"rc=$rc after=$(( $(date +%s) - start ))\"",
-      kMpiEnv, REMAT_BINARY, gpt_args(100000, "-q --metrics " + metrics),
-      (dir.path / "m.rank1.jsonl").string());
-  const CliResult r = run_in_source(cmd);
-  INFO(r.out);
-  const auto at = r.out.find("rc=");
-  REQUIRE(at != std::string::npos);
-  int rc = -1, after = -1;
-  REQUIRE(std::sscanf(r.out.c_str() + at, "rc=%d after=%d", &rc, &after) == 2);
-  CHECK(rc != 0);
-  CHECK(after <= 15);
+      kMpiEnv, REMAT_BINARY,
+      gpt_args(100000, fmt::format("-q {} --metrics {}", flags, (dir.path / "m.jsonl").string())),
+      (dir.path / "m.rank1.jsonl").string(), signal);
+  SignalledJob job;
+  job.out = run_in_source(cmd).out;
+  const auto at = job.out.find("rc=");
+  if (at != std::string::npos)
+    (void)std::sscanf(job.out.c_str() + at, "rc=%d after=%d", &job.rc, &job.after);
+  return job;
+}
+
+TEST_CASE("a rank killed mid-run ends the whole job within seconds", "[smoke][parallel]") {
+  // mpirun must take rank 0 down, which would otherwise wait for rank 1 at the next exchange
+  // forever.
+  const SignalledJob job = signal_rank1("dp-kill", "9", "");
+  INFO(job.out);
+  REQUIRE(job.after >= 0);
+  CHECK(job.rc != 0);
+  CHECK(job.after <= 15);
 }
 
 TEST_CASE("a rank stopped mid-run ends the whole job after parallel.timeout, naming the exchange",
           "[smoke][parallel]") {
-  TempDir dir("dp-hang");
-  const std::string metrics = (dir.path / "m.jsonl").string();
-  // Rank 1 is stopped (SIGSTOP: alive, never coming) once it has logged a step; rank 0 waits for
-  // it at the next exchange until parallel.timeout, then aborts the job, rank 1 included.
-  const std::string cmd = fmt::format(
-      "env {} mpirun --oversubscribe -np 2 {} {} & job=$!; "
-      "for i in $(seq 300); do [ -s {} ] && break; sleep 0.1; done; "
-      "sleep 1; kill -STOP $(pgrep -P $job | tail -n 1); "
-      "start=$(date +%s); wait $job; rc=$?; echo \"rc=$rc after=$(( $(date +%s) - start ))\"",
-      kMpiEnv, REMAT_BINARY, gpt_args(100000, "-q --set parallel.timeout=3 --metrics " + metrics),
-      (dir.path / "m.rank1.jsonl").string());
-  const CliResult r = run_in_source(cmd);
-  INFO(r.out);
-  const auto at = r.out.find("rc=");
-  REQUIRE(at != std::string::npos);
-  int rc = -1, after = -1;
-  REQUIRE(std::sscanf(r.out.c_str() + at, "rc=%d after=%d", &rc, &after) == 2);
-  CHECK(rc != 0);
-  CHECK(after <= 30);
-  CHECK_THAT(r.out, Catch::Matchers::Contains(
-                        "error: [parallel] rank 0 of 2 waited 3 s for the other ranks at") &&
-                        Catch::Matchers::Contains("raise parallel.timeout"));
+  // SIGSTOP: alive, never coming. Rank 0 waits for it at the next exchange until
+  // parallel.timeout, then aborts the job, rank 1 included.
+  const SignalledJob job = signal_rank1("dp-hang", "STOP", "--set parallel.timeout=3");
+  INFO(job.out);
+  REQUIRE(job.after >= 0);
+  CHECK(job.rc == 1);
+  CHECK(job.after <= 30);
+  CHECK_THAT(job.out, Catch::Matchers::Contains(
+                          "error: [parallel] rank 0 of 2 waited 3 s for the other ranks at") &&
+                          Catch::Matchers::Contains("raise parallel.timeout"));
 }
 
 TEST_CASE("a stop signal reaching one rank stops every rank after the same step",
