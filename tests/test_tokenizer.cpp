@@ -329,8 +329,10 @@ TEST_CASE(
   CHECK_THROWS_WITH(Regex(R"(\bab)"), Contains("word boundary"));
 }
 
-TEST_CASE("property escapes, \\w and \\d match what tokenizers' Oniguruma (Unicode 16) matches",
-          "[tokenizer]") {
+TEST_CASE(
+    "property escapes and the word and digit classes match what tokenizers' Oniguruma "
+    "(Unicode 16) matches",
+    "[tokenizer]") {
   using Spans = std::vector<std::pair<size_t, size_t>>;
   const auto matches = [](const std::string& pattern, std::string_view text) {
     Spans out;
