@@ -20,7 +20,7 @@
 #include "engine/core/error.h"
 #include "engine/core/machine.h"
 #include "engine/core/units.h"
-#include "engine/cuda_api.h"
+#include "engine/devices.h"
 #include "engine/experiments/interrupt.h"
 
 namespace remat::cli {
@@ -80,9 +80,7 @@ std::vector<std::string> run_warnings(const Config& cfg, const std::string& hf_s
   // A budget past the RAM is planned against memory that is not there: the run ends out of
   // memory (exit 3) instead of the planner refusing it up front.
   const uint64_t ram = host_memory_bytes();
-  const bool on_cpu = cfg.device.backend == BackendKind::Cpu ||
-                      (cfg.device.backend == BackendKind::Auto && cuda::device_count() == 0);
-  if (on_cpu && cfg.device.memory_bytes > ram)
+  if (picks_cpu(cfg) && cfg.device.memory_bytes > ram)
     out.push_back(fmt::format(
         "warning: [device] device.memory = {} is more than this machine's {} of RAM, where the CPU "
         "backend trains: the planner counts on memory that is not there, and a run that needs it "

@@ -12,17 +12,17 @@ int host_default_threads() {
   return cpu::default_threads();
 }
 
+bool picks_cpu(const Config& cfg) {
+  const BackendKind want = cfg.device.backend;
+  return want == BackendKind::Cpu || (want == BackendKind::Auto && cuda::device_count() == 0);
+}
+
 BackendChoice make_backend(const Config& cfg) {
   const BackendKind want = cfg.device.backend;
   BackendChoice c;
-  if (want == BackendKind::Cuda) {
+  if (!picks_cpu(cfg)) {
     c.backend = cuda::make_backend(cfg.device);
-    c.why = "device.backend = \"cuda\"";
-    return c;
-  }
-  if (want == BackendKind::Auto && cuda::device_count() > 0) {
-    c.backend = cuda::make_backend(cfg.device);
-    c.why = "auto: CUDA device found";
+    c.why = want == BackendKind::Cuda ? "device.backend = \"cuda\"" : "auto: CUDA device found";
     return c;
   }
   // Ranks on one machine share its RAM: without device.memory, each CPU rank's budget is its share

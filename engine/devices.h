@@ -18,6 +18,9 @@ struct BackendChoice {
 };
 
 BackendChoice make_backend(const Config& cfg);
+/// Whether make_backend(cfg) picks the CPU: device.backend = "cpu", or "auto" without a CUDA
+/// device.
+bool picks_cpu(const Config& cfg);
 /// Threads the CPU backend uses when device.threads = 0 (all cores).
 int host_default_threads();
 
